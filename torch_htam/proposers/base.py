@@ -1,0 +1,77 @@
+"""The proposer contract: propose(request) -> Proposal.
+
+    >>> req = ProposalRequest(task=t, direction="memory_access", strategies=[...], n=4)
+    >>> prop = proposer.propose(req)
+    >>> [c.tags for c in prop.candidates], prop.note
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from torch_htam.gpu import GpuInfo
+from torch_htam.task import Task
+
+
+@dataclass
+class Candidate:
+    """One proposed kernel. tags: ids of the local strategies it applies (read back into the HTG);
+    params: tunable parameters the expert chose (block size, vector width, ...); origin: proposer name."""
+    source: str
+    tags: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+    origin: str = "expert"
+
+
+@dataclass
+class Attempt:
+    """Feedback on one earlier candidate, as the proposer sees it.
+    outcome: "ok" or an Evaluation.reason ("compile_error", "mismatch", ...); detail: short text
+    (trimmed compiler error, which output mismatched and by how much); speedup over the reference."""
+    source_hash: str
+    tags: list[str]
+    outcome: str
+    detail: str = ""
+    speedup: float | None = None
+    kernel_ms: float | None = None
+
+
+@dataclass
+class Parent:
+    """The kernel a step starts from: its source and measured profile."""
+    source: str
+    tags: list[str]
+    speedup: float
+    kernel_ms: float
+    roofline_fraction: float | None
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ProposalRequest:
+    """direction: id of the chosen global direction; strategies: retrieved local strategies
+    (htg.Strategy, best first) with their recorded outcomes; transition: (previous, chosen) direction."""
+    task: Task
+    direction: str
+    strategies: list[Any]
+    n: int = 4
+    parent: Parent | None = None
+    feedback: list[Attempt] = field(default_factory=list)
+    transition: tuple[str, str] | None = None
+    gpu: GpuInfo | None = None
+    policy: Any = None   # policy.Precision
+
+
+@dataclass
+class Proposal:
+    """candidates may be empty; note then says why (unsupported graph, no usable code, endpoint down).
+    usage: tokens/cost for LLM proposers ({"prompt_tokens", "completion_tokens", "cost_usd"})."""
+    candidates: list[Candidate]
+    note: str = ""
+    usage: dict[str, float] = field(default_factory=dict)
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, request: ProposalRequest) -> Proposal: ...
