@@ -1,0 +1,65 @@
+"""Where torch_htam keeps things, and the toolchain key that partitions them.
+
+    <root>/                         platformdirs.user_cache_dir("torch_htam") or $HTAM_CACHE_DIR
+      <arch>-<toolchain>/           e.g. sm_90a-torch2.11.0-cu13.0-nvcc13.0-f1
+        kernels/<signature>/        cache entries (cache.py)
+        build/                      candidate .so files by content hash (build.py)
+        htg.json                    the HTG memory for this arch (htg.py)
+        trajectories/               search logs, JSONL (search.py)
+      launcher/<torch version>/     the C++ launcher extension (launcher.py)
+
+    >>> paths.arch_dir("sm_90a")
+    PosixPath('/root/.cache/torch_htam/sm_90a-torch2.11.0-cu13.0-nvcc13.0-f1')
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+FORMAT_VERSION = 1   # bump when the cache entry layout or the kernel ABI changes
+
+
+def cache_root() -> Path:
+    env = os.environ.get("HTAM_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    try:
+        import platformdirs
+        return Path(platformdirs.user_cache_dir("torch_htam"))
+    except ImportError:  # NOTE: the GPU image lacks platformdirs; follow its XDG convention.
+        return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "torch_htam"
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc_path() -> str | None:
+    """nvcc from $CUDA_HOME, then PATH, then /usr/local/cuda; None if there is no compiler."""
+    for cand in (os.environ.get("CUDA_HOME") and os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc"),
+                 shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and os.path.exists(cand):
+            return cand
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc_version() -> str:
+    nvcc = nvcc_path()
+    if nvcc is None:
+        return "none"
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release (\d+\.\d+)", out)
+    return m.group(1) if m else "unknown"
+
+
+def toolchain_key() -> str:
+    """torch, CUDA runtime and nvcc versions plus our format: anything that can change a binary."""
+    import torch
+    cuda = torch.version.cuda or "cpu"
+    return f"torch{torch.__version__.split('+')[0]}-cu{cuda}-nvcc{nvcc_version()}-f{FORMAT_VERSION}"
+
+
+def arch_dir(arch: str) -> Path:
+    return cache_root() / f"{arch}-{toolchain_key()}"
