@@ -1,0 +1,142 @@
+"""The optimize pipeline: capture -> tasks -> cache -> search the misses -> swap in.
+
+    >>> fast = torch_htam.optimize(model, (x,))          # the same object, faster
+    >>> print(fast.htam_report.format())
+
+Nothing here is allowed to break the user's model: without a GPU, a compiler, a capturable graph,
+or a kernel that is both verified and faster, the region (or the whole model) stays on its original
+PyTorch path and the report says why.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+log = logging.getLogger("torch_htam")
+
+
+@dataclass
+class OptimizeConfig:
+    """What optimize may spend and use.
+
+    steps / candidates_per_step: HTAM evolution budget per task (the paper uses at most 6 steps).
+    min_speedup: a verified kernel is swapped in only if it beats the original region by this
+    factor; below it the gain is inside timing noise and not worth a custom op.
+    time_budget_s: wall time for the whole search (None = steps bound it).
+    """
+    steps: int = 6
+    candidates_per_step: int = 4
+    memory: str = "htg"                # "htg" | "flat" | "none" (ablation switch)
+    use_llm: bool = False
+    llm: Any = None                    # proposers.llm.LLMConfig; None = from the environment
+    search: bool = True                # False: cached kernels only
+    max_tasks: int | None = None       # search only the N costliest tasks
+    time_budget_s: float | None = None
+    task_time_s: float | None = 300.0  # per-task wall limit
+    min_speedup: float = 1.03
+    progress: bool = True
+    trajectory_dir: str | None = None  # default: <arch cache dir>/trajectories
+    extra: dict = field(default_factory=dict)
+
+
+def tasks_of(capture) -> list:
+    """Distinct tasks of every captured graph, costliest first, counts summed over graphs."""
+    from torch_htam.partition import partition
+    from torch_htam.task import region_to_task
+    by_sig: dict[str, Any] = {}
+    for gm in capture.graphs:
+        for region in partition(gm):
+            t = region_to_task(gm, region)
+            if t.signature in by_sig:
+                prev = by_sig[t.signature]
+                prev.count += t.count
+                prev.modules.extend(m for m in t.modules if m not in prev.modules)
+            else:
+                by_sig[t.signature] = t
+    return sorted(by_sig.values(), key=lambda t: -(t.bytes + t.flops / 100.0) * t.count)
+
+
+def _search(tasks, cfg: OptimizeConfig, gpu, cache) -> dict:
+    """Search kernels for the cache misses; returns {signature: SearchResult}. Found kernels that
+    verify and win are written to the cache as each task finishes (nothing lost on interruption)."""
+    from torch_htam import paths
+    from torch_htam.evaluation import Evaluator
+    from torch_htam.htg import HTG
+    from torch_htam.proposers.expert import ExpertProposer
+    from torch_htam.search import SearchConfig, search_many
+
+    proposer, message = ExpertProposer(), ""
+    if cfg.use_llm:
+        from torch_htam.proposers.fallback import make_proposer
+        proposer, message = make_proposer(True, cfg.llm, proposer)
+    if message:
+        log.warning(message)
+    memory_path = paths.arch_dir(gpu.arch) / "htg.json"
+    memory = HTG.load(memory_path)
+    scfg = SearchConfig(steps=cfg.steps, candidates_per_step=cfg.candidates_per_step,
+                        memory=cfg.memory, max_wall_s=cfg.task_time_s)
+    traj = Path(cfg.trajectory_dir) if cfg.trajectory_dir else paths.arch_dir(gpu.arch) / "trajectories"
+
+    def on_result(task, result):
+        best = result.best
+        if best is not None and best.evaluation.correct:
+            cache.put(task, best.source, best.so_path, best.evaluation,
+                      {"proposer": best.origin, "tags": best.tags, "params": best.params,
+                       "steps": result.steps, "gpu": gpu.name})
+        memory.save(memory_path)   # experience persists task by task
+
+    with Evaluator() as evaluator:
+        return search_many(tasks, lambda: proposer, evaluator, memory, scfg, trajectory_dir=traj,
+                           progress=cfg.progress, time_budget_s=cfg.time_budget_s,
+                           on_result=on_result)
+
+
+def optimize(model: nn.Module, example_inputs: tuple, config: OptimizeConfig | None = None) -> nn.Module:
+    """Swap verified, faster CUDA kernels into `model` and return it (the same object).
+
+    >>> model = torch_htam.optimize(model, (torch.randn(8, 512, 768, device="cuda"),))
+    >>> model.htam_report.speedups()
+    """
+    from torch_htam import gpu as gpu_mod
+    from torch_htam import runtime
+    from torch_htam.cache import KernelCache
+    from torch_htam.capture import capture as capture_model
+    from torch_htam.seeds import seed_cache
+
+    cfg = config or OptimizeConfig()
+    t0 = time.perf_counter()
+    gpu = gpu_mod.detect()
+    if gpu is None:
+        return runtime.leave(model, "no CUDA GPU: the model stays on its original PyTorch path")
+    cap = capture_model(model, tuple(example_inputs))
+    if not cap.graphs:
+        return runtime.leave(model, "could not capture the model: " + "; ".join(cap.problems))
+    tasks = tasks_of(cap)
+    cache = KernelCache(gpu.arch)
+    seed_cache(cache, gpu.arch)
+    misses = [t for t in tasks if cache.get(t.signature) is None]
+    if cfg.max_tasks is not None:
+        misses = misses[: cfg.max_tasks]
+    if cfg.search and misses:
+        _search(misses, cfg, gpu, cache)
+    kernels = {t.signature: e for t in tasks
+               if (e := cache.get(t.signature)) is not None and e.usable(cfg.min_speedup)}
+    model = runtime.install(model, cap, kernels, tasks=tasks)
+    model.htam_report.optimize_s = time.perf_counter() - t0
+    return model
+
+
+def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
+               config: OptimizeConfig | None = None) -> Path:
+    """Optimize (filling the cache), then write a self-contained bundle for this GPU arch.
+
+    >>> torch_htam.precompile(model, (x,), "bundle/")   # later: torch_htam.load(model, "bundle/")
+    """
+    from torch_htam.bundle import precompile as write_bundle
+    optimize(model, example_inputs, config)
+    return write_bundle(model, example_inputs, out_dir)
