@@ -1,0 +1,162 @@
+"""Kernel cache: layout, atomic concurrent writes, integrity checks, and the `cache` CLI."""
+import io
+import json
+import logging
+import multiprocessing as mp
+import sys
+
+import pytest
+
+from torch_htam.cache import FILES, KernelCache, cli_main, sha256_file
+from torch_htam.evaluation import Evaluation
+from torch_htam.task import Task, TensorSpec
+
+SO_BYTES = b"\x7fELF" + bytes(range(256)) * 64   # a stand-in library: only its bytes matter here
+
+
+def make_task(sig: str, name: str = "gelu_bias") -> Task:
+    spec = TensorSpec((8, 64), "float32", (64, 1))
+    return Task(name, "elementwise", "class Model: ...", [spec], [spec], sig, ["aten.gelu.default"])
+
+
+def make_eval(speedup: float = 1.5) -> Evaluation:
+    return Evaluation(True, "ok", policy={"name": "fp32", "atol": 1e-4, "rtol": 1e-4, "allow_tf32": False},
+                      ref_ms=0.03, kernel_ms=0.03 / speedup, speedup=speedup, max_abs_err=1e-7)
+
+
+def put(cache: KernelCache, tmp_path, sig: str, speedup: float = 1.5, so=SO_BYTES):
+    so_path = tmp_path / f"{sig}.so"
+    so_path.write_bytes(so)
+    return cache.put(make_task(sig), f"// kernel {sig}\n", so_path, make_eval(speedup),
+                     {"proposer": "expert", "tags": ["vec16"], "params": {"block": 256},
+                      "steps": 3, "gpu": "test"})
+
+
+@pytest.fixture
+def cache(tmp_path):
+    return KernelCache("sm_test", root=tmp_path / "cache")
+
+
+def test_layout_and_record(cache, tmp_path):
+    e = put(cache, tmp_path, "a" * 32)
+    d = cache.root / "kernels" / ("a" * 32)
+    assert sorted(p.name for p in d.iterdir()) == sorted(FILES + ("manifest.json",))
+    assert (d / "kernel.so").read_bytes() == SO_BYTES
+    manifest = json.loads((d / "manifest.json").read_text())
+    assert manifest["files"] == {n: sha256_file(d / n) for n in FILES}
+    rec = json.loads((d / "record.json").read_text())
+    assert rec["task"]["signature"] == "a" * 32 and rec["tags"] == ["vec16"]
+    assert rec["params"] == {"block": 256}
+    assert rec["provenance"]["proposer"] == "expert" and rec["provenance"]["steps"] == 3
+    assert {"torch_htam", "date", "arch", "toolchain"} <= set(rec["provenance"])
+    got = cache.get("a" * 32)
+    assert got.problem is None and got.so_path == d / "kernel.so"
+    assert got.task.signature == "a" * 32 and got.evaluation.speedup == pytest.approx(1.5)
+    assert got.usable(1.03) and not got.usable(2.0)
+    assert e.signature == got.signature and cache.get("b" * 32) is None
+
+
+def test_put_replaces_and_remove(cache, tmp_path):
+    put(cache, tmp_path, "a" * 32, speedup=1.2)
+    put(cache, tmp_path, "a" * 32, speedup=2.0)
+    assert cache.get("a" * 32).speedup == pytest.approx(2.0)
+    assert [e.signature for e in cache.ls()] == ["a" * 32]
+    assert cache.remove("a" * 32) and cache.get("a" * 32) is None and not cache.remove("a" * 32)
+
+
+def _writer(root, tmp, prefix, n):
+    cache = KernelCache("sm_test", root=root)
+    from pathlib import Path
+    for i in range(n):
+        # every process writes the shared signature too, so replacements race
+        put(cache, Path(tmp), f"{prefix}{i:031d}", so=SO_BYTES * (2 + i))
+        put(cache, Path(tmp), "s" * 32, so=SO_BYTES * 3)
+
+
+def test_two_processes_write_at_once(cache, tmp_path):
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(cache.root, tmp_path, p, 6)) for p in "xy"]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert all(p.exitcode == 0 for p in procs)
+    sigs = cache.signatures()
+    assert len(sigs) == 13 and "s" * 32 in sigs
+    assert all(problem is None for _, problem in cache.verify_all())
+    leftovers = [p.name for p in cache.kernels.iterdir() if p.name.startswith(".")]
+    assert leftovers == []   # no temporary or half-replaced folders survive
+
+
+def test_truncated_library_is_flagged_for_rebuild(cache, tmp_path, caplog):
+    put(cache, tmp_path, "a" * 32)
+    so = cache.kernels / ("a" * 32) / "kernel.so"
+    so.write_bytes(so.read_bytes()[:100])
+    with caplog.at_level(logging.WARNING, logger="torch_htam"):
+        e = cache.get("a" * 32)
+    assert e.needs_rebuild and e.so_path is None and not e.usable()
+    assert "kernel.so" in e.problem and "rebuilt" in caplog.text
+    assert e.source == "// kernel " + "a" * 32 + "\n"   # the source is still trusted
+
+
+def test_flipped_source_byte_is_ignored(cache, tmp_path, caplog):
+    put(cache, tmp_path, "a" * 32)
+    cu = cache.kernels / ("a" * 32) / "kernel.cu"
+    data = bytearray(cu.read_bytes())
+    data[3] ^= 0x01
+    cu.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="torch_htam"):
+        assert cache.get("a" * 32) is None
+    assert "corrupt" in caplog.text and "kernel.cu" in caplog.text
+    assert cache.verify_all() == [("a" * 32, "hash mismatch or missing: kernel.cu")]
+
+
+def test_missing_manifest_and_tampered_record(cache, tmp_path):
+    put(cache, tmp_path, "a" * 32)
+    put(cache, tmp_path, "b" * 32)
+    (cache.kernels / ("a" * 32) / "manifest.json").unlink()
+    rec = cache.kernels / ("b" * 32) / "record.json"
+    rec.write_text(rec.read_text().replace('"speedup": 1.5', '"speedup": 9.5'))
+    assert cache.get("a" * 32) is None and cache.get("b" * 32) is None
+    problems = dict(cache.verify_all())
+    assert "manifest" in problems["a" * 32] and "record.json" in problems["b" * 32]
+
+
+def test_cli(cache, tmp_path, capsys, monkeypatch):
+    put(cache, tmp_path, "a" * 32, speedup=1.84)
+    put(cache, tmp_path, "b" * 32)
+    monkeypatch.setattr("torch_htam.cache._caches", lambda arch: [cache])
+    assert cli_main(["ls"]) == 0
+    out = capsys.readouterr().out
+    assert "a" * 16 in out and "gelu_bias" in out and "1.84x" in out and "fp32" in out
+    assert cli_main(["show", "aaaa"]) == 0
+    shown = capsys.readouterr().out
+    assert '"proposer": "expert"' in shown and '"speedup": 1.84' in shown
+    assert cli_main(["show", "zzz"]) == 1
+    assert cli_main(["verify"]) == 0 and "all entries intact" in capsys.readouterr().out
+    (cache.kernels / ("b" * 32) / "kernel.so").write_bytes(b"junk")
+    assert cli_main(["verify"]) == 1 and "kernel.so" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))   # not a tty: clear does not ask
+    assert cli_main(["clear"]) == 0 and cache.ls() == []
+
+
+def test_cli_clear_asks_on_a_tty(cache, tmp_path, capsys, monkeypatch):
+    put(cache, tmp_path, "a" * 32)
+    monkeypatch.setattr("torch_htam.cache._caches", lambda arch: [cache])
+    tty = io.StringIO("n\n")
+    tty.isatty = lambda: True
+    monkeypatch.setattr(sys, "stdin", tty)
+    assert cli_main(["clear"]) == 1 and len(cache.ls()) == 1
+    assert cli_main(["clear", "--yes"]) == 0 and cache.ls() == []
+
+
+def test_cli_arch_dirs_without_gpu(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path / "root"))
+    monkeypatch.delenv("HTAM_ARCH", raising=False)
+    monkeypatch.setattr("torch_htam.gpu.detect", lambda device=0: None)
+    c = KernelCache("sm_80")
+    put(c, tmp_path, "c" * 32)
+    assert cli_main(["ls"]) == 0
+    out = capsys.readouterr().out
+    assert "sm_80-" in out and "c" * 16 in out
+    assert cli_main(["ls", "--arch", "sm_90a"]) == 0 and "(0 kernels)" in capsys.readouterr().out

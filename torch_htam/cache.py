@@ -1,0 +1,396 @@
+"""The per-arch kernel cache: verified kernels keyed by task signature, integrity-checked on read.
+
+    <arch dir>/                      paths.arch_dir(arch), e.g. ~/.cache/torch_htam/sm_90a-torch2.11.0-...
+      .lock                          fcntl lock: writers exclusive, readers shared
+      kernels/<signature>/
+        kernel.cu                    the source (what verification saw)
+        kernel.so                    the library built from it for this arch and toolchain
+        record.json                  task, evaluation (policy, errors, times), tags/params, provenance
+        manifest.json                sha256 of the three files above
+
+A write goes into a temporary folder next to the entry and is renamed into place, so a reader sees
+either the old entry, no entry, or the new one, never a half-written file. A bundle (bundle.py) uses
+the same layout, so `KernelCache(root=bundle_dir)` reads it with the same checks.
+
+    >>> cache = KernelCache("sm_90a")
+    >>> entry = cache.put(task, source, "build/ab12.so", evaluation, {"proposer": "expert"})
+    >>> cache.get(task.signature).speedup
+    1.84
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from torch_htam import paths
+from torch_htam.evaluation import Evaluation
+from torch_htam.task import Task
+
+log = logging.getLogger("torch_htam")
+
+FILES = ("kernel.cu", "kernel.so", "record.json")   # what manifest.json vouches for
+MANIFEST = "manifest.json"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class Entry:
+    """One cache entry as read back. problem: None when every hash matched, else what is wrong.
+
+    needs_rebuild: the library is missing or corrupt but source and record hash right; `so_path` is
+    then None so nothing can load it, and the entry must be rebuilt and re-verified before use.
+    """
+    signature: str
+    path: Path
+    record: dict[str, Any]
+    problem: str | None = None
+    needs_rebuild: bool = False
+
+    @property
+    def so_path(self) -> Path | None:
+        return None if self.needs_rebuild or self.problem else self.path / "kernel.so"
+
+    @property
+    def source(self) -> str:
+        return (self.path / "kernel.cu").read_text()
+
+    @property
+    def task(self) -> Task:
+        return Task.from_json(self.record["task"])
+
+    @property
+    def evaluation(self) -> Evaluation:
+        return Evaluation.from_json(self.record["evaluation"])
+
+    @property
+    def name(self) -> str:
+        return self.record.get("task", {}).get("name", "?")
+
+    @property
+    def speedup(self) -> float | None:
+        return self.record.get("evaluation", {}).get("speedup")
+
+    @property
+    def policy(self) -> str:
+        return self.record.get("evaluation", {}).get("policy", {}).get("name", "?")
+
+    @property
+    def date(self) -> str:
+        return self.record.get("provenance", {}).get("date", "?")
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
+
+    def usable(self, min_speedup: float = 1.0) -> bool:
+        """Intact, verified correct, and at least `min_speedup` times faster than the original."""
+        ev = self.record.get("evaluation", {})
+        return (self.so_path is not None and bool(ev.get("correct"))
+                and (ev.get("speedup") or 0.0) >= min_speedup)
+
+
+def default_arch() -> str:
+    """The nvcc target of this machine's GPU, or $HTAM_ARCH; a clear error when there is neither."""
+    from torch_htam import gpu
+    info = gpu.detect()
+    arch = info.arch if info else os.environ.get("HTAM_ARCH")
+    if not arch:
+        raise RuntimeError("no CUDA GPU found and HTAM_ARCH is not set: pass arch= (e.g. 'sm_90a') "
+                           "to say which architecture's kernel cache to use")
+    return arch
+
+
+class KernelCache:
+    """Kernels for one GPU arch and toolchain. root overrides the folder (a bundle, a test dir).
+
+        >>> KernelCache("sm_90a").ls()
+        [Entry(signature='3f2a...', ...), ...]
+    """
+
+    def __init__(self, arch: str | None = None, root: str | Path | None = None):
+        self.arch = arch if arch is not None or root is not None else default_arch()
+        self.root = Path(root) if root is not None else paths.arch_dir(self.arch)
+        self.kernels = self.root / "kernels"
+
+    def __repr__(self) -> str:
+        return f"KernelCache(arch={self.arch!r}, root='{self.root}')"
+
+    @contextlib.contextmanager
+    def _lock(self, exclusive: bool) -> Iterator[None]:
+        # NOTE: flock is per open file description, so each process (and each call) opens its own.
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    # ---- reading -------------------------------------------------------------------------------
+
+    def _read(self, signature: str) -> Entry | None:
+        """The entry with its integrity verdict; None only when there is no such entry at all."""
+        d = self.kernels / signature
+        if not d.is_dir():
+            return None
+        try:
+            manifest = json.loads((d / MANIFEST).read_text())
+            want = manifest["files"]
+        except (OSError, ValueError, KeyError) as e:
+            return Entry(signature, d, {}, problem=f"manifest.json unreadable ({type(e).__name__})")
+        bad = [name for name in FILES
+               if not (d / name).is_file() or sha256_file(d / name) != want.get(name)]
+        try:
+            record = json.loads((d / "record.json").read_text()) if "record.json" not in bad else {}
+        except ValueError:
+            record, bad = {}, bad + ["record.json"]
+        if not bad:
+            return Entry(signature, d, record)
+        problem = "hash mismatch or missing: " + ", ".join(bad)
+        # A good source and record can be rebuilt and re-verified; the library alone is never trusted.
+        return Entry(signature, d, record, problem=problem, needs_rebuild=(bad == ["kernel.so"]))
+
+    def get(self, signature: str) -> Entry | None:
+        """The intact entry for `signature`; a source-intact entry flagged needs_rebuild; else None.
+
+        A corrupt or tampered entry is reported with a warning and never returned as loadable.
+        """
+        with self._lock(exclusive=False):
+            entry = self._read(signature)
+        if entry is None or entry.problem is None:
+            return entry
+        if entry.needs_rebuild:
+            log.warning("torch_htam cache: %s: %s; its source is intact, so it will be rebuilt and "
+                        "re-verified before use (%s)", signature[:16], entry.problem, entry.path)
+            return entry
+        log.warning("torch_htam cache: ignoring corrupt entry %s: %s. Remove it with "
+                    "`torch-htam cache clear` or delete %s", signature[:16], entry.problem, entry.path)
+        return None
+
+    def signatures(self) -> list[str]:
+        if not self.kernels.is_dir():
+            return []
+        return sorted(p.name for p in self.kernels.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def ls(self) -> list[Entry]:
+        """Every entry, corrupt ones included (their `problem` says what is wrong)."""
+        with self._lock(exclusive=False):
+            return [e for s in self.signatures() if (e := self._read(s)) is not None]
+
+    def verify_all(self) -> list[tuple[str, str | None]]:
+        """(signature, problem or None) for every entry: the manifest hashes, file by file."""
+        return [(e.signature, e.problem) for e in self.ls()]
+
+    # ---- writing -------------------------------------------------------------------------------
+
+    def put(self, task: Task, source: str, so_path: str | Path, evaluation: Evaluation,
+            meta: dict[str, Any] | None = None) -> Entry:
+        """Store a verified kernel, replacing any entry of the same signature, atomically.
+
+        meta: "tags" and "params" (the proposer's) are kept as such; everything else (proposer, gpu,
+        steps, ...) goes into the record's provenance next to version, date, arch and toolchain.
+        """
+        record = make_record(task, evaluation, meta, arch=self.arch)
+        self.kernels.mkdir(parents=True, exist_ok=True)
+        with self._lock(exclusive=True):
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{task.signature[:16]}-", dir=self.kernels))
+            try:
+                write_entry_files(tmp, source, Path(so_path), record)
+                _replace_dir(tmp, self.kernels / task.signature)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            entry = self._read(task.signature)
+        assert entry is not None and entry.problem is None, entry
+        return entry
+
+    def put_entry(self, entry: Entry) -> Entry:
+        """Copy an intact entry (from a bundle or another cache) into this one, files as they are."""
+        if entry.problem is not None:
+            raise ValueError(f"refusing to copy entry {entry.signature[:16]}: {entry.problem}")
+        self.kernels.mkdir(parents=True, exist_ok=True)
+        with self._lock(exclusive=True):
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.signature[:16]}-", dir=self.kernels))
+            try:
+                for name in FILES + (MANIFEST,):
+                    shutil.copy2(entry.path / name, tmp / name)
+                _replace_dir(tmp, self.kernels / entry.signature)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            out = self._read(entry.signature)
+        assert out is not None and out.problem is None, out
+        return out
+
+    def remove(self, signature: str) -> bool:
+        with self._lock(exclusive=True):
+            d = self.kernels / signature
+            if not d.is_dir():
+                return False
+            shutil.rmtree(d)
+            return True
+
+    def clear(self) -> int:
+        """Remove every entry (and stray temporaries); returns how many entries there were."""
+        with self._lock(exclusive=True):
+            n = len(self.signatures())
+            if self.kernels.is_dir():
+                shutil.rmtree(self.kernels)
+            return n
+
+
+def make_record(task: Task, evaluation: Evaluation, meta: dict[str, Any] | None,
+                arch: str | None) -> dict[str, Any]:
+    import torch_htam
+    meta = dict(meta or {})
+    tags, params = meta.pop("tags", []), meta.pop("params", {})
+    provenance = {"torch_htam": torch_htam.__version__,
+                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  "arch": arch, "toolchain": paths.toolchain_key(), **meta}
+    return {"signature": task.signature, "task": task.to_json(), "evaluation": evaluation.to_json(),
+            "tags": list(tags), "params": dict(params), "provenance": provenance}
+
+
+def write_entry_files(d: Path, source: str, so_path: Path, record: dict[str, Any]) -> None:
+    """kernel.cu, kernel.so, record.json and their manifest into folder `d` (fsynced)."""
+    (d / "kernel.cu").write_text(source)
+    shutil.copyfile(so_path, d / "kernel.so")
+    (d / "record.json").write_text(json.dumps(record, indent=1, sort_keys=True, default=str))
+    manifest = {"format": paths.FORMAT_VERSION, "files": {n: sha256_file(d / n) for n in FILES}}
+    (d / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    for name in FILES + (MANIFEST,):
+        with open(d / name, "rb") as f:
+            os.fsync(f.fileno())
+
+
+def _replace_dir(new: Path, dest: Path) -> None:
+    # NOTE: rename(2) cannot replace a non-empty directory, so the old entry is renamed aside first;
+    # callers hold the exclusive lock, and readers take the shared one, so nobody sees the gap.
+    old = None
+    if dest.exists():
+        old = dest.with_name(f".old-{dest.name}-{os.getpid()}")
+        os.replace(dest, old)
+    os.replace(new, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ---- torch-htam cache ... -------------------------------------------------------------------------
+
+def _caches(arch: str | None) -> list[KernelCache]:
+    """The cache for `arch`, else this GPU's, else every arch folder under the cache root."""
+    if arch:
+        return [KernelCache(arch)]
+    try:
+        return [KernelCache(default_arch())]
+    except RuntimeError:
+        root = paths.cache_root()
+        dirs = sorted(p for p in root.iterdir() if (p / "kernels").is_dir()) if root.is_dir() else []
+        return [KernelCache(d.name.split("-")[0], root=d) for d in dirs]
+
+
+def _fmt_size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _cmd_ls(caches: list[KernelCache]) -> int:
+    for cache in caches:
+        entries = cache.ls()
+        print(f"{cache.root}  ({len(entries)} kernels)")
+        if not entries:
+            continue
+        print(f"  {'signature':16}  {'task':28}  {'speedup':>7}  {'policy':6}  {'date':25}  {'size':>9}  status")
+        for e in entries:
+            sp = f"{e.speedup:.2f}x" if e.speedup else "-"
+            status = "ok" if e.problem is None else ("REBUILD: " if e.needs_rebuild else "CORRUPT: ") + e.problem
+            print(f"  {e.signature[:16]:16}  {e.name[:28]:28}  {sp:>7}  {e.policy:6}  {e.date:25}  "
+                  f"{_fmt_size(e.size_bytes):>9}  {status}")
+    return 0
+
+
+def _cmd_show(caches: list[KernelCache], sig: str) -> int:
+    matches = [(c, s) for c in caches for s in c.signatures() if s.startswith(sig)]
+    if len(matches) != 1:
+        print(f"{'no' if not matches else 'more than one'} cache entry matches {sig!r}; "
+              "`torch-htam cache ls` lists them", file=sys.stderr)
+        return 1
+    cache, s = matches[0]
+    e = cache._read(s)
+    print(f"# {e.path}" + (f"\n# PROBLEM: {e.problem}" if e.problem else ""))
+    record = dict(e.record)
+    if "task" in record:  # the reference source is long and has its own file in `plan --export`
+        record["task"] = {k: v for k, v in record["task"].items() if k != "source"}
+    print(json.dumps(record, indent=2, sort_keys=True))
+    return 0
+
+
+def _cmd_clear(caches: list[KernelCache], yes: bool) -> int:
+    n = sum(len(c.signatures()) for c in caches)
+    if n == 0:
+        print("the cache is empty")
+        return 0
+    if not yes and sys.stdin.isatty():
+        where = ", ".join(str(c.root) for c in caches)
+        if input(f"remove {n} cached kernels from {where}? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return 1
+    removed = sum(c.clear() for c in caches)
+    print(f"removed {removed} cached kernels")
+    return 0
+
+
+def _cmd_verify(caches: list[KernelCache]) -> int:
+    bad = 0
+    for cache in caches:
+        for sig, problem in cache.verify_all():
+            print(f"{sig[:16]}  {'ok' if problem is None else problem}")
+            bad += problem is not None
+    print(f"{bad} entr{'y' if bad == 1 else 'ies'} with problems" if bad else "all entries intact")
+    return 1 if bad else 0
+
+
+def cli_main(argv: list[str]) -> int:
+    """`torch-htam cache ls | show SIG | clear [--yes] | verify [--arch ARCH]`.
+
+        >>> cli_main(["ls"])
+    """
+    import argparse
+    ap = argparse.ArgumentParser(prog="torch-htam cache", description="the per-arch kernel cache")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--arch", help="GPU arch whose cache to use (default: this GPU's, else all)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("ls", parents=[common], help="list cached kernels")
+    p = sub.add_parser("show", parents=[common], help="print one kernel's record")
+    p.add_argument("signature", help="a signature or a unique prefix of one")
+    p = sub.add_parser("clear", parents=[common], help="remove every cached kernel")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask")
+    sub.add_parser("verify", parents=[common], help="check every entry's integrity hashes")
+    args = ap.parse_args(argv)
+    caches = _caches(args.arch)
+    if args.cmd == "ls":
+        return _cmd_ls(caches)
+    if args.cmd == "show":
+        return _cmd_show(caches, args.signature)
+    if args.cmd == "clear":
+        return _cmd_clear(caches, args.yes)
+    return _cmd_verify(caches)
