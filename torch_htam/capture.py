@@ -1,0 +1,135 @@
+"""Capture: a model -> aten-level fx graphs, without ever raising on a model we cannot read.
+
+First torch.export(strict=False): one whole-model graph. When that fails (data-dependent
+branches, .item(), outputs export cannot flatten such as some cache objects), fall back to Dynamo:
+a backend receives each graph between graph breaks and re-exports it with the same
+torch.export call, so both paths hand partition the same IR (functional aten ops, meta['val'] set).
+
+Each graph is `ExportedProgram.module()`: runnable, parameters as get_attr nodes, placeholders
+are the flattened user inputs (`Capture.inputs[i]` holds real values for them).
+
+    >>> cap = capture(model, (x,))
+    >>> cap.method, len(cap.graphs), cap.problems
+    ('export', 1, [])
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+
+@dataclass
+class Capture:
+    """What capture found. method: "export" | "dynamo" | "none"."""
+    graphs: list[fx.GraphModule] = field(default_factory=list)
+    method: str = "none"
+    problems: list[str] = field(default_factory=list)   # human-readable, one line each
+    exported: Any = None                                # the ExportedProgram (export path only)
+    inputs: list[tuple] = field(default_factory=list)   # real flat placeholder values per graph
+
+
+def capture(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None = None) -> Capture:
+    """Capture `model` at aten level. Never raises for a model it cannot capture: see .problems.
+
+        >>> cap = capture(model.eval(), (torch.randint(0, 128, (2, 16)),))
+        >>> gm = cap.graphs[0]        # fx.GraphModule, every node has meta['val']
+    """
+    args, kwargs = tuple(example_inputs), dict(example_kwargs or {})
+    try:
+        ep = torch.export.export(model, args, kwargs, strict=False)
+        return Capture([ep.module()], "export", [], ep, [tuple(pytree.tree_leaves((args, kwargs)))])
+    except Exception as e:  # noqa: BLE001 -- any failure means "try the next path", reported below
+        export_problem = f"torch.export failed ({type(e).__name__}: {_first_line(e)})"
+    cap = _capture_dynamo(model, args, kwargs)
+    cap.problems.insert(0, export_problem)
+    return cap
+
+
+def _capture_dynamo(model, args, kwargs) -> Capture:
+    """Run the model once under a Dynamo backend that re-exports every graph it is handed."""
+    cap = Capture(method="dynamo")
+
+    def backend(gm: fx.GraphModule, example_inputs):
+        # NOTE: Dynamo graphs take parameters as inputs (inlined nn modules), so the re-export
+        # sees them as user inputs; partition treats placeholders and get_attr alike.
+        try:
+            ep = torch.export.export(gm, tuple(example_inputs), strict=False)
+            if any(n.op == "call_function" for n in ep.graph.nodes):
+                sub = ep.module()
+                _restore_module_names(sub, gm)
+                cap.graphs.append(sub)
+                cap.inputs.append(tuple(example_inputs))
+        except Exception as e:  # noqa: BLE001 -- one bad piece must not lose the others
+            cap.problems.append(f"graph {len(cap.graphs)} of Dynamo could not be exported "
+                                f"({type(e).__name__}: {_first_line(e)})")
+        return gm.forward
+
+    try:
+        with torch.no_grad():
+            torch.compile(model, backend=backend, dynamic=False)(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        cap.problems.append(f"the model could not be run under Dynamo ({type(e).__name__}: {_first_line(e)})")
+    finally:
+        torch._dynamo.reset()
+    if not cap.graphs:
+        cap.method = "none"
+        cap.problems.append("nothing could be captured: no task can be made from this model")
+    return cap
+
+
+def _restore_module_names(sub: fx.GraphModule, dynamo_gm: fx.GraphModule) -> None:
+    """Re-export loses the user's module paths; copy them back from Dynamo's own nodes.
+
+    Dynamo records nn_module_stack like {"...": ("L['self'].h[0].mlp", cls)}; we keep the
+    clean dotted path "h.0.mlp". Re-exported nodes keep Dynamo's stack under their own keys when
+    torch preserves it (2.11+), so we clean whatever paths are there.
+    """
+    for n in sub.graph.nodes:
+        stack = n.meta.get("nn_module_stack")
+        if not stack:
+            continue
+        clean = {k: (_clean_path(path), cls) for k, (path, cls) in stack.items()
+                 if isinstance(cls, str) and "<locals>" not in cls}
+        n.meta["nn_module_stack"] = clean
+
+
+def _clean_path(path: str) -> str:
+    # "L['self'].h[0].mlp" -> "h.0.mlp";  "L['s'].l" -> "l";  "getattr(L['self'].h, '0')" -> "h.0"
+    path = re.sub(r"getattr\((.*?), '([^']*)'\)", r"\1.\2", path)
+    path = re.sub(r"L\['[^']*'\]\.?", "", path)
+    path = re.sub(r"\[(\d+)\]", r".\1", path)
+    path = re.sub(r"\['([^']*)'\]", r".\1", path)
+    return path.strip(".")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    line = text.splitlines()[0] if text else ""
+    return line[:300]
+
+
+class _Recorder(fx.Interpreter):
+    def __init__(self, gm):
+        super().__init__(gm, garbage_collect_values=False)
+        self.values: dict[fx.Node, Any] = {}
+
+    def run_node(self, n):
+        self.values[n] = out = super().run_node(n)
+        return out
+
+
+def record_values(gm: fx.GraphModule, flat_inputs: tuple) -> dict[fx.Node, Any]:
+    """Run a captured graph on real (flat) inputs; return every node's value.
+
+        >>> vals = record_values(cap.graphs[0], cap.inputs[0])
+        >>> vals[some_node].shape
+    """
+    rec = _Recorder(gm)
+    with torch.no_grad():
+        rec.run(*flat_inputs, enable_io_processing=False)
+    return rec.values

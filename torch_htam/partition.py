@@ -1,0 +1,288 @@
+"""Partition: an aten fx graph -> regions worth one kernel each.
+
+A region is one of
+  - an anchor op (linear/matmul/bmm/addmm/conv/sdpa) with the elementwise ops after it (epilogue),
+  - one row-wise op (softmax, norms, reductions) with the elementwise ops before and after it,
+  - a chain of elementwise/broadcast ops.
+Views and no-ops (dropout in eval, contiguous, clone, alias) are "free": absorbed into the region
+whose data they reshape, never a task of their own. Everything else (embedding, indexing, factory
+ops) stays outside, on PyTorch.
+
+NOTE: no region can form a cycle with the rest of the graph: a node joins a region only if none of
+its other inputs depends on that region. The runtime swaps a region for one kernel call taking
+`Region.inputs` in order and producing `Region.outputs` in order.
+
+    >>> for r in partition(gm):
+    ...     print(r.kind, [str(n.target) for n in r.nodes])
+    gemm ['aten.linear.default', 'aten.gelu.default']
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+# Op classification, by aten overload-packet name (every overload of an op shares its category).
+ANCHOR, ROWWISE, ELEMENTWISE, VIEW, NOOP = "anchor", "rowwise", "elementwise", "view", "noop"
+
+# anchor op -> the task kind it gives its region
+ANCHOR_KINDS: dict[str, str] = {
+    "linear": "gemm", "matmul": "gemm", "mm": "gemm", "bmm": "gemm", "addmm": "gemm",
+    "baddbmm": "gemm", "addbmm": "gemm", "einsum": "gemm",
+    "conv1d": "conv", "conv2d": "conv", "conv3d": "conv", "convolution": "conv",
+    "conv_transpose1d": "conv", "conv_transpose2d": "conv", "_convolution": "conv",
+    "scaled_dot_product_attention": "attention",
+    "_scaled_dot_product_flash_attention": "attention",
+    "_scaled_dot_product_efficient_attention": "attention",
+    "_scaled_dot_product_flash_attention_for_cpu": "attention",
+}
+
+ROWWISE_OPS = [
+    "softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax",
+    "layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm", "group_norm",
+    "native_group_norm", "sum", "mean", "amax", "amin", "max", "min", "var", "var_mean",
+    "std", "std_mean", "logsumexp", "linalg_vector_norm", "norm", "prod", "argmax", "argmin",
+    # windowed reductions: one pass over a neighbourhood per output, like a row
+    "adaptive_avg_pool2d", "avg_pool2d", "max_pool2d", "adaptive_avg_pool1d", "avg_pool1d",
+    "max_pool1d",
+]
+
+ELEMENTWISE_OPS = [
+    # arithmetic
+    "add", "sub", "rsub", "mul", "div", "neg", "reciprocal", "pow", "sqrt", "rsqrt", "abs",
+    "square", "remainder", "fmod", "floor_divide", "addcmul", "addcdiv", "lerp", "clamp",
+    "clamp_min", "clamp_max", "clip", "round", "floor", "ceil", "trunc", "sign",
+    # transcendental / activations
+    "exp", "exp2", "expm1", "log", "log2", "log1p", "sin", "cos", "tan", "tanh", "sigmoid",
+    "erf", "erfc", "relu", "relu6", "gelu", "silu", "mish", "hardswish", "hardsigmoid",
+    "hardtanh", "leaky_relu", "elu", "selu", "celu", "softplus", "logit", "glu",
+    # comparisons / selection / casts
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not",
+    "bitwise_and", "bitwise_or", "bitwise_not", "where", "masked_fill", "maximum", "minimum",
+    "_to_copy", "to", "type_as", "zeros_like", "ones_like", "full_like", "fill",
+    "isnan", "isinf", "nan_to_num",
+    # per-channel affine in eval mode (batch statistics are constants)
+    "batch_norm", "_native_batch_norm_legit_no_training", "instance_norm",
+    # NOTE: cat moves data but fuses into an elementwise kernel as index math (rotary embeddings)
+    "cat", "tril", "triu",
+]
+
+VIEW_OPS = [
+    "view", "reshape", "_unsafe_view", "permute", "transpose", "t", "select", "slice",
+    "unsqueeze", "squeeze", "expand", "expand_as", "flatten", "unflatten", "split",
+    "split_with_sizes", "chunk", "unbind", "narrow", "as_strided", "movedim", "view_as",
+    "unfold", "diagonal", "getitem",
+]
+
+# NOTE: dropout is a no-op only in eval; the task calls it exactly as the graph does
+# (aten.dropout(x, p, train=False)), so the reference stays exact either way.
+NOOP_OPS = ["dropout", "contiguous", "clone", "alias", "detach", "lift_fresh_copy",
+            "feature_dropout", "alpha_dropout"]
+
+CATEGORIES: dict[str, str] = {
+    **{k: ANCHOR for k in ANCHOR_KINDS},
+    **{k: ROWWISE for k in ROWWISE_OPS},
+    **{k: ELEMENTWISE for k in ELEMENTWISE_OPS},
+    **{k: VIEW for k in VIEW_OPS},
+    **{k: NOOP for k in NOOP_OPS},
+}
+COMPUTE = (ANCHOR, ROWWISE, ELEMENTWISE)
+FREE = (VIEW, NOOP)
+
+
+@dataclass
+class Region:
+    """A set of graph nodes to be replaced by one kernel.
+
+    nodes: in graph (topological) order. inputs: nodes outside the region that it reads, in order
+    of first use. outputs: its nodes read outside the region or by the graph output, in graph order.
+    kind: "gemm" | "conv" | "attention" | "rowwise" | "elementwise". anchor: the anchor or row-wise op.
+    """
+    nodes: list[fx.Node]
+    inputs: list[fx.Node] = field(default_factory=list)
+    outputs: list[fx.Node] = field(default_factory=list)
+    kind: str = "elementwise"
+    anchor: fx.Node | None = None
+
+
+def op_name(n: fx.Node) -> str | None:
+    """Overload-packet name of an aten call ("linear"), "getitem" for tuple indexing, else None."""
+    if n.op != "call_function":
+        return None
+    if n.target is operator.getitem:
+        return "getitem"
+    if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "aten":
+        return n.target.overloadpacket.__name__
+    return None
+
+
+def category(n: fx.Node) -> str | None:
+    """ANCHOR | ROWWISE | ELEMENTWISE | VIEW | NOOP, or None for ops that stay on PyTorch."""
+    name = op_name(n)
+    if name is None or not _has_tensor_input(n):
+        return None   # factory ops (arange, full) and non-aten calls are left alone
+    return CATEGORIES.get(name)
+
+
+def partition(gm: fx.GraphModule | fx.Graph) -> list[Region]:
+    """Cut a captured aten graph into regions (see module doc). Deterministic for a given graph.
+
+        >>> regions = partition(capture(model, (x,)).graphs[0])
+        >>> regions[0].inputs, regions[0].outputs      # what the kernel reads / must produce
+    """
+    graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
+    nodes = list(graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    groups = _group_compute(nodes, order)
+    region_of = {n: g for g in groups for n in g}
+    _absorb_free(nodes, region_of)
+    _close_tuples(nodes, region_of)
+    return [_make_region(sorted(g, key=order.get), order) for g in groups]
+
+
+# ---- step 1: group compute nodes ------------------------------------------------------------
+
+def _group_compute(nodes: list[fx.Node], order: dict) -> list[list[fx.Node]]:
+    """Greedy, in graph order: anchors and row-wise ops seed regions, elementwise ops join one."""
+    group_of: dict[fx.Node, int] = {}
+    groups: list[list[fx.Node]] = []
+
+    for n in nodes:
+        cat = category(n)
+        if cat not in COMPUTE:
+            continue
+        producers = _compute_inputs(n)
+        target = None
+        if cat == ROWWISE:
+            # prologue: a pure elementwise chain feeding the row op (e.g. residual add -> norm)
+            target = _first_joinable(n, producers, group_of, groups, order, lambda k: k == ELEMENTWISE)
+        elif cat == ELEMENTWISE:
+            target = _first_joinable(n, producers, group_of, groups, order, lambda k: True)
+        if target is None:
+            group_of[n] = len(groups)
+            groups.append([n])
+        else:
+            group_of[n] = target
+            groups[target].append(n)
+    return groups
+
+
+def _first_joinable(n, producers, group_of, groups, order, seed_ok) -> int | None:
+    for g in dict.fromkeys(group_of[p] for p in producers if p in group_of):
+        cats = {category(m) for m in groups[g]}
+        kind = ANCHOR if ANCHOR in cats else ROWWISE if ROWWISE in cats else ELEMENTWISE
+        if seed_ok(kind) and not _would_cycle(producers, groups[g], group_of, g, order):
+            return g
+    return None
+
+
+def _would_cycle(producers, group, group_of, g, order) -> bool:
+    """True if any producer outside group g depends on g (joining would make a cycle)."""
+    members = set(group)
+    lowest = min(order[m] for m in group)
+    seen: set[fx.Node] = set()
+    stack = [p for p in producers if group_of.get(p) != g]
+    while stack:
+        p = stack.pop()
+        if p in seen or order[p] < lowest:
+            continue   # nodes before the group's first node cannot depend on it
+        seen.add(p)
+        if p in members:
+            return True
+        stack.extend(_all_inputs(p))
+    return False
+
+
+def _compute_inputs(n: fx.Node) -> list[fx.Node]:
+    """The producers of n, looking through free (view/no-op) nodes."""
+    return list(dict.fromkeys(_free_source(a) for a in _all_inputs(n)))
+
+
+def _free_source(a: fx.Node) -> fx.Node:
+    while category(a) in FREE and _all_inputs(a):
+        a = _all_inputs(a)[0]
+    return a
+
+
+# ---- step 2: absorb views / no-ops ----------------------------------------------------------
+
+def _absorb_free(nodes: list[fx.Node], region_of: dict) -> None:
+    """Place free nodes, last first, so every user is placed before its producer.
+
+    A free node joins region R when its data comes from R and some user is in R (it must be
+    inside, or R would read its own output), or when all of its users are in R. A tuple-valued
+    free node (split, unbind) is placed with its getitems, by the users of those getitems.
+    """
+    for n in reversed(nodes):
+        if category(n) not in FREE or _is_getitem_of_free_tuple(n):
+            continue
+        parts = list(n.users) if not _is_tensor(n) else [n]
+        users = [u for p in parts for u in p.users]
+        user_regions = [region_of.get(u) for u in users]
+        src_region = region_of.get(_free_source(n))
+        target = None
+        if src_region is not None and any(r is src_region for r in user_regions):
+            target = src_region
+        elif user_regions and all(r is not None and r is user_regions[0] for r in user_regions):
+            if all(_is_tensor(a) for a in _all_inputs(n)):
+                target = user_regions[0]
+        if target is not None:
+            for m in [n] + [p for p in parts if p is not n]:
+                _join(m, target, region_of)
+
+
+def _is_getitem_of_free_tuple(n: fx.Node) -> bool:
+    return op_name(n) == "getitem" and category(n.args[0]) in FREE
+
+
+def _close_tuples(nodes: list[fx.Node], region_of: dict) -> None:
+    """A tuple-valued node (split, unbind) inside a region takes all its getitems with it:
+    region outputs must be tensors."""
+    for n in nodes:
+        g = region_of.get(n)
+        if g is not None and not _is_tensor(n):
+            for u in n.users:
+                if region_of.get(u) is not g:
+                    _join(u, g, region_of)
+
+
+def _join(n, group, region_of) -> None:
+    if region_of.get(n) is not group:
+        region_of[n] = group
+        group.append(n)
+
+
+# ---- step 3: region boundaries --------------------------------------------------------------
+
+def _make_region(members: list[fx.Node], order: dict) -> Region:
+    inside = set(members)
+    inputs: list[fx.Node] = []
+    for n in members:
+        for a in _all_inputs(n):
+            if a not in inside and a not in inputs:
+                inputs.append(a)
+    outputs = [n for n in members if any(u not in inside for u in n.users)]
+    anchor = next((n for n in members if category(n) == ANCHOR), None)
+    row = next((n for n in members if category(n) == ROWWISE), None)
+    if anchor is not None:
+        kind = ANCHOR_KINDS[op_name(anchor)]
+    elif row is not None:
+        kind, anchor = "rowwise", row
+    else:
+        kind = "elementwise"
+    return Region(members, inputs, outputs, kind, anchor)
+
+
+def _all_inputs(n: fx.Node) -> list[fx.Node]:
+    return list(n.all_input_nodes)
+
+
+def _is_tensor(n: fx.Node) -> bool:
+    return isinstance(n.meta.get("val"), torch.Tensor)
+
+
+def _has_tensor_input(n: fx.Node) -> bool:
+    # tuple-valued inputs count: getitem reads a split's list of tensors
+    return any(isinstance(a.meta.get("val"), (torch.Tensor, list, tuple)) for a in n.all_input_nodes)
