@@ -1,0 +1,283 @@
+"""The correctness protocol on CPU: Python 'kernels' (kernel(inputs, outputs) -> code) stand in for
+CUDA ones, so every check of verify() is exercised in CI without a GPU."""
+import math
+
+import pytest
+import torch
+
+from torch_htam import verify as V
+from torch_htam.policy import make
+from torch_htam.task import Task, TensorSpec
+
+GELU_SRC = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class Model(nn.Module):
+    def forward(self, x, w, b):
+        return F.gelu(x) * w + b
+
+def get_inputs():
+    return [torch.randn(64, 32), torch.randn(32), torch.randn(32)]
+
+def get_init_inputs():
+    return []
+'''
+
+SOFTMAX_SRC = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=-1)
+
+def get_inputs():
+    return [torch.randn(64, 128)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def spec(shape, dtype="float32", dynamic=(), low=None, high=None):
+    stride, acc = [], 1
+    for n in reversed(shape):
+        stride.append(acc)
+        acc *= n
+    return TensorSpec(tuple(shape), dtype, tuple(reversed(stride)), tuple(dynamic), low, high)
+
+
+def gelu_task(rows=64, cols=32):
+    return Task("gelu_affine", "elementwise", GELU_SRC,
+                [spec((rows, cols), dynamic=(0,)), spec((cols,)), spec((cols,))],
+                [spec((rows, cols), dynamic=(0,))], "sig", ["aten.gelu.default"])
+
+
+def softmax_task():
+    return Task("softmax", "rowwise", SOFTMAX_SRC, [spec((64, 128))], [spec((64, 128))], "sig2",
+                ["aten.softmax.int"])
+
+
+def honest(inputs, outputs):
+    x, w, b = inputs
+    outputs[0].copy_(torch.nn.functional.gelu(x) * w + b)
+    return 0
+
+
+def run(kernel, task=None):
+    task = task or gelu_task()
+    return V.verify(task, kernel, V.load_reference(task), make("fp32"), device="cpu")
+
+
+# ------------------------------------------------------------------------------ the protocol
+
+def test_honest_kernel_passes_at_every_shape():
+    ok, reason, detail, errs = run(honest)
+    assert (ok, reason, detail) == (True, "ok", "")
+    # 3 seeds at the task's shape + half and double the dynamic batch dim
+    assert [s[0] for s in errs["shapes"]] == [[64, 32]] * 3 + [[32, 32], [128, 32]]
+    assert errs["max_abs_err"] == 0.0
+
+
+def test_copy_of_input_is_a_mismatch():
+    ok, reason, detail, _ = run(lambda i, o: (o[0].copy_(i[0]), 0)[1])
+    assert (ok, reason) == (False, "mismatch")
+    assert "output 0" in detail and "max abs err" in detail
+
+
+def test_half_written_output_is_partial_write():
+    def nan_tail(i, o):
+        honest(i, o)
+        o[0][o[0].shape[0] // 2:] = float("nan")   # written, with the canonical NaN, not the poison
+        return 0
+
+    def skip_rows(i, o):
+        x, w, b = i
+        n = x.shape[0] // 2
+        o[0][:n].copy_(torch.nn.functional.gelu(x[:n]) * w + b)
+        return 0
+    assert run(skip_rows)[1] == "partial_write"
+    assert run(nan_tail)[1] == "nan"
+
+
+def test_no_write_relying_on_freed_reference_memory_is_partial_write():
+    assert run(lambda i, o: 0)[1] == "partial_write"
+
+
+def test_pointer_keyed_cache_returns_stale_data():
+    cache = {}
+
+    def cached(i, o):
+        key = i[0].data_ptr()
+        if key not in cache:
+            honest(i, o)
+            cache[key] = o[0].clone()
+        o[0].copy_(cache[key])
+        return 0
+    ok, reason, detail, _ = run(cached)
+    assert (ok, reason) == (False, "mismatch") and "seed 1" in detail
+
+
+def test_call_dependent_output_is_nondeterministic():
+    calls = [0]
+
+    def drift(i, o):
+        honest(i, o)
+        calls[0] += 1
+        o[0].add_(calls[0] * 1e-7)   # inside tolerance, but not bitwise reproducible
+        return 0
+    assert run(drift)[1] == "nondeterministic"
+
+
+def test_input_mutation_is_caught():
+    def zero_bias(i, o):
+        honest(i, o)
+        i[2].zero_()
+        return 0
+    ok, reason, detail, _ = run(zero_bias)
+    assert reason == "input_mutated" and "input 2" in detail
+
+
+def test_one_shape_kernel_fails_at_the_second_shape():
+    ok, reason, detail, _ = run(lambda i, o: V.HTAM_ERR_SHAPE if i[0].shape[0] != 64 else honest(i, o))
+    assert reason == "launch_error" and "HTAM_ERR_SHAPE" in detail and "[32, 32]" in detail
+
+    def fixed_rows(i, o):   # grid sized for the tested 64 rows: the doubled shape is half unwritten
+        x, w, b = i
+        o[0][:64].copy_(torch.nn.functional.gelu(x[:64]) * w + b)
+        return 0
+    assert run(fixed_rows)[1] == "partial_write"
+
+
+def test_half_precision_math_fails_fp32_policy():
+    def fp16(i, o):
+        x, w, b = (t.half().float() for t in i)
+        o[0].copy_(torch.nn.functional.gelu(x) * w + b)
+        return 0
+    ok, reason, _, errs = run(fp16)
+    assert reason == "mismatch" and errs["max_rel_err"] > 1e-4
+
+
+def test_unguarded_softmax_overflows_on_outliers():
+    def naive(i, o):
+        e = i[0].exp()
+        o[0].copy_(e / e.sum(-1, keepdim=True))
+        return 0
+
+    def stable(i, o):
+        o[0].copy_(torch.softmax(i[0], -1))
+        return 0
+    assert run(naive, softmax_task())[1] == "nan"
+    assert run(stable, softmax_task())[:2] == (True, "ok")
+
+
+def test_error_codes_and_crashes():
+    assert run(lambda i, o: 2)[1] == "launch_error"       # cudaErrorMemoryAllocation
+    assert run(lambda i, o: 700)[1] == "crash"            # sticky: context is dead
+
+    def illegal(i, o):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def bad_arg(i, o):
+        raise ValueError("expected 3 inputs")
+    assert run(illegal)[1] == "crash"
+    ok, reason, detail, _ = run(bad_arg)
+    assert reason == "launch_error" and "expected 3 inputs" in detail
+
+
+def test_wrong_output_dtype_in_task_is_reported():
+    task = gelu_task()
+    task.outputs = [spec((64, 32), "float16", dynamic=(0,))]
+    assert run(lambda i, o: (o[0].copy_(honest_value(i)), 0)[1], task)[1] == "dtype_mismatch"
+
+
+def honest_value(i):
+    x, w, b = i
+    return torch.nn.functional.gelu(x) * w + b
+
+
+# ------------------------------------------------------------------------------ compare
+
+def test_compare_tolerance_is_allclose_in_float64():
+    ref = torch.tensor([1.0, -2.0, 4.0])
+    assert V.compare(ref + 1.5e-4, ref, 1e-4, 1e-4)[0] == "ok"     # 1.5e-4 <= 1e-4 + 1e-4*1
+    reason, detail, errs = V.compare(ref + 2.1e-4, ref, 1e-4, 1e-4)
+    assert reason == "mismatch" and "first at [0]" in detail
+    assert math.isclose(errs["max_abs_err"], 2.1e-4, rel_tol=1e-3)
+
+
+def test_compare_shape_dtype_nan():
+    ref = torch.zeros(2, 3)
+    assert V.compare(torch.zeros(3, 2), ref, 1e-4, 1e-4)[0] == "shape_mismatch"
+    assert V.compare(torch.zeros(2, 3, dtype=torch.float64), ref, 1e-4, 1e-4)[0] == "dtype_mismatch"
+    bad = ref.clone()
+    bad[1, 2] = float("inf")
+    reason, detail, _ = V.compare(bad, ref, 1e-4, 1e-4)
+    assert reason == "nan" and "[1, 2]" in detail
+    ref_nan = torch.tensor([float("nan"), 1.0])
+    assert V.compare(ref_nan.clone(), ref_nan, 1e-4, 1e-4)[0] == "ok"
+    assert V.compare(torch.tensor([0.0, 1.0]), ref_nan, 1e-4, 1e-4)[0] == "mismatch"
+
+
+def test_compare_integers_exact():
+    ref = torch.tensor([3, 4, 5])
+    assert V.compare(ref.clone(), ref, 1e-4, 1e-4)[0] == "ok"
+    assert V.compare(ref + torch.tensor([0, 1, 0]), ref, 1e-4, 1e-4)[0] == "mismatch"
+
+
+# ------------------------------------------------------------------------------ poison
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_float_poison_is_a_payload_nan_no_arithmetic_makes(dtype):
+    t = V.poison_(torch.empty(4, dtype=dtype))
+    assert torch.isnan(t).all() and V.poisoned(t).all()
+    arithmetic_nan = torch.zeros(4, dtype=dtype) / 0.0
+    assert not V.poisoned(arithmetic_nan).any()
+    assert not V.poisoned(V.poison_(torch.empty(4, dtype=dtype), 1), 0).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int8, torch.uint8, torch.bool])
+def test_int_poison_needs_both_variants(dtype):
+    a, b = V.poison_(torch.empty(3, dtype=dtype), 0), V.poison_(torch.empty(3, dtype=dtype), 1)
+    assert V.unwritten(a, b).all()
+    a[1] = b[1] = V._INT_POISON[dtype][0]    # a real answer that equals one sentinel
+    assert V.unwritten(a, b).tolist() == [True, False, True]
+
+
+# ------------------------------------------------------------------------------ inputs
+
+def test_distributions_are_not_degenerate():
+    g = lambda: torch.Generator().manual_seed(0)
+    s = spec((256, 1024))
+    n = V.make_input(s, s.shape, "normal", g())
+    u = V.make_input(s, s.shape, "uniform", g())
+    o = V.make_input(s, s.shape, "outliers", g())
+    assert abs(float(n.mean())) < 0.01 and abs(float(n.std()) - 1) < 0.01
+    assert float(u.min()) >= -3 and float(u.max()) <= 3 and float(u.min()) < -2.9 and float(u.max()) > 2.9
+    assert float(o.abs().max()) >= 64                         # overflow-provoking outliers
+    row_std = o.std(dim=1)
+    assert float(row_std.max() / row_std.min()) > 10          # mixed scales across rows
+    with pytest.raises(ValueError, match="unknown distribution"):
+        V.make_input(s, s.shape, "zeros", g())
+
+
+def test_integer_inputs_respect_range_and_layout():
+    g = torch.Generator().manual_seed(0)
+    idx = V.make_input(spec((1000,), "int64", low=5, high=9), (1000,), "normal", g)
+    assert idx.dtype == torch.int64 and int(idx.min()) == 5 and int(idx.max()) == 8
+    t = TensorSpec((8, 16), "float32", (1, 8))                 # a transposed layout
+    x = V.make_input(t, (4, 16), "normal", g)
+    assert x.stride() == (1, 4) and not x.is_contiguous()
+
+
+def test_shape_sets_scale_dynamic_dims_together():
+    task = Task("t", "other", "", [spec((6, 8), dynamic=(0,)), spec((8,))],
+                [spec((48,), dynamic=(0,))], "s", [])
+    assert V.shape_sets(task) == [([(6, 8), (8,)], [(48,)]), ([(3, 8), (8,)], [(24,)]),
+                                  ([(12, 8), (8,)], [(96,)])]
+    task.inputs[0] = spec((5, 8), dynamic=(0,))                 # odd: cannot halve, only double
+    assert [i for i, _ in V.shape_sets(task)] == [[(5, 8), (8,)], [(10, 8), (8,)]]
+    static = Task("t", "other", "", [spec((6, 8))], [spec((6, 8))], "s", [])
+    assert len(V.shape_sets(static)) == 1
