@@ -136,7 +136,7 @@ def partition(gm: fx.GraphModule | fx.Graph) -> list[Region]:
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
     groups = _group_compute(nodes, order)
-    region_of = {n: g for g in groups for n in g}
+    region_of = {n: g for g in groups for n in g}   # node -> its group (a list, compared by id)
     _absorb_free(nodes, region_of)
     _close_tuples(nodes, region_of)
     return [_make_region(sorted(g, key=order.get), order) for g in groups]
@@ -145,54 +145,113 @@ def partition(gm: fx.GraphModule | fx.Graph) -> list[Region]:
 # ---- step 1: group compute nodes ------------------------------------------------------------
 
 def _group_compute(nodes: list[fx.Node], order: dict) -> list[list[fx.Node]]:
-    """Greedy, in graph order: anchors and row-wise ops seed regions, elementwise ops join one."""
-    group_of: dict[fx.Node, int] = {}
+    """Two greedy passes in graph order.
+
+    1. Each row-wise op seeds a region and takes its elementwise neighbours: the chain after it
+       (epilogue), then the producers of the same size before it (prologue: residual add, casts,
+       x*x of RMSNorm). NOTE: "same size" keeps shared broadcast inputs (attention masks, used by
+       every layer) out, so every layer's region looks the same.
+    2. Each anchor seeds a region; every elementwise op still free joins the region of its first
+       producer that can take it, or starts an elementwise chain.
+    """
+    group_of: dict[fx.Node, list[fx.Node]] = {}
     groups: list[list[fx.Node]] = []
 
+    def add(n, group):
+        group_of[n] = group
+        group.append(n)
+
+    for n in nodes:
+        if category(n) == ROWWISE and n not in group_of:
+            group: list[fx.Node] = []
+            groups.append(group)
+            add(n, group)
+            _grab_epilogue(n, group, group_of, add, order)
+            _grab_prologue(n, group, group_of, add, order)
     for n in nodes:
         cat = category(n)
-        if cat not in COMPUTE:
+        if n in group_of or cat not in (ANCHOR, ELEMENTWISE):
             continue
-        producers = _compute_inputs(n)
         target = None
-        if cat == ROWWISE:
-            # prologue: a pure elementwise chain feeding the row op (e.g. residual add -> norm)
-            target = _first_joinable(n, producers, group_of, groups, order, lambda k: k == ELEMENTWISE)
-        elif cat == ELEMENTWISE:
-            target = _first_joinable(n, producers, group_of, groups, order, lambda k: True)
+        if cat == ELEMENTWISE:
+            producers = [group_of[p] for p in _compute_inputs(n) if p in group_of]
+            target = next((g for g in _unique(producers) if not _creates_cycle(n, g, order)), None)
         if target is None:
-            group_of[n] = len(groups)
-            groups.append([n])
-        else:
-            group_of[n] = target
-            groups[target].append(n)
-    return groups
+            target = []
+            groups.append(target)
+        add(n, target)
+    return [sorted(g, key=order.get) for g in sorted(groups, key=lambda g: min(map(order.get, g)))]
 
 
-def _first_joinable(n, producers, group_of, groups, order, seed_ok) -> int | None:
-    for g in dict.fromkeys(group_of[p] for p in producers if p in group_of):
-        cats = {category(m) for m in groups[g]}
-        kind = ANCHOR if ANCHOR in cats else ROWWISE if ROWWISE in cats else ELEMENTWISE
-        if seed_ok(kind) and not _would_cycle(producers, groups[g], group_of, g, order):
-            return g
-    return None
+def _grab_epilogue(row, group, group_of, add, order) -> None:
+    work = [row]
+    while work:
+        for u in _compute_users(work.pop(0)):
+            if u not in group_of and category(u) == ELEMENTWISE and not _creates_cycle(u, group, order):
+                add(u, group)
+                work.append(u)
 
 
-def _would_cycle(producers, group, group_of, g, order) -> bool:
-    """True if any producer outside group g depends on g (joining would make a cycle)."""
+def _grab_prologue(row, group, group_of, add, order) -> None:
+    size = _numel(_free_source(row.all_input_nodes[0]))
+    work = [row]
+    while work:
+        for p in _compute_inputs(work.pop(0)):
+            if (p not in group_of and category(p) == ELEMENTWISE and _numel(p) == size
+                    and not _creates_cycle(p, group, order)):
+                add(p, group)
+                work.append(p)
+
+
+def _creates_cycle(n: fx.Node, group: list[fx.Node], order: dict) -> bool:
+    """Would adding n to group make a path that leaves the group and comes back?
+
+    Paths through free nodes only do not count: those nodes get absorbed into the group.
+    """
     members = set(group)
-    lowest = min(order[m] for m in group)
-    seen: set[fx.Node] = set()
-    stack = [p for p in producers if group_of.get(p) != g]
+    lo = min(order[m] for m in group)
+    hi = max(order[m] for m in group)
+    return (_dirty_path(n, members, lambda x: x.all_input_nodes, lambda x: order[x] >= lo)
+            or _dirty_path(n, members, lambda x: list(x.users), lambda x: order[x] <= hi))
+
+
+def _dirty_path(start, members, step, in_range) -> bool:
+    stack = [(x, False) for x in step(start) if x not in members]
+    seen = set()
     while stack:
-        p = stack.pop()
-        if p in seen or order[p] < lowest:
-            continue   # nodes before the group's first node cannot depend on it
-        seen.add(p)
-        if p in members:
-            return True
-        stack.extend(_all_inputs(p))
+        x, dirty = stack.pop()
+        if (x, dirty) in seen or not in_range(x):
+            continue
+        seen.add((x, dirty))
+        if x in members:
+            if dirty:
+                return True
+            continue
+        dirty = dirty or category(x) not in FREE
+        stack.extend((y, dirty) for y in step(x))
     return False
+
+
+def _compute_users(n: fx.Node) -> list[fx.Node]:
+    """The consumers of n, looking through free nodes."""
+    out = []
+    for u in n.users:
+        out.extend(_compute_users(u) if category(u) in FREE else [u])
+    return _unique(out)
+
+
+def _unique(xs: list) -> list:
+    seen, out = set(), []
+    for x in xs:
+        if id(x) not in seen:
+            seen.add(id(x))
+            out.append(x)
+    return out
+
+
+def _numel(n: fx.Node) -> int:
+    v = n.meta.get("val")
+    return v.numel() if isinstance(v, torch.Tensor) else -1
 
 
 def _compute_inputs(n: fx.Node) -> list[fx.Node]:

@@ -460,29 +460,24 @@ def task_from_source(source: str, name: str | None = None) -> Task:
         >>> task = task_from_source(Path("19_ReLU.py").read_text(), "19_ReLU")
     """
     from torch_htam.capture import record_values
-    from torch_htam.partition import ANCHOR_KINDS, COMPUTE, ROWWISE, Region, category, op_name
+    from torch_htam.partition import ANCHOR_KINDS, ROWWISE, Region, category, op_name
     name = name or "task"
     ns = _exec_source(source, name)
     model = ns["Model"](*ns["get_init_inputs"]()).eval()
     inputs = tuple(ns["get_inputs"]())
     gm = torch.export.export(model, inputs, strict=False).module()
-    values = record_values(gm, inputs)
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem
-             or op_name(n) == "getitem"]
-    ins = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr") and n.users]
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    # user inputs first (as get_inputs() lists them), then the weights Model built
+    ins = [n for op in ("placeholder", "get_attr") for n in gm.graph.nodes if n.op == op and n.users]
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    outs = list(dict.fromkeys(fx.node.map_arg(out_node.args[0], lambda a: a).__iter__()
-                              if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]))
-    cats = [category(n) for n in nodes]
-    anchor = next((n for n, c in zip(nodes, cats) if op_name(n) in ANCHOR_KINDS), None)
-    row = next((n for n, c in zip(nodes, cats) if c == ROWWISE), None)
-    kind = (ANCHOR_KINDS[op_name(anchor)] if anchor is not None else "rowwise" if row is not None
-            else "elementwise" if all(c is None or c not in COMPUTE or c for c in cats) else "other")
+    outs = list(dict.fromkeys(a for a in out_node.all_input_nodes))
+    anchor = next((n for n in nodes if op_name(n) in ANCHOR_KINDS), None)
+    row = next((n for n in nodes if category(n) == ROWWISE), None)
+    kind = ANCHOR_KINDS[op_name(anchor)] if anchor else "rowwise" if row else "elementwise"
     region = Region(nodes, ins, outs, kind, anchor or row)
-    task = region_to_task(gm, region, values, name=name)
-    # NOTE: get_init_inputs may build weights inside Model; they became task inputs above, so
-    # our generated source (not the original) is the reference that matches task.inputs.
-    return task
+    # NOTE: weights Model built in __init__ become task inputs here, so the generated source
+    # (not the original file) is the reference that matches task.inputs.
+    return region_to_task(gm, region, record_values(gm, inputs), name=name)
 
 
 def export_tasks(tasks: list[Task], directory: str | Path) -> list[Path]:

@@ -1,0 +1,131 @@
+"""Every task of the example models, fed the region's real inputs, reproduces the region's outputs."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from torch_htam.capture import capture, record_values
+from torch_htam.partition import partition
+from torch_htam.task import (export_tasks, extract_tasks, load_reference, region_to_task,
+                             task_from_source)
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def load_example(name, **kw):
+    spec = importlib.util.spec_from_file_location(f"ex_{name}", EXAMPLES / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_model(**kw)
+
+
+def needs(module):
+    try:
+        __import__(module)
+        return pytest.mark.skipif(False, reason="")
+    except ImportError:
+        return pytest.mark.skip(reason=f"{module} is not importable here")
+
+
+MODELS = [
+    pytest.param("gpt_block", id="gpt"),
+    pytest.param("bert_encoder", id="bert"),
+    pytest.param("resnet18", id="resnet18", marks=needs("torchvision")),
+    pytest.param("hf_causal_lm", id="hf_llama", marks=needs("transformers")),
+]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_task_reproduces_its_region(name):
+    torch.manual_seed(0)
+    model, inputs = load_example(name)
+    cap = capture(model, inputs)
+    assert cap.graphs, cap.problems
+    checked = 0
+    for gm, flat in zip(cap.graphs, cap.inputs):
+        values = record_values(gm, flat)
+        for region in partition(gm):
+            task = region_to_task(gm, region, values)
+            ref = load_reference(task)
+            got = ref(*[values[a] for a in region.inputs])
+            got = got if isinstance(got, tuple) else (got,)
+            assert len(got) == len(region.outputs) == len(task.outputs)
+            for g, o, spec in zip(got, region.outputs, task.outputs):
+                assert tuple(g.shape) == spec.shape and str(g.dtype) == f"torch.{spec.dtype}"
+                torch.testing.assert_close(g, values[o], rtol=1e-5, atol=1e-5, msg=task.name)
+            # the source also runs on its own random inputs
+            ns = {}
+            exec(task.source, ns)
+            ns["Model"](*ns["get_init_inputs"]())(*ns["get_inputs"]())
+            checked += 1
+    assert checked >= 5
+
+
+@pytest.mark.parametrize("name", ["gpt_block", "bert_encoder"])
+def test_depth_does_not_add_tasks(name):
+    shallow = extract_tasks(*load_example(name, n_layer=2))
+    deep = extract_tasks(*load_example(name, n_layer=12))
+    assert len(deep) == len(shallow)
+    assert sum(t.count for t in deep) > sum(t.count for t in shallow)
+    assert {t.signature for t in deep} == {t.signature for t in shallow}
+
+
+def test_signature_is_stable_and_shape_sensitive():
+    a = extract_tasks(*load_example("gpt_block"))
+    b = extract_tasks(*load_example("gpt_block"))
+    assert [t.signature for t in a] == [t.signature for t in b]
+    # every GPT region reads an activation with the sequence dim, so every signature changes
+    c = extract_tasks(*load_example("gpt_block", seq=8))
+    assert not {t.signature for t in a} & {t.signature for t in c}
+
+
+def test_task_fields_are_consistent():
+    tasks = extract_tasks(*load_example("gpt_block", n_layer=3))
+    assert [t.signature for t in tasks] == list(dict.fromkeys(t.signature for t in tasks))
+    mlp = next(t for t in tasks if t.ops[:2] == ["aten.linear.default", "aten.gelu.default"])
+    assert mlp.kind == "gemm" and mlp.count == 3
+    assert mlp.modules[0] == "h.0.mlp.c_fc" and "h.2.mlp.c_fc" in mlp.modules
+    x, w, b = mlp.inputs
+    assert mlp.flops >= 2 * x.shape[0] * x.shape[1] * w.shape[0] * w.shape[1]
+    assert mlp.bytes == sum(s.nbytes for s in mlp.inputs + mlp.outputs)
+    ph = [n for n in mlp.graph.graph.nodes if n.op == "placeholder"]
+    assert len(ph) == len(mlp.inputs)
+
+
+def test_task_from_source_and_export(tmp_path):
+    src = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x, ids):
+        return torch.softmax(self.norm(x), dim=-1) * ids
+
+def get_inputs():
+    return [torch.randn(4, 32), torch.randint(0, 7, (4, 32))]
+
+def get_init_inputs():
+    return [32]
+'''
+    torch.manual_seed(0)
+    task = task_from_source(src, "norm_softmax")
+    assert task.kind == "rowwise" and task.name == "norm_softmax"
+    assert [s.shape for s in task.inputs] == [(4, 32), (4, 32), (32,), (32,)]
+    assert (task.inputs[1].low, task.inputs[1].high) == (0, 7)   # range seen in get_inputs()
+    ns = {}
+    exec(src, ns)
+    x, ids = ns["get_inputs"]()
+    orig = ns["Model"](32)
+    ref = load_reference(task)
+    torch.testing.assert_close(ref(x, ids, orig.norm.weight, orig.norm.bias), orig(x, ids))
+    paths = export_tasks([task], tmp_path)
+    assert paths[0].name == f"norm_softmax_{task.signature}.py"
+    index = json.loads((tmp_path / "tasks.json").read_text())
+    assert index[0]["signature"] == task.signature and index[0]["file"] == paths[0].name
