@@ -1,0 +1,626 @@
+"""Candidate kernels → small .so files: static check, then nvcc driven by one ninja file.
+
+A candidate is ONE CUDA C++ source implementing the kernel ABI in csrc/htam_abi.h (no torch
+headers, so nvcc takes ~2 s instead of ~56 s for load_inline). `build_many` checks every source
+statically, reuses .so files already built (named by content hash), and compiles the rest in
+parallel through a generated build.ninja, one nvcc per source with its own log.
+
+    >>> res = build.build_many([src_a, src_b])
+    >>> [(r.ok, r.cached, r.so_path) for r in res]
+    [(True, False, '/root/.cache/torch_htam/sm_90a-.../build/3f2a....so'), (False, False, None)]
+    >>> res[1].error            # short, for the proposer
+    'line 14: error: identifier "blockDimx" is undefined\\n   14 |   int i = blockIdx.x * blockDimx ...'
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch_htam import paths
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+ABI_HEADER = CSRC / "htam_abi.h"
+DEFAULT_ARCH = "sm_90a"   # H100: the machine the project is measured on
+
+# --------------------------------------------------------------------------------------------
+# Static check: what a candidate may not do, as data. Each rule is (name, regex, message, reason);
+# `message` is what the proposer reads, `reason` is why the rule exists.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    pattern: str
+    message: str
+    reason: str
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("torch_headers", r"^[ \t]*#[ \t]*include[ \t]*[<\"][^>\"\n]*\b(?:torch|ATen|c10|pybind11|caffe2)/",
+         "includes a torch/ATen/c10/pybind11 header: use only CUDA headers and \"htam_abi.h\"",
+         "torch headers make one build take ~56 s instead of ~2 s, and tie the .so to one torch"),
+    Rule("python_header", r"^[ \t]*#[ \t]*include[ \t]*[<\"][^>\"\n]*\bPython\.h",
+         "includes Python.h: the kernel is called from C++, never from Python",
+         "the ABI is plain C; Python objects have no place in a kernel .so"),
+    Rule("local_include", r"^[ \t]*#[ \t]*include[ \t]*\"(?!htam_abi\.h\")",
+         "#include \"...\" of a file other than htam_abi.h: a candidate is one self-contained source"
+         " (use <...> for CUDA toolkit headers)",
+         "the content hash covers only the source and htam_abi.h; any other local file would be"
+         " compiled without being hashed, and could be anything on disk"),
+    Rule("other_streams", r"\bcu(?:da)?Stream(?:Create\w*|Destroy)\b",
+         "creates or destroys a CUDA stream: launch everything on the `stream` argument",
+         "work on another stream escapes the caller's stream order, CUDA-graph capture and timing"),
+    Rule("host_sync", r"\bcuda(?:Device|Stream|Event|Thread)Synchronize\b|\bcu(?:Ctx|Stream|Event)Synchronize\b",
+         "synchronizes the host with the device: return after enqueuing work on `stream`",
+         "syncs break CUDA-graph capture and stall the caller's pipeline"),
+    Rule("events", r"\bcu(?:da)?Event(?!\w*Synchronize)\w+|\bcudaStreamWaitEvent\b",
+         "uses CUDA events: timing is the harness's job",
+         "events inside a candidate can patch or skew the timer around it"),
+    Rule("threads", r"\bstd::j?thread\b|\bpthread_\w+|\bfork\s*\(|\bstd::async\b|#[ \t]*pragma[ \t]+omp\b"
+                    r"|\bomp_\w+\s*\(",
+         "starts host threads or processes: htam_run must do its work on the calling thread",
+         "work left running on a host thread escapes timing and outlives the call"),
+    Rule("dynamic_loading", r"\bdl(?:m?open|v?sym)\b|\bLD_PRELOAD\b",
+         "loads libraries at run time (dlopen/dlsym/LD_PRELOAD): link what you need",
+         "run-time loading can interpose on CUDA or the harness"),
+    Rule("environment", r"\b(?:secure_)?getenv\b|\b(?:setenv|putenv|unsetenv)\b",
+         "reads or sets environment variables: a kernel must depend only on its inputs",
+         "environment lookups make a kernel behave differently under the harness and in the model"),
+    Rule("processes", r"\bsystem\s*\(|\bpopen\s*\(|\bexec[lv]p?e?\s*\(",
+         "runs other programs: a kernel only computes",
+         "a candidate may come from an LLM; it must not reach outside its own computation"),
+    Rule("sleep", r"\b(?:sleep|usleep|nanosleep)\s*\(|\bsleep_(?:for|until)\b",
+         "sleeps on the host: a kernel only enqueues work",
+         "host sleeps can be used to game wall-clock measurements"),
+    Rule("host_timers", r"\bclock_gettime\b|\bgettimeofday\b|\bchrono\b|\b__rdtsc\b|\bQueryPerformanceCounter\b",
+         "reads a host timer: timing is the harness's job",
+         "a kernel that sees time can behave differently while it is being timed"),
+    Rule("sync_copies", r"\bcu(?:da)?Mem(?:cpy|set)\w*(?<!Async)\s*\(",
+         "uses a synchronous cudaMemcpy/cudaMemset: use cudaMemcpyAsync/cudaMemsetAsync on `stream`",
+         "the synchronous forms run on the legacy stream and block the host"),
+    Rule("managed_memory", r"\bcudaMallocManaged\b|\b__managed__\b",
+         "uses managed (unified) memory: use the device pointers you are given",
+         "page migration makes timing depend on where memory happened to be"),
+    Rule("free", r"\bcudaFree\s*\(|\bcudaDeviceReset\b|\bcudaSetDevice\b",
+         "calls cudaFree/cudaDeviceReset/cudaSetDevice: use cudaFreeAsync on `stream` or a static"
+         " workspace, and the current device",
+         "cudaFree synchronizes the device and is illegal during CUDA-graph capture"),
+    Rule("files", r"\b(?:fopen|freopen|fdopen|open|creat|mmap)\s*\(|\b(?:std::)?[io]?fstream\b|\bofstream\b",
+         "opens files: a kernel must not touch the filesystem",
+         "a candidate may come from an LLM; it must not read or write files"),
+)
+
+# Calls that take a stream: name -> index of the stream argument. A missing or null stream there
+# means the legacy default stream.
+STREAM_ARGS: dict[str, int] = {
+    "cudaLaunchKernel": 5, "cudaLaunchCooperativeKernel": 5, "cuLaunchKernel": 8,
+    "cudaMemcpyAsync": 4, "cudaMemsetAsync": 3, "cudaMemcpy2DAsync": 7, "cudaMemset2DAsync": 5,
+    "cudaMemcpyToSymbolAsync": 5, "cudaMemcpyFromSymbolAsync": 5, "cudaMemcpy3DAsync": 1,
+    "cudaMallocAsync": 2, "cudaFreeAsync": 1, "cudaMemPrefetchAsync": 3, "cudaGraphLaunch": 1,
+    "cublasSetStream": 1, "cudnnSetStream": 1, "cublasLtMatmul": 15,
+}
+# A library handle runs on the legacy stream unless its stream is set.
+REQUIRES: tuple[tuple[str, str, str], ...] = (
+    (r"\bcublasCreate\w*\s*\(", r"\bcublasSetStream\w*\s*\(",
+     "creates a cuBLAS handle without cublasSetStream(handle, stream): cuBLAS would run on the"
+     " legacy default stream"),
+    (r"\bcudnnCreate\s*\(", r"\bcudnnSetStream\s*\(",
+     "creates a cuDNN handle without cudnnSetStream(handle, stream): cuDNN would run on the legacy"
+     " default stream"),
+    (r"\bcudaLaunchKernelEx\w*\s*\(",
+     r"\.\s*stream\s*=\s*(?!0\b|nullptr\b|NULL\b|cudaStreamLegacy\b|cudaStreamPerThread\b)\w",
+     "launches with cudaLaunchKernelEx without setting config.stream = stream"),
+)
+NULL_STREAMS = {"0", "0x0", "0l", "0u", "nullptr", "null", "cudastreamlegacy", "cudastreamperthread",
+                "cu_stream_legacy", "cu_stream_per_thread", "cudastreamdefault"}
+_ENTRY_DEF = re.compile(r"\bhtam_run\s*\([^;{}]*\)\s*\{")
+_ENTRY_DECL = re.compile(r"HTAM_ENTRY\s+htam_run\s*\(|extern\s+\"C\"")
+
+
+def _strip(source: str) -> str:
+    """Comments → spaces and string/char literals → empty, keeping newlines (for line numbers),
+    #include paths and the "C" of extern "C" (syntax, not data)."""
+    token = re.compile(r'//[^\n]*|/\*.*?\*/|R"([^(\s]{0,16})\(.*?\)\1"|"(?:\\.|[^"\\\n])*"'
+                       r"|'(?:\\.|[^'\\\n]){1,8}'", re.S)
+
+    def repl(m: re.Match) -> str:
+        text = m.group(0)
+        if text.startswith("/"):
+            return re.sub(r"[^\n]", " ", text)
+        line = source[source.rfind("\n", 0, m.start()) + 1:m.start()]
+        if re.match(r"\s*#\s*include\b", line) or (text == '"C"' and re.search(r"\bextern\s*$", line)):
+            return text
+        quote = text[-1]
+        return quote + "\n" * text.count("\n") + quote
+
+    return token.sub(repl, source)
+
+
+def _line(code: str, pos: int) -> int:
+    return code.count("\n", 0, pos) + 1
+
+
+def _split_args(text: str) -> list[str]:
+    """Top-level comma split: 'a, f(b, c), d[1,2]' -> ['a', 'f(b, c)', 'd[1,2]']."""
+    args, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            args.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    last = "".join(cur).strip()
+    return args + [last] if last or args else args
+
+
+def _call_args(code: str, open_paren: int) -> str | None:
+    """Text between the parenthesis at `open_paren` and its match, or None if unbalanced."""
+    depth = 0
+    for i in range(open_paren, len(code)):
+        depth += code[i] == "("
+        depth -= code[i] == ")"
+        if depth == 0:
+            return code[open_paren + 1:i]
+    return None
+
+
+def _is_null_stream(arg: str) -> bool:
+    # Drop casts: (cudaStream_t)0, static_cast<cudaStream_t>(0), cudaStream_t(nullptr), (CUstream)0.
+    a = re.sub(r"\s+", "", arg)
+    a = re.sub(r"static_cast<\w+>|reinterpret_cast<\w+>|\((?:cudaStream_t|CUstream)\)|cudaStream_t|CUstream",
+               "", a)
+    return a.strip("()").lower() in NULL_STREAMS
+
+
+def _check_launches(code: str) -> list[str]:
+    problems = []
+    for m in re.finditer(r"<<<(.*?)>>>", code, re.S):
+        cfg, line = _split_args(m.group(1)), _line(code, m.start())
+        if len(cfg) < 4:
+            problems.append(f"line {line}: kernel launch <<<{m.group(1).strip()}>>> has no stream: "
+                            "write <<<grid, block, smem, stream>>> with the `stream` passed to htam_run")
+        elif _is_null_stream(cfg[3]):
+            problems.append(f"line {line}: kernel launch passes `{cfg[3]}` as its stream (the legacy "
+                            "default stream): launch on the `stream` passed to htam_run")
+    for name, idx in STREAM_ARGS.items():
+        for m in re.finditer(rf"\b{name}\s*(?:<[^;()]*>)?\s*\(", code):
+            body = _call_args(code, m.end() - 1)
+            args = _split_args(body) if body is not None else []
+            line = _line(code, m.start())
+            if len(args) <= idx:
+                problems.append(f"line {line}: {name}(...) is called without its stream argument: "
+                                "pass the `stream` given to htam_run")
+            elif _is_null_stream(args[idx]):
+                problems.append(f"line {line}: {name}(...) passes `{args[idx]}` as its stream: pass "
+                                "the `stream` given to htam_run")
+    return problems
+
+
+def check_source(source: str) -> list[str]:
+    """Static check of a candidate before compiling: each problem as one readable sentence.
+
+    Comments and string literals are ignored, so `// no cudaDeviceSynchronize here` is fine.
+
+        >>> build.check_source('#include "htam_abi.h"\\nHTAM_ENTRY htam_run(...) { k<<<1, 32>>>(); }')
+        ['line 2: kernel launch <<<1, 32>>> has no stream: write <<<grid, block, smem, stream>>> ...']
+    """
+    code = _strip(source)
+    problems = []
+    if not (_ENTRY_DEF.search(code) and _ENTRY_DECL.search(code)):
+        problems.append('no entry point: define `HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, '
+                        'HtamTensor* out, int n_out, cudaStream_t stream) { ... }` (extern "C")')
+    for rule in RULES:
+        m = re.search(rule.pattern, code, re.M)
+        if m:
+            problems.append(f"line {_line(code, m.start())}: {rule.message}")
+    problems += _check_launches(code)
+    for trigger, required, message in REQUIRES:
+        m = re.search(trigger, code)
+        if m and not re.search(required, code):
+            problems.append(f"line {_line(code, m.start())}: {message}")
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
+# Toolchain: arch flags, cuBLAS/cuDNN discovery, content hash.
+# --------------------------------------------------------------------------------------------
+
+BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
+              "-lineinfo")
+
+
+@dataclass(frozen=True)
+class Library:
+    """A discovered CUDA library: where its headers are and how to link it.
+    link: linker args, e.g. ['-lcublasLt', '-lcublas'] or ['-l:libcublas.so.13'] (pip wheels ship
+    only the versioned file)."""
+    include_dirs: tuple[str, ...]
+    lib_dirs: tuple[str, ...]
+    link: tuple[str, ...]
+
+    def flags(self) -> list[str]:
+        out = [f"-I{d}" for d in self.include_dirs]
+        for d in self.lib_dirs:
+            out += [f"-L{d}", "-Xlinker", f"-rpath={d}"]
+        return out + list(self.link)
+
+
+def _cuda_home() -> str | None:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        return home
+    nvcc = paths.nvcc_path()
+    return str(Path(nvcc).resolve().parent.parent) if nvcc else None
+
+
+def _candidate_roots(modules: tuple[str, ...]) -> list[Path]:
+    """$CUDA_HOME, then the directories of pip packages such as nvidia.cublas (namespace
+    packages: no __file__, so read their search locations without importing them)."""
+    roots = [Path(h) for h in [_cuda_home()] if h]
+    for name in modules:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None:
+            roots += [Path(p) for p in (spec.submodule_search_locations or [])]
+            if spec.origin and spec.origin not in ("namespace", None):
+                roots.append(Path(spec.origin).parent)
+    return roots
+
+
+def _find_library(header: str, libs: tuple[str, ...], modules: tuple[str, ...]) -> Library | None:
+    for root in _candidate_roots(modules):
+        inc = root / "include"
+        if not (inc / header).exists():
+            continue
+        lib_dirs, link = [], []
+        for lib in libs:
+            for d in (root / "lib64", root / "lib", root / "lib" / "x64"):
+                files = sorted(glob.glob(str(d / f"lib{lib}.so*")), key=len)
+                if files:
+                    # -lfoo needs the unversioned libfoo.so; otherwise name the file itself.
+                    name = Path(files[0]).name
+                    link.append(f"-l{lib}" if name == f"lib{lib}.so" else f"-l:{name}")
+                    if str(d) not in lib_dirs:
+                        lib_dirs.append(str(d))
+                    break
+            else:
+                break
+        else:
+            return Library((str(inc),), tuple(lib_dirs), tuple(link))
+    return None
+
+
+def find_cublas() -> Library | None:
+    """cuBLAS + cuBLASLt headers and libraries, or None (e.g. a toolkit without cuBLAS).
+
+        >>> build.find_cublas()
+        Library(include_dirs=('/usr/local/cuda/include',), lib_dirs=(...), link=('-lcublasLt', '-lcublas'))
+    """
+    return _find_library("cublasLt.h", ("cublasLt", "cublas"), ("nvidia.cublas", "nvidia.cu13"))
+
+
+def find_cudnn() -> Library | None:
+    """cuDNN headers and library, or None."""
+    return _find_library("cudnn.h", ("cudnn",), ("nvidia.cudnn", "nvidia.cu13"))
+
+
+def _uses(source: str, headers: str) -> bool:
+    return re.search(rf"^[ \t]*#[ \t]*include[ \t]*[<\"](?:{headers})\.h[>\"]", source, re.M) is not None
+
+
+def _uses_cublas(source: str) -> bool:
+    return _uses(source, r"cublas|cublas_v2|cublasLt|cublas_api")
+
+
+def _uses_cudnn(source: str) -> bool:
+    return _uses(source, r"cudnn")
+
+
+def arch_flags(arch: str) -> list[str]:
+    """'sm_90a' -> ['-gencode=arch=compute_90a,code=sm_90a']; 'sm_80' -> ['-arch=sm_80'].
+    The a/f variants need -gencode: -arch=sm_90a would also embed PTX that cannot be JIT-ed."""
+    if arch[-1] in "af":
+        return [f"-gencode=arch=compute_{arch[3:]},code={arch}"]
+    return [f"-arch={arch}"]
+
+
+def _flags(source: str, arch: str) -> list[str]:
+    """The flags that define the binary (hashed); search paths are added at build time."""
+    flags = [*BASE_FLAGS, *arch_flags(arch)]
+    if _uses_cublas(source):
+        flags += ["-lcublasLt", "-lcublas"]
+    if _uses_cudnn(source):
+        flags += ["-lcudnn"]
+    return flags
+
+
+def _search_flags(source: str) -> tuple[list[str], str]:
+    """Include/link flags of the libraries a source uses, or an error if one is missing."""
+    flags = [f"-I{CSRC}"]
+    for used, find, what in ((_uses_cublas, find_cublas, "cuBLAS"), (_uses_cudnn, find_cudnn, "cuDNN")):
+        if used(source):
+            lib = find()
+            if lib is None:
+                return flags, (f"{what} headers/libraries not found (looked in $CUDA_HOME and the "
+                               f"nvidia pip packages): install them or write the kernel without {what}")
+            flags += lib.flags()
+    return flags, ""
+
+
+def source_hash(source: str, arch: str) -> str:
+    """Content hash of everything that determines the binary: source, arch, nvcc version, flags and
+    the ABI header. 20 hex chars.
+
+        >>> build.source_hash(src, "sm_90a")
+        '3f2a9c0d81e4b7a6c2d1'
+    """
+    h = hashlib.sha256()
+    for part in (source, arch, paths.nvcc_version(), " ".join(_flags(source, arch)),
+                 ABI_HEADER.read_text()):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:20]
+
+
+def default_arch() -> str:
+    """The GPU's arch, else $HTAM_ARCH, else sm_90a (the H100 this project is measured on)."""
+    from torch_htam import gpu
+    info = gpu.detect()
+    return info.arch if info else os.environ.get("HTAM_ARCH") or DEFAULT_ARCH
+
+
+# --------------------------------------------------------------------------------------------
+# Builds
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BuildResult:
+    """ok: the .so exists at so_path. error: short feedback for the proposer ("" when ok);
+    log: the full compiler output; seconds: this source's compile time (0 when cached)."""
+    ok: bool
+    so_path: str | None
+    source_hash: str
+    error: str = ""
+    log: str = ""
+    seconds: float = 0.0
+    cached: bool = False
+
+
+@dataclass
+class _Job:
+    index: int
+    source: str
+    hash: str
+    flags: list[str] = field(default_factory=list)
+
+
+def _ninja() -> str | None:
+    try:
+        import ninja
+        exe = Path(ninja.BIN_DIR) / "ninja"
+        if exe.exists():
+            return str(exe)
+    except ImportError:
+        pass
+    return shutil.which("ninja")
+
+
+def _ninja_file(jobs: list[_Job], nvcc: str) -> str:
+    """One nvcc edge per source, paths relative to the batch directory (ninja runs with -C there);
+    each edge writes its own log so each failure gets its own error."""
+    lines = ["ninja_required_version = 1.3", f"nvcc = {_ninja_value(_shell_quote(nvcc))}", "",
+             "rule nvcc",
+             "  command = $nvcc $flags $in -o $out > $log 2>&1",
+             "  description = nvcc $in", ""]
+    for j in jobs:
+        flags = " ".join(_shell_quote(f) for f in j.flags)
+        lines += [f"build {j.hash}.so: nvcc {j.hash}.cu", f"  flags = {_ninja_value(flags)}",
+                  f"  log = {j.hash}.log"]
+    return "\n".join(lines) + "\n"
+
+
+def _ninja_value(s: str) -> str:
+    return s.replace("$", "$$")
+
+
+def _shell_quote(s: str) -> str:
+    return s if re.fullmatch(r"[\w@%+=:,./-]+", s) else "'" + s.replace("'", "'\\''") + "'"
+
+
+def _edge_seconds(ninja_log: Path) -> dict[str, float]:
+    """Per-output compile time from .ninja_log (v5+: start_ms, end_ms, mtime, output, hash)."""
+    out = {}
+    if ninja_log.exists():
+        for row in ninja_log.read_text().splitlines()[1:]:
+            parts = row.split("\t")
+            if len(parts) >= 4 and parts[0].isdigit():
+                out[Path(parts[3]).stem] = (int(parts[1]) - int(parts[0])) / 1000
+    return out
+
+
+def _run_ninja(ninja: str, build_file: Path, jobs: int, timeout_s: float) -> tuple[bool, str]:
+    """Runs ninja -k 0; returns (timed_out, ninja's own output). The whole process group is killed
+    on timeout so no nvcc outlives the call."""
+    proc = subprocess.Popen([ninja, "-C", str(build_file.parent), "-f", build_file.name, "-k", "0",
+                             "-j", str(jobs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+        return False, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return True, out
+
+
+def build_many(sources: list[str], arch: str | None = None, out_dir: str | Path | None = None,
+               jobs: int | None = None, timeout_s: float = 300) -> list[BuildResult]:
+    """Build candidates to .so files in parallel; results in the order of `sources`.
+
+    Static-check failures never compile (error "static check: ..."); sources already built (same
+    content hash in out_dir) come back cached=True.
+
+        >>> results = build.build_many([src_a, src_b], jobs=16)
+        >>> [r.ok for r in results], results[1].error
+    """
+    arch = arch or default_arch()
+    out_dir = Path(out_dir) if out_dir is not None else paths.arch_dir(arch) / "build"
+    results: list[BuildResult | None] = [None] * len(sources)
+    todo: dict[str, _Job] = {}                    # hash -> job; duplicates build once
+    waiting: dict[str, list[int]] = {}
+    nvcc = paths.nvcc_path()
+    for i, src in enumerate(sources):
+        h = source_hash(src, arch)
+        problems = check_source(src)
+        so = out_dir / f"{h}.so"
+        if problems:
+            results[i] = BuildResult(False, None, h, "static check: " + "; ".join(problems))
+        elif so.exists():
+            results[i] = BuildResult(True, str(so), h, cached=True)
+        elif nvcc is None:
+            results[i] = BuildResult(False, None, h, "nvcc not found: install the CUDA toolkit or set CUDA_HOME")
+        else:
+            search, err = _search_flags(src)
+            if err:
+                results[i] = BuildResult(False, None, h, err)
+                continue
+            todo.setdefault(h, _Job(i, src, h, _flags(src, arch) + search))
+            waiting.setdefault(h, []).append(i)
+    if todo:
+        built = _compile(list(todo.values()), out_dir, nvcc, jobs or os.cpu_count() or 1, timeout_s)
+        for h, res in built.items():
+            for i in waiting[h]:
+                results[i] = res
+    return results  # type: ignore[return-value]
+
+
+def _compile(jobs: list[_Job], out_dir: Path, nvcc: str, n_jobs: int, timeout_s: float) -> dict[str, BuildResult]:
+    ninja = _ninja()
+    if ninja is None:
+        return {j.hash: BuildResult(False, None, j.hash, "ninja not found: pip install ninja") for j in jobs}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # NOTE: a private directory per call, so concurrent build_many calls (several workers, one
+    # cache) never share a build.ninja, a .ninja_log or a half-written .so.
+    tmp = out_dir / f".batch-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        for j in jobs:
+            (tmp / f"{j.hash}.cu").write_text(j.source)
+        build_file = tmp / "build.ninja"
+        build_file.write_text(_ninja_file(jobs, nvcc))
+        t0 = time.perf_counter()
+        timed_out, ninja_out = _run_ninja(ninja, build_file, n_jobs, timeout_s)
+        wall = time.perf_counter() - t0
+        seconds = _edge_seconds(tmp / ".ninja_log")
+        return {j.hash: _collect(j, tmp, out_dir, seconds, wall, timed_out, timeout_s, ninja_out)
+                for j in jobs}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _collect(job: _Job, tmp: Path, out_dir: Path, finished: dict[str, float], wall: float,
+             timed_out: bool, timeout_s: float, ninja_out: str) -> BuildResult:
+    log_file = tmp / f"{job.hash}.log"
+    log = log_file.read_text(errors="replace") if log_file.exists() else ""
+    built = tmp / f"{job.hash}.so"
+    # NOTE: ninja records an edge in .ninja_log only when its command succeeded, so a .so left
+    # behind by a killed or failed nvcc is never taken.
+    if job.hash in finished and built.exists():
+        final = out_dir / f"{job.hash}.so"
+        os.replace(built, final)              # atomic: readers see no .so or a whole one
+        (out_dir / f"{job.hash}.log").write_text(log)
+        return BuildResult(True, str(final), job.hash, "", log, finished[job.hash])
+    (out_dir / f"{job.hash}.cu").write_text(job.source)     # kept next to its log for debugging
+    if timed_out and not _LOCATED.search(log):
+        err = f"build timed out after {timeout_s:.0f} s"
+        (out_dir / f"{job.hash}.log").write_text(log + "\n" + ninja_out)
+        return BuildResult(False, None, job.hash, err, log + ninja_out, wall)
+    log = log or ninja_out
+    (out_dir / f"{job.hash}.log").write_text(log)
+    return BuildResult(False, None, job.hash, compile_feedback(log, job.source), log, wall)
+
+
+# --------------------------------------------------------------------------------------------
+# Compiler output → feedback a proposer can act on
+# --------------------------------------------------------------------------------------------
+
+# nvcc front end: "file.cu(12): error: msg";  gcc/clang host pass: "file.cu:12:5: error: msg";
+# ptxas/nvlink/ld: "ptxas error   : msg", "/usr/bin/ld: cannot find -lfoo".
+_LOCATED = re.compile(r"^\s*(?P<file>[^\s:(]+)(?:\((?P<l1>\d+)\)|:(?P<l2>\d+)(?::\d+)?):\s*"
+                      r"(?:(?:catastrophic|fatal)\s+)?error(?:\s*#\S+)?:\s*(?P<msg>.*)$", re.M)
+_UNLOCATED = re.compile(r"^(?:ptxas|nvlink)\b.*\berror\b|\bundefined reference\b|\bld: cannot find\b"
+                        r"|^nvcc (?:fatal|error)", re.I)
+
+
+def compile_feedback(log: str, source: str, limit: int = 1500) -> str:
+    """The compiler's errors, deduplicated, each with its line number and the offending source
+    line; the first error in full (with the compiler's own context: caret, instantiation trace).
+    Trimmed to `limit` characters.
+
+        >>> print(build.compile_feedback(res.log, src))
+        line 14: error: identifier "blockDimx" is undefined
+                int i = blockIdx.x * blockDimx + threadIdx.x;
+                                     ^
+    """
+    src_lines, lines = source.splitlines(), log.splitlines()
+    items, seen = [], set()
+    for k, raw in enumerate(lines):
+        m = _LOCATED.match(raw)
+        if m:
+            lineno, fname = int(m.group("l1") or m.group("l2")), Path(m.group("file")).name
+            key = (fname, lineno, m.group("msg"))
+            if key in seen:
+                continue
+            seen.add(key)
+            own = fname.endswith(".cu")        # the candidate; headers are .h/.cuh
+            text = f"{'line' if own else fname + ':'}{' ' if own else ''}{lineno}: error: {m.group('msg')}"
+            context = _context(lines[k + 1:k + 12]) if not items else []
+            if context:
+                text += "\n" + "\n".join(context)
+            elif own and 0 < lineno <= len(src_lines):
+                text += f"\n  {lineno:>4} | {src_lines[lineno - 1].strip()}"
+            items.append(text)
+        elif _UNLOCATED.search(raw) and raw.strip() not in seen:
+            seen.add(raw.strip())
+            items.append(re.sub(r"(?:/[^\s/]+)+/", "", raw.strip()))   # drop directories
+    if not items:
+        tail = [ln for ln in lines if ln.strip() and "errors detected" not in ln][-10:]
+        items = ["\n".join(tail)] if tail else ["build failed with no compiler output"]
+    out, used = [], 0
+    for n, item in enumerate(items):
+        if out and used + len(item) > limit:
+            out.append(f"... ({len(items) - n} more errors)")
+            break
+        out.append(item[:limit])
+        used += len(item) + 1
+    return "\n".join(out)
+
+
+def _context(following: list[str]) -> list[str]:
+    """The indented lines nvcc prints after an error (source echo, caret, instantiation trace)."""
+    out = []
+    for ln in following:
+        if not ln.strip() or not ln[0].isspace() or _LOCATED.match(ln):
+            break
+        out.append(ln.rstrip())
+    return out
