@@ -1,0 +1,289 @@
+"""Swap-in runtime: CPU tests with a stand-in kernel op, and a GPU test with a real CUDA kernel.
+
+The CPU stand-in is a custom op with the launch schema that runs the region's own task graph, so
+the test checks the rewiring (which nodes go, input/output order, getitem wiring, guards), not a
+kernel's numerics.
+"""
+import copy
+import itertools
+import operator
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from torch_htam import runtime
+from torch_htam.capture import capture
+from torch_htam.partition import partition
+from torch_htam.task import DTYPES, region_to_task
+
+_KERNELS: dict[int, "CpuKernel"] = {}   # handle -> stand-in, as the launcher maps handle -> .so symbol
+_ids = itertools.count(1)
+
+
+def _decode(out_meta):
+    """launch's out_meta: per output [dtype code, ndim, dims...] -> [(dtype, shape)]."""
+    dtypes, specs, i = list(DTYPES.values()), [], 0
+    while i < len(out_meta):
+        code, nd = out_meta[i], out_meta[i + 1]
+        specs.append((dtypes[code], tuple(out_meta[i + 2: i + 2 + nd])))
+        i += 2 + nd
+    return specs
+
+
+@torch.library.custom_op("htam_test::run", mutates_args=())
+def run_op(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
+    outs = _KERNELS[handle](inputs)
+    assert [(o.dtype, tuple(o.shape)) for o in outs] == _decode(out_meta)
+    return [o.contiguous().clone() for o in outs]
+
+
+@run_op.register_fake
+def _(handle, inputs, out_meta):
+    dev = inputs[0].device
+    return [torch.empty(shape, dtype=dt, device=dev) for dt, shape in _decode(out_meta)]
+
+
+class CpuKernel:
+    """Kernel-like: `.handle`; runs the task's own region graph (placeholders in input order)."""
+
+    def __init__(self, task):
+        self.task, self.graph, self.calls = task, task.graph, 0
+        self.handle = next(_ids)
+        self.speedup = 1.5
+        _KERNELS[self.handle] = self
+
+    def __call__(self, inputs):
+        self.calls += 1
+        return list(self.graph(*inputs))
+
+
+PROVIDER = runtime.Provider(torch.ops.htam_test.run.default, lambda k: k)
+
+
+class MLP(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.fc = nn.Linear(d, 4 * d)
+        self.proj = nn.Linear(4 * d, d)
+        self.ln = nn.LayerNorm(d)
+        self.tag = "kept"
+
+    def forward(self, x):
+        h = F.gelu(self.fc(x), approximate="tanh")
+        return self.ln(x + self.proj(h))
+
+    def describe(self):
+        return f"mlp:{self.tag}"
+
+
+def _tasks(cap):
+    gm = cap.graphs[0]
+    return {t.signature: t for t in (region_to_task(gm, r) for r in partition(gm))}
+
+
+def _aten_calls(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem
+            and getattr(n.target, "namespace", None) == "aten"]
+
+
+@pytest.fixture
+def setup():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    x = torch.randn(4, 8, 32)
+    cap = capture(model, (x,))
+    assert cap.method == "export"
+    tasks = _tasks(cap)
+    kernels = {sig: CpuKernel(t) for sig, t in tasks.items()}
+    return model, x, cap, tasks, kernels
+
+
+def test_swap_replaces_regions(setup):
+    model, x, cap, tasks, kernels = setup
+    gm = cap.graphs[0]
+    new, swapped = runtime.swap(gm, kernels, PROVIDER)
+    assert {s.signature for s in swapped} == set(tasks) and len(swapped) == len(partition(gm))
+    launches = [n for n in new.graph.nodes if n.target is torch.ops.htam_test.run.default]
+    assert len(launches) == len(swapped) and not _aten_calls(new)
+    assert len(_aten_calls(gm)) > 0   # the captured graph itself is untouched
+    fresh = torch.randn(4, 8, 32)
+    with torch.no_grad():
+        assert torch.equal(new(fresh)[0], model(fresh))
+    assert all(k.calls == 1 for k in kernels.values())
+
+
+def test_swap_only_some_regions(setup):
+    model, x, cap, tasks, kernels = setup
+    gemm = {s: k for s, k in kernels.items() if k.task.kind == "gemm"}
+    assert 0 < len(gemm) < len(kernels)
+    new, swapped = runtime.swap(cap.graphs[0], gemm, PROVIDER)
+    assert {s.signature for s in swapped} == set(gemm)
+    assert any(str(n.target) == "aten.layer_norm.default" for n in _aten_calls(new))
+    with torch.no_grad():
+        assert torch.equal(new(x)[0], model(x))
+
+
+def test_load_failure_leaves_region(setup):
+    model, x, cap, tasks, kernels = setup
+
+    def load(k):
+        if k.task.kind == "gemm":
+            raise OSError("cannot open shared object file")
+        return k
+    new, swapped = runtime.swap(cap.graphs[0], kernels, runtime.Provider(PROVIDER.op, load))
+    assert all(kernels[s.signature].task.kind != "gemm" for s in swapped)
+    assert new.htam_load_errors and all("OSError" in v for v in new.htam_load_errors.values())
+    with torch.no_grad():
+        assert torch.equal(new(x)[0], model(x))
+
+
+def test_install_guards_and_restore(setup):
+    model, x, cap, tasks, kernels = setup
+    model.extra = nn.Identity()
+    ref_forward = model.forward
+    out = runtime.install(model, cap, kernels, tasks=list(tasks.values()), provider=PROVIDER)
+    assert out is model and isinstance(model, MLP)
+    assert model.tag == "kept" and model.describe() == "mlp:kept" and isinstance(model.extra, nn.Identity)
+    assert set(model.state_dict()) == set(MLP().state_dict())   # no wrapper state leaks in
+    rep = model.htam_report
+    assert rep.swapped == len(tasks) and all(t.status == "swapped" for t in rep.tasks)
+    with torch.no_grad():
+        fresh = torch.randn(4, 8, 32)
+        expect = ref_forward(fresh)
+        calls = sum(k.calls for k in kernels.values())
+        assert torch.equal(model(fresh), expect)
+        assert sum(k.calls for k in kernels.values()) == calls + len(tasks)
+        other = torch.randn(3, 8, 32)                      # new batch size -> original path
+        assert torch.equal(model(other), ref_forward(other))
+        model(fresh.transpose(0, 1).contiguous().transpose(0, 1))   # same shape, other strides
+    model(fresh)                                           # grad enabled, weights require grad
+    assert rep.fast_calls == 1 and rep.fallback_calls == 3
+    assert rep.fallback_reasons == {"input shape/dtype/stride": 2, "autograd": 1}
+    assert "autograd" in rep.format() and "swapped" in rep.format()
+    runtime.restore(model)
+    assert "forward" not in model.__dict__ and model.forward.__func__ is MLP.forward
+
+
+def test_install_sees_weight_updates_and_train_mode(setup):
+    model, x, cap, tasks, kernels = setup
+    runtime.install(model, cap, kernels, provider=PROVIDER)
+    with torch.no_grad():
+        model.fc.weight.mul_(0.5)                          # in place
+        model.proj.bias = nn.Parameter(torch.randn(32))    # reassigned
+        expect = MLP.forward(model, x)
+        assert torch.equal(model(x), expect)
+        assert model.htam_report.fast_calls == 1
+        model.train()
+        model(x)
+    assert model.htam_report.fallback_reasons == {"training mode": 1}
+
+
+def test_install_under_torch_compile_and_export(setup):
+    model, x, cap, tasks, kernels = setup
+    expect = copy.deepcopy(model)
+    runtime.install(model, cap, kernels, provider=PROVIDER)
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        fresh = torch.randn(4, 8, 32)
+        assert torch.equal(compiled(fresh), expect(fresh))
+        ep = torch.export.export(model, (x,), strict=False)
+    ops = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert "htam_test.run.default" in ops
+    torch._dynamo.reset()
+
+
+def test_dynamo_capture_is_left_on_original_path(setup):
+    model, x, cap, tasks, kernels = setup
+    cap.exported, cap.method = None, "dynamo"
+    runtime.install(model, cap, kernels, provider=PROVIDER)
+    assert "forward" not in model.__dict__
+    assert model.htam_report.swapped == 0 and "dynamo" in model.htam_report.note
+
+
+def test_unusable_cache_entry_is_not_swapped(setup):
+    model, x, cap, tasks, kernels = setup
+
+    class SlowEntry:   # what cache.Entry answers for a verified kernel that did not win
+        def usable(self, min_speedup):
+            return False
+    sig = next(iter(kernels))
+    kernels[sig] = SlowEntry()
+    runtime.install(model, cap, kernels, tasks=list(tasks.values()), provider=PROVIDER,
+                    min_speedup=1.03)
+    status = {t.signature: t.status for t in model.htam_report.tasks}
+    assert status[sig].startswith("not usable") and model.htam_report.swapped == len(tasks) - 1
+
+
+# ---- GPU: a real kernel through the launcher -----------------------------------------------
+
+BIAS_GELU_CU = r"""
+#include "htam_abi.h"
+// out = gelu_tanh(x + b); x: (M, N) contiguous fp32, b: (N,). One thread per element.
+__global__ void bias_gelu(const float* x, const float* b, float* y, long n, long cols) {
+  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float v = x[i] + b[i % cols];
+  y[i] = 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+}
+HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t s) {
+  if (n_in != 2 || n_out != 1 || in[0].dtype != HTAM_FLOAT32) return HTAM_ERR_SHAPE;
+  long n = htam_numel(&in[0]), cols = in[1].sizes[0];
+  bias_gelu<<<(n + 255) / 256, 256, 0, s>>>((const float*)in[0].data, (const float*)in[1].data,
+                                            (float*)out[0].data, n, cols);
+  HTAM_CHECK_LAUNCH();
+  return HTAM_OK;
+}
+"""
+
+
+class BiasGelu(nn.Module):
+    """matmul without bias, then bias + GELU: the (add, gelu) pair is an elementwise region."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d, 4 * d) / d ** 0.5)
+        self.b = nn.Parameter(torch.randn(4 * d))
+        self.proj = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return self.proj(F.gelu(torch.relu(x @ self.w) + self.b, approximate="tanh"))
+
+
+@pytest.mark.gpu
+def test_gpu_bias_gelu_kernel(tmp_path):
+    from torch_htam import launcher
+    from torch_htam.build import build_many
+
+    torch.manual_seed(0)
+    model = BiasGelu().cuda().eval()
+    x = torch.randn(16, 64, device="cuda")
+    cap = capture(model, (x,))
+    tasks = _tasks(cap)
+    target = [t for t in tasks.values() if t.kind == "elementwise"
+              and any("gelu" in op for op in t.ops) and len(t.inputs) == 2]
+    assert len(target) == 1, [(t.name, t.ops) for t in tasks.values()]
+    res = build_many([BIAS_GELU_CU], out_dir=tmp_path)[0]
+    assert res.ok, res.log
+    kernel = launcher.Kernel(res.so_path)
+    runtime.install(model, cap, {target[0].signature: kernel}, tasks=list(tasks.values()))
+    assert model.htam_report.swapped == 1
+    ref = BiasGelu.forward
+    with torch.no_grad():
+        fresh = torch.randn(16, 64, device="cuda")
+        torch.testing.assert_close(model(fresh), ref(model, fresh), atol=1e-5, rtol=1e-5)
+        compiled = torch.compile(model, fullgraph=True)
+        torch.testing.assert_close(compiled(fresh), ref(model, fresh), atol=1e-5, rtol=1e-5)
+        static = torch.randn(16, 64, device="cuda")
+        model(static)                                   # warm up on a side stream before capture
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = model(static)
+        static.copy_(fresh * 2)
+        g.replay()
+        torch.testing.assert_close(out, ref(model, fresh * 2), atol=1e-5, rtol=1e-5)
+        other = torch.randn(5, 64, device="cuda")
+        torch.testing.assert_close(model(other), ref(model, other))
+    assert model.htam_report.fallback_reasons["input shape/dtype/stride"] == 1
+    torch._dynamo.reset()

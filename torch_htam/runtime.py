@@ -1,0 +1,437 @@
+"""Runtime: swap verified kernels into a captured graph, and install it behind guards in the model.
+
+    swap(gm, kernels)               every region whose task signature has a kernel becomes one call
+                                    torch.ops.htam.launch(handle, [inputs...], out_meta); the rest of
+                                    the graph stays the original aten ops (that IS the fallback)
+    install(model, capture, ...)    the user's own model object, its forward replaced by a guarded
+                                    wrapper: inputs as captured -> rewritten graph, else -> the
+                                    original forward (counted in model.htam_report)
+    restore(model)                  the original forward back
+
+Where the rewritten graph gets its weights: its get_attr nodes resolve through the model's own
+submodules, so in-place updates and reassigned parameters are seen.
+
+Dynamo captures (torch.export failed) are not installed: the model stays on its original path and
+the report says why. NOTE: swapping those would mean running our graph inside a torch.compile of the
+user's forward, whose recompiles, graph breaks and guards we would then own on top of theirs;
+the kernels found for such a model are still cached and shipped in bundles.
+
+    >>> model = install(model, capture(model, (x,)), {task.signature: cache.get(task.signature)})
+    >>> model(x)                  # swapped kernels;  model(x_other_batch) -> original path
+    >>> print(model.htam_report.format())
+"""
+from __future__ import annotations
+
+import functools
+import heapq
+import logging
+import operator
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+log = logging.getLogger("torch_htam")
+
+
+# ---- the report ------------------------------------------------------------------------------
+
+@dataclass
+class TaskReport:
+    """One distinct task. status: "swapped", "no kernel", or why its kernel was not used."""
+    name: str
+    signature: str
+    count: int = 1
+    speedup: float | None = None     # kernel vs original region, from its verification
+    policy: str = ""
+    status: str = "no kernel"
+
+
+@dataclass
+class Report:
+    """What torch_htam did to a model, and how its calls have gone since.
+
+    swapped: regions replaced in the graph (a task used in 12 layers counts 12). fast_calls /
+    fallback_calls: forward calls that ran the rewritten graph / the original forward, with the
+    reason of each fallback. e2e: end-to-end figures in ms when measured (e.g. "eager", "htam").
+    """
+    method: str = "none"
+    note: str = ""
+    tasks: list[TaskReport] = field(default_factory=list)
+    swapped: int = 0
+    fast_calls: int = 0
+    fallback_calls: int = 0
+    fallback_reasons: Counter = field(default_factory=Counter)
+    e2e: dict[str, float] = field(default_factory=dict)
+    optimize_s: float | None = None
+
+    def speedups(self) -> dict[str, float]:
+        """{task name: verified speedup} for the swapped tasks."""
+        return {t.name: t.speedup for t in self.tasks if t.status == "swapped" and t.speedup}
+
+    def format(self) -> str:
+        lines = [f"torch_htam: {self.swapped} region(s) swapped, capture: {self.method}"
+                 + (f", {self.optimize_s:.1f} s" if self.optimize_s is not None else "")]
+        if self.note:
+            lines.append(f"  note: {self.note}")
+        for t in self.tasks:
+            sp = f"{t.speedup:.2f}x" if t.speedup else "-"
+            lines.append(f"  {t.name[:40]:40} {t.signature[:12]:12} x{t.count:<3} {sp:>7} "
+                         f"{t.policy:5} {t.status}")
+        if self.fast_calls or self.fallback_calls:
+            why = ", ".join(f"{k}: {v}" for k, v in self.fallback_reasons.items())
+            lines.append(f"  calls: {self.fast_calls} swapped, {self.fallback_calls} original path"
+                         + (f" ({why})" if why else ""))
+            if self.fallback_reasons.get("autograd"):
+                lines.append("  hint: kernels have no backward; run inference under "
+                             "torch.inference_mode() / torch.no_grad()")
+        for k, v in self.e2e.items():
+            lines.append(f"  {k}: {v:.3f} ms")
+        return "\n".join(lines)
+
+
+# ---- kernel providers ------------------------------------------------------------------------
+
+@dataclass
+class Provider:
+    """How a swapped region runs.
+
+    op: a torch op with the schema (int handle, Tensor[] inputs, int[] out_meta) -> Tensor[] and a
+    fake impl; load: cache Entry or kernel object -> object with an int `.handle`, kept alive as
+    long as the rewritten graph. Tests plug in a CPU stand-in with the same schema.
+    """
+    op: Callable
+    load: Callable[[Any], Any]
+
+
+def launcher_provider() -> Provider:
+    """The real path: launcher.Kernel(.so) called through torch.ops.htam.launch."""
+    from torch_htam import launcher
+
+    def load(kernel):
+        if hasattr(kernel, "handle"):
+            return kernel
+        if getattr(kernel, "so_path", None) is None:
+            raise RuntimeError(f"cache entry {kernel.signature[:16]} has no intact library "
+                               f"({kernel.problem}); it must be rebuilt and re-verified first")
+        return launcher.Kernel(str(kernel.so_path))
+
+    launcher.get()   # builds/loads the C++ launcher once, registering torch.ops.htam.launch
+    return Provider(torch.ops.htam.launch.default, load)
+
+
+# ---- swap ------------------------------------------------------------------------------------
+
+@dataclass
+class Swapped:
+    """One replaced region: its task, and how many graph nodes one kernel call replaced."""
+    signature: str
+    name: str
+    nodes: int
+
+
+def swap(gm: fx.GraphModule, kernels: dict[str, Any],
+         provider: Provider | None = None) -> tuple[fx.GraphModule, list[Swapped]]:
+    """A copy of `gm` with every region that has a kernel replaced by one launch call.
+
+    kernels: {task signature: cache Entry or kernel object}. The copy takes flat inputs and returns
+    a flat tuple (no pytree, no export guards: install() guards). Load failures leave the region as
+    it was; they are in `new_gm.htam_load_errors` ({signature: message}).
+
+        >>> new_gm, swapped = swap(cap.graphs[0], {t.signature: entry})
+        >>> [s.name for s in swapped]
+        ['gemm_linear_gelu']
+    """
+    from torch_htam.partition import partition
+    from torch_htam.task import region_to_task
+
+    provider = provider or launcher_provider()
+    new = _flat_copy(gm)
+    planned = []
+    for region in partition(new):   # tasks first: rewriting changes the nodes later regions read
+        try:
+            task = region_to_task(new, region)
+        except ValueError as e:   # a non-tensor boundary: not a task, stays as it is
+            log.debug("region not swappable: %s", e)
+            continue
+        if task.signature in kernels:
+            planned.append((region, task))
+
+    loaded, errors, swapped = {}, {}, []
+    replaced: dict[fx.Node, fx.Node] = {}
+    for region, task in planned:
+        sig = task.signature
+        if sig not in loaded and sig not in errors:
+            try:
+                loaded[sig] = provider.load(kernels[sig])
+            except Exception as e:  # noqa: BLE001 -- a kernel that will not load is a fallback, not a crash
+                errors[sig] = f"{type(e).__name__}: {e}"
+                log.warning("torch_htam: kernel %s (%s) not loaded, region stays on PyTorch: %s",
+                            sig[:16], task.name, errors[sig])
+        if sig in loaded:
+            _replace_region(new.graph, region, replaced, provider.op, int(loaded[sig].handle),
+                            _out_meta(region.outputs))
+            swapped.append(Swapped(sig, task.name, len(region.nodes)))
+    _stable_toposort(new.graph)
+    new.graph.lint()
+    new.recompile()
+    new.htam_kernels = list(loaded.values())   # NOTE: handles are raw pointers into these
+    new.htam_load_errors = errors
+    return new, swapped
+
+
+def _flat_copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """gm's graph with plain flat calling convention and without export's own guard module."""
+    g = fx.Graph()
+    g.output(g.graph_copy(gm.graph, {}))
+    for n in list(g.nodes):
+        if n.op == "call_module" and n.target == "_guards_fn" and not n.users:
+            g.erase_node(n)
+    return fx.GraphModule(gm, g)
+
+
+def _out_meta(outputs: list[fx.Node]) -> list[int]:
+    from torch_htam.task import DTYPE_NAMES, DTYPES
+    codes = {name: i for i, name in enumerate(DTYPES)}   # the HtamDtype order of csrc/htam_abi.h
+    meta: list[int] = []
+    for o in outputs:
+        val = o.meta["val"]
+        meta += [codes[DTYPE_NAMES[val.dtype]], val.dim(), *(int(s) for s in val.shape)]
+    return meta
+
+
+def _replace_region(graph: fx.Graph, region, replaced: dict, op, handle: int, out_meta: list[int]) -> None:
+    """region.nodes -> launch(handle, inputs, out_meta) + one getitem per region output."""
+    inside = set(region.nodes)
+    inputs = [replaced.get(a, a) for a in region.inputs]
+    with graph.inserting_after(region.nodes[-1]):
+        call = graph.call_function(op, (handle, inputs, out_meta))
+    call.meta["val"] = [o.meta.get("val") for o in region.outputs]
+    prev = call
+    for i, o in enumerate(region.outputs):
+        with graph.inserting_after(prev):
+            item = graph.call_function(operator.getitem, (call, i))
+        item.meta = dict(o.meta)
+        o.replace_all_uses_with(item, delete_user_cb=lambda u: u not in inside)
+        replaced[o] = prev = item
+    for n in reversed(region.nodes):   # users inside the region come later, so they go first
+        graph.erase_node(n)
+
+
+def _stable_toposort(graph: fx.Graph) -> None:
+    """Reorder nodes so every input precedes its users, keeping the original order otherwise.
+
+    NOTE: the launch goes after the region's last node, but an outside user of an early region
+    output may sit between region nodes; partition guarantees no cycle, so a valid order exists.
+    """
+    nodes = list(graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+    if all(pos[a] < pos[n] for n in nodes for a in n.all_input_nodes):
+        return
+    indeg = {n: len(n.all_input_nodes) for n in nodes}
+    ready = [(pos[n], n.name, n) for n in nodes if indeg[n] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, _, n = heapq.heappop(ready)
+        order.append(n)
+        for u in n.users:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(ready, (pos[u], u.name, u))
+    assert len(order) == len(nodes), "the rewritten graph has a cycle (partition bug)"
+    if order[0] is not nodes[0]:
+        nodes[0].prepend(order[0])
+    for a, b in zip(order, order[1:]):
+        a.append(b)
+
+
+# ---- install / restore -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Leaf:
+    """What a flat input must look like for the rewritten graph to be valid for it."""
+    shape: tuple | None = None
+    stride: tuple | None = None
+    dtype: torch.dtype | None = None
+    device: torch.device | None = None
+    value: Any = None                 # non-tensor leaves were specialized by export
+
+    @staticmethod
+    def of(x) -> "_Leaf":
+        if isinstance(x, torch.Tensor):
+            return _Leaf(tuple(x.shape), tuple(x.stride()), x.dtype, x.device)
+        return _Leaf(value=x)
+
+    def matches(self, x) -> bool:
+        if self.dtype is None:
+            return not isinstance(x, torch.Tensor) and type(x) is type(self.value) and x == self.value
+        return (isinstance(x, torch.Tensor) and x.dtype == self.dtype and x.device == self.device
+                and tuple(x.shape) == self.shape and tuple(x.stride()) == self.stride)
+
+
+class HtamForward:
+    """The model's new forward: guard, then the rewritten graph or the original forward.
+
+    No host synchronization: the guard reads only tensor metadata, so CUDA graph capture and
+    torch.compile see straight-line code.
+    """
+
+    def __init__(self, model, gm, in_spec, out_spec, leaves, original, report):
+        self.gm, self.in_spec, self.out_spec, self.leaves = gm, in_spec, out_spec, leaves
+        self.original, self.report = original, report
+        self.training = model.training
+        self.model_ref = model   # NOTE: a plain attribute, not a submodule: state_dict is untouched
+        self.weights = _attr_tensors(gm)
+
+    def _why_not(self, args, kwargs) -> str | None:
+        if self.model_ref.training != self.training:
+            return "training mode"   # the graph was captured in the other mode (dropout, batch norm)
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self.in_spec or len(flat) != len(self.leaves):
+            return "input structure"
+        if not all(leaf.matches(x) for leaf, x in zip(self.leaves, flat)):
+            return "input shape/dtype/stride"
+        if torch.is_grad_enabled() and (any(isinstance(x, torch.Tensor) and x.requires_grad for x in flat)
+                                        or any(w.requires_grad for w in self.weights)):
+            return "autograd"        # swapped kernels have no backward
+        return None
+
+    def __call__(self, *args, **kwargs):
+        why = self._why_not(args, kwargs)
+        if why is not None:
+            self.report.fallback_calls += 1
+            self.report.fallback_reasons[why] += 1
+            return self.original(*args, **kwargs)
+        self.report.fast_calls += 1
+        flat = pytree.tree_leaves((args, kwargs))
+        return pytree.tree_unflatten(list(self.gm(*flat)), self.out_spec)
+
+
+def _attr_tensors(gm: fx.GraphModule) -> list[torch.Tensor]:
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            obj = gm
+            for part in n.target.split("."):
+                obj = getattr(obj, part)
+            if isinstance(obj, torch.Tensor):
+                out.append(obj)
+    return out
+
+
+def _bind_to_model(gm: fx.GraphModule, model: torch.nn.Module) -> None:
+    """Make gm's get_attr nodes read the model's own submodules and tensors, live.
+
+    ep.module() copies the attribute path (new empty modules holding the same tensors); swapping in
+    the model's real submodules means `self.h[0].mlp.c_fc.weight` in gm IS the model's attribute,
+    so in-place updates and reassignment (model.fc.weight = ...) are both seen.
+    """
+    for name in list(gm._modules):
+        if isinstance(model._modules.get(name), torch.nn.Module):
+            gm._modules[name] = model._modules[name]
+    for store, own in ((gm._parameters, model._parameters), (gm._buffers, model._buffers)):
+        for name in list(store):
+            if own.get(name) is not None:
+                store[name] = own[name]
+
+
+def _task_reports(tasks, kernels: dict[str, Any], swapped: list[Swapped], errors: dict[str, str],
+                  unusable: dict[str, str]) -> list[TaskReport]:
+    count = Counter(s.signature for s in swapped)
+    out = []
+    for t in tasks:
+        k = kernels.get(t.signature)
+        rec = getattr(k, "record", None) or {}
+        ev = rec.get("evaluation", {}) if rec else {}
+        status = ("swapped" if count[t.signature] else errors.get(t.signature)
+                  or unusable.get(t.signature) or ("no kernel" if k is None else "region not found"))
+        out.append(TaskReport(t.name, t.signature, t.count, ev.get("speedup") or getattr(k, "speedup", None),
+                              (ev.get("policy") or {}).get("name", ""), status))
+    return out
+
+
+def _split_usable(kernels: dict[str, Any], min_speedup: float) -> tuple[dict, dict[str, str]]:
+    """Cache entries must be intact, verified and faster; kernel objects are the caller's word."""
+    ok, why = {}, {}
+    for sig, k in kernels.items():
+        if hasattr(k, "usable") and not k.usable(min_speedup):
+            why[sig] = ("needs rebuild + re-verification" if getattr(k, "needs_rebuild", False)
+                        else f"not usable (corrupt, unverified or below {min_speedup}x)")
+        else:
+            ok[sig] = k
+    return ok, why
+
+
+def install(model: torch.nn.Module, capture, kernels: dict[str, Any], tasks: list | None = None,
+            provider: Provider | None = None, min_speedup: float = 1.0) -> torch.nn.Module:
+    """Swap `kernels` into the captured graph and make it the model's forward, behind guards.
+
+    Returns the same model object (class, attributes, methods kept); `model.htam_report` says
+    what was swapped and counts the calls that went to the original path.
+
+        >>> model = install(model, cap, {sig: entry}, tasks=tasks)
+        >>> model.htam_report.swapped
+        12
+    """
+    restore(model)
+    tasks = list(tasks or [])
+    report = Report(method=capture.method)
+    if capture.exported is None or len(capture.graphs) != 1:
+        return leave(model, f"capture method {capture.method!r} gives no single exported graph; "
+                     "the model runs its original path (kernels stay cached)", tasks, report)
+    usable, unusable = _split_usable(kernels, min_speedup)
+    gm, swapped = swap(capture.graphs[0], usable, provider)
+    report.tasks = _task_reports(tasks, kernels, swapped, gm.htam_load_errors, unusable)
+    report.swapped = len(swapped)
+    if not swapped:
+        return leave(model, "no region has a verified, faster kernel", tasks, report)
+    _bind_to_model(gm, model)
+    src = capture.graphs[0]
+    original = model.forward
+    state = HtamForward(model, gm, src._in_spec, src._out_spec,
+                        [_Leaf.of(x) for x in capture.inputs[0]], original, report)
+
+    # NOTE: a real function, not the object itself: torch.export reads forward.__code__, and
+    # functools.wraps keeps the original signature (HF generate validates kwargs against it).
+    @functools.wraps(original)
+    def forward(*args, **kwargs):
+        return state(*args, **kwargs)
+    forward.htam = state
+    model._htam_original_forward = model.__dict__.get("forward")   # an instance override, if any
+    model.forward = forward
+    model.htam_report = report
+    return model
+
+
+def leave(model: torch.nn.Module, reason: str, tasks: list | None = None,
+          report: Report | None = None) -> torch.nn.Module:
+    """Keep the model on its original path and say why in `model.htam_report`.
+
+        >>> leave(model, "no CUDA GPU").htam_report.note
+        'no CUDA GPU'
+    """
+    restore(model)
+    report = report or Report()
+    report.note = reason
+    if tasks and not report.tasks:
+        report.tasks = [TaskReport(t.name, t.signature, t.count) for t in tasks]
+    model.htam_report = report
+    log.info("torch_htam: %s", reason)
+    return model
+
+
+def restore(model: torch.nn.Module) -> torch.nn.Module:
+    """Put the original forward back (a no-op on a model install() never touched).
+
+        >>> restore(model).forward     # the class's own forward again
+    """
+    if isinstance(getattr(model.__dict__.get("forward"), "htam", None), HtamForward):
+        prev = model.__dict__.pop("_htam_original_forward", None)
+        del model.__dict__["forward"]
+        if prev is not None:
+            model.forward = prev
+    return model
