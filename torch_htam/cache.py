@@ -162,6 +162,8 @@ class KernelCache:
             record = json.loads((d / "record.json").read_text()) if "record.json" not in bad else {}
         except ValueError:
             record, bad = {}, bad + ["record.json"]
+        if record and record.get("signature") != signature:
+            return Entry(signature, d, record, problem=f"record is for {record.get('signature')!r}")
         if not bad:
             return Entry(signature, d, record)
         problem = "hash mismatch or missing: " + ", ".join(bad)
