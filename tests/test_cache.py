@@ -160,3 +160,55 @@ def test_cli_arch_dirs_without_gpu(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "sm_80-" in out and "c" * 16 in out
     assert cli_main(["ls", "--arch", "sm_90a"]) == 0 and "(0 kernels)" in capsys.readouterr().out
+
+
+# ---- seeds (csrc_cache/) ----------------------------------------------------------------------
+
+def _seed_env(monkeypatch, tmp_path, verdicts):
+    """A fake GPU, nvcc and evaluate: seeding logic is under test, not the compiler."""
+    from torch_htam.build import BuildResult
+    monkeypatch.setattr("torch_htam.gpu.detect", lambda device=0: object())
+    monkeypatch.setattr("torch_htam.paths.nvcc_path", lambda: "/usr/bin/nvcc")
+    built = []
+
+    def fake_build(sources, arch=None, out_dir=None):
+        built.extend(sources)
+        out = []
+        for i, src in enumerate(sources):
+            so = tmp_path / f"seed{len(built)}_{i}.so"
+            so.write_bytes(src.encode() * 10)
+            out.append(BuildResult(True, str(so), f"h{i}"))
+        return out
+    monkeypatch.setattr("torch_htam.build.build_many", fake_build)
+    monkeypatch.setattr("torch_htam.evaluation.evaluate",
+                        lambda task, src: verdicts[task.signature], raising=False)
+    return built
+
+
+def test_seed_cache(cache, tmp_path, monkeypatch):
+    from torch_htam.seeds import list_seeds, seed_cache, write_seed
+    seeds = tmp_path / "csrc_cache"
+    seeds.mkdir()
+    assert seed_cache(cache, "sm_test", seeds) == {}            # an empty folder seeds nothing
+    good = put(KernelCache("sm_src", root=tmp_path / "src"), tmp_path, "a" * 32)
+    bad = put(KernelCache("sm_src", root=tmp_path / "src"), tmp_path, "b" * 32)
+    write_seed(seeds, "good", good)
+    write_seed(seeds, "bad", bad)
+    (seeds / "incomplete").mkdir()
+    assert [s.name for s in list_seeds(seeds)] == ["bad", "good"]
+
+    monkeypatch.setattr("torch_htam.gpu.detect", lambda device=0: None)
+    assert set(seed_cache(cache, "sm_test", seeds).values()) == {"not seeded: no GPU to re-verify on"}
+    assert cache.signatures() == []
+
+    built = _seed_env(monkeypatch, tmp_path, {"a" * 32: make_eval(1.3),
+                                              "b" * 32: Evaluation(False, "mismatch", "max abs err 0.2")})
+    out = seed_cache(cache, "sm_test", seeds)
+    assert out == {"good": "cached (1.30x)", "bad": "rejected: mismatch max abs err 0.2"}
+    e = cache.get("a" * 32)
+    assert e.usable() and e.record["provenance"]["proposer"] == "seed:good"
+    assert e.evaluation.speedup == pytest.approx(1.3)       # measured here, not the shipped 1.5
+    assert cache.get("b" * 32) is None
+    assert seed_cache(cache, "sm_test", seeds) == {} and len(built) == 2   # nothing is redone
+    (seeds / "bad" / "kernel.cu").write_text("// fixed\n")
+    assert list(seed_cache(cache, "sm_test", seeds)) == ["bad"] and len(built) == 3
