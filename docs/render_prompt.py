@@ -3,8 +3,8 @@
     $ python docs/render_prompt.py                 # rewrites docs/PROMPT_EXAMPLE.md
     $ python docs/render_prompt.py /tmp/prompt.md  # somewhere else
 
-The task is KernelBench-style GELU(x + bias) on a 4096x1024 fp32 activation, captured with
-torch.export exactly as the capture step does; the step is a first step (no parent, no feedback)
+The task is KernelBench-style GELU(x + bias) on a 4096x1024 fp32 activation, turned into a Task by
+task_from_source (torch.export of the Model, as task extraction does); the step is a first step (no parent, no feedback)
 in the memory-access direction with two local strategies that have no recorded outcomes yet.
 """
 from __future__ import annotations
@@ -67,15 +67,23 @@ STRATEGIES = [
 
 
 def gelu_bias_task() -> Task:
-    """The task, built the way task extraction does: torch.export of the KernelBench Model."""
+    """The task as task extraction builds it (task_from_source: torch.export of the Model); by
+    hand the same way where that function is not there yet."""
+    try:
+        from torch_htam.task import task_from_source
+    except ImportError:
+        return _task_by_hand()
+    return task_from_source(SOURCE, "gelu_bias")
+
+
+def _task_by_hand() -> Task:
     scope: dict = {}
     exec(SOURCE, scope)
     model, inputs = scope["Model"]().eval(), scope["get_inputs"]()
     ep = torch.export.export(model, tuple(inputs), strict=False)
     ops = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
-    outputs = model(*inputs)
-    in_specs = [TensorSpec.of(inputs[0], dynamic=(0,)), TensorSpec.of(inputs[1])]
-    out_specs = [TensorSpec.of(outputs[0], dynamic=(0,))]
+    in_specs = [TensorSpec.of(x) for x in inputs]
+    out_specs = [TensorSpec.of(y) for y in model(*inputs)]
     key = SOURCE + repr([s.to_json() for s in in_specs + out_specs])
     traffic = float(sum(s.nbytes for s in in_specs + out_specs))
     # NOTE: one FLOP per output element per elementwise op (add, gelu); traffic dominates anyway.

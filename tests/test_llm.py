@@ -132,7 +132,8 @@ def test_good_kernel_prompt_and_usage():
     abi = (ROOT / "torch_htam/csrc/htam_abi.h").read_text().strip()
     assert abi in system and "relu_kernel<<<blocks, threads, 0, stream>>>" in system
     assert "STRATEGIES: id1, id2" in system
-    for needle in ("memory access", "launch overhead", "`vec_loads`", "Aligned 16-byte vectorized loads",
+    for needle in ("Global direction: **Memory access** (`memory_access`). Make every global load",
+                   "The previous step followed **Launch overhead**; the search moves on to **Memory access**", "`vec_loads`", "Aligned 16-byte vectorized loads",
                    "tries=7, successes=5, mean_speedup=1.31", "`grid_stride`", "no record yet",
                    "def get_inputs():", "in[1]: float32 [1024], contiguous",
                    "dynamic dims [0]", "NVIDIA H100 80GB HBM3 (sm_90a): 132 SMs", "memory bandwidth 3.35 TB/s",
@@ -249,6 +250,23 @@ def test_unauthorized_is_not_retried_and_switches_at_once():
     assert "HTTP 401" in prop.note and "not retried" in prop.note and prop.candidates
 
 
+def test_rejected_parameters_are_adapted_not_counted_as_failures():
+    # The messages OpenAI sends for reasoning models (o-series, gpt-5).
+    script = [Fail(400, message="Unsupported parameter: 'max_tokens' is not supported with this model. "
+                                "Use 'max_completion_tokens' instead."),
+              Fail(400, message="Unsupported value: 'temperature' does not support 0.7 with this model. "
+                                "Only the default (1) value is supported."),
+              answer(), answer()]
+    with ScriptedServer(script) as srv:
+        llm = LLMProposer(config(srv, max_retries=0))
+        assert len(llm.propose(request()).candidates) == 1
+        assert len(llm.propose(request()).candidates) == 1
+    sent = [{k for k in ("max_tokens", "max_completion_tokens", "temperature") if k in r} for r in srv.requests]
+    assert sent == [{"max_tokens", "temperature"}, {"max_completion_tokens", "temperature"},
+                    {"max_completion_tokens"}, {"max_completion_tokens"}]
+    assert srv.requests[-1]["max_completion_tokens"] == 16384
+
+
 def test_stalled_connection_times_out_in_bounded_time():
     with ScriptedServer([], default=Stall(30.0)) as srv:
         t0 = time.monotonic()
@@ -302,6 +320,9 @@ def test_api_key_never_logged_printed_or_written(caplog, tmp_path, capsys):
     texts = [caplog.text, capsys.readouterr().out, repr(cfg), str(cfg.to_json()), prop.note]
     texts += [p.read_text() for p in tmp_path.rglob("*") if p.is_file()]
     assert out.exists() and all(KEY not in t for t in texts)
+    # The committed example is what the code renders now.
+    assert out.read_text() == (ROOT / "docs/PROMPT_EXAMPLE.md").read_text(), \
+        "docs/PROMPT_EXAMPLE.md is stale: run python docs/render_prompt.py"
 
 
 # --- configuration -------------------------------------------------------------------------------
@@ -362,6 +383,14 @@ def test_static_check_rejection_is_reported(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_htam.build", fake)
     bad = KERNEL.replace("HTAM_OK;\n}", "k<<<1, 1>>>(); return HTAM_OK;\n}")
     assert parse_reply(answer(bad)).reason == "static_check: launch without a stream: kernel<<<g, b>>>"
+    assert parse_reply(answer()).source == KERNEL
+
+
+def test_real_static_check_rejects_a_launch_without_stream():
+    pytest.importorskip("torch_htam.build")
+    bad = KERNEL.replace("256, 0, stream>>>", "256>>>")
+    reason = parse_reply(answer(bad)).reason
+    assert reason.startswith("static_check: line ") and "stream" in reason
     assert parse_reply(answer()).source == KERNEL
 
 

@@ -50,8 +50,8 @@ class LLMConfig:
     backoff_s: float = 1.0         # first backoff; doubles per retry, with jitter
     backoff_max_s: float = 30.0    # cap on one wait, Retry-After included
     concurrency: int = 4           # in-flight requests across all threads
-    temperature: float = 0.7
-    max_tokens: int = 16384        # room for reasoning plus a full kernel
+    temperature: float | None = 0.7   # None: the server's default (some models accept no other)
+    max_tokens: int | None = 16384    # room for reasoning plus a full kernel; None: no cap
     price_in_per_m: float | None = None
     price_out_per_m: float | None = None
 
@@ -155,42 +155,71 @@ class LLMClient:
         self._client = openai.OpenAI(base_url=config.base_url, api_key=config.key(),
                                      timeout=config.timeout_s, max_retries=0)
         self._slots = threading.BoundedSemaphore(max(1, config.concurrency))
+        sampling = {"temperature": config.temperature, "max_tokens": config.max_tokens}
+        self._params = {k: v for k, v in sampling.items() if v is not None}   # None: server default
+        self._params_lock = threading.Lock()
 
     def complete(self, messages: list[dict[str, str]]) -> Completion:
         """One completion, retried on 408/409/429/5xx, timeouts and connection errors."""
-        cfg, tries = self.config, self.config.max_retries + 1
-        for attempt in range(tries):
+        cfg, tries, attempt = self.config, self.config.max_retries + 1, 0
+        while True:
             t0 = time.monotonic()
+            with self._params_lock:
+                params = dict(self._params)
             try:
                 with self._slots:   # NOTE: held only while the request is in flight, not in backoff
                     resp = self._client.chat.completions.create(
-                        model=cfg.model, messages=messages, temperature=cfg.temperature,
-                        max_tokens=cfg.max_tokens)
+                        model=cfg.model, messages=messages, **params)
             except self._openai.APIStatusError as e:
-                status = e.status_code
+                status, message = e.status_code, self._scrub(_message(e))
+                if status == 400 and self._adapt(message, params):
+                    continue   # a parameter this model rejects was changed: not a failure
                 retry = status in RETRY_STATUS or status >= 500
-                what, wait = f"HTTP {status}: {self._scrub(_message(e))}", _retry_after(e.response)
+                what, wait = f"HTTP {status}: {message}", _retry_after(e.response)
             except self._openai.APIConnectionError as e:   # APITimeoutError is a subclass
                 retry, status, wait = True, None, None
                 what = ("timeout after %.1f s" % cfg.timeout_s if isinstance(e, self._openai.APITimeoutError)
                         else f"connection error: {self._scrub(str(e.__cause__ or e))}")
+            except self._openai.APIError as e:   # e.g. a reply that is not the expected JSON
+                retry, status, wait = True, None, None
+                what = f"bad response: {self._scrub(str(e))[:300]}"
             else:
                 return self._completion(resp, messages)
+            attempt += 1
             if not retry:
                 raise EndpointError(f"{what} (not retried)", status, permanent=status in PERMANENT_STATUS)
-            if attempt + 1 == tries:
+            if attempt == tries:
                 raise EndpointError(f"{what}; gave up after {tries} tries", status)
-            delay = self._backoff(attempt, wait)
+            delay = self._backoff(attempt - 1, wait)
             log.warning("LLM request failed (%s, %.1f s); retry %d/%d in %.2f s",
-                        what, time.monotonic() - t0, attempt + 1, cfg.max_retries, delay)
+                        what, time.monotonic() - t0, attempt, cfg.max_retries, delay)
             time.sleep(delay)
-        raise AssertionError("unreachable")
+
+    def _adapt(self, message: str, sent: dict) -> bool:
+        """Follow a 400 that names a parameter this model rejects; True if the next try differs.
+
+        OpenAI reasoning models (o-series, gpt-5) want max_completion_tokens instead of max_tokens
+        and accept only the default temperature; other servers take both as sent.
+        """
+        rename = "max_completion_tokens" in message and "max_tokens" in sent
+        drop = not rename and "temperature" in message and "temperature" in sent
+        if not (rename or drop):
+            return False
+        with self._params_lock:
+            p = self._params
+            if sent.keys() == p.keys():   # else another thread adapted already
+                if rename:
+                    p["max_completion_tokens"] = p.pop("max_tokens")
+                else:
+                    del p["temperature"]
+                log.warning("LLM endpoint rejected a parameter (%s); now sending %s", message, sorted(p))
+        return True
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         cfg = self.config
         if retry_after is not None:
             return min(retry_after, cfg.backoff_max_s)
-        # Full jitter on the upper half: spreads retries of concurrent requests apart.
+        # Jitter in [1/2, 1] of the exponential step: spreads retries of concurrent requests apart.
         return min(cfg.backoff_max_s, cfg.backoff_s * 2 ** attempt) * random.uniform(0.5, 1.0)
 
     def _completion(self, resp, messages) -> Completion:

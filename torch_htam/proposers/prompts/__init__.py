@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ABI_HEADER = HERE.parent.parent / "csrc" / "htam_abi.h"
+DIRECTIONS = HERE.parent.parent / "prior" / "directions.json"   # the HTG prior: id, title, text
 
 MAX_FEEDBACK = 6          # newest attempts shown; older ones are in the parent's history already
 MAX_DETAIL_LINES = 25     # compiler output is long; the first errors are the useful ones
@@ -58,7 +60,7 @@ def render_step(request) -> str:
         flops=_si(task.flops, "FLOP"), bytes=_si(task.bytes, "B"),
         roofline=_roofline(task, request.gpu, policy),
         gpu=_gpu(request.gpu), policy=_policy(policy),
-        direction=_words(request.direction), transition=_transition(request.transition),
+        direction=_direction(request.direction), transition=_transition(request.transition),
         strategies="\n".join(_strategy(s) for s in request.strategies) or "- none retrieved",
         parent=_parent(request.parent), feedback=_feedback(request.feedback))
 
@@ -113,11 +115,29 @@ def _default_policy(task):
     return policy_for(task)
 
 
+def _direction(ident: str) -> str:
+    text = direction_texts().get(ident, {}).get("text", "")
+    return f"**{_title(ident)}** (`{ident}`). {text}".rstrip()
+
+
+@functools.lru_cache(maxsize=None)
+def direction_texts() -> dict[str, dict]:
+    """Direction id -> its prior entry (title, text); empty if the prior is not there."""
+    try:
+        return {d["id"]: d for d in json.loads(DIRECTIONS.read_text())["directions"]}
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
 def _transition(transition) -> str:
     if not transition:
         return "This is the first step of the search."
     prev, chosen = transition
-    return f"The previous step followed **{_words(prev)}**; the search moves on to **{_words(chosen)}**."
+    return f"The previous step followed **{_title(prev)}**; the search moves on to **{_title(chosen)}**."
+
+
+def _title(ident: str) -> str:
+    return direction_texts().get(ident, {}).get("title") or _words(ident)
 
 
 def _strategy(s: Any) -> str:
