@@ -1,0 +1,209 @@
+"""Timing a GPU callable honestly, and the roofline it cannot beat.
+
+`time_fn` warms up, then per repetition: rotates to another pre-made input set, flushes the L2 by
+writing a buffer twice its size, synchronizes the device, and times fn two ways. CUDA events
+(precise, but they only see the current stream) and the host clock around fn + a device-wide
+synchronize (sees work on every stream, but carries the sync's own latency, which we measure with
+an empty region and subtract). The result is the larger of the two medians, so work hidden on a
+side stream still counts. `roofline_ms` is the least time the task's bytes and flops allow on the
+measured ceilings; a kernel timed well under it fooled the timer.
+
+    >>> t = time_fn(lambda s: kernel(*s), lambda: (inputs(), outputs()))
+    >>> t.median_ms, t.spread
+    (0.0513, 0.02)
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from torch_htam import paths
+
+ROOFLINE_SLACK = 0.9   # kernel_ms < 0.9 * roofline_ms -> "above_roofline"
+
+
+@dataclass
+class Timing:
+    median_ms: float    # max(event median, wall median - sync latency)
+    p20_ms: float
+    p80_ms: float
+    n: int              # timed repetitions
+    event_ms: float = 0.0   # median by CUDA events on the current stream
+    wall_ms: float = 0.0    # median by host clock around a device-wide sync, latency removed
+
+    @property
+    def spread(self) -> float:
+        """(p80 - p20) / median: the run's noise, relative."""
+        return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms > 0 else 0.0
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def time_fn(fn: Callable[[Any], Any], make_inputs: Callable[[], Any], warmup: int = 5, reps: int = 30,
+            flush_l2: bool = True, n_sets: int = 3) -> Timing:
+    """Time fn(inputs) on the current CUDA device; make_inputs() builds one fresh input set.
+
+    n_sets sets are made up front and rotated, so a rep never starts with its inputs freshly
+    written by the previous rep (and a cache keyed on pointers sees several of them).
+
+        >>> x = torch.randn(4096, 4096, device="cuda")
+        >>> time_fn(lambda s: torch.relu(s[0]), lambda: (torch.randn_like(x),)).median_ms
+        0.105
+    """
+    import torch
+    sets = [make_inputs() for _ in range(max(1, n_sets))]
+    flush = _flush_buffer() if flush_l2 else None
+    for i in range(warmup):
+        fn(sets[i % len(sets)])
+    torch.cuda.synchronize()
+    latency = _sync_latency_ms()
+    events, walls = [], []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i in range(reps):
+        s = sets[i % len(sets)]
+        if flush is not None:
+            flush.zero_()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        start.record()
+        fn(s)
+        end.record()
+        torch.cuda.synchronize()   # device-wide: waits for every stream, not only the current one
+        walls.append((time.perf_counter() - t0) * 1e3 - latency)
+        events.append(start.elapsed_time(end))
+    ev, wall = statistics.median(events), statistics.median(walls)
+    # NOTE: quantiles come from whichever series decided the median, so spread stays meaningful.
+    series = events if ev >= wall else walls
+    return Timing(max(ev, wall), _quantile(series, 0.2), _quantile(series, 0.8), reps, ev, wall)
+
+
+def _flush_buffer():
+    import torch
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size or (50 << 20)
+    return torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda")
+
+
+def _sync_latency_ms(n: int = 20) -> float:
+    """Median host time of start.record(); end.record(); synchronize() with nothing in between."""
+    import torch
+    e0, e1, ts = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        e0.record()
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
+# ---------------------------------------------------------------------------------- roofline
+
+@dataclass(frozen=True)
+class Ceilings:
+    """Measured device ceilings. bandwidth: B/s of a large device-to-device copy (read + write);
+    fp32/tf32/bf16: FLOP/s of torch.matmul; l2_bytes: L2 size."""
+    bandwidth: float
+    fp32: float
+    tf32: float
+    bf16: float
+    l2_bytes: int = 0
+
+    def flops(self, precision: str) -> float:
+        """Peak for a policy name ("fp32" | "tf32" | "fp16" | "bf16"); fp16 shares bf16's rate."""
+        return {"fp32": self.fp32, "tf32": self.tf32, "fp16": self.bf16, "bf16": self.bf16}[precision]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def roofline_ms(task, ceilings: Ceilings, precision: str = "fp32") -> float:
+    """Least possible time for the task: max(bytes / bandwidth, flops / peak), in ms.
+
+    NOTE: outputs that fit in half the L2 can stay there past the end of the timed region (the
+    write-back to DRAM happens later), so their bytes are not charged: a roofline must never be
+    tighter than what an honest kernel can reach.
+
+        >>> roofline_ms(task, Ceilings(bandwidth=3e12, fp32=5e13, tf32=4e14, bf16=7e14))
+        0.0447
+    """
+    out_bytes = sum(s.nbytes for s in task.outputs)
+    bytes_ = task.bytes
+    if ceilings.l2_bytes and out_bytes <= ceilings.l2_bytes // 2:
+        bytes_ = max(0.0, bytes_ - out_bytes)
+    t_mem = bytes_ / ceilings.bandwidth if ceilings.bandwidth > 0 else 0.0
+    peak = ceilings.flops(precision)
+    t_flop = task.flops / peak if peak > 0 else 0.0
+    return 1e3 * max(t_mem, t_flop)
+
+
+def above_roofline(kernel_ms: float, roof_ms: float) -> bool:
+    return roof_ms > 0 and kernel_ms < ROOFLINE_SLACK * roof_ms
+
+
+def measure_ceilings(device: int = 0, refresh: bool = False) -> Ceilings:
+    """Bandwidth and matmul peaks of this GPU, cached in paths.arch_dir(arch)/ceilings.json.
+
+    Takes a few seconds the first time per arch (a 1 GiB copy; 8192^3 fp32 / tf32 / bf16 GEMMs).
+
+        >>> measure_ceilings().bandwidth / 1e12    # TB/s on an H100 SXM
+        2.9
+    """
+    import torch
+    from torch_htam import gpu
+    info = gpu.detect(device)
+    if info is None:
+        raise RuntimeError("measure_ceilings needs a CUDA device; none is visible to torch")
+    path = paths.arch_dir(info.arch) / "ceilings.json"
+    if path.exists() and not refresh:
+        return Ceilings(**json.loads(path.read_text()))
+    with torch.cuda.device(device):
+        c = Ceilings(_copy_bandwidth(), _matmul_flops(torch.float32, False),
+                     _matmul_flops(torch.float32, True), _matmul_flops(torch.bfloat16, False),
+                     info.l2_bytes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(c.to_json(), indent=1))
+    tmp.replace(path)   # atomic: concurrent workers never read half a file
+    return c
+
+
+def _best_ms(fn, reps: int = 10) -> float:
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    start, end, ts = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        ts.append(start.elapsed_time(end))
+    return min(ts)   # a ceiling is the best the hardware did, not the typical
+
+
+def _copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    import torch
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").fill_(1.0)
+    dst = torch.empty_like(src)
+    ms = _best_ms(lambda: dst.copy_(src))
+    return 2 * nbytes / (ms * 1e-3)   # read + write
+
+
+def _matmul_flops(dtype, tf32: bool, n: int = 8192) -> float:
+    import torch
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        ms = _best_ms(lambda: torch.matmul(a, b), reps=5)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    return 2 * n ** 3 / (ms * 1e-3)
