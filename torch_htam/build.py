@@ -111,7 +111,7 @@ STREAM_ARGS: dict[str, int] = {
     "cudaMallocAsync": 2, "cudaFreeAsync": 1, "cudaMemPrefetchAsync": 3, "cudaGraphLaunch": 1,
     "cublasSetStream": 1, "cudnnSetStream": 1, "cublasLtMatmul": 15,
 }
-# A library handle runs on the legacy stream unless its stream is set.
+# Handles and launch configs that run on the legacy stream unless their stream is set.
 REQUIRES: tuple[tuple[str, str, str], ...] = (
     (r"\bcublasCreate\w*\s*\(", r"\bcublasSetStream\w*\s*\(",
      "creates a cuBLAS handle without cublasSetStream(handle, stream): cuBLAS would run on the"
@@ -514,6 +514,15 @@ def build_many(sources: list[str], arch: str | None = None, out_dir: str | Path 
     return results  # type: ignore[return-value]
 
 
+def build(source: str, **kw) -> BuildResult:
+    """One candidate: build_many([source], **kw)[0].
+
+        >>> r = build.build(src, arch="sm_90a")
+        >>> r.ok, r.so_path, r.seconds
+    """
+    return build_many([source], **kw)[0]
+
+
 def _compile(jobs: list[_Job], out_dir: Path, nvcc: str, n_jobs: int, timeout_s: float) -> dict[str, BuildResult]:
     ninja = _ninja()
     if ninja is None:
@@ -552,7 +561,7 @@ def _collect(job: _Job, tmp: Path, out_dir: Path, finished: dict[str, float], wa
         return BuildResult(True, str(final), job.hash, "", log, finished[job.hash])
     (out_dir / f"{job.hash}.cu").write_text(job.source)     # kept next to its log for debugging
     if timed_out and not _LOCATED.search(log):
-        err = f"build timed out after {timeout_s:.0f} s"
+        err = f"build timed out after {timeout_s:g} s"
         (out_dir / f"{job.hash}.log").write_text(log + "\n" + ninja_out)
         return BuildResult(False, None, job.hash, err, log + ninja_out, wall)
     log = log or ninja_out

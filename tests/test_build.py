@@ -1,0 +1,240 @@
+"""build.py: the static check, real nvcc builds (skipped without nvcc), caching and feedback."""
+import ctypes
+import os
+from pathlib import Path
+
+import pytest
+
+from torch_htam import build, paths
+
+KERNELS = Path(__file__).parent / "kernels"
+needs_nvcc = pytest.mark.skipif(paths.nvcc_path() is None, reason="nvcc not installed")
+
+
+def sample(name: str) -> str:
+    return (KERNELS / name).read_text()
+
+
+def with_body(body: str, head: str = "") -> str:
+    """An honest kernel with `body` inserted in htam_run and `head` at file scope."""
+    return f"""#include "htam_abi.h"
+{head}
+__global__ void k(float* y) {{ y[threadIdx.x] = 1.0f; }}
+HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
+  {body}
+  k<<<1, 32, 0, stream>>>((float*)out[0].data);
+  return HTAM_OK;
+}}
+"""
+
+
+# One example per rule in build.RULES (a test below checks that none is missing).
+RULE_EXAMPLES = {
+    "torch_headers": ("", "#include <torch/extension.h>"),
+    "python_header": ("", "#include <Python.h>"),
+    "local_include": ("", '#include "../../secret.h"'),
+    "other_streams": ("cudaStream_t s; cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);", ""),
+    "host_sync": ("cudaDeviceSynchronize();", ""),
+    "events": ("cudaEvent_t e; cudaEventCreate(&e); cudaEventRecord(e, stream);", ""),
+    "threads": ("std::thread t([]{}); t.join();", "#include <thread>"),
+    "dynamic_loading": ('void* h = dlopen("libcuda.so", 2);', ""),
+    "environment": ('const char* v = getenv("HTAM_FAST");', ""),
+    "processes": ('system("nvidia-smi");', ""),
+    "sleep": ("usleep(100);", ""),
+    "host_timers": ("auto t0 = std::chrono::steady_clock::now();", "#include <chrono>"),
+    "sync_copies": ("cudaMemcpy(out[0].data, in[0].data, 4, cudaMemcpyDeviceToDevice);", ""),
+    "managed_memory": ("float* p; cudaMallocManaged(&p, 4);", ""),
+    "free": ("cudaFree(in[0].data);", ""),
+    "files": ('FILE* f = fopen("/tmp/t", "w");', ""),
+}
+
+
+def test_every_rule_has_an_example_and_a_reason():
+    assert set(RULE_EXAMPLES) == {r.name for r in build.RULES}
+    assert all(r.reason and r.message for r in build.RULES)
+
+
+@pytest.mark.parametrize("name", sorted(RULE_EXAMPLES))
+def test_each_rule_rejects_its_example(name):
+    body, head = RULE_EXAMPLES[name]
+    rule = next(r for r in build.RULES if r.name == name)
+    problems = build.check_source(with_body(body, head))
+    assert any(rule.message in p for p in problems), problems
+    assert all(p.startswith(("line ", "no entry")) for p in problems)
+
+
+@pytest.mark.parametrize("name", ["add_f32.cu", "scale_extern_c.cu", "abi_probe.cu", "launch_error.cu",
+                                  "gemm_cublas.cu", "syntax_error.cu"])
+def test_honest_samples_pass(name):
+    assert build.check_source(sample(name)) == []
+
+
+def test_comments_and_strings_do_not_trigger():
+    body = ('// cudaDeviceSynchronize(); k<<<1, 1>>>(); std::thread\n'
+            '  /* getenv("X"); fopen("f", "w");\n cudaStreamCreate(&s); */\n'
+            '  const char* msg = "cudaMemcpy(a, b, n, k); usleep(1); <<<1, 1>>>"; (void)msg;\n'
+            "  char c = '\"'; (void)c;")
+    assert build.check_source(with_body(body)) == []
+    # ...and a rule after a tricky string still fires, on the right line.
+    problems = build.check_source(with_body(body + "\n  cudaDeviceSynchronize();"))
+    assert len(problems) == 1 and problems[0].startswith("line 10:"), problems
+
+
+@pytest.mark.parametrize("config", ["1, 32", "1, 32, 0", "1, 32, 0, 0", "1, 32, 0, nullptr",
+                                    "1, 32, 0, cudaStreamLegacy", "1, 32, 0, cudaStreamPerThread",
+                                    "1, 32, 0, (cudaStream_t)0", "1, 32, smem, NULL"])
+def test_launch_without_the_stream_is_rejected(config):
+    problems = build.check_source(with_body(f"k<<<{config}>>>((float*)out[0].data);"))
+    assert len(problems) == 1 and "stream" in problems[0] and problems[0].startswith("line 5:")
+
+
+def test_launch_config_with_nested_commas_passes():
+    body = "k<<<dim3(max(1, 2), 3), dim3(32, 1), 2 * sizeof(float), stream>>>((float*)out[0].data);"
+    assert build.check_source(with_body(body)) == []
+
+
+@pytest.mark.parametrize("call, ok", [
+    ("cudaLaunchKernel((void*)k, dim3(1), dim3(32), args, 0, stream);", True),
+    ("cudaLaunchKernel((void*)k, dim3(1), dim3(32), args);", False),
+    ("cudaLaunchKernel((void*)k, dim3(1), dim3(32), args, 0, 0);", False),
+    ("cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, (CUstream)stream, args, nullptr);", True),
+    ("cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, 0, args, nullptr);", False),
+    ("cudaMemcpyAsync(out[0].data, in[0].data, 4, cudaMemcpyDeviceToDevice, stream);", True),
+    ("cudaMemcpyAsync(out[0].data, in[0].data, 4, cudaMemcpyDeviceToDevice);", False),
+    ("cudaMemsetAsync(out[0].data, 0, 4, stream);", True),
+    ("cudaMemsetAsync(out[0].data, 0, 4);", False),
+    ("cudaLaunchConfig_t cfg = {}; cfg.stream = stream; cudaLaunchKernelEx(&cfg, k, p);", True),
+    ("cudaLaunchConfig_t cfg = {}; cudaLaunchKernelEx(&cfg, k, p);", False),
+])
+def test_stream_argument_of_api_calls(call, ok):
+    assert (build.check_source(with_body(call)) == []) == ok
+
+
+def test_library_handles_need_their_stream_set():
+    head = "#include <cublas_v2.h>"
+    body = "static cublasHandle_t h; cublasCreate(&h);"
+    assert "cublasSetStream" in " ".join(build.check_source(with_body(body, head)))
+    assert build.check_source(with_body(body + " cublasSetStream(h, stream);", head)) == []
+
+
+def test_entry_point_is_required():
+    no_entry = sample("add_f32.cu").replace("htam_run", "my_run")
+    assert build.check_source(no_entry)[0].startswith("no entry point")
+    not_extern_c = sample("add_f32.cu").replace("HTAM_ENTRY htam_run", "int htam_run")
+    assert build.check_source(not_extern_c)[0].startswith("no entry point")
+
+
+def test_arch_flags_and_hash():
+    assert build.arch_flags("sm_90a") == ["-gencode=arch=compute_90a,code=sm_90a"]
+    assert build.arch_flags("sm_80") == ["-arch=sm_80"]
+    src = sample("add_f32.cu")
+    h = build.source_hash(src, "sm_90a")
+    assert len(h) == 20 and h == build.source_hash(src, "sm_90a")
+    assert h != build.source_hash(src, "sm_90")
+    assert h != build.source_hash(src + "\n", "sm_90a")
+    cublas = sample("gemm_cublas.cu")
+    assert "-lcublas" in build._flags(cublas, "sm_90a") and "-lcublas" not in build._flags(src, "sm_90a")
+
+
+def test_library_discovery_links_versioned_pip_libraries(tmp_path, monkeypatch):
+    # pip wheels (nvidia-cublas, nvidia/cu13) ship libcublas.so.13 but no libcublas.so.
+    (tmp_path / "include").mkdir()
+    (tmp_path / "include" / "cublasLt.h").write_text("")
+    (tmp_path / "lib").mkdir()
+    for name in ("libcublasLt.so.13", "libcublas.so.13", "libcublas.so.13.1.0"):
+        (tmp_path / "lib" / name).write_text("")
+    monkeypatch.setattr(build, "_candidate_roots", lambda modules: [tmp_path / "nothing", tmp_path])
+    lib = build.find_cublas()
+    assert lib is not None and lib.link == ("-l:libcublasLt.so.13", "-l:libcublas.so.13")
+    flags = lib.flags()
+    assert f"-I{tmp_path / 'include'}" in flags and f"-rpath={tmp_path / 'lib'}" in flags
+
+
+def test_missing_cublas_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "find_cublas", lambda: None)
+    res = build.build(sample("gemm_cublas.cu"), arch="sm_90a", out_dir=tmp_path)
+    assert not res.ok and res.error.startswith("cuBLAS headers/libraries not found")
+
+
+def test_missing_nvcc_fails_every_uncached_source(tmp_path, monkeypatch):
+    monkeypatch.setattr(build.paths, "nvcc_path", lambda: None)
+    results = build.build_many([sample("add_f32.cu"), sample("scale_extern_c.cu"), sample("no_stream.cu")],
+                               arch="sm_90a", out_dir=tmp_path)
+    assert [r.ok for r in results] == [False, False, False]
+    assert results[0].error == results[1].error == "nvcc not found: install the CUDA toolkit or set CUDA_HOME"
+    assert results[2].error.startswith("static check: ")
+
+
+def test_compile_feedback_on_canned_logs():
+    src = "int a;\nint b = x;\nint c = y;\n"
+    log = ("/tmp/b/3f2a.cu(2): error: identifier \"x\" is undefined\n  int b = x;\n          ^\n\n"
+           "/tmp/b/3f2a.cu(2): error: identifier \"x\" is undefined\n"
+           "/tmp/b/3f2a.cu:3:9: error: 'y' was not declared in this scope\n"
+           "ptxas error   : Entry function '_Z1kPf' uses too much shared data (0x20000 bytes, 0xc000 max)\n"
+           "/usr/bin/ld: cannot find -lcublas: No such file or directory\n"
+           "2 errors detected in the compilation of \"/tmp/b/3f2a.cu\".\n")
+    fb = build.compile_feedback(log, src)
+    assert fb.splitlines()[:3] == ['line 2: error: identifier "x" is undefined', "  int b = x;", "          ^"]
+    assert fb.count('identifier "x"') == 1                      # deduplicated
+    assert "line 3: error: 'y' was not declared in this scope\n     3 | int c = y;" in fb
+    assert "uses too much shared data" in fb and "ld: cannot find -lcublas" in fb and "/usr/bin" not in fb
+    short = build.compile_feedback(log, src, limit=80)
+    assert short.startswith("line 2:") and "more errors)" in short and len(short) < 200
+
+
+# ---- real nvcc builds (a few seconds each on 2 cores) ----
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    """6 sources built in one ninja run: 4 honest variants, a syntax error, a static-check failure."""
+    out = tmp_path_factory.mktemp("build")
+    honest = [sample("add_f32.cu").replace("256", str(bs)) for bs in (128, 256, 512)] + [sample("scale_extern_c.cu")]
+    sources = honest + [sample("syntax_error.cu"), sample("no_stream.cu")]
+    return out, sources, build.build_many(sources, arch="sm_90a", out_dir=out, jobs=2)
+
+
+@needs_nvcc
+def test_parallel_build_reports_per_source(batch):
+    out, sources, results = batch
+    assert [r.ok for r in results] == [True, True, True, True, False, False]
+    assert [r.source_hash for r in results] == [build.source_hash(s, "sm_90a") for s in sources]
+    for r in results[:4]:
+        assert Path(r.so_path).exists() and r.so_path.endswith(r.source_hash + ".so") and r.seconds > 0
+        assert not r.cached and r.error == ""
+    assert results[4].error.startswith('line 8: error: identifier "blockDimx" is undefined')
+    assert "blockDimx" in results[4].log and results[4].so_path is None
+    assert results[5].error.startswith("static check: line 12: kernel launch")
+    assert not list(out.glob(".batch-*")), "the batch directory is removed"
+    assert (out / f"{results[4].source_hash}.cu").exists(), "failed sources are kept beside their log"
+
+
+@needs_nvcc
+def test_built_library_exports_htam_run(batch):
+    _, _, results = batch
+    lib = ctypes.CDLL(results[0].so_path)     # static cudart: loads without a GPU
+    assert hasattr(lib, "htam_run")
+
+
+@needs_nvcc
+def test_content_hash_cache_reuses_the_library(batch):
+    out, sources, first = batch
+    mtime = os.path.getmtime(first[0].so_path)
+    again = build.build_many(sources[:2] + sources[:1], arch="sm_90a", out_dir=out)
+    assert all(r.cached and r.ok and r.seconds == 0 for r in again)
+    assert again[0].so_path == again[2].so_path == first[0].so_path
+    assert os.path.getmtime(first[0].so_path) == mtime
+
+
+@needs_nvcc
+def test_timeout_kills_the_build(tmp_path):
+    res = build.build(sample("add_f32.cu").replace("256", "64"), arch="sm_90a", out_dir=tmp_path, timeout_s=0.2)
+    assert not res.ok and res.error == "build timed out after 0.2 s"
+    assert not list(tmp_path.glob("*.so")) and not list(tmp_path.glob(".batch-*"))
+
+
+@needs_nvcc
+def test_cublas_source_builds_when_cublas_is_installed(tmp_path):
+    if build.find_cublas() is None:
+        pytest.skip("no cuBLAS headers/libraries here ($CUDA_HOME or nvidia pip packages)")
+    res = build.build(sample("gemm_cublas.cu"), arch="sm_90a", out_dir=tmp_path)
+    assert res.ok, res.log

@@ -1,0 +1,137 @@
+"""Calling kernel .so files from PyTorch with a few µs of host overhead.
+
+csrc/launcher.cpp is a small torch C++ extension, built once per torch version, that registers
+three operators: htam::load (dlopen a kernel .so), htam::run (call it on given tensors, raw return
+code) and htam::launch (allocate outputs, call it on the current stream, raise on a nonzero code).
+The runtime calls torch.ops.htam.launch directly, so no Python runs per call; a fake impl makes
+the op work under torch.compile / torch.export, and launches on the current stream make it work
+inside CUDA-graph capture.
+
+    >>> k = launcher.Kernel(build.build(src).so_path)
+    >>> y, = k.launch([a, b], launcher.encode_out_meta([TensorSpec.of(a)]))
+    >>> torch.ops.htam.launch(k.handle, [a, b], meta)       # the same, what the runtime calls
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+from torch_htam import paths
+from torch_htam.task import DTYPES, TensorSpec
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+
+# HtamDtype codes (csrc/htam_abi.h) by dtype name; tests check them against the header.
+DTYPE_CODES: dict[str, int] = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "int64": 4,
+                               "int32": 5, "bool": 6, "int8": 7, "uint8": 8}
+CODE_DTYPES: dict[int, torch.dtype] = {code: DTYPES[name] for name, code in DTYPE_CODES.items()}
+
+
+def build_dir() -> Path:
+    """<cache root>/launcher/<torch version>-<cuda version>: one build per torch binary."""
+    tag = re.sub(r"[^\w.+-]", "_", f"torch{torch.__version__}-cuda{torch.version.cuda}")
+    return paths.cache_root() / "launcher" / tag
+
+
+@functools.lru_cache(maxsize=None)
+def get():
+    """Build (first time, ~30-60 s) or load the launcher; returns the torch.ops.htam namespace with
+    .load(path) -> handle, .run(handle, inputs, outputs) -> code, .launch(handle, inputs, out_meta).
+
+        >>> ops = launcher.get()
+        >>> h = ops.load("/path/to/3f2a....so")
+    """
+    if torch.version.cuda is None:
+        raise RuntimeError(f"the htam launcher needs a CUDA build of torch (this is {torch.__version__}); "
+                           "install a CUDA wheel of torch, or keep running the original PyTorch model")
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise RuntimeError(f"no C++ compiler ({compiler!r}) to build the htam launcher: install g++ "
+                           "(e.g. apt-get install g++) or set $CXX")
+    _put_ninja_on_path()
+    from torch.utils import cpp_extension
+    out = build_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        cpp_extension.load(name="htam_launcher", sources=[str(CSRC / "launcher.cpp")],
+                           extra_include_paths=[str(CSRC)], extra_ldflags=["-ldl"],
+                           build_directory=str(out), with_cuda=True, is_python_module=False,
+                           verbose=False)
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
+        raise RuntimeError(f"building the htam launcher in {out} failed: {e}\nIt needs the CUDA "
+                           "toolkit matching torch.version.cuda (set CUDA_HOME) and a C++17 compiler."
+                           ) from e
+    torch.library.register_fake("htam::launch")(_launch_fake)
+    return torch.ops.htam
+
+
+def _put_ninja_on_path() -> None:
+    # cpp_extension runs `ninja` from PATH; the pip package may be installed without its bin dir
+    # on PATH (e.g. pip install --target).
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja
+    except ImportError:
+        raise RuntimeError("ninja is needed to build the htam launcher: pip install ninja") from None
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def encode_out_meta(specs: list[TensorSpec]) -> list[int]:
+    """Output specs -> htam::launch's out_meta: [dtype_code, ndim, d0, ..., dn-1] per output.
+
+        >>> launcher.encode_out_meta([TensorSpec((4, 8), "float32", (8, 1))])
+        [0, 2, 4, 8]
+    """
+    meta = []
+    for s in specs:
+        if not s.contiguous:
+            raise ValueError(f"htam::launch allocates contiguous outputs, but this spec has strides "
+                             f"{s.stride} for shape {s.shape}: preallocate it and call Kernel(...)(inputs, outputs)")
+        meta += [DTYPE_CODES[s.dtype], len(s.shape), *s.shape]
+    return meta
+
+
+def decode_out_meta(meta: list[int]) -> list[tuple[torch.dtype, tuple[int, ...]]]:
+    """Inverse of encode_out_meta: [(dtype, shape), ...]."""
+    out, i = [], 0
+    while i < len(meta):
+        ndim = meta[i + 1]
+        out.append((CODE_DTYPES[meta[i]], tuple(meta[i + 2:i + 2 + ndim])))
+        i += 2 + ndim
+    return out
+
+
+def _launch_fake(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
+    # Shapes come from out_meta alone; the device from the inputs (all on one device).
+    device = inputs[0].device if inputs else torch.device("cuda", torch.cuda.current_device())
+    return [torch.empty(shape, dtype=dtype, device=device) for dtype, shape in decode_out_meta(out_meta)]
+
+
+class Kernel:
+    """A kernel .so loaded into this process (never unloaded: captured graphs may point into it).
+
+        >>> k = Kernel("/root/.cache/torch_htam/.../build/3f2a....so")
+        >>> k([x], [y])                          # raw return code: 0, HTAM_ERR_SHAPE or cudaError_t
+        0
+        >>> y, = k.launch([x], [0, 2, 4, 8])     # allocates outputs; raises on a nonzero code
+    """
+
+    def __init__(self, so_path: str | Path):
+        self.so_path = os.path.abspath(so_path)   # dlopen searches LD paths for bare names
+        self.handle: int = get().load(self.so_path)
+
+    def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
+        return torch.ops.htam.run.default(self.handle, inputs, outputs)
+
+    def launch(self, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
+        return torch.ops.htam.launch.default(self.handle, inputs, out_meta)
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.so_path!r}, handle={self.handle})"
