@@ -145,6 +145,7 @@ def swap(gm: fx.GraphModule, kernels: dict[str, Any],
         >>> [s.name for s in swapped]
         ['gemm_linear_gelu']
     """
+    from torch_htam.launcher import encode_out_meta
     from torch_htam.partition import partition
     from torch_htam.task import region_to_task
 
@@ -154,15 +155,14 @@ def swap(gm: fx.GraphModule, kernels: dict[str, Any],
     for region in partition(new):   # tasks first: rewriting changes the nodes later regions read
         try:
             task = region_to_task(new, region)
-        except ValueError as e:   # a non-tensor boundary: not a task, stays as it is
-            log.debug("region not swappable: %s", e)
-            continue
-        if task.signature in kernels:
-            planned.append((region, task))
+            if task.signature in kernels:
+                planned.append((region, task, encode_out_meta(task.outputs)))
+        except ValueError as e:   # a non-tensor boundary or a strided output: stays as it is
+            log.info("torch_htam: region %s stays on PyTorch: %s", region.nodes[0].name, e)
 
     loaded, errors, swapped = {}, {}, []
     replaced: dict[fx.Node, fx.Node] = {}
-    for region, task in planned:
+    for region, task, out_meta in planned:
         sig = task.signature
         if sig not in loaded and sig not in errors:
             try:
@@ -172,8 +172,7 @@ def swap(gm: fx.GraphModule, kernels: dict[str, Any],
                 log.warning("torch_htam: kernel %s (%s) not loaded, region stays on PyTorch: %s",
                             sig[:16], task.name, errors[sig])
         if sig in loaded:
-            _replace_region(new.graph, region, replaced, provider.op, int(loaded[sig].handle),
-                            _out_meta(region.outputs))
+            _replace_region(new.graph, region, replaced, provider.op, int(loaded[sig].handle), out_meta)
             swapped.append(Swapped(sig, task.name, len(region.nodes)))
     _stable_toposort(new.graph)
     new.graph.lint()
@@ -191,16 +190,6 @@ def _flat_copy(gm: fx.GraphModule) -> fx.GraphModule:
         if n.op == "call_module" and n.target == "_guards_fn" and not n.users:
             g.erase_node(n)
     return fx.GraphModule(gm, g)
-
-
-def _out_meta(outputs: list[fx.Node]) -> list[int]:
-    from torch_htam.task import DTYPE_NAMES, DTYPES
-    codes = {name: i for i, name in enumerate(DTYPES)}   # the HtamDtype order of csrc/htam_abi.h
-    meta: list[int] = []
-    for o in outputs:
-        val = o.meta["val"]
-        meta += [codes[DTYPE_NAMES[val.dtype]], val.dim(), *(int(s) for s in val.shape)]
-    return meta
 
 
 def _replace_region(graph: fx.Graph, region, replaced: dict, op, handle: int, out_meta: list[int]) -> None:
