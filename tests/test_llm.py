@@ -362,6 +362,17 @@ def test_package_import_does_not_need_openai():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
+def test_strategies_as_dicts_or_ids_render_defensively():
+    from torch_htam.proposers.prompts import render_step, strategy_id
+    strats = [{"id": "vec_loads", "title": "Vector loads", "text": "float4.", "stats": {"tries": 2}},
+              "grid_stride"]
+    text = render_step(request(strategies=strats, gpu=None, transition=None))
+    assert "- `vec_loads`: Vector loads. float4.\n  Recorded: tries=2" in text
+    assert "- `grid_stride`: grid stride." in text and "GPU\n\nUnknown." in text
+    assert "This is the first step of the search." in text
+    assert [strategy_id(s) for s in strats] == ["vec_loads", "grid_stride"]
+
+
 # --- reply parsing -------------------------------------------------------------------------------
 
 def test_reply_prefers_tagged_block_that_defines_the_entry():

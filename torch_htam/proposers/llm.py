@@ -22,7 +22,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from urllib.parse import urlparse
 
 from torch_htam.proposers.base import Candidate, Proposal, ProposalRequest

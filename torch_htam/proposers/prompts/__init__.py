@@ -66,8 +66,17 @@ def render_step(request) -> str:
 
 
 def strategy_id(s: Any) -> str:
-    """The id of an htg.Strategy (or a plain string id)."""
-    return s if isinstance(s, str) else str(getattr(s, "id", s))
+    """The id of an htg.Strategy (or of a dict with "id", or a plain string id)."""
+    return s if isinstance(s, str) else str(_field(s, "id") or s)
+
+
+def _field(obj: Any, *names: str) -> Any:
+    """The first present, non-empty attribute or key of obj among names (HTG records vary)."""
+    for name in names:
+        v = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+        if v not in (None, "", {}):
+            return v
+    return None
 
 
 # --- sections -----------------------------------------------------------------------------------
@@ -143,10 +152,10 @@ def _title(ident: str) -> str:
 def _strategy(s: Any) -> str:
     if isinstance(s, str):
         return template("strategy.md").format(id=s, title=_words(s), text="", stats="no record yet")
-    title = getattr(s, "title", None) or getattr(s, "name", None) or _words(strategy_id(s))
-    text = getattr(s, "text", None) or getattr(s, "description", None) or ""
-    return template("strategy.md").format(id=strategy_id(s), title=title, text=" ".join(text.split()),
-                                          stats=_stats(getattr(s, "stats", None)))
+    text = _field(s, "text", "description") or ""
+    return template("strategy.md").format(
+        id=strategy_id(s), title=_field(s, "title", "name") or _words(strategy_id(s)),
+        text=" ".join(text.split()), stats=_stats(_field(s, "stats")))
 
 
 def _stats(stats: Any) -> str:
@@ -156,7 +165,7 @@ def _stats(stats: Any) -> str:
     if dataclasses.is_dataclass(stats):
         stats = dataclasses.asdict(stats)
     elif not isinstance(stats, dict):
-        stats = {k: v for k, v in vars(stats).items() if not k.startswith("_")}
+        stats = {k: v for k, v in getattr(stats, "__dict__", {}).items() if not k.startswith("_")}
     parts = [f"{k}={_num(v)}" for k, v in stats.items() if v not in (None, {}, [])]
     return ", ".join(parts) or "no record yet"
 
