@@ -1,0 +1,77 @@
+"""CUDA text shared by the generators: the device prelude (dtype traits, vector loads/stores, group
+reductions) and the expression emitter (ir expression tuples -> straight-line fp32 C++).
+
+    >>> em = Emitter(load=lambda a: f"x{a}", red=lambda r: f"R{r}")
+    >>> em.emit(("gelu_tanh", ("in", 0))); em.lines
+    ['const float t0 = htam_gelu_tanh(x0);']
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+PRELUDE = (Path(__file__).with_name("prelude.cuh")).read_text()
+
+# dtype name -> (trait struct in prelude.cuh, HtamDtype code, bytes)
+DT = {"float32": ("F32", "HTAM_FLOAT32", 4), "bfloat16": ("BF16", "HTAM_BFLOAT16", 2),
+      "float16": ("F16", "HTAM_FLOAT16", 2)}
+
+# expression op -> C++ (fp32 in, fp32 out); "fast" variants use the SFU intrinsics
+EXACT = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
+    "neg": "(-{0})", "relu": "({0} < 0.f ? 0.f : {0})", "max": "fmaxf({0}, {1})",
+    "min": "fminf({0}, {1})", "gelu_erf": "htam_gelu_erf({0})", "gelu_tanh": "htam_gelu_tanh({0})",
+    "silu": "({0} / (1.f + expf(-{0})))", "sigmoid": "(1.f / (1.f + expf(-{0})))",
+    "tanh": "tanhf({0})", "exp": "expf({0})", "log": "logf({0})", "sqrt": "sqrtf({0})",
+    "rsqrt": "rsqrtf({0})", "abs": "fabsf({0})", "recip": "(1.f / {0})", "erf": "erff({0})",
+    "sin": "sinf({0})", "cos": "cosf({0})", "log1p": "log1pf({0})", "expm1": "expm1f({0})",
+    "sq": "({0} * {0})", "powc": "powf({0}, {1})", "pow": "powf({0}, {1})",
+}
+FAST = dict(EXACT, **{
+    "div": "__fdividef({0}, {1})", "silu": "__fdividef({0}, 1.f + __expf(-{0}))",
+    "sigmoid": "__fdividef(1.f, 1.f + __expf(-{0}))", "exp": "__expf({0})", "log": "__logf({0})",
+    "gelu_tanh": "htam_gelu_tanh_fast({0})",
+})
+# NOTE: tanh.approx.f32 has ~2^-11 relative error: fine for bf16/fp16 (2e-2), not for fp32 (1e-4).
+FAST_LOWP = dict(FAST, **{"tanh": "htam_tanh_approx({0})",
+                          "gelu_tanh": "htam_gelu_tanh_approx({0})"})
+
+
+def c_float(v: float) -> str:
+    if math.isnan(v):
+        return "NAN"
+    if math.isinf(v):
+        return "INFINITY" if v > 0 else "(-INFINITY)"
+    r = repr(float(v))
+    return f"{r}f" if ("e" in r or "." in r) else f"{r}.f"
+
+
+class Emitter:
+    """Emits `const float tN = ...;` lines for expressions, once per distinct sub-expression.
+    load(access_id) / red(reduction_id) give the C++ names of loaded inputs and row results."""
+
+    def __init__(self, load, red, fast: bool = False, low_precision: bool = False, prefix="t"):
+        self.load, self.red, self.prefix = load, red, prefix
+        self.table = (FAST_LOWP if low_precision else FAST) if fast else EXACT
+        self.lines: list[str] = []
+        self.names: dict[tuple, str] = {}
+
+    def emit(self, e: tuple) -> str:
+        if e in self.names:
+            return self.names[e]
+        op = e[0]
+        if op == "const":
+            return c_float(e[1])
+        if op == "in":
+            name = self.load(e[1])
+        elif op == "red":
+            name = self.red(e[1])
+        else:
+            if op == "round":
+                code = f"{DT[e[1]][0]}::round({self.emit(e[2])})"
+            else:
+                code = self.table[op].format(*[self.emit(a) for a in e[1:]])
+            name = f"{self.prefix}{len(self.lines)}"
+            self.lines.append(f"const float {name} = {code};")
+        self.names[e] = name
+        return name

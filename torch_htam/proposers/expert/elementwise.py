@@ -1,0 +1,147 @@
+"""Fused elementwise/broadcast kernel: one thread computes VEC consecutive outputs, UNROLL times.
+
+Every input access gets run-time strides over the (collapsed) iteration dims, so any broadcast the
+graph allows works for any sizes; when all tensors are contiguous and same-shape the space
+collapses to one dim and the index math is a multiply. 16-byte vector loads/stores are used only
+when the host has checked alignment and divisibility; otherwise the VEC=1 instantiation runs.
+
+    >>> src = generate(plan, EwParams(block=256, vec=4, unroll=2))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_htam.proposers.expert import host
+from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter
+from torch_htam.proposers.expert.ir import Plan
+
+
+@dataclass(frozen=True)
+class EwParams:
+    block: int = 256       # threads per block
+    vec: int = 4           # elements per vector access (1 = scalar only)
+    unroll: int = 1        # vectors per thread per loop trip (ILP)
+    waves: int = 0         # 0: one vector per thread; k > 0: grid capped at k blocks per SM (grid-stride)
+    nc: bool = False       # loads through the read-only (non-coherent) cache path
+    fast: bool = False     # SFU intrinsics (__expf, __fdividef)
+
+
+def _kernel(plan: Plan, p: EwParams, low_precision: bool, restrict: bool) -> str:
+    nacc, nout = len(plan.accesses), len(plan.outputs)
+    rs = "__restrict__ " if restrict else ""
+    params = [f"const {DT[plan.inputs[a.input][1]][0]}::raw* {rs}p{i}"
+              for i, a in enumerate(plan.accesses)]
+    params += [f"{DT[o.dtype][0]}::raw* {rs}o{k}" for k, o in enumerate(plan.outputs)]
+    nc = "true" if p.nc else "false"
+    loads = []
+    for i, a in enumerate(plan.accesses):
+        t = DT[plan.inputs[a.input][1]][0]
+        loads.append(
+            f"if (VEC > 1 && sp.st[{i}][sp.ndim - 1] == 1) ldv<{t}, VEC, {nc}>(p{i} + off[{i}], x{i}[u]);\n"
+            f"        else {{ const float v = ld1<{t}, {nc}>(p{i} + off[{i}]);\n"
+            f"#pragma unroll\n          for (int e = 0; e < VEC; ++e) x{i}[u][e] = v; }}")
+    em = Emitter(load=lambda a: f"x{a}[u][e]", red=None, fast=p.fast, low_precision=low_precision)
+    outs = [em.emit(o.expr) for o in plan.outputs]
+    body = "\n".join("          " + ln for ln in em.lines)
+    sets = "\n".join(f"          y{k}[u][e] = {v};" for k, v in enumerate(outs))
+    stores = "\n".join(
+        f"      if (VEC > 1) stv<{DT[o.dtype][0]}, VEC>(o{k} + lin[u], y{k}[u]);\n"
+        f"      else o{k}[lin[u]] = {DT[o.dtype][0]}::from_f(y{k}[u][0]);"
+        for k, o in enumerate(plan.outputs))
+    decl_x = " ".join(f"float x{i}[UNROLL][VEC];" for i in range(nacc))
+    decl_y = " ".join(f"float y{k}[UNROLL][VEC];" for k in range(nout))
+    return f"""
+#define NACC {nacc}
+#define UNROLL {p.unroll}
+template <int VEC, typename IDX>
+__global__ void __launch_bounds__({p.block}) ew_kernel(Space<NACC> sp, IDX nvec,
+    {", ".join(params)}) {{
+  const IDX step = (IDX)gridDim.x * blockDim.x;
+  for (IDX g0 = (IDX)blockIdx.x * blockDim.x + threadIdx.x; g0 < nvec; g0 += step * UNROLL) {{
+    {decl_x}
+    {decl_y}
+    IDX lin[UNROLL];
+    bool ok[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {{
+      const IDX g = g0 + (IDX)u * step;
+      ok[u] = g < nvec;
+      lin[u] = (ok[u] ? g : (IDX)0) * VEC;   // out-of-range lanes read element 0 and store nothing
+      IDX off[NACC];
+      if (sp.ndim == 1) {{
+#pragma unroll
+        for (int a = 0; a < NACC; ++a) off[a] = lin[u] * (IDX)sp.st[a][0];
+      }} else {{
+        IDX rem = lin[u];
+#pragma unroll
+        for (int a = 0; a < NACC; ++a) off[a] = 0;
+        for (int d = sp.ndim - 1; d > 0; --d) {{
+          const IDX sz = (IDX)sp.size[d], i = rem % sz;
+          rem /= sz;
+#pragma unroll
+          for (int a = 0; a < NACC; ++a) off[a] += i * (IDX)sp.st[a][d];
+        }}
+#pragma unroll
+        for (int a = 0; a < NACC; ++a) off[a] += rem * (IDX)sp.st[a][0];
+      }}
+      {chr(10).join("      " + ln for ln in loads).strip()}
+    }}
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {{
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {{
+{body}
+{sets}
+      }}
+    }}
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {{
+      if (!ok[u]) continue;
+{stores}
+    }}
+  }}
+}}
+"""
+
+
+def _host(plan: Plan, p: EwParams, entry: str) -> str:
+    nacc = len(plan.accesses)
+    args = ", ".join([f"({DT[plan.inputs[a.input][1]][0]}::raw*)in[{a.input}].data"
+                      for a in plan.accesses] +
+                     [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(plan.outputs)])
+    launch = "ew_kernel<{V}, {I}><<<blocks, {B}, 0, stream>>>(sp, ({I})(n / {V}), " + args + ");"
+    waves = f"if ({p.waves} > 0) blocks = std::min<int64_t>(blocks, (int64_t)htam_sm_count() * {p.waves});"
+    return f"""
+{entry}(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
+{host.prologue(plan)}
+  Space<NACC> sp;
+{host.bind_accesses(plan)}
+  for (int k = 0; k < n_out; ++k)
+    if (!htam_contiguous(out[k]) || htam_numel(&out[k]) != n) return HTAM_ERR_SHAPE;
+  if (n == 0) return HTAM_OK;
+  htam_collapse<NACC>(sp, {nacc}, false);
+  const int V = {p.vec};
+  bool vec_ok = V > 1 && sp.size[sp.ndim - 1] % V == 0;
+{host.vector_checks(plan, "V")}
+  const bool idx32 = n < (int64_t(1) << 30) && max_off < (int64_t(1) << 30);
+  const int64_t per_block = (int64_t){p.block} * {p.unroll} * (vec_ok ? V : 1);
+  int64_t blocks = (n + per_block - 1) / per_block;
+  {waves}
+  blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t)1 << 30));
+  if (vec_ok && idx32) {launch.format(V=p.vec, I="int32_t", B=p.block)}
+  else if (vec_ok) {launch.format(V=p.vec, I="int64_t", B=p.block)}
+  else if (idx32) {launch.format(V=1, I="int32_t", B=p.block)}
+  else {launch.format(V=1, I="int64_t", B=p.block)}
+  HTAM_CHECK_LAUNCH();
+  return HTAM_OK;
+}}
+"""
+
+
+def generate(plan: Plan, p: EwParams, low_precision: bool = False, entry: str = "HTAM_ENTRY htam_run",
+             restrict: bool = True, prelude: bool = True) -> str:
+    """CUDA source (kernel ABI) for an elementwise plan. entry/restrict/prelude let gemm.py embed
+    it as an in-place epilogue (no __restrict__: the GEMM result is read and overwritten)."""
+    assert plan.kind == "elementwise", plan.kind
+    head = [f"// torch_htam expert: elementwise {p}", PRELUDE, "#include <algorithm>"] if prelude else []
+    return "\n".join(head + [_kernel(plan, p, low_precision, restrict), _host(plan, p, entry)])

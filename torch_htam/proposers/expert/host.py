@@ -1,0 +1,61 @@
+"""Host-side C++ snippets shared by the generated kernels: argument checks and access binding.
+
+Everything the kernel assumes is checked here at run time and answered with HTAM_ERR_SHAPE (the
+runtime then runs the original PyTorch region): counts, dtypes, ranks, broadcast-compatible sizes,
+contiguity where an access needs it, 16-byte alignment before any vector path.
+
+    >>> print(prologue(plan))     # C++ lines for the top of htam_run
+"""
+from __future__ import annotations
+
+from torch_htam.proposers.expert.cuda import DT
+from torch_htam.proposers.expert.ir import Plan
+
+
+def prologue(plan: Plan) -> str:
+    """Checks counts/dtypes, reads the iteration sizes into it[] / n (and rows / ncol for rows)."""
+    lines = [f"  if (n_in != {len(plan.inputs)} || n_out != {len(plan.outputs)}) return HTAM_ERR_SHAPE;"]
+    for i, (_, dt) in enumerate(plan.inputs):
+        lines.append(f"  if (in[{i}].dtype != {DT[dt][1]} || in[{i}].data == nullptr) return HTAM_ERR_SHAPE;")
+    for k, o in enumerate(plan.outputs):
+        lines.append(f"  if (out[{k}].dtype != {DT[o.dtype][1]} || out[{k}].data == nullptr) return HTAM_ERR_SHAPE;")
+    src, idx = plan.size_source
+    lines += [f"  const HtamTensor& szt = {'out' if src == 'out' else 'in'}[{idx}];",
+              f"  if (szt.ndim != {plan.ndim}) return HTAM_ERR_SHAPE;",
+              "  int64_t it[HTAM_MAX_DIMS];",
+              "  int64_t n = 1;",
+              f"  for (int d = 0; d < {plan.ndim}; ++d) {{ it[d] = szt.sizes[d]; n *= it[d]; }}"]
+    return "\n".join(lines)
+
+
+def bind_accesses(plan: Plan) -> str:
+    """Fills sp (Space<NACC>) from it[] and each access; sets max_off."""
+    D = plan.ndim
+    lines = [f"  sp.ndim = {D};", f"  for (int d = 0; d < {D}; ++d) sp.size[d] = it[d];"]
+    for i, a in enumerate(plan.accesses):
+        if a.mode == "dims":
+            dims = ", ".join(str(d) for d in a.dims) or "0"
+            lines.append(f"  {{ static const int dm[] = {{{dims}}};\n"
+                         f"    if (!htam_bind_dims(in[{a.input}], dm, {len(a.dims)}, it, {D}, sp.st[{i}])) return HTAM_ERR_SHAPE; }}")
+        else:
+            suffix = "true" if a.mode == "suffix" else "false"
+            lines.append(f"  if (!htam_bind_flat(in[{a.input}], it, {D}, {suffix}, sp.st[{i}])) return HTAM_ERR_SHAPE;")
+    lines.append(f"  const int64_t max_off = htam_max_off<NACC>(sp, {len(plan.accesses)});")
+    return "\n".join(lines)
+
+
+def vector_checks(plan: Plan, V: str, full_outputs_only: bool = False) -> str:
+    """Clears vec_ok unless every access steps 0 or 1 along the last dim, every other stride is a
+    multiple of V, and every pointer read or written with vectors is aligned to V elements."""
+    lines = []
+    for i, a in enumerate(plan.accesses):
+        size = DT[plan.inputs[a.input][1]][2]
+        lines.append(
+            f"  {{ const int64_t inner = sp.st[{i}][sp.ndim - 1];\n"
+            f"    if (inner != 0 && (inner != 1 || !htam_aligned(in[{a.input}].data, {V} * {size}))) vec_ok = false;\n"
+            f"    if (inner == 1) for (int d = 0; d + 1 < sp.ndim; ++d) if (sp.st[{i}][d] % {V} != 0) vec_ok = false; }}")
+    for k, o in enumerate(plan.outputs):
+        if full_outputs_only and o.row:
+            continue
+        lines.append(f"  if (!htam_aligned(out[{k}].data, {V} * {DT[o.dtype][2]})) vec_ok = false;")
+    return "\n".join(lines)

@@ -1,0 +1,489 @@
+"""Aten graph -> a small fused-kernel plan: expressions per output element, row reductions, accesses.
+
+The plan says *what* one thread computes; elementwise.py / rowwise.py say *how* threads are mapped.
+Every value is addressed relative to the iteration space `shape` (the output shape for elementwise
+plans, the reduced tensor's shape for row plans; the last dim is the row for those). Each read of
+an input is an Access: which input dims line up with which iteration dims (broadcast dims -> -1),
+or "flat" (contiguous input read in iteration order through a reshape), or "suffix" (contiguous
+input repeating along the flat order, e.g. a bias after a reshape). The kernel turns accesses into
+per-iteration-dim strides at run time from the real sizes, so nothing of the example shape is baked
+in except what the graph's own view ops fix.
+
+Expressions are hash-consed tuples (CSE for free):
+    ("in", access_id)  ("const", float)  ("red", reduction_id)  ("round", dtype, e)  (op, e1, e2...)
+
+    >>> plan = lower(task.graph)          # raises Unsupported("aten.permute: ...") when it can't
+    >>> plan.kind, plan.shape, len(plan.reductions)
+    ('rowwise', (8, 512, 768), 2)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from torch_htam.proposers.expert import simplify as simp
+
+aten = torch.ops.aten
+
+SUPPORTED_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+class Unsupported(Exception):
+    """The graph uses something the expert generator does not handle; the message says what."""
+
+
+@dataclass(frozen=True)
+class Access:
+    """One way an input is read. mode: "dims" (dims[k] = iteration dim of input dim k, -1 = size-1
+    broadcast), "flat" (contiguous, numel == iteration numel, read at the linear index) or
+    "suffix" (contiguous, read at linear index % numel)."""
+    input: int
+    mode: str
+    dims: tuple[int, ...] = ()
+
+    def column_varying(self, ndim: int) -> bool:
+        return self.mode != "dims" or (ndim - 1) in self.dims
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A row reduction over the last iteration dim. kind: sum | max | min. pair: ("softmax"|"welford",
+    role 0|1) when this reduction and the next one form an online-softmax or Welford pair."""
+    kind: str
+    expr: tuple
+    pair: tuple[str, int] | None = None
+
+
+@dataclass
+class Output:
+    """row=True: one value per row (shape = iteration shape minus the last dim, keepdim or not)."""
+    expr: tuple
+    dtype: str
+    row: bool
+    numel_static: int
+
+
+@dataclass
+class Plan:
+    kind: str                          # "elementwise" | "rowwise"
+    shape: tuple[int, ...]             # iteration shape at capture (sizes are read at run time)
+    inputs: list[tuple[tuple[int, ...], str]]   # (shape, dtype) per task input
+    accesses: list[Access] = field(default_factory=list)
+    reductions: list[Reduction] = field(default_factory=list)
+    outputs: list[Output] = field(default_factory=list)
+    size_source: tuple[str, int] = ("out", 0)   # tensor whose run-time sizes give the iteration shape
+    dropped: list[str] = field(default_factory=list)   # no-op ops removed by simplify
+    has_transcendental: bool = False
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+# ---- op tables ------------------------------------------------------------------------------------
+
+# unary elementwise aten op -> expression op name (codegen.py gives each its C++)
+UNARY = {
+    aten.relu.default: "relu", aten.gelu.default: "gelu", aten.silu.default: "silu",
+    aten.sigmoid.default: "sigmoid", aten.tanh.default: "tanh", aten.exp.default: "exp",
+    aten.neg.default: "neg", aten.rsqrt.default: "rsqrt", aten.sqrt.default: "sqrt",
+    aten.log.default: "log", aten.abs.default: "abs", aten.reciprocal.default: "recip",
+    aten.erf.default: "erf", aten.sin.default: "sin", aten.cos.default: "cos",
+    aten.log1p.default: "log1p", aten.expm1.default: "expm1", aten.square.default: "sq",
+}
+BINARY = {
+    aten.add.Tensor: "add", aten.add.Scalar: "add", aten.sub.Tensor: "sub", aten.sub.Scalar: "sub",
+    aten.mul.Tensor: "mul", aten.mul.Scalar: "mul", aten.div.Tensor: "div", aten.div.Scalar: "div",
+    aten.rsub.Scalar: "rsub", aten.rsub.Tensor: "rsub", aten.maximum.default: "max",
+    aten.minimum.default: "min", aten.pow.Tensor_Tensor: "pow",
+}
+# ops that only relabel elements (same order for contiguous data) or do nothing in eval
+VIEWS = {
+    aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
+    aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.flatten.using_ints,
+    aten.expand.default, aten.alias.default, aten.clone.default, aten.contiguous.default,
+    aten.detach.default, aten.dropout.default, aten.lift_fresh_copy.default,
+}
+CASTS = {aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default}
+ROW_REDUCE = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "max",
+              aten.amin.default: "min"}
+ROW_OPS = {aten.softmax.int, aten._softmax.default, aten.log_softmax.int,
+           aten._log_softmax.default, aten.layer_norm.default, aten.rms_norm.default}
+IGNORED = {aten._assert_tensor_metadata.default}
+TRANSCENDENTAL = {"gelu", "silu", "sigmoid", "tanh", "exp", "log", "erf", "sin", "cos", "log1p",
+                  "expm1", "pow", "powc"}
+
+
+def meta_of(node) -> Any:
+    val = node.meta.get("val") if hasattr(node, "meta") else None
+    if val is None:
+        raise Unsupported(f"node {node} has no meta['val'] (shape/dtype unknown)")
+    return val
+
+
+def shape_of(node) -> tuple[int, ...]:
+    return tuple(int(s) for s in meta_of(node).shape)
+
+
+def dtype_of(node) -> str:
+    dt = meta_of(node).dtype
+    if dt not in SUPPORTED_DTYPES:
+        raise Unsupported(f"dtype {dt} of {node} (only float32/bfloat16/float16)")
+    return SUPPORTED_DTYPES[dt]
+
+
+def numel(shape) -> int:
+    return math.prod(shape) if shape else 1
+
+
+def _strip1(shape) -> tuple[int, ...]:
+    return tuple(s for s in shape if s != 1)
+
+
+def is_row_op(node) -> bool:
+    return node.op == "call_function" and (node.target in ROW_OPS or node.target in ROW_REDUCE)
+
+
+# ---- lowering -------------------------------------------------------------------------------------
+
+class Lowerer:
+    """Walks from the outputs back to the inputs, carrying how each value is indexed (an amap):
+    ("dims", t) with t[k] = iteration dim of the value's dim k (-1: broadcast size-1 dim),
+    ("flat", shape) value in iteration linear order, ("suffix", shape) repeating contiguous block."""
+
+    def __init__(self, gm, shape: tuple[int, ...], kind: str, simplify: bool = True, leaves=None):
+        self.gm, self.shape, self.kind, self.simplify = gm, shape, kind, simplify
+        self.leaves = leaves or {}       # node -> fn(lowerer, node, amap) -> expr (e.g. a GEMM result)
+        self.dropped: list[str] = []
+        self.D = len(shape)
+        self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.accesses: list[Access] = []
+        self.reductions: list[Reduction] = []
+        self.memo: dict = {}
+        self.red_memo: dict = {}
+        self.ops_seen: set[str] = set()
+
+    # -- helpers
+    def identity(self) -> tuple:
+        return ("dims", tuple(range(self.D)))
+
+    def row_map(self, keepdim: bool) -> tuple:
+        lead = tuple(range(self.D - 1))
+        return ("dims", lead + ((-1,) if keepdim else ()))
+
+    def normalize(self, amap, shape) -> tuple:
+        """("flat", S) with S equal to the iteration shape (modulo size-1 dims) is plain identity."""
+        if amap[0] == "flat" and _strip1(shape) == _strip1(self.shape) and len(shape) == self.D:
+            return self.identity()
+        return amap
+
+    def access(self, idx: int, mode: str, dims: tuple = ()) -> tuple:
+        acc = Access(idx, mode, dims)
+        if acc not in self.accesses:
+            self.accesses.append(acc)
+        return ("in", self.accesses.index(acc))
+
+    def operand_map(self, amap, v_shape, u_shape) -> tuple:
+        """How operand u (broadcast against value v) is indexed, given v's amap."""
+        if amap[0] == "dims":
+            off = len(v_shape) - len(u_shape)
+            if off < 0:
+                raise Unsupported(f"operand of rank {len(u_shape)} > result rank {len(v_shape)}")
+            dims = tuple(-1 if (u_shape[k] == 1 and v_shape[k + off] != 1) or amap[1][k + off] == -1
+                         else amap[1][k + off] for k in range(len(u_shape)))
+            return ("dims", dims)
+        if tuple(u_shape) == tuple(v_shape):
+            return (amap[0], tuple(u_shape))
+        if numel(u_shape) == 1:
+            return ("dims", (-1,) * len(u_shape))
+        su, sv = _strip1(u_shape), _strip1(amap[1])
+        if amap[0] == "flat" and len(su) <= len(sv) and sv[len(sv) - len(su):] == su:
+            return ("suffix", tuple(u_shape))
+        raise Unsupported(f"broadcast of {tuple(u_shape)} against reshaped {tuple(v_shape)}")
+
+    # -- main entry
+    def val(self, node, amap) -> tuple:
+        if not hasattr(node, "op"):            # python scalar
+            if isinstance(node, bool) or not isinstance(node, (int, float)):
+                raise Unsupported(f"non-numeric constant {node!r}")
+            return ("const", float(node))
+        amap = self.normalize(amap, shape_of(node))
+        key = (node, amap)
+        if key not in self.memo:
+            e = self._val(node, amap)
+            self.memo[key] = simp.fold(e, self.dropped) if self.simplify else e
+        return self.memo[key]
+
+    def _val(self, node, amap) -> tuple:
+        if node in self.leaves:
+            return self.leaves[node](self, node, amap)
+        if node.op == "placeholder":
+            idx = self.placeholders.index(node)
+            if amap[0] == "dims":
+                return self.access(idx, "dims", amap[1])
+            return self.access(idx, amap[0])
+        if node.op != "call_function":
+            raise Unsupported(f"node kind {node.op} ({node.target})")
+        t = node.target
+        self.ops_seen.add(str(t))
+        out_dt = dtype_of(node)
+        if t in simp.PERMUTES:
+            src = simp.permute_source(node) if self.simplify else None
+            if src is None:
+                raise Unsupported(f"{t} changes element order (only identity permute chains fold)")
+            self.dropped.append(f"{t} chain (identity)")
+            e = self.val(src, amap)
+        elif t in VIEWS:
+            e = self.view(node, amap)
+        elif t in CASTS:
+            e = self.val(node.args[0], amap)
+        elif t in UNARY:
+            e = self.unary(node, amap)
+        elif t in BINARY:
+            e = self.binary(node, amap)
+        elif t in (aten.pow.Tensor_Scalar,):
+            x = self.val(node.args[0], self.operand_map(amap, shape_of(node), shape_of(node.args[0])))
+            p = float(node.args[1])
+            e = ("sq", x) if p == 2.0 else ("sqrt", x) if p == 0.5 else ("mul", x, ("const", 1.0)) \
+                if p == 1.0 else ("powc", x, ("const", p))
+        elif t in (aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default,
+                   aten.hardtanh.default):
+            e = self.clamp(node, amap)
+        elif t in ROW_REDUCE or t in ROW_OPS:
+            e = self.row(node, amap)
+        else:
+            raise Unsupported(f"op {t} is not in the expert generator's vocabulary")
+        # NOTE: torch rounds every intermediate to its dtype; doing the same keeps us within the
+        # bf16 tolerance even where a fused fp32 chain would drift from the eager reference.
+        if out_dt != "float32" and not (e[0] == "in" or (e[0] == "round" and e[1] == out_dt)):
+            e = ("round", out_dt, e)
+        return e
+
+    def view(self, node, amap) -> tuple:
+        src = node.args[0]
+        if node.target is aten.dropout.default:
+            if (node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False)):
+                raise Unsupported("dropout in training mode (random)")
+            self.dropped.append("aten.dropout.default (eval: identity)")
+        vs, us = shape_of(node), shape_of(src)
+        if vs == us:
+            return self.val(src, amap)
+        if node.target is aten.expand.default:
+            return self.val(src, self.operand_map(amap, vs, us))
+        if _strip1(vs) == _strip1(us):
+            if amap[0] != "dims":
+                return self.val(src, (amap[0], us))
+            it = iter([amap[1][k] for k in range(len(vs)) if vs[k] != 1])
+            return self.val(src, ("dims", tuple(-1 if s == 1 else next(it) for s in us)))
+        if numel(vs) == numel(us):
+            if amap[0] == "dims" and amap == self.identity() and vs == self.shape:
+                return self.val(src, ("flat", us))
+            if amap[0] in ("flat", "suffix"):
+                return self.val(src, (amap[0], us))
+        raise Unsupported(f"reshape {us} -> {vs} of a broadcast value")
+
+    def unary(self, node, amap) -> tuple:
+        name = UNARY[node.target]
+        x = self.val(node.args[0], amap)
+        if name == "gelu":
+            approx = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+            name = "gelu_tanh" if approx == "tanh" else "gelu_erf"
+        return (name, x)
+
+    def binary(self, node, amap) -> tuple:
+        name = BINARY[node.target]
+        vs = shape_of(node)
+        args = []
+        for a in node.args[:2]:
+            if hasattr(a, "op"):
+                args.append(self.val(a, self.operand_map(amap, vs, shape_of(a))))
+            else:
+                args.append(self.val(a, amap))
+        if node.target in (aten.div.Tensor,) and node.kwargs.get("rounding_mode") is not None:
+            raise Unsupported(f"div with rounding_mode={node.kwargs['rounding_mode']}")
+        alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else 1)
+        if alpha != 1:
+            args[1] = ("mul", args[1], ("const", float(alpha)))
+        if name == "rsub":
+            return ("sub", args[1], args[0])
+        return (name, *args)
+
+    def clamp(self, node, amap) -> tuple:
+        x = self.val(node.args[0], amap)
+        t = node.target
+        if t is aten.hardtanh.default:
+            lo, hi = (list(node.args[1:3]) + [-1.0, 1.0][len(node.args) - 1:])[:2]
+        elif t is aten.clamp_min.default:
+            lo, hi = node.args[1], None
+        elif t is aten.clamp_max.default:
+            lo, hi = None, node.args[1]
+        else:
+            lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
+            hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
+        if hasattr(lo, "op") or hasattr(hi, "op"):
+            raise Unsupported("clamp with tensor bounds")
+        if lo is not None:
+            x = ("max", x, ("const", float(lo)))
+        if hi is not None:
+            x = ("min", x, ("const", float(hi)))
+        return x
+
+    # -- row ops: reductions over the last dim
+    def red(self, kind: str, expr: tuple, pair=None) -> tuple:
+        key = (kind, expr, pair)
+        if key not in self.red_memo:
+            self.reductions.append(Reduction(kind, expr, pair))
+            self.red_memo[key] = ("red", len(self.reductions) - 1)
+        return self.red_memo[key]
+
+    def row(self, node, amap) -> tuple:
+        if self.kind != "rowwise":
+            raise Unsupported("row op in an elementwise plan")
+        t, src = node.target, node.args[0]
+        xs = shape_of(src)
+        if xs != self.shape:
+            raise Unsupported(f"row op over {xs}; the plan's rows are {self.shape}")
+        x_row = self.val(src, self.identity())
+        N = float(xs[-1])
+        if t in ROW_REDUCE:
+            dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+            keep = bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
+            if dims is None or [d % len(xs) for d in dims] != [len(xs) - 1]:
+                raise Unsupported(f"{t} over dims {dims}: only the last dim")
+            self.check_row_use(node, amap)
+            kind = ROW_REDUCE[t]
+            r = self.red("sum" if kind == "mean" else kind, x_row)
+            return ("div", r, ("const", N)) if kind == "mean" else r
+        self.check_full_use(node, amap)
+        if t in (aten.softmax.int, aten._softmax.default, aten.log_softmax.int,
+                 aten._log_softmax.default):
+            dim = node.args[1]
+            if dim % len(xs) != len(xs) - 1:
+                raise Unsupported(f"{t} over dim {dim}: only the last dim")
+            if t in (aten._softmax.default, aten._log_softmax.default) and node.args[2]:
+                raise Unsupported("_softmax with half_to_float=True")
+            m = self.red("max", x_row, ("softmax", 0))
+            s = self.red("sum", ("exp", ("sub", x_row, m)), ("softmax", 1))
+            if t in (aten.log_softmax.int, aten._log_softmax.default):
+                return ("sub", ("sub", x_row, m), ("log", s))
+            return ("div", ("exp", ("sub", x_row, m)), s)
+        norm_shape = list(node.args[1])
+        if norm_shape != [xs[-1]]:
+            raise Unsupported(f"{t} over normalized_shape {norm_shape}: only the last dim")
+        args = list(node.args) + [None] * 4
+        col = ("dims", (self.D - 1,))
+        if t is aten.layer_norm.default:
+            w, b = args[2], args[3]
+            eps = args[4] if args[4] is not None else node.kwargs.get("eps", 1e-5)
+            s1 = self.red("sum", x_row, ("welford", 0))
+            mean = ("div", s1, ("const", N))
+            xc = ("sub", x_row, mean)
+            m2 = self.red("sum", ("sq", xc), ("welford", 1))
+            y = ("mul", xc, ("rsqrt", ("add", ("div", m2, ("const", N)), ("const", float(eps)))))
+        else:
+            w, b = args[2], None
+            eps = args[3] if args[3] is not None else node.kwargs.get("eps")
+            # NOTE: aten uses epsilon of the opmath type (float) when eps is None, also for bf16.
+            eps = float(torch.finfo(torch.float32).eps) if eps is None else float(eps)
+            ms = self.red("sum", ("sq", x_row))
+            y = ("mul", x_row, ("rsqrt", ("add", ("div", ms, ("const", N)), ("const", eps))))
+        if w is not None:
+            y = ("mul", y, self.val(w, col))
+        if b is not None:
+            y = ("add", y, self.val(b, col))
+        return y
+
+    def check_full_use(self, node, amap) -> None:
+        if amap != self.identity():
+            raise Unsupported(f"{node.target} result used reshaped/broadcast ({amap})")
+
+    def check_row_use(self, node, amap) -> None:
+        lead = [d for d in amap[1] if d != -1]
+        if amap[0] != "dims" or lead != list(range(self.D - 1)):
+            raise Unsupported(f"{node.target} result used with layout {amap}; need one per row")
+
+
+def _graph_outputs(gm) -> list:
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    vals = out.args[0]
+    return list(vals) if isinstance(vals, (tuple, list)) else [vals]
+
+
+def _iteration_shape(gm) -> tuple[str, tuple[int, ...]]:
+    rows = [n for n in gm.graph.nodes if is_row_op(n)]
+    if rows:
+        return "rowwise", shape_of(rows[0].args[0])
+    outs = _graph_outputs(gm)
+    return "elementwise", shape_of(outs[0])
+
+
+def _size_source(plan: Plan, gm) -> tuple[str, int]:
+    """A tensor whose run-time sizes are the iteration sizes: an output or an identity-read input."""
+    for i, o in enumerate(_graph_outputs(gm)):
+        if shape_of(o) == plan.shape:
+            return ("out", i)
+    ident = tuple(range(plan.ndim))
+    for a in plan.accesses:
+        if a.mode == "dims" and a.dims == ident and plan.inputs[a.input][0] == plan.shape:
+            return ("in", a.input)
+    raise Unsupported("no input or output has the iteration shape; sizes can't be read at run time")
+
+
+def lower(gm, simplify: bool = True, leaves=None, extra_inputs=()) -> Plan:
+    """Lower an aten GraphModule (placeholders = task inputs, output tuple) to a Plan.
+
+    >>> plan = lower(task.graph); plan.kind
+    'elementwise'
+    """
+    kind, shape = _iteration_shape(gm)
+    if not shape:
+        raise Unsupported("0-dim iteration space")
+    low = Lowerer(gm, shape, kind, simplify, leaves)
+    inputs = [(shape_of(p), dtype_of(p)) for p in low.placeholders] + list(extra_inputs)
+    outputs = []
+    for o in _graph_outputs(gm):
+        if not hasattr(o, "op"):
+            raise Unsupported(f"constant output {o!r}")
+        os_, dt = shape_of(o), dtype_of(o)
+        if os_ == shape:
+            outputs.append(Output(low.val(o, low.identity()), dt, False, numel(os_)))
+        elif numel(os_) == numel(shape):
+            outputs.append(Output(low.val(o, ("flat", os_)), dt, False, numel(os_)))
+        elif kind == "rowwise" and os_ in (shape[:-1], shape[:-1] + (1,)):
+            amap = low.row_map(keepdim=len(os_) == len(shape))
+            e = low.val(o, amap)
+            outputs.append(Output(e, dt, True, numel(os_)))
+        else:
+            raise Unsupported(f"output of shape {os_} next to iteration shape {shape}")
+    dropped = low.dropped + (simp.unused_ops(gm) if simplify else [])
+    plan = Plan(kind, shape, inputs, low.accesses, low.reductions, outputs, dropped=dropped)
+    for o in plan.outputs:
+        if o.row and column_dependent(o.expr, plan):
+            raise Unsupported("a per-row output depends on a column")
+    plan.size_source = _size_source(plan, gm)
+    plan.has_transcendental = any(op in TRANSCENDENTAL for op in low_ops(plan))
+    return plan
+
+
+def walk(e: tuple):
+    """Yield every sub-expression of e (pre-order, repeats included)."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        yield x
+        if x[0] in ("in", "const", "red"):
+            continue
+        stack.extend(a for a in x[1:] if isinstance(a, tuple))
+
+
+def low_ops(plan: Plan) -> set[str]:
+    exprs = [o.expr for o in plan.outputs] + [r.expr for r in plan.reductions]
+    return {x[0] for e in exprs for x in walk(e)}
+
+
+def column_dependent(e: tuple, plan: Plan) -> bool:
+    return any(x[0] == "in" and plan.accesses[x[1]].column_varying(plan.ndim) for x in walk(e))
+

@@ -1,0 +1,258 @@
+// ---- torch_htam expert prelude: dtype traits, vector access, math helpers, group reductions ----
+#pragma nv_diag_suppress 177
+#include "htam_abi.h"
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+// Storage is raw bits (float or uint16) so loads/stores never depend on the half types' ctors.
+struct F32 {
+  typedef float raw;
+  static __device__ __forceinline__ float to_f(raw r) { return r; }
+  static __device__ __forceinline__ raw from_f(float x) { return x; }
+  static __device__ __forceinline__ float round(float x) { return x; }
+};
+struct BF16 {
+  typedef unsigned short raw;
+  static __device__ __forceinline__ float to_f(raw r) { return __uint_as_float(((unsigned)r) << 16); }
+  static __device__ __forceinline__ raw from_f(float x) { return __bfloat16_as_ushort(__float2bfloat16(x)); }
+  static __device__ __forceinline__ float round(float x) { return to_f(from_f(x)); }
+};
+struct F16 {
+  typedef unsigned short raw;
+  static __device__ __forceinline__ float to_f(raw r) { return __half2float(__ushort_as_half(r)); }
+  static __device__ __forceinline__ raw from_f(float x) { return __half_as_ushort(__float2half(x)); }
+  static __device__ __forceinline__ float round(float x) { return to_f(from_f(x)); }
+};
+
+template <int BYTES> struct RawVec;
+template <> struct RawVec<2> { typedef unsigned short T; };
+template <> struct RawVec<4> { typedef unsigned int T; };
+template <> struct RawVec<8> { typedef uint2 T; };
+template <> struct RawVec<16> { typedef uint4 T; };
+
+// Scalar load through the read-only path when NC (inputs are never written by the kernel).
+template <class DT, bool NC>
+__device__ __forceinline__ float ld1(const typename DT::raw* p) {
+  if (NC) return DT::to_f(__ldg(p));
+  return DT::to_f(*p);
+}
+
+// VEC consecutive elements; p must be aligned to VEC * sizeof(raw) (the host checks before choosing VEC > 1).
+template <class DT, int VEC, bool NC>
+__device__ __forceinline__ void ldv(const typename DT::raw* p, float* out) {
+  typedef typename DT::raw E;
+  constexpr int BYTES = (int)sizeof(E) * VEC;
+  constexpr int CH = BYTES > 16 ? 16 : BYTES;
+  constexpr int PER = CH / (int)sizeof(E);
+  typedef typename RawVec<CH>::T R;
+#pragma unroll
+  for (int k = 0; k < BYTES / CH; ++k) {
+    const R* rp = reinterpret_cast<const R*>(p) + k;
+    R raw;
+    if (NC) raw = __ldg(rp); else raw = *rp;
+    E e[PER];
+    memcpy(e, &raw, CH);
+#pragma unroll
+    for (int i = 0; i < PER; ++i) out[k * PER + i] = DT::to_f(e[i]);
+  }
+}
+
+template <class DT, int VEC>
+__device__ __forceinline__ void stv(typename DT::raw* p, const float* v) {
+  typedef typename DT::raw E;
+  constexpr int BYTES = (int)sizeof(E) * VEC;
+  constexpr int CH = BYTES > 16 ? 16 : BYTES;
+  constexpr int PER = CH / (int)sizeof(E);
+  typedef typename RawVec<CH>::T R;
+#pragma unroll
+  for (int k = 0; k < BYTES / CH; ++k) {
+    E e[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) e[i] = DT::from_f(v[k * PER + i]);
+    R raw;
+    memcpy(&raw, e, CH);
+    reinterpret_cast<R*>(p)[k] = raw;
+  }
+}
+
+__device__ __forceinline__ float htam_gelu_erf(float x) {
+  return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+}
+__device__ __forceinline__ float htam_gelu_tanh(float x) {
+  return 0.5f * x * (1.f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+}
+// tanh(u) = 1 - 2 / (exp(2u) + 1): SFU exp, accurate to ~1e-6 relative away from 0 (fp32-safe
+// for gelu because the 0.5 * x * (1 + tanh) form damps the error near 0).
+__device__ __forceinline__ float htam_gelu_tanh_fast(float x) {
+  float u = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+  float t = 1.f - __fdividef(2.f, __expf(2.f * u) + 1.f);
+  return 0.5f * x * (1.f + t);
+}
+__device__ __forceinline__ float htam_tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float htam_gelu_tanh_approx(float x) {
+  return 0.5f * x * (1.f + htam_tanh_approx(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+}
+
+// ---- reductions over a group of TPR threads (TPR a power of two; TPR > 32 means the whole block)
+struct SumOp { __device__ __forceinline__ float operator()(float a, float b) const { return a + b; } };
+struct MaxOp { __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); } };
+struct MinOp { __device__ __forceinline__ float operator()(float a, float b) const { return fminf(a, b); } };
+
+// online softmax state: running max m and sum s of exp(x - m)
+struct SoftmaxState { float m, s; };
+__device__ __forceinline__ SoftmaxState sm_merge(SoftmaxState a, SoftmaxState b) {
+  float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return a;   // both empty: avoid exp(-inf - -inf) = nan
+  SoftmaxState r;
+  r.m = m;
+  r.s = a.s * expf(a.m - m) + b.s * expf(b.m - m);
+  return r;
+}
+struct SmOp { __device__ __forceinline__ SoftmaxState operator()(SoftmaxState a, SoftmaxState b) const { return sm_merge(a, b); } };
+
+// Welford state: count n, mean, M2 = sum (x - mean)^2
+struct WelfordState { float n, mean, m2; };
+__device__ __forceinline__ WelfordState wf_merge(WelfordState a, WelfordState b) {
+  float n = a.n + b.n;
+  if (n == 0.f) return a;
+  float d = b.mean - a.mean, fb = b.n / n;
+  WelfordState r;
+  r.n = n;
+  r.mean = a.mean + d * fb;
+  r.m2 = a.m2 + b.m2 + d * d * a.n * fb;
+  return r;
+}
+struct WfOp { __device__ __forceinline__ WelfordState operator()(WelfordState a, WelfordState b) const { return wf_merge(a, b); } };
+
+__device__ __forceinline__ float shfl_x(float v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ SoftmaxState shfl_x(SoftmaxState v, int o) {
+  SoftmaxState r; r.m = shfl_x(v.m, o); r.s = shfl_x(v.s, o); return r;
+}
+__device__ __forceinline__ WelfordState shfl_x(WelfordState v, int o) {
+  WelfordState r; r.n = shfl_x(v.n, o); r.mean = shfl_x(v.mean, o); r.m2 = shfl_x(v.m2, o); return r;
+}
+
+// All TPR threads of the group get the result. NOTE: every thread of the block must call this the
+// same number of times (the row loops keep trip counts block-uniform for that reason).
+template <int TPR, class T, class Op>
+__device__ __forceinline__ T group_reduce(T v, Op op, T identity) {
+#pragma unroll
+  for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1) v = op(v, shfl_x(v, o));
+  if (TPR <= 32) return v;
+  __shared__ T smem[32];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();                  // the previous reduction has finished reading smem
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < (TPR >> 5) ? smem[lane] : identity;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, shfl_x(v, o));
+  return v;
+}
+
+static inline int htam_sm_count() {
+  static int cached[64] = {0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  if (!cached[dev]) {
+    int n = 0;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    cached[dev] = n > 0 ? n : 132;
+  }
+  return cached[dev];
+}
+
+static inline bool htam_aligned(const void* p, int bytes) { return ((uintptr_t)p % (uintptr_t)bytes) == 0; }
+
+// Iteration-space description built on the host from the run-time sizes (see ir.Access).
+template <int NACC>
+struct Space {
+  int ndim;                          // after collapsing
+  int64_t size[HTAM_MAX_DIMS];
+  int64_t st[NACC > 0 ? NACC : 1][HTAM_MAX_DIMS];   // per access, elements per step of each dim
+};
+
+// Fill st[a][*] (over the iteration dims it_sizes) for one access; returns false on a size mismatch.
+// dims[k] = iteration dim of input dim k (-1: must be size 1).
+static inline bool htam_bind_dims(const HtamTensor& t, const int* dims, int nd, const int64_t* it_sizes,
+                                  int it_nd, int64_t* st) {
+  if (t.ndim != nd) return false;
+  for (int d = 0; d < it_nd; ++d) st[d] = 0;
+  for (int k = 0; k < nd; ++k) {
+    if (dims[k] < 0) { if (t.sizes[k] != 1) return false; continue; }
+    if (t.sizes[k] == 1) continue;
+    if (t.sizes[k] != it_sizes[dims[k]]) return false;
+    st[dims[k]] = t.strides[k];
+  }
+  return true;
+}
+
+static inline bool htam_contiguous(const HtamTensor& t) {
+  int64_t acc = 1;
+  for (int k = t.ndim - 1; k >= 0; --k) {
+    if (t.sizes[k] != 1 && t.strides[k] != acc) return false;
+    acc *= t.sizes[k];
+  }
+  return true;
+}
+
+// "flat": contiguous input read at the linear index; "suffix": repeats every numel(t) elements,
+// so it must line up with a set of trailing iteration dims.
+static inline bool htam_bind_flat(const HtamTensor& t, const int64_t* it_sizes, int it_nd, bool suffix,
+                                  int64_t* st) {
+  if (!htam_contiguous(t)) return false;
+  int64_t want = htam_numel(&t), acc = 1;
+  for (int d = it_nd - 1; d >= 0; --d) {
+    st[d] = (acc < want || !suffix) ? acc : 0;
+    if (acc < want || !suffix) acc *= it_sizes[d];
+  }
+  return acc == want;
+}
+
+// Merge adjacent iteration dims [d, d+1] when every access steps through them as one dim.
+// keep_last: never merge the last dim (row kernels keep the row separate).
+template <int NACC>
+static inline void htam_collapse(Space<NACC>& s, int nacc, bool keep_last) {
+  int nd = 0;
+  int64_t size[HTAM_MAX_DIMS], st[NACC > 0 ? NACC : 1][HTAM_MAX_DIMS];
+  for (int d = 0; d < s.ndim; ++d) {
+    if (s.size[d] == 1 && !(keep_last && d == s.ndim - 1) && s.ndim > 1) continue;   // size-1 dims carry nothing
+    bool merge = nd > 0 && !(keep_last && d == s.ndim - 1);
+    for (int a = 0; merge && a < nacc; ++a)
+      merge = st[a][nd - 1] == s.st[a][d] * s.size[d];
+    if (merge) {
+      size[nd - 1] *= s.size[d];
+      for (int a = 0; a < nacc; ++a) st[a][nd - 1] = s.st[a][d];
+    } else {
+      size[nd] = s.size[d];
+      for (int a = 0; a < nacc; ++a) st[a][nd] = s.st[a][d];
+      ++nd;
+    }
+  }
+  if (nd == 0) { size[0] = 1; for (int a = 0; a < nacc; ++a) st[a][0] = 0; nd = 1; }
+  s.ndim = nd;
+  for (int d = 0; d < nd; ++d) {
+    s.size[d] = size[d];
+    for (int a = 0; a < nacc; ++a) s.st[a][d] = st[a][d];
+  }
+}
+// ---- end prelude ----
+
+// Largest element offset any access reaches (to pick 32-bit index math safely).
+template <int NACC>
+static inline int64_t htam_max_off(const Space<NACC>& s, int nacc) {
+  int64_t m = 0;
+  for (int a = 0; a < nacc; ++a) {
+    int64_t o = 0;
+    for (int d = 0; d < s.ndim; ++d) o += (s.size[d] - 1) * (s.st[a][d] < 0 ? -s.st[a][d] : s.st[a][d]);
+    m = o > m ? o : m;
+  }
+  return m;
+}

@@ -1,0 +1,213 @@
+"""ExpertProposer: the built-in, offline, deterministic proposer.
+
+graph -> plan (ir.lower / gemm.match) -> default parameters -> strategy moves (strategies.TABLE)
+-> up to n distinct parameter settings -> CUDA sources. The search evaluates them on the GPU and
+keeps the best, so a proposal is one autotuning round around the parent's parameters.
+
+    >>> prop = ExpertProposer().propose(ProposalRequest(task, "seed", [], n=4))
+    >>> [(c.tags, c.params) for c in prop.candidates]
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torch_htam.proposers.base import Candidate, Proposal, ProposalRequest
+from torch_htam.proposers.expert import elementwise, gemm, rowwise
+from torch_htam.proposers.expert.cuda import DT
+from torch_htam.proposers.expert.ir import Plan, Unsupported, lower
+from torch_htam.proposers.expert.strategies import PlanInfo, moves_for, strategy_id, GEMM_ALGOS
+
+
+def _plan_info(plan: Plan, policy) -> PlanInfo:
+    dts = [dt for _, dt in plan.inputs] + [o.dtype for o in plan.outputs]
+    pairs = {r.pair[0] for r in plan.reductions if r.pair}
+    low = any(dt != "float32" for dt in dts)
+    return PlanInfo(plan.kind, plan.shape[-1], 16 // min(DT[dt][2] for dt in dts),
+                    "softmax" in pairs, "welford" in pairs, plan.has_transcendental,
+                    bool(plan.dropped), low, bool(policy and policy.allow_tf32), not low)
+
+
+def _default_row(info: PlanInfo) -> dict[str, Any]:
+    """Warp per row while the row fits 32 threads x 16 values, else a block per row; the row stays in
+    registers up to 16 values per thread and is streamed (online/Welford, one pass) beyond."""
+    n = max(info.ncol, 1)
+    vec = info.vec16
+    while vec > 1 and n % vec:
+        vec //= 2
+    tpr = 32 if n <= 32 * 16 else 128 if n <= 128 * 16 else 256 if n <= 256 * 16 else 1024
+    per_thread = -(-n // tpr)
+    vec = max(1, min(vec, per_thread))
+    nv = -(-per_thread // vec)
+    nv = 1 << (nv - 1).bit_length()
+    stream = nv > 16
+    return {"tpr": tpr, "rows_per_block": 4, "vec": vec, "nv": 0 if stream else nv,
+            "online": stream, "welford": stream, "nc": False, "fast": False, "waves": 0}
+
+
+def _default_tags(kind: str, params: dict, info: PlanInfo) -> list[str]:
+    tags = ["single_kernel_launch"]
+    if kind == "elementwise":
+        tags.append("fuse_elementwise_chain")
+    if kind == "rowwise":
+        tags += ["fuse_row_prologue_epilogue", "warp_shuffle_reduction",
+                 "warp_per_row" if params["tpr"] <= 32 else "block_per_row"]
+        if params["nv"]:
+            tags.append("row_in_registers")
+        if params["online"] and info.has_softmax_pair:
+            tags.append("online_softmax")
+        if params["welford"] and info.has_welford_pair:
+            tags.append("welford_statistics")
+    if kind == "gemm":
+        return tags + ["fuse_elementwise_chain"] + _gemm_tags(params, info)
+    if params.get("vec", 1) > 1:
+        tags.append("vectorized_16b_access")
+    if info.has_dropped:
+        tags.append("drop_noop_ops")
+    return tags
+
+
+class _Target:
+    """One supported task: its kind, default params and how to render params to CUDA."""
+
+    def __init__(self, kind: str, info: PlanInfo, defaults: dict, render, note: str = ""):
+        self.kind, self.info, self.defaults, self.render, self.note = kind, info, defaults, render, note
+
+
+def _target(task, policy) -> _Target:
+    try:
+        plan = lower(task.graph)
+    except Unsupported as e_plan:
+        try:
+            gp = gemm.match(task.graph, policy)
+        except Unsupported as e_gemm:
+            raise Unsupported(f"fused elementwise/row: {e_plan}; gemm: {e_gemm}") from None
+        return _Target("gemm", gp.info, gp.defaults(), gp.render)
+    if not plan.accesses:
+        raise Unsupported("the region reads no input")
+    info = _plan_info(plan, policy)
+    if plan.kind == "elementwise":
+        defaults = dataclasses.asdict(elementwise.EwParams(vec=info.vec16))
+        return _Target("elementwise", info, defaults, lambda p: elementwise.generate(
+            plan, elementwise.EwParams(**p), info.low_precision))
+    return _Target("rowwise", info, _default_row(info), lambda p: rowwise.generate(
+        plan, rowwise.RowParams(**p), info.low_precision))
+
+
+def _valid(kind: str, p: dict) -> bool:
+    if kind == "rowwise":
+        return p["tpr"] <= 1024 and (p["tpr"] > 32 or p["tpr"] * p["rows_per_block"] <= 1024)
+    return True
+
+
+class ExpertProposer:
+    """Deterministic, offline proposer (no LLM): see the module docstring."""
+    name = "expert"
+
+    def propose(self, request: ProposalRequest) -> Proposal:
+        task = request.task
+        if task.graph is None:
+            return Proposal([], "expert: task has no graph (rebuild it from the task source first)")
+        try:
+            tgt = _target(task, request.policy)
+        except Unsupported as e:
+            return Proposal([], f"expert: unsupported graph: {e}")
+        except Exception as e:   # NOTE: never raise into the search; an odd graph is just unsupported
+            return Proposal([], f"expert: failed to plan {task.name}: {type(e).__name__}: {e}")
+        base = dict(tgt.defaults)
+        base_tags = _default_tags(tgt.kind, base, tgt.info)
+        parent = request.parent
+        if parent is not None and parent.params and set(parent.params) <= set(base):
+            base.update(parent.params)
+            base_tags = list(dict.fromkeys(parent.tags or base_tags))
+        sids = [strategy_id(s) for s in request.strategies]
+        settings = self._settings(tgt, base, base_tags, sids, request.direction == "seed" or not sids,
+                                  parent is not None)
+        out, seen, skipped = [], set(), []
+        for params, tags in settings:
+            key = tuple(sorted(params.items()))
+            if key in seen or not _valid(tgt.kind, params):
+                continue
+            seen.add(key)
+            try:
+                src = tgt.render(params)
+            except Unsupported as e:
+                skipped.append(str(e))
+                continue
+            out.append(Candidate(src, tags, dict(params), "expert"))
+            if len(out) >= request.n:
+                break
+        unknown = [s for s in sids if not moves_for(s, tgt.info)]
+        note = f"expert: {tgt.kind} kernel, {len(out)} setting(s)"
+        if unknown:
+            note += f"; not applicable here: {', '.join(unknown)}"
+        if skipped:
+            note += f"; skipped: {'; '.join(skipped[:2])}"
+        return Proposal(out, note)
+
+    def _settings(self, tgt: _Target, base: dict, base_tags: list[str], sids: list[str],
+                  seed: bool, has_parent: bool) -> list[tuple[dict, list[str]]]:
+        """Ordered (params, tags): round-robin over the strategies' variants, then all first
+        variants combined; for a seed, the defaults first and then every known strategy."""
+        info = tgt.info
+        if seed and not has_parent:
+            sids = sids or _seed_order(tgt.kind)
+        per = [(s, moves_for(s, info)) for s in sids]
+        per = [(s, v) for s, v in per if v]
+        out: list[tuple[dict, list[str]]] = []
+        if seed and not has_parent:
+            out.append((dict(base), list(base_tags)))
+        depth = max((len(v) for _, v in per), default=0)
+        for level in range(depth):
+            for s, variants in per:
+                if level < len(variants):
+                    p = dict(base, **variants[level])
+                    out.append((p, _tags(tgt.kind, p, info, base_tags, [s])))
+        if len(per) > 1:
+            p = dict(base)
+            for _, v in per:
+                p.update(v[0])
+            out.append((p, _tags(tgt.kind, p, info, base_tags, [s for s, _ in per])))
+        if tgt.kind == "gemm":   # cuBLASLt heuristic's next algorithms, under the same strategy tags
+            for a in GEMM_ALGOS:
+                p = dict(out[-1][0] if out else base, **a)
+                out.append((p, out[-1][1] if out else list(base_tags)))
+        if not seed:
+            key = tuple(sorted(base.items()))
+            out = [(p, t) for p, t in out if tuple(sorted(p.items())) != key]
+        return out
+
+
+def _tags(kind: str, params: dict, info: PlanInfo, base_tags: list[str], applied: list[str]) -> list[str]:
+    tags = list(dict.fromkeys(base_tags + applied))
+    if kind == "rowwise":   # mapping tags follow the mapping actually used
+        wpr, bpr = "warp_per_row", "block_per_row"
+        tags = [t for t in tags if t not in (wpr, bpr)] + [wpr if params["tpr"] <= 32 else bpr]
+        if not params["nv"]:
+            tags = [t for t in tags if t != "row_in_registers"]
+    if kind == "gemm":       # GEMM tags follow the GEMM path actually used
+        gemm_ids = ("cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores",
+                    "bf16_tensor_cores", "vectorized_16b_access")
+        tags = [t for t in tags if t not in gemm_ids] + _gemm_tags(params, info)
+    elif params.get("vec", 1) == 1:
+        tags = [t for t in tags if t != "vectorized_16b_access"]
+    return tags
+
+
+def _gemm_tags(params: dict, info: PlanInfo) -> list[str]:
+    tags = ["cublaslt_epilogue" if params["lt_epilogue"] else "gemm_plus_epilogue_kernel"]
+    if params.get("tf32") and info.allow_tf32 and info.fp32:
+        tags.append("tf32_tensor_cores")
+    if not info.fp32:
+        tags.append("bf16_tensor_cores")
+    return tags
+
+
+def _seed_order(kind: str) -> list[str]:
+    if kind == "elementwise":
+        return ["ilp_unroll", "grid_stride_loop", "read_only_cache_loads", "fast_math_intrinsics"]
+    if kind == "rowwise":
+        return ["online_softmax", "welford_statistics", "block_per_row", "warp_per_row",
+                "row_in_registers", "read_only_cache_loads"]
+    return ["cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores"]
+

@@ -1,0 +1,294 @@
+"""Fused row kernel: reductions over the last dim with their elementwise prologue/epilogue.
+
+A group of TPR threads owns one row (TPR <= 32: a warp or sub-warp per row, several rows per block;
+TPR >= 64: the block is the row). Each reduction of the plan is one pass over the row; the row's
+inputs are either kept in registers (loaded once, NV chunks of VEC per thread) or re-read per pass
+(streaming, for rows longer than the register capacity; L1/L2 serve the re-reads). Online softmax
+and Welford merge a pair of passes into one. The host picks register vs streaming and vector vs
+scalar at run time from the real row length and alignment, so every instantiation is always valid.
+
+    >>> src = generate(plan, RowParams(tpr=32, rows_per_block=4, vec=4, nv=8))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_htam.proposers.expert import host
+from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter
+from torch_htam.proposers.expert.ir import Plan
+
+INIT = {"sum": "0.f", "max": "(-INFINITY)", "min": "INFINITY"}
+COMBINE = {"sum": "acc + {v}", "max": "fmaxf(acc, {v})", "min": "fminf(acc, {v})"}
+OPS = {"sum": "SumOp", "max": "MaxOp", "min": "MinOp"}
+
+
+@dataclass(frozen=True)
+class RowParams:
+    tpr: int = 32              # threads per row (power of two, <= 1024)
+    rows_per_block: int = 4    # rows per block when tpr <= 32
+    vec: int = 4               # elements per vector access along the row
+    nv: int = 4                # register chunks per thread (row in registers up to tpr*vec*nv); 0 = stream
+    online: bool = False       # online softmax: max and sum in one pass
+    welford: bool = False      # Welford mean/var: one pass instead of two
+    nc: bool = False           # read-only cache loads
+    fast: bool = False         # SFU intrinsics
+    waves: int = 0             # 0: one row group per row; k: grid capped at k blocks per SM
+
+    @property
+    def block(self) -> int:
+        return self.tpr * self.rows_per_block if self.tpr <= 32 else self.tpr
+
+
+class _Gen:
+    def __init__(self, plan: Plan, p: RowParams, low_precision: bool):
+        self.plan, self.p, self.lowp = plan, p, low_precision
+        D = plan.ndim
+        self.varying = [i for i, a in enumerate(plan.accesses) if a.column_varying(D)]
+        self.fixed = [i for i, a in enumerate(plan.accesses) if not a.column_varying(D)]
+
+    def dt(self, i: int) -> str:
+        return DT[self.plan.inputs[self.plan.accesses[i].input][1]][0]
+
+    def emitter(self, regs: bool) -> Emitter:
+        def load(a):
+            if a in self.fixed:
+                return f"s{a}"
+            return f"x{a}[q][e]" if regs else f"x{a}[e]"
+        return Emitter(load, red=lambda k: f"R{k}", fast=self.p.fast, low_precision=self.lowp)
+
+    def loop(self, regs: bool, body: str, after: str = "") -> str:
+        """Runs body for every column c owned by this thread (x*[..][e] hold the inputs at c), then
+        `after` once per chunk of VEC columns starting at c0."""
+        nc = "true" if self.p.nc else "false"
+        if regs:
+            return f"""
+#pragma unroll
+    for (int q = 0; q < NV; ++q) {{
+      const int c0 = (q * TPR + lane) * VEC;
+      if (c0 < ncol) {{
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {{
+          if (VEC > 1 && c0 + e >= ncol) break;
+          const int c = c0 + e;
+          (void)c;
+{body}
+        }}
+{after}
+      }}
+    }}"""
+        loads = "\n".join(self.load_chunk(i, f"x{i}", "c0", nc) for i in self.varying)
+        decl = " ".join(f"float x{i}[VEC];" for i in self.varying)
+        return f"""
+    for (int c0 = lane * VEC; c0 < ncol; c0 += TPR * VEC) {{
+      {decl}
+{loads}
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {{
+        if (VEC > 1 && c0 + e >= ncol) break;
+        const int c = c0 + e;
+        (void)c;
+{body}
+      }}
+{after}
+    }}"""
+
+    def load_chunk(self, i: int, dst: str, c0: str, nc: str) -> str:
+        t = self.dt(i)
+        return (f"      if (VEC > 1 && cs[{i}] == 1) ldv<{t}, VEC, {nc}>(p{i} + ro[{i}] + {c0}, {dst});\n"
+                f"      else for (int e = 0; e < VEC; ++e) {dst}[e] = (VEC == 1 || {c0} + e < ncol) ? "
+                f"ld1<{t}, {nc}>(p{i} + ro[{i}] + (int64_t)({c0} + e) * cs[{i}]) : 0.f;")
+
+    def reduction_pass(self, k: int, regs: bool) -> tuple[str, int]:
+        """Code computing R{k} (and R{k+1} for merged pairs); returns (code, reductions consumed)."""
+        plan, p = self.plan, self.p
+        red = plan.reductions[k]
+        nxt = plan.reductions[k + 1] if k + 1 < len(plan.reductions) else None
+        em = self.emitter(regs)
+        v = em.emit(red.expr)
+        lines = "\n".join("          " + ln for ln in em.lines)
+        pair = red.pair and nxt is not None and nxt.pair == (red.pair[0], 1) and red.pair[1] == 0
+        if pair and red.pair[0] == "softmax" and p.online:
+            exp = "__expf" if p.fast else "expf"
+            body = f"""{lines}
+          if ({v} > st.m) {{ st.s = st.s * {exp}(st.m - {v}) + 1.f; st.m = {v}; }}
+          else if ({v} > -INFINITY) st.s += {exp}({v} - st.m);"""
+            code = f"""
+    float R{k}, R{k + 1};
+    {{
+      SoftmaxState st; st.m = -INFINITY; st.s = 0.f;
+{self.loop(regs, body)}
+      SoftmaxState id; id.m = -INFINITY; id.s = 0.f;
+      st = group_reduce<TPR>(st, SmOp(), id);
+      R{k} = st.m; R{k + 1} = st.s;
+    }}"""
+            return code, 2
+        if pair and red.pair[0] == "welford" and p.welford:
+            body = f"""{lines}
+          w.n += 1.f;
+          const float d_ = {v} - w.mean;
+          w.mean += d_ / w.n;
+          w.m2 += d_ * ({v} - w.mean);"""
+            code = f"""
+    float R{k}, R{k + 1};
+    {{
+      WelfordState w; w.n = 0.f; w.mean = 0.f; w.m2 = 0.f;
+{self.loop(regs, body)}
+      WelfordState id; id.n = 0.f; id.mean = 0.f; id.m2 = 0.f;
+      w = group_reduce<TPR>(w, WfOp(), id);
+      R{k} = w.mean * w.n; R{k + 1} = w.m2;   // sum and sum of squared deviations
+    }}"""
+            return code, 2
+        body = f"{lines}\n          acc = {COMBINE[red.kind].format(v=v)};"
+        code = f"""
+    float R{k};
+    {{
+      float acc = {INIT[red.kind]};
+{self.loop(regs, body)}
+      R{k} = group_reduce<TPR>(acc, {OPS[red.kind]}(), {INIT[red.kind]});
+    }}"""
+        return code, 1
+
+    def final_pass(self, regs: bool) -> str:
+        em = self.emitter(regs)
+        full = [(k, o) for k, o in enumerate(self.plan.outputs) if not o.row]
+        names = [em.emit(o.expr) for _, o in full]
+        lines = "\n".join("          " + ln for ln in em.lines)
+        sets = "\n".join(f"          y{k}[e] = {n};" for (k, _), n in zip(full, names))
+        # outputs are contiguous: row r starts at r * ncol; VEC > 1 only when the host checked
+        # ncol % VEC == 0 and 16-byte alignment of every output.
+        stores = "\n".join(
+            f"        if (valid) {{ if (VEC > 1) stv<{DT[o.dtype][0]}, VEC>(o{k} + r * ncol + c0, y{k});\n"
+            f"          else o{k}[r * ncol + c0] = {DT[o.dtype][0]}::from_f(y{k}[0]); }}"
+            for k, o in full)
+        decl = " ".join(f"float y{k}[VEC];" for k, _ in full)
+        if not full:
+            return ""
+        return f"    {{\n    {decl}\n{self.loop(regs, lines + chr(10) + sets, stores)}\n    }}"
+
+    def row_outputs(self) -> str:
+        em = Emitter(lambda a: f"s{a}", red=lambda k: f"R{k}", fast=self.p.fast,
+                     low_precision=self.lowp, prefix="u")
+        rows = [(k, o) for k, o in enumerate(self.plan.outputs) if o.row]
+        names = [em.emit(o.expr) for _, o in rows]
+        if not rows:
+            return ""
+        lines = "\n".join("      " + ln for ln in em.lines)
+        stores = "\n".join(f"      o{k}[r] = {DT[o.dtype][0]}::from_f({n});" for (k, o), n in zip(rows, names))
+        return f"""
+    if (valid && lane == 0) {{
+{lines}
+{stores}
+    }}"""
+
+    def body(self, regs: bool) -> str:
+        out, k = [], 0
+        while k < len(self.plan.reductions):
+            code, used = self.reduction_pass(k, regs)
+            out.append(code)
+            k += used
+        out.append(self.final_pass(regs))
+        out.append(self.row_outputs())
+        return "\n".join(out)
+
+    def kernel(self) -> str:
+        plan, p = self.plan, self.p
+        nc = "true" if p.nc else "false"
+        params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(len(plan.accesses))]
+        params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(plan.outputs)]
+        fixed = "\n".join(f"    const float s{i} = ld1<{self.dt(i)}, {nc}>(p{i} + ro[{i}]);" for i in self.fixed)
+        reg_loads = "\n".join(self.load_chunk(i, f"x{i}[q]", "c0", nc).replace("\n", "\n  ")
+                              for i in self.varying)
+        reg_decl = " ".join(f"float x{i}[NV > 0 ? NV : 1][VEC];" for i in self.varying)
+        return f"""
+#define NACC {len(plan.accesses)}
+#define TPR {p.tpr}
+#define BLOCK {p.block}
+template <int VEC, int NV>
+__global__ void __launch_bounds__(BLOCK) row_kernel(Space<NACC> sp, int64_t rows, int ncol,
+    {", ".join(params)}) {{
+  const int lane = threadIdx.x % TPR, group = threadIdx.x / TPR;
+  const int64_t rpb = BLOCK / TPR;
+  int64_t cs[NACC];
+#pragma unroll
+  for (int a = 0; a < NACC; ++a) cs[a] = sp.st[a][sp.ndim - 1];
+  // NOTE: the trip count is uniform over the block (rows past the end are clamped to the last row
+  // and store nothing), so every thread reaches every shuffle and __syncthreads.
+  for (int64_t rb = (int64_t)blockIdx.x * rpb; rb < rows; rb += (int64_t)gridDim.x * rpb) {{
+    const bool valid = rb + group < rows;
+    const int64_t r = valid ? rb + group : rows - 1;
+    int64_t ro[NACC];
+    {{
+      int64_t rem = r;
+#pragma unroll
+      for (int a = 0; a < NACC; ++a) ro[a] = 0;
+      for (int d = sp.ndim - 2; d >= 0; --d) {{
+        const int64_t i = rem % sp.size[d];
+        rem /= sp.size[d];
+#pragma unroll
+        for (int a = 0; a < NACC; ++a) ro[a] += i * sp.st[a][d];
+      }}
+    }}
+{fixed}
+    if (NV > 0) {{
+      {reg_decl}
+#pragma unroll
+      for (int q = 0; q < NV; ++q) {{
+        const int c0 = (q * TPR + lane) * VEC;
+        if (c0 < ncol) {{
+  {reg_loads}
+        }}
+      }}
+{self.body(True)}
+    }} else {{
+{self.body(False)}
+    }}
+  }}
+}}
+"""
+
+
+def _host(plan: Plan, p: RowParams) -> str:
+    nacc = len(plan.accesses)
+    args = ", ".join([f"({DT[plan.inputs[a.input][1]][0]}::raw*)in[{a.input}].data"
+                      for a in plan.accesses] +
+                     [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(plan.outputs)])
+    launch = "row_kernel<{V}, {NV}><<<blocks, BLOCK, 0, stream>>>(sp, rows, (int)ncol, " + args + ");"
+    out_checks = "\n".join(
+        f"  if (!htam_contiguous(out[{k}]) || htam_numel(&out[{k}]) != {'rows' if o.row else 'n'}) return HTAM_ERR_SHAPE;"
+        for k, o in enumerate(plan.outputs))
+    cap = p.tpr * p.vec * p.nv
+    return f"""
+HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
+{host.prologue(plan)}
+  const int64_t ncol = it[{plan.ndim - 1}];
+  if (ncol <= 0 || ncol > (int64_t(1) << 30)) return HTAM_ERR_SHAPE;
+  const int64_t rows = n / ncol;
+  Space<NACC> sp;
+{host.bind_accesses(plan)}
+  (void)max_off;
+{out_checks}
+  if (rows == 0) return HTAM_OK;
+  htam_collapse<NACC>(sp, {nacc}, true);
+  const int V = {p.vec};
+  bool vec_ok = V > 1 && ncol % V == 0;
+{host.vector_checks(plan, "V", full_outputs_only=True)}
+  int64_t blocks = (rows + BLOCK / TPR - 1) / (BLOCK / TPR);
+  if ({p.waves} > 0) blocks = std::min<int64_t>(blocks, (int64_t)htam_sm_count() * {p.waves});
+  blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t)1 << 30));
+  const bool regs = {p.nv} > 0 && ncol <= {cap};
+  if (regs && vec_ok) {launch.format(V=p.vec, NV=max(p.nv, 1))}
+  else if (regs) {launch.format(V=1, NV=max(p.nv * p.vec, 1))}
+  else if (vec_ok) {launch.format(V=p.vec, NV=0)}
+  else {launch.format(V=1, NV=0)}
+  HTAM_CHECK_LAUNCH();
+  return HTAM_OK;
+}}
+"""
+
+
+def generate(plan: Plan, p: RowParams, low_precision: bool = False) -> str:
+    """CUDA source (kernel ABI) for a row plan."""
+    assert plan.kind == "rowwise", plan.kind
+    g = _Gen(plan, p, low_precision)
+    return "\n".join([f"// torch_htam expert: rowwise {p}", PRELUDE, "#include <algorithm>",
+                      g.kernel(), _host(plan, p)])

@@ -1,0 +1,98 @@
+"""Strategy id -> parameter moves, as data. The autotuning space of the expert generator.
+
+Each entry says which plan kinds a strategy applies to, when it is meaningful for a plan, and the
+parameter overrides to try, best guess first. A candidate is (base params + overrides), tagged with
+the strategy ids it embodies. Ids follow torch_htam/prior (the HTG's local strategies).
+
+    >>> [m.params for m in moves_for("ilp_unroll", plan_info)]
+    [{'unroll': 2}, {'unroll': 4}]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    """What the strategy table needs to know about a plan (kept small so gemm plans fit too)."""
+    kind: str                   # "elementwise" | "rowwise" | "gemm"
+    ncol: int = 0               # row length at capture (rowwise)
+    vec16: int = 4              # elements in 16 bytes of the narrowest dtype
+    has_softmax_pair: bool = False
+    has_welford_pair: bool = False
+    has_transcendental: bool = False
+    has_dropped: bool = False
+    low_precision: bool = False
+    allow_tf32: bool = False
+    fp32: bool = True
+    epilogue_fits_lt: bool = False
+
+
+@dataclass(frozen=True)
+class Strategy:
+    kinds: frozenset[str]
+    variants: Callable[[PlanInfo], list[dict[str, Any]]]
+    applies: Callable[[PlanInfo], bool] = field(default=lambda i: True)
+
+
+def _pow2_at_least(x: int) -> int:
+    p = 1
+    while p < x:
+        p *= 2
+    return p
+
+
+def _row_in_regs(i: PlanInfo) -> list[dict]:
+    out = []
+    for tpr in (32, 128, 256):
+        nv = _pow2_at_least(max(1, -(-i.ncol // (tpr * i.vec16))))
+        if nv <= 16:
+            out.append({"tpr": tpr, "nv": nv, "vec": i.vec16})
+    return out
+
+
+EW, ROW, GEMM = frozenset({"elementwise"}), frozenset({"rowwise"}), frozenset({"gemm"})
+EW_ROW = EW | ROW
+
+TABLE: dict[str, Strategy] = {
+    "vectorized_16b_access": Strategy(EW_ROW, lambda i: [{"vec": i.vec16}, {"vec": max(1, i.vec16 // 2)}]),
+    "read_only_cache_loads": Strategy(EW_ROW, lambda i: [{"nc": True}]),
+    "row_in_registers": Strategy(ROW, _row_in_regs),
+    "warp_per_row": Strategy(ROW, lambda i: [{"tpr": 32, "rows_per_block": 4}, {"tpr": 32, "rows_per_block": 8},
+                                             {"tpr": 16, "rows_per_block": 8}]),
+    "block_per_row": Strategy(ROW, lambda i: [{"tpr": t} for t in (256, 128, 512, 1024)]),
+    "grid_stride_loop": Strategy(EW_ROW, lambda i: [{"waves": 8}, {"waves": 4}, {"waves": 16}]),
+    "persistent_grid": Strategy(EW_ROW, lambda i: [{"waves": 2}, {"waves": 1}]),
+    "fuse_elementwise_chain": Strategy(EW | GEMM, lambda i: [{}]),
+    "fuse_row_prologue_epilogue": Strategy(ROW, lambda i: [{}]),
+    "warp_shuffle_reduction": Strategy(ROW, lambda i: [{"tpr": 32}, {"tpr": 16, "rows_per_block": 8}]),
+    "online_softmax": Strategy(ROW, lambda i: [{"online": True}], lambda i: i.has_softmax_pair),
+    "welford_statistics": Strategy(ROW, lambda i: [{"welford": True}], lambda i: i.has_welford_pair),
+    "ilp_unroll": Strategy(EW, lambda i: [{"unroll": 2}, {"unroll": 4}]),
+    "fast_math_intrinsics": Strategy(EW_ROW | GEMM, lambda i: [{"fast": True}], lambda i: i.has_transcendental),
+    "single_kernel_launch": Strategy(EW_ROW, lambda i: [{}]),
+    "drop_noop_ops": Strategy(EW_ROW, lambda i: [{}], lambda i: i.has_dropped),
+    # GEMM: cuBLASLt with its fused epilogue, or cuBLASLt + one fused epilogue kernel
+    "cublaslt_epilogue": Strategy(GEMM, lambda i: [{"lt_epilogue": True}], lambda i: i.epilogue_fits_lt),
+    "gemm_plus_epilogue_kernel": Strategy(GEMM, lambda i: [{"lt_epilogue": False}]),
+    "tf32_tensor_cores": Strategy(GEMM, lambda i: [{"tf32": True}], lambda i: i.fp32 and i.allow_tf32),
+    "bf16_tensor_cores": Strategy(GEMM, lambda i: [{"algo": 1}, {"algo": 2}], lambda i: not i.fp32),
+}
+# GEMM plans also tune the cuBLASLt heuristic's algorithm choice under any strategy.
+GEMM_ALGOS = [{"algo": 1}, {"algo": 2}, {"algo": 3}]
+
+KNOWN = set(TABLE) | {"smem_tiling", "fold_batchnorm"}   # ids the prior uses; these two unimplemented
+
+
+def strategy_id(s: Any) -> str:
+    """htg.Strategy objects or plain strings."""
+    return s if isinstance(s, str) else getattr(s, "id")
+
+
+def moves_for(sid: str, info: PlanInfo) -> list[dict[str, Any]]:
+    """Parameter overrides for one strategy on one plan ([] when it does not apply)."""
+    st = TABLE.get(sid)
+    if st is None or info.kind not in st.kinds or not st.applies(info):
+        return []
+    return st.variants(info)
