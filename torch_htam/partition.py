@@ -50,8 +50,9 @@ ROWWISE_OPS = [
 ]
 
 ELEMENTWISE_OPS = [
-    # arithmetic
-    "add", "sub", "rsub", "mul", "div", "neg", "reciprocal", "pow", "sqrt", "rsqrt", "abs",
+    # arithmetic (with the aliases export keeps: multiply, divide, ...)
+    "multiply", "divide", "true_divide", "subtract", "negative", "greater", "less",
+    "greater_equal", "less_equal", "not_equal", "add", "sub", "rsub", "mul", "div", "neg", "reciprocal", "pow", "sqrt", "rsqrt", "abs",
     "square", "remainder", "fmod", "floor_divide", "addcmul", "addcdiv", "lerp", "clamp",
     "clamp_min", "clamp_max", "clip", "round", "floor", "ceil", "trunc", "sign",
     # transcendental / activations
@@ -89,6 +90,8 @@ CATEGORIES: dict[str, str] = {
     **{k: NOOP for k in NOOP_OPS},
 }
 COMPUTE = (ANCHOR, ROWWISE, ELEMENTWISE)
+# A region of nothing but casts is not worth a kernel: it stays on PyTorch.
+CAST_OPS = {"to", "_to_copy", "type_as"}
 FREE = (VIEW, NOOP)
 
 
@@ -139,7 +142,8 @@ def partition(gm: fx.GraphModule | fx.Graph) -> list[Region]:
     region_of = {n: g for g in groups for n in g}   # node -> its group (a list, compared by id)
     _absorb_free(nodes, region_of)
     _close_tuples(nodes, region_of)
-    return [_make_region(sorted(g, key=order.get), order) for g in groups]
+    return [_make_region(sorted(g, key=order.get), order) for g in groups
+            if any(op_name(n) not in CAST_OPS for n in g if category(n) in COMPUTE)]
 
 
 # ---- step 1: group compute nodes ------------------------------------------------------------
@@ -271,7 +275,8 @@ def _absorb_free(nodes: list[fx.Node], region_of: dict) -> None:
     """Place free nodes, last first, so every user is placed before its producer.
 
     A free node joins region R when its data comes from R and some user is in R (it must be
-    inside, or R would read its own output), or when all of its users are in R. A tuple-valued
+    inside, or R would read its own output), when it is the only reader of R's value (a trailing
+    .contiguous() is then written by the kernel directly), or when all of its users are in R. A tuple-valued
     free node (split, unbind) is placed with its getitems, by the users of those getitems.
     """
     for n in reversed(nodes):
@@ -282,7 +287,8 @@ def _absorb_free(nodes: list[fx.Node], region_of: dict) -> None:
         user_regions = [region_of.get(u) for u in users]
         src_region = region_of.get(_free_source(n))
         target = None
-        if src_region is not None and any(r is src_region for r in user_regions):
+        if src_region is not None and (any(r is src_region for r in user_regions)
+                                       or _sole_tail(n)):
             target = src_region
         elif user_regions and all(r is not None and r is user_regions[0] for r in user_regions):
             if all(_is_tensor(a) for a in _all_inputs(n)):
@@ -290,6 +296,18 @@ def _absorb_free(nodes: list[fx.Node], region_of: dict) -> None:
         if target is not None:
             for m in [n] + [p for p in parts if p is not n]:
                 _join(m, target, region_of)
+
+
+def _sole_tail(n: fx.Node) -> bool:
+    """n ends a chain of free nodes, each the only user of the one before, from a compute node."""
+    if not _is_tensor(n):
+        return False
+    while category(n) in FREE and n.all_input_nodes:
+        src = n.all_input_nodes[0]
+        if len(src.users) != 1 or not _is_tensor(src):
+            return False
+        n = src
+    return category(n) in COMPUTE
 
 
 def _is_getitem_of_free_tuple(n: fx.Node) -> bool:

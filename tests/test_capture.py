@@ -1,0 +1,70 @@
+"""Capture: export path, Dynamo fallback around graph breaks, and clean failure."""
+import torch
+import torch.nn as nn
+
+from torch_htam.capture import capture, record_values
+
+
+class Branchy(nn.Module):
+    """A data-dependent branch: torch.export cannot trace it, Dynamo breaks the graph there."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))
+        if y.sum().item() > 0:
+            y = y * 2
+        return self.b(y)
+
+
+class Numpy(nn.Module):
+    def forward(self, x):
+        return torch.from_numpy(x.numpy() * 2) + 1
+
+
+class Raises(nn.Module):
+    def forward(self, x):
+        raise RuntimeError("this model is broken")
+
+
+def test_export_path_has_meta_and_module_names():
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).eval()
+    x = torch.randn(2, 8)
+    cap = capture(model, (x,))
+    assert cap.method == "export" and cap.problems == [] and cap.exported is not None
+    calls = [n for n in cap.graphs[0].graph.nodes if n.op == "call_function"]
+    assert all("val" in n.meta for n in calls)
+    stacks = [list(n.meta["nn_module_stack"].values())[-1][0] for n in calls]
+    assert stacks[0] == "0" and stacks[-1] == "2"
+    out = [v for n, v in record_values(cap.graphs[0], cap.inputs[0]).items() if n is calls[-1]][0]
+    torch.testing.assert_close(out, model(x))
+
+
+def test_dynamo_fallback_captures_pieces_around_a_graph_break():
+    torch.manual_seed(0)
+    model, x = Branchy().eval(), torch.randn(2, 8)
+    cap = capture(model, (x,))
+    assert cap.method == "dynamo" and len(cap.graphs) == 2
+    assert cap.problems and cap.problems[0].startswith("torch.export failed")
+    targets = [str(n.target) for g in cap.graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert "aten.linear.default" in targets and "aten.relu.default" in targets
+    paths = {p for g in cap.graphs for n in g.graph.nodes
+             for p, _ in (n.meta.get("nn_module_stack") or {}).values()}
+    assert {"a", "b"} <= paths
+    for g, flat in zip(cap.graphs, cap.inputs):
+        record_values(g, flat)   # each piece runs on its recorded inputs
+
+
+def test_numpy_in_forward_falls_back_to_dynamo():
+    # Dynamo traces numpy calls as tensor ops; export cannot run .numpy() on fake tensors
+    cap = capture(Numpy(), (torch.randn(2, 8),))
+    assert cap.method == "dynamo" and ".numpy()" in cap.problems[0]
+
+
+def test_uncapturable_model_reports_instead_of_raising():
+    cap = capture(Raises(), (torch.randn(2, 8),))
+    assert cap.method == "none" and cap.graphs == []
+    assert any("nothing could be captured" in p for p in cap.problems)
+    assert all("\n" not in p for p in cap.problems)

@@ -1,0 +1,137 @@
+"""Partition: region shapes on small graphs, and structural invariants on the example models."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from torch_htam.capture import capture
+from torch_htam.partition import CATEGORIES, FREE, category, partition
+
+
+def regions_of(model, *inputs):
+    cap = capture(model.eval(), inputs)
+    assert cap.graphs, cap.problems
+    gm = cap.graphs[0]
+    return gm, partition(gm)
+
+
+def ops(region):
+    return [n.target.overloadpacket.__name__ for n in region.nodes
+            if category(n) not in FREE and hasattr(n.target, "overloadpacket")]
+
+
+def check_invariants(gm, regions):
+    """No node in two regions; boundaries are tensors; no region reads its own output."""
+    seen = set()
+    for r in regions:
+        inside = set(r.nodes)
+        assert not inside & seen
+        seen |= inside
+        assert all(isinstance(n.meta["val"], torch.Tensor) for n in r.inputs + r.outputs)
+        # nothing a region reads may depend on the region (else its kernel could not run)
+        stack, visited = list(r.inputs), set()
+        while stack:
+            n = stack.pop()
+            assert n not in inside, f"cycle through {n.name}"
+            if n not in visited:
+                visited.add(n)
+                stack.extend(n.all_input_nodes)
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.conv2(y)) + y)
+        return self.fc(y.mean((2, 3)))
+
+
+def test_conv_bn_relu_regions_and_pool_prologue():
+    torch.manual_seed(0)
+    gm, regions = regions_of(ConvNet(), torch.randn(2, 3, 8, 8))
+    check_invariants(gm, regions)
+    assert [r.kind for r in regions] == ["conv", "conv", "rowwise", "gemm"]   # graph order
+    by_kind = {r.kind: r for r in regions}
+    assert ops(regions[0]) == ["conv2d", "batch_norm", "relu"] and ops(regions[1]) == ["conv2d"]
+    # the global-average pool takes its same-size elementwise producers (bn, residual add,
+    # relu): the activation is then never written out
+    assert ops(by_kind["rowwise"]) == ["batch_norm", "add", "relu", "mean"]
+
+
+def test_views_and_dropout_are_absorbed_not_tasks():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(16, 16)
+            self.drop = nn.Dropout(0.1)
+
+        def forward(self, x):
+            return self.drop(torch.softmax(self.l(x).view(4, 2, 16).transpose(0, 1), -1)).contiguous()
+
+    gm, regions = regions_of(M(), torch.randn(8, 16))
+    check_invariants(gm, regions)
+    assert [r.kind for r in regions] == ["gemm", "rowwise"]
+    free = [n for r in regions for n in r.nodes if category(n) in FREE]
+    # NOTE: export drops the .contiguous() here (softmax output already is)
+    assert {n.target.overloadpacket.__name__ for n in free} == {"view", "transpose", "dropout"}
+    assert regions[1].outputs[0].target.overloadpacket.__name__ == "dropout"   # trailing no-op inside
+
+
+def test_elementwise_chain_and_shared_input_make_no_cycle():
+    # y = exp(x); z = y @ w; out = z + y: joining the add to the GEMM is fine, but an elementwise
+    # region {exp, add} would read the GEMM it feeds: partition must not build that.
+    class M(nn.Module):
+        def forward(self, x, w):
+            y = torch.exp(x) * 2
+            return y @ w + y, torch.tanh(y)
+
+    gm, regions = regions_of(M(), torch.randn(8, 8), torch.randn(8, 8))
+    check_invariants(gm, regions)
+    kinds = sorted(r.kind for r in regions)
+    assert kinds == ["elementwise", "gemm"]
+
+
+def test_rms_norm_takes_residual_add_prologue():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(32))
+
+        def forward(self, x, r):
+            h = x + r
+            return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w, h
+
+    gm, regions = regions_of(M(), torch.randn(4, 32), torch.randn(4, 32))
+    check_invariants(gm, regions)
+    assert len(regions) == 1 and regions[0].kind == "rowwise"
+    assert ops(regions[0]) == ["add", "pow", "mean", "add", "rsqrt", "mul", "mul"]
+    assert len(regions[0].outputs) == 2     # the normed value and the residual sum
+
+
+def test_op_table_is_data():
+    assert CATEGORIES["linear"] == "anchor" and CATEGORIES["softmax"] == "rowwise"
+    assert CATEGORIES["gelu"] == "elementwise" and CATEGORIES["dropout"] == "noop"
+    assert CATEGORIES["view"] == "view"
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.parametrize("name", ["gpt_block", "bert_encoder"])
+def test_example_models_partition_cleanly(name):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model, inputs = mod.get_model()
+    gm, regions = regions_of(model, *inputs)
+    check_invariants(gm, regions)
+    anchors = [n for n in gm.graph.nodes if category(n) == "anchor"]
+    assert sum(r.kind in ("gemm", "attention") for r in regions) == len(anchors)

@@ -1,0 +1,82 @@
+"""The plan command: a table for a real model, clean messages for unusable specs and models."""
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from torch_htam.modelspec import ModelSpecError, load_model_spec
+from torch_htam.plan import run_plan
+
+GPT = str(Path(__file__).resolve().parent.parent / "examples" / "gpt_block.py")
+
+UNCAPTURABLE = '''
+import torch
+import torch.nn as nn
+
+class ToList(nn.Module):
+    def forward(self, x):
+        return torch.tensor([v * 2.0 for v in x.tolist()])
+
+class Raises(nn.Module):
+    def forward(self, x):
+        raise RuntimeError("this model is broken")
+
+def tolist():
+    return ToList(), (torch.randn(8),)
+
+def raises():
+    return Raises(), (torch.randn(8),)
+'''
+
+
+def plan(spec, **kw):
+    out = io.StringIO()
+    code = run_plan(spec, out=out, device="cpu", **kw)
+    return code, out.getvalue()
+
+
+def test_plan_table_and_export(tmp_path):
+    code, text = plan(GPT, export_dir=str(tmp_path))
+    assert code == 0
+    lines = text.splitlines()
+    assert lines[0].startswith("9 tasks (capture: export)")
+    assert any("linear,gelu" in line and " 2 " in line for line in lines)
+    index = json.loads((tmp_path / "tasks.json").read_text())
+    assert len(index) == 9 and all((tmp_path / t["file"]).is_file() for t in index)
+
+
+@pytest.mark.parametrize("fn", ["tolist", "raises"])
+def test_uncapturable_model_gives_message_and_empty_plan(tmp_path, fn):
+    path = tmp_path / "bad.py"
+    path.write_text(UNCAPTURABLE)
+    code, text = plan(f"{path}:{fn}")
+    assert code == 2 and text.startswith("0 tasks")
+    assert "not captured: " in text
+    assert "Traceback" not in text
+
+
+def test_bad_specs_are_clear(tmp_path):
+    code, text = plan(str(tmp_path / "missing.py"))
+    assert code == 1 and "does not exist" in text
+    code, text = plan(f"{GPT}:nope")
+    assert code == 1 and "no function 'nope'" in text
+    with pytest.raises(ModelSpecError, match="cannot import"):
+        load_model_spec("no_such_module_xyz:get_model")
+
+
+def test_spec_forms_and_kwargs():
+    model, inputs = load_model_spec(GPT, device="cpu", dtype=torch.float64)
+    assert next(model.parameters()).dtype == torch.float64 and inputs[0].dtype == torch.int64
+    model, inputs = load_model_spec(f"{GPT}:get_model")
+    assert not model.training
+
+
+@pytest.mark.gpu
+def test_plan_times_tasks_on_cuda():
+    out = io.StringIO()
+    assert run_plan(GPT, out=out, device="cuda") == 0
+    shares = [float(tok[:-1]) for line in out.getvalue().splitlines()[3:12]
+              for tok in line.split() if tok.endswith("%")]
+    assert len(shares) == 9 and abs(sum(shares) - 100) < 1.0

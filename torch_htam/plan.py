@@ -1,0 +1,92 @@
+"""`torch-htam plan MODEL`: which regions a model has, as tasks, and where eager time goes.
+
+Prints one row per distinct task (signature, kind, ops, input shapes, count), the share of eager
+time when CUDA is present (each task's reference timed with CUDA events on random inputs, times
+its count), and a line for what could not be captured. --export writes the KernelBench files.
+
+    >>> run_plan("examples/gpt_block.py", export_dir="kb_tasks")
+    0
+"""
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+import torch
+
+from torch_htam.capture import capture
+from torch_htam.partition import CATEGORIES, FREE
+from torch_htam.modelspec import ModelSpecError, load_model_spec
+from torch_htam.task import Task, _exec_source, export_tasks, tasks_from_capture
+
+OPS_WIDTH = 48
+
+
+def run_plan(spec: str, export_dir: str | None = None, device: str | None = None,
+             out: TextIO = sys.stdout) -> int:
+    """Print the plan of a model spec; return the exit code (0 ok, 1 spec/model unusable,
+    2 nothing captured)."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        model, inputs = load_model_spec(spec, device=device)
+    except ModelSpecError as e:
+        print(f"error: {e}", file=out)
+        return 1
+    except Exception as e:  # noqa: BLE001 -- the user's get_model failed: say so, no traceback
+        print(f"error: {spec}: get_model() raised {type(e).__name__}: {e}", file=out)
+        return 1
+    cap = capture(model, inputs)
+    tasks = tasks_from_capture(cap) if cap.graphs else []
+    shares = eager_shares(tasks, device) if device.startswith("cuda") else None
+    print(format_plan(tasks, shares, cap.method), file=out)
+    for p in cap.problems:
+        print(f"not captured: {p}", file=out)
+    if cap.graphs and not tasks:
+        print("not captured: the graph has no region worth a kernel (no GEMM, conv, attention, "
+              "row-wise or elementwise ops on tensors)", file=out)
+    if export_dir and tasks:
+        paths = export_tasks(tasks, export_dir)
+        print(f"wrote {len(paths)} KernelBench files and tasks.json to {export_dir}", file=out)
+    return 0 if tasks else 2
+
+
+def format_plan(tasks: list[Task], shares: list[float] | None = None, method: str = "export") -> str:
+    """The plan table as text (one row per task, most costly first)."""
+    head = f"{'signature':16}  {'kind':11}  {'count':>5}  {'eager':>6}  {'ops':{OPS_WIDTH}}  inputs"
+    rows = [f"{len(tasks)} tasks (capture: {method})", head, "-" * len(head)]
+    for i, t in enumerate(tasks):
+        share = f"{100 * shares[i]:5.1f}%" if shares else "     -"
+        # compute ops only: views and no-ops are free inside a kernel
+        ops = ",".join(dict.fromkeys(o for o in (x.split(".")[1] for x in t.ops)
+                                     if CATEGORIES.get(o) not in FREE))
+        ops = ops if len(ops) <= OPS_WIDTH else ops[:OPS_WIDTH - 3] + "..."
+        shapes = " ".join("x".join(map(str, s.shape)) or "()" for s in t.inputs)
+        rows.append(f"{t.signature:16}  {t.kind:11}  {t.count:>5}  {share:>6}  {ops:{OPS_WIDTH}}  {shapes}")
+    return "\n".join(rows)
+
+
+def eager_shares(tasks: list[Task], device: str, iters: int = 20) -> list[float]:
+    """Each task's share of the summed eager time: count * median CUDA-event time of its reference."""
+    times = [t.count * time_reference(t, device, iters) for t in tasks]
+    total = sum(times) or 1.0
+    return [x / total for x in times]
+
+
+def time_reference(task: Task, device: str, iters: int = 20) -> float:
+    """Median milliseconds of one call of the task's reference on random inputs (CUDA events)."""
+    ns = _exec_source(task.source, task.name)
+    model = ns["Model"](*ns["get_init_inputs"]()).to(device)
+    inputs = [x.to(device) for x in ns["get_inputs"]()]
+    with torch.no_grad():
+        for _ in range(3):   # warm-up: lazy init, allocator
+            model(*inputs)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            model(*inputs)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
