@@ -76,14 +76,16 @@ int32_t dtype_code(at::ScalarType t) {
     case at::kBool: return HTAM_BOOL;
     case at::kChar: return HTAM_INT8;
     case at::kByte: return HTAM_UINT8;
-    default: TORCH_CHECK(false, "htam: dtype ", t, " has no code in htam_abi.h");
+    default: break;
   }
+  TORCH_CHECK(false, "htam: dtype ", t, " has no code in htam_abi.h");
+  return -1;  // unreachable
 }
 
 at::ScalarType scalar_type(int64_t code) {
   static const at::ScalarType types[] = {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble,
                                          at::kLong,  at::kInt,  at::kBool,     at::kChar, at::kByte};
-  TORCH_CHECK(code >= 0 && code < 9, "htam: out_meta has dtype code ", code,
+  TORCH_CHECK(code >= 0 && code < (int64_t)(sizeof(types) / sizeof(types[0])), "htam: out_meta has dtype code ", code,
               "; valid codes are 0..8 (htam_abi.h HtamDtype)");
   return types[code];
 }

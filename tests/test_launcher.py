@@ -1,0 +1,163 @@
+"""launcher.py: out_meta encoding and dtype codes (CPU); the C++ launcher on a GPU (gpu-marked)."""
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from torch_htam import build, launcher
+from torch_htam.task import DTYPES, TensorSpec
+
+KERNELS = Path(__file__).parent / "kernels"
+
+
+def test_dtype_codes_match_the_abi_header():
+    header = (launcher.CSRC / "htam_abi.h").read_text()
+    enum = dict(re.findall(r"HTAM_(\w+) = (\d+)", header.split("enum HtamDtype")[1].split("};")[0]))
+    assert {name.lower(): int(code) for name, code in enum.items()} == launcher.DTYPE_CODES
+    assert set(launcher.DTYPE_CODES) == set(DTYPES)
+    # ...and the C++ side lists the same types in the same order.
+    cpp = (launcher.CSRC / "launcher.cpp").read_text()
+    order = re.search(r"types\[\] = \{(.*?)\}", cpp, re.S).group(1)
+    assert [t.strip() for t in order.split(",")] == ["at::kFloat", "at::kHalf", "at::kBFloat16", "at::kDouble",
+                                                     "at::kLong", "at::kInt", "at::kBool", "at::kChar", "at::kByte"]
+
+
+def test_out_meta_round_trip():
+    specs = [TensorSpec((4, 8), "float32", (8, 1)), TensorSpec((), "int64", ()), TensorSpec((2, 0, 3), "bfloat16", (0, 3, 1))]
+    meta = launcher.encode_out_meta(specs)
+    assert meta == [0, 2, 4, 8, 4, 0, 2, 3, 2, 0, 3]
+    assert launcher.decode_out_meta(meta) == [(torch.float32, (4, 8)), (torch.int64, ()), (torch.bfloat16, (2, 0, 3))]
+
+
+def test_non_contiguous_output_spec_is_refused():
+    with pytest.raises(ValueError, match="contiguous"):
+        launcher.encode_out_meta([TensorSpec((4, 8), "float32", (1, 4))])
+
+
+def test_fake_impl_allocates_from_out_meta():
+    x = torch.empty(3, 5, device="meta")
+    outs = launcher._launch_fake(0, [x], [2, 2, 3, 5, 6, 1, 7])
+    assert [(o.shape, o.dtype, o.device.type) for o in outs] == [
+        (torch.Size([3, 5]), torch.bfloat16, "meta"), (torch.Size([7]), torch.bool, "meta")]
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="this torch has CUDA")
+def test_cpu_torch_gets_a_clear_error():
+    with pytest.raises(RuntimeError, match="needs a CUDA build of torch"):
+        launcher.get()
+
+
+# ---------------------------------------------------------------- GPU: the C++ launcher itself
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    """Build the samples once (one ninja batch) and load them."""
+    names = ["add_f32.cu", "abi_probe.cu", "launch_error.cu", "scale_extern_c.cu"]
+    results = build.build_many([(KERNELS / n).read_text() for n in names],
+                               out_dir=tmp_path_factory.mktemp("kernels"))
+    for n, r in zip(names, results):
+        assert r.ok, f"{n}: {r.error}\n{r.log}"
+    return {n.removesuffix(".cu"): launcher.Kernel(r.so_path) for n, r in zip(names, results)}
+
+
+@pytest.mark.gpu
+def test_launcher_builds_and_registers_ops():
+    ops = launcher.get()
+    for name in ("load", "run", "launch"):
+        assert hasattr(ops, name)
+    assert launcher.build_dir().exists()
+
+
+@pytest.mark.gpu
+def test_kernel_runs_and_matches_torch(kernels):
+    add = kernels["add_f32"]
+    a, b = torch.randn(1000, 33, device="cuda"), torch.randn(1000, 33, device="cuda")
+    out = torch.full_like(a, float("nan"))
+    assert add([a, b], [out]) == 0
+    torch.testing.assert_close(out, a + b, rtol=0, atol=0)
+    y, = add.launch([a, b], launcher.encode_out_meta([TensorSpec.of(a)]))
+    torch.testing.assert_close(y, a + b, rtol=0, atol=0)
+    y, = kernels["scale_extern_c"].launch([a], [0, 2, 1000, 33])
+    torch.testing.assert_close(y, 2 * a, rtol=0, atol=0)
+    assert launcher.Kernel(add.so_path).handle == add.handle, "loading a path twice reuses its handle"
+
+
+@pytest.mark.gpu
+def test_launcher_fills_the_abi_structs(kernels):
+    probe = kernels["abi_probe"]
+    x = torch.randn(4, 6, 8, device="cuda").transpose(0, 2)            # non-contiguous strides
+    h = torch.zeros(3, 5, device="cuda", dtype=torch.float16)
+    s = torch.tensor(7, device="cuda", dtype=torch.int32)              # 0-dim
+    info, = probe.launch([x, h, s], [4, 1, 60])
+    rows = info.view(3, 20).tolist()
+    for row, t, code in zip(rows, (x, h, s), (0, 1, 5)):
+        nd = t.dim()
+        assert row[0] == nd and row[1] == code and row[18] == 1
+        assert row[2:2 + nd] == list(t.shape) and row[10:10 + nd] == list(t.stride())
+        assert row[2 + nd:10] == [-1] * (8 - nd)
+
+
+@pytest.mark.gpu
+def test_error_codes_propagate(kernels):
+    add = kernels["add_f32"]
+    a = torch.randn(16, device="cuda", dtype=torch.float16)
+    assert add([a, a], [torch.empty_like(a)]) == 1000                          # HTAM_ERR_SHAPE
+    with pytest.raises(RuntimeError, match="HTAM_ERR_SHAPE"):
+        add.launch([a, a], [1, 1, 16])
+    out = torch.empty(16, device="cuda")
+    assert kernels["launch_error"]([], [out]) == 9                             # cudaErrorInvalidConfiguration
+    with pytest.raises(RuntimeError, match="cudaErrorInvalidConfiguration"):
+        kernels["launch_error"].launch([out], [0, 1, 16])
+    with pytest.raises(RuntimeError, match="current CUDA device"):      # mixed devices
+        add([a, a], [torch.empty(16, dtype=torch.float16)])
+    with pytest.raises(RuntimeError, match="no kernel with handle"):
+        torch.ops.htam.launch(10**6, [out], [0, 1, 16])
+
+
+@pytest.mark.gpu
+def test_load_errors_are_clear(tmp_path):
+    ops = launcher.get()
+    with pytest.raises(RuntimeError, match="cannot load kernel library"):
+        ops.load(str(tmp_path / "missing.so"))
+    src = tmp_path / "other.c"
+    src.write_text("int other(void) { return 0; }\n")
+    so, cc = tmp_path / "other.so", os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        pytest.skip(f"no C compiler ({cc}) to make a library without htam_run")
+    subprocess.run([cc, "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
+    with pytest.raises(RuntimeError, match="no `htam_run` symbol"):
+        ops.load(str(so))
+
+
+@pytest.mark.gpu
+def test_launch_under_torch_compile_fullgraph(kernels):
+    add = kernels["add_f32"]
+    meta = [0, 2, 64, 32]
+
+    def f(a, b):
+        y, = torch.ops.htam.launch(add.handle, [a, b], meta)
+        return torch.relu(y) * 2
+
+    a, b = torch.randn(64, 32, device="cuda"), torch.randn(64, 32, device="cuda")
+    compiled = torch.compile(f, fullgraph=True)
+    torch.testing.assert_close(compiled(a, b), torch.relu(a + b) * 2)
+
+
+@pytest.mark.gpu
+def test_launch_inside_cuda_graph_capture(kernels):
+    add = kernels["add_f32"]
+    a, b = torch.randn(256, device="cuda"), torch.randn(256, device="cuda")
+    add.launch([a, b], [0, 1, 256])            # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):               # captures on a side stream: the current one
+        y, = add.launch([a, b], [0, 1, 256])
+    a.copy_(torch.arange(256.0, device="cuda"))
+    b.fill_(1.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, torch.arange(256.0, device="cuda") + 1)
