@@ -21,7 +21,7 @@ class FallbackProposer:
     """Runs `llm`; switches to `expert` for good when the endpoint fails for good.
 
     seed_parent: when a request has no parent (first step), the LLM starts from the expert's
-    first candidate instead of a blank page (shown to it as not measured yet).
+    baseline kernel instead of a blank page (shown to it as not measured yet).
 
     >>> p = FallbackProposer(LLMProposer(cfg), expert, max_failures=3)
     >>> p.propose(request).note
@@ -62,7 +62,8 @@ class FallbackProposer:
     def _seeded(self, request: ProposalRequest) -> ProposalRequest:
         if request.parent is not None or not self.seed_parent:
             return request
-        seed = self.expert.propose(dataclasses.replace(request, n=1)).candidates
+        # The expert's baseline: no strategies asked for, so nothing it cannot apply filters it out.
+        seed = self.expert.propose(dataclasses.replace(request, n=1, strategies=[], feedback=[])).candidates
         if not seed:
             return request
         nan = float("nan")   # NOTE: not measured yet; the prompt says so instead of inventing numbers
