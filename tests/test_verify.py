@@ -7,7 +7,7 @@ import torch
 
 from torch_htam import verify as V
 from torch_htam.policy import make
-from torch_htam.task import Task, TensorSpec
+from torch_htam.task import Task, TensorSpec, load_reference
 
 GELU_SRC = '''
 import torch
@@ -68,7 +68,7 @@ def honest(inputs, outputs):
 
 def run(kernel, task=None):
     task = task or gelu_task()
-    return V.verify(task, kernel, V.load_reference(task), make("fp32"), device="cpu")
+    return V.verify(task, kernel, load_reference(task), make("fp32"), device="cpu")
 
 
 # ------------------------------------------------------------------------------ the protocol
@@ -281,3 +281,29 @@ def test_shape_sets_scale_dynamic_dims_together():
     assert [i for i, _ in V.shape_sets(task)] == [[(5, 8), (8,)], [(10, 8), (8,)]]
     static = Task("t", "other", "", [spec((6, 8))], [spec((6, 8))], "s", [])
     assert len(V.shape_sets(static)) == 1
+
+
+# ------------------------------------------------------------------------------ roofline (timing.py)
+
+def test_roofline_takes_the_binding_ceiling():
+    from torch_htam.timing import Ceilings, above_roofline, roofline_ms
+    c = Ceilings(bandwidth=2e12, fp32=50e12, tf32=400e12, bf16=800e12, l2_bytes=50 << 20)
+    big = gelu_task(8192, 8192)                       # 256 MiB in + 256 MiB out: memory-bound
+    big.bytes, big.flops = 2 * 8192 * 8192 * 4, 1e9
+    assert roofline_ms(big, c) == pytest.approx(1e3 * big.bytes / 2e12)
+    gemm = gelu_task(8192, 8192)
+    gemm.bytes, gemm.flops = 3 * 8192 * 8192 * 4, 2 * 8192 ** 3     # compute-bound
+    assert roofline_ms(gemm, c, "fp32") == pytest.approx(1e3 * gemm.flops / 50e12)
+    assert roofline_ms(gemm, c, "tf32") == pytest.approx(1e3 * gemm.flops / 400e12)
+    assert roofline_ms(gemm, c, "fp16") == roofline_ms(gemm, c, "bf16")
+    roof = roofline_ms(big, c)
+    assert above_roofline(0.8 * roof, roof) and not above_roofline(0.95 * roof, roof)
+
+
+def test_roofline_does_not_charge_outputs_that_stay_in_l2():
+    from torch_htam.timing import Ceilings, roofline_ms
+    c = Ceilings(bandwidth=1e12, fp32=1e13, tf32=1e14, bf16=1e14, l2_bytes=50 << 20)
+    small = gelu_task(1024, 1024)                     # 4 MiB output: fits in half the L2
+    small.bytes = 2 * 1024 * 1024 * 4 + 2 * 1024 * 4
+    assert roofline_ms(small, c) == pytest.approx(1e3 * (small.bytes - 4 * 1024 * 1024) / 1e12)
+    assert roofline_ms(small, Ceilings(1e12, 1e13, 1e14, 1e14)) == pytest.approx(1e3 * small.bytes / 1e12)

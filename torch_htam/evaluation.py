@@ -8,6 +8,8 @@ Every rejection has a reason from REASONS, so the search and the HTG can learn f
 """
 from __future__ import annotations
 
+import atexit
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -57,3 +59,196 @@ class Evaluation:
     @staticmethod
     def from_json(d: dict[str, Any]) -> "Evaluation":
         return Evaluation(**d)
+
+
+# ---------------------------------------------------------------------------------- parent side
+
+def _from_result(res: dict[str, Any], source_hash: str, policy: dict, build_s: float) -> Evaluation:
+    """A worker's result dict (or the pool's timeout/crash dict) -> Evaluation."""
+    known = {k: v for k, v in res.items() if k in Evaluation.__dataclass_fields__}
+    known.setdefault("correct", res.get("reason") == "ok")
+    return Evaluation(**{**known, "source_hash": source_hash, "policy": policy, "build_s": build_s})
+
+
+class Evaluator:
+    """Builds candidates in parallel, then verifies and times them in isolated GPU workers.
+
+    One WorkerPool (one process per GPU) lives as long as the Evaluator; use it as a context
+    manager or call close(). timeout: wall seconds per candidate in a worker (hang -> "timeout").
+
+        >>> with Evaluator() as ev:
+        ...     results = ev.evaluate_many(task, [src_a, src_b])
+        >>> [(r.reason, r.speedup) for r in results]
+        [('ok', 1.84), ('mismatch', None)]
+    """
+
+    def __init__(self, arch: str | None = None, timeout: float = 60.0, time: bool = True,
+                 pool=None, n_workers: int | None = None):
+        from torch_htam import build
+        self.arch = arch or build.default_arch()
+        self.timeout, self.time = timeout, time
+        self._pool, self._n = pool, n_workers
+
+    @property
+    def pool(self):
+        if self._pool is None:   # started on first use: building never waits for it
+            from torch_htam.worker import WorkerPool
+            self._pool = WorkerPool(self._n, timeout=self.timeout)
+        return self._pool
+
+    def evaluate_many(self, task, sources: list[str], policy=None) -> list[Evaluation]:
+        """One Evaluation per source, in order: static check and build for all, then the built ones
+        verified (and, if correct, timed against the reference) across the workers."""
+        import torch
+        from torch_htam import build
+        from torch_htam.policy import policy_for
+        pol = (policy or policy_for(task)).to_json()
+        builds = build.build_many(sources, arch=self.arch)
+        out: list[Evaluation | None] = [None] * len(sources)
+        futures = {}
+        for i, b in enumerate(builds):
+            if not b.ok:
+                static = b.error.startswith("static check:")
+                detail = b.error.removeprefix("static check:").strip() if static else b.error
+                out[i] = Evaluation(False, "static_check" if static else "compile_error", detail,
+                                    b.source_hash, pol, build_s=b.seconds)
+            elif not torch.cuda.is_available():
+                out[i] = Evaluation(False, "no_gpu", "no CUDA device: built, but cannot verify here",
+                                    b.source_hash, pol, build_s=b.seconds)
+            else:
+                job = {"kind": "evaluate", "task": task.to_json(), "so_path": b.so_path,
+                       "policy": pol, "time": self.time}
+                futures[i] = self.pool.submit(job)
+        for i, fut in futures.items():
+            b = builds[i]
+            out[i] = _from_result(fut.result(), b.source_hash, pol, b.seconds)
+        return out
+
+    def evaluate(self, task, source: str, policy=None) -> Evaluation:
+        return self.evaluate_many(task, [source], policy)[0]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@functools.lru_cache(maxsize=1)
+def _shared_evaluator() -> Evaluator:
+    ev = Evaluator()
+    atexit.register(ev.close)
+    return ev
+
+
+def evaluate(task, source: str, policy=None) -> Evaluation:
+    """Build, verify and time one candidate for a task (workers are started once and reused).
+
+        >>> ev = torch_htam.evaluate(task, open("gelu.cu").read())
+        >>> ev.correct, ev.reason, ev.speedup
+        (True, 'ok', 1.84)
+    """
+    import torch
+    if not torch.cuda.is_available():
+        return Evaluation(False, "no_gpu", "no CUDA device: torch.cuda.is_available() is False; "
+                                           "run on a machine with an NVIDIA GPU and a CUDA build of torch")
+    return _shared_evaluator().evaluate(task, source, policy)
+
+
+# ---------------------------------------------------------------------------------- worker side
+# worker.WorkerPool resolves DEFAULT_RUNNER = "torch_htam.evaluation:run_job" in each child.
+
+def prepare_worker() -> None:
+    """Child start-up, before it reports ready: CUDA context, launcher, ceilings (all cached), so
+    no job's timeout pays for them. Failures here are left for the first job to report."""
+    import torch
+    if not torch.cuda.is_available():
+        return
+    torch.cuda.init()
+    try:
+        from torch_htam import launcher, timing
+        launcher.get()
+        timing.measure_ceilings()
+    except Exception:   # reported per job as load_error by run_job
+        pass
+
+
+@functools.lru_cache(maxsize=8)
+def _reference(source: str, name: str):
+    from torch_htam.task import load_reference
+    from types import SimpleNamespace
+    return load_reference(SimpleNamespace(source=source, name=name)).cuda().eval()
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """Evaluate one built candidate in this (worker) process; a dict of Evaluation fields.
+
+    "exit": True in the result means the CUDA context is dead and the worker must restart.
+    """
+    import torch
+    from torch_htam.policy import Precision
+    from torch_htam.task import Task
+    from torch_htam.verify import verify
+    if job.get("kind") != "evaluate":
+        raise ValueError(f"unknown job kind {job.get('kind')!r}; this runner handles 'evaluate'")
+    if not torch.cuda.is_available():
+        return {"reason": "no_gpu", "detail": "the worker sees no CUDA device"}
+    task, policy = Task.from_json(job["task"]), Precision.from_json(job["policy"])
+    try:
+        from torch_htam.launcher import Kernel
+        kernel = Kernel(job["so_path"])
+    except Exception as e:
+        return {"reason": "load_error", "detail": f"{type(e).__name__}: {str(e)[:500]}"}
+    ref = _reference(task.source, task.name)
+    ok, reason, detail, errs = verify(task, kernel, ref, policy, seeds=tuple(job.get("seeds", (0, 1, 2))))
+    res = {"correct": ok, "reason": reason, "detail": detail, "max_abs_err": errs.get("max_abs_err"),
+           "max_rel_err": errs.get("max_rel_err"), "shapes_checked": errs.get("shapes", [])}
+    if reason == "crash":
+        return {**res, "exit": True}
+    if ok and job.get("time", True):
+        try:
+            res.update(_time(task, kernel, ref, policy))
+        except RuntimeError as e:
+            from torch_htam.verify import is_crash_message
+            if not is_crash_message(str(e)):
+                raise
+            return {**res, "correct": False, "reason": "crash", "exit": True,
+                    "detail": f"while timing: {str(e)[:300]}"}
+    return res
+
+
+def _time(task, kernel, ref, policy) -> dict[str, Any]:
+    """Candidate and reference timed in this process on the same inputs; roofline check."""
+    import torch
+    from torch_htam import timing
+    from torch_htam.verify import make_input
+    gen = torch.Generator().manual_seed(7)
+
+    def make_set():
+        ins = [make_input(s, s.shape, "normal", gen, "cuda") for s in task.inputs]
+        outs = [torch.empty(s.shape, dtype=s.torch_dtype, device="cuda") for s in task.outputs]
+        return ins, outs
+
+    k = timing.time_fn(lambda s: kernel(s[0], s[1]), make_set)
+    # NOTE: the reference runs as the user would run it: TF32 exactly when the policy allows it.
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = policy.allow_tf32
+    try:
+        with torch.no_grad():
+            r = timing.time_fn(lambda s: ref(*s[0]), make_set)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+    roof = timing.roofline_ms(task, timing.measure_ceilings(), policy.name)
+    res = {"ref_ms": r.median_ms, "kernel_ms": k.median_ms, "spread": k.spread,
+           "speedup": r.median_ms / k.median_ms if k.median_ms > 0 else None,
+           "roofline_fraction": roof / k.median_ms if k.median_ms > 0 else None}
+    if timing.above_roofline(k.median_ms, roof):
+        res.update(correct=False, reason="above_roofline",
+                   detail=f"{k.median_ms:.4f} ms is under {timing.ROOFLINE_SLACK:g}x the roofline "
+                          f"{roof:.4f} ms (event {k.event_ms:.4f} ms, wall {k.wall_ms:.4f} ms): the timer was fooled")
+    return res

@@ -13,7 +13,7 @@ function in the CPU tests) that fills caller-allocated outputs and returns htam_
   bitwise equal (determinism) and inside the policy's tolerance (allclose, in float64);
 - inputs are compared bitwise with their clones after every candidate call.
 
-    >>> ok, reason, detail, errs = verify(task, kernel, reference, policy_for(task))
+    >>> ok, reason, detail, errs = verify(task, Kernel(so_path), load_reference(task).cuda(), policy_for(task))
     >>> ok, reason, errs["max_abs_err"]
     (True, 'ok', 2.384185791015625e-07)
 """
@@ -231,21 +231,6 @@ def _unravel(flat: int, shape) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------- protocol
-
-def load_reference(task: Task) -> torch.nn.Module:
-    """The task's reference Model: exec its KernelBench source, Model(*get_init_inputs()).
-
-    Prefers task.load_reference where the task module provides it.
-
-        >>> ref = load_reference(task).cuda().eval()
-    """
-    import torch_htam.task as task_mod
-    if hasattr(task_mod, "load_reference"):
-        return task_mod.load_reference(task)
-    ns: dict = {"__name__": f"htam_task_{task.name}"}
-    exec(compile(task.source, f"<task {task.name}>", "exec"), ns)
-    return ns["Model"](*ns["get_init_inputs"]()).eval()
-
 
 def cuda_error_name(code: int) -> str:
     """'cudaErrorIllegalAddress (700): an illegal memory access...' or HTAM_ERR_SHAPE text."""

@@ -1,0 +1,27 @@
+// task: gelu_affine   expect: mismatch
+// Cheat: Computes in half precision: 2x less traffic, 1e-3 relative error.
+#include "htam_abi.h"
+
+__device__ __forceinline__ float gelu_affine1(float v, float w, float b) {
+  return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)) * w + b;
+}
+#include <cuda_fp16.h>
+__global__ void k(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t cols) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) {
+    float v = __half2float(__float2half(x[i]));
+    y[i] = __half2float(__float2half(gelu_affine1(v, w[i % cols], b[i % cols])));
+  }
+}
+
+HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {
+  if (n_in != 3 || n_out != 1 || in[0].ndim != 2 || in[0].dtype != HTAM_FLOAT32) return HTAM_ERR_SHAPE;
+  const float* x = (const float*)in[0].data;
+  const float* w = (const float*)in[1].data;
+  const float* b = (const float*)in[2].data;
+  float* y = (float*)out[0].data;
+  int64_t n = htam_numel(&in[0]), cols = in[0].sizes[1];
+  k<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(x, w, b, y, n, cols);
+  HTAM_CHECK_LAUNCH();
+  return HTAM_OK;
+}

@@ -1,0 +1,20 @@
+// task: gelu_affine   expect: crash
+// Cheat: Writes through a bogus pointer: an illegal address kills the CUDA context.
+#include "htam_abi.h"
+
+__global__ void k(const float* x, const float* w, const float* b, float* y, int64_t n, int64_t cols) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) ((float*)0x10)[i] = x[i];
+}
+
+HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {
+  if (n_in != 3 || n_out != 1 || in[0].ndim != 2 || in[0].dtype != HTAM_FLOAT32) return HTAM_ERR_SHAPE;
+  const float* x = (const float*)in[0].data;
+  const float* w = (const float*)in[1].data;
+  const float* b = (const float*)in[2].data;
+  float* y = (float*)out[0].data;
+  int64_t n = htam_numel(&in[0]), cols = in[0].sizes[1];
+  k<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(x, w, b, y, n, cols);
+  HTAM_CHECK_LAUNCH();
+  return HTAM_OK;
+}
