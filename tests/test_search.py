@@ -1,0 +1,190 @@
+"""The evolution loop with a fake proposer and a fake evaluator (deterministic, CPU only).
+
+The fake world: a candidate's source records the direction, the transition and the parent's
+speedup; the evaluator multiplies the parent's speedup by a gain that depends on the transition.
+"""
+import io
+import json
+
+import pytest
+
+from torch_htam.evaluation import Evaluation
+from torch_htam.htg import HTG, START
+from torch_htam.proposers.base import Candidate, Proposal
+from torch_htam.search import Progress, SearchConfig, search, search_many
+from torch_htam.task import Task, TensorSpec
+
+
+def make_task(name="rms", kind="rowwise", ops=("aten.rms_norm.default",), count=1, nbytes=8e6):
+    x = TensorSpec((1024, 1024), "float32", (1024, 1), dynamic=(0,))
+    return Task(name, kind, "class Model: ...", [x], [x], f"sig-{name}", list(ops), count=count,
+                flops=5e6, bytes=nbytes)
+
+
+class FakeProposer:
+    """n candidates per request; candidate i applies the i-th retrieved strategy. Records requests."""
+    name = "fake"
+
+    def __init__(self, usage=None, fail_last=True):
+        self.requests, self.usage, self.fail_last = [], usage or {}, fail_last
+
+    def propose(self, req):
+        self.requests.append(req)
+        prev = req.transition[0] if req.transition else None
+        parent = req.parent.speedup if req.parent else 1.0
+        cands = []
+        for i in range(req.n):
+            tags = [req.strategies[i % len(req.strategies)].id] if req.strategies else []
+            meta = {"d": req.direction, "prev": prev, "parent": parent, "i": i,
+                    "broken": self.fail_last and i == req.n - 1}
+            cands.append(Candidate(f"// {json.dumps(meta)}\n", tags, {"i": i}, "fake"))
+        return Proposal(cands, note=f"{len(cands)} fake", usage=dict(self.usage))
+
+
+class FakeEvaluator:
+    """gain(prev, direction) * parent speedup; the last candidate of a batch fails to compile;
+    a candidate with i == 1 claims a huge speedup but is wrong (must never become best)."""
+
+    def __init__(self, gains=None, default=1.0, roofline_per_x=0.1):
+        self.gains, self.default, self.roof = gains or {}, default, roofline_per_x
+        self.calls = 0
+
+    def evaluate_many(self, task, sources):
+        self.calls += 1
+        out = []
+        for src in sources:
+            m = json.loads(src[3:])
+            if m["broken"]:
+                out.append(Evaluation(False, "compile_error", "error: expected ';'"))
+            elif m["i"] == 1:
+                out.append(Evaluation(False, "mismatch", "out[0] max abs err 0.3", speedup=50.0))
+            else:
+                gain = self.gains.get((m["prev"], m["d"]), self.gains.get(m["d"], self.default))
+                s = m["parent"] * gain * (1 - 0.01 * m["i"])
+                out.append(Evaluation(True, "ok", source_hash=f"h{abs(hash(src)) % 10**8}",
+                                      ref_ms=1.0, kernel_ms=1.0 / s, speedup=s,
+                                      roofline_fraction=min(1.0, s * self.roof)))
+        return out
+
+
+def test_search_improves_and_only_correct_faster_kernels_become_best():
+    ev = FakeEvaluator(default=1.2)
+    res = search(make_task(), FakeProposer(), ev, HTG.from_prior(), SearchConfig(steps=3))
+    assert res.best is not None and res.best.evaluation.correct
+    assert res.best.speedup == pytest.approx(1.2 ** 4)   # seed + 3 steps, each x1.2 over the parent
+    assert res.steps == 3 and res.stop == "steps" and res.candidates == 16 and res.correct == 8
+    assert [b.speedup for b in res.population] == sorted((b.speedup for b in res.population),
+                                                         reverse=True)
+    assert len(res.directions) == 3
+
+
+def test_requests_carry_parent_feedback_transition_and_strategies():
+    prop = FakeProposer()
+    search(make_task(), prop, FakeEvaluator(default=1.1), HTG.from_prior(), SearchConfig(steps=2))
+    seed, first, second = prop.requests
+    assert seed.direction == "seed" and seed.parent is None and seed.transition is None
+    assert first.transition == (START, first.direction) and first.parent.speedup == pytest.approx(1.1)
+    assert first.strategies and all(s.direction == first.direction for s in first.strategies)
+    assert {a.outcome for a in first.feedback} == {"ok", "mismatch", "compile_error"}
+    assert second.transition == (first.direction, second.direction)
+    assert second.policy.name == "fp32" and first.n == 4
+
+
+def test_stops_on_stagnation():
+    res = search(make_task(), FakeProposer(), FakeEvaluator(default=1.0), HTG.from_prior(),
+                 SearchConfig(steps=6, stagnation=2))
+    assert res.stop == "stagnation" and res.steps == 2
+
+
+def test_stops_on_roofline():
+    res = search(make_task(), FakeProposer(), FakeEvaluator(default=1.5, roofline_per_x=0.6),
+                 HTG.from_prior(), SearchConfig(steps=6, roofline_stop=0.85))
+    assert res.stop == "roofline" and res.steps == 0   # the seed is already at 90% of the roof
+
+
+@pytest.mark.parametrize("cfg, usage, stop", [
+    (dict(max_wall_s=0.0), {}, "wall"),
+    (dict(max_tokens=2500), {"prompt_tokens": 1000.0, "completion_tokens": 500.0}, "tokens"),
+    (dict(max_cost_usd=0.05), {"cost_usd": 0.02}, "cost"),
+])
+def test_stops_on_budget(cfg, usage, stop):
+    prop = FakeProposer(usage=usage)
+    res = search(make_task(), prop, FakeEvaluator(default=1.3), HTG.from_prior(),
+                 SearchConfig(steps=6, **cfg))
+    assert res.stop == stop
+    if stop != "wall":   # tokens: 1500 a step -> stops before step 2; cost: 0.02 -> before step 3
+        assert len(prop.requests) == {"tokens": 2, "cost": 3}[stop]
+        assert res.usage["prompt_tokens" if stop == "tokens" else "cost_usd"] > 0
+    else:
+        assert res.candidates == 0 and res.best is None
+
+
+def test_trajectory_is_readable_jsonl(tmp_path):
+    path = tmp_path / "t.jsonl"
+    res = search(make_task(), FakeProposer(), FakeEvaluator(default=1.2), HTG.from_prior(),
+                 SearchConfig(steps=2), trajectory=path)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    events = [x["event"] for x in lines]
+    assert events[0] == "start" and events[-1] == "summary"
+    assert events.count("step") == 3 and events.count("candidate") == res.candidates
+    for c in (x for x in lines if x["event"] == "candidate"):
+        assert {"step", "direction", "strategies", "hash", "reason", "detail", "speedup",
+                "kernel_ms", "t", "time", "task"} <= set(c)
+    bad = next(x for x in lines if x["event"] == "candidate" and x["reason"] == "compile_error")
+    assert "expected ';'" in bad["detail"] and bad["speedup"] is None
+    assert lines[-1]["best_speedup"] == pytest.approx(res.best.speedup)
+
+
+def test_memory_learns_across_tasks_and_steers_later_searches():
+    # Only reduction_strategy pays on row tasks; everything else is neutral.
+    world = FakeEvaluator(gains={"reduction_strategy": 1.4}, default=1.0)
+    htg = HTG.from_prior()
+    cfg = SearchConfig(steps=4, stagnation=0, roofline_stop=None)
+    firsts = []
+    for i in range(12):
+        res = search(make_task(f"row{i}"), FakeProposer(), world, htg, cfg)
+        firsts.append(res.directions)
+    assert htg.edge_stats(START, "reduction_strategy").attempts > 0
+    late = firsts[-3:]
+    assert all(d.count("reduction_strategy") >= 2 for d in late), late
+    # the flat and none arms run the same loop and do not learn transitions
+    flat = HTG.from_prior()
+    search(make_task(), FakeProposer(), world, flat, SearchConfig(steps=2, memory="flat"))
+    assert flat.experience_json()["edges"] == {} and flat.experience_json()["strategies"]
+    none = HTG.from_prior()
+    r = search(make_task(), FakeProposer(), world, none, SearchConfig(steps=2, memory="none", seed=3))
+    assert none.experience_json()["strategies"] == {} and r.steps == 2
+
+
+def test_search_many_orders_by_weight_reports_progress_and_survives_errors():
+    tasks = [make_task("small", nbytes=1e5), make_task("big", nbytes=1e9),
+             make_task("boom", nbytes=1e7)]
+
+    class Flaky(FakeEvaluator):
+        def evaluate_many(self, task, sources):
+            if task.name == "boom":
+                raise RuntimeError("worker died")
+            return super().evaluate_many(task, sources)
+
+    seen, err = [], io.StringIO()
+    results = search_many(tasks, FakeProposer, Flaky(default=1.1), HTG.from_prior(),
+                          SearchConfig(steps=1), progress=Progress(3, 1, None, stream=err),
+                          on_result=lambda t, r: seen.append(t.name))
+    assert seen == ["big", "boom", "small"]
+    assert results["sig-boom"].stop.startswith("error: RuntimeError: worker died")
+    assert results["sig-big"].best is not None
+    out = err.getvalue().splitlines()
+    assert out[0].startswith("[htam 1/3] big: step 0/1, best 1.10x, eta")
+    assert any(line.startswith("[htam 3/3] small") for line in out)
+
+
+def test_search_many_shares_the_time_budget():
+    tasks = [make_task(f"t{i}") for i in range(3)]
+    results = search_many(tasks, FakeProposer, FakeEvaluator(default=1.1), HTG.from_prior(),
+                          SearchConfig(steps=1), progress=False, time_budget_s=0.0)
+    assert {r.stop for r in results.values()} == {"time_budget"}
+
+
+def test_bad_memory_mode_is_rejected():
+    with pytest.raises(ValueError, match="memory"):
+        SearchConfig(memory="random")

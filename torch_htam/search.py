@@ -1,0 +1,394 @@
+"""The HTAM evolution loop: seed, then up to `steps` rounds of state -> direction -> strategies ->
+proposer -> evaluator -> memory update, keeping the fastest verified kernel.
+
+    >>> result = search(task, ExpertProposer(), evaluator, HTG.load(path), SearchConfig(steps=6))
+    >>> result.best.evaluation.speedup, result.stop
+    (1.84, 'stagnation')
+
+Step 0 (seed) asks the proposer for a first kernel with direction "seed" and no parent. Each later
+step reads the coarse state of the best kernel (state.state_of), lets the HTG pick a direction and
+retrieve its strategies, asks for `candidates_per_step` kernels that start from the best so far,
+evaluates them in one batch, and records every candidate in memory (transition previous ->
+direction under the state, and the strategies it claims in Candidate.tags). A candidate becomes
+the best only if it is correct and strictly faster. The loop stops at the step budget, after
+`stagnation` steps without a gain over min_gain, when the best reaches `roofline_stop` of the
+roofline, or when wall time, tokens or cost run out.
+
+Every candidate, step and run summary is one JSON line in the trajectory file (for people: grep it,
+or `jq -c 'select(.event=="step")'`).
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from torch_htam.htg import HTG, MODES, SEED, START, Trail, outcome_of
+from torch_htam.proposers.base import Attempt, Parent, ProposalRequest
+from torch_htam.state import ridge_point, state_of
+
+log = logging.getLogger("torch_htam")
+
+DETAIL_CHARS = 400      # evaluation detail kept per trajectory line (compiler output is long)
+DEFAULT_RIDGE = 20.0    # FLOP/B; H100 fp32 CUDA cores: 67 TFLOP/s / 3.35 TB/s, when no GPU is known
+
+
+@dataclass
+class SearchConfig:
+    """Budget and behaviour of one task's search.
+
+    steps: evolution steps after the seed (HTAM uses at most 6). stagnation: stop after this many
+    steps without a gain over min_gain (0 = never). roofline_stop: stop once the best reaches this
+    fraction of the roofline (None = never). max_tokens / max_cost_usd: LLM budget, read from
+    Proposal.usage (prompt + completion tokens, cost_usd). memory: "htg" | "flat" | "none".
+    """
+    steps: int = 6
+    candidates_per_step: int = 4
+    strategies_per_step: int = 4
+    max_wall_s: float | None = None
+    max_tokens: float | None = None
+    max_cost_usd: float | None = None
+    stagnation: int = 3
+    roofline_stop: float | None = 0.85
+    min_gain: float = 0.01
+    memory: str = "htg"
+    seed: int = 0
+    feedback: int = 6
+
+    def __post_init__(self):
+        if self.memory not in MODES:
+            raise ValueError(f"SearchConfig.memory={self.memory!r}: expected one of {MODES}")
+        if self.steps < 0 or self.candidates_per_step < 1:
+            raise ValueError("SearchConfig needs steps >= 0 and candidates_per_step >= 1")
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass
+class Best:
+    """The winning kernel. so_path: the built library when the evaluator reports one
+    (Evaluation.so_path), else None."""
+    source: str
+    tags: list[str]
+    params: dict[str, Any]
+    evaluation: Any          # evaluation.Evaluation
+    origin: str = "expert"
+    step: int = 0
+    direction: str = SEED
+
+    @property
+    def so_path(self) -> str | None:
+        return getattr(self.evaluation, "so_path", None)
+
+    @property
+    def speedup(self) -> float:
+        return self.evaluation.speedup or 0.0
+
+    def parent(self) -> Parent:
+        ev = self.evaluation
+        return Parent(self.source, list(self.tags), ev.speedup, ev.kernel_ms, ev.roofline_fraction,
+                      dict(self.params))
+
+
+@dataclass
+class SearchResult:
+    """Outcome of one task's search. stop: "steps" | "stagnation" | "roofline" | "wall" |
+    "tokens" | "cost" | "time_budget" | "error: ..."; population: correct kernels, fastest first
+    (at most POPULATION); directions: the direction of every step after the seed."""
+    task: str
+    signature: str
+    best: Best | None = None
+    steps: int = 0
+    candidates: int = 0
+    correct: int = 0
+    wall_s: float = 0.0
+    usage: dict[str, float] = field(default_factory=dict)
+    stop: str = "steps"
+    directions: list[str] = field(default_factory=list)
+    population: list[Best] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float | None:
+        return self.best.speedup if self.best else None
+
+
+POPULATION = 4
+
+
+class Trajectory:
+    """Append-only JSONL log of one search; a None path writes nothing."""
+
+    def __init__(self, path: str | Path | None, task, run: str):
+        self.path = Path(path) if path else None
+        self.base = {"task": task.name, "signature": task.signature, "run": run}
+        self.t0 = time.monotonic()
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, event: str, **fields) -> None:
+        if self.path is None:
+            return
+        line = {"event": event, **self.base, **fields, "t": round(time.monotonic() - self.t0, 3),
+                "time": _now()}
+        with self.path.open("a") as f:
+            f.write(json.dumps(line, default=_jsonable) + "\n")
+
+
+# --- one task -----------------------------------------------------------------------------------
+
+def search(task, proposer, evaluator, memory: HTG, config: SearchConfig | None = None,
+           trajectory: str | Path | None = None, progress: Callable | None = None,
+           gpu=None) -> SearchResult:
+    """Search a faster verified kernel for one task (module docstring).
+
+    proposer: proposers.base.Proposer; evaluator: has evaluate_many(task, sources) -> [Evaluation];
+    memory: the HTG, updated in place (save it yourself); progress(task, step, steps, best_speedup)
+    is called after every step; gpu: GpuInfo (default: evaluator.gpu if it has one).
+
+    >>> r = search(task, ExpertProposer(), evaluator, HTG.from_prior(), SearchConfig(steps=3))
+    >>> r.best.speedup, r.steps, r.stop
+    """
+    from torch_htam.policy import policy_for
+    cfg = config or SearchConfig()
+    gpu = gpu if gpu is not None else getattr(evaluator, "gpu", None)
+    policy = policy_for(task)
+    run = hashlib.sha256(f"{task.signature}:{time.time_ns()}".encode()).hexdigest()[:8]
+    traj = Trajectory(trajectory, task, run)
+    traj.write("start", kind=task.kind, memory=cfg.memory, config=cfg.to_json(),
+               proposer=getattr(proposer, "name", type(proposer).__name__))
+    t0 = time.monotonic()
+    res = SearchResult(task.name, task.signature)
+    trail = Trail(task.name, cfg.seed)
+    feedback: list[Attempt] = []
+    last_failure: str | None = None
+    stale = 0
+    for step in range(cfg.steps + 1):
+        stop = _budget_stop(cfg, t0, res.usage)
+        if stop:
+            res.stop = stop
+            break
+        base = res.best.evaluation if res.best else None
+        state = state_of(task, base, gpu, last_failure)
+        if step == 0:
+            direction, previous, strategies, scores = SEED, START, [], {}
+        else:
+            choice = memory.select(state, trail, cfg.memory, step, cfg.strategies_per_step)
+            direction, previous, strategies, scores = (choice.direction, choice.previous,
+                                                       choice.strategies, choice.scores)
+        parent_speedup = res.best.speedup if res.best else 1.0
+        request = ProposalRequest(
+            task=task, direction=direction, strategies=strategies, n=cfg.candidates_per_step,
+            parent=res.best.parent() if res.best else None, feedback=feedback[-cfg.feedback:],
+            transition=None if step == 0 else (previous, direction), gpu=gpu, policy=policy)
+        proposal = proposer.propose(request)
+        _add_usage(res.usage, proposal.usage)
+        cands = proposal.candidates
+        evals = evaluator.evaluate_many(task, [c.source for c in cands]) if cands else []
+        if len(evals) != len(cands):
+            raise RuntimeError(f"evaluator returned {len(evals)} evaluations for {len(cands)} sources")
+        improved, reasons = False, []
+        for cand, ev in zip(cands, evals):
+            outcome = outcome_of(ev, parent_speedup, cfg.min_gain)
+            memory.record(state, previous, direction, cand.tags, outcome, cfg.memory)
+            trail.note_strategies(cand.tags, outcome)
+            feedback.append(_attempt(cand, ev))
+            reasons.append(ev.reason)
+            res.candidates += 1
+            res.correct += int(ev.correct)
+            became = _offer(res, Best(cand.source, list(cand.tags), dict(cand.params), ev,
+                                      cand.origin, step, direction))
+            improved |= became and outcome.success
+            traj.write("candidate", step=step, direction=direction, strategies=list(cand.tags),
+                       hash=ev.source_hash or _hash(cand.source), reason=ev.reason,
+                       detail=(ev.detail or "")[:DETAIL_CHARS], speedup=ev.speedup,
+                       kernel_ms=ev.kernel_ms, roofline=ev.roofline_fraction,
+                       gain=outcome.gain, best=became, origin=cand.origin)
+        # NOTE: a step with no correct candidate says why in the next state (boundary handling etc.)
+        last_failure = None if any(r == "ok" for r in reasons) else _most_common(reasons)
+        if step > 0:
+            trail.push(direction, improved)
+            res.directions.append(direction)
+            stale = 0 if improved else stale + 1
+        res.steps = step
+        traj.write("step", step=step, direction=direction, previous=previous, state=state.key(),
+                   strategies=[s.id for s in strategies], candidates=len(cands), improved=improved,
+                   best_speedup=res.speedup, note=proposal.note[:DETAIL_CHARS],
+                   scores={d: round(v, 4) for d, v in sorted(scores.items(), key=lambda x: -x[1])[:5]})
+        if progress is not None:
+            progress(task, step, cfg.steps, res.speedup)
+        best_roof = res.best.evaluation.roofline_fraction if res.best else None
+        if cfg.roofline_stop is not None and best_roof is not None and best_roof >= cfg.roofline_stop:
+            res.stop = "roofline"
+            break
+        if cfg.stagnation and stale >= cfg.stagnation:
+            res.stop = "stagnation"
+            break
+    res.wall_s = time.monotonic() - t0
+    traj.write("summary", stop=res.stop, steps=res.steps, candidates=res.candidates,
+               correct=res.correct, best_speedup=res.speedup,
+               best_tags=res.best.tags if res.best else None,
+               best_hash=(res.best.evaluation.source_hash or _hash(res.best.source)) if res.best else None,
+               directions=res.directions, usage=res.usage, wall_s=round(res.wall_s, 3))
+    return res
+
+
+def _budget_stop(cfg: SearchConfig, t0: float, usage: dict[str, float]) -> str | None:
+    if cfg.max_wall_s is not None and time.monotonic() - t0 >= cfg.max_wall_s:
+        return "wall"
+    tokens = usage.get("prompt_tokens", 0.0) + usage.get("completion_tokens", 0.0)
+    if cfg.max_tokens is not None and tokens >= cfg.max_tokens:
+        return "tokens"
+    if cfg.max_cost_usd is not None and usage.get("cost_usd", 0.0) >= cfg.max_cost_usd:
+        return "cost"
+    return None
+
+
+def _offer(res: SearchResult, cand: Best) -> bool:
+    """Add a correct candidate to the population; True if it is the new best (strictly faster)."""
+    ev = cand.evaluation
+    if not ev.correct or not ev.speedup:
+        return False
+    res.population = sorted(res.population + [cand], key=lambda b: -b.speedup)[:POPULATION]
+    if res.best is None or cand.speedup > res.best.speedup:
+        res.best = cand
+        return True
+    return False
+
+
+def _attempt(cand, ev) -> Attempt:
+    return Attempt(ev.source_hash or _hash(cand.source), list(cand.tags), ev.reason,
+                   ev.detail or "", ev.speedup, ev.kernel_ms)
+
+
+def _add_usage(total: dict[str, float], usage: dict[str, float]) -> None:
+    for k, v in (usage or {}).items():
+        if k in ("estimated", "cost_known"):   # flags, not amounts
+            total[k] = max(total.get(k, 0.0), v) if k == "estimated" else min(total.get(k, 1.0), v)
+        else:
+            total[k] = total.get(k, 0.0) + v
+
+
+def _most_common(reasons: list[str]) -> str | None:
+    return max(set(reasons), key=lambda r: (reasons.count(r), r)) if reasons else None
+
+
+def _hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def _now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def _jsonable(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if hasattr(x, "to_json"):
+        return x.to_json()
+    return str(x)
+
+
+# --- many tasks ---------------------------------------------------------------------------------
+
+def eager_weight(task, gpu=None) -> float:
+    """Relative eager time of a task across the model: count * max(bytes, flops / ridge), in bytes
+    of equivalent traffic (a roofline estimate; only ratios between tasks matter)."""
+    from torch_htam.policy import policy_for
+    ridge = ridge_point(gpu, policy_for(task).name) or DEFAULT_RIDGE
+    return max(task.count, 1) * max(task.bytes, task.flops / ridge, 1.0)
+
+
+class Progress:
+    """One line per update on stderr: task i/n, step, best speedup so far, ETA."""
+
+    def __init__(self, n_tasks: int, steps: int, time_budget_s: float | None, stream=None):
+        self.n, self.steps, self.budget = n_tasks, steps, time_budget_s
+        self.stream = stream or sys.stderr
+        self.t0 = time.monotonic()
+        self.done_steps = 0
+        self.index = 0
+
+    def task_started(self, index: int) -> None:
+        self.index = index
+
+    def __call__(self, task, step: int, steps: int, best: float | None) -> None:
+        self.done_steps += 1
+        elapsed = time.monotonic() - self.t0
+        left = (steps - step) + (self.n - self.index - 1) * (self.steps + 1)
+        eta = elapsed / self.done_steps * left
+        if self.budget is not None:
+            eta = min(eta, max(0.0, self.budget - elapsed))
+        shown = f"{best:.2f}x" if best else "none yet"
+        print(f"[htam {self.index + 1}/{self.n}] {task.name}: step {step}/{steps}, best {shown}, "
+              f"eta {_duration(eta)}", file=self.stream, flush=True)
+
+
+def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: HTG,
+                config: SearchConfig | None = None, progress: bool | Progress = True,
+                trajectory_dir: str | Path | None = None, time_budget_s: float | None = None,
+                on_result: Callable | None = None, weights: dict[str, float] | None = None,
+                gpu=None) -> dict[str, SearchResult]:
+    """Search every task, costliest share of eager time first; {signature: SearchResult}.
+
+    weights: {signature: relative eager time} (default eager_weight). time_budget_s is shared out
+    by weight: each task may use remaining * max(its share of the remaining weight, 1/(2 * tasks
+    left)), capped by config.max_wall_s, so a dominant GEMM gets most of the time and a tiny
+    elementwise task still gets a fair slice. on_result(task, result) runs after each task (save
+    memory and cache there, so an interruption loses at most one task). A task whose proposer or
+    evaluator raises is logged and gets stop "error: ...", and the rest go on.
+    GPU parallelism lives in the evaluator (one worker process per GPU).
+
+    >>> results = search_many(tasks, ExpertProposer, evaluator, htg, SearchConfig(), time_budget_s=600)
+    """
+    cfg = config or SearchConfig()
+    gpu = gpu if gpu is not None else getattr(evaluator, "gpu", None)
+    weight = {t.signature: (weights or {}).get(t.signature, eager_weight(t, gpu)) for t in tasks}
+    order = sorted(tasks, key=lambda t: -weight[t.signature])
+    show = progress if isinstance(progress, Progress) else (
+        Progress(len(order), cfg.steps, time_budget_s) if progress else None)
+    t0, results = time.monotonic(), {}
+    for i, task in enumerate(order):
+        remaining = None if time_budget_s is None else time_budget_s - (time.monotonic() - t0)
+        if remaining is not None and remaining <= 0:
+            results[task.signature] = SearchResult(task.name, task.signature, stop="time_budget")
+            continue
+        task_cfg = _task_config(cfg, remaining, weight, order[i:], task)
+        traj = Path(trajectory_dir) / f"{_safe(task.name)}-{task.signature[:12]}.jsonl" if trajectory_dir else None
+        if show is not None:
+            show.task_started(i)
+        try:
+            result = search(task, proposer_factory(), evaluator, memory, task_cfg, traj, show, gpu)
+        except Exception as e:   # NOTE: one bad task must not end a model-wide search
+            log.exception("search of task %s failed", task.name)
+            result = SearchResult(task.name, task.signature, stop=f"error: {type(e).__name__}: {e}")
+        results[task.signature] = result
+        if on_result is not None:
+            on_result(task, result)
+    return results
+
+
+def _task_config(cfg: SearchConfig, remaining: float | None, weight: dict[str, float], left, task):
+    if remaining is None:
+        return cfg
+    share = weight[task.signature] / max(sum(weight[t.signature] for t in left), 1e-30)
+    allowed = remaining * max(share, 1.0 / (2 * len(left)))
+    if cfg.max_wall_s is not None:
+        allowed = min(allowed, cfg.max_wall_s)
+    return SearchConfig(**{**cfg.to_json(), "max_wall_s": allowed})
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:60] or "task"
+
+
+def _duration(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
