@@ -28,7 +28,7 @@ def _add_search_args(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args):
-    from torch_htam.optimize import OptimizeConfig
+    from torch_htam.pipeline import OptimizeConfig
     cfg = OptimizeConfig(memory=args.memory, use_llm=args.llm, search=not args.no_search,
                          max_tasks=args.max_tasks, time_budget_s=args.time_budget)
     if args.steps is not None:
@@ -45,7 +45,7 @@ def _cmd_plan(args) -> int:
 
 def _cmd_optimize(args) -> int:
     from torch_htam.modelspec import load_model_spec
-    from torch_htam.optimize import optimize
+    from torch_htam.pipeline import optimize
     model, inputs = load_model_spec(args.model)
     model = optimize(model, inputs, _config(args))
     print(model.htam_report.format())
@@ -53,7 +53,7 @@ def _cmd_optimize(args) -> int:
 
 
 def _cmd_precompile(args) -> int:
-    from torch_htam.optimize import precompile
+    from torch_htam.pipeline import precompile
     from torch_htam.modelspec import load_model_spec
     model, inputs = load_model_spec(args.model)
     out = precompile(model, inputs, args.out, _config(args))
