@@ -25,12 +25,17 @@ def _add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm", action="store_true",
                    help="use an OpenAI-compatible endpoint (OPENAI_API_KEY / OPENAI_BASE_URL / HTAM_MODEL)")
     p.add_argument("--no-search", action="store_true", help="use cached kernels only")
+    p.add_argument("--llm-timeout", type=float, default=None,
+                   help="seconds per LLM request (reasoning models may need more than 120)")
 
 
 def _config(args):
     from torch_htam.pipeline import OptimizeConfig
     cfg = OptimizeConfig(memory=args.memory, use_llm=args.llm, search=not args.no_search,
                          max_tasks=args.max_tasks, time_budget_s=args.time_budget)
+    if args.llm_timeout is not None:
+        from torch_htam.proposers.llm import LLMConfig
+        cfg.llm = LLMConfig.from_env(timeout_s=args.llm_timeout)
     if args.steps is not None:
         cfg.steps = args.steps
     if args.candidates is not None:
@@ -40,7 +45,7 @@ def _config(args):
 
 def _cmd_plan(args) -> int:
     from torch_htam.plan import run_plan
-    return run_plan(args.model, export_dir=args.export)
+    return run_plan(args.model, export_dir=args.export, device=args.device)
 
 
 def _cmd_optimize(args) -> int:
@@ -77,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("plan", help="show a model's regions as KernelBench-style tasks")
     p.add_argument("model")
     p.add_argument("--export", metavar="DIR", help="write each task as a KernelBench file")
+    p.add_argument("--device", default=None, help="where to run the model (default: cuda if present)")
     p.set_defaults(fn=_cmd_plan)
     p = sub.add_parser("optimize", help="search verified kernels for a model and cache them")
     p.add_argument("model")
