@@ -52,7 +52,8 @@ def test_prior_has_the_expert_ids_and_complete_skill_fields():
         assert s.title and len(s.text) > 80 and s.intent and s.expected and s.example, s.id
         assert s.forbidden and s.applies_to and set(s.applies_to) <= set(KINDS), s.id
         assert set(s.preconditions) <= {"bound", "headroom", "last_failure", "has_reduction",
-                                        "has_gemm", "has_conv", "dtype_class", "tf32_allowed"}, s.id
+                                        "has_gemm", "has_conv", "dtype_class", "tf32_allowed",
+                                        "tensor_cores"}, s.id
     for d in htg.directions:
         assert htg.strategies_under(d), f"direction {d} has no strategy"
 
@@ -62,6 +63,7 @@ def test_structural_preconditions_filter_strategies():
     gemm = KernelState(bound="compute", has_gemm=True, kind="gemm")
     ids = {s.id for s in htg.eligible(gemm)}
     assert "cublaslt_epilogue" in ids and "tf32_tensor_cores" not in ids   # policy: strict fp32
+    assert "tensor_core_tile_mma" not in ids
     assert "tf32_tensor_cores" in {s.id for s in htg.eligible(KernelState(
         has_gemm=True, kind="gemm", tf32_allowed=True))}
     ew_ids = {s.id for s in htg.eligible(EW)}

@@ -50,15 +50,16 @@ Ties go to prior order, so selection is deterministic. Constants (SelectConfig):
 state an untried direction's bonus is 0.1 * sqrt(ln 102) = 0.21, so it outranks a tried direction
 whose edge averages less than about a 1.2x gain per attempt. With c = 0.3 (classic UCB1 scaling for
 this reward range) a fake world where one direction pays 1.4x needed ~12 tasks before the search
-settled on it; with 0.1 it settled after ~5 and still tried every direction in a state over time.
+settled on it; with 0.1 it settled after ~5, and both tried every eligible direction within 16 tasks.
 
 Strategy ranking under the chosen direction (retrieval):
     rank(x) = V(x | s) + match_weight * m(x, s) - tabu * fails_x
 V is the same shrunk estimate on the strategy's own stats (prior 0); m counts the strategy's dynamic
 preconditions (bound, headroom, last_failure) that hold (+1) or are violated (-1) in s; fails_x
 counts this task's failed attempts with x. Structural preconditions (has_gemm, has_conv,
-has_reduction, dtype_class, tf32_allowed) and applies_to (task kind) are hard filters in every
-mode, so the ablations below measure memory, not whether a GEMM strategy is offered to a softmax.
+has_reduction, dtype_class, tf32_allowed, tensor_cores) and applies_to (task kind) are hard
+filters in every mode, so the ablations below measure memory, not whether a GEMM strategy is
+offered to a softmax.
 
 Ablation modes (MODES):
     "htg"  everything above.
@@ -98,7 +99,7 @@ SEED = "seed"         # the seed step's direction: no transition is recorded for
 ALL = "*"             # stats key aggregating every state
 FAIL_PENALTY = 0.2
 MAX_LOG_GAIN = 1.0
-STRUCTURAL = ("has_reduction", "has_gemm", "has_conv", "dtype_class", "tf32_allowed")
+STRUCTURAL = ("has_reduction", "has_gemm", "has_conv", "dtype_class", "tf32_allowed", "tensor_cores")
 DYNAMIC = ("bound", "headroom", "last_failure")
 KINDS = ("elementwise", "rowwise", "gemm", "conv", "attention")   # "other" sees every strategy
 MEMORY_FORMAT = "htg-memory"
@@ -551,7 +552,8 @@ class HTG:
         if mode == "none":
             return
         keys = (ALL,) if mode == "flat" else (ALL, state.key())
-        if mode == "htg" and direction in self.directions and (previous in self.directions or previous == START):
+        known = previous in self.directions or previous == START
+        if mode == "htg" and known and direction in self.directions:
             exp = self._edge(previous, direction)["exp"]
             for k in keys:
                 exp.setdefault(k, Stats()).add(outcome)

@@ -151,14 +151,14 @@ def search(task, proposer, evaluator, memory: HTG, config: SearchConfig | None =
 
     proposer: proposers.base.Proposer; evaluator: has evaluate_many(task, sources) -> [Evaluation];
     memory: the HTG, updated in place (save it yourself); progress(task, step, steps, best_speedup)
-    is called after every step; gpu: GpuInfo (default: evaluator.gpu if it has one).
+    is called after every step; gpu: GpuInfo (default: evaluator.gpu, else gpu.detect()).
 
     >>> r = search(task, ExpertProposer(), evaluator, HTG.from_prior(), SearchConfig(steps=3))
     >>> r.best.speedup, r.steps, r.stop
     """
     from torch_htam.policy import policy_for
     cfg = config or SearchConfig()
-    gpu = gpu if gpu is not None else getattr(evaluator, "gpu", None)
+    gpu = gpu or _gpu_of(evaluator)
     policy = policy_for(task)
     run = hashlib.sha256(f"{task.signature}:{time.time_ns()}".encode()).hexdigest()[:8]
     traj = Trajectory(trajectory, task, run)
@@ -238,6 +238,15 @@ def search(task, proposer, evaluator, memory: HTG, config: SearchConfig | None =
                best_hash=(res.best.evaluation.source_hash or _hash(res.best.source)) if res.best else None,
                directions=res.directions, usage=res.usage, wall_s=round(res.wall_s, 3))
     return res
+
+
+def _gpu_of(evaluator):
+    """The evaluator's GpuInfo if it has one, else this machine's first GPU (None without CUDA)."""
+    gpu = getattr(evaluator, "gpu", None)
+    if gpu is None:
+        from torch_htam.gpu import detect
+        gpu = detect()
+    return gpu
 
 
 def _budget_stop(cfg: SearchConfig, t0: float, usage: dict[str, float]) -> str | None:
@@ -349,7 +358,7 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
     >>> results = search_many(tasks, ExpertProposer, evaluator, htg, SearchConfig(), time_budget_s=600)
     """
     cfg = config or SearchConfig()
-    gpu = gpu if gpu is not None else getattr(evaluator, "gpu", None)
+    gpu = gpu or _gpu_of(evaluator)
     weight = {t.signature: (weights or {}).get(t.signature, eager_weight(t, gpu)) for t in tasks}
     order = sorted(tasks, key=lambda t: -weight[t.signature])
     show = progress if isinstance(progress, Progress) else (
@@ -361,7 +370,8 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
             results[task.signature] = SearchResult(task.name, task.signature, stop="time_budget")
             continue
         task_cfg = _task_config(cfg, remaining, weight, order[i:], task)
-        traj = Path(trajectory_dir) / f"{_safe(task.name)}-{task.signature[:12]}.jsonl" if trajectory_dir else None
+        traj = (Path(trajectory_dir) / f"{_safe(task.name)}-{task.signature[:12]}.jsonl"
+                if trajectory_dir else None)
         if show is not None:
             show.task_started(i)
         try:

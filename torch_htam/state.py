@@ -62,6 +62,11 @@ class KernelState:
         return failure_class(self.last_failure)
 
     @property
+    def tensor_cores(self) -> bool:
+        """The policy allows tensor-core matmuls (TF32 for fp32 tasks, or a half dtype)."""
+        return self.tf32_allowed or self.dtype_class == "half"
+
+    @property
     def work(self) -> str:
         """"conv" | "gemm+red" | "gemm" | "red" | "ew": the region's dominant work."""
         if self.has_conv:
