@@ -55,8 +55,9 @@ int64_t load(std::string path) {
   auto fn = reinterpret_cast<HtamFn>(dlsym(lib, "htam_run"));
   if (!fn) {
     const char* err = dlerror();
+    std::string reason = err ? err : "null symbol";   // copied: dlclose may free dlerror's buffer
     dlclose(lib);
-    TORCH_CHECK(false, "htam: ", path, " has no `htam_run` symbol (", err ? err : "null",
+    TORCH_CHECK(false, "htam: ", path, " has no `htam_run` symbol (", reason,
                 "); define it with HTAM_ENTRY htam_run(...) from htam_abi.h");
   }
   g_kernels.push_back({fn, path});
