@@ -114,3 +114,16 @@ def test_measured_ceilings_bound_a_plain_copy():
     copy_bw = 2 * x.numel() / (t.median_ms * 1e-3)
     assert 0.5 * c.bandwidth < copy_bw < 1.1 * c.bandwidth
     assert c.bf16 > c.tf32 > c.fp32 > 1e12
+
+
+def test_build_failures_map_to_reasons_without_a_gpu(tmp_path, monkeypatch):
+    """CPU: static-check and compile failures become Evaluations before any worker is involved."""
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path))
+    sync = (HERE / "gelu_device_sync.cu").read_text()
+    broken = (HERE / "gelu_honest.cu").read_text().replace("erff(", "erff_typo(")
+    with Evaluator(arch="sm_90a") as ev:
+        static, compile_err = ev.evaluate_many(_task("gelu_affine"), [sync, broken])
+    assert (static.correct, static.reason) == (False, "static_check")
+    assert "synchronizes the host" in static.detail and static.policy["name"] == "fp32"
+    assert compile_err.reason == "compile_error" and compile_err.detail
+    assert ev._pool is None    # nothing to run: no worker was started

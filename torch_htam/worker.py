@@ -29,7 +29,6 @@ import time
 import traceback
 from concurrent.futures import Future
 from multiprocessing.connection import Connection, Pipe
-from typing import Any
 
 DEFAULT_RUNNER = "torch_htam.evaluation:run_job"
 START_TIMEOUT_S = 180.0    # importing torch + CUDA init on a cold machine
