@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from torch_htam import build, launcher, paths  # noqa: E402
+from torch_htam.task import TensorSpec  # noqa: E402
 
 # A relu candidate; BLOCK, CAP and TAG make distinct sources (distinct content hashes).
 CANDIDATE = r"""#include "htam_abi.h"
@@ -128,7 +129,7 @@ def bench_overhead(arch: str, calls: int) -> dict:
         k = launcher.Kernel(res.so_path)
     x = torch.randn(1024, device="cuda")
     y = torch.empty_like(x)
-    meta = launcher.encode_out_meta([launcher.TensorSpec.of(x)])
+    meta = launcher.encode_out_meta([TensorSpec.of(x)])
     torch.testing.assert_close(k.launch([x], meta)[0], torch.relu(x))
     launch, launch_default, h = torch.ops.htam.launch, torch.ops.htam.launch.default, k.handle
     return {"torch.relu": per_call_us(lambda: torch.relu(x), calls),
