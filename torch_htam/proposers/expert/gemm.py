@@ -45,7 +45,8 @@ class GemmPlan:
 
     def defaults(self) -> dict:
         p = dataclasses.asdict(elementwise.EwParams(vec=16 // DT[self.dtype][2]))
-        p.update(lt_epilogue=self.info.epilogue_fits_lt, tf32=False, algo=0)
+        p.update(lt_epilogue=self.info.epilogue_fits_lt, tf32=self.allow_tf32 and self.dtype == "float32",
+                 algo=0)
         return p
 
     def render(self, params: dict) -> str:
@@ -182,6 +183,21 @@ def _replace(e: tuple, old: tuple, new: tuple) -> tuple:
     return tuple(_replace(a, old, new) if isinstance(a, tuple) else a for a in e)
 
 
+def _prune(plan: Plan) -> Plan:
+    """Drop accesses the (reduced) epilogue no longer reads, e.g. the bias cuBLASLt now adds."""
+    used = sorted({x[1] for x in walk(plan.outputs[0].expr) if x[0] == "in"})
+    remap = {old: new for new, old in enumerate(used)}
+
+    def re(e):
+        if e[0] == "in":
+            return ("in", remap[e[1]])
+        if e[0] in ("const", "red"):
+            return e
+        return tuple(re(a) if isinstance(a, tuple) else a for a in e)
+    out = dataclasses.replace(plan.outputs[0], expr=re(plan.outputs[0].expr))
+    return dataclasses.replace(plan, accesses=[plan.accesses[i] for i in used], outputs=[out])
+
+
 def _layouts(op: str) -> dict:
     """cuBLASLt operand roles for row-major torch tensors (see module docstring)."""
     if op == "linear":   # A = W (stored K x N, ld K, op T), B = X (stored K x M, ld K)
@@ -200,7 +216,7 @@ def render(gp: GemmPlan, params: dict) -> str:
     ew_params["nc"] = False      # NOTE: the epilogue overwrites G in place; no read-only path on it
     epi_src = ""
     if epi_needed:
-        epi_plan = dataclasses.replace(plan, outputs=[dataclasses.replace(plan.outputs[0], expr=rest)])
+        epi_plan = _prune(dataclasses.replace(plan, outputs=[dataclasses.replace(plan.outputs[0], expr=rest)]))
         epi_src = elementwise.generate(epi_plan, elementwise.EwParams(**ew_params),
                                        gp.info.low_precision, entry="static int epilogue_run",
                                        restrict=False, prelude=False)

@@ -40,7 +40,7 @@ def _default_row(info: PlanInfo) -> dict[str, Any]:
     vec = max(1, min(vec, per_thread))
     nv = -(-per_thread // vec)
     nv = 1 << (nv - 1).bit_length()
-    stream = nv > 16
+    stream = nv * vec > 16     # NOTE: > 16 values/thread spills at 1024 threads (64-register cap)
     return {"tpr": tpr, "rows_per_block": 4, "vec": vec, "nv": 0 if stream else nv,
             "online": stream, "welford": stream, "nc": False, "fast": False, "waves": 0}
 
