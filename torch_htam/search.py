@@ -12,7 +12,8 @@ evaluates them in one batch, and records every candidate in memory (transition p
 direction under the state, and the strategies it claims in Candidate.tags). A candidate becomes
 the best only if it is correct and strictly faster. The loop stops at the step budget, after
 `stagnation` steps without a gain over min_gain, when the best reaches `roofline_stop` of the
-roofline, or when wall time, tokens or cost run out.
+roofline, when the proposer has nothing to offer EMPTY_STEPS steps in a row, or when wall time,
+tokens or cost run out.
 
 Every candidate, step and run summary is one JSON line in the trajectory file (for people: grep it,
 or `jq -c 'select(.event=="step")'`).
@@ -36,6 +37,7 @@ from torch_htam.state import ridge_point, state_of
 
 log = logging.getLogger("torch_htam")
 
+EMPTY_STEPS = 3         # consecutive steps whose proposal was empty before giving up on the task
 DETAIL_CHARS = 400      # evaluation detail kept per trajectory line (compiler output is long)
 DEFAULT_RIDGE = 20.0    # FLOP/B; H100 fp32 CUDA cores: 67 TFLOP/s / 3.35 TB/s, when no GPU is known
 
@@ -101,7 +103,7 @@ class Best:
 @dataclass
 class SearchResult:
     """Outcome of one task's search. stop: "steps" | "stagnation" | "roofline" | "wall" |
-    "tokens" | "cost" | "time_budget" | "error: ..."; population: correct kernels, fastest first
+    "tokens" | "cost" | "no_candidates" | "time_budget" | "error: ..."; population: correct kernels, fastest first
     (at most POPULATION); directions: the direction of every step after the seed."""
     task: str
     signature: str
@@ -169,7 +171,7 @@ def search(task, proposer, evaluator, memory: HTG, config: SearchConfig | None =
     trail = Trail(task.name, cfg.seed)
     feedback: list[Attempt] = []
     last_failure: str | None = None
-    stale = 0
+    stale = empty = 0
     for step in range(cfg.steps + 1):
         stop = _budget_stop(cfg, t0, res.usage)
         if stop:
@@ -208,19 +210,20 @@ def search(task, proposer, evaluator, memory: HTG, config: SearchConfig | None =
             improved |= became and outcome.success
             traj.write("candidate", step=step, direction=direction, strategies=list(cand.tags),
                        hash=ev.source_hash or _hash(cand.source), reason=ev.reason,
-                       detail=(ev.detail or "")[:DETAIL_CHARS], speedup=ev.speedup,
-                       kernel_ms=ev.kernel_ms, roofline=ev.roofline_fraction,
-                       gain=outcome.gain, best=became, origin=cand.origin)
+                       detail=(ev.detail or "")[:DETAIL_CHARS], speedup=_r(ev.speedup),
+                       kernel_ms=_r(ev.kernel_ms), roofline=_r(ev.roofline_fraction),
+                       gain=_r(outcome.gain), best=became, origin=cand.origin)
         # NOTE: a step with no correct candidate says why in the next state (boundary handling etc.)
         last_failure = None if any(r == "ok" for r in reasons) else _most_common(reasons)
         if step > 0:
             trail.push(direction, improved)
             res.directions.append(direction)
             stale = 0 if improved else stale + 1
+        empty = 0 if cands else empty + 1
         res.steps = step
         traj.write("step", step=step, direction=direction, previous=previous, state=state.key(),
                    strategies=[s.id for s in strategies], candidates=len(cands), improved=improved,
-                   best_speedup=res.speedup, note=proposal.note[:DETAIL_CHARS],
+                   best_speedup=_r(res.speedup), note=proposal.note[:DETAIL_CHARS],
                    scores={d: round(v, 4) for d, v in sorted(scores.items(), key=lambda x: -x[1])[:5]})
         if progress is not None:
             progress(task, step, cfg.steps, res.speedup)
@@ -231,9 +234,12 @@ def search(task, proposer, evaluator, memory: HTG, config: SearchConfig | None =
         if cfg.stagnation and stale >= cfg.stagnation:
             res.stop = "stagnation"
             break
+        if empty >= EMPTY_STEPS:   # NOTE: e.g. the expert cannot express this graph at all
+            res.stop = "no_candidates"
+            break
     res.wall_s = time.monotonic() - t0
     traj.write("summary", stop=res.stop, steps=res.steps, candidates=res.candidates,
-               correct=res.correct, best_speedup=res.speedup,
+               correct=res.correct, best_speedup=_r(res.speedup),
                best_tags=res.best.tags if res.best else None,
                best_hash=(res.best.evaluation.source_hash or _hash(res.best.source)) if res.best else None,
                directions=res.directions, usage=res.usage, wall_s=round(res.wall_s, 3))
@@ -287,6 +293,10 @@ def _add_usage(total: dict[str, float], usage: dict[str, float]) -> None:
 
 def _most_common(reasons: list[str]) -> str | None:
     return max(set(reasons), key=lambda r: (reasons.count(r), r)) if reasons else None
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 def _hash(source: str) -> str:

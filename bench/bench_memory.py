@@ -1,0 +1,175 @@
+"""Memory ablation: the HTAM loop with the expert proposer under memory htg / flat / none.
+
+    python3 bench/bench_memory.py                       # on the GPU machine; appends to bench/RESULTS.md
+    python3 bench/bench_memory.py --limit 6 --steps 3 --warm-passes 0 --no-record   # quick look
+
+Every arm gets a fresh HTG from the shipped prior, is warmed the same way (`--warm-passes` passes
+over the same tasks, results discarded; "none" learns nothing from them, by definition), then runs
+the measured pass with the same candidate budget: steps x candidates per task, stagnation stop off
+(and the roofline stop off unless asked for), so arms differ only in what memory chooses.
+
+Per arm: correct = tasks whose best candidate verified; fast@1 = tasks whose best candidate is
+correct and faster than eager (HTAM's metric); geomean = geometric mean over all tasks of the best
+verified speedup, a task with none counting 1.0 (torch_htam keeps eager there); cand ok = share of
+all candidates that verified. Arms run one after another in one process, on one GPU state.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from torch_htam.htg import HTG, MODES  # noqa: E402
+from torch_htam.search import SearchConfig, search_many  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+def load_tasks(folder: Path, limit: int | None) -> list:
+    """Every KernelBench-style *.py in `folder` as a Task named after its file."""
+    from torch_htam.task import task_from_source
+    files = sorted(folder.glob("*.py"))[:limit]
+    if not files:
+        raise SystemExit(f"no task files (*.py) in {folder}; pass --tasks DIR")
+    return [task_from_source(f.read_text(), f.stem) for f in files]
+
+
+def run_arm(mode: str, tasks, evaluator, args, traj_root: Path | None) -> dict:
+    """Warm a fresh HTG, then the measured pass; the arm's metrics."""
+    memory = HTG.from_prior()
+    cfg = dict(steps=args.steps, candidates_per_step=args.candidates, memory=mode, stagnation=0,
+               roofline_stop=args.roofline_stop, max_wall_s=args.task_time)
+    for p in range(args.warm_passes):
+        print(f"[{mode}] warm-up pass {p + 1}/{args.warm_passes}", file=sys.stderr)
+        search_many(tasks, _expert, evaluator, memory, SearchConfig(**cfg, seed=1000 + p),
+                    progress=args.progress)
+    print(f"[{mode}] measured pass", file=sys.stderr)
+    t0 = time.perf_counter()
+    results = search_many(tasks, _expert, evaluator, memory, SearchConfig(**cfg, seed=args.seed),
+                          progress=args.progress,
+                          trajectory_dir=traj_root / mode if traj_root else None)
+    wall = time.perf_counter() - t0
+    if args.save_memory:
+        memory.save(Path(args.save_memory) / f"htg_{mode}.json")
+    return metrics(mode, list(results.values()), wall)
+
+
+def metrics(mode: str, results: list, wall_s: float) -> dict:
+    n = len(results)
+    best = [r.best.speedup if r.best else None for r in results]
+    cands = sum(r.candidates for r in results)
+    return {"arm": mode, "tasks": n, "candidates": cands,
+            "cand_ok": sum(r.correct for r in results) / max(cands, 1),
+            "correct": sum(b is not None for b in best) / max(n, 1),
+            "fast1": sum(b is not None and b > 1.0 for b in best) / max(n, 1),
+            "geomean": math.exp(sum(math.log(b or 1.0) for b in best) / max(n, 1)),
+            "wall_s": wall_s,
+            "per_task": {r.task: (r.best.speedup if r.best else None) for r in results},
+            "errors": [f"{r.task}: {r.stop}" for r in results if r.stop.startswith("error")]}
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = ["| arm | tasks | candidates | cand ok | correct | fast@1 | geomean | wall |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['arm']} | {r['tasks']} | {r['candidates']} | {r['cand_ok']:.1%} | "
+                     f"{r['correct']:.1%} | {r['fast1']:.1%} | {r['geomean']:.3f}x | {r['wall_s']:.0f} s |")
+    return lines
+
+
+def per_task_table(rows: list[dict]) -> list[str]:
+    names = list(rows[0]["per_task"])
+    lines = ["| task | " + " | ".join(r["arm"] for r in rows) + " |",
+             "|---" * (len(rows) + 1) + "|"]
+    for name in names:
+        cells = [_x(r["per_task"].get(name)) for r in rows]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _x(v) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _expert():
+    from torch_htam.proposers.expert import ExpertProposer
+    return ExpertProposer()
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=HERE, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, cwd=HERE).stdout.strip()
+        return out + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", type=Path, default=HERE / "tasks", help="folder of KernelBench *.py files")
+    p.add_argument("--limit", type=int, default=None, help="only the first N task files")
+    p.add_argument("--arms", default=",".join(MODES), help="comma-separated memory modes")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--candidates", type=int, default=4, help="candidates per step")
+    p.add_argument("--warm-passes", type=int, default=1, help="warm-up passes over the tasks per arm")
+    p.add_argument("--roofline-stop", type=float, default=None, help="stop a task at this roofline fraction")
+    p.add_argument("--task-time", type=float, default=None, help="wall seconds per task and pass")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trajectories", type=Path, default=None, help="write JSONL trajectories here")
+    p.add_argument("--save-memory", default=None, help="folder to save each arm's final HTG")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
+    args = p.parse_args()
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    bad = [a for a in arms if a not in MODES]
+    if bad:
+        raise SystemExit(f"unknown arm(s) {bad}; choose from {MODES}")
+
+    import torch
+    from torch_htam.evaluation import Evaluator
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_memory needs a CUDA GPU: every candidate is verified and timed on it")
+    device = torch.cuda.get_device_name()
+    tasks = load_tasks(args.tasks, args.limit)
+    print(f"{len(tasks)} tasks from {args.tasks}, arms {arms}, {args.steps} steps x "
+          f"{args.candidates} candidates, {args.warm_passes} warm-up pass(es), device {device}",
+          file=sys.stderr)
+    rows = []
+    with Evaluator() as evaluator:
+        for mode in arms:
+            rows.append(run_arm(mode, tasks, evaluator, args, args.trajectories))
+
+    lines = table(rows)
+    print("\n".join(lines))
+    print("\n".join(per_task_table(rows)))
+    for r in rows:
+        for e in r["errors"]:
+            print(f"[{r['arm']}] {e}", file=sys.stderr)
+    if not args.no_record:
+        record(lines + [""] + per_task_table(rows), device, len(tasks), args)
+
+
+def record(lines: list[str], device: str, n_tasks: int, args) -> None:
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    head = [f"\n## bench_memory: {device}, {date}, commit {git_commit()}\n",
+            f"`python3 bench/bench_memory.py {' '.join(sys.argv[1:])}`".replace(" `", "`"), "",
+            f"{n_tasks} tasks, {args.steps} steps x {args.candidates} candidates, "
+            f"{args.warm_passes} warm-up pass(es), expert proposer, fresh HTG per arm. "
+            "correct / fast@1 / geomean are per task (best candidate); geomean counts a task "
+            "with no verified kernel as 1.0.", ""]
+    path = HERE / "RESULTS.md"
+    with open(path, "a") as f:
+        f.write("\n".join(head + lines) + "\n")
+    print(f"appended to {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
