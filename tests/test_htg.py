@@ -8,7 +8,9 @@ import pytest
 from torch_htam.evaluation import Evaluation
 from torch_htam.htg import (ALL, HTG, KINDS, MODES, PRIOR_DIR, START, Outcome, SelectConfig, Stats,
                             Trail, outcome_of)
-from torch_htam.state import KernelState
+from torch_htam.gpu import GpuInfo
+from torch_htam.state import KernelState, failure_class, headroom_tier, state_of
+from torch_htam.task import Task, TensorSpec
 
 # Strategy ids the expert proposer implements: they must exist, under these directions.
 EXPERT_IDS = {
@@ -38,6 +40,33 @@ def train(htg, state, prev, direction, outcome, times, tags=()):
 
 def eligible_directions(htg, state):
     return sorted({s.direction for s in htg.eligible(state)})
+
+
+# --- state --------------------------------------------------------------------------------------
+
+H100 = GpuInfo("H100", "sm_90a", 132, 50 << 20, 227 << 10, 3.35e12, 67e12, 989e12)
+
+
+def _task(kind, ops, dtype="float32", flops=0.0, nbytes=1.0):
+    x = TensorSpec((64, 64), dtype, (64, 1))
+    return Task("t", kind, "", [x], [x], "s", list(ops), flops=flops, bytes=nbytes)
+
+
+def test_state_of_classifies_work_bound_and_headroom():
+    norm = _task("rowwise", ["aten.layer_norm.default"], flops=8 * 4096, nbytes=2 * 4 * 4096)
+    assert state_of(norm).key() == "unknown|red|fp32|unknown|ok"   # no GPU: bound unknown
+    ok = Evaluation(True, "ok", speedup=1.3, roofline_fraction=0.7)
+    s = state_of(norm, ok, H100)
+    assert (s.bound, s.has_reduction, s.has_gemm, s.headroom) == ("memory", True, False, "medium")
+    # 1024^3 GEMM: 2.1 GFLOP over 12 MB = 171 FLOP/B, above the fp32 ridge (67e12 / 3.35e12 = 20)
+    gemm = _task("gemm", ["aten.linear.default", "aten.gelu.default"], 2 * 1024 ** 3, 12 * 2 ** 20)
+    assert state_of(gemm, None, H100).key() == "compute|gemm|fp32|unknown|ok"
+    half = state_of(_task("elementwise", ["aten.add.Tensor"], dtype="bfloat16"), None, H100,
+                    last_failure="partial_write")
+    assert half.key() == "memory|ew|half|unknown|wrong" and half.tensor_cores
+    assert [headroom_tier(f) for f in (0.3, 0.7, 0.9, None)] == ["high", "medium", "low", "unknown"]
+    assert [failure_class(r) for r in ("compile_error", "crash", "mismatch", None)] == \
+        ["build", "crash", "wrong", "ok"]
 
 
 # --- prior --------------------------------------------------------------------------------------

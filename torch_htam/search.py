@@ -103,8 +103,9 @@ class Best:
 @dataclass
 class SearchResult:
     """Outcome of one task's search. stop: "steps" | "stagnation" | "roofline" | "wall" |
-    "tokens" | "cost" | "no_candidates" | "time_budget" | "error: ..."; population: correct kernels, fastest first
-    (at most POPULATION); directions: the direction of every step after the seed."""
+    "tokens" | "cost" | "no_candidates" | "time_budget" | "error: ...". population: correct
+    kernels, fastest first (at most POPULATION); directions: the direction of each step after
+    the seed."""
     task: str
     signature: str
     best: Best | None = None
@@ -161,89 +162,121 @@ def search(task, proposer, evaluator, memory: HTG, config: SearchConfig | None =
     from torch_htam.policy import policy_for
     cfg = config or SearchConfig()
     gpu = gpu or _gpu_of(evaluator)
-    policy = policy_for(task)
     run = hashlib.sha256(f"{task.signature}:{time.time_ns()}".encode()).hexdigest()[:8]
-    traj = Trajectory(trajectory, task, run)
-    traj.write("start", kind=task.kind, memory=cfg.memory, config=cfg.to_json(),
-               proposer=getattr(proposer, "name", type(proposer).__name__))
+    loop = _Loop(task, memory, cfg, Trajectory(trajectory, task, run), gpu, policy_for(task))
+    loop.traj.write("start", kind=task.kind, memory=cfg.memory, config=cfg.to_json(),
+                    proposer=getattr(proposer, "name", type(proposer).__name__))
     t0 = time.monotonic()
-    res = SearchResult(task.name, task.signature)
-    trail = Trail(task.name, cfg.seed)
-    feedback: list[Attempt] = []
-    last_failure: str | None = None
-    stale = empty = 0
     for step in range(cfg.steps + 1):
-        stop = _budget_stop(cfg, t0, res.usage)
+        stop = _budget_stop(cfg, t0, loop.res.usage)
         if stop:
-            res.stop = stop
+            loop.res.stop = stop
             break
-        base = res.best.evaluation if res.best else None
-        state = state_of(task, base, gpu, last_failure)
+        loop.step(step, proposer, evaluator)
+        if progress is not None:
+            progress(task, step, cfg.steps, loop.res.speedup)
+        stop = loop.stop_reason()
+        if stop:
+            loop.res.stop = stop
+            break
+    res = loop.res
+    res.wall_s = time.monotonic() - t0
+    loop.traj.write("summary", stop=res.stop, steps=res.steps, candidates=res.candidates,
+                    correct=res.correct, best_speedup=_r(res.speedup),
+                    best_tags=res.best.tags if res.best else None,
+                    best_hash=(res.best.evaluation.source_hash or _hash(res.best.source))
+                    if res.best else None,
+                    directions=res.directions, usage=res.usage, wall_s=round(res.wall_s, 3))
+    return res
+
+
+@dataclass
+class _Loop:
+    """One task's search state between steps: result so far, short-term memory, feedback."""
+    task: Any
+    memory: HTG
+    cfg: SearchConfig
+    traj: Trajectory
+    gpu: Any
+    policy: Any
+    res: SearchResult = None
+    trail: Trail = None
+    feedback: list[Attempt] = field(default_factory=list)
+    last_failure: str | None = None
+    stale: int = 0     # steps since the best last improved by more than min_gain
+    empty: int = 0     # consecutive steps with an empty proposal
+
+    def __post_init__(self):
+        self.res = SearchResult(self.task.name, self.task.signature)
+        self.trail = Trail(self.task.name, self.cfg.seed)
+
+    def step(self, step: int, proposer, evaluator) -> None:
+        """Choose (seed or HTG), propose, evaluate, learn from every candidate, log."""
+        res, cfg = self.res, self.cfg
+        state = state_of(self.task, res.best.evaluation if res.best else None, self.gpu,
+                         self.last_failure)
         if step == 0:
             direction, previous, strategies, scores = SEED, START, [], {}
         else:
-            choice = memory.select(state, trail, cfg.memory, step, cfg.strategies_per_step)
-            direction, previous, strategies, scores = (choice.direction, choice.previous,
-                                                       choice.strategies, choice.scores)
-        parent_speedup = res.best.speedup if res.best else 1.0
+            c = self.memory.select(state, self.trail, cfg.memory, step, cfg.strategies_per_step)
+            direction, previous, strategies, scores = c.direction, c.previous, c.strategies, c.scores
         request = ProposalRequest(
-            task=task, direction=direction, strategies=strategies, n=cfg.candidates_per_step,
-            parent=res.best.parent() if res.best else None, feedback=feedback[-cfg.feedback:],
-            transition=None if step == 0 else (previous, direction), gpu=gpu, policy=policy)
+            task=self.task, direction=direction, strategies=strategies, n=cfg.candidates_per_step,
+            parent=res.best.parent() if res.best else None, feedback=self.feedback[-cfg.feedback:],
+            transition=None if step == 0 else (previous, direction), gpu=self.gpu,
+            policy=self.policy)
         proposal = proposer.propose(request)
         _add_usage(res.usage, proposal.usage)
         cands = proposal.candidates
-        evals = evaluator.evaluate_many(task, [c.source for c in cands]) if cands else []
+        evals = evaluator.evaluate_many(self.task, [c.source for c in cands]) if cands else []
         if len(evals) != len(cands):
             raise RuntimeError(f"evaluator returned {len(evals)} evaluations for {len(cands)} sources")
-        improved, reasons = False, []
+        parent_speedup = res.best.speedup if res.best else 1.0
+        improved = False
         for cand, ev in zip(cands, evals):
-            outcome = outcome_of(ev, parent_speedup, cfg.min_gain)
-            memory.record(state, previous, direction, cand.tags, outcome, cfg.memory)
-            trail.note_strategies(cand.tags, outcome)
-            feedback.append(_attempt(cand, ev))
-            reasons.append(ev.reason)
-            res.candidates += 1
-            res.correct += int(ev.correct)
-            became = _offer(res, Best(cand.source, list(cand.tags), dict(cand.params), ev,
-                                      cand.origin, step, direction))
-            improved |= became and outcome.success
-            traj.write("candidate", step=step, direction=direction, strategies=list(cand.tags),
-                       hash=ev.source_hash or _hash(cand.source), reason=ev.reason,
-                       detail=(ev.detail or "")[:DETAIL_CHARS], speedup=_r(ev.speedup),
-                       kernel_ms=_r(ev.kernel_ms), roofline=_r(ev.roofline_fraction),
-                       gain=_r(outcome.gain), best=became, origin=cand.origin)
+            improved |= self.absorb(step, state, previous, direction, cand, ev, parent_speedup)
+        reasons = [ev.reason for ev in evals]
         # NOTE: a step with no correct candidate says why in the next state (boundary handling etc.)
-        last_failure = None if any(r == "ok" for r in reasons) else _most_common(reasons)
+        self.last_failure = None if "ok" in reasons else _most_common(reasons)
         if step > 0:
-            trail.push(direction, improved)
+            self.trail.push(direction, improved)
             res.directions.append(direction)
-            stale = 0 if improved else stale + 1
-        empty = 0 if cands else empty + 1
+            self.stale = 0 if improved else self.stale + 1
+        self.empty = 0 if cands else self.empty + 1
         res.steps = step
-        traj.write("step", step=step, direction=direction, previous=previous, state=state.key(),
-                   strategies=[s.id for s in strategies], candidates=len(cands), improved=improved,
-                   best_speedup=_r(res.speedup), note=proposal.note[:DETAIL_CHARS],
-                   scores={d: round(v, 4) for d, v in sorted(scores.items(), key=lambda x: -x[1])[:5]})
-        if progress is not None:
-            progress(task, step, cfg.steps, res.speedup)
-        best_roof = res.best.evaluation.roofline_fraction if res.best else None
-        if cfg.roofline_stop is not None and best_roof is not None and best_roof >= cfg.roofline_stop:
-            res.stop = "roofline"
-            break
-        if cfg.stagnation and stale >= cfg.stagnation:
-            res.stop = "stagnation"
-            break
-        if empty >= EMPTY_STEPS:   # NOTE: e.g. the expert cannot express this graph at all
-            res.stop = "no_candidates"
-            break
-    res.wall_s = time.monotonic() - t0
-    traj.write("summary", stop=res.stop, steps=res.steps, candidates=res.candidates,
-               correct=res.correct, best_speedup=_r(res.speedup),
-               best_tags=res.best.tags if res.best else None,
-               best_hash=(res.best.evaluation.source_hash or _hash(res.best.source)) if res.best else None,
-               directions=res.directions, usage=res.usage, wall_s=round(res.wall_s, 3))
-    return res
+        top = sorted(scores.items(), key=lambda x: -x[1])[:5]
+        self.traj.write("step", step=step, direction=direction, previous=previous, state=state.key(),
+                        strategies=[s.id for s in strategies], candidates=len(cands),
+                        improved=improved, best_speedup=_r(res.speedup),
+                        note=proposal.note[:DETAIL_CHARS], scores={d: round(v, 4) for d, v in top})
+
+    def absorb(self, step, state, previous, direction, cand, ev, parent_speedup) -> bool:
+        """Record one evaluated candidate everywhere; True if it became a best with a real gain."""
+        outcome = outcome_of(ev, parent_speedup, self.cfg.min_gain)
+        self.memory.record(state, previous, direction, cand.tags, outcome, self.cfg.memory)
+        self.trail.note_strategies(cand.tags, outcome)
+        self.feedback.append(_attempt(cand, ev))
+        self.res.candidates += 1
+        self.res.correct += int(ev.correct)
+        became = _offer(self.res, Best(cand.source, list(cand.tags), dict(cand.params), ev,
+                                       cand.origin, step, direction))
+        self.traj.write("candidate", step=step, direction=direction, strategies=list(cand.tags),
+                        hash=ev.source_hash or _hash(cand.source), reason=ev.reason,
+                        detail=(ev.detail or "")[:DETAIL_CHARS], speedup=_r(ev.speedup),
+                        kernel_ms=_r(ev.kernel_ms), roofline=_r(ev.roofline_fraction),
+                        gain=_r(outcome.gain), best=became, origin=cand.origin)
+        return became and outcome.success
+
+    def stop_reason(self) -> str | None:
+        best, cfg = self.res.best, self.cfg
+        roof = best.evaluation.roofline_fraction if best else None
+        if cfg.roofline_stop is not None and roof is not None and roof >= cfg.roofline_stop:
+            return "roofline"
+        if cfg.stagnation and self.stale >= cfg.stagnation:
+            return "stagnation"
+        if self.empty >= EMPTY_STEPS:   # NOTE: e.g. the expert cannot express this graph at all
+            return "no_candidates"
+        return None
 
 
 def _gpu_of(evaluator):
