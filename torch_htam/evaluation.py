@@ -48,6 +48,7 @@ class Evaluation:
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     shapes_checked: list[list[list[int]]] = field(default_factory=list)
+    so_path: str | None = None       # the built library this verdict is about (None if not built)
 
     @property
     def faster(self) -> bool:
@@ -63,11 +64,13 @@ class Evaluation:
 
 # ---------------------------------------------------------------------------------- parent side
 
-def _from_result(res: dict[str, Any], source_hash: str, policy: dict, build_s: float) -> Evaluation:
+def _from_result(res: dict[str, Any], source_hash: str, policy: dict, build_s: float,
+                 so_path: str | None) -> Evaluation:
     """A worker's result dict (or the pool's timeout/crash dict) -> Evaluation."""
     known = {k: v for k, v in res.items() if k in Evaluation.__dataclass_fields__}
     known.setdefault("correct", res.get("reason") == "ok")
-    return Evaluation(**{**known, "source_hash": source_hash, "policy": policy, "build_s": build_s})
+    return Evaluation(**{**known, "source_hash": source_hash, "policy": policy, "build_s": build_s,
+                         "so_path": so_path})
 
 
 class Evaluator:
@@ -84,7 +87,8 @@ class Evaluator:
 
     def __init__(self, arch: str | None = None, timeout: float = 60.0, time: bool = True,
                  pool=None, n_workers: int | None = None):
-        from torch_htam import build
+        from torch_htam import build, gpu
+        self.gpu = gpu.detect()   # GpuInfo or None; the search reads it for its state
         self.arch = arch or build.default_arch()
         self.timeout, self.time = timeout, time
         self._pool, self._n = pool, n_workers
@@ -114,14 +118,14 @@ class Evaluator:
                                     b.source_hash, pol, build_s=b.seconds)
             elif not torch.cuda.is_available():
                 out[i] = Evaluation(False, "no_gpu", "no CUDA device: built, but cannot verify here",
-                                    b.source_hash, pol, build_s=b.seconds)
+                                    b.source_hash, pol, build_s=b.seconds, so_path=b.so_path)
             else:
                 job = {"kind": "evaluate", "task": task.to_json(), "so_path": b.so_path,
                        "policy": pol, "time": self.time}
                 futures[i] = self.pool.submit(job)
         for i, fut in futures.items():
             b = builds[i]
-            out[i] = _from_result(fut.result(), b.source_hash, pol, b.seconds)
+            out[i] = _from_result(fut.result(), b.source_hash, pol, b.seconds, b.so_path)
         return out
 
     def evaluate(self, task, source: str, policy=None) -> Evaluation:
