@@ -37,7 +37,8 @@ def _default_row(info: PlanInfo) -> dict[str, Any]:
         vec //= 2
     tpr = 32 if n <= 32 * 16 else 128 if n <= 128 * 16 else 256 if n <= 256 * 16 else 1024
     per_thread = -(-n // tpr)
-    vec = max(1, min(vec, per_thread))
+    while vec > per_thread:           # stays a power of two (vector loads are 2/4/8/16 bytes)
+        vec //= 2
     nv = -(-per_thread // vec)
     nv = 1 << (nv - 1).bit_length()
     stream = nv * vec > 16     # NOTE: > 16 values/thread spills at 1024 threads (64-register cap)
@@ -95,6 +96,8 @@ def _target(task, policy) -> _Target:
 
 
 def _valid(kind: str, p: dict) -> bool:
+    if p.get("vec", 1) & (p.get("vec", 1) - 1):
+        return False
     if kind == "rowwise":
         return p["tpr"] <= 1024 and (p["tpr"] > 32 or p["tpr"] * p["rows_per_block"] <= 1024)
     return True
