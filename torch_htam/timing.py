@@ -167,6 +167,7 @@ def measure_ceilings(device: int = 0, refresh: bool = False) -> Ceilings:
         c = Ceilings(_copy_bandwidth(), _matmul_flops(torch.float32, False),
                      _matmul_flops(torch.float32, True), _matmul_flops(torch.bfloat16, False),
                      info.l2_bytes)
+    torch.cuda.empty_cache()   # ~3 GiB of probe buffers: give them back to other processes
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(c.to_json(), indent=1))

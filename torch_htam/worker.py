@@ -99,8 +99,7 @@ class _Worker:
         kind, payload = msg
         if kind == "error":
             return {"reason": "crash", "detail": f"job raised in the worker:\n{payload}"}
-        if payload.get("exit"):   # dead CUDA context: the child exits; the next job restarts it
-            self.proc.wait(timeout=30)
+        if payload.get("exit"):   # dead CUDA context: the child is exiting; the next job restarts it
             self.stop()
         return payload
 
