@@ -135,6 +135,23 @@ def test_plans_broadcast_and_pairs():
     assert [r.pair for r in plan.reductions] == [("softmax", 0), ("softmax", 1), ("welford", 0), ("welford", 1)]
 
 
+def test_casts_round_like_torch():
+    """x.to(bf16) rounds even though x is a plain fp32 load; the bf16 mul rounds again."""
+    plan = lower(bench_task("ew_cast_chain_bf16").graph)
+    e = plan.outputs[0].expr
+    assert ("round", "bfloat16", ("in", 0)) in set(_walk(e)) and e[0] == "add"
+
+
+def test_row_length_is_read_at_run_time():
+    src = propose(bench_task("rw_layernorm_fp32"), n=1).candidates[0].source
+    assert "((float)ncol)" in src and "768" not in src.split("end prelude")[1]
+
+
+def _walk(e):
+    from torch_htam.proposers.expert.ir import walk
+    return walk(e)
+
+
 def test_unsupported_graphs_give_a_note():
     class Perm(nn.Module):
         def forward(self, x):

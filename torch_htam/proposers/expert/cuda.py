@@ -62,6 +62,8 @@ class Emitter:
         op = e[0]
         if op == "const":
             return c_float(e[1])
+        if op == "ncol":          # row kernels only: the run-time row length
+            return "((float)ncol)"
         if op == "in":
             name = self.load(e[1])
         elif op == "red":

@@ -123,7 +123,7 @@ def _host(plan: Plan, p: EwParams, entry: str) -> str:
   const int V = {p.vec};
   bool vec_ok = V > 1 && sp.size[sp.ndim - 1] % V == 0;
 {host.vector_checks(plan, "V")}
-  const bool idx32 = n < (int64_t(1) << 30) && max_off < (int64_t(1) << 30);
+  const bool idx32 = n < (int64_t(1) << 29) && max_off < (int64_t(1) << 30);   // g0 + step * UNROLL stays < 2^31
   const int64_t per_block = (int64_t){p.block} * {p.unroll} * (vec_ok ? V : 1);
   int64_t blocks = (n + per_block - 1) / per_block;
   {waves}

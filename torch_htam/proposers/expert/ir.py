@@ -10,7 +10,8 @@ per-iteration-dim strides at run time from the real sizes, so nothing of the exa
 in except what the graph's own view ops fix.
 
 Expressions are hash-consed tuples (CSE for free):
-    ("in", access_id)  ("const", float)  ("red", reduction_id)  ("round", dtype, e)  (op, e1, e2...)
+    ("in", access_id)  ("const", float)  ("red", reduction_id)  ("ncol",) (row length at run time)
+    ("round", dtype, e)  (op, e1, e2...)
 
     >>> plan = lower(task.graph)          # raises Unsupported("aten.permute: ...") when it can't
     >>> plan.kind, plan.shape, len(plan.reductions)
@@ -29,6 +30,10 @@ from torch_htam.proposers.expert import simplify as simp
 aten = torch.ops.aten
 
 SUPPORTED_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+# The row length, read at run time (never the captured size): mean = sum / NCOL.
+NCOL = ("ncol",)
 
 
 class Unsupported(Exception):
@@ -157,6 +162,7 @@ class Lowerer:
     def __init__(self, gm, shape: tuple[int, ...], kind: str, simplify: bool = True, leaves=None):
         self.gm, self.shape, self.kind, self.simplify = gm, shape, kind, simplify
         self.leaves = leaves or {}       # node -> fn(lowerer, node, amap) -> expr (e.g. a GEMM result)
+        self.input_dtypes: list[str] = []
         self.dropped: list[str] = []
         self.D = len(shape)
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -167,6 +173,12 @@ class Lowerer:
         self.ops_seen: set[str] = set()
 
     # -- helpers
+    def stored_as(self, e: tuple) -> str | None:
+        """dtype of a plain input load (already representable in it: no rounding needed)."""
+        if e[0] != "in":
+            return None
+        return self.input_dtypes[self.accesses[e[1]].input]
+
     def identity(self) -> tuple:
         return ("dims", tuple(range(self.D)))
 
@@ -258,7 +270,7 @@ class Lowerer:
             raise Unsupported(f"op {t} is not in the expert generator's vocabulary")
         # NOTE: torch rounds every intermediate to its dtype; doing the same keeps us within the
         # bf16 tolerance even where a fused fp32 chain would drift from the eager reference.
-        if out_dt != "float32" and not (e[0] == "in" or (e[0] == "round" and e[1] == out_dt)):
+        if out_dt != "float32" and not (self.stored_as(e) == out_dt or (e[0] == "round" and e[1] == out_dt)):
             e = ("round", out_dt, e)
         return e
 
@@ -347,7 +359,6 @@ class Lowerer:
         if xs != self.shape:
             raise Unsupported(f"row op over {xs}; the plan's rows are {self.shape}")
         x_row = self.val(src, self.identity())
-        N = float(xs[-1])
         if t in ROW_REDUCE:
             dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
             keep = bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
@@ -356,7 +367,7 @@ class Lowerer:
             self.check_row_use(node, amap)
             kind = ROW_REDUCE[t]
             r = self.red("sum" if kind == "mean" else kind, x_row)
-            return ("div", r, ("const", N)) if kind == "mean" else r
+            return ("div", r, NCOL) if kind == "mean" else r
         self.check_full_use(node, amap)
         if t in (aten.softmax.int, aten._softmax.default, aten.log_softmax.int,
                  aten._log_softmax.default):
@@ -379,17 +390,17 @@ class Lowerer:
             w, b = args[2], args[3]
             eps = args[4] if args[4] is not None else node.kwargs.get("eps", 1e-5)
             s1 = self.red("sum", x_row, ("welford", 0))
-            mean = ("div", s1, ("const", N))
+            mean = ("div", s1, NCOL)
             xc = ("sub", x_row, mean)
             m2 = self.red("sum", ("sq", xc), ("welford", 1))
-            y = ("mul", xc, ("rsqrt", ("add", ("div", m2, ("const", N)), ("const", float(eps)))))
+            y = ("mul", xc, ("rsqrt", ("add", ("div", m2, NCOL), ("const", float(eps)))))
         else:
             w, b = args[2], None
             eps = args[3] if args[3] is not None else node.kwargs.get("eps")
             # NOTE: aten uses epsilon of the opmath type (float) when eps is None, also for bf16.
             eps = float(torch.finfo(torch.float32).eps) if eps is None else float(eps)
             ms = self.red("sum", ("sq", x_row))
-            y = ("mul", x_row, ("rsqrt", ("add", ("div", ms, ("const", N)), ("const", eps))))
+            y = ("mul", x_row, ("rsqrt", ("add", ("div", ms, NCOL), ("const", eps))))
         if w is not None:
             y = ("mul", y, self.val(w, col))
         if b is not None:
@@ -443,6 +454,7 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=()) -> Plan:
         raise Unsupported("0-dim iteration space")
     low = Lowerer(gm, shape, kind, simplify, leaves)
     inputs = [(shape_of(p), dtype_of(p)) for p in low.placeholders] + list(extra_inputs)
+    low.input_dtypes = [dt for _, dt in inputs]
     outputs = []
     for o in _graph_outputs(gm):
         if not hasattr(o, "op"):
@@ -474,7 +486,7 @@ def walk(e: tuple):
     while stack:
         x = stack.pop()
         yield x
-        if x[0] in ("in", "const", "red"):
+        if x[0] in ("in", "const", "red", "ncol"):
             continue
         stack.extend(a for a in x[1:] if isinstance(a, tuple))
 
