@@ -38,10 +38,17 @@ std::mutex g_mutex;
 std::deque<Kernel> g_kernels;
 std::unordered_map<std::string, int64_t> g_by_path;
 
+// NOTE: numbers go into TORCH_CHECK messages as std::string. Measured on the H100 image (torch
+// 2.11): streaming an int64_t through c10::str from this extension segfaulted inside the message
+// builder (cuda-gdb: torchCheckMsgImpl<..., long, ...>), while string-only messages threw cleanly.
+// std::to_string formats without the iostream locale machinery.
+template <typename T>
+std::string num(T v) { return std::to_string(v); }
+
 const Kernel& kernel_at(int64_t handle) {
   std::lock_guard<std::mutex> lock(g_mutex);
   TORCH_CHECK(handle >= 0 && handle < (int64_t)g_kernels.size(), "htam: no kernel with handle ",
-              handle, " (", g_kernels.size(), " loaded); get one from htam::load(path)");
+              num(handle), " (", num(g_kernels.size()), " loaded); get one from htam::load(path)");
   return g_kernels[handle];
 }
 
@@ -79,24 +86,24 @@ int32_t dtype_code(at::ScalarType t) {
     case at::kByte: return HTAM_UINT8;
     default: break;
   }
-  TORCH_CHECK(false, "htam: dtype ", t, " has no code in htam_abi.h");
+  TORCH_CHECK(false, "htam: dtype ", std::string(c10::toString(t)), " has no code in htam_abi.h");
   return -1;  // unreachable
 }
 
 at::ScalarType scalar_type(int64_t code) {
   static const at::ScalarType types[] = {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble,
                                          at::kLong,  at::kInt,  at::kBool,     at::kChar, at::kByte};
-  TORCH_CHECK(code >= 0 && code < (int64_t)(sizeof(types) / sizeof(types[0])), "htam: out_meta has dtype code ", code,
+  TORCH_CHECK(code >= 0 && code < (int64_t)(sizeof(types) / sizeof(types[0])), "htam: out_meta has dtype code ", num(code),
               "; valid codes are 0..8 (htam_abi.h HtamDtype)");
   return types[code];
 }
 
 HtamTensor describe(const at::Tensor& t, c10::DeviceIndex device, const char* role, size_t i) {
-  TORCH_CHECK(t.defined(), "htam: ", role, "[", i, "] is undefined");
-  TORCH_CHECK(t.is_cuda() && t.get_device() == device, "htam: ", role, "[", i, "] is on ",
-              t.device(), ", expected the current CUDA device cuda:", (int)device);
-  TORCH_CHECK(t.dim() <= HTAM_MAX_DIMS, "htam: ", role, "[", i, "] has ", t.dim(),
-              " dims; the kernel ABI allows ", HTAM_MAX_DIMS);
+  TORCH_CHECK(t.defined(), "htam: ", role, "[", num(i), "] is undefined");
+  TORCH_CHECK(t.is_cuda() && t.get_device() == device, "htam: ", role, "[", num(i), "] is on ",
+              t.device().str(), ", expected the current CUDA device cuda:", num((int)device));
+  TORCH_CHECK(t.dim() <= HTAM_MAX_DIMS, "htam: ", role, "[", num(i), "] has ", num(t.dim()),
+              " dims; the kernel ABI allows ", num(HTAM_MAX_DIMS));
   HtamTensor h{};
   h.data = const_cast<void*>(t.const_data_ptr());
   h.ndim = (int32_t)t.dim();
@@ -127,13 +134,13 @@ std::vector<at::Tensor> launch(int64_t handle, at::TensorList inputs, at::IntArr
   std::vector<at::Tensor> outputs;
   for (size_t i = 0; i < out_meta.size();) {
     TORCH_CHECK(i + 1 < out_meta.size() && i + 2 + out_meta[i + 1] <= out_meta.size(),
-                "htam: out_meta is truncated at position ", i, "; expected [dtype, ndim, sizes...] per output");
+                "htam: out_meta is truncated at position ", num(i), "; expected [dtype, ndim, sizes...] per output");
     int64_t ndim = out_meta[i + 1];
     outputs.push_back(at::empty(out_meta.slice(i + 2, ndim), options.dtype(scalar_type(out_meta[i]))));
     i += 2 + ndim;
   }
   int64_t code = call(k, inputs, outputs);
-  TORCH_CHECK(code == 0, "htam kernel ", k.path, " returned ", code, ": ",
+  TORCH_CHECK(code == 0, "htam kernel ", k.path, " returned ", num(code), ": ",
               code == HTAM_ERR_SHAPE
                   ? "HTAM_ERR_SHAPE (the kernel does not support these shapes/dtypes; run the original region)"
                   : (code > 0 && code < HTAM_ERR_SHAPE
