@@ -80,10 +80,10 @@ class GPTStack(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-def get_model(device="cpu", dtype=torch.float32, n_layer=2, batch=2, seq=16):
+def get_model(device="cpu", dtype=torch.float32, n_layer=2, batch=2, seq=16, n_embd=64, n_head=4):
     """(model.eval(), (idx,)) with idx: (batch, seq) int64 token ids."""
     torch.manual_seed(0)
-    cfg = GPTConfig(n_layer=n_layer)
+    cfg = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=max(32, seq))
     model = GPTStack(cfg).to(device=device, dtype=dtype).eval()
     idx = torch.randint(0, 128, (batch, seq), device=device)
     return model, (idx,)

@@ -1,0 +1,120 @@
+"""optimize() end to end: the pipeline on CPU (no GPU: the model must stay on its original path),
+and on a GPU the whole thing: search, cache, swap, then eager / torch.compile / CUDA-graph replay
+on fresh inputs, a new batch size falling back, and a warm second run served from the cache."""
+import copy
+import os
+import time
+
+import pytest
+import torch
+
+import torch_htam
+from examples import gpt_block
+from torch_htam.pipeline import OptimizeConfig, tasks_of
+
+
+def test_without_gpu_the_model_keeps_its_original_path(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model, inputs = gpt_block.get_model()
+    ref = model(*inputs)
+    out_model = torch_htam.optimize(model, inputs)
+    assert out_model is model
+    assert "no CUDA GPU" in model.htam_report.note
+    torch.testing.assert_close(model(*inputs), ref, rtol=0, atol=0)
+
+
+def test_tasks_of_a_capture_are_distinct_and_counted():
+    from torch_htam.capture import capture
+    model, inputs = gpt_block.get_model(n_layer=4)
+    tasks = tasks_of(capture(model, inputs))
+    sigs = [t.signature for t in tasks]
+    assert len(sigs) == len(set(sigs))
+    assert max(t.count for t in tasks) >= 4          # per-layer regions occur once per layer
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    old = os.environ.get("HTAM_CACHE_DIR")
+    os.environ["HTAM_CACHE_DIR"] = str(tmp_path_factory.mktemp("htam_cache"))
+    yield os.environ["HTAM_CACHE_DIR"]
+    if old is None:
+        os.environ.pop("HTAM_CACHE_DIR")
+    else:
+        os.environ["HTAM_CACHE_DIR"] = old
+
+
+def _config():
+    # A small budget: the seed step plus one evolution step on the costliest tasks.
+    return OptimizeConfig(steps=1, candidates_per_step=4, max_tasks=8, time_budget_s=150,
+                          progress=True)
+
+
+def _cuda_graph_replay(model, x):
+    static = x.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.inference_mode():
+        for _ in range(2):
+            model(static)                      # warm-up outside capture (lazy module loads)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g), torch.inference_mode():
+        out = model(static)
+    fresh = torch.randint_like(x, 0, 128)
+    static.copy_(fresh)
+    g.replay()
+    torch.cuda.synchronize()
+    return fresh, out.clone()
+
+
+@pytest.mark.gpu
+def test_gpt_optimized_is_right_under_eager_compile_cudagraph_and_new_batch(cache_dir):
+    model, (idx,) = gpt_block.get_model("cuda", n_layer=2, batch=8, seq=256, n_embd=512, n_head=8)
+    ref_model = copy.deepcopy(model)
+    t0 = time.perf_counter()
+    model = torch_htam.optimize(model, (idx,), _config())
+    cold_s = time.perf_counter() - t0
+    rep = model.htam_report
+    print(rep.format(), f"\ncold optimize {cold_s:.1f} s")
+    assert rep.swapped > 0, rep.format()
+
+    with torch.inference_mode():
+        fresh = torch.randint_like(idx, 0, 128)
+        assert rel_err(model(fresh), ref_model(fresh)) < 1e-4          # eager
+        assert rep.fast_calls >= 1
+        compiled = torch.compile(model)
+        assert rel_err(compiled(fresh), ref_model(fresh)) < 1e-4       # torch.compile
+        torch._dynamo.reset()
+        before = rep.fallback_calls
+        small = torch.randint(0, 128, (2, 256), device="cuda")         # a new batch size
+        assert rel_err(model(small), ref_model(small)) < 1e-4
+        assert rep.fallback_calls == before + 1
+    fresh, out = _cuda_graph_replay(model, idx)                        # CUDA graph replay
+    with torch.inference_mode():
+        assert rel_err(out, ref_model(fresh)) < 1e-4
+
+    # Warm run: every searched kernel comes from the cache, no search.
+    torch_htam.restore(model)
+    t0 = time.perf_counter()
+    model = torch_htam.optimize(model, (idx,), _config())
+    warm_s = time.perf_counter() - t0
+    print(f"warm optimize {warm_s:.1f} s (cold {cold_s:.1f} s)")
+    assert model.htam_report.swapped == rep.swapped
+    assert warm_s < cold_s / 3
+
+
+@pytest.mark.gpu
+def test_cnn_optimized_is_right(cache_dir):
+    from examples import resnet18
+    model, (x,) = resnet18.get_model("cuda", batch=16, size=112)
+    ref_model = copy.deepcopy(model)
+    model = torch_htam.optimize(model, (x,), _config())
+    print(model.htam_report.format())
+    with torch.inference_mode():
+        fresh = torch.randn_like(x)
+        assert rel_err(model(fresh), ref_model(fresh)) < 1e-4
