@@ -23,6 +23,18 @@ def test_without_gpu_the_model_keeps_its_original_path(monkeypatch):
     torch.testing.assert_close(model(*inputs), ref, rtol=0, atol=0)
 
 
+def test_searched_log_skips_a_task_until_the_budget_grows(tmp_path):
+    from torch_htam.pipeline import SearchedLog
+    log = SearchedLog(tmp_path / "searched.json")
+    small, big = OptimizeConfig(steps=1), OptimizeConfig(steps=4)
+    assert not log.covers("abc", small)
+    log.add("abc", small, "steps", 0.98)
+    again = SearchedLog(tmp_path / "searched.json")            # persisted
+    assert again.covers("abc", small) and not again.covers("abc", big)
+    (tmp_path / "searched.json").write_text("{not json")
+    assert not SearchedLog(tmp_path / "searched.json").covers("abc", small)   # corrupt: forgotten
+
+
 def test_tasks_of_a_capture_are_distinct_and_counted():
     from torch_htam.capture import capture
     model, inputs = gpt_block.get_model(n_layer=4)
@@ -49,9 +61,8 @@ def cache_dir(tmp_path_factory):
 
 
 def _config():
-    # A small budget: the seed step plus one evolution step on the costliest tasks.
-    return OptimizeConfig(steps=1, candidates_per_step=4, max_tasks=8, time_budget_s=150,
-                          progress=True)
+    # A small budget: the seed step plus one evolution step on every task.
+    return OptimizeConfig(steps=1, candidates_per_step=4, time_budget_s=240, progress=True)
 
 
 def _cuda_graph_replay(model, x):
@@ -98,7 +109,7 @@ def test_gpt_optimized_is_right_under_eager_compile_cudagraph_and_new_batch(cach
     with torch.inference_mode():
         assert rel_err(out, ref_model(fresh)) < 1e-4
 
-    # Warm run: every searched kernel comes from the cache, no search.
+    # Warm run: winners come from the cache, losers from the searched log: no search at all.
     torch_htam.restore(model)
     t0 = time.perf_counter()
     model = torch_htam.optimize(model, (idx,), _config())

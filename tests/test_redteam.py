@@ -75,9 +75,10 @@ def test_every_cheat_rejected_for_its_reason_and_honest_kernels_accepted():
     for n in ("gelu_honest.cu", "softmax_honest.cu"):
         e = got[n]
         assert e.kernel_ms > 0 and e.ref_ms > 0 and e.speedup == pytest.approx(e.ref_ms / e.kernel_ms)
-        # NOTE: the outlier inputs reach |x| ~ 128, so absolute error is judged relative to |ref|
-        # (fp32 policy: |err| <= 1e-4 + 1e-4 |ref|); the relative error is the honest measure here.
-        assert 0 < e.roofline_fraction <= 1 / 0.9 and e.max_rel_err < 1e-4
+        # NOTE: accuracy is already judged by `correct` under the fp32 policy (|err| <= 1e-4 +
+        # 1e-4 |ref|); max_rel_err alone is no bound (it is relative wherever |ref| > atol, so it
+        # reached 1e-3 on an H100 near small references while the kernel was within policy).
+        assert 0 < e.roofline_fraction <= 1 / 0.9
         assert [4096, 4096] in [s[0] for s in e.shapes_checked]
         assert {s[0][0] for s in e.shapes_checked} == {2048, 4096, 8192}   # the dynamic dim moved
     assert "HTAM_ERR_SHAPE" in got["gelu_refuse_shape.cu"].detail

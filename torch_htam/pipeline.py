@@ -9,7 +9,9 @@ PyTorch path and the report says why.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +63,36 @@ def tasks_of(capture) -> list:
     return sorted(by_sig.values(), key=lambda t: -(t.bytes + t.flops / 100.0) * t.count)
 
 
-def _search(tasks, cfg: OptimizeConfig, gpu, cache) -> dict:
+class SearchedLog:
+    """Tasks already searched on this arch without a kernel worth keeping, with the budget spent.
+
+    NOTE: without it every optimize() call would search the losers again and a warm run would
+    never be instant. A task is searched again only when the new budget is larger
+    (more steps or candidates per step), since a larger budget can find what a small one missed.
+    Stored as JSON beside the cache: {signature: {"steps", "candidates", "stop", "best", "date"}}.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            self.data = {}     # missing or corrupt: forget, the cost is one more search
+
+    def covers(self, signature: str, cfg: OptimizeConfig) -> bool:
+        rec = self.data.get(signature)
+        return bool(rec) and rec["steps"] >= cfg.steps and rec["candidates"] >= cfg.candidates_per_step
+
+    def add(self, signature: str, cfg: OptimizeConfig, stop: str, best: float | None) -> None:
+        self.data[signature] = {"steps": cfg.steps, "candidates": cfg.candidates_per_step,
+                                "stop": stop, "best": best, "date": time.strftime("%Y-%m-%d")}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        os.replace(tmp, self.path)
+
+
+def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog) -> dict:
     """Search kernels for the cache misses; returns {signature: SearchResult}. Found kernels that
     verify and win are written to the cache as each task finishes (nothing lost on interruption)."""
     from torch_htam import paths
@@ -84,10 +115,12 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache) -> dict:
 
     def on_result(task, result):
         best = result.best
-        if best is not None and best.evaluation.correct:
+        if best is not None and best.evaluation.correct and best.speedup >= cfg.min_speedup:
             cache.put(task, best.source, best.so_path, best.evaluation,
                       {"proposer": best.origin, "tags": best.tags, "params": best.params,
                        "steps": result.steps, "gpu": gpu.name})
+        elif not result.stop.startswith("error"):
+            searched.add(task.signature, cfg, result.stop, best.speedup if best else None)
         memory.save(memory_path)   # experience persists task by task
 
     with Evaluator() as evaluator:
@@ -103,7 +136,7 @@ def optimize(model: nn.Module, example_inputs: tuple, config: OptimizeConfig | N
     >>> model.htam_report.speedups()
     """
     from torch_htam import gpu as gpu_mod
-    from torch_htam import runtime
+    from torch_htam import paths, runtime
     from torch_htam.cache import KernelCache
     from torch_htam.capture import capture as capture_model
     from torch_htam.seeds import seed_cache
@@ -119,11 +152,13 @@ def optimize(model: nn.Module, example_inputs: tuple, config: OptimizeConfig | N
     tasks = tasks_of(cap)
     cache = KernelCache(gpu.arch)
     seed_cache(cache, gpu.arch)
-    misses = [t for t in tasks if cache.get(t.signature) is None]
+    searched = SearchedLog(paths.arch_dir(gpu.arch) / "searched.json")
+    misses = [t for t in tasks
+              if cache.get(t.signature) is None and not searched.covers(t.signature, cfg)]
     if cfg.max_tasks is not None:
         misses = misses[: cfg.max_tasks]
     if cfg.search and misses:
-        _search(misses, cfg, gpu, cache)
+        _search(misses, cfg, gpu, cache, searched)
     kernels = {t.signature: e for t in tasks
                if (e := cache.get(t.signature)) is not None and e.usable(cfg.min_speedup)}
     model = runtime.install(model, cap, kernels, tasks=tasks)
