@@ -7,6 +7,7 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
 export HTAM_CACHE_DIR=${HTAM_CACHE_DIR:-/tmp/htam_cache}
+[ -f COMMIT ] && export HTAM_COMMIT=$(cat COMMIT)   # device copies carry no .git
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv,noheader
 T0=$(date +%s)
