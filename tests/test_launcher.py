@@ -45,6 +45,45 @@ def test_fake_impl_allocates_from_out_meta():
         (torch.Size([3, 5]), torch.bfloat16, "meta"), (torch.Size([7]), torch.bool, "meta")]
 
 
+def test_plain_eager_accepts_only_real_tensors_outside_tracing():
+    x = torch.ones(3)
+    assert launcher.plain_eager([x]) and launcher.plain_eager([torch.nn.Parameter(x), x])
+    assert not launcher.plain_eager([])
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(x)
+        assert not launcher.plain_eager([fake])
+    assert not launcher.plain_eager([fake])                  # a FakeTensor, even outside its mode
+
+    class Nop(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Nop():
+        assert not launcher.plain_eager([x])
+
+
+def _branch(x):
+    # What fast_launch does, observable on CPU: +1 on the eager binding, -1 on the op.
+    return x + 1 if launcher.plain_eager([x]) else x - 1
+
+
+def test_traced_calls_take_the_op_branch():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    x = torch.zeros(2)
+    assert torch.equal(_branch(x), x + 1)
+    assert torch.equal(make_fx(_branch)(x)(x), x - 1)                # real tensors, a dispatch mode
+    assert torch.equal(torch.compile(_branch, backend="eager", fullgraph=True)(x), x - 1)
+    torch._dynamo.reset()
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return _branch(x)
+
+    ep = torch.export.export(M(), (x,), strict=False)
+    assert torch.equal(ep.module()(x), x - 1)
+
+
 @pytest.mark.skipif(torch.version.cuda is not None, reason="this torch has CUDA")
 def test_cpu_torch_gets_a_clear_error():
     with pytest.raises(RuntimeError, match="needs a CUDA build of torch"):

@@ -108,7 +108,8 @@ class Provider:
 
 
 def launcher_provider() -> Provider:
-    """The real path: launcher.Kernel(.so) called through torch.ops.htam.launch."""
+    """The real path: launcher.Kernel(.so) called through launcher.fast_launch, which is
+    torch.ops.htam.launch for anything traced (compile, export) and its cheaper binding in eager."""
     from torch_htam import launcher
 
     def load(kernel):
@@ -120,7 +121,7 @@ def launcher_provider() -> Provider:
         return launcher.Kernel(str(kernel.so_path))
 
     launcher.get()   # builds/loads the C++ launcher once, registering torch.ops.htam.launch
-    return Provider(torch.ops.htam.launch.default, load)
+    return Provider(launcher.fast_launch, load)
 
 
 # ---- swap ------------------------------------------------------------------------------------
