@@ -1,0 +1,146 @@
+"""bench/kernelbench.py: the table / summary arithmetic on fabricated rows, task loading on CPU,
+the no-GPU exit, and (GPU) a small end-to-end run."""
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("kernelbench_bench", ROOT / "bench" / "kernelbench.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod   # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+kb = _load_script()
+
+
+def _rows():
+    R = kb.Row
+    return [
+        # correct, 2x faster than eager, 1.25x faster than compile
+        R("a", "elementwise", "fp32", eager_ms=2.0, compile_ms=1.25, compile_s=3.0, ours_ms=1.0,
+          roofline=0.8, bandwidth=0.8, correct=True, stop="roofline", candidates=8, search_s=10.0),
+        # correct but slower than both: 0.5x eager, 0.25x compile
+        R("b", "gemm", "bf16", eager_ms=1.0, compile_ms=0.5, ours_ms=2.0, correct=True,
+          stop="steps", candidates=12, search_s=20.0, tokens=1000.0, cost_usd=0.5),
+        # no verified kernel: counts 1.0x, never fast_1, even though eager/compile were timed
+        R("c", "rowwise", "fp32", eager_ms=1.0, compile_ms=1.0, correct=False, stop="stagnation",
+          candidates=12, search_s=30.0),
+        # correct and 4x faster than eager, but torch.compile failed: out of the compile figures
+        R("d", "conv", "fp32", eager_ms=4.0, ours_ms=1.0, correct=True, compile_error="boom",
+          stop="steps", candidates=4, search_s=5.0),
+        # export failed: no kernel, no times
+        R("e", error="export: ValueError: nope", stop="export_error"),
+    ]
+
+
+def test_ratios_only_for_verified_kernels():
+    a, b, c, d, e = _rows()
+    assert a.vs_eager == pytest.approx(2.0) and a.vs_compile == pytest.approx(1.25)
+    assert b.vs_eager == pytest.approx(0.5) and b.vs_compile == pytest.approx(0.25)
+    assert c.vs_eager is None and c.vs_compile is None
+    assert d.vs_eager == pytest.approx(4.0) and d.vs_compile is None
+    assert e.vs_eager is None
+    assert e.to_json()["vs_eager"] is None and a.to_json()["vs_compile"] == pytest.approx(1.25)
+
+
+def test_summary_counts_and_geomeans():
+    s = kb.summarize(_rows())
+    assert s["tasks"] == 5 and s["correct"] == 3 and s["errors"] == 1
+    assert s["fast1_eager"] == 2        # a and d
+    assert s["fast1_compile"] == 1      # a only (d's compile failed)
+    # vs eager over all 5 tasks: 2, 0.5, 1 (c), 4, 1 (e)
+    assert s["geomean_eager"] == pytest.approx(math.exp((math.log(2) + math.log(0.5) + math.log(4)) / 5))
+    # vs compile over the 3 tasks compile handled: 1.25, 0.25, 1 (c)
+    assert s["compiled"] == 3
+    assert s["geomean_compile"] == pytest.approx((1.25 * 0.25) ** (1 / 3))
+    assert s["candidates"] == 36 and s["search_s"] == pytest.approx(65.0)
+    assert s["tokens"] == 1000.0 and s["cost_usd"] == pytest.approx(0.5)
+
+
+def test_geomean():
+    assert kb.geomean([]) == 1.0
+    assert kb.geomean([2.0, 8.0]) == pytest.approx(4.0)
+
+
+def test_table_and_summary_text():
+    rows = _rows()
+    lines = kb.table(rows)
+    assert len(lines) == 2 + len(rows)
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+    a, b, c, d, e = lines[2:]
+    assert "| a | elem | fp32 | 2 | 1.25 | 3.0 | 1 | 2.00x | 1.25x | 80% | 80% | y | roofline |" in a
+    assert "0.50x | 0.25x" in b
+    assert "| n | stagnation |" in c and "| - | - |" in c
+    assert "| fail |" in d and "4.00x" in d
+    assert "export_error" in e
+    text = "\n".join(kb.summary_lines(kb.summarize(rows), llm=True))
+    assert "correct 3 (60%)" in text and "fast_1 vs eager 2 (40%)" in text
+    assert "fast_1 vs torch.compile 1 (20%)" in text
+    assert "over the 3 it compiled" in text and "counts 1.00x" in text
+    assert "1000 tokens, $0.50" in text and "1 task(s) had errors" in text
+    assert "tokens" not in "\n".join(kb.summary_lines(kb.summarize(rows), llm=False))
+
+
+def test_load_tasks_on_bench_tasks():
+    loaded = kb.load_tasks(ROOT / "bench" / "tasks")
+    assert len(loaded) == len(list((ROOT / "bench" / "tasks").glob("*.py"))) >= 20
+    for row, task in loaded:
+        assert row.error is None, row.error
+        assert task.name == row.name and task.source and task.inputs and task.outputs
+        assert row.kind == task.kind and row.dtype in ("fp32", "tf32", "bf16", "fp16")
+    kinds = {row.name: row.kind for row, _ in loaded}
+    assert kinds["rw_softmax_bf16"] == "rowwise" and kinds["gemm_linear_bias_gelu_fp32"] == "gemm"
+    assert {row.name: row.dtype for row, _ in loaded}["ew_swiglu_bf16"] == "bf16"
+
+
+def test_load_tasks_reports_a_broken_file_and_goes_on(tmp_path):
+    src = (ROOT / "bench" / "tasks" / "rw_softmax_fp32.py").read_text()
+    (tmp_path / "a_good.py").write_text(src)
+    (tmp_path / "b_broken.py").write_text("import torch\nclass Model(torch.nn.Module):\n    pass\n")
+    (tmp_path / "c_good.py").write_text(src)
+    loaded = kb.load_tasks(tmp_path)
+    assert [r.name for r, _ in loaded] == ["a_good", "b_broken", "c_good"]
+    (ra, ta), (rb, tb), (rc, tc) = loaded
+    assert ta is not None and tc is not None and tb is None
+    assert rb.stop == "export_error" and rb.error.startswith("export: ") and "get_inputs" in rb.error
+    assert len(kb.load_tasks(tmp_path, limit=1)) == 1
+    with pytest.raises(SystemExit, match="no KernelBench task files"):
+        kb.load_tasks(tmp_path / "empty")
+
+
+def test_list_mode_needs_no_gpu(capsys):
+    assert kb.main(["--list", "--limit", "2"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 2 and out[0].startswith("conv_bn_add_relu_fp32: conv, fp32")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_without_gpu_exits_with_a_clear_message():
+    with pytest.raises(SystemExit, match="needs a CUDA GPU.*--list"):
+        kb.main(["--limit", "1", "--no-append"])
+
+
+@pytest.mark.gpu
+def test_small_run_on_gpu(tmp_path, capsys):
+    out = tmp_path / "kb.json"
+    assert kb.main(["--limit", "3", "--steps", "0", "--candidates", "2", "--no-append",
+                    "--out", str(out), str(ROOT / "bench" / "tasks")]) == 0
+    data = json.loads(out.read_text())
+    assert data["summary"]["tasks"] == 3 and len(data["rows"]) == 3
+    for r in data["rows"]:
+        assert r["error"] is None, r["error"]
+        assert r["eager_ms"] > 0 and (r["compile_ms"] or 0) >= 0
+        if r["correct"]:
+            assert r["ours_ms"] > 0 and r["vs_eager"] == pytest.approx(r["eager_ms"] / r["ours_ms"])
+            assert 0 < r["roofline"] < 1 / 0.9 + 1e-9
+    assert "geomean speedup" in capsys.readouterr().out
