@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+DEVICE = "cuda"   # where the arms run; tests point it at the CPU with fakes for kernel and timer
 KIND_SHORT = {"elementwise": "elem", "rowwise": "row", "attention": "attn"}
 NO_GPU = ("bench/kernelbench.py needs a CUDA GPU: candidates are verified and timed on it, and so are "
           "eager and torch.compile (torch {version} sees none). Run it on a GPU machine, or pass "
@@ -220,15 +221,15 @@ def search_all(loaded, args) -> dict[str, object]:
 # ---- phase 2: eager vs torch.compile vs ours, same process, same inputs -----------------------
 
 def input_sets(task, seed: int = 7):
-    """A make_inputs for time_fn: each call makes one fresh (inputs, outputs) set on CUDA. A new
+    """A make_inputs for time_fn: each call makes one fresh (inputs, outputs) set on DEVICE. A new
     factory with the same seed makes the same sequence, so every arm sees the same inputs."""
     import torch
     from torch_htam.verify import make_input
     gen = torch.Generator().manual_seed(seed)
 
     def make():
-        ins = [make_input(s, s.shape, "normal", gen, "cuda") for s in task.inputs]
-        outs = [torch.empty_strided(s.shape, s.stride, dtype=s.torch_dtype, device="cuda")
+        ins = [make_input(s, s.shape, "normal", gen, DEVICE) for s in task.inputs]
+        outs = [torch.empty_strided(s.shape, s.stride, dtype=s.torch_dtype, device=DEVICE)
                 for s in task.outputs]
         return ins, outs
     return make
@@ -242,7 +243,7 @@ def measure(row: Row, task, best, ceilings) -> None:
     from torch_htam.policy import policy_for
     from torch_htam.task import load_reference
     policy = policy_for(task)
-    ref = load_reference(task).cuda().eval()
+    ref = load_reference(task).to(DEVICE).eval()
     with torch.no_grad(), _tf32(policy.allow_tf32):
         # NOTE: eager and compiled run as the user would run them: TF32 exactly when the policy
         # (the user's matmul precision) allows it, as the evaluator times its reference.

@@ -124,6 +124,90 @@ def test_list_mode_needs_no_gpu(capsys):
     assert len(out) == 2 and out[0].startswith("conv_bn_add_relu_fp32: conv, fp32")
 
 
+class _FakeTimer:
+    """Stands in for timing.time_fn on the CPU: runs fn on one set, returns the next given time."""
+
+    def __init__(self, times_ms):
+        self.times, self.calls = list(times_ms), 0
+
+    def __call__(self, fn, make_inputs, **kw):
+        from torch_htam.timing import Timing
+        fn(make_inputs())
+        self.calls += 1
+        ms = self.times.pop(0)
+        return Timing(ms, ms, ms, 1, ms, ms)
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """measure() on the CPU: DEVICE cpu, no CUDA sync, our 'kernel' is the reference (+ shift)."""
+    from torch_htam.task import load_reference
+    monkeypatch.setattr(kb, "DEVICE", "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+    def use_kernel(shift):
+        def ours(task, so_path):
+            ref = load_reference(task)
+            return lambda s: [ref(*s[0]) + shift]
+        monkeypatch.setattr(kb, "ours", ours)
+    return use_kernel
+
+
+def _softmax_task():
+    from torch_htam.task import task_from_source
+    task = task_from_source((ROOT / "bench" / "tasks" / "rw_softmax_fp32.py").read_text(), "softmax")
+    return kb.Row(task.name, task.kind, "fp32"), task
+
+
+def _ceilings():
+    from torch_htam.timing import Ceilings
+    return Ceilings(bandwidth=2e12, fp32=5e13, tf32=4e14, bf16=8e14)
+
+
+def test_measure_fills_the_row_and_a_compile_failure_is_not_fatal(monkeypatch, on_cpu):
+    from types import SimpleNamespace
+    from torch_htam import timing
+    on_cpu(0.0)
+    timer = _FakeTimer([2.0, 0.5])   # eager, ours (compile never gets timed)
+    monkeypatch.setattr(timing, "time_fn", timer)
+
+    def broken_compile(model, **kw):
+        raise RuntimeError("inductor exploded\nlong traceback")
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    row, task = _softmax_task()
+    kb.measure(row, task, SimpleNamespace(so_path="unused.so"), _ceilings())
+    assert timer.calls == 2 and row.eager_ms == 2.0 and row.ours_ms == 0.5
+    assert row.compile_ms is None and row.compile_error == "RuntimeError: inductor exploded"
+    roof = timing.roofline_ms(task, _ceilings(), "fp32")
+    assert row.roofline == pytest.approx(roof / 0.5)
+    assert row.bandwidth == pytest.approx(task.bytes / 0.5e-3 / 2e12)   # softmax is memory-bound
+    row.correct = True
+    assert row.vs_eager == pytest.approx(4.0) and row.vs_compile is None
+
+
+def test_measure_times_compile_and_skips_ours_without_a_kernel(monkeypatch, on_cpu):
+    from torch_htam import timing
+    on_cpu(0.0)
+    monkeypatch.setattr(timing, "time_fn", _FakeTimer([2.0, 1.5]))
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: model)   # no C++ toolchain needed
+    row, task = _softmax_task()
+    kb.measure(row, task, None, _ceilings())
+    assert (row.eager_ms, row.compile_ms, row.ours_ms) == (2.0, 1.5, None)
+    assert row.compile_s is not None and row.compile_s >= 0 and row.roofline is None
+
+
+def test_measure_rejects_a_kernel_whose_launch_disagrees(monkeypatch, on_cpu):
+    from types import SimpleNamespace
+    from torch_htam import timing
+    on_cpu(1e-2)   # far outside fp32's 1e-4
+    monkeypatch.setattr(timing, "time_fn", _FakeTimer([2.0, 1.0, 0.5]))
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: model)
+    row, task = _softmax_task()
+    with pytest.raises(RuntimeError, match="launch check failed \\(mismatch\\)"):
+        kb.measure(row, task, SimpleNamespace(so_path="unused.so"), _ceilings())
+    assert row.ours_ms is None
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
 def test_without_gpu_exits_with_a_clear_message():
     with pytest.raises(SystemExit, match="needs a CUDA GPU.*--list"):
