@@ -203,3 +203,102 @@ def test_launch_inside_cuda_graph_capture(kernels):
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(y, torch.arange(256.0, device="cuda") + 1)
+
+
+# ---------------------------------------------------------------- GPU: the eager fast path
+
+@pytest.mark.gpu
+def test_fast_launch_matches_the_op(kernels):
+    assert callable(launcher.extension().launch)
+    add, probe = kernels["add_f32"], kernels["abi_probe"]
+    a, b = torch.randn(100, 7, device="cuda"), torch.randn(100, 7, device="cuda")
+    assert launcher.plain_eager([a, b])
+    meta = launcher.encode_out_meta([TensorSpec.of(a)])
+    fast, = launcher.fast_launch(add.handle, [a, b], meta)
+    op, = torch.ops.htam.launch.default(add.handle, [a, b], meta)
+    assert type(fast) is torch.Tensor and fast.shape == (100, 7) and fast.is_contiguous()
+    torch.testing.assert_close(fast, op, rtol=0, atol=0)
+    torch.testing.assert_close(fast, a + b, rtol=0, atol=0)
+    # The ABI structs the kernel sees are the same on both paths (non-contiguous + 0-dim inputs).
+    x = torch.randn(4, 6, 8, device="cuda").transpose(0, 2)
+    s = torch.tensor(7, device="cuda", dtype=torch.int32)
+    torch.testing.assert_close(launcher.fast_launch(probe.handle, [x, s], [4, 1, 60])[0],
+                               torch.ops.htam.launch.default(probe.handle, [x, s], [4, 1, 60])[0], rtol=0, atol=0)
+    # A Parameter first (a region that starts with a weight) also takes the binding.
+    w = torch.nn.Parameter(a.clone(), requires_grad=False)
+    torch.testing.assert_close(launcher.extension().launch(add.handle, [w, b], meta)[0], a + b, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_fast_launch_errors_are_runtime_errors_with_the_code_name(kernels):
+    add, bad = kernels["add_f32"], kernels["launch_error"]
+    ext = launcher.extension()
+    h = torch.randn(16, device="cuda", dtype=torch.float16)
+    out = torch.empty(16, device="cuda")
+    for call in (launcher.fast_launch, ext.launch):        # the wrapper and the binding itself
+        with pytest.raises(RuntimeError, match="HTAM_ERR_SHAPE"):
+            call(add.handle, [h, h], [1, 1, 16])
+        with pytest.raises(RuntimeError, match="cudaErrorInvalid(Value|Configuration)"):
+            call(bad.handle, [out], [0, 1, 16])
+        with pytest.raises(RuntimeError, match="no kernel with handle"):
+            call(10**6, [out], [0, 1, 16])
+        with pytest.raises(RuntimeError, match="out_meta is truncated"):
+            call(add.handle, [out, out], [0, 2, 16])
+        with pytest.raises(RuntimeError, match="current CUDA device"):
+            call(add.handle, [out, torch.empty(16)], [0, 1, 16])
+    # The launcher still works after the errors.
+    torch.testing.assert_close(launcher.fast_launch(add.handle, [out.fill_(1), out], [0, 1, 16])[0],
+                               torch.full_like(out, 2), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_fast_launch_inside_cuda_graph_capture(kernels):
+    add = kernels["add_f32"]
+    a, b = torch.randn(256, device="cuda"), torch.randn(256, device="cuda")
+    launcher.fast_launch(add.handle, [a, b], [0, 1, 256])     # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):               # the capture stream is the current stream
+        assert launcher.plain_eager([a, b])     # so the binding, not the op, is what is captured
+        y, = launcher.fast_launch(add.handle, [a, b], [0, 1, 256])
+    a.copy_(torch.arange(256.0, device="cuda"))
+    b.fill_(1.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, torch.arange(256.0, device="cuda") + 1)
+
+
+@pytest.mark.gpu
+def test_fast_launch_under_torch_compile_records_the_op(kernels):
+    add = kernels["add_f32"]
+    graphs = []
+
+    def recording(gm, example_inputs):     # a Dynamo backend that keeps the graph it was given
+        graphs.append(gm)
+        return gm.forward
+
+    def f(a, b):
+        y, = launcher.fast_launch(add.handle, [a, b], [0, 2, 64, 32])
+        return torch.relu(y) * 2
+
+    a, b = torch.randn(64, 32, device="cuda"), torch.randn(64, 32, device="cuda")
+    torch.testing.assert_close(torch.compile(f, backend=recording, fullgraph=True)(a, b), torch.relu(a + b) * 2)
+    targets = [n.target for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert torch.ops.htam.launch.default in targets and launcher.fast_launch not in targets
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(f, fullgraph=True)(a, b), torch.relu(a + b) * 2)   # inductor
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+def test_fast_launch_under_export_records_the_op(kernels):
+    add = kernels["add_f32"]
+
+    class M(torch.nn.Module):
+        def forward(self, a, b):
+            return launcher.fast_launch(add.handle, [a, b], [0, 1, 128])[0]
+
+    a, b = torch.randn(128, device="cuda"), torch.randn(128, device="cuda")
+    ep = torch.export.export(M(), (a, b), strict=False)
+    assert torch.ops.htam.launch.default in [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    torch.testing.assert_close(ep.module()(a, b), a + b, rtol=0, atol=0)
