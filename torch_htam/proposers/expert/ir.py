@@ -93,6 +93,7 @@ class Plan:
 # unary elementwise aten op -> expression op name (codegen.py gives each its C++)
 UNARY = {
     aten.relu.default: "relu", aten.gelu.default: "gelu", aten.silu.default: "silu",
+    aten.relu_.default: "relu", aten.silu_.default: "silu",    # in-place forms (conv blocks)
     aten.sigmoid.default: "sigmoid", aten.tanh.default: "tanh", aten.exp.default: "exp",
     aten.neg.default: "neg", aten.rsqrt.default: "rsqrt", aten.sqrt.default: "sqrt",
     aten.log.default: "log", aten.abs.default: "abs", aten.reciprocal.default: "recip",
@@ -262,7 +263,7 @@ class Lowerer:
             e = ("sq", x) if p == 2.0 else ("sqrt", x) if p == 0.5 else ("mul", x, ("const", 1.0)) \
                 if p == 1.0 else ("powc", x, ("const", p))
         elif t in (aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default,
-                   aten.hardtanh.default):
+                   aten.hardtanh.default, aten.hardtanh_.default, aten.relu6.default):
             e = self.clamp(node, amap)
         elif t in ROW_REDUCE or t in ROW_OPS:
             e = self.row(node, amap)
@@ -326,8 +327,10 @@ class Lowerer:
     def clamp(self, node, amap) -> tuple:
         x = self.val(node.args[0], amap)
         t = node.target
-        if t is aten.hardtanh.default:
+        if t in (aten.hardtanh.default, aten.hardtanh_.default):
             lo, hi = (list(node.args[1:3]) + [-1.0, 1.0][len(node.args) - 1:])[:2]
+        elif t is aten.relu6.default:
+            lo, hi = 0.0, 6.0
         elif t is aten.clamp_min.default:
             lo, hi = node.args[1], None
         elif t is aten.clamp_max.default:

@@ -1,6 +1,6 @@
 """ExpertProposer: the built-in, offline, deterministic proposer.
 
-graph -> plan (ir.lower / gemm.match) -> default parameters -> strategy moves (strategies.TABLE)
+graph -> plan (ir.lower / gemm.match / conv.match) -> default parameters -> strategy moves (strategies.TABLE)
 -> up to n distinct parameter settings -> CUDA sources. The search evaluates them on the GPU and
 keeps the best, so a proposal is one autotuning round around the parent's parameters.
 
@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from torch_htam.proposers.base import Candidate, Proposal, ProposalRequest
-from torch_htam.proposers.expert import elementwise, gemm, rowwise
+from torch_htam.proposers.expert import conv, elementwise, gemm, rowwise
 from torch_htam.proposers.expert.cuda import DT
 from torch_htam.proposers.expert.ir import Plan, Unsupported, lower
 from torch_htam.proposers.expert.strategies import PlanInfo, moves_for, strategy_id, GEMM_ALGOS
@@ -71,14 +71,18 @@ def _default_tags(kind: str, params: dict, info: PlanInfo) -> list[str]:
 class _Target:
     """One supported task: its kind, default params and how to render params to CUDA."""
 
-    def __init__(self, kind: str, info: PlanInfo, defaults: dict, render, note: str = ""):
+    def __init__(self, kind: str, info: PlanInfo, defaults: dict, render, note: str = "", tagger=None):
         self.kind, self.info, self.defaults, self.render, self.note = kind, info, defaults, render, note
+        self.tagger = tagger     # params -> the kind's path-dependent strategy tags (conv)
 
 
 def _target(task, policy) -> _Target:
     try:
         plan = lower(task.graph)
     except Unsupported as e_plan:
+        if conv.has_conv(task.graph):
+            cp = conv.match(task.graph, policy)
+            return _Target("conv", cp.info, cp.defaults(), cp.render, tagger=cp.tags)
         try:
             gp = gemm.match(task.graph, policy)
         except Unsupported as e_gemm:
@@ -118,7 +122,7 @@ class ExpertProposer:
         except Exception as e:   # NOTE: never raise into the search; an odd graph is just unsupported
             return Proposal([], f"expert: failed to plan {task.name}: {type(e).__name__}: {e}")
         base = dict(tgt.defaults)
-        base_tags = _default_tags(tgt.kind, base, tgt.info)
+        base_tags = tgt.tagger(base) if tgt.tagger else _default_tags(tgt.kind, base, tgt.info)
         parent = request.parent
         if parent is not None and parent.params and set(parent.params) <= set(base):
             base.update(parent.params)
@@ -165,13 +169,13 @@ class ExpertProposer:
             for s, variants in per:
                 if level < len(variants):
                     p = dict(base, **variants[level])
-                    out.append((p, _tags(tgt.kind, p, info, base_tags, [s])))
+                    out.append((p, _tags(tgt.kind, p, info, base_tags, [s], tgt.tagger)))
         if len(per) > 1:
             p = dict(base)
             for _, v in per:
                 p.update(v[0])
-            out.append((p, _tags(tgt.kind, p, info, base_tags, [s for s, _ in per])))
-        if tgt.kind == "gemm":   # cuBLASLt heuristic's next algorithms, under the same strategy tags
+            out.append((p, _tags(tgt.kind, p, info, base_tags, [s for s, _ in per], tgt.tagger)))
+        if tgt.kind in ("gemm", "conv"):   # the library heuristic's next algorithms, same strategy tags
             for a in GEMM_ALGOS:
                 p = dict(out[-1][0] if out else base, **a)
                 out.append((p, out[-1][1] if out else list(base_tags)))
@@ -181,8 +185,11 @@ class ExpertProposer:
         return out
 
 
-def _tags(kind: str, params: dict, info: PlanInfo, base_tags: list[str], applied: list[str]) -> list[str]:
+def _tags(kind: str, params: dict, info: PlanInfo, base_tags: list[str], applied: list[str],
+          tagger=None) -> list[str]:
     tags = list(dict.fromkeys(base_tags + applied))
+    if kind == "conv":       # conv tags follow the cuDNN path actually used
+        return [t for t in tags if t not in conv.TAG_IDS] + tagger(params)
     if kind == "rowwise":   # mapping tags follow the mapping actually used
         wpr, bpr = "warp_per_row", "block_per_row"
         tags = [t for t in tags if t not in (wpr, bpr)] + [wpr if params["tpr"] <= 32 else bpr]
@@ -212,5 +219,7 @@ def _seed_order(kind: str) -> list[str]:
     if kind == "rowwise":
         return ["online_softmax", "welford_statistics", "block_per_row", "warp_per_row",
                 "row_in_registers", "read_only_cache_loads"]
+    if kind == "conv":
+        return ["fold_batchnorm", "fuse_elementwise_chain", "tf32_tensor_cores", "bf16_tensor_cores"]
     return ["cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores"]
 

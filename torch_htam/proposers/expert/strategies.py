@@ -16,7 +16,7 @@ from typing import Any, Callable
 @dataclass(frozen=True)
 class PlanInfo:
     """What the strategy table needs to know about a plan (kept small so gemm plans fit too)."""
-    kind: str                   # "elementwise" | "rowwise" | "gemm"
+    kind: str                   # "elementwise" | "rowwise" | "gemm" | "conv"
     ncol: int = 0               # row length at capture (rowwise)
     vec16: int = 4              # elements in 16 bytes of the narrowest dtype
     has_softmax_pair: bool = False
@@ -27,6 +27,8 @@ class PlanInfo:
     allow_tf32: bool = False
     fp32: bool = True
     epilogue_fits_lt: bool = False
+    has_batchnorm: bool = False        # conv: an eval batch norm is folded in
+    epilogue_fits_cudnn: bool = False  # conv: cudnnConvolutionBiasActivationForward covers the epilogue
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ def _row_in_regs(i: PlanInfo) -> list[dict]:
 
 
 EW, ROW, GEMM = frozenset({"elementwise"}), frozenset({"rowwise"}), frozenset({"gemm"})
+CONV = frozenset({"conv"})
 EW_ROW = EW | ROW
 
 TABLE: dict[str, Strategy] = {
@@ -64,7 +67,8 @@ TABLE: dict[str, Strategy] = {
     "block_per_row": Strategy(ROW, lambda i: [{"tpr": t} for t in (256, 128, 512, 1024)]),
     "grid_stride_loop": Strategy(EW_ROW, lambda i: [{"waves": 8}, {"waves": 4}, {"waves": 16}]),
     "persistent_grid": Strategy(EW_ROW, lambda i: [{"waves": 2}, {"waves": 1}]),
-    "fuse_elementwise_chain": Strategy(EW | GEMM, lambda i: [{}]),
+    "fuse_elementwise_chain": Strategy(EW | GEMM | CONV, lambda i: [{"fused": True}] if i.kind == "conv"
+                                       and i.epilogue_fits_cudnn else [{}]),
     "fuse_row_prologue_epilogue": Strategy(ROW, lambda i: [{}]),
     "warp_shuffle_reduction": Strategy(ROW, lambda i: [{"tpr": 32}, {"tpr": 16, "rows_per_block": 8}]),
     "online_softmax": Strategy(ROW, lambda i: [{"online": True}], lambda i: i.has_softmax_pair),
@@ -75,14 +79,18 @@ TABLE: dict[str, Strategy] = {
     "drop_noop_ops": Strategy(EW_ROW, lambda i: [{}], lambda i: i.has_dropped),
     # GEMM: cuBLASLt with its fused epilogue, or cuBLASLt + one fused epilogue kernel
     "cublaslt_epilogue": Strategy(GEMM, lambda i: [{"lt_epilogue": True}], lambda i: i.epilogue_fits_lt),
-    "gemm_plus_epilogue_kernel": Strategy(GEMM, lambda i: [{"lt_epilogue": False}]),
-    "tf32_tensor_cores": Strategy(GEMM, lambda i: [{"tf32": True}], lambda i: i.fp32 and i.allow_tf32),
-    "bf16_tensor_cores": Strategy(GEMM, lambda i: [{"algo": 1}, {"algo": 2}], lambda i: not i.fp32),
+    "gemm_plus_epilogue_kernel": Strategy(GEMM | CONV, lambda i: [{"fused": False} if i.kind == "conv"
+                                                                  else {"lt_epilogue": False}]),
+    "tf32_tensor_cores": Strategy(GEMM | CONV, lambda i: [{"tf32": True}], lambda i: i.fp32 and i.allow_tf32),
+    "bf16_tensor_cores": Strategy(GEMM | CONV, lambda i: [{"algo": 1}, {"algo": 2}], lambda i: not i.fp32),
+    # conv: BN folded into cuDNN's fused conv + bias + residual + ReLU, or into our epilogue kernel
+    "fold_batchnorm": Strategy(CONV, lambda i: [{"fused": True}] * i.epilogue_fits_cudnn + [{"fused": False}],
+                               lambda i: i.has_batchnorm),
 }
-# GEMM plans also tune the cuBLASLt heuristic's algorithm choice under any strategy.
+# GEMM/conv plans also tune the cuBLASLt / cuDNN heuristic's algorithm choice under any strategy.
 GEMM_ALGOS = [{"algo": 1}, {"algo": 2}, {"algo": 3}]
 
-KNOWN = set(TABLE) | {"smem_tiling", "fold_batchnorm"}   # ids the prior uses; these two unimplemented
+KNOWN = set(TABLE) | {"smem_tiling"}   # ids the prior uses; smem_tiling is unimplemented
 
 
 def strategy_id(s: Any) -> str:

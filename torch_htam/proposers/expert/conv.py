@@ -1,0 +1,518 @@
+"""Conv2d regions: cuDNN convolution with inference batch norm folded in, plus the elementwise epilogue.
+
+A region aten.conv2d -> [aten.batch_norm (eval)] -> elementwise epilogue (residual add, ReLU, ...)
+runs one of two ways (params["fused"]):
+
+  False  cudnnConvolutionForward writes the raw conv into the output, then one in-place elementwise
+         kernel computes out = epilogue(out * scale[k] + shift[k], other inputs).
+  True   the weights are pre-scaled into scratch (w' = w * scale[k]) and
+         cudnnConvolutionBiasActivationForward computes out = act(conv(x, w') + residual + shift)
+         in one library call. Only when the epilogue is exactly [+ residual] [ReLU].
+
+Batch norm folds to scale = gamma * rsqrt(var + eps), shift = beta + (bias - mean) * scale per output
+channel k. Weights and running statistics are task inputs, so a tiny kernel folds them on the device
+at every call (K threads; K * C/g * R * S when it also scales the weights).
+
+Precision: strict fp32 runs with CUDNN_FMA_MATH (CUDNN_DEFAULT_MATH would allow TF32 on sm_80+);
+TF32 (CUDNN_DEFAULT_MATH) only when the policy allows it and params["tf32"]; bf16/fp16 use tensor-op
+math with fp32 compute. The algorithm is the params["algo"]-th of cudnnGetConvolutionForwardAlgorithm_v7's
+ranking; one cuDNN declines at run time is skipped for the next.
+
+NOTE: the cuDNN handle, the workspace, a scratch buffer and each shape's descriptors + algorithm are
+created lazily on the first call per device/shape (cudnnCreate, cudaMalloc): make the first call for a
+shape outside CUDA-graph capture (verification always does). Buffers only grow, and an outgrown one is
+never freed because a captured graph may still point at it.
+
+    >>> cp = match(task.graph, policy); src = cp.render(cp.defaults())
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from torch_htam.proposers.expert import elementwise
+from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float
+from torch_htam.proposers.expert.ir import Plan, Unsupported, dtype_of, lower, shape_of, walk
+from torch_htam.proposers.expert.strategies import PlanInfo
+
+aten = torch.ops.aten
+CUDNN_TYPES = {"float32": "CUDNN_DATA_FLOAT", "bfloat16": "CUDNN_DATA_BFLOAT16", "float16": "CUDNN_DATA_HALF"}
+RELUS = (aten.relu.default, aten.relu_.default)
+# strategy ids whose presence ConvPlan.tags decides from the params
+TAG_IDS = ("fold_batchnorm", "fuse_elementwise_chain", "gemm_plus_epilogue_kernel", "tf32_tensor_cores",
+           "bf16_tensor_cores")
+
+
+@dataclass(frozen=True)
+class BatchNorm:
+    """Input indices of the eval-mode batch norm's parameters (gamma/beta None: affine=False)."""
+    gamma: int | None
+    beta: int | None
+    mean: int
+    var: int
+    eps: float
+
+
+@dataclass
+class ConvPlan:
+    x: int                           # input index of x [N, C, H, W]
+    w: int                           # input index of the filter [K, C/groups, R, S]
+    bias: int | None                 # input index of the conv bias [K]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    dtype: str
+    bn: BatchNorm | None
+    epilogue: Plan                   # elementwise over the output; reads G (the conv) and S/T (scale/shift)
+    g: int                           # index of G among epilogue.inputs; S = g + 1, T = g + 2 with bn
+    residual: int | None = None      # fused path: input index added before the activation
+    relu: bool = False               # fused path: ReLU (else identity)
+    fusable: bool = False            # cuDNN's conv + bias + residual + act covers the whole region
+    allow_tf32: bool = False
+    info: PlanInfo | None = None
+
+    @property
+    def n_inputs(self) -> int:
+        return self.g
+
+    def defaults(self) -> dict:
+        p = dataclasses.asdict(elementwise.EwParams(vec=16 // DT[self.dtype][2]))
+        p.update(fused=False, tf32=self.allow_tf32 and self.dtype == "float32", algo=0)
+        return p
+
+    def render(self, params: dict) -> str:
+        return render(self, params)
+
+    def tags(self, params: dict) -> list[str]:
+        """Strategy ids the setting embodies (they follow the path actually taken)."""
+        fused = bool(params.get("fused")) and self.fusable
+        epilogue = fused or not _g_only(self.epilogue, self.g)
+        tags = ["fold_batchnorm"] if self.bn is not None else []
+        if epilogue:
+            tags.append("fuse_elementwise_chain")
+        if epilogue and not fused:
+            tags.append("gemm_plus_epilogue_kernel")
+        if _math(self, params)[0] == "CUDNN_DEFAULT_MATH":
+            tags.append("tf32_tensor_cores")
+        if self.dtype != "float32":
+            tags.append("bf16_tensor_cores")
+        return tags
+
+
+def has_conv(gm) -> bool:
+    """Whether the graph has any convolution op (routes the region here instead of GEMM)."""
+    return any(n.op == "call_function" and "conv" in str(n.target) for n in gm.graph.nodes)
+
+
+def _arg(node, i: int, name: str, default):
+    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+
+
+def _pair(v, what: str) -> tuple[int, int]:
+    v = [v] if isinstance(v, int) else list(v)
+    if len(v) == 1:
+        v = v * 2
+    if len(v) != 2 or not all(isinstance(a, int) for a in v):
+        raise Unsupported(f"conv2d {what}={v!r} (need two ints)")
+    return v[0], v[1]
+
+
+def _conv_node(gm):
+    convs = [n for n in gm.graph.nodes if n.op == "call_function" and "conv" in str(n.target)]
+    if len(convs) != 1 or convs[0].target is not aten.conv2d.default:
+        raise Unsupported(f"{[str(n.target) for n in convs]} (need exactly one aten.conv2d.default)")
+    return convs[0]
+
+
+def _batch_norm(conv, ph) -> tuple[object, BatchNorm | None]:
+    """(anchor node whose value the epilogue reads, the folded batch norm or None)."""
+    users = list(conv.users)
+    if not (len(users) == 1 and users[0].target is aten.batch_norm.default and users[0].args[0] is conv):
+        if any(u.target is aten.batch_norm.default for u in users):
+            raise Unsupported("conv result used besides its batch norm")
+        return conv, None
+    bn = users[0]
+    if _arg(bn, 5, "training", True):
+        raise Unsupported("batch_norm in training mode (statistics depend on the batch)")
+    idx = []
+    for i, name in ((1, "weight"), (2, "bias"), (3, "running_mean"), (4, "running_var")):
+        v = _arg(bn, i, name, None)
+        if v is not None and v not in ph:
+            raise Unsupported(f"batch_norm {name} must be a region input")
+        idx.append(ph.index(v) if v is not None else None)
+    if idx[2] is None or idx[3] is None:
+        raise Unsupported("batch_norm without running statistics")
+    return bn, BatchNorm(idx[0], idx[1], idx[2], idx[3], float(_arg(bn, 7, "eps", 1e-5)))
+
+
+def _fused_tail(gm, anchor, ph, shape, dt) -> tuple[bool, int | None, bool]:
+    """(fits, residual input, relu): whether the epilogue is exactly [+ residual] [ReLU] over the anchor."""
+    node, residual, relu = anchor, None, False
+    users = list(node.users)
+    if len(users) == 1 and users[0].target is aten.add.Tensor and _arg(users[0], 2, "alpha", 1) == 1:
+        add = users[0]
+        other = add.args[1] if add.args[0] is node else add.args[0]
+        if other in ph and other is not node and shape_of(other) == shape and dtype_of(other) == dt:
+            residual, node = ph.index(other), add
+            users = list(node.users)
+    if len(users) == 1 and users[0].target in RELUS:
+        relu, node = True, users[0]
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    return (len(outs) == 1 and outs[0] is node), residual, relu
+
+
+def match(gm, policy) -> ConvPlan:
+    """Plan a single-conv2d region with optional eval batch norm and an elementwise epilogue.
+
+    >>> cp = match(task.graph, policy_for(task)); cp.bn, cp.fusable
+    (BatchNorm(gamma=2, beta=3, mean=4, var=5, eps=1e-05), True)
+    """
+    conv = _conv_node(gm)
+    ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    x, w = conv.args[0], conv.args[1]
+    b = _arg(conv, 2, "bias", None)
+    for v, what in ((x, "input"), (w, "weight"), (b, "bias")):
+        if v is not None and v not in ph:
+            raise Unsupported(f"conv2d {what} must be a region input (no prologue ops before the conv)")
+    if len(shape_of(x)) != 4 or len(shape_of(w)) != 4:
+        raise Unsupported("conv2d needs a 4-D (batched NCHW) input and a 4-D filter")
+    stride = _pair(_arg(conv, 3, "stride", [1, 1]), "stride")
+    padding = _pair(_arg(conv, 4, "padding", [0, 0]), "padding")
+    dilation = _pair(_arg(conv, 5, "dilation", [1, 1]), "dilation")
+    groups = int(_arg(conv, 6, "groups", 1))
+    dt = dtype_of(conv)
+    if any(dtype_of(v) != dt for v in (x, w) + ((b,) if b is not None else ())):
+        raise Unsupported("mixed-dtype conv2d")
+    anchor, bn = _batch_norm(conv, ph)
+    yshape = shape_of(anchor)
+    outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    if len(outs) != 1 or shape_of(outs[0]) != yshape or dtype_of(outs[0]) != dt:
+        raise Unsupported("conv epilogue must produce one output of the conv's shape and dtype")
+    g = len(ph)
+
+    def leaf(low, node, amap):
+        if amap[0] != "dims":
+            raise Unsupported("conv result read through a reshape")
+        ch = ("dims", (amap[1][1],))
+        e = low.access(g, "dims", amap[1])
+        if bn is not None:
+            e = ("add", ("mul", e, low.access(g + 1, *ch)), low.access(g + 2, *ch))
+        elif b is not None:
+            e = ("add", e, low.val(b, ch))
+        # NOTE: torch rounds the conv / batch norm result to bf16/fp16 before the epilogue ops.
+        return ("round", dt, e) if dt != "float32" and e[0] != "in" else e
+
+    extra = [(yshape, dt)] + ([((yshape[1],), "float32")] * 2 if bn is not None else [])
+    plan = lower(gm, leaves={anchor: leaf}, extra_inputs=extra)
+    if plan.kind != "elementwise":
+        raise Unsupported("row ops after a conv")
+    ident = tuple(range(plan.ndim))
+    if any(a.input == g and a.dims != ident for a in plan.accesses):
+        raise Unsupported("conv result read broadcast/reshaped in the epilogue")
+    fits, residual, relu = _fused_tail(gm, anchor, ph, yshape, dt)
+    fits = fits and (bn is not None or b is not None or residual is not None or relu)
+    cp = ConvPlan(ph.index(x), ph.index(w), ph.index(b) if b is not None else None, stride, padding,
+                  dilation, groups, dt, bn, plan, g, residual, relu, fits, bool(policy and policy.allow_tf32))
+    cp.info = PlanInfo("conv", yshape[1], 16 // DT[dt][2], has_transcendental=plan.has_transcendental,
+                       low_precision=dt != "float32", allow_tf32=cp.allow_tf32, fp32=dt == "float32",
+                       has_batchnorm=bn is not None, epilogue_fits_cudnn=fits)
+    return cp
+
+
+def _g_only(plan: Plan, g: int) -> bool:
+    """The epilogue is the plain conv result (nothing to run after cuDNN)."""
+    e = plan.outputs[0].expr
+    return e[0] == "in" and plan.accesses[e[1]].input == g
+
+
+# ---- CUDA text ------------------------------------------------------------------------------------
+
+def _fold_kernel(cp: ConvPlan, shift_t: str) -> str:
+    """scale[k] / shift[k] per output channel, and w2 = w * scale[k] when w2 != nullptr."""
+    bn, names = cp.bn, {}
+    if bn is not None:
+        names = {"gamma": bn.gamma, "beta": bn.beta, "mean": bn.mean, "var": bn.var}
+    names["bias"] = cp.bias
+    present = {k: v for k, v in names.items() if v is not None}
+    wt = DT[cp.dtype][0]
+
+    def ld(name: str, k: str, default: str = "0.f") -> str:
+        return f"{DT[cp.epilogue.inputs[present[name]][1]][0]}::to_f({name}[{k}])" if name in present else default
+
+    def scale(k: str) -> str:
+        return f"{ld('gamma', k, '1.f')} * rsqrtf({ld('var', k)} + eps)" if bn is not None else "1.f"
+
+    shift = (f"{ld('beta', 'i')} + ({ld('bias', 'i')} - {ld('mean', 'i')}) * s" if bn is not None
+             else ld("bias", "i"))
+    args = "".join(f"const {DT[cp.epilogue.inputs[i][1]][0]}::raw* __restrict__ {n}, " for n, i in present.items())
+    return f"""
+// Folds batch norm (and the conv bias) per output channel k: y = conv * scale[k] + shift[k].
+__global__ void fold_kernel({args}float eps, int64_t K, int64_t per, int64_t n,
+    float* __restrict__ scale, {shift_t}::raw* __restrict__ shift, const {wt}::raw* __restrict__ w,
+    {wt}::raw* __restrict__ w2) {{
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {{
+    if (i < K) {{
+      const float s = {scale('i')};
+      if (scale != nullptr) scale[i] = s;
+      shift[i] = {shift_t}::from_f({shift});
+    }}
+    if (w2 != nullptr) w2[i] = {wt}::from_f({wt}::to_f(w[i]) * ({scale('i / per')}));
+  }}
+}}
+""", [(n, i) for n, i in present.items()]
+
+
+def _math(cp: ConvPlan, params: dict) -> tuple[str, bool]:
+    """(cuDNN math type to plan with, strict fp32)."""
+    if cp.dtype != "float32":
+        return "CUDNN_TENSOR_OP_MATH", False
+    if params.get("tf32") and cp.allow_tf32:
+        return "CUDNN_DEFAULT_MATH", False       # NOTE: DEFAULT permits TF32 tensor cores on sm_80+
+    return "CUDNN_FMA_MATH", True
+
+
+def render(cp: ConvPlan, params: dict) -> str:
+    fused = bool(params.get("fused")) and cp.fusable
+    math, strict = _math(cp, params)
+    dt, dtc, cudnn_t = DT[cp.dtype][0], DT[cp.dtype][1], CUDNN_TYPES[cp.dtype]
+    plan, g = cp.epilogue, cp.g
+    epi_needed = not fused and not _g_only(plan, g)
+    epi_src = ""
+    if epi_needed:
+        ew = {k: v for k, v in params.items() if k in elementwise.EwParams.__dataclass_fields__}
+        ew["nc"] = False         # NOTE: the epilogue overwrites the conv result in place
+        epi_src = elementwise.generate(plan, elementwise.EwParams(**ew), cp.info.low_precision,
+                                       entry="static int epilogue_run", restrict=False, prelude=False)
+    fold = fused or cp.bn is not None
+    shift_t = dt if fused else "F32"   # cuDNN's bias has the output dtype; our epilogue reads fp32
+    fold_src, present = _fold_kernel(cp, shift_t) if fold else ("", [])
+    identity_only = fused and not cp.relu   # cuDNN: IDENTITY activation only with IMPLICIT_PRECOMP_GEMM
+    (sh, sw), (ph_, pw), (dh, dw), G = cp.stride, cp.padding, cp.dilation, cp.groups
+    scale_w = fused and cp.bn is not None
+    checks = "\n".join(
+        f"  if (in[{i}].ndim != 1 || in[{i}].sizes[0] != K || !htam_contiguous(in[{i}]) || "
+        f"in[{i}].dtype != {DT[plan.inputs[i][1]][1]} || in[{i}].data == nullptr) return HTAM_ERR_SHAPE;"
+        for i in sorted({i for _, i in present} | ({cp.bias} if cp.bias is not None else set())))
+    if cp.residual is not None and fused:
+        r = cp.residual
+        checks += (f"\n  if (in[{r}].dtype != {dtc} || in[{r}].ndim != 4 || !htam_contiguous(in[{r}]) ||"
+                   f" in[{r}].data == nullptr) return HTAM_ERR_SHAPE;"
+                   f"\n  for (int i = 0; i < 4; ++i) if (in[{r}].sizes[i] != Y.sizes[i]) return HTAM_ERR_SHAPE;")
+    fold_launch = ""
+    if fold:
+        ptrs = "".join(f"(const {DT[plan.inputs[i][1]][0]}::raw*)in[{i}].data, " for _, i in present)
+        fold_launch = f"""  {{
+    const int64_t per = htam_numel(&Wt) / K, n = {"htam_numel(&Wt)" if scale_w else "K"};
+    const int blocks = (int)std::min<int64_t>((n + 255) / 256, 4096);
+    fold_kernel<<<blocks, 256, 0, stream>>>({ptrs}{c_float(cp.bn.eps if cp.bn else 0.0)}, K, per, n,
+        {"nullptr" if fused else "scale"}, ({shift_t}::raw*)shift, (const {dt}::raw*)Wt.data,
+        {"(" + dt + "::raw*)w2" if scale_w else "nullptr"});
+    HTAM_CHECK_LAUNCH();
+  }}"""
+    if fused:
+        z = f"in[{cp.residual}].data" if cp.residual is not None else "Y.data"
+        conv_call = (f"cudnnConvolutionBiasActivationForward(st->handle, &one, e->x, X.data, e->f, "
+                     f"{'w2' if scale_w else 'Wt.data'}, e->conv, e->algo[e->pick], st->ws, e->mem[e->pick], "
+                     f"&{'one' if cp.residual is not None else 'zero'}, e->y, {z}, e->b, shift, e->act, e->y, Y.data)")
+        fused_descs = f"""
+  CD(cudnnCreateTensorDescriptor(&e->b));
+  CD(cudnnSetTensor4dDescriptor(e->b, CUDNN_TENSOR_NCHW, {cudnn_t}, 1, K, 1, 1));
+  CD(cudnnCreateActivationDescriptor(&e->act));
+  CD(cudnnSetActivationDescriptor(e->act, {"CUDNN_ACTIVATION_RELU" if cp.relu else "CUDNN_ACTIVATION_IDENTITY"}, CUDNN_NOT_PROPAGATE_NAN, 0.0));"""
+    else:
+        conv_call = ("cudnnConvolutionForward(st->handle, &one, e->x, X.data, e->f, Wt.data, e->conv, "
+                     "e->algo[e->pick], st->ws, e->mem[e->pick], &zero, e->y, Y.data)")
+        fused_descs = ""
+    n_ext = len(plan.inputs)
+    if epi_needed:
+        bn_ext = ("\n    ext[n_in + 1] = channel_vec(scale, K);\n    ext[n_in + 2] = channel_vec(shift, K);"
+                  if cp.bn is not None else "")
+        tail = (f"  {{\n    HtamTensor ext[{n_ext}];\n    for (int i = 0; i < n_in; ++i) ext[i] = in[i];\n"
+                f"    ext[n_in] = Y;{bn_ext}\n    return epilogue_run(ext, {n_ext}, out, n_out, stream);\n  }}")
+    else:
+        tail = "  return HTAM_OK;"
+    w2_bytes = f"((size_t)htam_numel(&Wt) * {DT[cp.dtype][2]} + 255) / 256 * 256" if scale_w else "0"
+    scratch_ptrs = "\n".join(line for line, used in (
+        ("  float* scale = (float*)st->scratch;", fold and not fused),
+        ("  void* shift = (char*)st->scratch + vec_bytes;", fold),
+        ("  void* w2 = (char*)st->scratch + 2 * vec_bytes;", scale_w)) if used)
+    mode = "cudnnConvolutionBiasActivationForward" if fused else "cudnnConvolutionForward" + (
+        " + epilogue kernel" if epi_needed else "")
+    return f"""// torch_htam expert: cuDNN conv2d ({mode}) params={sorted(params.items())}
+{PRELUDE}
+#include <algorithm>
+#include <cudnn.h>
+
+{epi_src}
+{fold_src}
+#define CD(x) do {{ cudnnStatus_t s_ = (x); if (s_ != CUDNN_STATUS_SUCCESS) return 3000 + (int)s_; }} while (0)
+static const size_t kMaxWorkspace = size_t(1) << 30;   // skip algorithms wanting more than 1 GiB
+
+struct DnnState {{ cudnnHandle_t handle = nullptr; void* ws = nullptr; size_t ws_bytes = 0;
+                  void* scratch = nullptr; size_t scratch_bytes = 0; }};
+
+// Lazily per device: the handle (cudnnSetStream is called on every run).
+static int dnn_state(DnnState** out) {{
+  static DnnState states[64];
+  int dev = 0;
+  cudaError_t ce = cudaGetDevice(&dev);
+  if (ce != cudaSuccess) return (int)ce;
+  if (dev < 0 || dev >= 64) return HTAM_ERR_SHAPE;
+  DnnState& s = states[dev];
+  if (!s.handle) CD(cudnnCreate(&s.handle));
+  *out = &s;
+  return 0;
+}}
+
+// Grow-only device buffer. NOTE: an outgrown buffer is never freed: a captured CUDA graph may use it.
+static int grow(void** buf, size_t* cap, size_t need) {{
+  if (need <= *cap) return 0;
+  const size_t bytes = std::max(need, std::max(2 * *cap, size_t(1) << 20));
+  void* p = nullptr;
+  cudaError_t ce = cudaMalloc(&p, bytes);
+  if (ce != cudaSuccess) return (int)ce;
+  *buf = p; *cap = bytes;
+  return 0;
+}}
+
+static HtamTensor channel_vec(void* p, int64_t K) {{
+  HtamTensor t = {{}};
+  t.data = p; t.ndim = 1; t.sizes[0] = K; t.strides[0] = 1; t.dtype = HTAM_FLOAT32;
+  return t;
+}}
+
+static int64_t out_size(int64_t in, int64_t pad, int64_t dil, int64_t k, int64_t stride) {{
+  const int64_t span = in + 2 * pad - dil * (k - 1) - 1;
+  return span < 0 ? 0 : span / stride + 1;
+}}
+
+static bool not_supported(cudnnStatus_t s) {{
+  return s == CUDNN_STATUS_NOT_SUPPORTED || ((int)s >= 3000 && (int)s < 4000);   // cuDNN 9 codes
+}}
+
+// Descriptors + the ranked algorithms for one problem, cached (a few shapes per kernel in practice).
+struct ConvEntry {{
+  bool used = false; int dev = -1; int64_t dims[7] = {{0}};   // N, C, H, W of x; K, R, S of the filter
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, b = nullptr;
+  cudnnFilterDescriptor_t f = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnActivationDescriptor_t act = nullptr;
+  int n_algo = 0, pick = 0;
+  cudnnConvolutionFwdAlgo_t algo[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  cudnnMathType_t math[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  size_t mem[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+}};
+
+static void release(ConvEntry* e) {{
+  if (e->x) cudnnDestroyTensorDescriptor(e->x);
+  if (e->y) cudnnDestroyTensorDescriptor(e->y);
+  if (e->b) cudnnDestroyTensorDescriptor(e->b);
+  if (e->f) cudnnDestroyFilterDescriptor(e->f);
+  if (e->conv) cudnnDestroyConvolutionDescriptor(e->conv);
+  if (e->act) cudnnDestroyActivationDescriptor(e->act);
+  *e = ConvEntry();
+}}
+
+// Run with the entry's i-th ranked algorithm: set its math type, size the workspace.
+static int use_algo(DnnState* st, ConvEntry* e, int i) {{
+  e->pick = i;
+  CD(cudnnSetConvolutionMathType(e->conv, e->math[i]));
+  size_t need = 0;
+  CD(cudnnGetConvolutionForwardWorkspaceSize(st->handle, e->x, e->f, e->conv, e->y, e->algo[i], &need));
+  e->mem[i] = std::max(e->mem[i], need);
+  return grow(&st->ws, &st->ws_bytes, e->mem[i]);
+}}
+
+static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, int64_t Q) {{
+  const int K = (int)d[4];
+  CD(cudnnCreateTensorDescriptor(&e->x));
+  CD(cudnnCreateTensorDescriptor(&e->y));
+  CD(cudnnCreateFilterDescriptor(&e->f));
+  CD(cudnnCreateConvolutionDescriptor(&e->conv));
+  CD(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, {cudnn_t}, (int)d[0], (int)d[1], (int)d[2], (int)d[3]));
+  CD(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, {cudnn_t}, (int)d[0], K, (int)P, (int)Q));
+  CD(cudnnSetFilter4dDescriptor(e->f, {cudnn_t}, CUDNN_TENSOR_NCHW, K, (int)(d[1] / {G}), (int)d[5], (int)d[6]));
+  CD(cudnnSetConvolution2dDescriptor(e->conv, {ph_}, {pw}, {sh}, {sw}, {dh}, {dw}, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  CD(cudnnSetConvolutionGroupCount(e->conv, {G}));
+  // NOTE: set before ranking so the heuristic only proposes algorithms valid under this math type.
+  CD(cudnnSetConvolutionMathType(e->conv, {math}));{fused_descs}
+  cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  int found = 0;
+  CD(cudnnGetConvolutionForwardAlgorithm_v7(st->handle, e->x, e->f, e->conv, e->y,
+                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
+  for (int i = 0; i < found; ++i) {{
+    const cudnnConvolutionFwdAlgoPerf_t& p = perf[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > kMaxWorkspace) continue;
+    if ({"true" if identity_only else "false"} && p.algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) continue;
+    bool dup = false;
+    for (int j = 0; j < e->n_algo; ++j) dup |= e->algo[j] == p.algo;
+    if (dup && {"true" if strict else "false"}) continue;
+    e->algo[e->n_algo] = p.algo;
+    e->math[e->n_algo] = {"CUDNN_FMA_MATH" if strict else "p.mathType"};   // strict fp32: never TF32
+    e->mem[e->n_algo] = p.memory;
+    ++e->n_algo;
+  }}
+  if (e->n_algo == 0 && {"true" if identity_only else "false"}) {{
+    e->algo[0] = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM; e->math[0] = {math}; e->mem[0] = 0;
+    e->n_algo = 1;
+  }}
+  if (e->n_algo == 0) return HTAM_ERR_SHAPE;   // no algorithm under this precision: the original region runs
+  return use_algo(st, e, std::min({int(params.get("algo", 0))}, e->n_algo - 1));
+}}
+
+HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
+  if (n_in != {cp.n_inputs} || n_out != 1) return HTAM_ERR_SHAPE;
+  const HtamTensor& X = in[{cp.x}];
+  const HtamTensor& Wt = in[{cp.w}];
+  HtamTensor& Y = out[0];
+  for (const HtamTensor* t : {{&X, &Wt, (const HtamTensor*)&Y}})
+    if (t->dtype != {dtc} || t->ndim != 4 || !htam_contiguous(*t) || t->data == nullptr) return HTAM_ERR_SHAPE;
+  const int64_t d[7] = {{X.sizes[0], X.sizes[1], X.sizes[2], X.sizes[3], Wt.sizes[0], Wt.sizes[2], Wt.sizes[3]}};
+  const int64_t K = d[4];
+  if (Wt.sizes[1] * {G} != d[1] || K % {G} != 0 || d[1] == 0) return HTAM_ERR_SHAPE;
+  const int64_t P = out_size(d[2], {ph_}, {dh}, d[5], {sh}), Q = out_size(d[3], {pw}, {dw}, d[6], {sw});
+  if (Y.sizes[0] != d[0] || Y.sizes[1] != K || Y.sizes[2] != P || Y.sizes[3] != Q) return HTAM_ERR_SHAPE;
+  // the legacy cuDNN API takes int sizes and indexes with 32 bits
+  if (htam_numel(&X) > INT32_MAX || htam_numel(&Y) > INT32_MAX || htam_numel(&Wt) > INT32_MAX) return HTAM_ERR_SHAPE;
+{checks}
+  if (htam_numel(&Y) == 0) return HTAM_OK;
+  DnnState* st = nullptr;
+  int rc = dnn_state(&st);
+  if (rc) return rc;
+  CD(cudnnSetStream(st->handle, stream));
+  int dev = 0;
+  cudaGetDevice(&dev);
+  static ConvEntry cache[4];
+  static int next_slot = 0;
+  ConvEntry* e = nullptr;
+  for (auto& c : cache)
+    if (c.used && c.dev == dev && std::equal(d, d + 7, c.dims)) e = &c;
+  if (!e) {{
+    e = &cache[next_slot];
+    next_slot = (next_slot + 1) % 4;
+    release(e);
+    if ((rc = plan_entry(st, e, d, P, Q))) {{ release(e); return rc; }}
+    e->used = true; e->dev = dev; std::copy(d, d + 7, e->dims);
+  }}
+  // scratch: scale[K] fp32 | shift[K] (fp32, or the output dtype as cuDNN's bias) | scaled weights
+  const size_t vec_bytes = ((size_t)K * 4 + 255) / 256 * 256;
+  if ((rc = grow(&st->scratch, &st->scratch_bytes, 2 * vec_bytes + {w2_bytes}))) return rc;
+{scratch_ptrs}
+{fold_launch}
+  const float one = 1.f, zero = 0.f;
+  (void)zero;
+  for (;;) {{
+    const cudnnStatus_t s = {conv_call};
+    if (s == CUDNN_STATUS_SUCCESS) break;
+    // cuDNN declines some (algorithm, fusion) pairs only at run time: take the next ranked one.
+    if (!not_supported(s) || e->pick + 1 >= e->n_algo) return 3000 + (int)s;
+    if ((rc = use_algo(st, e, e->pick + 1))) return rc;
+  }}
+{tail}
+}}
+"""
