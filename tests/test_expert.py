@@ -241,3 +241,178 @@ def test_default_candidates_match_torch(path):
                 assert torch.isfinite(o).all(), (path.stem, cand.params)
                 torch.testing.assert_close(o, r, atol=policy.atol, rtol=policy.rtol,
                                            msg=lambda m: f"{path.stem} {cand.params}: {m}")
+
+
+# ---- conv2d regions (cuDNN) ----
+
+class ConvBlock(nn.Module):
+    """conv2d -> [eval batch norm] -> [+ residual] -> activation, weights and stats as inputs."""
+
+    def __init__(self, bn=True, act="relu", stride=1, padding=1, dilation=1, groups=1):
+        super().__init__()
+        self.bn, self.act, self.conv = bn, act, dict(stride=stride, padding=padding, dilation=dilation,
+                                                     groups=groups)
+
+    def forward(self, x, w, b, gamma, beta, mean, var, res):
+        y = F.conv2d(x, w, b, **self.conv)
+        if self.bn:
+            y = F.batch_norm(y, mean, var, gamma, beta, False, 0.1, 1e-5)
+        if res is not None:
+            y = y + res
+        return {"relu": F.relu, "relu_": lambda t: F.relu(t, inplace=True), "silu": F.silu,
+                "relu6": F.relu6, None: lambda t: t}[self.act](y)
+
+
+def conv_inputs(n=2, c=8, k=16, hw=10, r=3, bias=True, res=False, dtype=torch.float32, device="cpu",
+                **conv) -> list:
+    groups = conv.get("groups", 1)
+    x = torch.randn(n, c, hw, hw, dtype=dtype, device=device)
+    w = torch.randn(k, c // groups, r, r, dtype=dtype, device=device) * 0.2
+    y = F.conv2d(x, w, None, conv.get("stride", 1), conv.get("padding", 1), conv.get("dilation", 1), groups)
+    vec = [torch.randn(k, dtype=dtype, device=device) for _ in range(3)]
+    var = torch.rand(k, dtype=dtype, device=device) + 0.5
+    return [x, w, vec[0] if bias else None, vec[1], vec[2], torch.randn(k, dtype=dtype, device=device), var,
+            torch.randn_like(y) if res else None]
+
+
+def conv_task(block: ConvBlock, inputs: list) -> Task:
+    """A task over the non-None inputs (None ones are bound into the module)."""
+    keep = [i for i, v in enumerate(inputs) if v is not None]
+
+    class Bound(nn.Module):
+        def forward(self, *xs):
+            full = [None] * len(inputs)
+            for i, v in zip(keep, xs):
+                full[i] = v
+            return block(*full)
+    return small_task(Bound(), *[inputs[i] for i in keep])
+
+
+CONV_CASES = {
+    "bn_relu_bias": (ConvBlock(), {}),
+    "bn_add_relu": (ConvBlock(), {"res": True, "bias": False}),
+    "bn_relu_inplace_s2_g2": (ConvBlock(act="relu_", stride=2, groups=2), {"stride": 2, "groups": 2}),
+    "bn_silu_dil2": (ConvBlock(act="silu", padding=2, dilation=2), {"padding": 2, "dilation": 2}),
+    "relu_no_bn": (ConvBlock(bn=False), {}),
+    "bias_only": (ConvBlock(bn=False, act=None), {}),
+    "plain": (ConvBlock(bn=False, act=None), {"bias": False}),
+    "bn_relu6_1x1": (ConvBlock(act="relu6", padding=0), {"r": 1, "padding": 0}),
+}
+
+
+def _case(name: str, dtype=torch.float32, device="cpu") -> tuple[ConvBlock, list]:
+    block, kw = CONV_CASES[name]
+    return block, conv_inputs(dtype=dtype, device=device, **kw)
+
+
+def test_conv_tasks_get_both_cudnn_paths():
+    for stem in ("conv_bn_relu_fp32", "conv_bn_add_relu_fp32"):
+        cands = propose(bench_task(stem)).candidates
+        assert len(cands) == 4
+        first, fused = cands[0], cands[1]
+        assert not first.params["fused"] and "cudnnConvolutionForward(" in first.source
+        assert "epilogue_run(ext" in first.source and "fold_kernel<<<" in first.source
+        assert fused.params["fused"] and "cudnnConvolutionBiasActivationForward(" in fused.source
+        assert "epilogue_run" not in fused.source and "CUDNN_ACTIVATION_RELU" in fused.source
+        assert {"fold_batchnorm", "gemm_plus_epilogue_kernel"} <= set(first.tags)
+        assert "gemm_plus_epilogue_kernel" not in fused.tags
+    res = propose(bench_task("conv_bn_add_relu_fp32")).candidates[1].source
+    assert "&one, e->y, in[6].data" in res      # the residual is cuDNN's z with alpha2 = 1
+
+
+@pytest.mark.parametrize("name", CONV_CASES)
+def test_conv_paths_follow_the_epilogue(name):
+    block, inputs = _case(name)
+    cands = propose(conv_task(block, inputs), n=8).candidates
+    fused = [c for c in cands if c.params["fused"]]
+    unfused = [c for c in cands if not c.params["fused"]]
+    assert unfused and all(build.check_source(c.source) == [] for c in cands)
+    fusable = name in ("bn_relu_bias", "bn_add_relu", "bn_relu_inplace_s2_g2", "relu_no_bn", "bias_only")
+    assert bool(fused) == fusable, [c.params for c in cands]
+    assert ("epilogue_run" in unfused[0].source) == (name != "plain")
+    assert ("fold_kernel" in unfused[0].source) == block.bn
+    src = unfused[0].source
+    conv = block.conv
+    assert (f"{conv['padding']}, {conv['padding']}, {conv['stride']}, {conv['stride']}, {conv['dilation']}, "
+            f"{conv['dilation']}, CUDNN_CROSS_CORRELATION") in src
+    assert f"cudnnSetConvolutionGroupCount(e->conv, {conv['groups']})" in src
+    if fused and not block.act:
+        assert "CUDNN_ACTIVATION_IDENTITY" in fused[0].source
+
+
+def test_conv_precision_follows_policy():
+    task = bench_task("conv_bn_relu_fp32")
+    for policy, want in ((make("fp32"), False), (make("tf32"), True)):
+        srcs = [c for d in ("seed", "compute_precision") for c in ExpertProposer().propose(
+            ProposalRequest(task, d, DIRECTIONS[d], n=4, policy=policy)).candidates]
+        assert srcs and any("tf32_tensor_cores" in c.tags for c in srcs) == want
+        assert any("CUDNN_DEFAULT_MATH));" in c.source for c in srcs) == want
+        assert all("CUDNN_FMA_MATH" in c.source for c in srcs if "tf32_tensor_cores" not in c.tags)
+    block, inputs = _case("bn_add_relu", torch.bfloat16)
+    c = propose(conv_task(block, inputs)).candidates[0]
+    assert "CUDNN_DATA_BFLOAT16" in c.source and "CUDNN_TENSOR_OP_MATH" in c.source
+    assert "bf16_tensor_cores" in c.tags
+
+
+def test_conv_unsupported_graphs_give_a_note():
+    class Train(nn.Module):
+        def forward(self, x, w, m, v):
+            return F.batch_norm(F.conv2d(x, w), m, v, None, None, True)
+    x, w = torch.randn(2, 4, 6, 6), torch.randn(8, 4, 3, 3)
+    prop = propose(small_task(Train(), x, w, torch.zeros(8), torch.ones(8)))
+    assert prop.candidates == [] and "training mode" in prop.note
+
+    class Two(nn.Module):
+        def forward(self, x, w1, w2):
+            return F.conv2d(F.conv2d(x, w1, padding=1), w2, padding=1)
+    prop = propose(small_task(Two(), x, torch.randn(4, 4, 3, 3), w))
+    assert prop.candidates == [] and "exactly one aten.conv2d" in prop.note
+
+
+def _conv_compile_set() -> list[tuple[str, str]]:
+    out = []
+    for name in CONV_CASES:
+        for dtype in (torch.float32, torch.bfloat16):
+            block, inputs = _case(name, dtype)
+            out += [(f"{name}/{dtype}/{c.params['fused']}", c.source)
+                    for c in propose(conv_task(block, inputs), n=2).candidates]
+    return out
+
+
+@pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn() is None, reason="needs nvcc + cuDNN")
+def test_conv_sources_compile_for_sm90a():
+    todo = _conv_compile_set()
+    results = build.build_many([s for _, s in todo], arch="sm_90a")
+    bad = [(n, r.error[:800]) for (n, _), r in zip(todo, results) if not r.ok]
+    assert not bad, bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", CONV_CASES)
+def test_conv_candidates_match_torch(name, dtype):
+    """Every seed candidate (both cuDNN paths, several algorithms) against eager torch with TF32 off,
+    on the captured shape and on a second batch size (a second cached cuDNN plan)."""
+    from torch_htam.launcher import Kernel
+    block, inputs = _case(name, dtype, "cuda")
+    task = conv_task(block, [x.cpu() if x is not None else None for x in inputs])
+    policy = policy_for(task)
+    cands = propose(task, n=6).candidates
+    results = build.build_many([c.source for c in cands])
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    for cand, res in zip(cands, results):
+        kernel = Kernel(res.so_path)
+        for batch in (2, 3):
+            torch.manual_seed(batch)
+            xs = _case(name, dtype, "cuda")[1]
+            xs[0] = torch.randn(batch, *xs[0].shape[1:], dtype=dtype, device="cuda")
+            if xs[7] is not None:
+                xs[7] = torch.randn(batch, *xs[7].shape[1:], dtype=dtype, device="cuda")
+            with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+                ref = block(*xs)
+            args = [x for x in xs if x is not None]
+            out = torch.full_like(ref, float("nan"))
+            assert kernel(args, [out]) == 0, (name, cand.params)
+            torch.cuda.synchronize()
+            torch.testing.assert_close(out, ref, atol=policy.atol, rtol=policy.rtol,
+                                       msg=lambda m: f"{name} {dtype} {cand.params}: {m}")
