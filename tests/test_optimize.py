@@ -129,3 +129,23 @@ def test_cnn_optimized_is_right(cache_dir):
     with torch.inference_mode():
         fresh = torch.randn_like(x)
         assert rel_err(model(fresh), ref_model(fresh)) < 1e-4
+
+
+def test_end_to_end_guard_restores_the_original_when_not_faster(monkeypatch):
+    """The guard times both paths; if ours is not faster, the model goes back to its forward."""
+    from torch_htam import pipeline, runtime
+    model, inputs = gpt_block.get_model()
+    original = model.forward
+    calls = iter([1.0, 2.0] * 20)                         # original 1 ms, ours 2 ms, alternating
+    monkeypatch.setattr(pipeline, "_median_ms", lambda fn, inputs, calls_=3: next(calls))
+    state = type("S", (), {"original": staticmethod(original)})()
+    fwd = lambda *a: original(*a)                         # noqa: E731
+    fwd.htam = state
+    model.forward = fwd
+    model.htam_report = runtime.Report(method="export", swapped=3,
+                                       tasks=[runtime.TaskReport("t", "sig", status="swapped")])
+    pipeline._keep_only_if_faster(model, inputs, rounds=3)
+    rep = model.htam_report
+    assert rep.swapped == 0 and "not faster" in rep.note
+    assert rep.tasks[0].status.startswith("not used")
+    assert rep.e2e == {"original_ms": 1.0, "htam_ms": 2.0}
