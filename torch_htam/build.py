@@ -284,14 +284,22 @@ def _candidate_roots(modules: tuple[str, ...]) -> list[Path]:
     return roots
 
 
+def _layouts(modules: tuple[str, ...]) -> list[tuple[Path, list[Path]]]:
+    """(include dir, lib dirs) to try: each root's include/ + lib64/lib, then the Debian/Ubuntu
+    multiarch system dirs (the GPU image keeps cuDNN in /usr/include/x86_64-linux-gnu)."""
+    out = [(r / "include", [r / "lib64", r / "lib", r / "lib" / "x64"]) for r in _candidate_roots(modules)]
+    for inc in (Path("/usr/include/x86_64-linux-gnu"), Path("/usr/include")):
+        out.append((inc, [Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64")]))
+    return out
+
+
 def _find_library(header: str, libs: tuple[str, ...], modules: tuple[str, ...]) -> Library | None:
-    for root in _candidate_roots(modules):
-        inc = root / "include"
+    for inc, dirs in _layouts(modules):
         if not (inc / header).exists():
             continue
         lib_dirs, link = [], []
         for lib in libs:
-            for d in (root / "lib64", root / "lib", root / "lib" / "x64"):
+            for d in dirs:
                 files = sorted(glob.glob(str(d / f"lib{lib}.so*")), key=len)
                 if files:
                     # -lfoo needs the unversioned libfoo.so; otherwise name the file itself.
@@ -343,12 +351,9 @@ def arch_flags(arch: str) -> list[str]:
 
 def _flags(source: str, arch: str) -> list[str]:
     """The flags that define the binary (hashed); search paths are added at build time."""
-    flags = [*BASE_FLAGS, *arch_flags(arch)]
-    if _uses_cublas(source):
-        flags += ["-lcublasLt", "-lcublas"]
-    if _uses_cudnn(source):
-        flags += ["-lcudnn"]
-    return flags
+    # NOTE: no bare -lcublas/-lcudnn here: pip wheels ship only versioned files (libcudnn.so.9),
+    # so Library.link names the right file at build time; the source (hashed) says which is used.
+    return [*BASE_FLAGS, *arch_flags(arch)]
 
 
 def _search_flags(source: str) -> tuple[list[str], str]:
