@@ -38,10 +38,8 @@ MODELS = [
 ]
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_every_task_reproduces_its_region(name):
-    torch.manual_seed(0)
-    model, inputs = load_example(name)
+def check_regions(model, inputs) -> int:
+    """Run every region's task on the region's real inputs and compare with its real outputs."""
     cap = capture(model, inputs)
     assert cap.graphs, cap.problems
     checked = 0
@@ -61,7 +59,49 @@ def test_every_task_reproduces_its_region(name):
             exec(task.source, ns)
             ns["Model"](*ns["get_init_inputs"]())(*ns["get_inputs"]())
             checked += 1
-    assert checked >= 5
+    return checked
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_task_reproduces_its_region(name):
+    torch.manual_seed(0)
+    assert check_regions(*load_example(name)) >= 5
+
+
+class DownBlock(torch.nn.Module):
+    """ResNet's stride-2 BasicBlock: in-place ReLU and `out += identity` overwrite BN outputs."""
+
+    def __init__(self, c_in=8, c_out=16):
+        super().__init__()
+        nn = torch.nn
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, 2, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.down = nn.Sequential(nn.Conv2d(c_in, c_out, 1, 2, bias=False), nn.BatchNorm2d(c_out))
+        self.relu = nn.ReLU(inplace=True)
+        for bn in (self.bn1, self.bn2, self.down[1]):   # non-trivial eval statistics
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += self.down(x)
+        return self.relu(out)
+
+
+def test_in_place_ops_do_not_change_recorded_region_outputs():
+    # Regression: record_values kept the live tensor of each node, so bn2's recorded output was
+    # later overwritten by add_ and relu_, and its conv+BN task looked wrong (resnet18).
+    torch.manual_seed(0)
+    model, x = DownBlock().eval(), torch.randn(1, 8, 8, 8)
+    cap = capture(model, (x,))
+    values = record_values(cap.graphs[0], cap.inputs[0])
+    bns = [n for n in cap.graphs[0].graph.nodes if n.target is torch.ops.aten.batch_norm.default]
+    with torch.no_grad():
+        torch.testing.assert_close(values[bns[1]], model.bn2(model.conv2(model.relu(model.bn1(model.conv1(x))))))
+    assert check_regions(model, (x,)) >= 3   # conv1+bn1, conv2+bn2, down conv+bn
 
 
 @pytest.mark.parametrize("name", ["gpt_block", "bert_encoder"])

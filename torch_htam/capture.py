@@ -114,17 +114,64 @@ def _first_line(e: BaseException) -> str:
 
 
 class _Recorder(fx.Interpreter):
+    """Runs a graph and keeps every node's value as it was when the node produced it.
+
+    NOTE: captured graphs keep in-place ops (nn.ReLU(inplace=True) -> aten.relu_, `out += x` ->
+    aten.add_): they overwrite the tensor an earlier node produced, e.g. a batch_norm's output. So
+    before a node writes to an argument, every recorded value on that storage is swapped for a
+    copy; the run itself keeps the live tensors, so it computes exactly what the model computes.
+    """
+
     def __init__(self, gm):
         super().__init__(gm, garbage_collect_values=False)
         self.values: dict[fx.Node, Any] = {}
+        self.on_storage: dict[int, list[fx.Node]] = {}   # storage address -> nodes recorded on it
 
     def run_node(self, n):
+        for t in _written_tensors(n, self.env):
+            self._freeze(_storage_key(t))
         self.values[n] = out = super().run_node(n)
+        for t in _tensor_leaves(out):
+            self.on_storage.setdefault(_storage_key(t), []).append(n)
         return out
+
+    def _freeze(self, key: int) -> None:
+        for m in self.on_storage.pop(key, []):
+            self.values[m] = pytree.tree_map(
+                lambda v: v.clone() if isinstance(v, torch.Tensor) and _storage_key(v) == key else v,
+                self.values[m])
+
+
+def _written_tensors(n: fx.Node, env: dict) -> list[torch.Tensor]:
+    """The tensors n overwrites: arguments its aten schema marks as written (Tensor(a!))."""
+    schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+    if schema is None or not schema.is_mutable:
+        return []
+    out = []
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        a = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
+        nodes = []
+        fx.node.map_arg(a, nodes.append)
+        out += [t for m in nodes for t in _tensor_leaves(env.get(m))]
+    return out
+
+
+def _tensor_leaves(x) -> list[torch.Tensor]:
+    return [v for v in pytree.tree_leaves(x) if isinstance(v, torch.Tensor)]
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):   # sparse/nested tensors: no one storage to alias
+        return id(t)
 
 
 def record_values(gm: fx.GraphModule, flat_inputs: tuple) -> dict[fx.Node, Any]:
-    """Run a captured graph on real (flat) inputs; return every node's value.
+    """Run a captured graph on real (flat) inputs; return every node's value as it produced it
+    (a later in-place op in the graph does not change it).
 
         >>> vals = record_values(cap.graphs[0], cap.inputs[0])
         >>> vals[some_node].shape
