@@ -61,8 +61,12 @@ def cache_dir(tmp_path_factory):
 
 
 def _config():
-    # A small budget: the seed step plus one evolution step on every task.
-    return OptimizeConfig(steps=1, candidates_per_step=4, time_budget_s=240, progress=True)
+    # A small budget: the seed step plus one evolution step on every task. The end-to-end guard
+    # is off so the swapped paths are always exercised here. NOTE: on an H100 this 2-layer,
+    # 1 ms model was not faster end to end (0.974 vs 0.933 ms) although its regions were
+    # 1.05-1.78x, and the guard (tested in test_end_to_end_guard_*) kept the original path.
+    return OptimizeConfig(steps=1, candidates_per_step=4, time_budget_s=240, progress=True,
+                          check_end_to_end=False)
 
 
 def _cuda_graph_replay(model, x):

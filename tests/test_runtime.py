@@ -282,3 +282,43 @@ def test_gpu_bias_gelu_kernel(tmp_path):
         torch.testing.assert_close(model(other), ref(model, other))
     assert model.htam_report.fallback_reasons == {"input shape/dtype/stride": 1}
     torch._dynamo.reset()
+
+
+class ScaledGelu(nn.Module):
+    """Makes a tensor constant inside forward: export lifts it onto this submodule's path
+    (as HF GPT-2's attention does), where the user's own module has no such attribute."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        return F.gelu(self.fc(x)) * torch.tensor([0.5, 2.0]).repeat(16)
+
+
+class WithConstants(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = ScaledGelu()
+
+    def forward(self, x):
+        return self.block(x) + 1.0
+
+
+def test_install_keeps_lifted_constants_of_submodules():
+    torch.manual_seed(0)
+    model = WithConstants().eval()
+    x = torch.randn(4, 32)
+    cap = capture(model, (x,))
+    lifted = [n.target for n in cap.graphs[0].graph.nodes
+              if n.op == "get_attr" and not runtime._resolves(model, n.target)]
+    assert lifted, "the pattern under test: a get_attr the user's model does not have"
+    kernels = {sig: CpuKernel(t) for sig, t in _tasks(cap).items()}
+    state_keys = set(model.state_dict())
+    runtime.install(model, cap, kernels, provider=PROVIDER)
+    assert model.htam_report.swapped > 0
+    assert set(model.state_dict()) == state_keys          # nothing added to the user's modules
+    with torch.no_grad():
+        fresh = torch.randn(4, 32)
+        assert torch.equal(model(fresh), model.forward.htam.original(fresh))
+        assert model.htam_report.fast_calls == 1

@@ -29,6 +29,8 @@ class OptimizeConfig:
     steps / candidates_per_step: HTAM evolution budget per task (the paper uses at most 6 steps).
     min_speedup: a verified kernel is swapped in only if it beats the original region by this
     factor; below it the gain is inside timing noise and not worth a custom op.
+    check_end_to_end: time the swapped and the original forward on the example inputs and keep
+    the original unless ours is faster (per-region wins need not add up: host overhead per call).
     time_budget_s: wall time for the whole search (None = steps bound it).
     """
     steps: int = 6
@@ -42,6 +44,7 @@ class OptimizeConfig:
     task_time_s: float | None = 300.0  # per-task wall limit
     min_speedup: float = 1.03
     progress: bool = True
+    check_end_to_end: bool = True      # keep the swap only if the whole model got faster
     trajectory_dir: str | None = None  # default: <arch cache dir>/trajectories
     extra: dict = field(default_factory=dict)
 
@@ -176,8 +179,13 @@ def optimize(model: nn.Module, example_inputs: tuple, config: OptimizeConfig | N
         _search(misses, cfg, gpu, cache, searched)
     kernels = {t.signature: e for t in tasks
                if (e := cache.get(t.signature)) is not None and e.usable(cfg.min_speedup)}
-    model = runtime.install(model, cap, kernels, tasks=tasks, min_speedup=cfg.min_speedup)
-    if model.htam_report.swapped:
+    try:
+        model = runtime.install(model, cap, kernels, tasks=tasks, min_speedup=cfg.min_speedup)
+    except Exception as e:   # NOTE: never leave the user's model broken; kernels stay cached
+        log.debug("install failed", exc_info=True)
+        return runtime.leave(model, f"could not install the kernels ({type(e).__name__}: {e}); "
+                             "the original path is kept - please report this", tasks)
+    if model.htam_report.swapped and cfg.check_end_to_end:
         _keep_only_if_faster(model, tuple(example_inputs))
     model.htam_report.optimize_s = time.perf_counter() - t0
     return model

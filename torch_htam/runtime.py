@@ -322,6 +322,34 @@ def _attr_tensors(gm: fx.GraphModule) -> list[torch.Tensor]:
     return out
 
 
+def _resolves(obj, target: str) -> bool:
+    try:
+        for part in target.split("."):
+            obj = getattr(obj, part)
+        return True
+    except AttributeError:
+        return False
+
+
+def _hoist_constants(gm: fx.GraphModule, model: torch.nn.Module) -> None:
+    """Move get_attr targets the user's model lacks to gm's top level.
+
+    NOTE: export lifts tensor constants made inside forward onto the exported module's path (HF
+    GPT-2 on an H100: 'h.0.attn.lifted_tensor_0'); once _bind_to_model puts the model's own
+    submodules in place they would be gone (AttributeError at install). Hoisting keeps them on gm
+    and never adds attributes to the user's modules (their state_dict stays as it was).
+    """
+    for i, n in enumerate(gm.graph.nodes):
+        if n.op == "get_attr" and not _resolves(model, n.target):
+            value = gm
+            for part in n.target.split("."):
+                value = getattr(value, part)
+            name = f"_htam_const_{i}"
+            setattr(gm, name, value)     # a plain attribute, not a buffer: no state_dict entry
+            n.target = name
+    gm.recompile()
+
+
 def _bind_to_model(gm: fx.GraphModule, model: torch.nn.Module) -> None:
     """Make gm's get_attr nodes read the model's own submodules and tensors, live.
 
@@ -388,6 +416,7 @@ def install(model: torch.nn.Module, capture, kernels: dict[str, Any], tasks: lis
     report.swapped = len(swapped)
     if not swapped:
         return leave(model, "no region has a verified, faster kernel", tasks, report)
+    _hoist_constants(gm, model)
     _bind_to_model(gm, model)
     src = capture.graphs[0]
     original = model.forward
