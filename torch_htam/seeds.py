@@ -30,9 +30,9 @@ log = logging.getLogger("torch_htam")
 
 
 def seeds_dir() -> Path:
-    """$HTAM_SEEDS_DIR, else the csrc_cache/ folder next to the package."""
+    """$HTAM_SEEDS_DIR, else torch_htam/csrc_cache/ (inside the package, so wheels ship it)."""
     env = os.environ.get("HTAM_SEEDS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "csrc_cache"
+    return Path(env) if env else Path(__file__).resolve().parent / "csrc_cache"
 
 
 @dataclass
@@ -116,7 +116,7 @@ def _read_memo(path: Path) -> dict[str, Any]:
 def write_seed(directory: str | Path, name: str, entry) -> Path:
     """Copy a verified cache entry into a seed folder (how csrc_cache/ entries are added).
 
-        >>> write_seed("csrc_cache", "gelu_tanh_f32_8x4096", KernelCache("sm_90a").get(sig))
+        >>> write_seed("torch_htam/csrc_cache", "gelu_tanh_f32_8x4096", KernelCache("sm_90a").get(sig))
     """
     if entry.problem is not None:
         raise ValueError(f"entry {entry.signature[:16]} is not intact: {entry.problem}")
