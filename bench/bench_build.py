@@ -13,7 +13,6 @@ import argparse
 import datetime
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,6 +20,9 @@ import uuid
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record as provenance  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from torch_htam import build, launcher, paths  # noqa: E402
@@ -166,11 +168,8 @@ def swapped_relu(kernel: launcher.Kernel, x: torch.Tensor) -> tuple[torch.fx.Gra
 
 
 def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """HTAM_COMMIT on device copies (no .git), else git: bench/record.py decides."""
+    return provenance.commit()
 
 
 def main() -> None:

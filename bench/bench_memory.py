@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record as provenance  # noqa: E402
 from torch_htam.htg import HTG, MODES  # noqa: E402
 from torch_htam.search import SearchConfig, search_many  # noqa: E402
 
@@ -102,14 +103,8 @@ def _expert():
 
 
 def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=HERE, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, cwd=HERE).stdout.strip()
-        return out + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """HTAM_COMMIT on device copies (no .git), else git: bench/record.py decides."""
+    return provenance.commit()
 
 
 def main() -> None:
