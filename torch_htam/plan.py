@@ -74,19 +74,8 @@ def eager_shares(tasks: list[Task], device: str, iters: int = 20) -> list[float]
 
 def time_reference(task: Task, device: str, iters: int = 20) -> float:
     """Median milliseconds of one call of the task's reference on random inputs (CUDA events)."""
+    from torch_htam.benchmark import time_model
     ns = _exec_source(task.source, task.name)
     model = ns["Model"](*ns["get_init_inputs"]()).to(device)
-    inputs = [x.to(device) for x in ns["get_inputs"]()]
-    with torch.no_grad():
-        for _ in range(3):   # warm-up: lazy init, allocator
-            model(*inputs)
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            model(*inputs)
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    inputs = tuple(x.to(device) for x in ns["get_inputs"]())
+    return time_model(model, inputs, iters=iters, warmup=3).median_ms

@@ -1,7 +1,8 @@
 """Runtime: swap verified kernels into a captured graph, and install it behind guards in the model.
 
     swap(gm, kernels)               every region whose task signature has a kernel becomes one call
-                                    torch.ops.htam.launch(handle, [inputs...], out_meta); the rest of
+                                    launcher.fast_launch(handle, [inputs...], out_meta) (the
+                                    htam::launch op when traced); the rest of
                                     the graph stays the original aten ops (that IS the fallback)
     install(model, capture, ...)    the user's own model object, its forward replaced by a guarded
                                     wrapper: inputs as captured -> rewritten graph, else -> the
