@@ -153,3 +153,24 @@ def test_end_to_end_guard_restores_the_original_when_not_faster(monkeypatch):
     assert rep.swapped == 0 and "not faster" in rep.note
     assert rep.tasks[0].status.startswith("not used")
     assert rep.e2e == {"original_ms": 1.0, "htam_ms": 2.0}
+
+
+def test_config_mistakes_raise_at_once():
+    with pytest.raises(ValueError, match="memory"):
+        OptimizeConfig(memory="graph")
+    with pytest.raises(ValueError, match="min_speedup"):
+        OptimizeConfig(min_speedup=0.9)
+
+
+def test_a_failure_inside_optimize_keeps_the_original_path(monkeypatch, caplog):
+    from torch_htam import pipeline
+    model, inputs = gpt_block.get_model()
+    ref = model(*inputs)
+
+    def broken(*a, **k):
+        raise RuntimeError("partition exploded")
+    monkeypatch.setattr(pipeline, "_optimize", broken)
+    out = torch_htam.optimize(model, inputs)
+    assert out is model and "partition exploded" in model.htam_report.note
+    assert "forward" not in model.__dict__
+    torch.testing.assert_close(model(*inputs), ref, rtol=0, atol=0)

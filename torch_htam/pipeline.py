@@ -48,6 +48,16 @@ class OptimizeConfig:
     trajectory_dir: str | None = None  # default: <arch cache dir>/trajectories
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        # A config mistake is the caller's: say so at once, before any capture or search.
+        if self.memory not in ("htg", "flat", "none"):
+            raise ValueError(f"OptimizeConfig.memory={self.memory!r}: use 'htg', 'flat' or 'none'")
+        if self.steps < 0 or self.candidates_per_step < 1:
+            raise ValueError("OptimizeConfig needs steps >= 0 and candidates_per_step >= 1")
+        if self.min_speedup < 1.0:
+            raise ValueError(f"OptimizeConfig.min_speedup={self.min_speedup}: below 1.0 would swap "
+                             "in kernels slower than the original")
+
 
 def tasks_of(capture) -> list:
     """Distinct tasks of every captured graph, costliest first, counts summed over graphs."""
@@ -150,16 +160,30 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog) -> di
 def optimize(model: nn.Module, example_inputs: tuple, config: OptimizeConfig | None = None) -> nn.Module:
     """Swap verified, faster CUDA kernels into `model` and return it (the same object).
 
+    Never leaves the model broken: on any failure inside torch_htam the model keeps its original
+    forward and `model.htam_report.note` says what went wrong (the traceback goes to the
+    "torch_htam" logger). Kernels found before a failure stay cached.
+
     >>> model = torch_htam.optimize(model, (torch.randn(8, 512, 768, device="cuda"),))
     >>> model.htam_report.speedups()
     """
+    from torch_htam import runtime
+    cfg = config or OptimizeConfig()
+    try:
+        return _optimize(model, example_inputs, cfg)
+    except Exception as e:
+        log.warning("torch_htam.optimize failed; the model keeps its original path", exc_info=True)
+        return runtime.leave(model, f"torch_htam failed ({type(e).__name__}: {e}); the original "
+                             "path is kept and found kernels stay cached - please report this")
+
+
+def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> nn.Module:
     from torch_htam import gpu as gpu_mod
     from torch_htam import paths, runtime
     from torch_htam.cache import KernelCache
     from torch_htam.capture import capture as capture_model
     from torch_htam.seeds import seed_cache
 
-    cfg = config or OptimizeConfig()
     t0 = time.perf_counter()
     gpu = gpu_mod.detect()
     if gpu is None:

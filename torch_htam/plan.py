@@ -23,9 +23,10 @@ OPS_WIDTH = 48
 
 
 def run_plan(spec: str, export_dir: str | None = None, device: str | None = None,
-             out: TextIO = sys.stdout) -> int:
+             out: TextIO | None = None) -> int:
     """Print the plan of a model spec; return the exit code (0 ok, 1 spec/model unusable,
     2 nothing captured)."""
+    out = out or sys.stdout   # NOTE: read at call time; a default arg would pin the import-time stream
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         model, inputs = load_model_spec(spec, device=device)
