@@ -141,6 +141,9 @@ def main() -> None:
     with Evaluator() as evaluator:
         for mode in arms:
             rows.append(run_arm(mode, tasks, evaluator, args, args.trajectories))
+            # NOTE: each arm's row as soon as it ends: two H100 runs were cut by their time
+            # limit before the final table and left nothing behind.
+            print(f"[{mode}] done: " + table(rows)[-1], flush=True)
 
     lines = table(rows)
     print("\n".join(lines))
