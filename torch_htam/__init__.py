@@ -5,7 +5,7 @@
     >>> print(fast.htam_report.format())
     >>> tasks = torch_htam.extract_tasks(model, (x,))  # the regions, as KernelBench-style tasks
     >>> torch_htam.evaluate(tasks[0], cuda_source)     # build + verify + time one candidate
-    >>> torch_htam.load(model, "bundle/")              # a precompiled bundle, no search/compiler
+    >>> torch_htam.load(model, "bundle/", (x,))        # a precompiled bundle, no search/compiler
 
 Names resolve lazily, so `import torch_htam` is quick and needs no GPU.
 """

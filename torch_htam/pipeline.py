@@ -262,7 +262,7 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
                config: OptimizeConfig | None = None) -> Path:
     """Optimize (filling the cache), then write a self-contained bundle for this GPU arch.
 
-    >>> torch_htam.precompile(model, (x,), "bundle/")   # later: torch_htam.load(model, "bundle/")
+    >>> torch_htam.precompile(model, (x,), "bundle/")   # later: torch_htam.load(model, "bundle/", (x,))
     """
     from torch_htam.bundle import precompile as write_bundle
     optimize(model, example_inputs, config)
