@@ -174,3 +174,26 @@ def test_a_failure_inside_optimize_keeps_the_original_path(monkeypatch, caplog):
     assert out is model and "partition exploded" in model.htam_report.note
     assert "forward" not in model.__dict__
     torch.testing.assert_close(model(*inputs), ref, rtol=0, atol=0)
+
+
+def test_precompile_bundles_the_original_graph_then_reoptimizes(monkeypatch, tmp_path):
+    from torch_htam import bundle, pipeline, runtime
+    model, inputs = gpt_block.get_model()
+    calls = []
+
+    def fake_optimize(m, x, cfg=None):               # installs a swapped forward, like optimize()
+        calls.append(cfg.search)
+        fwd = lambda *a: None                         # noqa: E731
+        fwd.htam = object.__new__(runtime.HtamForward)
+        m.forward = fwd
+        return m
+
+    def fake_bundle(m, x, out_dir):
+        calls.append("forward" in m.__dict__)         # must be the original forward here
+        return tmp_path
+
+    monkeypatch.setattr(pipeline, "optimize", fake_optimize)
+    monkeypatch.setattr(bundle, "precompile", fake_bundle)
+    assert pipeline.precompile(model, inputs, tmp_path) == tmp_path
+    assert calls == [True, False, False]              # search, bundle unswapped, re-apply from cache
+    assert "forward" in model.__dict__

@@ -9,6 +9,7 @@ PyTorch path and the report says why.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -264,6 +265,14 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
 
     >>> torch_htam.precompile(model, (x,), "bundle/")   # later: torch_htam.load(model, "bundle/", (x,))
     """
+    from torch_htam import runtime
     from torch_htam.bundle import precompile as write_bundle
-    optimize(model, example_inputs, config)
-    return write_bundle(model, example_inputs, out_dir)
+    cfg = config or OptimizeConfig()
+    optimize(model, example_inputs, cfg)
+    # NOTE: the bundle lists the tasks of the ORIGINAL graph; captured through the swapped
+    # forward, the swapped regions would be launcher calls and their kernels left out.
+    runtime.restore(model)
+    try:
+        return write_bundle(model, example_inputs, out_dir)
+    finally:
+        optimize(model, example_inputs, dataclasses.replace(cfg, search=False))   # from the cache
