@@ -8,7 +8,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from torch_htam import build, verify  # noqa: E402

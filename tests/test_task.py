@@ -1,7 +1,6 @@
 """Every task of the example models, fed the region's real inputs, reproduces the region's outputs."""
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest

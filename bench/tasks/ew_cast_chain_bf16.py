@@ -1,7 +1,6 @@
 """Mixed-precision cast chain: fp32 activations -> bf16, scaled, upcast and added to an fp32 residual, [4096, 4096]."""
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 DTYPE = torch.bfloat16
 

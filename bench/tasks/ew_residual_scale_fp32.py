@@ -1,7 +1,6 @@
 """Residual add with a scaled branch (DeepNorm-style): x * 0.5 + y, [8, 512, 768]."""
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 DTYPE = torch.float32
 

@@ -1,7 +1,6 @@
 """LM-head log_softmax over a 32000-token vocabulary, [512, 32000] (rows longer than registers: streaming)."""
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 DTYPE = torch.float32
 

@@ -1,7 +1,6 @@
 """Attention scores softmax with the 1/sqrt(d) scale fused, [4, 12, 512, 512] (fp32)."""
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 DTYPE = torch.float32
 

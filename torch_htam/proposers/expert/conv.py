@@ -34,7 +34,7 @@ import torch
 
 from torch_htam.proposers.expert import elementwise
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float
-from torch_htam.proposers.expert.ir import Plan, Unsupported, dtype_of, lower, shape_of, walk
+from torch_htam.proposers.expert.ir import Plan, Unsupported, dtype_of, lower, shape_of
 from torch_htam.proposers.expert.strategies import PlanInfo
 
 aten = torch.ops.aten
