@@ -412,3 +412,32 @@ def test_abi_example_in_the_prompt_compiles(tmp_path):
     src = ROOT / "torch_htam/proposers/prompts/abi_example.cu"
     subprocess.run([nvcc, "-std=c++17", "-I", str(ROOT / "torch_htam/csrc"), "-c", str(src),
                     "-o", str(tmp_path / "ex.o")], check=True, capture_output=True)
+
+
+def test_search_with_the_llm_records_every_outcome_in_the_htg():
+    """The loop end to end against the server: the seed step gets a kernel (evaluated: a success
+    recorded on the edge and on the strategy the reply named), the next step gets prose (no
+    candidate: a failure recorded on the transition that was tried)."""
+    from torch_htam.evaluation import Evaluation
+    from torch_htam.htg import ALL, HTG
+    from torch_htam.search import SearchConfig, search
+
+    class Judge:                       # stands in for the GPU: every built candidate is 1.3x
+        gpu = H100
+
+        def evaluate_many(self, task, sources):
+            return [Evaluation(True, "ok", speedup=1.3, ref_ms=1.3, kernel_ms=1.0,
+                               roofline_fraction=0.5) for _ in sources]
+
+    prose = "Fuse the bias into the GELU; I will not write the code.\nSTRATEGIES: vectorized_16b_access"
+    htg = HTG.from_prior()
+    cfg = SearchConfig(steps=1, candidates_per_step=1, stagnation=0, roofline_stop=None)
+    with ScriptedServer([answer(tags="vectorized_16b_access"), prose]) as srv:
+        res = search(make_task(), LLMProposer(config(srv)), Judge(), htg, cfg)
+    assert res.candidates == 1 and res.best is not None and res.steps == 1
+    strategy = htg.graph.nodes["vectorized_16b_access"]["exp"][ALL]
+    assert strategy.attempts == 1 and strategy.correct == 1
+    failed = [d["exp"][ALL] for _, _, d in htg.graph.edges(data=True)
+              if d.get("kind") == "transition" and ALL in d["exp"]
+              and d["exp"][ALL].failures.get("no_candidates")]
+    assert len(failed) == 1 and failed[0].attempts >= 1

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from torch_htam.htg import HTG, MODES, SEED, START, Trail, outcome_of
+from torch_htam.htg import FAIL_PENALTY, HTG, MODES, SEED, START, Outcome, Trail, outcome_of
 from torch_htam.proposers.base import Attempt, Parent, ProposalRequest
 from torch_htam.state import ridge_point, state_of
 
@@ -243,6 +243,12 @@ class _Loop:
             res.directions.append(direction)
             self.stale = 0 if improved else self.stale + 1
         self.empty = 0 if cands else self.empty + 1
+        if not cands:
+            # NOTE: a step that yields no candidate (an LLM reply without usable code, an endpoint
+            # down, a graph the expert cannot express) is still an outcome of moving to this
+            # direction in this state; memory learns it as a failure with no strategy applied.
+            self.memory.record(state, previous, direction, [], Outcome("no_candidates", None, False,
+                                                                       -FAIL_PENALTY), cfg.memory)
         res.steps = step
         top = sorted(scores.items(), key=lambda x: -x[1])[:5]
         self.traj.write("step", step=step, direction=direction, previous=previous, state=state.key(),

@@ -16,6 +16,7 @@ it is masked in repr, left out of to_json, and scrubbed from every error text we
 from __future__ import annotations
 
 import email.utils
+import functools
 import logging
 import os
 import random
@@ -32,6 +33,14 @@ from torch_htam.proposers.reply import parse_reply
 log = logging.getLogger(__name__)
 
 LOCAL_HOSTS = ("localhost", "::1", "0.0.0.0")
+
+@functools.lru_cache(maxsize=1)
+def _prior_ids() -> frozenset[str]:
+    """Every strategy id of the shipped prior (data, read once)."""
+    from torch_htam.htg import HTG
+    return frozenset(HTG.from_prior().strategies)
+
+
 RETRY_STATUS = (408, 409, 429)     # plus every 5xx; other 4xx (bad key, unknown model) are final
 PERMANENT_STATUS = (401, 403, 404)  # the configuration is wrong: retrying later won't help
 
@@ -276,7 +285,9 @@ class LLMProposer:
         errors = [r for r in results if isinstance(r, EndpointError)]
         if len(errors) == n:
             raise errors[0]
-        known = {strategy_id(s) for s in request.strategies}
+        # The model may name any strategy of the prior (the seed step retrieves none); made-up
+        # ids are dropped, so only real strategies reach the HTG.
+        known = {strategy_id(s) for s in request.strategies} | _prior_ids()
         usage, candidates, notes, seen = Usage(), [], [], set()
         for i, r in enumerate(results):
             if isinstance(r, EndpointError):
