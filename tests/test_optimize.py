@@ -197,3 +197,19 @@ def test_precompile_bundles_the_original_graph_then_reoptimizes(monkeypatch, tmp
     assert pipeline.precompile(model, inputs, tmp_path) == tmp_path
     assert calls == [True, False, False]              # search, bundle unswapped, re-apply from cache
     assert "forward" in model.__dict__
+
+
+def test_search_usage_reaches_the_report():
+    from types import SimpleNamespace
+
+    from torch_htam import pipeline, runtime
+    results = [SimpleNamespace(usage={"requests": 2.0, "prompt_tokens": 900.0, "completion_tokens": 300.0,
+                                      "cost_usd": 0.01, "cost_known": 1.0}),
+               SimpleNamespace(usage={"requests": 1.0, "prompt_tokens": 100.0, "completion_tokens": 50.0,
+                                      "cost_usd": 0.0, "cost_known": 0.0}),
+               SimpleNamespace(usage={})]                     # an expert-only task: no LLM usage
+    total = pipeline._total_usage(results)
+    assert total["requests"] == 3 and total["prompt_tokens"] == 1000 and total["cost_known"] == 0
+    text = runtime.Report(usage=total).format()
+    assert "3 requests, 1350 tokens, cost unknown" in text
+    assert "LLM" not in runtime.Report().format()

@@ -200,8 +200,7 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
               if cache.get(t.signature) is None and not searched.covers(t.signature, cfg)]
     if cfg.max_tasks is not None:
         misses = misses[: cfg.max_tasks]
-    if cfg.search and misses:
-        _search(misses, cfg, gpu, cache, searched)
+    results = _search(misses, cfg, gpu, cache, searched) if cfg.search and misses else {}
     kernels = {t.signature: e for t in tasks
                if (e := cache.get(t.signature)) is not None and e.usable(cfg.min_speedup)}
     try:
@@ -213,7 +212,17 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
     if model.htam_report.swapped and cfg.check_end_to_end:
         _keep_only_if_faster(model, tuple(example_inputs))
     model.htam_report.optimize_s = time.perf_counter() - t0
+    model.htam_report.usage = _total_usage(results.values())
     return model
+
+
+def _total_usage(results) -> dict[str, float]:
+    """Sum of the searches' LLM usage (SearchResult.usage: tokens, cost_usd, requests, ...)."""
+    from torch_htam.search import add_usage
+    total: dict[str, float] = {}
+    for r in results:
+        add_usage(total, r.usage)
+    return total
 
 
 def _median_ms(fn, inputs: tuple, calls: int = 3) -> float:

@@ -68,6 +68,7 @@ class Report:
     fallback_reasons: Counter = field(default_factory=Counter)
     e2e: dict[str, float] = field(default_factory=dict)
     optimize_s: float | None = None
+    usage: dict[str, float] = field(default_factory=dict)   # LLM tokens/cost of this run's search
 
     def speedups(self) -> dict[str, float]:
         """{task name: verified speedup} for the swapped tasks."""
@@ -91,6 +92,11 @@ class Report:
                              "torch.inference_mode() / torch.no_grad()")
         for k, v in self.e2e.items():
             lines.append(f"  {k}: {v:.3f} ms")
+        if self.usage.get("requests"):
+            tokens = self.usage.get("prompt_tokens", 0) + self.usage.get("completion_tokens", 0)
+            cost = (f"${self.usage.get('cost_usd', 0):.4f}" if self.usage.get("cost_known", 1)
+                    else "cost unknown (no prices set)")
+            lines.append(f"  LLM: {int(self.usage['requests'])} requests, {int(tokens)} tokens, {cost}")
         return "\n".join(lines)
 
 

@@ -226,7 +226,7 @@ class _Loop:
             transition=None if step == 0 else (previous, direction), gpu=self.gpu,
             policy=self.policy)
         proposal = proposer.propose(request)
-        _add_usage(res.usage, proposal.usage)
+        add_usage(res.usage, proposal.usage)
         cands = proposal.candidates
         evals = evaluator.evaluate_many(self.task, [c.source for c in cands]) if cands else []
         if len(evals) != len(cands):
@@ -322,7 +322,8 @@ def _attempt(cand, ev) -> Attempt:
                    ev.detail or "", ev.speedup, ev.kernel_ms)
 
 
-def _add_usage(total: dict[str, float], usage: dict[str, float]) -> None:
+def add_usage(total: dict[str, float], usage: dict[str, float]) -> None:
+    """Accumulate Proposal/SearchResult usage: amounts add up; "estimated" is any, "cost_known" all."""
     for k, v in (usage or {}).items():
         if k in ("estimated", "cost_known"):   # flags, not amounts
             total[k] = max(total.get(k, 0.0), v) if k == "estimated" else min(total.get(k, 1.0), v)
