@@ -211,32 +211,29 @@ class KernelCache:
         steps, ...) goes into the record's provenance next to version, date, arch and toolchain.
         """
         record = make_record(task, evaluation, meta, arch=self.arch)
-        self.kernels.mkdir(parents=True, exist_ok=True)
-        with self._lock(exclusive=True):
-            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{task.signature[:16]}-", dir=self.kernels))
-            try:
-                write_entry_files(tmp, source, Path(so_path), record)
-                _replace_dir(tmp, self.kernels / task.signature)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-            entry = self._read(task.signature)
-        assert entry is not None and entry.problem is None, entry
-        return entry
+        return self._write(task.signature, lambda tmp: write_entry_files(tmp, source, Path(so_path), record))
 
     def put_entry(self, entry: Entry) -> Entry:
         """Copy an intact entry (from a bundle or another cache) into this one, files as they are."""
         if entry.problem is not None:
             raise ValueError(f"refusing to copy entry {entry.signature[:16]}: {entry.problem}")
+        def copy(tmp: Path) -> None:
+            for name in FILES + (MANIFEST,):
+                shutil.copy2(entry.path / name, tmp / name)
+        return self._write(entry.signature, copy)
+
+    def _write(self, signature: str, fill) -> Entry:
+        """Atomically (re)place one entry: fill(tmp_dir) writes its files into a temp folder,
+        which replaces kernels/<signature> under the exclusive lock; the result is read back."""
         self.kernels.mkdir(parents=True, exist_ok=True)
         with self._lock(exclusive=True):
-            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.signature[:16]}-", dir=self.kernels))
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{signature[:16]}-", dir=self.kernels))
             try:
-                for name in FILES + (MANIFEST,):
-                    shutil.copy2(entry.path / name, tmp / name)
-                _replace_dir(tmp, self.kernels / entry.signature)
+                fill(tmp)
+                _replace_dir(tmp, self.kernels / signature)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-            out = self._read(entry.signature)
+            out = self._read(signature)
         assert out is not None and out.problem is None, out
         return out
 
