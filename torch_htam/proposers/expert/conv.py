@@ -34,7 +34,9 @@ import torch
 
 from torch_htam.proposers.expert import elementwise
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float
-from torch_htam.proposers.expert.ir import Plan, Unsupported, dtype_of, lower, shape_of
+from torch_htam.proposers.expert.ir import (
+    Plan, Unsupported, check_single_output, dtype_of, lower, shape_of,
+)
 from torch_htam.proposers.expert.strategies import PlanInfo
 
 aten = torch.ops.aten
@@ -189,10 +191,7 @@ def match(gm, policy) -> ConvPlan:
         raise Unsupported("mixed-dtype conv2d")
     anchor, bn = _batch_norm(conv, ph)
     yshape = shape_of(anchor)
-    outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-    if len(outs) != 1 or shape_of(outs[0]) != yshape or dtype_of(outs[0]) != dt:
-        raise Unsupported("conv epilogue must produce one output of the conv's shape and dtype")
+    check_single_output(gm, yshape, dt, "conv")
     g = len(ph)
 
     def leaf(low, node, amap):

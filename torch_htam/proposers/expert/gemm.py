@@ -21,7 +21,9 @@ import torch
 
 from torch_htam.proposers.expert import elementwise
 from torch_htam.proposers.expert.cuda import DT, PRELUDE
-from torch_htam.proposers.expert.ir import Plan, Unsupported, dtype_of, lower, shape_of, walk
+from torch_htam.proposers.expert.ir import (
+    Plan, Unsupported, check_single_output, dtype_of, lower, shape_of, walk,
+)
 from torch_htam.proposers.expert.strategies import PlanInfo
 
 aten = torch.ops.aten
@@ -88,10 +90,7 @@ def match(gm, policy) -> GemmPlan:
     if dtype_of(a) != dt or dtype_of(b) != dt:
         raise Unsupported("mixed-dtype GEMM")
     gshape = shape_of(node)
-    outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-    if len(outs) != 1 or shape_of(outs[0]) != gshape or dtype_of(outs[0]) != dt:
-        raise Unsupported("GEMM epilogue must produce one output of the GEMM's shape and dtype")
+    check_single_output(gm, gshape, dt, "GEMM")
     g_index = len(ph)
 
     def leaf(low, n, amap):

@@ -427,6 +427,13 @@ def _graph_outputs(gm) -> list:
     return list(vals) if isinstance(vals, (tuple, list)) else [vals]
 
 
+def check_single_output(gm, shape: tuple[int, ...], dtype: str, what: str) -> None:
+    """Library-anchored regions (GEMM, conv) write one output of the anchor's shape and dtype."""
+    outs = _graph_outputs(gm)
+    if len(outs) != 1 or shape_of(outs[0]) != shape or dtype_of(outs[0]) != dtype:
+        raise Unsupported(f"{what} epilogue must produce one output of the {what}'s shape and dtype")
+
+
 def _iteration_shape(gm) -> tuple[str, tuple[int, ...]]:
     rows = [n for n in gm.graph.nodes if is_row_op(n)]
     if rows:
