@@ -226,15 +226,9 @@ def _total_usage(results) -> dict[str, float]:
 
 
 def _median_ms(fn, inputs: tuple, calls: int = 3) -> float:
-    import torch
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(calls):
-        fn(*inputs)
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / calls
+    """Median of `calls` event-timed calls (benchmark.time_model; the caller warmed up)."""
+    from torch_htam.benchmark import time_model
+    return time_model(fn, inputs, iters=calls, warmup=0).median_ms
 
 
 def _keep_only_if_faster(model: nn.Module, inputs: tuple, rounds: int = 9) -> None:
