@@ -1,6 +1,7 @@
-"""Where does a swapped call's host time go? Per-call host time (us) of the launcher binding for:
-a kernel that returns without launching, a relu with nvcc's default static cudart, the same relu
-built against the shared cudart (one runtime for torch and all kernels), and torch.relu.
+"""Where does a swapped call's host time go? Per-call host time (us) of the launcher binding (the
+METH_FASTCALL one the runtime uses, and the older pybind11 one beside it) for: a kernel that
+returns without launching, a relu with nvcc's default static cudart, the same relu built against
+the shared cudart (one runtime for torch and all kernels), and torch.relu.
 
     python3 scripts/probe_overhead.py
 """
@@ -52,15 +53,20 @@ def per_call(fn, calls=20000) -> float:
 
 x = torch.randn(1024, device="cuda")
 meta = launcher.encode_out_meta([__import__("torch_htam.task", fromlist=["TensorSpec"]).TensorSpec.of(x)])
-bind = launcher.extension().launch
+ext = launcher.extension()
+bind, pyb = ext.launch, ext.launch_pybind
 rows = {"torch.relu": per_call(lambda: torch.relu(x))}
 for name, src, extra in (("noop (no launch), static cudart", RELU % "return HTAM_OK;", []),
                          ("relu, static cudart (default)", RELU % "", []),
                          ("relu, shared cudart", RELU % "", ["-cudart=shared"])):
     h = launcher.Kernel(so(src, extra)).handle
     rows[name] = per_call(lambda: bind(h, [x], meta))
+    rows[name + " (pybind11 binding)"] = per_call(lambda: pyb(h, [x], meta))
+    rows[name + " via fast_launch"] = per_call(lambda: launcher.fast_launch(h, [x], meta))
     y = torch.empty_like(x)
     rows[name + " via htam::run, no alloc"] = per_call(lambda: torch.ops.htam.run(h, [x], [y]))
 rows["torch.empty_like alone"] = per_call(lambda: torch.empty_like(x))
+rows["launcher.plain_eager alone"] = per_call(lambda: launcher.plain_eager([x]))
+rows["python call of an empty lambda"] = per_call(lambda: None)
 for k, v in rows.items():
     print(f"{k:48} {v:7.2f} us")

@@ -3,6 +3,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,56 @@ def test_traced_calls_take_the_op_branch():
 def test_cpu_torch_gets_a_clear_error():
     with pytest.raises(RuntimeError, match="needs a CUDA build of torch"):
         launcher.get()
+
+
+def _toolkit_include() -> Path | None:
+    nvcc = build.paths.nvcc_path()
+    root = Path(os.environ.get("CUDA_HOME") or (Path(nvcc).resolve().parent.parent if nvcc else "/usr/local/cuda"))
+    for home in (root, Path("/usr/local/cuda")):
+        if (home / "include" / "cuda_runtime.h").exists():
+            return home
+    return None
+
+
+LAUNCHER_ARGS = """
+from torch_htam import launcher
+m = launcher.extension()
+for args in [(0, [1], [0, 1, 4]), (0, [], "x"), (0,), (0, [], [0, 1, 4])]:
+    try:
+        m.launch(*args)
+    except (TypeError, RuntimeError) as e:
+        print(type(e).__name__, e)
+"""
+
+
+@pytest.mark.skipif(torch.version.cuda is None or shutil.which(os.environ.get("CXX", "c++")) is None
+                    or _toolkit_include() is None, reason="needs a CUDA build of torch, c++ and CUDA headers")
+def test_launcher_compiles_and_checks_its_arguments_without_a_gpu(tmp_path):
+    """CPU: csrc/launcher.cpp builds against this torch, and its fast binding rejects bad arguments
+    with Python errors before touching a GPU (built in a subprocess: its ops stay out of this one)."""
+    env = {**os.environ, "HTAM_CACHE_DIR": str(tmp_path), "CUDA_HOME": str(_toolkit_include()),
+           "TORCH_CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0")}
+    r = subprocess.run([sys.executable, "-c", LAUNCHER_ARGS], env=env, capture_output=True, text=True,
+                       timeout=600, cwd=Path(__file__).parents[1])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == [
+        "TypeError launch: inputs[0] is a int, not a torch.Tensor",
+        "TypeError launch: out_meta must be a list or tuple of ints",
+        "TypeError launch(handle, inputs, out_meta) takes exactly 3 arguments",
+        "RuntimeError htam: no kernel with handle 0 (0 loaded); get one from htam::load(path)"]
+    # A deployment box with no compiler imports the launcher a bundle carried (bundle.load adopts it).
+    box = {**env, "HTAM_CACHE_DIR": str(tmp_path / "box"), "CXX": "no-such-compiler"}
+    adopt = ("import sys; from pathlib import Path; from torch_htam import launcher\n"
+             "print(launcher.adopt(Path(sys.argv[1]) / 'missing'))\n"
+             "print(launcher.adopt(Path(sys.argv[1]) / 'bundle'))\n" + LAUNCHER_ARGS.split("\n", 2)[2])
+    ship = "import sys; from pathlib import Path; from torch_htam import launcher; print(launcher.ship(Path(sys.argv[1]) / 'bundle'))"
+    r = subprocess.run([sys.executable, "-c", ship, str(tmp_path)], env=env, capture_output=True, text=True,
+                       timeout=60, cwd=Path(__file__).parents[1])
+    assert r.stdout.strip() == "True", r.stderr[-3000:]
+    r = subprocess.run([sys.executable, "-c", adopt, str(tmp_path)], env=box, capture_output=True,
+                       text=True, timeout=300, cwd=Path(__file__).parents[1])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines()[:2] == ["False", "True"] and r.stdout.splitlines()[-1].startswith("RuntimeError")
 
 
 # ---------------------------------------------------------------- GPU: the C++ launcher itself

@@ -4,6 +4,7 @@
       manifest.json                  format, arch, toolchain, torch_htam/torch versions, the tasks
       kernels/<signature>/           the cache entry layout (cache.py), each with its sha256 manifest
       htg.json                       the arch's HTG memory, when there is one
+      launcher/<torch+cuda tag>/     the built C++ launcher, so a box without a compiler can run it
 
 `load` on a machine of the same arch and toolchain applies the bundle's libraries after their
 integrity check: no search, no LLM, no compiler. On another arch (or toolchain) it rebuilds from the
@@ -71,6 +72,8 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
     htg = cache.root / "htg.json"
     if htg.is_file():
         shutil.copyfile(htg, out / "htg.json")
+    from torch_htam import launcher
+    launcher.ship(out / "launcher")
     import torch_htam
     manifest = {"format": BUNDLE_FORMAT, "arch": cache.arch, "toolchain": paths.toolchain_key(),
                 "torch_htam": torch_htam.__version__, "torch": torch.__version__,
@@ -114,6 +117,9 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
         return runtime.leave(model, "could not capture the model: " + "; ".join(cap.problems))
     bundle = KernelCache(manifest["arch"], root=bundle_dir)
     if manifest["arch"] == here and manifest["toolchain"] == paths.toolchain_key():
+        if provider is None:
+            from torch_htam import launcher
+            launcher.adopt(Path(bundle_dir) / "launcher")
         kernels = {t.signature: e for t in tasks if (e := bundle.get(t.signature)) is not None}
         return runtime.install(model, cap, kernels, tasks=tasks, provider=provider)
     built_for = f"{manifest['arch']} / {manifest['toolchain']}"

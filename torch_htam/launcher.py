@@ -17,6 +17,7 @@ a native op, H100 measurement in csrc/launcher.cpp); anything traced gets torch.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -64,23 +65,103 @@ def extension():
         raise RuntimeError(f"the htam launcher needs a CUDA build of torch (this is {torch.__version__}); "
                            "install a CUDA wheel of torch, or keep running the original PyTorch model")
     compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        raise RuntimeError(f"no C++ compiler ({compiler!r}) to build the htam launcher: install g++ "
-                           "(e.g. apt-get install g++) or set $CXX")
-    _put_ninja_on_path()
-    from torch.utils import cpp_extension
     out = build_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        module = cpp_extension.load(name="htam_launcher", sources=[str(CSRC / "launcher.cpp")],
-                                    extra_include_paths=[str(CSRC)], extra_ldflags=["-ldl"],
-                                    build_directory=str(out), with_cuda=True, is_python_module=True,
-                                    verbose=False)
-    except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
-        raise RuntimeError(f"building the htam launcher in {out} failed: {e}\nIt needs the CUDA "
-                           "toolkit matching torch.version.cuda (set CUDA_HOME) and a C++17 compiler."
-                           ) from e
+    prebuilt = _prebuilt()
+    if prebuilt is not None:
+        # Shipped in a bundle for this torch and this launcher source: no compiler, no 20-60 s build.
+        module = _import_library(prebuilt)
+    elif shutil.which(compiler) is None:
+        raise RuntimeError(f"no C++ compiler ({compiler!r}) to build the htam launcher and no prebuilt "
+                           f"one in {out}: install g++ (e.g. apt-get install g++), set $CXX, or load "
+                           "a bundle precompiled with this torch version (it carries the launcher)")
+    else:
+        _put_ninja_on_path()
+        from torch.utils import cpp_extension
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            module = cpp_extension.load(name="htam_launcher", sources=[str(CSRC / "launcher.cpp")],
+                                        extra_include_paths=[str(CSRC)], extra_ldflags=["-ldl"],
+                                        build_directory=str(out), with_cuda=True, is_python_module=True,
+                                        verbose=False)
+        except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
+            raise RuntimeError(f"building the htam launcher in {out} failed: {e}\nIt needs the CUDA "
+                               "toolkit matching torch.version.cuda (set CUDA_HOME) and a C++17 compiler."
+                               ) from e
     torch.library.register_fake("htam::launch")(_launch_fake)
+    return module
+
+
+def source_hash() -> str:
+    """sha256 of the launcher's sources: a prebuilt library is used only for the same sources."""
+    h = hashlib.sha256()
+    for f in ("launcher.cpp", "htam_abi.h"):
+        h.update((CSRC / f).read_bytes())
+    return h.hexdigest()
+
+
+def built_library() -> Path | None:
+    """The launcher library this process can ship: the newest one built in build_dir()
+    (htam_launcher.so, or htam_launcher_v<N>.so after a source change), else an adopted one.
+
+        >>> launcher.built_library()
+        PosixPath('/root/.cache/torch_htam/launcher/torch2.11.0+cu130-cuda13.0/htam_launcher.so')
+    """
+    libs = sorted(build_dir().glob("htam_launcher*.so"), key=lambda f: f.stat().st_mtime)
+    return libs[-1] if libs else _prebuilt()
+
+
+def ship(dst_dir: Path) -> bool:
+    """Copy the built launcher into dst_dir/<torch tag>/ with its source hash (for a bundle);
+    False when there is none to copy.
+
+        >>> launcher.ship(Path("bundle/launcher"))
+        True
+    """
+    lib = built_library()
+    if lib is None:
+        return False
+    dst = Path(dst_dir) / build_dir().name
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(lib, dst / lib.name)
+    (dst / "source.sha256").write_text(source_hash())
+    return True
+
+
+def adopt(shipped_dir: Path) -> bool:
+    """Take a launcher that ship() wrote, when it is for this torch and these launcher sources;
+    True if this process can now import a prebuilt launcher. extension() prefers it to building.
+
+        >>> launcher.adopt(Path("bundle/launcher"))
+        True
+    """
+    src = Path(shipped_dir) / build_dir().name
+    libs = sorted(src.glob("htam_launcher*.so"))
+    ok = libs and (src / "source.sha256").is_file() and (src / "source.sha256").read_text() == source_hash()
+    if ok and _prebuilt() is None:
+        dst = build_dir() / "prebuilt"
+        dst.mkdir(parents=True, exist_ok=True)
+        tmp = dst / (libs[-1].name + ".tmp")
+        shutil.copyfile(libs[-1], tmp)
+        tmp.replace(dst / libs[-1].name)   # atomic: another process never imports half a file
+        (dst / "source.sha256").write_text(source_hash())
+    return _prebuilt() is not None
+
+
+def _prebuilt() -> Path | None:
+    d = build_dir() / "prebuilt"
+    stamp = d / "source.sha256"
+    libs = sorted(d.glob("htam_launcher*.so"))
+    if libs and stamp.is_file() and stamp.read_text() == source_hash():
+        return libs[-1]
+    return None
+
+
+def _import_library(path: Path):
+    import importlib.util
+    # NOTE: the module name must be the file's stem: its init function is PyInit_<stem>.
+    spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module
 
 

@@ -10,8 +10,10 @@
 // The same library is also a Python module whose launch(handle, inputs, out_meta) calls the same
 // C++ launch() directly: the eager fast path (launcher.fast_launch). Measured on an H100, torch
 // 2.11: torch.ops.htam.launch.default costs 25 us of host time per call, 15 us more than a native
-// op like torch.relu. The C++ work is the same, so the torch.ops entry from Python (schema matching,
-// lists -> IValues, dispatch) is the difference; pybind11 converts the two lists to std::vectors.
+// op like torch.relu; a pybind11 binding of launch() still cost 20 us. So the binding is a plain
+// CPython METH_FASTCALL function (no pybind11 overload dispatch or std::vector conversions), and
+// outputs come from at::detail::empty_cuda (the CUDA allocator without a dispatcher round trip).
+// launch_pybind stays for scripts/probe_overhead.py's side-by-side measurement.
 #include <dlfcn.h>
 
 #include <deque>
@@ -21,11 +23,14 @@
 #include <unordered_map>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/cuda/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/record_function.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/SmallVector.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
@@ -123,8 +128,7 @@ HtamTensor describe(const at::Tensor& t, c10::DeviceIndex device, const char* ro
   return h;
 }
 
-int64_t call(const Kernel& k, at::TensorList inputs, at::TensorList outputs) {
-  c10::DeviceIndex device = c10::cuda::current_device();
+int64_t call(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10::DeviceIndex device) {
   c10::SmallVector<HtamTensor, 8> in, out;
   for (size_t i = 0; i < inputs.size(); ++i) in.push_back(describe(inputs[i], device, "inputs", i));
   for (size_t i = 0; i < outputs.size(); ++i) out.push_back(describe(outputs[i], device, "outputs", i));
@@ -133,21 +137,23 @@ int64_t call(const Kernel& k, at::TensorList inputs, at::TensorList outputs) {
 }
 
 int64_t run(int64_t handle, at::TensorList inputs, at::TensorList outputs) {
-  return call(kernel_at(handle), inputs, outputs);
+  return call(kernel_at(handle), inputs, outputs, c10::cuda::current_device());
 }
 
 std::vector<at::Tensor> launch(int64_t handle, at::TensorList inputs, at::IntArrayRef out_meta) {
   const Kernel& k = kernel_at(handle);
-  auto options = at::TensorOptions().device(at::kCUDA, c10::cuda::current_device());
+  const c10::DeviceIndex device = c10::cuda::current_device();
+  const at::Device where(at::kCUDA, device);
   std::vector<at::Tensor> outputs;
   for (size_t i = 0; i < out_meta.size();) {
     TORCH_CHECK(i + 1 < out_meta.size() && i + 2 + out_meta[i + 1] <= out_meta.size(),
                 "htam: out_meta is truncated at position ", num(i), "; expected [dtype, ndim, sizes...] per output");
     int64_t ndim = out_meta[i + 1];
-    outputs.push_back(at::empty(out_meta.slice(i + 2, ndim), options.dtype(scalar_type(out_meta[i]))));
+    outputs.emplace_back(at::detail::empty_cuda(out_meta.slice(i + 2, ndim), scalar_type(out_meta[i]), where,
+                                             std::nullopt));
     i += 2 + ndim;
   }
-  int64_t code = call(k, inputs, outputs);
+  int64_t code = call(k, inputs, outputs, device);
   TORCH_CHECK(code == 0, "htam kernel ", k.path, " returned ", num(code), ": ",
               code == HTAM_ERR_SHAPE
                   ? "HTAM_ERR_SHAPE (the kernel does not support these shapes/dtypes; run the original region)"
@@ -161,17 +167,62 @@ std::vector<at::Tensor> launch(int64_t handle, at::TensorList inputs, at::IntArr
 // FakeTensor/functionalization/proxy handling, no TorchDispatchMode, no autograd key (the op has
 // none either). So launcher.fast_launch calls it only for plain eager tensors outside any tracing;
 // everything else goes through htam::launch.
-std::vector<at::Tensor> launch_eager(int64_t handle, const std::vector<at::Tensor>& inputs,
-                                     const std::vector<int64_t>& out_meta) {
+// Python: launch(handle: int, inputs: list[Tensor] | tuple, out_meta: list[int] | tuple) -> list[Tensor]
+PyObject* py_launch(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "launch(handle, inputs, out_meta) takes exactly 3 arguments");
+    return nullptr;
+  }
+  const int64_t handle = PyLong_AsLongLong(args[0]);
+  if (handle == -1 && PyErr_Occurred()) return nullptr;
+  if (!PyList_Check(args[1]) && !PyTuple_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "launch: inputs must be a list or tuple of tensors");
+    return nullptr;
+  }
+  if (!PyList_Check(args[2]) && !PyTuple_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "launch: out_meta must be a list or tuple of ints");
+    return nullptr;
+  }
+  // NOTE: PySequence_Fast_* index lists and tuples alike without new references.
+  c10::SmallVector<at::Tensor, 8> inputs;
+  for (Py_ssize_t i = 0, n = PySequence_Fast_GET_SIZE(args[1]); i < n; ++i) {
+    PyObject* t = PySequence_Fast_GET_ITEM(args[1], i);
+    if (!THPVariable_Check(t)) {
+      PyErr_Format(PyExc_TypeError, "launch: inputs[%zd] is a %s, not a torch.Tensor", i, Py_TYPE(t)->tp_name);
+      return nullptr;
+    }
+    inputs.push_back(THPVariable_Unpack(t));
+  }
+  c10::SmallVector<int64_t, 16> meta;
+  for (Py_ssize_t i = 0, n = PySequence_Fast_GET_SIZE(args[2]); i < n; ++i) {
+    meta.push_back(PyLong_AsLongLong(PySequence_Fast_GET_ITEM(args[2], i)));
+    if (meta.back() == -1 && PyErr_Occurred()) return nullptr;
+  }
   // The profiler still sees a call by the op's name (the dispatcher records one per op call).
   RECORD_FUNCTION("htam::launch", std::vector<c10::IValue>());
+  std::vector<at::Tensor> outs = launch(handle, inputs, meta);
+  PyObject* list = PyList_New((Py_ssize_t)outs.size());
+  if (!list) return nullptr;
+  for (size_t i = 0; i < outs.size(); ++i) PyList_SET_ITEM(list, (Py_ssize_t)i, THPVariable_Wrap(std::move(outs[i])));
+  return list;
+  END_HANDLE_TH_ERRORS
+}
+
+// The same through pybind11: only for scripts/probe_overhead.py's comparison.
+std::vector<at::Tensor> launch_pybind(int64_t handle, const std::vector<at::Tensor>& inputs,
+                                      const std::vector<int64_t>& out_meta) {
   try {
     return launch(handle, inputs, out_meta);
   } catch (const c10::Error& e) {
-    // RuntimeError with the same text a torch.ops call raises (pybind11 maps std::runtime_error).
     throw std::runtime_error(e.what_without_backtrace());
   }
 }
+
+PyMethodDef g_methods[] = {
+    {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_launch)), METH_FASTCALL,
+     "launch(handle, inputs, out_meta) -> list[Tensor], as htam::launch without the dispatcher"},
+    {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
 
@@ -181,8 +232,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "htam launcher: the eager fast path of htam::launch (see torch_htam/launcher.py)";
   // NOTE: the GIL stays held: the call enqueues a kernel and never waits on the GPU, and a
   // release + reacquire would be paid on every call.
-  m.def("launch", &launch_eager, "launch(handle, inputs, out_meta) -> list[Tensor], as htam::launch",
-        pybind11::arg("handle"), pybind11::arg("inputs"), pybind11::arg("out_meta"));
+  if (PyModule_AddFunctions(m.ptr(), g_methods) != 0) throw pybind11::error_already_set();
+  m.def("launch_pybind", &launch_pybind, "launch through pybind11 (overhead comparison only)");
 }
 
 TORCH_LIBRARY(htam, m) {
