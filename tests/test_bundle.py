@@ -71,6 +71,14 @@ def test_precompile_lists_tasks_without_kernels(made, tmp_path):
     assert not (out / "kernels" / missing).exists()
 
 
+def test_precompile_keeps_only_the_kernels_the_model_used(made, tmp_path):
+    model, x, tasks, cache, provider = made
+    used = next(iter(tasks))
+    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache, only={used})
+    listed = {t["signature"]: t["kernel"] for t in json.loads((out / "manifest.json").read_text())["tasks"]}
+    assert listed == {s: s == used for s in listed} and len(listed) == len(tasks)
+
+
 def test_load_round_trip(made, tmp_path):
     model, x, tasks, cache, provider = made
     out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache)

@@ -186,16 +186,20 @@ def test_precompile_bundles_the_original_graph_then_reoptimizes(monkeypatch, tmp
         fwd = lambda *a: None                         # noqa: E731
         fwd.htam = object.__new__(runtime.HtamForward)
         m.forward = fwd
+        m.htam_report = runtime.Report(tasks=[runtime.TaskReport("a", "sig_a", status="swapped"),
+                                              runtime.TaskReport("b", "sig_b", status="not used: the model "
+                                                                 "was not faster end to end")])
         return m
 
-    def fake_bundle(m, x, out_dir):
+    def fake_bundle(m, x, out_dir, only=None):
         calls.append("forward" in m.__dict__)         # must be the original forward here
+        calls.append(only)                            # only what the optimized model used
         return tmp_path
 
     monkeypatch.setattr(pipeline, "optimize", fake_optimize)
     monkeypatch.setattr(bundle, "precompile", fake_bundle)
     assert pipeline.precompile(model, inputs, tmp_path) == tmp_path
-    assert calls == [True, False, False]              # search, bundle unswapped, re-apply from cache
+    assert calls == [True, False, {"sig_a"}, False]   # search, bundle unswapped, re-apply from cache
     assert "forward" in model.__dict__
 
 

@@ -41,11 +41,13 @@ def _tasks(model, example_inputs):
 
 
 def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Path, config: Any = None,
-               ensure_kernels: Callable | None = None, cache: KernelCache | None = None) -> Path:
+               ensure_kernels: Callable | None = None, cache: KernelCache | None = None,
+               only: set[str] | None = None) -> Path:
     """Write a self-contained bundle of the cached kernels for this model's tasks.
 
     ensure_kernels(model, example_inputs, config): fills the cache first (the optimize pipeline);
     without it the bundle holds whatever the cache has. cache: default this GPU's arch cache.
+    only: task signatures allowed in (optimize's end-to-end verdict); None: every usable kernel.
 
         >>> precompile(model, (x,), "bundle/", ensure_kernels=lambda m, x, c: optimize(m, x, c))
         PosixPath('bundle')
@@ -64,7 +66,7 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
     listed = []
     for t in tasks:
         entry = cache.get(t.signature)
-        ok = entry is not None and entry.usable()
+        ok = entry is not None and entry.usable() and (only is None or t.signature in only)
         if ok:
             target.put_entry(entry)
         listed.append({"name": t.name, "signature": t.signature, "kind": t.kind, "count": t.count,

@@ -272,10 +272,13 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
     from torch_htam.bundle import precompile as write_bundle
     cfg = config or OptimizeConfig()
     optimize(model, example_inputs, cfg)
+    # Only what the optimized model really uses: a kernel that won alone but that the end-to-end
+    # guard turned down stays out, so load() never swaps in what optimize() rejected.
+    used = {t.signature for t in model.htam_report.tasks if t.status == "swapped"}
     # NOTE: the bundle lists the tasks of the ORIGINAL graph; captured through the swapped
     # forward, the swapped regions would be launcher calls and their kernels left out.
     runtime.restore(model)
     try:
-        return write_bundle(model, example_inputs, out_dir)
+        return write_bundle(model, example_inputs, out_dir, only=used)
     finally:
         optimize(model, example_inputs, dataclasses.replace(cfg, search=False))   # from the cache
