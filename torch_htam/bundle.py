@@ -36,6 +36,7 @@ BUNDLE_FORMAT = 1
 def _tasks(model, example_inputs):
     from torch_htam.capture import capture
     from torch_htam.task import tasks_from_capture
+    runtime.restore(model)   # an optimized model is captured through its original forward
     cap = capture(model, tuple(example_inputs))
     return cap, (tasks_from_capture(cap) if cap.graphs else [])
 

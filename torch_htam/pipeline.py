@@ -189,6 +189,9 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
     gpu = gpu_mod.detect()
     if gpu is None:
         return runtime.leave(model, "no CUDA GPU: the model stays on its original PyTorch path")
+    # NOTE: optimizing an optimized model starts from its original forward: captured through the
+    # swapped one, its regions would be launcher calls that match no task.
+    runtime.restore(model)
     cap = capture_model(model, tuple(example_inputs))
     if not cap.graphs:
         return runtime.leave(model, "could not capture the model: " + "; ".join(cap.problems))
