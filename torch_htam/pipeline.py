@@ -93,12 +93,13 @@ class SearchedLog:
         except (OSError, ValueError):
             self.data = {}     # missing or corrupt: forget, the cost is one more search
 
-    def covers(self, signature: str, cfg: OptimizeConfig) -> bool:
+    def covers(self, signature: str, cfg: OptimizeConfig, policy: str) -> bool:
         rec = self.data.get(signature)
-        return bool(rec) and rec["steps"] >= cfg.steps and rec["candidates"] >= cfg.candidates_per_step
+        return (bool(rec) and rec["steps"] >= cfg.steps and rec["candidates"] >= cfg.candidates_per_step
+                and rec.get("policy") == policy)   # another precision policy is another search
 
-    def add(self, signature: str, cfg: OptimizeConfig, stop: str, best: float | None) -> None:
-        self.data[signature] = {"steps": cfg.steps, "candidates": cfg.candidates_per_step,
+    def add(self, signature: str, cfg: OptimizeConfig, stop: str, best: float | None, policy: str) -> None:
+        self.data[signature] = {"steps": cfg.steps, "candidates": cfg.candidates_per_step, "policy": policy,
                                 "stop": stop, "best": best, "date": time.strftime("%Y-%m-%d")}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(f".tmp{os.getpid()}")
@@ -126,6 +127,7 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog) -> di
     from torch_htam.htg import HTG
     from torch_htam.proposers.expert import ExpertProposer
     from torch_htam.search import SearchConfig, search_many
+    from torch_htam.policy import policy_for
 
     proposer, message = ExpertProposer(), ""
     if cfg.use_llm:
@@ -149,7 +151,7 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog) -> di
                        "search_speedup": best.speedup})
         elif not result.stop.startswith("error"):
             searched.add(task.signature, cfg, result.stop,
-                         confirmed.speedup if confirmed is not None else None)
+                         confirmed.speedup if confirmed is not None else None, policy_for(task).name)
         memory.save(memory_path)   # experience persists task by task
 
     with Evaluator() as evaluator:
@@ -199,13 +201,14 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
     cache = KernelCache(gpu.arch)
     seed_cache(cache, gpu.arch)
     searched = SearchedLog(paths.arch_dir(gpu.arch) / "searched.json")
-    misses = [t for t in tasks
-              if cache.get(t.signature) is None and not searched.covers(t.signature, cfg)]
+    from torch_htam.policy import policy_for
+    misses = [t for t in tasks if _cached(cache, t) is None
+              and not searched.covers(t.signature, cfg, policy_for(t).name)]
     if cfg.max_tasks is not None:
         misses = misses[: cfg.max_tasks]
     results = _search(misses, cfg, gpu, cache, searched) if cfg.search and misses else {}
     kernels = {t.signature: e for t in tasks
-               if (e := cache.get(t.signature)) is not None and e.usable(cfg.min_speedup)}
+               if (e := _cached(cache, t)) is not None and e.usable(cfg.min_speedup)}
     try:
         model = runtime.install(model, cap, kernels, tasks=tasks, min_speedup=cfg.min_speedup)
     except Exception as e:   # NOTE: never leave the user's model broken; kernels stay cached
@@ -217,6 +220,14 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
     model.htam_report.optimize_s = time.perf_counter() - t0
     model.htam_report.usage = _total_usage(results.values())
     return model
+
+
+def _cached(cache, task):
+    """The task's cache entry if it was verified under a policy at least as strict as the one the
+    user's settings give now (e.g. none verified under TF32 once they turned TF32 off), else None."""
+    from torch_htam.policy import admits, policy_for
+    entry = cache.get(task.signature)
+    return entry if entry is not None and admits(entry.policy, policy_for(task)) else None
 
 
 def _total_usage(results) -> dict[str, float]:

@@ -1,8 +1,11 @@
 """Precision policy: which numeric shortcuts a kernel may take, and the tolerance it is held to.
 
-Follows the user's own setting by default: TF32 is allowed exactly when
-torch.get_float32_matmul_precision() is "high" or "medium"; bf16/fp16 tasks get their dtype's
-tolerance. The policy is recorded with every verified kernel and shown in the report.
+Follows the user's own settings, as PyTorch does for the same ops: an fp32 GEMM may use TF32 exactly
+when torch.get_float32_matmul_precision() is "high" or "medium"; an fp32 conv exactly when
+torch.backends.cudnn.allow_tf32 is set (PyTorch's default: True, so eager convs already run TF32);
+bf16/fp16 tasks get their dtype's tolerance. The policy is recorded with every verified kernel and
+shown in the report, and a cached kernel is used only under a policy at least as loose as the one
+it was verified under (`admits`).
 
     >>> policy_for(task)            # fp32 task, default torch setting
     Precision(name='fp32', atol=0.0001, rtol=0.0001, allow_tf32=False)
@@ -38,14 +41,31 @@ def make(name: str) -> Precision:
     return Precision(name, tol, tol, allow_tf32=(name == "tf32"))
 
 
-def policy_for(task, matmul_precision: str | None = None) -> Precision:
-    """The policy for a task: its lowest float dtype decides; fp32 GEMM/conv follow the TF32 setting."""
+def policy_for(task, matmul_precision: str | None = None, conv_tf32: bool | None = None) -> Precision:
+    """The policy for a task: its lowest float dtype decides; fp32 GEMM/conv follow torch's TF32 knobs.
+
+        >>> policy_for(conv_task, conv_tf32=False).name, policy_for(conv_task, conv_tf32=True).name
+        ('fp32', 'tf32')
+    """
     dtypes = {s.dtype for s in list(task.inputs) + list(task.outputs)}
     if "bfloat16" in dtypes:
         return make("bf16")
     if "float16" in dtypes:
         return make("fp16")
+    if task.kind == "conv":
+        tf32 = torch.backends.cudnn.allow_tf32 if conv_tf32 is None else conv_tf32
+        return make("tf32" if tf32 else "fp32")
     mp = matmul_precision or torch.get_float32_matmul_precision()
-    if task.kind in ("gemm", "conv", "attention") and mp in ("high", "medium"):
+    if task.kind in ("gemm", "attention") and mp in ("high", "medium"):
         return make("tf32")
     return make("fp32")
+
+
+def admits(verified_under: str, wanted: Precision) -> bool:
+    """May a kernel verified under policy `verified_under` run where `wanted` applies? Only if its
+    tolerance was at least as tight (an fp32-verified kernel serves a tf32 user, not the reverse).
+
+        >>> admits("fp32", make("tf32")), admits("tf32", make("fp32"))
+        (True, False)
+    """
+    return verified_under in TOLERANCES and TOLERANCES[verified_under] <= wanted.atol
