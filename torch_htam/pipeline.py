@@ -239,31 +239,17 @@ def _total_usage(results) -> dict[str, float]:
     return total
 
 
-def _median_ms(fn, inputs: tuple, calls: int = 3) -> float:
-    """Median of `calls` event-timed calls (benchmark.time_model; the caller warmed up)."""
-    from torch_htam.benchmark import time_model
-    return time_model(fn, inputs, iters=calls, warmup=0).median_ms
-
-
-def _keep_only_if_faster(model: nn.Module, inputs: tuple, rounds: int = 9) -> None:
+def _keep_only_if_faster(model: nn.Module, inputs: tuple, iters: int = 27) -> None:
     """End-to-end guard: the swapped forward must beat the original one on the example inputs,
     timed interleaved in this process (so clocks and other load hit both alike); otherwise the
     original path is restored and the report says why. Per-region speedups do not add up by
     themselves: a region can win alone and still lose in the model (launch gaps, layout copies).
     """
-    import statistics
-
-    import torch
     from torch_htam import runtime
+    from torch_htam.benchmark import time_pair
     state = model.forward.htam
-    with torch.inference_mode():
-        for _ in range(2):                                     # warm-up both paths
-            state.original(*inputs), model.forward(*inputs)
-        orig, ours = [], []
-        for _ in range(rounds):
-            orig.append(_median_ms(state.original, inputs))
-            ours.append(_median_ms(model.forward, inputs))
-    o, h = statistics.median(orig), statistics.median(ours)
+    orig, ours = time_pair(state.original, model.forward, inputs, iters=iters, rounds=9)
+    o, h = orig.median_ms, ours.median_ms
     report = model.htam_report
     report.e2e.update({"original_ms": o, "htam_ms": h})
     report.fast_calls, report.fallback_calls = 0, 0            # the guard's own calls don't count
