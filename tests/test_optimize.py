@@ -11,6 +11,7 @@ import torch
 import torch_htam
 from torch_htam.policy import TOLERANCES
 from examples import gpt_block
+from test_bundle import made  # noqa: F401  (fixture)
 from torch_htam.pipeline import OptimizeConfig, tasks_of
 
 
@@ -140,28 +141,47 @@ def test_cnn_optimized_is_right(cache_dir):
         assert rel_err(model(fresh), ref_model(fresh)) < tol
 
 
-def test_end_to_end_guard_restores_the_original_when_not_faster(monkeypatch):
-    """The guard times both paths; if ours is not faster, the model goes back to its forward."""
-    from torch_htam import pipeline, runtime
-    model, inputs = gpt_block.get_model()
-    original = model.forward
-    from torch_htam import benchmark
+def _guard_setup(made, monkeypatch, fast_when):
+    """The bundle fixture's MLP with CPU stand-in kernels installed; time_pair says ours is faster
+    exactly when fast_when(number of regions swapped)."""
+    from torch_htam import benchmark, pipeline, runtime
+    from torch_htam.capture import capture
+    model, x, tasks, cache, provider = made
+    kernels = {sig: cache.get(sig) for sig in tasks}
+    cap = capture(model, (x,))
+    model = runtime.install(model, cap, kernels, tasks=list(tasks.values()), provider=provider)
+    tried = []
 
-    def timed(fn_a, fn_b, inputs, iters, rounds):         # original 1 ms, ours 2 ms
-        assert fn_a is original and fn_b is model.forward
-        return benchmark.ArmTime(1.0, 0.9, 1.1), benchmark.ArmTime(2.0, 1.9, 2.1)
+    def timed(fn_a, fn_b, inputs, iters, rounds):
+        n = model.htam_report.swapped
+        tried.append(n)
+        return benchmark.ArmTime(1.0, 0.9, 1.1), benchmark.ArmTime(0.8 if fast_when(n) else 1.2, 0, 0)
     monkeypatch.setattr(benchmark, "time_pair", timed)
-    state = type("S", (), {"original": staticmethod(original)})()
-    fwd = lambda *a: original(*a)                         # noqa: E731
-    fwd.htam = state
-    model.forward = fwd
-    model.htam_report = runtime.Report(method="export", swapped=3,
-                                       tasks=[runtime.TaskReport("t", "sig", status="swapped")])
-    pipeline._keep_only_if_faster(model, inputs)
+    return pipeline, model, cap, kernels, list(tasks.values()), x, provider, tried
+
+
+def test_end_to_end_guard_restores_the_original_when_nothing_pays(made, monkeypatch):
+    """The guard times both paths; if no subset of the kernels is faster, the original forward."""
+    pipeline, model, cap, kernels, tasks, x, provider, tried = _guard_setup(made, monkeypatch, lambda n: False)
+    n = model.htam_report.swapped
+    model = pipeline._keep_what_pays(model, cap, kernels, tasks, (x,), provider=provider)
     rep = model.htam_report
-    assert rep.swapped == 0 and "not faster" in rep.note
-    assert rep.tasks[0].status.startswith("not used")
-    assert rep.e2e == {"original_ms": 1.0, "htam_ms": 2.0}
+    assert rep.swapped == 0 and "not faster" in rep.note and "forward" not in model.__dict__
+    assert all(t.status.startswith("not used") for t in rep.tasks if t.signature in kernels)
+    assert rep.e2e == {"original_ms": 1.0, "htam_ms": 1.2}
+    assert tried[0] == n and tried == sorted(tried, reverse=True) and len(tried) <= 4
+
+
+def test_end_to_end_guard_keeps_the_subset_that_pays(made, monkeypatch):
+    """All kernels together lose, the better half wins: that half stays swapped, the report says so."""
+    pipeline, model, cap, kernels, tasks, x, provider, tried = _guard_setup(made, monkeypatch, lambda n: n == 1)
+    assert model.htam_report.swapped >= 2
+    model = pipeline._keep_what_pays(model, cap, kernels, tasks, (x,), provider=provider)
+    rep = model.htam_report
+    assert rep.swapped == 1 and "kernels kept" in rep.note and tried[-1] == 1
+    kept = [t for t in rep.tasks if t.status == "swapped"]
+    assert len(kept) == 1 and sum(t.status.startswith("not used") for t in rep.tasks) == len(kernels) - 1
+    torch.testing.assert_close(model(x), model.forward.htam.original(x))
 
 
 def test_config_mistakes_raise_at_once():
