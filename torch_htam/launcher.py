@@ -77,6 +77,7 @@ def extension():
     else:
         _put_ninja_on_path()
         from torch.utils import cpp_extension
+        _fix_cuda_home(cpp_extension)
         out.mkdir(parents=True, exist_ok=True)
         try:
             module = cpp_extension.load(name="htam_launcher", sources=[str(CSRC / "launcher.cpp")],
@@ -163,6 +164,24 @@ def _import_library(path: Path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _fix_cuda_home(cpp_extension) -> None:
+    """Point cpp_extension at a toolkit that has the CUDA headers.
+
+    NOTE: cpp_extension guesses CUDA_HOME at import as the parent of the `nvcc` on PATH; where that
+    nvcc is a wrapper script (this project's CI image: /usr/local/bin/nvcc) the guess is /usr/local
+    and the build stops at `cuda_runtime.h: No such file`. An explicit $CUDA_HOME is left alone.
+    """
+    def has_headers(root) -> bool:
+        return bool(root) and (Path(root) / "include" / "cuda_runtime.h").is_file()
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or has_headers(cpp_extension.CUDA_HOME):
+        return
+    from torch_htam import build
+    for root in (build._cuda_home(), "/usr/local/cuda"):
+        if has_headers(root):
+            cpp_extension.CUDA_HOME = str(root)
+            return
 
 
 def _put_ninja_on_path() -> None:
