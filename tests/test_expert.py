@@ -429,3 +429,28 @@ def test_conv_candidates_match_torch(name, dtype):
                 break
     print(f"{name} {dtype}: {len(mismatches)}/{len(cands)} candidates outside bf16 tolerance: {mismatches}")
     assert len(mismatches) < len(cands), f"no bf16 candidate matches: {mismatches}"
+
+
+def test_row_moves_keep_the_row_in_registers():
+    """A move to another threads-per-row mapping re-fits NV/VEC so the whole row stays in registers
+    (768 columns: a warp needs 24 values per thread, a 128-thread block 6)."""
+    task = bench_task("rw_layernorm_bf16")
+    cands = propose(task, "parallel_mapping", ["warp_per_row", "block_per_row"], n=8).candidates
+    mappings = {c.params["tpr"] for c in cands}
+    assert {32, 256} <= mappings
+    for c in cands:
+        p = c.params
+        if p["nv"]:
+            assert p["tpr"] * p["vec"] * p["nv"] >= 768, p
+
+
+def test_division_by_a_row_result_becomes_a_hoistable_reciprocal():
+    from torch_htam.proposers.expert.cuda import Emitter
+    em = Emitter(load=lambda a: f"x{a}", red=lambda k: f"R{k}")
+    em.emit(("div", ("in", 0), ("red", 1)))                     # softmax's exp / sum
+    em.emit(("div", ("in", 0), ("add", ("red", 0), ("const", 1e-5))))
+    em.emit(("div", ("in", 0), ("in", 1)))                      # per element: a true divide
+    em.emit(("div", ("in", 0), ("const", 3.0)))                 # no reduction: left as written
+    assert em.lines == ["const float t0 = (x0 * (1.f / R1));", "const float t1 = (R0 + 1e-05f);",
+                        "const float t2 = (x0 * (1.f / t1));", "const float t3 = (x0 / x1);",
+                        "const float t4 = (x0 / 3.0f);"]

@@ -168,12 +168,13 @@ class ExpertProposer:
         for level in range(depth):
             for s, variants in per:
                 if level < len(variants):
-                    p = dict(base, **variants[level])
+                    p = _refit(tgt.kind, dict(base, **variants[level]), variants[level], info)
                     out.append((p, _tags(tgt.kind, p, info, base_tags, [s], tgt.tagger)))
         if len(per) > 1:
-            p = dict(base)
+            p, moved = dict(base), {}
             for _, v in per:
-                p.update(v[0])
+                moved.update(v[0])
+            p = _refit(tgt.kind, dict(base, **moved), moved, info)
             out.append((p, _tags(tgt.kind, p, info, base_tags, [s for s, _ in per], tgt.tagger)))
         if tgt.kind in ("gemm", "conv"):   # the library heuristic's next algorithms, same strategy tags
             for a in GEMM_ALGOS:
@@ -183,6 +184,26 @@ class ExpertProposer:
             key = tuple(sorted(base.items()))
             out = [(p, t) for p, t in out if tuple(sorted(p.items())) != key]
         return out
+
+
+def _refit(kind: str, p: dict, moved: dict, info: PlanInfo) -> dict:
+    """A row kernel kept in registers must still hold the whole row after a move changed its
+    threads per row or vector width: recompute NV (and narrow VEC) for the new mapping, unless the
+    move set NV itself. NOTE: without this, warp_per_row on a 768-column row kept the NV of a
+    128-thread row, covered 256 columns and fell back to the streaming path at run time.
+    """
+    if kind != "rowwise" or not p.get("nv") or "nv" in moved:
+        return p
+    n = max(info.ncol, 1)
+    per_thread = -(-n // p["tpr"])
+    vec = moved.get("vec", info.vec16)      # 16-byte vectors unless the move chose a width
+    while vec > 1 and (n % vec or vec > per_thread):
+        vec //= 2
+    nv = 1 << (-(-per_thread // vec) - 1).bit_length()
+    cap = 16 if p["tpr"] * (p["rows_per_block"] if p["tpr"] <= 32 else 1) > 256 else 32   # values/thread
+    if nv * vec > cap:     # too long for this mapping's registers: stream it, one pass where possible
+        return dict(p, vec=vec, nv=0, online=info.has_softmax_pair, welford=info.has_welford_pair)
+    return dict(p, vec=vec, nv=nv)
 
 
 def _tags(kind: str, params: dict, info: PlanInfo, base_tags: list[str], applied: list[str],
