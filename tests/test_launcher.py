@@ -91,17 +91,7 @@ def test_cpu_torch_gets_a_clear_error():
         launcher.get()
 
 
-def _toolkit_include() -> Path | None:
-    nvcc = build.paths.nvcc_path()
-    root = Path(os.environ.get("CUDA_HOME") or (Path(nvcc).resolve().parent.parent if nvcc else "/usr/local/cuda"))
-    for home in (root, Path("/usr/local/cuda")):
-        if (home / "include" / "cuda_runtime.h").exists():
-            return home
-    return None
-
-
-LAUNCHER_ARGS = """
-from torch_htam import launcher
+ARG_CHECKS = """
 m = launcher.extension()
 for args in [(0, [1], [0, 1, 4]), (0, [], "x"), (0,), (0, [], [0, 1, 4])]:
     try:
@@ -112,7 +102,7 @@ for args in [(0, [1], [0, 1, 4]), (0, [], "x"), (0,), (0, [], [0, 1, 4])]:
 
 
 @pytest.mark.skipif(torch.version.cuda is None or shutil.which(os.environ.get("CXX", "c++")) is None
-                    or _toolkit_include() is None, reason="needs a CUDA build of torch, c++ and CUDA headers")
+                    or launcher._cuda_toolkit() is None, reason="needs a CUDA build of torch, c++ and CUDA headers")
 def test_launcher_compiles_and_checks_its_arguments_without_a_gpu(tmp_path):
     """CPU: csrc/launcher.cpp builds against this torch, and its fast binding rejects bad arguments
     with Python errors before touching a GPU (built in a subprocess: its ops stay out of this one)."""
@@ -120,7 +110,8 @@ def test_launcher_compiles_and_checks_its_arguments_without_a_gpu(tmp_path):
     # wrapper (this CI image). The arch list only matters to cpp_extension without a visible GPU.
     env = {**os.environ, "HTAM_CACHE_DIR": str(tmp_path),
            "TORCH_CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0")}
-    r = subprocess.run([sys.executable, "-c", LAUNCHER_ARGS], env=env, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", "from torch_htam import launcher" + ARG_CHECKS], env=env,
+                       capture_output=True, text=True,
                        timeout=600, cwd=Path(__file__).parents[1])
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.splitlines() == [
@@ -132,7 +123,7 @@ def test_launcher_compiles_and_checks_its_arguments_without_a_gpu(tmp_path):
     box = {**env, "HTAM_CACHE_DIR": str(tmp_path / "box"), "CXX": "no-such-compiler"}
     adopt = ("import sys; from pathlib import Path; from torch_htam import launcher\n"
              "print(launcher.adopt(Path(sys.argv[1]) / 'missing'))\n"
-             "print(launcher.adopt(Path(sys.argv[1]) / 'bundle'))\n" + LAUNCHER_ARGS.split("\n", 2)[2])
+             "print(launcher.adopt(Path(sys.argv[1]) / 'bundle'))" + ARG_CHECKS)
     ship = "import sys; from pathlib import Path; from torch_htam import launcher; print(launcher.ship(Path(sys.argv[1]) / 'bundle'))"
     r = subprocess.run([sys.executable, "-c", ship, str(tmp_path)], env=env, capture_output=True, text=True,
                        timeout=60, cwd=Path(__file__).parents[1])

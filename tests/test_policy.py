@@ -3,8 +3,7 @@ from types import SimpleNamespace
 
 import torch
 
-from torch_htam import pipeline
-from torch_htam.policy import admits, make, policy_for
+from torch_htam.policy import admits, admitted, make, policy_for
 from torch_htam.task import TensorSpec
 
 
@@ -30,10 +29,10 @@ def test_a_kernel_serves_only_policies_at_least_as_loose_as_its_own():
     assert not admits("?", make("bf16"))                     # a record without a policy: never
 
 
-def test_optimize_ignores_a_cached_tf32_kernel_once_tf32_is_off(monkeypatch):
+def test_a_cached_tf32_kernel_is_not_admitted_once_tf32_is_off(monkeypatch):
     entry = SimpleNamespace(policy="tf32")
-    cache = SimpleNamespace(get=lambda sig: entry)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    assert pipeline._cached(cache, _task("conv")) is entry
+    assert admitted(entry, _task("conv")) is entry
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    assert pipeline._cached(cache, _task("conv")) is None     # a miss: searched again under fp32
+    assert admitted(entry, _task("conv")) is None     # optimize: a miss, searched again under fp32
+    assert admitted(None, _task("conv")) is None

@@ -123,9 +123,8 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
         if provider is None:
             from torch_htam import launcher
             launcher.adopt(Path(bundle_dir) / "launcher")
-        from torch_htam.policy import admits, policy_for
-        kernels = {t.signature: e for t in tasks if (e := bundle.get(t.signature)) is not None
-                   and admits(e.policy, policy_for(t))}   # no TF32 kernel where the user turned TF32 off
+        from torch_htam.policy import admitted
+        kernels = {t.signature: e for t in tasks if (e := admitted(bundle.get(t.signature), t)) is not None}
         return runtime.install(model, cap, kernels, tasks=tasks, provider=provider)
     built_for = f"{manifest['arch']} / {manifest['toolchain']}"
     if paths.nvcc_path() is None:

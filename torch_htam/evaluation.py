@@ -254,5 +254,5 @@ def _time(task, kernel, ref, policy) -> dict[str, Any]:
     if timing.above_roofline(k.median_ms, roof):
         res.update(correct=False, reason="above_roofline",
                    detail=f"{k.median_ms:.4f} ms is under {timing.ROOFLINE_SLACK:g}x the roofline "
-                          f"{roof:.4f} ms (event {k.event_ms:.4f} ms, drain {k.wall_ms:.4f} ms): the timer was fooled")
+                          f"{roof:.4f} ms (event {k.event_ms:.4f} ms, drain {k.drain_ms:.4f} ms): the timer was fooled")
     return res

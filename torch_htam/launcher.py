@@ -173,15 +173,25 @@ def _fix_cuda_home(cpp_extension) -> None:
     nvcc is a wrapper script (this project's CI image: /usr/local/bin/nvcc) the guess is /usr/local
     and the build stops at `cuda_runtime.h: No such file`. An explicit $CUDA_HOME is left alone.
     """
-    def has_headers(root) -> bool:
-        return bool(root) and (Path(root) / "include" / "cuda_runtime.h").is_file()
-    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or has_headers(cpp_extension.CUDA_HOME):
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or _has_headers(cpp_extension.CUDA_HOME):
         return
+    root = _cuda_toolkit()
+    if root is not None:
+        cpp_extension.CUDA_HOME = str(root)
+
+
+def _cuda_toolkit() -> Path | None:
+    """The CUDA toolkit with the runtime headers: $CUDA_HOME / $CUDA_PATH or the nvcc on PATH's
+    parent (build._cuda_home), else /usr/local/cuda; None if neither has them."""
     from torch_htam import build
     for root in (build._cuda_home(), "/usr/local/cuda"):
-        if has_headers(root):
-            cpp_extension.CUDA_HOME = str(root)
-            return
+        if _has_headers(root):
+            return Path(root)
+    return None
+
+
+def _has_headers(root) -> bool:
+    return bool(root) and (Path(root) / "include" / "cuda_runtime.h").is_file()
 
 
 def _put_ninja_on_path() -> None:

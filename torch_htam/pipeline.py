@@ -126,8 +126,8 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog) -> di
     from torch_htam.evaluation import Evaluator
     from torch_htam.htg import HTG
     from torch_htam.proposers.expert import ExpertProposer
-    from torch_htam.search import SearchConfig, search_many
     from torch_htam.policy import policy_for
+    from torch_htam.search import SearchConfig, search_many
 
     proposer, message = ExpertProposer(), ""
     if cfg.use_llm:
@@ -185,6 +185,7 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
     from torch_htam import paths, runtime
     from torch_htam.cache import KernelCache
     from torch_htam.capture import capture as capture_model
+    from torch_htam.policy import admitted, policy_for
     from torch_htam.seeds import seed_cache
 
     t0 = time.perf_counter()
@@ -201,14 +202,13 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
     cache = KernelCache(gpu.arch)
     seed_cache(cache, gpu.arch)
     searched = SearchedLog(paths.arch_dir(gpu.arch) / "searched.json")
-    from torch_htam.policy import policy_for
-    misses = [t for t in tasks if _cached(cache, t) is None
+    misses = [t for t in tasks if admitted(cache.get(t.signature), t) is None
               and not searched.covers(t.signature, cfg, policy_for(t).name)]
     if cfg.max_tasks is not None:
         misses = misses[: cfg.max_tasks]
     results = _search(misses, cfg, gpu, cache, searched) if cfg.search and misses else {}
     kernels = {t.signature: e for t in tasks
-               if (e := _cached(cache, t)) is not None and e.usable(cfg.min_speedup)}
+               if (e := admitted(cache.get(t.signature), t)) is not None and e.usable(cfg.min_speedup)}
     try:
         model = runtime.install(model, cap, kernels, tasks=tasks, min_speedup=cfg.min_speedup)
     except Exception as e:   # NOTE: never leave the user's model broken; kernels stay cached
@@ -220,14 +220,6 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
     model.htam_report.optimize_s = time.perf_counter() - t0
     model.htam_report.usage = _total_usage(results.values())
     return model
-
-
-def _cached(cache, task):
-    """The task's cache entry if it was verified under a policy at least as strict as the one the
-    user's settings give now (e.g. none verified under TF32 once they turned TF32 off), else None."""
-    from torch_htam.policy import admits, policy_for
-    entry = cache.get(task.signature)
-    return entry if entry is not None and admits(entry.policy, policy_for(task)) else None
 
 
 def _total_usage(results) -> dict[str, float]:
@@ -251,8 +243,8 @@ def _keep_what_pays(model: nn.Module, cap, kernels: dict, tasks: list, inputs: t
         >>> model = _keep_what_pays(model, cap, kernels, tasks, (x,))   # model.htam_report says what stayed
     """
     from torch_htam import runtime
-    counts = {t.signature: t.count for t in tasks}
-    ranked = sorted((s for s in kernels if s in _swapped(model)),
+    counts, swapped = {t.signature: t.count for t in tasks}, _swapped(model)
+    ranked = sorted((s for s in kernels if s in swapped),
                     key=lambda s: -_saving_ms(kernels[s], counts.get(s, 1)))
     subset, first = ranked, None
     for attempt in range(tries + 1):
@@ -319,7 +311,7 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
     optimize(model, example_inputs, cfg)
     # Only what the optimized model really uses: a kernel that won alone but that the end-to-end
     # guard turned down stays out, so load() never swaps in what optimize() rejected.
-    used = {t.signature for t in model.htam_report.tasks if t.status == "swapped"}
+    used = _swapped(model)
     # NOTE: the bundle lists the tasks of the ORIGINAL graph; captured through the swapped
     # forward, the swapped regions would be launcher calls and their kernels left out.
     runtime.restore(model)

@@ -69,3 +69,12 @@ def admits(verified_under: str, wanted: Precision) -> bool:
         (True, False)
     """
     return verified_under in TOLERANCES and TOLERANCES[verified_under] <= wanted.atol
+
+
+def admitted(entry, task):
+    """A cache/bundle entry for `task` if it may run under the policy the user's settings give the
+    task now (`admits`), else None (e.g. a kernel verified under TF32 once TF32 is turned off).
+
+        >>> admitted(cache.get(task.signature), task)
+    """
+    return entry if entry is not None and admits(entry.policy, policy_for(task)) else None

@@ -40,8 +40,7 @@ class Timing:
     p80_ms: float
     n: int              # timed repetitions
     event_ms: float = 0.0   # median by CUDA events on the current stream, host issue hidden
-    wall_ms: float = 0.0    # median host time from fn's return to device idle, latency removed
-    host_ms: float = 0.0    # median host time fn takes to return (its issue cost)
+    drain_ms: float = 0.0   # median host time from fn's return to device idle, latency removed
 
     @property
     def spread(self) -> float:
@@ -79,7 +78,7 @@ def time_fn(fn: Callable[[Any], Any], make_inputs: Callable[[], Any], warmup: in
     # The sleep must outlast fn's issue on the host, or host gaps leak into the events.
     sleep = _sleep_cycles(3 * 1e3 * statistics.median(hosts) + 0.05)
     reps = _reps_for(fn, sets[0], reps)
-    events, drains, hosts = [], [], []
+    events, drains = [], []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for i in range(reps):
         s = sets[i % len(sets)]
@@ -95,17 +94,14 @@ def time_fn(fn: Callable[[Any], Any], make_inputs: Callable[[], Any], warmup: in
         if flush is not None:
             flush.zero_()
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
         fn(s)
         t1 = time.perf_counter()
         torch.cuda.synchronize()   # device-wide: waits for every stream, not only the current one
-        hosts.append((t1 - t0) * 1e3)
         drains.append(max(0.0, (time.perf_counter() - t1) * 1e3 - latency))
     ev, drain = statistics.median(events), statistics.median(drains)
     # NOTE: quantiles come from whichever series decided the median, so spread stays meaningful.
     series = events if ev >= drain else drains
-    return Timing(max(ev, drain), _quantile(series, 0.2), _quantile(series, 0.8), reps, ev, drain,
-                  statistics.median(hosts))
+    return Timing(max(ev, drain), _quantile(series, 0.2), _quantile(series, 0.8), reps, ev, drain)
 
 
 @functools.lru_cache(maxsize=None)

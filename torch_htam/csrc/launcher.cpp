@@ -24,7 +24,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/EmptyTensor.h>
-#include <ATen/ops/empty.h>
 #include <ATen/record_function.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
