@@ -8,30 +8,59 @@
 #include <string.h>
 
 // Storage is raw bits (float or uint16) so loads/stores never depend on the half types' ctors.
+// Vector accesses move 32-bit words: PER_WORD values per word, unpacked with shifts (no local
+// arrays: a memcpy into ushort[8] put a 16-byte stack frame into bf16 kernels).
 struct F32 {
   typedef float raw;
+  static constexpr int PER_WORD = 1;
   static __device__ __forceinline__ float to_f(raw r) { return r; }
   static __device__ __forceinline__ raw from_f(float x) { return x; }
   static __device__ __forceinline__ float round(float x) { return x; }
+  static __device__ __forceinline__ unsigned bits(raw r) { return __float_as_uint(r); }
+  static __device__ __forceinline__ float from_word(unsigned w, int) { return __uint_as_float(w); }
+  static __device__ __forceinline__ unsigned to_word(const float* v) { return __float_as_uint(v[0]); }
 };
 struct BF16 {
   typedef unsigned short raw;
+  static constexpr int PER_WORD = 2;
   static __device__ __forceinline__ float to_f(raw r) { return __uint_as_float(((unsigned)r) << 16); }
   static __device__ __forceinline__ raw from_f(float x) { return __bfloat16_as_ushort(__float2bfloat16(x)); }
   static __device__ __forceinline__ float round(float x) { return to_f(from_f(x)); }
+  static __device__ __forceinline__ unsigned bits(raw r) { return r; }
+  static __device__ __forceinline__ float from_word(unsigned w, int h) {
+    return __uint_as_float(h ? (w & 0xffff0000u) : (w << 16));
+  }
+  static __device__ __forceinline__ unsigned to_word(const float* v) {
+    return (unsigned)from_f(v[0]) | ((unsigned)from_f(v[1]) << 16);
+  }
 };
 struct F16 {
   typedef unsigned short raw;
+  static constexpr int PER_WORD = 2;
   static __device__ __forceinline__ float to_f(raw r) { return __half2float(__ushort_as_half(r)); }
   static __device__ __forceinline__ raw from_f(float x) { return __half_as_ushort(__float2half(x)); }
   static __device__ __forceinline__ float round(float x) { return to_f(from_f(x)); }
+  static __device__ __forceinline__ unsigned bits(raw r) { return r; }
+  static __device__ __forceinline__ float from_word(unsigned w, int h) {
+    return to_f((raw)(h ? (w >> 16) : (w & 0xffffu)));
+  }
+  static __device__ __forceinline__ unsigned to_word(const float* v) {
+    return (unsigned)from_f(v[0]) | ((unsigned)from_f(v[1]) << 16);
+  }
 };
 
 template <int BYTES> struct RawVec;
-template <> struct RawVec<2> { typedef unsigned short T; };
 template <> struct RawVec<4> { typedef unsigned int T; };
 template <> struct RawVec<8> { typedef uint2 T; };
 template <> struct RawVec<16> { typedef uint4 T; };
+__device__ __forceinline__ unsigned word_of(const uint4& r, int j) { return j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w; }
+__device__ __forceinline__ unsigned word_of(const uint2& r, int j) { return j == 0 ? r.x : r.y; }
+__device__ __forceinline__ unsigned word_of(unsigned r, int) { return r; }
+__device__ __forceinline__ void set_word(uint4& r, int j, unsigned w) {
+  if (j == 0) r.x = w; else if (j == 1) r.y = w; else if (j == 2) r.z = w; else r.w = w;
+}
+__device__ __forceinline__ void set_word(uint2& r, int j, unsigned w) { if (j == 0) r.x = w; else r.y = w; }
+__device__ __forceinline__ void set_word(unsigned& r, int, unsigned w) { r = w; }
 
 // Scalar load through the read-only path when NC (inputs are never written by the kernel).
 template <class DT, bool NC>
@@ -40,41 +69,58 @@ __device__ __forceinline__ float ld1(const typename DT::raw* p) {
   return DT::to_f(*p);
 }
 
-// VEC consecutive elements; p must be aligned to VEC * sizeof(raw) (the host checks before choosing VEC > 1).
+// VEC consecutive elements as WORDS 32-bit words; p must be aligned to VEC * sizeof(raw) (the host
+// checks before choosing VEC > 1).
+template <class DT, int VEC, bool NC>
+__device__ __forceinline__ void ldw(const typename DT::raw* p, unsigned* w) {
+  constexpr int BYTES = (int)sizeof(typename DT::raw) * VEC;
+  if constexpr (BYTES < 4) {          // one 2-byte value: its bits in the low half
+    w[0] = DT::bits(NC ? __ldg(p) : *p);
+  } else {
+    constexpr int CH = BYTES > 16 ? 16 : BYTES;
+    typedef typename RawVec<CH>::T R;
+#pragma unroll
+    for (int k = 0; k < BYTES / CH; ++k) {
+      const R* rp = reinterpret_cast<const R*>(p) + k;
+      R raw;
+      if (NC) raw = __ldg(rp); else raw = *rp;
+#pragma unroll
+      for (int j = 0; j < CH / 4; ++j) w[k * (CH / 4) + j] = word_of(raw, j);
+    }
+  }
+}
+
+// VEC consecutive elements as floats (same alignment contract as ldw).
 template <class DT, int VEC, bool NC>
 __device__ __forceinline__ void ldv(const typename DT::raw* p, float* out) {
-  typedef typename DT::raw E;
-  constexpr int BYTES = (int)sizeof(E) * VEC;
-  constexpr int CH = BYTES > 16 ? 16 : BYTES;
-  constexpr int PER = CH / (int)sizeof(E);
-  typedef typename RawVec<CH>::T R;
+  if constexpr ((int)sizeof(typename DT::raw) * VEC < 4) {
 #pragma unroll
-  for (int k = 0; k < BYTES / CH; ++k) {
-    const R* rp = reinterpret_cast<const R*>(p) + k;
-    R raw;
-    if (NC) raw = __ldg(rp); else raw = *rp;
-    E e[PER];
-    memcpy(e, &raw, CH);
+    for (int e = 0; e < VEC; ++e) out[e] = ld1<DT, NC>(p + e);
+  } else {
+    unsigned w[(int)sizeof(typename DT::raw) * VEC / 4];
+    ldw<DT, VEC, NC>(p, w);
 #pragma unroll
-    for (int i = 0; i < PER; ++i) out[k * PER + i] = DT::to_f(e[i]);
+    for (int e = 0; e < VEC; ++e) out[e] = DT::from_word(w[e / DT::PER_WORD], e % DT::PER_WORD);
   }
 }
 
 template <class DT, int VEC>
 __device__ __forceinline__ void stv(typename DT::raw* p, const float* v) {
-  typedef typename DT::raw E;
-  constexpr int BYTES = (int)sizeof(E) * VEC;
-  constexpr int CH = BYTES > 16 ? 16 : BYTES;
-  constexpr int PER = CH / (int)sizeof(E);
-  typedef typename RawVec<CH>::T R;
+  if constexpr ((int)sizeof(typename DT::raw) * VEC < 4) {
 #pragma unroll
-  for (int k = 0; k < BYTES / CH; ++k) {
-    E e[PER];
+    for (int e = 0; e < VEC; ++e) p[e] = DT::from_f(v[e]);
+  } else {
+    constexpr int BYTES = (int)sizeof(typename DT::raw) * VEC;
+    constexpr int CH = BYTES > 16 ? 16 : BYTES;
+    typedef typename RawVec<CH>::T R;
 #pragma unroll
-    for (int i = 0; i < PER; ++i) e[i] = DT::from_f(v[k * PER + i]);
-    R raw;
-    memcpy(&raw, e, CH);
-    reinterpret_cast<R*>(p)[k] = raw;
+    for (int k = 0; k < BYTES / CH; ++k) {
+      R raw;
+#pragma unroll
+      for (int j = 0; j < CH / 4; ++j)
+        set_word(raw, j, DT::to_word(v + (k * (CH / 4) + j) * DT::PER_WORD));
+      reinterpret_cast<R*>(p)[k] = raw;
+    }
   }
 }
 

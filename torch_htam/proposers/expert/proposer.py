@@ -43,7 +43,8 @@ def _default_row(info: PlanInfo) -> dict[str, Any]:
     nv = 1 << (nv - 1).bit_length()
     stream = nv * vec > 16     # NOTE: > 16 values/thread spills at 1024 threads (64-register cap)
     return {"tpr": tpr, "rows_per_block": 4, "vec": vec, "nv": 0 if stream else nv,
-            "online": stream, "welford": stream, "nc": False, "fast": False, "waves": 0}
+            "online": stream, "welford": stream, "nc": False, "fast": False, "waves": 0,
+            "lazy": True, "packed": False, "minb": 0}
 
 
 def _default_tags(kind: str, params: dict, info: PlanInfo) -> list[str]:
@@ -244,3 +245,43 @@ def _seed_order(kind: str) -> list[str]:
         return ["fold_batchnorm", "fuse_elementwise_chain", "tf32_tensor_cores", "bf16_tensor_cores"]
     return ["cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores"]
 
+
+
+def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
+    """Every parameter setting worth timing for a task (the exhaustive autotuning space around the
+    defaults, defaults first), for bench/sweep.py and for picking defaults from measurements.
+
+        >>> [p["tpr"] for p in tuning_grid(rmsnorm_task)][:3]
+        [256, 32, 32]
+    """
+    tgt = _target(task, policy)
+    base, info, out = dict(tgt.defaults), tgt.info, []
+
+    def add(p: dict) -> None:
+        if _valid(tgt.kind, p) and p not in out:
+            out.append(p)
+
+    add(base)
+    if tgt.kind == "rowwise":
+        mappings = [(32, 4), (32, 8), (64, 1), (128, 1), (256, 1), (512, 1), (1024, 1)]
+        for tpr, rpb in mappings:
+            for packed in ((False, True) if info.low_precision else (False,)):
+                p = _refit("rowwise", dict(base, tpr=tpr, rows_per_block=rpb, nv=1, packed=packed),
+                           {"tpr": tpr}, info)
+                block = tpr * rpb if tpr <= 32 else tpr
+                for minb in (0, max(1, 2048 // block)):
+                    add(dict(p, minb=minb))
+        add(dict(base, lazy=False))
+        add(dict(base, nv=0, online=info.has_softmax_pair, welford=info.has_welford_pair))
+    elif tgt.kind == "elementwise":
+        for block in (128, 256, 512):
+            for unroll in (1, 2, 4):
+                for waves in (0, 8):
+                    add(dict(base, block=block, unroll=unroll, waves=waves))
+    else:   # gemm / conv: the library's ranked algorithms, with and without the fused path
+        for flag in ("fused", "lt_epilogue"):
+            if flag in base:
+                for v in (base[flag], not base[flag]):
+                    for algo in range(8):
+                        add(dict(base, **{flag: v}, algo=algo))
+    return out[:limit]

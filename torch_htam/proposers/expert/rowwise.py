@@ -7,6 +7,12 @@ inputs are either kept in registers (loaded once, NV chunks of VEC per thread) o
 and Welford merge a pair of passes into one. The host picks register vs streaming and vector vs
 scalar at run time from the real row length and alignment, so every instantiation is always valid.
 
+Register budget (what decides bandwidth here): an SM has 64K registers, so 2048 resident threads
+get 32 each. A row held as fp32 costs one register per value; `packed` keeps 2-byte inputs as raw
+bits (two values per register, converted at use) and `lazy` loads inputs that no reduction reads
+(a norm's weight and bias) in the final pass instead of holding them across the reductions. Both
+free registers for more resident threads, hence more bytes in flight per SM.
+
     >>> src = generate(plan, RowParams(tpr=32, rows_per_block=4, vec=4, nv=8))
 """
 from __future__ import annotations
@@ -15,7 +21,7 @@ from dataclasses import dataclass
 
 from torch_htam.proposers.expert import host
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter
-from torch_htam.proposers.expert.ir import Plan
+from torch_htam.proposers.expert.ir import Plan, walk
 
 INIT = {"sum": "0.f", "max": "(-INFINITY)", "min": "INFINITY"}
 COMBINE = {"sum": "acc + {v}", "max": "fmaxf(acc, {v})", "min": "fminf(acc, {v})"}
@@ -33,6 +39,9 @@ class RowParams:
     nc: bool = False           # read-only cache loads
     fast: bool = False         # SFU intrinsics
     waves: int = 0             # 0: one row group per row; k: grid capped at k blocks per SM
+    lazy: bool = True          # inputs only the final pass reads are loaded there, not held in registers
+    packed: bool = False       # register-held 2-byte inputs stay raw bf16/fp16 bits until used
+    minb: int = 0              # __launch_bounds__ min blocks per SM (0: let the compiler choose)
 
     @property
     def block(self) -> int:
@@ -45,6 +54,10 @@ class _Gen:
         D = plan.ndim
         self.varying = [i for i, a in enumerate(plan.accesses) if a.column_varying(D)]
         self.fixed = [i for i, a in enumerate(plan.accesses) if not a.column_varying(D)]
+        reduced = {x[1] for r in plan.reductions for x in walk(r.expr) if x[0] == "in"}
+        # held: loaded once into registers (register path); late: loaded per chunk in the final pass
+        self.held = [i for i in self.varying if i in reduced or not p.lazy]
+        self.late = [i for i in self.varying if i not in self.held]
 
     def dt(self, i: int) -> str:
         return DT[self.plan.inputs[self.plan.accesses[i].input][1]][0]
@@ -53,19 +66,27 @@ class _Gen:
         def load(a):
             if a in self.fixed:
                 return f"s{a}"
-            return f"x{a}[q][e]" if regs else f"x{a}[e]"
+            if not regs or a in self.late:
+                return f"x{a}[e]"
+            t = self.dt(a)
+            return f"{t}::from_word(x{a}[q][e / {t}::PER_WORD], e % {t}::PER_WORD)" if self.p.packed else f"x{a}[q][e]"
         return Emitter(load, red=lambda k: f"R{k}", fast=self.p.fast, low_precision=self.lowp)
 
-    def loop(self, regs: bool, body: str, after: str = "") -> str:
+    def loop(self, regs: bool, body: str, after: str = "", late: bool = False) -> str:
         """Runs body for every column c owned by this thread (x*[..][e] hold the inputs at c), then
-        `after` once per chunk of VEC columns starting at c0."""
+        `after` once per chunk of VEC columns starting at c0. late: load the late inputs per chunk."""
         nc = "true" if self.p.nc else "false"
         if regs:
+            late_loads = ""
+            if late and self.late:
+                late_loads = " ".join(f"float x{i}[VEC];" for i in self.late) + "\n" + "\n".join(
+                    self.load_chunk(i, f"x{i}", "c0", nc) for i in self.late)
             return f"""
 #pragma unroll
     for (int q = 0; q < NV; ++q) {{
       const int c0 = (q * TPR + lane) * VEC;
       if (c0 < ncol) {{
+{late_loads}
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {{
           if (VEC > 1 && c0 + e >= ncol) break;
@@ -92,8 +113,17 @@ class _Gen:
 {after}
     }}"""
 
-    def load_chunk(self, i: int, dst: str, c0: str, nc: str) -> str:
+    def load_chunk(self, i: int, dst: str, c0: str, nc: str, packed: bool = False) -> str:
+        """VEC values of access i at columns c0.. into dst: floats, or 32-bit words of raw bits
+        (PER_WORD values each) when packed."""
         t = self.dt(i)
+        if packed:
+            return (f"      if (VEC > 1 && cs[{i}] == 1) ldw<{t}, VEC, {nc}>(p{i} + ro[{i}] + {c0}, {dst});\n"
+                    f"      else for (int e = 0; e < VEC; ++e) {{\n"
+                    f"        const unsigned b = (VEC == 1 || {c0} + e < ncol) ? "
+                    f"{t}::bits(p{i}[ro[{i}] + (int64_t)({c0} + e) * cs[{i}]]) : 0u;\n"
+                    f"        if (e % {t}::PER_WORD == 0) {dst}[e / {t}::PER_WORD] = b;\n"
+                    f"        else {dst}[e / {t}::PER_WORD] |= b << 16; }}")
         return (f"      if (VEC > 1 && cs[{i}] == 1) ldv<{t}, VEC, {nc}>(p{i} + ro[{i}] + {c0}, {dst});\n"
                 f"      else for (int e = 0; e < VEC; ++e) {dst}[e] = (VEC == 1 || {c0} + e < ncol) ? "
                 f"ld1<{t}, {nc}>(p{i} + ro[{i}] + (int64_t)({c0} + e) * cs[{i}]) : 0.f;")
@@ -163,7 +193,7 @@ class _Gen:
         decl = " ".join(f"float y{k}[VEC];" for k, _ in full)
         if not full:
             return ""
-        return f"    {{\n    {decl}\n{self.loop(regs, lines + chr(10) + sets, stores)}\n    }}"
+        return f"    {{\n    {decl}\n{self.loop(regs, lines + chr(10) + sets, stores, late=True)}\n    }}"
 
     def row_outputs(self) -> str:
         em = Emitter(lambda a: f"s{a}", red=lambda k: f"R{k}", fast=self.p.fast,
@@ -196,15 +226,17 @@ class _Gen:
         params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(len(plan.accesses))]
         params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(plan.outputs)]
         fixed = "\n".join(f"    const float s{i} = ld1<{self.dt(i)}, {nc}>(p{i} + ro[{i}]);" for i in self.fixed)
-        reg_loads = "\n".join(self.load_chunk(i, f"x{i}[q]", "c0", nc).replace("\n", "\n  ")
-                              for i in self.varying)
-        reg_decl = " ".join(f"float x{i}[NV > 0 ? NV : 1][VEC];" for i in self.varying)
+        reg_loads = "\n".join(self.load_chunk(i, f"x{i}[q]", "c0", nc, p.packed).replace("\n", "\n  ")
+                              for i in self.held)
+        reg_decl = " ".join((f"unsigned x{i}[NV > 0 ? NV : 1][(VEC + {self.dt(i)}::PER_WORD - 1) / {self.dt(i)}::PER_WORD];"
+                             if p.packed else f"float x{i}[NV > 0 ? NV : 1][VEC];") for i in self.held)
+        bounds = f"BLOCK, {p.minb}" if p.minb > 0 else "BLOCK"
         return f"""
 #define NACC {len(plan.accesses)}
 #define TPR {p.tpr}
 #define BLOCK {p.block}
 template <int VEC, int NV>
-__global__ void __launch_bounds__(BLOCK) row_kernel(Space<NACC> sp, int64_t rows, int ncol,
+__global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t rows, int ncol,
     {", ".join(params)}) {{
   const int lane = threadIdx.x % TPR, group = threadIdx.x / TPR;
   const int64_t rpb = BLOCK / TPR;
@@ -217,7 +249,10 @@ __global__ void __launch_bounds__(BLOCK) row_kernel(Space<NACC> sp, int64_t rows
     const bool valid = rb + group < rows;
     const int64_t r = valid ? rb + group : rows - 1;
     int64_t ro[NACC];
-    {{
+    if (sp.ndim == 2) {{    // rows x columns after collapsing: no 64-bit division (a call) per row
+#pragma unroll
+      for (int a = 0; a < NACC; ++a) ro[a] = r * sp.st[a][0];
+    }} else {{
       int64_t rem = r;
 #pragma unroll
       for (int a = 0; a < NACC; ++a) ro[a] = 0;
