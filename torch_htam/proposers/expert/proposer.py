@@ -16,7 +16,7 @@ from torch_htam.proposers.base import Candidate, Proposal, ProposalRequest
 from torch_htam.proposers.expert import conv, elementwise, gemm, rowwise
 from torch_htam.proposers.expert.cuda import DT
 from torch_htam.proposers.expert.ir import Plan, Unsupported, lower
-from torch_htam.proposers.expert.strategies import PlanInfo, moves_for, strategy_id, GEMM_ALGOS
+from torch_htam.proposers.expert.strategies import CONV_ALGOS, GEMM_ALGOS, PlanInfo, moves_for, strategy_id
 
 
 def _plan_info(plan: Plan, policy) -> PlanInfo:
@@ -29,22 +29,30 @@ def _plan_info(plan: Plan, policy) -> PlanInfo:
 
 
 def _default_row(info: PlanInfo) -> dict[str, Any]:
-    """Warp per row while the row fits 32 threads x 16 values, else a block per row; the row stays in
-    registers up to 16 values per thread and is streamed (online/Welford, one pass) beyond."""
+    """Warp per row while the row fits 32 threads' registers, else a block per row; streamed
+    (online/Welford, one pass) beyond 16 values per thread of 1024 threads.
+
+    Half-precision rows are held packed (two values per register), so a thread holds 32 of them
+    where it holds 16 fp32 values. Measured (bench/sweep.py, H100, RESULTS.md 2026-11-22): packed
+    took bf16 softmax from 52.6 to 31.1 us, RMSNorm [4096, 4096] from 36.7 to 31.2 us, and a
+    768-wide LayerNorm was fastest warp-per-row with 32 values per thread (18.6 us vs 25.1 us).
+    """
     n = max(info.ncol, 1)
     vec = info.vec16
     while vec > 1 and n % vec:
         vec //= 2
-    tpr = 32 if n <= 32 * 16 else 128 if n <= 128 * 16 else 256 if n <= 256 * 16 else 1024
+    packed = info.low_precision and info.vec16 == 8     # every input and output 2 bytes wide
+    cap = 32 if packed else 16                            # values per thread held in registers
+    tpr = 32 if n <= 32 * cap else 128 if n <= 128 * 16 else 256 if n <= 256 * 16 else 1024
     per_thread = -(-n // tpr)
     while vec > per_thread:           # stays a power of two (vector loads are 2/4/8/16 bytes)
         vec //= 2
     nv = -(-per_thread // vec)
     nv = 1 << (nv - 1).bit_length()
-    stream = nv * vec > 16     # NOTE: > 16 values/thread spills at 1024 threads (64-register cap)
+    stream = nv * vec > 16 and not (packed and tpr == 32 and nv * vec <= cap)
     return {"tpr": tpr, "rows_per_block": 4, "vec": vec, "nv": 0 if stream else nv,
             "online": stream, "welford": stream, "nc": False, "fast": False, "waves": 0,
-            "lazy": True, "packed": False, "minb": 0}
+            "lazy": True, "packed": packed, "occ": 0}
 
 
 def _default_tags(kind: str, params: dict, info: PlanInfo) -> list[str]:
@@ -178,7 +186,7 @@ class ExpertProposer:
             p = _refit(tgt.kind, dict(base, **moved), moved, info)
             out.append((p, _tags(tgt.kind, p, info, base_tags, [s for s, _ in per], tgt.tagger)))
         if tgt.kind in ("gemm", "conv"):   # the library heuristic's next algorithms, same strategy tags
-            for a in GEMM_ALGOS:
+            for a in (CONV_ALGOS if tgt.kind == "conv" else GEMM_ALGOS):
                 p = dict(out[-1][0] if out else base, **a)
                 out.append((p, out[-1][1] if out else list(base_tags)))
         if not seed:
@@ -239,8 +247,8 @@ def _seed_order(kind: str) -> list[str]:
     if kind == "elementwise":
         return ["ilp_unroll", "grid_stride_loop", "read_only_cache_loads", "fast_math_intrinsics"]
     if kind == "rowwise":
-        return ["online_softmax", "welford_statistics", "block_per_row", "warp_per_row",
-                "row_in_registers", "read_only_cache_loads"]
+        return ["occupancy_tuning", "online_softmax", "welford_statistics", "block_per_row",
+                "warp_per_row", "fp32_math_half_io", "row_in_registers", "read_only_cache_loads"]
     if kind == "conv":
         return ["fold_batchnorm", "fuse_elementwise_chain", "tf32_tensor_cores", "bf16_tensor_cores"]
     return ["cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores"]
@@ -269,8 +277,8 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
                 p = _refit("rowwise", dict(base, tpr=tpr, rows_per_block=rpb, nv=1, packed=packed),
                            {"tpr": tpr}, info)
                 block = tpr * rpb if tpr <= 32 else tpr
-                for minb in (0, max(1, 2048 // block)):
-                    add(dict(p, minb=minb))
+                for occ in (0, 2048):
+                    add(dict(p, occ=occ))
         add(dict(base, lazy=False))
         add(dict(base, nv=0, online=info.has_softmax_pair, welford=info.has_welford_pair))
     elif tgt.kind == "elementwise":

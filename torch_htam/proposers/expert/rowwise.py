@@ -41,7 +41,8 @@ class RowParams:
     waves: int = 0             # 0: one row group per row; k: grid capped at k blocks per SM
     lazy: bool = True          # inputs only the final pass reads are loaded there, not held in registers
     packed: bool = False       # register-held 2-byte inputs stay raw bf16/fp16 bits until used
-    minb: int = 0              # __launch_bounds__ min blocks per SM (0: let the compiler choose)
+    occ: int = 0               # resident threads per SM to ask of the compiler (__launch_bounds__
+                               # min blocks = occ / block; 0: let it choose). 2048 caps 32 registers.
 
     @property
     def block(self) -> int:
@@ -230,7 +231,7 @@ class _Gen:
                               for i in self.held)
         reg_decl = " ".join((f"unsigned x{i}[NV > 0 ? NV : 1][(VEC + {self.dt(i)}::PER_WORD - 1) / {self.dt(i)}::PER_WORD];"
                              if p.packed else f"float x{i}[NV > 0 ? NV : 1][VEC];") for i in self.held)
-        bounds = f"BLOCK, {p.minb}" if p.minb > 0 else "BLOCK"
+        bounds = f"BLOCK, {max(1, p.occ // p.block)}" if p.occ > 0 else "BLOCK"
         return f"""
 #define NACC {len(plan.accesses)}
 #define TPR {p.tpr}

@@ -46,10 +46,12 @@ def _pow2_at_least(x: int) -> int:
 
 
 def _row_in_regs(i: PlanInfo) -> list[dict]:
-    out = []
+    """Mappings that hold the whole row in registers: at most 16 values a thread (32 for packed
+    half-precision rows, two to a register), beyond which the row kernel spills."""
+    out, cap = [], 32 if (i.low_precision and i.vec16 == 8) else 16
     for tpr in (32, 128, 256):
         nv = _pow2_at_least(max(1, -(-i.ncol // (tpr * i.vec16))))
-        if nv <= 16:
+        if nv * i.vec16 <= cap:
             out.append({"tpr": tpr, "nv": nv, "vec": i.vec16})
     return out
 
@@ -74,6 +76,10 @@ TABLE: dict[str, Strategy] = {
     "online_softmax": Strategy(ROW, lambda i: [{"online": True}], lambda i: i.has_softmax_pair),
     "welford_statistics": Strategy(ROW, lambda i: [{"welford": True}], lambda i: i.has_welford_pair),
     "ilp_unroll": Strategy(EW, lambda i: [{"unroll": 2}, {"unroll": 4}]),
+    # rows: ask for 2048 / 1024 resident threads (32 / 64 registers), or let the compiler choose
+    "occupancy_tuning": Strategy(ROW, lambda i: [{"occ": 2048}, {"occ": 1024}, {"occ": 0}]),
+    "fp32_math_half_io": Strategy(ROW, lambda i: [{"packed": True}, {"packed": False}],
+                                  lambda i: i.low_precision and i.vec16 == 8),
     "fast_math_intrinsics": Strategy(EW_ROW | GEMM, lambda i: [{"fast": True}], lambda i: i.has_transcendental),
     "single_kernel_launch": Strategy(EW_ROW, lambda i: [{}]),
     "drop_noop_ops": Strategy(EW_ROW, lambda i: [{}], lambda i: i.has_dropped),
@@ -89,6 +95,10 @@ TABLE: dict[str, Strategy] = {
 }
 # GEMM/conv plans also tune the cuBLASLt / cuDNN heuristic's algorithm choice under any strategy.
 GEMM_ALGOS = [{"algo": 1}, {"algo": 2}, {"algo": 3}]
+# NOTE: cuDNN's legacy ranking for fp32 convs under TF32 puts algorithms first that fail the TF32
+# tolerance (bench/sweep.py, H100: 12 of 16 settings of conv+BN+ReLU mismatched; the fastest that
+# verified was the 5th ranked), so conv tries further down the ranking.
+CONV_ALGOS = [{"algo": a} for a in (1, 2, 3, 4, 5)]
 
 KNOWN = set(TABLE) | {"smem_tiling"}   # ids the prior uses; smem_tiling is unimplemented
 
