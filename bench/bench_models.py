@@ -54,6 +54,7 @@ def main() -> int:
         res = bench_model(model, inputs, spec, cfg, iters=a.iters)
         print(format_table(res), f"\n({time.perf_counter() - t0:.0f} s)\n", flush=True)
         rows.append(row(spec, res))
+        print("ROW " + rows[-1], flush=True)     # a run cut by a time limit still shows its rows
         del model, inputs
         torch.cuda.empty_cache()
     head = ("| model | eager ms | compile ms | htam ms | vs eager | vs compile | tasks swapped | "
