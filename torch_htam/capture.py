@@ -22,6 +22,8 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from torch_htam.graph_simplify import simplify_attention_masks
+
 
 @dataclass
 class Capture:
@@ -42,7 +44,9 @@ def capture(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict 
     args, kwargs = tuple(example_inputs), dict(example_kwargs or {})
     try:
         ep = torch.export.export(model, args, kwargs, strict=False)
-        return Capture([ep.module()], "export", [], ep, [tuple(pytree.tree_leaves((args, kwargs)))])
+        gm = ep.module()
+        simplify_attention_masks(gm)
+        return Capture([gm], "export", [], ep, [tuple(pytree.tree_leaves((args, kwargs)))])
     except Exception as e:  # noqa: BLE001 -- any failure means "try the next path", reported below
         export_problem = f"torch.export failed ({type(e).__name__}: {_first_line(e)})"
     cap = _capture_dynamo(model, args, kwargs)
@@ -62,6 +66,7 @@ def _capture_dynamo(model, args, kwargs) -> Capture:
             if any(n.op == "call_function" for n in ep.graph.nodes):
                 sub = ep.module()
                 _restore_module_names(sub, gm)
+                simplify_attention_masks(sub)
                 cap.graphs.append(sub)
                 cap.inputs.append(tuple(example_inputs))
         except Exception as e:  # noqa: BLE001 -- one bad piece must not lose the others
