@@ -42,6 +42,19 @@ def test_bench_needs_a_gpu(monkeypatch, capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
+def test_commands_load_the_model_on_cuda_when_there_is_one(monkeypatch):
+    """examples' get_model() defaults to the CPU; optimize/precompile/bench must ask for cuda."""
+    from torch_htam import cli
+    seen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr("torch_htam.modelspec.load_model_spec",
+                        lambda spec, device=None, dtype=None: seen.append(device) or (_ for _ in ()).throw(SystemExit(0)))
+    for cmd in (["optimize", "m.py"], ["precompile", "m.py", "--out", "b"], ["optimize", "m.py", "--device", "cuda:1"]):
+        with pytest.raises(SystemExit):
+            cli.main(cmd)
+    assert seen == ["cuda", "cuda", "cuda:1"]
+
+
 def test_cache_ls_on_an_empty_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path))
     assert main(["cache", "ls", "--arch", "sm_90a"]) == 0

@@ -25,6 +25,20 @@ def test_without_gpu_the_model_keeps_its_original_path(monkeypatch):
     torch.testing.assert_close(model(*inputs), ref, rtol=0, atol=0)
 
 
+def test_a_model_left_on_the_cpu_is_refused_before_any_search(monkeypatch):
+    """A GPU is present (faked) but the model is on the CPU: say so at once, search nothing.
+    (torch-htam bench once searched for 58 s and then failed to launch on CPU tensors.)"""
+    from torch_htam import gpu, pipeline
+    monkeypatch.setattr(gpu, "detect", lambda: object())
+    model, inputs = gpt_block.get_model()
+    ref = model(*inputs)
+    assert torch_htam.optimize(model, inputs) is model
+    note = model.htam_report.note
+    assert "example input 0 is on the CPU" in note and "model.cuda()" in note, note
+    torch.testing.assert_close(model(*inputs), ref, rtol=0, atol=0)
+    assert pipeline._off_gpu_tensors(model, ()).startswith("parameter ")
+
+
 def test_searched_log_skips_a_task_until_the_budget_grows(tmp_path):
     from torch_htam.pipeline import SearchedLog
     log = SearchedLog(tmp_path / "searched.json")

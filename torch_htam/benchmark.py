@@ -182,13 +182,15 @@ def bench_model(model, inputs, name: str, config=None, iters: int = 50,
     return res
 
 
-def run_bench(spec: str, config=None, out_dir: str = "htam_bench", iters: int = 50) -> int:
-    """CLI entry: load MODEL_SPEC, bench it, print the table, write JSON and PNG."""
+def run_bench(spec: str, config=None, out_dir: str = "htam_bench", iters: int = 50,
+              device: str = "cuda") -> int:
+    """CLI entry: load MODEL_SPEC on `device`, bench it, print the table, write JSON and PNG."""
     from torch_htam.modelspec import load_model_spec
-    if not torch.cuda.is_available():
-        print("torch-htam bench needs a CUDA GPU (none found)", file=sys.stderr)
+    if not torch.cuda.is_available() or not device.startswith("cuda"):
+        print(f"torch-htam bench times CUDA kernels: it needs a CUDA GPU and a cuda device "
+              f"(torch sees {torch.cuda.device_count()} GPU(s), device={device!r})", file=sys.stderr)
         return 2
-    model, inputs = load_model_spec(spec)
+    model, inputs = load_model_spec(spec, device=device)
     res = bench_model(model, inputs, spec, config, iters)
     print(format_table(res))
     out = Path(out_dir)

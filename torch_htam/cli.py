@@ -16,6 +16,7 @@ import sys
 
 
 def _add_search_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="where the model runs (default: cuda if present)")
     p.add_argument("--steps", type=int, default=None, help="evolution steps per task (default 6)")
     p.add_argument("--candidates", type=int, default=None, help="candidates per step (default 4)")
     p.add_argument("--memory", choices=("htg", "flat", "none"), default="htg",
@@ -48,10 +49,16 @@ def _cmd_plan(args) -> int:
     return run_plan(args.model, export_dir=args.export, device=args.device)
 
 
+def _device(args) -> str:
+    """--device, else cuda when there is one: the kernels run on a GPU, so the model goes there."""
+    import torch
+    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def _cmd_optimize(args) -> int:
     from torch_htam.modelspec import load_model_spec
     from torch_htam.pipeline import optimize
-    model, inputs = load_model_spec(args.model)
+    model, inputs = load_model_spec(args.model, device=_device(args))
     model = optimize(model, inputs, _config(args))
     print(model.htam_report.format())
     return 0
@@ -60,7 +67,7 @@ def _cmd_optimize(args) -> int:
 def _cmd_precompile(args) -> int:
     from torch_htam.pipeline import precompile
     from torch_htam.modelspec import load_model_spec
-    model, inputs = load_model_spec(args.model)
+    model, inputs = load_model_spec(args.model, device=_device(args))
     out = precompile(model, inputs, args.out, _config(args))
     print(f"bundle written to {out}")
     return 0
@@ -68,7 +75,7 @@ def _cmd_precompile(args) -> int:
 
 def _cmd_bench(args) -> int:
     from torch_htam.benchmark import run_bench
-    return run_bench(args.model, _config(args), out_dir=args.out, iters=args.iters)
+    return run_bench(args.model, _config(args), out_dir=args.out, iters=args.iters, device=_device(args))
 
 
 def _cmd_cache(args) -> int:

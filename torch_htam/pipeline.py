@@ -180,6 +180,19 @@ def optimize(model: nn.Module, example_inputs: tuple, config: OptimizeConfig | N
                              "path is kept and found kernels stay cached - please report this")
 
 
+def _off_gpu_tensors(model: nn.Module, example_inputs: tuple) -> str | None:
+    """What is not on a CUDA device ("example input 0", "parameter 'fc.weight'"), or None."""
+    import torch
+    from torch.utils import _pytree as pytree
+    for i, x in enumerate(pytree.tree_leaves(tuple(example_inputs))):
+        if isinstance(x, torch.Tensor) and not x.is_cuda:
+            return f"example input {i}"
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if not t.is_cuda:
+            return f"{'parameter' if isinstance(t, nn.Parameter) else 'buffer'} {name!r}"
+    return None
+
+
 def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> nn.Module:
     from torch_htam import gpu as gpu_mod
     from torch_htam import paths, runtime
@@ -192,6 +205,11 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
     gpu = gpu_mod.detect()
     if gpu is None:
         return runtime.leave(model, "no CUDA GPU: the model stays on its original PyTorch path")
+    off_gpu = _off_gpu_tensors(model, example_inputs)
+    if off_gpu:
+        return runtime.leave(model, f"{off_gpu} is on the CPU: torch_htam's kernels run on a CUDA "
+                                    "device; move the model and the example inputs there first "
+                                    "(model.cuda(), x.cuda())")
     # NOTE: optimizing an optimized model starts from its original forward: captured through the
     # swapped one, its regions would be launcher calls that match no task.
     runtime.restore(model)
