@@ -191,7 +191,8 @@ def _compile_set() -> list[tuple[str, str]]:
     # the row register knobs: packed vs float storage, lazy vs held weights, launch-bounds occupancy
     task = bench_task("rw_rmsnorm_bf16")
     tgt = _target(task, policy_for(task))
-    for i, p in enumerate(tuning_grid(task, policy_for(task))[:6] + [dict(tgt.defaults, lazy=False)]):
+    extra = [dict(tgt.defaults, lazy=False), dict(tgt.defaults, rpg=2), dict(tgt.defaults, rpg=2, nv=0)]
+    for i, p in enumerate(tuning_grid(task, policy_for(task))[:6] + extra):
         out.append((f"rw_rmsnorm_bf16/grid{i}", tgt.render(p)))
     return out
 
@@ -489,10 +490,10 @@ def test_packed_rows_keep_raw_words_and_lazy_loads_the_weight_late():
     tgt = _target(task, policy_for(task))
     assert tgt.defaults["packed"] and tgt.defaults["lazy"]
     src = tgt.render(tgt.defaults)
-    assert "unsigned x0[NV > 0 ? NV : 1]" in src and "ldw<BF16, VEC" in src and "from_word(x0[q]" in src
+    assert "unsigned x0[RPG][NV > 0 ? NV : 1]" in src and "ldw<BF16, VEC" in src and "from_word(x0[g][q]" in src
     assert "x1[NV" not in src                       # the weight is not held across the reduction
     held = tgt.render(dict(tgt.defaults, lazy=False, packed=False))
-    assert "float x0[NV > 0 ? NV : 1][VEC]" in held and "float x1[NV > 0 ? NV : 1][VEC]" in held
+    assert "float x0[RPG][NV > 0 ? NV : 1][VEC]" in held and "float x1[RPG][NV > 0 ? NV : 1][VEC]" in held
     assert "__launch_bounds__(BLOCK, 8)" in tgt.render(dict(tgt.defaults, occ=2048))   # 2048 / 256
 
 

@@ -52,7 +52,7 @@ def _default_row(info: PlanInfo) -> dict[str, Any]:
     stream = nv * vec > 16 and not (packed and tpr == 32 and nv * vec <= cap)
     return {"tpr": tpr, "rows_per_block": 4, "vec": vec, "nv": 0 if stream else nv,
             "online": stream, "welford": stream, "nc": False, "fast": False, "waves": 0,
-            "lazy": True, "packed": packed, "occ": 0}
+            "lazy": True, "packed": packed, "occ": 0, "rpg": 1}
 
 
 def _default_tags(kind: str, params: dict, info: PlanInfo) -> list[str]:
@@ -279,6 +279,8 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
                 block = tpr * rpb if tpr <= 32 else tpr
                 for occ in (0, 2048):
                     add(dict(p, occ=occ))
+        for rpg in (2, 4):       # several rows in flight per group (short rows, few registers)
+            add(dict(base, rpg=rpg))
         add(dict(base, lazy=False))
         add(dict(base, nv=0, online=info.has_softmax_pair, welford=info.has_welford_pair))
     elif tgt.kind == "elementwise":

@@ -41,6 +41,8 @@ class RowParams:
     waves: int = 0             # 0: one row group per row; k: grid capped at k blocks per SM
     lazy: bool = True          # inputs only the final pass reads are loaded there, not held in registers
     packed: bool = False       # register-held 2-byte inputs stay raw bf16/fp16 bits until used
+    rpg: int = 1               # rows per thread group in flight: their loads all issue before any
+                               # row is reduced (latency hiding for short rows)
     occ: int = 0               # resident threads per SM to ask of the compiler (__launch_bounds__
                                # min blocks = occ / block; 0: let it choose). 2048 caps 32 registers.
 
@@ -70,7 +72,8 @@ class _Gen:
             if not regs or a in self.late:
                 return f"x{a}[e]"
             t = self.dt(a)
-            return f"{t}::from_word(x{a}[q][e / {t}::PER_WORD], e % {t}::PER_WORD)" if self.p.packed else f"x{a}[q][e]"
+            return (f"{t}::from_word(x{a}[g][q][e / {t}::PER_WORD], e % {t}::PER_WORD)" if self.p.packed
+                    else f"x{a}[g][q][e]")
         return Emitter(load, red=lambda k: f"R{k}", fast=self.p.fast, low_precision=self.lowp)
 
     def loop(self, regs: bool, body: str, after: str = "", late: bool = False) -> str:
@@ -226,57 +229,80 @@ class _Gen:
         nc = "true" if p.nc else "false"
         params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(len(plan.accesses))]
         params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(plan.outputs)]
-        fixed = "\n".join(f"    const float s{i} = ld1<{self.dt(i)}, {nc}>(p{i} + ro[{i}]);" for i in self.fixed)
-        reg_loads = "\n".join(self.load_chunk(i, f"x{i}[q]", "c0", nc, p.packed).replace("\n", "\n  ")
-                              for i in self.held)
-        reg_decl = " ".join((f"unsigned x{i}[NV > 0 ? NV : 1][(VEC + {self.dt(i)}::PER_WORD - 1) / {self.dt(i)}::PER_WORD];"
-                             if p.packed else f"float x{i}[NV > 0 ? NV : 1][VEC];") for i in self.held)
+        fixed = "\n".join(f"      s{i}_[g] = ld1<{self.dt(i)}, {nc}>(p{i} + ro_[g][{i}]);" for i in self.fixed)
+        fixed_decl = " ".join(f"float s{i}_[RPG];" for i in self.fixed)
+        fixed_alias = " ".join(f"const float s{i} = s{i}_[g];" for i in self.fixed)
+        reg_loads = "\n".join(self.load_chunk(i, f"x{i}[g][q]", "c0", nc, p.packed)
+                              .replace("ro[", "ro_[g][").replace("\n", "\n    ") for i in self.held)
+        reg_decl = " ".join((f"unsigned x{i}[RPG][NV > 0 ? NV : 1][(VEC + {self.dt(i)}::PER_WORD - 1) / {self.dt(i)}::PER_WORD];"
+                             if p.packed else f"float x{i}[RPG][NV > 0 ? NV : 1][VEC];") for i in self.held)
         bounds = f"BLOCK, {max(1, p.occ // p.block)}" if p.occ > 0 else "BLOCK"
+        # NOTE: each row of the group runs the single-row body under the names it was written with
+        # (r, valid, ro, s*); g is a compile-time index after unrolling, so nothing leaves registers.
+        alias = ("const int64_t r = r_[g]; const bool valid = valid_[g]; int64_t ro[NACC];\n"
+                 "#pragma unroll\n      for (int a = 0; a < NACC; ++a) ro[a] = ro_[g][a];\n      " + fixed_alias)
         return f"""
 #define NACC {len(plan.accesses)}
 #define TPR {p.tpr}
 #define BLOCK {p.block}
+#define RPG {p.rpg}
 template <int VEC, int NV>
 __global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t rows, int ncol,
     {", ".join(params)}) {{
   const int lane = threadIdx.x % TPR, group = threadIdx.x / TPR;
-  const int64_t rpb = BLOCK / TPR;
+  const int64_t rpb = BLOCK / TPR * RPG;     // rows per block and trip
   int64_t cs[NACC];
 #pragma unroll
   for (int a = 0; a < NACC; ++a) cs[a] = sp.st[a][sp.ndim - 1];
   // NOTE: the trip count is uniform over the block (rows past the end are clamped to the last row
   // and store nothing), so every thread reaches every shuffle and __syncthreads.
   for (int64_t rb = (int64_t)blockIdx.x * rpb; rb < rows; rb += (int64_t)gridDim.x * rpb) {{
-    const bool valid = rb + group < rows;
-    const int64_t r = valid ? rb + group : rows - 1;
-    int64_t ro[NACC];
-    if (sp.ndim == 2) {{    // rows x columns after collapsing: no 64-bit division (a call) per row
+    int64_t r_[RPG], ro_[RPG][NACC];
+    bool valid_[RPG];
+    {fixed_decl}
 #pragma unroll
-      for (int a = 0; a < NACC; ++a) ro[a] = r * sp.st[a][0];
-    }} else {{
-      int64_t rem = r;
+    for (int g = 0; g < RPG; ++g) {{
+      valid_[g] = rb + group * RPG + g < rows;
+      r_[g] = valid_[g] ? rb + group * RPG + g : rows - 1;
+      if (sp.ndim == 2) {{    // rows x columns after collapsing: no 64-bit division (a call) per row
 #pragma unroll
-      for (int a = 0; a < NACC; ++a) ro[a] = 0;
-      for (int d = sp.ndim - 2; d >= 0; --d) {{
-        const int64_t i = rem % sp.size[d];
-        rem /= sp.size[d];
+        for (int a = 0; a < NACC; ++a) ro_[g][a] = r_[g] * sp.st[a][0];
+      }} else {{
+        int64_t rem = r_[g];
 #pragma unroll
-        for (int a = 0; a < NACC; ++a) ro[a] += i * sp.st[a][d];
+        for (int a = 0; a < NACC; ++a) ro_[g][a] = 0;
+        for (int d = sp.ndim - 2; d >= 0; --d) {{
+          const int64_t i = rem % sp.size[d];
+          rem /= sp.size[d];
+#pragma unroll
+          for (int a = 0; a < NACC; ++a) ro_[g][a] += i * sp.st[a][d];
+        }}
       }}
-    }}
 {fixed}
+    }}
     if (NV > 0) {{
       {reg_decl}
 #pragma unroll
-      for (int q = 0; q < NV; ++q) {{
-        const int c0 = (q * TPR + lane) * VEC;
-        if (c0 < ncol) {{
-  {reg_loads}
+      for (int g = 0; g < RPG; ++g) {{
+#pragma unroll
+        for (int q = 0; q < NV; ++q) {{
+          const int c0 = (q * TPR + lane) * VEC;
+          if (c0 < ncol) {{
+    {reg_loads}
+          }}
         }}
       }}
+#pragma unroll
+      for (int g = 0; g < RPG; ++g) {{
+      {alias}
 {self.body(True)}
+      }}
     }} else {{
+#pragma unroll
+      for (int g = 0; g < RPG; ++g) {{
+      {alias}
 {self.body(False)}
+      }}
     }}
   }}
 }}
@@ -308,7 +334,7 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   const int V = {p.vec};
   bool vec_ok = V > 1 && ncol % V == 0;
 {host.vector_checks(plan, "V", full_outputs_only=True)}
-  int64_t blocks = (rows + BLOCK / TPR - 1) / (BLOCK / TPR);
+  int64_t blocks = (rows + BLOCK / TPR * RPG - 1) / (BLOCK / TPR * RPG);
   if ({p.waves} > 0) blocks = std::min<int64_t>(blocks, (int64_t)htam_sm_count() * {p.waves});
   blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t)1 << 30));
   const bool regs = {p.nv} > 0 && ncol <= {cap};
