@@ -248,7 +248,8 @@ def _seed_order(kind: str) -> list[str]:
         return ["ilp_unroll", "grid_stride_loop", "read_only_cache_loads", "fast_math_intrinsics"]
     if kind == "rowwise":
         return ["occupancy_tuning", "online_softmax", "welford_statistics", "block_per_row",
-                "warp_per_row", "fp32_math_half_io", "row_in_registers", "read_only_cache_loads"]
+                "warp_per_row", "hoist_broadcast_loads", "fp32_math_half_io", "row_in_registers",
+                "read_only_cache_loads"]
     if kind == "conv":
         return ["fold_batchnorm", "fuse_elementwise_chain", "tf32_tensor_cores", "bf16_tensor_cores"]
     return ["cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores"]

@@ -76,6 +76,10 @@ TABLE: dict[str, Strategy] = {
     "online_softmax": Strategy(ROW, lambda i: [{"online": True}], lambda i: i.has_softmax_pair),
     "welford_statistics": Strategy(ROW, lambda i: [{"welford": True}], lambda i: i.has_welford_pair),
     "ilp_unroll": Strategy(EW, lambda i: [{"unroll": 2}, {"unroll": 4}]),
+    # rows: a norm's weight/bias held in registers from the start (lazy=False) instead of loaded in
+    # the final pass; neither wins everywhere (bench/sweep.py, H100: 768-wide bf16 LayerNorm 17.2 us
+    # held vs 19.1 us lazy; lazy removed a spill from a 4096-wide RMSNorm)
+    "hoist_broadcast_loads": Strategy(ROW, lambda i: [{"lazy": False}]),
     # rows: ask for 2048 / 1024 resident threads (32 / 64 registers), or let the compiler choose
     "occupancy_tuning": Strategy(ROW, lambda i: [{"occ": 2048}, {"occ": 1024}, {"occ": 0}]),
     "fp32_math_half_io": Strategy(ROW, lambda i: [{"packed": True}, {"packed": False}],
