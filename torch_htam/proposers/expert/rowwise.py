@@ -11,7 +11,8 @@ Register budget (what decides bandwidth here): an SM has 64K registers, so 2048 
 get 32 each. A row held as fp32 costs one register per value; `packed` keeps 2-byte inputs as raw
 bits (two values per register, converted at use) and `lazy` loads inputs that no reduction reads
 (a norm's weight and bias) in the final pass instead of holding them across the reductions. Both
-free registers for more resident threads, hence more bytes in flight per SM.
+free registers for more resident threads, hence more bytes in flight per SM; neither wins on every
+row (bench/sweep.py), so the search tries both ways.
 
     >>> src = generate(plan, RowParams(tpr=32, rows_per_block=4, vec=4, nv=8))
 """
@@ -117,20 +118,20 @@ class _Gen:
 {after}
     }}"""
 
-    def load_chunk(self, i: int, dst: str, c0: str, nc: str, packed: bool = False) -> str:
+    def load_chunk(self, i: int, dst: str, c0: str, nc: str, packed: bool = False, ro: str = "ro") -> str:
         """VEC values of access i at columns c0.. into dst: floats, or 32-bit words of raw bits
-        (PER_WORD values each) when packed."""
+        (PER_WORD values each) when packed. ro: the row's element offsets (one per access)."""
         t = self.dt(i)
         if packed:
-            return (f"      if (VEC > 1 && cs[{i}] == 1) ldw<{t}, VEC, {nc}>(p{i} + ro[{i}] + {c0}, {dst});\n"
+            return (f"      if (VEC > 1 && cs[{i}] == 1) ldw<{t}, VEC, {nc}>(p{i} + {ro}[{i}] + {c0}, {dst});\n"
                     f"      else for (int e = 0; e < VEC; ++e) {{\n"
                     f"        const unsigned b = (VEC == 1 || {c0} + e < ncol) ? "
-                    f"{t}::bits(p{i}[ro[{i}] + (int64_t)({c0} + e) * cs[{i}]]) : 0u;\n"
+                    f"{t}::bits(p{i}[{ro}[{i}] + (int64_t)({c0} + e) * cs[{i}]]) : 0u;\n"
                     f"        if (e % {t}::PER_WORD == 0) {dst}[e / {t}::PER_WORD] = b;\n"
                     f"        else {dst}[e / {t}::PER_WORD] |= b << 16; }}")
-        return (f"      if (VEC > 1 && cs[{i}] == 1) ldv<{t}, VEC, {nc}>(p{i} + ro[{i}] + {c0}, {dst});\n"
+        return (f"      if (VEC > 1 && cs[{i}] == 1) ldv<{t}, VEC, {nc}>(p{i} + {ro}[{i}] + {c0}, {dst});\n"
                 f"      else for (int e = 0; e < VEC; ++e) {dst}[e] = (VEC == 1 || {c0} + e < ncol) ? "
-                f"ld1<{t}, {nc}>(p{i} + ro[{i}] + (int64_t)({c0} + e) * cs[{i}]) : 0.f;")
+                f"ld1<{t}, {nc}>(p{i} + {ro}[{i}] + (int64_t)({c0} + e) * cs[{i}]) : 0.f;")
 
     def reduction_pass(self, k: int, regs: bool) -> tuple[str, int]:
         """Code computing R{k} (and R{k+1} for merged pairs); returns (code, reductions consumed)."""
@@ -232,8 +233,8 @@ class _Gen:
         fixed = "\n".join(f"      s{i}_[g] = ld1<{self.dt(i)}, {nc}>(p{i} + ro_[g][{i}]);" for i in self.fixed)
         fixed_decl = " ".join(f"float s{i}_[RPG];" for i in self.fixed)
         fixed_alias = " ".join(f"const float s{i} = s{i}_[g];" for i in self.fixed)
-        reg_loads = "\n".join(self.load_chunk(i, f"x{i}[g][q]", "c0", nc, p.packed)
-                              .replace("ro[", "ro_[g][").replace("\n", "\n    ") for i in self.held)
+        reg_loads = "\n".join(self.load_chunk(i, f"x{i}[g][q]", "c0", nc, p.packed, ro="ro_[g]")
+                              .replace("\n", "\n    ") for i in self.held)
         reg_decl = " ".join((f"unsigned x{i}[RPG][NV > 0 ? NV : 1][(VEC + {self.dt(i)}::PER_WORD - 1) / {self.dt(i)}::PER_WORD];"
                              if p.packed else f"float x{i}[RPG][NV > 0 ? NV : 1][VEC];") for i in self.held)
         bounds = f"BLOCK, {max(1, p.occ // p.block)}" if p.occ > 0 else "BLOCK"
