@@ -43,9 +43,8 @@ def simplify_attention_masks(gm: fx.GraphModule) -> int:
         kind = _mask_kind(value, node)
         if kind is None:
             continue
+        # NOTE: scale and enable_gqa are keyword-only in the aten schema: they stay in kwargs
         kwargs = {k: v for k, v in node.kwargs.items() if k not in ("attn_mask", "dropout_p", "is_causal")}
-        if len(node.args) > 6:
-            kwargs["scale"] = node.args[6]
         kwargs["is_causal"] = kind == "causal"
         node.args, node.kwargs = tuple(node.args[:3]), kwargs
         _erase_unused(mask)
