@@ -227,6 +227,98 @@ def test_compare_integers_exact():
     assert V.compare(ref + torch.tensor([0, 1, 0]), ref, 1e-4, 1e-4)[0] == "mismatch"
 
 
+# ------------------------------------------------------------------------------ fp32 rounding
+
+GEMM_SRC = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class Model(nn.Module):
+    def forward(self, x, w, b, r):
+        return F.linear(x, w, b) + r
+
+def get_inputs():
+    return [torch.randn(256, 3072), torch.randn(256, 3072), torch.randn(256), torch.randn(256, 256)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def gemm_task():
+    return Task("gemm_residual", "gemm", GEMM_SRC, [spec((256, 3072)), spec((256, 3072)), spec((256,)),
+                spec((256, 256))], [spec((256, 256))], "sig3", ["aten.linear.default"])
+
+
+def gemm_in_float64(i, o):
+    """The most exact fp32 answer there is: accumulated in float64, rounded once."""
+    x, w, b, r = (t.double() for t in i)
+    o[0].copy_(torch.nn.functional.linear(x, w, b) + r)
+    return 0
+
+
+def test_exact_gemm_fails_the_plain_bound_but_verifies_against_float64():
+    task = gemm_task()
+    x, w, b, r = (V.make_input(s, s.shape, "outliers", torch.Generator().manual_seed(2)) for s in task.inputs)
+    ref32 = torch.nn.functional.linear(x, w, b) + r
+    exact = torch.empty_like(ref32)
+    gemm_in_float64([x, w, b, r], [exact])
+    assert V.compare(exact, ref32, 1e-4, 1e-4)[0] == "mismatch"   # the plain bound alone rejects it
+    ok, reason, detail, errs = run(gemm_in_float64, task)
+    assert (ok, reason) == (True, "ok") and errs["judged_against_float64"]
+
+
+def test_tf32_gemm_still_fails_strict_fp32():
+    def tf32(i, o):   # inputs cut to TF32's 10-bit mantissa, as tensor cores read them
+        x, w, b, r = i
+        cut = lambda t: (t.view(torch.int32) & ~0x1FFF).view(torch.float32)   # noqa: E731
+        o[0].copy_(cut(x) @ cut(w).T + b + r)
+        return 0
+    ok, reason, detail, _ = run(tf32, gemm_task())
+    assert reason == "mismatch" and "against a float64 reference" in detail
+
+
+def test_one_wrong_value_fails_against_float64_too():
+    def off(i, o):
+        gemm_in_float64(i, o)
+        o[0][17, 3] += 0.05
+        return 0
+    ok, reason, detail, _ = run(off, gemm_task())
+    assert reason == "mismatch" and "torch's own fp32 error" in detail
+
+
+def test_pervasive_drift_fails_the_rms_bound():
+    g = torch.Generator().manual_seed(0)
+    exact = 100 * torch.randn(64, 64, generator=g, dtype=torch.float64)
+    ref32 = (exact + 1e-3 * torch.randn(64, 64, generator=g, dtype=torch.float64)).float()
+    rms = (ref32.double() - exact).pow(2).mean().sqrt().item()
+    drift = (exact + 2.5 * rms).float()   # each value inside 4x torch's local error, all together not
+    ok, why = V.within_fp32_error(drift, ref32, exact, 1e-4, 1e-4)
+    assert not ok and "rms" in why
+    assert V.within_fp32_error(ref32, ref32, exact, 1e-4, 1e-4) == (True, "")
+
+
+def test_float64_run_that_computes_something_else_gives_no_judgement():
+    exact = torch.randn(64, 64, dtype=torch.float64)
+    ok, why = V.within_fp32_error(exact.float(), (exact + 0.1).float(), exact, 1e-4, 1e-4)
+    assert not ok and "does not refine" in why
+
+
+def test_error_scale_is_rank_one_over_rows_and_columns():
+    err = torch.tensor([[1e-6, 1e-4], [1e-8, 1e-6]], dtype=torch.float64)
+    assert torch.allclose(V.error_scale(err), err)
+    assert V.error_scale(torch.tensor([1e-6, 3e-6])).tolist() == pytest.approx([3e-6, 3e-6])
+    assert V.error_scale(torch.zeros(3, 4)).abs().sum() == 0
+
+
+def test_float64_reference_leaves_the_reference_model_alone():
+    lin = torch.nn.Linear(8, 4)
+    out = V._reference64(lin, [torch.randn(2, 8)])
+    assert out[0].dtype == torch.float64 and lin.weight.dtype == torch.float32
+    assert V._reference64(lambda x: x @ torch.ones(8, 2), [torch.randn(2, 8)]) is None   # float64 @ float32
+
+
 # ------------------------------------------------------------------------------ poison
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
