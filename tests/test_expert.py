@@ -481,7 +481,7 @@ def test_tuning_grid_is_the_defaults_then_distinct_valid_settings():
                 assert not p["nv"] or p["tpr"] * p["vec"] * p["nv"] >= ncol, p
             if stem.endswith("bf16"):
                 assert {p["packed"] for p in grid} == {True, False}
-                assert {p["occ"] for p in grid} == {0, 2048}
+                assert {p["occ"] for p in grid} == {0, 1024, 2048}
 
 
 def test_packed_rows_keep_raw_words_and_lazy_loads_the_weight_late():
@@ -495,6 +495,28 @@ def test_packed_rows_keep_raw_words_and_lazy_loads_the_weight_late():
     held = tgt.render(dict(tgt.defaults, lazy=False, packed=False))
     assert "float x0[RPG][NV > 0 ? NV : 1][VEC]" in held and "float x1[RPG][NV > 0 ? NV : 1][VEC]" in held
     assert "__launch_bounds__(BLOCK, 8)" in tgt.render(dict(tgt.defaults, occ=2048))   # 2048 / 256
+
+
+def test_layernorm_after_residual_holds_the_sum_not_its_inputs():
+    """x + r feeds both reductions and both outputs: the kernel holds round(x + r) (packed bf16,
+    half a register a column) and never x or r across the reductions."""
+    from torch_htam.proposers.expert import rowwise
+    task = bench_task("rw_layernorm_bf16")
+    tgt = _target(task, policy_for(task))
+    plan = lower(task.graph)
+    hold = rowwise.row_value(plan, {0, 1}, lambda i: 0.5, packed=True)
+    assert hold == ("round", "bfloat16", ("add", ("in", 0), ("in", 1)))
+    src = tgt.render(tgt.defaults)
+    assert "unsigned hx[RPG]" in src and "BF16::to_word(hv" in src
+    assert "x0[RPG]" not in src and "x1[RPG]" not in src and "x0[g][q]" not in src
+    off = tgt.render(dict(tgt.defaults, hold=False))
+    assert "hx[" not in off and "unsigned x0[RPG]" in off
+    # fp32: one float for x + r instead of two; softmax's only input costs what its value does
+    assert rowwise.row_value(lower(bench_task("rw_layernorm_fp32").graph), {0, 1}, lambda i: 1.0,
+                             packed=False) == ("add", ("in", 0), ("in", 1))
+    assert rowwise.row_value(lower(bench_task("rw_softmax_bf16").graph), {0}, lambda i: 0.5, packed=True) is None
+    # an input read outside the held value is not covered: RMSNorm reads x itself
+    assert rowwise.row_value(lower(bench_task("rw_rmsnorm_bf16").graph), {0}, lambda i: 1.0, packed=False) is None
 
 
 def test_row_in_registers_never_asks_more_values_per_thread_than_fit():

@@ -47,12 +47,11 @@ def _default_row(info: PlanInfo) -> dict[str, Any]:
     per_thread = -(-n // tpr)
     while vec > per_thread:           # stays a power of two (vector loads are 2/4/8/16 bytes)
         vec //= 2
-    nv = -(-per_thread // vec)
-    nv = 1 << (nv - 1).bit_length()
+    nv = -(-per_thread // vec)     # exact (768 = 32 x 8 x 3): a padded 4th chunk costs registers
     stream = nv * vec > 16 and not (packed and tpr == 32 and nv * vec <= cap)
     return {"tpr": tpr, "rows_per_block": 4, "vec": vec, "nv": 0 if stream else nv,
             "online": stream, "welford": stream, "nc": False, "fast": False, "waves": 0,
-            "lazy": True, "packed": packed, "occ": 0, "rpg": 1}
+            "lazy": True, "packed": packed, "occ": 0, "rpg": 1, "hold": True}
 
 
 def _default_tags(kind: str, params: dict, info: PlanInfo) -> list[str]:
@@ -208,7 +207,7 @@ def _refit(kind: str, p: dict, moved: dict, info: PlanInfo) -> dict:
     vec = moved.get("vec", info.vec16)      # 16-byte vectors unless the move chose a width
     while vec > 1 and (n % vec or vec > per_thread):
         vec //= 2
-    nv = 1 << (-(-per_thread // vec) - 1).bit_length()
+    nv = -(-per_thread // vec)
     cap = 16 if p["tpr"] * (p["rows_per_block"] if p["tpr"] <= 32 else 1) > 256 else 32   # values/thread
     if nv * vec > cap:     # too long for this mapping's registers: stream it, one pass where possible
         return dict(p, vec=vec, nv=0, online=info.has_softmax_pair, welford=info.has_welford_pair)
@@ -283,6 +282,8 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
         for rpg in (2, 4):       # several rows in flight per group (short rows, few registers)
             add(dict(base, rpg=rpg))
         add(dict(base, lazy=False))
+        add(dict(base, hold=False))
+        add(dict(base, occ=1024))
         add(dict(base, nv=0, online=info.has_softmax_pair, welford=info.has_welford_pair))
     elif tgt.kind == "elementwise":
         for block in (128, 256, 512):

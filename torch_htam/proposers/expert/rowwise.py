@@ -46,6 +46,8 @@ class RowParams:
                                # row is reduced (latency hiding for short rows)
     occ: int = 0               # resident threads per SM to ask of the compiler (__launch_bounds__
                                # min blocks = occ / block; 0: let it choose). 2048 caps 32 registers.
+    hold: bool = True          # hold the row's common prologue value (LayerNorm's round(x + r)) in
+                               # registers instead of its inputs, where that takes fewer registers
 
     @property
     def block(self) -> int:
@@ -59,17 +61,48 @@ class _Gen:
         self.varying = [i for i, a in enumerate(plan.accesses) if a.column_varying(D)]
         self.fixed = [i for i, a in enumerate(plan.accesses) if not a.column_varying(D)]
         reduced = {x[1] for r in plan.reductions for x in walk(r.expr) if x[0] == "in"}
+        # hold: the value computed from the reduced inputs, held in their place (row_value)
+        self.hold = row_value(plan, reduced, self.cost, p.packed) if p.hold else None
+        covered = reduced if self.hold else set()
         # held: loaded once into registers (register path); late: loaded per chunk in the final pass
-        self.held = [i for i in self.varying if i in reduced or not p.lazy]
-        self.late = [i for i in self.varying if i not in self.held]
+        self.held = [i for i in self.varying if (i in reduced or not p.lazy) and i not in covered]
+        self.late = [i for i in self.varying if i not in self.held and i not in covered]
 
     def dt(self, i: int) -> str:
         return DT[self.plan.inputs[self.plan.accesses[i].input][1]][0]
 
+    def packed_late(self, i: int) -> bool:
+        """Late (final-pass) loads of 2-byte inputs stay raw words too when packed."""
+        return self.p.packed and self.dt(i) != "F32"
+
+    def cost(self, i: int) -> float:
+        """Registers per column that holding input i takes."""
+        return 1 / self.dt_words(self.dt(i)) if self.p.packed else 1.0
+
+    @staticmethod
+    def dt_words(t: str) -> int:
+        return 1 if t == "F32" else 2
+
+    def hold_type(self) -> str:
+        """Traits of the held value's storage: raw 2-byte bits when it is rounded to bf16/fp16."""
+        h = self.hold
+        return DT[h[1]][0] if self.p.packed and h[0] == "round" and DT[h[1]][2] == 2 else "F32"
+
     def emitter(self, regs: bool) -> Emitter:
+        em = self._emitter(regs)
+        if regs and self.hold:
+            t = self.hold_type()
+            em.names[self.hold] = (f"{t}::from_word(hx[g][q][e / {t}::PER_WORD], e % {t}::PER_WORD)"
+                                   if t != "F32" else "hx[g][q][e]")
+        return em
+
+    def _emitter(self, regs: bool) -> Emitter:
         def load(a):
             if a in self.fixed:
                 return f"s{a}"
+            if regs and a in self.late and self.packed_late(a):
+                t = self.dt(a)
+                return f"{t}::from_word(x{a}[e / {t}::PER_WORD], e % {t}::PER_WORD)"
             if not regs or a in self.late:
                 return f"x{a}[e]"
             t = self.dt(a)
@@ -84,8 +117,9 @@ class _Gen:
         if regs:
             late_loads = ""
             if late and self.late:
-                late_loads = " ".join(f"float x{i}[VEC];" for i in self.late) + "\n" + "\n".join(
-                    self.load_chunk(i, f"x{i}", "c0", nc) for i in self.late)
+                late_loads = " ".join((f"unsigned x{i}[(VEC + {self.dt(i)}::PER_WORD - 1) / {self.dt(i)}::PER_WORD];" if self.packed_late(i)
+                                       else f"float x{i}[VEC];") for i in self.late) + "\n" + "\n".join(
+                    self.load_chunk(i, f"x{i}", "c0", nc, self.packed_late(i)) for i in self.late)
             return f"""
 #pragma unroll
     for (int q = 0; q < NV; ++q) {{
@@ -225,6 +259,30 @@ class _Gen:
         out.append(self.row_outputs())
         return "\n".join(out)
 
+    def hold_loads(self, nc: str) -> str:
+        """Load the covered inputs' chunk, compute the held value per column, keep only that."""
+        ins = sorted({x[1] for x in walk(self.hold) if x[0] == "in"})
+        em = Emitter(lambda a: f"x{a}[e]", red=lambda k: f"R{k}", fast=self.p.fast,
+                     low_precision=self.lowp, prefix="h")
+        v = em.emit(self.hold)
+        body = "\n".join("              " + ln for ln in em.lines)
+        t = self.hold_type()
+        store = (f"for (int k = 0; k < VEC / {t}::PER_WORD; ++k) hx[g][q][k] = {t}::to_word(hv + k * {t}::PER_WORD);"
+                 if t != "F32" else "for (int e = 0; e < VEC; ++e) hx[g][q][e] = hv[e];")
+        loads = "\n".join(self.load_chunk(i, f"x{i}", "c0", nc, ro="ro_[g]") for i in ins)
+        return f"""            {{
+            {" ".join(f"float x{i}[VEC];" for i in ins)}
+{loads}
+            float hv[VEC];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {{
+{body}
+              hv[e] = {v};
+            }}
+#pragma unroll
+            {store}
+            }}"""
+
     def kernel(self) -> str:
         plan, p = self.plan, self.p
         nc = "true" if p.nc else "false"
@@ -237,6 +295,11 @@ class _Gen:
                               .replace("\n", "\n    ") for i in self.held)
         reg_decl = " ".join((f"unsigned x{i}[RPG][NV > 0 ? NV : 1][(VEC + {self.dt(i)}::PER_WORD - 1) / {self.dt(i)}::PER_WORD];"
                              if p.packed else f"float x{i}[RPG][NV > 0 ? NV : 1][VEC];") for i in self.held)
+        if self.hold:
+            t = self.hold_type()
+            reg_decl += (f" unsigned hx[RPG][NV > 0 ? NV : 1][(VEC + {t}::PER_WORD - 1) / {t}::PER_WORD];"
+                         if t != "F32" else " float hx[RPG][NV > 0 ? NV : 1][VEC];")
+            reg_loads += "\n" + self.hold_loads(nc)
         bounds = f"BLOCK, {max(1, p.occ // p.block)}" if p.occ > 0 else "BLOCK"
         # NOTE: each row of the group runs the single-row body under the names it was written with
         # (r, valid, ro, s*); g is a compile-time index after unrolling, so nothing leaves registers.
@@ -308,6 +371,46 @@ __global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t r
   }}
 }}
 """
+
+
+def row_value(plan: Plan, reduced: set[int], cost, packed: bool) -> tuple | None:
+    """The expression to hold per column instead of the reduced inputs, or None.
+
+    A candidate reads only reduced inputs and constants, and covers every read of those inputs in
+    the reductions and the full-row outputs (so they need not be held). It is taken when it costs
+    fewer registers per column than the inputs: LayerNorm after a residual add holds round(x + r)
+    (one bf16 per column, packed: half a register) instead of x and r. Of equal costs the largest
+    wins (more work done once).
+
+        >>> row_value(layernorm_plan, {0, 1}, cost, packed=True)
+        ('round', 'bfloat16', ('add', ('in', 0), ('in', 1)))
+    """
+    exprs = [r.expr for r in plan.reductions] + [o.expr for o in plan.outputs if not o.row]
+    leaves_ok = lambda e: all(x[0] == "const" or (x[0] == "in" and x[1] in reduced)   # noqa: E731
+                              for x in walk(e) if x[0] in ("in", "const", "red", "ncol"))
+    cands = {x for e in exprs for x in walk(e)
+             if x[0] not in ("in", "const") and leaves_ok(x) and any(y[0] == "in" for y in walk(x))}
+    inputs_cost = sum(cost(i) for i in reduced)
+    best, best_key = None, None
+    for c in cands:
+        if any(_reads_outside(e, c, reduced) for e in exprs):
+            continue
+        two_byte = packed and c[0] == "round" and c[1] in ("bfloat16", "float16")
+        key = (0.5 if two_byte else 1.0, -sum(1 for _ in walk(c)))
+        if key[0] < inputs_cost and (best_key is None or key < best_key):
+            best, best_key = c, key
+    return best
+
+
+def _reads_outside(e: tuple, c: tuple, reduced: set[int]) -> bool:
+    """Does e read a reduced input anywhere but inside an occurrence of c?"""
+    if e == c:
+        return False
+    if e[0] == "in":
+        return e[1] in reduced
+    if e[0] in ("const", "red", "ncol"):
+        return False
+    return any(_reads_outside(a, c, reduced) for a in e[1:] if isinstance(a, tuple))
 
 
 def _host(plan: Plan, p: RowParams) -> str:

@@ -38,19 +38,12 @@ class Strategy:
     applies: Callable[[PlanInfo], bool] = field(default=lambda i: True)
 
 
-def _pow2_at_least(x: int) -> int:
-    p = 1
-    while p < x:
-        p *= 2
-    return p
-
-
 def _row_in_regs(i: PlanInfo) -> list[dict]:
     """Mappings that hold the whole row in registers: at most 16 values a thread (32 for packed
     half-precision rows, two to a register), beyond which the row kernel spills."""
     out, cap = [], 32 if (i.low_precision and i.vec16 == 8) else 16
     for tpr in (32, 128, 256):
-        nv = _pow2_at_least(max(1, -(-i.ncol // (tpr * i.vec16))))
+        nv = max(1, -(-i.ncol // (tpr * i.vec16)))   # exact: a padded chunk costs registers
         if nv * i.vec16 <= cap:
             out.append({"tpr": tpr, "nv": nv, "vec": i.vec16})
     return out
