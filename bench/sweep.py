@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record  # noqa: E402
 
-SHOWN = ("tpr", "rows_per_block", "vec", "nv", "online", "welford", "lazy", "packed", "occ", "rpg",
-         "block", "unroll", "waves", "fused", "lt_epilogue", "tf32", "algo")
+SHOWN = ("tpr", "rows_per_block", "vec", "nv", "online", "welford", "lazy", "packed", "occ", "rpg", "hold",
+         "block", "unroll", "waves", "fused", "graph", "lt_epilogue", "tf32", "algo")
 
 
 def task_files(paths: list[str]) -> list[Path]:

@@ -399,3 +399,26 @@ def test_roofline_does_not_charge_outputs_that_stay_in_l2():
     small.bytes = 2 * 1024 * 1024 * 4 + 2 * 1024 * 4
     assert roofline_ms(small, c) == pytest.approx(1e3 * (small.bytes - 4 * 1024 * 1024) / 1e12)
     assert roofline_ms(small, Ceilings(1e12, 1e13, 1e14, 1e14)) == pytest.approx(1e3 * small.bytes / 1e12)
+
+
+# ------------------------------------------------------------------------------ GPU
+
+@pytest.mark.gpu
+def test_fp32_gemm_with_a_long_k_verifies_on_the_gpu():
+    """linear(x[4096, 3072]) + r under strict fp32: the expert's cuBLAS kernel and torch's round
+    differently; before the float64 judgement no setting verified (160 of 3.1M values out)."""
+    from pathlib import Path
+    from torch_htam import build
+    from torch_htam.launcher import Kernel
+    from torch_htam.policy import policy_for
+    from torch_htam.proposers.expert.proposer import _target
+    from torch_htam.task import task_from_source
+    path = Path(__file__).resolve().parents[1] / "bench" / "tasks" / "gemm_linear_bias_residual_fp32.py"
+    task = task_from_source(path.read_text(), path.stem)
+    policy = policy_for(task)
+    assert policy.name == "fp32"
+    tgt = _target(task, policy)
+    res = build.build(tgt.render(tgt.defaults))
+    assert res.ok, res.error
+    ok, reason, detail, errs = V.verify(task, Kernel(res.so_path), load_reference(task).cuda(), policy)
+    assert (ok, reason) == (True, "ok"), detail

@@ -296,4 +296,8 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
                 for v in (base[flag], not base[flag]):
                     for algo in range(8):
                         add(dict(base, **{flag: v}, algo=algo))
+        if "graph" in base:   # conv: the unfused path through cuDNN's graph API, then the legacy one
+            for graph in (True, False):
+                for algo in range(6):
+                    add(dict(base, fused=False, graph=graph, algo=algo))
     return out[:limit]
