@@ -23,9 +23,11 @@ def _plan_info(plan: Plan, policy) -> PlanInfo:
     dts = [dt for _, dt in plan.inputs] + [o.dtype for o in plan.outputs]
     pairs = {r.pair[0] for r in plan.reductions if r.pair}
     low = any(dt != "float32" for dt in dts)
+    single = len(plan.reductions) == 1 and all(o.row for o in plan.outputs)
     return PlanInfo(plan.kind, plan.shape[-1], 16 // min(DT[dt][2] for dt in dts),
                     "softmax" in pairs, "welford" in pairs, plan.has_transcendental,
-                    bool(plan.dropped), low, bool(policy and policy.allow_tf32), not low)
+                    bool(plan.dropped), low, bool(policy and policy.allow_tf32), not low,
+                    single_pass=single)
 
 
 def _default_row(info: PlanInfo) -> dict[str, Any]:
@@ -48,7 +50,9 @@ def _default_row(info: PlanInfo) -> dict[str, Any]:
     while vec > per_thread:           # stays a power of two (vector loads are 2/4/8/16 bytes)
         vec //= 2
     nv = -(-per_thread // vec)     # exact (768 = 32 x 8 x 3): a padded 4th chunk costs registers
-    stream = nv * vec > 16 and not (packed and tpr == 32 and nv * vec <= cap)
+    # NOTE: a row read once (mean(silu(x) * s)) gains nothing from registers: streaming it took
+    # 12.7 us against 14.3 us held ([4096, 768] fp32, bench/sweep.py, H100, RESULTS.md 2026-11-22).
+    stream = info.single_pass or (nv * vec > 16 and not (packed and tpr == 32 and nv * vec <= cap))
     return {"tpr": tpr, "rows_per_block": 4, "vec": vec, "nv": 0 if stream else nv,
             "online": stream, "welford": stream, "nc": False, "fast": False, "waves": 0,
             "lazy": True, "packed": packed, "occ": 0, "rpg": 1, "hold": True}

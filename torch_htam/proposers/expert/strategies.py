@@ -29,6 +29,7 @@ class PlanInfo:
     epilogue_fits_lt: bool = False
     has_batchnorm: bool = False        # conv: an eval batch norm is folded in
     epilogue_fits_cudnn: bool = False  # conv: cudnnConvolutionBiasActivationForward covers the epilogue
+    single_pass: bool = False          # rowwise: one reduction, no full-row output (the row is read once)
 
 
 @dataclass(frozen=True)
