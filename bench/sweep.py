@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record  # noqa: E402
 
 SHOWN = ("tpr", "rows_per_block", "vec", "nv", "online", "welford", "lazy", "packed", "occ", "rpg", "hold",
-         "block", "unroll", "waves", "fused", "graph", "lt_epilogue", "tf32", "algo")
+         "block", "unroll", "waves", "fast", "fused", "graph", "lt_epilogue", "tf32", "algo")
 
 
 def task_files(paths: list[str]) -> list[Path]:

@@ -119,8 +119,8 @@ ROW_REDUCE = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.defa
 ROW_OPS = {aten.softmax.int, aten._softmax.default, aten.log_softmax.int,
            aten._log_softmax.default, aten.layer_norm.default, aten.rms_norm.default}
 IGNORED = {aten._assert_tensor_metadata.default}
-TRANSCENDENTAL = {"gelu", "silu", "sigmoid", "tanh", "exp", "log", "erf", "sin", "cos", "log1p",
-                  "expm1", "pow", "powc"}
+TRANSCENDENTAL = {"gelu", "gelu_tanh", "gelu_erf", "silu", "sigmoid", "tanh", "exp", "log", "erf", "sin",
+                  "cos", "log1p", "expm1", "pow", "powc"}
 
 
 def meta_of(node) -> Any:

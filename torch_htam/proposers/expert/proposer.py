@@ -294,6 +294,9 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
             for unroll in (1, 2, 4):
                 for waves in (0, 8):
                     add(dict(base, block=block, unroll=unroll, waves=waves))
+        if info.has_transcendental:   # SFU intrinsics (tanh.approx for half outputs)
+            for unroll in (1, 2):
+                add(dict(base, fast=True, unroll=unroll))
     else:   # gemm / conv: the library's ranked algorithms, with and without the fused path
         for flag in ("fused", "lt_epilogue"):
             if flag in base:
