@@ -288,6 +288,8 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
         add(dict(base, lazy=False))
         add(dict(base, hold=False))
         add(dict(base, occ=1024))
+        if info.has_transcendental:
+            add(dict(base, fast=True))
         add(dict(base, nv=0, online=info.has_softmax_pair, welford=info.has_welford_pair))
     elif tgt.kind == "elementwise":
         for block in (128, 256, 512):
