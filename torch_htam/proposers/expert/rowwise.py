@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from torch_htam.proposers.expert import host
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter
-from torch_htam.proposers.expert.ir import Plan, walk
+from torch_htam.proposers.expert.ir import TRANSCENDENTAL, Plan, walk
 
 INIT = {"sum": "0.f", "max": "(-INFINITY)", "min": "INFINITY"}
 COMBINE = {"sum": "acc + {v}", "max": "fmaxf(acc, {v})", "min": "fminf(acc, {v})"}
@@ -46,8 +46,8 @@ class RowParams:
                                # row is reduced (latency hiding for short rows)
     occ: int = 0               # resident threads per SM to ask of the compiler (__launch_bounds__
                                # min blocks = occ / block; 0: let it choose). 2048 caps 32 registers.
-    hold: bool = True          # hold the row's common prologue value (LayerNorm's round(x + r)) in
-                               # registers instead of its inputs, where that takes fewer registers
+    memo: bool = True          # keep a transcendental value a later pass reads again (softmax's
+                               # exp(x - max)) in registers instead of computing it twice
 
     @property
     def block(self) -> int:
@@ -61,12 +61,11 @@ class _Gen:
         self.varying = [i for i, a in enumerate(plan.accesses) if a.column_varying(D)]
         self.fixed = [i for i, a in enumerate(plan.accesses) if not a.column_varying(D)]
         reduced = {x[1] for r in plan.reductions for x in walk(r.expr) if x[0] == "in"}
-        # hold: the value computed from the reduced inputs, held in their place (row_value)
-        self.hold = row_value(plan, reduced, self.cost, p.packed) if p.hold else None
-        covered = reduced if self.hold else set()
         # held: loaded once into registers (register path); late: loaded per chunk in the final pass
-        self.held = [i for i in self.varying if (i in reduced or not p.lazy) and i not in covered]
-        self.late = [i for i in self.varying if i not in self.held and i not in covered]
+        self.held = [i for i in self.varying if i in reduced or not p.lazy]
+        self.late = [i for i in self.varying if i not in self.held]
+        # memo[k]: (expression, first pass) kept in m{k}[q][e] on the register path
+        self.memo = memo_values(self.passes()) if p.memo else []
 
     def dt(self, i: int) -> str:
         return DT[self.plan.inputs[self.plan.accesses[i].input][1]][0]
@@ -75,26 +74,31 @@ class _Gen:
         """Late (final-pass) loads of 2-byte inputs stay raw words too when packed."""
         return self.p.packed and self.dt(i) != "F32"
 
-    def cost(self, i: int) -> float:
-        """Registers per column that holding input i takes."""
-        return 1 / self.dt_words(self.dt(i)) if self.p.packed else 1.0
+    def passes(self) -> list[list[tuple]]:
+        """The expressions each pass over the row evaluates per column, in order (a merged
+        online-softmax / Welford pair is one pass; the final pass computes the full-row outputs)."""
+        out, k, reds, p = [], 0, self.plan.reductions, self.p
+        while k < len(reds):
+            nxt = reds[k + 1] if k + 1 < len(reds) else None
+            merged = (reds[k].pair and nxt is not None and nxt.pair == (reds[k].pair[0], 1)
+                      and reds[k].pair[1] == 0 and (p.online if reds[k].pair[0] == "softmax" else p.welford))
+            out.append([reds[k].expr])    # a merged pair's second value needs the first's result
 
-    @staticmethod
-    def dt_words(t: str) -> int:
-        return 1 if t == "F32" else 2
+            k += 2 if merged else 1
+        return out + [[o.expr for o in self.plan.outputs if not o.row]]
 
-    def hold_type(self) -> str:
-        """Traits of the held value's storage: raw 2-byte bits when it is rounded to bf16/fp16."""
-        h = self.hold
-        return DT[h[1]][0] if self.p.packed and h[0] == "round" and DT[h[1]][2] == 2 else "F32"
-
-    def emitter(self, regs: bool) -> Emitter:
+    def emitter(self, regs: bool, at: int | None = None) -> Emitter:
+        """at: the pass being emitted; memoized values computed in an earlier pass are read back."""
         em = self._emitter(regs)
-        if regs and self.hold:
-            t = self.hold_type()
-            em.names[self.hold] = (f"{t}::from_word(hx[g][q][e / {t}::PER_WORD], e % {t}::PER_WORD)"
-                                   if t != "F32" else "hx[g][q][e]")
+        if regs and at is not None:
+            for k, (e, first) in enumerate(self.memo):
+                if first < at:
+                    em.names[e] = f"m{k}[q][e]"
         return em
+
+    def memo_stores(self, em: Emitter, at: int) -> str:
+        return "".join(f"\n          m{k}[q][e] = {em.emit(e)};" for k, (e, first) in enumerate(self.memo)
+                       if first == at)
 
     def _emitter(self, regs: bool) -> Emitter:
         def load(a):
@@ -128,7 +132,7 @@ class _Gen:
 {late_loads}
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {{
-          if (VEC > 1 && c0 + e >= ncol) break;
+          // NOTE: no bounds test per element: VEC > 1 only where the host saw ncol % VEC == 0
           const int c = c0 + e;
           (void)c;
 {body}
@@ -144,7 +148,7 @@ class _Gen:
 {loads}
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {{
-        if (VEC > 1 && c0 + e >= ncol) break;
+        // (VEC > 1 only where ncol % VEC == 0: a chunk is all in or all out)
         const int c = c0 + e;
         (void)c;
 {body}
@@ -167,14 +171,15 @@ class _Gen:
                 f"      else for (int e = 0; e < VEC; ++e) {dst}[e] = (VEC == 1 || {c0} + e < ncol) ? "
                 f"ld1<{t}, {nc}>(p{i} + {ro}[{i}] + (int64_t)({c0} + e) * cs[{i}]) : 0.f;")
 
-    def reduction_pass(self, k: int, regs: bool) -> tuple[str, int]:
-        """Code computing R{k} (and R{k+1} for merged pairs); returns (code, reductions consumed)."""
+    def reduction_pass(self, k: int, regs: bool, at: int) -> tuple[str, int]:
+        """Code computing R{k} (and R{k+1} for merged pairs) as pass `at`; returns (code,
+        reductions consumed)."""
         plan, p = self.plan, self.p
         red = plan.reductions[k]
         nxt = plan.reductions[k + 1] if k + 1 < len(plan.reductions) else None
-        em = self.emitter(regs)
+        em = self.emitter(regs, at)
         v = em.emit(red.expr)
-        lines = "\n".join("          " + ln for ln in em.lines)
+        lines = "\n".join("          " + ln for ln in em.lines) + (self.memo_stores(em, at) if regs else "")
         pair = red.pair and nxt is not None and nxt.pair == (red.pair[0], 1) and red.pair[1] == 0
         if pair and red.pair[0] == "softmax" and p.online:
             exp = "__expf" if p.fast else "expf"
@@ -217,8 +222,8 @@ class _Gen:
     }}"""
         return code, 1
 
-    def final_pass(self, regs: bool) -> str:
-        em = self.emitter(regs)
+    def final_pass(self, regs: bool, at: int) -> str:
+        em = self.emitter(regs, at)
         full = [(k, o) for k, o in enumerate(self.plan.outputs) if not o.row]
         names = [em.emit(o.expr) for _, o in full]
         lines = "\n".join("          " + ln for ln in em.lines)
@@ -250,38 +255,16 @@ class _Gen:
     }}"""
 
     def body(self, regs: bool) -> str:
-        out, k = [], 0
+        out, k, at = [], 0, 0
+        if regs:
+            out += [f"    float m{j}[NV > 0 ? NV : 1][VEC];" for j in range(len(self.memo))]
         while k < len(self.plan.reductions):
-            code, used = self.reduction_pass(k, regs)
+            code, used = self.reduction_pass(k, regs, at)
             out.append(code)
-            k += used
-        out.append(self.final_pass(regs))
+            k, at = k + used, at + 1
+        out.append(self.final_pass(regs, at))
         out.append(self.row_outputs())
         return "\n".join(out)
-
-    def hold_loads(self, nc: str) -> str:
-        """Load the covered inputs' chunk, compute the held value per column, keep only that."""
-        ins = sorted({x[1] for x in walk(self.hold) if x[0] == "in"})
-        em = Emitter(lambda a: f"x{a}[e]", red=lambda k: f"R{k}", fast=self.p.fast,
-                     low_precision=self.lowp, prefix="h")
-        v = em.emit(self.hold)
-        body = "\n".join("              " + ln for ln in em.lines)
-        t = self.hold_type()
-        store = (f"for (int k = 0; k < VEC / {t}::PER_WORD; ++k) hx[g][q][k] = {t}::to_word(hv + k * {t}::PER_WORD);"
-                 if t != "F32" else "for (int e = 0; e < VEC; ++e) hx[g][q][e] = hv[e];")
-        loads = "\n".join(self.load_chunk(i, f"x{i}", "c0", nc, ro="ro_[g]") for i in ins)
-        return f"""            {{
-            {" ".join(f"float x{i}[VEC];" for i in ins)}
-{loads}
-            float hv[VEC];
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) {{
-{body}
-              hv[e] = {v};
-            }}
-#pragma unroll
-            {store}
-            }}"""
 
     def kernel(self) -> str:
         plan, p = self.plan, self.p
@@ -295,11 +278,7 @@ class _Gen:
                               .replace("\n", "\n    ") for i in self.held)
         reg_decl = " ".join((f"unsigned x{i}[RPG][NV > 0 ? NV : 1][(VEC + {self.dt(i)}::PER_WORD - 1) / {self.dt(i)}::PER_WORD];"
                              if p.packed else f"float x{i}[RPG][NV > 0 ? NV : 1][VEC];") for i in self.held)
-        if self.hold:
-            t = self.hold_type()
-            reg_decl += (f" unsigned hx[RPG][NV > 0 ? NV : 1][(VEC + {t}::PER_WORD - 1) / {t}::PER_WORD];"
-                         if t != "F32" else " float hx[RPG][NV > 0 ? NV : 1][VEC];")
-            reg_loads += "\n" + self.hold_loads(nc)
+
         bounds = f"BLOCK, {max(1, p.occ // p.block)}" if p.occ > 0 else "BLOCK"
         # NOTE: each row of the group runs the single-row body under the names it was written with
         # (r, valid, ro, s*); g is a compile-time index after unrolling, so nothing leaves registers.
@@ -373,44 +352,28 @@ __global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t r
 """
 
 
-def row_value(plan: Plan, reduced: set[int], cost, packed: bool) -> tuple | None:
-    """The expression to hold per column instead of the reduced inputs, or None.
+def memo_values(passes: list[list[tuple]]) -> list[tuple[tuple, int]]:
+    """(expression, first pass) of the values worth keeping per column between passes: a
+    transcendental sub-expression that reads the row and that a later pass evaluates again, the
+    largest such (what it contains comes with it). Softmax: exp(x - max) from the sum pass, read
+    back by the output pass, instead of a second expf per element.
 
-    A candidate reads only reduced inputs and constants, and covers every read of those inputs in
-    the reductions and the full-row outputs (so they need not be held). It is taken when it costs
-    fewer registers per column than the inputs: LayerNorm after a residual add holds round(x + r)
-    (one bf16 per column, packed: half a register) instead of x and r. Of equal costs the largest
-    wins (more work done once).
-
-        >>> row_value(layernorm_plan, {0, 1}, cost, packed=True)
-        ('round', 'bfloat16', ('add', ('in', 0), ('in', 1)))
+        >>> memo_values([[x], [exp(x - R0)], [exp(x - R0) / R1]])
+        [(exp(x - R0), 1)]
     """
-    exprs = [r.expr for r in plan.reductions] + [o.expr for o in plan.outputs if not o.row]
-    leaves_ok = lambda e: all(x[0] == "const" or (x[0] == "in" and x[1] in reduced)   # noqa: E731
-                              for x in walk(e) if x[0] in ("in", "const", "red", "ncol"))
-    cands = {x for e in exprs for x in walk(e)
-             if x[0] not in ("in", "const") and leaves_ok(x) and any(y[0] == "in" for y in walk(x))}
-    inputs_cost = sum(cost(i) for i in reduced)
-    best, best_key = None, None
-    for c in cands:
-        if any(_reads_outside(e, c, reduced) for e in exprs):
-            continue
-        two_byte = packed and c[0] == "round" and c[1] in ("bfloat16", "float16")
-        key = (0.5 if two_byte else 1.0, -sum(1 for _ in walk(c)))
-        if key[0] < inputs_cost and (best_key is None or key < best_key):
-            best, best_key = c, key
-    return best
+    subs = [{x for e in es for x in walk(e)} for es in passes]
+    found: dict[tuple, int] = {}
+    for a in range(len(passes)):
+        for b in range(a + 1, len(passes)):
+            for x in subs[a] & subs[b]:
+                if x not in found and _transcendental(x) and any(y[0] == "in" for y in walk(x)):
+                    found[x] = a
+    return [(x, a) for x, a in found.items()
+            if not any(y != x and x in set(walk(y)) for y in found)]
 
 
-def _reads_outside(e: tuple, c: tuple, reduced: set[int]) -> bool:
-    """Does e read a reduced input anywhere but inside an occurrence of c?"""
-    if e == c:
-        return False
-    if e[0] == "in":
-        return e[1] in reduced
-    if e[0] in ("const", "red", "ncol"):
-        return False
-    return any(_reads_outside(a, c, reduced) for a in e[1:] if isinstance(a, tuple))
+def _transcendental(e: tuple) -> bool:
+    return any(x[0] in TRANSCENDENTAL for x in walk(e))
 
 
 def _host(plan: Plan, p: RowParams) -> str:
