@@ -104,7 +104,11 @@ def _target(task, policy) -> _Target:
         raise Unsupported("the region reads no input")
     info = _plan_info(plan, policy)
     if plan.kind == "elementwise":
-        defaults = dataclasses.asdict(elementwise.EwParams(vec=info.vec16))
+        # NOTE: half-precision outputs take SFU math by default (tanh.approx: ~2^-11 relative
+        # error under bf16's 2^-8 rounding): bias + GELU bf16 went 25.4 -> 21.9 us (bench/sweep.py,
+        # H100, RESULTS.md 2026-11-22); fp32 keeps the exact functions (its 1e-4 tolerance).
+        fast = info.low_precision and info.has_transcendental
+        defaults = dataclasses.asdict(elementwise.EwParams(vec=info.vec16, fast=fast))
         return _Target("elementwise", info, defaults, lambda p: elementwise.generate(
             plan, elementwise.EwParams(**p), info.low_precision))
     return _Target("rowwise", info, _default_row(info), lambda p: rowwise.generate(
@@ -298,9 +302,9 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
             for unroll in (1, 2, 4):
                 for waves in (0, 8):
                     add(dict(base, block=block, unroll=unroll, waves=waves))
-        if info.has_transcendental:   # SFU intrinsics (tanh.approx for half outputs)
+        if info.has_transcendental:   # SFU intrinsics (tanh.approx for half outputs) or not
             for unroll in (1, 2):
-                add(dict(base, fast=True, unroll=unroll))
+                add(dict(base, fast=not base["fast"], unroll=unroll))
     else:   # gemm / conv: the library's ranked algorithms, with and without the fused path
         for flag in ("fused", "lt_epilogue"):
             if flag in base:
