@@ -321,7 +321,8 @@ def test_conv_tasks_get_both_cudnn_paths():
         cands = propose(bench_task(stem)).candidates
         assert len(cands) == 4
         first, fused = cands[0], cands[1]
-        assert not first.params["fused"] and "cudnnConvolutionForward(" in first.source
+        # the default unfused path runs the conv on cuDNN's backend API (graph=True)
+        assert not first.params["fused"] and "cudnnBackendExecute(" in first.source
         assert "epilogue_run(ext" in first.source and "fold_kernel<<<" in first.source
         assert fused.params["fused"] and "cudnnConvolutionBiasActivationForward(" in fused.source
         assert "epilogue_run" not in fused.source and "CUDNN_ACTIVATION_RELU" in fused.source
@@ -344,9 +345,14 @@ def test_conv_paths_follow_the_epilogue(name):
     assert ("fold_kernel" in unfused[0].source) == block.bn
     src = unfused[0].source
     conv = block.conv
-    assert (f"{conv['padding']}, {conv['padding']}, {conv['stride']}, {conv['stride']}, {conv['dilation']}, "
-            f"{conv['dilation']}, CUDNN_CROSS_CORRELATION") in src
-    assert f"cudnnSetConvolutionGroupCount(e->conv, {conv['groups']})" in src
+    if "cudnnBackendExecute(" in src:     # backend API (the default): groups implied by the filter dims
+        p, st, dl = conv['padding'], conv['stride'], conv['dilation']
+        assert f"pad[2] = {{{p}, {p}}}, stride[2] = {{{st}, {st}}}, dil[2] = {{{dl}, {dl}}}" in src
+        assert f"'w', d[4], d[1] / {conv['groups']}, d[5], d[6])" in src
+    else:
+        assert (f"{conv['padding']}, {conv['padding']}, {conv['stride']}, {conv['stride']}, {conv['dilation']}, "
+                f"{conv['dilation']}, CUDNN_CROSS_CORRELATION") in src
+        assert f"cudnnSetConvolutionGroupCount(e->conv, {conv['groups']})" in src
     if fused and not block.act:
         assert "CUDNN_ACTIVATION_IDENTITY" in fused[0].source
 
@@ -358,10 +364,13 @@ def test_conv_precision_follows_policy():
             ProposalRequest(task, d, DIRECTIONS[d], n=4, policy=policy)).candidates]
         assert srcs and any("tf32_tensor_cores" in c.tags for c in srcs) == want
         assert any("CUDNN_DEFAULT_MATH));" in c.source for c in srcs) == want
-        assert all("CUDNN_FMA_MATH" in c.source for c in srcs if "tf32_tensor_cores" not in c.tags)
+        # strict fp32: FMA math on the legacy API, no tensor-core engines on the backend API
+        assert all(("kStrictFp32 = true" if "cudnnBackendExecute(" in c.source else "CUDNN_FMA_MATH") in c.source
+                   for c in srcs if "tf32_tensor_cores" not in c.tags)
     block, inputs = _case("bn_add_relu", torch.bfloat16)
     c = propose(conv_task(block, inputs)).candidates[0]
-    assert "CUDNN_DATA_BFLOAT16" in c.source and "CUDNN_TENSOR_OP_MATH" in c.source
+    assert "CUDNN_DATA_BFLOAT16" in c.source and "cudnnBackendExecute(" in c.source
+    assert "kStrictFp32 = false" in c.source      # tensor-core engines allowed
     assert "bf16_tensor_cores" in c.tags
 
 
@@ -497,26 +506,30 @@ def test_packed_rows_keep_raw_words_and_lazy_loads_the_weight_late():
     assert "__launch_bounds__(BLOCK, 8)" in tgt.render(dict(tgt.defaults, occ=2048))   # 2048 / 256
 
 
-def test_layernorm_after_residual_holds_the_sum_not_its_inputs():
-    """x + r feeds both reductions and both outputs: the kernel holds round(x + r) (packed bf16,
-    half a register a column) and never x or r across the reductions."""
+def test_softmax_keeps_exp_for_the_output_pass_instead_of_a_second_expf():
+    """exp(x - max) is summed in one pass and divided in the next: memo keeps it in registers."""
     from torch_htam.proposers.expert import rowwise
-    task = bench_task("rw_layernorm_bf16")
+    task = bench_task("rw_softmax_bf16")
     tgt = _target(task, policy_for(task))
-    plan = lower(task.graph)
-    hold = rowwise.row_value(plan, {0, 1}, lambda i: 0.5, packed=True)
-    assert hold == ("round", "bfloat16", ("add", ("in", 0), ("in", 1)))
     src = tgt.render(tgt.defaults)
-    assert "unsigned hx[RPG]" in src and "BF16::to_word(hv" in src
-    assert "x0[RPG]" not in src and "x1[RPG]" not in src and "x0[g][q]" not in src
-    off = tgt.render(dict(tgt.defaults, hold=False))
-    assert "hx[" not in off and "unsigned x0[RPG]" in off
-    # fp32: one float for x + r instead of two; softmax's only input costs what its value does
-    assert rowwise.row_value(lower(bench_task("rw_layernorm_fp32").graph), {0, 1}, lambda i: 1.0,
-                             packed=False) == ("add", ("in", 0), ("in", 1))
-    assert rowwise.row_value(lower(bench_task("rw_softmax_bf16").graph), {0}, lambda i: 0.5, packed=True) is None
-    # an input read outside the held value is not covered: RMSNorm reads x itself
-    assert rowwise.row_value(lower(bench_task("rw_rmsnorm_bf16").graph), {0}, lambda i: 1.0, packed=False) is None
+    reg_path = src[src.index("if (NV > 0)"):src.index("} else {", src.index("if (NV > 0)"))]
+    assert reg_path.count("= expf(") == 1 and "m0[q][e] = " in reg_path and "(m0[q][e] * (1.f / R1))" in reg_path
+    assert src.count("= expf(") == 3          # the streaming path still computes it twice
+    assert tgt.render(dict(tgt.defaults, memo=False)).count("= expf(") == 4
+    plan = lower(task.graph)
+    x = ("round", "bfloat16", ("mul", ("in", 0), ("const", 0.125)))
+    e = ("exp", ("sub", x, ("red", 0)))
+    assert rowwise.memo_values([[plan.reductions[0].expr], [plan.reductions[1].expr], [plan.outputs[0].expr]]) \
+        == [(e, 1)]
+    # nothing transcendental is read twice in LayerNorm
+    assert rowwise.memo_values([[r.expr] for r in lower(bench_task("rw_layernorm_bf16").graph).reductions]) == []
+
+
+def test_gelu_counts_as_transcendental_so_fast_math_is_tried():
+    """GELU lowers to gelu_tanh / gelu_erf; missing from the set, fast_math_intrinsics never ran on it."""
+    task = bench_task("ew_bias_gelu_bf16")
+    assert lower(task.graph).has_transcendental
+    assert any(p.get("fast") for p in tuning_grid(task, policy_for(task)))
 
 
 def test_row_in_registers_never_asks_more_values_per_thread_than_fit():
@@ -525,3 +538,122 @@ def test_row_in_registers_never_asks_more_values_per_thread_than_fit():
         task = bench_task(stem)
         for m in moves_for("row_in_registers", _target(task, policy_for(task)).info):
             assert m["nv"] * m["vec"] <= cap, (stem, m)
+
+
+# ---- conv2d on cuDNN's backend ("graph") API ----
+
+def _conv_plan(name: str, dtype=torch.float32, policy=None):
+    from torch_htam.proposers.expert import conv
+    block, inputs = _case(name, dtype)
+    task = conv_task(block, inputs)
+    return conv.match(task.graph, policy or policy_for(task))
+
+
+def test_conv_defaults_run_the_backend_api_with_the_top_engine():
+    for name, dtype, policy in (("bn_relu_bias", torch.float32, make("fp32")),
+                                ("bn_relu_bias", torch.float32, make("tf32")),
+                                ("bn_add_relu", torch.bfloat16, None)):
+        cp = _conv_plan(name, dtype, policy)
+        d = cp.defaults()
+        assert d["graph"] and not d["fused"] and d["algo"] == 0, d     # algo 0: the engine PyTorch runs
+        legacy = dict(d, graph=False)
+        assert cp.tags(d) == cp.tags(legacy)                            # graph changes no strategy
+        assert ("tf32_tensor_cores" in cp.tags(d)) == (policy is not None and policy.allow_tf32)
+        assert ("bf16_tensor_cores" in cp.tags(d)) == (dtype == torch.bfloat16)
+        # the fused call exists on the legacy API only: graph is ignored there, and so are its tags
+        fused = dict(d, fused=True)
+        assert cp.tags(fused) == cp.tags(dict(fused, graph=False))
+        src = cp.render(fused)
+        assert "cudnnConvolutionBiasActivationForward(" in src and "cudnnBackendExecute" not in src
+
+
+def test_conv_graph_and_legacy_sources_call_their_api():
+    cp = _conv_plan("bn_relu_inplace_s2_g2")
+    d = cp.defaults()
+    graph, legacy = cp.render(d), cp.render(dict(d, graph=False))
+    assert "cudnnBackendExecute(st->handle, e->plan, e->pack)" in graph
+    assert "cudnnConvolutionForward(" not in graph and "cudnnGetConvolutionForwardAlgorithm_v7" not in graph
+    assert "cudnnConvolutionForward(st->handle" in legacy and "cudnnBackend" not in legacy
+    for src in (graph, legacy):                  # the rest of the region is shared
+        assert "fold_kernel<<<" in src and "epilogue_run(ext" in src and build.check_source(src) == []
+    # backend: 16-byte aligned pointers checked per call, the variant pack cached per pointer set,
+    # groups (2) through the filter's C/g, strides (2) and both paddings (1)
+    assert "% 16) return HTAM_ERR_SHAPE" in graph and "INT32_MAX" not in graph and "INT32_MAX" in legacy
+    assert "std::equal(ptrs, ptrs + 4, e->ptrs)" in graph
+    assert "'w', d[4], d[1] / 2, d[5], d[6])" in graph and "stride[2] = {2, 2}" in graph
+    assert "CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS" in graph and "CUDNN_ATTR_CONVOLUTION_POST_PADDINGS" in graph
+    # engines: A's ranking then the fallback list; nondeterministic / down-converting ones dropped
+    assert "{CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}" in graph
+    assert "CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC" in graph and "CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS" in graph
+    assert "next_plan(st, e, 0, 0)" in graph and "next_plan(st, e, 0, 3)" in cp.render(dict(d, algo=3))
+
+
+def test_conv_graph_precision_follows_the_policy():
+    strict = _conv_plan("bn_relu_bias", policy=make("fp32"))
+    assert "kStrictFp32 = true" in strict.render(strict.defaults())       # no tensor-core (TF32) engines
+    tf32 = _conv_plan("bn_relu_bias", policy=make("tf32"))
+    d = tf32.defaults()
+    assert d["tf32"] and "kStrictFp32 = false" in tf32.render(d)
+    assert "kStrictFp32 = true" in tf32.render(dict(d, tf32=False))
+    bf16 = _conv_plan("bn_add_relu", torch.bfloat16)
+    src = bf16.render(bf16.defaults())
+    assert "kStrictFp32 = false" in src and "const cudnnDataType_t type = CUDNN_DATA_BFLOAT16;" in src
+    assert "comp = CUDNN_DATA_FLOAT" in src                               # fp32 accumulation
+
+
+def _graph_compile_set() -> list[tuple[str, str]]:
+    out = []
+    for name, dtype, policy, tf32 in (("bn_relu_bias", torch.float32, make("fp32"), False),
+                                      ("bn_relu_bias", torch.float32, make("tf32"), True),
+                                      ("bn_add_relu", torch.bfloat16, None, False),
+                                      ("bn_relu_inplace_s2_g2", torch.bfloat16, None, False),
+                                      ("plain", torch.float32, make("fp32"), False)):
+        cp = _conv_plan(name, dtype, policy)
+        d = dict(cp.defaults(), tf32=tf32)
+        for graph in (True, False):
+            out.append((f"{name}/{dtype}/tf32={tf32}/graph={graph}", cp.render(dict(d, graph=graph))))
+    return out
+
+
+@pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn() is None, reason="needs nvcc + cuDNN")
+def test_conv_graph_sources_compile_for_sm90a():
+    todo = _graph_compile_set()
+    assert sum("cudnnBackendExecute(" in s for _, s in todo) == len(todo) // 2
+    results = build.build_many([s for _, s in todo], arch="sm_90a")
+    bad = [(n, r.error[:800]) for (n, _), r in zip(todo, results) if not r.ok]
+    assert not bad, bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["bn_relu_bias", "bn_relu_inplace_s2_g2", "bn_silu_dil2", "plain"])
+def test_conv_graph_path_matches_torch_and_rebinds(name, dtype):
+    """The backend path (and the legacy one beside it) against eager torch, TF32 off; new output
+    pointers (a rebuilt variant pack) give bitwise the same result; a misaligned input is refused."""
+    from torch_htam.launcher import Kernel
+    cp = _conv_plan(name, dtype)
+    policy = make("fp32") if dtype == torch.float32 else make("bf16")
+    d = cp.defaults()
+    srcs = [cp.render(d), cp.render(dict(d, graph=False))]
+    results = build.build_many(srcs)
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    block, xs = _case(name, dtype, "cuda")
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        ref = block(*xs)
+    args = [x for x in xs if x is not None]
+    graph = Kernel(results[0].so_path)
+    outs = []
+    for _ in range(2):
+        out = torch.full_like(ref, float("nan"))
+        assert graph(args, [out]) == 0, name
+        outs.append(out)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(outs[0], ref, atol=policy.atol, rtol=policy.rtol)
+    assert torch.equal(outs[0], outs[1])            # deterministic engines only, pack rebound
+    legacy = torch.full_like(ref, float("nan"))
+    assert Kernel(results[1].so_path)(args, [legacy]) == 0
+    torch.cuda.synchronize()
+    torch.testing.assert_close(legacy, ref, atol=policy.atol, rtol=policy.rtol)
+    buf = torch.empty(args[0].numel() + 1, dtype=dtype, device="cuda")
+    shifted = buf[1:].view_as(args[0]).copy_(args[0])           # data 2 or 4 bytes past the allocation
+    assert graph([shifted] + args[1:], [torch.empty_like(ref)]) == 1000   # HTAM_ERR_SHAPE

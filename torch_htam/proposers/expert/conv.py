@@ -1,27 +1,43 @@
 """Conv2d regions: cuDNN convolution with inference batch norm folded in, plus the elementwise epilogue.
 
 A region aten.conv2d -> [aten.batch_norm (eval)] -> elementwise epilogue (residual add, ReLU, ...)
-runs one of two ways (params["fused"]):
+runs one of three ways (params["fused"], params["graph"]):
 
-  False  cudnnConvolutionForward writes the raw conv into the output, then one in-place elementwise
-         kernel computes out = epilogue(out * scale[k] + shift[k], other inputs).
-  True   the weights are pre-scaled into scratch (w' = w * scale[k]) and
+  fused=False, graph=True (default)
+         the cuDNN backend ("graph") API writes the raw conv into the output (one cudnnBackendExecute
+         of an execution plan built once per shape), then one in-place elementwise kernel computes
+         out = epilogue(out * scale[k] + shift[k], other inputs).
+  fused=False, graph=False
+         the same, with the legacy cudnnConvolutionForward for the conv.
+  fused=True (graph is ignored: always the legacy API)
+         the weights are pre-scaled into scratch (w' = w * scale[k]) and
          cudnnConvolutionBiasActivationForward computes out = act(conv(x, w') + residual + shift)
          in one library call. Only when the epilogue is exactly [+ residual] [ReLU].
+
+Why the backend API: in cuDNN 9 each legacy cudnnConvolutionForward call cost ~294 us of host time
+(H100, torch profiler, ResNet-50 bf16 batch 32) against ~61 us for PyTorch's own cudnn_convolution,
+which runs cached backend execution plans; the model became host-bound (10.99 ms vs 6.14 ms eager)
+although each conv was faster on the GPU. The backend path plans once per shape (tensor, convolution,
+operation graph, heuristics, execution plan) and per call only binds the pointers (a variant pack,
+rebuilt when a pointer changed) and executes. Its engines are the ones PyTorch runs: the ranking of
+heuristics mode A (CUDNN_HEUR_MODE_FALLBACK if A gives nothing usable), filtered by numerical notes as
+ATen's Conv_v8.cpp does; params["algo"] picks the algo-th engine that plans (0: PyTorch's choice).
 
 Batch norm folds to scale = gamma * rsqrt(var + eps), shift = beta + (bias - mean) * scale per output
 channel k. Weights and running statistics are task inputs, so a tiny kernel folds them on the device
 at every call (K threads; K * C/g * R * S when it also scales the weights).
 
-Precision: strict fp32 runs with CUDNN_FMA_MATH (CUDNN_DEFAULT_MATH would allow TF32 on sm_80+);
-TF32 (CUDNN_DEFAULT_MATH) only when the policy allows it and params["tf32"]; bf16/fp16 use tensor-op
-math with fp32 compute. The algorithm is the params["algo"]-th of cudnnGetConvolutionForwardAlgorithm_v7's
-ranking; one cuDNN declines at run time is skipped for the next.
+Precision: strict fp32 runs with CUDNN_FMA_MATH (CUDNN_DEFAULT_MATH would allow TF32 on sm_80+) on the
+legacy API and drops tensor-core engines on the backend API; TF32 (CUDNN_DEFAULT_MATH / tensor-core
+engines allowed) only when the policy allows it and params["tf32"]; bf16/fp16 use tensor-op math with
+fp32 compute. On the legacy API the algorithm is the params["algo"]-th of
+cudnnGetConvolutionForwardAlgorithm_v7's ranking; one cuDNN declines at run time is skipped for the
+next (likewise the next usable engine on the backend API).
 
-NOTE: the cuDNN handle, the workspace, a scratch buffer and each shape's descriptors + algorithm are
-created lazily on the first call per device/shape (cudnnCreate, cudaMalloc): make the first call for a
-shape outside CUDA-graph capture (verification always does). Buffers only grow, and an outgrown one is
-never freed because a captured graph may still point at it.
+NOTE: the cuDNN handle, the workspace, a scratch buffer and each shape's descriptors + algorithm/plan
+are created lazily on the first call per device/shape (cudnnCreate, cudaMalloc): make the first call
+for a shape outside CUDA-graph capture (verification always does). Buffers only grow, and an outgrown
+one is never freed because a captured graph may still point at it.
 
     >>> cp = match(task.graph, policy); src = cp.render(cp.defaults())
 """
@@ -33,6 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from torch_htam.proposers.expert import elementwise
+from torch_htam.proposers.expert.cudnn_conv import GRAPH_RUN, graph_entry, legacy_entry, legacy_run
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float
 from torch_htam.proposers.expert.ir import (
     Plan, Unsupported, check_single_output, dtype_of, lower, shape_of,
@@ -40,7 +57,6 @@ from torch_htam.proposers.expert.ir import (
 from torch_htam.proposers.expert.strategies import PlanInfo
 
 aten = torch.ops.aten
-CUDNN_TYPES = {"float32": "CUDNN_DATA_FLOAT", "bfloat16": "CUDNN_DATA_BFLOAT16", "float16": "CUDNN_DATA_HALF"}
 RELUS = (aten.relu.default, aten.relu_.default)
 # strategy ids whose presence ConvPlan.tags decides from the params
 TAG_IDS = ("fold_batchnorm", "fuse_elementwise_chain", "gemm_plus_epilogue_kernel", "tf32_tensor_cores",
@@ -83,9 +99,11 @@ class ConvPlan:
     def defaults(self) -> dict:
         p = dataclasses.asdict(elementwise.EwParams(vec=16 // DT[self.dtype][2]))
         tf32 = self.allow_tf32 and self.dtype == "float32"
-        # NOTE: under TF32 cuDNN's top-ranked algorithm missed the TF32 tolerance on both fp32 conv
-        # tasks (bench/sweep.py, H100), the second verified on both: start there.
-        p.update(fused=False, tf32=tf32, algo=1 if tf32 else 0)
+        graph = True    # the backend API: far less host time per call (module docstring)
+        # NOTE: on the backend API algo 0 is the top heuristic engine, the one PyTorch runs. On the
+        # legacy API (graph=False) under TF32, cuDNN's top-ranked algorithm missed the TF32 tolerance
+        # on both fp32 conv tasks (bench/sweep.py, H100), the second verified on both: start there.
+        p.update(fused=False, graph=graph, tf32=tf32, algo=1 if tf32 and not graph else 0)
         return p
 
     def render(self, params: dict) -> str:
@@ -280,8 +298,9 @@ def _math(cp: ConvPlan, params: dict) -> tuple[str, bool]:
 
 def render(cp: ConvPlan, params: dict) -> str:
     fused = bool(params.get("fused")) and cp.fusable
+    graph = bool(params.get("graph")) and not fused   # the fused call exists on the legacy API only
     math, strict = _math(cp, params)
-    dt, dtc, cudnn_t = DT[cp.dtype][0], DT[cp.dtype][1], CUDNN_TYPES[cp.dtype]
+    dt, dtc = DT[cp.dtype][0], DT[cp.dtype][1]
     plan, g = cp.epilogue, cp.g
     epi_needed = not fused and not _g_only(plan, g)
     epi_src = ""
@@ -293,7 +312,6 @@ def render(cp: ConvPlan, params: dict) -> str:
     fold = fused or cp.bn is not None
     shift_t = dt if fused else "F32"   # cuDNN's bias has the output dtype; our epilogue reads fp32
     fold_src, present = _fold_kernel(cp, shift_t) if fold else ("", [])
-    identity_only = fused and not cp.relu   # cuDNN: IDENTITY activation only with IMPLICIT_PRECOMP_GEMM
     (sh, sw), (ph_, pw), (dh, dw), G = cp.stride, cp.padding, cp.dilation, cp.groups
     scale_w = fused and cp.bn is not None
     checks = "\n".join(
@@ -305,6 +323,12 @@ def render(cp: ConvPlan, params: dict) -> str:
         checks += (f"\n  if (in[{r}].dtype != {dtc} || in[{r}].ndim != 4 || !htam_contiguous(in[{r}]) ||"
                    f" in[{r}].data == nullptr) return HTAM_ERR_SHAPE;"
                    f"\n  for (int i = 0; i < 4; ++i) if (in[{r}].sizes[i] != Y.sizes[i]) return HTAM_ERR_SHAPE;")
+    if graph:
+        checks += ("\n  // the backend tensor descriptors promise 16-byte aligned data (torch allocations are)"
+                   "\n  if (((uintptr_t)X.data | (uintptr_t)Wt.data | (uintptr_t)Y.data) % 16) return HTAM_ERR_SHAPE;")
+    else:
+        checks += ("\n  // the legacy cuDNN API takes int sizes and indexes with 32 bits\n  if (htam_numel(&X) > INT32_MAX"
+                   " || htam_numel(&Y) > INT32_MAX || htam_numel(&Wt) > INT32_MAX) return HTAM_ERR_SHAPE;")
     fold_launch = ""
     if fold:
         ptrs = "".join(f"(const {DT[plan.inputs[i][1]][0]}::raw*)in[{i}].data, " for _, i in present)
@@ -316,20 +340,11 @@ def render(cp: ConvPlan, params: dict) -> str:
         {"(" + dt + "::raw*)w2" if scale_w else "nullptr"});
     HTAM_CHECK_LAUNCH();
   }}"""
-    if fused:
-        z = f"in[{cp.residual}].data" if cp.residual is not None else "Y.data"
-        conv_call = (f"cudnnConvolutionBiasActivationForward(st->handle, &one, e->x, X.data, e->f, "
-                     f"{'w2' if scale_w else 'Wt.data'}, e->conv, e->algo[e->pick], st->ws, e->mem[e->pick], "
-                     f"&{'one' if cp.residual is not None else 'zero'}, e->y, {z}, e->b, shift, e->act, e->y, Y.data)")
-        fused_descs = f"""
-  CD(cudnnCreateTensorDescriptor(&e->b));
-  CD(cudnnSetTensor4dDescriptor(e->b, CUDNN_TENSOR_NCHW, {cudnn_t}, 1, K, 1, 1));
-  CD(cudnnCreateActivationDescriptor(&e->act));
-  CD(cudnnSetActivationDescriptor(e->act, {"CUDNN_ACTIVATION_RELU" if cp.relu else "CUDNN_ACTIVATION_IDENTITY"}, CUDNN_NOT_PROPAGATE_NAN, 0.0));"""
+    algo = int(params.get("algo", 0))
+    if graph:
+        entry_src, run_conv = graph_entry(cp, strict, algo), GRAPH_RUN
     else:
-        conv_call = ("cudnnConvolutionForward(st->handle, &one, e->x, X.data, e->f, Wt.data, e->conv, "
-                     "e->algo[e->pick], st->ws, e->mem[e->pick], &zero, e->y, Y.data)")
-        fused_descs = ""
+        entry_src, run_conv = legacy_entry(cp, math, strict, fused, algo), legacy_run(cp, fused, scale_w)
     n_ext = len(plan.inputs)
     if epi_needed:
         bn_ext = ("\n    ext[n_in + 1] = channel_vec(scale, K);\n    ext[n_in + 2] = channel_vec(shift, K);"
@@ -343,8 +358,9 @@ def render(cp: ConvPlan, params: dict) -> str:
         ("  float* scale = (float*)st->scratch;", fold and not fused),
         ("  void* shift = (char*)st->scratch + vec_bytes;", fold),
         ("  void* w2 = (char*)st->scratch + 2 * vec_bytes;", scale_w)) if used)
-    mode = "cudnnConvolutionBiasActivationForward" if fused else "cudnnConvolutionForward" + (
-        " + epilogue kernel" if epi_needed else "")
+    mode = ("cudnnConvolutionBiasActivationForward" if fused else
+            ("cudnnBackendExecute" if graph else "cudnnConvolutionForward")
+            + (" + epilogue kernel" if epi_needed else ""))
     return f"""// torch_htam expert: cuDNN conv2d ({mode}) params={sorted(params.items())}
 {PRELUDE}
 #include <algorithm>
@@ -396,77 +412,7 @@ static int64_t out_size(int64_t in, int64_t pad, int64_t dil, int64_t k, int64_t
 static bool not_supported(cudnnStatus_t s) {{
   return s == CUDNN_STATUS_NOT_SUPPORTED || ((int)s >= 3000 && (int)s < 4000);   // cuDNN 9 codes
 }}
-
-// Descriptors + the ranked algorithms for one problem, cached (a few shapes per kernel in practice).
-struct ConvEntry {{
-  bool used = false; int dev = -1; int64_t dims[7] = {{0}};   // N, C, H, W of x; K, R, S of the filter
-  cudnnTensorDescriptor_t x = nullptr, y = nullptr, b = nullptr;
-  cudnnFilterDescriptor_t f = nullptr;
-  cudnnConvolutionDescriptor_t conv = nullptr;
-  cudnnActivationDescriptor_t act = nullptr;
-  int n_algo = 0, pick = 0;
-  cudnnConvolutionFwdAlgo_t algo[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-  cudnnMathType_t math[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-  size_t mem[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-}};
-
-static void release(ConvEntry* e) {{
-  if (e->x) cudnnDestroyTensorDescriptor(e->x);
-  if (e->y) cudnnDestroyTensorDescriptor(e->y);
-  if (e->b) cudnnDestroyTensorDescriptor(e->b);
-  if (e->f) cudnnDestroyFilterDescriptor(e->f);
-  if (e->conv) cudnnDestroyConvolutionDescriptor(e->conv);
-  if (e->act) cudnnDestroyActivationDescriptor(e->act);
-  *e = ConvEntry();
-}}
-
-// Run with the entry's i-th ranked algorithm: set its math type, size the workspace.
-static int use_algo(DnnState* st, ConvEntry* e, int i) {{
-  e->pick = i;
-  CD(cudnnSetConvolutionMathType(e->conv, e->math[i]));
-  size_t need = 0;
-  CD(cudnnGetConvolutionForwardWorkspaceSize(st->handle, e->x, e->f, e->conv, e->y, e->algo[i], &need));
-  e->mem[i] = std::max(e->mem[i], need);
-  return grow(&st->ws, &st->ws_bytes, e->mem[i]);
-}}
-
-static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, int64_t Q) {{
-  const int K = (int)d[4];
-  CD(cudnnCreateTensorDescriptor(&e->x));
-  CD(cudnnCreateTensorDescriptor(&e->y));
-  CD(cudnnCreateFilterDescriptor(&e->f));
-  CD(cudnnCreateConvolutionDescriptor(&e->conv));
-  CD(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, {cudnn_t}, (int)d[0], (int)d[1], (int)d[2], (int)d[3]));
-  CD(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, {cudnn_t}, (int)d[0], K, (int)P, (int)Q));
-  CD(cudnnSetFilter4dDescriptor(e->f, {cudnn_t}, CUDNN_TENSOR_NCHW, K, (int)(d[1] / {G}), (int)d[5], (int)d[6]));
-  CD(cudnnSetConvolution2dDescriptor(e->conv, {ph_}, {pw}, {sh}, {sw}, {dh}, {dw}, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-  CD(cudnnSetConvolutionGroupCount(e->conv, {G}));
-  // NOTE: set before ranking so the heuristic only proposes algorithms valid under this math type.
-  CD(cudnnSetConvolutionMathType(e->conv, {math}));{fused_descs}
-  cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-  int found = 0;
-  CD(cudnnGetConvolutionForwardAlgorithm_v7(st->handle, e->x, e->f, e->conv, e->y,
-                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
-  for (int i = 0; i < found; ++i) {{
-    const cudnnConvolutionFwdAlgoPerf_t& p = perf[i];
-    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > kMaxWorkspace) continue;
-    if ({"true" if identity_only else "false"} && p.algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) continue;
-    bool dup = false;
-    for (int j = 0; j < e->n_algo; ++j) dup |= e->algo[j] == p.algo;
-    if (dup && {"true" if strict else "false"}) continue;
-    e->algo[e->n_algo] = p.algo;
-    e->math[e->n_algo] = {"CUDNN_FMA_MATH" if strict else "p.mathType"};   // strict fp32: never TF32
-    e->mem[e->n_algo] = p.memory;
-    ++e->n_algo;
-  }}
-  if (e->n_algo == 0 && {"true" if identity_only else "false"}) {{
-    e->algo[0] = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM; e->math[0] = {math}; e->mem[0] = 0;
-    e->n_algo = 1;
-  }}
-  if (e->n_algo == 0) return HTAM_ERR_SHAPE;   // no algorithm under this precision: the original region runs
-  return use_algo(st, e, std::min({int(params.get("algo", 0))}, e->n_algo - 1));
-}}
-
+{entry_src}
 HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
   if (n_in != {cp.n_inputs} || n_out != 1) return HTAM_ERR_SHAPE;
   const HtamTensor& X = in[{cp.x}];
@@ -479,8 +425,6 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   if (Wt.sizes[1] * {G} != d[1] || K % {G} != 0 || d[1] == 0) return HTAM_ERR_SHAPE;
   const int64_t P = out_size(d[2], {ph_}, {dh}, d[5], {sh}), Q = out_size(d[3], {pw}, {dw}, d[6], {sw});
   if (Y.sizes[0] != d[0] || Y.sizes[1] != K || Y.sizes[2] != P || Y.sizes[3] != Q) return HTAM_ERR_SHAPE;
-  // the legacy cuDNN API takes int sizes and indexes with 32 bits
-  if (htam_numel(&X) > INT32_MAX || htam_numel(&Y) > INT32_MAX || htam_numel(&Wt) > INT32_MAX) return HTAM_ERR_SHAPE;
 {checks}
   if (htam_numel(&Y) == 0) return HTAM_OK;
   DnnState* st = nullptr;
@@ -506,15 +450,7 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   if ((rc = grow(&st->scratch, &st->scratch_bytes, 2 * vec_bytes + {w2_bytes}))) return rc;
 {scratch_ptrs}
 {fold_launch}
-  const float one = 1.f, zero = 0.f;
-  (void)zero;
-  for (;;) {{
-    const cudnnStatus_t s = {conv_call};
-    if (s == CUDNN_STATUS_SUCCESS) break;
-    // cuDNN declines some (algorithm, fusion) pairs only at run time: take the next ranked one.
-    if (!not_supported(s) || e->pick + 1 >= e->n_algo) return 3000 + (int)s;
-    if ((rc = use_algo(st, e, e->pick + 1))) return rc;
-  }}
+{run_conv}
 {tail}
 }}
 """

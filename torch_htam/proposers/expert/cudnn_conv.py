@@ -1,0 +1,336 @@
+"""The cuDNN calls of a conv kernel, as C text for conv.render: the legacy API and the backend
+("graph") API. Each gives the per-shape cache entry with its planning (`*_entry`) and the per-call
+conv (`legacy_run`, GRAPH_RUN); conv.py holds the matching, the BN fold and the epilogue.
+
+    >>> src = graph_entry(conv_plan, strict=True, algo=0)     # C: struct ConvEntry, plan_entry, bind
+"""
+from __future__ import annotations
+
+import string
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # conv imports this module
+    from torch_htam.proposers.expert.conv import ConvPlan
+
+CUDNN_TYPES = {"float32": "CUDNN_DATA_FLOAT", "bfloat16": "CUDNN_DATA_BFLOAT16", "float16": "CUDNN_DATA_HALF"}
+
+
+def legacy_entry(cp: ConvPlan, math: str, strict: bool, fused: bool, algo: int) -> str:
+    """Legacy API: the per-shape cache entry (descriptors + ranked algorithms) and its planning."""
+    cudnn_t = CUDNN_TYPES[cp.dtype]
+    (sh, sw), (ph_, pw), (dh, dw), G = cp.stride, cp.padding, cp.dilation, cp.groups
+    identity_only = fused and not cp.relu   # cuDNN: IDENTITY activation only with IMPLICIT_PRECOMP_GEMM
+    fused_descs = ""
+    if fused:
+        fused_descs = f"""
+  CD(cudnnCreateTensorDescriptor(&e->b));
+  CD(cudnnSetTensor4dDescriptor(e->b, CUDNN_TENSOR_NCHW, {cudnn_t}, 1, K, 1, 1));
+  CD(cudnnCreateActivationDescriptor(&e->act));
+  CD(cudnnSetActivationDescriptor(e->act, {"CUDNN_ACTIVATION_RELU" if cp.relu else "CUDNN_ACTIVATION_IDENTITY"}, CUDNN_NOT_PROPAGATE_NAN, 0.0));"""
+    return f"""
+// Descriptors + the ranked algorithms for one problem, cached (a few shapes per kernel in practice).
+struct ConvEntry {{
+  bool used = false; int dev = -1; int64_t dims[7] = {{0}};   // N, C, H, W of x; K, R, S of the filter
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, b = nullptr;
+  cudnnFilterDescriptor_t f = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnActivationDescriptor_t act = nullptr;
+  int n_algo = 0, pick = 0;
+  cudnnConvolutionFwdAlgo_t algo[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  cudnnMathType_t math[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  size_t mem[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+}};
+
+static void release(ConvEntry* e) {{
+  if (e->x) cudnnDestroyTensorDescriptor(e->x);
+  if (e->y) cudnnDestroyTensorDescriptor(e->y);
+  if (e->b) cudnnDestroyTensorDescriptor(e->b);
+  if (e->f) cudnnDestroyFilterDescriptor(e->f);
+  if (e->conv) cudnnDestroyConvolutionDescriptor(e->conv);
+  if (e->act) cudnnDestroyActivationDescriptor(e->act);
+  *e = ConvEntry();
+}}
+
+// Run with the entry's i-th ranked algorithm: set its math type, size the workspace.
+static int use_algo(DnnState* st, ConvEntry* e, int i) {{
+  e->pick = i;
+  CD(cudnnSetConvolutionMathType(e->conv, e->math[i]));
+  size_t need = 0;
+  CD(cudnnGetConvolutionForwardWorkspaceSize(st->handle, e->x, e->f, e->conv, e->y, e->algo[i], &need));
+  e->mem[i] = std::max(e->mem[i], need);
+  return grow(&st->ws, &st->ws_bytes, e->mem[i]);
+}}
+
+static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, int64_t Q) {{
+  const int K = (int)d[4];
+  CD(cudnnCreateTensorDescriptor(&e->x));
+  CD(cudnnCreateTensorDescriptor(&e->y));
+  CD(cudnnCreateFilterDescriptor(&e->f));
+  CD(cudnnCreateConvolutionDescriptor(&e->conv));
+  CD(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, {cudnn_t}, (int)d[0], (int)d[1], (int)d[2], (int)d[3]));
+  CD(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, {cudnn_t}, (int)d[0], K, (int)P, (int)Q));
+  CD(cudnnSetFilter4dDescriptor(e->f, {cudnn_t}, CUDNN_TENSOR_NCHW, K, (int)(d[1] / {G}), (int)d[5], (int)d[6]));
+  CD(cudnnSetConvolution2dDescriptor(e->conv, {ph_}, {pw}, {sh}, {sw}, {dh}, {dw}, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  CD(cudnnSetConvolutionGroupCount(e->conv, {G}));
+  // NOTE: set before ranking so the heuristic only proposes algorithms valid under this math type.
+  CD(cudnnSetConvolutionMathType(e->conv, {math}));{fused_descs}
+  cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  int found = 0;
+  CD(cudnnGetConvolutionForwardAlgorithm_v7(st->handle, e->x, e->f, e->conv, e->y,
+                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
+  for (int i = 0; i < found; ++i) {{
+    const cudnnConvolutionFwdAlgoPerf_t& p = perf[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > kMaxWorkspace) continue;
+    if ({"true" if identity_only else "false"} && p.algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) continue;
+    bool dup = false;
+    for (int j = 0; j < e->n_algo; ++j) dup |= e->algo[j] == p.algo;
+    if (dup && {"true" if strict else "false"}) continue;
+    e->algo[e->n_algo] = p.algo;
+    e->math[e->n_algo] = {"CUDNN_FMA_MATH" if strict else "p.mathType"};   // strict fp32: never TF32
+    e->mem[e->n_algo] = p.memory;
+    ++e->n_algo;
+  }}
+  if (e->n_algo == 0 && {"true" if identity_only else "false"}) {{
+    e->algo[0] = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM; e->math[0] = {math}; e->mem[0] = 0;
+    e->n_algo = 1;
+  }}
+  if (e->n_algo == 0) return HTAM_ERR_SHAPE;   // no algorithm under this precision: the original region runs
+  return use_algo(st, e, std::min({algo}, e->n_algo - 1));
+}}
+"""
+
+
+def legacy_run(cp: ConvPlan, fused: bool, scale_w: bool) -> str:
+    """Legacy API: the per-call conv, moving down the ranking when cuDNN declines an algorithm."""
+    if fused:
+        z = f"in[{cp.residual}].data" if cp.residual is not None else "Y.data"
+        call = (f"cudnnConvolutionBiasActivationForward(st->handle, &one, e->x, X.data, e->f, "
+                f"{'w2' if scale_w else 'Wt.data'}, e->conv, e->algo[e->pick], st->ws, e->mem[e->pick], "
+                f"&{'one' if cp.residual is not None else 'zero'}, e->y, {z}, e->b, shift, e->act, e->y, Y.data)")
+    else:
+        call = ("cudnnConvolutionForward(st->handle, &one, e->x, X.data, e->f, Wt.data, e->conv, "
+                "e->algo[e->pick], st->ws, e->mem[e->pick], &zero, e->y, Y.data)")
+    return f"""  const float one = 1.f, zero = 0.f;
+  (void)zero;
+  for (;;) {{
+    const cudnnStatus_t s = {call};
+    if (s == CUDNN_STATUS_SUCCESS) break;
+    // cuDNN declines some (algorithm, fusion) pairs only at run time: take the next ranked one.
+    if (!not_supported(s) || e->pick + 1 >= e->n_algo) return 3000 + (int)s;
+    if ((rc = use_algo(st, e, e->pick + 1))) return rc;
+  }}"""
+
+
+# Backend ("graph") API: a string.Template (C braces stay single). Attribute names and value types
+# follow cudnn_graph.h (cuDNN 9).
+GRAPH_ENTRY = string.Template(r"""
+// ---- cuDNN backend ("graph") API: plan once per shape, one cudnnBackendExecute per call ----------
+// Why: the legacy cudnnConvolutionForward cost ~294 us of host time per call in cuDNN 9 (H100,
+// ResNet-50 bf16 batch 32) vs ~61 us for PyTorch's cudnn_convolution on this API with cached plans.
+// NOTE: cudnn_graph.h marks CUDNN_ATTR_OPERATIONGRAPH_HANDLE / _EXECUTION_PLAN_HANDLE deprecated
+// (warns only with CUDNN_WARN_DEPRECATED) yet still documents them as required: both are set.
+#define SET(d, name, type, n, values) CD(cudnnBackendSetAttribute(d, name, type, n, values))
+static const int kMaxConfigs = 16;            // engine configs taken from one heuristics query
+static const bool kStrictFp32 = ${strict};    // fp32 without TF32: no tensor-core engines
+
+// One problem's backend descriptors, cached (a few shapes per kernel in practice). NOTE: all stay
+// alive until release(): cuDNN does not document whether a plan copies what it was built from.
+struct ConvEntry {
+  bool used = false; int dev = -1; int64_t dims[7] = {0};   // N, C, H, W of x; K, R, S of the filter
+  cudnnBackendDescriptor_t x = nullptr, w = nullptr, y = nullptr;   // tensors 'x', 'w', 'y'
+  cudnnBackendDescriptor_t conv = nullptr, op = nullptr, graph = nullptr, heur = nullptr;
+  cudnnBackendDescriptor_t cfg[kMaxConfigs] = {};   // engine configs, heuristic rank order
+  int n_cfg = 0, pick = -1;                         // the plan runs cfg[pick]
+  cudnnBackendDescriptor_t plan = nullptr, pack = nullptr;
+  void* ptrs[4] = {nullptr, nullptr, nullptr, nullptr};   // x, w, y, workspace bound in `pack`
+};
+
+static void drop(cudnnBackendDescriptor_t* d) {
+  if (*d) cudnnBackendDestroyDescriptor(*d);
+  *d = nullptr;
+}
+
+static void drop_configs(ConvEntry* e) {
+  for (auto& c : e->cfg) drop(&c);
+  drop(&e->heur);
+  e->n_cfg = 0;
+}
+
+static void release(ConvEntry* e) {
+  drop(&e->pack);
+  drop(&e->plan);
+  drop_configs(e);
+  for (cudnnBackendDescriptor_t* d : {&e->graph, &e->op, &e->conv, &e->y, &e->w, &e->x}) drop(d);
+  *e = ConvEntry();
+}
+
+// A packed NCHW tensor [n, c, h, w] (sizes and strides in elements), 16-byte aligned data.
+static int make_tensor(cudnnBackendDescriptor_t* t, int64_t uid, int64_t n, int64_t c, int64_t h, int64_t w) {
+  const int64_t dims[4] = {n, c, h, w}, strides[4] = {c * h * w, h * w, w, 1}, align = 16;
+  const cudnnDataType_t type = ${cudnn_t};
+  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_TENSOR_DESCRIPTOR, t));
+  SET(*t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+  SET(*t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
+  SET(*t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
+  SET(*t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims);
+  SET(*t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides);
+  CD(cudnnBackendFinalize(*t));
+  return 0;
+}
+
+// The 2-D cross-correlation with fp32 accumulation (pads/strides/dilations in pixels, H then W).
+// NOTE: groups are implied by the tensors: w is [K, C/groups, R, S] against x's C channels.
+static int make_conv(ConvEntry* e) {
+  const int64_t spatial = 2, pad[2] = {${ph}, ${pw}}, stride[2] = {${sh}, ${sw}}, dil[2] = {${dh}, ${dw}};
+  const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, &e->conv));
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial);
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride);
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil);
+  CD(cudnnBackendFinalize(e->conv));
+  return 0;
+}
+
+// The one-operation graph y = 1 * conv(x, w) + 0 * y.
+static int make_graph(cudnnHandle_t handle, ConvEntry* e) {
+  const float alpha = 1.f, beta = 0.f;
+  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, &e->op));
+  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->x);
+  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->w);
+  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->y);
+  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->conv);
+  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
+  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+  CD(cudnnBackendFinalize(e->op));
+  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &e->graph));
+  SET(e->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->op);
+  SET(e->graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  const cudnnStatus_t s = cudnnBackendFinalize(e->graph);
+  if (s != CUDNN_STATUS_SUCCESS) return not_supported(s) ? HTAM_ERR_SHAPE : 3000 + (int)s;
+  return 0;
+}
+
+// The heuristic's engine configs for the graph, best first (at most kMaxConfigs).
+// NOTE: the results are copied into descriptors the caller created (CUDNN_BACKEND_ENGINECFG_DESCRIPTOR).
+static int rank_engines(ConvEntry* e, cudnnBackendHeurMode_t mode) {
+  drop_configs(e);
+  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &e->heur));
+  SET(e->heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->graph);
+  SET(e->heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+  CD(cudnnBackendFinalize(e->heur));
+  for (auto& c : e->cfg) CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &c));
+  int64_t n = 0;
+  CD(cudnnBackendGetAttribute(e->heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                              kMaxConfigs, &n, e->cfg));
+  e->n_cfg = (int)std::min<int64_t>(n, kMaxConfigs);
+  return 0;
+}
+
+// Whether a config's engine may run here, from its numerical notes (as ATen's Conv_v8.cpp filters):
+// never nondeterministic (verification wants two calls bitwise equal) nor down-converting inputs;
+// for strict fp32 no tensor cores (that would be TF32).
+static bool usable(cudnnBackendDescriptor_t cfg) {
+  cudnnBackendDescriptor_t eng = nullptr;
+  if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng) != CUDNN_STATUS_SUCCESS) return false;
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  int64_t n = 0;
+  bool ok = cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
+                                     &eng) == CUDNN_STATUS_SUCCESS &&
+            cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                     CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes) == CUDNN_STATUS_SUCCESS;
+  for (int64_t i = 0; ok && i < std::min<int64_t>(n, CUDNN_NUMERICAL_NOTE_TYPE_COUNT); ++i)
+    ok = notes[i] != CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC && notes[i] != CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS &&
+         !(kStrictFp32 && notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE);
+  cudnnBackendDestroyDescriptor(eng);
+  return ok;
+}
+
+// An execution plan for the config, or nullptr when it does not finalize or its workspace (bytes,
+// *ws) exceeds kMaxWorkspace.
+static cudnnBackendDescriptor_t make_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, int64_t* ws) {
+  cudnnBackendDescriptor_t plan = nullptr;
+  if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
+    return nullptr;
+  int64_t n = 0;
+  *ws = -1;
+  const bool ok =
+      cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle) == CUDNN_STATUS_SUCCESS &&
+      cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg) == CUDNN_STATUS_SUCCESS &&
+      cudnnBackendFinalize(plan) == CUDNN_STATUS_SUCCESS &&
+      cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, ws) == CUDNN_STATUS_SUCCESS &&
+      *ws >= 0 && (size_t)*ws <= kMaxWorkspace;
+  if (!ok) drop(&plan);
+  return plan;
+}
+
+// Plans the usable configs from cfg[from] on, in rank order, and keeps the skip-th that plans (the
+// last that plans when fewer do); grows the shared workspace for it. HTAM_ERR_SHAPE when none plans.
+static int next_plan(DnnState* st, ConvEntry* e, int from, int skip) {
+  cudnnBackendDescriptor_t best = nullptr;
+  int64_t best_ws = 0;
+  int best_i = -1;
+  for (int i = from, found = 0; i < e->n_cfg && found <= skip; ++i) {
+    int64_t ws = 0;
+    cudnnBackendDescriptor_t p = usable(e->cfg[i]) ? make_plan(st->handle, e->cfg[i], &ws) : nullptr;
+    if (!p) continue;
+    drop(&best);
+    best = p; best_ws = ws; best_i = i; ++found;
+  }
+  if (!best) return HTAM_ERR_SHAPE;
+  drop(&e->plan);
+  e->plan = best; e->pick = best_i;
+  return grow(&st->ws, &st->ws_bytes, std::max<size_t>((size_t)best_ws, 1));   // never a null workspace
+}
+
+static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, int64_t Q) {
+  int rc = 0;
+  if ((rc = make_tensor(&e->x, 'x', d[0], d[1], d[2], d[3])) ||
+      (rc = make_tensor(&e->w, 'w', d[4], d[1] / ${groups}, d[5], d[6])) ||
+      (rc = make_tensor(&e->y, 'y', d[0], d[4], P, Q)) || (rc = make_conv(e)) || (rc = make_graph(st->handle, e)))
+    return rc;
+  // PyTorch's order: the heuristic's ranking, then cuDNN's fallback list when nothing in it is usable
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    if (rank_engines(e, mode)) continue;   // this mode cannot rank the graph
+    if ((rc = next_plan(st, e, 0, ${algo})) != HTAM_ERR_SHAPE) return rc;
+  }
+  return HTAM_ERR_SHAPE;   // no usable engine under this precision: the original region runs
+}
+
+// Binds the call's pointers: the finalized variant pack is cached and rebuilt only when one of the
+// pointers changed (it holds pointers, never results).
+static int bind(ConvEntry* e, void* x, void* w, void* y, void* ws) {
+  void* const ptrs[4] = {x, w, y, ws};
+  if (e->pack && std::equal(ptrs, ptrs + 4, e->ptrs)) return 0;
+  static const int64_t uids[3] = {'x', 'w', 'y'};
+  drop(&e->pack);
+  std::fill(e->ptrs, e->ptrs + 4, nullptr);
+  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &e->pack));
+  SET(e->pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
+  SET(e->pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
+  SET(e->pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+  CD(cudnnBackendFinalize(e->pack));
+  std::copy(ptrs, ptrs + 4, e->ptrs);
+  return 0;
+}
+""")
+
+# The per-call conv on the backend API (after the fold kernel, before the epilogue).
+GRAPH_RUN = """  for (;;) {
+    if ((rc = bind(e, X.data, Wt.data, Y.data, st->ws))) return rc;
+    const cudnnStatus_t s = cudnnBackendExecute(st->handle, e->plan, e->pack);
+    if (s == CUDNN_STATUS_SUCCESS) break;
+    // an engine cuDNN declines only at run time: plan the next usable one
+    if (!not_supported(s) || next_plan(st, e, e->pick + 1, 0)) return 3000 + (int)s;
+  }"""
+
+
+def graph_entry(cp: ConvPlan, strict: bool, algo: int) -> str:
+    """Backend API: the per-shape cache entry (descriptors, execution plan, variant pack) and planning."""
+    (sh, sw), (ph_, pw), (dh, dw) = cp.stride, cp.padding, cp.dilation
+    return GRAPH_ENTRY.substitute(strict="true" if strict else "false", cudnn_t=CUDNN_TYPES[cp.dtype],
+                                   ph=ph_, pw=pw, sh=sh, sw=sw, dh=dh, dw=dw, groups=cp.groups, algo=algo)
