@@ -53,9 +53,12 @@ def _default_row(info: PlanInfo) -> dict[str, Any]:
     # NOTE: a row read once (mean(silu(x) * s)) gains nothing from registers: streaming it took
     # 12.7 us against 14.3 us held ([4096, 768] fp32, bench/sweep.py, H100, RESULTS.md 2026-11-22).
     stream = info.single_pass or (nv * vec > 16 and not (packed and tpr == 32 and nv * vec <= cap))
+    # NOTE: a register-held row asks for 1024 resident threads (at most 64 registers): left alone,
+    # ptxas unrolled the 768-wide bf16 LayerNorm into 254 registers with spills (21.2 us), capped it
+    # took 14.1 us; bf16 softmax 25.3 -> 23.7 us, fp32 softmax 38.5 -> 38.8 us (bench/sweep.py, H100).
     return {"tpr": tpr, "rows_per_block": 4, "vec": vec, "nv": 0 if stream else nv,
             "online": stream, "welford": stream, "nc": False, "fast": False, "waves": 0,
-            "lazy": True, "packed": packed, "occ": 0, "rpg": 1, "memo": True}
+            "lazy": True, "packed": packed, "occ": 0 if stream else 1024, "rpg": 1, "memo": True}
 
 
 def _default_tags(kind: str, params: dict, info: PlanInfo) -> list[str]:
@@ -279,6 +282,15 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
 
     add(base)
     if tgt.kind == "rowwise":
+        # one knob at a time from the defaults first (the grid is cut at `limit`)
+        for rpg in (2, 4):       # several rows in flight per group (short rows, few registers)
+            add(dict(base, rpg=rpg))
+        add(dict(base, lazy=False))
+        add(dict(base, memo=False))
+        add(dict(base, occ=0))
+        if info.has_transcendental:
+            add(dict(base, fast=True))
+        add(dict(base, nv=0, online=info.has_softmax_pair, welford=info.has_welford_pair))
         # (32, 1): a one-warp block per row, the launch shape torch.compile's persistent
         # reductions took for the 768-wide LayerNorm and 512-wide softmax (ncu, H100)
         mappings = [(32, 1), (32, 4), (32, 8), (64, 1), (128, 1), (256, 1), (512, 1), (1024, 1)]
@@ -286,17 +298,8 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
             for packed in ((False, True) if info.low_precision else (False,)):
                 p = _refit("rowwise", dict(base, tpr=tpr, rows_per_block=rpb, nv=1, packed=packed),
                            {"tpr": tpr}, info)
-                block = tpr * rpb if tpr <= 32 else tpr
-                for occ in (0, 2048):
+                for occ in (1024, 0, 2048):
                     add(dict(p, occ=occ))
-        for rpg in (2, 4):       # several rows in flight per group (short rows, few registers)
-            add(dict(base, rpg=rpg))
-        add(dict(base, lazy=False))
-        add(dict(base, memo=False))
-        add(dict(base, occ=1024))
-        if info.has_transcendental:
-            add(dict(base, fast=True))
-        add(dict(base, nv=0, online=info.has_softmax_pair, welford=info.has_welford_pair))
     elif tgt.kind == "elementwise":
         for block in (128, 256, 512):
             for unroll in (1, 2, 4):
