@@ -56,7 +56,7 @@ def sweep_task(path: Path, ev, kinds: set[str] | None) -> dict | None:
     rows = []
     for i, (p, e) in enumerate(zip(grid, evals)):
         bw = task.bytes / (e.kernel_ms * 1e-3) / copy_bps if (e.correct and e.kernel_ms and copy_bps) else None
-        rows.append({"params": p, "default": i == 0, "reason": e.reason, "detail": e.detail[:200],
+        rows.append({"params": p, "default": i == 0, "reason": e.reason, "detail": e.detail[:600],
                      "kernel_ms": e.kernel_ms, "ref_ms": e.ref_ms, "speedup": e.speedup, "bw": bw})
     return {"task": path.stem, "kind": tgt.kind, "policy": pol.name, "bytes": task.bytes,
             "settings": len(grid), "seconds": round(time.time() - t0, 1), "rows": rows}
