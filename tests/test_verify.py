@@ -329,6 +329,17 @@ def test_pervasive_drift_fails_the_rms_bound():
     assert V.within_torch_error(ref32, ref32, exact, 1e-4, 1e-4) == (True, "")
 
 
+def test_nonfinite_reference_values_are_matched_then_the_rest_judged():
+    g = torch.Generator().manual_seed(0)
+    exact = torch.randn(64, 64, generator=g, dtype=torch.float64)
+    exact[3] = float("nan")                        # a channel whose batch norm saw a negative variance
+    ref32 = (exact + 1e-6 * torch.randn(64, 64, generator=g, dtype=torch.float64)).float()
+    out = (exact + 1e-6 * torch.randn(64, 64, generator=g, dtype=torch.float64)).float()
+    assert V.within_torch_error(out, ref32, exact, 1e-5, 1e-5) == (True, "")
+    out[3, 5] = 0.0
+    assert not V.within_torch_error(out, ref32, exact, 1e-5, 1e-5)[0]
+
+
 def test_float64_run_that_computes_something_else_gives_no_judgement():
     exact = torch.randn(64, 64, dtype=torch.float64)
     ok, why = V.within_torch_error(exact.float(), (exact + 0.1).float(), exact, 1e-4, 1e-4)
