@@ -83,7 +83,6 @@ class _Gen:
             merged = (reds[k].pair and nxt is not None and nxt.pair == (reds[k].pair[0], 1)
                       and reds[k].pair[1] == 0 and (p.online if reds[k].pair[0] == "softmax" else p.welford))
             out.append([reds[k].expr])    # a merged pair's second value needs the first's result
-
             k += 2 if merged else 1
         return out + [[o.expr for o in self.plan.outputs if not o.row]]
 
@@ -121,8 +120,9 @@ class _Gen:
         if regs:
             late_loads = ""
             if late and self.late:
-                late_loads = " ".join((f"unsigned x{i}[(VEC + {self.dt(i)}::PER_WORD - 1) / {self.dt(i)}::PER_WORD];" if self.packed_late(i)
-                                       else f"float x{i}[VEC];") for i in self.late) + "\n" + "\n".join(
+                words = lambda i: f"(VEC + {self.dt(i)}::PER_WORD - 1) / {self.dt(i)}::PER_WORD"   # noqa: E731
+                late_loads = " ".join((f"unsigned x{i}[{words(i)}];" if self.packed_late(i) else f"float x{i}[VEC];")
+                                      for i in self.late) + "\n" + "\n".join(
                     self.load_chunk(i, f"x{i}", "c0", nc, self.packed_late(i)) for i in self.late)
             return f"""
 #pragma unroll
@@ -278,7 +278,6 @@ class _Gen:
                               .replace("\n", "\n    ") for i in self.held)
         reg_decl = " ".join((f"unsigned x{i}[RPG][NV > 0 ? NV : 1][(VEC + {self.dt(i)}::PER_WORD - 1) / {self.dt(i)}::PER_WORD];"
                              if p.packed else f"float x{i}[RPG][NV > 0 ? NV : 1][VEC];") for i in self.held)
-
         bounds = f"BLOCK, {max(1, p.occ // p.block)}" if p.occ > 0 else "BLOCK"
         # NOTE: each row of the group runs the single-row body under the names it was written with
         # (r, valid, ro, s*); g is a compile-time index after unrolling, so nothing leaves registers.
