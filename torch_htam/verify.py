@@ -239,7 +239,7 @@ FP32_RMS_FACTOR = 2.0   # rms(out - ref64) <= FP32_RMS_FACTOR * rms(ref32 - ref6
 
 
 def error_scale(err: torch.Tensor) -> torch.Tensor:
-    """Torch's fp32 error |ref32 - ref64| smoothed into a local scale, shaped like err.
+    """Torch's own error |ref32 - ref64| smoothed into a local scale, shaped like err.
 
     Rounding error follows the size of the terms summed, and inputs scaled per row (of x) and per
     column (of a weight) give an error of about row_i * col_j. The rank-one estimate rowmax_i *
@@ -262,8 +262,10 @@ def within_torch_error(out: torch.Tensor, ref32: torch.Tensor, ref64: torch.Tens
     """(passes, why not): is `out` about as close to the float64 reference as torch's result ref32
     (fp32 storage; TF32 math where the policy allows it)?
 
-    Only when ref64 refines ref32 (float64, all finite, rms(ref32 - ref64) <= rtol * rms(ref64)):
-    a model whose float64 run computes something else gives no judgement. Then every element must
+    Non-finite values of ref32 must be matched exactly; the rest is judged where ref32 and ref64
+    are finite, and only when ref64 refines ref32 (float64, rms(ref32 - ref64) <= rtol *
+    rms(ref64)): a model whose float64 run computes something else gives no judgement. Then every
+    element must
     satisfy |out - ref64| <= atol + rtol * |ref64| + FP32_ERR_FACTOR * error_scale, and
     rms(out - ref64) <= FP32_RMS_FACTOR * rms(ref32 - ref64) (no pervasive drift either).
 
