@@ -17,9 +17,10 @@ runs one of three ways (params["fused"], params["graph"]):
 Why the backend API: in cuDNN 9 the legacy calls cost host time. A whole conv+BN+ReLU kernel call
 took 383 us of host time on the legacy path, 53 us on this one, and eager PyTorch (conv, BN, ReLU)
 79 us (bf16, scripts/host_probe.py, H100); in ResNet-50 bf16 the legacy kernels made the swapped
-model host-bound (10.99 ms against 6.14 ms eager) although each conv was faster on the GPU. The backend path plans once per shape (tensor, convolution,
-operation graph, heuristics, execution plan) and per call only binds the pointers (a variant pack,
-rebuilt when a pointer changed) and executes. Its engines are the ones PyTorch runs: the ranking of
+model host-bound (10.99 ms against 6.14 ms eager) although each conv was faster on the GPU. The
+backend path plans once per shape (tensor, convolution, operation graph, heuristics, execution
+plan) and per call only binds the pointers (a variant pack, rebuilt when a pointer changed) and
+executes. Its engines are the ones PyTorch runs: the ranking of
 heuristics mode A (CUDNN_HEUR_MODE_FALLBACK if A gives nothing usable), filtered by numerical notes as
 ATen's Conv_v8.cpp does; params["algo"] picks the algo-th engine that plans (0: PyTorch's choice).
 
@@ -98,12 +99,9 @@ class ConvPlan:
 
     def defaults(self) -> dict:
         p = dataclasses.asdict(elementwise.EwParams(vec=16 // DT[self.dtype][2]))
-        tf32 = self.allow_tf32 and self.dtype == "float32"
-        graph = True    # the backend API: far less host time per call (module docstring)
-        # NOTE: on the backend API algo 0 is the top heuristic engine, the one PyTorch runs. On the
-        # legacy API (graph=False) under TF32, cuDNN's top-ranked algorithm missed the TF32 tolerance
-        # on both fp32 conv tasks (bench/sweep.py, H100), the second verified on both: start there.
-        p.update(fused=False, graph=graph, tf32=tf32, algo=1 if tf32 and not graph else 0)
+        # the backend API (far less host time per call, module docstring) at algo 0: the top
+        # heuristic engine, the one PyTorch runs; the search moves down the ranking (CONV_ALGOS)
+        p.update(fused=False, graph=True, tf32=self.allow_tf32 and self.dtype == "float32", algo=0)
         return p
 
     def render(self, params: dict) -> str:

@@ -43,8 +43,7 @@ def _default_row(info: PlanInfo) -> dict[str, Any]:
     vec = info.vec16
     while vec > 1 and n % vec:
         vec //= 2
-    packed = info.low_precision and info.vec16 == 8     # every input and output 2 bytes wide
-    cap = 32 if packed else 16                            # values per thread held in registers
+    packed, cap = info.packs_half, info.row_cap
     tpr = 32 if n <= 32 * cap else 128 if n <= 128 * 16 else 256 if n <= 256 * 16 else 1024
     per_thread = -(-n // tpr)
     while vec > per_thread:           # stays a power of two (vector loads are 2/4/8/16 bytes)
@@ -263,7 +262,6 @@ def _seed_order(kind: str) -> list[str]:
     if kind == "conv":
         return ["fold_batchnorm", "fuse_elementwise_chain", "tf32_tensor_cores", "bf16_tensor_cores"]
     return ["cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores"]
-
 
 
 def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:

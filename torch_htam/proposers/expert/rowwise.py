@@ -70,6 +70,10 @@ class _Gen:
     def dt(self, i: int) -> str:
         return DT[self.plan.inputs[self.plan.accesses[i].input][1]][0]
 
+    def words(self, i: int) -> str:
+        """C size of input i's packed chunk: VEC values in 32-bit words."""
+        return f"(VEC + {self.dt(i)}::PER_WORD - 1) / {self.dt(i)}::PER_WORD"
+
     def packed_late(self, i: int) -> bool:
         """Late (final-pass) loads of 2-byte inputs stay raw words too when packed."""
         return self.p.packed and self.dt(i) != "F32"
@@ -120,8 +124,7 @@ class _Gen:
         if regs:
             late_loads = ""
             if late and self.late:
-                words = lambda i: f"(VEC + {self.dt(i)}::PER_WORD - 1) / {self.dt(i)}::PER_WORD"   # noqa: E731
-                late_loads = " ".join((f"unsigned x{i}[{words(i)}];" if self.packed_late(i) else f"float x{i}[VEC];")
+                late_loads = " ".join((f"unsigned x{i}[{self.words(i)}];" if self.packed_late(i) else f"float x{i}[VEC];")
                                       for i in self.late) + "\n" + "\n".join(
                     self.load_chunk(i, f"x{i}", "c0", nc, self.packed_late(i)) for i in self.late)
             return f"""
@@ -276,8 +279,8 @@ class _Gen:
         fixed_alias = " ".join(f"const float s{i} = s{i}_[g];" for i in self.fixed)
         reg_loads = "\n".join(self.load_chunk(i, f"x{i}[g][q]", "c0", nc, p.packed, ro="ro_[g]")
                               .replace("\n", "\n    ") for i in self.held)
-        reg_decl = " ".join((f"unsigned x{i}[RPG][NV > 0 ? NV : 1][(VEC + {self.dt(i)}::PER_WORD - 1) / {self.dt(i)}::PER_WORD];"
-                             if p.packed else f"float x{i}[RPG][NV > 0 ? NV : 1][VEC];") for i in self.held)
+        reg_decl = " ".join((f"unsigned x{i}[RPG][NV > 0 ? NV : 1][{self.words(i)}];" if p.packed
+                             else f"float x{i}[RPG][NV > 0 ? NV : 1][VEC];") for i in self.held)
         bounds = f"BLOCK, {max(1, p.occ // p.block)}" if p.occ > 0 else "BLOCK"
         # NOTE: each row of the group runs the single-row body under the names it was written with
         # (r, valid, ro, s*); g is a compile-time index after unrolling, so nothing leaves registers.

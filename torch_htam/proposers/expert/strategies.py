@@ -31,6 +31,16 @@ class PlanInfo:
     epilogue_fits_cudnn: bool = False  # conv: cudnnConvolutionBiasActivationForward covers the epilogue
     single_pass: bool = False          # rowwise: one reduction, no full-row output (the row is read once)
 
+    @property
+    def packs_half(self) -> bool:
+        """Every input and output is 2 bytes wide: a row kernel can hold them two to a register."""
+        return self.low_precision and self.vec16 == 8
+
+    @property
+    def row_cap(self) -> int:
+        """Values per thread a row kernel holds in registers before it spills (32 packed, 16 fp32)."""
+        return 32 if self.packs_half else 16
+
 
 @dataclass(frozen=True)
 class Strategy:
@@ -42,10 +52,10 @@ class Strategy:
 def _row_in_regs(i: PlanInfo) -> list[dict]:
     """Mappings that hold the whole row in registers: at most 16 values a thread (32 for packed
     half-precision rows, two to a register), beyond which the row kernel spills."""
-    out, cap = [], 32 if (i.low_precision and i.vec16 == 8) else 16
+    out = []
     for tpr in (32, 128, 256):
         nv = max(1, -(-i.ncol // (tpr * i.vec16)))   # exact: a padded chunk costs registers
-        if nv * i.vec16 <= cap:
+        if nv * i.vec16 <= i.row_cap:
             out.append({"tpr": tpr, "nv": nv, "vec": i.vec16})
     return out
 
@@ -77,7 +87,7 @@ TABLE: dict[str, Strategy] = {
     # rows: ask for 2048 / 1024 resident threads (32 / 64 registers), or let the compiler choose
     "occupancy_tuning": Strategy(ROW, lambda i: [{"occ": 2048}, {"occ": 1024}, {"occ": 0}]),
     "fp32_math_half_io": Strategy(ROW, lambda i: [{"packed": True}, {"packed": False}],
-                                  lambda i: i.low_precision and i.vec16 == 8),
+                                  lambda i: i.packs_half),
     "fast_math_intrinsics": Strategy(EW_ROW | GEMM, lambda i: [{"fast": True}], lambda i: i.has_transcendental),
     "single_kernel_launch": Strategy(EW_ROW, lambda i: [{}]),
     "drop_noop_ops": Strategy(EW_ROW, lambda i: [{}], lambda i: i.has_dropped),
