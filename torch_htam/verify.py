@@ -324,10 +324,12 @@ def is_crash_message(msg: str) -> bool:
 
 
 @contextlib.contextmanager
-def strict_fp32():
-    """The reference runs without TF32, whatever the caller's setting (it is the ground truth)."""
+def tf32_switches(on: bool):
+    """torch's TF32 switches for matmuls and convs set to `on` for the block, then restored. Off
+    for the ground truth, whatever the caller's setting; on for torch's own result under a TF32
+    policy."""
     mm, cd = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
     try:
         yield
     finally:
@@ -352,11 +354,16 @@ def _call(kernel, inputs, outputs, device, where: str) -> None:
         raise Failure(reason, f"{where}: htam_run returned {cuda_error_name(int(code))}")
 
 
-def _reference(reference, inputs) -> list[torch.Tensor]:
-    with torch.no_grad(), strict_fp32():
+def _as_list(out) -> list[torch.Tensor]:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _reference(reference, inputs, tf32: bool = False) -> list[torch.Tensor]:
+    """The reference's outputs: strict fp32 (the ground truth), or with TF32 on (torch's own result
+    under a TF32 policy)."""
+    with torch.no_grad(), tf32_switches(tf32):
         out = reference(*[x.clone() for x in inputs])   # a reference with in-place ops stays harmless
-    out = list(out) if isinstance(out, (tuple, list)) else [out]
-    return [o.clone() for o in out]
+    return [o.clone() for o in _as_list(out)]
 
 
 def _reference64(reference, inputs) -> list[torch.Tensor] | None:
@@ -367,22 +374,9 @@ def _reference64(reference, inputs) -> list[torch.Tensor] | None:
     args = [x.double() if x.dtype == torch.float32 else x.clone() for x in inputs]
     try:
         with torch.no_grad():
-            out = model(*args)
+            return _as_list(model(*args))
     except Exception:
         return None
-    return list(out) if isinstance(out, (tuple, list)) else [out]
-
-
-def _reference_tf32(reference, inputs) -> list[torch.Tensor]:
-    """The reference with TF32 on for matmuls and convs: torch's own result under a TF32 policy."""
-    mm, cd = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    try:
-        with torch.no_grad():
-            out = reference(*[x.clone() for x in inputs])
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = mm, cd
-    return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
 def _fresh_outputs(specs: list[TensorSpec], shapes, variant: int, device) -> list[torch.Tensor]:
@@ -448,7 +442,7 @@ def reference_outputs(reference, inputs, policy) -> tuple[list[torch.Tensor], ob
     clones = [x.clone() for x in inputs]
     ref = _reference(reference, clones)
     ref64 = functools.cache(lambda: _reference64(reference, clones))
-    own = functools.cache(lambda: _reference_tf32(reference, clones)) if policy.allow_tf32 else None
+    own = functools.cache(lambda: _reference(reference, clones, tf32=True)) if policy.allow_tf32 else None
     return ref, ref64, own
 
 
