@@ -30,7 +30,7 @@ def legacy_entry(cp: ConvPlan, math: str, strict: bool, fused: bool, algo: int) 
     return f"""
 // Descriptors + the ranked algorithms for one problem, cached (a few shapes per kernel in practice).
 struct ConvEntry {{
-  bool used = false; int dev = -1; int64_t dims[7] = {{0}};   // N, C, H, W of x; K, R, S of the filter
+  bool used = false; int dev = -1; int64_t dims[8] = {{0}};   // N, C, H, W of x; K, R, S of the filter; 0
   cudnnTensorDescriptor_t x = nullptr, y = nullptr, b = nullptr;
   cudnnFilterDescriptor_t f = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
@@ -136,7 +136,7 @@ static const bool kStrictFp32 = ${strict};    // fp32 without TF32: no tensor-co
 // One problem's backend descriptors, cached (a few shapes per kernel in practice). NOTE: all stay
 // alive until release(): cuDNN does not document whether a plan copies what it was built from.
 struct ConvEntry {
-  bool used = false; int dev = -1; int64_t dims[7] = {0};   // N, C, H, W of x; K, R, S of the filter
+  bool used = false; int dev = -1; int64_t dims[8] = {0};   // N, C, H, W of x; K, R, S; alignment
   cudnnBackendDescriptor_t x = nullptr, w = nullptr, y = nullptr;   // tensors 'x', 'w', 'y'
   cudnnBackendDescriptor_t conv = nullptr, op = nullptr, graph = nullptr, heur = nullptr;
   cudnnBackendDescriptor_t cfg[kMaxConfigs] = {};   // engine configs, heuristic rank order
@@ -164,9 +164,10 @@ static void release(ConvEntry* e) {
   *e = ConvEntry();
 }
 
-// A packed NCHW tensor [n, c, h, w] (sizes and strides in elements), 16-byte aligned data.
-static int make_tensor(cudnnBackendDescriptor_t* t, int64_t uid, int64_t n, int64_t c, int64_t h, int64_t w) {
-  const int64_t dims[4] = {n, c, h, w}, strides[4] = {c * h * w, h * w, w, 1}, align = 16;
+// A packed NCHW tensor [n, c, h, w] (sizes and strides in elements), data aligned to `align` bytes.
+static int make_tensor(cudnnBackendDescriptor_t* t, int64_t uid, int64_t n, int64_t c, int64_t h, int64_t w,
+                       int64_t align) {
+  const int64_t dims[4] = {n, c, h, w}, strides[4] = {c * h * w, h * w, w, 1};
   const cudnnDataType_t type = ${cudnn_t};
   CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_TENSOR_DESCRIPTOR, t));
   SET(*t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
@@ -289,9 +290,9 @@ static int next_plan(DnnState* st, ConvEntry* e, int from, int skip) {
 
 static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, int64_t Q) {
   int rc = 0;
-  if ((rc = make_tensor(&e->x, 'x', d[0], d[1], d[2], d[3])) ||
-      (rc = make_tensor(&e->w, 'w', d[4], d[1] / ${groups}, d[5], d[6])) ||
-      (rc = make_tensor(&e->y, 'y', d[0], d[4], P, Q)) || (rc = make_conv(e)) || (rc = make_graph(st->handle, e)))
+  if ((rc = make_tensor(&e->x, 'x', d[0], d[1], d[2], d[3], d[7])) ||
+      (rc = make_tensor(&e->w, 'w', d[4], d[1] / ${groups}, d[5], d[6], d[7])) ||
+      (rc = make_tensor(&e->y, 'y', d[0], d[4], P, Q, d[7])) || (rc = make_conv(e)) || (rc = make_graph(st->handle, e)))
     return rc;
   // PyTorch's order: the heuristic's ranking, then cuDNN's fallback list when nothing in it is usable
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
