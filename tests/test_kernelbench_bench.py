@@ -58,6 +58,7 @@ def test_summary_counts_and_geomeans():
     assert s["tasks"] == 5 and s["correct"] == 3 and s["errors"] == 1
     assert s["fast1_eager"] == 2        # a and d
     assert s["fast1_compile"] == 1      # a only (d's compile failed)
+    assert s["at_compile"] == 1         # a; b at 0.25x is not level
     # vs eager over all 5 tasks: 2, 0.5, 1 (c), 4, 1 (e)
     assert s["geomean_eager"] == pytest.approx(math.exp((math.log(2) + math.log(0.5) + math.log(4)) / 5))
     # vs compile over the 3 tasks compile handled: 1.25, 0.25, 0.5 (c runs eager: 0.5 / 1.0)
@@ -65,6 +66,21 @@ def test_summary_counts_and_geomeans():
     assert s["geomean_compile"] == pytest.approx((1.25 * 0.25 * 0.5) ** (1 / 3))
     assert s["candidates"] == 36 and s["search_s"] == pytest.approx(65.0)
     assert s["tokens"] == 1000.0 and s["cost_usd"] == pytest.approx(0.5)
+
+
+def test_level_with_compile_counts_a_kernel_within_two_percent():
+    R = kb.Row
+    rows = [R("x", eager_ms=1.0, compile_ms=0.985, ours_ms=1.0, correct=True),    # 0.985x: level
+            R("y", eager_ms=1.0, compile_ms=0.97, ours_ms=1.0, correct=True),     # 0.97x: behind
+            R("z", eager_ms=1.0, compile_ms=0.5, correct=False)]                   # no kernel
+    s = kb.summarize(rows)
+    assert (s["fast1_compile"], s["at_compile"]) == (0, 1)
+
+
+def test_size_matched_bandwidth_is_the_copy_time_over_each_arm():
+    r = kb.Row("x", eager_ms=3.0, compile_ms=0.02, ours_ms=0.025, copy_ms=0.02, correct=True)
+    assert r.bw_size == pytest.approx(0.8) and r.compile_bw_size == pytest.approx(1.0)
+    assert kb.Row("y", ours_ms=0.1).bw_size is None       # compute-bound: no copy timed
 
 
 def test_geomean():
@@ -78,7 +94,7 @@ def test_table_and_summary_text():
     assert len(lines) == 2 + len(rows)
     assert all(line.count("|") == lines[0].count("|") for line in lines)
     a, b, c, d, e = lines[2:]
-    assert "| a | elem | fp32 | 2 | 1.25 | 3.0 | 1 | 2.00x | 1.25x | 80% | 80% | y | roofline |" in a
+    assert "| a | elem | fp32 | 2 | 1.25 | 3.0 | 1 | 2.00x | 1.25x | 80% | 80% | - | - | y | roofline |" in a
     assert "0.50x | 0.25x" in b
     assert "| n | stagnation |" in c and "| - | - |" in c
     assert "| fail |" in d and "4.00x" in d
@@ -171,6 +187,7 @@ def test_measure_fills_the_row_and_a_compile_failure_is_not_fatal(monkeypatch, o
     on_cpu(0.0)
     timer = _FakeTimer([2.0, 0.5])   # eager, ours (compile never gets timed)
     monkeypatch.setattr(timing, "time_fn", timer)
+    monkeypatch.setattr(timing, "copy_ms", lambda nbytes: nbytes / 4e9)   # 4 GB/s in ms, fake
 
     def broken_compile(model, **kw):
         raise RuntimeError("inductor exploded\nlong traceback")
@@ -182,6 +199,7 @@ def test_measure_fills_the_row_and_a_compile_failure_is_not_fatal(monkeypatch, o
     roof = timing.roofline_ms(task, _ceilings(), "fp32")
     assert row.roofline == pytest.approx(roof / 0.5)
     assert row.bandwidth == pytest.approx(task.bytes / 0.5e-3 / 2e12)   # softmax is memory-bound
+    assert row.copy_ms == pytest.approx(task.bytes / 4e9) and row.bw_size == pytest.approx(row.copy_ms / 0.5)
     row.correct = True
     assert row.vs_eager == pytest.approx(4.0) and row.vs_compile is None
 

@@ -250,6 +250,23 @@ def _copy_bandwidth(nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (ms * 1e-3)   # read + write
 
 
+def copy_ms(nbytes: int, flush_l2: bool = True) -> float:
+    """Median ms of a device-to-device copy moving nbytes in all (nbytes / 2 read, nbytes / 2
+    written), timed by time_fn exactly as kernels are (L2 flushed, sleep before the start event).
+
+    The size-matched ceiling of a memory-bound kernel: a 12 MB kernel cannot run at the 1 GiB copy's
+    rate, because the launch, the ramp-up of bytes in flight and the write-back of the L2 flush's
+    dirty lines are fixed costs that a small kernel pays the same as a copy of its size.
+
+        >>> copy_ms(3 * 8 * 512 * 768 * 4)    # the bytes of x * 0.5 + y at [8, 512, 768] fp32
+    """
+    import torch
+    n = max(1, nbytes // 8)        # float32 elements per side
+    return time_fn(lambda s: s[1].copy_(s[0]),
+                   lambda: (torch.empty(n, device="cuda").fill_(1.0), torch.empty(n, device="cuda")),
+                   flush_l2=flush_l2).median_ms
+
+
 def _matmul_flops(dtype, tf32: bool, n: int = 8192) -> float:
     import torch
     a = torch.randn(n, n, device="cuda", dtype=dtype)
