@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch_htam.proposers.expert import host
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter
-from torch_htam.proposers.expert.ir import Plan
+from torch_htam.proposers.expert.ir import Plan, stored
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def _kernel(plan: Plan, p: EwParams, low_precision: bool, restrict: bool) -> str
             f"        else {{ const float v = ld1<{t}, {nc}>(p{i} + off[{i}]);\n"
             f"#pragma unroll\n          for (int e = 0; e < VEC; ++e) x{i}[u][e] = v; }}")
     em = Emitter(load=lambda a: f"x{a}[u][e]", red=None, fast=p.fast, low_precision=low_precision)
-    outs = [em.emit(o.expr) for o in plan.outputs]
+    outs = [em.emit(stored(o.expr, o.dtype)) for o in plan.outputs]
     body = "\n".join("          " + ln for ln in em.lines)
     sets = "\n".join(f"          y{k}[u][e] = {v};" for k, v in enumerate(outs))
     stores = "\n".join(

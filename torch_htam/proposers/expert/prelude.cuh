@@ -30,8 +30,12 @@ struct BF16 {
   static __device__ __forceinline__ float from_word(unsigned w, int h) {
     return __uint_as_float(h ? (w & 0xffff0000u) : (w << 16));
   }
+  // one cvt.rn.bf16x2.f32 for the pair (v[0] in the low half), where two from_f take four instructions
   static __device__ __forceinline__ unsigned to_word(const float* v) {
-    return (unsigned)from_f(v[0]) | ((unsigned)from_f(v[1]) << 16);
+    const __nv_bfloat162 h = __floats2bfloat162_rn(v[0], v[1]);
+    unsigned w;
+    memcpy(&w, &h, 4);
+    return w;
   }
 };
 struct F16 {
@@ -45,7 +49,10 @@ struct F16 {
     return to_f((raw)(h ? (w >> 16) : (w & 0xffffu)));
   }
   static __device__ __forceinline__ unsigned to_word(const float* v) {
-    return (unsigned)from_f(v[0]) | ((unsigned)from_f(v[1]) << 16);
+    const __half2 h = __floats2half2_rn(v[0], v[1]);
+    unsigned w;
+    memcpy(&w, &h, 4);
+    return w;
   }
 };
 

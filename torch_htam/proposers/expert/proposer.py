@@ -56,7 +56,10 @@ def _default_row(info: PlanInfo) -> dict[str, Any]:
     # ptxas unrolled the 768-wide bf16 LayerNorm into 254 registers with spills (21.2 us), capped it
     # took 14.1 us; bf16 softmax 25.3 -> 23.7 us, fp32 softmax 38.5 -> 38.8 us (bench/sweep.py, H100).
     return {"tpr": tpr, "rows_per_block": 4, "vec": vec, "nv": 0 if stream else nv,
-            "online": stream, "welford": stream, "nc": False, "fast": False, "waves": 0,
+            "online": stream, "welford": stream, "nc": False, "waves": 0,
+            # SFU exp/div for bf16/fp16 rows, as for elementwise: their ~2 ulp of fp32 vanish in
+            # the final rounding to 8 or 11 significant bits
+            "fast": info.low_precision and info.has_transcendental,
             "lazy": True, "packed": packed, "occ": 0 if stream else 1024, "rpg": 1, "memo": True}
 
 

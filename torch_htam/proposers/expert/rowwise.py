@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from torch_htam.proposers.expert import host
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter
-from torch_htam.proposers.expert.ir import TRANSCENDENTAL, Plan, walk
+from torch_htam.proposers.expert.ir import TRANSCENDENTAL, Plan, stored, walk
 
 INIT = {"sum": "0.f", "max": "(-INFINITY)", "min": "INFINITY"}
 COMBINE = {"sum": "acc + {v}", "max": "fmaxf(acc, {v})", "min": "fminf(acc, {v})"}
@@ -88,7 +88,7 @@ class _Gen:
                       and reds[k].pair[1] == 0 and (p.online if reds[k].pair[0] == "softmax" else p.welford))
             out.append([reds[k].expr])    # a merged pair's second value needs the first's result
             k += 2 if merged else 1
-        return out + [[o.expr for o in self.plan.outputs if not o.row]]
+        return out + [[stored(o.expr, o.dtype) for o in self.plan.outputs if not o.row]]
 
     def emitter(self, regs: bool, at: int | None = None) -> Emitter:
         """at: the pass being emitted; memoized values computed in an earlier pass are read back."""
@@ -228,7 +228,7 @@ class _Gen:
     def final_pass(self, regs: bool, at: int) -> str:
         em = self.emitter(regs, at)
         full = [(k, o) for k, o in enumerate(self.plan.outputs) if not o.row]
-        names = [em.emit(o.expr) for _, o in full]
+        names = [em.emit(stored(o.expr, o.dtype)) for _, o in full]
         lines = "\n".join("          " + ln for ln in em.lines)
         sets = "\n".join(f"          y{k}[e] = {n};" for (k, _), n in zip(full, names))
         # outputs are contiguous: row r starts at r * ncol; VEC > 1 only when the host checked
@@ -246,7 +246,7 @@ class _Gen:
         em = Emitter(lambda a: f"s{a}", red=lambda k: f"R{k}", fast=self.p.fast,
                      low_precision=self.lowp, prefix="u")
         rows = [(k, o) for k, o in enumerate(self.plan.outputs) if o.row]
-        names = [em.emit(o.expr) for _, o in rows]
+        names = [em.emit(stored(o.expr, o.dtype)) for _, o in rows]
         if not rows:
             return ""
         lines = "\n".join("      " + ln for ln in em.lines)
