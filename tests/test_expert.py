@@ -397,6 +397,19 @@ def test_conv_paths_follow_the_epilogue(name):
         assert "CUDNN_ACTIVATION_IDENTITY" in fused[0].source
 
 
+def test_conv_batch_norm_centers_before_it_scales():
+    """(y - center[k]) * scale[k] + beta[k], as torch orders it: y * scale + (beta - mean * scale)
+    cancels when a tiny running var makes scale large (rejected at verification's outlier inputs)."""
+    from torch_htam.proposers.expert import conv
+    cp = conv.match(bench_task("conv_bn_add_relu_fp32").graph, make("tf32"))
+    e = cp.epilogue.outputs[0].expr
+    sub = next(x for x in _walk(e) if x[0] == "sub")
+    mul = next(x for x in _walk(e) if x[0] == "mul")
+    assert mul[1] == sub and {cp.epilogue.accesses[a[1]].input for a in sub[1:]} == {cp.g, cp.g + 2}
+    src = cp.render(dict(cp.defaults(), graph=True, fused=False))
+    assert "shift[i] = F32::from_f(F32::to_f(mean[i]) - 0.f);" in src
+
+
 def test_conv_precision_follows_policy():
     task = bench_task("conv_bn_relu_fp32")
     for policy, want in ((make("fp32"), False), (make("tf32"), True)):

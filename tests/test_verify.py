@@ -463,3 +463,24 @@ def test_fp32_gemm_with_a_long_k_verifies_on_the_gpu():
     assert res.ok, res.error
     ok, reason, detail, errs = V.verify(task, Kernel(res.so_path), load_reference(task).cuda(), policy)
     assert (ok, reason) == (True, "ok"), detail
+
+
+@pytest.mark.gpu
+def test_conv_batchnorm_with_a_tiny_var_verifies_on_the_gpu():
+    """conv + BN + add + ReLU under TF32: cuDNN ran PyTorch's engine bit for bit, yet the folded
+    y * scale + (beta - mean * scale) missed by ~900 at verification's outlier inputs (a tiny running
+    var makes scale huge and the shift cancels); (y - center) * scale + beta verifies."""
+    from pathlib import Path
+    from torch_htam import build
+    from torch_htam.launcher import Kernel
+    from torch_htam.policy import policy_for
+    from torch_htam.proposers.expert.proposer import _target
+    from torch_htam.task import task_from_source
+    path = Path(__file__).resolve().parents[1] / "bench" / "tasks" / "conv_bn_add_relu_fp32.py"
+    task = task_from_source(path.read_text(), path.stem)
+    policy = policy_for(task)
+    tgt = _target(task, policy)
+    res = build.build(tgt.render(tgt.defaults))
+    assert res.ok, res.error
+    ok, reason, detail, errs = V.verify(task, Kernel(res.so_path), load_reference(task).cuda(), policy)
+    assert (ok, reason) == (True, "ok"), detail

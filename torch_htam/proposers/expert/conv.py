@@ -6,7 +6,7 @@ runs one of three ways (params["fused"], params["graph"]):
   fused=False, graph=True (default)
          the cuDNN backend ("graph") API writes the raw conv into the output (one cudnnBackendExecute
          of an execution plan built once per shape), then one in-place elementwise kernel computes
-         out = epilogue(out * scale[k] + shift[k], other inputs).
+         out = epilogue((out - center[k]) * scale[k] + beta[k], other inputs).
   fused=False, graph=False
          the same, with the legacy cudnnConvolutionForward for the conv.
   fused=True (graph is ignored: always the legacy API)
@@ -24,9 +24,10 @@ executes. Its engines are the ones PyTorch runs: the ranking of
 heuristics mode A (CUDNN_HEUR_MODE_FALLBACK if A gives nothing usable), filtered by numerical notes as
 ATen's Conv_v8.cpp does; params["algo"] picks the algo-th engine that plans (0: PyTorch's choice).
 
-Batch norm folds to scale = gamma * rsqrt(var + eps), shift = beta + (bias - mean) * scale per output
-channel k. Weights and running statistics are task inputs, so a tiny kernel folds them on the device
-at every call (K threads; K * C/g * R * S when it also scales the weights).
+Batch norm folds to scale = gamma * rsqrt(var + eps) and center = mean - bias per output channel k
+(the fused call needs shift = beta + (bias - mean) * scale instead, which cancels badly when a tiny
+var makes the scale large). Weights and running statistics are task inputs, so a tiny kernel folds
+them on the device at every call (K threads; K * C/g * R * S when it also scales the weights).
 
 Precision: strict fp32 runs with CUDNN_FMA_MATH (CUDNN_DEFAULT_MATH would allow TF32 on sm_80+) on the
 legacy API and drops tensor-core engines on the backend API; TF32 (CUDNN_DEFAULT_MATH / tensor-core
@@ -219,7 +220,13 @@ def match(gm, policy) -> ConvPlan:
         ch = ("dims", (amap[1][1],))
         e = low.access(g, "dims", amap[1])
         if bn is not None:
-            e = ("add", ("mul", e, low.access(g + 1, *ch)), low.access(g + 2, *ch))
+            # NOTE: (y - center) * scale + beta, torch's order, never y * scale + (beta - center *
+            # scale): with a tiny running var (scale ~1e4) and y near the mean, the folded shift
+            # cancels catastrophically (errors of ~900 at verification's outlier inputs, where
+            # cuDNN's conv result itself was bitwise PyTorch's: scripts/conv_engines.py, H100).
+            e = ("mul", ("sub", e, low.access(g + 2, *ch)), low.access(g + 1, *ch))
+            if bn.beta is not None:
+                e = ("add", e, low.access(bn.beta, *ch))
         elif b is not None:
             e = ("add", e, low.val(b, ch))
         # NOTE: torch rounds the conv / batch norm result to bf16/fp16 before the epilogue ops.
@@ -251,7 +258,8 @@ def _g_only(plan: Plan, g: int) -> bool:
 # ---- CUDA text ------------------------------------------------------------------------------------
 
 def _fold_kernel(cp: ConvPlan, shift_t: str) -> str:
-    """scale[k] / shift[k] per output channel, and w2 = w * scale[k] when w2 != nullptr."""
+    """scale[k] / shift[k] per output channel (shift_t F32: the center, else cuDNN's bias), and
+    w2 = w * scale[k] when w2 != nullptr."""
     bn, names = cp.bn, {}
     if bn is not None:
         names = {"gamma": bn.gamma, "beta": bn.beta, "mean": bn.mean, "var": bn.var}
@@ -265,11 +273,17 @@ def _fold_kernel(cp: ConvPlan, shift_t: str) -> str:
     def scale(k: str) -> str:
         return f"{ld('gamma', k, '1.f')} * rsqrtf({ld('var', k)} + eps)" if bn is not None else "1.f"
 
-    shift = (f"{ld('beta', 'i')} + ({ld('bias', 'i')} - {ld('mean', 'i')}) * s" if bn is not None
-             else ld("bias", "i"))
+    if bn is None:
+        shift = ld("bias", "i")
+    elif shift_t == "F32":     # our epilogue: the channel's center, (y - center) * scale + beta
+        shift = f"{ld('mean', 'i')} - {ld('bias', 'i')}"
+    else:                      # cuDNN's bias after the pre-scaled weights
+        shift = f"{ld('beta', 'i')} + ({ld('bias', 'i')} - {ld('mean', 'i')}) * s"
     args = "".join(f"const {DT[cp.epilogue.inputs[i][1]][0]}::raw* __restrict__ {n}, " for n, i in present.items())
     return f"""
-// Folds batch norm (and the conv bias) per output channel k: y = conv * scale[k] + shift[k].
+// Folds batch norm (and the conv bias) per output channel k: scale[k] = gamma * rsqrt(var + eps) and
+// shift[k] = mean - bias (our epilogue: (conv - shift) * scale + beta) or, for cuDNN's fused call
+// on weights pre-scaled into w2, shift[k] = beta + (bias - mean) * scale.
 __global__ void fold_kernel({args}float eps, int64_t K, int64_t per, int64_t n,
     float* __restrict__ scale, {shift_t}::raw* __restrict__ shift, const {wt}::raw* __restrict__ w,
     {wt}::raw* __restrict__ w2) {{
@@ -445,7 +459,7 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
     if ((rc = plan_entry(st, e, d, P, Q))) {{ release(e); return rc; }}
     e->used = true; e->dev = dev; std::copy(d, d + 8, e->dims);
   }}
-  // scratch: scale[K] fp32 | shift[K] (fp32, or the output dtype as cuDNN's bias) | scaled weights
+  // scratch: scale[K] fp32 | shift[K] (fp32 center, or cuDNN's bias in the output dtype) | scaled weights
   const size_t vec_bytes = ((size_t)K * 4 + 255) / 256 * 256;
   if ((rc = grow(&st->scratch, &st->scratch_bytes, 2 * vec_bytes + {w2_bytes}))) return rc;
 {scratch_ptrs}
