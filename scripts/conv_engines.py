@@ -74,7 +74,7 @@ def main(stem="conv_bn_add_relu_fp32", n=10):
             torch.cuda.synchronize()
             want, want64, own = refs[dist]
             reason, detail, _ = judge(0, o[0], want[0], pol, want64, own)
-            verdicts.append(reason if reason == "ok" else f"{reason}: {detail[:90]}")
+            verdicts.append(reason if reason == "ok" else f"{reason}: {detail.split('; against')[-1][:300]}")
         ms = timing.time_fn(lambda s: k(s, outs), lambda: sets["normal"], n_sets=1).median_ms
         print(f"| {algo} | {'yes' if same else 'no'} | {d:.3g} | {verdicts[0]} | {verdicts[1]} | {ms:.4f} |",
               flush=True)

@@ -408,6 +408,9 @@ def test_conv_batch_norm_centers_before_it_scales():
     assert mul[1] == sub and {cp.epilogue.accesses[a[1]].input for a in sub[1:]} == {cp.g, cp.g + 2}
     src = cp.render(dict(cp.defaults(), graph=True, fused=False))
     assert "shift[i] = F32::from_f(F32::to_f(mean[i]) - 0.f);" in src
+    # cuDNN's fused call adds a bias after pre-scaled weights: that one is the folded shift
+    fused = cp.render(dict(cp.defaults(), fused=True))
+    assert "shift[i] = F32::from_f(F32::to_f(beta[i]) + (0.f - F32::to_f(mean[i])) * s);" in fused
 
 
 def test_conv_precision_follows_policy():

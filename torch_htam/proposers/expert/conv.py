@@ -257,9 +257,9 @@ def _g_only(plan: Plan, g: int) -> bool:
 
 # ---- CUDA text ------------------------------------------------------------------------------------
 
-def _fold_kernel(cp: ConvPlan, shift_t: str) -> str:
-    """scale[k] / shift[k] per output channel (shift_t F32: the center, else cuDNN's bias), and
-    w2 = w * scale[k] when w2 != nullptr."""
+def _fold_kernel(cp: ConvPlan, shift_t: str, center: bool) -> str:
+    """scale[k] / shift[k] per output channel (center: mean - bias for our epilogue, else cuDNN's
+    bias for the fused call), and w2 = w * scale[k] when w2 != nullptr."""
     bn, names = cp.bn, {}
     if bn is not None:
         names = {"gamma": bn.gamma, "beta": bn.beta, "mean": bn.mean, "var": bn.var}
@@ -275,7 +275,7 @@ def _fold_kernel(cp: ConvPlan, shift_t: str) -> str:
 
     if bn is None:
         shift = ld("bias", "i")
-    elif shift_t == "F32":     # our epilogue: the channel's center, (y - center) * scale + beta
+    elif center:               # our epilogue: the channel's center, (y - center) * scale + beta
         shift = f"{ld('mean', 'i')} - {ld('bias', 'i')}"
     else:                      # cuDNN's bias after the pre-scaled weights
         shift = f"{ld('beta', 'i')} + ({ld('bias', 'i')} - {ld('mean', 'i')}) * s"
@@ -323,7 +323,7 @@ def render(cp: ConvPlan, params: dict) -> str:
                                        entry="static int epilogue_run", restrict=False, prelude=False)
     fold = fused or cp.bn is not None
     shift_t = dt if fused else "F32"   # cuDNN's bias has the output dtype; our epilogue reads fp32
-    fold_src, present = _fold_kernel(cp, shift_t) if fold else ("", [])
+    fold_src, present = _fold_kernel(cp, shift_t, center=not fused) if fold else ("", [])
     (sh, sw), (ph_, pw), (dh, dw), G = cp.stride, cp.padding, cp.dilation, cp.groups
     scale_w = fused and cp.bn is not None
     checks = "\n".join(

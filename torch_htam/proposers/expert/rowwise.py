@@ -27,7 +27,6 @@ from torch_htam.proposers.expert.ir import TRANSCENDENTAL, Plan, stored, walk
 INIT = {"sum": "0.f", "max": "(-INFINITY)", "min": "INFINITY"}
 COMBINE = {"sum": "acc + {v}", "max": "fmaxf(acc, {v})", "min": "fminf(acc, {v})"}
 OPS = {"sum": "SumOp", "max": "MaxOp", "min": "MinOp"}
-STREAM_UNROLL = 4     # chunks per trip of a streaming pass
 
 
 @dataclass(frozen=True)
@@ -146,10 +145,7 @@ class _Gen:
     }}"""
         loads = "\n".join(self.load_chunk(i, f"x{i}", "c0", nc) for i in self.varying)
         decl = " ".join(f"float x{i}[VEC];" for i in self.varying)
-        # NOTE: unrolled so that several chunks' loads issue before their use: rolled, a warp had
-        # one 16-byte load per lane in flight and waited out a DRAM round trip per chunk
         return f"""
-#pragma unroll {STREAM_UNROLL}
     for (int c0 = lane * VEC; c0 < ncol; c0 += TPR * VEC) {{
       {decl}
 {loads}
