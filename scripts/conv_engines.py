@@ -36,6 +36,27 @@ def identity_bn(task, ins):
     return out
 
 
+def worst(out, own, r64, pol, ins):
+    """Prints the element furthest past the float64 judgement's bound, with its channel's BN inputs."""
+    from torch_htam.verify import FP32_ERR_FACTOR, error_scale
+    fin = torch.isfinite(own.double()) & torch.isfinite(r64)
+    a, r32, r = (torch.where(fin, t.double(), torch.zeros_like(r64)) for t in (out, own, r64))
+    e_ref, e_out = (r32 - r).abs(), (a - r).abs()
+    scale = error_scale(e_ref)
+    bound = pol.atol + pol.rtol * r.abs() + FP32_ERR_FACTOR * scale
+    over = e_out - bound
+    i = int(over.argmax())
+    idx = list(torch.unravel_index(torch.tensor(i), out.shape))
+    idx = [int(j) for j in idx]
+    k = idx[1]
+    print(f"  worst at {idx}: ours {float(a.flatten()[i]):.6g} torch {float(r32.flatten()[i]):.6g} "
+          f"float64 {float(r.flatten()[i]):.6g}; |e_ours| {float(e_out.flatten()[i]):.3g} |e_torch| "
+          f"{float(e_ref.flatten()[i]):.3g} error scale {float(scale.flatten()[i]):.3g} bound "
+          f"{float(bound.flatten()[i]):.3g}; {int((over > 0).sum())} over; channel {k}: "
+          f"gamma {float(ins[2][k]):.4g} beta {float(ins[3][k]):.4g} mean {float(ins[4][k]):.4g} "
+          f"var {float(ins[5][k]):.4g}", flush=True)
+
+
 def main(stem="conv_bn_add_relu_fp32", n=10):
     task = task_from_source(Path(f"bench/tasks/{stem}.py").read_text(), stem)
     pol = policy_for(task)
@@ -75,6 +96,8 @@ def main(stem="conv_bn_add_relu_fp32", n=10):
             want, want64, own = refs[dist]
             reason, detail, _ = judge(0, o[0], want[0], pol, want64, own)
             verdicts.append(reason if reason == "ok" else f"{reason}: {detail.split('; against')[-1][:300]}")
+            if reason != "ok" and algo == 0:
+                worst(o[0], own()[0] if own else want[0], want64()[0], pol, ins)
         ms = timing.time_fn(lambda s: k(s, outs), lambda: sets["normal"], n_sets=1).median_ms
         print(f"| {algo} | {'yes' if same else 'no'} | {d:.3g} | {verdicts[0]} | {verdicts[1]} | {ms:.4f} |",
               flush=True)

@@ -220,10 +220,9 @@ def match(gm, policy) -> ConvPlan:
         ch = ("dims", (amap[1][1],))
         e = low.access(g, "dims", amap[1])
         if bn is not None:
-            # NOTE: (y - center) * scale + beta, torch's order, never y * scale + (beta - center *
-            # scale): with a tiny running var (scale ~1e4) and y near the mean, the folded shift
-            # cancels catastrophically (errors of ~900 at verification's outlier inputs, where
-            # cuDNN's conv result itself was bitwise PyTorch's: scripts/conv_engines.py, H100).
+            # NOTE: (y - center) * scale + beta, torch's order, not y * scale + (beta - center *
+            # scale): a tiny running var makes scale large, and the folded shift then cancels
+            # against y * scale where y is near the mean.
             e = ("mul", ("sub", e, low.access(g + 2, *ch)), low.access(g + 1, *ch))
             if bn.beta is not None:
                 e = ("add", e, low.access(bn.beta, *ch))
