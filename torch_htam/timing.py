@@ -261,7 +261,7 @@ def copy_ms(nbytes: int, flush_l2: bool = True) -> float:
         >>> copy_ms(3 * 8 * 512 * 768 * 4)    # the bytes of x * 0.5 + y at [8, 512, 768] fp32
     """
     import torch
-    n = max(1, nbytes // 8)        # float32 elements per side
+    n = max(1, int(nbytes) // 8)   # float32 elements per side (task.bytes is a float)
     return time_fn(lambda s: s[1].copy_(s[0]),
                    lambda: (torch.empty(n, device="cuda").fill_(1.0), torch.empty(n, device="cuda")),
                    flush_l2=flush_l2).median_ms
