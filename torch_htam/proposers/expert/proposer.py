@@ -207,6 +207,22 @@ class ExpertProposer:
         return out
 
 
+def _long_row_in_registers(info: PlanInfo) -> dict | None:
+    """A row of 16K-32K fp32 values held by one 1024-thread block, 32 values a thread, one block per
+    SM (occ=1024 caps 64 registers): read from DRAM once where streaming reads it twice (a softmax's
+    statistics pass, then its output pass). ptxas fits the 32000-wide log_softmax in 62 registers
+    without spills (-Xptxas -v, sm_90a). None for other rows.
+
+        >>> _long_row_in_registers(info_of_log_softmax_32000)
+        {'tpr': 1024, 'rows_per_block': 1, 'vec': 4, 'nv': 8, 'online': False, 'welford': False, 'occ': 1024}
+    """
+    n, vec = info.ncol, 4
+    if info.single_pass or info.packs_half or not 16 * 1024 < n <= 32 * 1024 or n % vec:
+        return None
+    return {"tpr": 1024, "rows_per_block": 1, "vec": vec, "nv": -(-n // (1024 * vec)), "online": False,
+            "welford": False, "occ": 1024}
+
+
 def _refit(kind: str, p: dict, moved: dict, info: PlanInfo) -> dict:
     """A row kernel kept in registers must still hold the whole row after a move changed its
     threads per row or vector width: recompute NV (and narrow VEC) for the new mapping, unless the
@@ -301,6 +317,9 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
                            {"tpr": tpr}, info)
                 for occ in (1024, 0, 2048):
                     add(dict(p, occ=occ))
+        long_row = _long_row_in_registers(info)
+        if long_row:
+            add(dict(base, **long_row))
     elif tgt.kind == "elementwise":
         for block in (128, 256, 512):
             for unroll in (1, 2, 4):
