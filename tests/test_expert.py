@@ -87,9 +87,18 @@ def test_parent_params_are_the_starting_point():
     assert "read_only_cache_loads" in prop.candidates[0].tags
 
 
+class _LogSoftmax(nn.Module):
+    def forward(self, x):
+        return torch.log_softmax(x, dim=-1)
+
+
 def test_strategies_show_in_params():
-    rows = bench_task("rw_log_softmax_fp32")          # 32000-long rows: streamed, online softmax
-    p = propose(rows).candidates[0].params
+    rows = bench_task("rw_log_softmax_fp32")          # 32000-long rows: 32 fp32 values a thread
+    c = propose(rows).candidates[0]
+    assert (c.params["nv"], c.params["vec"], c.params["tpr"], c.params["occ"]) == (8, 4, 1024, 1024)
+    assert not c.params["online"] and "row_in_registers" in c.tags
+    longer = small_task(_LogSoftmax(), torch.randn(2, 40000))   # past 32K: streamed, online softmax
+    p = propose(longer).candidates[0].params
     assert p["nv"] == 0 and p["online"] and p["tpr"] >= 256
     ln = bench_task("rw_layernorm_fp32")
     c = propose(ln, "reduction_strategy", ["welford_statistics"]).candidates[0]

@@ -32,7 +32,8 @@ def _plan_info(plan: Plan, policy) -> PlanInfo:
 
 def _default_row(info: PlanInfo) -> dict[str, Any]:
     """Warp per row while the row fits 32 threads' registers, else a block per row; streamed
-    (online/Welford, one pass) beyond 16 values per thread of 1024 threads.
+    (online/Welford, one pass) beyond 16 values per thread of 1024 threads, except 16K-32K-wide
+    fp32 rows, held 32 values a thread by one 1024-thread block per SM (_long_row_in_registers).
 
     Half-precision rows are held packed (two values per register), so a thread holds 32 of them
     where it holds 16 fp32 values. Measured (bench/sweep.py, H100, RESULTS.md 2026-11-22): packed
@@ -55,12 +56,15 @@ def _default_row(info: PlanInfo) -> dict[str, Any]:
     # NOTE: a register-held row asks for 1024 resident threads (at most 64 registers): left alone,
     # ptxas unrolled the 768-wide bf16 LayerNorm into 254 registers with spills (21.2 us), capped it
     # took 14.1 us; bf16 softmax 25.3 -> 23.7 us, fp32 softmax 38.5 -> 38.8 us (bench/sweep.py, H100).
-    return {"tpr": tpr, "rows_per_block": 4, "vec": vec, "nv": 0 if stream else nv,
-            "online": stream, "welford": stream, "nc": False, "waves": 0,
-            # SFU exp/div for bf16/fp16 rows, as for elementwise: their ~2 ulp of fp32 vanish in
-            # the final rounding to 8 or 11 significant bits
-            "fast": info.low_precision and info.has_transcendental,
-            "lazy": True, "packed": packed, "occ": 0 if stream else 1024, "rpg": 1, "memo": True}
+    p = {"tpr": tpr, "rows_per_block": 4, "vec": vec, "nv": 0 if stream else nv,
+         "online": stream, "welford": stream, "nc": False, "waves": 0,
+         # SFU exp/div for bf16/fp16 rows, as for elementwise: their ~2 ulp of fp32 vanish in
+         # the final rounding to 8 or 11 significant bits
+         "fast": info.low_precision and info.has_transcendental,
+         "lazy": True, "packed": packed, "occ": 0 if stream else 1024, "rpg": 1, "memo": True}
+    # NOTE: a 32000-wide fp32 log_softmax held this way took 54.2 us against 69.1 streamed
+    # (bench/sweep.py, H100, RESULTS.md 2026-11-23): one DRAM read of the row instead of two
+    return dict(p, **(_long_row_in_registers(info) or {}))
 
 
 def _default_tags(kind: str, params: dict, info: PlanInfo) -> list[str]:
