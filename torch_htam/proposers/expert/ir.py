@@ -280,9 +280,10 @@ class Lowerer:
         input, a rounded value, or neg / abs / relu / max / min of such, or such times a power of
         two (softmax's scores * 0.125 in bf16). Saves ~2 instructions per element per use.
 
-        NOTE: a power-of-two product is exact unless it leaves the normal range; bf16/fp16 values
-        scaled into subnormals can lose low bits (an absolute error below 2^-126 for bf16, 2^-14
-        * 2^-10 for fp16: far inside every tolerance), and overflow gives inf either way.
+        NOTE: a power-of-two product of a bf16 value is exact unless it leaves the normal range:
+        scaled into subnormals it can lose low bits (an absolute error below 2^-126, far inside
+        every tolerance), and past the top it is inf in fp32 as in bf16 (same exponent range).
+        fp16 is left out: 60000 * 2 is an fp32 value, but inf in fp16.
         """
         op = e[0]
         if op == "round":
