@@ -451,6 +451,25 @@ def test_roofline_takes_the_binding_ceiling():
     assert above_roofline(0.8 * roof, roof) and not above_roofline(0.95 * roof, roof)
 
 
+def test_copy_ms_times_a_copy_of_the_given_bytes(monkeypatch):
+    """task.bytes is a float: the element count must still be an int (torch.empty refused the
+    float on the GPU run), half the bytes read and half written, timed by time_fn."""
+    from torch_htam import timing
+    seen = {}
+
+    def fake_time_fn(fn, make_inputs, flush_l2=True, **kw):
+        real_empty = torch.empty
+        monkeypatch.setattr(torch, "empty", lambda n, device=None: real_empty(n))   # no GPU here
+        src, dst = make_inputs()
+        fn((src, dst))
+        seen.update(n=src.numel(), copied=bool(torch.equal(src, dst)), flush=flush_l2)
+        return timing.Timing(0.01, 0.01, 0.01, 1, 0.01, 0.0)
+
+    monkeypatch.setattr(timing, "time_fn", fake_time_fn)
+    assert timing.copy_ms(3.0 * 8 * 512 * 768 * 4) == 0.01
+    assert seen == {"n": 3 * 8 * 512 * 768 // 2, "copied": True, "flush": True}   # 4 bytes, two sides
+
+
 def test_roofline_does_not_charge_outputs_that_stay_in_l2():
     from torch_htam.timing import Ceilings, roofline_ms
     c = Ceilings(bandwidth=1e12, fp32=1e13, tf32=1e14, bf16=1e14, l2_bytes=50 << 20)
