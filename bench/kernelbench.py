@@ -17,9 +17,11 @@ Per task: correct = a verified kernel exists; vs eager / vs compile = their time
 roofline = roofline time / our time; bw = for memory-bound tasks, task.bytes / our time over the
 measured copy bandwidth (a 1 GiB copy); bw@size = the time of a copy moving task.bytes, timed the
 same way, over ours (and over torch.compile's): at 12-50 MB the launch, the ramp-up and the L2
-flush's write-back are a fixed cost no kernel of that size avoids, so this is the reachable ceiling. Summary: fast_1 = correct and faster than the arm; geomean over tasks,
-where a task with no verified kernel counts 1.0x (the runtime keeps PyTorch there). One task's
-failure (export error, crash) is reported in its row and the run goes on.
+flush's write-back are a fixed cost no kernel of that size avoids, so this is the reachable ceiling.
+Summary: fast_1 = correct and faster than the arm; at_compile = at least AT_COMPILE of
+torch.compile's speed; geomean over tasks, where a task with no verified kernel runs eager (the
+runtime keeps PyTorch there). One task's failure (export error, crash) is reported in its row and
+the run goes on.
 """
 from __future__ import annotations
 
@@ -318,7 +320,7 @@ def check_output(task, ref, fn, policy) -> None:
     import torch
     from torch_htam.verify import judge, reference_outputs
     ins, outs = input_sets(task, seed=11)()
-    want, want64, own = reference_outputs(ref, [x.clone() for x in ins], policy)
+    want, want64, own = reference_outputs(ref, ins, policy)     # (it runs the reference on clones)
     got = fn((ins, outs))
     for k, (g, w) in enumerate(zip(got, want)):
         reason, detail, _ = judge(k, g, w, policy, want64, own)

@@ -270,9 +270,8 @@ def within_torch_error(out: torch.Tensor, ref32: torch.Tensor, ref64: torch.Tens
     Non-finite values of ref32 must be matched exactly; the rest is judged where ref32 and ref64
     are finite, and only when ref64 refines ref32 (float64, rms(ref32 - ref64) <= rtol *
     rms(ref64)): a model whose float64 run computes something else gives no judgement. Then every
-    element must
-    satisfy |out - ref64| <= atol + rtol * |ref64| + FP32_ERR_FACTOR * error_scale, and
-    rms(out - ref64) <= FP32_RMS_FACTOR * rms(ref32 - ref64) (no pervasive drift either).
+    element must satisfy |out - ref64| <= atol + rtol * |ref64| + FP32_ERR_FACTOR * error_scale,
+    and rms(out - ref64) <= FP32_RMS_FACTOR * rms(ref32 - ref64) (no pervasive drift either).
 
         >>> within_torch_error(fp64_accumulated_gemm, torch_fp32_gemm, gemm_in_float64, 1e-4, 1e-4)
         (True, '')

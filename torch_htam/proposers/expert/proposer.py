@@ -57,10 +57,7 @@ def _default_row(info: PlanInfo) -> dict[str, Any]:
     # ptxas unrolled the 768-wide bf16 LayerNorm into 254 registers with spills (21.2 us), capped it
     # took 14.1 us; bf16 softmax 25.3 -> 23.7 us, fp32 softmax 38.5 -> 38.8 us (bench/sweep.py, H100).
     p = {"tpr": tpr, "rows_per_block": 4, "vec": vec, "nv": 0 if stream else nv,
-         "online": stream, "welford": stream, "nc": False, "waves": 0,
-         # SFU exp/div for bf16/fp16 rows, as for elementwise: their ~2 ulp of fp32 vanish in
-         # the final rounding to 8 or 11 significant bits
-         "fast": info.low_precision and info.has_transcendental,
+         "online": stream, "welford": stream, "nc": False, "waves": 0, "fast": info.sfu_math,
          "lazy": True, "packed": packed, "occ": 0 if stream else 1024, "rpg": 1, "memo": True}
     # NOTE: a 32000-wide fp32 log_softmax held this way took 54.2 us against 69.1 streamed
     # (bench/sweep.py, H100, RESULTS.md 2026-11-23): one DRAM read of the row instead of two
@@ -116,8 +113,7 @@ def _target(task, policy) -> _Target:
         # NOTE: half-precision outputs take SFU math by default (tanh.approx: ~2^-11 relative
         # error under bf16's 2^-8 rounding): bias + GELU bf16 went 25.4 -> 21.9 us (bench/sweep.py,
         # H100, RESULTS.md 2026-11-22); fp32 keeps the exact functions (its 1e-4 tolerance).
-        fast = info.low_precision and info.has_transcendental
-        defaults = dataclasses.asdict(elementwise.EwParams(vec=info.vec16, fast=fast))
+        defaults = dataclasses.asdict(elementwise.EwParams(vec=info.vec16, fast=info.sfu_math))
         return _Target("elementwise", info, defaults, lambda p: elementwise.generate(
             plan, elementwise.EwParams(**p), info.low_precision))
     return _Target("rowwise", info, _default_row(info), lambda p: rowwise.generate(

@@ -37,6 +37,12 @@ class PlanInfo:
         return self.low_precision and self.vec16 == 8
 
     @property
+    def sfu_math(self) -> bool:
+        """SFU exp/div/tanh by default: half-precision outputs round away their ~2 ulp of fp32 error
+        (8 or 11 significant bits); fp32 keeps the exact functions for its 1e-4 tolerance."""
+        return self.low_precision and self.has_transcendental
+
+    @property
     def row_cap(self) -> int:
         """Values per thread a row kernel holds in registers before it spills (32 packed, 16 fp32)."""
         return 32 if self.packs_half else 16
