@@ -2,6 +2,7 @@
 
     python3 bench/sweep.py bench/tasks/rw_rmsnorm_bf16.py bench/tasks/rw_softmax_bf16.py
     python3 bench/sweep.py bench/tasks --kinds rowwise conv --top 5 --out /tmp/sweep.json
+    python3 bench/sweep.py bench/tasks/conv_bn_add_relu_fp32.py --limit 96 --where tiled=True
 
 Where the search tries a handful of settings per step, this builds the whole grid
 (proposers.expert.proposer.tuning_grid), runs each through the same Evaluator as the search
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record  # noqa: E402
 
 SHOWN = ("tpr", "rows_per_block", "vec", "nv", "online", "welford", "lazy", "packed", "occ", "rpg", "memo",
-         "block", "unroll", "waves", "fast", "fused", "graph", "lt_epilogue", "tf32", "algo")
+         "block", "unroll", "waves", "fast", "fused", "graph", "lt_epilogue", "tf32", "algo", "tiled", "bm", "bn", "stages", "ju")
 
 
 def task_files(paths: list[str]) -> list[Path]:
@@ -39,7 +40,8 @@ def short(params: dict, base: dict) -> str:
     return " ".join(f"{k}={int(params[k]) if isinstance(params[k], bool) else params[k]}" for k in keys) or "defaults"
 
 
-def sweep_task(path: Path, ev, kinds: set[str] | None) -> dict | None:
+def sweep_task(path: Path, ev, kinds: set[str] | None, limit: int = 48, where: dict | None = None
+               ) -> dict | None:
     from torch_htam import timing
     from torch_htam.policy import policy_for
     from torch_htam.proposers.expert.proposer import _target, tuning_grid
@@ -49,7 +51,9 @@ def sweep_task(path: Path, ev, kinds: set[str] | None) -> dict | None:
     tgt = _target(task, pol)
     if kinds and tgt.kind not in kinds:
         return None
-    grid = tuning_grid(task, pol)
+    grid = tuning_grid(task, pol, limit)
+    if where:     # the defaults stay first, as the row to compare with
+        grid = grid[:1] + [p for p in grid[1:] if all(str(p.get(k)) == v for k, v in where.items())]
     t0 = time.time()
     evals = ev.evaluate_many(task, [tgt.render(p) for p in grid], pol)
     copy_bps = timing.measure_ceilings().bandwidth if ev.gpu else None
@@ -84,6 +88,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kinds", nargs="*", help="only these plan kinds (elementwise rowwise gemm conv)")
     ap.add_argument("--top", type=int, default=4, help="settings shown per task")
     ap.add_argument("--out", help="write every row as JSON here")
+    ap.add_argument("--limit", type=int, default=48, help="settings of the grid per task, defaults first")
+    ap.add_argument("--where", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="only settings with these params (e.g. tiled=True), besides the defaults")
     ap.add_argument("--no-append", action="store_true", help="do not append to bench/RESULTS.md")
     args = ap.parse_args(argv)
     import torch
@@ -95,7 +102,8 @@ def main(argv=None) -> int:
     with Evaluator() as ev:
         for path in task_files(args.paths):
             try:
-                res = sweep_task(path, ev, set(args.kinds) if args.kinds else None)
+                res = sweep_task(path, ev, set(args.kinds) if args.kinds else None, args.limit,
+                                 dict(w.split("=", 1) for w in args.where))
             except Exception as e:    # one task's failure is reported and the sweep goes on
                 print(f"### {path.stem}: failed: {type(e).__name__}: {e}", flush=True)
                 continue

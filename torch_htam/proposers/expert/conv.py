@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_htam.proposers.expert import elementwise
+from torch_htam.proposers.expert import elementwise, pwconv
 from torch_htam.proposers.expert.cudnn_conv import GRAPH_RUN, graph_entry, legacy_entry, legacy_run
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float
 from torch_htam.proposers.expert.ir import (
@@ -62,7 +62,7 @@ aten = torch.ops.aten
 RELUS = (aten.relu.default, aten.relu_.default)
 # strategy ids whose presence ConvPlan.tags decides from the params
 TAG_IDS = ("fold_batchnorm", "fuse_elementwise_chain", "gemm_plus_epilogue_kernel", "tf32_tensor_cores",
-           "bf16_tensor_cores")
+           "bf16_tensor_cores", "smem_tiling")
 
 
 @dataclass(frozen=True)
@@ -103,13 +103,23 @@ class ConvPlan:
         # the backend API (far less host time per call, module docstring) at algo 0: the top
         # heuristic engine, the one PyTorch runs; the search moves down the ranking (CONV_ALGOS)
         p.update(fused=False, graph=True, tf32=self.allow_tf32 and self.dtype == "float32", algo=0)
+        # our own tiled kernel for 1x1 convs (pwconv.py): off by default, the smem_tiling strategy
+        p.update(tiled=False, bm=128, bn=128, stages=2, ju=4)
         return p
+
+    def tiled(self, params: dict) -> bool:
+        """Whether params select the tiled pointwise kernel and this conv and policy allow it."""
+        return bool(params.get("tiled")) and pwconv.unsupported_reason(self) is None and \
+            pwconv.tensor_core_reason(self, params) is None
 
     def render(self, params: dict) -> str:
         return render(self, params)
 
     def tags(self, params: dict) -> list[str]:
         """Strategy ids the setting embodies (they follow the path actually taken)."""
+        if params.get("tiled"):
+            tags = ["fold_batchnorm"] * (self.bn is not None) + ["smem_tiling", "fuse_elementwise_chain"]
+            return tags + ["tf32_tensor_cores" if self.dtype == "float32" else "bf16_tensor_cores"]
         fused = bool(params.get("fused")) and self.fusable
         epilogue = fused or not _g_only(self.epilogue, self.g)
         tags = ["fold_batchnorm"] if self.bn is not None else []
@@ -244,7 +254,8 @@ def match(gm, policy) -> ConvPlan:
                   dilation, groups, dt, bn, plan, g, residual, relu, fits, bool(policy and policy.allow_tf32))
     cp.info = PlanInfo("conv", yshape[1], 16 // DT[dt][2], has_transcendental=plan.has_transcendental,
                        low_precision=dt != "float32", allow_tf32=cp.allow_tf32, fp32=dt == "float32",
-                       has_batchnorm=bn is not None, epilogue_fits_cudnn=fits)
+                       has_batchnorm=bn is not None, epilogue_fits_cudnn=fits,
+                       pointwise_conv=pwconv.unsupported_reason(cp) is None)
     return cp
 
 
@@ -256,46 +267,62 @@ def _g_only(plan: Plan, g: int) -> bool:
 
 # ---- CUDA text ------------------------------------------------------------------------------------
 
+class Fold:
+    """Batch norm (and the conv bias) folded per output channel, as C++ fp32 expressions over the
+    kernel's parameters named gamma/beta/mean/var/bias (those the region has, see `present`)."""
+
+    def __init__(self, cp: ConvPlan):
+        bn, names = cp.bn, {}
+        if bn is not None:
+            names = {"gamma": bn.gamma, "beta": bn.beta, "mean": bn.mean, "var": bn.var}
+        names["bias"] = cp.bias
+        self.cp, self.bn = cp, bn
+        self.present = {k: v for k, v in names.items() if v is not None}
+
+    def ld(self, name: str, k: str, default: str = "0.f") -> str:
+        if name not in self.present:
+            return default
+        return f"{DT[self.cp.epilogue.inputs[self.present[name]][1]][0]}::to_f({name}[{k}])"
+
+    def scale(self, k: str) -> str:
+        return f"{self.ld('gamma', k, '1.f')} * rsqrtf({self.ld('var', k)} + eps)" if self.bn is not None else "1.f"
+
+    def center(self, k: str) -> str:
+        """mean - bias: our epilogue computes (conv - center) * scale + beta."""
+        return f"{self.ld('mean', k)} - {self.ld('bias', k)}"
+
+    def params(self) -> str:
+        return "".join(f"const {DT[self.cp.epilogue.inputs[i][1]][0]}::raw* __restrict__ {n}, "
+                       for n, i in self.present.items())
+
+
 def _fold_kernel(cp: ConvPlan, shift_t: str, center: bool) -> str:
     """scale[k] / shift[k] per output channel (center: mean - bias for our epilogue, else cuDNN's
     bias for the fused call), and w2 = w * scale[k] when w2 != nullptr."""
-    bn, names = cp.bn, {}
-    if bn is not None:
-        names = {"gamma": bn.gamma, "beta": bn.beta, "mean": bn.mean, "var": bn.var}
-    names["bias"] = cp.bias
-    present = {k: v for k, v in names.items() if v is not None}
-    wt = DT[cp.dtype][0]
-
-    def ld(name: str, k: str, default: str = "0.f") -> str:
-        return f"{DT[cp.epilogue.inputs[present[name]][1]][0]}::to_f({name}[{k}])" if name in present else default
-
-    def scale(k: str) -> str:
-        return f"{ld('gamma', k, '1.f')} * rsqrtf({ld('var', k)} + eps)" if bn is not None else "1.f"
-
-    if bn is None:
-        shift = ld("bias", "i")
+    f, wt = Fold(cp), DT[cp.dtype][0]
+    if cp.bn is None:
+        shift = f.ld("bias", "i")
     elif center:               # our epilogue: the channel's center, (y - center) * scale + beta
-        shift = f"{ld('mean', 'i')} - {ld('bias', 'i')}"
+        shift = f.center("i")
     else:                      # cuDNN's bias after the pre-scaled weights
-        shift = f"{ld('beta', 'i')} + ({ld('bias', 'i')} - {ld('mean', 'i')}) * s"
-    args = "".join(f"const {DT[cp.epilogue.inputs[i][1]][0]}::raw* __restrict__ {n}, " for n, i in present.items())
+        shift = f"{f.ld('beta', 'i')} + ({f.ld('bias', 'i')} - {f.ld('mean', 'i')}) * s"
     return f"""
 // Folds batch norm (and the conv bias) per output channel k: scale[k] = gamma * rsqrt(var + eps) and
 // shift[k] = mean - bias (our epilogue: (conv - shift) * scale + beta) or, for cuDNN's fused call
 // on weights pre-scaled into w2, shift[k] = beta + (bias - mean) * scale.
-__global__ void fold_kernel({args}float eps, int64_t K, int64_t per, int64_t n,
+__global__ void fold_kernel({f.params()}float eps, int64_t K, int64_t per, int64_t n,
     float* __restrict__ scale, {shift_t}::raw* __restrict__ shift, const {wt}::raw* __restrict__ w,
     {wt}::raw* __restrict__ w2) {{
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {{
     if (i < K) {{
-      const float s = {scale('i')};
+      const float s = {f.scale('i')};
       if (scale != nullptr) scale[i] = s;
       shift[i] = {shift_t}::from_f({shift});
     }}
-    if (w2 != nullptr) w2[i] = {wt}::from_f({wt}::to_f(w[i]) * ({scale('i / per')}));
+    if (w2 != nullptr) w2[i] = {wt}::from_f({wt}::to_f(w[i]) * ({f.scale('i / per')}));
   }}
 }}
-""", [(n, i) for n, i in present.items()]
+""", [(n, i) for n, i in f.present.items()]
 
 
 def _math(cp: ConvPlan, params: dict) -> tuple[str, bool]:
@@ -308,6 +335,8 @@ def _math(cp: ConvPlan, params: dict) -> tuple[str, bool]:
 
 
 def render(cp: ConvPlan, params: dict) -> str:
+    if params.get("tiled"):
+        return pwconv.render(cp, params)
     fused = bool(params.get("fused")) and cp.fusable
     graph = bool(params.get("graph")) and not fused   # the fused call exists on the legacy API only
     math, strict = _math(cp, params)

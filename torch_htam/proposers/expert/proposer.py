@@ -16,7 +16,7 @@ from torch_htam.proposers.base import Candidate, Proposal, ProposalRequest
 from torch_htam.proposers.expert import conv, elementwise, gemm, rowwise
 from torch_htam.proposers.expert.cuda import DT
 from torch_htam.proposers.expert.ir import Plan, Unsupported, lower
-from torch_htam.proposers.expert.strategies import CONV_ALGOS, GEMM_ALGOS, PlanInfo, moves_for, strategy_id
+from torch_htam.proposers.expert.strategies import CONV_ALGOS, GEMM_ALGOS, TABLE, PlanInfo, moves_for, strategy_id
 
 
 def _plan_info(plan: Plan, policy) -> PlanInfo:
@@ -279,7 +279,7 @@ def _seed_order(kind: str) -> list[str]:
                 "warp_per_row", "hoist_broadcast_loads", "fp32_math_half_io", "row_in_registers",
                 "read_only_cache_loads"]
     if kind == "conv":
-        return ["fold_batchnorm", "fuse_elementwise_chain", "tf32_tensor_cores", "bf16_tensor_cores"]
+        return ["smem_tiling", "fold_batchnorm", "fuse_elementwise_chain", "tf32_tensor_cores", "bf16_tensor_cores"]
     return ["cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores"]
 
 
@@ -338,4 +338,9 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
             for graph in (True, False):
                 for algo in range(6):
                     add(dict(base, fused=False, graph=graph, algo=algo))
+        if "smem_tiling" in [s for s in TABLE if moves_for(s, info)]:   # conv: our tiled 1x1 kernel
+            for bm, bn in ((128, 128), (64, 128), (128, 64), (64, 64)):
+                for stages in (2, 3):
+                    for ju in (4, 8, 2):
+                        add(dict(base, tiled=True, bm=bm, bn=bn, stages=stages, ju=ju))
     return out[:limit]

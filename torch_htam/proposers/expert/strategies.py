@@ -30,6 +30,7 @@ class PlanInfo:
     has_batchnorm: bool = False        # conv: an eval batch norm is folded in
     epilogue_fits_cudnn: bool = False  # conv: cudnnConvolutionBiasActivationForward covers the epilogue
     single_pass: bool = False          # rowwise: one reduction, no full-row output (the row is read once)
+    pointwise_conv: bool = False       # conv: 1x1, stride 1, no padding or groups (pwconv.py's tiled kernel)
 
     @property
     def packs_half(self) -> bool:
@@ -106,6 +107,11 @@ TABLE: dict[str, Strategy] = {
     # conv: BN folded into cuDNN's fused conv + bias + residual + ReLU, or into our epilogue kernel
     "fold_batchnorm": Strategy(CONV, lambda i: [{"fused": True}] * i.epilogue_fits_cudnn + [{"fused": False}],
                                lambda i: i.has_batchnorm),
+    # conv: a 1x1 conv as our own tiled tensor-core GEMM with the epilogue applied before the one
+    # store (pwconv.py), where cuDNN writes the conv and an epilogue kernel reads it back
+    "smem_tiling": Strategy(CONV, lambda i: [{"tiled": True}, {"tiled": True, "bm": 64},
+                                             {"tiled": True, "stages": 3}],
+                            lambda i: i.pointwise_conv and (i.allow_tf32 or not i.fp32)),
 }
 # GEMM/conv plans also tune the cuBLASLt / cuDNN heuristic's algorithm choice under any strategy.
 GEMM_ALGOS = [{"algo": 1}, {"algo": 2}, {"algo": 3}]
@@ -114,7 +120,7 @@ GEMM_ALGOS = [{"algo": 1}, {"algo": 2}, {"algo": 3}]
 # verified was the 5th ranked), so conv tries further down the ranking.
 CONV_ALGOS = [{"algo": a} for a in (1, 2, 3, 4, 5)]
 
-KNOWN = set(TABLE) | {"smem_tiling"}   # ids the prior uses; smem_tiling is unimplemented
+KNOWN = set(TABLE)   # ids the prior uses
 
 
 def strategy_id(s: Any) -> str:

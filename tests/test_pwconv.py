@@ -1,0 +1,125 @@
+"""The tiled pointwise-conv kernel (proposers/expert/pwconv.py + pwconv.cuh).
+
+CPU: where the smem_tiling strategy is offered (1x1 convs, tensor-core math allowed), its tags, and
+that every dtype / epilogue / tile setting compiles for sm_90a. GPU: the full verification
+protocol (verify.verify: several seeds and distributions, a second shape, poisoned outputs, run
+twice) on shapes that exercise every tail: channels not a multiple of the tile, C not a multiple
+of 32 or of a 16-byte vector, pixel tiles that span images, an odd pixel count (the scalar path).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_expert import ConvBlock, bench_task, conv_inputs, conv_task, propose
+from torch_htam import build, paths
+from torch_htam.policy import make, policy_for
+from torch_htam.proposers.base import ProposalRequest
+from torch_htam.proposers.expert import ExpertProposer, conv
+from torch_htam.proposers.expert.ir import Unsupported
+
+# name -> (block, conv_inputs kwargs); all 1x1 convs
+CASES = {
+    "bn_add_relu": (ConvBlock(padding=0), dict(n=3, c=64, k=96, hw=14, res=True, bias=False)),
+    "bn_relu6_tails": (ConvBlock(act="relu6", padding=0), dict(n=2, c=40, k=200, hw=7)),
+    "bias_silu_c30": (ConvBlock(bn=False, act="silu", padding=0), dict(n=2, c=30, k=64, hw=8)),
+    "plain_c256": (ConvBlock(bn=False, act=None, padding=0), dict(n=2, c=256, k=64, hw=16, bias=False)),
+}
+TILES = [dict(), dict(bm=64, bn=64, stages=3, ju=2), dict(bm=128, bn=64, ju=8), dict(bm=64, stages=4)]
+POLICY = {torch.float32: "tf32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _plan(name: str, dtype, device="cpu"):
+    block, kw = CASES[name]
+    inputs = conv_inputs(r=1, padding=0, dtype=dtype, device=device, **kw)
+    task = conv_task(block, [x.cpu() if x is not None else None for x in inputs])
+    return task, conv.match(task.graph, make(POLICY[dtype]))
+
+
+def test_tiling_is_offered_for_1x1_convs_with_tensor_core_math():
+    task = bench_task("conv_bn_add_relu_fp32")
+    for policy, offered in ((make("tf32"), True), (make("fp32"), False)):
+        cands = ExpertProposer().propose(ProposalRequest(task, "data_reuse", ["smem_tiling"], n=4,
+                                                         policy=policy)).candidates
+        tiled = [c for c in cands if c.params.get("tiled")]
+        assert bool(tiled) == offered, [c.params for c in cands]
+        for c in tiled:
+            assert {"smem_tiling", "fold_batchnorm", "fuse_elementwise_chain", "tf32_tensor_cores"} <= set(c.tags)
+            assert "pw::tile_gemm<F32" in c.source and "cudnn" not in c.source
+            assert build.check_source(c.source) == []
+    # strict fp32 has no tensor-core kernel to offer: the render says why instead
+    cp = conv.match(task.graph, make("fp32"))
+    with pytest.raises(Unsupported, match="TF32"):
+        cp.render(dict(cp.defaults(), tiled=True))
+    # a 3x3 conv keeps cuDNN only
+    cp3 = conv.match(bench_task("conv_bn_relu_bf16").graph, make("bf16"))
+    assert not cp3.info.pointwise_conv
+    with pytest.raises(Unsupported, match="1x1"):
+        cp3.render(dict(cp3.defaults(), tiled=True))
+    # the seed round of a 1x1 conv tries it
+    assert any(c.params.get("tiled") for c in propose(task, n=4).candidates)
+
+
+def test_epilogue_reads_the_tile_and_folds_batch_norm_per_channel():
+    task, cp = _plan("bn_add_relu", torch.bfloat16)
+    src = cp.render(dict(cp.defaults(), tiled=True))
+    # conv value rounded to bf16 as torch's conv output is, then (cv - center) * scale + beta
+    assert "const float cv = BF16::round(acc[r * LDC + col + e]);" in src
+    assert "sS[threadIdx.x] = BF16::to_f(gamma[i]) * rsqrtf(BF16::to_f(var[i]) + eps);" in src
+    assert "sT[threadIdx.x] = BF16::to_f(mean[i]) - 0.f;" in src
+    assert "const float t0 = (cv - sT[r]);" in src and "const float t1 = (t0 * sS[r]);" in src
+    assert "fold_kernel" not in src          # no separate launch, no scratch buffers
+    _, cp32 = _plan("bn_add_relu", torch.float32)
+    assert "const float cv = acc[r * LDC + col + e];" in cp32.render(dict(cp32.defaults(), tiled=True))
+
+
+def _compile_set() -> list[tuple[str, str]]:
+    out = []
+    for name in CASES:
+        for dtype in POLICY:
+            _, cp = _plan(name, dtype)
+            for tile in (TILES if name == "bn_add_relu" else TILES[:1]):
+                out.append((f"{name}/{dtype}/{tile}", cp.render(dict(cp.defaults(), tiled=True, **tile))))
+    return out
+
+
+@pytest.mark.skipif(paths.nvcc_path() is None, reason="needs nvcc")
+def test_tiled_sources_compile_for_sm90a():
+    todo = _compile_set()
+    assert all(build.check_source(s) == [] for _, s in todo)
+    results = build.build_many([s for _, s in todo], arch="sm_90a")
+    bad = [(n, r.error[:800]) for (n, _), r in zip(todo, results) if not r.ok]
+    assert not bad, bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(POLICY), ids=str)
+@pytest.mark.parametrize("name", CASES)
+def test_tiled_pointwise_conv_verifies(name, dtype):
+    from torch_htam import verify as V
+    from torch_htam.launcher import Kernel
+    from torch_htam.task import load_reference
+    task, cp = _plan(name, dtype)
+    policy = make(POLICY[dtype])
+    srcs = [cp.render(dict(cp.defaults(), tiled=True, **t)) for t in TILES]
+    results = build.build_many(srcs)
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    ref = load_reference(task).cuda()
+    for tile, res in zip(TILES, results):
+        ok, reason, detail, errs = V.verify(task, Kernel(res.so_path), ref, policy)
+        assert (ok, reason) == (True, "ok"), (name, dtype, tile, detail)
+
+
+@pytest.mark.gpu
+def test_tiled_kernel_verifies_on_the_suite_task():
+    """The bench task itself (ResNet-50's bottleneck tail, TF32) under the search's policy."""
+    from torch_htam import verify as V
+    from torch_htam.launcher import Kernel
+    from torch_htam.task import load_reference
+    task = bench_task("conv_bn_add_relu_fp32")
+    policy = policy_for(task, conv_tf32=True)
+    cp = conv.match(task.graph, policy)
+    res = build.build(cp.render(dict(cp.defaults(), tiled=True)))
+    assert res.ok, res.error
+    ok, reason, detail, _ = V.verify(task, Kernel(res.so_path), load_reference(task).cuda(), policy)
+    assert (ok, reason) == (True, "ok"), detail

@@ -1,0 +1,229 @@
+// ---- torch_htam expert: pointwise-conv main loop (a tiled tensor-core GEMM over NCHW) ----
+// A 1x1 stride-1 conv is a GEMM per image: Y[n, k, p] = sum_c W[k, c] * X[n, c, p] (p = h * W + w).
+// Pixels of all images form one GEMM dimension q = n * P + p, so a tile of BN pixels may span
+// images (each thread computes its column's image once). One block of 256 threads (2 x 4 warps)
+// computes the tile Y[m0 : m0 + BM, q0 : q0 + BN] with mma.sync (TF32 m16n8k8 for fp32, m16n8k16
+// for bf16/fp16), fp32 accumulators, C in steps of BK = 32 through a STAGES-deep cp.async
+// pipeline, and leaves it in shared memory as fp32 [BM][BN + 8] for the generated epilogue.
+//
+// Shared memory rows are padded so fragment loads are free of bank conflicts: A (W tile) rows by
+// 16 bytes (a thread reads row gid, column tig: gid * 4 + tig covers 32 banks), B (X tile) rows by
+// 8 elements (fp32: tig * 8 + gid; bf16: ldmatrix rows 16 bytes apart modulo 128).
+//
+// VA / VB: 16-byte cp.async for the W / X tiles (the host checks C resp. P divisible by 16 bytes'
+// worth of elements and 16-byte aligned pointers); otherwise plain element loads, zero-filled.
+namespace pw {
+constexpr int THREADS = 256, WARPS_N = 4, BK = 32;
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// 16 bytes global -> shared, asynchronously; zero-filled (and src unread) when !full
+__device__ __forceinline__ void cp16(void* dst, const void* src, bool full) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(full ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// NOTE: round to nearest (cvt.rna), as cuBLAS/cuDNN TF32 do: feeding raw fp32 bits truncates,
+// which doubles the error of each product.
+__device__ __forceinline__ unsigned tf32(float x) {
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+template <class DT> struct Mma;
+template <> struct Mma<F32> {        // TF32, k = 8 per instruction
+  static constexpr int K = 8;
+  static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+template <> struct Mma<BF16> {
+  static constexpr int K = 16;
+  static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+template <> struct Mma<F16> {
+  static constexpr int K = 16;
+  static __device__ __forceinline__ void run(float* d, const unsigned* a, const unsigned* b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+template <class DT, int BM, int BN>
+struct Tile {
+  typedef typename DT::raw raw;
+  static constexpr int E = (int)sizeof(raw);
+  static constexpr int VEC = 16 / E;                 // elements per 16-byte chunk
+  static constexpr int LDA = BK + 16 / E;            // W tile row: BK + 16 bytes
+  static constexpr int LDB = BN + 8;                 // X tile row: BN + 8 elements
+  static constexpr int LDC = BN + 8;                 // fp32 result row (float2 stores conflict-free)
+  static constexpr int STAGE = BM * LDA + BK * LDB;  // elements per pipeline stage
+  static constexpr int WM = BM / 2, WN = BN / WARPS_N, MI = WM / 16, NI = WN / 8;
+  static_assert(MI >= 1 && NI >= 2 && NI % 2 == 0, "tile too small for 2 x 4 warps");
+  static_assert(THREADS % BN == 0 && BN % VEC == 0, "a thread keeps one X column");
+  static constexpr size_t smem_bytes(int stages) {
+    const size_t pipe = (size_t)stages * STAGE * E, out = (size_t)BM * LDC * 4;
+    return pipe > out ? pipe : out;
+  }
+};
+
+// Problem sizes and the thread's fixed X column (set up once, reused for every C step).
+struct Dims { int64_t C, K, P, NQ; };
+
+// Loads W[m0 : +BM, c0 : +BK] and X[c0 : +BK, q0 : +BN] into one pipeline stage.
+// xcol: this thread's X column in the tile; xbase: offset of X[n, 0, p] for that column.
+template <class DT, int BM, int BN, bool VA, bool VB>
+__device__ __forceinline__ void load_stage(typename DT::raw* sA, typename DT::raw* sB,
+                                           const typename DT::raw* __restrict__ W,
+                                           const typename DT::raw* __restrict__ X, const Dims& d, int m0,
+                                           int64_t c0, int xcol, int64_t xbase, bool qok) {
+  typedef Tile<DT, BM, BN> T;
+  const int tid = threadIdx.x;
+  if constexpr (VA) {
+    constexpr int CPR = BK / T::VEC;                 // 16-byte chunks per W tile row
+#pragma unroll
+    for (int i = 0; i < BM * CPR / THREADS; ++i) {
+      const int ch = tid + i * THREADS, r = ch / CPR, cc = (ch % CPR) * T::VEC;
+      const bool ok = m0 + r < d.K && c0 + cc < d.C;   // C % VEC == 0: a chunk is all in or all out
+      cp16(sA + r * T::LDA + cc, ok ? W + (m0 + r) * d.C + c0 + cc : W, ok);
+    }
+  } else {
+#pragma unroll 4
+    for (int i = 0; i < BM * BK / THREADS; ++i) {
+      const int e = tid + i * THREADS, r = e / BK, cc = e % BK;
+      const bool ok = m0 + r < d.K && c0 + cc < d.C;
+      sA[r * T::LDA + cc] = ok ? W[(m0 + r) * d.C + c0 + cc] : typename DT::raw(0);
+    }
+  }
+  constexpr int RSTEP = VB ? THREADS / (BN / T::VEC) : THREADS / BN;   // X rows apart per iteration
+  const int row0 = VB ? tid / (BN / T::VEC) : tid / BN;
+#pragma unroll
+  for (int i = 0; i < BK / RSTEP; ++i) {
+    const int r = row0 + i * RSTEP;
+    const bool ok = qok && c0 + r < d.C;
+    const typename DT::raw* src = ok ? X + xbase + (c0 + r) * d.P : X;
+    if constexpr (VB) cp16(sB + r * T::LDB + xcol, src, ok);
+    else sB[r * T::LDB + xcol] = ok ? *src : typename DT::raw(0);
+  }
+}
+
+// One BK step of MMAs on a stage, into acc[MI][NI][4].
+template <class DT, int BM, int BN>
+__device__ __forceinline__ void mma_stage(const typename DT::raw* sA, const typename DT::raw* sB,
+                                          float (&acc)[Tile<DT, BM, BN>::MI][Tile<DT, BM, BN>::NI][4],
+                                          int wm, int wn) {
+  typedef Tile<DT, BM, BN> T;
+  const int lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+#pragma unroll
+  for (int kk = 0; kk < BK; kk += Mma<DT>::K) {
+    unsigned a[T::MI][4], b[T::NI][2];
+#pragma unroll
+    for (int mi = 0; mi < T::MI; ++mi) {
+      const typename DT::raw* p = sA + (wm + mi * 16 + gid) * T::LDA + kk;
+      if constexpr (T::E == 4) {      // a0 (gid, tig) a1 (gid + 8, tig) a2 (gid, tig + 4) a3 (gid + 8, tig + 4)
+        a[mi][0] = tf32(p[tig]);
+        a[mi][1] = tf32(p[8 * T::LDA + tig]);
+        a[mi][2] = tf32(p[tig + 4]);
+        a[mi][3] = tf32(p[8 * T::LDA + tig + 4]);
+      } else {                        // pairs along k: (gid, 2tig) (gid + 8, 2tig) (gid, 2tig + 8) (gid + 8, 2tig + 8)
+        a[mi][0] = *reinterpret_cast<const unsigned*>(p + 2 * tig);
+        a[mi][1] = *reinterpret_cast<const unsigned*>(p + 8 * T::LDA + 2 * tig);
+        a[mi][2] = *reinterpret_cast<const unsigned*>(p + 2 * tig + 8);
+        a[mi][3] = *reinterpret_cast<const unsigned*>(p + 8 * T::LDA + 2 * tig + 8);
+      }
+    }
+#pragma unroll
+    for (int ni = 0; ni < T::NI; ni += 2) {
+      if constexpr (T::E == 4) {      // b0 (k = tig, n = gid) b1 (k = tig + 4, n = gid)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float* p = reinterpret_cast<const float*>(sB) + (kk + tig) * T::LDB + wn + (ni + j) * 8 + gid;
+          b[ni + j][0] = tf32(p[0]);
+          b[ni + j][1] = tf32(p[4 * T::LDB]);
+        }
+      } else {
+        // X is [k][n] (n contiguous): ldmatrix.trans hands each thread the (k = 2tig, 2tig + 1; n = gid)
+        // pairs the col-major B fragment wants; matrices: k 0-7 / 8-15 at n, then at n + 8
+        const int l = lane, k = kk + (l % 8) + ((l / 8) % 2) * 8, n = wn + ni * 8 + (l / 16) * 8;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(b[ni][0]), "=r"(b[ni][1]), "=r"(b[ni + 1][0]), "=r"(b[ni + 1][1])
+                     : "r"(smem_addr(sB + k * T::LDB + n)));
+      }
+    }
+#pragma unroll
+    for (int mi = 0; mi < T::MI; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < T::NI; ++ni) Mma<DT>::run(acc[mi][ni], a[mi], b[ni]);
+  }
+}
+
+// The whole tile: returns with Y[m0 : +BM, q0 : +BN] (before any epilogue) in smem as fp32
+// [BM][LDC], visible to every thread of the block.
+template <class DT, int BM, int BN, int STAGES, bool VA, bool VB>
+__device__ __forceinline__ float* tile_gemm(unsigned char* smem, const typename DT::raw* __restrict__ W,
+                                            const typename DT::raw* __restrict__ X, const Dims& d, int m0,
+                                            int64_t q0) {
+  typedef Tile<DT, BM, BN> T;
+  typedef typename DT::raw raw;
+  raw* s = reinterpret_cast<raw*>(smem);
+  const int tid = threadIdx.x, warp = tid / 32;
+  const int wm = (warp / WARPS_N) * T::WM, wn = (warp % WARPS_N) * T::WN;
+  const int xcol = VB ? (tid % (BN / T::VEC)) * T::VEC : tid % BN;
+  const int64_t q = q0 + xcol;
+  const bool qok = q < d.NQ;
+  const int64_t n = qok ? q / d.P : 0, p = qok ? q % d.P : 0, xbase = n * d.C * d.P + p;
+  float acc[T::MI][T::NI][4];
+#pragma unroll
+  for (int mi = 0; mi < T::MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < T::NI; ++ni)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[mi][ni][j] = 0.f;
+  const int64_t KT = (d.C + BK - 1) / BK;
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (st < KT)
+      load_stage<DT, BM, BN, VA, VB>(s + st * T::STAGE, s + st * T::STAGE + BM * T::LDA, W, X, d, m0,
+                                     (int64_t)st * BK, xcol, xbase, qok);
+    cp_commit();
+  }
+  for (int64_t kt = 0; kt < KT; ++kt) {
+    cp_wait<STAGES - 2>();
+    __syncthreads();     // stage kt landed for every thread; stage kt - 1 is free to overwrite
+    const int64_t next = kt + STAGES - 1;
+    if (next < KT) {
+      raw* ns = s + (next % STAGES) * T::STAGE;
+      load_stage<DT, BM, BN, VA, VB>(ns, ns + BM * T::LDA, W, X, d, m0, next * BK, xcol, xbase, qok);
+    }
+    cp_commit();
+    const raw* cs = s + (kt % STAGES) * T::STAGE;
+    mma_stage<DT, BM, BN>(cs, cs + BM * T::LDA, acc, wm, wn);
+  }
+  cp_wait<0>();
+  __syncthreads();       // every warp is done with the pipeline before it is reused for the result
+  float* out = reinterpret_cast<float*>(smem);
+  const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
+#pragma unroll
+  for (int mi = 0; mi < T::MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < T::NI; ++ni) {
+      float* o = out + (wm + mi * 16 + gid) * T::LDC + wn + ni * 8 + 2 * tig;
+      *reinterpret_cast<float2*>(o) = make_float2(acc[mi][ni][0], acc[mi][ni][1]);
+      *reinterpret_cast<float2*>(o + 8 * T::LDC) = make_float2(acc[mi][ni][2], acc[mi][ni][3]);
+    }
+  __syncthreads();
+  return out;
+}
+}  // namespace pw
+// ---- end pointwise-conv main loop ----

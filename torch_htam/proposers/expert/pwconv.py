@@ -1,0 +1,284 @@
+"""Pointwise (1x1, stride 1) conv regions as ONE tiled tensor-core kernel with the epilogue fused.
+
+A 1x1 conv over NCHW is a GEMM per image, Y[n] (K x P) = W (K x C) . X[n] (C x P), and in a
+ResNet bottleneck's tail (conv 64 -> 256, batch norm, + residual, ReLU) it is memory-bound: 3.3
+GFLOP against 231 MB at [32, 64, 56, 56]. The cuDNN path (conv.py) writes the conv result to DRAM
+and an epilogue kernel reads it back (437 MB moved); here the conv tile stays in shared memory and
+the same epilogue expression (batch norm folded per channel, residual, activation) is applied
+before the one store. The main loop is pwconv.cuh (mma.sync: TF32 for fp32 when the policy allows
+it, bf16/fp16 tensor cores otherwise); this module writes the epilogue and the host code.
+
+Every thread block computes a BM x BN tile (output channels x pixels of the flattened batch) and
+then, reading it from shared memory, VEC consecutive pixels of one channel per thread, JU rows at a
+time with all their input loads issued before any is used (memory-level parallelism).
+
+    >>> src = render(cp, dict(cp.defaults(), tiled=True))      # cp = conv.match(...)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter, c_float
+from torch_htam.proposers.expert.ir import Unsupported, stored
+
+MAIN_LOOP = Path(__file__).with_name("pwconv.cuh").read_text()
+# tile shapes the main loop supports (2 x 4 warps; BN pixels must leave every thread one X column)
+TILES = {(128, 128), (64, 128), (128, 64), (64, 64)}
+
+
+def unsupported_reason(cp) -> str | None:
+    """Why this conv cannot take the tiled kernel (None: it can, precision permitting)."""
+    if cp.stride != (1, 1) or cp.padding != (0, 0) or cp.dilation != (1, 1) or cp.groups != 1:
+        return "tiled conv: only 1x1 convs with stride 1, no padding, no groups"
+    if cp.epilogue.ndim != 4:
+        return "tiled conv: the epilogue is not over the 4-D conv output"
+    return None
+
+
+def tensor_core_reason(cp, params: dict) -> str | None:
+    """Why the tiled kernel's tensor-core math is not allowed here (None: it is)."""
+    if cp.dtype == "float32" and not (params.get("tf32") and cp.allow_tf32):
+        return "tiled conv: runs fp32 on TF32 tensor cores, which the precision policy does not allow"
+    return None
+
+
+def _loads(plan, g: int, has_bn: bool) -> tuple[dict[int, str], list[int]]:
+    """C++ name per access id, and the accesses read from global memory (the rest are the conv
+    value `cv` and the folded batch norm's scale/center held in shared memory)."""
+    names, real = {}, []
+    for i, a in enumerate(plan.accesses):
+        if a.input == g:
+            names[i] = "cv"
+        elif has_bn and a.input == g + 1:
+            names[i] = "sS[r]"
+        elif has_bn and a.input == g + 2:
+            names[i] = "sT[r]"
+        else:
+            names[i] = f"x{len(real)}[u][e]"
+            real.append(i)
+    return names, real
+
+
+def _epilogue(cp, params: dict, real: list[int], names: dict[int, str]) -> tuple[str, str, str]:
+    """(loads, compute, store) C++ for JU rows of EV pixels; the kernel declares x*/y arrays."""
+    plan = cp.epilogue
+    out_t = DT[plan.outputs[0].dtype][0]
+    loads = []
+    for j, i in enumerate(real):
+        t = DT[plan.inputs[plan.accesses[i].input][1]][0]
+        loads.append(
+            f"      {{ const int64_t o = nc * ea.st[{j}][0] + kc * ea.st[{j}][1] + pc * ea.st[{j}][2];\n"
+            f"        if (EV > 1 && ea.st[{j}][2] == 1) ldv<{t}, EV, false>(ea.p{j} + o, x{j}[u]);\n"
+            f"        else {{ const float v = ld1<{t}, false>(ea.p{j} + o);\n"
+            f"#pragma unroll\n          for (int e = 0; e < EV; ++e) x{j}[u][e] = v; }} }}")
+    em = Emitter(load=lambda a: names[a], red=None, fast=bool(params.get("fast")),
+                 low_precision=cp.dtype != "float32")
+    y = em.emit(stored(plan.outputs[0].expr, plan.outputs[0].dtype))
+    # NOTE: torch rounds the conv result to bf16/fp16 before batch norm reads it; so does this.
+    cv = "acc[r * LDC + col + e]" if cp.dtype == "float32" else f"{DT[cp.dtype][0]}::round(acc[r * LDC + col + e])"
+    compute = "\n".join([f"        const float cv = {cv};"] + ["        " + ln for ln in em.lines]
+                        + [f"        y[u][e] = {y};"])
+    store = (f"      {out_t}::raw* yp = Y + (n * d.K + m0 + r) * d.P + p;\n"
+             f"      if (EV > 1) stv<{out_t}, EV>(yp, y[u]); else *yp = {out_t}::from_f(y[u][0]);")
+    return "\n".join(loads), compute, store
+
+
+def _kernel(cp, params: dict) -> str:
+    from torch_htam.proposers.expert.conv import Fold     # conv imports this module
+    plan, g = cp.epilogue, cp.g
+    names, real = _loads(plan, g, cp.bn is not None)
+    loads, compute, store = _epilogue(cp, params, real, names)
+    fold = Fold(cp)
+    dt, out_t = DT[cp.dtype][0], DT[plan.outputs[0].dtype][0]
+    ptrs = "".join(f"  const {DT[plan.inputs[plan.accesses[i].input][1]][0]}::raw* p{j};\n"
+                   for j, i in enumerate(real))
+    fold_ptrs = "".join(f"  const {DT[plan.inputs[i][1]][0]}::raw* {n};\n" for n, i in fold.present.items())
+    unpack = "".join(f"  const auto* {n} = ea.{n};\n" for n in fold.present)
+    decl_x = " ".join(f"float x{j}[JJ][EV];" for j in range(len(real)))
+    set_fold = ""
+    if cp.bn is not None:
+        set_fold = (f"  if (threadIdx.x < BM && m0 + (int64_t)threadIdx.x < d.K) {{\n"
+                    f"    const int64_t i = m0 + threadIdx.x;\n{unpack}    const float eps = ea.eps;\n"
+                    f"    sS[threadIdx.x] = {fold.scale('i')};\n    sT[threadIdx.x] = {fold.center('i')};\n  }}")
+    return f"""
+#define NREAL {max(len(real), 1)}
+#define NACC {len(plan.accesses)}
+// The epilogue's global inputs: pointer and (image, channel, pixel) strides in elements.
+struct EpiArgs {{
+{ptrs}{fold_ptrs}  int64_t st[NREAL][3];
+  float eps;
+}};
+
+template <int BM, int BN, int STAGES, bool VA, bool VB, int EV, int JU>
+__global__ void __launch_bounds__(pw::THREADS, 2) pw_kernel(const {dt}::raw* __restrict__ W,
+    const {dt}::raw* __restrict__ X, {out_t}::raw* __restrict__ Y, pw::Dims d, EpiArgs ea, int MT) {{
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float sS[BM], sT[BM];        // batch norm scale / center of the tile's channels
+  // the channel tiles of one pixel tile are neighbours in launch order: the X tile is read from
+  // DRAM once and from L2 by the others
+  const int m0 = (int)(blockIdx.x % MT) * BM;
+  const int64_t q0 = (int64_t)(blockIdx.x / MT) * BN;
+{set_fold}
+  (void)sS; (void)sT;
+  const float* acc = pw::tile_gemm<{dt}, BM, BN, STAGES, VA, VB>(smem, W, X, d, m0, q0);   // synced
+  constexpr int LDC = pw::Tile<{dt}, BM, BN>::LDC, TPR = BN / EV, RPP = pw::THREADS / TPR;
+  constexpr int JJ = JU < BM / RPP ? JU : BM / RPP;    // tile rows per thread in flight
+  const int col = (threadIdx.x % TPR) * EV, row0 = threadIdx.x / TPR;
+  const int64_t q = q0 + col;
+  const bool qok = q < d.NQ;             // NQ % EV == 0 when EV > 1: a vector is all in or all out
+  const int64_t n = qok ? q / d.P : 0, p = qok ? q % d.P : 0;
+  for (int j0 = 0; j0 < BM / RPP; j0 += JJ) {{
+    {decl_x}
+    float y[JJ][EV];
+    bool ok[JJ];
+#pragma unroll
+    for (int u = 0; u < JJ; ++u) {{
+      const int r = row0 + (j0 + u) * RPP;
+      ok[u] = qok && m0 + r < d.K;
+      const int64_t kc = ok[u] ? m0 + r : 0, nc = ok[u] ? n : 0, pc = ok[u] ? p : 0;   // masked: element 0
+      (void)kc; (void)nc; (void)pc;
+{loads}
+    }}
+#pragma unroll
+    for (int u = 0; u < JJ; ++u) {{
+      const int r = row0 + (j0 + u) * RPP;
+#pragma unroll
+      for (int e = 0; e < EV; ++e) {{
+{compute}
+      }}
+    }}
+#pragma unroll
+    for (int u = 0; u < JJ; ++u) {{
+      if (!ok[u]) continue;
+      const int r = row0 + (j0 + u) * RPP;
+{store}
+    }}
+  }}
+}}
+""", real
+
+
+def _host(cp, params: dict, real: list[int]) -> str:
+    from torch_htam.proposers.expert import host
+    from torch_htam.proposers.expert.conv import Fold
+    plan, g = cp.epilogue, cp.g
+    dt, dtc, size = DT[cp.dtype][0], DT[cp.dtype][1], DT[cp.dtype][2]
+    ev, vec = 16 // DT[plan.outputs[0].dtype][2], 16 // size
+    bm, bn, stages, ju = params["bm"], params["bn"], params["stages"], params["ju"]
+    fold = Fold(cp)
+    bind = []
+    for j, i in enumerate(real):
+        a = plan.accesses[i]
+        bind.append(
+            f"  ea.p{j} = (const {DT[plan.inputs[a.input][1]][0]}::raw*)in[{a.input}].data;\n"
+            f"  if (!pixel_strides(sp.st[{i}], it, ea.st[{j}])) return HTAM_ERR_SHAPE;\n"
+            f"  if (ea.st[{j}][2] != 0 && ea.st[{j}][2] != 1) ev_ok = false;\n"
+            f"  if (ea.st[{j}][2] == 1 && (!htam_aligned(ea.p{j}, EV * {DT[plan.inputs[a.input][1]][2]}) ||"
+            f" ea.st[{j}][0] % EV || ea.st[{j}][1] % EV)) ev_ok = false;")
+    bind += [f"  ea.{n} = (const {DT[plan.inputs[i][1]][0]}::raw*)in[{i}].data;" for n, i in fold.present.items()]
+    checks = "\n".join(
+        f"  if (in[{i}].ndim != 1 || in[{i}].sizes[0] != K || !htam_contiguous(in[{i}])) return HTAM_ERR_SHAPE;"
+        for i in sorted(fold.present.values()))
+    n_ext = len(plan.inputs)
+    bn_ext = ("\n  ext[n_in + 1] = ext[n_in + 2] = channel_vec(Y.data, K);   // bound, never read: the"
+              " kernel folds batch norm itself" if cp.bn is not None else "")
+    launch = ("pw_kernel<{bm}, {bn}, {st}, {f}, {f}, {ev}, {ju}><<<(unsigned)blocks, pw::THREADS, smem, stream>>>"
+              "((const {dt}::raw*)Wt.data, (const {dt}::raw*)X.data, ({ot}::raw*)Y.data, d, ea, (int)MT);")
+    ot = DT[plan.outputs[0].dtype][0]
+    fast = launch.format(bm=bm, bn=bn, st=stages, f="true", ev=ev, ju=ju, dt=dt, ot=ot)
+    slow = launch.format(bm=bm, bn=bn, st=stages, f="false", ev=1, ju=ju, dt=dt, ot=ot)
+    return f"""
+// Strides of one epilogue input over (image, channel, pixel): height and width must step as one
+// pixel index p = h * W + w (true for contiguous and per-channel inputs).
+static bool pixel_strides(const int64_t* st, const int64_t* it, int64_t* out) {{
+  out[0] = st[0]; out[1] = st[1];
+  if (it[3] == 1) out[2] = st[2];
+  else if (it[2] == 1 || st[2] == st[3] * it[3]) out[2] = st[3];
+  else return false;
+  return true;
+}}
+
+static HtamTensor channel_vec(void* p, int64_t K) {{
+  HtamTensor t = {{}};
+  t.data = p; t.ndim = 1; t.sizes[0] = K; t.strides[0] = 1; t.dtype = HTAM_FLOAT32;
+  return t;
+}}
+
+// Dynamic shared memory above 48 KB must be allowed once per kernel and device.
+template <bool FAST>
+static int allow_smem(const void* kernel, size_t bytes) {{
+  static bool done[64] = {{}};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return (int)e;
+  if (dev < 0 || dev >= 64) return HTAM_ERR_SHAPE;
+  if (!done[dev]) {{
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e != cudaSuccess) return (int)e;
+    done[dev] = true;
+  }}
+  return 0;
+}}
+
+// in: the task's inputs, then the conv output Y [, scale, center] as the epilogue plan reads them
+static int pw_launch(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream,
+                     const HtamTensor& X, const HtamTensor& Wt) {{
+{host.prologue(plan)}
+  Space<NACC> sp;
+{host.bind_accesses(plan)}
+  (void)max_off;
+  const HtamTensor& Y = out[0];
+  const int EV = {ev};
+  pw::Dims d;
+  d.C = X.sizes[1]; d.K = Wt.sizes[0]; d.P = X.sizes[2] * X.sizes[3]; d.NQ = X.sizes[0] * d.P;
+  if (n == 0) return HTAM_OK;
+  bool ev_ok = d.P % EV == 0 && htam_aligned(Y.data, 16);
+  EpiArgs ea = {{}};
+  ea.eps = {c_float(cp.bn.eps if cp.bn else 0.0)};
+{chr(10).join(bind)}
+  const bool fast = ev_ok && d.C % {vec} == 0 && htam_aligned(Wt.data, 16) && d.P % {vec} == 0 &&
+                    htam_aligned(X.data, 16);
+  const int64_t MT = (d.K + {bm} - 1) / {bm}, blocks = MT * ((d.NQ + {bn} - 1) / {bn});
+  if (blocks > INT32_MAX) return HTAM_ERR_SHAPE;
+  const size_t smem = pw::Tile<{dt}, {bm}, {bn}>::smem_bytes({stages});
+  int rc = fast ? allow_smem<true>((const void*)pw_kernel<{bm}, {bn}, {stages}, true, true, {ev}, {ju}>, smem)
+                : allow_smem<false>((const void*)pw_kernel<{bm}, {bn}, {stages}, false, false, 1, {ju}>, smem);
+  if (rc) return rc;
+  if (fast) {fast}
+  else {slow}
+  HTAM_CHECK_LAUNCH();
+  return HTAM_OK;
+}}
+
+HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
+  if (n_in != {g} || n_out != 1) return HTAM_ERR_SHAPE;
+  const HtamTensor& X = in[{cp.x}];
+  const HtamTensor& Wt = in[{cp.w}];
+  HtamTensor& Y = out[0];
+  for (const HtamTensor* t : {{&X, &Wt, (const HtamTensor*)&Y}})
+    if (t->dtype != {dtc} || t->ndim != 4 || !htam_contiguous(*t) || t->data == nullptr) return HTAM_ERR_SHAPE;
+  const int64_t K = Wt.sizes[0];
+  if (Wt.sizes[1] != X.sizes[1] || Wt.sizes[2] != 1 || Wt.sizes[3] != 1 || X.sizes[1] == 0) return HTAM_ERR_SHAPE;
+  if (Y.sizes[0] != X.sizes[0] || Y.sizes[1] != K || Y.sizes[2] != X.sizes[2] || Y.sizes[3] != X.sizes[3])
+    return HTAM_ERR_SHAPE;
+{checks}
+  HtamTensor ext[{n_ext}];
+  for (int i = 0; i < n_in; ++i) ext[i] = in[i];
+  ext[n_in] = Y;{bn_ext}
+  return pw_launch(ext, {n_ext}, out, n_out, stream, X, Wt);
+}}
+"""
+
+
+def render(cp, params: dict) -> str:
+    """The whole kernel-ABI source; raises Unsupported when the conv or the precision rules it out."""
+    reason = unsupported_reason(cp) or tensor_core_reason(cp, params)
+    if reason:
+        raise Unsupported(reason)
+    if (params["bm"], params["bn"]) not in TILES or params["stages"] not in (2, 3, 4) or params["ju"] not in (1, 2, 4, 8):
+        raise Unsupported(f"tiled conv: tile {params['bm']}x{params['bn']}, stages {params['stages']}, "
+                          f"ju {params['ju']} not supported")
+    kernel, real = _kernel(cp, params)
+    shown = sorted((k, v) for k, v in params.items() if k in ("bm", "bn", "stages", "ju", "fast", "tf32"))
+    return "\n".join([f"// torch_htam expert: tiled pointwise conv + fused epilogue params={shown}",
+                      PRELUDE, "#include <algorithm>", MAIN_LOOP, kernel, _host(cp, params, real)])
