@@ -25,8 +25,8 @@ CASES = {
     "bias_silu_c30": (ConvBlock(bn=False, act="silu", padding=0), dict(n=2, c=30, k=64, hw=8)),
     "plain_c256": (ConvBlock(bn=False, act=None, padding=0), dict(n=2, c=256, k=64, hw=16, bias=False)),
 }
-TILES = [dict(), dict(bm=64, bn=64, stages=3, ju=2), dict(bm=128, bn=64, ju=8), dict(bm=64, stages=4)]
-POLICY = {torch.float32: "tf32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+TILES = [dict(), dict(bm=64, bn=64, stages=3, ju=2), dict(bm=128, bn=64, ju=8, minb=1), dict(bm=64, stages=4, minb=3)]
+POLICY = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}   # fp32: 3xTF32
 
 
 def _plan(name: str, dtype, device="cpu"):
@@ -36,21 +36,24 @@ def _plan(name: str, dtype, device="cpu"):
     return task, conv.match(task.graph, make(POLICY[dtype]))
 
 
-def test_tiling_is_offered_for_1x1_convs_with_tensor_core_math():
+def test_tiling_is_offered_for_1x1_convs():
     task = bench_task("conv_bn_add_relu_fp32")
-    for policy, offered in ((make("tf32"), True), (make("fp32"), False)):
+    for policy in (make("tf32"), make("fp32")):
         cands = ExpertProposer().propose(ProposalRequest(task, "data_reuse", ["smem_tiling"], n=4,
                                                          policy=policy)).candidates
         tiled = [c for c in cands if c.params.get("tiled")]
-        assert bool(tiled) == offered, [c.params for c in cands]
+        assert len(tiled) == 3, [c.params for c in cands]
         for c in tiled:
             assert {"smem_tiling", "fold_batchnorm", "fuse_elementwise_chain", "tf32_tensor_cores"} <= set(c.tags)
             assert "pw::tile_gemm<F32" in c.source and "cudnn" not in c.source
+            assert ", true>;" not in c.source and "true, true, 4, 4, true, true>" in c.source   # 3xTF32
             assert build.check_source(c.source) == []
-    # strict fp32 has no tensor-core kernel to offer: the render says why instead
+    # plain TF32 (split=False) only where the policy allows TF32; 3xTF32 keeps fp32 accuracy
     cp = conv.match(task.graph, make("fp32"))
     with pytest.raises(Unsupported, match="TF32"):
-        cp.render(dict(cp.defaults(), tiled=True))
+        cp.render(dict(cp.defaults(), tiled=True, split=False))
+    cp = conv.match(task.graph, make("tf32"))
+    assert "true, true, 4, 4, true, false>" in cp.render(dict(cp.defaults(), tiled=True, split=False))
     # a 3x3 conv keeps cuDNN only
     cp3 = conv.match(bench_task("conv_bn_relu_bf16").graph, make("bf16"))
     assert not cp3.info.pointwise_conv

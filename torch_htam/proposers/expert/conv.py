@@ -103,8 +103,10 @@ class ConvPlan:
         # the backend API (far less host time per call, module docstring) at algo 0: the top
         # heuristic engine, the one PyTorch runs; the search moves down the ranking (CONV_ALGOS)
         p.update(fused=False, graph=True, tf32=self.allow_tf32 and self.dtype == "float32", algo=0)
-        # our own tiled kernel for 1x1 convs (pwconv.py): off by default, the smem_tiling strategy
-        p.update(tiled=False, bm=128, bn=128, stages=2, ju=4)
+        # our own tiled kernel for 1x1 convs (pwconv.py): off by default, the smem_tiling strategy.
+        # NOTE: fp32 tiles of 64 channels: at 128, 3xTF32's fragments spill (128 registers, ptxas)
+        p.update(tiled=False, bm=64 if self.dtype == "float32" else 128, bn=128, stages=2, ju=4, split=True,
+                 minb=2)
         return p
 
     def tiled(self, params: dict) -> bool:

@@ -198,9 +198,12 @@ class ExpertProposer:
             p = _refit(tgt.kind, dict(base, **moved), moved, info)
             out.append((p, _tags(tgt.kind, p, info, base_tags, [s for s, _ in per], tgt.tagger)))
         if tgt.kind in ("gemm", "conv"):   # the library heuristic's next algorithms, same strategy tags
+            # (on the last library setting: the algorithm means nothing to our tiled conv kernel)
+            lib = [(p, t) for p, t in out if not p.get("tiled")]
+            last_p, last_t = lib[-1] if lib else (dict(base, tiled=False) if "tiled" in base else base, None)
             for a in (CONV_ALGOS if tgt.kind == "conv" else GEMM_ALGOS):
-                p = dict(out[-1][0] if out else base, **a)
-                out.append((p, out[-1][1] if out else list(base_tags)))
+                p = dict(last_p, **a)
+                out.append((p, last_t or (tgt.tagger(p) if tgt.tagger else list(base_tags))))
         if not seed:
             key = tuple(sorted(base.items()))
             out = [(p, t) for p, t in out if tuple(sorted(p.items())) != key]
@@ -339,8 +342,12 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
                 for algo in range(6):
                     add(dict(base, fused=False, graph=graph, algo=algo))
         if "smem_tiling" in [s for s in TABLE if moves_for(s, info)]:   # conv: our tiled 1x1 kernel
-            for bm, bn in ((128, 128), (64, 128), (128, 64), (64, 64)):
+            for bm, bn in ((base["bm"], 128), (192 - base["bm"], 128), (64, 64), (128, 64)):
                 for stages in (2, 3):
-                    for ju in (4, 8, 2):
+                    for ju in (4, 8):
                         add(dict(base, tiled=True, bm=bm, bn=bn, stages=stages, ju=ju))
+            add(dict(base, tiled=True, minb=3))
+            add(dict(base, tiled=True, minb=1))
+            if info.fp32 and info.allow_tf32:      # plain TF32: a third of 3xTF32's MMAs
+                add(dict(base, tiled=True, split=False))
     return out[:limit]

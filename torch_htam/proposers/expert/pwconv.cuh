@@ -118,24 +118,34 @@ __device__ __forceinline__ void load_stage(typename DT::raw* sA, typename DT::ra
   }
 }
 
-// One BK step of MMAs on a stage, into acc[MI][NI][4].
-template <class DT, int BM, int BN>
+// x = big + small with both parts TF32 (3xTF32: big*big + big*small + small*big loses only
+// small*small, ~2^-22 relative: fp32 accuracy on tensor cores)
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+  big = tf32(x);
+  small = tf32(x - __uint_as_float(big));
+}
+
+// One BK step of MMAs on a stage, into acc[MI][NI][4]. SPLIT (fp32 only): 3xTF32, else 1xTF32.
+template <class DT, int BM, int BN, bool SPLIT>
 __device__ __forceinline__ void mma_stage(const typename DT::raw* sA, const typename DT::raw* sB,
                                           float (&acc)[Tile<DT, BM, BN>::MI][Tile<DT, BM, BN>::NI][4],
                                           int wm, int wn) {
   typedef Tile<DT, BM, BN> T;
+  constexpr bool S = SPLIT && T::E == 4;
   const int lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
 #pragma unroll
   for (int kk = 0; kk < BK; kk += Mma<DT>::K) {
-    unsigned a[T::MI][4], b[T::NI][2];
+    unsigned a[T::MI][4], b[T::NI][2], as[S ? T::MI : 1][4], bs[S ? T::NI : 1][2];
 #pragma unroll
     for (int mi = 0; mi < T::MI; ++mi) {
       const typename DT::raw* p = sA + (wm + mi * 16 + gid) * T::LDA + kk;
       if constexpr (T::E == 4) {      // a0 (gid, tig) a1 (gid + 8, tig) a2 (gid, tig + 4) a3 (gid + 8, tig + 4)
-        a[mi][0] = tf32(p[tig]);
-        a[mi][1] = tf32(p[8 * T::LDA + tig]);
-        a[mi][2] = tf32(p[tig + 4]);
-        a[mi][3] = tf32(p[8 * T::LDA + tig + 4]);
+        const float v[4] = {p[tig], p[8 * T::LDA + tig], p[tig + 4], p[8 * T::LDA + tig + 4]};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if constexpr (S) split_tf32(v[j], a[mi][j], as[mi][j]);
+          else a[mi][j] = tf32(v[j]);
+        }
       } else {                        // pairs along k: (gid, 2tig) (gid + 8, 2tig) (gid, 2tig + 8) (gid + 8, 2tig + 8)
         a[mi][0] = *reinterpret_cast<const unsigned*>(p + 2 * tig);
         a[mi][1] = *reinterpret_cast<const unsigned*>(p + 8 * T::LDA + 2 * tig);
@@ -149,8 +159,13 @@ __device__ __forceinline__ void mma_stage(const typename DT::raw* sA, const type
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const float* p = reinterpret_cast<const float*>(sB) + (kk + tig) * T::LDB + wn + (ni + j) * 8 + gid;
-          b[ni + j][0] = tf32(p[0]);
-          b[ni + j][1] = tf32(p[4 * T::LDB]);
+          if constexpr (S) {
+            split_tf32(p[0], b[ni + j][0], bs[ni + j][0]);
+            split_tf32(p[4 * T::LDB], b[ni + j][1], bs[ni + j][1]);
+          } else {
+            b[ni + j][0] = tf32(p[0]);
+            b[ni + j][1] = tf32(p[4 * T::LDB]);
+          }
         }
       } else {
         // X is [k][n] (n contiguous): ldmatrix.trans hands each thread the (k = 2tig, 2tig + 1; n = gid)
@@ -164,13 +179,20 @@ __device__ __forceinline__ void mma_stage(const typename DT::raw* sA, const type
 #pragma unroll
     for (int mi = 0; mi < T::MI; ++mi)
 #pragma unroll
-      for (int ni = 0; ni < T::NI; ++ni) Mma<DT>::run(acc[mi][ni], a[mi], b[ni]);
+      for (int ni = 0; ni < T::NI; ++ni) {
+        if constexpr (S) {            // the small terms first: they are added at full precision
+          Mma<DT>::run(acc[mi][ni], as[mi], b[ni]);
+          Mma<DT>::run(acc[mi][ni], a[mi], bs[ni]);
+        }
+        Mma<DT>::run(acc[mi][ni], a[mi], b[ni]);
+      }
+    (void)as; (void)bs;
   }
 }
 
 // The whole tile: returns with Y[m0 : +BM, q0 : +BN] (before any epilogue) in smem as fp32
 // [BM][LDC], visible to every thread of the block.
-template <class DT, int BM, int BN, int STAGES, bool VA, bool VB>
+template <class DT, int BM, int BN, int STAGES, bool VA, bool VB, bool SPLIT>
 __device__ __forceinline__ float* tile_gemm(unsigned char* smem, const typename DT::raw* __restrict__ W,
                                             const typename DT::raw* __restrict__ X, const Dims& d, int m0,
                                             int64_t q0) {
@@ -208,7 +230,7 @@ __device__ __forceinline__ float* tile_gemm(unsigned char* smem, const typename 
     }
     cp_commit();
     const raw* cs = s + (kt % STAGES) * T::STAGE;
-    mma_stage<DT, BM, BN>(cs, cs + BM * T::LDA, acc, wm, wn);
+    mma_stage<DT, BM, BN, SPLIT>(cs, cs + BM * T::LDA, acc, wm, wn);
   }
   cp_wait<0>();
   __syncthreads();       // every warp is done with the pipeline before it is reused for the result
@@ -224,6 +246,25 @@ __device__ __forceinline__ float* tile_gemm(unsigned char* smem, const typename 
     }
   __syncthreads();
   return out;
+}
+// Issues (does not wait for) cp.async copies of an epilogue input's [BM][BN] tile into s (rows of BN
+// elements), for an input whose pixel stride is 1 with P divisible by a 16-byte chunk (host-checked);
+// sn / sk: its image / channel strides. Rows or pixels past the end are zero-filled.
+template <class IT, int BM, int BN>
+__device__ __forceinline__ void prefetch_tile(typename IT::raw* s, const typename IT::raw* __restrict__ src,
+                                              int64_t sn, int64_t sk, const Dims& d, int m0, int64_t q0) {
+  constexpr int VEC = 16 / (int)sizeof(typename IT::raw), CPR = BN / VEC;
+  static_assert(THREADS % CPR == 0, "a thread keeps one column");
+  const int col = (threadIdx.x % CPR) * VEC;
+  const int64_t q = q0 + col;
+  const bool qok = q < d.NQ;
+  const int64_t n = qok ? q / d.P : 0, p = qok ? q % d.P : 0;
+#pragma unroll
+  for (int i = 0; i < BM * CPR / THREADS; ++i) {
+    const int r = threadIdx.x / CPR + i * (THREADS / CPR);
+    const bool ok = qok && m0 + r < d.K;
+    cp16(s + r * BN + col, ok ? src + n * sn + (m0 + r) * sk + p : src, ok);
+  }
 }
 }  // namespace pw
 // ---- end pointwise-conv main loop ----

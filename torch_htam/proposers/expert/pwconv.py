@@ -36,10 +36,17 @@ def unsupported_reason(cp) -> str | None:
 
 
 def tensor_core_reason(cp, params: dict) -> str | None:
-    """Why the tiled kernel's tensor-core math is not allowed here (None: it is)."""
-    if cp.dtype == "float32" and not (params.get("tf32") and cp.allow_tf32):
-        return "tiled conv: runs fp32 on TF32 tensor cores, which the precision policy does not allow"
+    """Why the tiled kernel's tensor-core math is not allowed here (None: it is). fp32 runs as
+    3xTF32 (split=True: fp32 accuracy, any policy) or as plain TF32 (the tf32 policy only)."""
+    if cp.dtype == "float32" and not params.get("split", True) and not cp.allow_tf32:
+        return "tiled conv: plain TF32 (split=False) needs the tf32 precision policy"
     return None
+
+
+def pixel_varying(plan, i: int) -> bool:
+    """Whether access i can differ between pixels (a residual does; a per-channel vector does not)."""
+    a = plan.accesses[i]
+    return a.mode != "dims" or 2 in a.dims or 3 in a.dims
 
 
 def _loads(plan, g: int, has_bn: bool) -> tuple[dict[int, str], list[int]]:
@@ -60,17 +67,21 @@ def _loads(plan, g: int, has_bn: bool) -> tuple[dict[int, str], list[int]]:
 
 
 def _epilogue(cp, params: dict, real: list[int], names: dict[int, str]) -> tuple[str, str, str]:
-    """(loads, compute, store) C++ for JU rows of EV pixels; the kernel declares x*/y arrays."""
+    """(loads, compute, store) C++ for JJ rows of EV pixels; the kernel declares x*/y arrays."""
     plan = cp.epilogue
     out_t = DT[plan.outputs[0].dtype][0]
     loads = []
     for j, i in enumerate(real):
         t = DT[plan.inputs[plan.accesses[i].input][1]][0]
-        loads.append(
-            f"      {{ const int64_t o = nc * ea.st[{j}][0] + kc * ea.st[{j}][1] + pc * ea.st[{j}][2];\n"
-            f"        if (EV > 1 && ea.st[{j}][2] == 1) ldv<{t}, EV, false>(ea.p{j} + o, x{j}[u]);\n"
-            f"        else {{ const float v = ld1<{t}, false>(ea.p{j} + o);\n"
-            f"#pragma unroll\n          for (int e = 0; e < EV; ++e) x{j}[u][e] = v; }} }}")
+        direct = (f"{{ const int64_t o = nc * ea.st[{j}][0] + kc * ea.st[{j}][1] + pc * ea.st[{j}][2];\n"
+                  f"        if (EV > 1 && ea.st[{j}][2] == 1) ldv<{t}, EV, false>(ea.p{j} + o, x{j}[u]);\n"
+                  f"        else {{ const float v = ld1<{t}, false>(ea.p{j} + o);\n"
+                  f"#pragma unroll\n          for (int e = 0; e < EV; ++e) x{j}[u][e] = v; }} }}")
+        if pixel_varying(plan, i):     # PRE: its tile is already in shared memory
+            loads.append(f"      if constexpr (PRE) ldv<{t}, EV, false>(pre{j} + r * BN + col, x{j}[u]);\n"
+                         f"      else {direct}")
+        else:
+            loads.append(f"      {direct}")
     em = Emitter(load=lambda a: names[a], red=None, fast=bool(params.get("fast")),
                  low_precision=cp.dtype != "float32")
     y = em.emit(stored(plan.outputs[0].expr, plan.outputs[0].dtype))
@@ -100,7 +111,22 @@ def _kernel(cp, params: dict) -> str:
         set_fold = (f"  if (threadIdx.x < BM && m0 + (int64_t)threadIdx.x < d.K) {{\n"
                     f"    const int64_t i = m0 + threadIdx.x;\n{unpack}    const float eps = ea.eps;\n"
                     f"    sS[threadIdx.x] = {fold.scale('i')};\n    sT[threadIdx.x] = {fold.center('i')};\n  }}")
-    return f"""
+    # pixel-varying inputs (a residual) get a [BM][BN] tile each after the main loop's memory,
+    # copied asynchronously while the GEMM runs
+    pre = [(j, DT[plan.inputs[plan.accesses[i].input][1]]) for j, i in enumerate(real) if pixel_varying(plan, i)]
+    offsets, tiles, at = [], [], "pw::Tile<{dt}, BM, BN>::smem_bytes(STAGES)"
+    for j, (t, _, size) in pre:
+        offsets.append(f"  {t}::raw* pre{j} = reinterpret_cast<{t}::raw*>(smem + (({at} + 127) / 128 * 128));")
+        tiles.append(f"    pw::prefetch_tile<{t}, BM, BN>(pre{j}, ea.p{j}, ea.st[{j}][0], ea.st[{j}][1], d, m0, q0);")
+        at = f"(({at} + 127) / 128 * 128 + (size_t)BM * BN * {size})"
+    prefetch = "\n".join(offsets + ["  if constexpr (PRE) {"] + tiles + ["    pw::cp_commit();", "  }"]) if pre else ""
+    smem_fn = f"""
+// Dynamic shared memory: the main loop's stages (reused for the fp32 result tile), then one
+// prefetched tile per pixel-varying epilogue input when PRE.
+template <int BM, int BN, int STAGES, bool PRE>
+constexpr size_t pw_smem() {{ return PRE ? {at.format(dt=dt)} : pw::Tile<{dt}, BM, BN>::smem_bytes(STAGES); }}
+"""
+    return smem_fn + f"""
 #define NREAL {max(len(real), 1)}
 #define NACC {len(plan.accesses)}
 // The epilogue's global inputs: pointer and (image, channel, pixel) strides in elements.
@@ -109,18 +135,21 @@ struct EpiArgs {{
   float eps;
 }};
 
-template <int BM, int BN, int STAGES, bool VA, bool VB, int EV, int JU>
-__global__ void __launch_bounds__(pw::THREADS, 2) pw_kernel(const {dt}::raw* __restrict__ W,
+// PRE: the fast instantiation (16-byte vectors everywhere, pixel-varying inputs prefetched)
+template <int BM, int BN, int STAGES, bool VA, bool VB, int EV, int JU, bool PRE, bool SPLIT>
+__global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kernel(const {dt}::raw* __restrict__ W,
     const {dt}::raw* __restrict__ X, {out_t}::raw* __restrict__ Y, pw::Dims d, EpiArgs ea, int MT) {{
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float sS[BM], sT[BM];        // batch norm scale / center of the tile's channels
   // the channel tiles of one pixel tile are neighbours in launch order: the X tile is read from
   // DRAM once and from L2 by the others
   const int m0 = (int)(blockIdx.x % MT) * BM;
   const int64_t q0 = (int64_t)(blockIdx.x / MT) * BN;
+{prefetch.replace("{dt}", dt)}
 {set_fold}
   (void)sS; (void)sT;
-  const float* acc = pw::tile_gemm<{dt}, BM, BN, STAGES, VA, VB>(smem, W, X, d, m0, q0);   // synced
+  // synced: the tile and every prefetched input are visible to the whole block
+  const float* acc = pw::tile_gemm<{dt}, BM, BN, STAGES, VA, VB, SPLIT>(smem, W, X, d, m0, q0);
   constexpr int LDC = pw::Tile<{dt}, BM, BN>::LDC, TPR = BN / EV, RPP = pw::THREADS / TPR;
   constexpr int JJ = JU < BM / RPP ? JU : BM / RPP;    // tile rows per thread in flight
   const int col = (threadIdx.x % TPR) * EV, row0 = threadIdx.x / TPR;
@@ -175,6 +204,10 @@ def _host(cp, params: dict, real: list[int]) -> str:
             f"  if (ea.st[{j}][2] != 0 && ea.st[{j}][2] != 1) ev_ok = false;\n"
             f"  if (ea.st[{j}][2] == 1 && (!htam_aligned(ea.p{j}, EV * {DT[plan.inputs[a.input][1]][2]}) ||"
             f" ea.st[{j}][0] % EV || ea.st[{j}][1] % EV)) ev_ok = false;")
+        if pixel_varying(plan, i):    # prefetched in 16-byte chunks: pixel stride 1, chunk-aligned
+            v = 16 // DT[plan.inputs[a.input][1]][2]
+            bind.append(f"  if (ea.st[{j}][2] != 1 || d.P % {v} || ea.st[{j}][0] % {v} || ea.st[{j}][1] % {v} ||"
+                        f" !htam_aligned(ea.p{j}, 16)) ev_ok = false;")
     bind += [f"  ea.{n} = (const {DT[plan.inputs[i][1]][0]}::raw*)in[{i}].data;" for n, i in fold.present.items()]
     checks = "\n".join(
         f"  if (in[{i}].ndim != 1 || in[{i}].sizes[0] != K || !htam_contiguous(in[{i}])) return HTAM_ERR_SHAPE;"
@@ -182,11 +215,13 @@ def _host(cp, params: dict, real: list[int]) -> str:
     n_ext = len(plan.inputs)
     bn_ext = ("\n  ext[n_in + 1] = ext[n_in + 2] = channel_vec(Y.data, K);   // bound, never read: the"
               " kernel folds batch norm itself" if cp.bn is not None else "")
-    launch = ("pw_kernel<{bm}, {bn}, {st}, {f}, {f}, {ev}, {ju}><<<(unsigned)blocks, pw::THREADS, smem, stream>>>"
-              "((const {dt}::raw*)Wt.data, (const {dt}::raw*)X.data, ({ot}::raw*)Y.data, d, ea, (int)MT);")
+    split = "true" if params.get("split", True) else "false"
     ot = DT[plan.outputs[0].dtype][0]
-    fast = launch.format(bm=bm, bn=bn, st=stages, f="true", ev=ev, ju=ju, dt=dt, ot=ot)
-    slow = launch.format(bm=bm, bn=bn, st=stages, f="false", ev=1, ju=ju, dt=dt, ot=ot)
+    fast_t = f"pw_kernel<{bm}, {bn}, {stages}, true, true, {ev}, {ju}, true, {split}>"
+    slow_t = f"pw_kernel<{bm}, {bn}, {stages}, false, false, 1, {ju}, false, {split}>"
+    launch = ("{k}<<<(unsigned)blocks, pw::THREADS, smem, stream>>>((const {dt}::raw*)Wt.data, "
+              "(const {dt}::raw*)X.data, ({ot}::raw*)Y.data, d, ea, (int)MT);")
+    fast, slow = (launch.format(k=k, dt=dt, ot=ot) for k in (fast_t, slow_t))
     return f"""
 // Strides of one epilogue input over (image, channel, pixel): height and width must step as one
 // pixel index p = h * W + w (true for contiguous and per-channel inputs).
@@ -240,9 +275,8 @@ static int pw_launch(const HtamTensor* in, int n_in, HtamTensor* out, int n_out,
                     htam_aligned(X.data, 16);
   const int64_t MT = (d.K + {bm} - 1) / {bm}, blocks = MT * ((d.NQ + {bn} - 1) / {bn});
   if (blocks > INT32_MAX) return HTAM_ERR_SHAPE;
-  const size_t smem = pw::Tile<{dt}, {bm}, {bn}>::smem_bytes({stages});
-  int rc = fast ? allow_smem<true>((const void*)pw_kernel<{bm}, {bn}, {stages}, true, true, {ev}, {ju}>, smem)
-                : allow_smem<false>((const void*)pw_kernel<{bm}, {bn}, {stages}, false, false, 1, {ju}>, smem);
+  const size_t smem = fast ? pw_smem<{bm}, {bn}, {stages}, true>() : pw_smem<{bm}, {bn}, {stages}, false>();
+  int rc = fast ? allow_smem<true>((const void*){fast_t}, smem) : allow_smem<false>((const void*){slow_t}, smem);
   if (rc) return rc;
   if (fast) {fast}
   else {slow}
@@ -275,10 +309,11 @@ def render(cp, params: dict) -> str:
     reason = unsupported_reason(cp) or tensor_core_reason(cp, params)
     if reason:
         raise Unsupported(reason)
-    if (params["bm"], params["bn"]) not in TILES or params["stages"] not in (2, 3, 4) or params["ju"] not in (1, 2, 4, 8):
+    if ((params["bm"], params["bn"]) not in TILES or params["stages"] not in (2, 3, 4)
+            or params["ju"] not in (1, 2, 4, 8) or params.get("minb", 2) not in (1, 2, 3, 4)):
         raise Unsupported(f"tiled conv: tile {params['bm']}x{params['bn']}, stages {params['stages']}, "
-                          f"ju {params['ju']} not supported")
+                          f"ju {params['ju']}, minb {params.get('minb')} not supported")
     kernel, real = _kernel(cp, params)
-    shown = sorted((k, v) for k, v in params.items() if k in ("bm", "bn", "stages", "ju", "fast", "tf32"))
+    shown = sorted((k, v) for k, v in params.items() if k in ("bm", "bn", "stages", "ju", "fast", "split", "minb"))
     return "\n".join([f"// torch_htam expert: tiled pointwise conv + fused epilogue params={shown}",
                       PRELUDE, "#include <algorithm>", MAIN_LOOP, kernel, _host(cp, params, real)])
