@@ -733,3 +733,39 @@ def test_conv_graph_path_matches_torch_and_rebinds(name, dtype):
     assert graph([shifted] + args[1:], [moved]) == 0
     torch.cuda.synchronize()
     torch.testing.assert_close(moved, ref, atol=policy.atol, rtol=policy.rtol)
+
+
+class _NanOps(nn.Module):
+    def forward(self, x, y):
+        return F.relu6(x) + torch.minimum(x, y) + torch.clamp(y, max=0.5)
+
+
+class _RowMax(nn.Module):
+    def forward(self, x):
+        return x.amax(-1) + x.amin(-1)
+
+
+def test_max_and_min_propagate_nan():
+    """torch.maximum / minimum / clamp / amax return NaN for a NaN operand; fmaxf / fminf return the
+    other one (a negative running var made a conv + BN + ReLU6 output 0 where torch's was NaN)."""
+    x, y = torch.randn(4, 64), torch.randn(4, 64)
+    for task in (small_task(_NanOps(), x, y), small_task(_RowMax(), x)):
+        src = propose(task, n=1).candidates[0].source
+        assert "htam_max(" in src and "htam_min(" in src and "fmaxf(" not in src.split("end prelude")[1]
+
+
+@pytest.mark.gpu
+def test_max_and_min_propagate_nan_on_the_gpu():
+    from torch_htam.launcher import Kernel
+    x, y = torch.randn(4, 64, device="cuda"), torch.randn(4, 64, device="cuda")
+    x[0, 3] = x[2, 60] = y[1, 5] = float("nan")
+    for model, args in ((_NanOps(), (x, y)), (_RowMax(), (x,))):
+        task = small_task(model, *[a.cpu() for a in args])
+        res = build.build(propose(task, n=1).candidates[0].source)
+        assert res.ok, res.error
+        ref = model(*args)
+        out = torch.empty_like(ref)
+        assert Kernel(res.so_path)(list(args), [out]) == 0
+        torch.cuda.synchronize()
+        assert int(ref.isnan().sum()) >= 2
+        torch.testing.assert_close(out, ref, equal_nan=True)

@@ -19,8 +19,8 @@ DT = {"float32": ("F32", "HTAM_FLOAT32", 4), "bfloat16": ("BF16", "HTAM_BFLOAT16
 # expression op -> C++ (fp32 in, fp32 out); "fast" variants use the SFU intrinsics
 EXACT = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
-    "neg": "(-{0})", "relu": "({0} < 0.f ? 0.f : {0})", "max": "fmaxf({0}, {1})",
-    "min": "fminf({0}, {1})", "gelu_erf": "htam_gelu_erf({0})", "gelu_tanh": "htam_gelu_tanh({0})",
+    "neg": "(-{0})", "relu": "({0} < 0.f ? 0.f : {0})", "max": "htam_max({0}, {1})",
+    "min": "htam_min({0}, {1})", "gelu_erf": "htam_gelu_erf({0})", "gelu_tanh": "htam_gelu_tanh({0})",
     "silu": "({0} / (1.f + expf(-{0})))", "sigmoid": "(1.f / (1.f + expf(-{0})))",
     "tanh": "tanhf({0})", "exp": "expf({0})", "log": "logf({0})", "sqrt": "sqrtf({0})",
     "rsqrt": "rsqrtf({0})", "abs": "fabsf({0})", "recip": "(1.f / {0})", "erf": "erff({0})",

@@ -155,8 +155,11 @@ __device__ __forceinline__ float htam_gelu_tanh_approx(float x) {
 
 // ---- reductions over a group of TPR threads (TPR a power of two; TPR > 32 means the whole block)
 struct SumOp { __device__ __forceinline__ float operator()(float a, float b) const { return a + b; } };
-struct MaxOp { __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); } };
-struct MinOp { __device__ __forceinline__ float operator()(float a, float b) const { return fminf(a, b); } };
+// NOTE: torch.maximum / clamp / amax propagate NaN; fmaxf and fminf return the other operand.
+__device__ __forceinline__ float htam_max(float a, float b) { return (a > b || a != a) ? a : b; }
+__device__ __forceinline__ float htam_min(float a, float b) { return (a < b || a != a) ? a : b; }
+struct MaxOp { __device__ __forceinline__ float operator()(float a, float b) const { return htam_max(a, b); } };
+struct MinOp { __device__ __forceinline__ float operator()(float a, float b) const { return htam_min(a, b); } };
 
 // online softmax state: running max m and sum s of exp(x - m)
 struct SoftmaxState { float m, s; };

@@ -25,7 +25,7 @@ from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter
 from torch_htam.proposers.expert.ir import TRANSCENDENTAL, Plan, stored, walk
 
 INIT = {"sum": "0.f", "max": "(-INFINITY)", "min": "INFINITY"}
-COMBINE = {"sum": "acc + {v}", "max": "fmaxf(acc, {v})", "min": "fminf(acc, {v})"}
+COMBINE = {"sum": "acc + {v}", "max": "htam_max(acc, {v})", "min": "htam_min(acc, {v})"}
 OPS = {"sum": "SumOp", "max": "MaxOp", "min": "MinOp"}
 
 
