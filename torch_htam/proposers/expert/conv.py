@@ -106,7 +106,7 @@ class ConvPlan:
         # our own tiled kernel for 1x1 convs (pwconv.py): off by default, the smem_tiling strategy.
         # NOTE: fp32 tiles of 64 channels: at 128, 3xTF32's fragments spill (128 registers, ptxas)
         p.update(tiled=False, bm=64 if self.dtype == "float32" else 128, bn=128, stages=2, ju=4, split=True,
-                 minb=2, pre=True)
+                 minb=2, pre=True, persist=True)
         return p
 
     def tiled(self, params: dict) -> bool:

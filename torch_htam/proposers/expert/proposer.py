@@ -342,14 +342,14 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
                 for algo in range(6):
                     add(dict(base, fused=False, graph=graph, algo=algo))
         if "smem_tiling" in [s for s in TABLE if moves_for(s, info)]:   # conv: our tiled 1x1 kernel
-            for bm, bn in ((base["bm"], 128), (64, 256), (192 - base["bm"], 128), (64, 64)):
-                for stages in (2, 3):
-                    for ju in (4, 8):
-                        add(dict(base, tiled=True, bm=bm, bn=bn, stages=stages, ju=ju))
-            for bm, bn in ((base["bm"], 128), (64, 256)):
-                add(dict(base, tiled=True, bm=bm, bn=bn, pre=False))
-            add(dict(base, tiled=True, minb=3))
-            add(dict(base, tiled=True, minb=1))
+            for bm, bn in ((base["bm"], 128), (192 - base["bm"], 128), (64, 256), (64, 64)):
+                for pre in (True, False):
+                    for stages, ju in ((2, 4), (3, 4), (2, 8)):
+                        add(dict(base, tiled=True, bm=bm, bn=bn, stages=stages, ju=ju, pre=pre))
+            for minb in (1, 3):
+                add(dict(base, tiled=True, minb=minb))
+            add(dict(base, tiled=True, persist=False))
+            add(dict(base, tiled=True, pre=False, persist=False))
             if info.fp32 and info.allow_tf32:      # plain TF32: a third of 3xTF32's MMAs
                 add(dict(base, tiled=True, split=False))
     return out[:limit]

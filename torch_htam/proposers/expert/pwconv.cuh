@@ -4,7 +4,9 @@
 // images (each thread computes its column's image once). One block of 256 threads (2 x 4 warps)
 // computes the tile Y[m0 : m0 + BM, q0 : q0 + BN] with mma.sync (TF32 m16n8k8 for fp32, m16n8k16
 // for bf16/fp16), fp32 accumulators, C in steps of BK = 32 through a STAGES-deep cp.async
-// pipeline, and leaves it in shared memory as fp32 [BM][BN + 8] for the generated epilogue.
+// pipeline; store_tile leaves it in shared memory ([BM][BN + 8], fp32 or the conv's dtype) for the
+// generated epilogue. A block may loop over tiles: issue_prologue lets the next tile's loads fly
+// while the current tile's epilogue runs.
 //
 // Shared memory rows are padded so fragment loads are free of bank conflicts: A (W tile) rows by
 // 16 bytes (a thread reads row gid, column tig: gid * 4 + tig covers 32 banks), B (X tile) rows by
@@ -72,10 +74,7 @@ struct Tile {
   static constexpr int WM = BM / 2, WN = BN / WARPS_N, MI = WM / 16, NI = WN / 8;
   static_assert(MI >= 1 && NI >= 2 && NI % 2 == 0, "tile too small for 2 x 4 warps");
   static_assert(THREADS % BN == 0 && BN % VEC == 0, "a thread keeps one X column");
-  static constexpr size_t smem_bytes(int stages) {
-    const size_t pipe = (size_t)stages * STAGE * E, out = (size_t)BM * LDC * 4;
-    return pipe > out ? pipe : out;
-  }
+  static constexpr size_t pipe_bytes(int stages) { return ((size_t)stages * STAGE * E + 127) / 128 * 128; }
 };
 
 // Problem sizes and the thread's fixed X column (set up once, reused for every C step).
@@ -190,22 +189,50 @@ __device__ __forceinline__ void mma_stage(const typename DT::raw* sA, const type
   }
 }
 
-// The whole tile: returns with Y[m0 : +BM, q0 : +BN] (before any epilogue) in smem as fp32
-// [BM][LDC], visible to every thread of the block.
+// This thread's X column in a tile starting at pixel q0 (one per thread, see load_stage).
+struct XCol { int col; int64_t base; bool ok; };
+template <class DT, int BN, bool VB>
+__device__ __forceinline__ XCol x_column(const Dims& d, int64_t q0) {
+  constexpr int VEC = 16 / (int)sizeof(typename DT::raw);
+  XCol c;
+  c.col = VB ? (threadIdx.x % (BN / VEC)) * VEC : threadIdx.x % BN;
+  const int64_t q = q0 + c.col;
+  c.ok = q < d.NQ;
+  const int64_t n = c.ok ? q / d.P : 0, p = c.ok ? q % d.P : 0;
+  c.base = n * d.C * d.P + p;
+  return c;
+}
+
+// Issues the first STAGES - 1 stages of a tile (one cp.async group each): the main loop expects them.
+template <class DT, int BM, int BN, int STAGES, bool VA, bool VB>
+__device__ __forceinline__ void issue_prologue(typename DT::raw* s, const typename DT::raw* __restrict__ W,
+                                               const typename DT::raw* __restrict__ X, const Dims& d, int m0,
+                                               int64_t q0) {
+  typedef Tile<DT, BM, BN> T;
+  const XCol c = x_column<DT, BN, VB>(d, q0);
+  const int64_t KT = (d.C + BK - 1) / BK;
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (st < KT)
+      load_stage<DT, BM, BN, VA, VB>(s + st * T::STAGE, s + st * T::STAGE + BM * T::LDA, W, X, d, m0,
+                                     (int64_t)st * BK, c.col, c.base, c.ok);
+    cp_commit();
+  }
+}
+
+// The K loop of one tile after issue_prologue: acc = W[m0 : +BM, :] . X[:, q0 : +BN]. Returns with
+// every cp.async of this thread complete (older groups too: an epilogue prefetch issued before the
+// prologue) and the block synced, so the stage buffers may be refilled.
 template <class DT, int BM, int BN, int STAGES, bool VA, bool VB, bool SPLIT>
-__device__ __forceinline__ float* tile_gemm(unsigned char* smem, const typename DT::raw* __restrict__ W,
-                                            const typename DT::raw* __restrict__ X, const Dims& d, int m0,
-                                            int64_t q0) {
+__device__ __forceinline__ void main_loop(typename DT::raw* s, const typename DT::raw* __restrict__ W,
+                                          const typename DT::raw* __restrict__ X, const Dims& d, int m0,
+                                          int64_t q0,
+                                          float (&acc)[Tile<DT, BM, BN>::MI][Tile<DT, BM, BN>::NI][4]) {
   typedef Tile<DT, BM, BN> T;
   typedef typename DT::raw raw;
-  raw* s = reinterpret_cast<raw*>(smem);
-  const int tid = threadIdx.x, warp = tid / 32;
+  const int warp = threadIdx.x / 32;
   const int wm = (warp / WARPS_N) * T::WM, wn = (warp % WARPS_N) * T::WN;
-  const int xcol = VB ? (tid % (BN / T::VEC)) * T::VEC : tid % BN;
-  const int64_t q = q0 + xcol;
-  const bool qok = q < d.NQ;
-  const int64_t n = qok ? q / d.P : 0, p = qok ? q % d.P : 0, xbase = n * d.C * d.P + p;
-  float acc[T::MI][T::NI][4];
+  const XCol c = x_column<DT, BN, VB>(d, q0);
 #pragma unroll
   for (int mi = 0; mi < T::MI; ++mi)
 #pragma unroll
@@ -213,40 +240,45 @@ __device__ __forceinline__ float* tile_gemm(unsigned char* smem, const typename 
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[mi][ni][j] = 0.f;
   const int64_t KT = (d.C + BK - 1) / BK;
-#pragma unroll
-  for (int st = 0; st < STAGES - 1; ++st) {
-    if (st < KT)
-      load_stage<DT, BM, BN, VA, VB>(s + st * T::STAGE, s + st * T::STAGE + BM * T::LDA, W, X, d, m0,
-                                     (int64_t)st * BK, xcol, xbase, qok);
-    cp_commit();
-  }
   for (int64_t kt = 0; kt < KT; ++kt) {
     cp_wait<STAGES - 2>();
     __syncthreads();     // stage kt landed for every thread; stage kt - 1 is free to overwrite
     const int64_t next = kt + STAGES - 1;
     if (next < KT) {
       raw* ns = s + (next % STAGES) * T::STAGE;
-      load_stage<DT, BM, BN, VA, VB>(ns, ns + BM * T::LDA, W, X, d, m0, next * BK, xcol, xbase, qok);
+      load_stage<DT, BM, BN, VA, VB>(ns, ns + BM * T::LDA, W, X, d, m0, next * BK, c.col, c.base, c.ok);
     }
     cp_commit();
     const raw* cs = s + (kt % STAGES) * T::STAGE;
     mma_stage<DT, BM, BN, SPLIT>(cs, cs + BM * T::LDA, acc, wm, wn);
   }
   cp_wait<0>();
-  __syncthreads();       // every warp is done with the pipeline before it is reused for the result
-  float* out = reinterpret_cast<float*>(smem);
-  const int lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  __syncthreads();
+}
+
+// Writes the accumulators as ST values (fp32, or the conv's own dtype: torch rounds the conv result
+// to it before anything reads it) into out[BM][LDC]. The caller syncs before reading.
+template <class DT, class ST, int BM, int BN>
+__device__ __forceinline__ void store_tile(const float (&acc)[Tile<DT, BM, BN>::MI][Tile<DT, BM, BN>::NI][4],
+                                           typename ST::raw* out) {
+  typedef Tile<DT, BM, BN> T;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+  const int wm = (warp / WARPS_N) * T::WM, wn = (warp % WARPS_N) * T::WN;
 #pragma unroll
   for (int mi = 0; mi < T::MI; ++mi)
 #pragma unroll
     for (int ni = 0; ni < T::NI; ++ni) {
-      float* o = out + (wm + mi * 16 + gid) * T::LDC + wn + ni * 8 + 2 * tig;
-      *reinterpret_cast<float2*>(o) = make_float2(acc[mi][ni][0], acc[mi][ni][1]);
-      *reinterpret_cast<float2*>(o + 8 * T::LDC) = make_float2(acc[mi][ni][2], acc[mi][ni][3]);
+      typename ST::raw* o = out + (wm + mi * 16 + gid) * T::LDC + wn + ni * 8 + 2 * tig;
+      if constexpr (sizeof(typename ST::raw) == 4) {     // float2 rows, conflict-free at LDC = BN + 8
+        *reinterpret_cast<float2*>(o) = make_float2(acc[mi][ni][0], acc[mi][ni][1]);
+        *reinterpret_cast<float2*>(o + 8 * T::LDC) = make_float2(acc[mi][ni][2], acc[mi][ni][3]);
+      } else {                                            // one packed word per pair
+        *reinterpret_cast<unsigned*>(o) = ST::to_word(&acc[mi][ni][0]);
+        *reinterpret_cast<unsigned*>(o + 8 * T::LDC) = ST::to_word(&acc[mi][ni][2]);
+      }
     }
-  __syncthreads();
-  return out;
 }
+
 // Issues (does not wait for) cp.async copies of an epilogue input's [BM][BN] tile into s (rows of BN
 // elements), for an input whose pixel stride is 1 with P divisible by a 16-byte chunk (host-checked);
 // sn / sk: its image / channel strides. Rows or pixels past the end are zero-filled.

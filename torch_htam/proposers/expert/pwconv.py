@@ -24,6 +24,7 @@ from torch_htam.proposers.expert.ir import Unsupported, stored
 MAIN_LOOP = Path(__file__).with_name("pwconv.cuh").read_text()
 # tile shapes the main loop supports (2 x 4 warps; BN pixels must leave every thread one X column)
 TILES = {(128, 128), (64, 128), (128, 64), (64, 64), (64, 256)}
+SMEM_LIMIT = 227 * 1024      # bytes of shared memory one block may have on sm_90
 
 
 def unsupported_reason(cp) -> str | None:
@@ -50,6 +51,18 @@ def pixel_varying(plan, i: int) -> bool:
     """Whether access i can differ between pixels (a residual does; a per-channel vector does not)."""
     a = plan.accesses[i]
     return a.mode != "dims" or 2 in a.dims or 3 in a.dims
+
+
+def smem_bytes(cp, params: dict) -> int:
+    """Shared memory of one block, as the kernel lays it out (pw_smem in the source)."""
+    plan, e = cp.epilogue, DT[cp.dtype][2]
+    bm, bn = params["bm"], params["bn"]
+    up = lambda b: -(-b // 128) * 128      # noqa: E731
+    pipe = up(params["stages"] * (bm * (32 + 16 // e) + 32 * (bn + 8)) * e)
+    stg = up(bm * (bn + 8) * (e if cp.dtype != "float32" else 4))
+    _, real = _loads(plan, cp.g, cp.bn is not None)
+    pre = sum(2 * bm * bn * DT[plan.inputs[plan.accesses[i].input][1]][2] for i in real if pixel_varying(plan, i))
+    return pipe + stg + (pre if params.get("pre", True) else 0) + 2 * bm * 4
 
 
 def _loads(plan, g: int, has_bn: bool) -> tuple[dict[int, str], list[int]]:
@@ -81,19 +94,18 @@ def _epilogue(cp, params: dict, real: list[int], names: dict[int, str]) -> tuple
                   f"        else {{ const float v = ld1<{t}, false>(ea.p{j} + o);\n"
                   f"#pragma unroll\n          for (int e = 0; e < EV; ++e) x{j}[u][e] = v; }} }}")
         if pixel_varying(plan, i):     # PRE: its tile is already in shared memory
-            loads.append(f"      if constexpr (PRE) ldv<{t}, EV, false>(pre{j} + r * BN + col, x{j}[u]);\n"
-                         f"      else {direct}")
+            loads.append(f"        if constexpr (PRE) ldv<{t}, EV, false>(pre{j} + r * BN + col, x{j}[u]);\n"
+                         f"        else {direct}")
         else:
-            loads.append(f"      {direct}")
+            loads.append(f"        {direct}")
     em = Emitter(load=lambda a: names[a], red=None, fast=bool(params.get("fast")),
                  low_precision=cp.dtype != "float32")
     y = em.emit(stored(plan.outputs[0].expr, plan.outputs[0].dtype))
-    # NOTE: torch rounds the conv result to bf16/fp16 before batch norm reads it; so does this.
-    cv = "acc[r * LDC + col + e]" if cp.dtype == "float32" else f"{DT[cp.dtype][0]}::round(acc[r * LDC + col + e])"
-    compute = "\n".join([f"        const float cv = {cv};"] + ["        " + ln for ln in em.lines]
-                        + [f"        y[u][e] = {y};"])
-    store = (f"      {out_t}::raw* yp = Y + (n * d.K + m0 + r) * d.P + p;\n"
-             f"      if (EV > 1) stv<{out_t}, EV>(yp, y[u]); else *yp = {out_t}::from_f(y[u][0]);")
+    # NOTE: the staged conv result is already rounded to the conv's dtype, as torch's is
+    compute = "\n".join(["          const float cv = cvs[e];"] + ["          " + ln for ln in em.lines]
+                        + [f"          y[u][e] = {y};"])
+    store = (f"        {out_t}::raw* yp = Y + (n * d.K + m0 + r) * d.P + p;\n"
+             f"        if (EV > 1) stv<{out_t}, EV>(yp, y[u]); else *yp = {out_t}::from_f(y[u][0]);")
     return "\n".join(loads), compute, store
 
 
@@ -111,23 +123,38 @@ def _kernel(cp, params: dict) -> str:
     decl_x = " ".join(f"float x{j}[JJ][EV];" for j in range(len(real)))
     set_fold = ""
     if cp.bn is not None:
-        set_fold = (f"  if (threadIdx.x < BM && m0 + (int64_t)threadIdx.x < d.K) {{\n"
-                    f"    const int64_t i = m0 + threadIdx.x;\n{unpack}    const float eps = ea.eps;\n"
-                    f"    sS[threadIdx.x] = {fold.scale('i')};\n    sT[threadIdx.x] = {fold.center('i')};\n  }}")
-    # pixel-varying inputs (a residual) get a [BM][BN] tile each after the main loop's memory,
-    # copied asynchronously while the GEMM runs
+        set_fold = (f"    if (threadIdx.x < BM && m0 + (int64_t)threadIdx.x < d.K) {{\n"
+                    f"      const int64_t i = m0 + threadIdx.x;\n{unpack}      const float eps = ea.eps;\n"
+                    f"      sS[threadIdx.x] = {fold.scale('i')};\n      sT[threadIdx.x] = {fold.center('i')};\n    }}")
+    # pixel-varying inputs (a residual) get two [BM][BN] buffers each after the stages and the
+    # result tile: the next tile's copy flies while this tile's epilogue runs
     pre = [(j, DT[plan.inputs[plan.accesses[i].input][1]]) for j, i in enumerate(real) if pixel_varying(plan, i)]
-    offsets, tiles, at = [], [], "pw::Tile<{dt}, BM, BN>::smem_bytes(STAGES)"
+    ptrs_pre, issue, at = [], [], "(pw::Tile<{dt}, BM, BN>::pipe_bytes(STAGES) + STG_BYTES)"
     for j, (t, _, size) in pre:
-        offsets.append(f"  {t}::raw* pre{j} = reinterpret_cast<{t}::raw*>(smem + (({at} + 127) / 128 * 128));")
-        tiles.append(f"    pw::prefetch_tile<{t}, BM, BN>(pre{j}, ea.p{j}, ea.st[{j}][0], ea.st[{j}][1], d, m0, q0);")
-        at = f"(({at} + 127) / 128 * 128 + (size_t)BM * BN * {size})"
-    prefetch = "\n".join(offsets + ["  if constexpr (PRE) {"] + tiles + ["    pw::cp_commit();", "  }"]) if pre else ""
+        ptrs_pre.append(f"  {t}::raw* pre{j}_0 = reinterpret_cast<{t}::raw*>(smem + {at});\n"
+                        f"  {t}::raw* pre{j}_1 = pre{j}_0 + BM * BN;")
+        issue.append(f"pw::prefetch_tile<{t}, BM, BN>(buf ? pre{j}_1 : pre{j}_0, ea.p{j}, ea.st[{j}][0], "
+                     f"ea.st[{j}][1], d, m0n, q0n);")
+        at = f"({at} + (size_t)2 * BM * BN * {size})"
+    issue_pre = "\n".join(["  auto issue_pre = [&](int buf, int m0n, int64_t q0n) {", "    (void)buf; (void)m0n; (void)q0n;"]
+                          + (["    if constexpr (PRE) {"] + [f"      {x}" for x in issue] + ["      pw::cp_commit();", "    }"]
+                             if pre else []) + ["  };"])
+    cur = "\n".join(f"    const auto* pre{j} = it % 2 ? pre{j}_1 : pre{j}_0;" for j, _ in pre)
+    st = dt if cp.dtype != "float32" else "F32"     # the result tile's storage type
     smem_fn = f"""
-// Dynamic shared memory: the main loop's stages (reused for the fp32 result tile), then one
-// prefetched tile per pixel-varying epilogue input when PRE.
+// The result tile as stored for the epilogue: the conv's dtype (half types: torch rounds the conv
+// result to it) or fp32.
+typedef {st} STG;
+template <int BM, int BN> constexpr size_t stg_bytes() {{
+  return ((size_t)BM * pw::Tile<{dt}, BM, BN>::LDC * sizeof(STG::raw) + 127) / 128 * 128;
+}}
+// Dynamic shared memory: the main loop's stages, the result tile, then (PRE) two buffers per
+// pixel-varying epilogue input.
 template <int BM, int BN, int STAGES, bool PRE>
-constexpr size_t pw_smem() {{ return PRE ? {at.format(dt=dt)} : pw::Tile<{dt}, BM, BN>::smem_bytes(STAGES); }}
+constexpr size_t pw_smem() {{
+  constexpr size_t STG_BYTES = stg_bytes<BM, BN>();
+  return PRE ? {at.format(dt=dt)} : pw::Tile<{dt}, BM, BN>::pipe_bytes(STAGES) + STG_BYTES;
+}}
 """
     return smem_fn + f"""
 #define NREAL {max(len(real), 1)}
@@ -139,53 +166,75 @@ struct EpiArgs {{
 }};
 
 // VA, VB, EV > 1: the fast instantiation (16-byte vectors everywhere); PRE: with it, pixel-varying
-// inputs are prefetched into shared memory at the start
+// inputs are copied into shared memory ahead of use. A block computes tiles t = blockIdx.x,
+// + gridDim.x, ... (T tiles, MT channel tiles per pixel tile: the channel tiles of one pixel tile
+// run on neighbouring blocks at the same time, so X is read from DRAM once and then from L2).
 template <int BM, int BN, int STAGES, bool VA, bool VB, int EV, int JU, bool PRE, bool SPLIT>
 __global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kernel(const {dt}::raw* __restrict__ W,
-    const {dt}::raw* __restrict__ X, {out_t}::raw* __restrict__ Y, pw::Dims d, EpiArgs ea, int MT) {{
+    const {dt}::raw* __restrict__ X, {out_t}::raw* __restrict__ Y, pw::Dims d, EpiArgs ea, int MT, int64_t T) {{
+  typedef pw::Tile<{dt}, BM, BN> TL;
+  constexpr size_t STG_BYTES = stg_bytes<BM, BN>();
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float sS[BM], sT[BM];        // batch norm scale / center of the tile's channels
-  // the channel tiles of one pixel tile are neighbours in launch order: the X tile is read from
-  // DRAM once and from L2 by the others
-  const int m0 = (int)(blockIdx.x % MT) * BM;
-  const int64_t q0 = (int64_t)(blockIdx.x / MT) * BN;
-{prefetch.replace("{dt}", dt)}
-{set_fold}
   (void)sS; (void)sT;
-  // synced: the tile and every prefetched input are visible to the whole block
-  const float* acc = pw::tile_gemm<{dt}, BM, BN, STAGES, VA, VB, SPLIT>(smem, W, X, d, m0, q0);
-  constexpr int LDC = pw::Tile<{dt}, BM, BN>::LDC, TPR = BN / EV, RPP = pw::THREADS / TPR;
+  {dt}::raw* pipe = reinterpret_cast<{dt}::raw*>(smem);
+  STG::raw* stg = reinterpret_cast<STG::raw*>(smem + TL::pipe_bytes(STAGES));
+{chr(10).join(ptrs_pre).replace("{dt}", dt)}
+{issue_pre}
+  int64_t t = blockIdx.x;
+  if (t >= T) return;
+  issue_pre(0, (int)(t % MT) * BM, (t / MT) * BN);
+  pw::issue_prologue<{dt}, BM, BN, STAGES, VA, VB>(pipe, W, X, d, (int)(t % MT) * BM, (t / MT) * BN);
+  constexpr int LDC = TL::LDC, TPR = BN / EV, RPP = pw::THREADS / TPR;
   constexpr int JJ = JU < BM / RPP ? JU : BM / RPP;    // tile rows per thread in flight
   const int col = (threadIdx.x % TPR) * EV, row0 = threadIdx.x / TPR;
-  const int64_t q = q0 + col;
-  const bool qok = q < d.NQ;             // NQ % EV == 0 when EV > 1: a vector is all in or all out
-  const int64_t n = qok ? q / d.P : 0, p = qok ? q % d.P : 0;
-  for (int j0 = 0; j0 < BM / RPP; j0 += JJ) {{
-    {decl_x}
-    float y[JJ][EV];
-    bool ok[JJ];
-#pragma unroll
-    for (int u = 0; u < JJ; ++u) {{
-      const int r = row0 + (j0 + u) * RPP;
-      ok[u] = qok && m0 + r < d.K;
-      const int64_t kc = ok[u] ? m0 + r : 0, nc = ok[u] ? n : 0, pc = ok[u] ? p : 0;   // masked: element 0
-      (void)kc; (void)nc; (void)pc;
-{loads}
+  for (int it = 0; t < T; t += gridDim.x, ++it) {{
+    const int m0 = (int)(t % MT) * BM;
+    const int64_t q0 = (t / MT) * BN;
+{set_fold}
+    float acc[TL::MI][TL::NI][4];
+    pw::main_loop<{dt}, BM, BN, STAGES, VA, VB, SPLIT>(pipe, W, X, d, m0, q0, acc);   // synced
+    pw::store_tile<{dt}, STG, BM, BN>(acc, stg);
+    const int64_t tn = t + gridDim.x;
+    if (tn < T) {{        // the next tile's loads fly during this tile's epilogue
+      issue_pre((it + 1) % 2, (int)(tn % MT) * BM, (tn / MT) * BN);
+      pw::issue_prologue<{dt}, BM, BN, STAGES, VA, VB>(pipe, W, X, d, (int)(tn % MT) * BM, (tn / MT) * BN);
     }}
+    __syncthreads();      // the result tile (and sS / sT) are visible to every thread
+{cur}
+    const int64_t q = q0 + col;
+    const bool qok = q < d.NQ;           // NQ % EV == 0 when EV > 1: a vector is all in or all out
+    const int64_t n = qok ? q / d.P : 0, p = qok ? q % d.P : 0;
+    for (int j0 = 0; j0 < BM / RPP; j0 += JJ) {{
+      {decl_x}
+      float y[JJ][EV];
+      bool ok[JJ];
 #pragma unroll
-    for (int u = 0; u < JJ; ++u) {{
-      const int r = row0 + (j0 + u) * RPP;
+      for (int u = 0; u < JJ; ++u) {{
+        const int r = row0 + (j0 + u) * RPP;
+        ok[u] = qok && m0 + r < d.K;
+        const int64_t kc = ok[u] ? m0 + r : 0, nc = ok[u] ? n : 0, pc = ok[u] ? p : 0;   // masked: element 0
+        (void)kc; (void)nc; (void)pc;
+{loads}
+      }}
 #pragma unroll
-      for (int e = 0; e < EV; ++e) {{
+      for (int u = 0; u < JJ; ++u) {{
+        const int r = row0 + (j0 + u) * RPP;
+        float cvs[EV];
+        ldv<STG, EV, false>(stg + r * LDC + col, cvs);
+#pragma unroll
+        for (int e = 0; e < EV; ++e) {{
 {compute}
+        }}
+      }}
+#pragma unroll
+      for (int u = 0; u < JJ; ++u) {{
+        if (!ok[u]) continue;
+        const int r = row0 + (j0 + u) * RPP;
+{store}
       }}
     }}
-#pragma unroll
-    for (int u = 0; u < JJ; ++u) {{
-      if (!ok[u]) continue;
-      const int r = row0 + (j0 + u) * RPP;
-{store}
-    }}
+    __syncthreads();      // the result tile, this tile's prefetch buffers and sS / sT are free
   }}
 }}
 """, real
@@ -224,8 +273,8 @@ def _host(cp, params: dict, real: list[int]) -> str:
     pre = "true" if params.get("pre", True) else "false"
     fast_t = f"pw_kernel<{bm}, {bn}, {stages}, true, true, {ev}, {ju}, {pre}, {split}>"
     slow_t = f"pw_kernel<{bm}, {bn}, {stages}, false, false, 1, {ju}, false, {split}>"
-    launch = ("{k}<<<(unsigned)blocks, pw::THREADS, smem, stream>>>((const {dt}::raw*)Wt.data, "
-              "(const {dt}::raw*)X.data, ({ot}::raw*)Y.data, d, ea, (int)MT);")
+    launch = ("{k}<<<(unsigned)grid, pw::THREADS, smem, stream>>>((const {dt}::raw*)Wt.data, "
+              "(const {dt}::raw*)X.data, ({ot}::raw*)Y.data, d, ea, (int)MT, tiles);")
     fast, slow = (launch.format(k=k, dt=dt, ot=ot) for k in (fast_t, slow_t))
     return f"""
 // Strides of one epilogue input over (image, channel, pixel): height and width must step as one
@@ -244,19 +293,25 @@ static HtamTensor channel_vec(void* p, int64_t K) {{
   return t;
 }}
 
-// Dynamic shared memory above 48 KB must be allowed once per kernel and device.
+// Once per kernel and device: allow its dynamic shared memory (above 48 KB needs it) and find how
+// many blocks fit on the device at once (the persistent grid).
 template <bool FAST>
-static int allow_smem(const void* kernel, size_t bytes) {{
-  static bool done[64] = {{}};
+static int prepare(const void* kernel, size_t bytes, int64_t* resident) {{
+  static int64_t fits[64] = {{}};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return (int)e;
   if (dev < 0 || dev >= 64) return HTAM_ERR_SHAPE;
-  if (!done[dev]) {{
+  if (!fits[dev]) {{
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     if (e != cudaSuccess) return (int)e;
-    done[dev] = true;
+    int per_sm = 0;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (void (*)())kernel, pw::THREADS, bytes);
+    if (e != cudaSuccess) return (int)e;
+    if (per_sm < 1) return HTAM_ERR_SHAPE;
+    fits[dev] = (int64_t)per_sm * htam_sm_count();
   }}
+  *resident = fits[dev];
   return 0;
 }}
 
@@ -278,11 +333,15 @@ static int pw_launch(const HtamTensor* in, int n_in, HtamTensor* out, int n_out,
 {chr(10).join(bind)}
   const bool fast = ev_ok && d.C % {vec} == 0 && htam_aligned(Wt.data, 16) && d.P % {vec} == 0 &&
                     htam_aligned(X.data, 16);
-  const int64_t MT = (d.K + {bm} - 1) / {bm}, blocks = MT * ((d.NQ + {bn} - 1) / {bn});
-  if (blocks > INT32_MAX) return HTAM_ERR_SHAPE;
+  const int64_t MT = (d.K + {bm} - 1) / {bm}, tiles = MT * ((d.NQ + {bn} - 1) / {bn});
   const size_t smem = fast ? pw_smem<{bm}, {bn}, {stages}, {pre}>() : pw_smem<{bm}, {bn}, {stages}, false>();
-  int rc = fast ? allow_smem<true>((const void*){fast_t}, smem) : allow_smem<false>((const void*){slow_t}, smem);
+  int64_t resident = 0;
+  int rc = fast ? prepare<true>((const void*){fast_t}, smem, &resident)
+                : prepare<false>((const void*){slow_t}, smem, &resident);
   if (rc) return rc;
+  // persistent: as many blocks as fit at once, each looping over tiles; else one tile per block
+  const int64_t grid = {"std::min(tiles, resident)" if params.get("persist", True) else "tiles"};
+  if (grid > INT32_MAX) return HTAM_ERR_SHAPE;
   if (fast) {fast}
   else {slow}
   HTAM_CHECK_LAUNCH();
@@ -318,7 +377,10 @@ def render(cp, params: dict) -> str:
             or params["ju"] not in (1, 2, 4, 8) or params.get("minb", 2) not in (1, 2, 3, 4)):
         raise Unsupported(f"tiled conv: tile {params['bm']}x{params['bn']}, stages {params['stages']}, "
                           f"ju {params['ju']}, minb {params.get('minb')} not supported")
+    if smem_bytes(cp, params) > SMEM_LIMIT:
+        raise Unsupported(f"tiled conv: {smem_bytes(cp, params)} bytes of shared memory per block "
+                          f"(at most {SMEM_LIMIT}); use a smaller tile or pre=False")
     kernel, real = _kernel(cp, params)
-    shown = sorted((k, v) for k, v in params.items() if k in ("bm", "bn", "stages", "ju", "fast", "split", "minb", "pre"))
+    shown = sorted((k, v) for k, v in params.items() if k in ("bm", "bn", "stages", "ju", "fast", "split", "minb", "pre", "persist"))
     return "\n".join([f"// torch_htam expert: tiled pointwise conv + fused epilogue params={shown}",
                       PRELUDE, "#include <algorithm>", MAIN_LOOP, kernel, _host(cp, params, real)])

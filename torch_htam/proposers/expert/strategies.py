@@ -109,7 +109,7 @@ TABLE: dict[str, Strategy] = {
                                lambda i: i.has_batchnorm),
     # conv: a 1x1 conv as our own tiled tensor-core GEMM with the epilogue applied before the one
     # store (pwconv.py), where cuDNN writes the conv and an epilogue kernel reads it back
-    "smem_tiling": Strategy(CONV, lambda i: [{"tiled": True}, {"tiled": True, "bm": 128 if i.fp32 else 64},
+    "smem_tiling": Strategy(CONV, lambda i: [{"tiled": True}, {"tiled": True, "pre": False},
                                              {"tiled": True, "stages": 3}],
                             lambda i: i.pointwise_conv and (i.allow_tf32 or not i.fp32)),
 }
