@@ -62,7 +62,8 @@ def smem_bytes(cp, params: dict) -> int:
     stg = up(bm * (bn + 8) * (e if cp.dtype != "float32" else 4))
     _, real = _loads(plan, cp.g, cp.bn is not None)
     pre = sum(2 * bm * bn * DT[plan.inputs[plan.accesses[i].input][1]][2] for i in real if pixel_varying(plan, i))
-    return pipe + stg + (pre if params.get("pre", True) else 0) + 2 * bm * 4
+    tail = pipe + stg if params.get("persist", True) else max(pipe, stg)
+    return tail + (pre if params.get("pre", True) else 0) + 2 * bm * 4
 
 
 def _loads(plan, g: int, has_bn: bool) -> tuple[dict[int, str], list[int]]:
@@ -129,7 +130,7 @@ def _kernel(cp, params: dict) -> str:
     # pixel-varying inputs (a residual) get two [BM][BN] buffers each after the stages and the
     # result tile: the next tile's copy flies while this tile's epilogue runs
     pre = [(j, DT[plan.inputs[plan.accesses[i].input][1]]) for j, i in enumerate(real) if pixel_varying(plan, i)]
-    ptrs_pre, issue, at = [], [], "(pw::Tile<{dt}, BM, BN>::pipe_bytes(STAGES) + STG_BYTES)"
+    ptrs_pre, issue, at = [], [], "tail_off<BM, BN, STAGES>()"
     for j, (t, _, size) in pre:
         ptrs_pre.append(f"  {t}::raw* pre{j}_0 = reinterpret_cast<{t}::raw*>(smem + {at});\n"
                         f"  {t}::raw* pre{j}_1 = pre{j}_0 + BM * BN;")
@@ -149,12 +150,18 @@ template <int BM, int BN> constexpr size_t stg_bytes() {{
   return ((size_t)BM * pw::Tile<{dt}, BM, BN>::LDC * sizeof(STG::raw) + 127) / 128 * 128;
 }}
 // Dynamic shared memory: the main loop's stages, the result tile, then (PRE) two buffers per
-// pixel-varying epilogue input.
-template <int BM, int BN, int STAGES, bool PRE>
-constexpr size_t pw_smem() {{
-  constexpr size_t STG_BYTES = stg_bytes<BM, BN>();
-  return PRE ? {at.format(dt=dt)} : pw::Tile<{dt}, BM, BN>::pipe_bytes(STAGES) + STG_BYTES;
+// pixel-varying epilogue input. PERSIST: a block issues the next tile's stages before this tile's
+// epilogue, so the result tile has memory of its own; else it reuses the stages' memory.
+constexpr bool PERSIST = {"true" if params.get("persist", True) else "false"};
+template <int BM, int BN, int STAGES> constexpr size_t stg_off() {{
+  return PERSIST ? pw::Tile<{dt}, BM, BN>::pipe_bytes(STAGES) : 0;
 }}
+template <int BM, int BN, int STAGES> constexpr size_t tail_off() {{
+  constexpr size_t pipe = pw::Tile<{dt}, BM, BN>::pipe_bytes(STAGES), stg = stg_bytes<BM, BN>();
+  return PERSIST ? pipe + stg : (pipe > stg ? pipe : stg);
+}}
+template <int BM, int BN, int STAGES, bool PRE>
+constexpr size_t pw_smem() {{ return PRE ? {at} : tail_off<BM, BN, STAGES>(); }}
 """
     return smem_fn + f"""
 #define NREAL {max(len(real), 1)}
@@ -173,12 +180,11 @@ template <int BM, int BN, int STAGES, bool VA, bool VB, int EV, int JU, bool PRE
 __global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kernel(const {dt}::raw* __restrict__ W,
     const {dt}::raw* __restrict__ X, {out_t}::raw* __restrict__ Y, pw::Dims d, EpiArgs ea, int MT, int64_t T) {{
   typedef pw::Tile<{dt}, BM, BN> TL;
-  constexpr size_t STG_BYTES = stg_bytes<BM, BN>();
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float sS[BM], sT[BM];        // batch norm scale / center of the tile's channels
   (void)sS; (void)sT;
   {dt}::raw* pipe = reinterpret_cast<{dt}::raw*>(smem);
-  STG::raw* stg = reinterpret_cast<STG::raw*>(smem + TL::pipe_bytes(STAGES));
+  STG::raw* stg = reinterpret_cast<STG::raw*>(smem + stg_off<BM, BN, STAGES>());
 {chr(10).join(ptrs_pre).replace("{dt}", dt)}
 {issue_pre}
   int64_t t = blockIdx.x;
@@ -194,9 +200,9 @@ __global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kerne
 {set_fold}
     float acc[TL::MI][TL::NI][4];
     pw::main_loop<{dt}, BM, BN, STAGES, VA, VB, SPLIT>(pipe, W, X, d, m0, q0, acc);   // synced
-    pw::store_tile<{dt}, STG, BM, BN>(acc, stg);
+    pw::store_tile<{dt}, STG, BM, BN>(acc, stg);     // (main_loop ended synced: the stages are free)
     const int64_t tn = t + gridDim.x;
-    if (tn < T) {{        // the next tile's loads fly during this tile's epilogue
+    if (PERSIST && tn < T) {{        // the next tile's loads fly during this tile's epilogue
       issue_pre((it + 1) % 2, (int)(tn % MT) * BM, (tn / MT) * BN);
       pw::issue_prologue<{dt}, BM, BN, STAGES, VA, VB>(pipe, W, X, d, (int)(tn % MT) * BM, (tn / MT) * BN);
     }}
