@@ -369,7 +369,9 @@ def test_conv_tasks_get_both_cudnn_paths():
     for stem in ("conv_bn_relu_fp32", "conv_bn_add_relu_fp32"):
         cands = propose(bench_task(stem)).candidates
         assert len(cands) == 4
-        first, fused = cands[0], next(c for c in cands if c.params["fused"])
+        # (a 1x1 conv's defaults are our tiled kernel, tests/test_pwconv.py; cuDNN's paths follow)
+        first = next(c for c in cands if not c.params.get("tiled") and not c.params["fused"])
+        fused = next(c for c in cands if c.params["fused"])
         # the default unfused path runs the conv on cuDNN's backend API (graph=True)
         assert not first.params["fused"] and "cudnnBackendExecute(" in first.source
         assert "epilogue_run(ext" in first.source and "fold_kernel<<<" in first.source
@@ -415,10 +417,10 @@ def test_conv_batch_norm_centers_before_it_scales():
     sub = next(x for x in _walk(e) if x[0] == "sub")
     mul = next(x for x in _walk(e) if x[0] == "mul")
     assert mul[1] == sub and {cp.epilogue.accesses[a[1]].input for a in sub[1:]} == {cp.g, cp.g + 2}
-    src = cp.render(dict(cp.defaults(), graph=True, fused=False))
+    src = cp.render(dict(cp.defaults(), graph=True, fused=False, tiled=False))
     assert "shift[i] = F32::from_f(F32::to_f(mean[i]) - 0.f);" in src
     # cuDNN's fused call adds a bias after pre-scaled weights: that one is the folded shift
-    fused = cp.render(dict(cp.defaults(), fused=True))
+    fused = cp.render(dict(cp.defaults(), fused=True, tiled=False))
     assert "shift[i] = F32::from_f(F32::to_f(beta[i]) + (0.f - F32::to_f(mean[i])) * s);" in fused
 
 

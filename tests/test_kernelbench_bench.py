@@ -138,7 +138,8 @@ def test_list_mode_needs_no_gpu(capsys):
     assert kb.main(["--list", "--limit", "2"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     policy = "tf32" if torch.backends.cudnn.allow_tf32 else "fp32"   # convs follow torch's cudnn knob
-    assert len(out) == 2 and out[0].startswith(f"conv_bn_add_relu_fp32: conv, {policy}")
+    assert len(out) == 2 and out[0].startswith("conv_bn_add_relu_bf16: conv, bf16")
+    assert out[1].startswith(f"conv_bn_add_relu_fp32: conv, {policy}")
 
 
 class _FakeTimer:

@@ -60,6 +60,8 @@ from torch_htam.proposers.expert.strategies import PlanInfo
 
 aten = torch.ops.aten
 RELUS = (aten.relu.default, aten.relu_.default)
+# the tiled pointwise kernel's own params (pwconv.py)
+TILE_KEYS = {"bm", "bn", "stages", "ju", "split", "minb", "pre", "persist"}
 # strategy ids whose presence ConvPlan.tags decides from the params
 TAG_IDS = ("fold_batchnorm", "fuse_elementwise_chain", "gemm_plus_epilogue_kernel", "tf32_tensor_cores",
            "bf16_tensor_cores", "smem_tiling")
@@ -103,11 +105,26 @@ class ConvPlan:
         # the backend API (far less host time per call, module docstring) at algo 0: the top
         # heuristic engine, the one PyTorch runs; the search moves down the ranking (CONV_ALGOS)
         p.update(fused=False, graph=True, tf32=self.allow_tf32 and self.dtype == "float32", algo=0)
-        # our own tiled kernel for 1x1 convs (pwconv.py): off by default, the smem_tiling strategy.
-        # NOTE: fp32 tiles of 64 channels: at 128, 3xTF32's fragments spill (128 registers, ptxas)
-        p.update(tiled=False, bm=64 if self.dtype == "float32" else 128, bn=128, stages=2, ju=4, split=True,
-                 minb=2, pre=True, persist=True)
+        # our own tiled kernel for 1x1 convs (pwconv.py) where its tensor-core math is allowed: the
+        # fastest of bench/sweep.py's grid on an H100 (RESULTS.md, 2026-11-23): fp32 (3xTF32)
+        # 132 us against cuDNN + epilogue's 163 us, bf16 66 us against 94 us ([32, 64 -> 256, 56, 56]).
+        # NOTE: 64-channel tiles: at 128, 3xTF32's fragments spill (128 registers, ptxas)
+        p.update(tiled=False, bm=64, bn=128, stages=2, ju=4, split=True, minb=2, pre=True, persist=True)
+        if pwconv.unsupported_reason(self) is None and pwconv.tensor_core_reason(self, p) is None:
+            p.update(tiled=True)
+            p.update(dict(ju=8, pre=False) if self.dtype == "float32" else dict(stages=3))
         return p
+
+    def canonical(self, params: dict) -> dict:
+        """params with the knobs of the path not taken at their defaults: the tiled kernel reads no
+        cuDNN setting, cuDNN's paths read no tile setting.
+
+            >>> cp.canonical(dict(cp.defaults(), tiled=True, fused=True))["fused"]
+            False
+        """
+        d = self.defaults()
+        keys = TILE_KEYS if not self.tiled(params) else {"fused", "graph", "algo", "tf32"}
+        return dict(params, **{k: d[k] for k in keys if k in params and k != "tiled"})
 
     def tiled(self, params: dict) -> bool:
         """Whether params select the tiled pointwise kernel and this conv and policy allow it."""
@@ -119,7 +136,7 @@ class ConvPlan:
 
     def tags(self, params: dict) -> list[str]:
         """Strategy ids the setting embodies (they follow the path actually taken)."""
-        if params.get("tiled"):
+        if self.tiled(params):
             tags = ["fold_batchnorm"] * (self.bn is not None) + ["smem_tiling", "fuse_elementwise_chain"]
             return tags + ["tf32_tensor_cores" if self.dtype == "float32" else "bf16_tensor_cores"]
         fused = bool(params.get("fused")) and self.fusable

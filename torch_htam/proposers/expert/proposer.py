@@ -89,9 +89,12 @@ def _default_tags(kind: str, params: dict, info: PlanInfo) -> list[str]:
 class _Target:
     """One supported task: its kind, default params and how to render params to CUDA."""
 
-    def __init__(self, kind: str, info: PlanInfo, defaults: dict, render, note: str = "", tagger=None):
+    def __init__(self, kind: str, info: PlanInfo, defaults: dict, render, note: str = "", tagger=None,
+                 canonical=None):
         self.kind, self.info, self.defaults, self.render, self.note = kind, info, defaults, render, note
         self.tagger = tagger     # params -> the kind's path-dependent strategy tags (conv)
+        # params -> the same kernel's params with the knobs it does not read at their defaults
+        self.canonical = canonical or (lambda p: p)
 
 
 def _target(task, policy) -> _Target:
@@ -100,7 +103,7 @@ def _target(task, policy) -> _Target:
     except Unsupported as e_plan:
         if conv.has_conv(task.graph):
             cp = conv.match(task.graph, policy)
-            return _Target("conv", cp.info, cp.defaults(), cp.render, tagger=cp.tags)
+            return _Target("conv", cp.info, cp.defaults(), cp.render, tagger=cp.tags, canonical=cp.canonical)
         try:
             gp = gemm.match(task.graph, policy)
         except Unsupported as e_gemm:
@@ -153,6 +156,7 @@ class ExpertProposer:
                                   parent is not None)
         out, seen, skipped = [], set(), []
         for params, tags in settings:
+            params = tgt.canonical(params)      # two settings of one kernel are one candidate
             key = tuple(sorted(params.items()))
             if key in seen or not _valid(tgt.kind, params):
                 continue
@@ -226,12 +230,18 @@ def _long_row_in_registers(info: PlanInfo) -> dict | None:
             "welford": False, "occ": 1024}
 
 
+# conv params that only the cuDNN path reads
+CUDNN_KEYS = {"fused", "graph", "algo", "tf32"}
+
+
 def _refit(kind: str, p: dict, moved: dict, info: PlanInfo) -> dict:
     """A row kernel kept in registers must still hold the whole row after a move changed its
     threads per row or vector width: recompute NV (and narrow VEC) for the new mapping, unless the
     move set NV itself. NOTE: without this, warp_per_row on a 768-column row kept the NV of a
     128-thread row, covered 256 columns and fell back to the streaming path at run time.
     """
+    if kind == "conv" and "tiled" not in moved and CUDNN_KEYS & set(moved):
+        return dict(p, tiled=False)     # a move of the cuDNN path takes the cuDNN path
     if kind != "rowwise" or not p.get("nv") or "nv" in moved:
         return p
     n = max(info.ncol, 1)
@@ -332,15 +342,16 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
             for unroll in (1, 2):
                 add(dict(base, fast=not base["fast"], unroll=unroll))
     else:   # gemm / conv: the library's ranked algorithms, with and without the fused path
+        lib = dict(base, tiled=False) if "tiled" in base else base
         for flag in ("fused", "lt_epilogue"):
             if flag in base:
                 for v in (base[flag], not base[flag]):
                     for algo in range(8):
-                        add(dict(base, **{flag: v}, algo=algo))
+                        add(dict(lib, **{flag: v}, algo=algo))
         if "graph" in base:   # conv: the unfused path through cuDNN's graph API, then the legacy one
             for graph in (True, False):
                 for algo in range(6):
-                    add(dict(base, fused=False, graph=graph, algo=algo))
+                    add(dict(lib, fused=False, graph=graph, algo=algo))
         if "smem_tiling" in [s for s in TABLE if moves_for(s, info)]:   # conv: our tiled 1x1 kernel
             for bm, bn in ((base["bm"], 128), (192 - base["bm"], 128), (64, 256), (64, 64)):
                 for pre in (True, False):
@@ -350,6 +361,7 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
                 add(dict(base, tiled=True, minb=minb))
             add(dict(base, tiled=True, persist=False))
             add(dict(base, tiled=True, pre=False, persist=False))
+            add(dict(base, tiled=True, bn=256, pre=False, persist=False))
             if info.fp32 and info.allow_tf32:      # plain TF32: a third of 3xTF32's MMAs
                 add(dict(base, tiled=True, split=False))
     return out[:limit]
