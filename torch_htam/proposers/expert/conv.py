@@ -60,8 +60,9 @@ from torch_htam.proposers.expert.strategies import PlanInfo
 
 aten = torch.ops.aten
 RELUS = (aten.relu.default, aten.relu_.default)
-# the tiled pointwise kernel's own params (pwconv.py)
+# the tiled pointwise kernel's own params (pwconv.py), and those only cuDNN's paths read
 TILE_KEYS = {"bm", "bn", "stages", "ju", "split", "minb", "pre", "persist"}
+CUDNN_KEYS = {"fused", "graph", "algo", "tf32"}
 # strategy ids whose presence ConvPlan.tags decides from the params
 TAG_IDS = ("fold_batchnorm", "fuse_elementwise_chain", "gemm_plus_epilogue_kernel", "tf32_tensor_cores",
            "bf16_tensor_cores", "smem_tiling")
@@ -123,8 +124,8 @@ class ConvPlan:
             False
         """
         d = self.defaults()
-        keys = TILE_KEYS if not self.tiled(params) else {"fused", "graph", "algo", "tf32"}
-        return dict(params, **{k: d[k] for k in keys if k in params and k != "tiled"})
+        keys = CUDNN_KEYS if self.tiled(params) else TILE_KEYS
+        return dict(params, **{k: d[k] for k in keys if k in params})
 
     def tiled(self, params: dict) -> bool:
         """Whether params select the tiled pointwise kernel and this conv and policy allow it."""

@@ -16,7 +16,7 @@ from torch_htam.proposers.base import Candidate, Proposal, ProposalRequest
 from torch_htam.proposers.expert import conv, elementwise, gemm, rowwise
 from torch_htam.proposers.expert.cuda import DT
 from torch_htam.proposers.expert.ir import Plan, Unsupported, lower
-from torch_htam.proposers.expert.strategies import CONV_ALGOS, GEMM_ALGOS, TABLE, PlanInfo, moves_for, strategy_id
+from torch_htam.proposers.expert.strategies import CONV_ALGOS, GEMM_ALGOS, PlanInfo, moves_for, strategy_id
 
 
 def _plan_info(plan: Plan, policy) -> PlanInfo:
@@ -230,17 +230,14 @@ def _long_row_in_registers(info: PlanInfo) -> dict | None:
             "welford": False, "occ": 1024}
 
 
-# conv params that only the cuDNN path reads
-CUDNN_KEYS = {"fused", "graph", "algo", "tf32"}
-
-
 def _refit(kind: str, p: dict, moved: dict, info: PlanInfo) -> dict:
     """A row kernel kept in registers must still hold the whole row after a move changed its
     threads per row or vector width: recompute NV (and narrow VEC) for the new mapping, unless the
     move set NV itself. NOTE: without this, warp_per_row on a 768-column row kept the NV of a
     128-thread row, covered 256 columns and fell back to the streaming path at run time.
+    A conv move of cuDNN's knobs (fused, graph, algo, tf32) leaves the tiled kernel for cuDNN's path.
     """
-    if kind == "conv" and "tiled" not in moved and CUDNN_KEYS & set(moved):
+    if kind == "conv" and "tiled" not in moved and conv.CUDNN_KEYS & set(moved):
         return dict(p, tiled=False)     # a move of the cuDNN path takes the cuDNN path
     if kind != "rowwise" or not p.get("nv") or "nv" in moved:
         return p
@@ -352,7 +349,7 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
             for graph in (True, False):
                 for algo in range(6):
                     add(dict(lib, fused=False, graph=graph, algo=algo))
-        if "smem_tiling" in [s for s in TABLE if moves_for(s, info)]:   # conv: our tiled 1x1 kernel
+        if moves_for("smem_tiling", info):   # conv: our tiled 1x1 kernel
             for bm, bn in ((base["bm"], 128), (192 - base["bm"], 128), (64, 256), (64, 64)):
                 for pre in (True, False):
                     for stages, ju in ((2, 4), (3, 4), (2, 8)):

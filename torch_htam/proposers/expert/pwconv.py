@@ -5,12 +5,19 @@ ResNet bottleneck's tail (conv 64 -> 256, batch norm, + residual, ReLU) it is me
 GFLOP against 231 MB at [32, 64, 56, 56]. The cuDNN path (conv.py) writes the conv result to DRAM
 and an epilogue kernel reads it back (437 MB moved); here the conv tile stays in shared memory and
 the same epilogue expression (batch norm folded per channel, residual, activation) is applied
-before the one store. The main loop is pwconv.cuh (mma.sync: TF32 for fp32 when the policy allows
-it, bf16/fp16 tensor cores otherwise); this module writes the epilogue and the host code.
+before the one store. The main loop is pwconv.cuh (mma.sync: 3xTF32 or TF32 for fp32 under the
+tf32 policy, bf16/fp16 tensor cores otherwise); this module writes the epilogue and the host code.
 
-Every thread block computes a BM x BN tile (output channels x pixels of the flattened batch) and
-then, reading it from shared memory, VEC consecutive pixels of one channel per thread, JU rows at a
-time with all their input loads issued before any is used (memory-level parallelism).
+Each thread block computes BM x BN tiles (output channels x pixels of the flattened batch). By
+default it loops over tiles (persist): before one tile's epilogue it issues the next tile's first
+X stages and, with pre, its residual tile into shared memory. The epilogue reads the result tile
+from shared memory, VEC consecutive pixels of one channel per thread, JU rows at a time with all
+their global loads issued before any is used.
+
+Measured on an H100 (bench/RESULTS.md, 2026-11-23): 0.118 ms fp32 and 0.067 ms bf16 for the
+bottleneck tail, against 0.164 / 0.094 ms for cuDNN + epilogue. That is 68-71% of a copy of the
+same bytes. ncu puts the rest on latency: 2 blocks of 8 warps per SM, stalled on long-scoreboard
+loads, and DRAM at 44% of peak.
 
     >>> src = render(cp, dict(cp.defaults(), tiled=True))      # cp = conv.match(...)
 """
