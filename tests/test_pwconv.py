@@ -67,14 +67,14 @@ def test_tiling_is_offered_for_1x1_convs_with_tensor_core_math():
         for c in tiled:
             assert {"smem_tiling", "fold_batchnorm", "fuse_elementwise_chain", "tf32_tensor_cores"} <= set(c.tags)
             assert "pw::main_loop<F32" in c.source and "cudnn" not in c.source
-            assert re.search(r"true, true, 4, \d, (true|false), true>", c.source)     # 3xTF32 by default
+            assert re.search(r"true, true, 4, \d, (true|false), true, int32_t>", c.source)     # 3xTF32 by default
             assert build.check_source(c.source) == []
     # strict fp32 has no tensor-core kernel to offer: the render says why instead
     cp = conv.match(task.graph, make("fp32"))
     with pytest.raises(Unsupported, match="TF32"):
         cp.render(dict(cp.defaults(), tiled=True))
     cp = conv.match(task.graph, make("tf32"))
-    assert "true, true, 4, 8, false, false>" in cp.render(dict(cp.defaults(), tiled=True, split=False))
+    assert "true, true, 4, 8, false, false, int32_t>" in cp.render(dict(cp.defaults(), tiled=True, split=False))
     # a 3x3 conv keeps cuDNN only
     cp3 = conv.match(bench_task("conv_bn_relu_bf16").graph, make("bf16"))
     assert not cp3.info.pointwise_conv

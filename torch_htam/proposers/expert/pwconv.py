@@ -97,7 +97,7 @@ def _epilogue(cp, params: dict, real: list[int], names: dict[int, str]) -> tuple
     loads = []
     for j, i in enumerate(real):
         t = DT[plan.inputs[plan.accesses[i].input][1]][0]
-        direct = (f"{{ const int64_t o = nc * ea.st[{j}][0] + kc * ea.st[{j}][1] + pc * ea.st[{j}][2];\n"
+        direct = (f"{{ const IDX o = b{j} + kc * (IDX)ea.st[{j}][1];\n"
                   f"        if (EV > 1 && ea.st[{j}][2] == 1) ldv<{t}, EV, false>(ea.p{j} + o, x{j}[u]);\n"
                   f"        else {{ const float v = ld1<{t}, false>(ea.p{j} + o);\n"
                   f"#pragma unroll\n          for (int e = 0; e < EV; ++e) x{j}[u][e] = v; }} }}")
@@ -112,7 +112,7 @@ def _epilogue(cp, params: dict, real: list[int], names: dict[int, str]) -> tuple
     # NOTE: the staged conv result is already rounded to the conv's dtype, as torch's is
     compute = "\n".join(["          const float cv = cvs[e];"] + ["          " + ln for ln in em.lines]
                         + [f"          y[u][e] = {y};"])
-    store = (f"        {out_t}::raw* yp = Y + (n * d.K + m0 + r) * d.P + p;\n"
+    store = (f"        {out_t}::raw* yp = Y + ybase + (IDX)(m0 + r) * (IDX)d.P;\n"
              f"        if (EV > 1) stv<{out_t}, EV>(yp, y[u]); else *yp = {out_t}::from_f(y[u][0]);")
     return "\n".join(loads), compute, store
 
@@ -129,6 +129,7 @@ def _kernel(cp, params: dict) -> str:
     fold_ptrs = "".join(f"  const {DT[plan.inputs[i][1]][0]}::raw* {n};\n" for n, i in fold.present.items())
     unpack = "".join(f"  const auto* {n} = ea.{n};\n" for n in fold.present)
     decl_x = " ".join(f"float x{j}[JJ][EV];" for j in range(len(real)))
+    bases = "\n".join(f"    const IDX b{j} = n * (IDX)ea.st[{j}][0] + p * (IDX)ea.st[{j}][2];" for j in range(len(real)))
     set_fold = ""
     if cp.bn is not None:
         set_fold = (f"    if (threadIdx.x < BM && m0 + (int64_t)threadIdx.x < d.K) {{\n"
@@ -183,7 +184,8 @@ struct EpiArgs {{
 // inputs are copied into shared memory ahead of use. A block computes tiles t = blockIdx.x,
 // + gridDim.x, ... (T tiles, MT channel tiles per pixel tile: the channel tiles of one pixel tile
 // run on neighbouring blocks at the same time, so X is read from DRAM once and then from L2).
-template <int BM, int BN, int STAGES, bool VA, bool VB, int EV, int JU, bool PRE, bool SPLIT>
+// IDX: int32_t when every element offset of the epilogue fits (the host checks), else int64_t.
+template <int BM, int BN, int STAGES, bool VA, bool VB, int EV, int JU, bool PRE, bool SPLIT, typename IDX>
 __global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kernel(const {dt}::raw* __restrict__ W,
     const {dt}::raw* __restrict__ X, {out_t}::raw* __restrict__ Y, pw::Dims d, EpiArgs ea, int MT, int64_t T) {{
   typedef pw::Tile<{dt}, BM, BN> TL;
@@ -217,7 +219,10 @@ __global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kerne
 {cur}
     const int64_t q = q0 + col;
     const bool qok = q < d.NQ;           // NQ % EV == 0 when EV > 1: a vector is all in or all out
-    const int64_t n = qok ? q / d.P : 0, p = qok ? q % d.P : 0;
+    const IDX n = qok ? (IDX)(q / d.P) : 0, p = qok ? (IDX)(q % d.P) : 0;
+    // offsets of this thread's column (image n, pixel p) at channel 0: per row only + k * stride
+{bases}
+    const IDX ybase = n * (IDX)d.K * (IDX)d.P + p;
     for (int j0 = 0; j0 < BM / RPP; j0 += JJ) {{
       {decl_x}
       float y[JJ][EV];
@@ -226,8 +231,8 @@ __global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kerne
       for (int u = 0; u < JJ; ++u) {{
         const int r = row0 + (j0 + u) * RPP;
         ok[u] = qok && m0 + r < d.K;
-        const int64_t kc = ok[u] ? m0 + r : 0, nc = ok[u] ? n : 0, pc = ok[u] ? p : 0;   // masked: element 0
-        (void)kc; (void)nc; (void)pc;
+        const IDX kc = ok[u] ? (IDX)(m0 + r) : 0;    // masked rows read channel 0 and store nothing
+        (void)kc;
 {loads}
       }}
 #pragma unroll
@@ -284,11 +289,12 @@ def _host(cp, params: dict, real: list[int]) -> str:
     split = "true" if params.get("split", True) else "false"
     ot = DT[plan.outputs[0].dtype][0]
     pre = "true" if params.get("pre", True) else "false"
-    fast_t = f"pw_kernel<{bm}, {bn}, {stages}, true, true, {ev}, {ju}, {pre}, {split}>"
-    slow_t = f"pw_kernel<{bm}, {bn}, {stages}, false, false, 1, {ju}, false, {split}>"
+    fast_t = f"pw_kernel<{bm}, {bn}, {stages}, true, true, {ev}, {ju}, {pre}, {split}, int32_t>"
+    wide_t = f"pw_kernel<{bm}, {bn}, {stages}, true, true, {ev}, {ju}, {pre}, {split}, int64_t>"
+    slow_t = f"pw_kernel<{bm}, {bn}, {stages}, false, false, 1, {ju}, false, {split}, int64_t>"
     launch = ("{k}<<<(unsigned)grid, pw::THREADS, smem, stream>>>((const {dt}::raw*)Wt.data, "
               "(const {dt}::raw*)X.data, ({ot}::raw*)Y.data, d, ea, (int)MT, tiles);")
-    fast, slow = (launch.format(k=k, dt=dt, ot=ot) for k in (fast_t, slow_t))
+    fast, wide, slow = (launch.format(k=k, dt=dt, ot=ot) for k in (fast_t, wide_t, slow_t))
     return f"""
 // Strides of one epilogue input over (image, channel, pixel): height and width must step as one
 // pixel index p = h * W + w (true for contiguous and per-channel inputs).
@@ -308,7 +314,7 @@ static HtamTensor channel_vec(void* p, int64_t K) {{
 
 // Once per kernel and device: allow its dynamic shared memory (above 48 KB needs it) and find how
 // many blocks fit on the device at once (the persistent grid).
-template <bool FAST>
+template <int WHICH>       // one cache per instantiation (0 scalar, 1 fast 32-bit, 2 fast 64-bit)
 static int prepare(const void* kernel, size_t bytes, int64_t* resident) {{
   static int64_t fits[64] = {{}};
   int dev = 0;
@@ -334,7 +340,6 @@ static int pw_launch(const HtamTensor* in, int n_in, HtamTensor* out, int n_out,
 {host.prologue(plan)}
   Space<NACC> sp;
 {host.bind_accesses(plan)}
-  (void)max_off;
   const HtamTensor& Y = out[0];
   const int EV = {ev};
   pw::Dims d;
@@ -348,14 +353,18 @@ static int pw_launch(const HtamTensor* in, int n_in, HtamTensor* out, int n_out,
                     htam_aligned(X.data, 16);
   const int64_t MT = (d.K + {bm} - 1) / {bm}, tiles = MT * ((d.NQ + {bn} - 1) / {bn});
   const size_t smem = fast ? pw_smem<{bm}, {bn}, {stages}, {pre}>() : pw_smem<{bm}, {bn}, {stages}, false>();
+  // 32-bit epilogue offsets when every one fits (every access's largest, and Y's)
+  const bool idx32 = max_off < (int64_t(1) << 31) && htam_numel(&Y) < (int64_t(1) << 31);
   int64_t resident = 0;
-  int rc = fast ? prepare<true>((const void*){fast_t}, smem, &resident)
-                : prepare<false>((const void*){slow_t}, smem, &resident);
+  int rc = !fast ? prepare<0>((const void*){slow_t}, smem, &resident)
+                 : idx32 ? prepare<1>((const void*){fast_t}, smem, &resident)
+                         : prepare<2>((const void*){wide_t}, smem, &resident);
   if (rc) return rc;
   // persistent: as many blocks as fit at once, each looping over tiles; else one tile per block
   const int64_t grid = {"std::min(tiles, resident)" if params.get("persist", True) else "tiles"};
   if (grid > INT32_MAX) return HTAM_ERR_SHAPE;
-  if (fast) {fast}
+  if (fast && idx32) {fast}
+  else if (fast) {wide}
   else {slow}
   HTAM_CHECK_LAUNCH();
   return HTAM_OK;
