@@ -110,7 +110,8 @@ TABLE: dict[str, Strategy] = {
     # conv: a 1x1 conv as our own tiled tensor-core GEMM with the epilogue applied before the one
     # store (pwconv.py), where cuDNN writes the conv and an epilogue kernel reads it back
     "smem_tiling": Strategy(CONV, lambda i: [{"tiled": True}, {"tiled": True, "bn": 256, "pre": False,
-                                                                "persist": False}, {"tiled": True, "stages": 3}],
+                                                                "persist": False},
+                                             {"tiled": True, "bn": 128, "persist": True}, {"tiled": True, "stages": 3}],
                             lambda i: i.pointwise_conv and (i.allow_tf32 or not i.fp32)),
 }
 # GEMM/conv plans also tune the cuBLASLt / cuDNN heuristic's algorithm choice under any strategy.
