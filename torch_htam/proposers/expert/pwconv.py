@@ -14,10 +14,11 @@ X stages and, with pre, its residual tile into shared memory. The epilogue reads
 from shared memory, VEC consecutive pixels of one channel per thread, JU rows at a time with all
 their global loads issued before any is used.
 
-Measured on an H100 (bench/RESULTS.md, 2026-11-23): 0.118 ms fp32 and 0.067 ms bf16 for the
-bottleneck tail, against 0.164 / 0.094 ms for cuDNN + epilogue. That is 68-71% of a copy of the
-same bytes. ncu puts the rest on latency: 2 blocks of 8 warps per SM, stalled on long-scoreboard
-loads, and DRAM at 44% of peak.
+Measured on an H100 (bench/RESULTS.md, 2026-11-23, 80fc2e1) for the bottleneck tail:
+0.106 ms fp32 and 0.064 ms bf16, against 0.164 / 0.094 ms for cuDNN + epilogue. That is 79% and
+71% of a copy of the same bytes. An earlier version was profiled with ncu (bf1ea81): 2 blocks of
+8 warps per SM, stalled mostly on long-scoreboard loads (2.95 cycles per issued instruction), DRAM
+at 44% of peak, and 45% issue-active: both latency and instruction count limit it.
 
     >>> src = render(cp, dict(cp.defaults(), tiled=True))      # cp = conv.match(...)
 """
