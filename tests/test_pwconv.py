@@ -28,7 +28,8 @@ CASES = {
     "plain_c256": (ConvBlock(bn=False, act=None, padding=0), dict(n=2, c=256, k=64, hw=16, bias=False)),
 }
 TILES = [dict(), dict(bm=64, bn=64, stages=3, ju=2), dict(bm=128, bn=64, ju=8, minb=1), dict(bm=64, stages=4, minb=3),
-         dict(bm=64, bn=256, minb=1, pre=False), dict(persist=False), dict(pre=False, ju=8)]
+         dict(bm=64, bn=256, minb=1, pre=False), dict(persist=False), dict(pre=False, ju=8),
+         dict(bn=128, pre=True, persist=True)]     # (the defaults differ by dtype: both layouts run)
 POLICY = {torch.float32: "tf32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
