@@ -78,7 +78,7 @@ def test_tiling_is_offered_for_1x1_convs_with_tensor_core_math():
     assert "true, true, 4, 8, false, false, int32_t>" in cp.render(dict(cp.defaults(), tiled=True, split=False))
     # a 3x3 conv keeps cuDNN only
     cp3 = conv.match(bench_task("conv_bn_relu_bf16").graph, make("bf16"))
-    assert not cp3.info.pointwise_conv
+    assert not cp3.info.tiled_conv
     with pytest.raises(Unsupported, match="1x1"):
         cp3.render(dict(cp3.defaults(), tiled=True))
     # the seed round of a 1x1 conv starts from it and still tries cuDNN's paths

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_htam.proposers.expert import elementwise, pwconv
+from torch_htam.proposers.expert import elementwise, host, pwconv
 from torch_htam.proposers.expert.cudnn_conv import GRAPH_RUN, graph_entry, legacy_entry, legacy_run
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float
 from torch_htam.proposers.expert.ir import (
@@ -112,7 +112,7 @@ class ConvPlan:
         # the residual prefetched, 3 stages, persistent, 0.065 ms (cuDNN + epilogue: 0.163 / 0.094).
         # NOTE: 64-channel tiles: at 128, 3xTF32's fragments spill (128 registers, ptxas)
         p.update(tiled=False, bm=64, bn=128, stages=2, ju=4, split=True, minb=2, pre=True, persist=True)
-        if pwconv.unsupported_reason(self) is None and pwconv.tensor_core_reason(self, p) is None:
+        if pwconv.reason(self) is None:
             p.update(tiled=True)
             p.update(dict(bn=256, ju=8, pre=False, persist=False) if self.dtype == "float32" else dict(stages=3))
         return p
@@ -130,8 +130,7 @@ class ConvPlan:
 
     def tiled(self, params: dict) -> bool:
         """Whether params select the tiled pointwise kernel and this conv and policy allow it."""
-        return bool(params.get("tiled")) and pwconv.unsupported_reason(self) is None and \
-            pwconv.tensor_core_reason(self, params) is None
+        return bool(params.get("tiled")) and pwconv.reason(self) is None
 
     def render(self, params: dict) -> str:
         return render(self, params)
@@ -276,7 +275,7 @@ def match(gm, policy) -> ConvPlan:
     cp.info = PlanInfo("conv", yshape[1], 16 // DT[dt][2], has_transcendental=plan.has_transcendental,
                        low_precision=dt != "float32", allow_tf32=cp.allow_tf32, fp32=dt == "float32",
                        has_batchnorm=bn is not None, epilogue_fits_cudnn=fits,
-                       pointwise_conv=pwconv.unsupported_reason(cp) is None)
+                       tiled_conv=pwconv.reason(cp) is None)
     return cp
 
 
@@ -456,12 +455,7 @@ static int grow(void** buf, size_t* cap, size_t need) {{
   return 0;
 }}
 
-static HtamTensor channel_vec(void* p, int64_t K) {{
-  HtamTensor t = {{}};
-  t.data = p; t.ndim = 1; t.sizes[0] = K; t.strides[0] = 1; t.dtype = HTAM_FLOAT32;
-  return t;
-}}
-
+{host.CHANNEL_VEC}
 static int64_t out_size(int64_t in, int64_t pad, int64_t dil, int64_t k, int64_t stride) {{
   const int64_t span = in + 2 * pad - dil * (k - 1) - 1;
   return span < 0 ? 0 : span / stride + 1;

@@ -12,6 +12,16 @@ from torch_htam.proposers.expert.cuda import DT
 from torch_htam.proposers.expert.ir import Plan
 
 
+# An fp32 channel vector [K] at p, for epilogue plans that read per-channel values the kernel
+# computed itself (conv.py's folded batch norm; pwconv.py binds it and never reads it).
+CHANNEL_VEC = """static HtamTensor channel_vec(void* p, int64_t K) {
+  HtamTensor t = {};
+  t.data = p; t.ndim = 1; t.sizes[0] = K; t.strides[0] = 1; t.dtype = HTAM_FLOAT32;
+  return t;
+}
+"""
+
+
 def prologue(plan: Plan) -> str:
     """Checks counts/dtypes, reads the iteration sizes into it[] / n (and rows / ncol for rows)."""
     lines = [f"  if (n_in != {len(plan.inputs)} || n_out != {len(plan.outputs)}) return HTAM_ERR_SHAPE;"]

@@ -44,7 +44,7 @@ def unsupported_reason(cp) -> str | None:
     return None
 
 
-def tensor_core_reason(cp, params: dict) -> str | None:
+def tensor_core_reason(cp) -> str | None:
     """Why the tiled kernel's tensor-core math is not allowed here (None: it is). fp32 needs the
     tf32 policy. NOTE: 3xTF32 (split=True, the default) is not fp32-exact either: on an H100 its
     rms error was 5x that of cuDNN's fp32 conv (K=64 and 256), which strict fp32 verification
@@ -53,6 +53,11 @@ def tensor_core_reason(cp, params: dict) -> str | None:
     if cp.dtype == "float32" and not cp.allow_tf32:
         return "tiled conv: fp32 runs on TF32 tensor cores, which the precision policy does not allow"
     return None
+
+
+def reason(cp) -> str | None:
+    """Why the tiled kernel cannot run this conv under its policy (None: it can)."""
+    return unsupported_reason(cp) or tensor_core_reason(cp)
 
 
 def pixel_varying(plan, i: int) -> bool:
@@ -307,12 +312,7 @@ static bool pixel_strides(const int64_t* st, const int64_t* it, int64_t* out) {{
   return true;
 }}
 
-static HtamTensor channel_vec(void* p, int64_t K) {{
-  HtamTensor t = {{}};
-  t.data = p; t.ndim = 1; t.sizes[0] = K; t.strides[0] = 1; t.dtype = HTAM_FLOAT32;
-  return t;
-}}
-
+{host.CHANNEL_VEC}
 // Once per kernel and device: allow its dynamic shared memory (above 48 KB needs it) and find how
 // many blocks fit on the device at once (the persistent grid).
 template <int WHICH>       // one cache per instantiation (0 scalar, 1 fast 32-bit, 2 fast 64-bit)
@@ -393,15 +393,16 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
 
 def render(cp, params: dict) -> str:
     """The whole kernel-ABI source; raises Unsupported when the conv or the precision rules it out."""
-    reason = unsupported_reason(cp) or tensor_core_reason(cp, params)
-    if reason:
-        raise Unsupported(reason)
+    why = reason(cp)
+    if why:
+        raise Unsupported(why)
     if ((params["bm"], params["bn"]) not in TILES or params["stages"] not in (2, 3, 4)
             or params["ju"] not in (1, 2, 4, 8) or params.get("minb", 2) not in (1, 2, 3, 4)):
         raise Unsupported(f"tiled conv: tile {params['bm']}x{params['bn']}, stages {params['stages']}, "
                           f"ju {params['ju']}, minb {params.get('minb')} not supported")
-    if smem_bytes(cp, params) > SMEM_LIMIT:
-        raise Unsupported(f"tiled conv: {smem_bytes(cp, params)} bytes of shared memory per block "
+    smem = smem_bytes(cp, params)
+    if smem > SMEM_LIMIT:
+        raise Unsupported(f"tiled conv: {smem} bytes of shared memory per block "
                           f"(at most {SMEM_LIMIT}); use a smaller tile or pre=False")
     kernel, real = _kernel(cp, params)
     shown = sorted((k, v) for k, v in params.items() if k in ("bm", "bn", "stages", "ju", "fast", "split", "minb", "pre", "persist"))

@@ -30,7 +30,7 @@ class PlanInfo:
     has_batchnorm: bool = False        # conv: an eval batch norm is folded in
     epilogue_fits_cudnn: bool = False  # conv: cudnnConvolutionBiasActivationForward covers the epilogue
     single_pass: bool = False          # rowwise: one reduction, no full-row output (the row is read once)
-    pointwise_conv: bool = False       # conv: 1x1, stride 1, no padding or groups (pwconv.py's tiled kernel)
+    tiled_conv: bool = False           # conv: pwconv.py's tiled kernel runs it (1x1, policy allows)
 
     @property
     def packs_half(self) -> bool:
@@ -112,7 +112,7 @@ TABLE: dict[str, Strategy] = {
     "smem_tiling": Strategy(CONV, lambda i: [{"tiled": True}, {"tiled": True, "bn": 256, "pre": False,
                                                                 "persist": False},
                                              {"tiled": True, "bn": 128, "persist": True}, {"tiled": True, "stages": 3}],
-                            lambda i: i.pointwise_conv and (i.allow_tf32 or not i.fp32)),
+                            lambda i: i.tiled_conv),
 }
 # GEMM/conv plans also tune the cuBLASLt / cuDNN heuristic's algorithm choice under any strategy.
 GEMM_ALGOS = [{"algo": 1}, {"algo": 2}, {"algo": 3}]
