@@ -204,12 +204,12 @@ __device__ __forceinline__ XCol x_column(const Dims& d, int64_t q0) {
 }
 
 // Issues the first STAGES - 1 stages of a tile (one cp.async group each): the main loop expects them.
+// c: x_column of the tile's first pixel (the main loop takes the same one).
 template <class DT, int BM, int BN, int STAGES, bool VA, bool VB>
 __device__ __forceinline__ void issue_prologue(typename DT::raw* s, const typename DT::raw* __restrict__ W,
                                                const typename DT::raw* __restrict__ X, const Dims& d, int m0,
-                                               int64_t q0) {
+                                               const XCol& c) {
   typedef Tile<DT, BM, BN> T;
-  const XCol c = x_column<DT, BN, VB>(d, q0);
   const int64_t KT = (d.C + BK - 1) / BK;
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
@@ -220,19 +220,18 @@ __device__ __forceinline__ void issue_prologue(typename DT::raw* s, const typena
   }
 }
 
-// The K loop of one tile after issue_prologue: acc = W[m0 : +BM, :] . X[:, q0 : +BN]. Returns with
+// The K loop of one tile after issue_prologue (same c): acc = W[m0 : +BM, :] . X[:, q0 : +BN]. Returns with
 // every cp.async of this thread complete (older groups too: an epilogue prefetch issued before the
 // prologue) and the block synced, so the stage buffers may be refilled.
 template <class DT, int BM, int BN, int STAGES, bool VA, bool VB, bool SPLIT>
 __device__ __forceinline__ void main_loop(typename DT::raw* s, const typename DT::raw* __restrict__ W,
                                           const typename DT::raw* __restrict__ X, const Dims& d, int m0,
-                                          int64_t q0,
+                                          const XCol& c,
                                           float (&acc)[Tile<DT, BM, BN>::MI][Tile<DT, BM, BN>::NI][4]) {
   typedef Tile<DT, BM, BN> T;
   typedef typename DT::raw raw;
   const int warp = threadIdx.x / 32;
   const int wm = (warp / WARPS_N) * T::WM, wn = (warp % WARPS_N) * T::WN;
-  const XCol c = x_column<DT, BN, VB>(d, q0);
 #pragma unroll
   for (int mi = 0; mi < T::MI; ++mi)
 #pragma unroll

@@ -205,7 +205,8 @@ __global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kerne
   int64_t t = blockIdx.x;
   if (t >= T) return;
   issue_pre(0, (int)(t % MT) * BM, (t / MT) * BN);
-  pw::issue_prologue<{dt}, BM, BN, STAGES, VA, VB>(pipe, W, X, d, (int)(t % MT) * BM, (t / MT) * BN);
+  pw::XCol xc = pw::x_column<{dt}, BN, VB>(d, (t / MT) * BN);    // this thread's X column, per tile
+  pw::issue_prologue<{dt}, BM, BN, STAGES, VA, VB>(pipe, W, X, d, (int)(t % MT) * BM, xc);
   constexpr int LDC = TL::LDC, TPR = BN / EV, RPP = pw::THREADS / TPR;
   constexpr int JJ = JU < BM / RPP ? JU : BM / RPP;    // tile rows per thread in flight
   const int col = (threadIdx.x % TPR) * EV, row0 = threadIdx.x / TPR;
@@ -214,12 +215,13 @@ __global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kerne
     const int64_t q0 = (t / MT) * BN;
 {set_fold}
     float acc[TL::MI][TL::NI][4];
-    pw::main_loop<{dt}, BM, BN, STAGES, VA, VB, SPLIT>(pipe, W, X, d, m0, q0, acc);   // synced
+    pw::main_loop<{dt}, BM, BN, STAGES, VA, VB, SPLIT>(pipe, W, X, d, m0, xc, acc);   // synced
     pw::store_tile<{dt}, STG, BM, BN>(acc, stg);     // (main_loop ended synced: the stages are free)
     const int64_t tn = t + gridDim.x;
     if (PERSIST && tn < T) {{        // the next tile's loads fly during this tile's epilogue
       issue_pre((it + 1) % 2, (int)(tn % MT) * BM, (tn / MT) * BN);
-      pw::issue_prologue<{dt}, BM, BN, STAGES, VA, VB>(pipe, W, X, d, (int)(tn % MT) * BM, (tn / MT) * BN);
+      xc = pw::x_column<{dt}, BN, VB>(d, (tn / MT) * BN);
+      pw::issue_prologue<{dt}, BM, BN, STAGES, VA, VB>(pipe, W, X, d, (int)(tn % MT) * BM, xc);
     }}
     __syncthreads();      // the result tile (and sS / sT) are visible to every thread
 {cur}
