@@ -1,6 +1,7 @@
-"""ncu probe: the tiled pointwise-conv kernel (a few settings) and cuDNN's path, 3 calls each.
+"""ncu probe: the tiled pointwise-conv kernel at its defaults, then a few other settings, 3 calls each.
 
     ncu --clock-control none -k regex:"pw_kernel" --metrics gpu__time_duration.sum,... python3 scripts/ncu_pwconv.py
+    ncu --set full -k regex:pw_kernel -c 1 -o prof python3 scripts/ncu_pwconv.py conv_bn_add_relu_bf16   # defaults only
 """
 import sys
 from pathlib import Path
@@ -13,9 +14,8 @@ from torch_htam.task import task_from_source  # noqa: E402
 from torch_htam.verify import make_input, _fresh_outputs  # noqa: E402
 
 VARIANTS = {
-    "conv_bn_add_relu_bf16": [{"tiled": True, "pre": False}, {"tiled": True}, {"tiled": True, "bm": 64, "minb": 3},
-                              {"tiled": True, "bm": 64, "minb": 4, "pre": False}],
-    "conv_bn_add_relu_fp32": [{"tiled": True, "bn": 256, "pre": False}, {"tiled": True, "pre": False}],
+    "conv_bn_add_relu_bf16": [{}, {"pre": False}, {"minb": 3}, {"bn": 256}],
+    "conv_bn_add_relu_fp32": [{}, {"bn": 128, "persist": True}],
 }
 for stem in sys.argv[1:] or VARIANTS:
     task = task_from_source(Path(f"bench/tasks/{stem}.py").read_text(), stem)

@@ -150,3 +150,28 @@ def test_tiled_kernel_verifies_on_the_suite_task():
     assert res.ok, res.error
     ok, reason, detail, _ = V.verify(task, Kernel(res.so_path), load_reference(task).cuda(), policy)
     assert (ok, reason) == (True, "ok"), detail
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(POLICY), ids=str)
+def test_infinities_and_nan_pass_through_like_torch(dtype):
+    """split_tf32 hands the tensor cores x plus half a tf32 ulp and the remainder x - big: an
+    infinite x must still give +-inf (its remainder inf - inf would be NaN) and a NaN x NaN, at the
+    same positions as a float64 conv on the CPU."""
+    from torch_htam.launcher import Kernel
+    task, cp = _plan("plain_c256", dtype)
+    res = build.build(cp.render(dict(cp.defaults(), tiled=True)))
+    assert res.ok, res.error
+    _, kw = CASES["plain_c256"]
+    full = conv_inputs(r=1, padding=0, dtype=dtype, device="cuda", **kw)
+    x = full[0]
+    x[0, 5, 3, 4], x[1, 100, 0, 0], x[1, 7, 10, 10] = float("inf"), float("-inf"), float("nan")
+    ins = [v for v in full if v is not None]
+    ref = Bound("plain_c256")(*[v.double().cpu() for v in ins])
+    out = torch.empty(ref.shape, dtype=dtype, device="cuda")
+    assert Kernel(res.so_path)(ins, [out]) == 0
+    torch.cuda.synchronize()
+    out = out.double().cpu()
+    assert int(ref.isinf().sum()) >= 128 and int(ref.isnan().sum()) >= 64
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf())
+    assert torch.equal(out[ref.isinf()], ref[ref.isinf()])

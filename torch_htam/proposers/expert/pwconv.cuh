@@ -77,8 +77,42 @@ struct Tile {
   static constexpr size_t pipe_bytes(int stages) { return ((size_t)stages * STAGE * E + 127) / 128 * 128; }
 };
 
-// Problem sizes and the thread's fixed X column (set up once, reused for every C step).
-struct Dims { int64_t C, K, P, NQ; };
+// n / d and n % d for 0 <= n < 2^32 by a multiply-high and shifts (Granlund and Montgomery 1994,
+// round-up variant): t = umulhi(n, m), q = (t + ((n - t) >> s1)) >> s2. The kernel divides pixel
+// and tile indices by P and by the channel-tile count for every tile; a 64-bit division is ~25
+// instructions, this is 5 (IDX = int32_t: the host checked every index fits).
+struct Div {
+  int64_t d;
+  unsigned m, s1, s2;
+};
+__host__ inline Div make_div(int64_t d) {   // d >= 1
+  Div v;
+  v.d = d;
+  unsigned l = 0;
+  while (l < 32 && (int64_t(1) << l) < d) ++l;
+  v.m = d > (int64_t(1) << 32) ? 0u : (unsigned)((((uint64_t(1) << l) - (uint64_t)d) << 32) / (uint64_t)d + 1);
+  v.s1 = l < 1 ? l : 1;
+  v.s2 = l > 1 ? l - 1 : 0;
+  return v;
+}
+template <typename IDX>
+__device__ __forceinline__ int64_t div_of(const Div& v, int64_t n) {
+  if constexpr (sizeof(IDX) == 4) {
+    const unsigned x = (unsigned)n, t = __umulhi(x, v.m);
+    return (int64_t)((t + ((x - t) >> v.s1)) >> v.s2);
+  } else {
+    return n / v.d;
+  }
+}
+template <typename IDX>
+__device__ __forceinline__ void divmod(const Div& v, int64_t n, int64_t& q, int64_t& r) {
+  q = div_of<IDX>(v, n);
+  r = n - q * v.d;
+}
+
+// Problem sizes: P pixels per image, NQ = N * P pixels in all; dp divides by P, dmt by the number
+// of BM-channel tiles (tile t covers channel tile t % MT of pixel tile t / MT).
+struct Dims { int64_t C, K, P, NQ; Div dp, dmt; };
 
 // Loads W[m0 : +BM, c0 : +BK] and X[c0 : +BK, q0 : +BN] into one pipeline stage.
 // xcol: this thread's X column in the tile; xbase: offset of X[n, 0, p] for that column.
@@ -118,10 +152,17 @@ __device__ __forceinline__ void load_stage(typename DT::raw* sA, typename DT::ra
 }
 
 // x = big + small with both parts TF32 (3xTF32: big*big + big*small + small*big loses only
-// small*small, ~2^-22 relative: fp32 accuracy on tensor cores)
+// small*small and small's truncation, ~2^-21 relative: fp32 accuracy on tensor cores).
+// NOTE: the tensor cores ignore a tf32 operand's low 13 bits, so big is x plus half a tf32 ulp
+// (bit 12) and the hardware's truncation completes round-to-nearest-ties-away, as cvt.rna does
+// for every finite x; small is the exact remainder, truncated likewise. 5 instructions where
+// tf32() twice is 8 (sm_90 emulates cvt.rna with a finiteness test): the split ran 43% of the
+// fp32 kernel's instructions (ncu, RESULTS.md). An infinite x has small = 0 (inf - inf would be
+// NaN, where torch's conv gives inf); a NaN x keeps small = NaN, which every product carries.
 __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-  big = tf32(x);
-  small = tf32(x - __uint_as_float(big));
+  big = __float_as_uint(x) + 0x1000u;
+  const float s = x - __uint_as_float(big & 0xffffe000u);
+  small = __float_as_uint(fabsf(x) == __int_as_float(0x7f800000) ? 0.f : s);
 }
 
 // One BK step of MMAs on a stage, into acc[MI][NI][4]. SPLIT (fp32 only): 3xTF32, else 1xTF32.
@@ -191,14 +232,15 @@ __device__ __forceinline__ void mma_stage(const typename DT::raw* sA, const type
 
 // This thread's X column in a tile starting at pixel q0 (one per thread, see load_stage).
 struct XCol { int col; int64_t base; bool ok; };
-template <class DT, int BN, bool VB>
+template <class DT, int BN, bool VB, typename IDX>
 __device__ __forceinline__ XCol x_column(const Dims& d, int64_t q0) {
   constexpr int VEC = 16 / (int)sizeof(typename DT::raw);
   XCol c;
   c.col = VB ? (threadIdx.x % (BN / VEC)) * VEC : threadIdx.x % BN;
   const int64_t q = q0 + c.col;
   c.ok = q < d.NQ;
-  const int64_t n = c.ok ? q / d.P : 0, p = c.ok ? q % d.P : 0;
+  int64_t n = 0, p = 0;
+  if (c.ok) divmod<IDX>(d.dp, q, n, p);
   c.base = n * d.C * d.P + p;
   return c;
 }
@@ -281,7 +323,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[Tile<DT, BM, BN>::
 // Issues (does not wait for) cp.async copies of an epilogue input's [BM][BN] tile into s (rows of BN
 // elements), for an input whose pixel stride is 1 with P divisible by a 16-byte chunk (host-checked);
 // sn / sk: its image / channel strides. Rows or pixels past the end are zero-filled.
-template <class IT, int BM, int BN>
+template <class IT, int BM, int BN, typename IDX>
 __device__ __forceinline__ void prefetch_tile(typename IT::raw* s, const typename IT::raw* __restrict__ src,
                                               int64_t sn, int64_t sk, const Dims& d, int m0, int64_t q0) {
   constexpr int VEC = 16 / (int)sizeof(typename IT::raw), CPR = BN / VEC;
@@ -289,7 +331,8 @@ __device__ __forceinline__ void prefetch_tile(typename IT::raw* s, const typenam
   const int col = (threadIdx.x % CPR) * VEC;
   const int64_t q = q0 + col;
   const bool qok = q < d.NQ;
-  const int64_t n = qok ? q / d.P : 0, p = qok ? q % d.P : 0;
+  int64_t n = 0, p = 0;
+  if (qok) divmod<IDX>(d.dp, q, n, p);
 #pragma unroll
   for (int i = 0; i < BM * CPR / THREADS; ++i) {
     const int r = threadIdx.x / CPR + i * (THREADS / CPR);

@@ -66,6 +66,14 @@ def pixel_varying(plan, i: int) -> bool:
     return a.mode != "dims" or 2 in a.dims or 3 in a.dims
 
 
+def channel_only(plan, i: int) -> bool:
+    """Whether access i varies with the output channel alone (a bias, a batch-norm weight): the
+    block stages its BM values in shared memory once per tile instead of each thread loading them
+    per row (a broadcast global load whose latency the epilogue waited on: ncu, RESULTS.md)."""
+    a = plan.accesses[i]
+    return a.mode == "dims" and not {0, 2, 3} & set(a.dims)
+
+
 def smem_bytes(cp, params: dict) -> int:
     """Shared memory of one block, as the kernel lays it out (pw_smem in the source)."""
     plan, e = cp.epilogue, DT[cp.dtype][2]
@@ -74,9 +82,12 @@ def smem_bytes(cp, params: dict) -> int:
     pipe = up(params["stages"] * (bm * (32 + 16 // e) + 32 * (bn + 8)) * e)
     stg = up(bm * (bn + 8) * (e if cp.dtype != "float32" else 4))
     _, real = _loads(plan, cp.g, cp.bn is not None)
-    pre = sum(2 * bm * bn * DT[plan.inputs[plan.accesses[i].input][1]][2] for i in real if pixel_varying(plan, i))
-    tail = pipe + stg if params.get("persist", True) else max(pipe, stg)
-    return tail + (pre if params.get("pre", True) else 0) + 2 * bm * 4
+    persist = params.get("persist", True)
+    nbuf = 2 if persist else 1        # the next tile's prefetch needs a second buffer
+    pre = sum(nbuf * bm * bn * DT[plan.inputs[plan.accesses[i].input][1]][2] for i in real if pixel_varying(plan, i))
+    tail = pipe + stg if persist else max(pipe, stg)
+    staged = 2 + sum(channel_only(plan, i) for i in real)     # sS, sT and one row per channel-only input
+    return tail + (pre if params.get("pre", True) else 0) + staged * bm * 4
 
 
 def _loads(plan, g: int, has_bn: bool) -> tuple[dict[int, str], list[int]]:
@@ -90,8 +101,8 @@ def _loads(plan, g: int, has_bn: bool) -> tuple[dict[int, str], list[int]]:
             names[i] = "sS[r]"
         elif has_bn and a.input == g + 2:
             names[i] = "sT[r]"
-        else:
-            names[i] = f"x{len(real)}[u][e]"
+        else:      # read by the thread per row (x), or staged per tile when per-channel (sC)
+            names[i] = f"sC{len(real)}[r]" if channel_only(plan, i) else f"x{len(real)}[u][e]"
             real.append(i)
     return names, real
 
@@ -103,6 +114,8 @@ def _epilogue(cp, params: dict, real: list[int], names: dict[int, str]) -> tuple
     loads = []
     for j, i in enumerate(real):
         t = DT[plan.inputs[plan.accesses[i].input][1]][0]
+        if channel_only(plan, i):      # staged in shared memory at the tile's start (_loads names it)
+            continue
         direct = (f"{{ const IDX o = b{j} + kc * (IDX)ea.st[{j}][1];\n"
                   f"        if (EV > 1 && ea.st[{j}][2] == 1) ldv<{t}, EV, false>(ea.p{j} + o, x{j}[u]);\n"
                   f"        else {{ const float v = ld1<{t}, false>(ea.p{j} + o);\n"
@@ -134,23 +147,30 @@ def _kernel(cp, params: dict) -> str:
                    for j, i in enumerate(real))
     fold_ptrs = "".join(f"  const {DT[plan.inputs[i][1]][0]}::raw* {n};\n" for n, i in fold.present.items())
     unpack = "".join(f"  const auto* {n} = ea.{n};\n" for n in fold.present)
-    decl_x = " ".join(f"float x{j}[JJ][EV];" for j in range(len(real)))
-    bases = "\n".join(f"    const IDX b{j} = n * (IDX)ea.st[{j}][0] + p * (IDX)ea.st[{j}][2];" for j in range(len(real)))
-    set_fold = ""
+    per_row = [j for j, i in enumerate(real) if not channel_only(plan, i)]
+    staged = [(j, DT[plan.inputs[plan.accesses[i].input][1]][0]) for j, i in enumerate(real) if channel_only(plan, i)]
+    decl_x = " ".join(f"float x{j}[JJ][EV];" for j in per_row)
+    bases = "\n".join(f"    const IDX b{j} = n * (IDX)ea.st[{j}][0] + p * (IDX)ea.st[{j}][2];" for j in per_row)
+    decl_staged = "".join(f"  __shared__ float sC{j}[BM];      // per-channel input {j} of the tile's rows\n"
+                          for j, _ in staged)
+    # the tile's per-channel values into shared memory (read by every thread after the main loop's
+    # sync): batch norm folded as torch orders it, and per-channel inputs as they are
+    stage = [f"      sC{j}[threadIdx.x] = ld1<{t}, false>(ea.p{j} + i * ea.st[{j}][1]);" for j, t in staged]
     if cp.bn is not None:
-        set_fold = (f"    if (threadIdx.x < BM && m0 + (int64_t)threadIdx.x < d.K) {{\n"
-                    f"      const int64_t i = m0 + threadIdx.x;\n{unpack}      const float eps = ea.eps;\n"
-                    f"      sS[threadIdx.x] = {fold.scale('i')};\n      sT[threadIdx.x] = {fold.center('i')};\n    }}")
+        stage = [f"{unpack}      const float eps = ea.eps;", f"      sS[threadIdx.x] = {fold.scale('i')};",
+                 f"      sT[threadIdx.x] = {fold.center('i')};"] + stage
+    set_fold = ("\n".join([f"    if (threadIdx.x < BM && m0 + (int64_t)threadIdx.x < d.K) {{",
+                           "      const int64_t i = m0 + threadIdx.x;"] + stage + ["    }"]) if stage else "")
     # pixel-varying inputs (a residual) get two [BM][BN] buffers each after the stages and the
     # result tile: the next tile's copy flies while this tile's epilogue runs
     pre = [(j, DT[plan.inputs[plan.accesses[i].input][1]]) for j, i in enumerate(real) if pixel_varying(plan, i)]
     ptrs_pre, issue, at = [], [], "tail_off<BM, BN, STAGES>()"
-    for j, (t, _, size) in pre:
+    for j, (t, _, size) in pre:        # (without PERSIST a block has one tile: one buffer)
         ptrs_pre.append(f"  {t}::raw* pre{j}_0 = reinterpret_cast<{t}::raw*>(smem + {at});\n"
-                        f"  {t}::raw* pre{j}_1 = pre{j}_0 + BM * BN;")
-        issue.append(f"pw::prefetch_tile<{t}, BM, BN>(buf ? pre{j}_1 : pre{j}_0, ea.p{j}, ea.st[{j}][0], "
+                        f"  {t}::raw* pre{j}_1 = pre{j}_0 + (PERSIST ? BM * BN : 0);")
+        issue.append(f"pw::prefetch_tile<{t}, BM, BN, IDX>(buf ? pre{j}_1 : pre{j}_0, ea.p{j}, ea.st[{j}][0], "
                      f"ea.st[{j}][1], d, m0n, q0n);")
-        at = f"({at} + (size_t)2 * BM * BN * {size})"
+        at = f"({at} + (size_t)(PERSIST ? 2 : 1) * BM * BN * {size})"
     issue_pre = "\n".join(["  auto issue_pre = [&](int buf, int m0n, int64_t q0n) {", "    (void)buf; (void)m0n; (void)q0n;"]
                           + (["    if constexpr (PRE) {"] + [f"      {x}" for x in issue] + ["      pw::cp_commit();", "    }"]
                              if pre else []) + ["  };"])
@@ -193,41 +213,54 @@ struct EpiArgs {{
 // IDX: int32_t when every element offset of the epilogue fits (the host checks), else int64_t.
 template <int BM, int BN, int STAGES, bool VA, bool VB, int EV, int JU, bool PRE, bool SPLIT, typename IDX>
 __global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kernel(const {dt}::raw* __restrict__ W,
-    const {dt}::raw* __restrict__ X, {out_t}::raw* __restrict__ Y, pw::Dims d, EpiArgs ea, int MT, int64_t T) {{
+    const {dt}::raw* __restrict__ X, {out_t}::raw* __restrict__ Y, pw::Dims d, EpiArgs ea, int64_t T) {{
   typedef pw::Tile<{dt}, BM, BN> TL;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float sS[BM], sT[BM];        // batch norm scale / center of the tile's channels
   (void)sS; (void)sT;
-  {dt}::raw* pipe = reinterpret_cast<{dt}::raw*>(smem);
+{decl_staged}  {dt}::raw* pipe = reinterpret_cast<{dt}::raw*>(smem);
   STG::raw* stg = reinterpret_cast<STG::raw*>(smem + stg_off<BM, BN, STAGES>());
 {chr(10).join(ptrs_pre).replace("{dt}", dt)}
 {issue_pre}
+  // tile tt: channels m0 : m0 + BM of pixels q0 : q0 + BN
+  auto at = [&](int64_t tt, int& m0, int64_t& q0) {{
+    int64_t pt, mt;
+    pw::divmod<IDX>(d.dmt, tt, pt, mt);
+    m0 = (int)mt * BM;
+    q0 = pt * BN;
+  }};
   int64_t t = blockIdx.x;
   if (t >= T) return;
-  issue_pre(0, (int)(t % MT) * BM, (t / MT) * BN);
-  pw::XCol xc = pw::x_column<{dt}, BN, VB>(d, (t / MT) * BN);    // this thread's X column, per tile
-  pw::issue_prologue<{dt}, BM, BN, STAGES, VA, VB>(pipe, W, X, d, (int)(t % MT) * BM, xc);
+  int m0;
+  int64_t q0;
+  at(t, m0, q0);
+  issue_pre(0, m0, q0);
+  pw::XCol xc = pw::x_column<{dt}, BN, VB, IDX>(d, q0);    // this thread's X column, per tile
+  pw::issue_prologue<{dt}, BM, BN, STAGES, VA, VB>(pipe, W, X, d, m0, xc);
   constexpr int LDC = TL::LDC, TPR = BN / EV, RPP = pw::THREADS / TPR;
   constexpr int JJ = JU < BM / RPP ? JU : BM / RPP;    // tile rows per thread in flight
   const int col = (threadIdx.x % TPR) * EV, row0 = threadIdx.x / TPR;
   for (int it = 0; t < T; t += gridDim.x, ++it) {{
-    const int m0 = (int)(t % MT) * BM;
-    const int64_t q0 = (t / MT) * BN;
 {set_fold}
     float acc[TL::MI][TL::NI][4];
     pw::main_loop<{dt}, BM, BN, STAGES, VA, VB, SPLIT>(pipe, W, X, d, m0, xc, acc);   // synced
     pw::store_tile<{dt}, STG, BM, BN>(acc, stg);     // (main_loop ended synced: the stages are free)
     const int64_t tn = t + gridDim.x;
+    int m0n = 0;
+    int64_t q0n = 0;
     if (PERSIST && tn < T) {{        // the next tile's loads fly during this tile's epilogue
-      issue_pre((it + 1) % 2, (int)(tn % MT) * BM, (tn / MT) * BN);
-      xc = pw::x_column<{dt}, BN, VB>(d, (tn / MT) * BN);
-      pw::issue_prologue<{dt}, BM, BN, STAGES, VA, VB>(pipe, W, X, d, (int)(tn % MT) * BM, xc);
+      at(tn, m0n, q0n);
+      issue_pre((it + 1) % 2, m0n, q0n);
+      xc = pw::x_column<{dt}, BN, VB, IDX>(d, q0n);
+      pw::issue_prologue<{dt}, BM, BN, STAGES, VA, VB>(pipe, W, X, d, m0n, xc);
     }}
     __syncthreads();      // the result tile (and sS / sT) are visible to every thread
 {cur}
     const int64_t q = q0 + col;
     const bool qok = q < d.NQ;           // NQ % EV == 0 when EV > 1: a vector is all in or all out
-    const IDX n = qok ? (IDX)(q / d.P) : 0, p = qok ? (IDX)(q % d.P) : 0;
+    int64_t n64 = 0, p64 = 0;
+    if (qok) pw::divmod<IDX>(d.dp, q, n64, p64);
+    const IDX n = (IDX)n64, p = (IDX)p64;
     // offsets of this thread's column (image n, pixel p) at channel 0: per row only + k * stride
 {bases}
     const IDX ybase = n * (IDX)d.K * (IDX)d.P + p;
@@ -261,6 +294,8 @@ __global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kerne
       }}
     }}
     __syncthreads();      // the result tile, this tile's prefetch buffers and sS / sT are free
+    m0 = m0n;
+    q0 = q0n;
   }}
 }}
 """, real
@@ -301,7 +336,7 @@ def _host(cp, params: dict, real: list[int]) -> str:
     wide_t = f"pw_kernel<{bm}, {bn}, {stages}, true, true, {ev}, {ju}, {pre}, {split}, int64_t>"
     slow_t = f"pw_kernel<{bm}, {bn}, {stages}, false, false, 1, {ju}, false, {split}, int64_t>"
     launch = ("{k}<<<(unsigned)grid, pw::THREADS, smem, stream>>>((const {dt}::raw*)Wt.data, "
-              "(const {dt}::raw*)X.data, ({ot}::raw*)Y.data, d, ea, (int)MT, tiles);")
+              "(const {dt}::raw*)X.data, ({ot}::raw*)Y.data, d, ea, tiles);")
     fast, wide, slow = (launch.format(k=k, dt=dt, ot=ot) for k in (fast_t, wide_t, slow_t))
     return f"""
 // Strides of one epilogue input over (image, channel, pixel): height and width must step as one
@@ -355,6 +390,8 @@ static int pw_launch(const HtamTensor* in, int n_in, HtamTensor* out, int n_out,
   const bool fast = ev_ok && d.C % {vec} == 0 && htam_aligned(Wt.data, 16) && d.P % {vec} == 0 &&
                     htam_aligned(X.data, 16);
   const int64_t MT = (d.K + {bm} - 1) / {bm}, tiles = MT * ((d.NQ + {bn} - 1) / {bn});
+  d.dp = pw::make_div(d.P);
+  d.dmt = pw::make_div(MT);
   const size_t smem = fast ? pw_smem<{bm}, {bn}, {stages}, {pre}>() : pw_smem<{bm}, {bn}, {stages}, false>();
   // 32-bit epilogue offsets when every one fits (every access's largest, and Y's)
   const bool idx32 = max_off < (int64_t(1) << 31) && htam_numel(&Y) < (int64_t(1) << 31);
