@@ -155,14 +155,16 @@ __device__ __forceinline__ void load_stage(typename DT::raw* sA, typename DT::ra
 // small*small and small's truncation, ~2^-21 relative: fp32 accuracy on tensor cores).
 // NOTE: the tensor cores ignore a tf32 operand's low 13 bits, so big is x plus half a tf32 ulp
 // (bit 12) and the hardware's truncation completes round-to-nearest-ties-away, as cvt.rna does
-// for every finite x; small is the exact remainder, truncated likewise. 5 instructions where
+// for every finite x; small is the exact remainder, truncated likewise. 6 instructions where
 // tf32() twice is 8 (sm_90 emulates cvt.rna with a finiteness test): the split ran 43% of the
-// fp32 kernel's instructions (ncu, RESULTS.md). An infinite x has small = 0 (inf - inf would be
-// NaN, where torch's conv gives inf); a NaN x keeps small = NaN, which every product carries.
+// fp32 kernel's instructions (ncu, RESULTS.md). An infinite x is carried by small alone
+// (big = 0): then w * x is big_w * inf, +-inf as in torch, where big = inf would add
+// small_w * inf, of either sign, and make inf - inf = NaN. A NaN x keeps small = NaN.
 __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-  big = __float_as_uint(x) + 0x1000u;
-  const float s = x - __uint_as_float(big & 0xffffe000u);
-  small = __float_as_uint(fabsf(x) == __int_as_float(0x7f800000) ? 0.f : s);
+  const bool inf = fabsf(x) == __int_as_float(0x7f800000);
+  const unsigned b = __float_as_uint(x) + 0x1000u;
+  big = inf ? 0u : b;
+  small = inf ? __float_as_uint(x) : __float_as_uint(x - __uint_as_float(b & 0xffffe000u));
 }
 
 // One BK step of MMAs on a stage, into acc[MI][NI][4]. SPLIT (fp32 only): 3xTF32, else 1xTF32.
