@@ -107,9 +107,10 @@ class ConvPlan:
         # heuristic engine, the one PyTorch runs; the search moves down the ranking (CONV_ALGOS)
         p.update(fused=False, graph=True, tf32=self.allow_tf32 and self.dtype == "float32", algo=0)
         # our own tiled kernel for 1x1 convs (pwconv.py) where its tensor-core math is allowed: the
-        # fastest of bench/sweep.py's grid on an H100 (RESULTS.md, 2026-11-23, 6569f30) for
-        # [32, 64 -> 256, 56, 56]: fp32 (3xTF32) 64x256 tiles, one per block, 0.106 ms; bf16 with
-        # the residual prefetched, 3 stages, persistent, 0.065 ms (cuDNN + epilogue: 0.163 / 0.094).
+        # fastest of bench/sweep.py's grid on an H100 (RESULTS.md, 2026-11-23, fba0674) for
+        # [32, 64 -> 256, 56, 56]: fp32 (3xTF32) 64x256 tiles, one per block, 0.0985 ms; bf16 with
+        # the residual prefetched, 3 stages, persistent, 0.0545 ms (minb=3: 0.0540, within noise;
+        # cuDNN + epilogue: 0.163 / 0.094).
         # NOTE: 64-channel tiles: at 128, 3xTF32's fragments spill (128 registers, ptxas)
         p.update(tiled=False, bm=64, bn=128, stages=2, ju=4, split=True, minb=2, pre=True, persist=True)
         if pwconv.reason(self) is None:

@@ -14,11 +14,15 @@ X stages and, with pre, its residual tile into shared memory. The epilogue reads
 from shared memory, VEC consecutive pixels of one channel per thread, JU rows at a time with all
 their global loads issued before any is used.
 
-Measured on an H100 (bench/RESULTS.md, 2026-11-23, 80fc2e1) for the bottleneck tail:
-0.106 ms fp32 and 0.064 ms bf16, against 0.164 / 0.094 ms for cuDNN + epilogue. That is 79% and
-71% of a copy of the same bytes. An earlier version was profiled with ncu (bf1ea81): 2 blocks of
-8 warps per SM, stalled mostly on long-scoreboard loads (2.95 cycles per issued instruction), DRAM
-at 44% of peak, and 45% issue-active: both latency and instruction count limit it.
+Measured on an H100 (bench/RESULTS.md, 2026-11-23, 5dd01c1) for the bottleneck tail:
+0.0986 ms fp32 and 0.0545 ms bf16, against 0.164 / 0.094 ms for cuDNN + epilogue: 85% and 84% of
+a copy of the same bytes. ncu at b59ed5b had found it issue-bound at 2 blocks of 8 warps per SM
+(0.57 instructions issued per scheduler cycle, 43% of cycles with no eligible warp): in fp32 the
+3xTF32 operand split's opcodes alone (FSETP, SEL, VIADD, LOP3) were 30% of the instructions
+(split_tf32), every tile divided 64-bit
+pixel and tile indices (pw::Div), and bf16 waited on a per-row global load of the batch norm's
+bias (now staged per tile, channel_only). Those three changes took 0.106 -> 0.099 ms (fp32) and
+0.064 -> 0.055 ms (bf16).
 
     >>> src = render(cp, dict(cp.defaults(), tiled=True))      # cp = conv.match(...)
 """
