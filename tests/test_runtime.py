@@ -171,6 +171,42 @@ def test_install_sees_weight_updates_and_train_mode(setup):
     assert model.htam_report.fallback_reasons == {"training mode": 1}
 
 
+def test_installed_graph_reads_weights_in_one_fetch(setup):
+    """No get_attr chain is left in the installed graph (each `.` on a module is a Python call of
+    nn.Module.__getattr__); one fetch reads the model's live tensors, and a module swapped for one
+    that exposes its weights some other way still works (the getattr fallback)."""
+    model, x, cap, tasks, kernels = setup
+    runtime.install(model, cap, kernels, provider=PROVIDER)
+    gm = model.forward.htam.gm
+    assert not [n for n in gm.graph.nodes if n.op == "get_attr"]
+    assert "_htam_fetch_attrs" in gm.code
+    fetch = next(n.target for n in gm.graph.nodes if n.op == "call_function" and n.target.__name__ == "_htam_fetch_attrs")
+    fetched = fetch()
+    assert any(t is model.fc.weight for t in fetched) and any(t is model.ln.bias for t in fetched)
+
+    class Exposed(nn.Module):      # weight and bias as properties: not in _parameters
+        def __init__(self, lin):
+            super().__init__()
+            self.inner = lin
+
+        @property
+        def weight(self):
+            return self.inner.weight
+
+        @property
+        def bias(self):
+            return self.inner.bias
+
+    with torch.no_grad():
+        model.proj = nn.Linear(128, 32)                     # a new submodule: read through the dicts
+        assert torch.equal(model(x), MLP.forward(model, x))
+        model.proj = Exposed(nn.Linear(128, 32))            # no dict path: the getattr chain
+        expect = F.layer_norm(x + F.linear(F.gelu(model.fc(x), approximate="tanh"), model.proj.weight,
+                                           model.proj.bias), (32,), model.ln.weight, model.ln.bias)
+        assert torch.allclose(model(x), expect, atol=1e-6)
+    assert model.htam_report.fast_calls == 2
+
+
 def test_install_under_torch_compile_and_export(setup):
     model, x, cap, tasks, kernels = setup
     expect = copy.deepcopy(model)
