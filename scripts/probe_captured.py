@@ -40,7 +40,7 @@ for spec in sys.argv[1:]:
     fast, _ = runtime.swap(cap.graphs[0], {})
     runtime._hoist_constants(fast, model)
     runtime._bind_to_model(fast, model)
-    n = runtime._fetch_attrs(fast, model)
+    n = len(runtime._fetch_attrs(fast, model)())
     ops = {}
     for node in gm.graph.nodes:
         if node.op == "call_function":

@@ -207,6 +207,20 @@ def test_installed_graph_reads_weights_in_one_fetch(setup):
     assert model.htam_report.fast_calls == 2
 
 
+def test_autograd_guard_sees_a_parameter_reassigned_after_install(setup):
+    """Frozen weights at install, then a trainable one assigned: a grad-mode call must take the
+    original path (our kernels have no backward), not return an output without a graph."""
+    model, x, cap, tasks, kernels = setup
+    for p in model.parameters():
+        p.requires_grad_(False)
+    runtime.install(model, cap, kernels, provider=PROVIDER)
+    model(x)
+    assert model.htam_report.fast_calls == 1
+    model.proj.weight = nn.Parameter(torch.randn(32, 128))       # trainable
+    y = model(x)
+    assert y.requires_grad and model.htam_report.fallback_reasons == {"autograd": 1}
+
+
 def test_install_under_torch_compile_and_export(setup):
     model, x, cap, tasks, kernels = setup
     expect = copy.deepcopy(model)

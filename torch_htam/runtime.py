@@ -287,7 +287,7 @@ class HtamForward:
         self.positional = in_spec == pytree.tree_structure((tuple(range(len(leaves))), {}))
         self.single_out = out_spec == pytree.tree_structure(0)
         self.model_ref = model   # NOTE: a plain attribute, not a submodule: state_dict is untouched
-        self.weights = weights    # the graph's tensors as installed (the autograd guard reads them)
+        self.weights = weights    # () -> the graph's tensors now (the autograd guard reads them)
 
     def _why_not(self, args, kwargs) -> str | None:
         if self.model_ref.training != self.training:
@@ -303,7 +303,7 @@ class HtamForward:
         if not all(leaf.matches(x) for leaf, x in zip(self.leaves, flat)):
             return "input shape/dtype/stride"
         if torch.is_grad_enabled() and (any(isinstance(x, torch.Tensor) and x.requires_grad for x in flat)
-                                        or any(w.requires_grad for w in self.weights)):
+                                        or any(w.requires_grad for w in self.weights())):
             return "autograd"        # swapped kernels have no backward
         return None
 
@@ -390,9 +390,9 @@ def _attr_path(root: torch.nn.Module, name: str, target: str) -> str | None:
     return expr if isinstance(obj, torch.Tensor) else None
 
 
-def _fetch_attrs(gm: fx.GraphModule, model: torch.nn.Module) -> int:
+def _fetch_attrs(gm: fx.GraphModule, model: torch.nn.Module) -> Callable[[], tuple] | None:
     """Replace gm's tensor get_attr nodes by one call that reads them all from the user's model
-    (constants only gm holds, from gm); returns how many.
+    (constants only gm holds, from gm); returns that call (None: gm reads no tensor attribute).
 
     NOTE: FX writes each get_attr as `getattr(self.layer1, "0").conv1.weight`, and every `.` on a
     module is a call of nn.Module.__getattr__. On an H100 host, ResNet-50's captured graph with no
@@ -412,7 +412,7 @@ def _fetch_attrs(gm: fx.GraphModule, model: torch.nn.Module) -> int:
             exprs.append(e)
             roots.append((root, n.target.split(".")))
     if not nodes:
-        return 0
+        return None
 
     def chains():
         out = []
@@ -441,7 +441,7 @@ def _fetch_attrs(gm: fx.GraphModule, model: torch.nn.Module) -> int:
         gm.graph.erase_node(n)
     gm.graph.lint()
     gm.recompile()
-    return len(nodes)
+    return fetch
 
 
 def _task_reports(tasks, kernels: dict[str, Any], swapped: list[Swapped], errors: dict[str, str],
@@ -496,8 +496,9 @@ def install(model: torch.nn.Module, capture, kernels: dict[str, Any], tasks: lis
         return leave(model, "no region has a verified, faster kernel", tasks, report)
     _hoist_constants(gm, model)
     _bind_to_model(gm, model)
-    weights = _attr_tensors(gm)
-    _fetch_attrs(gm, model)
+    fetch = _fetch_attrs(gm, model)
+    fixed = tuple(_attr_tensors(gm))     # tensor attributes without a dict path, if any
+    weights = (lambda: fetch() + fixed) if fetch else (lambda: fixed)
     src = capture.graphs[0]
     original = model.forward
     state = HtamForward(model, gm, src._in_spec, src._out_spec,
