@@ -771,3 +771,78 @@ def test_max_and_min_propagate_nan_on_the_gpu():
         torch.cuda.synchronize()
         assert int(ref.isnan().sum()) >= 2
         torch.testing.assert_close(out, ref, equal_nan=True)
+
+
+# The NHWC path (conv.py, nhwc=True): x and w copied to NHWC, cuDNN's conv in NHWC, the tiled
+# kernel's epilogue (pwconv.nhwc_epilogue) reading it back to NCHW. k=20: bf16/fp16 channels are not
+# a multiple of a 16-byte vector, so the tile load takes its scalar path.
+NHWC_CASES = ["bn_relu_bias", "bn_add_relu", "bn_silu_dil2", "plain", "bn_relu6_1x1"]
+
+
+def _nhwc_cases():
+    for name in NHWC_CASES:
+        yield name, CONV_CASES[name][0], dict(CONV_CASES[name][1])
+    yield "bn_relu_k20", ConvBlock(), {"k": 20}
+
+
+def test_nhwc_path_renders_for_ungrouped_convs_only():
+    from torch_htam.proposers.expert import conv
+    task = bench_task("conv_bn_relu_bf16")
+    cp = conv.match(task.graph, policy_for(task))
+    src = cp.render(dict(cp.defaults(), nhwc=True))
+    assert "launch_to_nhwc<" in src and "pw_launch(ext" in src and "load_nhwc_tile" in src
+    assert "fold_kernel<<<" not in src and "static const bool kNhwc = true;" in src
+    assert "coalesced_layout_access" in cp.tags(dict(cp.defaults(), nhwc=True))
+    # the tuning grid and the strategy both offer it; settings of the same kernel merge
+    cands = propose(task, n=8, direction="memory_access", strategies=["coalesced_layout_access"]).candidates
+    assert any(c.params.get("nhwc") for c in cands), [c.params for c in cands]
+    grouped = _conv_plan("bn_relu_inplace_s2_g2")
+    assert not grouped.info.nhwc_conv
+    with pytest.raises(Unsupported, match="groups"):
+        grouped.render(dict(grouped.defaults(), nhwc=True))
+
+
+@pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn() is None, reason="needs nvcc + cuDNN")
+def test_nhwc_path_sources_compile_for_sm90a():
+    from torch_htam.proposers.expert import conv
+    srcs = []
+    for _, block, kw in _nhwc_cases():
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            task = conv_task(block, conv_inputs(dtype=dtype, **kw))
+            cp = conv.match(task.graph, make({torch.float32: "tf32", torch.bfloat16: "bf16",
+                                              torch.float16: "fp16"}[dtype]))
+            srcs.append(cp.render(dict(cp.defaults(), tiled=False, nhwc=True)))
+    results = build.build_many(srcs, arch="sm_90a")
+    assert all(r.ok for r in results), [r.error[:800] for r in results if not r.ok]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_nhwc_path_verifies(dtype):
+    """Full verification (several seeds and distributions, a second shape, poisoned outputs, run
+    twice) of the NHWC path for every case, fp32 under the TF32 policy (cuDNN's NHWC engines are
+    tensor-core ones)."""
+    from torch_htam import verify as V
+    from torch_htam.launcher import Kernel
+    from torch_htam.proposers.expert import conv
+    policy = make({torch.float32: "tf32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype])
+    todo = []
+    for name, block, kw in _nhwc_cases():
+        full = conv_inputs(dtype=dtype, **kw)
+        task = conv_task(block, full)
+        cp = conv.match(task.graph, policy)
+        todo.append((name, task, full, cp.render(dict(cp.defaults(), tiled=False, nhwc=True))))
+    results = build.build_many([src for *_, src in todo])
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    for (name, task, full, _), res in zip(todo, results):
+        keep = [i for i, v in enumerate(full) if v is not None]
+        block = CONV_CASES.get(name, (ConvBlock(),))[0]
+
+        class Ref(nn.Module):
+            def forward(self, *xs):
+                args = [None] * len(full)
+                for i, v in zip(keep, xs):
+                    args[i] = v
+                return block(*args)
+        ok, reason, detail, _ = V.verify(task, Kernel(res.so_path), Ref().cuda(), policy)
+        assert (ok, reason) == (True, "ok"), (name, dtype, detail)

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from torch_htam.proposers.expert import elementwise, host, pwconv
-from torch_htam.proposers.expert.cudnn_conv import GRAPH_RUN, graph_entry, legacy_entry, legacy_run
+from torch_htam.proposers.expert.cudnn_conv import graph_entry, graph_run, legacy_entry, legacy_run
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float
 from torch_htam.proposers.expert.ir import (
     Plan, Unsupported, check_single_output, dtype_of, lower, shape_of,
@@ -62,10 +62,10 @@ aten = torch.ops.aten
 RELUS = (aten.relu.default, aten.relu_.default)
 # the tiled pointwise kernel's own params (pwconv.py), and those only cuDNN's paths read
 TILE_KEYS = {"bm", "bn", "stages", "ju", "split", "minb", "pre", "persist"}
-CUDNN_KEYS = {"fused", "graph", "algo", "tf32"}
+CUDNN_KEYS = {"fused", "graph", "algo", "tf32", "nhwc"}
 # strategy ids whose presence ConvPlan.tags decides from the params
 TAG_IDS = ("fold_batchnorm", "fuse_elementwise_chain", "gemm_plus_epilogue_kernel", "tf32_tensor_cores",
-           "bf16_tensor_cores", "smem_tiling")
+           "bf16_tensor_cores", "smem_tiling", "coalesced_layout_access")
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class ConvPlan:
         p = dataclasses.asdict(elementwise.EwParams(vec=16 // DT[self.dtype][2]))
         # the backend API (far less host time per call, module docstring) at algo 0: the top
         # heuristic engine, the one PyTorch runs; the search moves down the ranking (CONV_ALGOS)
-        p.update(fused=False, graph=True, tf32=self.allow_tf32 and self.dtype == "float32", algo=0)
+        p.update(fused=False, graph=True, tf32=self.allow_tf32 and self.dtype == "float32", algo=0, nhwc=False)
         # our own tiled kernel for 1x1 convs (pwconv.py) where its tensor-core math is allowed: the
         # fastest of bench/sweep.py's grid on an H100 (RESULTS.md, 2026-11-23, fba0674) for
         # [32, 64 -> 256, 56, 56]: fp32 (3xTF32) 64x256 tiles, one per block, 0.0985 ms; bf16 with
@@ -152,6 +152,8 @@ class ConvPlan:
             tags.append("tf32_tensor_cores")
         if self.dtype != "float32":
             tags.append("bf16_tensor_cores")
+        if params.get("nhwc") and nhwc_reason(self, params) is None:
+            tags.append("coalesced_layout_access")
         return tags
 
 
@@ -276,7 +278,8 @@ def match(gm, policy) -> ConvPlan:
     cp.info = PlanInfo("conv", yshape[1], 16 // DT[dt][2], has_transcendental=plan.has_transcendental,
                        low_precision=dt != "float32", allow_tf32=cp.allow_tf32, fp32=dt == "float32",
                        has_batchnorm=bn is not None, epilogue_fits_cudnn=fits,
-                       tiled_conv=pwconv.reason(cp) is None)
+                       tiled_conv=pwconv.reason(cp) is None,
+                       nhwc_conv=nhwc_reason(cp, {"graph": True}) is None)
     return cp
 
 
@@ -355,9 +358,55 @@ def _math(cp: ConvPlan, params: dict) -> tuple[str, bool]:
     return "CUDNN_FMA_MATH", True
 
 
+# [B][C][L] -> [B][L][C] through a padded shared-memory tile, both global sides coalesced (x to NHWC:
+# B images, C channels, L pixels; w to KRSC: B = K, L = R * S).
+TO_NHWC = r"""
+template <typename T>
+__global__ void __launch_bounds__(256) to_nhwc(const T* __restrict__ in, T* __restrict__ out, int64_t C, int64_t L) {
+  __shared__ T tile[32][33];
+  const int64_t b = blockIdx.z, c0 = (int64_t)blockIdx.y * 32, l0 = (int64_t)blockIdx.x * 32;
+  const T* src = in + b * C * L;
+  T* dst = out + b * C * L;
+  for (int i = threadIdx.y; i < 32; i += 8) {
+    const int64_t c = c0 + i, l = l0 + threadIdx.x;
+    if (c < C && l < L) tile[i][threadIdx.x] = src[c * L + l];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += 8) {
+    const int64_t l = l0 + i, c = c0 + threadIdx.x;
+    if (c < C && l < L) dst[l * C + c] = tile[threadIdx.x][i];
+  }
+}
+
+template <typename T>
+static int launch_to_nhwc(const void* in, void* out, int64_t B, int64_t C, int64_t L, cudaStream_t stream) {
+  if (B > 65535 || (C + 31) / 32 > 65535 || (L + 31) / 32 > INT32_MAX) return HTAM_ERR_SHAPE;
+  const dim3 grid((unsigned)((L + 31) / 32), (unsigned)((C + 31) / 32), (unsigned)B);
+  to_nhwc<T><<<grid, dim3(32, 8), 0, stream>>>((const T*)in, (T*)out, C, L);
+  HTAM_CHECK_LAUNCH();
+  return HTAM_OK;
+}
+"""
+
+
+def nhwc_reason(cp: ConvPlan, params: dict) -> str | None:
+    """Why the NHWC path (x and w transposed, cuDNN's conv in NHWC, the tiled kernel's epilogue
+    reading it back to NCHW) cannot run this setting (None: it can)."""
+    if params.get("fused") or not params.get("graph"):
+        return "nhwc: only on the backend API, unfused"
+    if cp.groups != 1:
+        return "nhwc: groups != 1"
+    if cp.epilogue.ndim != 4:
+        return "nhwc: the epilogue is not over the 4-D conv output"
+    return None
+
+
 def render(cp: ConvPlan, params: dict) -> str:
     if params.get("tiled"):
         return pwconv.render(cp, params)
+    nhwc = bool(params.get("nhwc"))
+    if nhwc and (why := nhwc_reason(cp, params)):
+        raise Unsupported(why)
     fused = bool(params.get("fused")) and cp.fusable
     graph = bool(params.get("graph")) and not fused   # the fused call exists on the legacy API only
     math, strict = _math(cp, params)
@@ -365,20 +414,23 @@ def render(cp: ConvPlan, params: dict) -> str:
     plan, g = cp.epilogue, cp.g
     epi_needed = not fused and not _g_only(plan, g)
     epi_src = ""
-    if epi_needed:
+    if nhwc:     # the tiled kernel's epilogue reads the NHWC conv result and writes NCHW
+        epi_src = TO_NHWC + pwconv.nhwc_epilogue(cp, params)
+    elif epi_needed:
         ew = {k: v for k, v in params.items() if k in elementwise.EwParams.__dataclass_fields__}
         ew["nc"] = False         # NOTE: the epilogue overwrites the conv result in place
         epi_src = elementwise.generate(plan, elementwise.EwParams(**ew), cp.info.low_precision,
                                        entry="static int epilogue_run", restrict=False, prelude=False)
-    fold = fused or cp.bn is not None
+    fold = (fused or cp.bn is not None) and not nhwc    # (nhwc: the epilogue kernel folds batch norm)
     shift_t = dt if fused else "F32"   # cuDNN's bias has the output dtype; our epilogue reads fp32
     fold_src, present = _fold_kernel(cp, shift_t, center=not fused) if fold else ("", [])
     (sh, sw), (ph_, pw), (dh, dw), G = cp.stride, cp.padding, cp.dilation, cp.groups
     scale_w = fused and cp.bn is not None
+    vectors = {i for _, i in present} | set(Fold(cp).present.values() if nhwc else ())
     checks = "\n".join(
         f"  if (in[{i}].ndim != 1 || in[{i}].sizes[0] != K || !htam_contiguous(in[{i}]) || "
         f"in[{i}].dtype != {DT[plan.inputs[i][1]][1]} || in[{i}].data == nullptr) return HTAM_ERR_SHAPE;"
-        for i in sorted({i for _, i in present} | ({cp.bias} if cp.bias is not None else set())))
+        for i in sorted(vectors | ({cp.bias} if cp.bias is not None else set())))
     if cp.residual is not None and fused:
         r = cp.residual
         checks += (f"\n  if (in[{r}].dtype != {dtc} || in[{r}].ndim != 4 || !htam_contiguous(in[{r}]) ||"
@@ -399,12 +451,32 @@ def render(cp: ConvPlan, params: dict) -> str:
     HTAM_CHECK_LAUNCH();
   }}"""
     algo = int(params.get("algo", 0))
-    if graph:
-        entry_src, run_conv = graph_entry(cp, strict, algo), GRAPH_RUN
+    if graph and nhwc:     # x and w to NHWC / KRSC in `lay`, cuDNN's conv writes y there NHWC
+        e = DT[cp.dtype][2]
+        entry_src = graph_entry(cp, strict, algo, nhwc=True)
+        run_conv = f"""  const size_t xb = ((size_t)htam_numel(&X) * {e} + 255) / 256 * 256;
+  const size_t wb = ((size_t)htam_numel(&Wt) * {e} + 255) / 256 * 256;
+  if ((rc = grow(&st->lay, &st->lay_bytes, xb + wb + (size_t)htam_numel(&Y) * {e}))) return rc;
+  void* xl = st->lay;
+  void* wl = (char*)st->lay + xb;
+  void* yl = (char*)st->lay + xb + wb;
+  if ((rc = launch_to_nhwc<{dt}::raw>(X.data, xl, d[0], d[1], d[2] * d[3], stream))) return rc;
+  if ((rc = launch_to_nhwc<{dt}::raw>(Wt.data, wl, K, Wt.sizes[1], d[5] * d[6], stream))) return rc;
+{graph_run("xl", "wl", "yl")}"""
+    elif graph:
+        entry_src, run_conv = graph_entry(cp, strict, algo), graph_run()
     else:
         entry_src, run_conv = legacy_entry(cp, math, strict, fused, algo), legacy_run(cp, fused, scale_w)
     n_ext = len(plan.inputs)
-    if epi_needed:
+    if nhwc:
+        vec = 16 // DT[cp.dtype][2]
+        bn_ext = ("\n    ext[n_in + 1] = ext[n_in + 2] = channel_vec(Y.data, K);   // bound, never read: the"
+                  " kernel folds batch norm itself" if cp.bn is not None else "")
+        tail = (f"  {{\n    HtamTensor ext[{n_ext}];\n    for (int i = 0; i < n_in; ++i) ext[i] = in[i];\n"
+                f"    ext[n_in] = Y;{bn_ext}\n"
+                f"    return pw_launch(ext, {n_ext}, out, n_out, stream, (const {dt}::raw*)yl, nullptr, 0, K, d[0],"
+                f" P * Q, K % {vec} == 0);\n  }}")
+    elif epi_needed:
         bn_ext = ("\n    ext[n_in + 1] = channel_vec(scale, K);\n    ext[n_in + 2] = channel_vec(shift, K);"
                   if cp.bn is not None else "")
         tail = (f"  {{\n    HtamTensor ext[{n_ext}];\n    for (int i = 0; i < n_in; ++i) ext[i] = in[i];\n"
@@ -417,6 +489,7 @@ def render(cp: ConvPlan, params: dict) -> str:
         ("  void* shift = (char*)st->scratch + vec_bytes;", fold),
         ("  void* w2 = (char*)st->scratch + 2 * vec_bytes;", scale_w)) if used)
     mode = ("cudnnConvolutionBiasActivationForward" if fused else
+            "NHWC copies + cudnnBackendExecute + tiled epilogue to NCHW" if nhwc else
             ("cudnnBackendExecute" if graph else "cudnnConvolutionForward")
             + (" + epilogue kernel" if epi_needed else ""))
     return f"""// torch_htam expert: cuDNN conv2d ({mode}) params={sorted(params.items())}
@@ -430,7 +503,8 @@ def render(cp: ConvPlan, params: dict) -> str:
 static const size_t kMaxWorkspace = size_t(1) << 30;   // skip algorithms wanting more than 1 GiB
 
 struct DnnState {{ cudnnHandle_t handle = nullptr; void* ws = nullptr; size_t ws_bytes = 0;
-                  void* scratch = nullptr; size_t scratch_bytes = 0; }};
+                  void* scratch = nullptr; size_t scratch_bytes = 0;
+                  void* lay = nullptr; size_t lay_bytes = 0; }};   // lay: NHWC copies (nhwc)
 
 // Lazily per device: the handle (cudnnSetStream is called on every run).
 static int dnn_state(DnnState** out) {{
@@ -475,7 +549,7 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
     if (t->dtype != {dtc} || t->ndim != 4 || !htam_contiguous(*t) || t->data == nullptr) return HTAM_ERR_SHAPE;
   // d[7]: the data's alignment in bytes, which a backend plan is built for (a view 2 bytes past
   // its allocation gets a plan of its own, not a refusal); 0 on the legacy API, which needs none
-  const uintptr_t bits = {"(uintptr_t)X.data | (uintptr_t)Wt.data | (uintptr_t)Y.data" if graph else "0"};
+  const uintptr_t bits = {"256" if nhwc else "(uintptr_t)X.data | (uintptr_t)Wt.data | (uintptr_t)Y.data" if graph else "0"};
   const int64_t d[8] = {{X.sizes[0], X.sizes[1], X.sizes[2], X.sizes[3], Wt.sizes[0], Wt.sizes[2], Wt.sizes[3],
                          {"bits % 16 == 0 ? 16 : bits % 8 == 0 ? 8 : bits % 4 == 0 ? 4 : 2" if graph else "0"}}};
   (void)bits;

@@ -132,6 +132,7 @@ GRAPH_ENTRY = string.Template(r"""
 #define SET(d, name, type, n, values) CD(cudnnBackendSetAttribute(d, name, type, n, values))
 static const int kMaxConfigs = 16;            // engine configs taken from one heuristics query
 static const bool kStrictFp32 = ${strict};    // fp32 without TF32: no tensor-core engines
+static const bool kNhwc = ${nhwc};            // x, w, y in NHWC (conv.py transposes around the conv)
 
 // One problem's backend descriptors, cached (a few shapes per kernel in practice). NOTE: all stay
 // alive until release(): cuDNN does not document whether a plan copies what it was built from.
@@ -164,10 +165,13 @@ static void release(ConvEntry* e) {
   *e = ConvEntry();
 }
 
-// A packed NCHW tensor [n, c, h, w] (sizes and strides in elements), data aligned to `align` bytes.
+// A packed tensor [n, c, h, w] (sizes and strides in elements), NCHW or (kNhwc) NHWC in memory,
+// data aligned to `align` bytes.
 static int make_tensor(cudnnBackendDescriptor_t* t, int64_t uid, int64_t n, int64_t c, int64_t h, int64_t w,
                        int64_t align) {
-  const int64_t dims[4] = {n, c, h, w}, strides[4] = {c * h * w, h * w, w, 1};
+  const int64_t dims[4] = {n, c, h, w};
+  const int64_t nchw[4] = {c * h * w, h * w, w, 1}, nhwc[4] = {c * h * w, 1, w * c, c};
+  const int64_t* strides = kNhwc ? nhwc : nchw;
   const cudnnDataType_t type = ${cudnn_t};
   CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_TENSOR_DESCRIPTOR, t));
   SET(*t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
@@ -320,7 +324,12 @@ static int bind(ConvEntry* e, void* x, void* w, void* y, void* ws) {
 }
 """)
 
-# The per-call conv on the backend API (after the fold kernel, before the epilogue).
+def graph_run(x: str = "X.data", w: str = "Wt.data", y: str = "Y.data") -> str:
+    """The per-call conv on the backend API (after the fold kernel, before the epilogue), on the
+    buffers named x, w, y (C expressions)."""
+    return GRAPH_RUN.replace("X.data, Wt.data, Y.data", f"{x}, {w}, {y}")
+
+
 GRAPH_RUN = """  for (;;) {
     if ((rc = bind(e, X.data, Wt.data, Y.data, st->ws))) return rc;
     const cudnnStatus_t s = cudnnBackendExecute(st->handle, e->plan, e->pack);
@@ -330,8 +339,9 @@ GRAPH_RUN = """  for (;;) {
   }"""
 
 
-def graph_entry(cp: ConvPlan, strict: bool, algo: int) -> str:
+def graph_entry(cp: ConvPlan, strict: bool, algo: int, nhwc: bool = False) -> str:
     """Backend API: the per-shape cache entry (descriptors, execution plan, variant pack) and planning."""
     (sh, sw), (ph_, pw), (dh, dw) = cp.stride, cp.padding, cp.dilation
     return GRAPH_ENTRY.substitute(strict="true" if strict else "false", cudnn_t=CUDNN_TYPES[cp.dtype],
+                                  nhwc="true" if nhwc else "false",
                                    ph=ph_, pw=pw, sh=sh, sw=sw, dh=dh, dw=dw, groups=cp.groups, algo=algo)

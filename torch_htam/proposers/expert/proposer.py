@@ -349,6 +349,9 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
             for graph in (True, False):
                 for algo in range(6):
                     add(dict(lib, fused=False, graph=graph, algo=algo))
+            if info.nhwc_conv:       # and on NHWC copies, the tiled epilogue transposing back
+                for algo in range(3):
+                    add(dict(lib, fused=False, graph=True, nhwc=True, algo=algo))
         if moves_for("smem_tiling", info):   # conv: our tiled 1x1 kernel
             for bm, bn in ((base["bm"], 128), (192 - base["bm"], 128), (64, 256), (64, 64)):
                 for pre in (True, False):

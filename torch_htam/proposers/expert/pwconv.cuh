@@ -14,6 +14,7 @@
 //
 // VA / VB: 16-byte cp.async for the W / X tiles (the host checks C resp. P divisible by 16 bytes'
 // worth of elements and 16-byte aligned pointers); otherwise plain element loads, zero-filled.
+#include <type_traits>
 namespace pw {
 constexpr int THREADS = 256, WARPS_N = 4, BK = 32;
 
@@ -320,6 +321,36 @@ __device__ __forceinline__ void store_tile(const float (&acc)[Tile<DT, BM, BN>::
         *reinterpret_cast<unsigned*>(o + 8 * T::LDC) = ST::to_word(&acc[mi][ni][2]);
       }
     }
+}
+
+// Loads a conv result held NHWC (pixel q of the flattened batch, channel k at y[q * K + k]; cuDNN
+// wrote it) into out as store_tile leaves a tile: [BM channels][LDC], in the conv's dtype. V: 16-byte
+// vectors along channels (host-checked: K divisible by them, y 16-byte aligned). Consecutive
+// threads take consecutive pixels of one channel chunk, so each warp's shared-memory stores fill
+// one row (conflict-free); each pixel's BM channels are contiguous in y, read by neighbouring warps.
+template <class DT, int BM, int BN, bool V>
+__device__ __forceinline__ void load_nhwc_tile(const typename DT::raw* __restrict__ y, const Dims& d, int m0,
+                                               int64_t q0, typename DT::raw* out) {
+  typedef Tile<DT, BM, BN> T;
+  typedef typename DT::raw raw;
+  constexpr int VEC = V ? T::VEC : 1, PER = BM * BN / VEC / THREADS;   // chunks per thread
+  static_assert(PER >= 1 && THREADS % BN == 0, "a thread keeps one pixel");
+  typedef typename std::conditional<V, uint4, raw>::type chunk;
+  chunk v[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {      // all loads first: PER in flight per thread
+    const int ch = threadIdx.x + i * THREADS, j = ch % BN, k = (ch / BN) * VEC;
+    const bool ok = q0 + j < d.NQ && m0 + k < d.K;     // K % VEC == 0 when V: all in or all out
+    const chunk* src = reinterpret_cast<const chunk*>(y + (q0 + j) * d.K + m0 + k);
+    v[i] = ok ? __ldg(src) : chunk{};
+  }
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int ch = threadIdx.x + i * THREADS, j = ch % BN, k = (ch / BN) * VEC;
+    const raw* e = reinterpret_cast<const raw*>(&v[i]);
+#pragma unroll
+    for (int u = 0; u < VEC; ++u) out[(k + u) * T::LDC + j] = e[u];
+  }
 }
 
 // Issues (does not wait for) cp.async copies of an epilogue input's [BM][BN] tile into s (rows of BN

@@ -140,8 +140,13 @@ def _epilogue(cp, params: dict, real: list[int], names: dict[int, str]) -> tuple
     return "\n".join(loads), compute, store
 
 
-def _kernel(cp, params: dict) -> str:
+def _kernel(cp, params: dict, nhwc: bool = False) -> str:
+    """The kernel's C++ (and the access ids it reads from global memory). nhwc: the tile comes
+    from a conv result cuDNN wrote NHWC (kernel argument X), not from our main loop; W is unused
+    and every block takes one tile."""
     from torch_htam.proposers.expert.conv import Fold     # conv imports this module
+    if nhwc:
+        params = dict(params, persist=False)
     plan, g = cp.epilogue, cp.g
     names, real = _loads(plan, g, cp.bn is not None)
     loads, compute, store = _epilogue(cp, params, real, names)
@@ -191,11 +196,13 @@ template <int BM, int BN> constexpr size_t stg_bytes() {{
 // pixel-varying epilogue input. PERSIST: a block issues the next tile's stages before this tile's
 // epilogue, so the result tile has memory of its own; else it reuses the stages' memory.
 constexpr bool PERSIST = {"true" if params.get("persist", True) else "false"};
+// NHWC: the tile is loaded from the conv result in NHWC (load_nhwc_tile): no main-loop stages
+constexpr bool NHWC = {"true" if nhwc else "false"};
 template <int BM, int BN, int STAGES> constexpr size_t stg_off() {{
-  return PERSIST ? pw::Tile<{dt}, BM, BN>::pipe_bytes(STAGES) : 0;
+  return PERSIST && !NHWC ? pw::Tile<{dt}, BM, BN>::pipe_bytes(STAGES) : 0;
 }}
 template <int BM, int BN, int STAGES> constexpr size_t tail_off() {{
-  constexpr size_t pipe = pw::Tile<{dt}, BM, BN>::pipe_bytes(STAGES), stg = stg_bytes<BM, BN>();
+  constexpr size_t pipe = NHWC ? 0 : pw::Tile<{dt}, BM, BN>::pipe_bytes(STAGES), stg = stg_bytes<BM, BN>();
   return PERSIST ? pipe + stg : (pipe > stg ? pipe : stg);
 }}
 template <int BM, int BN, int STAGES, bool PRE>
@@ -239,16 +246,24 @@ __global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kerne
   int64_t q0;
   at(t, m0, q0);
   issue_pre(0, m0, q0);
-  pw::XCol xc = pw::x_column<{dt}, BN, VB, IDX>(d, q0);    // this thread's X column, per tile
-  pw::issue_prologue<{dt}, BM, BN, STAGES, VA, VB>(pipe, W, X, d, m0, xc);
+  pw::XCol xc = {{}};                  // this thread's X column, per tile (not used by NHWC)
+  if constexpr (!NHWC) {{
+    xc = pw::x_column<{dt}, BN, VB, IDX>(d, q0);
+    pw::issue_prologue<{dt}, BM, BN, STAGES, VA, VB>(pipe, W, X, d, m0, xc);
+  }}
   constexpr int LDC = TL::LDC, TPR = BN / EV, RPP = pw::THREADS / TPR;
   constexpr int JJ = JU < BM / RPP ? JU : BM / RPP;    // tile rows per thread in flight
   const int col = (threadIdx.x % TPR) * EV, row0 = threadIdx.x / TPR;
   for (int it = 0; t < T; t += gridDim.x, ++it) {{
 {set_fold}
-    float acc[TL::MI][TL::NI][4];
-    pw::main_loop<{dt}, BM, BN, STAGES, VA, VB, SPLIT>(pipe, W, X, d, m0, xc, acc);   // synced
-    pw::store_tile<{dt}, STG, BM, BN>(acc, stg);     // (main_loop ended synced: the stages are free)
+    if constexpr (NHWC) {{
+      pw::load_nhwc_tile<{dt}, BM, BN, VB>(X, d, m0, q0, reinterpret_cast<{dt}::raw*>(stg));
+      pw::cp_wait<0>();               // the residual prefetch (PRE); the sync below publishes both
+    }} else {{
+      float acc[TL::MI][TL::NI][4];
+      pw::main_loop<{dt}, BM, BN, STAGES, VA, VB, SPLIT>(pipe, W, X, d, m0, xc, acc);   // synced
+      pw::store_tile<{dt}, STG, BM, BN>(acc, stg);     // (main_loop ended synced: the stages are free)
+    }}
     const int64_t tn = t + gridDim.x;
     int m0n = 0;
     int64_t q0n = 0;
@@ -305,7 +320,9 @@ __global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kerne
 """, real
 
 
-def _host(cp, params: dict, real: list[int]) -> str:
+def _host(cp, params: dict, real: list[int], nhwc: bool = False) -> str:
+    """pw_launch (binds the epilogue's inputs, picks the instantiation, launches) and, for a 1x1
+    conv, htam_run. nhwc: pw_launch only, for conv.py's cuDNN path (which has channel_vec)."""
     from torch_htam.proposers.expert import host
     from torch_htam.proposers.expert.conv import Fold
     plan, g = cp.epilogue, cp.g
@@ -339,8 +356,7 @@ def _host(cp, params: dict, real: list[int]) -> str:
     fast_t = f"pw_kernel<{bm}, {bn}, {stages}, true, true, {ev}, {ju}, {pre}, {split}, int32_t>"
     wide_t = f"pw_kernel<{bm}, {bn}, {stages}, true, true, {ev}, {ju}, {pre}, {split}, int64_t>"
     slow_t = f"pw_kernel<{bm}, {bn}, {stages}, false, false, 1, {ju}, false, {split}, int64_t>"
-    launch = ("{k}<<<(unsigned)grid, pw::THREADS, smem, stream>>>((const {dt}::raw*)Wt.data, "
-              "(const {dt}::raw*)X.data, ({ot}::raw*)Y.data, d, ea, tiles);")
+    launch = ("{k}<<<(unsigned)grid, pw::THREADS, smem, stream>>>(ws, xs, ({ot}::raw*)Y.data, d, ea, tiles);")
     fast, wide, slow = (launch.format(k=k, dt=dt, ot=ot) for k in (fast_t, wide_t, slow_t))
     return f"""
 // Strides of one epilogue input over (image, channel, pixel): height and width must step as one
@@ -353,7 +369,7 @@ static bool pixel_strides(const int64_t* st, const int64_t* it, int64_t* out) {{
   return true;
 }}
 
-{host.CHANNEL_VEC}
+{"" if nhwc else host.CHANNEL_VEC}
 // Once per kernel and device: allow its dynamic shared memory (above 48 KB needs it) and find how
 // many blocks fit on the device at once (the persistent grid).
 template <int WHICH>       // one cache per instantiation (0 scalar, 1 fast 32-bit, 2 fast 64-bit)
@@ -376,23 +392,25 @@ static int prepare(const void* kernel, size_t bytes, int64_t* resident) {{
   return 0;
 }}
 
-// in: the task's inputs, then the conv output Y [, scale, center] as the epilogue plan reads them
+// in: the task's inputs, then the conv output Y [, scale, center] as the epilogue plan reads them.
+// xs, ws: the main loop's X and W, or (NHWC) the conv result in NHWC and nullptr; C, K, N, P:
+// channels in and out, images, pixels per image; src_vec: xs and ws take 16-byte vector loads.
 static int pw_launch(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream,
-                     const HtamTensor& X, const HtamTensor& Wt) {{
+                     const {dt}::raw* xs, const {dt}::raw* ws, int64_t C, int64_t K, int64_t N, int64_t P,
+                     bool src_vec) {{
 {host.prologue(plan)}
   Space<NACC> sp;
 {host.bind_accesses(plan)}
   const HtamTensor& Y = out[0];
   const int EV = {ev};
   pw::Dims d;
-  d.C = X.sizes[1]; d.K = Wt.sizes[0]; d.P = X.sizes[2] * X.sizes[3]; d.NQ = X.sizes[0] * d.P;
+  d.C = C; d.K = K; d.P = P; d.NQ = N * P;
   if (n == 0) return HTAM_OK;
   bool ev_ok = d.P % EV == 0 && htam_aligned(Y.data, 16);
   EpiArgs ea = {{}};
   ea.eps = {c_float(cp.bn.eps if cp.bn else 0.0)};
 {chr(10).join(bind)}
-  const bool fast = ev_ok && d.C % {vec} == 0 && htam_aligned(Wt.data, 16) && d.P % {vec} == 0 &&
-                    htam_aligned(X.data, 16);
+  const bool fast = ev_ok && src_vec;
   const int64_t MT = (d.K + {bm} - 1) / {bm}, tiles = MT * ((d.NQ + {bn} - 1) / {bn});
   d.dp = pw::make_div(d.P);
   d.dmt = pw::make_div(MT);
@@ -413,7 +431,7 @@ static int pw_launch(const HtamTensor* in, int n_in, HtamTensor* out, int n_out,
   HTAM_CHECK_LAUNCH();
   return HTAM_OK;
 }}
-
+""" + ("" if nhwc else f"""
 HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
   if (n_in != {g} || n_out != 1) return HTAM_ERR_SHAPE;
   const HtamTensor& X = in[{cp.x}];
@@ -429,9 +447,27 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   HtamTensor ext[{n_ext}];
   for (int i = 0; i < n_in; ++i) ext[i] = in[i];
   ext[n_in] = Y;{bn_ext}
-  return pw_launch(ext, {n_ext}, out, n_out, stream, X, Wt);
+  const int64_t C = X.sizes[1], P = X.sizes[2] * X.sizes[3];
+  const bool vec = C % {vec} == 0 && htam_aligned(Wt.data, 16) && P % {vec} == 0 && htam_aligned(X.data, 16);
+  return pw_launch(ext, {n_ext}, out, n_out, stream, (const {dt}::raw*)X.data, (const {dt}::raw*)Wt.data,
+                   C, K, X.sizes[0], P, vec);
 }}
-"""
+""")
+
+
+def nhwc_epilogue(cp, params: dict) -> str:
+    """C++ for conv.py's cuDNN path with an NHWC conv result: pw_kernel in its NHWC mode (one tile
+    per block) and pw_launch, which conv.py calls with the NHWC buffer as xs. The epilogue is the
+    tiled kernel's (batch norm folded in the block, residual prefetched, NCHW stores), so the
+    layout change back to NCHW costs no pass of its own. Tile settings: bm, bn, ju, pre of params.
+
+        >>> src = nhwc_epilogue(cp, cp.defaults())    # after PRELUDE, with host.CHANNEL_VEC before it
+    """
+    params = dict(params, persist=False, stages=2)
+    if (params["bm"], params["bn"]) not in TILES or params["ju"] not in (1, 2, 4, 8):
+        raise Unsupported(f"nhwc epilogue: tile {params['bm']}x{params['bn']}, ju {params['ju']} not supported")
+    kernel, real = _kernel(cp, params, nhwc=True)
+    return "\n".join([MAIN_LOOP, kernel, _host(cp, params, real, nhwc=True)])
 
 
 def render(cp, params: dict) -> str:

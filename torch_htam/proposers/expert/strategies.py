@@ -31,6 +31,7 @@ class PlanInfo:
     epilogue_fits_cudnn: bool = False  # conv: cudnnConvolutionBiasActivationForward covers the epilogue
     single_pass: bool = False          # rowwise: one reduction, no full-row output (the row is read once)
     tiled_conv: bool = False           # conv: pwconv.py's tiled kernel runs it (1x1, policy allows)
+    nhwc_conv: bool = False            # conv: the NHWC path can run it (conv.nhwc_reason)
 
     @property
     def packs_half(self) -> bool:
@@ -113,6 +114,12 @@ TABLE: dict[str, Strategy] = {
                                                                 "persist": False},
                                              {"tiled": True, "bn": 128, "persist": True}, {"tiled": True, "stages": 3}],
                             lambda i: i.tiled_conv),
+    # conv: cuDNN's conv on NHWC copies of x and w (the layout its tensor-core engines run natively;
+    # on NCHW it transposes in and out itself), the tiled kernel's epilogue transposing back through
+    # shared memory (conv.py, pwconv.nhwc_epilogue)
+    "coalesced_layout_access": Strategy(CONV, lambda i: [{"nhwc": True, "graph": True, "fused": False},
+                                                         {"nhwc": True, "graph": True, "fused": False, "algo": 1}],
+                                        lambda i: i.nhwc_conv),
 }
 # GEMM/conv plans also tune the cuBLASLt / cuDNN heuristic's algorithm choice under any strategy.
 GEMM_ALGOS = [{"algo": 1}, {"algo": 2}, {"algo": 3}]
