@@ -289,7 +289,8 @@ def _seed_order(kind: str) -> list[str]:
                 "warp_per_row", "hoist_broadcast_loads", "fp32_math_half_io", "row_in_registers",
                 "read_only_cache_loads"]
     if kind == "conv":
-        return ["smem_tiling", "fold_batchnorm", "fuse_elementwise_chain", "tf32_tensor_cores", "bf16_tensor_cores"]
+        return ["smem_tiling", "coalesced_layout_access", "fold_batchnorm", "fuse_elementwise_chain",
+                "tf32_tensor_cores", "bf16_tensor_cores"]
     return ["cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores"]
 
 
@@ -349,7 +350,7 @@ def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
             for graph in (True, False):
                 for algo in range(6):
                     add(dict(lib, fused=False, graph=graph, algo=algo))
-            if info.nhwc_conv:       # and on NHWC copies, the tiled epilogue transposing back
+            if info.nhwc_conv and not info.tiled_conv:    # on NHWC copies, the epilogue transposing back
                 for algo in range(3):
                     add(dict(lib, fused=False, graph=True, nhwc=True, algo=algo))
         if moves_for("smem_tiling", info):   # conv: our tiled 1x1 kernel

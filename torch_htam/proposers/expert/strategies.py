@@ -116,10 +116,10 @@ TABLE: dict[str, Strategy] = {
                             lambda i: i.tiled_conv),
     # conv: cuDNN's conv on NHWC copies of x and w (the layout its tensor-core engines run natively;
     # on NCHW it transposes in and out itself), the tiled kernel's epilogue transposing back through
-    # shared memory (conv.py, pwconv.nhwc_epilogue)
+    # shared memory (conv.py, pwconv.nhwc_epilogue). Not where our tiled 1x1 kernel runs (faster).
     "coalesced_layout_access": Strategy(CONV, lambda i: [{"nhwc": True, "graph": True, "fused": False},
                                                          {"nhwc": True, "graph": True, "fused": False, "algo": 1}],
-                                        lambda i: i.nhwc_conv),
+                                        lambda i: i.nhwc_conv and not i.tiled_conv),
 }
 # GEMM/conv plans also tune the cuBLASLt / cuDNN heuristic's algorithm choice under any strategy.
 GEMM_ALGOS = [{"algo": 1}, {"algo": 2}, {"algo": 3}]
