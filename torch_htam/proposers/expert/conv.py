@@ -13,6 +13,13 @@ runs one of three ways (params["fused"], params["graph"]):
          the weights are pre-scaled into scratch (w' = w * scale[k]) and
          cudnnConvolutionBiasActivationForward computes out = act(conv(x, w') + residual + shift)
          in one library call. Only when the epilogue is exactly [+ residual] [ReLU].
+  nhwc=True (backend API, unfused, groups 1)
+         x and w are copied to NHWC / KRSC (to_nhwc: a shared-memory transpose), cuDNN's conv runs
+         in NHWC, the layout its tensor-core engines compute in (on NCHW tensors it transposes in
+         and out itself: 16.6 + 10.7 us around a 24 us conv, bf16 [32, 64, 56, 56] 3x3, H100,
+         scripts/probe_conv_kernels.py), and pwconv.nhwc_epilogue's kernel reads the result back
+         a tile at a time, folds batch norm, applies the epilogue and writes NCHW.
+(and params["tiled"]: a 1x1 conv as our own tiled tensor-core kernel, pwconv.py)
 
 Why the backend API: in cuDNN 9 the legacy calls cost host time. A whole conv+BN+ReLU kernel call
 took 383 us of host time on the legacy path, 53 us on this one, and eager PyTorch (conv, BN, ReLU)
