@@ -19,10 +19,13 @@ Measured on an H100 (bench/RESULTS.md, 2026-11-23, 5dd01c1) for the bottleneck t
 a copy of the same bytes. ncu at b59ed5b had found it issue-bound at 2 blocks of 8 warps per SM
 (0.57 instructions issued per scheduler cycle, 43% of cycles with no eligible warp): in fp32 the
 3xTF32 operand split's opcodes alone (FSETP, SEL, VIADD, LOP3) were 30% of the instructions
-(split_tf32), every tile divided 64-bit
-pixel and tile indices (pw::Div), and bf16 waited on a per-row global load of the batch norm's
-bias (now staged per tile, channel_only). Those three changes took 0.106 -> 0.099 ms (fp32) and
-0.064 -> 0.055 ms (bf16).
+(split_tf32), every tile divided 64-bit pixel and tile indices (pw::Div), and bf16 waited on a
+per-row global load of the batch norm's bias (now staged per tile, channel_only). Those three
+changes took 0.106 -> 0.099 ms (fp32) and 0.064 -> 0.055 ms (bf16).
+
+The same kernel has an NHWC mode (nhwc_epilogue) for conv.py's cuDNN path: the tile comes from a
+conv result cuDNN wrote in NHWC instead of from the main loop, so the epilogue also transposes the
+result back to NCHW through shared memory.
 
     >>> src = render(cp, dict(cp.defaults(), tiled=True))      # cp = conv.match(...)
 """
