@@ -221,6 +221,26 @@ def test_autograd_guard_sees_a_parameter_reassigned_after_install(setup):
     assert y.requires_grad and model.htam_report.fallback_reasons == {"autograd": 1}
 
 
+def test_copies_of_an_installed_model_run_their_own_weights(setup):
+    """copy.deepcopy and torch.save of an installed model give a model on its original path that
+    computes with its own weights (the swapped forward closes over the first model's graph)."""
+    import io
+    model, x, cap, tasks, kernels = setup
+    runtime.install(model, cap, kernels, provider=PROVIDER)
+    twin = copy.deepcopy(model)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    with torch.no_grad():
+        twin.fc.weight.mul_(0.5)
+        assert torch.equal(twin(x), MLP.forward(twin, x))
+        assert not torch.equal(twin(x), model(x))
+        assert torch.equal(loaded(x), MLP.forward(loaded, x))
+        assert model.htam_report.fast_calls == 1                 # the original keeps its kernels
+    assert "forward" not in twin.__dict__ and twin.describe() == "mlp:kept"
+
+
 def test_install_under_torch_compile_and_export(setup):
     model, x, cap, tasks, kernels = setup
     expect = copy.deepcopy(model)

@@ -511,6 +511,7 @@ def install(model: torch.nn.Module, capture, kernels: dict[str, Any], tasks: lis
         return state(*args, **kwargs)
     forward.htam = state
     model._htam_original_forward = model.__dict__.get("forward")   # an instance override, if any
+    model.__getstate__ = functools.partial(_plain_state, model)      # copies run the original path
     model.forward = forward
     model.htam_report = report
     return model
@@ -533,6 +534,20 @@ def leave(model: torch.nn.Module, reason: str, tasks: list | None = None,
     return model
 
 
+def _plain_state(model: torch.nn.Module) -> dict:
+    """What copy.deepcopy and pickle (torch.save) take of an installed model: its state without
+    the swapped forward, so a copy runs its original forward. NOTE: the swapped forward is a
+    closure over this model's graph, weights and kernel handles; copied along, it made a deep copy
+    compute with the first model's weights whatever was done to the copy's (and torch.save failed
+    on the closure). Optimize the copy to swap kernels into it."""
+    state = dict(model.__dict__)
+    for key in ("forward", "__getstate__", "_htam_original_forward", "htam_report"):
+        state.pop(key, None)
+    if model.__dict__.get("_htam_original_forward") is not None:
+        state["forward"] = model.__dict__["_htam_original_forward"]
+    return state
+
+
 def restore(model: torch.nn.Module) -> torch.nn.Module:
     """Put the original forward back (a no-op on a model install() never touched).
 
@@ -541,6 +556,7 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
     if isinstance(getattr(model.__dict__.get("forward"), "htam", None), HtamForward):
         prev = model.__dict__.pop("_htam_original_forward", None)
         del model.__dict__["forward"]
+        model.__dict__.pop("__getstate__", None)
         if prev is not None:
             model.forward = prev
     return model
