@@ -477,17 +477,12 @@ def render(cp: ConvPlan, params: dict) -> str:
     n_ext = len(plan.inputs)
     if nhwc:
         vec = 16 // DT[cp.dtype][2]
-        bn_ext = ("\n    ext[n_in + 1] = ext[n_in + 2] = channel_vec(Y.data, K);   // bound, never read: the"
-                  " kernel folds batch norm itself" if cp.bn is not None else "")
-        tail = (f"  {{\n    HtamTensor ext[{n_ext}];\n    for (int i = 0; i < n_in; ++i) ext[i] = in[i];\n"
-                f"    ext[n_in] = Y;{bn_ext}\n"
-                f"    return pw_launch(ext, {n_ext}, out, n_out, stream, (const {dt}::raw*)yl, nullptr, 0, K, d[0],"
-                f" P * Q, K % {vec} == 0);\n  }}")
+        ext = host.extend_inputs(n_ext, pwconv.UNREAD_BN if cp.bn is not None else None, "    ")
+        tail = (f"  {{\n{ext}\n    return pw_launch(ext, {n_ext}, out, n_out, stream, (const {dt}::raw*)yl, nullptr,"
+                f" 0, K, d[0], P * Q, K % {vec} == 0);\n  }}")
     elif epi_needed:
-        bn_ext = ("\n    ext[n_in + 1] = channel_vec(scale, K);\n    ext[n_in + 2] = channel_vec(shift, K);"
-                  if cp.bn is not None else "")
-        tail = (f"  {{\n    HtamTensor ext[{n_ext}];\n    for (int i = 0; i < n_in; ++i) ext[i] = in[i];\n"
-                f"    ext[n_in] = Y;{bn_ext}\n    return epilogue_run(ext, {n_ext}, out, n_out, stream);\n  }}")
+        ext = host.extend_inputs(n_ext, ("scale", "shift") if cp.bn is not None else None, "    ")
+        tail = f"  {{\n{ext}\n    return epilogue_run(ext, {n_ext}, out, n_out, stream);\n  }}"
     else:
         tail = "  return HTAM_OK;"
     w2_bytes = f"((size_t)htam_numel(&Wt) * {DT[cp.dtype][2]} + 255) / 256 * 256" if scale_w else "0"

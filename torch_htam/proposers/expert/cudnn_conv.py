@@ -1,6 +1,6 @@
 """The cuDNN calls of a conv kernel, as C text for conv.render: the legacy API and the backend
 ("graph") API. Each gives the per-shape cache entry with its planning (`*_entry`) and the per-call
-conv (`legacy_run`, GRAPH_RUN); conv.py holds the matching, the BN fold and the epilogue.
+conv (`legacy_run`, `graph_run`); conv.py holds the matching, the BN fold and the epilogue.
 
     >>> src = graph_entry(conv_plan, strict=True, algo=0)     # C: struct ConvEntry, plan_entry, bind
 """
@@ -327,16 +327,13 @@ static int bind(ConvEntry* e, void* x, void* w, void* y, void* ws) {
 def graph_run(x: str = "X.data", w: str = "Wt.data", y: str = "Y.data") -> str:
     """The per-call conv on the backend API (after the fold kernel, before the epilogue), on the
     buffers named x, w, y (C expressions)."""
-    return GRAPH_RUN.replace("X.data, Wt.data, Y.data", f"{x}, {w}, {y}")
-
-
-GRAPH_RUN = """  for (;;) {
-    if ((rc = bind(e, X.data, Wt.data, Y.data, st->ws))) return rc;
+    return f"""  for (;;) {{
+    if ((rc = bind(e, {x}, {w}, {y}, st->ws))) return rc;
     const cudnnStatus_t s = cudnnBackendExecute(st->handle, e->plan, e->pack);
     if (s == CUDNN_STATUS_SUCCESS) break;
     // an engine cuDNN declines only at run time: plan the next usable one
     if (!not_supported(s) || next_plan(st, e, e->pick + 1, 0)) return 3000 + (int)s;
-  }"""
+  }}"""
 
 
 def graph_entry(cp: ConvPlan, strict: bool, algo: int, nhwc: bool = False) -> str:

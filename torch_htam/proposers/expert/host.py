@@ -22,6 +22,20 @@ CHANNEL_VEC = """static HtamTensor channel_vec(void* p, int64_t K) {
 """
 
 
+def extend_inputs(n_ext: int, bn: tuple[str, str] | None, indent: str = "  ") -> str:
+    """C++ declaring ext[n_ext]: the task's inputs `in`, then the conv output Y and, with bn, the
+    batch norm's (scale, center) channel vectors at those pointers, as a conv's epilogue plan reads
+    them. bn = ("Y.data", "Y.data"): bound for the plan's checks, never read (pwconv.py folds
+    batch norm in the kernel).
+
+        >>> extend_inputs(9, ("scale", "shift"))
+    """
+    lines = [f"HtamTensor ext[{n_ext}];", "for (int i = 0; i < n_in; ++i) ext[i] = in[i];", "ext[n_in] = Y;"]
+    if bn is not None:
+        lines += [f"ext[n_in + 1] = channel_vec({bn[0]}, K);", f"ext[n_in + 2] = channel_vec({bn[1]}, K);"]
+    return "\n".join(indent + ln for ln in lines)
+
+
 def prologue(plan: Plan) -> str:
     """Checks counts/dtypes, reads the iteration sizes into it[] / n (and rows / ncol for rows)."""
     lines = [f"  if (n_in != {len(plan.inputs)} || n_out != {len(plan.outputs)}) return HTAM_ERR_SHAPE;"]

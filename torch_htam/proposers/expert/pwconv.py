@@ -40,6 +40,9 @@ MAIN_LOOP = Path(__file__).with_name("pwconv.cuh").read_text()
 # tile shapes the main loop supports (2 x 4 warps; BN pixels must leave every thread one X column)
 TILES = {(128, 128), (64, 128), (128, 64), (64, 64), (64, 256)}
 SMEM_LIMIT = 227 * 1024      # bytes of shared memory one block may have on sm_90
+# the batch norm's scale / center inputs of the epilogue plan, bound to the conv output's pointer:
+# the kernel folds batch norm from the task's own inputs and never reads them (host.extend_inputs)
+UNREAD_BN = ("Y.data", "Y.data")
 
 
 def unsupported_reason(cp) -> str | None:
@@ -146,10 +149,8 @@ def _epilogue(cp, params: dict, real: list[int], names: dict[int, str]) -> tuple
 def _kernel(cp, params: dict, nhwc: bool = False) -> str:
     """The kernel's C++ (and the access ids it reads from global memory). nhwc: the tile comes
     from a conv result cuDNN wrote NHWC (kernel argument X), not from our main loop; W is unused
-    and every block takes one tile."""
+    and every block takes one tile (nhwc_epilogue passes persist=False)."""
     from torch_htam.proposers.expert.conv import Fold     # conv imports this module
-    if nhwc:
-        params = dict(params, persist=False)
     plan, g = cp.epilogue, cp.g
     names, real = _loads(plan, g, cp.bn is not None)
     loads, compute, store = _epilogue(cp, params, real, names)
@@ -351,8 +352,6 @@ def _host(cp, params: dict, real: list[int], nhwc: bool = False) -> str:
         f"  if (in[{i}].ndim != 1 || in[{i}].sizes[0] != K || !htam_contiguous(in[{i}])) return HTAM_ERR_SHAPE;"
         for i in sorted(fold.present.values()))
     n_ext = len(plan.inputs)
-    bn_ext = ("\n  ext[n_in + 1] = ext[n_in + 2] = channel_vec(Y.data, K);   // bound, never read: the"
-              " kernel folds batch norm itself" if cp.bn is not None else "")
     split = "true" if params.get("split", True) else "false"
     ot = DT[plan.outputs[0].dtype][0]
     pre = "true" if params.get("pre", True) else "false"
@@ -447,9 +446,7 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   if (Y.sizes[0] != X.sizes[0] || Y.sizes[1] != K || Y.sizes[2] != X.sizes[2] || Y.sizes[3] != X.sizes[3])
     return HTAM_ERR_SHAPE;
 {checks}
-  HtamTensor ext[{n_ext}];
-  for (int i = 0; i < n_in; ++i) ext[i] = in[i];
-  ext[n_in] = Y;{bn_ext}
+{host.extend_inputs(n_ext, UNREAD_BN if cp.bn is not None else None)}
   const int64_t C = X.sizes[1], P = X.sizes[2] * X.sizes[3];
   const bool vec = C % {vec} == 0 && htam_aligned(Wt.data, 16) && P % {vec} == 0 && htam_aligned(X.data, 16);
   return pw_launch(ext, {n_ext}, out, n_out, stream, (const {dt}::raw*)X.data, (const {dt}::raw*)Wt.data,
