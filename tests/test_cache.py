@@ -4,6 +4,7 @@ import json
 import logging
 import multiprocessing as mp
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -212,3 +213,12 @@ def test_seed_cache(cache, tmp_path, monkeypatch):
     assert seed_cache(cache, "sm_test", seeds) == {} and len(built) == 2   # nothing is redone
     (seeds / "bad" / "kernel.cu").write_text("// fixed\n")
     assert list(seed_cache(cache, "sm_test", seeds)) == ["bad"] and len(built) == 3
+
+
+def test_the_test_session_never_writes_the_users_cache():
+    # conftest points HTAM_CACHE_DIR at a temporary directory before torch_htam is imported
+    import tempfile
+    from torch_htam import paths
+    root = paths.cache_root().resolve()
+    assert str(root).startswith(str(Path(tempfile.gettempdir()).resolve()))
+    assert not str(root).startswith(str((Path.home() / ".cache").resolve()))

@@ -17,7 +17,7 @@ from torch_htam.evaluation import Evaluation
 from torch_htam.policy import Precision
 from torch_htam.task import Task, TensorSpec
 
-__version__ = "0.1.0"
+from torch_htam.version import __version__
 
 _LAZY = {
     "optimize": "torch_htam.pipeline", "precompile": "torch_htam.pipeline",

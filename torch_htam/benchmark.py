@@ -161,7 +161,7 @@ def _chart(res: BenchResult, path: Path) -> None:
 def bench_model(model, inputs, name: str, config=None, iters: int = 50,
                 compile_mode: str | None = None) -> BenchResult:
     """Time eager, torch.compile and torch_htam on one model, in this order, in this process."""
-    import torch_htam
+    from torch_htam.version import __version__
     res = BenchResult(name, torch.cuda.get_device_name())
     with torch.inference_mode():
         ref = model(*inputs)

@@ -77,9 +77,9 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
         shutil.copyfile(htg, out / "htg.json")
     from torch_htam import launcher
     launcher.ship(out / "launcher")
-    import torch_htam
+    from torch_htam.version import __version__
     manifest = {"format": BUNDLE_FORMAT, "arch": cache.arch, "toolchain": paths.toolchain_key(),
-                "torch_htam": torch_htam.__version__, "torch": torch.__version__,
+                "torch_htam": __version__, "torch": torch.__version__,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "capture": cap.method, "tasks": listed}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))

@@ -256,10 +256,10 @@ class KernelCache:
 
 def make_record(task: Task, evaluation: Evaluation, meta: dict[str, Any] | None,
                 arch: str | None) -> dict[str, Any]:
-    import torch_htam
+    from torch_htam.version import __version__
     meta = dict(meta or {})
     tags, params = meta.pop("tags", []), meta.pop("params", {})
-    provenance = {"torch_htam": torch_htam.__version__,
+    provenance = {"torch_htam": __version__,
                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "arch": arch, "toolchain": paths.toolchain_key(), **meta}
     return {"signature": task.signature, "task": task.to_json(), "evaluation": evaluation.to_json(),
