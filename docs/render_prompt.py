@@ -70,7 +70,7 @@ def gelu_bias_task() -> Task:
     """The task as task extraction builds it (task_from_source: torch.export of the Model); by
     hand the same way where that function is not there yet."""
     try:
-        from torch_htam.task import task_from_source
+        from torch_htam.extract import task_from_source
     except ImportError:
         return _task_by_hand()
     return task_from_source(SOURCE, "gelu_bias")

@@ -13,7 +13,7 @@ from torch_htam import bundle, runtime
 from torch_htam.build import BuildResult
 from torch_htam.cache import KernelCache
 from torch_htam.evaluation import Evaluation
-from torch_htam.task import extract_tasks
+from torch_htam.extract import extract_tasks
 
 from test_runtime import MLP, CpuKernel, PROVIDER
 

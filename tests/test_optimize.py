@@ -12,7 +12,8 @@ import torch_htam
 from torch_htam.policy import TOLERANCES
 from examples import gpt_block
 from test_bundle import made  # noqa: F401  (fixture)
-from torch_htam.pipeline import OptimizeConfig, tasks_of
+from torch_htam.extract import extract
+from torch_htam.pipeline import OptimizeConfig
 
 
 def test_without_gpu_the_model_keeps_its_original_path(monkeypatch):
@@ -53,9 +54,8 @@ def test_searched_log_skips_a_task_until_the_budget_grows(tmp_path):
 
 
 def test_tasks_of_a_capture_are_distinct_and_counted():
-    from torch_htam.capture import capture
     model, inputs = gpt_block.get_model(n_layer=4)
-    tasks = tasks_of(capture(model, inputs))
+    tasks = extract(model, inputs).tasks
     sigs = [t.signature for t in tasks]
     assert len(sigs) == len(set(sigs))
     assert max(t.count for t in tasks) >= 4          # per-layer regions occur once per layer
@@ -159,11 +159,10 @@ def _guard_setup(made, monkeypatch, fast_when):
     """The bundle fixture's MLP with CPU stand-in kernels installed; time_pair says ours is faster
     exactly when fast_when(number of regions swapped)."""
     from torch_htam import benchmark, pipeline, runtime
-    from torch_htam.capture import capture
     model, x, tasks, cache, provider = made
     kernels = {sig: cache.get(sig) for sig in tasks}
-    cap = capture(model, (x,))
-    model = runtime.install(model, cap, kernels, tasks=list(tasks.values()), provider=provider)
+    cap = extract(model, (x,))
+    model = runtime.install(model, cap, kernels, provider=provider)
     tried = []
 
     def timed(fn_a, fn_b, inputs, iters, rounds):
@@ -178,7 +177,7 @@ def test_end_to_end_guard_restores_the_original_when_nothing_pays(made, monkeypa
     """The guard times both paths; if no subset of the kernels is faster, the original forward."""
     pipeline, model, cap, kernels, tasks, x, provider, tried = _guard_setup(made, monkeypatch, lambda n: False)
     n = model.htam_report.swapped
-    model = pipeline._keep_what_pays(model, cap, kernels, tasks, (x,), provider=provider)
+    model = pipeline._keep_what_pays(model, cap, kernels, (x,), provider=provider)
     rep = model.htam_report
     assert rep.swapped == 0 and "not faster" in rep.note and "forward" not in model.__dict__
     assert all(t.status.startswith("not used") for t in rep.tasks if t.signature in kernels)
@@ -190,7 +189,7 @@ def test_end_to_end_guard_keeps_the_subset_that_pays(made, monkeypatch):
     """All kernels together lose, the better half wins: that half stays swapped, the report says so."""
     pipeline, model, cap, kernels, tasks, x, provider, tried = _guard_setup(made, monkeypatch, lambda n: n == 1)
     assert model.htam_report.swapped >= 2
-    model = pipeline._keep_what_pays(model, cap, kernels, tasks, (x,), provider=provider)
+    model = pipeline._keep_what_pays(model, cap, kernels, (x,), provider=provider)
     rep = model.htam_report
     assert rep.swapped == 1 and "kernels kept" in rep.note and tried[-1] == 1
     kept = [t for t in rep.tasks if t.status == "swapped"]

@@ -14,10 +14,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from torch_htam import runtime
-from torch_htam.capture import capture
+from torch_htam.extract import extract
 from torch_htam.partition import partition
 from torch_htam.launcher import decode_out_meta
-from torch_htam.task import region_to_task
 
 _KERNELS: dict[int, "CpuKernel"] = {}   # handle -> stand-in, as the launcher maps handle -> .so symbol
 _ids = itertools.count(1)
@@ -69,9 +68,8 @@ class MLP(nn.Module):
         return f"mlp:{self.tag}"
 
 
-def _tasks(cap):
-    gm = cap.graphs[0]
-    return {t.signature: t for t in (region_to_task(gm, r) for r in partition(gm))}
+def _tasks(found):
+    return {t.signature: t for t in found.tasks}
 
 
 def _aten_calls(gm):
@@ -84,8 +82,8 @@ def setup():
     torch.manual_seed(0)
     model = MLP().eval()
     x = torch.randn(4, 8, 32)
-    cap = capture(model, (x,))
-    assert cap.method == "export"
+    cap = extract(model, (x,))
+    assert cap.capture.method == "export"
     tasks = _tasks(cap)
     kernels = {sig: CpuKernel(t) for sig, t in tasks.items()}
     return model, x, cap, tasks, kernels
@@ -93,8 +91,8 @@ def setup():
 
 def test_swap_replaces_regions(setup):
     model, x, cap, tasks, kernels = setup
-    gm = cap.graphs[0]
-    new, swapped = runtime.swap(gm, kernels, PROVIDER)
+    gm = cap.capture.graphs[0]
+    new, swapped = runtime.swap(gm, cap.sites_of(0), kernels, PROVIDER)
     assert {s.signature for s in swapped} == set(tasks) and len(swapped) == len(partition(gm))
     launches = [n for n in new.graph.nodes if n.target is torch.ops.htam_test.run.default]
     assert len(launches) == len(swapped) and not _aten_calls(new)
@@ -109,7 +107,7 @@ def test_swap_only_some_regions(setup):
     model, x, cap, tasks, kernels = setup
     gemm = {s: k for s, k in kernels.items() if k.task.kind == "gemm"}
     assert 0 < len(gemm) < len(kernels)
-    new, swapped = runtime.swap(cap.graphs[0], gemm, PROVIDER)
+    new, swapped = runtime.swap(cap.capture.graphs[0], cap.sites_of(0), gemm, PROVIDER)
     assert {s.signature for s in swapped} == set(gemm)
     assert any(str(n.target) == "aten.layer_norm.default" for n in _aten_calls(new))
     with torch.no_grad():
@@ -123,7 +121,7 @@ def test_load_failure_leaves_region(setup):
         if k.task.kind == "gemm":
             raise OSError("cannot open shared object file")
         return k
-    new, swapped = runtime.swap(cap.graphs[0], kernels, runtime.Provider(PROVIDER.op, load))
+    new, swapped = runtime.swap(cap.capture.graphs[0], cap.sites_of(0), kernels, runtime.Provider(PROVIDER.op, load))
     assert all(kernels[s.signature].task.kind != "gemm" for s in swapped)
     assert new.htam_load_errors and all("OSError" in v for v in new.htam_load_errors.values())
     with torch.no_grad():
@@ -134,7 +132,7 @@ def test_install_guards_and_restore(setup):
     model, x, cap, tasks, kernels = setup
     model.extra = nn.Identity()
     ref_forward = model.forward
-    out = runtime.install(model, cap, kernels, tasks=list(tasks.values()), provider=PROVIDER)
+    out = runtime.install(model, cap, kernels, provider=PROVIDER)
     assert out is model and isinstance(model, MLP)
     assert model.tag == "kept" and model.describe() == "mlp:kept" and isinstance(model.extra, nn.Identity)
     assert set(model.state_dict()) == set(MLP().state_dict())   # no wrapper state leaks in
@@ -257,7 +255,7 @@ def test_install_under_torch_compile_and_export(setup):
 
 def test_dynamo_capture_is_left_on_original_path(setup):
     model, x, cap, tasks, kernels = setup
-    cap.exported, cap.method = None, "dynamo"
+    cap.capture.exported, cap.capture.method = None, "dynamo"
     runtime.install(model, cap, kernels, provider=PROVIDER)
     assert "forward" not in model.__dict__
     assert model.htam_report.swapped == 0 and "dynamo" in model.htam_report.note
@@ -271,7 +269,7 @@ def test_unusable_cache_entry_is_not_swapped(setup):
             return False
     sig = next(iter(kernels))
     kernels[sig] = SlowEntry()
-    runtime.install(model, cap, kernels, tasks=list(tasks.values()), provider=PROVIDER,
+    runtime.install(model, cap, kernels, provider=PROVIDER,
                     min_speedup=1.03)
     status = {t.signature: t.status for t in model.htam_report.tasks}
     assert status[sig].startswith("not usable") and model.htam_report.swapped == len(tasks) - 1
@@ -319,7 +317,7 @@ def test_gpu_bias_gelu_kernel(tmp_path):
     torch.manual_seed(0)
     model = BiasGelu().cuda().eval()
     x = torch.randn(16, 256, device="cuda")
-    cap = capture(model, (x,))
+    cap = extract(model, (x,))
     tasks = _tasks(cap)
     target = [t for t in tasks.values() if t.kind == "elementwise"
               and any("gelu" in op for op in t.ops) and len(t.inputs) == 2]
@@ -327,7 +325,7 @@ def test_gpu_bias_gelu_kernel(tmp_path):
     res = build_many([BIAS_GELU_CU], out_dir=tmp_path)[0]
     assert res.ok, res.log
     kernel = launcher.Kernel(res.so_path)
-    runtime.install(model, cap, {target[0].signature: kernel}, tasks=list(tasks.values()))
+    runtime.install(model, cap, {target[0].signature: kernel})
     assert model.htam_report.swapped == 1
     ref = BiasGelu.forward
     with torch.no_grad():
@@ -379,8 +377,8 @@ def test_install_keeps_lifted_constants_of_submodules():
     torch.manual_seed(0)
     model = WithConstants().eval()
     x = torch.randn(4, 32)
-    cap = capture(model, (x,))
-    lifted = [n.target for n in cap.graphs[0].graph.nodes
+    cap = extract(model, (x,))
+    lifted = [n.target for n in cap.capture.graphs[0].graph.nodes
               if n.op == "get_attr" and not runtime._resolves(model, n.target)]
     assert lifted, "the pattern under test: a get_attr the user's model does not have"
     kernels = {sig: CpuKernel(t) for sig, t in _tasks(cap).items()}

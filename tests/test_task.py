@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from torch_htam.capture import capture, record_values
+from torch_htam.extract import extract, extract_tasks, region_to_task, task_from_source
 from torch_htam.partition import partition
-from torch_htam.task import (export_tasks, extract_tasks, load_reference, region_to_task,
-                             task_from_source)
+from torch_htam.task import export_tasks, load_reference
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -21,7 +21,7 @@ from torch_htam.version import __version__
 
 _LAZY = {
     "optimize": "torch_htam.pipeline", "precompile": "torch_htam.pipeline",
-    "OptimizeConfig": "torch_htam.pipeline", "extract_tasks": "torch_htam.task",
+    "OptimizeConfig": "torch_htam.pipeline", "extract_tasks": "torch_htam.extract",
     "evaluate": "torch_htam.evaluation", "load": "torch_htam.bundle",
     "Report": "torch_htam.runtime", "restore": "torch_htam.runtime",
     "capture": "torch_htam.capture",

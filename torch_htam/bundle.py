@@ -34,11 +34,10 @@ BUNDLE_FORMAT = 1
 
 
 def _tasks(model, example_inputs):
-    from torch_htam.capture import capture
-    from torch_htam.task import tasks_from_capture
+    from torch_htam.extract import extract
     runtime.restore(model)   # an optimized model is captured through its original forward
-    cap = capture(model, tuple(example_inputs))
-    return cap, (tasks_from_capture(cap) if cap.graphs else [])
+    found = extract(model, tuple(example_inputs))
+    return found, found.tasks
 
 
 def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Path, config: Any = None,
@@ -81,7 +80,7 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
     manifest = {"format": BUNDLE_FORMAT, "arch": cache.arch, "toolchain": paths.toolchain_key(),
                 "torch_htam": __version__, "torch": torch.__version__,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "capture": cap.method, "tasks": listed}
+                "capture": cap.capture.method, "tasks": listed}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     n = sum(x["kernel"] for x in listed)
     log.info("torch_htam: bundle %s: %d of %d tasks have kernels for %s", out, n, len(listed), cache.arch)
@@ -125,13 +124,13 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
             launcher.adopt(Path(bundle_dir) / "launcher")
         from torch_htam.policy import admitted
         kernels = {t.signature: e for t in tasks if (e := admitted(bundle.get(t.signature), t)) is not None}
-        return runtime.install(model, cap, kernels, tasks=tasks, provider=provider)
+        return runtime.install(model, cap, kernels, provider=provider)
     built_for = f"{manifest['arch']} / {manifest['toolchain']}"
     if paths.nvcc_path() is None:
         return runtime.leave(model, f"bundle built for {built_for}, this machine is {here} / "
                              f"{paths.toolchain_key()}, and there is no nvcc to rebuild it", tasks)
     kernels, note = rebuild(bundle, tasks, here)
-    model = runtime.install(model, cap, kernels, tasks=tasks, provider=provider)
+    model = runtime.install(model, cap, kernels, provider=provider)
     model.htam_report.note = "; ".join(x for x in (f"bundle built for {built_for}: {note}",
                                                     model.htam_report.note) if x)
     return model

@@ -6,7 +6,9 @@ a backend receives each graph between graph breaks and re-exports it with the sa
 torch.export call, so both paths hand partition the same IR (functional aten ops, meta['val'] set).
 
 Each graph is `ExportedProgram.module()`: runnable, parameters as get_attr nodes, placeholders
-are the flattened user inputs (`Capture.inputs[i]` holds real values for them).
+are the flattened user inputs (`Capture.inputs[i]` holds real values for them). In-place ops on
+intermediates (`nn.ReLU(inplace=True)`, `out += identity`) are rewritten to their out-of-place
+twins (functionalize), so they join regions exactly as the out-of-place ops do.
 
     >>> cap = capture(model, (x,))
     >>> cap.method, len(cap.graphs), cap.problems
@@ -14,6 +16,10 @@ are the flattened user inputs (`Capture.inputs[i]` holds real values for them).
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
+import operator
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,15 +49,44 @@ def capture(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict 
     """
     args, kwargs = tuple(example_inputs), dict(example_kwargs or {})
     try:
-        ep = torch.export.export(model, args, kwargs, strict=False)
+        with _quiet_torch():
+            ep = torch.export.export(model, args, kwargs, strict=False)
         gm = ep.module()
-        simplify_attention_masks(gm)
+        _prepare(gm)
         return Capture([gm], "export", [], ep, [tuple(pytree.tree_leaves((args, kwargs)))])
     except Exception as e:  # noqa: BLE001 -- any failure means "try the next path", reported below
         export_problem = f"torch.export failed ({type(e).__name__}: {_first_line(e)})"
+        data_dependent = isinstance(e, torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode)
     cap = _capture_dynamo(model, args, kwargs)
     cap.problems.insert(0, export_problem)
+    if data_dependent and cap.graphs:
+        cap.problems.insert(1, "the model branches on tensor values: only the branch the example "
+                               "inputs took is captured, and code on other branches is neither "
+                               "planned nor optimized (it runs on PyTorch)")
     return cap
+
+
+def _prepare(gm: fx.GraphModule) -> None:
+    """What every captured graph goes through before partition."""
+    simplify_attention_masks(gm)
+    functionalize(gm)
+
+
+@contextlib.contextmanager
+def _quiet_torch():
+    """Keep torch's own failure output off the user's terminal while we try a capture path.
+
+    NOTE: a failed torch.export prints the partial graph to stderr (torch/export/_trace.py) and
+    symbolic_shapes logs a warning; the failure is ours to report, in one line, in .problems.
+    """
+    quiet = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        quiet.setLevel(level)
 
 
 def _capture_dynamo(model, args, kwargs) -> Capture:
@@ -62,11 +97,12 @@ def _capture_dynamo(model, args, kwargs) -> Capture:
         # NOTE: Dynamo graphs take parameters as inputs (inlined nn modules), so the re-export
         # sees them as user inputs; partition treats placeholders and get_attr alike.
         try:
-            ep = torch.export.export(gm, tuple(example_inputs), strict=False)
+            with _quiet_torch():
+                ep = torch.export.export(gm, tuple(example_inputs), strict=False)
             if any(n.op == "call_function" for n in ep.graph.nodes):
                 sub = ep.module()
                 _restore_module_names(sub, gm)
-                simplify_attention_masks(sub)
+                _prepare(sub)
                 cap.graphs.append(sub)
                 cap.inputs.append(tuple(example_inputs))
         except Exception as e:  # noqa: BLE001 -- one bad piece must not lose the others
@@ -75,7 +111,7 @@ def _capture_dynamo(model, args, kwargs) -> Capture:
         return gm.forward
 
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _quiet_torch():
             torch.compile(model, backend=backend, dynamic=False)(*args, **kwargs)
     except Exception as e:  # noqa: BLE001
         cap.problems.append(f"the model could not be run under Dynamo ({type(e).__name__}: {_first_line(e)})")
@@ -117,6 +153,75 @@ def _first_line(e: BaseException) -> str:
     line = text.splitlines()[0] if text else ""
     return line[:300]
 
+
+# ---- functionalization ---------------------------------------------------------------------
+
+def functionalize(gm: fx.GraphModule) -> int:
+    """Rewrite each in-place aten op on an intermediate (`relu_`, `add_`, `hardtanh_`) into its
+    out-of-place twin; returns how many were rewritten.
+
+    Exact only where nothing else can see the write, so an op is rewritten when the tensor it
+    writes (its `self`) is a fresh result of an earlier op (not a graph input, weight or view),
+    and every other reader of that tensor runs before it and makes no view of it. Then readers
+    before saw the old value and readers after read the op's own result, as they do now. Writes
+    to inputs, weights or views stay as they are (and stay outside regions).
+
+        >>> functionalize(gm)    # torchvision ResNet: every relu_ and `out += identity`
+        33
+    """
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    done = 0
+    for n in nodes:
+        twin = _out_of_place_twin(n)
+        if twin is None or not n.args or not isinstance(n.args[0], fx.Node):
+            continue
+        x = n.args[0]
+        others = [u for u in x.users if u is not n]
+        if not _fresh(x) or any(order[u] > order[n] or not _fresh(u) for u in others):
+            continue
+        with gm.graph.inserting_before(n):
+            new = gm.graph.call_function(twin, n.args, n.kwargs)
+        new.meta = dict(n.meta)
+        n.replace_all_uses_with(new)
+        gm.graph.erase_node(n)
+        order[new] = order[n]
+        done += 1
+    if done:
+        gm.graph.lint()
+        gm.recompile()
+    return done
+
+
+def _out_of_place_twin(n: fx.Node):
+    """aten.relu_.default -> aten.relu.default: the functional overload of an op that writes only
+    its first argument; None for anything else."""
+    t = n.target
+    if n.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or t.namespace != "aten":
+        return None
+    args = t._schema.arguments
+    writes = [a for a in args if a.alias_info is not None and a.alias_info.is_write]
+    name = t.overloadpacket.__name__
+    if len(writes) != 1 or writes[0] is not args[0] or not name.endswith("_") or name.startswith("_"):
+        return None
+    packet = getattr(torch.ops.aten, name[:-1], None)
+    twin = getattr(packet, t._overloadname, None) if packet is not None else None
+    if twin is None or twin._schema.is_mutable or len(twin._schema.arguments) != len(args):
+        return None
+    return twin
+
+
+def _fresh(n: fx.Node) -> bool:
+    """n's value is new memory of its own: an op result that aliases none of its inputs."""
+    if n.op != "call_function":
+        return False
+    if n.target is operator.getitem:
+        return _fresh(n.args[0])
+    schema = getattr(n.target, "_schema", None)
+    return schema is not None and not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
+
+
+# ---- recording values ------------------------------------------------------------------------
 
 class _Recorder(fx.Interpreter):
     """Runs a graph and keeps every node's value as it was when the node produced it.

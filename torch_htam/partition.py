@@ -6,7 +6,7 @@ A region is one of
   - a chain of elementwise/broadcast ops.
 Views and no-ops (dropout in eval, contiguous, clone, alias) are "free": absorbed into the region
 whose data they reshape, never a task of their own. Everything else (embedding, indexing, factory
-ops) stays outside, on PyTorch.
+ops) stays outside, on PyTorch. Which op is which is torch_htam.ops' table.
 
 NOTE: no region can form a cycle with the rest of the graph: a node joins a region only if none of
 its other inputs depends on that region. The runtime swaps a region for one kernel call taking
@@ -24,75 +24,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-# Op classification, by aten overload-packet name (every overload of an op shares its category).
-ANCHOR, ROWWISE, ELEMENTWISE, VIEW, NOOP = "anchor", "rowwise", "elementwise", "view", "noop"
-
-# anchor op -> the task kind it gives its region
-ANCHOR_KINDS: dict[str, str] = {
-    "linear": "gemm", "matmul": "gemm", "mm": "gemm", "bmm": "gemm", "addmm": "gemm",
-    "baddbmm": "gemm", "addbmm": "gemm", "einsum": "gemm",
-    "conv1d": "conv", "conv2d": "conv", "conv3d": "conv", "convolution": "conv",
-    "conv_transpose1d": "conv", "conv_transpose2d": "conv", "_convolution": "conv",
-    "scaled_dot_product_attention": "attention",
-    "_scaled_dot_product_flash_attention": "attention",
-    "_scaled_dot_product_efficient_attention": "attention",
-    "_scaled_dot_product_flash_attention_for_cpu": "attention",
-}
-
-ROWWISE_OPS = [
-    "softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax",
-    "layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm", "group_norm",
-    "native_group_norm", "sum", "mean", "amax", "amin", "max", "min", "var", "var_mean",
-    "std", "std_mean", "logsumexp", "linalg_vector_norm", "norm", "prod", "argmax", "argmin",
-    # windowed reductions: one pass over a neighbourhood per output, like a row
-    "adaptive_avg_pool2d", "avg_pool2d", "max_pool2d", "adaptive_avg_pool1d", "avg_pool1d",
-    "max_pool1d",
-]
-
-ELEMENTWISE_OPS = [
-    # arithmetic (with the aliases export keeps: multiply, divide, ...)
-    "multiply", "divide", "true_divide", "subtract", "negative", "greater", "less",
-    "greater_equal", "less_equal", "not_equal", "add", "sub", "rsub", "mul", "div", "neg", "reciprocal", "pow", "sqrt", "rsqrt", "abs",
-    "square", "remainder", "fmod", "floor_divide", "addcmul", "addcdiv", "lerp", "clamp",
-    "clamp_min", "clamp_max", "clip", "round", "floor", "ceil", "trunc", "sign",
-    # transcendental / activations
-    "exp", "exp2", "expm1", "log", "log2", "log1p", "sin", "cos", "tan", "tanh", "sigmoid",
-    "erf", "erfc", "relu", "relu6", "gelu", "silu", "mish", "hardswish", "hardsigmoid",
-    "hardtanh", "leaky_relu", "elu", "selu", "celu", "softplus", "logit", "glu",
-    # comparisons / selection / casts
-    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not",
-    "bitwise_and", "bitwise_or", "bitwise_not", "where", "masked_fill", "maximum", "minimum",
-    "_to_copy", "to", "type_as", "zeros_like", "ones_like", "full_like", "fill",
-    "isnan", "isinf", "nan_to_num",
-    # per-channel affine in eval mode (batch statistics are constants)
-    "batch_norm", "_native_batch_norm_legit_no_training", "instance_norm",
-    # NOTE: cat moves data but fuses into an elementwise kernel as index math (rotary embeddings)
-    "cat", "tril", "triu",
-]
-
-VIEW_OPS = [
-    "view", "reshape", "_unsafe_view", "permute", "transpose", "t", "select", "slice",
-    "unsqueeze", "squeeze", "expand", "expand_as", "flatten", "unflatten", "split",
-    "split_with_sizes", "chunk", "unbind", "narrow", "as_strided", "movedim", "view_as",
-    "unfold", "diagonal", "getitem",
-]
-
-# NOTE: dropout is a no-op only in eval; the task calls it exactly as the graph does
-# (aten.dropout(x, p, train=False)), so the reference stays exact either way.
-NOOP_OPS = ["dropout", "contiguous", "clone", "alias", "detach", "lift_fresh_copy",
-            "feature_dropout", "alpha_dropout"]
-
-CATEGORIES: dict[str, str] = {
-    **{k: ANCHOR for k in ANCHOR_KINDS},
-    **{k: ROWWISE for k in ROWWISE_OPS},
-    **{k: ELEMENTWISE for k in ELEMENTWISE_OPS},
-    **{k: VIEW for k in VIEW_OPS},
-    **{k: NOOP for k in NOOP_OPS},
-}
-COMPUTE = (ANCHOR, ROWWISE, ELEMENTWISE)
-# A region of nothing but casts is not worth a kernel: it stays on PyTorch.
-CAST_OPS = {"to", "_to_copy", "type_as"}
-FREE = (VIEW, NOOP)
+from torch_htam import ops
+from torch_htam.ops import ANCHOR, COMPUTE, ELEMENTWISE, FREE, NOOP, ROWWISE, VIEW  # noqa: F401
 
 
 @dataclass
@@ -123,10 +56,10 @@ def op_name(n: fx.Node) -> str | None:
 
 def category(n: fx.Node) -> str | None:
     """ANCHOR | ROWWISE | ELEMENTWISE | VIEW | NOOP, or None for ops that stay on PyTorch."""
-    name = op_name(n)
-    if name is None or not _has_tensor_input(n):
+    row = ops.info(op_name(n))
+    if row is None or not _has_tensor_input(n):
         return None   # factory ops (arange, full) and non-aten calls are left alone
-    return CATEGORIES.get(name)
+    return row.category
 
 
 def partition(gm: fx.GraphModule | fx.Graph) -> list[Region]:
@@ -143,7 +76,7 @@ def partition(gm: fx.GraphModule | fx.Graph) -> list[Region]:
     _absorb_free(nodes, region_of)
     _close_tuples(nodes, region_of)
     return [_make_region(sorted(g, key=order.get), order) for g in groups
-            if any(op_name(n) not in CAST_OPS for n in g if category(n) in COMPUTE)]
+            if any(not ops.info(op_name(n)).cast for n in g if category(n) in COMPUTE)]
 
 
 # ---- step 1: group compute nodes ------------------------------------------------------------
@@ -344,7 +277,7 @@ def _make_region(members: list[fx.Node], order: dict) -> Region:
     anchor = next((n for n in members if category(n) == ANCHOR), None)
     row = next((n for n in members if category(n) == ROWWISE), None)
     if anchor is not None:
-        kind = ANCHOR_KINDS[op_name(anchor)]
+        kind = ops.info(op_name(anchor)).kind
     elif row is not None:
         kind, anchor = "rowwise", row
     else:

@@ -9,10 +9,12 @@ PyTorch path and the report says why.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,23 +60,6 @@ class OptimizeConfig:
         if self.min_speedup < 1.0:
             raise ValueError(f"OptimizeConfig.min_speedup={self.min_speedup}: below 1.0 would swap "
                              "in kernels slower than the original")
-
-
-def tasks_of(capture) -> list:
-    """Distinct tasks of every captured graph, costliest first, counts summed over graphs."""
-    from torch_htam.partition import partition
-    from torch_htam.task import region_to_task
-    by_sig: dict[str, Any] = {}
-    for gm in capture.graphs:
-        for region in partition(gm):
-            t = region_to_task(gm, region)
-            if t.signature in by_sig:
-                prev = by_sig[t.signature]
-                prev.count += t.count
-                prev.modules.extend(m for m in t.modules if m not in prev.modules)
-            else:
-                by_sig[t.signature] = t
-    return sorted(by_sig.values(), key=lambda t: -(t.bytes + t.flops / 100.0) * t.count)
 
 
 class SearchedLog:
@@ -197,7 +182,7 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
     from torch_htam import gpu as gpu_mod
     from torch_htam import paths, runtime
     from torch_htam.cache import KernelCache
-    from torch_htam.capture import capture as capture_model
+    from torch_htam.extract import extract
     from torch_htam.policy import admitted, policy_for
     from torch_htam.seeds import seed_cache
 
@@ -213,10 +198,10 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
     # NOTE: optimizing an optimized model starts from its original forward: captured through the
     # swapped one, its regions would be launcher calls that match no task.
     runtime.restore(model)
-    cap = capture_model(model, tuple(example_inputs))
-    if not cap.graphs:
-        return runtime.leave(model, "could not capture the model: " + "; ".join(cap.problems))
-    tasks = tasks_of(cap)
+    found = extract(model, tuple(example_inputs))
+    if not found.capture.graphs:
+        return runtime.leave(model, "could not capture the model: " + "; ".join(found.problems))
+    tasks = found.tasks
     cache = KernelCache(gpu.arch)
     seed_cache(cache, gpu.arch)
     searched = SearchedLog(paths.arch_dir(gpu.arch) / "searched.json")
@@ -224,20 +209,42 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
               and not searched.covers(t.signature, cfg, policy_for(t).name)]
     if cfg.max_tasks is not None:
         misses = misses[: cfg.max_tasks]
-    results = _search(misses, cfg, gpu, cache, searched) if cfg.search and misses else {}
+    results = {}
+    if cfg.search and misses:
+        with _examples(found, misses):
+            results = _search(misses, cfg, gpu, cache, searched)
     kernels = {t.signature: e for t in tasks
                if (e := admitted(cache.get(t.signature), t)) is not None and e.usable(cfg.min_speedup)}
     try:
-        model = runtime.install(model, cap, kernels, tasks=tasks, min_speedup=cfg.min_speedup)
+        model = runtime.install(model, found, kernels, min_speedup=cfg.min_speedup)
     except Exception as e:   # NOTE: never leave the user's model broken; kernels stay cached
         log.debug("install failed", exc_info=True)
         return runtime.leave(model, f"could not install the kernels ({type(e).__name__}: {e}); "
                              "the original path is kept - please report this", tasks)
     if model.htam_report.swapped and cfg.check_end_to_end:
-        model = _keep_what_pays(model, cap, kernels, tasks, tuple(example_inputs), cfg.min_speedup)
+        model = _keep_what_pays(model, found, kernels, tuple(example_inputs), cfg.min_speedup)
     model.htam_report.optimize_s = time.perf_counter() - t0
     model.htam_report.usage = _total_usage(results.values())
     return model
+
+
+@contextlib.contextmanager
+def _examples(found, tasks: list):
+    """Each task's real inputs from the example call, in a temp safetensors file that
+    verification reads (Task.example), removed when the search ends."""
+    from safetensors.torch import save_file
+    with tempfile.TemporaryDirectory(prefix="htam-examples-") as d:
+        for t in tasks:
+            values = found.values.get(t.signature)
+            if values:
+                path = Path(d) / f"{t.signature}.safetensors"
+                save_file({f"in{i}": v.detach().contiguous().cpu() for i, v in enumerate(values)}, str(path))
+                t.example = str(path)
+        try:
+            yield
+        finally:
+            for t in tasks:
+                t.example = None
 
 
 def _total_usage(results) -> dict[str, float]:
@@ -249,7 +256,7 @@ def _total_usage(results) -> dict[str, float]:
     return total
 
 
-def _keep_what_pays(model: nn.Module, cap, kernels: dict, tasks: list, inputs: tuple,
+def _keep_what_pays(model: nn.Module, found, kernels: dict, inputs: tuple,
                     min_speedup: float = 1.0, tries: int = 3, provider=None) -> nn.Module:
     """End-to-end guard: the swapped forward must beat the original one on the example inputs,
     timed interleaved in this process (so clocks and other load hit both alike). Per-region
@@ -258,10 +265,10 @@ def _keep_what_pays(model: nn.Module, cap, kernels: dict, tasks: list, inputs: t
     ones with the largest estimated saving (count x reference ms x (1 - 1/speedup)) are tried alone:
     the top half, then the top quarter, ... (`tries` subsets at most); else the original path.
 
-        >>> model = _keep_what_pays(model, cap, kernels, tasks, (x,))   # model.htam_report says what stayed
+        >>> model = _keep_what_pays(model, found, kernels, (x,))   # model.htam_report says what stayed
     """
     from torch_htam import runtime
-    counts, swapped = {t.signature: t.count for t in tasks}, _swapped(model)
+    counts, swapped = {t.signature: t.count for t in found.tasks}, _swapped(model)
     ranked = sorted((s for s in kernels if s in swapped),
                     key=lambda s: -_saving_ms(kernels[s], counts.get(s, 1)))
     subset, first = ranked, None
@@ -270,7 +277,7 @@ def _keep_what_pays(model: nn.Module, cap, kernels: dict, tasks: list, inputs: t
             subset = subset[: len(subset) // 2]
             if not subset:
                 break
-            model = runtime.install(model, cap, {s: kernels[s] for s in subset}, tasks=tasks,
+            model = runtime.install(model, found, {s: kernels[s] for s in subset},
                                     provider=provider, min_speedup=min_speedup)
             if not model.htam_report.swapped:
                 break

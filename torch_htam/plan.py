@@ -14,10 +14,10 @@ from typing import TextIO
 
 import torch
 
-from torch_htam.capture import capture
-from torch_htam.partition import CATEGORIES, FREE
+from torch_htam import ops
+from torch_htam.extract import extract
 from torch_htam.modelspec import ModelSpecError, load_model_spec
-from torch_htam.task import Task, _exec_source, export_tasks, tasks_from_capture
+from torch_htam.task import Task, exec_source, export_tasks
 
 OPS_WIDTH = 48
 
@@ -36,13 +36,13 @@ def run_plan(spec: str, export_dir: str | None = None, device: str | None = None
     except Exception as e:  # noqa: BLE001 -- the user's get_model failed: say so, no traceback
         print(f"error: {spec}: get_model() raised {type(e).__name__}: {e}", file=out)
         return 1
-    cap = capture(model, inputs)
-    tasks = tasks_from_capture(cap) if cap.graphs else []
+    found = extract(model, inputs)
+    tasks = found.tasks
     shares = eager_shares(tasks, device) if device.startswith("cuda") else None
-    print(format_plan(tasks, shares, cap.method), file=out)
-    for p in cap.problems:
+    print(format_plan(tasks, shares, found.capture.method), file=out)
+    for p in found.problems:
         print(f"not captured: {p}", file=out)
-    if cap.graphs and not tasks:
+    if found.capture.graphs and not tasks:
         print("not captured: the graph has no region worth a kernel (no GEMM, conv, attention, "
               "row-wise or elementwise ops on tensors)", file=out)
     if export_dir and tasks:
@@ -58,11 +58,11 @@ def format_plan(tasks: list[Task], shares: list[float] | None = None, method: st
     for i, t in enumerate(tasks):
         share = f"{100 * shares[i]:5.1f}%" if shares else "     -"
         # compute ops only: views and no-ops are free inside a kernel
-        ops = ",".join(dict.fromkeys(o for o in (x.split(".")[1] for x in t.ops)
-                                     if CATEGORIES.get(o) not in FREE))
-        ops = ops if len(ops) <= OPS_WIDTH else ops[:OPS_WIDTH - 3] + "..."
+        names = ",".join(dict.fromkeys(o for o in map(ops.packet_of, t.ops)
+                                       if (row := ops.info(o)) is None or row.category not in ops.FREE))
+        names = names if len(names) <= OPS_WIDTH else names[:OPS_WIDTH - 3] + "..."
         shapes = " ".join("x".join(map(str, s.shape)) or "()" for s in t.inputs)
-        rows.append(f"{t.signature:16}  {t.kind:11}  {t.count:>5}  {share:>6}  {ops:{OPS_WIDTH}}  {shapes}")
+        rows.append(f"{t.signature:16}  {t.kind:11}  {t.count:>5}  {share:>6}  {names:{OPS_WIDTH}}  {shapes}")
     return "\n".join(rows)
 
 
@@ -76,7 +76,7 @@ def eager_shares(tasks: list[Task], device: str, iters: int = 20) -> list[float]
 def time_reference(task: Task, device: str, iters: int = 20) -> float:
     """Median milliseconds of one call of the task's reference on random inputs (CUDA events)."""
     from torch_htam.benchmark import time_model
-    ns = _exec_source(task.source, task.name)
+    ns = exec_source(task.source, task.name)
     model = ns["Model"](*ns["get_init_inputs"]()).to(device)
     inputs = tuple(x.to(device) for x in ns["get_inputs"]())
     return time_model(model, inputs, iters=iters, warmup=3).median_ms

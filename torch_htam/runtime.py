@@ -1,10 +1,10 @@
 """Runtime: swap verified kernels into a captured graph, and install it behind guards in the model.
 
-    swap(gm, kernels)               every region whose task signature has a kernel becomes one call
+    swap(gm, sites, kernels)        every site (extract.Site) whose task has a kernel becomes one call
                                     launcher.fast_launch(handle, [inputs...], out_meta) (the
                                     htam::launch op when traced); the rest of
                                     the graph stays the original aten ops (that IS the fallback)
-    install(model, capture, ...)    the user's own model object, its forward replaced by a guarded
+    install(model, found, ...)      the user's own model object, its forward replaced by a guarded
                                     wrapper: inputs as captured -> rewritten graph, else -> the
                                     original forward (counted in model.htam_report)
     restore(model)                  the original forward back
@@ -18,7 +18,7 @@ the report says why. NOTE: swapping those would mean running our graph inside a 
 user's forward, whose recompiles, graph breaks and guards we would then own on top of theirs;
 the kernels found for such a model are still cached and shipped in bundles.
 
-    >>> model = install(model, capture(model, (x,)), {task.signature: cache.get(task.signature)})
+    >>> model = install(model, extract(model, (x,)), {task.signature: cache.get(task.signature)})
     >>> model(x)                  # swapped kernels;  model(x_other_batch) -> original path
     >>> print(model.htam_report.format())
 """
@@ -142,37 +142,35 @@ class Swapped:
     nodes: int
 
 
-def swap(gm: fx.GraphModule, kernels: dict[str, Any],
+def swap(gm: fx.GraphModule, sites: list, kernels: dict[str, Any],
          provider: Provider | None = None) -> tuple[fx.GraphModule, list[Swapped]]:
-    """A copy of `gm` with every region that has a kernel replaced by one launch call.
+    """A copy of `gm` with every site whose task has a kernel replaced by one launch call.
 
-    kernels: {task signature: cache Entry or kernel object}. The copy takes flat inputs and returns
-    a flat tuple (no pytree, no export guards: install() guards). Load failures leave the region as
-    it was; they are in `new_gm.htam_load_errors` ({signature: message}).
+    sites: extract.Site of this graph (region + task), as extract found them; the runtime never
+    partitions again. kernels: {task signature: cache Entry or kernel object}. The copy takes
+    flat inputs and returns a flat tuple (no pytree, no export guards: install() guards). Load
+    failures leave the region as it was; they are in `new_gm.htam_load_errors` ({signature: message}).
 
-        >>> new_gm, swapped = swap(cap.graphs[0], {t.signature: entry})
+        >>> new_gm, swapped = swap(found.capture.graphs[0], found.sites_of(0), {t.signature: entry})
         >>> [s.name for s in swapped]
         ['gemm_linear_gelu']
     """
     from torch_htam.launcher import encode_out_meta
-    from torch_htam.partition import partition
-    from torch_htam.task import region_to_task
 
     provider = provider or launcher_provider()
-    new = _flat_copy(gm)
-    planned = []
-    for region in partition(new):   # tasks first: rewriting changes the nodes later regions read
-        try:
-            task = region_to_task(new, region)
-            if task.signature in kernels:
-                planned.append((region, task, encode_out_meta(task.outputs)))
-        except ValueError as e:   # a non-tensor boundary or a strided output: stays as it is
-            log.info("torch_htam: region %s stays on PyTorch: %s", region.nodes[0].name, e)
-
+    new, copied = _flat_copy(gm)
     loaded, errors, swapped = {}, {}, []
     replaced: dict[fx.Node, fx.Node] = {}
-    for region, task, out_meta in planned:
-        sig = task.signature
+    for site in sites:
+        task, sig = site.task, site.task.signature
+        if sig not in kernels:
+            continue
+        try:
+            out_meta = encode_out_meta(task.outputs)
+        except ValueError as e:   # a strided output: the launcher allocates contiguous ones
+            errors.setdefault(sig, f"stays on PyTorch: {e}")
+            continue
+        region = _moved(site.region, copied)
         if sig not in loaded and sig not in errors:
             try:
                 loaded[sig] = provider.load(kernels[sig])
@@ -191,14 +189,24 @@ def swap(gm: fx.GraphModule, kernels: dict[str, Any],
     return new, swapped
 
 
-def _flat_copy(gm: fx.GraphModule) -> fx.GraphModule:
-    """gm's graph with plain flat calling convention and without export's own guard module."""
+def _flat_copy(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict[fx.Node, fx.Node]]:
+    """gm's graph with plain flat calling convention and without export's own guard module, and
+    the map from gm's nodes to the copy's."""
     g = fx.Graph()
-    g.output(g.graph_copy(gm.graph, {}))
+    copied: dict[fx.Node, fx.Node] = {}
+    g.output(g.graph_copy(gm.graph, copied))
     for n in list(g.nodes):
         if n.op == "call_module" and n.target == "_guards_fn" and not n.users:
             g.erase_node(n)
-    return fx.GraphModule(gm, g)
+    return fx.GraphModule(gm, g), copied
+
+
+def _moved(region, copied: dict):
+    """The same region over the copied graph's nodes."""
+    from torch_htam.partition import Region
+    return Region([copied[n] for n in region.nodes], [copied[n] for n in region.inputs],
+                  [copied[n] for n in region.outputs], region.kind,
+                  copied.get(region.anchor) if region.anchor is not None else None)
 
 
 def _replace_region(graph: fx.Graph, region, replaced: dict, op, handle: int, out_meta: list[int]) -> None:
@@ -471,25 +479,26 @@ def _split_usable(kernels: dict[str, Any], min_speedup: float) -> tuple[dict, di
     return ok, why
 
 
-def install(model: torch.nn.Module, capture, kernels: dict[str, Any], tasks: list | None = None,
-            provider: Provider | None = None, min_speedup: float = 1.0) -> torch.nn.Module:
-    """Swap `kernels` into the captured graph and make it the model's forward, behind guards.
+def install(model: torch.nn.Module, found, kernels: dict[str, Any], provider: Provider | None = None,
+            min_speedup: float = 1.0) -> torch.nn.Module:
+    """Swap `kernels` into the extracted graph and make it the model's forward, behind guards.
 
-    Returns the same model object (class, attributes, methods kept); `model.htam_report` says
-    what was swapped and counts the calls that went to the original path.
+    found: extract.Extraction of this model. Returns the same model object (class, attributes,
+    methods kept); `model.htam_report` says what was swapped and counts the calls that went to
+    the original path.
 
-        >>> model = install(model, cap, {sig: entry}, tasks=tasks)
+        >>> model = install(model, extract(model, (x,)), {sig: entry})
         >>> model.htam_report.swapped
         12
     """
     restore(model)
-    tasks = list(tasks or [])
+    capture, tasks = found.capture, found.tasks
     report = Report(method=capture.method)
     if capture.exported is None or len(capture.graphs) != 1:
         return leave(model, f"capture method {capture.method!r} gives no single exported graph; "
                      "the model runs its original path (kernels stay cached)", tasks, report)
     usable, unusable = _split_usable(kernels, min_speedup)
-    gm, swapped = swap(capture.graphs[0], usable, provider)
+    gm, swapped = swap(capture.graphs[0], found.sites_of(0), usable, provider)
     report.tasks = _task_reports(tasks, kernels, swapped, gm.htam_load_errors, unusable)
     report.swapped = len(swapped)
     if not swapped:

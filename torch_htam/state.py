@@ -12,15 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Substrings of aten op names (e.g. "aten.addmm.default") that mark the region's work.
-GEMM_OPS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten.matmul.", "aten.linear.",
-            "aten.einsum.", "scaled_dot_product", "aten.addmv.", "aten.mv.")
-CONV_OPS = ("conv",)   # aten.conv2d / convolution / conv_transpose2d / cudnn_convolution
-REDUCTION_OPS = ("softmax", "layer_norm", "rms_norm", "group_norm", "batch_norm_legit.",
-                 "aten.mean.", "aten.sum.", "aten.amax.", "aten.amin.", "aten.max.dim",
-                 "aten.min.dim", "aten.var", "aten.std", "aten.norm.", "linalg_vector_norm",
-                 "logsumexp", "aten.argmax.", "aten.argmin.", "aten.prod.", "scaled_dot_product",
-                 "cross_entropy", "nll_loss")
+from torch_htam import ops
 
 # Evaluation.reason -> coarse failure class used in keys and preconditions. A class, not the
 # reason, because "mismatch" and "partial_write" call for the same next move (boundary handling).
@@ -123,10 +115,10 @@ def state_of(task, evaluation=None, gpu=None, last_failure: str | None = None) -
     'unknown|red|fp32|unknown|ok'
     """
     from torch_htam.policy import policy_for
-    ops = " ".join(task.ops)
-    has_gemm = task.kind in ("gemm", "attention") or any(o in ops for o in GEMM_OPS)
-    has_conv = task.kind == "conv" or any(o in ops for o in CONV_OPS)
-    has_reduction = task.kind in ("rowwise", "attention") or any(o in ops for o in REDUCTION_OPS)
+    rows = [r for r in (ops.info(ops.packet_of(o)) for o in task.ops) if r is not None]
+    has_gemm = task.kind in ("gemm", "attention") or any(r.kind in ("gemm", "attention") for r in rows)
+    has_conv = task.kind == "conv" or any(r.kind == "conv" for r in rows)
+    has_reduction = task.kind in ("rowwise", "attention") or any(r.reduction for r in rows)
     policy = policy_for(task)
     dtype_class = "half" if policy.name in ("fp16", "bf16") else "fp32"
     if last_failure is None and evaluation is not None and not evaluation.correct:

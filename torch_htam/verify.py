@@ -13,7 +13,9 @@ function in the CPU tests) that fills caller-allocated outputs and returns htam_
   bitwise equal (determinism) and inside the policy's tolerance (allclose, in float64); an fp32
   output outside it may still pass against the reference run in float64, if it is about as close
   to that as torch's own result under the policy (within_torch_error);
-- inputs are compared bitwise with their clones after every candidate call.
+- inputs are compared bitwise with their clones after every candidate call;
+- a task found in a model (task.example) runs once more on the region's real inputs: the
+  model's own weights and activations, whose value ranges random draws may miss.
 
     >>> ok, reason, detail, errs = verify(task, Kernel(so_path), load_reference(task).cuda(), policy_for(task))
     >>> ok, reason, errs["max_abs_err"]
@@ -65,7 +67,8 @@ def make_input(spec: TensorSpec, shape: tuple[int, ...], dist: str, gen: torch.G
     dist (floats only): "normal" N(0,1); "uniform" U(-3,3); "outliers": N(0,1) rows scaled by
     10**U(-2,1) (mixed scales, so per-row softmax/norm outputs are not near constant) with ~0.1%
     of elements set to +-U(64,128) (exp overflows fp32 past 88: an unguarded softmax returns NaN).
-    Integer specs draw randint(low, high) (default [0, 16)); bool specs draw fair coins.
+    Integer specs draw randint(low, high) (default [0, 16)); bool specs draw fair coins; positive
+    specs (variances) draw |N(0,1)| whatever the distribution.
 
         >>> make_input(spec, (8, 4096), "outliers", torch.Generator().manual_seed(0)).shape
         torch.Size([8, 4096])
@@ -77,6 +80,8 @@ def make_input(spec: TensorSpec, shape: tuple[int, ...], dist: str, gen: torch.G
         lo = 0 if spec.low is None else spec.low
         hi = 16 if spec.high is None else spec.high
         x = torch.randint(lo, hi, shape, generator=gen, dtype=torch.int64)
+    elif spec.positive:   # a variance (running_var): |x| of the distribution's normal draw
+        x = torch.randn(shape, generator=gen).abs()
     elif dist == "normal":
         x = torch.randn(shape, generator=gen)
     elif dist == "uniform":
@@ -97,6 +102,26 @@ def make_input(spec: TensorSpec, shape: tuple[int, ...], dist: str, gen: torch.G
     x = x.to(dt)
     out = torch.empty_strided(shape, _strides_like(spec, shape), dtype=dt, device=device)
     return out.copy_(x.to(device))
+
+
+def example_inputs(task: Task, device) -> list[torch.Tensor] | None:
+    """The region's real inputs (task.example), laid out as the specs say; None when the task has
+    none or the file no longer matches its specs."""
+    if not task.example:
+        return None
+    from safetensors.torch import load_file
+    try:
+        saved = load_file(task.example)
+    except (OSError, ValueError):
+        return None
+    out = []
+    for i, spec in enumerate(task.inputs):
+        x = saved.get(f"in{i}")
+        if x is None or tuple(x.shape) != spec.shape or x.dtype != spec.torch_dtype:
+            return None
+        t = torch.empty_strided(spec.shape, spec.stride, dtype=spec.torch_dtype, device=device)
+        out.append(t.copy_(x.to(device)))
+    return out
 
 
 def _strides_like(spec: TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -481,6 +506,11 @@ def verify(task: Task, kernel, reference, policy, device="cuda", seeds=(0, 1, 2)
             errs["shapes"].append([list(s) for s in in_shapes])
             where = f"seed {seed} ({dist}), input shapes {[list(s) for s in in_shapes]}"
             _trial(task, kernel, reference, policy, device, inputs, out_shapes, where, errs)
+        own = example_inputs(task, device)
+        if own is not None:
+            errs["shapes"].append([list(s.shape) for s in task.inputs])
+            _trial(task, kernel, reference, policy, device, own, [s.shape for s in task.outputs],
+                   "the model's own inputs and weights", errs)
     except Failure as f:
         return False, f.reason, f.detail, errs
     except Exception as e:   # the reference tripped over a context the candidate broke

@@ -1,0 +1,308 @@
+"""One path from a model to its tasks: capture -> partition -> tasks -> dedupe -> cost.
+
+optimize, plan, precompile, load and the runtime all start here, so they agree on which regions a
+model has, what each region's task is (its signature, its input value ranges) and which tasks come
+first. The runtime swaps kernels into the `sites` found here and never partitions again.
+
+    >>> found = extract(model, (x,))
+    >>> [(t.kind, t.count) for t in found.tasks][:2]         # distinct tasks, costliest first
+    [('gemm', 12), ('rowwise', 25)]
+    >>> found.sites[0].region.nodes, found.sites[0].task     # where each task occurs
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from torch_htam import ops
+from torch_htam.capture import Capture, capture, record_values
+from torch_htam.partition import ANCHOR, ELEMENTWISE, ROWWISE, Region, category, op_name, partition
+from torch_htam.task import DTYPE_NAMES, Task, TensorSpec, exec_source, kernelbench_source, target_name
+
+
+@dataclass
+class Site:
+    """One place a task occurs: a region of captured graph `graph` (index into capture.graphs)."""
+    graph: int
+    region: Region
+    task: Task
+
+
+@dataclass
+class Extraction:
+    """What extract found. tasks: distinct, costliest first (cost()); sites: every region that
+    became a task, in graph order; problems: what could not be captured or made a task, one line
+    each (capture's problems first)."""
+    capture: Capture
+    tasks: list[Task] = field(default_factory=list)
+    sites: list[Site] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    # NOTE: the real input values of each task's first site (weights and activations of the
+    # example call), by signature; verification runs them besides random inputs. Not persisted.
+    values: dict[str, list[torch.Tensor]] = field(default_factory=dict, repr=False)
+
+    def sites_of(self, graph: int) -> list[Site]:
+        return [s for s in self.sites if s.graph == graph]
+
+
+def extract(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None = None) -> Extraction:
+    """Capture `model` and make its tasks. Never raises for a model it cannot capture: `.tasks` is
+    then empty and `.problems` says why.
+
+        >>> found = extract(model.eval(), (idx,))
+    """
+    return from_capture(capture(model, tuple(example_inputs), example_kwargs))
+
+
+def extract_tasks(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None = None) -> list[Task]:
+    """The model's distinct tasks, costliest first (see extract).
+
+        >>> tasks = torch_htam.extract_tasks(model.eval(), (idx,))
+        >>> [(t.kind, t.count) for t in tasks][:2]
+        [('gemm', 12), ('attention', 12)]
+    """
+    return extract(model, example_inputs, example_kwargs).tasks
+
+
+def from_capture(cap: Capture) -> Extraction:
+    """Partition every captured graph, make one task per region and merge identical ones.
+
+    The example call is replayed once per graph (capture.record_values) so integer inputs get
+    their true value range (embedding indices stay below the vocabulary) and each task keeps its
+    real input values. A region whose boundary is not a plain tensor is skipped and said so.
+    """
+    found = Extraction(cap, problems=list(cap.problems))
+    by_sig: dict[str, Task] = {}
+    for gi, (gm, flat) in enumerate(zip(cap.graphs, cap.inputs)):
+        values = record_values(gm, flat)
+        for region in partition(gm):
+            try:
+                task = region_to_task(gm, region, values)
+            except ValueError as e:
+                found.problems.append(f"region {[n.name for n in region.nodes]} skipped: {e}")
+                continue
+            seen = by_sig.get(task.signature)
+            if seen is None:
+                by_sig[task.signature] = seen = task
+                found.values[task.signature] = [values[a] for a in region.inputs]
+            else:   # identical layer: one task, counted and attributed to every module
+                seen.count += 1
+                seen.modules += [m for m in task.modules if m not in seen.modules]
+            found.sites.append(Site(gi, region, seen))
+    found.tasks = sorted(by_sig.values(), key=lambda t: (-cost(t), t.signature))
+    return found
+
+
+def cost(task: Task, gpu=None) -> float:
+    """The one cost model that orders tasks: roofline seconds of one call times its count."""
+    return estimated_seconds(task, gpu) * task.count
+
+
+def estimated_seconds(task: Task, gpu=None) -> float:
+    """Roofline lower bound of one call: max(flops / peak FLOP/s, bytes / bandwidth).
+
+    Uses the detected GPU; without one, the H100 rates from torch_htam.gpu (only the order of
+    tasks depends on it).
+    """
+    from torch_htam import gpu as gpu_mod
+    info = gpu if gpu is not None else gpu_mod.detect()
+    flops_rate = (info.fp32_flops if info and info.fp32_flops else gpu_mod._PEAKS[(9, 0)][1])
+    bandwidth = info.mem_bandwidth if info else 3.35e12
+    return max(task.flops / flops_rate, task.bytes / bandwidth)
+
+
+# ---- region -> task ------------------------------------------------------------------------
+
+def region_graph(gm: fx.GraphModule, region: Region) -> fx.GraphModule:
+    """The region as its own GraphModule: placeholders in region.inputs order, one output tuple.
+
+        >>> g = region_graph(gm, region); g(*inputs)   # -> tuple of region.outputs values
+    """
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for i, a in enumerate(region.inputs):
+        p = g.placeholder(f"in{i}")
+        p.meta["val"] = a.meta.get("val")
+        env[a] = p
+    for n in region.nodes:
+        env[n] = g.node_copy(n, lambda a: env[a])
+    g.output(tuple(env[o] for o in region.outputs))
+    g.lint()
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def graph_signature(graph: fx.GraphModule, inputs: list[TensorSpec]) -> str:
+    """sha256[:16] of op targets, argument structure, constants and input specs (no names/ids).
+
+        >>> graph_signature(task.graph, task.inputs)
+        '3f9c0a1b2d4e5f60'
+    """
+    index: dict[fx.Node, tuple] = {}
+    items: list = [[(s.shape, s.dtype, s.stride) for s in inputs]]
+    for n in graph.graph.nodes:
+        if n.op == "placeholder":
+            index[n] = ("in", len(index))
+            continue
+        index[n] = ("n", len(index))
+        norm = fx.node.map_arg((n.args, n.kwargs), lambda a: index[a])
+        items.append([n.op, target_name(n.target), _normalize(norm)])
+    return hashlib.sha256(json.dumps(items, default=str).encode()).hexdigest()[:16]
+
+
+def _normalize(x):
+    """Constants in a hashable, run-independent form (devices vary, so they hash as 'device')."""
+    if isinstance(x, dict):
+        return sorted((k, _normalize(v)) for k, v in x.items())
+    if isinstance(x, (list, tuple)):
+        return [_normalize(v) for v in x]
+    if isinstance(x, torch.device):
+        return "device"
+    if isinstance(x, float):
+        return repr(x)
+    if isinstance(x, (torch.dtype, torch.memory_format, torch.layout)):
+        return str(x)
+    return x
+
+
+def region_to_task(gm: fx.GraphModule, region: Region, values: dict | None = None,
+                   name: str | None = None) -> Task:
+    """Build the Task of one region of a captured graph.
+
+    values: real node values (capture.record_values) give integer inputs their true range
+    [low, high); without them integer inputs get [0, 2).
+
+        >>> task = region_to_task(gm, partition(gm)[0], record_values(gm, flat_inputs))
+        >>> task.signature, [s.shape for s in task.inputs]
+    """
+    graph = region_graph(gm, region)
+    positive = _positive_inputs(region)
+    inputs = [_spec(a, values, a in positive) for a in region.inputs]
+    outputs = [_spec(o, None) for o in region.outputs]
+    op_names = [str(n.target) for n in region.nodes if n.op == "call_function"
+                and n.target is not operator.getitem]
+    sig = graph_signature(graph, inputs)
+    task = Task(name or f"{region.kind}_{_short_ops(region)}", region.kind, "", inputs, outputs,
+                sig, op_names, 1, _modules(region.nodes))
+    task.flops = float(sum(node_flops(n) for n in region.nodes))
+    task.bytes = float(sum(_distinct_bytes(s) for s in inputs + outputs))
+    task.graph = graph
+    task.source = kernelbench_source(graph, inputs, title=f"{task.name}: {' -> '.join(op_names)}")
+    return task
+
+
+def _positive_inputs(region: Region) -> set[fx.Node]:
+    """Region inputs that an op reads as a variance (ops.OpInfo.positive), e.g. running_var."""
+    out = set()
+    for n in region.nodes:
+        row = ops.info(op_name(n))
+        for i in row.positive if row else ():
+            if i < len(n.args) and isinstance(n.args[i], fx.Node):
+                out.add(n.args[i])
+    return out
+
+
+def _spec(n: fx.Node, values: dict | None, positive: bool = False) -> TensorSpec:
+    val = n.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        raise ValueError(f"region boundary {n.name} is not a tensor ({type(val).__name__})")
+    if val.dtype not in DTYPE_NAMES:
+        raise ValueError(f"{n.name} has dtype {val.dtype}, which tasks do not support")
+    spec = TensorSpec.of(val)
+    if val.dtype.is_floating_point:
+        return TensorSpec(spec.shape, spec.dtype, spec.stride, positive=True) if positive else spec
+    low, high = 0, 2
+    real = values.get(n) if values else None
+    if isinstance(real, torch.Tensor) and real.numel() and val.dtype != torch.bool:
+        low, high = int(real.min()), int(real.max()) + 1
+    return TensorSpec(spec.shape, spec.dtype, spec.stride, (), low, high)
+
+
+def _short_ops(region: Region) -> str:
+    from torch_htam.ops import COMPUTE
+    names = [op_name(n) for n in region.nodes if category(n) in COMPUTE]
+    return "_".join(dict.fromkeys(names))[:60]
+
+
+def _modules(nodes) -> list[str]:
+    """Innermost module qualname of every node, first seen first (e.g. "h.0.mlp.c_fc")."""
+    found: list[str] = []
+    for n in nodes:
+        stack = n.meta.get("nn_module_stack") or {}
+        paths = [p for p, _ in stack.values() if p]
+        if paths and paths[-1] not in found:
+            found.append(paths[-1])
+    return found
+
+
+def _shape(n) -> tuple:
+    v = n.meta.get("val") if isinstance(n, fx.Node) else None
+    return tuple(v.shape) if isinstance(v, torch.Tensor) else ()
+
+
+def node_flops(n: fx.Node) -> int:
+    """Minimum FLOPs of one node: 2*M*N*K for GEMMs, its conv analog, ops.OpInfo.flops per
+    element else (views and no-ops: 0)."""
+    cat, name = category(n), op_name(n)
+    out = n.meta.get("val")
+    numel = out.numel() if isinstance(out, torch.Tensor) else 0
+    if cat == ANCHOR:
+        kind = ops.info(name).kind
+        if kind == "conv":
+            w = _shape(n.args[1])   # (C_out, C_in/groups, *kernel)
+            return 2 * numel * math.prod(w[1:])
+        if kind == "attention":
+            q, k, v = (_shape(a) for a in n.args[:3])   # (..., L, E), (..., S, E), (..., S, Ev)
+            batch = math.prod(q[:-2])
+            causal = n.kwargs.get("is_causal", n.args[5] if len(n.args) > 5 else False)
+            f = 2 * batch * q[-2] * k[-2] * (q[-1] + v[-1])
+            return f // 2 if causal else f
+        a = n.args[1] if name in ("addmm", "baddbmm", "addbmm", "addmv") else n.args[0]
+        return 2 * numel * (_shape(a) or (1,))[-1]   # K = last dim of the left operand
+    if cat == ROWWISE:
+        return ops.info(name).flops * math.prod(_shape(n.args[0]))
+    if cat == ELEMENTWISE:
+        return ops.info(name).flops * numel
+    return 0
+
+
+def _distinct_bytes(s: TensorSpec) -> int:
+    # broadcast (stride-0) dims read the same bytes again: count them once
+    n = math.prod(d for d, st in zip(s.shape, s.stride) if st != 0) if s.numel else 0
+    return n * torch.empty((), dtype=s.torch_dtype).element_size()
+
+
+# ---- KernelBench file -> task ----------------------------------------------------------------
+
+def task_from_source(source: str, name: str | None = None) -> Task:
+    """One Task covering the whole forward of a KernelBench file (e.g. from KernelBench itself).
+
+    The kind follows its ops (a GEMM/conv/attention anchor wins, then row-wise, else elementwise);
+    dynamic dims are empty, integer inputs keep the range seen in get_inputs().
+
+        >>> task = task_from_source(Path("19_ReLU.py").read_text(), "19_ReLU")
+    """
+    from torch_htam.capture import functionalize
+    name = name or "task"
+    ns = exec_source(source, name)
+    model = ns["Model"](*ns["get_init_inputs"]()).eval()
+    inputs = tuple(ns["get_inputs"]())
+    gm = torch.export.export(model, inputs, strict=False).module()
+    functionalize(gm)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    # user inputs first (as get_inputs() lists them), then the weights Model built
+    ins = [n for op in ("placeholder", "get_attr") for n in gm.graph.nodes if n.op == op and n.users]
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = list(dict.fromkeys(a for a in out_node.all_input_nodes))
+    anchor = next((n for n in nodes if category(n) == ANCHOR), None)
+    row = next((n for n in nodes if category(n) == ROWWISE), None)
+    kind = ops.info(op_name(anchor)).kind if anchor else "rowwise" if row else "elementwise"
+    region = Region(nodes, ins, outs, kind, anchor or row)
+    # NOTE: weights Model built in __init__ become task inputs here, so the generated source
+    # (not the original file) is the reference that matches task.inputs.
+    return region_to_task(gm, region, record_values(gm, inputs), name=name)
