@@ -407,7 +407,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     import torch
     args = parse_args(argv)
-    command = "python3 bench/kernelbench.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = record.command(None if argv is None else ["bench/kernelbench.py", *argv])
     if not args.list and not torch.cuda.is_available():
         raise SystemExit(NO_GPU.format(version=torch.__version__))
     t0 = time.monotonic()
