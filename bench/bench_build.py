@@ -1,16 +1,17 @@
 """Candidate build+load time, parallel build throughput, load_inline for contrast, launcher overhead.
 
-    python3 bench/bench_build.py                 # on the GPU machine; appends to bench/RESULTS.md
+    python3 bench/bench_build.py                 # on the GPU machine; writes bench/results/bench_build-*.json
     python3 bench/bench_build.py --no-record --no-load-inline   # quick look, nothing written
 
 Every build uses a fresh directory (nothing cached). Targets (DESIGN.md): build+load median <= 5 s,
 host overhead of one kernel call <= 10 us. Host time per call is on a 1024-float relu: the op through
 torch.ops, launcher.fast_launch (what the runtime's swapped nodes call), and the runtime's own path.
+The raw figures go to bench/results/ (bench/record.py): suite "bench_build", nvcc, arch, cpus, gpu,
+serial, parallel, calls, rows = {"measure", "value", "unit"} per figure.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import statistics
 import sys
@@ -167,62 +168,49 @@ def swapped_relu(kernel: launcher.Kernel, x: torch.Tensor) -> tuple[torch.fx.Gra
     return gm, runtime.install(Relu(), cap, {sig: kernel})
 
 
-def git_commit() -> str:
-    """HTAM_COMMIT on device copies (no .git), else git: bench/record.py decides."""
-    return provenance.commit()
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--serial", type=int, default=8, help="candidates built one at a time")
     p.add_argument("--parallel", type=int, default=16, help="candidates in the parallel batch")
     p.add_argument("--calls", type=int, default=10_000, help="calls timed for host overhead")
     p.add_argument("--no-load-inline", action="store_true", help="skip the ~1 min load_inline build")
-    p.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
+    p.add_argument("--no-record", action="store_true", help="do not write a file to bench/results/")
     args = p.parse_args()
     gpu = torch.cuda.is_available()
     arch = build.default_arch()
-    device = torch.cuda.get_device_name() if gpu else "no GPU"
-    rows: list[tuple[str, str]] = []
+    rows: list[dict] = []       # {"measure", "value" (as measured), "unit"}
+
+    def add(measure: str, value: float, unit: str) -> None:
+        rows.append({"measure": measure, "value": value, "unit": unit})
 
     if gpu:
         t0 = time.perf_counter()
         launcher.get()
-        rows.append(("launcher build/load (first get())", f"{time.perf_counter() - t0:.1f} s"))
+        add("launcher build/load (first get())", time.perf_counter() - t0, "s")
     s = bench_serial(args.serial, arch, load=gpu)
     what = "build+load" if gpu else "build (no GPU: no load)"
-    rows += [(f"{what}, median of {args.serial} (one at a time)", f"{s['median_s']:.2f} s"),
-             (f"{what}, min / max", f"{s['min_s']:.2f} / {s['max_s']:.2f} s"),
-             ("nvcc time per candidate (ninja log), median", f"{s['median_nvcc_s']:.2f} s")]
+    add(f"{what}, median of {args.serial} (one at a time)", s["median_s"], "s")
+    add(f"{what}, min", s["min_s"], "s")
+    add(f"{what}, max", s["max_s"], "s")
+    add("nvcc time per candidate (ninja log), median", s["median_nvcc_s"], "s")
     par = bench_parallel(args.parallel, arch)
-    rows += [(f"parallel batch of {par['n']} (-j{par['n']}), total", f"{par['total_s']:.2f} s"),
-             ("parallel throughput", f"{par['per_s']:.1f} candidates/s")]
+    add(f"parallel batch of {par['n']} (-j{par['n']}), total", par["total_s"], "s")
+    add("parallel throughput", par["per_s"], "candidates/s")
     if gpu and not args.no_load_inline:
-        rows.append(("load_inline of the same kernel, cold", f"{bench_load_inline(arch):.1f} s"))
+        add("load_inline of the same kernel, cold", bench_load_inline(arch), "s")
     if gpu:
         for name, us in bench_overhead(arch, args.calls).items():
-            rows.append((f"host time per call: {name}", f"{us:.2f} us"))
+            add(f"host time per call: {name}", us, "us")
 
-    header = (f"torch {torch.__version__}, nvcc {paths.nvcc_version()}, arch {arch}, "
-              f"{os.cpu_count()} CPUs, device: {device}")
-    width = max(len(r[0]) for r in rows)
-    print(header)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    env = {"nvcc": paths.nvcc_version(), "arch": arch, "cpus": os.cpu_count(), "gpu": gpu}
+    print(f"torch {torch.__version__}, nvcc {env['nvcc']}, arch {arch}, {env['cpus']} CPUs, "
+          f"device: {torch.cuda.get_device_name() if gpu else 'no GPU'}")
+    width = max(len(r["measure"]) for r in rows)
+    for r in rows:
+        print(f"{r['measure']:<{width}}  {r['value']:.2f} {r['unit']}")
     if not args.no_record:
-        record(rows, header, device)
-
-
-def record(rows: list[tuple[str, str]], header: str, device: str) -> None:
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"\n## bench_build: {device}, {date}, commit {git_commit()}\n",
-             f"`python3 bench/bench_build.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
-             "", header, "", "| measure | value |", "|---|---|"]
-    lines += [f"| {name} | {value} |" for name, value in rows]
-    path = Path(__file__).parent / "RESULTS.md"
-    with open(path, "a") as f:
-        f.write("\n".join(lines) + "\n")
-    print(f"appended to {path}")
+        provenance.write("bench_build", {**env, "serial": args.serial, "parallel": args.parallel,
+                                         "calls": args.calls, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@ Each phase runs in a fresh Python process, as a user would meet it:
   load      a new process with an empty cache dir of its own (the production box): torch_htam.load
             of the bundle, which brings the prebuilt launcher, so nothing is compiled
 Times are of the torch_htam call alone (imports and model construction excluded), in seconds. Each
-phase checks the result against the original model on a fresh input. Appends a table to RESULTS.md.
+phase checks the result against the original model on a fresh input. Writes the run's raw figures
+to bench/results/bench_deploy-<date>.json (bench/record.py): suite "bench_deploy", spec, steps,
+budget_s, rows = one dict per phase as the phase printed it (phase, seconds, swapped, tasks,
+kernels, rel_err, note; precompile_s in the warm phase's).
 """
 from __future__ import annotations
 
@@ -79,7 +82,7 @@ def main() -> int:
     ap.add_argument("spec", nargs="?", default=str(ROOT / "examples" / "gpt_block.py"))
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--budget", type=float, default=60.0, help="search seconds (cold phase)")
-    ap.add_argument("--no-record", action="store_true")
+    ap.add_argument("--no-record", action="store_true", help="do not write a file to bench/results/")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
@@ -96,9 +99,13 @@ def main() -> int:
     print(body)
     if not a.no_record:
         import record
-        record.append(f"deploy path, {Path(a.spec).name}", body,
-                      f"python3 bench/bench_deploy.py {a.spec if a.spec != str(ROOT / 'examples' / 'gpt_block.py') else ''}"
-                      f" --steps {a.steps} --budget {a.budget:g}".replace("  ", " "))
+        spec = a.spec
+        try:
+            spec = str(Path(a.spec).resolve().relative_to(ROOT))
+        except ValueError:
+            pass
+        record.write("bench_deploy", {"spec": spec, "steps": a.steps, "budget_s": a.budget,
+                                      "rows": [dict(r, label=name) for name, r in rows]})
     return 0
 
 

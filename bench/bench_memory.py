@@ -1,6 +1,6 @@
 """Memory ablation: the HTAM loop with the expert proposer under memory htg / flat / none.
 
-    python3 bench/bench_memory.py                       # on the GPU machine; appends to bench/RESULTS.md
+    python3 bench/bench_memory.py                       # on the GPU machine; writes bench/results/
     python3 bench/bench_memory.py --limit 6 --steps 3 --warm-passes 0 --no-record   # quick look
 
 Every arm gets a fresh HTG from the shipped prior, is warmed the same way (`--warm-passes` passes
@@ -16,11 +16,14 @@ all candidates that verified. Arms run one after another in one process, on one 
 The search's best speedup is the max of many noisy timings (the winner's curse), and an outlier in
 one arm decides its geomean; so after all arms, every arm's best kernel for a task is re-verified and
 re-timed in one batch (the same sources get the same figure): the "re-timed" columns compare arms.
+
+The raw figures go to bench/results/bench_memory-<date>.json (bench/record.py): suite
+"bench_memory", the run's settings, rows = one dict per arm (metrics() and retime(), without the
+kernel sources).
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import sys
 import time
@@ -123,11 +126,6 @@ def _expert():
     return ExpertProposer()
 
 
-def git_commit() -> str:
-    """HTAM_COMMIT on device copies (no .git), else git: bench/record.py decides."""
-    return provenance.commit()
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", type=Path, default=HERE / "tasks", help="folder of KernelBench *.py files")
@@ -142,7 +140,7 @@ def main() -> None:
     p.add_argument("--trajectories", type=Path, default=None, help="write JSONL trajectories here")
     p.add_argument("--save-memory", default=None, help="folder to save each arm's final HTG")
     p.add_argument("--no-progress", dest="progress", action="store_false")
-    p.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
+    p.add_argument("--no-record", action="store_true", help="do not write a file to bench/results/")
     args = p.parse_args()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in arms if a not in MODES]
@@ -163,7 +161,7 @@ def main() -> None:
         for mode in arms:
             rows.append(run_arm(mode, tasks, evaluator, args, args.trajectories))
             # NOTE: each arm's row as soon as it ends: two H100 runs were cut by their time
-            # limit before the final table and left nothing behind.
+            # limit before the final table and left nothing behind (docs/RESULTS_LOG.md).
             print(f"[{mode}] done: " + table(rows)[-1], flush=True)
         print("re-timing every arm's best kernels together", file=sys.stderr)
         retime(tasks, rows, evaluator)
@@ -175,21 +173,16 @@ def main() -> None:
         for e in r["errors"]:
             print(f"[{r['arm']}] {e}", file=sys.stderr)
     if not args.no_record:
-        record(lines + [""] + per_task_table(rows), device, len(tasks), args)
+        provenance.write("bench_memory", payload(rows, len(tasks), args))
 
 
-def record(lines: list[str], device: str, n_tasks: int, args) -> None:
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    head = [f"\n## bench_memory: {device}, {date}, commit {git_commit()}\n",
-            f"`python3 bench/bench_memory.py {' '.join(sys.argv[1:])}`".replace(" `", "`"), "",
-            f"{n_tasks} tasks, {args.steps} steps x {args.candidates} candidates, "
-            f"{args.warm_passes} warm-up pass(es), expert proposer, fresh HTG per arm. "
-            "correct / fast@1 / geomean are per task (best candidate); geomean counts a task "
-            "with no verified kernel as 1.0.", ""]
-    path = HERE / "RESULTS.md"
-    with open(path, "a") as f:
-        f.write("\n".join(head + lines) + "\n")
-    print(f"appended to {path}", file=sys.stderr)
+def payload(rows: list[dict], n_tasks: int, args) -> dict:
+    """The run's raw figures: per arm its metrics, per-task speedups (search and re-timed) and
+    errors; the kernel sources (best_src) stay out of the file."""
+    return {"tasks": n_tasks, "tasks_dir": str(args.tasks), "limit": args.limit, "steps": args.steps,
+            "candidates": args.candidates, "warm_passes": args.warm_passes,
+            "roofline_stop": args.roofline_stop, "task_time": args.task_time, "seed": args.seed,
+            "proposer": "expert", "rows": [{k: v for k, v in r.items() if k != "best_src"} for r in rows]}
 
 
 if __name__ == "__main__":

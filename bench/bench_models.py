@@ -4,8 +4,9 @@
 
 Each model is timed in this one process, all three arms on the same inputs (torch_htam.benchmark).
 The search budget per model is small here (the point is the end-to-end effect of what the built-in
-proposer finds); kernels land in the cache, so a second run measures the warm path. Appends one
-table to bench/RESULTS.md.
+proposer finds); kernels land in the cache, so a second run measures the warm path. Writes the
+run's raw figures to bench/results/bench_models-<date>.json (bench/record.py): suite "bench_models",
+budget_s, steps, iters, rows = one dict per model (data()).
 """
 from __future__ import annotations
 
@@ -36,18 +37,35 @@ def row(name: str, res) -> str:
             f"{res.fallback_calls} |")
 
 
+def data(name: str, res) -> dict:
+    """One model's figures as measured: per arm median / p20 / p80 ms and setup seconds, tasks
+    swapped, max relative error per arm, fallback calls, and the per-task table of the report."""
+    from dataclasses import asdict
+    a = res.arms
+    e, c, h = a["eager"], a["compile"], a["htam"]
+    return {"model": name, "device": res.device, "eager_ms": e.median_ms, "compile_ms": c.median_ms,
+            "htam_ms": h.median_ms,
+            # with nothing swapped the ratio to eager is noise: None (see row())
+            "vs_eager": e.median_ms / h.median_ms if res.swapped else None,
+            "vs_compile": c.median_ms / h.median_ms, "swapped": res.swapped, "tasks": len(res.tasks),
+            "optimize_s": h.setup_s, "compile_s": c.setup_s, "rel_err": res.max_rel_err.get("htam", 0.0),
+            "fallbacks": res.fallback_calls, "note": res.note,
+            "arms": {k: asdict(v) for k, v in a.items()}, "max_rel_err": dict(res.max_rel_err),
+            "task_rows": res.tasks}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="*", default=["gpt2:fp32", "gpt2:bf16", "resnet50:fp32"])
     ap.add_argument("--budget", type=float, default=120.0, help="search seconds per model")
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--no-record", action="store_true")
+    ap.add_argument("--no-record", action="store_true", help="do not write a file to bench/results/")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_models needs a CUDA GPU", file=sys.stderr)
         return 2
-    rows = []
+    rows, raw = [], []
     for spec in a.models:
         name, dtype = spec.split(":")
         t0 = time.perf_counter()
@@ -56,6 +74,7 @@ def main() -> int:
         res = bench_model(model, inputs, spec, cfg, iters=a.iters)
         print(format_table(res), f"\n({time.perf_counter() - t0:.0f} s)\n", flush=True)
         rows.append(row(spec, res))
+        raw.append(data(spec, res))
         print("ROW " + rows[-1], flush=True)     # a run cut by a time limit still shows its rows
         del model, inputs
         torch.cuda.empty_cache()
@@ -64,8 +83,8 @@ def main() -> int:
     table = head + "\n" + "\n".join(rows)
     print(table)
     if not a.no_record:
-        record.append("bench_models (end to end)", table + f"\n\nsearch budget {a.budget:.0f} s "
-                      f"and {a.steps} step(s) per model, built-in proposer, cold cache.")
+        record.write("bench_models", {"budget_s": a.budget, "steps": a.steps, "iters": a.iters,
+                                      "proposer": "expert", "rows": raw})
     return 0
 
 

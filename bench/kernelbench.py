@@ -1,7 +1,7 @@
 """KernelBench-format benchmark: HTAM search per task file, then eager vs torch.compile vs ours.
 
-    python3 bench/kernelbench.py                                  # bench/tasks, appends to RESULTS.md
-    python3 bench/kernelbench.py ~/KernelBench/KernelBench/level1 --limit 10 --llm --no-append
+    python3 bench/kernelbench.py                                  # bench/tasks, writes bench/results/
+    python3 bench/kernelbench.py ~/KernelBench/KernelBench/level1 --limit 10 --llm --no-write
     python3 bench/kernelbench.py --list                           # load + export only (no GPU needed)
 
 Each *.py in DIR is a KernelBench file (class Model, get_inputs(), get_init_inputs(); CPU tensors).
@@ -21,7 +21,8 @@ flush's write-back are a fixed cost no kernel of that size avoids, so this is th
 Summary: fast_1 = correct and faster than the arm; at_compile = at least AT_COMPILE of
 torch.compile's speed; geomean over tasks, where a task with no verified kernel runs eager (the
 runtime keeps PyTorch there). One task's failure (export error, crash) is reported in its row and
-the run goes on.
+the run goes on. The run's raw figures go to bench/results/kernelbench-<date>.json (bench/record.py;
+suite "kernelbench": config, wall_s, at_compile, summary, rows = Row.to_json() per task).
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ HERE = Path(__file__).resolve().parent
 DEVICE = "cuda"   # where the arms run; tests point it at the CPU with fakes for kernel and timer
 KIND_SHORT = {"elementwise": "elem", "rowwise": "row", "attention": "attn"}
 # NOTE: "level with torch.compile" means at least 0.98x of its time: the same kernel's median moves
-# by up to 2% between runs of this script (e.g. 0.0383 / 0.0385 ms, softmax fp32, RESULTS.md sweeps)
+# by up to 2% between runs of this script (e.g. 0.0383 / 0.0385 ms, softmax fp32: the sweeps in
+# docs/RESULTS_LOG.md)
 AT_COMPILE = 0.98
 NO_GPU = ("bench/kernelbench.py needs a CUDA GPU: candidates are verified and timed on it, and so are "
           "eager and torch.compile (torch {version} sees none). Run it on a GPU machine, or pass "
@@ -137,7 +139,7 @@ def summarize(rows: list[Row]) -> dict:
 
 
 def table(rows: list[Row]) -> list[str]:
-    """The per-task markdown table (stdout and RESULTS.md)."""
+    """The per-task markdown table (stdout)."""
     lines = ["| task | kind | dtype | eager ms | compile ms | compile s | ours ms | vs eager | "
              "vs compile | roofline | bw | bw@size | compile bw@size | ok | stop | cand | search s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -392,8 +394,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="search seconds for all tasks together, shared out evenly (unused time "
                         "rolls over); 0 or less = steps budget only")
     p.add_argument("--trajectories", type=Path, default=None, help="write JSONL search logs here")
-    p.add_argument("--out", type=Path, default=Path("kernelbench_results.json"), help="JSON results")
-    p.add_argument("--no-append", action="store_true", help="do not append to bench/RESULTS.md")
+    p.add_argument("--out", type=Path, default=None,
+                   help="also write the run's JSON here (besides bench/results/)")
+    p.add_argument("--no-write", action="store_true", help="do not write a file to bench/results/")
     p.add_argument("--list", action="store_true", help="only load and export the tasks (CPU is fine)")
     args = p.parse_args(argv)
     if args.time_budget is not None and args.time_budget <= 0:
@@ -404,7 +407,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     import torch
     args = parse_args(argv)
-    command = "python3 bench/kernelbench.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = record.command(None if argv is None else ["bench/kernelbench.py", *argv])
     if not args.list and not torch.cuda.is_available():
         raise SystemExit(NO_GPU.format(version=torch.__version__))
     t0 = time.monotonic()
@@ -431,27 +434,29 @@ def main(argv=None) -> int:
     wall = time.monotonic() - t0
     print(f"wall: {wall:.0f} s ({t_search:.0f} s loading + search, {wall - t_search:.0f} s timing)",
           file=sys.stderr)
-    write_json(args.out, command, args, rows, summary, wall)
-    if not args.no_append:
-        note = (f"{len(rows)} task files from `{args.dir.name}`, {args.steps} steps x {args.candidates} "
-                f"candidates, search budget {args.time_budget or 'none'} s, "
-                f"{'LLM' if args.llm else 'expert'} proposer, memory {args.memory}, torch "
-                f"{torch.__version__}. Eager, torch.compile (default mode) and ours timed in one "
-                f"process by timing.time_fn (L2 flushed, fresh inputs); total wall {wall:.0f} s.")
-        body = "\n".join([note, ""] + [f"- {e}" for e in errors] + [""] + lines + [""] + tail)
-        record.append("kernelbench", body, command)
-        print(f"appended to {record.RESULTS}", file=sys.stderr)
+    data = payload(args, rows, summary, wall)
+    if not args.no_write:
+        record.write("kernelbench", data, cmd=command)
+    if args.out:
+        write_json(args.out, command, data)
     return 0
 
 
-def write_json(path: Path, command: str, args, rows: list[Row], summary: dict, wall: float) -> None:
+def payload(args, rows: list[Row], summary: dict, wall: float) -> dict:
+    """The run's raw figures: every row as measured, the summary over them, the run's settings."""
+    return {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "proposer": "llm" if args.llm else "expert", "wall_s": wall, "at_compile": AT_COMPILE,
+            "summary": summary, "rows": [r.to_json() for r in rows]}
+
+
+def write_json(path: Path, command: str, data: dict) -> None:
+    """A copy of the run's JSON at a path of the user's choosing (--out), with its provenance."""
     import torch
-    data = {"command": command, "device": record.device(), "commit": record.commit(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
-            "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "wall_s": wall, "summary": summary, "rows": [r.to_json() for r in rows]}
+    full = {"suite": "kernelbench", "date": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+            "commit": record.commit(), "device": record.device(), "torch": torch.__version__,
+            "command": command, **data}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1))
+    path.write_text(json.dumps(full, indent=1))
     print(f"wrote {path}", file=sys.stderr)
 
 

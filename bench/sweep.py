@@ -9,7 +9,10 @@ Where the search tries a handful of settings per step, this builds the whole gri
 (static check, nvcc, the full verification protocol, timing against the reference in the same
 worker), and prints per task the best settings, the defaults' rank and each one's share of the
 measured copy bandwidth. It is how the expert's defaults and strategy moves are chosen from
-measurements; it does not touch the kernel cache.
+measurements; it does not touch the kernel cache. The raw figures go to
+bench/results/sweep-<date>.json (bench/record.py): suite "sweep", kinds, limit, where, tasks = one
+dict per task (task, kind, policy, bytes, settings, seconds, rows = every setting: params, default,
+reason, detail, kernel_ms, ref_ms, speedup, bw).
 """
 from __future__ import annotations
 
@@ -98,14 +101,14 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=48, help="settings of the grid per task, defaults first")
     ap.add_argument("--where", nargs="*", default=[], metavar="KEY=VALUE",
                     help="only settings with these params (e.g. tiled=True), besides the defaults")
-    ap.add_argument("--no-append", action="store_true", help="do not append to bench/RESULTS.md")
+    ap.add_argument("--no-write", action="store_true", help="do not write a file to bench/results/")
     args = ap.parse_args(argv)
     import torch
     from torch_htam.evaluation import Evaluator
     if not torch.cuda.is_available():
         print("bench/sweep.py needs a CUDA GPU (candidates are verified and timed on it).", file=sys.stderr)
         return 2
-    results, lines = [], []
+    results = []
     with Evaluator() as ev:
         for path in task_files(args.paths):
             try:
@@ -117,13 +120,12 @@ def main(argv=None) -> int:
             if res is None:
                 continue
             results.append(res)
-            part = report(res, args.top)
-            print("\n".join(part), flush=True)
-            lines += part
+            print("\n".join(report(res, args.top)), flush=True)
             if args.out:    # after every task: a sweep cut by a time limit keeps what it measured
                 Path(args.out).write_text(json.dumps(results, indent=1, default=str))
-    if lines and not args.no_append:
-        record.append("sweep (expert tuning grid)", "\n".join(lines))
+    if results and not args.no_write:
+        record.write("sweep", {"kinds": args.kinds, "limit": args.limit, "where": args.where,
+                               "tasks": json.loads(json.dumps(results, default=str))})
     return 0
 
 

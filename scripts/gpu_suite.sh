@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device-machine call: GPU tests, then the benchmarks named in $HTAM_BENCH (space-separated
-# bench/*.py scripts). Logs land in $OUT (fetched back); a short summary prints last.
+# bench/*.py scripts). Logs land in $OUT (fetched back); a short summary prints last. Each bench
+# script writes its run to bench/results/*.json; those files are copied to $OUT/results/: copy
+# them into bench/results/ of the checkout, run python3 bench/render.py and commit both.
 # Usage (device tool): bash scripts/gpu_suite.sh   with carry=[".whl"]
 set -u
 export PYTHONUNBUFFERED=1
@@ -19,4 +21,4 @@ for b in ${HTAM_BENCH:-}; do
   timeout ${HTAM_BENCH_TIMEOUT:-300} python3 "$b" 2>&1 | tee "$OUT/$(basename "$b" .py).log" | tail -n 30
   echo "$b: $(( $(date +%s) - T0 )) s"
 done
-cp bench/RESULTS.md "$OUT/RESULTS.md" 2>/dev/null || true
+mkdir -p "$OUT/results" && cp bench/results/*.json "$OUT/results/" 2>/dev/null || true

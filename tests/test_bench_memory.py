@@ -35,3 +35,15 @@ def test_retime_gives_equal_sources_equal_figures_in_one_batch_per_task():
     assert rows[0]["fast1_rt"] == 0.5 and abs(rows[0]["geomean_rt"] - (1.5 * 0.9) ** 0.5) < 1e-9
     assert rows[0]["geomean"] > 3           # the search's own figure kept the outlier
     assert "re-timed" in bm.table(rows)[0] and "1.50x" in bm.per_task_table(rows)[2]
+
+
+def test_payload_keeps_the_figures_and_leaves_the_kernel_sources_out():
+    import json
+    rows = [_row("htg", "fast", "slow", 1.6)]
+    bm.retime([SimpleNamespace(name="a"), SimpleNamespace(name="b")], rows, _Evaluator())
+    args = SimpleNamespace(tasks=Path("bench/tasks"), limit=2, steps=6, candidates=4, warm_passes=1,
+                           roofline_stop=None, task_time=None, seed=0)
+    data = json.loads(json.dumps(bm.payload(rows, 2, args)))
+    (r,) = data["rows"]
+    assert "best_src" not in r and r["arm"] == "htg" and r["per_task"] == {"a": 1.6, "b": 1.2}
+    assert r["per_task_rt"] == {"a": 1.5, "b": 0.9} and data["steps"] == 6 and data["tasks"] == 2

@@ -107,6 +107,20 @@ def test_table_and_summary_text():
     assert "tokens" not in "\n".join(kb.summary_lines(kb.summarize(rows), llm=False))
 
 
+def test_payload_is_the_raw_rows_and_renders_as_a_table():
+    render = importlib.util.module_from_spec(
+        spec := importlib.util.spec_from_file_location("bench_render", ROOT / "bench" / "render.py"))
+    spec.loader.exec_module(render)
+    rows = _rows()
+    args = kb.parse_args(["--steps", "1", "--no-write"])
+    data = json.loads(json.dumps(kb.payload(args, rows, kb.summarize(rows), 12.5)))
+    assert data["rows"][0]["eager_ms"] == 2.0 and data["rows"][0]["vs_compile"] == pytest.approx(1.25)
+    assert data["summary"]["correct"] == 3 and data["config"]["steps"] == 1 and data["wall_s"] == 12.5
+    assert data["config"]["dir"].endswith("tasks") and data["proposer"] == "expert"
+    text = "\n".join(render.section("kernelbench", Path("kernelbench-x.json"), data))
+    assert "| a | elementwise | fp32 | 2 | 1.25 | 3.0 | 1 | 2.00x | 1.25x | 80% | 80% |" in text
+
+
 def test_load_tasks_on_bench_tasks():
     loaded = kb.load_tasks(ROOT / "bench" / "tasks")
     assert len(loaded) == len(list((ROOT / "bench" / "tasks").glob("*.py"))) >= 20
@@ -231,13 +245,13 @@ def test_measure_rejects_a_kernel_whose_launch_disagrees(monkeypatch, on_cpu):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
 def test_without_gpu_exits_with_a_clear_message():
     with pytest.raises(SystemExit, match="needs a CUDA GPU.*--list"):
-        kb.main(["--limit", "1", "--no-append"])
+        kb.main(["--limit", "1", "--no-write"])
 
 
 @pytest.mark.gpu
 def test_small_run_on_gpu(tmp_path, capsys):
     out = tmp_path / "kb.json"
-    assert kb.main(["--limit", "3", "--steps", "0", "--candidates", "2", "--no-append",
+    assert kb.main(["--limit", "3", "--steps", "0", "--candidates", "2", "--no-write",
                     "--out", str(out), str(ROOT / "bench" / "tasks")]) == 0
     data = json.loads(out.read_text())
     assert data["summary"]["tasks"] == 3 and len(data["rows"]) == 3

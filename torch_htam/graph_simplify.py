@@ -3,8 +3,8 @@
 Tracing loses optimizations that eager code makes on data: HF models skip an all-ones attention
 mask, or use SDPA's causal kernel, after looking at the mask's values, which export cannot do. The
 exported graph then builds the mask from `arange` and passes SDPA an expanded (stride-0) boolean
-tensor. That is the same function but a slower path. Measured on an H100 (bench_models, this repo's
-RESULTS.md): with the masks in, BERT-base fp32's captured graph took 48.8 ms where its eager
+tensor. That is the same function but a slower path. Measured on an H100 (bench_models, archived in
+docs/RESULTS_LOG.md): with the masks in, BERT-base fp32's captured graph took 48.8 ms where its eager
 forward took 38.9 ms.
 
 `simplify_attention_masks` evaluates each SDPA mask that depends on no graph input and no weight

@@ -404,8 +404,8 @@ def _fetch_attrs(gm: fx.GraphModule, model: torch.nn.Module) -> Callable[[], tup
 
     NOTE: FX writes each get_attr as `getattr(self.layer1, "0").conv1.weight`, and every `.` on a
     module is a call of nn.Module.__getattr__. On an H100 host, ResNet-50's captured graph with no
-    kernel swapped ran 6.39 ms against eager's 5.95 ms with the same GPU kernels (RESULTS.md,
-    scripts/probe_captured.py): its 320 weight reads. Dict reads are ~10x cheaper and still live
+    kernel swapped ran 6.39 ms against eager's 5.95 ms with the same GPU kernels (docs/RESULTS_LOG.md,
+    captured-graph probe): its 320 weight reads. Dict reads are ~10x cheaper and still live
     (reassigning model.fc.weight or any submodule is seen next call). A read that no longer resolves
     that way (the model's structure changed), and tracing by torch.compile / export, take the
     getattr chain, which raises AttributeError as before for what is really gone.

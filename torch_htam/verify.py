@@ -274,7 +274,7 @@ def error_scale(err: torch.Tensor) -> torch.Tensor:
     NOTE: never below torch's own error at the element itself. A conv's error follows its channel's
     batch-norm scale, which no row x column product captures: at verification's outlier inputs the
     estimate gave 7.35 where torch's own error was 50.6, and rejected a result bitwise equal to
-    PyTorch's (cuDNN ran PyTorch's engine; scripts/conv_engines.py, H100).
+    PyTorch's (cuDNN ran PyTorch's engine; docs/RESULTS_LOG.md, H100).
 
         >>> error_scale(torch.tensor([[1e-6, 1e-4], [1e-8, 1e-6]])).tolist()
         [[1e-06, 0.0001], [1e-08, 1e-06]]

@@ -13,7 +13,7 @@
 // op like torch.relu; a pybind11 binding of launch() still cost 20 us. So the binding is a plain
 // CPython METH_FASTCALL function (no pybind11 overload dispatch or std::vector conversions), and
 // outputs come from at::detail::empty_cuda (the CUDA allocator without a dispatcher round trip).
-// launch_pybind stays for scripts/probe_overhead.py's side-by-side measurement.
+// (Figures: docs/RESULTS_LOG.md.)
 #include <dlfcn.h>
 
 #include <deque>
@@ -208,16 +208,6 @@ PyObject* py_launch(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs)
   END_HANDLE_TH_ERRORS
 }
 
-// The same through pybind11: only for scripts/probe_overhead.py's comparison.
-std::vector<at::Tensor> launch_pybind(int64_t handle, const std::vector<at::Tensor>& inputs,
-                                      const std::vector<int64_t>& out_meta) {
-  try {
-    return launch(handle, inputs, out_meta);
-  } catch (const c10::Error& e) {
-    throw std::runtime_error(e.what_without_backtrace());
-  }
-}
-
 PyMethodDef g_methods[] = {
     {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(py_launch)), METH_FASTCALL,
      "launch(handle, inputs, out_meta) -> list[Tensor], as htam::launch without the dispatcher"},
@@ -232,7 +222,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // NOTE: the GIL stays held: the call enqueues a kernel and never waits on the GPU, and a
   // release + reacquire would be paid on every call.
   if (PyModule_AddFunctions(m.ptr(), g_methods) != 0) throw pybind11::error_already_set();
-  m.def("launch_pybind", &launch_pybind, "launch through pybind11 (overhead comparison only)");
 }
 
 TORCH_LIBRARY(htam, m) {

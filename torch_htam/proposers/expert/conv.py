@@ -17,13 +17,13 @@ runs one of three ways (params["fused"], params["graph"]):
          x and w are copied to NHWC / KRSC (to_nhwc: a shared-memory transpose), cuDNN's conv runs
          in NHWC, the layout its tensor-core engines compute in (on NCHW tensors it transposes in
          and out itself: 16.6 + 10.7 us around a 24 us conv, bf16 [32, 64, 56, 56] 3x3, H100,
-         scripts/probe_conv_kernels.py), and pwconv.nhwc_epilogue's kernel reads the result back
+         docs/RESULTS_LOG.md), and pwconv.nhwc_epilogue's kernel reads the result back
          a tile at a time, folds batch norm, applies the epilogue and writes NCHW.
 (and params["tiled"]: a 1x1 conv as our own tiled tensor-core kernel, pwconv.py)
 
 Why the backend API: in cuDNN 9 the legacy calls cost host time. A whole conv+BN+ReLU kernel call
 took 383 us of host time on the legacy path, 53 us on this one, and eager PyTorch (conv, BN, ReLU)
-79 us (bf16, scripts/host_probe.py, H100); in ResNet-50 bf16 the legacy kernels made the swapped
+79 us (bf16, docs/RESULTS_LOG.md, H100); in ResNet-50 bf16 the legacy kernels made the swapped
 model host-bound (10.99 ms against 6.14 ms eager) although each conv was faster on the GPU. The
 backend path plans once per shape (tensor, convolution, operation graph, heuristics, execution
 plan) and per call only binds the pointers (a variant pack, rebuilt when a pointer changed) and
@@ -114,7 +114,7 @@ class ConvPlan:
         # heuristic engine, the one PyTorch runs; the search moves down the ranking (CONV_ALGOS)
         p.update(fused=False, graph=True, tf32=self.allow_tf32 and self.dtype == "float32", algo=0, nhwc=False)
         # our own tiled kernel for 1x1 convs (pwconv.py) where its tensor-core math is allowed: the
-        # fastest of bench/sweep.py's grid on an H100 (RESULTS.md, 2026-11-23, fba0674) for
+        # fastest of bench/sweep.py's grid on an H100 (docs/RESULTS_LOG.md) for
         # [32, 64 -> 256, 56, 56]: fp32 (3xTF32) 64x256 tiles, one per block, 0.0985 ms; bf16 with
         # the residual prefetched, 3 stages, persistent, 0.0545 ms (minb=3: 0.0540, within noise;
         # cuDNN + epilogue: 0.163 / 0.094).

@@ -36,7 +36,7 @@ def _default_row(info: PlanInfo) -> dict[str, Any]:
     fp32 rows, held 32 values a thread by one 1024-thread block per SM (_long_row_in_registers).
 
     Half-precision rows are held packed (two values per register), so a thread holds 32 of them
-    where it holds 16 fp32 values. Measured (bench/sweep.py, H100, RESULTS.md 2026-11-22): packed
+    where it holds 16 fp32 values. Measured (bench/sweep.py, H100, docs/RESULTS_LOG.md): packed
     took bf16 softmax from 52.6 to 31.1 us, RMSNorm [4096, 4096] from 36.7 to 31.2 us, and a
     768-wide LayerNorm was fastest warp-per-row with 32 values per thread (18.6 us vs 25.1 us).
     """
@@ -51,7 +51,7 @@ def _default_row(info: PlanInfo) -> dict[str, Any]:
         vec //= 2
     nv = -(-per_thread // vec)     # exact (768 = 32 x 8 x 3): a padded 4th chunk costs registers
     # NOTE: a row read once (mean(silu(x) * s)) gains nothing from registers: streaming it took
-    # 12.7 us against 14.3 us held ([4096, 768] fp32, bench/sweep.py, H100, RESULTS.md 2026-11-22).
+    # 12.7 us against 14.3 us held ([4096, 768] fp32, bench/sweep.py, H100, docs/RESULTS_LOG.md).
     stream = info.single_pass or (nv * vec > 16 and not (packed and tpr == 32 and nv * vec <= cap))
     # NOTE: a register-held row asks for 1024 resident threads (at most 64 registers): left alone,
     # ptxas unrolled the 768-wide bf16 LayerNorm into 254 registers with spills (21.2 us), capped it
@@ -60,7 +60,7 @@ def _default_row(info: PlanInfo) -> dict[str, Any]:
          "online": stream, "welford": stream, "nc": False, "waves": 0, "fast": info.sfu_math,
          "lazy": True, "packed": packed, "occ": 0 if stream else 1024, "rpg": 1, "memo": True}
     # NOTE: a 32000-wide fp32 log_softmax held this way took 54.2 us against 69.1 streamed
-    # (bench/sweep.py, H100, RESULTS.md 2026-11-23): one DRAM read of the row instead of two
+    # (bench/sweep.py, H100, docs/RESULTS_LOG.md): one DRAM read of the row instead of two
     return dict(p, **(_long_row_in_registers(info) or {}))
 
 
@@ -115,7 +115,7 @@ def _target(task, policy) -> _Target:
     if plan.kind == "elementwise":
         # NOTE: half-precision outputs take SFU math by default (tanh.approx: ~2^-11 relative
         # error under bf16's 2^-8 rounding): bias + GELU bf16 went 25.4 -> 21.9 us (bench/sweep.py,
-        # H100, RESULTS.md 2026-11-22); fp32 keeps the exact functions (its 1e-4 tolerance).
+        # H100, docs/RESULTS_LOG.md); fp32 keeps the exact functions (its 1e-4 tolerance).
         defaults = dataclasses.asdict(elementwise.EwParams(vec=info.vec16, fast=info.sfu_math))
         return _Target("elementwise", info, defaults, lambda p: elementwise.generate(
             plan, elementwise.EwParams(**p), info.low_precision))

@@ -158,7 +158,7 @@ __device__ __forceinline__ void load_stage(typename DT::raw* sA, typename DT::ra
 // (bit 12) and the hardware's truncation completes round-to-nearest-ties-away, as cvt.rna does
 // for every finite x; small is the exact remainder, truncated likewise. 6 instructions where
 // tf32() twice is 8 (sm_90 emulates cvt.rna with a finiteness test): the split's opcodes were 30%
-// of the fp32 kernel's instructions (ncu, RESULTS.md). An infinite x is carried by small alone
+// of the fp32 kernel's instructions (ncu, docs/RESULTS_LOG.md). An infinite x is carried by small alone
 // (big = 0): then w * x is big_w * inf, +-inf as in torch, where big = inf would add
 // small_w * inf, of either sign, and make inf - inf = NaN. A NaN x keeps small = NaN.
 __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {

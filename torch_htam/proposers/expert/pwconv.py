@@ -14,7 +14,7 @@ X stages and, with pre, its residual tile into shared memory. The epilogue reads
 from shared memory, VEC consecutive pixels of one channel per thread, JU rows at a time with all
 their global loads issued before any is used.
 
-Measured on an H100 (bench/RESULTS.md, 2026-11-23, 5dd01c1) for the bottleneck tail:
+Measured on an H100 (docs/RESULTS_LOG.md) for the bottleneck tail:
 0.0986 ms fp32 and 0.0545 ms bf16, against 0.164 / 0.094 ms for cuDNN + epilogue: 85% and 84% of
 a copy of the same bytes. ncu at b59ed5b had found it issue-bound at 2 blocks of 8 warps per SM
 (0.57 instructions issued per scheduler cycle, 43% of cycles with no eligible warp): in fp32 the
@@ -79,7 +79,7 @@ def pixel_varying(plan, i: int) -> bool:
 def channel_only(plan, i: int) -> bool:
     """Whether access i varies with the output channel alone (a bias, a batch-norm weight): the
     block stages its BM values in shared memory once per tile instead of each thread loading them
-    per row (a broadcast global load whose latency the epilogue waited on: ncu, RESULTS.md)."""
+    per row (a broadcast global load whose latency the epilogue waited on: ncu, docs/RESULTS_LOG.md)."""
     a = plan.accesses[i]
     return a.mode == "dims" and not {0, 2, 3} & set(a.dims)
 

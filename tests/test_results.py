@@ -1,0 +1,135 @@
+"""bench/render.py and bench/record.py: RESULTS.md generated from bench/results/*.json (on temp
+folders: nothing here writes into the repository)."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+render = _load("render")
+record = _load("record")
+
+
+def _run(folder: Path, name: str, suite: str, date: str, rows: list, **extra) -> Path:
+    data = {"suite": suite, "date": date, "commit": "abc1234", "device": "NVIDIA H100 80GB HBM3",
+            "torch": "2.14.1", "command": f"python3 bench/{suite}.py", "rows": rows, **extra}
+    path = folder / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture
+def runs(tmp_path):
+    d = tmp_path / "results"
+    d.mkdir()
+    # the older run's file name sorts last: the date decides, not the name
+    _run(d, "kernelbench-zzz.json", "kernelbench", "2027-01-01T10:00:00+00:00",
+         [{"name": "old_task", "kind": "rowwise", "ours_ms": 9.0, "correct": True}])
+    _run(d, "kernelbench-aaa.json", "kernelbench", "2027-01-02T10:00:00+00:00",
+         [{"name": "softmax", "kind": "rowwise", "dtype": "bf16", "eager_ms": 0.05, "ours_ms": 0.025,
+           "vs_eager": 2.0, "roofline": 0.8, "correct": True, "stop": "steps", "candidates": 8,
+           "search_s": 12.0, "error": None},
+          {"name": "conv", "kind": "conv", "correct": False, "error": "export: boom | bad"}],
+         summary={"tasks": 2, "geomean_eager": 1.41421356})
+    _run(d, "mystery-1.json", "mystery", "2027-01-01T00:00:00+00:00",
+         [{"a": 1, "b": "x", "nested": {"no": 1}}, {"a": 2.5, "c": True}])
+    return d
+
+
+def test_render_takes_the_latest_run_per_suite_and_writes_its_table(runs, tmp_path):
+    findings = tmp_path / "findings.md"
+    findings.write_text("## Findings\n\nsoftmax is at 80% of the roof.\n")
+    text = render.render(runs, findings)
+    assert text.splitlines()[0].startswith("<!-- GENERATED") and "do not edit by hand" in text.splitlines()[0]
+    assert "old_task" not in text and "9.0" not in text
+    assert "## kernelbench" in text and "bench/results/kernelbench-aaa.json" in text
+    assert "`python3 bench/kernelbench.py`" in text and "commit abc1234" in text
+    assert "| task | kind | dtype | eager ms |" in text
+    # columns no row has (compile ms, compile s) are left out; a missing value is "-"
+    assert "| softmax | rowwise | bf16 | 0.05 | 0.025 | 2.00x |" in text
+    assert "| conv | conv | - | - | - | - |" in text
+    assert "| 80% |" in text and "| y | steps | 8 | 12 |" in text
+    assert "export: boom \\| bad" in text                  # a cell's pipe does not split the table
+    assert "| geomean_eager | 1.414 |" in text
+    # an unknown suite: its rows' scalar fields, first-seen order; nested values left out
+    assert "## mystery" in text and "| a | b | c |" in text and "| 2.5 | - | y |" in text
+    assert "nested" not in text
+    assert text.index("## kernelbench") < text.index("## mystery") < text.index("softmax is at 80%")
+
+
+def test_no_runs_says_so(tmp_path):
+    text = render.render(tmp_path, None)
+    assert "No runs are recorded" in text and "docs/RESULTS_LOG.md" in text
+
+
+def test_check_fails_on_a_stale_file_and_passes_on_a_fresh_one(runs, tmp_path, capsys):
+    out, findings = tmp_path / "RESULTS.md", tmp_path / "findings.md"
+    args = ["--results", str(runs), "--findings", str(findings), "--out", str(out)]
+    assert render.main(args + ["--check"]) == 1                  # missing
+    assert "out of date: run python3 bench/render.py" in capsys.readouterr().err
+    assert render.main(args) == 0
+    assert render.main(args + ["--check"]) == 0
+    _run(runs, "kernelbench-new.json", "kernelbench", "2027-02-01T00:00:00+00:00", [{"name": "new"}])
+    assert render.main(args + ["--check"]) == 1                  # a newer run
+    assert render.main(args) == 0 and "| new |" in out.read_text()
+    out.write_text(out.read_text() + "hand edit\n")
+    assert render.main(args + ["--check"]) == 1
+
+
+def test_the_sweep_table_is_derived_per_task():
+    data = {"tasks": [{"task": "t", "kind": "rowwise", "policy": "bf16", "settings": 3, "seconds": 2.0, "rows": [
+        {"params": {"vec": 8, "packed": False}, "default": True, "kernel_ms": 0.04, "speedup": 0.75, "bw": 0.5},
+        {"params": {"vec": 8, "packed": True}, "default": False, "kernel_ms": 0.02, "speedup": 1.5, "bw": 0.9},
+        {"params": {"vec": 4, "packed": False}, "default": False, "kernel_ms": None}]}]}
+    (row,) = render.ROWS["sweep"](data)
+    assert row["best"] == "packed=True" and row["defaults_rank"] == 2 and row["verified"] == 2
+    assert row["best_ms"] == 0.02 and row["defaults_ms"] == 0.04
+    assert "| t | rowwise | bf16 | 2 | 3 | 2 | packed=True | 0.0200 | 0.0400 | 1.50x | 90% | 2 |" in \
+        "\n".join(render.table([row], render.COLUMNS["sweep"]))
+
+
+def test_record_write_puts_provenance_and_the_raw_payload(tmp_path, monkeypatch):
+    monkeypatch.setenv("HTAM_COMMIT", "deadbee")
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "bench" / "sweep.py"), "--top", "3"])
+    p1 = record.write("sweep", {"rows": [{"ms": 0.0123456789}], "where": Path("/x")}, tmp_path)
+    p2 = record.write("sweep", {"rows": []}, tmp_path)
+    assert p1 != p2 and p1.name.startswith("sweep-") and p1.suffix == ".json"
+    data = json.loads(p1.read_text())
+    assert data["suite"] == "sweep" and data["commit"] == "deadbee" and data["device"]
+    assert data["date"].endswith("+00:00") and data["torch"]
+    assert data["command"] == "python3 bench/sweep.py --top 3"
+    assert data["rows"] == [{"ms": 0.0123456789}] and data["where"] == "/x"
+    assert render.load(tmp_path)["sweep"][0] == p2           # same second: the later file wins
+
+
+def test_the_committed_results_md_is_up_to_date():
+    assert render.main(["--check"]) == 0, render.STALE
+
+
+def test_bench_models_data_is_raw_and_renders():
+    from torch_htam.benchmark import ArmTime, BenchResult
+    sys.path.insert(0, str(ROOT / "bench"))
+    bench_models = _load("bench_models")
+    arms = {"eager": ArmTime(10.0, 9.0, 11.0), "compile": ArmTime(5.0, 4.9, 5.1, 20.0),
+            "htam": ArmTime(8.0, 7.5, 9.0, 60.0)}
+    tasks = [{"task": "rowwise_rms_norm", "count": 8, "status": "swapped", "speedup": 3.4}]
+    res = BenchResult("m", "GPU", arms, tasks, {"compile": 1e-6, "htam": 2e-6})
+    row = json.loads(json.dumps(bench_models.data("gpt2:bf16", res)))
+    assert row["eager_ms"] == 10.0 and row["vs_eager"] == 1.25 and row["swapped"] == 1
+    assert row["optimize_s"] == 60.0 and row["arms"]["htam"]["p80_ms"] == 9.0
+    assert row["task_rows"] == tasks
+    res.tasks = [dict(tasks[0], status="no kernel")]
+    assert bench_models.data("m", res)["vs_eager"] is None      # nothing swapped: no ratio
+    text = "\n".join(render.table([row], render.COLUMNS["bench_models"]))
+    assert "| gpt2:bf16 | 10.00 | 5.00 | 8.00 | 1.25x | 0.62x | 1 | 1 | 60 | 20 | 2.0e-06 | 0 | - |" in text
