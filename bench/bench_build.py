@@ -158,14 +158,15 @@ def bench_overhead(arch: str, calls: int) -> dict:
 
 def swapped_relu(kernel: launcher.Kernel, x: torch.Tensor) -> tuple[torch.fx.GraphModule, torch.nn.Module]:
     """relu(x) captured and swapped for `kernel`: the runtime's graph alone, and installed in a model."""
-    from torch_htam import capture, runtime, task
-    cap = capture.capture(Relu(), (x,))
-    tasks = task.tasks_from_capture(cap)
-    assert len(tasks) == 1, tasks
-    sig = tasks[0].signature
-    gm, swapped = runtime.swap(cap.graphs[0], {sig: kernel})
+    from torch_htam import runtime
+    from torch_htam.extract import extract
+    model = Relu()
+    found = extract(model, (x,))
+    assert len(found.tasks) == 1, found.tasks
+    sig = found.tasks[0].signature
+    gm, swapped = runtime.swap(found.capture.graphs[0], found.sites_of(0), {sig: kernel})
     assert len(swapped) == 1, gm.htam_load_errors
-    return gm, runtime.install(Relu(), cap, {sig: kernel})
+    return gm, runtime.install(model, found, {sig: kernel})
 
 
 def main() -> None:

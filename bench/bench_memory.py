@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 
 def load_tasks(folder: Path, limit: int | None) -> list:
     """Every KernelBench-style *.py in `folder` as a Task named after its file."""
-    from torch_htam.task import task_from_source
+    from torch_htam.extract import task_from_source
     files = sorted(folder.glob("*.py"))[:limit]
     if not files:
         raise SystemExit(f"no task files (*.py) in {folder}; pass --tasks DIR")

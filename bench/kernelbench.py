@@ -186,7 +186,7 @@ def load_tasks(folder: Path, limit: int | None = None) -> list[tuple[Row, object
         [('conv_bn_add_relu_fp32', 'conv'), ('conv_bn_relu_fp32', 'conv')]
     """
     from torch_htam.policy import policy_for
-    from torch_htam.task import task_from_source
+    from torch_htam.extract import task_from_source
     files = sorted(p for p in folder.glob("*.py") if not p.name.startswith("__"))[:limit]
     if not files:
         raise SystemExit(f"no KernelBench task files (*.py) in {folder}: pass the folder that holds "

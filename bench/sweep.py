@@ -49,7 +49,7 @@ def sweep_task(path: Path, ev, kinds: set[str] | None, limit: int = 48, where: d
     from torch_htam.policy import policy_for
     from torch_htam.proposers.expert.ir import Unsupported
     from torch_htam.proposers.expert.proposer import _target, tuning_grid
-    from torch_htam.task import task_from_source
+    from torch_htam.extract import task_from_source
     task = task_from_source(path.read_text(), path.stem)
     pol = policy_for(task)
     tgt = _target(task, pol)

@@ -10,7 +10,7 @@ sys.path.insert(0, ".")
 from torch_htam import build, launcher  # noqa: E402
 from torch_htam.policy import policy_for  # noqa: E402
 from torch_htam.proposers.expert.proposer import _target  # noqa: E402
-from torch_htam.task import task_from_source  # noqa: E402
+from torch_htam.extract import task_from_source  # noqa: E402
 from torch_htam.verify import make_input, _fresh_outputs  # noqa: E402
 
 VARIANTS = {

@@ -9,7 +9,7 @@ sys.path.insert(0, ".")
 from torch_htam import build, launcher
 from torch_htam.policy import policy_for
 from torch_htam.proposers.expert.proposer import _target
-from torch_htam.task import task_from_source
+from torch_htam.extract import task_from_source
 from torch_htam.verify import make_input, _fresh_outputs
 
 for stem, variants in (("rw_layernorm_bf16", [{}, {"memo": False}, {"occ": 1024}, {"rows_per_block": 8}]),

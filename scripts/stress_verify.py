@@ -15,7 +15,8 @@ from torch_htam.launcher import Kernel  # noqa: E402
 from torch_htam.policy import policy_for  # noqa: E402
 from torch_htam.proposers.base import ProposalRequest  # noqa: E402
 from torch_htam.proposers.expert import ExpertProposer  # noqa: E402
-from torch_htam.task import load_reference, task_from_source  # noqa: E402
+from torch_htam.extract import task_from_source  # noqa: E402
+from torch_htam.task import load_reference  # noqa: E402
 
 DIRS = {"seed": [], "parallel_mapping": ["warp_per_row", "block_per_row"],
         "reduction_strategy": ["warp_shuffle_reduction", "online_softmax", "welford_statistics"],

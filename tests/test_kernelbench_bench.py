@@ -186,7 +186,7 @@ def on_cpu(monkeypatch):
 
 
 def _softmax_task():
-    from torch_htam.task import task_from_source
+    from torch_htam.extract import task_from_source
     task = task_from_source((ROOT / "bench" / "tasks" / "rw_softmax_fp32.py").read_text(), "softmax")
     return kb.Row(task.name, task.kind, "fp32"), task
 
