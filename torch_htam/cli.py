@@ -98,12 +98,13 @@ def _cmd_precompile(args) -> int:
     if arch is None and gpu.detect() is None:
         raise CliError("no CUDA GPU detected: pass --arch (e.g. sm_90a) to bundle kernels already "
                        "cached for that arch")
-    kwargs = {}
-    if arch is not None:
-        if "arch" not in inspect.signature(precompile).parameters:
-            raise CliError("this torch_htam's precompile() takes no arch yet: run on the GPU "
-                           "whose arch you want, without --arch / $HTAM_ARCH")
-        kwargs["arch"] = arch
+    # NOTE: pipeline.precompile gains `arch` separately; until then $HTAM_ARCH still reaches it
+    # through gpu.detect(), and only an explicit --arch needs the keyword.
+    takes_arch = "arch" in inspect.signature(precompile).parameters
+    if args.arch and not takes_arch:
+        raise CliError("this torch_htam's precompile() takes no arch yet: run on the GPU whose "
+                       "arch you want, without --arch")
+    kwargs = {"arch": arch} if arch and takes_arch else {}
     model, inputs = _load_model(args)
     out = precompile(model, inputs, args.out, _config(args), **kwargs)
     print(f"bundle written to {out}")
