@@ -126,7 +126,7 @@ def test_missing_manifest_and_tampered_record(cache, tmp_path):
 def test_cli(cache, tmp_path, capsys, monkeypatch):
     put(cache, tmp_path, "a" * 32, speedup=1.84)
     put(cache, tmp_path, "b" * 32)
-    monkeypatch.setattr("torch_htam.cache._caches", lambda arch: [cache])
+    monkeypatch.setattr("torch_htam.cache._cli_cache", lambda arch: cache)
     assert cli_main(["ls"]) == 0
     out = capsys.readouterr().out
     assert "a" * 16 in out and "gelu_bias" in out and "1.84x" in out and "fp32" in out
@@ -143,7 +143,7 @@ def test_cli(cache, tmp_path, capsys, monkeypatch):
 
 def test_cli_clear_asks_on_a_tty(cache, tmp_path, capsys, monkeypatch):
     put(cache, tmp_path, "a" * 32)
-    monkeypatch.setattr("torch_htam.cache._caches", lambda arch: [cache])
+    monkeypatch.setattr("torch_htam.cache._cli_cache", lambda arch: cache)
     tty = io.StringIO("n\n")
     tty.isatty = lambda: True
     monkeypatch.setattr(sys, "stdin", tty)
@@ -151,16 +151,21 @@ def test_cli_clear_asks_on_a_tty(cache, tmp_path, capsys, monkeypatch):
     assert cli_main(["clear", "--yes"]) == 0 and cache.ls() == []
 
 
-def test_cli_arch_dirs_without_gpu(tmp_path, capsys, monkeypatch):
+def test_cli_arch_without_gpu(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path / "root"))
     monkeypatch.delenv("HTAM_ARCH", raising=False)
     monkeypatch.setattr("torch_htam.gpu.detect", lambda device=0: None)
     c = KernelCache("sm_80")
     put(c, tmp_path, "c" * 32)
-    assert cli_main(["ls"]) == 0
+    assert cli_main(["ls"]) == 1                                  # which arch? it says, and lists
+    err = capsys.readouterr().err
+    assert "pass --arch" in err and "sm_80" in err
+    assert cli_main(["ls", "--arch", "sm_80"]) == 0
     out = capsys.readouterr().out
     assert "sm_80-" in out and "c" * 16 in out
-    assert cli_main(["ls", "--arch", "sm_90a"]) == 0 and "(0 kernels)" in capsys.readouterr().out
+    monkeypatch.setenv("HTAM_ARCH", "sm_80")
+    assert cli_main(["ls"]) == 0 and "c" * 16 in capsys.readouterr().out
+    assert cli_main(["ls", "--arch", "sm_90a"]) == 0 and "empty" in capsys.readouterr().out
 
 
 # ---- seeds (csrc_cache/) ----------------------------------------------------------------------
@@ -222,3 +227,31 @@ def test_the_test_session_never_writes_the_users_cache():
     root = paths.cache_root().resolve()
     assert str(root).startswith(str(Path(tempfile.gettempdir()).resolve()))
     assert not str(root).startswith(str((Path.home() / ".cache").resolve()))
+
+
+def test_cli_rm(cache, tmp_path, capsys, monkeypatch):
+    put(cache, tmp_path, "ab" + "1" * 30)
+    put(cache, tmp_path, "ab" + "2" * 30)
+    put(cache, tmp_path, "cd" + "3" * 30)
+    monkeypatch.setattr("torch_htam.cache._cli_cache", lambda arch: cache)
+    assert cli_main(["rm", "ab"]) == 1                       # ambiguous: says which
+    err = capsys.readouterr().err
+    assert "ab" + "1" * 14 in err and "ab" + "2" * 14 in err and len(cache.signatures()) == 3
+    assert cli_main(["rm", "ff"]) == 1 and "no cache entry" in capsys.readouterr().err
+    assert cli_main(["rm", "ab2"]) == 0 and "removed" in capsys.readouterr().out
+    assert cache.signatures() == ["ab" + "1" * 30, "cd" + "3" * 30]
+    assert cli_main(["rm", "cd" + "3" * 30]) == 0            # a full signature
+    assert cache.signatures() == ["ab" + "1" * 30]
+    (cache.kernels / ("ab" + "1" * 30) / "kernel.cu").write_text("tampered")
+    assert cli_main(["verify"]) == 1
+    assert cli_main(["rm", "ab1"]) == 0 and cache.signatures() == []   # a corrupt entry too
+    assert cli_main(["rm", ""]) == 1
+
+
+def test_remove_prefix_holds_the_writers_lock(cache, tmp_path, monkeypatch):
+    put(cache, tmp_path, "a" * 32)
+    seen = []
+    real = cache._lock
+    monkeypatch.setattr(cache, "_lock", lambda exclusive: seen.append(exclusive) or real(exclusive))
+    assert cache.remove_prefix("aaa") == ("a" * 32, ["a" * 32])
+    assert seen == [True] and cache.signatures() == []

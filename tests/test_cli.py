@@ -29,13 +29,6 @@ def test_plan_of_a_missing_file_says_so(capsys):
     assert "no/such/model.py" in captured.out + captured.err
 
 
-def test_optimize_without_gpu_reports_the_original_path(monkeypatch, capsys, tmp_path):
-    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert main(["optimize", "examples/gpt_block.py", "--steps", "1"]) == 0
-    assert "no CUDA GPU" in capsys.readouterr().out
-
-
 def test_bench_needs_a_gpu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["bench", "examples/gpt_block.py"]) == 2
@@ -47,6 +40,8 @@ def test_commands_load_the_model_on_cuda_when_there_is_one(monkeypatch):
     from torch_htam import cli
     seen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr("torch_htam.gpu.detect", lambda device=0: object())
     monkeypatch.setattr("torch_htam.modelspec.load_model_spec",
                         lambda spec, device=None, dtype=None: seen.append(device) or (_ for _ in ()).throw(SystemExit(0)))
     for cmd in (["optimize", "m.py"], ["precompile", "m.py", "--out", "b"], ["optimize", "m.py", "--device", "cuda:1"]):
@@ -55,11 +50,189 @@ def test_commands_load_the_model_on_cuda_when_there_is_one(monkeypatch):
     assert seen == ["cuda", "cuda", "cuda:1"]
 
 
-def test_cache_ls_on_an_empty_cache(monkeypatch, tmp_path):
-    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path))
-    assert main(["cache", "ls", "--arch", "sm_90a"]) == 0
-
-
 def test_bad_memory_mode_is_rejected_by_argparse():
     with pytest.raises(SystemExit):
         main(["optimize", "examples/gpt_block.py", "--memory", "graph"])
+
+
+# ---- every command that loads a model: one helper, clean errors, no traceback -------------------
+
+def _no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("HTAM_ARCH", raising=False)
+
+
+@pytest.mark.parametrize("cmd", [["plan"], ["optimize"], ["precompile", "--out", "b", "--arch", "sm_90a"],
+                                 ["bench"]])
+def test_device_cuda_without_a_gpu_is_a_clean_error(monkeypatch, capsys, cmd):
+    _no_gpu(monkeypatch)
+    code = main([cmd[0], "examples/gpt_block.py", "--device", "cuda", *cmd[1:]])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "error: --device cuda: no CUDA device is available here" in captured.err
+    assert "use --device cpu" in captured.err and "Traceback" not in captured.out + captured.err
+
+
+def test_device_index_past_the_last_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main(["optimize", "examples/gpt_block.py", "--device", "cuda:3"]) == 1
+    assert "--device cuda:3" in capsys.readouterr().err
+
+
+def test_unknown_device_string(capsys):
+    assert main(["plan", "examples/gpt_block.py", "--device", "gpu0"]) == 1
+    assert "error: --device gpu0" in capsys.readouterr().err
+
+
+def test_syntax_error_in_the_model_file(tmp_path, capsys):
+    bad = tmp_path / "x.py"
+    bad.write_text("import torch\n\ndef get_model(:\n    pass\n")
+    for cmd in ("plan", "optimize"):
+        assert main([cmd, str(bad), "--device", "cpu"]) == 1
+        err = capsys.readouterr().err
+        assert f"error: {bad}:3: " in err and "(could not import the model file)" in err
+        assert "get_model() raised" not in err and "Traceback" not in err
+
+
+def test_import_error_in_the_model_file(tmp_path, capsys):
+    bad = tmp_path / "x.py"
+    bad.write_text("import torch\nimport no_such_module_xyz\n")
+    assert main(["plan", str(bad), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert f"could not import {bad}: " in err and "no_such_module_xyz" in err
+    assert "get_model() raised" not in err
+
+
+def test_get_model_raising_is_reported_as_such(tmp_path, capsys):
+    bad = tmp_path / "x.py"
+    bad.write_text("def get_model():\n    raise ValueError('bad config')\n")
+    assert main(["optimize", str(bad), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "get_model() raised ValueError: bad config" in err and "Traceback" not in err
+
+
+# ---- optimize: exit 3 when nothing was swapped ----------------------------------------------------
+
+def test_optimize_that_swapped_nothing_exits_3(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path))
+    _no_gpu(monkeypatch)
+    assert main(["optimize", "examples/gpt_block.py", "--steps", "1"]) == 3
+    out = capsys.readouterr().out
+    assert "0 region(s) swapped" in out and "no CUDA GPU" in out   # the report, with its reason
+
+
+def test_optimize_that_swapped_exits_0(monkeypatch, capsys):
+    from torch_htam.runtime import Report
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr("torch_htam.gpu.detect", lambda device=0: object())
+    monkeypatch.setattr("torch_htam.modelspec.load_model_spec",
+                        lambda spec, device=None, dtype=None: (torch.nn.Linear(2, 2), (torch.randn(1, 2),)))
+
+    def fake_optimize(model, inputs, cfg):
+        model.htam_report = Report(method="export", swapped=2)
+        return model
+    monkeypatch.setattr("torch_htam.pipeline.optimize", fake_optimize)
+    assert main(["optimize", "m.py"]) == 0
+    assert "2 region(s) swapped" in capsys.readouterr().out
+
+
+# ---- precompile: --arch, an empty bundle, no GPU ---------------------------------------------------
+
+def _fake_model(monkeypatch):
+    monkeypatch.setattr("torch_htam.modelspec.load_model_spec",
+                        lambda spec, device=None, dtype=None: (torch.nn.Linear(2, 2), (torch.randn(1, 2),)))
+
+
+def test_precompile_passes_arch(monkeypatch, capsys, tmp_path):
+    _no_gpu(monkeypatch)
+    _fake_model(monkeypatch)
+    seen = {}
+
+    def fake_precompile(model, inputs, out_dir, config=None, arch=None):
+        seen.update(out_dir=out_dir, arch=arch)
+        return tmp_path / "b"
+    monkeypatch.setattr("torch_htam.pipeline.precompile", fake_precompile)
+    assert main(["precompile", "m.py", "--out", "b", "--arch", "sm_90a"]) == 0
+    assert seen == {"out_dir": "b", "arch": "sm_90a"}
+    assert "bundle written to" in capsys.readouterr().out
+
+
+def test_precompile_of_an_empty_bundle_is_an_error(monkeypatch, capsys):
+    from torch_htam.errors import EmptyBundleError
+    _no_gpu(monkeypatch)
+    _fake_model(monkeypatch)
+
+    def fake_precompile(model, inputs, out_dir, config=None, arch=None):
+        raise EmptyBundleError("no kernel cached for sm_90a: run `torch-htam optimize` on that GPU")
+    monkeypatch.setattr("torch_htam.pipeline.precompile", fake_precompile)
+    assert main(["precompile", "m.py", "--out", "b", "--arch", "sm_90a"]) == 1
+    captured = capsys.readouterr()
+    assert "error: no kernel cached for sm_90a" in captured.err
+    assert "bundle written" not in captured.out
+
+
+def test_precompile_without_gpu_or_arch(monkeypatch, capsys):
+    _no_gpu(monkeypatch)
+    called = []
+    monkeypatch.setattr("torch_htam.pipeline.precompile", lambda *a, **k: called.append(a))
+    assert main(["precompile", "examples/gpt_block.py", "--out", "b"]) == 1
+    assert ("error: no CUDA GPU detected: pass --arch (e.g. sm_90a) to bundle kernels already "
+            "cached for that arch") in capsys.readouterr().err
+    assert called == []
+
+
+# ---- help: exit codes listed, cache subcommands real, no torch import -----------------------------
+
+def test_help_lists_exit_codes(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "exit codes" in out and "3 " in out and "130" in out
+
+
+def test_cache_help_lists_its_subcommands(capsys):
+    with pytest.raises(SystemExit):
+        main(["cache", "--help"])
+    out = capsys.readouterr().out
+    for cmd in ("ls", "show", "rm", "clear", "verify"):
+        assert cmd in out
+    assert "rest" not in out
+
+
+def test_cli_help_imports_no_torch():
+    # NOTE: a bare package module stands in for torch_htam/__init__.py (which imports torch for
+    # Precision/Task): what is tested here is that cli.py itself keeps its imports lazy.
+    code = ("import sys, types, importlib.util\n"
+            "spec = importlib.util.find_spec('torch_htam')\n"
+            "pkg = types.ModuleType('torch_htam'); pkg.__path__ = list(spec.submodule_search_locations)\n"
+            "sys.modules['torch_htam'] = pkg\n"
+            "import torch_htam.cli as cli\n"
+            "for argv in (['--help'], ['cache', '--help'], ['optimize', '--help']):\n"
+            "    try: cli.main(argv)\n"
+            "    except SystemExit: pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+# ---- cache ------------------------------------------------------------------------------------------
+
+def test_cache_ls_on_an_empty_cache_says_where_and_how_to_fill_it(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path))
+    assert main(["cache", "ls", "--arch", "sm_90a"]) == 0
+    out = capsys.readouterr().out
+    from torch_htam import paths
+    assert str(paths.arch_dir("sm_90a")) in out and "empty" in out
+    assert "torch-htam optimize MODEL" in out
+
+
+def test_cache_without_gpu_or_arch_asks_for_arch(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path))
+    _no_gpu(monkeypatch)
+    assert main(["cache", "ls"]) == 1
+    assert "--arch" in capsys.readouterr().err
+    monkeypatch.setenv("HTAM_ARCH", "sm_80")
+    assert main(["cache", "ls"]) == 0
+    assert "sm_80-" in capsys.readouterr().out

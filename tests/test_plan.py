@@ -58,10 +58,10 @@ def test_uncapturable_model_gives_message_and_empty_plan(tmp_path, fn):
 
 
 def test_bad_specs_are_clear(tmp_path):
-    code, text = plan(str(tmp_path / "missing.py"))
-    assert code == 1 and "does not exist" in text
-    code, text = plan(f"{GPT}:nope")
-    assert code == 1 and "no function 'nope'" in text
+    with pytest.raises(ModelSpecError, match="does not exist"):
+        plan(str(tmp_path / "missing.py"))
+    with pytest.raises(ModelSpecError, match="no function 'nope'"):
+        plan(f"{GPT}:nope")
     with pytest.raises(ModelSpecError, match="cannot import"):
         load_model_spec("no_such_module_xyz:get_model")
 

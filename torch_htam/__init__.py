@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import importlib
 
-from torch_htam.evaluation import Evaluation
-from torch_htam.policy import Precision
-from torch_htam.task import Task, TensorSpec
-
 from torch_htam.version import __version__
 
 _LAZY = {
+    "Evaluation": "torch_htam.evaluation", "Precision": "torch_htam.policy",
+    "Task": "torch_htam.task", "TensorSpec": "torch_htam.task", "backend": "torch_htam.backend",
     "optimize": "torch_htam.pipeline", "precompile": "torch_htam.pipeline",
     "OptimizeConfig": "torch_htam.pipeline", "extract_tasks": "torch_htam.extract",
     "evaluate": "torch_htam.evaluation", "load": "torch_htam.bundle",
@@ -27,7 +25,7 @@ _LAZY = {
     "capture": "torch_htam.capture",
 }
 
-__all__ = ["Evaluation", "Precision", "Task", "TensorSpec", *_LAZY]
+__all__ = [*_LAZY]
 
 
 def __getattr__(name: str):

@@ -184,7 +184,8 @@ class KernelCache:
                         "re-verified before use (%s)", signature[:16], entry.problem, entry.path)
             return entry
         log.warning("torch_htam cache: ignoring corrupt entry %s: %s. Remove it with "
-                    "`torch-htam cache clear` or delete %s", signature[:16], entry.problem, entry.path)
+                    "`torch-htam cache rm %s` or delete %s", signature[:16], entry.problem,
+                    signature[:16], entry.path)
         return None
 
     def signatures(self) -> list[str]:
@@ -245,6 +246,27 @@ class KernelCache:
             shutil.rmtree(d)
             return True
 
+    def matching(self, prefix: str) -> list[str]:
+        """The signatures that start with `prefix` (just `prefix` when it is a whole signature)."""
+        sigs = self.signatures()
+        return [prefix] if prefix in sigs else [s for s in sigs if s.startswith(prefix)]
+
+    def remove_prefix(self, prefix: str) -> tuple[str | None, list[str]]:
+        """Remove the one entry whose signature is or starts with `prefix`, under the writers' lock
+        (so no put() of it is half done and nobody reads it meanwhile).
+
+        Returns (the removed signature, [it]); (None, matches) when none or several match, and
+        then nothing is removed. Corrupt entries are removed like intact ones.
+        """
+        if not prefix:
+            return None, []
+        with self._lock(exclusive=True):
+            matches = self.matching(prefix)
+            if len(matches) != 1:
+                return None, matches
+            shutil.rmtree(self.kernels / matches[0])
+            return matches[0], matches
+
     def clear(self) -> int:
         """Remove every entry (and stray temporaries); returns how many entries there were."""
         with self._lock(exclusive=True):
@@ -291,17 +313,25 @@ def _replace_dir(new: Path, dest: Path) -> None:
 
 
 # ---- torch-htam cache ... -------------------------------------------------------------------------
+# The argparse side lives in cli.py (so `--help` imports nothing heavy); these run the subcommands.
 
-def _caches(arch: str | None) -> list[KernelCache]:
-    """The cache for `arch`, else this GPU's, else every arch folder under the cache root."""
+class CacheCliError(Exception):
+    """A `torch-htam cache` command that cannot be done; the CLI prints `error: <message>`, exit 1."""
+
+
+def _cli_cache(arch: str | None) -> KernelCache:
+    """The cache for --arch, else this GPU's arch, else $HTAM_ARCH; else an error naming --arch."""
     if arch:
-        return [KernelCache(arch)]
+        return KernelCache(arch)
     try:
-        return [KernelCache(default_arch())]
+        return KernelCache(default_arch())
     except RuntimeError:
         root = paths.cache_root()
-        dirs = sorted(p for p in root.iterdir() if (p / "kernels").is_dir()) if root.is_dir() else []
-        return [KernelCache(d.name.split("-")[0], root=d) for d in dirs]
+        found = sorted({p.name.split("-")[0] for p in root.iterdir() if (p / "kernels").is_dir()}
+                       ) if root.is_dir() else []
+        raise CacheCliError("no CUDA GPU detected and $HTAM_ARCH is not set: pass --arch (e.g. "
+                            "--arch sm_90a) to say which arch's kernel cache to use"
+                            + (f"; {root} has caches for: {', '.join(found)}" if found else "")) from None
 
 
 def _fmt_size(n: int) -> str:
@@ -312,29 +342,36 @@ def _fmt_size(n: int) -> str:
     return f"{n:.1f} GiB"
 
 
-def _cmd_ls(caches: list[KernelCache]) -> int:
-    for cache in caches:
-        entries = cache.ls()
-        print(f"{cache.root}  ({len(entries)} kernels)")
-        if not entries:
-            continue
-        print(f"  {'signature':16}  {'task':28}  {'speedup':>7}  {'policy':6}  {'date':25}  {'size':>9}  status")
-        for e in entries:
-            sp = f"{e.speedup:.2f}x" if e.speedup else "-"
-            status = "ok" if e.problem is None else ("REBUILD: " if e.needs_rebuild else "CORRUPT: ") + e.problem
-            print(f"  {e.signature[:16]:16}  {e.name[:28]:28}  {sp:>7}  {e.policy:6}  {e.date:25}  "
-                  f"{_fmt_size(e.size_bytes):>9}  {status}")
+def _cmd_ls(cache: KernelCache) -> int:
+    entries = cache.ls()
+    if not entries:
+        print(f"{cache.root}: empty, no kernels cached for {cache.arch} with this toolchain; "
+              "fill it with `torch-htam optimize MODEL`")
+        return 0
+    print(f"{cache.root}  ({len(entries)} kernels)")
+    print(f"  {'signature':16}  {'task':28}  {'speedup':>7}  {'policy':6}  {'date':25}  {'size':>9}  status")
+    for e in entries:
+        sp = f"{e.speedup:.2f}x" if e.speedup else "-"
+        status = "ok" if e.problem is None else ("REBUILD: " if e.needs_rebuild else "CORRUPT: ") + e.problem
+        print(f"  {e.signature[:16]:16}  {e.name[:28]:28}  {sp:>7}  {e.policy:6}  {e.date:25}  "
+              f"{_fmt_size(e.size_bytes):>9}  {status}")
     return 0
 
 
-def _cmd_show(caches: list[KernelCache], sig: str) -> int:
-    matches = [(c, s) for c in caches for s in c.signatures() if s.startswith(sig)]
-    if len(matches) != 1:
-        print(f"{'no' if not matches else 'more than one'} cache entry matches {sig!r}; "
-              "`torch-htam cache ls` lists them", file=sys.stderr)
-        return 1
-    cache, s = matches[0]
-    e = cache._read(s)
+def _no_single_match(cache: KernelCache, sig: str, matches: list[str]) -> CacheCliError:
+    if not matches:
+        return CacheCliError(f"no cache entry matches {sig!r} in {cache.root}; "
+                             "`torch-htam cache ls` lists them")
+    return CacheCliError(f"{sig!r} matches {len(matches)} cache entries, give more of the signature: "
+                         + ", ".join(m[:16] for m in matches))
+
+
+def _cmd_show(cache: KernelCache, sig: str) -> int:
+    with cache._lock(exclusive=False):
+        matches = cache.matching(sig) if sig else []
+        e = cache._read(matches[0]) if len(matches) == 1 else None
+    if e is None:
+        raise _no_single_match(cache, sig, matches)
     print(f"# {e.path}" + (f"\n# PROBLEM: {e.problem}" if e.problem else ""))
     record = dict(e.record)
     if "task" in record:  # the reference source is long and has its own file in `plan --export`
@@ -343,53 +380,59 @@ def _cmd_show(caches: list[KernelCache], sig: str) -> int:
     return 0
 
 
-def _cmd_clear(caches: list[KernelCache], yes: bool) -> int:
-    n = sum(len(c.signatures()) for c in caches)
-    if n == 0:
-        print("the cache is empty")
-        return 0
-    if not yes and sys.stdin.isatty():
-        where = ", ".join(str(c.root) for c in caches)
-        if input(f"remove {n} cached kernels from {where}? [y/N] ").strip().lower() not in ("y", "yes"):
-            print("nothing removed")
-            return 1
-    removed = sum(c.clear() for c in caches)
-    print(f"removed {removed} cached kernels")
+def _cmd_rm(cache: KernelCache, sig: str) -> int:
+    removed, matches = cache.remove_prefix(sig)
+    if removed is None:
+        raise _no_single_match(cache, sig, matches)
+    print(f"removed {removed} from {cache.root}")
     return 0
 
 
-def _cmd_verify(caches: list[KernelCache]) -> int:
+def _cmd_clear(cache: KernelCache, yes: bool) -> int:
+    n = len(cache.signatures())
+    if n == 0:
+        print(f"{cache.root}: the cache is empty")
+        return 0
+    if not yes and sys.stdin.isatty():
+        if input(f"remove {n} cached kernels from {cache.root}? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return 1
+    print(f"removed {cache.clear()} cached kernels")
+    return 0
+
+
+def _cmd_verify(cache: KernelCache) -> int:
     bad = 0
-    for cache in caches:
-        for sig, problem in cache.verify_all():
-            print(f"{sig[:16]}  {'ok' if problem is None else problem}")
-            bad += problem is not None
-    print(f"{bad} entr{'y' if bad == 1 else 'ies'} with problems" if bad else "all entries intact")
+    for sig, problem in cache.verify_all():
+        print(f"{sig[:16]}  {'ok' if problem is None else problem}")
+        bad += problem is not None
+    if bad:
+        print(f"{bad} entr{'y' if bad == 1 else 'ies'} with problems; remove one with "
+              "`torch-htam cache rm SIG` (or all with `torch-htam cache clear`)")
+    else:
+        print("all entries intact")
     return 1 if bad else 0
 
 
-def cli_main(argv: list[str]) -> int:
-    """`torch-htam cache ls | show SIG | clear [--yes] | verify [--arch ARCH]`.
+def run_cli(args) -> int:
+    """Run a parsed `torch-htam cache ...` (cli.py builds the parser): args.cache_cmd, args.arch,
+    args.signature (show, rm), args.yes (clear). Raises CacheCliError for what the user must fix."""
+    cache = _cli_cache(args.arch)
+    if args.cache_cmd == "ls":
+        return _cmd_ls(cache)
+    if args.cache_cmd == "show":
+        return _cmd_show(cache, args.signature)
+    if args.cache_cmd == "rm":
+        return _cmd_rm(cache, args.signature)
+    if args.cache_cmd == "clear":
+        return _cmd_clear(cache, args.yes)
+    return _cmd_verify(cache)
 
-        >>> cli_main(["ls"])
+
+def cli_main(argv: list[str]) -> int:
+    """`torch-htam cache ARGV...`, the same as the command line (errors printed, exit code returned).
+
+        >>> cli_main(["ls", "--arch", "sm_90a"])
     """
-    import argparse
-    ap = argparse.ArgumentParser(prog="torch-htam cache", description="the per-arch kernel cache")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--arch", help="GPU arch whose cache to use (default: this GPU's, else all)")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("ls", parents=[common], help="list cached kernels")
-    p = sub.add_parser("show", parents=[common], help="print one kernel's record")
-    p.add_argument("signature", help="a signature or a unique prefix of one")
-    p = sub.add_parser("clear", parents=[common], help="remove every cached kernel")
-    p.add_argument("--yes", "-y", action="store_true", help="do not ask")
-    sub.add_parser("verify", parents=[common], help="check every entry's integrity hashes")
-    args = ap.parse_args(argv)
-    caches = _caches(args.arch)
-    if args.cmd == "ls":
-        return _cmd_ls(caches)
-    if args.cmd == "show":
-        return _cmd_show(caches, args.signature)
-    if args.cmd == "clear":
-        return _cmd_clear(caches, args.yes)
-    return _cmd_verify(caches)
+    from torch_htam.cli import main
+    return main(["cache", *argv])

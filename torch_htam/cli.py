@@ -2,12 +2,14 @@
 
     torch-htam plan examples/gpt_block.py [--export DIR]      regions of a model, as tasks
     torch-htam optimize examples/gpt_block.py [--llm]         search kernels, fill the cache, report
-    torch-htam precompile examples/gpt_block.py --out DIR     a deployable bundle for this GPU arch
+    torch-htam precompile examples/gpt_block.py --out DIR     a deployable bundle for a GPU arch
     torch-htam bench examples/gpt_block.py                    eager vs torch.compile vs torch_htam
-    torch-htam cache ls|show SIG|clear|verify                 the per-arch kernel cache
+    torch-htam cache ls|show SIG|rm SIG|clear|verify          the per-arch kernel cache
 
 MODEL_SPEC is a Python file or `module:function` returning (model, example_inputs).
 Imports are lazy so `--help` is instant and the CLI works without a GPU.
+What the user must fix (a bad spec or device, an unknown cache entry, an empty bundle) is printed
+as one `error: ...` line on stderr, never a traceback; the exit codes are in EXIT_CODES.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import sys
 
 
 def _add_search_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default=None, help="where the model runs (default: cuda if present)")
+    p.add_argument("--device", default=None,
+                   help="where the model runs (default: cuda if present, else cpu)")
     p.add_argument("--steps", type=int, default=None, help="evolution steps per task (default 6)")
     p.add_argument("--candidates", type=int, default=None, help="candidates per step (default 4)")
     p.add_argument("--memory", choices=("htg", "flat", "none"), default="htg",
@@ -44,77 +47,171 @@ def _config(args):
     return cfg
 
 
+EXIT_CODES = """\
+exit codes:
+  0    success; for optimize: the optimized model has at least one swapped region
+  1    error, printed as one `error: ...` line on stderr: the model spec (missing file, syntax or
+       import error, get_model() raising), a --device this machine lacks, no --arch without a GPU,
+       an unknown or ambiguous cache entry, an empty bundle; cache verify: an entry has a problem
+  2    bad command line (argparse); plan: no region captured; bench: no CUDA GPU
+  3    optimize ran but swapped nothing (no GPU, no kernel faster, ...): the report printed says why
+  130  interrupted (Ctrl-C)
+"""
+OK, ERROR, NOTHING_SWAPPED, INTERRUPTED = 0, 1, 3, 130
+
+
+class CliError(Exception):
+    """Something the user must fix; main() prints `error: <message>` and returns ERROR."""
+
+
+def _load_model(args):
+    """The model and example inputs of args.model on args.device (checked; default cuda if there
+    is one, else cpu). Every command that loads a model comes here or to the same two modelspec
+    functions (plan, bench); every failure is a ModelSpecError that main() reports in one line."""
+    from torch_htam.modelspec import load_model
+    model, inputs, _ = load_model(args.model, args.device)
+    return model, inputs
+
+
 def _cmd_plan(args) -> int:
     from torch_htam.plan import run_plan
     return run_plan(args.model, export_dir=args.export, device=args.device)
 
 
-def _device(args) -> str:
-    """--device, else cuda when there is one: the kernels run on a GPU, so the model goes there."""
-    import torch
-    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def _cmd_optimize(args) -> int:
-    from torch_htam.modelspec import load_model_spec
     from torch_htam.pipeline import optimize
-    model, inputs = load_model_spec(args.model, device=_device(args))
+    model, inputs = _load_model(args)
     model = optimize(model, inputs, _config(args))
-    print(model.htam_report.format())
-    return 0
+    report = model.htam_report
+    print(report.format())
+    return OK if report.swapped > 0 else NOTHING_SWAPPED
 
 
 def _cmd_precompile(args) -> int:
+    import inspect
+    import os
+    from torch_htam import gpu
+    from torch_htam.modelspec import default_device
     from torch_htam.pipeline import precompile
-    from torch_htam.modelspec import load_model_spec
-    model, inputs = load_model_spec(args.model, device=_device(args))
-    out = precompile(model, inputs, args.out, _config(args))
+    default_device(args.device)   # a --device this machine lacks is said first
+    arch = args.arch or os.environ.get("HTAM_ARCH")
+    if arch is None and gpu.detect() is None:
+        raise CliError("no CUDA GPU detected: pass --arch (e.g. sm_90a) to bundle kernels already "
+                       "cached for that arch")
+    # NOTE: pipeline.precompile gains `arch` separately; until then $HTAM_ARCH still reaches it
+    # through gpu.detect(), and only an explicit --arch needs the keyword.
+    takes_arch = "arch" in inspect.signature(precompile).parameters
+    if args.arch and not takes_arch:
+        raise CliError("this torch_htam's precompile() takes no arch yet: run on the GPU whose "
+                       "arch you want, without --arch")
+    kwargs = {"arch": arch} if arch and takes_arch else {}
+    model, inputs = _load_model(args)
+    out = precompile(model, inputs, args.out, _config(args), **kwargs)
     print(f"bundle written to {out}")
-    return 0
+    return OK
 
 
 def _cmd_bench(args) -> int:
     from torch_htam.benchmark import run_bench
-    return run_bench(args.model, _config(args), out_dir=args.out, iters=args.iters, device=_device(args))
+    from torch_htam.modelspec import default_device
+    # run_bench loads the model with modelspec.load_model_spec: its errors are ModelSpecErrors too
+    return run_bench(args.model, _config(args), out_dir=args.out, iters=args.iters,
+                     device=default_device(args.device))
 
 
 def _cmd_cache(args) -> int:
-    from torch_htam.cache import cli_main
-    return cli_main(args.rest)
+    from torch_htam.cache import run_cli
+    return run_cli(args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="torch-htam", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("plan", help="show a model's regions as KernelBench-style tasks")
-    p.add_argument("model")
+def _user_error(e: Exception) -> str | None:
+    """The one-line message of an error the user must fix, else None (a bug: let it raise)."""
+    # NOTE: looked up in sys.modules, not imported: an exception of a class is raised only after
+    # its module was imported, and importing modelspec here would load torch for nothing.
+    kinds = [("torch_htam.modelspec", "ModelSpecError"), ("torch_htam.cache", "CacheCliError"),
+             ("torch_htam.errors", "EmptyBundleError")]
+    classes = tuple(getattr(sys.modules[m], c) for m, c in kinds if m in sys.modules)
+    return str(e) if isinstance(e, (CliError, *classes)) else None
+
+
+def _description() -> str:
+    """The module docstring's command table and its MODEL_SPEC line, for `--help`."""
+    import textwrap
+    paras = __doc__.split("\n\n")
+    return textwrap.dedent(paras[1]) + "\n\n" + paras[2].splitlines()[0]
+
+
+def _parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    ap = argparse.ArgumentParser(prog="torch-htam", description=_description(),
+                                 epilog=EXIT_CODES, formatter_class=fmt)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    p = sub.add_parser("plan", help="show a model's regions as KernelBench-style tasks",
+                       epilog=EXIT_CODES, formatter_class=fmt)
+    p.add_argument("model", metavar="MODEL_SPEC", help="FILE.py, FILE.py:FUNCTION or module:FUNCTION")
     p.add_argument("--export", metavar="DIR", help="write each task as a KernelBench file")
-    p.add_argument("--device", default=None, help="where to run the model (default: cuda if present)")
+    p.add_argument("--device", default=None, help="where to run the model (default: cuda if present, else cpu)")
     p.set_defaults(fn=_cmd_plan)
-    p = sub.add_parser("optimize", help="search verified kernels for a model and cache them")
-    p.add_argument("model")
+    p = sub.add_parser("optimize", help="search verified kernels for a model and cache them",
+                       epilog=EXIT_CODES, formatter_class=fmt)
+    p.add_argument("model", metavar="MODEL_SPEC", help="FILE.py, FILE.py:FUNCTION or module:FUNCTION")
     _add_search_args(p)
     p.set_defaults(fn=_cmd_optimize)
-    p = sub.add_parser("precompile", help="write a deployable kernel bundle for this GPU arch")
-    p.add_argument("model")
+    p = sub.add_parser("precompile", help="write a deployable kernel bundle for a GPU arch",
+                       epilog=EXIT_CODES, formatter_class=fmt)
+    p.add_argument("model", metavar="MODEL_SPEC", help="FILE.py, FILE.py:FUNCTION or module:FUNCTION")
     p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--arch", default=None, metavar="ARCH",
+                   help="GPU arch to bundle for, e.g. sm_90a (default: this GPU's, else $HTAM_ARCH); "
+                        "without a GPU, kernels already cached for that arch are bundled")
     _add_search_args(p)
     p.set_defaults(fn=_cmd_precompile)
-    p = sub.add_parser("bench", help="time eager, torch.compile and torch_htam side by side")
-    p.add_argument("model")
+    p = sub.add_parser("bench", help="time eager, torch.compile and torch_htam side by side",
+                       epilog=EXIT_CODES, formatter_class=fmt)
+    p.add_argument("model", metavar="MODEL_SPEC", help="FILE.py, FILE.py:FUNCTION or module:FUNCTION")
     p.add_argument("--out", metavar="DIR", default="htam_bench", help="JSON and PNG go here")
     p.add_argument("--iters", type=int, default=50)
     _add_search_args(p)
     p.set_defaults(fn=_cmd_bench)
-    p = sub.add_parser("cache", help="ls | show SIG | clear | verify the kernel cache")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    _add_cache_parser(sub)
+    return ap
+
+
+def _add_cache_parser(sub) -> None:
+    p = sub.add_parser("cache", help="the per-arch kernel cache: ls, show, rm, clear, verify",
+                       description="The kernel cache of one GPU arch and toolchain (verified kernels "
+                                   "by task signature). --arch defaults to this GPU's arch, else "
+                                   "$HTAM_ARCH; without either, pass --arch.")
     p.set_defaults(fn=_cmd_cache)
-    args = ap.parse_args(argv)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--arch", default=None, metavar="ARCH",
+                        help="GPU arch whose cache to use, e.g. sm_90a (default: this GPU's, else $HTAM_ARCH)")
+    csub = p.add_subparsers(dest="cache_cmd", required=True, metavar="{ls,show,rm,clear,verify}")
+    csub.add_parser("ls", parents=[common], help="list the cached kernels: signature, task, speedup, "
+                                                  "precision policy, date, size, integrity")
+    c = csub.add_parser("show", parents=[common], help="print one kernel's record (task, evaluation, provenance)")
+    c.add_argument("signature", metavar="SIG", help="a signature or a unique prefix of one")
+    c = csub.add_parser("rm", parents=[common], help="remove one kernel (e.g. one that verify flags)")
+    c.add_argument("signature", metavar="SIG", help="a signature or a unique prefix of one")
+    c = csub.add_parser("clear", parents=[common], help="remove every cached kernel of the arch")
+    c.add_argument("--yes", "-y", action="store_true", help="do not ask (it asks only on a terminal)")
+    csub.add_parser("verify", parents=[common], help="check every entry's integrity hashes (exit 1 if "
+                                                      "one is corrupt)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     try:
         return args.fn(args)
     except KeyboardInterrupt:
         print("interrupted: nothing was swapped or cached past the last finished task", file=sys.stderr)
-        return 130
+        return INTERRUPTED
+    except Exception as e:
+        msg = _user_error(e)
+        if msg is None:
+            raise
+        print(f"error: {msg}", file=sys.stderr)
+        return ERROR
 
 
 if __name__ == "__main__":

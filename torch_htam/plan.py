@@ -3,6 +3,7 @@
 Prints one row per distinct task (signature, kind, ops, input shapes, count), the share of eager
 time when CUDA is present (each task's reference timed with CUDA events on random inputs, times
 its count), and a line for what could not be captured. --export writes the KernelBench files.
+A spec that cannot be loaded raises modelspec.ModelSpecError.
 
     >>> run_plan("examples/gpt_block.py", export_dir="kb_tasks")
     0
@@ -12,11 +13,9 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-import torch
-
 from torch_htam import ops
 from torch_htam.extract import extract
-from torch_htam.modelspec import ModelSpecError, load_model_spec
+from torch_htam.modelspec import load_model
 from torch_htam.task import Task, exec_source, export_tasks
 
 OPS_WIDTH = 48
@@ -24,18 +23,13 @@ OPS_WIDTH = 48
 
 def run_plan(spec: str, export_dir: str | None = None, device: str | None = None,
              out: TextIO | None = None) -> int:
-    """Print the plan of a model spec; return the exit code (0 ok, 1 spec/model unusable,
-    2 nothing captured)."""
+    """Print the plan of a model spec; return the exit code (0 ok, 2 nothing captured).
+
+    A spec or device that cannot be used raises ModelSpecError (one line, for the user): the CLI
+    reports it as `error: ...` like every other command that loads a model.
+    """
     out = out or sys.stdout   # NOTE: read at call time; a default arg would pin the import-time stream
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        model, inputs = load_model_spec(spec, device=device)
-    except ModelSpecError as e:
-        print(f"error: {e}", file=out)
-        return 1
-    except Exception as e:  # noqa: BLE001 -- the user's get_model failed: say so, no traceback
-        print(f"error: {spec}: get_model() raised {type(e).__name__}: {e}", file=out)
-        return 1
+    model, inputs, device = load_model(spec, device)
     found = extract(model, inputs)
     tasks = found.tasks
     shares = eager_shares(tasks, device) if device.startswith("cuda") else None
