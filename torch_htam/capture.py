@@ -94,20 +94,12 @@ def _capture_dynamo(model, args, kwargs) -> Capture:
     cap = Capture(method="dynamo")
 
     def backend(gm: fx.GraphModule, example_inputs):
-        # NOTE: Dynamo graphs take parameters as inputs (inlined nn modules), so the re-export
-        # sees them as user inputs; partition treats placeholders and get_attr alike.
-        try:
-            with _quiet_torch():
-                ep = torch.export.export(gm, tuple(example_inputs), strict=False)
-            if any(n.op == "call_function" for n in ep.graph.nodes):
-                sub = ep.module()
-                _restore_module_names(sub, gm)
-                _prepare(sub)
-                cap.graphs.append(sub)
-                cap.inputs.append(tuple(example_inputs))
-        except Exception as e:  # noqa: BLE001 -- one bad piece must not lose the others
-            cap.problems.append(f"graph {len(cap.graphs)} of Dynamo could not be exported "
-                                f"({type(e).__name__}: {_first_line(e)})")
+        sub, problem = export_graph(gm, example_inputs)
+        if sub is not None:
+            cap.graphs.append(sub)
+            cap.inputs.append(tuple(example_inputs))
+        elif problem:
+            cap.problems.append(f"graph {len(cap.graphs)} of Dynamo: {problem}")
         return gm.forward
 
     try:
@@ -121,6 +113,26 @@ def _capture_dynamo(model, args, kwargs) -> Capture:
         cap.method = "none"
         cap.problems.append("nothing could be captured: no task can be made from this model")
     return cap
+
+
+def export_graph(gm: fx.GraphModule, example_inputs) -> tuple[fx.GraphModule | None, str]:
+    """A graph Dynamo made, re-exported to the aten IR partition reads: (graph, "") or (None, why).
+
+    NOTE: Dynamo graphs take parameters as inputs (inlined nn modules), so the re-export sees them
+    as user inputs; partition treats placeholders and get_attr alike. A graph of no ops gives
+    (None, "").
+    """
+    try:
+        with _quiet_torch():
+            ep = torch.export.export(gm, tuple(example_inputs), strict=False)
+    except Exception as e:  # noqa: BLE001 -- the caller keeps the graph as it is
+        return None, f"could not be exported ({type(e).__name__}: {_first_line(e)})"
+    if not any(n.op == "call_function" for n in ep.graph.nodes):
+        return None, ""
+    sub = ep.module()
+    _restore_module_names(sub, gm)
+    _prepare(sub)
+    return sub, ""
 
 
 def _restore_module_names(sub: fx.GraphModule, dynamo_gm: fx.GraphModule) -> None:

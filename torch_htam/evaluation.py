@@ -32,6 +32,10 @@ REASONS = (
 )
 
 
+# Wall seconds a worker job may add to compile the reference with Inductor (one region: seconds).
+INDUCTOR_COMPILE_S = 240.0
+
+
 @dataclass
 class Evaluation:
     correct: bool
@@ -43,6 +47,8 @@ class Evaluation:
     kernel_ms: float | None = None   # median candidate time
     spread: float | None = None      # (p80 - p20) / median of the candidate's times
     speedup: float | None = None     # ref_ms / kernel_ms
+    compile_ms: float | None = None  # the reference under torch.compile (Inductor), when timed
+    compile_speedup: float | None = None   # compile_ms / kernel_ms
     roofline_fraction: float | None = None   # roofline time / kernel time (1.0 = at the roof)
     build_s: float | None = None
     max_abs_err: float | None = None
@@ -53,6 +59,14 @@ class Evaluation:
     @property
     def faster(self) -> bool:
         return self.correct and (self.speedup or 0.0) > 1.0
+
+    @property
+    def bar_speedup(self) -> float | None:
+        """Speedup over the faster of eager and Inductor for this region (eager alone when
+        Inductor's time was not measured)."""
+        if self.compile_speedup is None:
+            return self.speedup
+        return min(x for x in (self.speedup, self.compile_speedup) if x is not None)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,9 +114,11 @@ class Evaluator:
             self._pool = WorkerPool(self._n, timeout=self.timeout)
         return self._pool
 
-    def evaluate_many(self, task, sources: list[str], policy=None) -> list[Evaluation]:
+    def evaluate_many(self, task, sources: list[str], policy=None, inductor: bool = False) -> list[Evaluation]:
         """One Evaluation per source, in order: static check and build for all, then the built ones
-        verified (and, if correct, timed against the reference) across the workers."""
+        verified (and, if correct, timed against the reference) across the workers. inductor: also
+        time the reference under torch.compile (the bar a kernel must clear inside a compiled
+        model; seconds of compile per task, so the search asks for it only for its winner)."""
         import torch
         from torch_htam import build
         from torch_htam.policy import policy_for
@@ -121,7 +137,9 @@ class Evaluator:
                                     b.source_hash, pol, build_s=b.seconds, so_path=b.so_path)
             else:
                 job = {"kind": "evaluate", "task": task.to_json(), "so_path": b.so_path,
-                       "policy": pol, "time": self.time}
+                       "policy": pol, "time": self.time, "inductor": inductor}
+                if inductor:   # NOTE: plus Inductor's compile of the reference, once per worker
+                    job["timeout"] = self.timeout + INDUCTOR_COMPILE_S
                 futures[i] = self.pool.submit(job)
         for i, fut in futures.items():
             b = builds[i]
@@ -216,7 +234,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         return {**res, "exit": True}
     if ok and job.get("time", True):
         try:
-            res.update(_time(task, kernel, ref, policy))
+            res.update(_time(task, kernel, ref, policy, job.get("inductor", False)))
         except Exception as e:   # torch.AcceleratorError on recent torch, RuntimeError before
             from torch_htam.verify import is_crash_message
             if not is_crash_message(str(e)):
@@ -226,8 +244,16 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
-def _time(task, kernel, ref, policy) -> dict[str, Any]:
-    """Candidate and reference timed in this process on the same inputs; roofline check."""
+@functools.lru_cache(maxsize=8)
+def _compiled_reference(source: str, name: str):
+    """The task's reference under torch.compile (default mode), compiled once per worker."""
+    import torch
+    return torch.compile(_reference(source, name))
+
+
+def _time(task, kernel, ref, policy, inductor: bool = False) -> dict[str, Any]:
+    """Candidate and reference (and with `inductor` the compiled reference) timed in this process
+    on the same inputs; roofline check."""
     import torch
     from torch_htam import timing
     from torch_htam.verify import make_input
@@ -245,12 +271,19 @@ def _time(task, kernel, ref, policy) -> dict[str, Any]:
     try:
         with torch.no_grad():
             r = timing.time_fn(lambda s: ref(*s[0]), make_set)
+            c = None
+            if inductor:
+                compiled = _compiled_reference(task.source, task.name)
+                c = timing.time_fn(lambda s: compiled(*s[0]), make_set)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
     roof = timing.roofline_ms(task, timing.measure_ceilings(), policy.name)
     res = {"ref_ms": r.median_ms, "kernel_ms": k.median_ms, "spread": k.spread,
            "speedup": r.median_ms / k.median_ms if k.median_ms > 0 else None,
            "roofline_fraction": roof / k.median_ms if k.median_ms > 0 else None}
+    if c is not None:
+        res.update(compile_ms=c.median_ms,
+                   compile_speedup=c.median_ms / k.median_ms if k.median_ms > 0 else None)
     if timing.above_roofline(k.median_ms, roof):
         res.update(correct=False, reason="above_roofline",
                    detail=f"{k.median_ms:.4f} ms is under {timing.ROOFLINE_SLACK:g}x the roofline "
