@@ -56,7 +56,7 @@ def test_precompile_writes_a_self_contained_bundle(made, tmp_path):
     assert {t["signature"] for t in man["tasks"]} == set(tasks) and all(t["kernel"] for t in man["tasks"])
     for sig in tasks:
         assert sorted(p.name for p in (out / "kernels" / sig).iterdir()) == \
-            ["kernel.cu", "kernel.so", "manifest.json", "record.json"]
+            ["golden.safetensors", "kernel.cu", "kernel.so", "manifest.json", "record.json"]
     assert (out / "htg.json").read_text() == '{"directions": []}'
     assert all(p is None for _, p in KernelCache(root=out).verify_all())
 
