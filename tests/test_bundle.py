@@ -128,6 +128,7 @@ def test_load_other_arch_rebuilds_but_needs_a_gpu_to_verify(made, tmp_path, monk
     model, x, tasks, cache, provider = made
     out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache)
     monkeypatch.setattr(bundle.paths, "nvcc_path", lambda: "/usr/bin/nvcc")
+    monkeypatch.setattr(bundle, "_gpu_arch", lambda: None)   # also on a GPU box (it failed on an H100)
     fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_other")
     assert fresh.htam_report.swapped == 0 and "re-verification on a GPU" in fresh.htam_report.note
 
@@ -350,3 +351,40 @@ def test_precompile_with_arch_and_no_gpu_bundles_the_cached_kernels(made, tmp_pa
     from torch_htam.errors import EmptyBundleError
     with pytest.raises(EmptyBundleError, match="for sm_other"):
         torch_htam.precompile(model, (x,), tmp_path / "c")
+
+
+@pytest.mark.gpu
+def test_gpu_golden_check_through_the_launcher(tmp_path):
+    """The real path: a built kernel, goldens recorded on the GPU (and on the CPU, for the
+    precompile(arch=) case), checked at load through the launcher; a wrong kernel is refused."""
+    from test_runtime import BIAS_GELU_CU, BiasGelu
+    from torch_htam.build import build_many
+
+    def fresh(device="cuda"):
+        torch.manual_seed(0)
+        return BiasGelu().to(device).eval()
+    model, x = fresh(), torch.randn(16, 256, device="cuda")
+    target = [t for t in extract_tasks(model, (x,)) if t.kind == "elementwise"]
+    assert len(target) == 1
+    target = target[0]
+    wrong_cu = BIAS_GELU_CU.replace("y[i] = 0.5f * v", "y[i] = 0.501f * v")
+    good, wrong = build_many([BIAS_GELU_CU, wrong_cu], out_dir=tmp_path)
+    assert good.ok and wrong.ok, (good.log, wrong.log)
+    arch = bundle._gpu_arch()
+    for name, res, device in (("gpu", good, "cuda"), ("cpu", good, "cpu"), ("wrong", wrong, "cuda")):
+        cache = KernelCache(arch, root=tmp_path / f"cache_{name}")
+        cache.put(target, BIAS_GELU_CU, res.so_path, _ev(), {"proposer": "test"})
+        out = bundle.precompile(fresh(device), (x.to(device),), tmp_path / f"b_{name}", cache=cache)
+        man = json.loads((out / "manifest.json").read_text())
+        assert [t["golden"]["device"] for t in man["tasks"] if t["kernel"]] == [device]
+        loaded = bundle.load(fresh(), out, (x,))
+        rep = loaded.htam_report
+        status = {t.signature: t.status for t in rep.tasks}
+        if name == "wrong":
+            assert rep.swapped == 0 and status[target.signature].startswith("golden check failed: mismatch")
+            assert "golden check: 0 of 1 kernels passed in" in rep.note
+        else:
+            assert rep.swapped == 1 and status[target.signature] == "swapped", rep.format()
+            assert "golden check: 1 of 1 kernels passed in" in rep.note
+            with torch.no_grad():
+                torch.testing.assert_close(loaded(x), fresh()(x), atol=1e-5, rtol=1e-5)

@@ -2,17 +2,26 @@
 
     <bundle>/
       manifest.json                  format, arch, toolchain, torch_htam/torch versions, the tasks
+                                     (each: kernel or not, and its golden record's file, sha256,
+                                     seed, device and precision policy); written last
       kernels/<signature>/           the cache entry layout (cache.py), each with its sha256 manifest
+        golden.safetensors           inputs and reference outputs recorded at precompile (golden.py);
+                                     its sha256 is in the bundle manifest (the entry's covers the rest)
       htg.json                       the arch's HTG memory, when there is one
       launcher/<torch+cuda tag>/     the built C++ launcher, so a box without a compiler can run it
 
 `load` on a machine of the same arch and toolchain applies the bundle's libraries after their
-integrity check: no search, no LLM, no compiler. On another arch (or toolchain) it rebuilds from the
-shipped sources with nvcc and re-verifies each kernel on this GPU before swapping it in; without a
-compiler or a GPU the model stays on its original path and the report says why.
+integrity check and a golden check (each kernel run on its recorded inputs on this GPU and judged
+against the recorded outputs under its policy's tolerance): no search, no LLM, no compiler. On another
+arch (or toolchain) it rebuilds from the shipped sources with nvcc and re-verifies each kernel on this
+GPU before swapping it in; without a compiler or a GPU the model stays on its original path and the
+report says why. A bundle always holds at least one kernel (errors.EmptyBundleError otherwise).
 
     >>> precompile(model, (x,), "bundle/")          # on the H100 box, after optimize filled the cache
+    >>> precompile(model, (x,), "bundle/", arch="sm_90a")   # no GPU: the kernels cached for sm_90a
     >>> model = load(model, "bundle/", (x,))         # in production
+    >>> model.htam_report.note
+    'golden check: 5 of 5 kernels passed in 0.8 s'
 """
 from __future__ import annotations
 
