@@ -56,7 +56,7 @@ def test_precompile_writes_a_self_contained_bundle(made, tmp_path):
     assert {t["signature"] for t in man["tasks"]} == set(tasks) and all(t["kernel"] for t in man["tasks"])
     for sig in tasks:
         assert sorted(p.name for p in (out / "kernels" / sig).iterdir()) == \
-            ["kernel.cu", "kernel.so", "manifest.json", "record.json"]
+            ["golden.safetensors", "kernel.cu", "kernel.so", "manifest.json", "record.json"]
     assert (out / "htg.json").read_text() == '{"directions": []}'
     assert all(p is None for _, p in KernelCache(root=out).verify_all())
 
@@ -128,6 +128,7 @@ def test_load_other_arch_rebuilds_but_needs_a_gpu_to_verify(made, tmp_path, monk
     model, x, tasks, cache, provider = made
     out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache)
     monkeypatch.setattr(bundle.paths, "nvcc_path", lambda: "/usr/bin/nvcc")
+    monkeypatch.setattr(bundle, "_gpu_arch", lambda: None)   # also on a GPU box (it failed on an H100)
     fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_other")
     assert fresh.htam_report.swapped == 0 and "re-verification on a GPU" in fresh.htam_report.note
 
@@ -169,3 +170,221 @@ def test_load_other_arch_rebuilds_and_reverifies(made, tmp_path, monkeypatch):
 def test_load_rejects_a_folder_that_is_not_a_bundle(tmp_path):
     with pytest.raises(ValueError, match="not a torch_htam bundle"):
         bundle.load(_fresh_model(), tmp_path, (torch.randn(4, 8, 32),), arch="sm_fake")
+
+
+# ---- golden records ------------------------------------------------------------------------------
+
+def test_golden_records_are_written_and_read_back(made, tmp_path):
+    from safetensors.torch import load_file
+    from torch_htam import golden
+    from torch_htam.cache import sha256_file
+    from torch_htam.task import load_reference
+    model, x, tasks, cache, provider = made
+    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache)
+    man = {t["signature"]: t for t in json.loads((out / "manifest.json").read_text())["tasks"]}
+    for sig, task in tasks.items():
+        g = man[sig]["golden"]
+        path = out / g["file"]
+        assert path == out / "kernels" / sig / "golden.safetensors" and g["sha256"] == sha256_file(path)
+        assert g["policy"]["name"] == "fp32" and g["policy"]["atol"] == 1e-4 and g["device"] == "cpu"
+        raw = load_file(str(path))
+        n_in, n_out = len(task.inputs), len(task.outputs)
+        assert {f"in{i}" for i in range(n_in)} | {f"out{k}" for k in range(n_out)} <= set(raw)
+        assert all(raw[f"out64_{k}"].dtype == torch.float64 for k in range(n_out))
+        inputs = golden.make_inputs(task, "cpu")   # verification's seed-0 trial, regenerated
+        assert all(torch.equal(raw[f"in{i}"], a) for i, a in enumerate(inputs))
+        with torch.no_grad():
+            ref = load_reference(task)(*inputs)
+        ref = ref if isinstance(ref, (tuple, list)) else [ref]
+        assert all(torch.equal(raw[f"out{k}"], r) for k, r in enumerate(ref))
+        back = golden.read(path, task, "cpu")
+        assert [tuple(a.stride()) for a in back.inputs] == [s.stride for s in task.inputs]
+        assert golden.check(provider, KernelCache(root=out).get(sig), back) is None
+
+
+def test_golden_inputs_keep_a_strided_spec(tmp_path):
+    from torch_htam import golden
+    from torch_htam.task import TensorSpec, task_from_source
+    task = task_from_source(
+        "import torch\nimport torch.nn as nn\n"
+        "class Model(nn.Module):\n    def forward(self, a):\n        return a * 2\n"
+        "def get_inputs():\n    return [torch.randn(8, 4).t()]\n"
+        "def get_init_inputs():\n    return []\n", "scale_t")
+    assert task.inputs[0].stride == (1, 4) and not task.inputs[0].contiguous
+    tensors = golden.record(task, golden.make("fp32"), "cpu")
+    assert tensors["in0"].is_contiguous()
+    golden.save(tmp_path / "g.safetensors", tensors, task, golden.make("fp32"), "cpu")
+    back = golden.read(tmp_path / "g.safetensors", task, "cpu")
+    assert back.inputs[0].stride() == (1, 4) and torch.equal(back.outputs[0], back.inputs[0] * 2)
+
+
+class WrongKernel(CpuKernel):
+    def __call__(self, inputs):
+        return [o + 1e-2 for o in super().__call__(inputs)]
+
+
+class NanKernel(CpuKernel):
+    def __call__(self, inputs):
+        outs = [o.clone() for o in super().__call__(inputs)]
+        for o in outs:
+            o.view(-1)[7] = float("nan")
+        return outs
+
+
+class FailingKernel(CpuKernel):
+    def __call__(self, inputs):
+        raise RuntimeError("htam_run returned cudaErrorInvalidValue (1)")
+
+
+def test_load_swaps_only_kernels_that_pass_their_golden_check(made, tmp_path):
+    model, x, tasks, cache, provider = made
+    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache)
+    wrong, nan, err = sorted(tasks)   # the MLP's three tasks: each kernel fails its check one way
+    kinds = {wrong: WrongKernel, nan: NanKernel, err: FailingKernel}
+    stand_ins = {s: kinds[s](t) for s, t in tasks.items()}
+    fresh = bundle.load(_fresh_model(), out, (x,), arch="sm_fake",
+                        provider=runtime.Provider(provider.op, lambda e: stand_ins[e.signature]))
+    rep = fresh.htam_report
+    status = {t.signature: t.status for t in rep.tasks}
+    assert status[wrong].startswith("golden check failed: mismatch") and "atol=0.0001" in status[wrong]
+    assert status[nan].startswith("golden check failed: nan")
+    assert status[err].startswith("golden check failed: launch_error") and "cudaErrorInvalidValue" in status[err]
+    assert rep.swapped == 0 and "golden check: 0 of 3 kernels passed in" in rep.note
+    assert "forward" not in fresh.__dict__   # nothing passed: the original path
+
+    # one bad kernel: the other two are swapped in and the model computes what it did
+    one_bad = {s: (WrongKernel if s == wrong else CpuKernel)(t) for s, t in tasks.items()}
+    fresh = bundle.load(_fresh_model(), out, (x,), arch="sm_fake",
+                        provider=runtime.Provider(provider.op, lambda e: one_bad[e.signature]))
+    rep = fresh.htam_report
+    assert rep.swapped == len(tasks) - 1 and "golden check: 2 of 3 kernels passed in" in rep.note
+    assert {t.signature for t in rep.tasks if t.status == "swapped"} == set(tasks) - {wrong}
+    with torch.no_grad():
+        assert torch.equal(fresh(x), model(x))
+    assert rep.fast_calls == 1 and one_bad[wrong].calls == 1   # its golden check only
+
+
+def test_load_rejects_a_missing_or_altered_golden_record(made, tmp_path):
+    model, x, tasks, cache, provider = made
+    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache)
+    gone, altered = sorted(tasks)[:2]
+    (out / "kernels" / gone / "golden.safetensors").unlink()
+    g = out / "kernels" / altered / "golden.safetensors"
+    data = bytearray(g.read_bytes())
+    data[-3] ^= 0x10   # a bit of an output value
+    g.write_bytes(bytes(data))
+    fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
+    status = {t.signature: t.status for t in fresh.htam_report.tasks}
+    assert "no golden record" in status[gone] and "re-make the bundle" in status[gone]
+    assert "sha256" in status[altered]
+    assert fresh.htam_report.swapped == len(tasks) - 2
+
+
+def test_a_format_1_bundle_must_be_remade(made, tmp_path):
+    model, x, tasks, cache, provider = made
+    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache)
+    man = json.loads((out / "manifest.json").read_text())
+    man["format"] = 1
+    (out / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(ValueError, match="no golden records.*re-make the bundle with torch_htam.precompile"):
+        bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
+
+
+# ---- empty bundles, and bundling without a GPU ---------------------------------------------------
+
+def test_no_kernel_to_bundle_raises_and_writes_no_manifest(made, tmp_path):
+    from torch_htam.errors import EmptyBundleError
+    model, x, tasks, cache, provider = made
+    empty = KernelCache("sm_fake", root=tmp_path / "empty")
+    with pytest.raises(EmptyBundleError, match=r"no kernel to bundle for sm_fake: the cache at .*empty has "
+                                               r"no verified kernel for this model's 3 tasks; run `torch-htam optimize`"):
+        bundle.precompile(model, (x,), tmp_path / "b", cache=empty)
+    assert not (tmp_path / "b" / "manifest.json").exists()
+    with pytest.raises(EmptyBundleError, match="not faster end to end"):
+        bundle.precompile(model, (x,), tmp_path / "b", cache=cache, only=set())
+    assert not (tmp_path / "b" / "manifest.json").exists()
+    assert issubclass(EmptyBundleError, RuntimeError)
+
+
+def test_a_kernel_whose_golden_record_fails_is_left_out(made, tmp_path, monkeypatch):
+    from torch_htam import golden
+    from torch_htam.errors import EmptyBundleError
+    model, x, tasks, cache, provider = made
+    left = sorted(tasks)[0]
+    real = golden.record
+
+    def record(task, policy, device):
+        if task.signature == left:
+            raise RuntimeError("no kernel for this op on cpu")
+        return real(task, policy, device)
+    monkeypatch.setattr(golden, "record", record)
+    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache)
+    man = {t["signature"]: t for t in json.loads((out / "manifest.json").read_text())["tasks"]}
+    assert man[left]["kernel"] is False and "no kernel for this op" in man[left]["left_out"]
+    assert not (out / "kernels" / left).exists() and sum(t["kernel"] for t in man.values()) == 2
+    monkeypatch.setattr(golden, "record", lambda *a: (_ for _ in ()).throw(RuntimeError("out of memory")))
+    with pytest.raises(EmptyBundleError, match="golden record of every kernel failed.*out of memory"):
+        bundle.precompile(model, (x,), tmp_path / "b", cache=cache)
+    assert not (out / "manifest.json").exists()   # the previous bundle is not left looking whole
+
+
+def test_precompile_with_arch_and_no_gpu_bundles_the_cached_kernels(made, tmp_path, monkeypatch):
+    import torch_htam
+    from torch_htam import pipeline
+    model, x, tasks, cache, provider = made
+    monkeypatch.setattr(bundle, "_gpu_arch", lambda: None)
+    monkeypatch.setattr(pipeline, "optimize", lambda *a, **k: pytest.fail("no search without a GPU"))
+    monkeypatch.delenv("HTAM_ARCH", raising=False)
+    with pytest.raises(RuntimeError, match="no CUDA GPU detected: pass arch="):
+        torch_htam.precompile(model, (x,), tmp_path / "none")
+    assert not (tmp_path / "none").exists()
+    user = KernelCache("sm_fake")   # the user's cache for that arch (HTAM_CACHE_DIR in the fixture)
+    for e in cache.ls():
+        user.put_entry(e)
+    out = torch_htam.precompile(model, (x,), tmp_path / "b", arch="sm_fake")
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["arch"] == "sm_fake" and all(t["kernel"] for t in man["tasks"])
+    assert {t["golden"]["device"] for t in man["tasks"]} == {"cpu"}
+    fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
+    assert fresh.htam_report.swapped == len(tasks)
+    monkeypatch.setenv("HTAM_ARCH", "sm_other")   # stands for arch= without a GPU: its cache is empty
+    from torch_htam.errors import EmptyBundleError
+    with pytest.raises(EmptyBundleError, match="for sm_other"):
+        torch_htam.precompile(model, (x,), tmp_path / "c")
+
+
+@pytest.mark.gpu
+def test_gpu_golden_check_through_the_launcher(tmp_path):
+    """The real path: a built kernel, goldens recorded on the GPU (and on the CPU, for the
+    precompile(arch=) case), checked at load through the launcher; a wrong kernel is refused."""
+    from test_runtime import BIAS_GELU_CU, BiasGelu
+    from torch_htam.build import build_many
+
+    def fresh(device="cuda"):
+        torch.manual_seed(0)
+        return BiasGelu().to(device).eval()
+    model, x = fresh(), torch.randn(16, 256, device="cuda")
+    target = [t for t in extract_tasks(model, (x,)) if t.kind == "elementwise"]
+    assert len(target) == 1
+    target = target[0]
+    wrong_cu = BIAS_GELU_CU.replace("y[i] = 0.5f * v", "y[i] = 0.501f * v")
+    good, wrong = build_many([BIAS_GELU_CU, wrong_cu], out_dir=tmp_path)
+    assert good.ok and wrong.ok, (good.log, wrong.log)
+    arch = bundle._gpu_arch()
+    for name, res, device in (("gpu", good, "cuda"), ("cpu", good, "cpu"), ("wrong", wrong, "cuda")):
+        cache = KernelCache(arch, root=tmp_path / f"cache_{name}")
+        cache.put(target, BIAS_GELU_CU, res.so_path, _ev(), {"proposer": "test"})
+        out = bundle.precompile(fresh(device), (x.to(device),), tmp_path / f"b_{name}", cache=cache)
+        man = json.loads((out / "manifest.json").read_text())
+        assert [t["golden"]["device"] for t in man["tasks"] if t["kernel"]] == [device]
+        loaded = bundle.load(fresh(), out, (x,))
+        rep = loaded.htam_report
+        status = {t.signature: t.status for t in rep.tasks}
+        if name == "wrong":
+            assert rep.swapped == 0 and status[target.signature].startswith("golden check failed: mismatch")
+            assert "golden check: 0 of 1 kernels passed in" in rep.note
+        else:
+            assert rep.swapped == 1 and status[target.signature] == "swapped", rep.format()
+            assert "golden check: 1 of 1 kernels passed in" in rep.note
+            with torch.no_grad():
+                torch.testing.assert_close(loaded(x), fresh()(x), atol=1e-5, rtol=1e-5)

@@ -240,6 +240,7 @@ def test_precompile_bundles_the_original_graph_then_reoptimizes(monkeypatch, tmp
 
     monkeypatch.setattr(pipeline, "optimize", fake_optimize)
     monkeypatch.setattr(bundle, "precompile", fake_bundle)
+    monkeypatch.setattr(bundle, "_gpu_arch", lambda: "sm_90a")   # without a GPU precompile does no search
     assert pipeline.precompile(model, inputs, tmp_path) == tmp_path
     assert calls == [True, False, {"sig_a"}, False]   # search, bundle unswapped, re-apply from cache
     assert "forward" in model.__dict__

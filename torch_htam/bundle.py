@@ -2,35 +2,46 @@
 
     <bundle>/
       manifest.json                  format, arch, toolchain, torch_htam/torch versions, the tasks
+                                     (each: kernel or not, and its golden record's file, sha256,
+                                     seed, device and precision policy); written last
       kernels/<signature>/           the cache entry layout (cache.py), each with its sha256 manifest
+        golden.safetensors           inputs and reference outputs recorded at precompile (golden.py);
+                                     its sha256 is in the bundle manifest (the entry's covers the rest)
       htg.json                       the arch's HTG memory, when there is one
       launcher/<torch+cuda tag>/     the built C++ launcher, so a box without a compiler can run it
 
 `load` on a machine of the same arch and toolchain applies the bundle's libraries after their
-integrity check: no search, no LLM, no compiler. On another arch (or toolchain) it rebuilds from the
-shipped sources with nvcc and re-verifies each kernel on this GPU before swapping it in; without a
-compiler or a GPU the model stays on its original path and the report says why.
+integrity check and a golden check (each kernel run on its recorded inputs on this GPU and judged
+against the recorded outputs under its policy's tolerance): no search, no LLM, no compiler. On another
+arch (or toolchain) it rebuilds from the shipped sources with nvcc and re-verifies each kernel on this
+GPU before swapping it in; without a compiler or a GPU the model stays on its original path and the
+report says why. A bundle always holds at least one kernel (errors.EmptyBundleError otherwise).
 
     >>> precompile(model, (x,), "bundle/")          # on the H100 box, after optimize filled the cache
+    >>> precompile(model, (x,), "bundle/", arch="sm_90a")   # no GPU: the kernels cached for sm_90a
     >>> model = load(model, "bundle/", (x,))         # in production
+    >>> model.htam_report.note
+    'golden check: 5 of 5 kernels passed in 0.8 s'
 """
 from __future__ import annotations
 
 import datetime
 import json
 import logging
+import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from torch_htam import paths, runtime
-from torch_htam.cache import Entry, KernelCache, default_arch
+from torch_htam.cache import Entry, KernelCache, sha256_file
 
 log = logging.getLogger("torch_htam")
 
-BUNDLE_FORMAT = 1
+BUNDLE_FORMAT = 2   # 2: a golden record per kernel (golden.py)
 
 
 def _tasks(model, example_inputs):
@@ -42,35 +53,68 @@ def _tasks(model, example_inputs):
 
 def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Path, config: Any = None,
                ensure_kernels: Callable | None = None, cache: KernelCache | None = None,
-               only: set[str] | None = None) -> Path:
-    """Write a self-contained bundle of the cached kernels for this model's tasks.
+               only: set[str] | None = None, arch: str | None = None) -> Path:
+    """Write a self-contained bundle of the cached kernels for this model's tasks, each with its
+    golden record (golden.py), recorded by running the task's reference where the model is.
 
     ensure_kernels(model, example_inputs, config): fills the cache first (the optimize pipeline);
-    without it the bundle holds whatever the cache has. cache: default this GPU's arch cache.
-    only: task signatures allowed in (optimize's end-to-end verdict); None: every usable kernel.
+    without it the bundle holds whatever the cache has. cache: default the cache of `arch`, else of
+    this GPU's arch, else of $HTAM_ARCH. only: task signatures allowed in (optimize's end-to-end
+    verdict); None: every usable kernel. Raises errors.EmptyBundleError, writing nothing, when no
+    kernel qualifies: a bundle always has at least one kernel.
 
         >>> precompile(model, (x,), "bundle/", ensure_kernels=lambda m, x, c: optimize(m, x, c))
         PosixPath('bundle')
+        >>> precompile(model_on_cpu, (x,), "bundle/", arch="sm_90a")   # no GPU: what is cached
     """
+    from torch_htam import golden
+    from torch_htam.errors import EmptyBundleError
     if ensure_kernels is not None:
         ensure_kernels(model, example_inputs, config)
-    cache = cache or KernelCache(default_arch())
+    cache = cache or KernelCache(bundle_arch(arch))
     cap, tasks = _tasks(model, example_inputs)
     if not tasks:
         raise RuntimeError("nothing to bundle: the model could not be captured ("
                            + "; ".join(cap.problems) + ")")
+    entries = {t.signature: e for t in tasks if (e := cache.get(t.signature)) is not None and e.usable()}
+    chosen = [t for t in tasks if t.signature in entries and (only is None or t.signature in only)]
+    if not chosen:
+        raise EmptyBundleError(_empty_reason(cache, tasks, entries, only))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # A bundle reflects one precompile, never a mix of two; without a manifest nothing loads it, so
+    # a precompile that fails half way leaves no bundle that looks whole.
+    (out / "manifest.json").unlink(missing_ok=True)
     target = KernelCache(cache.arch, root=out)
-    target.clear()   # a bundle reflects one precompile, never a mix of two
+    target.clear()
+    device = _device(model, example_inputs)
+    goldens, failed = {}, {}
+    for t in chosen:
+        entry = target.put_entry(entries[t.signature])
+        policy = golden.policy_of(entry)
+        try:
+            golden.save(entry.path / golden.FILE, golden.record(t, policy, device), t, policy, device)
+        except Exception as e:  # noqa: BLE001 -- a kernel without its record is left out, not the bundle
+            failed[t.signature] = f"{type(e).__name__}: {str(e).strip()[:200]}"
+            log.warning("torch_htam: bundle: %s left out: its golden record could not be made on %s: %s",
+                        t.name, device, failed[t.signature])
+            target.remove(t.signature)
+            continue
+        goldens[t.signature] = {"file": f"kernels/{t.signature}/{golden.FILE}",
+                                "sha256": sha256_file(entry.path / golden.FILE),
+                                "seed": golden.GOLDEN_SEED, "dist": golden.GOLDEN_DIST,
+                                "device": torch.device(device).type, "policy": policy.to_json()}
+    if not goldens:
+        target.clear()
+        raise EmptyBundleError(f"no kernel to bundle for {cache.arch}: the golden record of every "
+                               f"kernel failed on {device} (" + "; ".join(failed.values()) + ")")
     listed = []
     for t in tasks:
-        entry = cache.get(t.signature)
-        ok = entry is not None and entry.usable() and (only is None or t.signature in only)
-        if ok:
-            target.put_entry(entry)
+        ok = t.signature in goldens
         listed.append({"name": t.name, "signature": t.signature, "kind": t.kind, "count": t.count,
-                       "kernel": ok, "speedup": entry.speedup if ok else None})
+                       "kernel": ok, "speedup": entries[t.signature].speedup if ok else None,
+                       "golden": goldens.get(t.signature)}
+                      | ({"left_out": failed[t.signature]} if t.signature in failed else {}))
     htg = cache.root / "htg.json"
     if htg.is_file():
         shutil.copyfile(htg, out / "htg.json")
@@ -81,10 +125,42 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
                 "torch_htam": __version__, "torch": torch.__version__,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "capture": cap.capture.method, "tasks": listed}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    n = sum(x["kernel"] for x in listed)
-    log.info("torch_htam: bundle %s: %d of %d tasks have kernels for %s", out, n, len(listed), cache.arch)
+    tmp = out / ".manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, out / "manifest.json")   # last: its presence means the bundle is whole
+    log.info("torch_htam: bundle %s: %d of %d tasks have kernels for %s", out, len(goldens), len(listed),
+             cache.arch)
     return out
+
+
+def bundle_arch(arch: str | None = None) -> str:
+    """The arch to bundle for: `arch`, else this GPU's, else $HTAM_ARCH; a clear error without any."""
+    arch = arch or _gpu_arch() or os.environ.get("HTAM_ARCH")
+    if not arch:
+        raise RuntimeError("no CUDA GPU detected: pass arch= (e.g. 'sm_90a'; `torch-htam precompile "
+                           "--arch`) to bundle the kernels already cached for that arch, or run "
+                           "precompile on a GPU of the arch to deploy to")
+    return arch
+
+
+def _empty_reason(cache: KernelCache, tasks: list, entries: dict, only: set[str] | None) -> str:
+    head = f"no kernel to bundle for {cache.arch}: "
+    if not entries:
+        return head + (f"the cache at {cache.root} has no verified kernel for this model's {len(tasks)} "
+                       f"tasks; run `torch-htam optimize` on a GPU of that arch first")
+    return head + (f"the cache has verified kernels for {len(entries)} of this model's {len(tasks)} tasks, "
+                   "but optimize kept none of them (the model was not faster end to end with them, "
+                   "see model.htam_report); there is nothing worth deploying")
+
+
+def _device(model: torch.nn.Module, example_inputs) -> torch.device:
+    """Where the model runs: its example inputs' device, else its parameters', else the CPU."""
+    from torch.utils import _pytree as pytree
+    for x in pytree.tree_leaves(tuple(example_inputs)):
+        if isinstance(x, torch.Tensor):
+            return x.device
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
 
 
 def read_manifest(bundle_dir: str | Path) -> dict[str, Any]:
@@ -94,9 +170,14 @@ def read_manifest(bundle_dir: str | Path) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise ValueError(f"{path} is not a torch_htam bundle manifest ({e}); "
                          "write one with torch_htam.precompile") from e
-    if manifest.get("format") != BUNDLE_FORMAT:
-        raise ValueError(f"{path}: bundle format {manifest.get('format')} is not {BUNDLE_FORMAT}; "
-                         "re-run precompile with this torch_htam version")
+    fmt = manifest.get("format")
+    if fmt == 1:
+        raise ValueError(f"{path}: bundle format 1 has no golden records, which load now checks every "
+                         "kernel against before swapping it in: re-make the bundle with "
+                         "torch_htam.precompile (or `torch-htam precompile`) with this torch_htam version")
+    if fmt != BUNDLE_FORMAT:
+        raise ValueError(f"{path}: bundle format {fmt} is not {BUNDLE_FORMAT}; "
+                         "re-make it with precompile with this torch_htam version")
     return manifest
 
 
@@ -124,7 +205,19 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
             launcher.adopt(Path(bundle_dir) / "launcher")
         from torch_htam.policy import admitted
         kernels = {t.signature: e for t in tasks if (e := admitted(bundle.get(t.signature), t)) is not None}
-        return runtime.install(model, cap, kernels, provider=provider)
+        provider = provider or runtime.launcher_provider()
+        passed, failed, note, dead = golden_check(bundle_dir, manifest, kernels, provider,
+                                                  _device(model, example_inputs))
+        if dead:
+            model = runtime.leave(model, note + "; nothing swapped: the CUDA context is lost, "
+                                  "restart the process", tasks)
+        else:
+            model = runtime.install(model, cap, passed, provider=provider)
+            model.htam_report.note = "; ".join(x for x in (note, model.htam_report.note) if x)
+        for t in model.htam_report.tasks:
+            if t.signature in failed:
+                t.status = f"golden check failed: {failed[t.signature]}"
+        return model
     built_for = f"{manifest['arch']} / {manifest['toolchain']}"
     if paths.nvcc_path() is None:
         return runtime.leave(model, f"bundle built for {built_for}, this machine is {here} / "
@@ -134,6 +227,51 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
     model.htam_report.note = "; ".join(x for x in (f"bundle built for {built_for}: {note}",
                                                     model.htam_report.note) if x)
     return model
+
+
+def golden_check(bundle_dir: str | Path, manifest: dict, kernels: dict[str, Entry],
+                 provider: runtime.Provider, device) -> tuple[dict[str, Entry], dict[str, str], str, bool]:
+    """Run each bundled kernel on its golden record here before it is swapped in (golden.check).
+
+    Returns (the kernels that passed, {signature: why it failed}, a one-line summary with the time
+    the whole check took, dead): dead when a kernel crashed the CUDA context, after which nothing
+    else is checked (nor may anything be swapped in this process).
+
+        >>> passed, failed, note, dead = golden_check("bundle/", manifest, kernels, provider, "cuda")
+        >>> note
+        'golden check: 5 of 5 kernels passed in 0.8 s'
+    """
+    from torch_htam import golden
+    listed = {t["signature"]: t.get("golden") or {} for t in manifest.get("tasks", [])}
+    passed, failed, dead = {}, {}, False
+    t0 = time.perf_counter()
+    for sig, entry in kernels.items():
+        if dead:
+            failed[sig] = "not checked: an earlier kernel crashed the CUDA context"
+            continue
+        if getattr(entry, "so_path", None) is None:
+            passed[sig] = entry   # needs a rebuild: install reports it and swaps nothing for it
+            continue
+        info, path = listed.get(sig, {}), Path(bundle_dir) / "kernels" / sig / golden.FILE
+        if not path.is_file():
+            why = f"no golden record ({path.name} missing); re-make the bundle with precompile"
+        elif info.get("sha256") != sha256_file(path):
+            why = f"{path.name} does not match the bundle manifest's sha256 (corrupt or altered)"
+        else:
+            try:
+                why = golden.check(provider, entry, golden.read(path, entry.task, device))
+            except Exception as e:  # noqa: BLE001 -- an unreadable record fails this kernel only
+                why = f"unreadable golden record: {type(e).__name__}: {str(e).strip()[:200]}"
+        if why is None:
+            passed[sig] = entry
+            continue
+        failed[sig] = why
+        dead = why.startswith("crash")
+        log.warning("torch_htam: bundle kernel %s (%s) not swapped in: golden check failed: %s",
+                    sig[:16], entry.name, why)
+    n = len([s for s in passed if kernels[s].so_path is not None])
+    note = f"golden check: {n} of {n + len(failed)} kernels passed in {time.perf_counter() - t0:.1f} s"
+    return passed, failed, note, dead
 
 
 def _gpu_arch() -> str | None:

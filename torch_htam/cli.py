@@ -88,7 +88,6 @@ def _cmd_optimize(args) -> int:
 
 
 def _cmd_precompile(args) -> int:
-    import inspect
     import os
     from torch_htam import gpu
     from torch_htam.modelspec import default_device
@@ -98,15 +97,8 @@ def _cmd_precompile(args) -> int:
     if arch is None and gpu.detect() is None:
         raise CliError("no CUDA GPU detected: pass --arch (e.g. sm_90a) to bundle kernels already "
                        "cached for that arch")
-    # NOTE: pipeline.precompile gains `arch` separately; until then $HTAM_ARCH still reaches it
-    # through gpu.detect(), and only an explicit --arch needs the keyword.
-    takes_arch = "arch" in inspect.signature(precompile).parameters
-    if args.arch and not takes_arch:
-        raise CliError("this torch_htam's precompile() takes no arch yet: run on the GPU whose "
-                       "arch you want, without --arch")
-    kwargs = {"arch": arch} if arch and takes_arch else {}
     model, inputs = _load_model(args)
-    out = precompile(model, inputs, args.out, _config(args), **kwargs)
+    out = precompile(model, inputs, args.out, _config(args), arch=args.arch)
     print(f"bundle written to {out}")
     return OK
 

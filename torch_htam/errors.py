@@ -1,10 +1,9 @@
-"""Exceptions that the command line turns into a one-line `error: ...` (no traceback).
-
-Kept free of torch imports so the CLI can name them before anything heavy is loaded.
-"""
+"""Exceptions torch_htam raises on purpose, with a message that says what to do; the command line
+turns them into a one-line `error: ...` (no traceback). Kept free of torch imports so the CLI can
+name them before anything heavy is loaded."""
 from __future__ import annotations
 
 
 class EmptyBundleError(RuntimeError):
-    """precompile() would write a bundle with no kernel in it (nothing swapped, nothing cached for
-    the arch); the message says why and what to run first."""
+    """precompile found no kernel to put in a bundle (none cached for the arch, none that verified,
+    or none that made the model faster end to end); no bundle is written."""

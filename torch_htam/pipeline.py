@@ -326,13 +326,26 @@ def _e2e_ms(model, inputs: tuple) -> tuple[float, float]:
 
 
 def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
-               config: OptimizeConfig | None = None) -> Path:
+               config: OptimizeConfig | None = None, arch: str | None = None) -> Path:
     """Optimize (filling the cache), then write a self-contained bundle for this GPU arch.
 
+    arch: bundle the kernels already cached for that arch (e.g. "sm_90a"), with no search: how a
+    machine without a GPU (a CI box) writes a bundle. Without a GPU and without arch, $HTAM_ARCH
+    stands for it; with neither, a RuntimeError says so. Raises errors.EmptyBundleError when there
+    is no kernel to bundle (no bundle is written then).
+
     >>> torch_htam.precompile(model, (x,), "bundle/")   # later: torch_htam.load(model, "bundle/", (x,))
+    >>> torch_htam.precompile(model, (x,), "bundle/", arch="sm_90a")   # no GPU here
     """
     from torch_htam import runtime
+    from torch_htam.bundle import _gpu_arch, bundle_arch
     from torch_htam.bundle import precompile as write_bundle
+    if arch is not None or _gpu_arch() is None:
+        # NOTE: searching needs a GPU of the target arch, so this bundles what the cache already
+        # holds for it, every usable kernel: optimize's end-to-end check (which kernels make the
+        # whole model faster) needs that GPU too, and load's golden check still runs on the server.
+        runtime.restore(model)
+        return write_bundle(model, example_inputs, out_dir, arch=bundle_arch(arch))
     cfg = config or OptimizeConfig()
     optimize(model, example_inputs, cfg)
     # Only what the optimized model really uses: a kernel that won alone but that the end-to-end
