@@ -204,7 +204,8 @@ def test_golden_records_are_written_and_read_back(made, tmp_path):
 
 def test_golden_inputs_keep_a_strided_spec(tmp_path):
     from torch_htam import golden
-    from torch_htam.task import TensorSpec, task_from_source
+    from torch_htam.extract import task_from_source
+    from torch_htam.task import TensorSpec
     task = task_from_source(
         "import torch\nimport torch.nn as nn\n"
         "class Model(nn.Module):\n    def forward(self, a):\n        return a * 2\n"
