@@ -83,7 +83,7 @@ def _config():
     # 1 ms model was not faster end to end (0.974 vs 0.933 ms) although its regions were
     # 1.05-1.78x, and the guard (tested in test_end_to_end_guard_*) kept the original path.
     return OptimizeConfig(steps=1, candidates_per_step=4, time_budget_s=240, progress=True,
-                          check_end_to_end=False)
+                          check_end_to_end=False, compile=False)
 
 
 def _cuda_graph_replay(model, x):
@@ -138,6 +138,32 @@ def test_gpt_optimized_is_right_under_eager_compile_cudagraph_and_new_batch(cach
     print(f"warm optimize {warm_s:.1f} s (cold {cold_s:.1f} s)")
     assert model.htam_report.swapped == rep.swapped
     assert warm_s < cold_s / 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_gpt_optimized_inside_inductor_is_right(cache_dir, mode):
+    """compile=True: kernels inside torch.compile in both modes, right on fresh inputs, on a new
+    batch size (a recompile) and under no_grad after an inference_mode warm-up."""
+    import dataclasses
+    torch._dynamo.reset()
+    model, (idx,) = gpt_block.get_model("cuda", n_layer=2, batch=8, seq=256, n_embd=512, n_head=8)
+    ref_model = copy.deepcopy(model)
+    cfg = dataclasses.replace(_config(), compile=True, mode=mode)
+    model = torch_htam.optimize(model, (idx,), cfg)
+    rep = model.htam_report
+    print(rep.format())
+    assert "inductor" in rep.method and rep.swapped > 0, rep.format()
+    with torch.inference_mode():
+        for _ in range(3):                  # reduce-overhead: warm-up, record, replay
+            fresh = torch.randint_like(idx, 0, 128)
+            assert rel_err(model(fresh).clone(), ref_model(fresh)) < 1e-4
+        small = torch.randint(0, 128, (2, 256), device="cuda")
+        assert rel_err(model(small).clone(), ref_model(small)) < 1e-4
+    with torch.no_grad():
+        assert rel_err(model(fresh).clone(), ref_model(fresh)) < 1e-4
+    torch_htam.restore(model)
+    torch._dynamo.reset()
 
 
 @pytest.mark.gpu

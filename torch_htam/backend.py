@@ -17,6 +17,7 @@ gradients is handed to Inductor unswapped (our kernels have no backward).
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -33,7 +34,7 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 class GraphRecord:
     """One graph Dynamo compiled: how many sites it had, which tasks ran our kernels, or why none."""
     sites: int = 0
-    swapped: list[str] = field(default_factory=list)   # task names, one per swapped site
+    swapped: list[str] = field(default_factory=list)   # task signatures, one per swapped site
     note: str = ""
 
 
@@ -97,7 +98,7 @@ class HtamBackend:
             return gm
         new, swapped = runtime.swap(sub, found.sites, kernels, self.provider or op_provider())
         self._alive.append(new.htam_kernels)
-        record.swapped = [s.name for s in swapped]
+        record.swapped = [s.signature for s in swapped]
         if new.htam_load_errors:
             record.note = "; ".join(f"{sig[:12]}: {e}" for sig, e in new.htam_load_errors.items())
         return new if swapped else gm
@@ -130,3 +131,51 @@ def op_provider():
     from torch_htam.runtime import Provider, launcher_provider
     launcher.get()
     return Provider(torch.ops.htam.launch.default, launcher_provider().load)
+
+
+# ---- on the user's own model ------------------------------------------------------------------
+
+def compile_with(model: torch.nn.Module, b: HtamBackend) -> Callable:
+    """torch.compile of the model's call with backend `b`, as nn.Module.compile makes it."""
+    return torch.compile(model._call_impl, backend=b)
+
+
+def install(model: torch.nn.Module, found, kernels: dict[str, Any], mode: str = "default",
+            provider=None, min_speedup: float = 1.0, compiled: Callable | None = None,
+            backend_obj: HtamBackend | None = None) -> torch.nn.Module:
+    """Make `model(...)` run torch.compile with our kernels, on the user's own object (what
+    nn.Module.compile does), and report it. compiled / backend_obj: a compile made already
+    (optimize's end-to-end guard timed it), reused so the model is not compiled again.
+
+        >>> model = install(model, extract(model, (x,)), {sig: entry}, mode="reduce-overhead")
+        >>> model(x); model.htam_report.format()
+    """
+    from torch_htam import runtime
+    runtime.restore(model)
+    usable, unusable = runtime._split_usable(kernels, min_speedup)
+    b = backend_obj or HtamBackend(usable, mode, provider=provider)
+    model._compiled_call_impl = compiled or compile_with(model, b)
+    model._htam_backend = b   # NOTE: restore() and the report read it; not a submodule
+    report = runtime.Report(method=f"{found.capture.method} + inductor ({b.mode})")
+    report.tasks = runtime._task_reports(found.tasks, kernels, [], {}, unusable)
+    for t in report.tasks:
+        if t.signature in usable:
+            t.status = "kernel ready (swapped when torch.compile compiles the graph)"
+    model.htam_report = report
+    model.__getstate__ = functools.partial(runtime._plain_state, model)
+    return model
+
+
+def sync_report(model: torch.nn.Module) -> None:
+    """Bring model.htam_report up to what the backend swapped in the graphs compiled so far."""
+    b, report = model.__dict__.get("_htam_backend"), getattr(model, "htam_report", None)
+    if b is None or report is None:
+        return
+    sigs = [s for r in b.records for s in r.swapped]
+    report.swapped = len(sigs)
+    for t in report.tasks:
+        if t.signature in sigs:
+            t.status = "swapped"
+    notes = [r.note for r in b.records if r.note]
+    if notes and not report.note:
+        report.note = "; ".join(dict.fromkeys(notes))

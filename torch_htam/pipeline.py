@@ -32,8 +32,12 @@ class OptimizeConfig:
     steps / candidates_per_step: HTAM evolution budget per task (the paper uses at most 6 steps).
     min_speedup: a verified kernel is swapped in only if it beats the original region by this
     factor; below it the gain is inside timing noise and not worth a custom op.
-    check_end_to_end: time the swapped and the original forward on the example inputs and keep
-    the original unless ours is faster (per-region wins need not add up: host overhead per call).
+    check_end_to_end: time ours against the alternative on the example inputs and keep only the
+    kernels that make the whole model faster (per-region wins need not add up).
+    compile: the model runs under torch.compile with our kernels inside Inductor's graph (the
+    alternative then is torch.compile of the model in the same mode); False replays the captured
+    graph op by op with the kernels swapped in (the alternative: the original forward).
+    mode: torch.compile's mode for compile=True ("default", "reduce-overhead", ...).
     time_budget_s: wall time for the whole search (None = steps bound it).
     """
     steps: int = 6
@@ -48,6 +52,8 @@ class OptimizeConfig:
     min_speedup: float = 1.03
     progress: bool = True
     check_end_to_end: bool = True      # keep the swap only if the whole model got faster
+    compile: bool = True               # kernels inside torch.compile (else: graph replay)
+    mode: str = "default"              # torch.compile mode when compile=True
     trajectory_dir: str | None = None  # default: <arch cache dir>/trajectories
     extra: dict = field(default_factory=dict)
 
@@ -57,6 +63,9 @@ class OptimizeConfig:
             raise ValueError(f"OptimizeConfig.memory={self.memory!r}: use 'htg', 'flat' or 'none'")
         if self.steps < 0 or self.candidates_per_step < 1:
             raise ValueError("OptimizeConfig needs steps >= 0 and candidates_per_step >= 1")
+        from torch_htam.backend import MODES
+        if self.mode not in MODES:
+            raise ValueError(f"OptimizeConfig.mode={self.mode!r}: use one of {', '.join(MODES)}")
         if self.min_speedup < 1.0:
             raise ValueError(f"OptimizeConfig.min_speedup={self.min_speedup}: below 1.0 would swap "
                              "in kernels slower than the original")
@@ -216,6 +225,16 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
             results = _search(misses, cfg, gpu, cache, searched)
     kernels = {t.signature: e for t in tasks
                if (e := admitted(cache.get(t.signature), t)) is not None and e.usable(cfg.min_speedup)}
+    if cfg.compile and found.capture.method == "export":
+        try:
+            model = _install_compiled(model, found, kernels, tuple(example_inputs), cfg)
+            model.htam_report.optimize_s = time.perf_counter() - t0
+            model.htam_report.usage = _total_usage(results.values())
+            return model
+        except Exception as e:  # noqa: BLE001 -- Inductor could not take it: the replay path
+            log.warning("torch_htam: torch.compile with the kernels failed (%s: %s); replaying the "
+                        "captured graph instead", type(e).__name__, e, exc_info=True)
+            runtime.restore(model)
     try:
         model = runtime.install(model, found, kernels, min_speedup=cfg.min_speedup)
     except Exception as e:   # NOTE: never leave the user's model broken; kernels stay cached
@@ -298,6 +317,74 @@ def _keep_what_pays(model: nn.Module, found, kernels: dict, inputs: tuple,
     report.swapped = 0
     return runtime.leave(model, f"end to end not faster ({first[1]:.3f} ms vs original {first[0]:.3f} ms "
                          "on the example inputs): the original path is kept", report=report)
+
+
+def _install_compiled(model: nn.Module, found, kernels: dict, inputs: tuple, cfg: OptimizeConfig,
+                      tries: int = 2) -> nn.Module:
+    """torch.compile with our kernels on the user's model, behind the end-to-end guard: timed
+    against torch.compile of the same model in the same mode (interleaved, this process). Kernels
+    whose region lost to Inductor's are left out first; if all together lose, the ones with the
+    largest estimated saving are tried alone (the top half, then the top quarter); if none pays,
+    the model runs torch.compile alone, which is the best known answer for it.
+
+        >>> model = _install_compiled(model, found, kernels, (x,), cfg)   # model.htam_report says what stayed
+    """
+    import torch
+    from torch_htam import backend
+    from torch_htam.benchmark import time_pair
+    beat = {s: e for s, e in kernels.items() if _beats_inductor(e, cfg.min_speedup)}
+    ranked = sorted(beat, key=lambda s: -_saving_ms(beat[s], _count(found, s)))
+    if not cfg.check_end_to_end:
+        b = backend.HtamBackend(beat, cfg.mode)
+        return _warm(backend.install(model, found, beat, cfg.mode, backend_obj=b), inputs)
+    plain = torch.compile(model._call_impl, mode=None if cfg.mode == "default" else cfg.mode)
+    subset, first = ranked, None
+    for attempt in range(tries + 2):
+        b = backend.HtamBackend({s: beat[s] for s in subset}, cfg.mode)
+        ours = backend.compile_with(model, b)
+        t_plain, t_ours = (t.median_ms for t in time_pair(plain, ours, inputs, iters=27, rounds=9))
+        first = first or (t_plain, t_ours, len(subset))
+        if t_ours < t_plain or not subset:
+            model = backend.install(model, found, {s: kernels[s] for s in subset}, cfg.mode,
+                                    compiled=ours, backend_obj=b)
+            _warm(model, inputs)
+            report = model.htam_report
+            report.e2e.update({"torch.compile_ms": t_plain, "htam_ms": t_ours})
+            left = set(kernels) - set(subset)
+            for t in report.tasks:
+                if t.signature in left:
+                    t.speedup = kernels[t.signature].speedup
+                    t.status = ("not used: slower than Inductor's code for the region"
+                                if t.signature not in beat else
+                                "not used: the compiled model was not faster with it")
+            if subset != ranked:
+                report.note = (f"{len(subset)} of {len(ranked)} kernels kept: all {first[2]} took "
+                               f"{first[1]:.3f} ms against {first[0]:.3f} ms for torch.compile")
+            return model
+        subset = subset[: len(subset) // 2] if attempt < tries else []
+    raise AssertionError("unreachable: the empty subset is always installed")
+
+
+def _beats_inductor(entry, min_speedup: float) -> bool:
+    """The kernel beat Inductor's code for its region, or Inductor's time was never measured
+    (then the end-to-end guard decides)."""
+    ev = entry.record.get("evaluation", {}) if hasattr(entry, "record") else {}
+    return ev.get("compile_speedup") is None or ev["compile_speedup"] >= min_speedup
+
+
+def _count(found, signature: str) -> int:
+    return next((t.count for t in found.tasks if t.signature == signature), 1)
+
+
+def _warm(model: nn.Module, inputs: tuple) -> nn.Module:
+    """One call on the example inputs: torch.compile compiles here, not in the user's first call,
+    and the report learns what was swapped."""
+    import torch
+    from torch_htam import backend
+    with torch.inference_mode():
+        model(*inputs)
+    backend.sync_report(model)
+    return model
 
 
 def _swapped(model) -> set[str]:

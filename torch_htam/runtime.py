@@ -550,7 +550,8 @@ def _plain_state(model: torch.nn.Module) -> dict:
     compute with the first model's weights whatever was done to the copy's (and torch.save failed
     on the closure). Optimize the copy to swap kernels into it."""
     state = dict(model.__dict__)
-    for key in ("forward", "__getstate__", "_htam_original_forward", "htam_report"):
+    for key in ("forward", "__getstate__", "_htam_original_forward", "htam_report", "_htam_backend",
+                "_compiled_call_impl"):
         state.pop(key, None)
     if model.__dict__.get("_htam_original_forward") is not None:
         state["forward"] = model.__dict__["_htam_original_forward"]
@@ -562,6 +563,9 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
 
         >>> restore(model).forward     # the class's own forward again
     """
+    if model.__dict__.pop("_htam_backend", None) is not None:   # backend.install's compiled call
+        model._compiled_call_impl = None
+        model.__dict__.pop("__getstate__", None)
     if isinstance(getattr(model.__dict__.get("forward"), "htam", None), HtamForward):
         prev = model.__dict__.pop("_htam_original_forward", None)
         del model.__dict__["forward"]

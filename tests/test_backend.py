@@ -1,0 +1,197 @@
+"""The torch.compile backend: kernels swapped into Dynamo's graphs, the rest lowered by Inductor.
+
+CPU tests use the stand-in kernels of test_runtime (a custom op that runs the task's own region
+graph), so they check the plumbing (which sites are swapped, what Inductor sees, what happens on
+graph breaks, new shapes and autograd), not kernel speed; the gpu tests run real kernels.
+"""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+from torch_htam import backend, runtime
+from torch_htam.extract import extract
+
+from test_runtime import MLP, PROVIDER, CpuKernel
+
+
+@pytest.fixture
+def mlp():
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = MLP().eval()
+    x = torch.randn(4, 8, 32)
+    found = extract(model, (x,))
+    kernels = {t.signature: CpuKernel(t) for t in found.tasks}
+    yield model, x, found, kernels
+    torch._dynamo.reset()
+
+
+def test_backend_swaps_every_site_and_inductor_compiles_the_rest(mlp):
+    model, x, found, kernels = mlp
+    b = backend.HtamBackend(kernels, provider=PROVIDER)
+    with torch.no_grad():
+        got = torch.compile(model, backend=b)(x)
+        want = model(x)
+    torch.testing.assert_close(got, want)
+    assert len(b.records) == 1 and sorted(b.records[0].swapped) == sorted(kernels)
+    assert all(k.calls == 1 for k in kernels.values())
+
+
+def test_backend_without_kernels_is_plain_inductor(mlp):
+    model, x, found, kernels = mlp
+    b = backend.HtamBackend({}, provider=PROVIDER)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend=b)(x), model(x))
+    assert b.records[0].swapped == [] and "no site" in b.records[0].note
+
+
+class Broken(nn.Module):
+    """Two graphs: Dynamo breaks at the print."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = MLP(), MLP()
+
+    def forward(self, x):
+        y = self.a(x)
+        print("graph break")   # noqa: T201 -- the break under test
+        return self.b(y)
+
+
+def test_graph_breaks_each_piece_gets_its_kernels():
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = Broken().eval()
+    x = torch.randn(4, 8, 32)
+    tasks = extract(model.a, (x,)).tasks   # a and b are the same layer shape: the same tasks
+    kernels = {t.signature: CpuKernel(t) for t in tasks}
+    b = backend.HtamBackend(kernels, provider=PROVIDER)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend=b)(x), model(x))
+    assert len(b.records) == 2 and all(r.swapped for r in b.records)
+    torch._dynamo.reset()
+
+
+def test_a_new_shape_recompiles_and_stays_right(mlp):
+    model, x, found, kernels = mlp
+    b = backend.HtamBackend(kernels, provider=PROVIDER)
+    compiled = torch.compile(model, backend=b)
+    with torch.no_grad():
+        compiled(x)
+        other = torch.randn(2, 8, 32)
+        torch.testing.assert_close(compiled(other), model(other))
+        torch.testing.assert_close(compiled(x), model(x))   # the first graph still serves x
+    assert len(b.records) == 2
+    # the recompile is dynamic in the batch dim: no kernel of a static shape may serve it
+    assert b.records[1].swapped == [] and "dynamic" in b.records[1].note
+
+
+def test_training_calls_are_left_to_inductor_and_have_gradients(mlp):
+    model, x, found, kernels = mlp
+    b = backend.HtamBackend(kernels, provider=PROVIDER)
+    out = torch.compile(model, backend=b)(x)
+    out.sum().backward()
+    assert model.fc.weight.grad is not None
+    assert b.records[0].swapped == [] and "gradients" in b.records[0].note
+
+
+def test_install_on_the_users_model_and_restore(mlp):
+    model, x, found, kernels = mlp
+    expect = copy.deepcopy(model)
+    out = backend.install(model, found, kernels, provider=PROVIDER)
+    assert out is model and isinstance(model, MLP)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), expect(x))
+    backend.sync_report(model)
+    assert model.htam_report.swapped == len(kernels)
+    assert "inductor" in model.htam_report.method
+    twin = copy.deepcopy(model)                      # a copy runs its own original call
+    assert twin._compiled_call_impl is None
+    runtime.restore(model)
+    assert model._compiled_call_impl is None and "_htam_backend" not in model.__dict__
+
+
+def test_compiled_guard_keeps_what_beats_torch_compile(mlp, monkeypatch):
+    """All kernels together lose to torch.compile, the better half wins: that half is installed."""
+    from torch_htam import benchmark, pipeline
+    model, x, found, kernels = mlp
+    entries = {s: _Entry(k, speedup) for (s, k), speedup in zip(kernels.items(), (3.0, 2.0, 1.5))}
+    sizes = []
+
+    def timed(plain, ours, inputs, iters, rounds):
+        with torch.inference_mode():
+            ours(*inputs)   # compiles: the backend's records say how many kernels it swapped
+        n = len(ours_backends[-1].kernels)
+        sizes.append(n)
+        return benchmark.ArmTime(1.0, 0, 0), benchmark.ArmTime(0.9 if n == 1 else 1.1, 0, 0)
+    ours_backends = []
+    real_compile_with = backend.compile_with
+
+    def compile_with(m, b):
+        b.provider = PROVIDER
+        ours_backends.append(b)
+        return real_compile_with(m, b)
+    monkeypatch.setattr(benchmark, "time_pair", timed)
+    monkeypatch.setattr(backend, "compile_with", compile_with)
+    cfg = pipeline.OptimizeConfig()
+    model = pipeline._install_compiled(model, found, entries, (x,), cfg)
+    assert sizes == [3, 1]
+    rep = model.htam_report
+    assert rep.swapped == 1 and "1 of 3 kernels kept" in rep.note
+    kept = [t for t in rep.tasks if t.status == "swapped"]
+    assert len(kept) == 1 and entries[kept[0].signature].speedup == 3.0
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), MLP.forward(model, x))
+
+
+def test_a_kernel_slower_than_inductors_region_is_left_out():
+    from torch_htam import pipeline
+
+    class E:
+        record = {"evaluation": {"speedup": 2.0, "compile_speedup": 0.8}}
+    assert not pipeline._beats_inductor(E(), 1.0)
+    E.record = {"evaluation": {"speedup": 2.0, "compile_speedup": 1.2}}
+    assert pipeline._beats_inductor(E(), 1.0)
+    E.record = {"evaluation": {"speedup": 2.0}}     # not measured: the end-to-end guard decides
+    assert pipeline._beats_inductor(E(), 1.0)
+
+
+class _Entry:
+    """A cache-entry-like wrapper of a stand-in kernel: record, speedup, usable(), handle."""
+
+    def __init__(self, kernel, speedup):
+        self.kernel, self.speedup = kernel, speedup
+        self.handle = kernel.handle
+        self.record = {"evaluation": {"speedup": speedup, "ref_ms": 1.0, "policy": {"name": "fp32"}}}
+
+    def usable(self, min_speedup=1.0):
+        return self.speedup >= min_speedup
+
+
+@pytest.mark.gpu
+def test_gpu_backend_runs_a_real_kernel_in_both_modes(tmp_path):
+    """A real bias+GELU kernel inside Inductor's graph, default and reduce-overhead (CUDA graphs)."""
+    from test_runtime import BIAS_GELU_CU, BiasGelu
+    from torch_htam.build import build_many
+    from torch_htam.launcher import Kernel
+    torch._dynamo.reset()
+    model = BiasGelu().cuda().eval()
+    x = torch.randn(64, 256, device="cuda")
+    found = extract(model, (x,))
+    task = next(t for t in found.tasks if "gelu" in t.name)
+    res = build_many([BIAS_GELU_CU], out_dir=tmp_path)[0]
+    assert res.ok, res.error
+    kernel = Kernel(res.so_path)
+    for mode in ("default", "reduce-overhead"):
+        torch._dynamo.reset()
+        b = backend.HtamBackend({task.signature: kernel}, mode)
+        compiled = torch.compile(model, backend=b)
+        with torch.inference_mode():
+            for _ in range(3):                       # warm-up, record, replays
+                fresh = torch.randn_like(x)
+                got = compiled(fresh).clone()
+                torch.testing.assert_close(got, model(fresh), rtol=1e-4, atol=1e-4)
+        assert b.records[0].swapped == [task.signature], b.records
+    torch._dynamo.reset()
