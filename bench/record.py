@@ -49,11 +49,13 @@ def command(argv: list[str] | None = None) -> str:
     return " ".join(["python3", *argv])
 
 
-def write(suite: str, payload: dict, results_dir: Path | None = None, cmd: str | None = None) -> Path:
+def write(suite: str, payload: dict, results_dir: Path | None = None, cmd: str | None = None,
+          path: Path | None = None) -> Path:
     """Write one run's results to <results_dir>/<suite>-<UTC YYYYmmdd-HHMMSS>.json; its path.
 
     The file holds suite, date, commit, device, torch version and command, then `payload` as given
-    (values JSON cannot hold, such as Paths, are written as strings).
+    (values JSON cannot hold, such as Paths, are written as strings). path: a file this run wrote
+    before, rewritten with the run's results so far (a run cut short keeps what it measured).
     """
     import torch
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
@@ -61,11 +63,12 @@ def write(suite: str, payload: dict, results_dir: Path | None = None, cmd: str |
             "torch": torch.__version__, "command": cmd or command(), **payload}
     folder = Path(results_dir) if results_dir is not None else RESULTS_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    stem = f"{suite}-{now.strftime('%Y%m%d-%H%M%S')}"
-    path, n = folder / f"{stem}.json", 1
-    while path.exists():              # two runs of one suite in one second keep both files
-        n += 1
-        path = folder / f"{stem}-{n}.json"
+    if path is None:
+        stem = f"{suite}-{now.strftime('%Y%m%d-%H%M%S')}"
+        path, n = folder / f"{stem}.json", 1
+        while path.exists():              # two runs of one suite in one second keep both files
+            n += 1
+            path = folder / f"{stem}-{n}.json"
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
     print(f"wrote {path} (regenerate bench/RESULTS.md: python3 bench/render.py)", file=sys.stderr)
     return path

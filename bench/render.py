@@ -52,11 +52,12 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("cand", "candidates", None), ("search s", "search_s", "{:.0f}"), ("error", "error", None),
         ("compile error", "compile_error", None)],
     "bench_models": [
-        ("model", "model", None), ("eager ms", "eager_ms", "{:.2f}"), ("compile ms", "compile_ms", "{:.2f}"),
-        ("htam ms", "htam_ms", "{:.2f}"), ("vs eager", "vs_eager", _x), ("vs compile", "vs_compile", _x),
-        ("tasks swapped", "swapped", None), ("tasks", "tasks", None), ("optimize s", "optimize_s", "{:.0f}"),
-        ("compile s", "compile_s", "{:.0f}"), ("rel err", "rel_err", "{:.1e}"),
-        ("fallbacks", "fallbacks", None), ("note", "note", None)],
+        ("model", "model", None), ("eager ms", "ms.eager", "{:.2f}"), ("compile ms", "ms.compile", "{:.2f}"),
+        ("compile ro ms", "ms.compile_ro", "{:.2f}"), ("htam replay ms", "ms.htam_replay", "{:.2f}"),
+        ("htam ms", "ms.htam", "{:.2f}"), ("htam ro ms", "ms.htam_ro", "{:.2f}"),
+        ("vs compile", "vs_compile", _x), ("vs compile ro", "vs_compile_ro", _x), ("vs eager", "vs_eager", _x),
+        ("swapped", "swapped.htam", None), ("tasks", "tasks", None), ("optimize s", "setup_s.htam", "{:.0f}"),
+        ("max rel err", "max_rel_err", "{:.1e}"), ("note", "note", None)],
     "bench_build": [("measure", "measure", None), ("value", "value", "{:.4g}"), ("unit", "unit", None)],
     "bench_deploy": [
         ("phase", "label", None), ("seconds", "seconds", "{:.2f}"), ("regions swapped", "swapped", None),
@@ -100,6 +101,13 @@ def _sweep_rows(data: dict) -> list[dict]:
 ROWS = {"sweep": _sweep_rows}
 
 
+def _field(row: dict, key: str):
+    """row["a"]["b"] for key "a.b" (None where a step is missing)."""
+    for part in key.split("."):
+        row = row.get(part) if isinstance(row, dict) else None
+    return row
+
+
 def _cell(v, fmt) -> str:
     if v is None or v == "":
         return "-"
@@ -129,7 +137,7 @@ def table(rows: list[dict], columns: list[tuple[str, str, object]] | None) -> li
     if not rows or not columns:
         return ["(no rows)"]
     lines = ["| " + " | ".join(h for h, _, _ in columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(r.get(k), f) for _, k, f in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(_cell(_field(r, k), f) for _, k, f in columns) + " |" for r in rows]
     return lines
 
 

@@ -129,10 +129,11 @@ def test_compiled_guard_keeps_what_beats_torch_compile(mlp, monkeypatch):
     ours_backends = []
     real_compile_with = backend.compile_with
 
-    def compile_with(m, b):
-        b.provider = PROVIDER
-        ours_backends.append(b)
-        return real_compile_with(m, b)
+    def compile_with(m, b, mode="default"):
+        if b is not None:
+            b.provider = PROVIDER
+            ours_backends.append(b)
+        return real_compile_with(m, b, mode)
     monkeypatch.setattr(benchmark, "time_pair", timed)
     monkeypatch.setattr(backend, "compile_with", compile_with)
     cfg = pipeline.OptimizeConfig()

@@ -18,6 +18,7 @@ gradients is handed to Inductor unswapped (our kernels have no backward).
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -135,9 +136,24 @@ def op_provider():
 
 # ---- on the user's own model ------------------------------------------------------------------
 
-def compile_with(model: torch.nn.Module, b: HtamBackend) -> Callable:
-    """torch.compile of the model's call with backend `b`, as nn.Module.compile makes it."""
-    return torch.compile(model._call_impl, backend=b)
+_CALLS = itertools.count()
+
+
+def compile_with(model: torch.nn.Module, b: HtamBackend | None, mode: str = "default") -> Callable:
+    """torch.compile of the model's call with backend `b` (None: Inductor alone, in `mode`), as
+    nn.Module.compile makes it, through a call of its own.
+
+    NOTE: Dynamo keeps its compiled code, and counts recompiles against its limit (8), per code
+    object. nn.Module._call_impl is one code object for every module in the process, so the end
+    to end guard's trial compiles (and a user's other compiled models) would share one limit and,
+    past it, silently run eager. Each compile here gets a fresh code object instead.
+    """
+    def call(*args, **kwargs):
+        return model._call_impl(*args, **kwargs)
+    call.__code__ = call.__code__.replace(co_name=f"htam_call_{next(_CALLS)}")
+    if b is None:
+        return torch.compile(call, mode=None if mode == "default" else mode)
+    return torch.compile(call, backend=b)
 
 
 def install(model: torch.nn.Module, found, kernels: dict[str, Any], mode: str = "default",

@@ -35,6 +35,7 @@ class BenchResult:
     max_rel_err: dict[str, float] = field(default_factory=dict)
     fallback_calls: int = 0
     note: str = ""
+    swapped_by_arm: dict[str, int] = field(default_factory=dict)   # regions swapped per htam arm
 
     @property
     def swapped(self) -> int:
@@ -53,12 +54,18 @@ def time_pair(fn_a, fn_b, inputs: tuple, iters: int = 50, rounds: int = 5) -> tu
 
         >>> eager, ours = time_pair(model.forward.htam.original, model, (x,))
     """
-    a, b = [], []
+    arms = time_many({"a": fn_a, "b": fn_b}, inputs, iters, rounds)
+    return arms["a"], arms["b"]
+
+
+def time_many(fns: dict, inputs: tuple, iters: int = 50, rounds: int = 5) -> dict[str, ArmTime]:
+    """Several callables timed round-robin, iters/rounds calls each per round (see time_pair)."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
     per = max(1, iters // rounds)
     for _ in range(rounds):
-        a += _times(fn_a, inputs, per, warmup=1)
-        b += _times(fn_b, inputs, per, warmup=1)
-    return _arm(a), _arm(b)
+        for k, fn in fns.items():
+            times[k] += _times(fn, inputs, per, warmup=1)
+    return {k: _arm(v) for k, v in times.items()}
 
 
 def _times(fn, inputs: tuple, iters: int, warmup: int) -> list[float]:
@@ -115,13 +122,10 @@ def format_table(res: BenchResult) -> str:
         lines.append(f"{name:12} {a.median_ms:9.3f} {a.p20_ms:7.3f}-{a.p80_ms:<7.3f} "
                      f"{eager / a.median_ms:8.2f}x {a.setup_s:8.1f} "
                      f"{f(res.max_rel_err.get(name), '{:.1e}'):>9}")
-    if "htam" in res.arms and not res.swapped:
-        # NOTE: a Llama run read 1.18x this way with both arms on the same code (spread 6.4-10.8 ms)
-        lines.append("htam runs the original forward (nothing swapped): its difference to eager is "
-                     "this run's noise")
-    if "compile" in res.arms and "htam" in res.arms:
-        lines.append(f"torch_htam vs torch.compile: "
-                     f"{res.arms['compile'].median_ms / res.arms['htam'].median_ms:.2f}x")
+    for ours, theirs in (("htam", "compile"), ("htam_ro", "compile_ro"), ("htam_replay", "eager")):
+        if ours in res.arms and theirs in res.arms:
+            lines.append(f"{ours} vs {theirs}: {res.arms[theirs].median_ms / res.arms[ours].median_ms:.2f}x"
+                         f" ({res.swapped_by_arm.get(ours, 0)} regions swapped)")
     lines.append(f"{'task':36} {'x':>3} {'share':>6} {'ref ms':>8} {'ours ms':>8} {'speedup':>8} "
                  f"{'roof':>5}  status")
     for r in res.tasks:
@@ -158,43 +162,57 @@ def _chart(res: BenchResult, path: Path) -> None:
     plt.close(fig)
 
 
+# The arms of a benchmark: the user's alternatives first, then ours in the same modes.
+ARMS = ("eager", "compile", "compile_ro", "htam_replay", "htam", "htam_ro")
+
+
 def bench_model(model, inputs, name: str, config=None, iters: int = 50,
-                compile_mode: str | None = None) -> BenchResult:
-    """Time eager, torch.compile and torch_htam on one model, in this order, in this process."""
-    from torch_htam.version import __version__
+                arms: tuple[str, ...] = ARMS) -> BenchResult:
+    """Time eager, torch.compile (default and reduce-overhead) and torch_htam (replay, and inside
+    Inductor in both modes) on one model, every arm interleaved in this process.
+
+    The search runs once (the first torch_htam arm) and fills the cache; the other arms reuse it.
+    Each torch_htam arm optimizes its own copy of the model, so arms never share a forward.
+    setup_s: compile seconds, or optimize seconds (search included for the first).
+    """
+    import copy
+    import dataclasses
+    import torch_htam
+    from torch_htam import backend
+    from torch_htam.pipeline import OptimizeConfig
+    cfg = config or OptimizeConfig()
     res = BenchResult(name, torch.cuda.get_device_name())
     with torch.inference_mode():
         ref = model(*inputs)
-    res.arms["eager"] = time_model(model, inputs, iters)
-
-    t0 = time.perf_counter()
-    compiled = torch.compile(model, mode=compile_mode)
-    with torch.inference_mode():
-        out = compiled(*inputs)
-    setup = time.perf_counter() - t0
-    res.max_rel_err["compile"] = rel_err(out, ref)
-    res.arms["compile"] = time_model(compiled, inputs, iters)
-    res.arms["compile"].setup_s = setup
-    del compiled
-    torch._dynamo.reset()
-
-    t0 = time.perf_counter()
-    model = torch_htam.optimize(model, inputs, config)
-    setup = time.perf_counter() - t0
-    with torch.inference_mode():
-        out = model(*inputs)
-    res.max_rel_err["htam"] = rel_err(out, ref)
-    # Eager again, interleaved with ours: the first eager figure is from minutes earlier, before
-    # compile and search heated the GPU. With nothing swapped both arms run the original forward,
-    # and their difference is the run's noise (an H100 run read 0.90x that way before this).
-    state = getattr(model.forward, "htam", None)
-    original = state.original if state is not None else model
-    res.arms["eager"], res.arms["htam"] = time_pair(original, model, inputs, iters)
-    res.arms["htam"].setup_s = setup
-    report = model.htam_report
-    res.tasks = _task_rows(report, res.arms["eager"].median_ms)
-    res.fallback_calls, res.note = report.fallback_calls, report.note
-    torch_htam.runtime.restore(model)
+    fns, setup, reports = {}, {}, {}
+    for arm in arms:
+        t0 = time.perf_counter()
+        if arm == "eager":
+            fns[arm] = model
+        elif arm in ("compile", "compile_ro"):
+            fns[arm] = backend.compile_with(model, None, "reduce-overhead" if arm == "compile_ro" else "default")
+        else:
+            mode = "reduce-overhead" if arm == "htam_ro" else "default"
+            mine = torch_htam.optimize(copy.deepcopy(model), inputs,
+                                       dataclasses.replace(cfg, compile=arm != "htam_replay", mode=mode))
+            fns[arm], reports[arm] = mine, mine.htam_report
+        with torch.inference_mode():
+            for _ in range(3):   # compile, CUDA-graph warm-up and record happen here, untimed
+                out = fns[arm](*inputs)
+        torch.cuda.synchronize()
+        setup[arm] = time.perf_counter() - t0
+        res.max_rel_err[arm] = rel_err(out.clone(), ref)
+    res.arms = time_many(fns, inputs, iters, rounds=max(1, iters // 10))
+    for arm, a in res.arms.items():
+        a.setup_s = setup[arm]
+    main = next((a for a in ("htam", "htam_replay", "htam_ro") if a in reports), None)
+    if main is not None:
+        report = reports[main]
+        res.tasks = _task_rows(report, res.arms["eager"].median_ms)
+        res.fallback_calls, res.note = report.fallback_calls, report.note
+        res.swapped_by_arm = {a: r.swapped for a, r in reports.items()}
+    for arm, r in reports.items():
+        torch_htam.runtime.restore(fns[arm])
     return res
 
 

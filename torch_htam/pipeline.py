@@ -329,7 +329,6 @@ def _install_compiled(model: nn.Module, found, kernels: dict, inputs: tuple, cfg
 
         >>> model = _install_compiled(model, found, kernels, (x,), cfg)   # model.htam_report says what stayed
     """
-    import torch
     from torch_htam import backend
     from torch_htam.benchmark import time_pair
     beat = {s: e for s, e in kernels.items() if _beats_inductor(e, cfg.min_speedup)}
@@ -337,7 +336,7 @@ def _install_compiled(model: nn.Module, found, kernels: dict, inputs: tuple, cfg
     if not cfg.check_end_to_end:
         b = backend.HtamBackend(beat, cfg.mode)
         return _warm(backend.install(model, found, beat, cfg.mode, backend_obj=b), inputs)
-    plain = torch.compile(model._call_impl, mode=None if cfg.mode == "default" else cfg.mode)
+    plain = backend.compile_with(model, None, cfg.mode)
     subset, first = ranked, None
     for attempt in range(tries + 2):
         b = backend.HtamBackend({s: beat[s] for s in subset}, cfg.mode)
