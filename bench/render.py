@@ -133,7 +133,7 @@ def table(rows: list[dict], columns: list[tuple[str, str, object]] | None) -> li
             keys += [k for k, v in r.items() if _scalar(v) and k not in keys]
         columns = [(k, k, None) for k in keys]
     else:
-        columns = [c for c in columns if any(c[1] in r for r in rows)]
+        columns = [c for c in columns if any(_field(r, c[1]) is not None for r in rows)]
     if not rows or not columns:
         return ["(no rows)"]
     lines = ["| " + " | ".join(h for h, _, _ in columns) + " |", "|" + "---|" * len(columns)]

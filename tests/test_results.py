@@ -122,14 +122,16 @@ def test_bench_models_data_is_raw_and_renders():
     sys.path.insert(0, str(ROOT / "bench"))
     bench_models = _load("bench_models")
     arms = {"eager": ArmTime(10.0, 9.0, 11.0), "compile": ArmTime(5.0, 4.9, 5.1, 20.0),
-            "htam": ArmTime(8.0, 7.5, 9.0, 60.0)}
+            "compile_ro": ArmTime(4.0, 3.9, 4.1, 30.0), "htam": ArmTime(4.0, 3.9, 4.2, 60.0),
+            "htam_ro": ArmTime(3.2, 3.1, 3.3, 70.0)}
     tasks = [{"task": "rowwise_rms_norm", "count": 8, "status": "swapped", "speedup": 3.4}]
-    res = BenchResult("m", "GPU", arms, tasks, {"compile": 1e-6, "htam": 2e-6})
+    res = BenchResult("m", "GPU", arms, tasks, {"compile": 1e-6, "htam": 2e-6, "htam_ro": 3e-6},
+                      swapped_by_arm={"htam": 8, "htam_ro": 8})
     row = json.loads(json.dumps(bench_models.data("gpt2:bf16", res)))
-    assert row["eager_ms"] == 10.0 and row["vs_eager"] == 1.25 and row["swapped"] == 1
-    assert row["optimize_s"] == 60.0 and row["arms"]["htam"]["p80_ms"] == 9.0
-    assert row["task_rows"] == tasks
-    res.tasks = [dict(tasks[0], status="no kernel")]
-    assert bench_models.data("m", res)["vs_eager"] is None      # nothing swapped: no ratio
+    assert row["model"] == "gpt2:bf16" and row["vs_compile"] == 1.25 and row["vs_eager"] == 2.5
+    assert row["vs_compile_ro"] == 1.25 and row["max_rel_err"] == 3e-6
+    assert row["replay_vs_eager"] is None                       # an arm not run has no ratio
+    assert row["ms"]["htam"] == 4.0 and row["arms"]["htam"]["p80_ms"] == 4.2
+    assert row["task_rows"] == tasks and row["swapped"] == {"htam": 8, "htam_ro": 8}
     text = "\n".join(render.table([row], render.COLUMNS["bench_models"]))
-    assert "| gpt2:bf16 | 10.00 | 5.00 | 8.00 | 1.25x | 0.62x | 1 | 1 | 60 | 20 | 2.0e-06 | 0 | - |" in text
+    assert "| gpt2:bf16 | 10.00 | 5.00 | 4.00 | 4.00 | 3.20 | 1.25x | 1.25x | 2.50x | 8 | 1 | 60 | 3.0e-06 |" in text
