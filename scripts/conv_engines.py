@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, ".")
 from torch_htam import build, launcher, timing  # noqa: E402
 from torch_htam.policy import policy_for  # noqa: E402
-from torch_htam.proposers.expert.proposer import _target  # noqa: E402
+from torch_htam.proposers.expert.proposer import match_task  # noqa: E402
 from torch_htam.task import load_reference, task_from_source  # noqa: E402
 from torch_htam.verify import _fresh_outputs, judge, make_input, reference_outputs, tf32_switches  # noqa: E402
 
@@ -60,7 +60,7 @@ def worst(out, own, r64, pol, ins):
 def main(stem="conv_bn_add_relu_fp32", n=10):
     task = task_from_source(Path(f"bench/tasks/{stem}.py").read_text(), stem)
     pol = policy_for(task)
-    tg = _target(task, pol)
+    tg = match_task(task, pol)
     ref = load_reference(task).cuda().eval()
     g = torch.Generator().manual_seed(0)
     sets = {d: [make_input(s, s.shape, d, g, "cuda") for s in task.inputs] for d in ("normal", "outliers")}
