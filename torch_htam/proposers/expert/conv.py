@@ -140,7 +140,7 @@ def _fused_tail(gm, anchor, ph, shape, dt) -> tuple[bool, int | None, bool]:
 
 
 def match(gm, policy) -> ConvMatch:
-    """ExprProgram a single-conv2d region with optional eval batch norm and an elementwise epilogue.
+    """Match a single-conv2d region with optional eval batch norm and an elementwise epilogue.
 
     >>> cp = match(task.graph, policy_for(task)); cp.bn, cp.fusable
     (BatchNorm(gamma=2, beta=3, mean=4, var=5, eps=1e-05), True)

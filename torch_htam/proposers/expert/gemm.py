@@ -56,7 +56,7 @@ def _gemm_node(gm):
 
 
 def match(gm, policy) -> GemmMatch:
-    """ExprProgram a single-GEMM region with an elementwise epilogue; raises Unsupported otherwise."""
+    """Match a single-GEMM region with an elementwise epilogue; raises Unsupported otherwise."""
     node = _gemm_node(gm)
     ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
     t, args = node.target, node.args

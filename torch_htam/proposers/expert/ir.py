@@ -1,4 +1,5 @@
-"""Aten graph -> a small fused-kernel program (ExprProgram): expressions per output element, row reductions, accesses.
+"""Aten graph -> ExprProgram, a small fused-kernel program: expressions per output element, row
+reductions, accesses.
 
 The program says *what* one thread computes; elementwise.py / rowwise.py say *how* threads are mapped.
 Every value is addressed relative to the iteration space `shape` (the output shape for elementwise
@@ -73,6 +74,8 @@ class Output:
 
 @dataclass
 class ExprProgram:
+    """The lowered program of a fused elementwise or row region: per-element output expressions over
+    input accesses, and the row reductions they read (what lower returns)."""
     kind: str                          # "elementwise" | "rowwise"
     shape: tuple[int, ...]             # iteration shape at capture (sizes are read at run time)
     inputs: list[tuple[tuple[int, ...], str]]   # (shape, dtype) per task input
@@ -482,7 +485,7 @@ def _size_source(prog: ExprProgram, gm) -> tuple[str, int]:
 
 
 def lower(gm, simplify: bool = True, leaves=None, extra_inputs=()) -> ExprProgram:
-    """Lower an aten GraphModule (placeholders = task inputs, output tuple) to a ExprProgram.
+    """Lower an aten GraphModule (placeholders = task inputs, output tuple) to an ExprProgram.
 
     >>> prog = lower(task.graph); prog.kind
     'elementwise'
