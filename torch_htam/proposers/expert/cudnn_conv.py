@@ -2,20 +2,18 @@
 ("graph") API. Each gives the per-shape cache entry with its planning (`*_entry`) and the per-call
 conv (`legacy_run`, `graph_run`); conv.py holds the matching, the BN fold and the epilogue.
 
-    >>> src = graph_entry(conv_plan, strict=True, algo=0)     # C: struct ConvEntry, plan_entry, bind
+    >>> src = graph_entry(cp, strict=True, algo=0)     # cp: conv.match(...)     # C: struct ConvEntry, plan_entry, bind
 """
 from __future__ import annotations
 
 import string
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:   # conv imports this module
-    from torch_htam.proposers.expert.conv import ConvPlan
+from torch_htam.proposers.expert.conv_match import ConvMatch
 
 CUDNN_TYPES = {"float32": "CUDNN_DATA_FLOAT", "bfloat16": "CUDNN_DATA_BFLOAT16", "float16": "CUDNN_DATA_HALF"}
 
 
-def legacy_entry(cp: ConvPlan, math: str, strict: bool, fused: bool, algo: int) -> str:
+def legacy_entry(cp: ConvMatch, math: str, strict: bool, fused: bool, algo: int) -> str:
     """Legacy API: the per-shape cache entry (descriptors + ranked algorithms) and its planning."""
     cudnn_t = CUDNN_TYPES[cp.dtype]
     (sh, sw), (ph_, pw), (dh, dw), G = cp.stride, cp.padding, cp.dilation, cp.groups
@@ -100,7 +98,7 @@ static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, i
 """
 
 
-def legacy_run(cp: ConvPlan, fused: bool, scale_w: bool) -> str:
+def legacy_run(cp: ConvMatch, fused: bool, scale_w: bool) -> str:
     """Legacy API: the per-call conv, moving down the ranking when cuDNN declines an algorithm."""
     if fused:
         z = f"in[{cp.residual}].data" if cp.residual is not None else "Y.data"
@@ -336,7 +334,7 @@ def graph_run(x: str = "X.data", w: str = "Wt.data", y: str = "Y.data") -> str:
   }}"""
 
 
-def graph_entry(cp: ConvPlan, strict: bool, algo: int, nhwc: bool = False) -> str:
+def graph_entry(cp: ConvMatch, strict: bool, algo: int, nhwc: bool = False) -> str:
     """Backend API: the per-shape cache entry (descriptors, execution plan, variant pack) and planning."""
     (sh, sw), (ph_, pw), (dh, dw) = cp.stride, cp.padding, cp.dilation
     return GRAPH_ENTRY.substitute(strict="true" if strict else "false", cudnn_t=CUDNN_TYPES[cp.dtype],

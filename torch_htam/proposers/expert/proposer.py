@@ -155,14 +155,14 @@ def _settings(tm: TaskMatch, base: dict, base_tags: list[str], sids: list[str], 
     return out
 
 
-def tuning_grid(task, policy=None, limit: int = 48) -> list[dict]:
+def tuning_grid(task, policy=None, limit: int = 48, targets: tuple[Target, ...] = TARGETS) -> list[dict]:
     """Every parameter setting worth timing for a task (the exhaustive autotuning space around the
     defaults, defaults first), for bench/sweep.py and for picking defaults from measurements.
 
         >>> [p["tpr"] for p in tuning_grid(rmsnorm_task)][:3]
         [256, 32, 32]
     """
-    tm = match_task(task, policy)
+    tm = match_task(task, policy, targets)
     t, out = tm.target, []
     for p in [dict(tm.defaults)] + t.grid(tm.region, dict(tm.defaults)):
         if t.valid(p) and p not in out:
