@@ -398,8 +398,8 @@ def test_conv_paths_follow_the_epilogue(name):
     conv = block.conv
     if "cudnnBackendExecute(" in src:     # backend API (the default): groups implied by the filter dims
         p, st, dl = conv['padding'], conv['stride'], conv['dilation']
-        assert f"pad[2] = {{{p}, {p}}}, stride[2] = {{{st}, {st}}}, dil[2] = {{{dl}, {dl}}}" in src
-        assert f"'w', d[4], d[1] / {conv['groups']}, d[5], d[6], d[7])" in src
+        assert f"kPad[2] = {{{p}, {p}}}, kStride[2] = {{{st}, {st}}}, kDilation[2] = {{{dl}, {dl}}}" in src
+        assert f"kGroups = {conv['groups']};" in src and "'w', d[4], d[1] / kGroups, d[5], d[6], d[7])" in src
     else:
         assert (f"{conv['padding']}, {conv['padding']}, {conv['stride']}, {conv['stride']}, {conv['dilation']}, "
                 f"{conv['dilation']}, CUDNN_CROSS_CORRELATION") in src
@@ -651,12 +651,12 @@ def test_conv_graph_and_legacy_sources_call_their_api():
     assert "% 16) return HTAM_ERR_SHAPE" not in graph
     assert "INT32_MAX" not in graph and "INT32_MAX" in legacy
     assert "std::equal(ptrs, ptrs + 4, e->ptrs)" in graph
-    assert "'w', d[4], d[1] / 2, d[5], d[6], d[7])" in graph and "stride[2] = {2, 2}" in graph
+    assert "kGroups = 2;" in graph and "kStride[2] = {2, 2}" in graph
     assert "CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS" in graph and "CUDNN_ATTR_CONVOLUTION_POST_PADDINGS" in graph
     # engines: A's ranking then the fallback list; nondeterministic / down-converting ones dropped
     assert "{CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}" in graph
     assert "CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC" in graph and "CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS" in graph
-    assert "next_plan(st, e, 0, 0)" in graph and "next_plan(st, e, 0, 3)" in conv.render(cp, dict(d, algo=3))
+    assert "kAlgo = 0;" in graph and "kAlgo = 3;" in conv.render(cp, dict(d, algo=3))
 
 
 def test_conv_graph_precision_follows_the_policy():
@@ -668,7 +668,7 @@ def test_conv_graph_precision_follows_the_policy():
     assert "kStrictFp32 = true" in conv.render(tf32, dict(d, tf32=False))
     bf16 = _conv_match("bn_add_relu", torch.bfloat16)
     src = conv.render(bf16, conv.defaults(bf16))
-    assert "kStrictFp32 = false" in src and "const cudnnDataType_t type = CUDNN_DATA_BFLOAT16;" in src
+    assert "kStrictFp32 = false" in src and "kDataType = CUDNN_DATA_BFLOAT16;" in src
     assert "comp = CUDNN_DATA_FLOAT" in src                               # fp32 accumulation
 
 

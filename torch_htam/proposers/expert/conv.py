@@ -59,7 +59,7 @@ import torch
 from torch_htam.proposers.expert import elementwise, host, pwconv
 from torch_htam.proposers.expert.conv_match import BatchNorm, ConvMatch, Fold, g_only
 from torch_htam.proposers.expert.cudnn_conv import graph_entry, graph_run, legacy_entry, legacy_run
-from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float
+from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float, cuh
 from torch_htam.proposers.expert.ir import (
     ExprProgram, Unsupported, check_single_output, dtype_of, lower, shape_of,
 )
@@ -67,6 +67,9 @@ from torch_htam.proposers.expert.strategies import TaskFacts
 from torch_htam.proposers.expert.target import Target
 
 aten = torch.ops.aten
+# the handle, workspace and scratch buffers, grow(), out_size(), not_supported(): no params in them
+CUDNN_STATE = cuh("cudnn.cuh")
+ENTRY_CACHE = cuh("conv_entry_cache.cuh")     # after the API path's ConvEntry and plan_entry
 RELUS = (aten.relu.default, aten.relu_.default)
 # the tiled pointwise kernel's own params (pwconv.py), and those only cuDNN's paths read
 TILE_KEYS = {"bm", "bn", "stages", "ju", "split", "minb", "pre", "persist"}
@@ -380,47 +383,10 @@ def render(cp: ConvMatch, params: dict) -> str:
 
 {epi_src}
 {fold_src}
-#define CD(x) do {{ cudnnStatus_t s_ = (x); if (s_ != CUDNN_STATUS_SUCCESS) return 3000 + (int)s_; }} while (0)
-static const size_t kMaxWorkspace = size_t(1) << 30;   // skip algorithms wanting more than 1 GiB
-
-struct DnnState {{ cudnnHandle_t handle = nullptr; void* ws = nullptr; size_t ws_bytes = 0;
-                  void* scratch = nullptr; size_t scratch_bytes = 0;
-                  void* lay = nullptr; size_t lay_bytes = 0; }};   // lay: NHWC copies (nhwc)
-
-// Lazily per device: the handle (cudnnSetStream is called on every run).
-static int dnn_state(DnnState** out) {{
-  static DnnState states[64];
-  int dev = 0;
-  cudaError_t ce = cudaGetDevice(&dev);
-  if (ce != cudaSuccess) return (int)ce;
-  if (dev < 0 || dev >= 64) return HTAM_ERR_SHAPE;
-  DnnState& s = states[dev];
-  if (!s.handle) CD(cudnnCreate(&s.handle));
-  *out = &s;
-  return 0;
-}}
-
-// Grow-only device buffer. NOTE: an outgrown buffer is never freed: a captured CUDA graph may use it.
-static int grow(void** buf, size_t* cap, size_t need) {{
-  if (need <= *cap) return 0;
-  const size_t bytes = std::max(need, std::max(2 * *cap, size_t(1) << 20));
-  void* p = nullptr;
-  cudaError_t ce = cudaMalloc(&p, bytes);
-  if (ce != cudaSuccess) return (int)ce;
-  *buf = p; *cap = bytes;
-  return 0;
-}}
-
-{host.CHANNEL_VEC}
-static int64_t out_size(int64_t in, int64_t pad, int64_t dil, int64_t k, int64_t stride) {{
-  const int64_t span = in + 2 * pad - dil * (k - 1) - 1;
-  return span < 0 ? 0 : span / stride + 1;
-}}
-
-static bool not_supported(cudnnStatus_t s) {{
-  return s == CUDNN_STATUS_NOT_SUPPORTED || ((int)s >= 3000 && (int)s < 4000);   // cuDNN 9 codes
-}}
+{CUDNN_STATE}
+{host.EPILOGUE_INPUTS}
 {entry_src}
+{ENTRY_CACHE}
 HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
   if (n_in != {cp.n_inputs} || n_out != 1) return HTAM_ERR_SHAPE;
   const HtamTensor& X = in[{cp.x}];
@@ -444,20 +410,8 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   int rc = dnn_state(&st);
   if (rc) return rc;
   CD(cudnnSetStream(st->handle, stream));
-  int dev = 0;
-  cudaGetDevice(&dev);
-  static ConvEntry cache[4];
-  static int next_slot = 0;
   ConvEntry* e = nullptr;
-  for (auto& c : cache)
-    if (c.used && c.dev == dev && std::equal(d, d + 8, c.dims)) e = &c;
-  if (!e) {{
-    e = &cache[next_slot];
-    next_slot = (next_slot + 1) % 4;
-    release(e);
-    if ((rc = plan_entry(st, e, d, P, Q))) {{ release(e); return rc; }}
-    e->used = true; e->dev = dev; std::copy(d, d + 8, e->dims);
-  }}
+  if ((rc = conv_entry(st, d, P, Q, &e))) return rc;
   // scratch: scale[K] fp32 | shift[K] (fp32 center, or cuDNN's bias in the output dtype) | scaled weights
   const size_t vec_bytes = ((size_t)K * 4 + 255) / 256 * 256;
   if ((rc = grow(&st->scratch, &st->scratch_bytes, 2 * vec_bytes + {w2_bytes}))) return rc;

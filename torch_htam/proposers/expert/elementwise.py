@@ -112,7 +112,8 @@ def _host(prog: ExprProgram, p: EwParams, entry: str) -> str:
     args = ", ".join([f"({DT[prog.inputs[a.input][1]][0]}::raw*)in[{a.input}].data"
                       for a in prog.accesses] +
                      [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)])
-    launch = "ew_kernel<{V}, {I}><<<blocks, {B}, 0, stream>>>(sp, ({I})(n / {V}), " + args + ");"
+    def launch(V: int, I: str) -> str:      # the kernel instantiation for vector width V, index type I
+        return f"ew_kernel<{V}, {I}><<<blocks, {p.block}, 0, stream>>>(sp, ({I})(n / {V}), {args});"
     waves = f"if ({p.waves} > 0) blocks = std::min<int64_t>(blocks, (int64_t)htam_sm_count() * {p.waves});"
     return f"""
 {entry}(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
@@ -131,10 +132,10 @@ def _host(prog: ExprProgram, p: EwParams, entry: str) -> str:
   int64_t blocks = (n + per_block - 1) / per_block;
   {waves}
   blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t)1 << 30));
-  if (vec_ok && idx32) {launch.format(V=p.vec, I="int32_t", B=p.block)}
-  else if (vec_ok) {launch.format(V=p.vec, I="int64_t", B=p.block)}
-  else if (idx32) {launch.format(V=1, I="int32_t", B=p.block)}
-  else {launch.format(V=1, I="int64_t", B=p.block)}
+  if (vec_ok && idx32) {launch(p.vec, "int32_t")}
+  else if (vec_ok) {launch(p.vec, "int64_t")}
+  else if (idx32) {launch(1, "int32_t")}
+  else {launch(1, "int64_t")}
   HTAM_CHECK_LAUNCH();
   return HTAM_OK;
 }}

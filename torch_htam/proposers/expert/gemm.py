@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_htam.proposers.expert import elementwise
-from torch_htam.proposers.expert.cuda import DT, PRELUDE
+from torch_htam.proposers.expert import elementwise, host
+from torch_htam.proposers.expert.cuda import DT, PRELUDE, cuh
 from torch_htam.proposers.expert.ir import (
     ExprProgram, Unsupported, check_single_output, dtype_of, lower, shape_of, walk,
 )
@@ -30,6 +30,7 @@ from torch_htam.proposers.expert.target import Target
 aten = torch.ops.aten
 GEMMS = {aten.linear.default, aten.addmm.default, aten.mm.default, aten.matmul.default, aten.bmm.default}
 CUDA_TYPES = {"float32": "CUDA_R_32F", "bfloat16": "CUDA_R_16BF", "float16": "CUDA_R_16F"}
+CUBLASLT = cuh("cublaslt.cuh")     # the handle, workspace and descriptor cache: no params in it
 LT_EPI = {None: "CUBLASLT_EPILOGUE_DEFAULT", "bias": "CUBLASLT_EPILOGUE_BIAS",
           "relu": "CUBLASLT_EPILOGUE_RELU", "relu_bias": "CUBLASLT_EPILOGUE_RELU_BIAS",
           "gelu": "CUBLASLT_EPILOGUE_GELU", "gelu_bias": "CUBLASLT_EPILOGUE_GELU_BIAS"}
@@ -209,22 +210,20 @@ def render(gp: GemmMatch, params: dict) -> str:
     epi_src = ""
     if epi_needed:
         epi_prog = _prune(dataclasses.replace(prog, outputs=[dataclasses.replace(prog.outputs[0], expr=rest)]))
-        epi_src = elementwise.generate(epi_prog, elementwise.EwParams(**ew_params),
+        epi_src = host.EPILOGUE_INPUTS + elementwise.generate(epi_prog, elementwise.EwParams(**ew_params),
                                        gp.facts.low_precision, entry="static int epilogue_run",
                                        restrict=False, prelude=False)
     lay = _layouts(gp.op)
     ctype = CUDA_TYPES[gp.dtype]
     tf32 = bool(params.get("tf32")) and gp.allow_tf32 and gp.dtype == "float32"
     compute = "CUBLAS_COMPUTE_32F_FAST_TF32" if tf32 else "CUBLAS_COMPUTE_32F"
-    epi_call = (f"  {{\n    HtamTensor ext[{len(prog.inputs)}];\n"
-                f"    for (int i = 0; i < n_in; ++i) ext[i] = in[i];\n"
-                f"    ext[n_in] = out[0];\n"
+    epi_call = (f"  {{\n{host.extend_inputs(len(prog.inputs), None, '    ', y='out[0]')}\n"
                 f"    return epilogue_run(ext, n_in + 1, out, n_out, stream);\n  }}") if epi_needed else "  return HTAM_OK;"
     bias_set = ""
     if kind and kind.endswith("bias"):
         bias_set = (f"    const void* bias = in[{bias}].data;\n"
                     f"    if (in[{bias}].ndim != 1 || in[{bias}].sizes[0] != N || in[{bias}].dtype != {DT[gp.dtype][1]}) return HTAM_ERR_SHAPE;\n"
-                    "    CK(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));")
+                    "    CK(cublasLtMatmulDescSetAttribute(E.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));")
     a, b = gp.a, gp.b
     algo = int(params.get("algo", 0))
     if gp.op == "linear":
@@ -257,41 +256,7 @@ def render(gp: GemmMatch, params: dict) -> str:
 
 {epi_src}
 
-#define CK(x) do {{ cublasStatus_t s_ = (x); if (s_ != CUBLAS_STATUS_SUCCESS) return 2000 + (int)s_; }} while (0)
-static const size_t kWorkspace = 32u << 20;
-
-struct LtState {{ cublasLtHandle_t handle = nullptr; void* ws = nullptr; }};
-
-// Lazily per device: handle + workspace (cudaMalloc: keep the first call outside graph capture).
-static int lt_state(LtState** out) {{
-  static LtState states[64];
-  int dev = 0;
-  cudaError_t ce = cudaGetDevice(&dev);
-  if (ce != cudaSuccess) return (int)ce;
-  if (dev < 0 || dev >= 64) return HTAM_ERR_SHAPE;
-  LtState& s = states[dev];
-  if (!s.handle) {{
-    CK(cublasLtCreate(&s.handle));
-    ce = cudaMalloc(&s.ws, kWorkspace);
-    if (ce != cudaSuccess) {{ cublasLtDestroy(s.handle); s.handle = nullptr; return (int)ce; }}
-  }}
-  *out = &s;
-  return 0;
-}}
-
-static int align_of(const void* p) {{
-  uintptr_t v = (uintptr_t)p; int a = 256;
-  while (a > 1 && v % a) a >>= 1;
-  return a;
-}}
-
-// Descriptors + chosen algorithm for one problem, cached (a few shapes per kernel in practice).
-struct LtEntry {{
-  bool used = false; int dev; int64_t M, N, K, batch; int al[3];
-  cublasLtMatmulDesc_t op = nullptr; cublasLtMatrixLayout_t A = nullptr, B = nullptr, C = nullptr;
-  cublasLtMatmulAlgo_t algo;
-}};
-
+{CUBLASLT}
 HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
   if (n_in != {len(prog.inputs) - 1} || n_out != 1) return HTAM_ERR_SHAPE;
   if (in[{a}].dtype != {DT[gp.dtype][1]} || in[{b}].dtype != {DT[gp.dtype][1]} || out[0].dtype != {DT[gp.dtype][1]}) return HTAM_ERR_SHAPE;
@@ -358,7 +323,7 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   }}
   {{
     auto& E = *e;
-    {bias_set.replace("e.op", "E.op") if bias_set else ""}
+    {bias_set}
     const float alpha = 1.f, beta = 0.f;
     CK(cublasLtMatmul(st->handle, E.op, &alpha, Aptr, E.A, Bptr, E.B, &beta, out[0].data, E.C,
                       out[0].data, E.C, &E.algo, st->ws, kWorkspace, stream));

@@ -8,31 +8,26 @@ contiguity where an access needs it, 16-byte alignment before any vector path.
 """
 from __future__ import annotations
 
-from torch_htam.proposers.expert.cuda import DT
+from torch_htam.proposers.expert.cuda import DT, cuh
 from torch_htam.proposers.expert.ir import ExprProgram
 
 
-# An fp32 channel vector [K] at p, for epilogue programs that read per-channel values the kernel
-# computed itself (conv.py's folded batch norm; pwconv.py binds it and never reads it).
-CHANNEL_VEC = """static HtamTensor channel_vec(void* p, int64_t K) {
-  HtamTensor t = {};
-  t.data = p; t.ndim = 1; t.sizes[0] = K; t.strides[0] = 1; t.dtype = HTAM_FLOAT32;
-  return t;
-}
-"""
+# channel_vec and extend_inputs in C++: no params in them (pasted once per source that uses them)
+EPILOGUE_INPUTS = cuh("epilogue_inputs.cuh")
 
 
-def extend_inputs(n_ext: int, bn: tuple[str, str] | None, indent: str = "  ") -> str:
-    """C++ declaring ext[n_ext]: the task's inputs `in`, then the conv output Y and, with bn, the
-    batch norm's (scale, center) channel vectors at those pointers, as a conv's epilogue program reads
-    them. bn = ("Y.data", "Y.data"): bound for the program's checks, never read (pwconv.py folds
-    batch norm in the kernel).
+def extend_inputs(n_ext: int, bn: tuple[str, str] | None, indent: str = "  ", y: str = "Y") -> str:
+    """C++ declaring ext[n_ext]: the task's inputs `in`, then the GEMM/conv result y and, with bn,
+    the batch norm's (scale, center) channel vectors at those pointers, as the epilogue program
+    reads them (EPILOGUE_INPUTS must be in the source). bn = ("Y.data", "Y.data"): bound for the
+    program's checks, never read (pwconv.py folds batch norm in the kernel).
 
         >>> extend_inputs(9, ("scale", "shift"))
+        '  HtamTensor ext[9];\n  extend_inputs(ext, in, n_in, Y, scale, shift, K);'
     """
-    lines = [f"HtamTensor ext[{n_ext}];", "for (int i = 0; i < n_in; ++i) ext[i] = in[i];", "ext[n_in] = Y;"]
-    if bn is not None:
-        lines += [f"ext[n_in + 1] = channel_vec({bn[0]}, K);", f"ext[n_in + 2] = channel_vec({bn[1]}, K);"]
+    scale, center = bn if bn is not None else ("nullptr", "nullptr")
+    lines = [f"HtamTensor ext[{n_ext}];",
+             f"extend_inputs(ext, in, n_in, {y}, {scale}, {center}, {'K' if bn is not None else 0});"]
     return "\n".join(indent + ln for ln in lines)
 
 

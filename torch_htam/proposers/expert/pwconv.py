@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kerne
   (void)sS; (void)sT;
 {decl_staged}  {dt}::raw* pipe = reinterpret_cast<{dt}::raw*>(smem);
   STG::raw* stg = reinterpret_cast<STG::raw*>(smem + stg_off<BM, BN, STAGES>());
-{chr(10).join(ptrs_pre).replace("{dt}", dt)}
+{chr(10).join(ptrs_pre)}
 {issue_pre}
   // tile tt: channels m0 : m0 + BM of pixels q0 : q0 + BN
   auto at = [&](int64_t tt, int& m0, int64_t& q0) {{
@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kerne
 
 def _host(cp: ConvMatch, params: dict, real: list[int], nhwc: bool = False) -> str:
     """pw_launch (binds the epilogue's inputs, picks the instantiation, launches) and, for a 1x1
-    conv, htam_run. nhwc: pw_launch only, for conv.py's cuDNN path (which has channel_vec)."""
+    conv, htam_run. nhwc: pw_launch only, for conv.py's cuDNN path (which has host.EPILOGUE_INPUTS)."""
     prog, g = cp.epilogue, cp.g
     dt, dtc, size = DT[cp.dtype][0], DT[cp.dtype][1], DT[cp.dtype][2]
     ev, vec = 16 // DT[prog.outputs[0].dtype][2], 16 // size
@@ -357,8 +357,8 @@ def _host(cp: ConvMatch, params: dict, real: list[int], nhwc: bool = False) -> s
     fast_t = f"pw_kernel<{bm}, {bn}, {stages}, true, true, {ev}, {ju}, {pre}, {split}, int32_t>"
     wide_t = f"pw_kernel<{bm}, {bn}, {stages}, true, true, {ev}, {ju}, {pre}, {split}, int64_t>"
     slow_t = f"pw_kernel<{bm}, {bn}, {stages}, false, false, 1, {ju}, false, {split}, int64_t>"
-    launch = ("{k}<<<(unsigned)grid, pw::THREADS, smem, stream>>>(ws, xs, ({ot}::raw*)Y.data, d, ea, tiles);")
-    fast, wide, slow = (launch.format(k=k, dt=dt, ot=ot) for k in (fast_t, wide_t, slow_t))
+    fast, wide, slow = (f"{k}<<<(unsigned)grid, pw::THREADS, smem, stream>>>(ws, xs, ({ot}::raw*)Y.data, d, ea, tiles);"
+                        for k in (fast_t, wide_t, slow_t))
     return f"""
 // Strides of one epilogue input over (image, channel, pixel): height and width must step as one
 // pixel index p = h * W + w (true for contiguous and per-channel inputs).
@@ -370,7 +370,7 @@ static bool pixel_strides(const int64_t* st, const int64_t* it, int64_t* out) {{
   return true;
 }}
 
-{"" if nhwc else host.CHANNEL_VEC}
+{"" if nhwc else host.EPILOGUE_INPUTS}
 // Once per kernel and device: allow its dynamic shared memory (above 48 KB needs it) and find how
 // many blocks fit on the device at once (the persistent grid).
 template <int WHICH>       // one cache per instantiation (0 scalar, 1 fast 32-bit, 2 fast 64-bit)
@@ -460,7 +460,7 @@ def nhwc_epilogue(cp: ConvMatch, params: dict) -> str:
     tiled kernel's (batch norm folded in the block, residual prefetched, NCHW stores), so the
     layout change back to NCHW costs no pass of its own. Tile settings: bm, bn, ju, pre of params.
 
-        >>> src = nhwc_epilogue(cp, conv.defaults(cp))    # after PRELUDE, with host.CHANNEL_VEC before it
+        >>> src = nhwc_epilogue(cp, conv.defaults(cp))    # after PRELUDE, with host.EPILOGUE_INPUTS before it
     """
     params = dict(params, persist=False, stages=2)
     if (params["bm"], params["bn"]) not in TILES or params["ju"] not in (1, 2, 4, 8):

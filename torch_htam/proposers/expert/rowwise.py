@@ -388,7 +388,8 @@ def _host(prog: ExprProgram, p: RowParams) -> str:
     args = ", ".join([f"({DT[prog.inputs[a.input][1]][0]}::raw*)in[{a.input}].data"
                       for a in prog.accesses] +
                      [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)])
-    launch = "row_kernel<{V}, {NV}><<<blocks, BLOCK, 0, stream>>>(sp, rows, (int)ncol, " + args + ");"
+    def launch(V: int, NV: int) -> str:     # the kernel instantiation for vector width V, NV chunks
+        return f"row_kernel<{V}, {NV}><<<blocks, BLOCK, 0, stream>>>(sp, rows, (int)ncol, {args});"
     out_checks = "\n".join(
         f"  if (!htam_contiguous(out[{k}]) || htam_numel(&out[{k}]) != {'rows' if o.row else 'n'}) return HTAM_ERR_SHAPE;"
         for k, o in enumerate(prog.outputs))
@@ -412,10 +413,10 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   if ({p.waves} > 0) blocks = std::min<int64_t>(blocks, (int64_t)htam_sm_count() * {p.waves});
   blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t)1 << 30));
   const bool regs = {p.nv} > 0 && ncol <= {cap};
-  if (regs && vec_ok) {launch.format(V=p.vec, NV=max(p.nv, 1))}
-  else if (regs) {launch.format(V=1, NV=max(p.nv * p.vec, 1))}
-  else if (vec_ok) {launch.format(V=p.vec, NV=0)}
-  else {launch.format(V=1, NV=0)}
+  if (regs && vec_ok) {launch(p.vec, max(p.nv, 1))}
+  else if (regs) {launch(1, max(p.nv * p.vec, 1))}
+  else if (vec_ok) {launch(p.vec, 0)}
+  else {launch(1, 0)}
   HTAM_CHECK_LAUNCH();
   return HTAM_OK;
 }}
