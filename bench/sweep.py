@@ -48,11 +48,11 @@ def sweep_task(path: Path, ev, kinds: set[str] | None, limit: int = 48, where: d
     from torch_htam import timing
     from torch_htam.policy import policy_for
     from torch_htam.proposers.expert.ir import Unsupported
-    from torch_htam.proposers.expert.proposer import _target, tuning_grid
+    from torch_htam.proposers.expert.proposer import match_task, tuning_grid
     from torch_htam.extract import task_from_source
     task = task_from_source(path.read_text(), path.stem)
     pol = policy_for(task)
-    tgt = _target(task, pol)
+    tgt = match_task(task, pol)
     if kinds and tgt.kind not in kinds:
         return None
     grid = tuning_grid(task, pol, limit)

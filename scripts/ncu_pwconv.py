@@ -9,7 +9,7 @@ import torch
 sys.path.insert(0, ".")
 from torch_htam import build, launcher  # noqa: E402
 from torch_htam.policy import policy_for  # noqa: E402
-from torch_htam.proposers.expert.proposer import _target  # noqa: E402
+from torch_htam.proposers.expert.proposer import match_task  # noqa: E402
 from torch_htam.extract import task_from_source  # noqa: E402
 from torch_htam.verify import make_input, _fresh_outputs  # noqa: E402
 
@@ -19,7 +19,7 @@ VARIANTS = {
 }
 for stem in sys.argv[1:] or VARIANTS:
     task = task_from_source(Path(f"bench/tasks/{stem}.py").read_text(), stem)
-    tg = _target(task, policy_for(task, conv_tf32=True))
+    tg = match_task(task, policy_for(task, conv_tf32=True))
     g = torch.Generator().manual_seed(0)
     ins = [make_input(s, s.shape, "normal", g, "cuda") for s in task.inputs]
     outs = _fresh_outputs(task.outputs, [s.shape for s in task.outputs], 0, "cuda")

@@ -8,14 +8,14 @@ import torch
 sys.path.insert(0, ".")
 from torch_htam import build, launcher
 from torch_htam.policy import policy_for
-from torch_htam.proposers.expert.proposer import _target
+from torch_htam.proposers.expert.proposer import match_task
 from torch_htam.extract import task_from_source
 from torch_htam.verify import make_input, _fresh_outputs
 
 for stem, variants in (("rw_layernorm_bf16", [{}, {"memo": False}, {"occ": 1024}, {"rows_per_block": 8}]),
                        ("rw_softmax_bf16", [{}, {"occ": 2048}])):
     task = task_from_source(Path(f"bench/tasks/{stem}.py").read_text(), stem)
-    tg = _target(task, policy_for(task))
+    tg = match_task(task, policy_for(task))
     g = torch.Generator().manual_seed(0)
     ins = [make_input(s, s.shape, "normal", g, "cuda") for s in task.inputs]
     outs = _fresh_outputs(task.outputs, [s.shape for s in task.outputs], 0, "cuda")

@@ -60,7 +60,7 @@ def test_tiling_is_offered_for_1x1_convs_with_tensor_core_math():
     task = bench_task("conv_bn_add_relu_fp32")
     for policy, offered in ((make("tf32"), 2), (make("fp32"), 0)):
         # the defaults themselves are tiled where allowed; the moves are the strategy's other settings
-        assert conv.match(task.graph, policy).defaults()["tiled"] == bool(offered)
+        assert conv.defaults(conv.match(task.graph, policy))["tiled"] == bool(offered)
         cands = ExpertProposer().propose(ProposalRequest(task, "data_reuse", ["smem_tiling"], n=4,
                                                          policy=policy)).candidates
         tiled = [c for c in cands if c.params.get("tiled")]
@@ -73,14 +73,14 @@ def test_tiling_is_offered_for_1x1_convs_with_tensor_core_math():
     # strict fp32 has no tensor-core kernel to offer: the render says why instead
     cp = conv.match(task.graph, make("fp32"))
     with pytest.raises(Unsupported, match="TF32"):
-        cp.render(dict(cp.defaults(), tiled=True))
+        conv.render(cp, dict(conv.defaults(cp), tiled=True))
     cp = conv.match(task.graph, make("tf32"))
-    assert "true, true, 4, 8, false, false, int32_t>" in cp.render(dict(cp.defaults(), tiled=True, split=False))
+    assert "true, true, 4, 8, false, false, int32_t>" in conv.render(cp, dict(conv.defaults(cp), tiled=True, split=False))
     # a 3x3 conv keeps cuDNN only
     cp3 = conv.match(bench_task("conv_bn_relu_bf16").graph, make("bf16"))
-    assert not cp3.info.tiled_conv
+    assert not cp3.facts.tiled_conv
     with pytest.raises(Unsupported, match="1x1"):
-        cp3.render(dict(cp3.defaults(), tiled=True))
+        conv.render(cp3, dict(conv.defaults(cp3), tiled=True))
     # the seed round of a 1x1 conv starts from it and still tries cuDNN's paths
     seed = propose(task, n=8).candidates
     assert seed[0].params["tiled"] and "smem_tiling" in seed[0].tags
@@ -90,7 +90,7 @@ def test_tiling_is_offered_for_1x1_convs_with_tensor_core_math():
 
 def test_epilogue_reads_the_tile_and_folds_batch_norm_per_channel():
     task, cp = _plan("bn_add_relu", torch.bfloat16)
-    src = cp.render(dict(cp.defaults(), tiled=True))
+    src = conv.render(cp, dict(conv.defaults(cp), tiled=True))
     # conv value rounded to bf16 as torch's conv output is, then (cv - center) * scale + beta
     assert "typedef BF16 STG;" in src and "const float cv = cvs[e];" in src
     assert "sS[threadIdx.x] = BF16::to_f(gamma[i]) * rsqrtf(BF16::to_f(var[i]) + eps);" in src
@@ -98,7 +98,7 @@ def test_epilogue_reads_the_tile_and_folds_batch_norm_per_channel():
     assert "const float t0 = (cv - sT[r]);" in src and "const float t1 = (t0 * sS[r]);" in src
     assert "fold_kernel" not in src          # no separate launch, no scratch buffers
     _, cp32 = _plan("bn_add_relu", torch.float32)
-    assert "typedef F32 STG;" in cp32.render(dict(cp32.defaults(), tiled=True))
+    assert "typedef F32 STG;" in conv.render(cp32, dict(conv.defaults(cp32), tiled=True))
 
 
 def _compile_set() -> list[tuple[str, str]]:
@@ -107,7 +107,7 @@ def _compile_set() -> list[tuple[str, str]]:
         for dtype in POLICY:
             _, cp = _plan(name, dtype)
             for tile in (TILES if name == "bn_add_relu" else TILES[:1]):
-                out.append((f"{name}/{dtype}/{tile}", cp.render(dict(cp.defaults(), tiled=True, **tile))))
+                out.append((f"{name}/{dtype}/{tile}", conv.render(cp, dict(conv.defaults(cp), tiled=True, **tile))))
     return out
 
 
@@ -128,7 +128,7 @@ def test_tiled_pointwise_conv_verifies(name, dtype):
     from torch_htam.launcher import Kernel
     task, cp = _plan(name, dtype)
     policy = make(POLICY[dtype])
-    srcs = [cp.render(dict(cp.defaults(), tiled=True, **t)) for t in TILES]
+    srcs = [conv.render(cp, dict(conv.defaults(cp), tiled=True, **t)) for t in TILES]
     results = build.build_many(srcs)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     ref = Bound(name)
@@ -146,7 +146,7 @@ def test_tiled_kernel_verifies_on_the_suite_task():
     task = bench_task("conv_bn_add_relu_fp32")
     policy = policy_for(task, conv_tf32=True)
     cp = conv.match(task.graph, policy)
-    res = build.build(cp.render(dict(cp.defaults(), tiled=True)))
+    res = build.build(conv.render(cp, dict(conv.defaults(cp), tiled=True)))
     assert res.ok, res.error
     ok, reason, detail, _ = V.verify(task, Kernel(res.so_path), load_reference(task).cuda(), policy)
     assert (ok, reason) == (True, "ok"), detail
@@ -160,7 +160,7 @@ def test_infinities_and_nan_pass_through_like_torch(dtype):
     same positions as a float64 conv on the CPU."""
     from torch_htam.launcher import Kernel
     task, cp = _plan("plain_c256", dtype)
-    res = build.build(cp.render(dict(cp.defaults(), tiled=True)))
+    res = build.build(conv.render(cp, dict(conv.defaults(cp), tiled=True)))
     assert res.ok, res.error
     _, kw = CASES["plain_c256"]
     full = conv_inputs(r=1, padding=0, dtype=dtype, device="cuda", **kw)

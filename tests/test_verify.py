@@ -489,13 +489,13 @@ def test_fp32_gemm_with_a_long_k_verifies_on_the_gpu():
     from torch_htam import build
     from torch_htam.launcher import Kernel
     from torch_htam.policy import policy_for
-    from torch_htam.proposers.expert.proposer import _target
+    from torch_htam.proposers.expert.proposer import match_task
     from torch_htam.extract import task_from_source
     path = Path(__file__).resolve().parents[1] / "bench" / "tasks" / "gemm_linear_bias_residual_fp32.py"
     task = task_from_source(path.read_text(), path.stem)
     policy = policy_for(task)
     assert policy.name == "fp32"
-    tgt = _target(task, policy)
+    tgt = match_task(task, policy)
     res = build.build(tgt.render(tgt.defaults))
     assert res.ok, res.error
     ok, reason, detail, errs = V.verify(task, Kernel(res.so_path), load_reference(task).cuda(), policy)
@@ -511,12 +511,12 @@ def test_conv_batchnorm_with_a_tiny_var_verifies_on_the_gpu():
     from torch_htam import build
     from torch_htam.launcher import Kernel
     from torch_htam.policy import policy_for
-    from torch_htam.proposers.expert.proposer import _target
+    from torch_htam.proposers.expert.proposer import match_task
     from torch_htam.extract import task_from_source
     path = Path(__file__).resolve().parents[1] / "bench" / "tasks" / "conv_bn_add_relu_fp32.py"
     task = task_from_source(path.read_text(), path.stem)
     policy = policy_for(task)
-    tgt = _target(task, policy)
+    tgt = match_task(task, policy)
     res = build.build(tgt.render(tgt.defaults))
     assert res.ok, res.error
     ok, reason, detail, errs = V.verify(task, Kernel(res.so_path), load_reference(task).cuda(), policy)

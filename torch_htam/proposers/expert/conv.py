@@ -17,16 +17,16 @@ runs one of three ways (params["fused"], params["graph"]):
          x and w are copied to NHWC / KRSC (to_nhwc: a shared-memory transpose), cuDNN's conv runs
          in NHWC, the layout its tensor-core engines compute in (on NCHW tensors it transposes in
          and out itself: 16.6 + 10.7 us around a 24 us conv, bf16 [32, 64, 56, 56] 3x3, H100,
-         docs/RESULTS_LOG.md), and pwconv.nhwc_epilogue's kernel reads the result back
+         scripts/probe_conv_kernels.py), and pwconv.nhwc_epilogue's kernel reads the result back
          a tile at a time, folds batch norm, applies the epilogue and writes NCHW.
 (and params["tiled"]: a 1x1 conv as our own tiled tensor-core kernel, pwconv.py)
 
 Why the backend API: in cuDNN 9 the legacy calls cost host time. A whole conv+BN+ReLU kernel call
 took 383 us of host time on the legacy path, 53 us on this one, and eager PyTorch (conv, BN, ReLU)
-79 us (bf16, docs/RESULTS_LOG.md, H100); in ResNet-50 bf16 the legacy kernels made the swapped
+79 us (bf16, scripts/host_probe.py, H100); in ResNet-50 bf16 the legacy kernels made the swapped
 model host-bound (10.99 ms against 6.14 ms eager) although each conv was faster on the GPU. The
 backend path plans once per shape (tensor, convolution, operation graph, heuristics, execution
-plan) and per call only binds the pointers (a variant pack, rebuilt when a pointer changed) and
+prog) and per call only binds the pointers (a variant pack, rebuilt when a pointer changed) and
 executes. Its engines are the ones PyTorch runs: the ranking of
 heuristics mode A (CUDNN_HEUR_MODE_FALLBACK if A gives nothing usable), filtered by numerical notes as
 ATen's Conv_v8.cpp does; params["algo"] picks the algo-th engine that plans (0: PyTorch's choice).
@@ -48,120 +48,35 @@ are created lazily on the first call per device/shape (cudnnCreate, cudaMalloc):
 for a shape outside CUDA-graph capture (verification always does). Buffers only grow, and an outgrown
 one is never freed because a captured graph may still point at it.
 
-    >>> cp = match(task.graph, policy); src = cp.render(cp.defaults())
+    >>> cp = match(task.graph, policy); src = render(cp, defaults(cp))
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 
 from torch_htam.proposers.expert import elementwise, host, pwconv
+from torch_htam.proposers.expert.conv_match import BatchNorm, ConvMatch, Fold, g_only
 from torch_htam.proposers.expert.cudnn_conv import graph_entry, graph_run, legacy_entry, legacy_run
-from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float
+from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float, cuh
 from torch_htam.proposers.expert.ir import (
-    Plan, Unsupported, check_single_output, dtype_of, lower, shape_of,
+    ExprProgram, Unsupported, check_single_output, dtype_of, lower, shape_of,
 )
-from torch_htam.proposers.expert.strategies import PlanInfo
+from torch_htam.proposers.expert.strategies import TaskFacts
+from torch_htam.proposers.expert.target import Target
 
 aten = torch.ops.aten
+# the handle, workspace and scratch buffers, grow(), out_size(), not_supported(): no params in them
+CUDNN_STATE = cuh("cudnn.cuh")
+ENTRY_CACHE = cuh("conv_entry_cache.cuh")     # after the API path's ConvEntry and plan_entry
 RELUS = (aten.relu.default, aten.relu_.default)
 # the tiled pointwise kernel's own params (pwconv.py), and those only cuDNN's paths read
 TILE_KEYS = {"bm", "bn", "stages", "ju", "split", "minb", "pre", "persist"}
 CUDNN_KEYS = {"fused", "graph", "algo", "tf32", "nhwc"}
-# strategy ids whose presence ConvPlan.tags decides from the params
+# strategy ids whose presence tags() decides from the params
 TAG_IDS = ("fold_batchnorm", "fuse_elementwise_chain", "gemm_plus_epilogue_kernel", "tf32_tensor_cores",
            "bf16_tensor_cores", "smem_tiling", "coalesced_layout_access")
-
-
-@dataclass(frozen=True)
-class BatchNorm:
-    """Input indices of the eval-mode batch norm's parameters (gamma/beta None: affine=False)."""
-    gamma: int | None
-    beta: int | None
-    mean: int
-    var: int
-    eps: float
-
-
-@dataclass
-class ConvPlan:
-    x: int                           # input index of x [N, C, H, W]
-    w: int                           # input index of the filter [K, C/groups, R, S]
-    bias: int | None                 # input index of the conv bias [K]
-    stride: tuple[int, int]
-    padding: tuple[int, int]
-    dilation: tuple[int, int]
-    groups: int
-    dtype: str
-    bn: BatchNorm | None
-    epilogue: Plan                   # elementwise over the output; reads G (the conv) and S/T (scale/shift)
-    g: int                           # index of G among epilogue.inputs; S = g + 1, T = g + 2 with bn
-    residual: int | None = None      # fused path: input index added before the activation
-    relu: bool = False               # fused path: ReLU (else identity)
-    fusable: bool = False            # cuDNN's conv + bias + residual + act covers the whole region
-    allow_tf32: bool = False
-    info: PlanInfo | None = None
-
-    @property
-    def n_inputs(self) -> int:
-        return self.g
-
-    def defaults(self) -> dict:
-        p = dataclasses.asdict(elementwise.EwParams(vec=16 // DT[self.dtype][2]))
-        # the backend API (far less host time per call, module docstring) at algo 0: the top
-        # heuristic engine, the one PyTorch runs; the search moves down the ranking (CONV_ALGOS)
-        p.update(fused=False, graph=True, tf32=self.allow_tf32 and self.dtype == "float32", algo=0, nhwc=False)
-        # our own tiled kernel for 1x1 convs (pwconv.py) where its tensor-core math is allowed: the
-        # fastest of bench/sweep.py's grid on an H100 (docs/RESULTS_LOG.md) for
-        # [32, 64 -> 256, 56, 56]: fp32 (3xTF32) 64x256 tiles, one per block, 0.0985 ms; bf16 with
-        # the residual prefetched, 3 stages, persistent, 0.0545 ms (minb=3: 0.0540, within noise;
-        # cuDNN + epilogue: 0.163 / 0.094).
-        # NOTE: 64-channel tiles: at 128, 3xTF32's fragments spill (128 registers, ptxas)
-        p.update(tiled=False, bm=64, bn=128, stages=2, ju=4, split=True, minb=2, pre=True, persist=True)
-        if pwconv.reason(self) is None:
-            p.update(tiled=True)
-            p.update(dict(bn=256, ju=8, pre=False, persist=False) if self.dtype == "float32" else dict(stages=3))
-        return p
-
-    def canonical(self, params: dict) -> dict:
-        """params with the knobs of the path not taken at their defaults: the tiled kernel reads no
-        cuDNN setting, cuDNN's paths read no tile setting.
-
-            >>> cp.canonical(dict(cp.defaults(), tiled=True, fused=True))["fused"]
-            False
-        """
-        d = self.defaults()
-        keys = CUDNN_KEYS if self.tiled(params) else TILE_KEYS
-        return dict(params, **{k: d[k] for k in keys if k in params})
-
-    def tiled(self, params: dict) -> bool:
-        """Whether params select the tiled pointwise kernel and this conv and policy allow it."""
-        return bool(params.get("tiled")) and pwconv.reason(self) is None
-
-    def render(self, params: dict) -> str:
-        return render(self, params)
-
-    def tags(self, params: dict) -> list[str]:
-        """Strategy ids the setting embodies (they follow the path actually taken)."""
-        if self.tiled(params):
-            tags = ["fold_batchnorm"] * (self.bn is not None) + ["smem_tiling", "fuse_elementwise_chain"]
-            return tags + ["tf32_tensor_cores" if self.dtype == "float32" else "bf16_tensor_cores"]
-        fused = bool(params.get("fused")) and self.fusable
-        epilogue = fused or not _g_only(self.epilogue, self.g)
-        tags = ["fold_batchnorm"] if self.bn is not None else []
-        if epilogue:
-            tags.append("fuse_elementwise_chain")
-        if epilogue and not fused:
-            tags.append("gemm_plus_epilogue_kernel")
-        if _math(self, params)[0] == "CUDNN_DEFAULT_MATH":
-            tags.append("tf32_tensor_cores")
-        if self.dtype != "float32":
-            tags.append("bf16_tensor_cores")
-        if params.get("nhwc") and nhwc_reason(self, params) is None:
-            tags.append("coalesced_layout_access")
-        return tags
 
 
 def has_conv(gm) -> bool:
@@ -227,12 +142,14 @@ def _fused_tail(gm, anchor, ph, shape, dt) -> tuple[bool, int | None, bool]:
     return (len(outs) == 1 and outs[0] is node), residual, relu
 
 
-def match(gm, policy) -> ConvPlan:
-    """Plan a single-conv2d region with optional eval batch norm and an elementwise epilogue.
+def match(gm, policy) -> ConvMatch:
+    """Match a single-conv2d region with optional eval batch norm and an elementwise epilogue.
 
     >>> cp = match(task.graph, policy_for(task)); cp.bn, cp.fusable
     (BatchNorm(gamma=2, beta=3, mean=4, var=5, eps=1e-05), True)
     """
+    if not has_conv(gm):
+        raise Unsupported("no convolution")
     conv = _conv_node(gm)
     ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
     x, w = conv.args[0], conv.args[1]
@@ -272,17 +189,17 @@ def match(gm, policy) -> ConvPlan:
         return ("round", dt, e) if dt != "float32" and e[0] != "in" else e
 
     extra = [(yshape, dt)] + ([((yshape[1],), "float32")] * 2 if bn is not None else [])
-    plan = lower(gm, leaves={anchor: leaf}, extra_inputs=extra)
-    if plan.kind != "elementwise":
+    prog = lower(gm, leaves={anchor: leaf}, extra_inputs=extra)
+    if prog.kind != "elementwise":
         raise Unsupported("row ops after a conv")
-    ident = tuple(range(plan.ndim))
-    if any(a.input == g and a.dims != ident for a in plan.accesses):
+    ident = tuple(range(prog.ndim))
+    if any(a.input == g and a.dims != ident for a in prog.accesses):
         raise Unsupported("conv result read broadcast/reshaped in the epilogue")
     fits, residual, relu = _fused_tail(gm, anchor, ph, yshape, dt)
     fits = fits and (bn is not None or b is not None or residual is not None or relu)
-    cp = ConvPlan(ph.index(x), ph.index(w), ph.index(b) if b is not None else None, stride, padding,
-                  dilation, groups, dt, bn, plan, g, residual, relu, fits, bool(policy and policy.allow_tf32))
-    cp.info = PlanInfo("conv", yshape[1], 16 // DT[dt][2], has_transcendental=plan.has_transcendental,
+    cp = ConvMatch(ph.index(x), ph.index(w), ph.index(b) if b is not None else None, stride, padding,
+                  dilation, groups, dt, bn, prog, g, residual, relu, fits, bool(policy and policy.allow_tf32))
+    cp.facts = TaskFacts("conv", yshape[1], 16 // DT[dt][2], has_transcendental=prog.has_transcendental,
                        low_precision=dt != "float32", allow_tf32=cp.allow_tf32, fp32=dt == "float32",
                        has_batchnorm=bn is not None, epilogue_fits_cudnn=fits,
                        tiled_conv=pwconv.reason(cp) is None,
@@ -290,44 +207,9 @@ def match(gm, policy) -> ConvPlan:
     return cp
 
 
-def _g_only(plan: Plan, g: int) -> bool:
-    """The epilogue is the plain conv result (nothing to run after cuDNN)."""
-    e = plan.outputs[0].expr
-    return e[0] == "in" and plan.accesses[e[1]].input == g
-
-
 # ---- CUDA text ------------------------------------------------------------------------------------
 
-class Fold:
-    """Batch norm (and the conv bias) folded per output channel, as C++ fp32 expressions over the
-    kernel's parameters named gamma/beta/mean/var/bias (those the region has, see `present`)."""
-
-    def __init__(self, cp: ConvPlan):
-        bn, names = cp.bn, {}
-        if bn is not None:
-            names = {"gamma": bn.gamma, "beta": bn.beta, "mean": bn.mean, "var": bn.var}
-        names["bias"] = cp.bias
-        self.cp, self.bn = cp, bn
-        self.present = {k: v for k, v in names.items() if v is not None}
-
-    def ld(self, name: str, k: str, default: str = "0.f") -> str:
-        if name not in self.present:
-            return default
-        return f"{DT[self.cp.epilogue.inputs[self.present[name]][1]][0]}::to_f({name}[{k}])"
-
-    def scale(self, k: str) -> str:
-        return f"{self.ld('gamma', k, '1.f')} * rsqrtf({self.ld('var', k)} + eps)" if self.bn is not None else "1.f"
-
-    def center(self, k: str) -> str:
-        """mean - bias: our epilogue computes (conv - center) * scale + beta."""
-        return f"{self.ld('mean', k)} - {self.ld('bias', k)}"
-
-    def params(self) -> str:
-        return "".join(f"const {DT[self.cp.epilogue.inputs[i][1]][0]}::raw* __restrict__ {n}, "
-                       for n, i in self.present.items())
-
-
-def _fold_kernel(cp: ConvPlan, shift_t: str, center: bool) -> str:
+def _fold_kernel(cp: ConvMatch, shift_t: str, center: bool) -> str:
     """scale[k] / shift[k] per output channel (center: mean - bias for our epilogue, else cuDNN's
     bias for the fused call), and w2 = w * scale[k] when w2 != nullptr."""
     f, wt = Fold(cp), DT[cp.dtype][0]
@@ -356,7 +238,7 @@ __global__ void fold_kernel({f.params()}float eps, int64_t K, int64_t per, int64
 """, [(n, i) for n, i in f.present.items()]
 
 
-def _math(cp: ConvPlan, params: dict) -> tuple[str, bool]:
+def _math(cp: ConvMatch, params: dict) -> tuple[str, bool]:
     """(cuDNN math type to plan with, strict fp32)."""
     if cp.dtype != "float32":
         return "CUDNN_TENSOR_OP_MATH", False
@@ -396,7 +278,7 @@ static int launch_to_nhwc(const void* in, void* out, int64_t B, int64_t C, int64
 """
 
 
-def nhwc_reason(cp: ConvPlan, params: dict) -> str | None:
+def nhwc_reason(cp: ConvMatch, params: dict) -> str | None:
     """Why the NHWC path (x and w transposed, cuDNN's conv in NHWC, the tiled kernel's epilogue
     reading it back to NCHW) cannot run this setting (None: it can)."""
     if params.get("fused") or not params.get("graph"):
@@ -408,7 +290,7 @@ def nhwc_reason(cp: ConvPlan, params: dict) -> str | None:
     return None
 
 
-def render(cp: ConvPlan, params: dict) -> str:
+def render(cp: ConvMatch, params: dict) -> str:
     if params.get("tiled"):
         return pwconv.render(cp, params)
     nhwc = bool(params.get("nhwc"))
@@ -418,15 +300,15 @@ def render(cp: ConvPlan, params: dict) -> str:
     graph = bool(params.get("graph")) and not fused   # the fused call exists on the legacy API only
     math, strict = _math(cp, params)
     dt, dtc = DT[cp.dtype][0], DT[cp.dtype][1]
-    plan, g = cp.epilogue, cp.g
-    epi_needed = not fused and not _g_only(plan, g)
+    prog, g = cp.epilogue, cp.g
+    epi_needed = not fused and not g_only(prog, g)
     epi_src = ""
     if nhwc:     # the tiled kernel's epilogue reads the NHWC conv result and writes NCHW
         epi_src = TO_NHWC + pwconv.nhwc_epilogue(cp, params)
     elif epi_needed:
         ew = {k: v for k, v in params.items() if k in elementwise.EwParams.__dataclass_fields__}
         ew["nc"] = False         # NOTE: the epilogue overwrites the conv result in place
-        epi_src = elementwise.generate(plan, elementwise.EwParams(**ew), cp.info.low_precision,
+        epi_src = elementwise.generate(prog, elementwise.EwParams(**ew), cp.facts.low_precision,
                                        entry="static int epilogue_run", restrict=False, prelude=False)
     fold = (fused or cp.bn is not None) and not nhwc    # (nhwc: the epilogue kernel folds batch norm)
     shift_t = dt if fused else "F32"   # cuDNN's bias has the output dtype; our epilogue reads fp32
@@ -436,7 +318,7 @@ def render(cp: ConvPlan, params: dict) -> str:
     vectors = {i for _, i in present} | set(Fold(cp).present.values() if nhwc else ())
     checks = "\n".join(
         f"  if (in[{i}].ndim != 1 || in[{i}].sizes[0] != K || !htam_contiguous(in[{i}]) || "
-        f"in[{i}].dtype != {DT[plan.inputs[i][1]][1]} || in[{i}].data == nullptr) return HTAM_ERR_SHAPE;"
+        f"in[{i}].dtype != {DT[prog.inputs[i][1]][1]} || in[{i}].data == nullptr) return HTAM_ERR_SHAPE;"
         for i in sorted(vectors | ({cp.bias} if cp.bias is not None else set())))
     if cp.residual is not None and fused:
         r = cp.residual
@@ -448,7 +330,7 @@ def render(cp: ConvPlan, params: dict) -> str:
                    " || htam_numel(&Y) > INT32_MAX || htam_numel(&Wt) > INT32_MAX) return HTAM_ERR_SHAPE;")
     fold_launch = ""
     if fold:
-        ptrs = "".join(f"(const {DT[plan.inputs[i][1]][0]}::raw*)in[{i}].data, " for _, i in present)
+        ptrs = "".join(f"(const {DT[prog.inputs[i][1]][0]}::raw*)in[{i}].data, " for _, i in present)
         fold_launch = f"""  {{
     const int64_t per = htam_numel(&Wt) / K, n = {"htam_numel(&Wt)" if scale_w else "K"};
     const int blocks = (int)std::min<int64_t>((n + 255) / 256, 4096);
@@ -474,7 +356,7 @@ def render(cp: ConvPlan, params: dict) -> str:
         entry_src, run_conv = graph_entry(cp, strict, algo), graph_run()
     else:
         entry_src, run_conv = legacy_entry(cp, math, strict, fused, algo), legacy_run(cp, fused, scale_w)
-    n_ext = len(plan.inputs)
+    n_ext = len(prog.inputs)
     if nhwc:
         vec = 16 // DT[cp.dtype][2]
         ext = host.extend_inputs(n_ext, pwconv.UNREAD_BN if cp.bn is not None else None, "    ")
@@ -501,47 +383,10 @@ def render(cp: ConvPlan, params: dict) -> str:
 
 {epi_src}
 {fold_src}
-#define CD(x) do {{ cudnnStatus_t s_ = (x); if (s_ != CUDNN_STATUS_SUCCESS) return 3000 + (int)s_; }} while (0)
-static const size_t kMaxWorkspace = size_t(1) << 30;   // skip algorithms wanting more than 1 GiB
-
-struct DnnState {{ cudnnHandle_t handle = nullptr; void* ws = nullptr; size_t ws_bytes = 0;
-                  void* scratch = nullptr; size_t scratch_bytes = 0;
-                  void* lay = nullptr; size_t lay_bytes = 0; }};   // lay: NHWC copies (nhwc)
-
-// Lazily per device: the handle (cudnnSetStream is called on every run).
-static int dnn_state(DnnState** out) {{
-  static DnnState states[64];
-  int dev = 0;
-  cudaError_t ce = cudaGetDevice(&dev);
-  if (ce != cudaSuccess) return (int)ce;
-  if (dev < 0 || dev >= 64) return HTAM_ERR_SHAPE;
-  DnnState& s = states[dev];
-  if (!s.handle) CD(cudnnCreate(&s.handle));
-  *out = &s;
-  return 0;
-}}
-
-// Grow-only device buffer. NOTE: an outgrown buffer is never freed: a captured CUDA graph may use it.
-static int grow(void** buf, size_t* cap, size_t need) {{
-  if (need <= *cap) return 0;
-  const size_t bytes = std::max(need, std::max(2 * *cap, size_t(1) << 20));
-  void* p = nullptr;
-  cudaError_t ce = cudaMalloc(&p, bytes);
-  if (ce != cudaSuccess) return (int)ce;
-  *buf = p; *cap = bytes;
-  return 0;
-}}
-
-{host.CHANNEL_VEC}
-static int64_t out_size(int64_t in, int64_t pad, int64_t dil, int64_t k, int64_t stride) {{
-  const int64_t span = in + 2 * pad - dil * (k - 1) - 1;
-  return span < 0 ? 0 : span / stride + 1;
-}}
-
-static bool not_supported(cudnnStatus_t s) {{
-  return s == CUDNN_STATUS_NOT_SUPPORTED || ((int)s >= 3000 && (int)s < 4000);   // cuDNN 9 codes
-}}
+{CUDNN_STATE}
+{host.EPILOGUE_INPUTS}
 {entry_src}
+{ENTRY_CACHE}
 HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
   if (n_in != {cp.n_inputs} || n_out != 1) return HTAM_ERR_SHAPE;
   const HtamTensor& X = in[{cp.x}];
@@ -565,20 +410,8 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   int rc = dnn_state(&st);
   if (rc) return rc;
   CD(cudnnSetStream(st->handle, stream));
-  int dev = 0;
-  cudaGetDevice(&dev);
-  static ConvEntry cache[4];
-  static int next_slot = 0;
   ConvEntry* e = nullptr;
-  for (auto& c : cache)
-    if (c.used && c.dev == dev && std::equal(d, d + 8, c.dims)) e = &c;
-  if (!e) {{
-    e = &cache[next_slot];
-    next_slot = (next_slot + 1) % 4;
-    release(e);
-    if ((rc = plan_entry(st, e, d, P, Q))) {{ release(e); return rc; }}
-    e->used = true; e->dev = dev; std::copy(d, d + 8, e->dims);
-  }}
+  if ((rc = conv_entry(st, d, P, Q, &e))) return rc;
   // scratch: scale[K] fp32 | shift[K] (fp32 center, or cuDNN's bias in the output dtype) | scaled weights
   const size_t vec_bytes = ((size_t)K * 4 + 255) / 256 * 256;
   if ((rc = grow(&st->scratch, &st->scratch_bytes, 2 * vec_bytes + {w2_bytes}))) return rc;
@@ -588,3 +421,105 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
 {tail}
 }}
 """
+
+
+# ---- the conv target (target.Target) ---------------------------------------------------------------
+
+# NOTE: cuDNN's legacy ranking for fp32 convs under TF32 puts algorithms first that fail the TF32
+# tolerance (bench/sweep.py, H100: 12 of 16 settings of conv+BN+ReLU mismatched; the fastest that
+# verified was the 5th ranked), so conv tries further down the ranking than GEMM.
+CONV_ALGOS = tuple({"algo": a} for a in (1, 2, 3, 4, 5))
+
+
+def defaults(cp: ConvMatch) -> dict:
+    p = dataclasses.asdict(elementwise.EwParams(vec=16 // DT[cp.dtype][2]))
+    # the backend API (far less host time per call, module docstring) at algo 0: the top
+    # heuristic engine, the one PyTorch runs; the search moves down the ranking (CONV_ALGOS)
+    p.update(fused=False, graph=True, tf32=cp.allow_tf32 and cp.dtype == "float32", algo=0, nhwc=False)
+    # our own tiled kernel for 1x1 convs (pwconv.py) where its tensor-core math is allowed: the
+    # fastest of bench/sweep.py's grid on an H100 (docs/RESULTS_LOG.md) for
+    # [32, 64 -> 256, 56, 56]: fp32 (3xTF32) 64x256 tiles, one per block, 0.0985 ms; bf16 with
+    # the residual prefetched, 3 stages, persistent, 0.0545 ms (minb=3: 0.0540, within noise;
+    # cuDNN + epilogue: 0.163 / 0.094).
+    # NOTE: 64-channel tiles: at 128, 3xTF32's fragments spill (128 registers, ptxas)
+    p.update(tiled=False, bm=64, bn=128, stages=2, ju=4, split=True, minb=2, pre=True, persist=True)
+    if pwconv.reason(cp) is None:
+        p.update(tiled=True)
+        p.update(dict(bn=256, ju=8, pre=False, persist=False) if cp.dtype == "float32" else dict(stages=3))
+    return p
+
+def canonical(cp: ConvMatch, params: dict) -> dict:
+    """params with the knobs of the path not taken at their defaults: the tiled kernel reads no
+    cuDNN setting, cuDNN's paths read no tile setting.
+
+        >>> canonical(cp, dict(defaults(cp), tiled=True, fused=True))["fused"]
+        False
+    """
+    d = defaults(cp)
+    keys = CUDNN_KEYS if tiled(cp, params) else TILE_KEYS
+    return dict(params, **{k: d[k] for k in keys if k in params})
+
+def tiled(cp: ConvMatch, params: dict) -> bool:
+    """Whether params select the tiled pointwise kernel and this conv and policy allow it."""
+    return bool(params.get("tiled")) and pwconv.reason(cp) is None
+
+def tags(cp: ConvMatch, params: dict) -> list[str]:
+    """Strategy ids the setting embodies (they follow the path actually taken)."""
+    if tiled(cp, params):
+        tags = ["fold_batchnorm"] * (cp.bn is not None) + ["smem_tiling", "fuse_elementwise_chain"]
+        return tags + ["tf32_tensor_cores" if cp.dtype == "float32" else "bf16_tensor_cores"]
+    fused = bool(params.get("fused")) and cp.fusable
+    epilogue = fused or not g_only(cp.epilogue, cp.g)
+    tags = ["fold_batchnorm"] if cp.bn is not None else []
+    if epilogue:
+        tags.append("fuse_elementwise_chain")
+    if epilogue and not fused:
+        tags.append("gemm_plus_epilogue_kernel")
+    if _math(cp, params)[0] == "CUDNN_DEFAULT_MATH":
+        tags.append("tf32_tensor_cores")
+    if cp.dtype != "float32":
+        tags.append("bf16_tensor_cores")
+    if params.get("nhwc") and nhwc_reason(cp, params) is None:
+        tags.append("coalesced_layout_access")
+    return tags
+
+
+def retag(cp: ConvMatch, params: dict, tags_: list[str]) -> list[str]:
+    """Conv tags follow the path actually used."""
+    return [t for t in tags_ if t not in TAG_IDS] + tags(cp, params)
+
+
+def refit(cp: ConvMatch, p: dict, moved: dict) -> dict:
+    """A move of cuDNN's knobs (fused, graph, algo, tf32) leaves the tiled kernel for cuDNN's path."""
+    if "tiled" not in moved and CUDNN_KEYS & set(moved):
+        return dict(p, tiled=False)
+    return p
+
+
+def grid(cp: ConvMatch, base: dict) -> list[dict]:
+    """cuDNN's ranked algorithms on each path (fused, backend, legacy, NHWC), then tiled settings."""
+    facts, lib = cp.facts, dict(base, tiled=False)
+    out = [dict(lib, fused=v, algo=algo) for v in (base["fused"], not base["fused"]) for algo in range(8)]
+    # the unfused path through cuDNN's graph API, then the legacy one
+    out += [dict(lib, fused=False, graph=graph, algo=algo) for graph in (True, False) for algo in range(6)]
+    if facts.nhwc_conv and not facts.tiled_conv:    # on NHWC copies, the epilogue transposing back
+        out += [dict(lib, fused=False, graph=True, nhwc=True, algo=algo) for algo in range(3)]
+    if facts.tiled_conv:   # our tiled 1x1 kernel
+        for bm, bn in ((base["bm"], 128), (192 - base["bm"], 128), (64, 256), (64, 64)):
+            for pre in (True, False):
+                for stages, ju in ((2, 4), (3, 4), (2, 8)):
+                    out.append(dict(base, tiled=True, bm=bm, bn=bn, stages=stages, ju=ju, pre=pre))
+        out += [dict(base, tiled=True, minb=minb) for minb in (1, 3)]
+        out += [dict(base, tiled=True, persist=False), dict(base, tiled=True, pre=False, persist=False),
+                dict(base, tiled=True, bn=256, pre=False, persist=False)]
+        if facts.fp32 and facts.allow_tf32:      # plain TF32: a third of 3xTF32's MMAs
+            out.append(dict(base, tiled=True, split=False))
+    return out
+
+
+TARGET = Target(
+    kind="conv", match=match, defaults=defaults, tags=tags, retag=retag,
+    start_order=("smem_tiling", "coalesced_layout_access", "fold_batchnorm", "fuse_elementwise_chain",
+                 "tf32_tensor_cores", "bf16_tensor_cores"),
+    grid=grid, render=lambda cp, params: render(cp, params), refit=refit, canonical=canonical,
+    library_algos=CONV_ALGOS, on_library=lambda params: dict(params, tiled=False))

@@ -10,7 +10,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-PRELUDE = (Path(__file__).with_name("prelude.cuh")).read_text()
+
+
+def cuh(name: str) -> str:
+    """The text of a .cuh file next to this module. Generated sources are single files (the build
+    has no include path for these), so a kernel pastes the C++ it needs instead of #including it."""
+    return Path(__file__).with_name(name).read_text()
+
+
+PRELUDE = cuh("prelude.cuh")
 
 # dtype name -> (trait struct in prelude.cuh, HtamDtype code, bytes)
 DT = {"float32": ("F32", "HTAM_FLOAT32", 4), "bfloat16": ("BF16", "HTAM_BFLOAT16", 2),

@@ -5,15 +5,18 @@ graph allows works for any sizes; when all tensors are contiguous and same-shape
 collapses to one dim and the index math is a multiply. 16-byte vector loads/stores are used only
 when the host has checked alignment and divisibility; otherwise the VEC=1 instantiation runs.
 
-    >>> src = generate(plan, EwParams(block=256, vec=4, unroll=2))
+    >>> src = generate(prog, EwParams(block=256, vec=4, unroll=2))
+    >>> m = TARGET.match(task.graph, policy); src = TARGET.render(m, TARGET.defaults(m))
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from torch_htam.proposers.expert import host
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter
-from torch_htam.proposers.expert.ir import Plan, stored
+from torch_htam.proposers.expert.ir import ExprProgram, Unsupported, lower, stored
+from torch_htam.proposers.expert.target import ProgramMatch, Target, access_tags, drop_scalar_tag, program_facts
 
 
 @dataclass(frozen=True)
@@ -26,28 +29,28 @@ class EwParams:
     fast: bool = False     # SFU intrinsics (__expf, __fdividef)
 
 
-def _kernel(plan: Plan, p: EwParams, low_precision: bool, restrict: bool) -> str:
-    nacc, nout = len(plan.accesses), len(plan.outputs)
+def _kernel(prog: ExprProgram, p: EwParams, low_precision: bool, restrict: bool) -> str:
+    nacc, nout = len(prog.accesses), len(prog.outputs)
     rs = "__restrict__ " if restrict else ""
-    params = [f"const {DT[plan.inputs[a.input][1]][0]}::raw* {rs}p{i}"
-              for i, a in enumerate(plan.accesses)]
-    params += [f"{DT[o.dtype][0]}::raw* {rs}o{k}" for k, o in enumerate(plan.outputs)]
+    params = [f"const {DT[prog.inputs[a.input][1]][0]}::raw* {rs}p{i}"
+              for i, a in enumerate(prog.accesses)]
+    params += [f"{DT[o.dtype][0]}::raw* {rs}o{k}" for k, o in enumerate(prog.outputs)]
     nc = "true" if p.nc else "false"
     loads = []
-    for i, a in enumerate(plan.accesses):
-        t = DT[plan.inputs[a.input][1]][0]
+    for i, a in enumerate(prog.accesses):
+        t = DT[prog.inputs[a.input][1]][0]
         loads.append(
             f"if (VEC > 1 && sp.st[{i}][sp.ndim - 1] == 1) ldv<{t}, VEC, {nc}>(p{i} + off[{i}], x{i}[u]);\n"
             f"        else {{ const float v = ld1<{t}, {nc}>(p{i} + off[{i}]);\n"
             f"#pragma unroll\n          for (int e = 0; e < VEC; ++e) x{i}[u][e] = v; }}")
     em = Emitter(load=lambda a: f"x{a}[u][e]", red=None, fast=p.fast, low_precision=low_precision)
-    outs = [em.emit(stored(o.expr, o.dtype)) for o in plan.outputs]
+    outs = [em.emit(stored(o.expr, o.dtype)) for o in prog.outputs]
     body = "\n".join("          " + ln for ln in em.lines)
     sets = "\n".join(f"          y{k}[u][e] = {v};" for k, v in enumerate(outs))
     stores = "\n".join(
         f"      if (VEC > 1) stv<{DT[o.dtype][0]}, VEC>(o{k} + lin[u], y{k}[u]);\n"
         f"      else o{k}[lin[u]] = {DT[o.dtype][0]}::from_f(y{k}[u][0]);"
-        for k, o in enumerate(plan.outputs))
+        for k, o in enumerate(prog.outputs))
     decl_x = " ".join(f"float x{i}[UNROLL][VEC];" for i in range(nacc))
     decl_y = " ".join(f"float y{k}[UNROLL][VEC];" for k in range(nout))
     return f"""
@@ -104,44 +107,83 @@ __global__ void __launch_bounds__({p.block}) ew_kernel(Space<NACC> sp, IDX nvec,
 """
 
 
-def _host(plan: Plan, p: EwParams, entry: str) -> str:
-    nacc = len(plan.accesses)
-    args = ", ".join([f"({DT[plan.inputs[a.input][1]][0]}::raw*)in[{a.input}].data"
-                      for a in plan.accesses] +
-                     [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(plan.outputs)])
-    launch = "ew_kernel<{V}, {I}><<<blocks, {B}, 0, stream>>>(sp, ({I})(n / {V}), " + args + ");"
+def _host(prog: ExprProgram, p: EwParams, entry: str) -> str:
+    nacc = len(prog.accesses)
+    args = ", ".join([f"({DT[prog.inputs[a.input][1]][0]}::raw*)in[{a.input}].data"
+                      for a in prog.accesses] +
+                     [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)])
+    def launch(V: int, I: str) -> str:      # the kernel instantiation for vector width V, index type I
+        return f"ew_kernel<{V}, {I}><<<blocks, {p.block}, 0, stream>>>(sp, ({I})(n / {V}), {args});"
     waves = f"if ({p.waves} > 0) blocks = std::min<int64_t>(blocks, (int64_t)htam_sm_count() * {p.waves});"
     return f"""
 {entry}(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
-{host.prologue(plan)}
+{host.prologue(prog)}
   Space<NACC> sp;
-{host.bind_accesses(plan)}
+{host.bind_accesses(prog)}
   for (int k = 0; k < n_out; ++k)
     if (!htam_contiguous(out[k]) || htam_numel(&out[k]) != n) return HTAM_ERR_SHAPE;
   if (n == 0) return HTAM_OK;
   htam_collapse<NACC>(sp, {nacc}, false);
   const int V = {p.vec};
   bool vec_ok = V > 1 && sp.size[sp.ndim - 1] % V == 0;
-{host.vector_checks(plan, "V")}
+{host.vector_checks(prog, "V")}
   const bool idx32 = n < (int64_t(1) << 29) && max_off < (int64_t(1) << 30);   // g0 + step * UNROLL stays < 2^31
   const int64_t per_block = (int64_t){p.block} * {p.unroll} * (vec_ok ? V : 1);
   int64_t blocks = (n + per_block - 1) / per_block;
   {waves}
   blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t)1 << 30));
-  if (vec_ok && idx32) {launch.format(V=p.vec, I="int32_t", B=p.block)}
-  else if (vec_ok) {launch.format(V=p.vec, I="int64_t", B=p.block)}
-  else if (idx32) {launch.format(V=1, I="int32_t", B=p.block)}
-  else {launch.format(V=1, I="int64_t", B=p.block)}
+  if (vec_ok && idx32) {launch(p.vec, "int32_t")}
+  else if (vec_ok) {launch(p.vec, "int64_t")}
+  else if (idx32) {launch(1, "int32_t")}
+  else {launch(1, "int64_t")}
   HTAM_CHECK_LAUNCH();
   return HTAM_OK;
 }}
 """
 
 
-def generate(plan: Plan, p: EwParams, low_precision: bool = False, entry: str = "HTAM_ENTRY htam_run",
+def generate(prog: ExprProgram, p: EwParams, low_precision: bool = False, entry: str = "HTAM_ENTRY htam_run",
              restrict: bool = True, prelude: bool = True) -> str:
-    """CUDA source (kernel ABI) for an elementwise plan. entry/restrict/prelude let gemm.py embed
+    """CUDA source (kernel ABI) for an elementwise prog. entry/restrict/prelude let gemm.py embed
     it as an in-place epilogue (no __restrict__: the GEMM result is read and overwritten)."""
-    assert plan.kind == "elementwise", plan.kind
+    assert prog.kind == "elementwise", prog.kind
     head = [f"// torch_htam expert: elementwise {p}", PRELUDE, "#include <algorithm>"] if prelude else []
-    return "\n".join(head + [_kernel(plan, p, low_precision, restrict), _host(plan, p, entry)])
+    return "\n".join(head + [_kernel(prog, p, low_precision, restrict), _host(prog, p, entry)])
+
+
+# ---- the elementwise target (target.Target) --------------------------------------------------------
+
+def match(gm, policy) -> ProgramMatch:
+    """An elementwise region; raises Unsupported for anything else (row reductions included)."""
+    prog = lower(gm)
+    if prog.kind != "elementwise":
+        raise Unsupported("row reductions (the rowwise target's)")
+    if not prog.accesses:
+        raise Unsupported("the region reads no input")
+    return ProgramMatch(prog, program_facts(prog, policy))
+
+
+def defaults(m: ProgramMatch) -> dict:
+    # NOTE: half-precision outputs take SFU math by default (tanh.approx: ~2^-11 relative
+    # error under bf16's 2^-8 rounding): bias + GELU bf16 went 25.4 -> 21.9 us (bench/sweep.py,
+    # H100, docs/RESULTS_LOG.md); fp32 keeps the exact functions (its 1e-4 tolerance).
+    return dataclasses.asdict(EwParams(vec=m.facts.vec16, fast=m.facts.sfu_math))
+
+
+def tags(m: ProgramMatch, params: dict) -> list[str]:
+    return ["single_kernel_launch", "fuse_elementwise_chain"] + access_tags(params, m.facts)
+
+
+def grid(m: ProgramMatch, base: dict) -> list[dict]:
+    out = [dict(base, block=block, unroll=unroll, waves=waves)
+           for block in (128, 256, 512) for unroll in (1, 2, 4) for waves in (0, 8)]
+    if m.facts.has_transcendental:   # SFU intrinsics (tanh.approx for half outputs) or not
+        out += [dict(base, fast=not base["fast"], unroll=unroll) for unroll in (1, 2)]
+    return out
+
+
+TARGET = Target(
+    kind="elementwise", match=match, defaults=defaults, tags=tags,
+    retag=lambda m, params, tags: drop_scalar_tag(params, tags),
+    start_order=("ilp_unroll", "grid_stride_loop", "read_only_cache_loads", "fast_math_intrinsics"),
+    grid=grid, render=lambda m, params: generate(m.program, EwParams(**params), m.facts.low_precision))

@@ -10,7 +10,7 @@ that reads and overwrites the output in place.
 NOTE: the cuBLASLt handle and a 32 MiB workspace are created lazily on the first call per device
 (cudaMalloc): make the first call outside CUDA-graph capture (verification always does).
 
-    >>> gp = match(task.graph, policy); src = gp.render(gp.defaults())
+    >>> gp = match(task.graph, policy); src = render(gp, defaults(gp))
 """
 from __future__ import annotations
 
@@ -19,40 +19,34 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_htam.proposers.expert import elementwise
-from torch_htam.proposers.expert.cuda import DT, PRELUDE
+from torch_htam.proposers.expert import elementwise, host
+from torch_htam.proposers.expert.cuda import DT, PRELUDE, cuh
 from torch_htam.proposers.expert.ir import (
-    Plan, Unsupported, check_single_output, dtype_of, lower, shape_of, walk,
+    ExprProgram, Unsupported, check_single_output, dtype_of, lower, shape_of, walk,
 )
-from torch_htam.proposers.expert.strategies import PlanInfo
+from torch_htam.proposers.expert.strategies import TaskFacts
+from torch_htam.proposers.expert.target import Target
 
 aten = torch.ops.aten
 GEMMS = {aten.linear.default, aten.addmm.default, aten.mm.default, aten.matmul.default, aten.bmm.default}
 CUDA_TYPES = {"float32": "CUDA_R_32F", "bfloat16": "CUDA_R_16BF", "float16": "CUDA_R_16F"}
+CUBLASLT = cuh("cublaslt.cuh")     # the handle, workspace and descriptor cache: no params in it
 LT_EPI = {None: "CUBLASLT_EPILOGUE_DEFAULT", "bias": "CUBLASLT_EPILOGUE_BIAS",
           "relu": "CUBLASLT_EPILOGUE_RELU", "relu_bias": "CUBLASLT_EPILOGUE_RELU_BIAS",
           "gelu": "CUBLASLT_EPILOGUE_GELU", "gelu_bias": "CUBLASLT_EPILOGUE_GELU_BIAS"}
 
 
 @dataclass
-class GemmPlan:
+class GemmMatch:
+    """A single-GEMM region with an elementwise epilogue, as gemm.match found it."""
     op: str                       # "linear" | "mm" | "bmm"
     a: int                        # input index of X / A
     b: int                        # input index of W (linear) / B
     dtype: str                    # A/B/D dtype
-    epilogue: Plan                # elementwise plan over the output; input G = the GEMM result
+    epilogue: ExprProgram         # elementwise program over the output; input G = the GEMM result
     g: int                        # index of G among epilogue.inputs
     allow_tf32: bool
-    info: PlanInfo = None
-
-    def defaults(self) -> dict:
-        p = dataclasses.asdict(elementwise.EwParams(vec=16 // DT[self.dtype][2]))
-        p.update(lt_epilogue=self.info.epilogue_fits_lt, tf32=self.allow_tf32 and self.dtype == "float32",
-                 algo=0)
-        return p
-
-    def render(self, params: dict) -> str:
-        return render(self, params)
+    facts: TaskFacts = None
 
 
 def _gemm_node(gm):
@@ -62,8 +56,8 @@ def _gemm_node(gm):
     return nodes[0]
 
 
-def match(gm, policy) -> GemmPlan:
-    """Plan a single-GEMM region with an elementwise epilogue; raises Unsupported otherwise."""
+def match(gm, policy) -> GemmMatch:
+    """Match a single-GEMM region with an elementwise epilogue; raises Unsupported otherwise."""
     node = _gemm_node(gm)
     ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
     t, args = node.target, node.args
@@ -99,23 +93,23 @@ def match(gm, policy) -> GemmPlan:
             e = ("add", e, low.val(bias, low.operand_map(amap, gshape, shape_of(bias))))
         return e
 
-    plan = lower(gm, leaves={node: leaf}, extra_inputs=[(gshape, dt)])
-    if plan.kind != "elementwise":
+    prog = lower(gm, leaves={node: leaf}, extra_inputs=[(gshape, dt)])
+    if prog.kind != "elementwise":
         raise Unsupported("row ops after a GEMM")
-    if any(x[0] == "in" and plan.accesses[x[1]].input == g_index and plan.accesses[x[1]].dims !=
-           tuple(range(plan.ndim)) for x in walk(plan.outputs[0].expr)):
+    if any(x[0] == "in" and prog.accesses[x[1]].input == g_index and prog.accesses[x[1]].dims !=
+           tuple(range(prog.ndim)) for x in walk(prog.outputs[0].expr)):
         raise Unsupported("GEMM result read broadcast/reshaped in the epilogue")
-    gp = GemmPlan(op, ph.index(a), ph.index(b), dt, plan, g_index, bool(policy and policy.allow_tf32))
-    fits = lt_split(gp)[0] is not None or plan.outputs[0].expr == _g_expr(plan, g_index)
-    gp.info = PlanInfo("gemm", gshape[-1], 16 // DT[dt][2], has_transcendental=plan.has_transcendental,
+    gp = GemmMatch(op, ph.index(a), ph.index(b), dt, prog, g_index, bool(policy and policy.allow_tf32))
+    fits = lt_split(gp)[0] is not None or prog.outputs[0].expr == _g_expr(prog, g_index)
+    gp.facts = TaskFacts("gemm", gshape[-1], 16 // DT[dt][2], has_transcendental=prog.has_transcendental,
                        low_precision=dt != "float32", allow_tf32=gp.allow_tf32, fp32=dt == "float32",
                        epilogue_fits_lt=fits)
     return gp
 
 
-def _g_expr(plan: Plan, g: int) -> tuple:
-    ident = tuple(range(plan.ndim))
-    for i, a in enumerate(plan.accesses):
+def _g_expr(prog: ExprProgram, g: int) -> tuple:
+    ident = tuple(range(prog.ndim))
+    for i, a in enumerate(prog.accesses):
         if a.input == g and a.mode == "dims" and a.dims == ident:
             return ("in", i)
     return ("in", -1)
@@ -127,11 +121,11 @@ def _strip(e: tuple) -> tuple:
     return e
 
 
-def lt_split(gp: GemmPlan):
+def lt_split(gp: GemmMatch):
     """(lt epilogue kind, bias input index, remaining expression with the fused part replaced by G).
     Picks the largest sub-expression of the form act(G + bias) that cuBLASLt can fuse."""
-    plan, G = gp.epilogue, _g_expr(gp.epilogue, gp.g)
-    D = plan.ndim
+    prog, G = gp.epilogue, _g_expr(gp.epilogue, gp.g)
+    D = prog.ndim
 
     def bias_of(e):
         e = _strip(e)
@@ -140,8 +134,8 @@ def lt_split(gp: GemmPlan):
         x, y = _strip(e[1]), _strip(e[2])
         for u, v in ((x, y), (y, x)):
             if u == G and v[0] == "in":
-                acc = plan.accesses[v[1]]
-                shape, dt = plan.inputs[acc.input]
+                acc = prog.accesses[v[1]]
+                shape, dt = prog.inputs[acc.input]
                 if acc.mode == "dims" and acc.dims == (D - 1,) and len(shape) == 1 and dt == gp.dtype:
                     return acc.input
         return None
@@ -162,15 +156,15 @@ def lt_split(gp: GemmPlan):
         return None
 
     best = None
-    for sub in walk(plan.outputs[0].expr):       # pre-order: outermost matches come first
+    for sub in walk(prog.outputs[0].expr):       # pre-order: outermost matches come first
         c = classify(sub)
         if c is not None:
             best = (c, sub)
             break
     if best is None:
-        return None, None, plan.outputs[0].expr
+        return None, None, prog.outputs[0].expr
     (kind, b), sub = best
-    rest = _replace(plan.outputs[0].expr, sub, G)
+    rest = _replace(prog.outputs[0].expr, sub, G)
     return kind, b, rest
 
 
@@ -182,9 +176,9 @@ def _replace(e: tuple, old: tuple, new: tuple) -> tuple:
     return tuple(_replace(a, old, new) if isinstance(a, tuple) else a for a in e)
 
 
-def _prune(plan: Plan) -> Plan:
+def _prune(prog: ExprProgram) -> ExprProgram:
     """Drop accesses the (reduced) epilogue no longer reads, e.g. the bias cuBLASLt now adds."""
-    used = sorted({x[1] for x in walk(plan.outputs[0].expr) if x[0] == "in"})
+    used = sorted({x[1] for x in walk(prog.outputs[0].expr) if x[0] == "in"})
     remap = {old: new for new, old in enumerate(used)}
 
     def re(e):
@@ -193,8 +187,8 @@ def _prune(plan: Plan) -> Plan:
         if e[0] in ("const", "red"):
             return e
         return tuple(re(a) if isinstance(a, tuple) else a for a in e)
-    out = dataclasses.replace(plan.outputs[0], expr=re(plan.outputs[0].expr))
-    return dataclasses.replace(plan, accesses=[plan.accesses[i] for i in used], outputs=[out])
+    out = dataclasses.replace(prog.outputs[0], expr=re(prog.outputs[0].expr))
+    return dataclasses.replace(prog, accesses=[prog.accesses[i] for i in used], outputs=[out])
 
 
 def _layouts(op: str) -> dict:
@@ -204,34 +198,32 @@ def _layouts(op: str) -> dict:
     return {"transa": "CUBLAS_OP_N", "a_rows": "N", "a_cols": "K", "lda": "N"}   # A = B^T
 
 
-def render(gp: GemmPlan, params: dict) -> str:
+def render(gp: GemmMatch, params: dict) -> str:
     kind, bias, rest = lt_split(gp) if params.get("lt_epilogue") else (None, None, None)
-    plan = gp.epilogue
+    prog = gp.epilogue
     if rest is None:
-        rest = plan.outputs[0].expr
-    G = _g_expr(plan, gp.g)
+        rest = prog.outputs[0].expr
+    G = _g_expr(prog, gp.g)
     epi_needed = rest != G
     ew_params = {k: v for k, v in params.items() if k in elementwise.EwParams.__dataclass_fields__}
     ew_params["nc"] = False      # NOTE: the epilogue overwrites G in place; no read-only path on it
     epi_src = ""
     if epi_needed:
-        epi_plan = _prune(dataclasses.replace(plan, outputs=[dataclasses.replace(plan.outputs[0], expr=rest)]))
-        epi_src = elementwise.generate(epi_plan, elementwise.EwParams(**ew_params),
-                                       gp.info.low_precision, entry="static int epilogue_run",
+        epi_prog = _prune(dataclasses.replace(prog, outputs=[dataclasses.replace(prog.outputs[0], expr=rest)]))
+        epi_src = host.EPILOGUE_INPUTS + elementwise.generate(epi_prog, elementwise.EwParams(**ew_params),
+                                       gp.facts.low_precision, entry="static int epilogue_run",
                                        restrict=False, prelude=False)
     lay = _layouts(gp.op)
     ctype = CUDA_TYPES[gp.dtype]
     tf32 = bool(params.get("tf32")) and gp.allow_tf32 and gp.dtype == "float32"
     compute = "CUBLAS_COMPUTE_32F_FAST_TF32" if tf32 else "CUBLAS_COMPUTE_32F"
-    epi_call = (f"  {{\n    HtamTensor ext[{len(plan.inputs)}];\n"
-                f"    for (int i = 0; i < n_in; ++i) ext[i] = in[i];\n"
-                f"    ext[n_in] = out[0];\n"
+    epi_call = (f"  {{\n{host.extend_inputs(len(prog.inputs), None, '    ', y='out[0]')}\n"
                 f"    return epilogue_run(ext, n_in + 1, out, n_out, stream);\n  }}") if epi_needed else "  return HTAM_OK;"
     bias_set = ""
     if kind and kind.endswith("bias"):
         bias_set = (f"    const void* bias = in[{bias}].data;\n"
                     f"    if (in[{bias}].ndim != 1 || in[{bias}].sizes[0] != N || in[{bias}].dtype != {DT[gp.dtype][1]}) return HTAM_ERR_SHAPE;\n"
-                    "    CK(cublasLtMatmulDescSetAttribute(e.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));")
+                    "    CK(cublasLtMatmulDescSetAttribute(E.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));")
     a, b = gp.a, gp.b
     algo = int(params.get("algo", 0))
     if gp.op == "linear":
@@ -264,43 +256,9 @@ def render(gp: GemmPlan, params: dict) -> str:
 
 {epi_src}
 
-#define CK(x) do {{ cublasStatus_t s_ = (x); if (s_ != CUBLAS_STATUS_SUCCESS) return 2000 + (int)s_; }} while (0)
-static const size_t kWorkspace = 32u << 20;
-
-struct LtState {{ cublasLtHandle_t handle = nullptr; void* ws = nullptr; }};
-
-// Lazily per device: handle + workspace (cudaMalloc: keep the first call outside graph capture).
-static int lt_state(LtState** out) {{
-  static LtState states[64];
-  int dev = 0;
-  cudaError_t ce = cudaGetDevice(&dev);
-  if (ce != cudaSuccess) return (int)ce;
-  if (dev < 0 || dev >= 64) return HTAM_ERR_SHAPE;
-  LtState& s = states[dev];
-  if (!s.handle) {{
-    CK(cublasLtCreate(&s.handle));
-    ce = cudaMalloc(&s.ws, kWorkspace);
-    if (ce != cudaSuccess) {{ cublasLtDestroy(s.handle); s.handle = nullptr; return (int)ce; }}
-  }}
-  *out = &s;
-  return 0;
-}}
-
-static int align_of(const void* p) {{
-  uintptr_t v = (uintptr_t)p; int a = 256;
-  while (a > 1 && v % a) a >>= 1;
-  return a;
-}}
-
-// Descriptors + chosen algorithm for one problem, cached (a few shapes per kernel in practice).
-struct LtEntry {{
-  bool used = false; int dev; int64_t M, N, K, batch; int al[3];
-  cublasLtMatmulDesc_t op = nullptr; cublasLtMatrixLayout_t A = nullptr, B = nullptr, C = nullptr;
-  cublasLtMatmulAlgo_t algo;
-}};
-
+{CUBLASLT}
 HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
-  if (n_in != {len(plan.inputs) - 1} || n_out != 1) return HTAM_ERR_SHAPE;
+  if (n_in != {len(prog.inputs) - 1} || n_out != 1) return HTAM_ERR_SHAPE;
   if (in[{a}].dtype != {DT[gp.dtype][1]} || in[{b}].dtype != {DT[gp.dtype][1]} || out[0].dtype != {DT[gp.dtype][1]}) return HTAM_ERR_SHAPE;
 {shape_code}
   if (!htam_contiguous(out[0]) || htam_numel(&out[0]) != batch * M * N) return HTAM_ERR_SHAPE;
@@ -365,7 +323,7 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   }}
   {{
     auto& E = *e;
-    {bias_set.replace("e.op", "E.op") if bias_set else ""}
+    {bias_set}
     const float alpha = 1.f, beta = 0.f;
     CK(cublasLtMatmul(st->handle, E.op, &alpha, Aptr, E.A, Bptr, E.B, &beta, out[0].data, E.C,
                       out[0].data, E.C, &E.algo, st->ws, kWorkspace, stream));
@@ -373,3 +331,48 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
 {epi_call}
 }}
 """
+
+
+# ---- the GEMM target (target.Target) ---------------------------------------------------------------
+
+# GEMM tasks also tune the cuBLASLt heuristic's algorithm choice under any strategy.
+GEMM_ALGOS = ({"algo": 1}, {"algo": 2}, {"algo": 3})
+# strategy ids whose presence _gemm_tags decides from the params
+TAG_IDS = ("cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores", "bf16_tensor_cores",
+           "vectorized_16b_access")
+
+
+def defaults(gp: GemmMatch) -> dict:
+    p = dataclasses.asdict(elementwise.EwParams(vec=16 // DT[gp.dtype][2]))
+    p.update(lt_epilogue=gp.facts.epilogue_fits_lt, tf32=gp.allow_tf32 and gp.dtype == "float32", algo=0)
+    return p
+
+
+def _gemm_tags(params: dict, facts: TaskFacts) -> list[str]:
+    tags = ["cublaslt_epilogue" if params["lt_epilogue"] else "gemm_plus_epilogue_kernel"]
+    if params.get("tf32") and facts.allow_tf32 and facts.fp32:
+        tags.append("tf32_tensor_cores")
+    if not facts.fp32:
+        tags.append("bf16_tensor_cores")
+    return tags
+
+
+def tags(gp: GemmMatch, params: dict) -> list[str]:
+    return ["single_kernel_launch", "fuse_elementwise_chain"] + _gemm_tags(params, gp.facts)
+
+
+def retag(gp: GemmMatch, params: dict, tags: list[str]) -> list[str]:
+    """GEMM tags follow the GEMM path actually used."""
+    return [t for t in tags if t not in TAG_IDS] + _gemm_tags(params, gp.facts)
+
+
+def grid(gp: GemmMatch, base: dict) -> list[dict]:
+    """The library's ranked algorithms, with and without cuBLASLt's fused epilogue."""
+    return [dict(base, lt_epilogue=v, algo=algo) for v in (base["lt_epilogue"], not base["lt_epilogue"])
+            for algo in range(8)]
+
+
+TARGET = Target(
+    kind="gemm", match=match, defaults=defaults, tags=tags, retag=retag,
+    start_order=("cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores"),
+    grid=grid, render=lambda gp, params: render(gp, params), library_algos=GEMM_ALGOS)

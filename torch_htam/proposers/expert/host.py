@@ -4,59 +4,54 @@ Everything the kernel assumes is checked here at run time and answered with HTAM
 runtime then runs the original PyTorch region): counts, dtypes, ranks, broadcast-compatible sizes,
 contiguity where an access needs it, 16-byte alignment before any vector path.
 
-    >>> print(prologue(plan))     # C++ lines for the top of htam_run
+    >>> print(prologue(prog))     # C++ lines for the top of htam_run
 """
 from __future__ import annotations
 
-from torch_htam.proposers.expert.cuda import DT
-from torch_htam.proposers.expert.ir import Plan
+from torch_htam.proposers.expert.cuda import DT, cuh
+from torch_htam.proposers.expert.ir import ExprProgram
 
 
-# An fp32 channel vector [K] at p, for epilogue plans that read per-channel values the kernel
-# computed itself (conv.py's folded batch norm; pwconv.py binds it and never reads it).
-CHANNEL_VEC = """static HtamTensor channel_vec(void* p, int64_t K) {
-  HtamTensor t = {};
-  t.data = p; t.ndim = 1; t.sizes[0] = K; t.strides[0] = 1; t.dtype = HTAM_FLOAT32;
-  return t;
-}
-"""
+# channel_vec and extend_inputs in C++: no params in them (pasted once per source that uses them)
+EPILOGUE_INPUTS = cuh("epilogue_inputs.cuh")
 
 
-def extend_inputs(n_ext: int, bn: tuple[str, str] | None, indent: str = "  ") -> str:
-    """C++ declaring ext[n_ext]: the task's inputs `in`, then the conv output Y and, with bn, the
-    batch norm's (scale, center) channel vectors at those pointers, as a conv's epilogue plan reads
-    them. bn = ("Y.data", "Y.data"): bound for the plan's checks, never read (pwconv.py folds
-    batch norm in the kernel).
+def extend_inputs(n_ext: int, bn: tuple[str, str] | None, indent: str = "  ", y: str = "Y") -> str:
+    """C++ declaring ext[n_ext]: the task's inputs `in`, then the GEMM/conv result y and, with bn,
+    the batch norm's (scale, center) channel vectors at those pointers, as the epilogue program
+    reads them (EPILOGUE_INPUTS must be in the source). bn = ("Y.data", "Y.data"): bound for the
+    program's checks, never read (pwconv.py folds batch norm in the kernel).
 
         >>> extend_inputs(9, ("scale", "shift"))
+        '  HtamTensor ext[9];\n  extend_inputs(ext, in, n_in, Y, scale, shift, K);'
     """
-    lines = [f"HtamTensor ext[{n_ext}];", "for (int i = 0; i < n_in; ++i) ext[i] = in[i];", "ext[n_in] = Y;"]
-    if bn is not None:
-        lines += [f"ext[n_in + 1] = channel_vec({bn[0]}, K);", f"ext[n_in + 2] = channel_vec({bn[1]}, K);"]
+    scale, center = bn if bn is not None else ("nullptr", "nullptr")
+    lines = [f"HtamTensor ext[{n_ext}];",
+             f"extend_inputs(ext, in, n_in, {y}, {scale}, {center}, {'K' if bn is not None else 0});"]
     return "\n".join(indent + ln for ln in lines)
 
 
-def prologue(plan: Plan) -> str:
+def prologue(prog: ExprProgram) -> str:
     """Checks counts/dtypes, reads the iteration sizes into it[] / n (and rows / ncol for rows)."""
-    lines = [f"  if (n_in != {len(plan.inputs)} || n_out != {len(plan.outputs)}) return HTAM_ERR_SHAPE;"]
-    for i, (_, dt) in enumerate(plan.inputs):
+    lines = [f"  if (n_in != {len(prog.inputs)} || n_out != {len(prog.outputs)}) return HTAM_ERR_SHAPE;"]
+    for i, (_, dt) in enumerate(prog.inputs):
         lines.append(f"  if (in[{i}].dtype != {DT[dt][1]} || in[{i}].data == nullptr) return HTAM_ERR_SHAPE;")
-    for k, o in enumerate(plan.outputs):
+    for k, o in enumerate(prog.outputs):
         lines.append(f"  if (out[{k}].dtype != {DT[o.dtype][1]} || out[{k}].data == nullptr) return HTAM_ERR_SHAPE;")
-    src, idx = plan.size_source
+    src, idx = prog.size_source
     lines += [f"  const HtamTensor& szt = {'out' if src == 'out' else 'in'}[{idx}];",
-              f"  if (szt.ndim != {plan.ndim}) return HTAM_ERR_SHAPE;",
+              f"  if (szt.ndim != {prog.ndim}) return HTAM_ERR_SHAPE;",
               "  int64_t it[HTAM_MAX_DIMS];",
               "  int64_t n = 1;",
-              f"  for (int d = 0; d < {plan.ndim}; ++d) {{ it[d] = szt.sizes[d]; n *= it[d]; }}"]
+              f"  for (int d = 0; d < {prog.ndim}; ++d) {{ it[d] = szt.sizes[d]; n *= it[d]; }}"]
     return "\n".join(lines)
 
 
-def bind_accesses(plan: Plan) -> str:
+def bind_accesses(prog: ExprProgram) -> str:
     """Fills sp (Space<NACC>) from it[] and each access; sets max_off."""
-    D = plan.ndim
+    D = prog.ndim
     lines = [f"  sp.ndim = {D};", f"  for (int d = 0; d < {D}; ++d) sp.size[d] = it[d];"]
-    for i, a in enumerate(plan.accesses):
+    for i, a in enumerate(prog.accesses):
         if a.mode == "dims":
             dims = ", ".join(str(d) for d in a.dims) or "0"
             lines.append(f"  {{ static const int dm[] = {{{dims}}};\n"
@@ -64,21 +59,21 @@ def bind_accesses(plan: Plan) -> str:
         else:
             suffix = "true" if a.mode == "suffix" else "false"
             lines.append(f"  if (!htam_bind_flat(in[{a.input}], it, {D}, {suffix}, sp.st[{i}])) return HTAM_ERR_SHAPE;")
-    lines.append(f"  const int64_t max_off = htam_max_off<NACC>(sp, {len(plan.accesses)});")
+    lines.append(f"  const int64_t max_off = htam_max_off<NACC>(sp, {len(prog.accesses)});")
     return "\n".join(lines)
 
 
-def vector_checks(plan: Plan, V: str, full_outputs_only: bool = False) -> str:
+def vector_checks(prog: ExprProgram, V: str, full_outputs_only: bool = False) -> str:
     """Clears vec_ok unless every access steps 0 or 1 along the last dim, every other stride is a
     multiple of V, and every pointer read or written with vectors is aligned to V elements."""
     lines = []
-    for i, a in enumerate(plan.accesses):
-        size = DT[plan.inputs[a.input][1]][2]
+    for i, a in enumerate(prog.accesses):
+        size = DT[prog.inputs[a.input][1]][2]
         lines.append(
             f"  {{ const int64_t inner = sp.st[{i}][sp.ndim - 1];\n"
             f"    if (inner != 0 && (inner != 1 || !htam_aligned(in[{a.input}].data, {V} * {size}))) vec_ok = false;\n"
             f"    if (inner == 1) for (int d = 0; d + 1 < sp.ndim; ++d) if (sp.st[{i}][d] % {V} != 0) vec_ok = false; }}")
-    for k, o in enumerate(plan.outputs):
+    for k, o in enumerate(prog.outputs):
         if full_outputs_only and o.row:
             continue
         lines.append(f"  if (!htam_aligned(out[{k}].data, {V} * {DT[o.dtype][2]})) vec_ok = false;")

@@ -1,8 +1,9 @@
-"""Aten graph -> a small fused-kernel plan: expressions per output element, row reductions, accesses.
+"""Aten graph -> ExprProgram, a small fused-kernel program: expressions per output element, row
+reductions, accesses.
 
-The plan says *what* one thread computes; elementwise.py / rowwise.py say *how* threads are mapped.
+The program says *what* one thread computes; elementwise.py / rowwise.py say *how* threads are mapped.
 Every value is addressed relative to the iteration space `shape` (the output shape for elementwise
-plans, the reduced tensor's shape for row plans; the last dim is the row for those). Each read of
+programs, the reduced tensor's shape for row programs; the last dim is the row for those). Each read of
 an input is an Access: which input dims line up with which iteration dims (broadcast dims -> -1),
 or "flat" (contiguous input read in iteration order through a reshape), or "suffix" (contiguous
 input repeating along the flat order, e.g. a bias after a reshape). The kernel turns accesses into
@@ -13,8 +14,8 @@ Expressions are hash-consed tuples (CSE for free):
     ("in", access_id)  ("const", float)  ("red", reduction_id)  ("ncol",) (row length at run time)
     ("round", dtype, e)  (op, e1, e2...)
 
-    >>> plan = lower(task.graph)          # raises Unsupported("aten.permute: ...") when it can't
-    >>> plan.kind, plan.shape, len(plan.reductions)
+    >>> prog = lower(task.graph)          # raises Unsupported("aten.permute: ...") when it can't
+    >>> prog.kind, prog.shape, len(prog.reductions)
     ('rowwise', (8, 512, 768), 2)
 """
 from __future__ import annotations
@@ -72,7 +73,9 @@ class Output:
 
 
 @dataclass
-class Plan:
+class ExprProgram:
+    """The lowered program of a fused elementwise or row region: per-element output expressions over
+    input accesses, and the row reductions they read (what lower returns)."""
     kind: str                          # "elementwise" | "rowwise"
     shape: tuple[int, ...]             # iteration shape at capture (sizes are read at run time)
     inputs: list[tuple[tuple[int, ...], str]]   # (shape, dtype) per task input
@@ -383,11 +386,11 @@ class Lowerer:
 
     def row(self, node, amap) -> tuple:
         if self.kind != "rowwise":
-            raise Unsupported("row op in an elementwise plan")
+            raise Unsupported("row op in an elementwise program")
         t, src = node.target, node.args[0]
         xs = shape_of(src)
         if xs != self.shape:
-            raise Unsupported(f"row op over {xs}; the plan's rows are {self.shape}")
+            raise Unsupported(f"row op over {xs}; the program's rows are {self.shape}")
         x_row = self.val(src, self.identity())
         if t in ROW_REDUCE:
             dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
@@ -469,22 +472,22 @@ def _iteration_shape(gm) -> tuple[str, tuple[int, ...]]:
     return "elementwise", shape_of(outs[0])
 
 
-def _size_source(plan: Plan, gm) -> tuple[str, int]:
+def _size_source(prog: ExprProgram, gm) -> tuple[str, int]:
     """A tensor whose run-time sizes are the iteration sizes: an output or an identity-read input."""
     for i, o in enumerate(_graph_outputs(gm)):
-        if shape_of(o) == plan.shape:
+        if shape_of(o) == prog.shape:
             return ("out", i)
-    ident = tuple(range(plan.ndim))
-    for a in plan.accesses:
-        if a.mode == "dims" and a.dims == ident and plan.inputs[a.input][0] == plan.shape:
+    ident = tuple(range(prog.ndim))
+    for a in prog.accesses:
+        if a.mode == "dims" and a.dims == ident and prog.inputs[a.input][0] == prog.shape:
             return ("in", a.input)
     raise Unsupported("no input or output has the iteration shape; sizes can't be read at run time")
 
 
-def lower(gm, simplify: bool = True, leaves=None, extra_inputs=()) -> Plan:
-    """Lower an aten GraphModule (placeholders = task inputs, output tuple) to a Plan.
+def lower(gm, simplify: bool = True, leaves=None, extra_inputs=()) -> ExprProgram:
+    """Lower an aten GraphModule (placeholders = task inputs, output tuple) to an ExprProgram.
 
-    >>> plan = lower(task.graph); plan.kind
+    >>> prog = lower(task.graph); prog.kind
     'elementwise'
     """
     kind, shape = _iteration_shape(gm)
@@ -509,13 +512,13 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=()) -> Plan:
         else:
             raise Unsupported(f"output of shape {os_} next to iteration shape {shape}")
     dropped = low.dropped + (simp.unused_ops(gm) if simplify else [])
-    plan = Plan(kind, shape, inputs, low.accesses, low.reductions, outputs, dropped=dropped)
-    for o in plan.outputs:
-        if o.row and column_dependent(o.expr, plan):
+    prog = ExprProgram(kind, shape, inputs, low.accesses, low.reductions, outputs, dropped=dropped)
+    for o in prog.outputs:
+        if o.row and column_dependent(o.expr, prog):
             raise Unsupported("a per-row output depends on a column")
-    plan.size_source = _size_source(plan, gm)
-    plan.has_transcendental = any(op in TRANSCENDENTAL for op in low_ops(plan))
-    return plan
+    prog.size_source = _size_source(prog, gm)
+    prog.has_transcendental = any(op in TRANSCENDENTAL for op in low_ops(prog))
+    return prog
 
 
 def _power_of_two(v: float) -> bool:
@@ -549,11 +552,11 @@ def walk(e: tuple):
         stack.extend(a for a in x[1:] if isinstance(a, tuple))
 
 
-def low_ops(plan: Plan) -> set[str]:
-    exprs = [o.expr for o in plan.outputs] + [r.expr for r in plan.reductions]
+def low_ops(prog: ExprProgram) -> set[str]:
+    exprs = [o.expr for o in prog.outputs] + [r.expr for r in prog.reductions]
     return {x[0] for e in exprs for x in walk(e)}
 
 
-def column_dependent(e: tuple, plan: Plan) -> bool:
-    return any(x[0] == "in" and plan.accesses[x[1]].column_varying(plan.ndim) for x in walk(e))
+def column_dependent(e: tuple, prog: ExprProgram) -> bool:
+    return any(x[0] == "in" and prog.accesses[x[1]].column_varying(prog.ndim) for x in walk(e))
 

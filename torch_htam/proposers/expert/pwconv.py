@@ -27,12 +27,14 @@ The same kernel has an NHWC mode (nhwc_epilogue) for conv.py's cuDNN path: the t
 conv result cuDNN wrote in NHWC instead of from the main loop, so the epilogue also transposes the
 result back to NCHW through shared memory.
 
-    >>> src = render(cp, dict(cp.defaults(), tiled=True))      # cp = conv.match(...)
+    >>> src = render(cp, dict(conv.defaults(cp), tiled=True))      # cp = conv.match(...)
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from torch_htam.proposers.expert import host
+from torch_htam.proposers.expert.conv_match import ConvMatch, Fold
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter, c_float
 from torch_htam.proposers.expert.ir import Unsupported, stored
 
@@ -40,12 +42,12 @@ MAIN_LOOP = Path(__file__).with_name("pwconv.cuh").read_text()
 # tile shapes the main loop supports (2 x 4 warps; BN pixels must leave every thread one X column)
 TILES = {(128, 128), (64, 128), (128, 64), (64, 64), (64, 256)}
 SMEM_LIMIT = 227 * 1024      # bytes of shared memory one block may have on sm_90
-# the batch norm's scale / center inputs of the epilogue plan, bound to the conv output's pointer:
+# the batch norm's scale / center inputs of the epilogue prog, bound to the conv output's pointer:
 # the kernel folds batch norm from the task's own inputs and never reads them (host.extend_inputs)
 UNREAD_BN = ("Y.data", "Y.data")
 
 
-def unsupported_reason(cp) -> str | None:
+def unsupported_reason(cp: ConvMatch) -> str | None:
     """Why this conv cannot take the tiled kernel (None: it can, precision permitting)."""
     if cp.stride != (1, 1) or cp.padding != (0, 0) or cp.dilation != (1, 1) or cp.groups != 1:
         return "tiled conv: only 1x1 convs with stride 1, no padding, no groups"
@@ -54,7 +56,7 @@ def unsupported_reason(cp) -> str | None:
     return None
 
 
-def tensor_core_reason(cp) -> str | None:
+def tensor_core_reason(cp: ConvMatch) -> str | None:
     """Why the tiled kernel's tensor-core math is not allowed here (None: it is). fp32 needs the
     tf32 policy. NOTE: 3xTF32 (split=True, the default) is not fp32-exact either: on an H100 its
     rms error was 5x that of cuDNN's fp32 conv (K=64 and 256), which strict fp32 verification
@@ -65,46 +67,46 @@ def tensor_core_reason(cp) -> str | None:
     return None
 
 
-def reason(cp) -> str | None:
+def reason(cp: ConvMatch) -> str | None:
     """Why the tiled kernel cannot run this conv under its policy (None: it can)."""
     return unsupported_reason(cp) or tensor_core_reason(cp)
 
 
-def pixel_varying(plan, i: int) -> bool:
+def pixel_varying(prog, i: int) -> bool:
     """Whether access i can differ between pixels (a residual does; a per-channel vector does not)."""
-    a = plan.accesses[i]
+    a = prog.accesses[i]
     return a.mode != "dims" or 2 in a.dims or 3 in a.dims
 
 
-def channel_only(plan, i: int) -> bool:
+def channel_only(prog, i: int) -> bool:
     """Whether access i varies with the output channel alone (a bias, a batch-norm weight): the
     block stages its BM values in shared memory once per tile instead of each thread loading them
     per row (a broadcast global load whose latency the epilogue waited on: ncu, docs/RESULTS_LOG.md)."""
-    a = plan.accesses[i]
+    a = prog.accesses[i]
     return a.mode == "dims" and not {0, 2, 3} & set(a.dims)
 
 
-def smem_bytes(cp, params: dict) -> int:
+def smem_bytes(cp: ConvMatch, params: dict) -> int:
     """Shared memory of one block, as the kernel lays it out (pw_smem in the source)."""
-    plan, e = cp.epilogue, DT[cp.dtype][2]
+    prog, e = cp.epilogue, DT[cp.dtype][2]
     bm, bn = params["bm"], params["bn"]
     up = lambda b: -(-b // 128) * 128      # noqa: E731
     pipe = up(params["stages"] * (bm * (32 + 16 // e) + 32 * (bn + 8)) * e)
     stg = up(bm * (bn + 8) * (e if cp.dtype != "float32" else 4))
-    _, real = _loads(plan, cp.g, cp.bn is not None)
+    _, real = _loads(prog, cp.g, cp.bn is not None)
     persist = params.get("persist", True)
     nbuf = 2 if persist else 1        # the next tile's prefetch needs a second buffer
-    pre = sum(nbuf * bm * bn * DT[plan.inputs[plan.accesses[i].input][1]][2] for i in real if pixel_varying(plan, i))
+    pre = sum(nbuf * bm * bn * DT[prog.inputs[prog.accesses[i].input][1]][2] for i in real if pixel_varying(prog, i))
     tail = pipe + stg if persist else max(pipe, stg)
-    staged = 2 + sum(channel_only(plan, i) for i in real)     # sS, sT and one row per channel-only input
+    staged = 2 + sum(channel_only(prog, i) for i in real)     # sS, sT and one row per channel-only input
     return tail + (pre if params.get("pre", True) else 0) + staged * bm * 4
 
 
-def _loads(plan, g: int, has_bn: bool) -> tuple[dict[int, str], list[int]]:
+def _loads(prog, g: int, has_bn: bool) -> tuple[dict[int, str], list[int]]:
     """C++ name per access id, and the accesses read from global memory (the rest are the conv
     value `cv` and the folded batch norm's scale/center held in shared memory)."""
     names, real = {}, []
-    for i, a in enumerate(plan.accesses):
+    for i, a in enumerate(prog.accesses):
         if a.input == g:
             names[i] = "cv"
         elif has_bn and a.input == g + 1:
@@ -112,32 +114,32 @@ def _loads(plan, g: int, has_bn: bool) -> tuple[dict[int, str], list[int]]:
         elif has_bn and a.input == g + 2:
             names[i] = "sT[r]"
         else:      # read by the thread per row (x), or staged per tile when per-channel (sC)
-            names[i] = f"sC{len(real)}[r]" if channel_only(plan, i) else f"x{len(real)}[u][e]"
+            names[i] = f"sC{len(real)}[r]" if channel_only(prog, i) else f"x{len(real)}[u][e]"
             real.append(i)
     return names, real
 
 
 def _epilogue(cp, params: dict, real: list[int], names: dict[int, str]) -> tuple[str, str, str]:
     """(loads, compute, store) C++ for JJ rows of EV pixels; the kernel declares x*/y arrays."""
-    plan = cp.epilogue
-    out_t = DT[plan.outputs[0].dtype][0]
+    prog = cp.epilogue
+    out_t = DT[prog.outputs[0].dtype][0]
     loads = []
     for j, i in enumerate(real):
-        t = DT[plan.inputs[plan.accesses[i].input][1]][0]
-        if channel_only(plan, i):      # staged in shared memory at the tile's start (_loads names it)
+        t = DT[prog.inputs[prog.accesses[i].input][1]][0]
+        if channel_only(prog, i):      # staged in shared memory at the tile's start (_loads names it)
             continue
         direct = (f"{{ const IDX o = b{j} + kc * (IDX)ea.st[{j}][1];\n"
                   f"        if (EV > 1 && ea.st[{j}][2] == 1) ldv<{t}, EV, false>(ea.p{j} + o, x{j}[u]);\n"
                   f"        else {{ const float v = ld1<{t}, false>(ea.p{j} + o);\n"
                   f"#pragma unroll\n          for (int e = 0; e < EV; ++e) x{j}[u][e] = v; }} }}")
-        if pixel_varying(plan, i):     # PRE: its tile is already in shared memory
+        if pixel_varying(prog, i):     # PRE: its tile is already in shared memory
             loads.append(f"        if constexpr (PRE) ldv<{t}, EV, false>(pre{j} + r * BN + col, x{j}[u]);\n"
                          f"        else {direct}")
         else:
             loads.append(f"        {direct}")
     em = Emitter(load=lambda a: names[a], red=None, fast=bool(params.get("fast")),
                  low_precision=cp.dtype != "float32")
-    y = em.emit(stored(plan.outputs[0].expr, plan.outputs[0].dtype))
+    y = em.emit(stored(prog.outputs[0].expr, prog.outputs[0].dtype))
     # NOTE: the staged conv result is already rounded to the conv's dtype, as torch's is
     compute = "\n".join(["          const float cv = cvs[e];"] + ["          " + ln for ln in em.lines]
                         + [f"          y[u][e] = {y};"])
@@ -146,22 +148,21 @@ def _epilogue(cp, params: dict, real: list[int], names: dict[int, str]) -> tuple
     return "\n".join(loads), compute, store
 
 
-def _kernel(cp, params: dict, nhwc: bool = False) -> str:
+def _kernel(cp: ConvMatch, params: dict, nhwc: bool = False) -> str:
     """The kernel's C++ (and the access ids it reads from global memory). nhwc: the tile comes
     from a conv result cuDNN wrote NHWC (kernel argument X), not from our main loop; W is unused
     and every block takes one tile (nhwc_epilogue passes persist=False)."""
-    from torch_htam.proposers.expert.conv import Fold     # conv imports this module
-    plan, g = cp.epilogue, cp.g
-    names, real = _loads(plan, g, cp.bn is not None)
+    prog, g = cp.epilogue, cp.g
+    names, real = _loads(prog, g, cp.bn is not None)
     loads, compute, store = _epilogue(cp, params, real, names)
     fold = Fold(cp)
-    dt, out_t = DT[cp.dtype][0], DT[plan.outputs[0].dtype][0]
-    ptrs = "".join(f"  const {DT[plan.inputs[plan.accesses[i].input][1]][0]}::raw* p{j};\n"
+    dt, out_t = DT[cp.dtype][0], DT[prog.outputs[0].dtype][0]
+    ptrs = "".join(f"  const {DT[prog.inputs[prog.accesses[i].input][1]][0]}::raw* p{j};\n"
                    for j, i in enumerate(real))
-    fold_ptrs = "".join(f"  const {DT[plan.inputs[i][1]][0]}::raw* {n};\n" for n, i in fold.present.items())
+    fold_ptrs = "".join(f"  const {DT[prog.inputs[i][1]][0]}::raw* {n};\n" for n, i in fold.present.items())
     unpack = "".join(f"  const auto* {n} = ea.{n};\n" for n in fold.present)
-    per_row = [j for j, i in enumerate(real) if not channel_only(plan, i)]
-    staged = [(j, DT[plan.inputs[plan.accesses[i].input][1]][0]) for j, i in enumerate(real) if channel_only(plan, i)]
+    per_row = [j for j, i in enumerate(real) if not channel_only(prog, i)]
+    staged = [(j, DT[prog.inputs[prog.accesses[i].input][1]][0]) for j, i in enumerate(real) if channel_only(prog, i)]
     decl_x = " ".join(f"float x{j}[JJ][EV];" for j in per_row)
     bases = "\n".join(f"    const IDX b{j} = n * (IDX)ea.st[{j}][0] + p * (IDX)ea.st[{j}][2];" for j in per_row)
     decl_staged = "".join(f"  __shared__ float sC{j}[BM];      // per-channel input {j} of the tile's rows\n"
@@ -176,7 +177,7 @@ def _kernel(cp, params: dict, nhwc: bool = False) -> str:
                            "      const int64_t i = m0 + threadIdx.x;"] + stage + ["    }"]) if stage else "")
     # pixel-varying inputs (a residual) get two [BM][BN] buffers each after the stages and the
     # result tile: the next tile's copy flies while this tile's epilogue runs
-    pre = [(j, DT[plan.inputs[plan.accesses[i].input][1]]) for j, i in enumerate(real) if pixel_varying(plan, i)]
+    pre = [(j, DT[prog.inputs[prog.accesses[i].input][1]]) for j, i in enumerate(real) if pixel_varying(prog, i)]
     ptrs_pre, issue, at = [], [], "tail_off<BM, BN, STAGES>()"
     for j, (t, _, size) in pre:        # (without PERSIST a block has one tile: one buffer)
         ptrs_pre.append(f"  {t}::raw* pre{j}_0 = reinterpret_cast<{t}::raw*>(smem + {at});\n"
@@ -214,7 +215,7 @@ constexpr size_t pw_smem() {{ return PRE ? {at} : tail_off<BM, BN, STAGES>(); }}
 """
     return smem_fn + f"""
 #define NREAL {max(len(real), 1)}
-#define NACC {len(plan.accesses)}
+#define NACC {len(prog.accesses)}
 // The epilogue's global inputs: pointer and (image, channel, pixel) strides in elements.
 struct EpiArgs {{
 {ptrs}{fold_ptrs}  int64_t st[NREAL][3];
@@ -235,7 +236,7 @@ __global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kerne
   (void)sS; (void)sT;
 {decl_staged}  {dt}::raw* pipe = reinterpret_cast<{dt}::raw*>(smem);
   STG::raw* stg = reinterpret_cast<STG::raw*>(smem + stg_off<BM, BN, STAGES>());
-{chr(10).join(ptrs_pre).replace("{dt}", dt)}
+{chr(10).join(ptrs_pre)}
 {issue_pre}
   // tile tt: channels m0 : m0 + BM of pixels q0 : q0 + BN
   auto at = [&](int64_t tt, int& m0, int64_t& q0) {{
@@ -324,42 +325,40 @@ __global__ void __launch_bounds__(pw::THREADS, {params.get("minb", 2)}) pw_kerne
 """, real
 
 
-def _host(cp, params: dict, real: list[int], nhwc: bool = False) -> str:
+def _host(cp: ConvMatch, params: dict, real: list[int], nhwc: bool = False) -> str:
     """pw_launch (binds the epilogue's inputs, picks the instantiation, launches) and, for a 1x1
-    conv, htam_run. nhwc: pw_launch only, for conv.py's cuDNN path (which has channel_vec)."""
-    from torch_htam.proposers.expert import host
-    from torch_htam.proposers.expert.conv import Fold
-    plan, g = cp.epilogue, cp.g
+    conv, htam_run. nhwc: pw_launch only, for conv.py's cuDNN path (which has host.EPILOGUE_INPUTS)."""
+    prog, g = cp.epilogue, cp.g
     dt, dtc, size = DT[cp.dtype][0], DT[cp.dtype][1], DT[cp.dtype][2]
-    ev, vec = 16 // DT[plan.outputs[0].dtype][2], 16 // size
+    ev, vec = 16 // DT[prog.outputs[0].dtype][2], 16 // size
     bm, bn, stages, ju = params["bm"], params["bn"], params["stages"], params["ju"]
     fold = Fold(cp)
     bind = []
     for j, i in enumerate(real):
-        a = plan.accesses[i]
+        a = prog.accesses[i]
         bind.append(
-            f"  ea.p{j} = (const {DT[plan.inputs[a.input][1]][0]}::raw*)in[{a.input}].data;\n"
+            f"  ea.p{j} = (const {DT[prog.inputs[a.input][1]][0]}::raw*)in[{a.input}].data;\n"
             f"  if (!pixel_strides(sp.st[{i}], it, ea.st[{j}])) return HTAM_ERR_SHAPE;\n"
             f"  if (ea.st[{j}][2] != 0 && ea.st[{j}][2] != 1) ev_ok = false;\n"
-            f"  if (ea.st[{j}][2] == 1 && (!htam_aligned(ea.p{j}, EV * {DT[plan.inputs[a.input][1]][2]}) ||"
+            f"  if (ea.st[{j}][2] == 1 && (!htam_aligned(ea.p{j}, EV * {DT[prog.inputs[a.input][1]][2]}) ||"
             f" ea.st[{j}][0] % EV || ea.st[{j}][1] % EV)) ev_ok = false;")
-        if pixel_varying(plan, i):    # prefetched in 16-byte chunks: pixel stride 1, chunk-aligned
-            v = 16 // DT[plan.inputs[a.input][1]][2]
+        if pixel_varying(prog, i):    # prefetched in 16-byte chunks: pixel stride 1, chunk-aligned
+            v = 16 // DT[prog.inputs[a.input][1]][2]
             bind.append(f"  if (ea.st[{j}][2] != 1 || d.P % {v} || ea.st[{j}][0] % {v} || ea.st[{j}][1] % {v} ||"
                         f" !htam_aligned(ea.p{j}, 16)) ev_ok = false;")
-    bind += [f"  ea.{n} = (const {DT[plan.inputs[i][1]][0]}::raw*)in[{i}].data;" for n, i in fold.present.items()]
+    bind += [f"  ea.{n} = (const {DT[prog.inputs[i][1]][0]}::raw*)in[{i}].data;" for n, i in fold.present.items()]
     checks = "\n".join(
         f"  if (in[{i}].ndim != 1 || in[{i}].sizes[0] != K || !htam_contiguous(in[{i}])) return HTAM_ERR_SHAPE;"
         for i in sorted(fold.present.values()))
-    n_ext = len(plan.inputs)
+    n_ext = len(prog.inputs)
     split = "true" if params.get("split", True) else "false"
-    ot = DT[plan.outputs[0].dtype][0]
+    ot = DT[prog.outputs[0].dtype][0]
     pre = "true" if params.get("pre", True) else "false"
     fast_t = f"pw_kernel<{bm}, {bn}, {stages}, true, true, {ev}, {ju}, {pre}, {split}, int32_t>"
     wide_t = f"pw_kernel<{bm}, {bn}, {stages}, true, true, {ev}, {ju}, {pre}, {split}, int64_t>"
     slow_t = f"pw_kernel<{bm}, {bn}, {stages}, false, false, 1, {ju}, false, {split}, int64_t>"
-    launch = ("{k}<<<(unsigned)grid, pw::THREADS, smem, stream>>>(ws, xs, ({ot}::raw*)Y.data, d, ea, tiles);")
-    fast, wide, slow = (launch.format(k=k, dt=dt, ot=ot) for k in (fast_t, wide_t, slow_t))
+    fast, wide, slow = (f"{k}<<<(unsigned)grid, pw::THREADS, smem, stream>>>(ws, xs, ({ot}::raw*)Y.data, d, ea, tiles);"
+                        for k in (fast_t, wide_t, slow_t))
     return f"""
 // Strides of one epilogue input over (image, channel, pixel): height and width must step as one
 // pixel index p = h * W + w (true for contiguous and per-channel inputs).
@@ -371,7 +370,7 @@ static bool pixel_strides(const int64_t* st, const int64_t* it, int64_t* out) {{
   return true;
 }}
 
-{"" if nhwc else host.CHANNEL_VEC}
+{"" if nhwc else host.EPILOGUE_INPUTS}
 // Once per kernel and device: allow its dynamic shared memory (above 48 KB needs it) and find how
 // many blocks fit on the device at once (the persistent grid).
 template <int WHICH>       // one cache per instantiation (0 scalar, 1 fast 32-bit, 2 fast 64-bit)
@@ -394,15 +393,15 @@ static int prepare(const void* kernel, size_t bytes, int64_t* resident) {{
   return 0;
 }}
 
-// in: the task's inputs, then the conv output Y [, scale, center] as the epilogue plan reads them.
+// in: the task's inputs, then the conv output Y [, scale, center] as the epilogue program reads them.
 // xs, ws: the main loop's X and W, or (NHWC) the conv result in NHWC and nullptr; C, K, N, P:
 // channels in and out, images, pixels per image; src_vec: xs and ws take 16-byte vector loads.
 static int pw_launch(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream,
                      const {dt}::raw* xs, const {dt}::raw* ws, int64_t C, int64_t K, int64_t N, int64_t P,
                      bool src_vec) {{
-{host.prologue(plan)}
+{host.prologue(prog)}
   Space<NACC> sp;
-{host.bind_accesses(plan)}
+{host.bind_accesses(prog)}
   const HtamTensor& Y = out[0];
   const int EV = {ev};
   pw::Dims d;
@@ -455,13 +454,13 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
 """)
 
 
-def nhwc_epilogue(cp, params: dict) -> str:
+def nhwc_epilogue(cp: ConvMatch, params: dict) -> str:
     """C++ for conv.py's cuDNN path with an NHWC conv result: pw_kernel in its NHWC mode (one tile
     per block) and pw_launch, which conv.py calls with the NHWC buffer as xs. The epilogue is the
     tiled kernel's (batch norm folded in the block, residual prefetched, NCHW stores), so the
     layout change back to NCHW costs no pass of its own. Tile settings: bm, bn, ju, pre of params.
 
-        >>> src = nhwc_epilogue(cp, cp.defaults())    # after PRELUDE, with host.CHANNEL_VEC before it
+        >>> src = nhwc_epilogue(cp, conv.defaults(cp))    # after PRELUDE, with host.EPILOGUE_INPUTS before it
     """
     params = dict(params, persist=False, stages=2)
     if (params["bm"], params["bn"]) not in TILES or params["ju"] not in (1, 2, 4, 8):
@@ -470,7 +469,7 @@ def nhwc_epilogue(cp, params: dict) -> str:
     return "\n".join([MAIN_LOOP, kernel, _host(cp, params, real, nhwc=True)])
 
 
-def render(cp, params: dict) -> str:
+def render(cp: ConvMatch, params: dict) -> str:
     """The whole kernel-ABI source; raises Unsupported when the conv or the precision rules it out."""
     why = reason(cp)
     if why:

@@ -1,7 +1,7 @@
 """Fused row kernel: reductions over the last dim with their elementwise prologue/epilogue.
 
 A group of TPR threads owns one row (TPR <= 32: a warp or sub-warp per row, several rows per block;
-TPR >= 64: the block is the row). Each reduction of the plan is one pass over the row; the row's
+TPR >= 64: the block is the row). Each reduction of the program is one pass over the row; the row's
 inputs are either kept in registers (loaded once, NV chunks of VEC per thread) or re-read per pass
 (streaming, for rows longer than the register capacity; L1/L2 serve the re-reads). Online softmax
 and Welford merge a pair of passes into one. The host picks register vs streaming and vector vs
@@ -14,7 +14,8 @@ bits (two values per register, converted at use) and `lazy` loads inputs that no
 free registers for more resident threads, hence more bytes in flight per SM; neither wins on every
 row (bench/sweep.py), so the search tries both ways.
 
-    >>> src = generate(plan, RowParams(tpr=32, rows_per_block=4, vec=4, nv=8))
+    >>> src = generate(prog, RowParams(tpr=32, rows_per_block=4, vec=4, nv=8))
+    >>> m = TARGET.match(task.graph, policy); src = TARGET.render(m, TARGET.defaults(m))
 """
 from __future__ import annotations
 
@@ -22,7 +23,11 @@ from dataclasses import dataclass
 
 from torch_htam.proposers.expert import host
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter
-from torch_htam.proposers.expert.ir import TRANSCENDENTAL, Plan, stored, walk
+from torch_htam.proposers.expert.ir import TRANSCENDENTAL, ExprProgram, Unsupported, lower, stored, walk
+from torch_htam.proposers.expert.strategies import TaskFacts
+from torch_htam.proposers.expert.target import (
+    ProgramMatch, Target, access_tags, drop_scalar_tag, pow2_vec, program_facts,
+)
 
 INIT = {"sum": "0.f", "max": "(-INFINITY)", "min": "INFINITY"}
 COMBINE = {"sum": "acc + {v}", "max": "htam_max(acc, {v})", "min": "htam_min(acc, {v})"}
@@ -55,12 +60,12 @@ class RowParams:
 
 
 class _Gen:
-    def __init__(self, plan: Plan, p: RowParams, low_precision: bool):
-        self.plan, self.p, self.lowp = plan, p, low_precision
-        D = plan.ndim
-        self.varying = [i for i, a in enumerate(plan.accesses) if a.column_varying(D)]
-        self.fixed = [i for i, a in enumerate(plan.accesses) if not a.column_varying(D)]
-        reduced = {x[1] for r in plan.reductions for x in walk(r.expr) if x[0] == "in"}
+    def __init__(self, prog: ExprProgram, p: RowParams, low_precision: bool):
+        self.prog, self.p, self.lowp = prog, p, low_precision
+        D = prog.ndim
+        self.varying = [i for i, a in enumerate(prog.accesses) if a.column_varying(D)]
+        self.fixed = [i for i, a in enumerate(prog.accesses) if not a.column_varying(D)]
+        reduced = {x[1] for r in prog.reductions for x in walk(r.expr) if x[0] == "in"}
         # held: loaded once into registers (register path); late: loaded per chunk in the final pass
         self.held = [i for i in self.varying if i in reduced or not p.lazy]
         self.late = [i for i in self.varying if i not in self.held]
@@ -68,7 +73,7 @@ class _Gen:
         self.memo = memo_values(self.passes()) if p.memo else []
 
     def dt(self, i: int) -> str:
-        return DT[self.plan.inputs[self.plan.accesses[i].input][1]][0]
+        return DT[self.prog.inputs[self.prog.accesses[i].input][1]][0]
 
     def words(self, i: int) -> str:
         """C size of input i's packed chunk: VEC values in 32-bit words."""
@@ -81,14 +86,14 @@ class _Gen:
     def passes(self) -> list[list[tuple]]:
         """The expressions each pass over the row evaluates per column, in order (a merged
         online-softmax / Welford pair is one pass; the final pass computes the full-row outputs)."""
-        out, k, reds, p = [], 0, self.plan.reductions, self.p
+        out, k, reds, p = [], 0, self.prog.reductions, self.p
         while k < len(reds):
             nxt = reds[k + 1] if k + 1 < len(reds) else None
             merged = (reds[k].pair and nxt is not None and nxt.pair == (reds[k].pair[0], 1)
                       and reds[k].pair[1] == 0 and (p.online if reds[k].pair[0] == "softmax" else p.welford))
             out.append([reds[k].expr])    # a merged pair's second value needs the first's result
             k += 2 if merged else 1
-        return out + [[stored(o.expr, o.dtype) for o in self.plan.outputs if not o.row]]
+        return out + [[stored(o.expr, o.dtype) for o in self.prog.outputs if not o.row]]
 
     def emitter(self, regs: bool, at: int | None = None) -> Emitter:
         """at: the pass being emitted; memoized values computed in an earlier pass are read back."""
@@ -177,9 +182,9 @@ class _Gen:
     def reduction_pass(self, k: int, regs: bool, at: int) -> tuple[str, int]:
         """Code computing R{k} (and R{k+1} for merged pairs) as pass `at`; returns (code,
         reductions consumed)."""
-        plan, p = self.plan, self.p
-        red = plan.reductions[k]
-        nxt = plan.reductions[k + 1] if k + 1 < len(plan.reductions) else None
+        prog, p = self.prog, self.p
+        red = prog.reductions[k]
+        nxt = prog.reductions[k + 1] if k + 1 < len(prog.reductions) else None
         em = self.emitter(regs, at)
         v = em.emit(red.expr)
         lines = "\n".join("          " + ln for ln in em.lines) + (self.memo_stores(em, at) if regs else "")
@@ -227,7 +232,7 @@ class _Gen:
 
     def final_pass(self, regs: bool, at: int) -> str:
         em = self.emitter(regs, at)
-        full = [(k, o) for k, o in enumerate(self.plan.outputs) if not o.row]
+        full = [(k, o) for k, o in enumerate(self.prog.outputs) if not o.row]
         names = [em.emit(stored(o.expr, o.dtype)) for _, o in full]
         lines = "\n".join("          " + ln for ln in em.lines)
         sets = "\n".join(f"          y{k}[e] = {n};" for (k, _), n in zip(full, names))
@@ -245,7 +250,7 @@ class _Gen:
     def row_outputs(self) -> str:
         em = Emitter(lambda a: f"s{a}", red=lambda k: f"R{k}", fast=self.p.fast,
                      low_precision=self.lowp, prefix="u")
-        rows = [(k, o) for k, o in enumerate(self.plan.outputs) if o.row]
+        rows = [(k, o) for k, o in enumerate(self.prog.outputs) if o.row]
         names = [em.emit(stored(o.expr, o.dtype)) for _, o in rows]
         if not rows:
             return ""
@@ -261,7 +266,7 @@ class _Gen:
         out, k, at = [], 0, 0
         if regs:
             out += [f"    float m{j}[NV > 0 ? NV : 1][VEC];" for j in range(len(self.memo))]
-        while k < len(self.plan.reductions):
+        while k < len(self.prog.reductions):
             code, used = self.reduction_pass(k, regs, at)
             out.append(code)
             k, at = k + used, at + 1
@@ -270,10 +275,10 @@ class _Gen:
         return "\n".join(out)
 
     def kernel(self) -> str:
-        plan, p = self.plan, self.p
+        prog, p = self.prog, self.p
         nc = "true" if p.nc else "false"
-        params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(len(plan.accesses))]
-        params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(plan.outputs)]
+        params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(len(prog.accesses))]
+        params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
         fixed = "\n".join(f"      s{i}_[g] = ld1<{self.dt(i)}, {nc}>(p{i} + ro_[g][{i}]);" for i in self.fixed)
         fixed_decl = " ".join(f"float s{i}_[RPG];" for i in self.fixed)
         fixed_alias = " ".join(f"const float s{i} = s{i}_[g];" for i in self.fixed)
@@ -287,7 +292,7 @@ class _Gen:
         alias = ("const int64_t r = r_[g]; const bool valid = valid_[g]; int64_t ro[NACC];\n"
                  "#pragma unroll\n      for (int a = 0; a < NACC; ++a) ro[a] = ro_[g][a];\n      " + fixed_alias)
         return f"""
-#define NACC {len(plan.accesses)}
+#define NACC {len(prog.accesses)}
 #define TPR {p.tpr}
 #define BLOCK {p.block}
 #define RPG {p.rpg}
@@ -378,48 +383,193 @@ def _transcendental(e: tuple) -> bool:
     return any(x[0] in TRANSCENDENTAL for x in walk(e))
 
 
-def _host(plan: Plan, p: RowParams) -> str:
-    nacc = len(plan.accesses)
-    args = ", ".join([f"({DT[plan.inputs[a.input][1]][0]}::raw*)in[{a.input}].data"
-                      for a in plan.accesses] +
-                     [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(plan.outputs)])
-    launch = "row_kernel<{V}, {NV}><<<blocks, BLOCK, 0, stream>>>(sp, rows, (int)ncol, " + args + ");"
+def _host(prog: ExprProgram, p: RowParams) -> str:
+    nacc = len(prog.accesses)
+    args = ", ".join([f"({DT[prog.inputs[a.input][1]][0]}::raw*)in[{a.input}].data"
+                      for a in prog.accesses] +
+                     [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)])
+    def launch(V: int, NV: int) -> str:     # the kernel instantiation for vector width V, NV chunks
+        return f"row_kernel<{V}, {NV}><<<blocks, BLOCK, 0, stream>>>(sp, rows, (int)ncol, {args});"
     out_checks = "\n".join(
         f"  if (!htam_contiguous(out[{k}]) || htam_numel(&out[{k}]) != {'rows' if o.row else 'n'}) return HTAM_ERR_SHAPE;"
-        for k, o in enumerate(plan.outputs))
+        for k, o in enumerate(prog.outputs))
     cap = p.tpr * p.vec * p.nv
     return f"""
 HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
-{host.prologue(plan)}
-  const int64_t ncol = it[{plan.ndim - 1}];
+{host.prologue(prog)}
+  const int64_t ncol = it[{prog.ndim - 1}];
   if (ncol <= 0 || ncol > (int64_t(1) << 30)) return HTAM_ERR_SHAPE;
   const int64_t rows = n / ncol;
   Space<NACC> sp;
-{host.bind_accesses(plan)}
+{host.bind_accesses(prog)}
   (void)max_off;
 {out_checks}
   if (rows == 0) return HTAM_OK;
   htam_collapse<NACC>(sp, {nacc}, true);
   const int V = {p.vec};
   bool vec_ok = V > 1 && ncol % V == 0;
-{host.vector_checks(plan, "V", full_outputs_only=True)}
+{host.vector_checks(prog, "V", full_outputs_only=True)}
   int64_t blocks = (rows + BLOCK / TPR * RPG - 1) / (BLOCK / TPR * RPG);
   if ({p.waves} > 0) blocks = std::min<int64_t>(blocks, (int64_t)htam_sm_count() * {p.waves});
   blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t)1 << 30));
   const bool regs = {p.nv} > 0 && ncol <= {cap};
-  if (regs && vec_ok) {launch.format(V=p.vec, NV=max(p.nv, 1))}
-  else if (regs) {launch.format(V=1, NV=max(p.nv * p.vec, 1))}
-  else if (vec_ok) {launch.format(V=p.vec, NV=0)}
-  else {launch.format(V=1, NV=0)}
+  if (regs && vec_ok) {launch(p.vec, max(p.nv, 1))}
+  else if (regs) {launch(1, max(p.nv * p.vec, 1))}
+  else if (vec_ok) {launch(p.vec, 0)}
+  else {launch(1, 0)}
   HTAM_CHECK_LAUNCH();
   return HTAM_OK;
 }}
 """
 
 
-def generate(plan: Plan, p: RowParams, low_precision: bool = False) -> str:
-    """CUDA source (kernel ABI) for a row plan."""
-    assert plan.kind == "rowwise", plan.kind
-    g = _Gen(plan, p, low_precision)
+def generate(prog: ExprProgram, p: RowParams, low_precision: bool = False) -> str:
+    """CUDA source (kernel ABI) for a row prog."""
+    assert prog.kind == "rowwise", prog.kind
+    g = _Gen(prog, p, low_precision)
     return "\n".join([f"// torch_htam expert: rowwise {p}", PRELUDE, "#include <algorithm>",
-                      g.kernel(), _host(plan, p)])
+                      g.kernel(), _host(prog, p)])
+
+
+# ---- the rowwise target (target.Target) ------------------------------------------------------------
+
+def match(gm, policy) -> ProgramMatch:
+    """A region of row reductions with their elementwise prologue/epilogue; raises Unsupported."""
+    prog = lower(gm)
+    if prog.kind != "rowwise":
+        raise Unsupported("no row reduction (the elementwise target's)")
+    if not prog.accesses:
+        raise Unsupported("the region reads no input")
+    return ProgramMatch(prog, program_facts(prog, policy))
+
+
+def defaults(m: ProgramMatch) -> dict:
+    return _default_row(m.facts)
+
+
+def _default_row(facts: TaskFacts) -> dict:
+    """Warp per row while the row fits 32 threads' registers, else a block per row; streamed
+    (online/Welford, one pass) beyond 16 values per thread of 1024 threads, except 16K-32K-wide
+    fp32 rows, held 32 values a thread by one 1024-thread block per SM (_long_row_in_registers).
+
+    Half-precision rows are held packed (two values per register), so a thread holds 32 of them
+    where it holds 16 fp32 values. Measured (bench/sweep.py, H100, docs/RESULTS_LOG.md): packed
+    took bf16 softmax from 52.6 to 31.1 us, RMSNorm [4096, 4096] from 36.7 to 31.2 us, and a
+    768-wide LayerNorm was fastest warp-per-row with 32 values per thread (18.6 us vs 25.1 us).
+    """
+    n = max(facts.ncol, 1)
+    vec = facts.vec16
+    while vec > 1 and n % vec:
+        vec //= 2
+    packed, cap = facts.packs_half, facts.row_cap
+    tpr = 32 if n <= 32 * cap else 128 if n <= 128 * 16 else 256 if n <= 256 * 16 else 1024
+    per_thread = -(-n // tpr)
+    while vec > per_thread:           # stays a power of two (vector loads are 2/4/8/16 bytes)
+        vec //= 2
+    nv = -(-per_thread // vec)     # exact (768 = 32 x 8 x 3): a padded 4th chunk costs registers
+    # NOTE: a row read once (mean(silu(x) * s)) gains nothing from registers: streaming it took
+    # 12.7 us against 14.3 us held ([4096, 768] fp32, bench/sweep.py, H100, docs/RESULTS_LOG.md).
+    stream = facts.single_pass or (nv * vec > 16 and not (packed and tpr == 32 and nv * vec <= cap))
+    # NOTE: a register-held row asks for 1024 resident threads (at most 64 registers): left alone,
+    # ptxas unrolled the 768-wide bf16 LayerNorm into 254 registers with spills (21.2 us), capped it
+    # took 14.1 us; bf16 softmax 25.3 -> 23.7 us, fp32 softmax 38.5 -> 38.8 us (bench/sweep.py, H100).
+    p = {"tpr": tpr, "rows_per_block": 4, "vec": vec, "nv": 0 if stream else nv,
+         "online": stream, "welford": stream, "nc": False, "waves": 0, "fast": facts.sfu_math,
+         "lazy": True, "packed": packed, "occ": 0 if stream else 1024, "rpg": 1, "memo": True}
+    # NOTE: a 32000-wide fp32 log_softmax held this way took 54.2 us against 69.1 streamed
+    # (bench/sweep.py, H100, docs/RESULTS_LOG.md): one DRAM read of the row instead of two
+    return dict(p, **(_long_row_in_registers(facts) or {}))
+
+
+def _long_row_in_registers(facts: TaskFacts) -> dict | None:
+    """A row of 16K-32K fp32 values held by one 1024-thread block, 32 values a thread, one block per
+    SM (occ=1024 caps 64 registers): read from DRAM once where streaming reads it twice (a softmax's
+    statistics pass, then its output pass). ptxas fits the 32000-wide log_softmax in 62 registers
+    without spills (-Xptxas -v, sm_90a). None for other rows.
+
+        >>> _long_row_in_registers(facts_of_log_softmax_32000)
+        {'tpr': 1024, 'rows_per_block': 1, 'vec': 4, 'nv': 8, 'online': False, 'welford': False, 'occ': 1024}
+    """
+    n, vec = facts.ncol, 4
+    if facts.single_pass or facts.packs_half or not 16 * 1024 < n <= 32 * 1024 or n % vec:
+        return None
+    return {"tpr": 1024, "rows_per_block": 1, "vec": vec, "nv": -(-n // (1024 * vec)), "online": False,
+            "welford": False, "occ": 1024}
+
+
+
+def tags(m: ProgramMatch, params: dict) -> list[str]:
+    facts = m.facts
+    out = ["single_kernel_launch", "fuse_row_prologue_epilogue", "warp_shuffle_reduction",
+           "warp_per_row" if params["tpr"] <= 32 else "block_per_row"]
+    if params["nv"]:
+        out.append("row_in_registers")
+    if params["online"] and facts.has_softmax_pair:
+        out.append("online_softmax")
+    if params["welford"] and facts.has_welford_pair:
+        out.append("welford_statistics")
+    return out + access_tags(params, facts)
+
+
+def retag(m: ProgramMatch, params: dict, tags: list[str]) -> list[str]:
+    """Mapping tags follow the mapping actually used."""
+    wpr, bpr = "warp_per_row", "block_per_row"
+    tags = [t for t in tags if t not in (wpr, bpr)] + [wpr if params["tpr"] <= 32 else bpr]
+    if not params["nv"]:
+        tags = [t for t in tags if t != "row_in_registers"]
+    return drop_scalar_tag(params, tags)
+
+
+def refit(m: ProgramMatch, p: dict, moved: dict) -> dict:
+    """A row kernel kept in registers must still hold the whole row after a move changed its
+    threads per row or vector width: recompute NV (and narrow VEC) for the new mapping, unless the
+    move set NV itself. NOTE: without this, warp_per_row on a 768-column row kept the NV of a
+    128-thread row, covered 256 columns and fell back to the streaming path at run time.
+    """
+    facts = m.facts
+    if not p.get("nv") or "nv" in moved:
+        return p
+    n = max(facts.ncol, 1)
+    per_thread = -(-n // p["tpr"])
+    vec = moved.get("vec", facts.vec16)      # 16-byte vectors unless the move chose a width
+    while vec > 1 and (n % vec or vec > per_thread):
+        vec //= 2
+    nv = -(-per_thread // vec)
+    cap = 16 if p["tpr"] * (p["rows_per_block"] if p["tpr"] <= 32 else 1) > 256 else 32   # values/thread
+    if nv * vec > cap:     # too long for this mapping's registers: stream it, one pass where possible
+        return dict(p, vec=vec, nv=0, online=facts.has_softmax_pair, welford=facts.has_welford_pair)
+    return dict(p, vec=vec, nv=nv)
+
+
+def valid(p: dict) -> bool:
+    return pow2_vec(p) and p["tpr"] <= 1024 and (p["tpr"] > 32 or p["tpr"] * p["rows_per_block"] <= 1024)
+
+
+def grid(m: ProgramMatch, base: dict) -> list[dict]:
+    """One knob at a time from the defaults first (the grid is cut at its limit), then mappings."""
+    facts, out = m.facts, []
+    for rpg in (2, 4):       # several rows in flight per group (short rows, few registers)
+        out.append(dict(base, rpg=rpg))
+    out += [dict(base, lazy=False), dict(base, memo=False), dict(base, occ=0)]
+    if facts.has_transcendental:
+        out.append(dict(base, fast=True))
+    out.append(dict(base, nv=0, online=facts.has_softmax_pair, welford=facts.has_welford_pair))
+    # (32, 1): a one-warp block per row, the launch shape torch.compile's persistent
+    # reductions took for the 768-wide LayerNorm and 512-wide softmax (ncu, H100)
+    mappings = [(32, 1), (32, 4), (32, 8), (64, 1), (128, 1), (256, 1), (512, 1), (1024, 1)]
+    for tpr, rpb in mappings:
+        for packed in ((False, True) if facts.low_precision else (False,)):
+            p = refit(m, dict(base, tpr=tpr, rows_per_block=rpb, nv=1, packed=packed), {"tpr": tpr})
+            out += [dict(p, occ=occ) for occ in (1024, 0, 2048)]
+    long_row = _long_row_in_registers(facts)
+    if long_row:
+        out.append(dict(base, **long_row))
+    return out
+
+
+TARGET = Target(
+    kind="rowwise", match=match, defaults=defaults, tags=tags, retag=retag,
+    start_order=("occupancy_tuning", "online_softmax", "welford_statistics", "block_per_row", "warp_per_row",
+                 "hoist_broadcast_loads", "fp32_math_half_io", "row_in_registers", "read_only_cache_loads"),
+    grid=grid, render=lambda m, params: generate(m.program, RowParams(**params), m.facts.low_precision),
+    valid=valid, refit=refit)

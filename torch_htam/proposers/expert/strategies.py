@@ -1,10 +1,10 @@
 """Strategy id -> parameter moves, as data. The autotuning space of the expert generator.
 
-Each entry says which plan kinds a strategy applies to, when it is meaningful for a plan, and the
+Each entry says which task kinds a strategy applies to, when it is meaningful for a task, and the
 parameter overrides to try, best guess first. A candidate is (base params + overrides), tagged with
 the strategy ids it embodies. Ids follow torch_htam/prior (the HTG's local strategies).
 
-    >>> [m.params for m in moves_for("ilp_unroll", plan_info)]
+    >>> moves_for("ilp_unroll", facts)       # facts: an elementwise task's TaskFacts
     [{'unroll': 2}, {'unroll': 4}]
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 
 @dataclass(frozen=True)
-class PlanInfo:
-    """What the strategy table needs to know about a plan (kept small so gemm plans fit too)."""
+class TaskFacts:
+    """What the strategy table needs to know about a task (kept small so every kind fits)."""
     kind: str                   # "elementwise" | "rowwise" | "gemm" | "conv"
     ncol: int = 0               # row length at capture (rowwise)
     vec16: int = 4              # elements in 16 bytes of the narrowest dtype
@@ -51,13 +51,15 @@ class PlanInfo:
 
 
 @dataclass(frozen=True)
-class Strategy:
+class StrategyMoves:
+    """One strategy's parameter moves: the task kinds it applies to, the overrides to try (best
+    guess first) and when it means something for a task."""
     kinds: frozenset[str]
-    variants: Callable[[PlanInfo], list[dict[str, Any]]]
-    applies: Callable[[PlanInfo], bool] = field(default=lambda i: True)
+    variants: Callable[[TaskFacts], list[dict[str, Any]]]
+    applies: Callable[[TaskFacts], bool] = field(default=lambda i: True)
 
 
-def _row_in_regs(i: PlanInfo) -> list[dict]:
+def _row_in_regs(i: TaskFacts) -> list[dict]:
     """Mappings that hold the whole row in registers: at most 16 values a thread (32 for packed
     half-precision rows, two to a register), beyond which the row kernel spills."""
     out = []
@@ -72,62 +74,55 @@ EW, ROW, GEMM = frozenset({"elementwise"}), frozenset({"rowwise"}), frozenset({"
 CONV = frozenset({"conv"})
 EW_ROW = EW | ROW
 
-TABLE: dict[str, Strategy] = {
-    "vectorized_16b_access": Strategy(EW_ROW, lambda i: [{"vec": i.vec16}, {"vec": max(1, i.vec16 // 2)}]),
-    "read_only_cache_loads": Strategy(EW_ROW, lambda i: [{"nc": True}]),
-    "row_in_registers": Strategy(ROW, _row_in_regs),
-    "warp_per_row": Strategy(ROW, lambda i: [{"tpr": 32, "rows_per_block": 4}, {"tpr": 32, "rows_per_block": 8},
+TABLE: dict[str, StrategyMoves] = {
+    "vectorized_16b_access": StrategyMoves(EW_ROW, lambda i: [{"vec": i.vec16}, {"vec": max(1, i.vec16 // 2)}]),
+    "read_only_cache_loads": StrategyMoves(EW_ROW, lambda i: [{"nc": True}]),
+    "row_in_registers": StrategyMoves(ROW, _row_in_regs),
+    "warp_per_row": StrategyMoves(ROW, lambda i: [{"tpr": 32, "rows_per_block": 4}, {"tpr": 32, "rows_per_block": 8},
                                              {"tpr": 16, "rows_per_block": 8}]),
-    "block_per_row": Strategy(ROW, lambda i: [{"tpr": t} for t in (256, 128, 512, 1024)]),
-    "grid_stride_loop": Strategy(EW_ROW, lambda i: [{"waves": 8}, {"waves": 4}, {"waves": 16}]),
-    "persistent_grid": Strategy(EW_ROW, lambda i: [{"waves": 2}, {"waves": 1}]),
-    "fuse_elementwise_chain": Strategy(EW | GEMM | CONV, lambda i: [{"fused": True}] if i.kind == "conv"
+    "block_per_row": StrategyMoves(ROW, lambda i: [{"tpr": t} for t in (256, 128, 512, 1024)]),
+    "grid_stride_loop": StrategyMoves(EW_ROW, lambda i: [{"waves": 8}, {"waves": 4}, {"waves": 16}]),
+    "persistent_grid": StrategyMoves(EW_ROW, lambda i: [{"waves": 2}, {"waves": 1}]),
+    "fuse_elementwise_chain": StrategyMoves(EW | GEMM | CONV, lambda i: [{"fused": True}] if i.kind == "conv"
                                        and i.epilogue_fits_cudnn else [{}]),
-    "fuse_row_prologue_epilogue": Strategy(ROW, lambda i: [{}]),
-    "warp_shuffle_reduction": Strategy(ROW, lambda i: [{"tpr": 32}, {"tpr": 16, "rows_per_block": 8}]),
-    "online_softmax": Strategy(ROW, lambda i: [{"online": True}], lambda i: i.has_softmax_pair),
-    "welford_statistics": Strategy(ROW, lambda i: [{"welford": True}], lambda i: i.has_welford_pair),
-    "ilp_unroll": Strategy(EW, lambda i: [{"unroll": 2}, {"unroll": 4}]),
+    "fuse_row_prologue_epilogue": StrategyMoves(ROW, lambda i: [{}]),
+    "warp_shuffle_reduction": StrategyMoves(ROW, lambda i: [{"tpr": 32}, {"tpr": 16, "rows_per_block": 8}]),
+    "online_softmax": StrategyMoves(ROW, lambda i: [{"online": True}], lambda i: i.has_softmax_pair),
+    "welford_statistics": StrategyMoves(ROW, lambda i: [{"welford": True}], lambda i: i.has_welford_pair),
+    "ilp_unroll": StrategyMoves(EW, lambda i: [{"unroll": 2}, {"unroll": 4}]),
     # rows: a norm's weight/bias held in registers from the start (lazy=False) instead of loaded in
     # the final pass; neither wins everywhere (bench/sweep.py, H100: 768-wide bf16 LayerNorm 17.2 us
     # held vs 19.1 us lazy; lazy removed a spill from a 4096-wide RMSNorm)
-    "hoist_broadcast_loads": Strategy(ROW, lambda i: [{"lazy": False}]),
+    "hoist_broadcast_loads": StrategyMoves(ROW, lambda i: [{"lazy": False}]),
     # rows: ask for 2048 / 1024 resident threads (32 / 64 registers), or let the compiler choose
-    "occupancy_tuning": Strategy(ROW, lambda i: [{"occ": 2048}, {"occ": 1024}, {"occ": 0}]),
-    "fp32_math_half_io": Strategy(ROW, lambda i: [{"packed": True}, {"packed": False}],
+    "occupancy_tuning": StrategyMoves(ROW, lambda i: [{"occ": 2048}, {"occ": 1024}, {"occ": 0}]),
+    "fp32_math_half_io": StrategyMoves(ROW, lambda i: [{"packed": True}, {"packed": False}],
                                   lambda i: i.packs_half),
-    "fast_math_intrinsics": Strategy(EW_ROW | GEMM, lambda i: [{"fast": True}], lambda i: i.has_transcendental),
-    "single_kernel_launch": Strategy(EW_ROW, lambda i: [{}]),
-    "drop_noop_ops": Strategy(EW_ROW, lambda i: [{}], lambda i: i.has_dropped),
+    "fast_math_intrinsics": StrategyMoves(EW_ROW | GEMM, lambda i: [{"fast": True}], lambda i: i.has_transcendental),
+    "single_kernel_launch": StrategyMoves(EW_ROW, lambda i: [{}]),
+    "drop_noop_ops": StrategyMoves(EW_ROW, lambda i: [{}], lambda i: i.has_dropped),
     # GEMM: cuBLASLt with its fused epilogue, or cuBLASLt + one fused epilogue kernel
-    "cublaslt_epilogue": Strategy(GEMM, lambda i: [{"lt_epilogue": True}], lambda i: i.epilogue_fits_lt),
-    "gemm_plus_epilogue_kernel": Strategy(GEMM | CONV, lambda i: [{"fused": False} if i.kind == "conv"
+    "cublaslt_epilogue": StrategyMoves(GEMM, lambda i: [{"lt_epilogue": True}], lambda i: i.epilogue_fits_lt),
+    "gemm_plus_epilogue_kernel": StrategyMoves(GEMM | CONV, lambda i: [{"fused": False} if i.kind == "conv"
                                                                   else {"lt_epilogue": False}]),
-    "tf32_tensor_cores": Strategy(GEMM | CONV, lambda i: [{"tf32": True}], lambda i: i.fp32 and i.allow_tf32),
-    "bf16_tensor_cores": Strategy(GEMM | CONV, lambda i: [{"algo": 1}, {"algo": 2}], lambda i: not i.fp32),
+    "tf32_tensor_cores": StrategyMoves(GEMM | CONV, lambda i: [{"tf32": True}], lambda i: i.fp32 and i.allow_tf32),
+    "bf16_tensor_cores": StrategyMoves(GEMM | CONV, lambda i: [{"algo": 1}, {"algo": 2}], lambda i: not i.fp32),
     # conv: BN folded into cuDNN's fused conv + bias + residual + ReLU, or into our epilogue kernel
-    "fold_batchnorm": Strategy(CONV, lambda i: [{"fused": True}] * i.epilogue_fits_cudnn + [{"fused": False}],
+    "fold_batchnorm": StrategyMoves(CONV, lambda i: [{"fused": True}] * i.epilogue_fits_cudnn + [{"fused": False}],
                                lambda i: i.has_batchnorm),
     # conv: a 1x1 conv as our own tiled tensor-core GEMM with the epilogue applied before the one
     # store (pwconv.py), where cuDNN writes the conv and an epilogue kernel reads it back
-    "smem_tiling": Strategy(CONV, lambda i: [{"tiled": True}, {"tiled": True, "bn": 256, "pre": False,
+    "smem_tiling": StrategyMoves(CONV, lambda i: [{"tiled": True}, {"tiled": True, "bn": 256, "pre": False,
                                                                 "persist": False},
                                              {"tiled": True, "bn": 128, "persist": True}, {"tiled": True, "stages": 3}],
                             lambda i: i.tiled_conv),
     # conv: cuDNN's conv on NHWC copies of x and w (the layout its tensor-core engines run natively;
     # on NCHW it transposes in and out itself), the tiled kernel's epilogue transposing back through
     # shared memory (conv.py, pwconv.nhwc_epilogue). Not where our tiled 1x1 kernel runs (faster).
-    "coalesced_layout_access": Strategy(CONV, lambda i: [{"nhwc": True, "graph": True, "fused": False},
+    "coalesced_layout_access": StrategyMoves(CONV, lambda i: [{"nhwc": True, "graph": True, "fused": False},
                                                          {"nhwc": True, "graph": True, "fused": False, "algo": 1}],
                                         lambda i: i.nhwc_conv and not i.tiled_conv),
 }
-# GEMM/conv plans also tune the cuBLASLt / cuDNN heuristic's algorithm choice under any strategy.
-GEMM_ALGOS = [{"algo": 1}, {"algo": 2}, {"algo": 3}]
-# NOTE: cuDNN's legacy ranking for fp32 convs under TF32 puts algorithms first that fail the TF32
-# tolerance (bench/sweep.py, H100: 12 of 16 settings of conv+BN+ReLU mismatched; the fastest that
-# verified was the 5th ranked), so conv tries further down the ranking.
-CONV_ALGOS = [{"algo": a} for a in (1, 2, 3, 4, 5)]
-
 KNOWN = set(TABLE)   # ids the prior uses
 
 
@@ -136,9 +131,9 @@ def strategy_id(s: Any) -> str:
     return s if isinstance(s, str) else getattr(s, "id")
 
 
-def moves_for(sid: str, info: PlanInfo) -> list[dict[str, Any]]:
-    """Parameter overrides for one strategy on one plan ([] when it does not apply)."""
+def moves_for(sid: str, facts: TaskFacts) -> list[dict[str, Any]]:
+    """Parameter overrides for one strategy on one task ([] when it does not apply)."""
     st = TABLE.get(sid)
-    if st is None or info.kind not in st.kinds or not st.applies(info):
+    if st is None or facts.kind not in st.kinds or not st.applies(facts):
         return []
-    return st.variants(info)
+    return st.variants(facts)

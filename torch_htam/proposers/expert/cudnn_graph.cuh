@@ -1,0 +1,200 @@
+// ---- torch_htam expert: a conv on cuDNN's backend ("graph") API (cudnn_conv.py pastes it) -------
+// Reads the constants graph_entry() writes before it: kStrictFp32, kNhwc, kDataType, kPad,
+// kStride, kDilation (pixels, H then W), kGroups and kAlgo; and cudnn.cuh's DnnState, grow(),
+// not_supported(). Attribute names and value types follow cudnn_graph.h (cuDNN 9).
+// ---- cuDNN backend ("graph") API: plan once per shape, one cudnnBackendExecute per call ----------
+// Why: the legacy calls cost host time in cuDNN 9: 383 us per conv+BN+ReLU kernel call against
+// 53 us on this path (bf16, H100; see conv.py).
+// NOTE: cudnn_graph.h marks CUDNN_ATTR_OPERATIONGRAPH_HANDLE / _EXECUTION_PLAN_HANDLE deprecated
+// (warns only with CUDNN_WARN_DEPRECATED) yet still documents them as required: both are set.
+#define SET(d, name, type, n, values) CD(cudnnBackendSetAttribute(d, name, type, n, values))
+static const int kMaxConfigs = 16;            // engine configs taken from one heuristics query
+
+// One problem's backend descriptors, cached (a few shapes per kernel in practice). NOTE: all stay
+// alive until release(): cuDNN does not document whether a plan copies what it was built from.
+struct ConvEntry {
+  bool used = false; int dev = -1; int64_t dims[8] = {0};   // N, C, H, W of x; K, R, S; alignment
+  cudnnBackendDescriptor_t x = nullptr, w = nullptr, y = nullptr;   // tensors 'x', 'w', 'y'
+  cudnnBackendDescriptor_t conv = nullptr, op = nullptr, graph = nullptr, heur = nullptr;
+  cudnnBackendDescriptor_t cfg[kMaxConfigs] = {};   // engine configs, heuristic rank order
+  int n_cfg = 0, pick = -1;                         // the plan runs cfg[pick]
+  cudnnBackendDescriptor_t plan = nullptr, pack = nullptr;
+  void* ptrs[4] = {nullptr, nullptr, nullptr, nullptr};   // x, w, y, workspace bound in `pack`
+};
+
+static void drop(cudnnBackendDescriptor_t* d) {
+  if (*d) cudnnBackendDestroyDescriptor(*d);
+  *d = nullptr;
+}
+
+static void drop_configs(ConvEntry* e) {
+  for (auto& c : e->cfg) drop(&c);
+  drop(&e->heur);
+  e->n_cfg = 0;
+}
+
+static void release(ConvEntry* e) {
+  drop(&e->pack);
+  drop(&e->plan);
+  drop_configs(e);
+  for (cudnnBackendDescriptor_t* d : {&e->graph, &e->op, &e->conv, &e->y, &e->w, &e->x}) drop(d);
+  *e = ConvEntry();
+}
+
+// A packed tensor [n, c, h, w] (sizes and strides in elements), NCHW or (kNhwc) NHWC in memory,
+// data aligned to `align` bytes.
+static int make_tensor(cudnnBackendDescriptor_t* t, int64_t uid, int64_t n, int64_t c, int64_t h, int64_t w,
+                       int64_t align) {
+  const int64_t dims[4] = {n, c, h, w};
+  const int64_t nchw[4] = {c * h * w, h * w, w, 1}, nhwc[4] = {c * h * w, 1, w * c, c};
+  const int64_t* strides = kNhwc ? nhwc : nchw;
+  const cudnnDataType_t type = kDataType;
+  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_TENSOR_DESCRIPTOR, t));
+  SET(*t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+  SET(*t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
+  SET(*t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
+  SET(*t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims);
+  SET(*t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides);
+  CD(cudnnBackendFinalize(*t));
+  return 0;
+}
+
+// The 2-D cross-correlation with fp32 accumulation (pads/strides/dilations in pixels, H then W).
+// NOTE: groups are implied by the tensors: w is [K, C/groups, R, S] against x's C channels.
+static int make_conv(ConvEntry* e) {
+  const int64_t spatial = 2;
+  const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, &e->conv));
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial);
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, kPad);
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, kPad);
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, kStride);
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, kDilation);
+  CD(cudnnBackendFinalize(e->conv));
+  return 0;
+}
+
+// The one-operation graph y = 1 * conv(x, w) + 0 * y.
+static int make_graph(cudnnHandle_t handle, ConvEntry* e) {
+  const float alpha = 1.f, beta = 0.f;
+  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, &e->op));
+  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->x);
+  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->w);
+  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->y);
+  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->conv);
+  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
+  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+  CD(cudnnBackendFinalize(e->op));
+  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &e->graph));
+  SET(e->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->op);
+  SET(e->graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  const cudnnStatus_t s = cudnnBackendFinalize(e->graph);
+  if (s != CUDNN_STATUS_SUCCESS) return not_supported(s) ? HTAM_ERR_SHAPE : 3000 + (int)s;
+  return 0;
+}
+
+// The heuristic's engine configs for the graph, best first (at most kMaxConfigs).
+// NOTE: the results are copied into descriptors the caller created (CUDNN_BACKEND_ENGINECFG_DESCRIPTOR).
+static int rank_engines(ConvEntry* e, cudnnBackendHeurMode_t mode) {
+  drop_configs(e);
+  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &e->heur));
+  SET(e->heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->graph);
+  SET(e->heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+  CD(cudnnBackendFinalize(e->heur));
+  for (auto& c : e->cfg) CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &c));
+  int64_t n = 0;
+  CD(cudnnBackendGetAttribute(e->heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                              kMaxConfigs, &n, e->cfg));
+  e->n_cfg = (int)std::min<int64_t>(n, kMaxConfigs);
+  return 0;
+}
+
+// Whether a config's engine may run here, from its numerical notes (as ATen's Conv_v8.cpp filters):
+// never nondeterministic (verification wants two calls bitwise equal) nor down-converting inputs;
+// for strict fp32 no tensor cores (that would be TF32).
+static bool usable(cudnnBackendDescriptor_t cfg) {
+  cudnnBackendDescriptor_t eng = nullptr;
+  if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng) != CUDNN_STATUS_SUCCESS) return false;
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  int64_t n = 0;
+  bool ok = cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
+                                     &eng) == CUDNN_STATUS_SUCCESS &&
+            cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                     CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes) == CUDNN_STATUS_SUCCESS;
+  for (int64_t i = 0; ok && i < std::min<int64_t>(n, CUDNN_NUMERICAL_NOTE_TYPE_COUNT); ++i)
+    ok = notes[i] != CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC && notes[i] != CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS &&
+         !(kStrictFp32 && notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE);
+  cudnnBackendDestroyDescriptor(eng);
+  return ok;
+}
+
+// An execution plan for the config, or nullptr when it does not finalize or its workspace (bytes,
+// *ws) exceeds kMaxWorkspace.
+static cudnnBackendDescriptor_t make_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, int64_t* ws) {
+  cudnnBackendDescriptor_t plan = nullptr;
+  if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
+    return nullptr;
+  int64_t n = 0;
+  *ws = -1;
+  const bool ok =
+      cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle) == CUDNN_STATUS_SUCCESS &&
+      cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg) == CUDNN_STATUS_SUCCESS &&
+      cudnnBackendFinalize(plan) == CUDNN_STATUS_SUCCESS &&
+      cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, ws) == CUDNN_STATUS_SUCCESS &&
+      *ws >= 0 && (size_t)*ws <= kMaxWorkspace;
+  if (!ok) drop(&plan);
+  return plan;
+}
+
+// Plans the usable configs from cfg[from] on, in rank order, and keeps the skip-th that plans (the
+// last that plans when fewer do); grows the shared workspace for it. HTAM_ERR_SHAPE when none plans.
+static int next_plan(DnnState* st, ConvEntry* e, int from, int skip) {
+  cudnnBackendDescriptor_t best = nullptr;
+  int64_t best_ws = 0;
+  int best_i = -1;
+  for (int i = from, found = 0; i < e->n_cfg && found <= skip; ++i) {
+    int64_t ws = 0;
+    cudnnBackendDescriptor_t p = usable(e->cfg[i]) ? make_plan(st->handle, e->cfg[i], &ws) : nullptr;
+    if (!p) continue;
+    drop(&best);
+    best = p; best_ws = ws; best_i = i; ++found;
+  }
+  if (!best) return HTAM_ERR_SHAPE;
+  drop(&e->plan);
+  e->plan = best; e->pick = best_i;
+  return grow(&st->ws, &st->ws_bytes, std::max<size_t>((size_t)best_ws, 1));   // never a null workspace
+}
+
+static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, int64_t Q) {
+  int rc = 0;
+  if ((rc = make_tensor(&e->x, 'x', d[0], d[1], d[2], d[3], d[7])) ||
+      (rc = make_tensor(&e->w, 'w', d[4], d[1] / kGroups, d[5], d[6], d[7])) ||
+      (rc = make_tensor(&e->y, 'y', d[0], d[4], P, Q, d[7])) || (rc = make_conv(e)) || (rc = make_graph(st->handle, e)))
+    return rc;
+  // PyTorch's order: the heuristic's ranking, then cuDNN's fallback list when nothing in it is usable
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    if (rank_engines(e, mode)) continue;   // this mode cannot rank the graph
+    if ((rc = next_plan(st, e, 0, kAlgo)) != HTAM_ERR_SHAPE) return rc;
+  }
+  return HTAM_ERR_SHAPE;   // no usable engine under this precision: the original region runs
+}
+
+// Binds the call's pointers: the finalized variant pack is cached and rebuilt only when one of the
+// pointers changed (it holds pointers, never results).
+static int bind(ConvEntry* e, void* x, void* w, void* y, void* ws) {
+  void* const ptrs[4] = {x, w, y, ws};
+  if (e->pack && std::equal(ptrs, ptrs + 4, e->ptrs)) return 0;
+  static const int64_t uids[3] = {'x', 'w', 'y'};
+  drop(&e->pack);
+  std::fill(e->ptrs, e->ptrs + 4, nullptr);
+  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &e->pack));
+  SET(e->pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
+  SET(e->pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
+  SET(e->pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+  CD(cudnnBackendFinalize(e->pack));
+  std::copy(ptrs, ptrs + 4, e->ptrs);
+  return 0;
+}

@@ -1,0 +1,82 @@
+"""The per-kind target interface of the expert proposer, and what the targets share.
+
+A target is one kind of region the expert writes CUDA for: elementwise.py, rowwise.py, gemm.py and
+conv.py each export one as TARGET. proposer.py drives every target the same way: match the graph,
+take the defaults (or the parent's params), apply strategy moves (strategies.TABLE), refit, keep the
+valid and distinct settings, render each. The matched region is the target's own object; all the
+generic loop reads of it is `.facts` (strategies.TaskFacts).
+
+    >>> m = elementwise.TARGET.match(task.graph, policy)          # raises Unsupported
+    >>> src = elementwise.TARGET.render(m, elementwise.TARGET.defaults(m))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch_htam.proposers.expert.cuda import DT
+from torch_htam.proposers.expert.ir import ExprProgram
+from torch_htam.proposers.expert.strategies import TaskFacts
+
+
+def pow2_vec(params: dict) -> bool:
+    """Vector widths are powers of two (loads and stores of 2/4/8/16 bytes)."""
+    v = params.get("vec", 1)
+    return not v & (v - 1)
+
+
+def _same(region: Any, params: dict, *rest) -> dict:
+    return params
+
+
+@dataclass(frozen=True)
+class Target:
+    """One kind of region. Every function takes the region `match` returned (`m` below)."""
+    kind: str                                    # "elementwise" | "rowwise" | "gemm" | "conv"
+    match: Callable[[Any, Any], Any]             # (graph module, policy) -> m; raises ir.Unsupported
+    defaults: Callable[[Any], dict]              # m -> the default params
+    tags: Callable[[Any, dict], list[str]]       # (m, params) -> strategy ids the setting embodies
+    # (m, params, tags) -> tags after a move: the moved-from tags plus the moves' ids, corrected to
+    # the path the params actually take
+    retag: Callable[[Any, dict, list[str]], list[str]]
+    start_order: tuple[str, ...]                 # strategy ids a first proposal tries, in order
+    grid: Callable[[Any, dict], list[dict]]      # (m, defaults) -> further settings worth timing
+    render: Callable[[Any, dict], str]           # (m, params) -> CUDA source; raises ir.Unsupported
+    valid: Callable[[dict], bool] = pow2_vec     # params -> whether the kernel can take them
+    # (m, params, the move's overrides) -> params made consistent again after the move
+    refit: Callable[[Any, dict, dict], dict] = _same
+    # (m, params) -> the same kernel's params with the knobs it does not read at their defaults
+    canonical: Callable[[Any, dict], dict] = _same
+    # library GEMM/conv: the heuristic's next algorithms, tried after the strategy moves on the last
+    # setting that runs the library (on_library: the same setting moved onto the library's path)
+    library_algos: tuple[dict, ...] = ()
+    on_library: Callable[[dict], dict] = lambda params: params
+
+
+@dataclass(frozen=True)
+class ProgramMatch:
+    """An elementwise or row region: its lowered program and facts."""
+    program: ExprProgram
+    facts: TaskFacts
+
+
+def program_facts(prog: ExprProgram, policy) -> TaskFacts:
+    """The strategy table's facts about an elementwise or row program under a precision policy."""
+    dts = [dt for _, dt in prog.inputs] + [o.dtype for o in prog.outputs]
+    pairs = {r.pair[0] for r in prog.reductions if r.pair}
+    low = any(dt != "float32" for dt in dts)
+    single = len(prog.reductions) == 1 and all(o.row for o in prog.outputs)
+    return TaskFacts(prog.kind, prog.shape[-1], 16 // min(DT[dt][2] for dt in dts),
+                     "softmax" in pairs, "welford" in pairs, prog.has_transcendental,
+                     bool(prog.dropped), low, bool(policy and policy.allow_tf32), not low,
+                     single_pass=single)
+
+
+def access_tags(params: dict, facts: TaskFacts) -> list[str]:
+    """The elementwise and row kernels' trailing tags: vector access, dropped no-op ops."""
+    return ["vectorized_16b_access"] * (params.get("vec", 1) > 1) + ["drop_noop_ops"] * facts.has_dropped
+
+
+def drop_scalar_tag(params: dict, tags: list[str]) -> list[str]:
+    """A move to scalar access (vec 1) is no longer vectorized."""
+    return [t for t in tags if t != "vectorized_16b_access"] if params.get("vec", 1) == 1 else tags
