@@ -115,7 +115,7 @@ def test_install_on_the_users_model_and_restore(mlp):
 
 def test_compiled_guard_keeps_what_beats_torch_compile(mlp, monkeypatch):
     """All kernels together lose to torch.compile, the better half wins: that half is installed."""
-    from torch_htam import benchmark, pipeline
+    from torch_htam import pipeline, timing
     model, x, found, kernels = mlp
     entries = {s: _Entry(k, speedup) for (s, k), speedup in zip(kernels.items(), (3.0, 2.0, 1.5))}
     sizes = []
@@ -125,7 +125,7 @@ def test_compiled_guard_keeps_what_beats_torch_compile(mlp, monkeypatch):
             ours(*inputs)   # compiles: the backend's records say how many kernels it swapped
         n = len(ours_backends[-1].kernels)
         sizes.append(n)
-        return benchmark.ArmTime(1.0, 0, 0), benchmark.ArmTime(0.9 if n == 1 else 1.1, 0, 0)
+        return timing.ArmTime(1.0, 0, 0), timing.ArmTime(0.9 if n == 1 else 1.1, 0, 0)
     ours_backends = []
     real_compile_with = backend.compile_with
 
@@ -134,7 +134,7 @@ def test_compiled_guard_keeps_what_beats_torch_compile(mlp, monkeypatch):
             b.provider = PROVIDER
             ours_backends.append(b)
         return real_compile_with(m, b, mode)
-    monkeypatch.setattr(benchmark, "time_pair", timed)
+    monkeypatch.setattr(timing, "time_pair", timed)
     monkeypatch.setattr(backend, "compile_with", compile_with)
     cfg = pipeline.OptimizeConfig()
     model = pipeline._install_compiled(model, found, entries, (x,), cfg)

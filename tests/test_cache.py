@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from torch_htam.cache import FILES, KernelCache, cli_main, sha256_file
+from torch_htam.cache import FILES, KernelCache, sha256_file
+from torch_htam.cli import main as cli
+
+
+def cli_main(argv):
+    """`torch-htam cache ARGV...` as the command line runs it."""
+    return cli(["cache", *argv])
 from torch_htam.evaluation import Evaluation
 from torch_htam.task import Task, TensorSpec
 

@@ -184,7 +184,7 @@ def test_cnn_optimized_is_right(cache_dir):
 def _guard_setup(made, monkeypatch, fast_when):
     """The bundle fixture's MLP with CPU stand-in kernels installed; time_pair says ours is faster
     exactly when fast_when(number of regions swapped)."""
-    from torch_htam import benchmark, pipeline, runtime
+    from torch_htam import pipeline, runtime, timing
     model, x, tasks, cache, provider = made
     kernels = {sig: cache.get(sig) for sig in tasks}
     cap = extract(model, (x,))
@@ -194,8 +194,8 @@ def _guard_setup(made, monkeypatch, fast_when):
     def timed(fn_a, fn_b, inputs, iters, rounds):
         n = model.htam_report.swapped
         tried.append(n)
-        return benchmark.ArmTime(1.0, 0.9, 1.1), benchmark.ArmTime(0.8 if fast_when(n) else 1.2, 0, 0)
-    monkeypatch.setattr(benchmark, "time_pair", timed)
+        return timing.ArmTime(1.0, 0.9, 1.1), timing.ArmTime(0.8 if fast_when(n) else 1.2, 0, 0)
+    monkeypatch.setattr(timing, "time_pair", timed)
     return pipeline, model, cap, kernels, list(tasks.values()), x, provider, tried
 
 

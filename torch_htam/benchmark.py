@@ -17,13 +17,7 @@ from pathlib import Path
 
 import torch
 
-
-@dataclass
-class ArmTime:
-    median_ms: float
-    p20_ms: float
-    p80_ms: float
-    setup_s: float = 0.0     # compile / optimize time before the first timed call
+from torch_htam.timing import ArmTime, time_many, time_pair  # noqa: F401  (ArmTime, time_pair: re-exported)
 
 
 @dataclass
@@ -41,54 +35,6 @@ class BenchResult:
     def swapped(self) -> int:
         """Distinct tasks whose kernel runs in the optimized model (0: it runs the original forward)."""
         return sum(1 for t in self.tasks if t["status"] == "swapped")
-
-
-def time_model(fn, inputs: tuple, iters: int = 50, warmup: int = 5) -> ArmTime:
-    """Median of `iters` calls, each bracketed by CUDA events, after `warmup` calls (ms)."""
-    return _arm(_times(fn, inputs, iters, warmup))
-
-
-def time_pair(fn_a, fn_b, inputs: tuple, iters: int = 50, rounds: int = 5) -> tuple[ArmTime, ArmTime]:
-    """Two callables timed in alternating rounds of iters/rounds calls each, so that clock and
-    thermal drift over the run hit both alike (ms).
-
-        >>> eager, ours = time_pair(model.forward.htam.original, model, (x,))
-    """
-    arms = time_many({"a": fn_a, "b": fn_b}, inputs, iters, rounds)
-    return arms["a"], arms["b"]
-
-
-def time_many(fns: dict, inputs: tuple, iters: int = 50, rounds: int = 5) -> dict[str, ArmTime]:
-    """Several callables timed round-robin, iters/rounds calls each per round (see time_pair)."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    per = max(1, iters // rounds)
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            times[k] += _times(fn, inputs, per, warmup=1)
-    return {k: _arm(v) for k, v in times.items()}
-
-
-def _times(fn, inputs: tuple, iters: int, warmup: int) -> list[float]:
-    with torch.inference_mode():
-        for _ in range(warmup):
-            fn(*inputs)
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(iters):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn(*inputs)
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-    return times
-
-
-def _arm(times: list[float]) -> ArmTime:
-    if len(times) < 2:
-        return ArmTime(times[0], times[0], times[0])
-    q = statistics.quantiles(times, n=5)
-    return ArmTime(statistics.median(times), q[0], q[-1])
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

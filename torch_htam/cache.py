@@ -427,12 +427,3 @@ def run_cli(args) -> int:
     if args.cache_cmd == "clear":
         return _cmd_clear(cache, args.yes)
     return _cmd_verify(cache)
-
-
-def cli_main(argv: list[str]) -> int:
-    """`torch-htam cache ARGV...`, the same as the command line (errors printed, exit code returned).
-
-        >>> cli_main(["ls", "--arch", "sm_90a"])
-    """
-    from torch_htam.cli import main
-    return main(["cache", *argv])

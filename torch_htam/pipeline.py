@@ -330,7 +330,7 @@ def _install_compiled(model: nn.Module, found, kernels: dict, inputs: tuple, cfg
         >>> model = _install_compiled(model, found, kernels, (x,), cfg)   # model.htam_report says what stayed
     """
     from torch_htam import backend
-    from torch_htam.benchmark import time_pair
+    from torch_htam.timing import time_pair
     beat = {s: e for s, e in kernels.items() if _beats_inductor(e, cfg.min_speedup)}
     ranked = sorted(beat, key=lambda s: -_saving_ms(beat[s], _count(found, s)))
     if not cfg.check_end_to_end:
@@ -407,7 +407,7 @@ def _mark_unused(report, kernels: dict, kept: set[str]) -> None:
 
 def _e2e_ms(model, inputs: tuple) -> tuple[float, float]:
     """(original ms, swapped ms) of the model's forward; the guard's own calls are not counted."""
-    from torch_htam.benchmark import time_pair
+    from torch_htam.timing import time_pair
     orig, ours = time_pair(model.forward.htam.original, model.forward, inputs, iters=27, rounds=9)
     model.htam_report.fast_calls, model.htam_report.fallback_calls = 0, 0
     return orig.median_ms, ours.median_ms

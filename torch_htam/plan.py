@@ -69,7 +69,7 @@ def eager_shares(tasks: list[Task], device: str, iters: int = 20) -> list[float]
 
 def time_reference(task: Task, device: str, iters: int = 20) -> float:
     """Median milliseconds of one call of the task's reference on random inputs (CUDA events)."""
-    from torch_htam.benchmark import time_model
+    from torch_htam.timing import time_model
     ns = exec_source(task.source, task.name)
     model = ns["Model"](*ns["get_init_inputs"]()).to(device)
     inputs = tuple(x.to(device) for x in ns["get_inputs"]())
