@@ -68,3 +68,52 @@ def test_uncapturable_model_reports_instead_of_raising():
     assert cap.method == "none" and cap.graphs == []
     assert any("nothing could be captured" in p for p in cap.problems)
     assert all("\n" not in p for p in cap.problems)
+
+
+def test_in_place_ops_on_intermediates_join_regions_as_their_twins():
+    """`out += x; relu_(out)` after a conv + BN becomes add + relu: one conv region with its epilogue."""
+    import torch.nn as nn
+    from torch_htam.extract import extract
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn, self.relu = nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4), nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            out = self.bn(self.conv(x))
+            out += x
+            return self.relu(out)
+
+    found = extract(Block().eval(), (torch.randn(2, 4, 8, 8),))
+    assert [t.name for t in found.tasks] == ["conv_conv2d_batch_norm_add_relu"]
+    ops = found.tasks[0].ops
+    assert "aten.add.Tensor" in ops and "aten.relu.default" in ops and not any(o.endswith("_.default") for o in ops)
+
+
+def test_an_in_place_write_to_an_input_stays_as_it_is():
+    from torch_htam.capture import capture
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            x.relu_()          # the caller's tensor: others may read it, so never rewritten
+            return x * 2
+
+    gm = capture(M(), (torch.randn(4),)).graphs[0]
+    assert any(str(n.target) == "aten.relu_.default" for n in gm.graph.nodes)
+
+
+def test_a_data_dependent_branch_is_said_and_torch_dumps_nothing(capfd):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            y = self.l(x)
+            return torch.relu(y) if y.sum() > 0 else torch.sigmoid(y)
+
+    cap = capture(M().eval(), (torch.randn(4, 16),))
+    out, err = capfd.readouterr()
+    assert cap.method == "dynamo" and any("branches on tensor values" in p for p in cap.problems)
+    assert "def forward" not in out + err     # torch's partial-graph dump stays off the terminal

@@ -168,3 +168,16 @@ def get_init_inputs():
     assert paths[0].name == f"norm_softmax_{task.signature}.py"
     index = json.loads((tmp_path / "tasks.json").read_text())
     assert index[0]["signature"] == task.signature and index[0]["file"] == paths[0].name
+
+
+def test_batch_norm_variances_are_drawn_positive():
+    """A task's own get_inputs() gives a batch norm a positive running_var: no NaN outputs."""
+    import torch.nn as nn
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)).eval()
+    task = extract_tasks(model, (torch.randn(2, 3, 16, 16),))[0]
+    assert sum(s.positive for s in task.inputs) == 1
+    for _ in range(3):
+        ns = {}
+        exec(task.source, ns)
+        out = ns["Model"]()(*ns["get_inputs"]())
+        assert not torch.isnan(out).any()
