@@ -521,3 +521,25 @@ def test_conv_batchnorm_with_a_tiny_var_verifies_on_the_gpu():
     assert res.ok, res.error
     ok, reason, detail, errs = V.verify(task, Kernel(res.so_path), load_reference(task).cuda(), policy)
     assert (ok, reason) == (True, "ok"), detail
+
+
+def test_the_models_own_inputs_are_one_more_trial(tmp_path):
+    """task.example (the region's real inputs) runs after the random trials: a kernel that is right
+    on random draws but wrong on the model's own values (here: a large bias) fails there."""
+    from safetensors.torch import save_file
+    task = gelu_task()
+    own = {"in0": torch.randn(64, 32), "in1": torch.randn(32), "in2": torch.full((32,), 1000.0)}
+    save_file(own, str(tmp_path / "own.safetensors"))
+    task.example = str(tmp_path / "own.safetensors")
+
+    def clamps_big_bias(inputs, outputs):   # right unless the bias is out of randn's range
+        x, w, b = inputs
+        outputs[0].copy_(torch.nn.functional.gelu(x) * w + b.clamp(-100, 100))
+        return 0
+    assert run(clamps_big_bias)[0] is True                       # random draws alone pass it
+    ok, reason, detail, errs = run(clamps_big_bias, task)
+    assert (ok, reason) == (False, "mismatch") and "the model's own inputs" in detail
+    assert run(honest, task)[:2] == (True, "ok")
+    assert len(run(honest, task)[3]["shapes"]) == 6                # 5 random trials + the model's own
+    task.example = str(tmp_path / "gone.safetensors")            # a file that no longer exists: skipped
+    assert run(honest, task)[:2] == (True, "ok")

@@ -35,7 +35,8 @@ class OpInfo:
     task inputs there are drawn positive, since a negative variance makes NaN, not a test.
     reduction: the op reduces along rows (the HTG's "has_reduction"), which windowed pooling and
     attention's softmax also do. cast: only changes the dtype (a region of nothing but casts is
-    not worth a kernel).
+    not worth a kernel). operands / overloads (rows with an expr): how many tensor-or-scalar
+    operands the expression takes, and the aten overloads the expert lowers that way.
     """
     category: str
     kind: str | None = None
@@ -44,6 +45,8 @@ class OpInfo:
     positive: tuple[int, ...] = ()
     reduction: bool = False
     cast: bool = False
+    operands: int = 1
+    overloads: tuple[str, ...] = ("default",)
 
 
 def _rows(category: str, names, **kw) -> dict[str, OpInfo]:
@@ -52,6 +55,10 @@ def _rows(category: str, names, **kw) -> dict[str, OpInfo]:
 
 def _ew(expr: str | None = None, flops: int = 1, **kw) -> OpInfo:
     return OpInfo(ELEMENTWISE, "elementwise", flops, expr, **kw)
+
+
+def _bin(expr: str, overloads: tuple[str, ...] = ("Tensor", "Scalar")) -> OpInfo:
+    return _ew(expr, operands=2, overloads=overloads)
 
 
 def _row(flops: int = 1, reduction: bool = True) -> OpInfo:
@@ -83,8 +90,9 @@ OPS: dict[str, OpInfo] = {
     **{n: _row() for n in ("adaptive_avg_pool1d", "adaptive_avg_pool2d", "avg_pool1d",
                            "avg_pool2d", "max_pool1d", "max_pool2d")},
     # ---- elementwise arithmetic (with the aliases export keeps: multiply, divide, ...)
-    "add": _ew("add"), "sub": _ew("sub"), "mul": _ew("mul"), "div": _ew("div"),
-    "rsub": _ew("rsub"), "maximum": _ew("max"), "minimum": _ew("min"), "pow": _ew("pow"),
+    "add": _bin("add"), "sub": _bin("sub"), "mul": _bin("mul"), "div": _bin("div"),
+    "rsub": _bin("rsub"), "maximum": _bin("max", ("default",)), "minimum": _bin("min", ("default",)),
+    "pow": _bin("pow", ("Tensor_Tensor",)),
     "neg": _ew("neg"), "reciprocal": _ew("recip"), "sqrt": _ew("sqrt"), "rsqrt": _ew("rsqrt"),
     "abs": _ew("abs"), "square": _ew("sq"),
     **{n: _ew() for n in ("multiply", "divide", "true_divide", "subtract", "negative", "remainder",

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from torch_htam import ops
 from torch_htam.proposers.expert import simplify as simp
 
 aten = torch.ops.aten
@@ -93,22 +94,14 @@ class ExprProgram:
 
 # ---- op tables ------------------------------------------------------------------------------------
 
-# unary elementwise aten op -> expression op name (codegen.py gives each its C++)
-UNARY = {
-    aten.relu.default: "relu", aten.gelu.default: "gelu", aten.silu.default: "silu",
-    aten.relu_.default: "relu", aten.silu_.default: "silu",    # in-place forms (conv blocks)
-    aten.sigmoid.default: "sigmoid", aten.tanh.default: "tanh", aten.exp.default: "exp",
-    aten.neg.default: "neg", aten.rsqrt.default: "rsqrt", aten.sqrt.default: "sqrt",
-    aten.log.default: "log", aten.abs.default: "abs", aten.reciprocal.default: "recip",
-    aten.erf.default: "erf", aten.sin.default: "sin", aten.cos.default: "cos",
-    aten.log1p.default: "log1p", aten.expm1.default: "expm1", aten.square.default: "sq",
-}
-BINARY = {
-    aten.add.Tensor: "add", aten.add.Scalar: "add", aten.sub.Tensor: "sub", aten.sub.Scalar: "sub",
-    aten.mul.Tensor: "mul", aten.mul.Scalar: "mul", aten.div.Tensor: "div", aten.div.Scalar: "div",
-    aten.rsub.Scalar: "rsub", aten.rsub.Tensor: "rsub", aten.maximum.default: "max",
-    aten.minimum.default: "min", aten.pow.Tensor_Tensor: "pow",
-}
+def _lowered(operands: int) -> dict:
+    """aten overload -> expression op name (cuda.py gives each its C++), from the op registry."""
+    return {getattr(getattr(aten, name), o): row.expr for name, row in ops.OPS.items()
+            if row.expr and row.operands == operands for o in row.overloads}
+
+
+UNARY = _lowered(1)
+BINARY = _lowered(2)
 # ops that only relabel elements (same order for contiguous data) or do nothing in eval
 VIEWS = {
     aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
