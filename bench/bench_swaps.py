@@ -1,0 +1,100 @@
+"""Each verified kernel alone inside torch.compile's graph, against torch.compile alone.
+
+    python3 bench/bench_swaps.py gpt2:bf16 [--budget 60]
+
+Fills the cache with a replay-mode search (no Inductor bar, so every kernel that beats eager is
+there), then compiles the model once per kernel with only that kernel swapped in (plus once with
+all and once with none), times every variant interleaved, and profiles none vs all (device time
+per call and the top kernels). Tells which swapped regions cost the compiled model time and why.
+Writes bench/results/bench_swaps-<date>.json: suite "bench_swaps", model, rows (one per variant:
+variant, swapped sites, ms, p20, p80, vs_compile, the kernel's eager and Inductor speedups as
+cached), profile (per arm: device ms per call, top kernels).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import models  # noqa: E402
+import record  # noqa: E402
+import torch_htam  # noqa: E402
+from torch_htam import backend, gpu  # noqa: E402
+from torch_htam.cache import KernelCache  # noqa: E402
+from torch_htam.extract import extract  # noqa: E402
+from torch_htam.pipeline import OptimizeConfig  # noqa: E402
+from torch_htam.policy import admitted  # noqa: E402
+from torch_htam.timing import time_many  # noqa: E402
+
+
+def profile(fn, inputs, calls: int = 5, top: int = 8) -> dict:
+    """Device ms per call and the top kernels by device time (name, ms per call, launches per call)."""
+    from torch.profiler import ProfilerActivity, profile as prof
+    with torch.inference_mode(), prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(calls):
+            fn(*inputs)
+        torch.cuda.synchronize()
+    rows = [e for e in p.key_averages() if e.self_device_time_total > 0]
+    rows.sort(key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in rows) / calls / 1e3
+    return {"device_ms": total, "top": [{"name": e.key[:90], "ms": e.self_device_time_total / calls / 1e3,
+                                         "launches": e.count / calls} for e in rows[:top]]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", default="gpt2:bf16")
+    ap.add_argument("--budget", type=float, default=60.0, help="search seconds")
+    ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--no-record", action="store_true")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_swaps needs a CUDA GPU", file=sys.stderr)
+        return 2
+    name, dtype = a.model.split(":")
+    model, inputs = models.MODELS[name](dtype)
+    torch_htam.optimize(copy.deepcopy(model), inputs, OptimizeConfig(
+        steps=1, time_budget_s=a.budget, progress=False, compile=False))
+    found = extract(model, inputs)
+    cache = KernelCache(gpu.detect().arch)
+    kernels = {t.signature: e for t in found.tasks
+               if (e := admitted(cache.get(t.signature), t)) is not None and e.usable(1.0)}
+    label = {t.signature: f"{t.name} x{t.count} {t.signature[:8]}" for t in found.tasks}
+    fns, backends = {"none": backend.compile_with(model, None)}, {}
+    for variant, subset in [*((label[s], {s: e}) for s, e in kernels.items()), ("all", kernels)]:
+        backends[variant] = b = backend.HtamBackend(subset)
+        fns[variant] = backend.compile_with(model, b)
+    with torch.inference_mode():
+        for variant, fn in fns.items():
+            t0 = time.perf_counter()
+            fn(*inputs)
+            print(f"compiled {variant} in {time.perf_counter() - t0:.0f} s", flush=True)
+    arms = time_many(fns, inputs, a.iters, rounds=4)
+    base = arms["none"].median_ms
+    rows = []
+    for variant, t in arms.items():
+        sig = next((s for s in kernels if label[s] == variant), None)
+        ev = kernels[sig].record.get("evaluation", {}) if sig else {}
+        rows.append({"variant": variant, "ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms,
+                     "vs_compile": base / t.median_ms,
+                     "swapped": sum(len(r.swapped) for r in backends[variant].records) if variant in backends else 0,
+                     "eager_speedup": ev.get("speedup"), "inductor_speedup": ev.get("compile_speedup")})
+        print(f"{variant:60} {t.median_ms:8.3f} ms  {base / t.median_ms:5.2f}x of torch.compile", flush=True)
+    prof = {k: profile(fns[k], inputs) for k in ("none", "all")}
+    for k, p in prof.items():
+        print(f"profile {k}: {p['device_ms']:.3f} ms of device time per call; top: "
+              + "; ".join(f"{x['name'][:40]} {x['ms']:.3f} ms x{x['launches']:.0f}" for x in p["top"][:4]))
+    if not a.no_record:
+        record.write("bench_swaps", {"model": a.model, "budget_s": a.budget, "iters": a.iters,
+                                     "rows": rows, "profile": prof})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
