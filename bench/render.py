@@ -58,6 +58,10 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("vs compile", "vs_compile", _x), ("vs compile ro", "vs_compile_ro", _x), ("vs eager", "vs_eager", _x),
         ("swapped", "swapped.htam", None), ("tasks", "tasks", None), ("optimize s", "setup_s.htam", "{:.0f}"),
         ("max rel err", "max_rel_err", "{:.1e}"), ("note", "note", None)],
+    "bench_swaps": [
+        ("variant (kernels swapped)", "variant", None), ("sites", "swapped", None), ("ms", "ms", "{:.3f}"),
+        ("p20 ms", "p20_ms", "{:.3f}"), ("p80 ms", "p80_ms", "{:.3f}"), ("vs torch.compile", "vs_compile", _x),
+        ("kernel vs eager (cached)", "eager_speedup", _x), ("kernel vs Inductor (cached)", "inductor_speedup", _x)],
     "bench_build": [("measure", "measure", None), ("value", "value", "{:.4g}"), ("unit", "unit", None)],
     "bench_deploy": [
         ("phase", "label", None), ("seconds", "seconds", "{:.2f}"), ("regions swapped", "swapped", None),
