@@ -37,6 +37,8 @@ class OpInfo:
     attention's softmax also do. cast: only changes the dtype (a region of nothing but casts is
     not worth a kernel). operands / overloads (rows with an expr): how many tensor-or-scalar
     operands the expression takes, and the aten overloads the expert lowers that way.
+    keeps_epilogue (anchors): the elementwise chain after this anchor stays its epilogue even when
+    a row-wise op follows (a conv's BN + add + ReLU, not the next pooling's prologue).
     """
     category: str
     kind: str | None = None
@@ -47,6 +49,7 @@ class OpInfo:
     cast: bool = False
     operands: int = 1
     overloads: tuple[str, ...] = ("default",)
+    keeps_epilogue: bool = False
 
 
 def _rows(category: str, names, **kw) -> dict[str, OpInfo]:
@@ -70,7 +73,10 @@ OPS: dict[str, OpInfo] = {
     **_rows(ANCHOR, ("linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum",
                      "addmv", "mv"), kind="gemm"),
     **_rows(ANCHOR, ("conv1d", "conv2d", "conv3d", "convolution", "_convolution",
-                     "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"), kind="conv"),
+                     "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"), kind="conv",
+             # NOTE: the conv + BN + add + ReLU kernel is our largest region win (3.2-3.6x over
+             # eager, docs/RESULTS_LOG.md), and pooling has no expert path: the conv keeps it.
+             keeps_epilogue=True),
     **_rows(ANCHOR, ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
                      "_scaled_dot_product_efficient_attention",
                      "_scaled_dot_product_flash_attention_for_cpu"), kind="attention", reduction=True),

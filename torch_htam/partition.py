@@ -135,9 +135,26 @@ def _grab_prologue(row, group, group_of, add, order) -> None:
     while work:
         for p in _compute_inputs(work.pop(0)):
             if (p not in group_of and category(p) == ELEMENTWISE and _numel(p) == size
-                    and not _creates_cycle(p, group, order)):
+                    and not _epilogue_of_keeper(p) and not _creates_cycle(p, group, order)):
                 add(p, group)
                 work.append(p)
+
+
+def _epilogue_of_keeper(n: fx.Node) -> bool:
+    """n is in the elementwise chain right after an anchor that keeps its epilogue (ops.OpInfo
+    .keeps_epilogue): some producer path through elementwise and free nodes reaches one."""
+    seen, work = set(), [n]
+    while work:
+        x = work.pop()
+        for p in _compute_inputs(x):
+            if p in seen:
+                continue
+            seen.add(p)
+            if category(p) == ANCHOR and ops.info(op_name(p)).keeps_epilogue:
+                return True
+            if category(p) == ELEMENTWISE:
+                work.append(p)
+    return False
 
 
 def _creates_cycle(n: fx.Node, group: list[fx.Node], order: dict) -> bool:
