@@ -47,9 +47,10 @@ class TaskReport:
     name: str
     signature: str
     count: int = 1
-    speedup: float | None = None     # kernel vs original region, from its verification
+    speedup: float | None = None     # kernel vs original region (eager), from its verification
     policy: str = ""
     status: str = "no kernel"
+    vs_inductor: float | None = None  # kernel vs the region under torch.compile, when timed
 
 
 @dataclass
@@ -77,12 +78,16 @@ class Report:
 
     def format(self) -> str:
         lines = [f"torch_htam: {self.swapped} region(s) swapped, capture: {self.method}"
-                 + (f", {self.optimize_s:.1f} s" if self.optimize_s is not None else "")]
+                 + (f", {self.optimize_s:.1f} s" if self.optimize_s is not None else ""),
+                 f"  {'task':40} {'signature':12} {'n':4} {'eager':>7} {'inductor':>7} policy status"
+                 if self.tasks else ""]
+        lines = [x for x in lines if x]
         if self.note:
             lines.append(f"  note: {self.note}")
         for t in self.tasks:
             sp = f"{t.speedup:.2f}x" if t.speedup else "-"
-            lines.append(f"  {t.name[:40]:40} {t.signature[:12]:12} x{t.count:<3} {sp:>7} "
+            ind = f"{t.vs_inductor:.2f}x" if t.vs_inductor else "-"
+            lines.append(f"  {t.name[:40]:40} {t.signature[:12]:12} x{t.count:<3} {sp:>7} {ind:>7} "
                          f"{t.policy:5} {t.status}")
         if self.fast_calls or self.fallback_calls:
             why = ", ".join(f"{k}: {v}" for k, v in self.fallback_reasons.items())
@@ -463,7 +468,7 @@ def _task_reports(tasks, kernels: dict[str, Any], swapped: list[Swapped], errors
         status = ("swapped" if count[t.signature] else errors.get(t.signature)
                   or unusable.get(t.signature) or ("no kernel" if k is None else "region not found"))
         out.append(TaskReport(t.name, t.signature, t.count, ev.get("speedup") or getattr(k, "speedup", None),
-                              (ev.get("policy") or {}).get("name", ""), status))
+                              (ev.get("policy") or {}).get("name", ""), status, ev.get("compile_speedup")))
     return out
 
 
