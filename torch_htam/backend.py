@@ -115,7 +115,19 @@ class HtamBackend:
             return {}
         cache = KernelCache(info.arch)
         return {t.signature: e for t in tasks
-                if (e := admitted(cache.get(t.signature), t)) is not None and e.usable(self.min_speedup)}
+                if (e := admitted(cache.get(t.signature), t)) is not None and e.usable(self.min_speedup)
+                and beats_inductor(e, self.min_speedup)}
+
+
+def beats_inductor(entry, min_speedup: float = 1.0) -> bool:
+    """The kernel was timed against its region under torch.compile and beat it by min_speedup.
+
+    NOTE: not timed counts as not beaten: a kernel that wins over eager can lose to Inductor
+    (GPT-2 bf16's lm_head: 1.09x over eager, 0.55x of torch.compile for the whole model,
+    bench/results/bench_swaps-20261123-172030.json); optimize() times such kernels first.
+    """
+    ev = entry.record.get("evaluation", {}) if hasattr(entry, "record") else {}
+    return (ev.get("compile_speedup") or 0.0) >= min_speedup
 
 
 def backend(kernels: dict[str, Any] | None = None, mode: str = "default", **kw) -> HtamBackend:

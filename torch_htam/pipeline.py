@@ -332,7 +332,7 @@ def _install_compiled(model: nn.Module, found, kernels: dict, inputs: tuple, cfg
     """
     from torch_htam import backend
     from torch_htam.timing import time_pair
-    beat = {s: e for s, e in kernels.items() if _beats_inductor(e, cfg.min_speedup)}
+    beat = {s: e for s, e in kernels.items() if backend.beats_inductor(e, cfg.min_speedup)}
     ranked = sorted(beat, key=lambda s: -_saving_ms(beat[s], _count(found, s)))
     if not cfg.check_end_to_end:
         b = backend.HtamBackend(beat, cfg.mode)
@@ -397,13 +397,6 @@ def _with_inductor_times(tasks: list, kernels: dict, cache, cfg: OptimizeConfig)
             meta = {**kept, "tags": entry.record.get("tags"), "params": entry.record.get("params")}
             out[t.signature] = cache.put(t, entry.source, ev.so_path or entry.so_path, ev, meta)
     return out
-
-
-def _beats_inductor(entry, min_speedup: float) -> bool:
-    """The kernel beat Inductor's code for its region, or Inductor's time was never measured
-    (then the end-to-end guard decides)."""
-    ev = entry.record.get("evaluation", {}) if hasattr(entry, "record") else {}
-    return ev.get("compile_speedup") is None or ev["compile_speedup"] >= min_speedup
 
 
 def _count(found, signature: str) -> int:
