@@ -147,6 +147,19 @@ def test_compiled_guard_keeps_what_beats_torch_compile(mlp, monkeypatch):
         torch.testing.assert_close(model(x), MLP.forward(model, x))
 
 
+def test_no_kernel_beating_inductor_means_torch_compile_alone(mlp, monkeypatch):
+    from torch_htam import pipeline, timing
+    model, x, found, kernels = mlp
+    entries = {s: _Entry(k, 2.0, vs_inductor=0.5) for s, k in kernels.items()}
+    monkeypatch.setattr(timing, "time_pair", lambda *a, **k: pytest.fail("nothing to time"))
+    model = pipeline._install_compiled(model, found, entries, (x,), pipeline.OptimizeConfig())
+    rep = model.htam_report
+    assert rep.swapped == 0 and "none" not in rep.e2e and "no kernel beat Inductor" in rep.note
+    assert all(t.status == "not used: slower than Inductor's code for the region" for t in rep.tasks)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), MLP.forward(model, x))
+
+
 def test_a_kernel_slower_than_inductors_region_is_left_out():
     class E:
         record = {"evaluation": {"speedup": 2.0, "compile_speedup": 0.8}}
@@ -160,11 +173,11 @@ def test_a_kernel_slower_than_inductors_region_is_left_out():
 class _Entry:
     """A cache-entry-like wrapper of a stand-in kernel: record, speedup, usable(), handle."""
 
-    def __init__(self, kernel, speedup):
+    def __init__(self, kernel, speedup, vs_inductor=None):
         self.kernel, self.speedup = kernel, speedup
         self.handle = kernel.handle
-        self.record = {"evaluation": {"speedup": speedup, "compile_speedup": speedup, "ref_ms": 1.0,
-                                      "policy": {"name": "fp32"}}}
+        self.record = {"evaluation": {"speedup": speedup, "ref_ms": 1.0, "policy": {"name": "fp32"},
+                                      "compile_speedup": speedup if vs_inductor is None else vs_inductor}}
 
     def usable(self, min_speedup=1.0):
         return self.speedup >= min_speedup
