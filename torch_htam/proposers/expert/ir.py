@@ -100,7 +100,10 @@ def _lowered(operands: int) -> dict:
             if row.expr and row.operands == operands for o in row.overloads}
 
 
-UNARY = _lowered(1)
+UNARY = {**_lowered(1),
+         # NOTE: conv blocks' in-place activations (nn.ReLU(inplace=True)), as graphs that did not
+         # go through capture.functionalize still hold them; the kernel writes a new output
+         **{getattr(aten, f"{name}_").default: ops.OPS[name].expr for name in ("relu", "silu")}}
 BINARY = _lowered(2)
 # ops that only relabel elements (same order for contiguous data) or do nothing in eval
 VIEWS = {
