@@ -71,19 +71,20 @@ def test_search_improves_and_only_correct_faster_kernels_become_best():
     ev = FakeEvaluator(default=1.2)
     res = search(make_task(), FakeProposer(), ev, HTG.from_prior(), SearchConfig(steps=3))
     assert res.best is not None and res.best.evaluation.correct
-    assert res.best.speedup == pytest.approx(1.2 ** 4)   # seed + 3 steps, each x1.2 over the parent
+    assert res.best.speedup == pytest.approx(1.2 ** 4)   # step 0 + 3 steps, each x1.2 over the parent
     assert res.steps == 3 and res.stop == "steps" and res.candidates == 16 and res.correct == 8
     assert [b.speedup for b in res.population] == sorted((b.speedup for b in res.population),
                                                          reverse=True)
-    assert len(res.directions) == 3
+    assert len(res.directions) == 4   # step 0 chooses a direction too
 
 
 def test_requests_carry_parent_feedback_transition_and_strategies():
     prop = FakeProposer()
     search(make_task(), prop, FakeEvaluator(default=1.1), HTG.from_prior(), SearchConfig(steps=2))
-    seed, first, second = prop.requests
-    assert seed.direction == "seed" and seed.parent is None and seed.transition is None
-    assert first.transition == (START, first.direction) and first.parent.speedup == pytest.approx(1.1)
+    zero, first, second = prop.requests
+    assert zero.parent is None and zero.transition == (START, zero.direction) and zero.strategies
+    assert first.transition == (zero.direction, first.direction)
+    assert first.parent.speedup == pytest.approx(1.1)
     assert first.strategies and all(s.direction == first.direction for s in first.strategies)
     assert {a.outcome for a in first.feedback} == {"ok", "mismatch", "compile_error"}
     assert second.transition == (first.direction, second.direction)
@@ -99,7 +100,7 @@ def test_stops_on_stagnation():
 def test_stops_on_roofline():
     res = search(make_task(), FakeProposer(), FakeEvaluator(default=1.5, roofline_per_x=0.6),
                  HTG.from_prior(), SearchConfig(steps=6, roofline_stop=0.85))
-    assert res.stop == "roofline" and res.steps == 0   # the seed is already at 90% of the roof
+    assert res.stop == "roofline" and res.steps == 0   # step 0's kernel is already at 90% of the roof
 
 
 @pytest.mark.parametrize("cfg, usage, stop", [
@@ -141,7 +142,7 @@ def test_memory_learns_across_tasks_and_steers_later_searches():
     htg = HTG.from_prior()
     cfg = SearchConfig(steps=4, stagnation=0, roofline_stop=None)
     firsts = []
-    for i in range(12):
+    for i in range(14):   # step 0 tries each of the 10 directions from the start state once first
         res = search(make_task(f"row{i}"), FakeProposer(), world, htg, cfg)
         firsts.append(res.directions)
     assert htg.edge_stats(START, "reduction_strategy").attempts > 0
