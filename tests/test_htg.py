@@ -293,3 +293,27 @@ def test_stats_json_round_trip_and_summary():
         s.add(o)
     assert Stats.from_json(s.to_json()) == s
     assert s.summary()["failures"] == {"compile_error": 1} and s.summary()["correct"] == 2
+
+
+# --- the proposer's supported strategies --------------------------------------------------------
+
+@pytest.mark.parametrize("mode", MODES)
+def test_selection_stays_inside_the_supported_strategies(mode):
+    """A proposer that supports a subset: over many steps, with exploration, failures, tabu and a
+    rewarded direction outside the subset, no direction or strategy outside it is ever chosen."""
+    htg = HTG.from_prior()
+    supported = {"online_softmax", "warp_per_row", "vectorized_16b_access"}
+    allowed = {htg.strategies[s].direction for s in supported}
+    train(htg, ROW, START, "fusion", WIN, 20, ["fuse_row_prologue_epilogue"])   # pays, unsupported
+    trail, chosen = Trail("t", seed=7), set()
+    for step in range(60):
+        c = htg.select(ROW, trail, mode, step, supported=supported)
+        assert c.direction in allowed and c.strategies, (step, c)
+        assert {s.id for s in c.strategies} <= supported, (step, c)
+        chosen.add(c.direction)
+        outcome = (WIN, FAIL, FLAT)[step % 3]
+        htg.record(ROW, c.previous, c.direction, [s.id for s in c.strategies], outcome, mode)
+        trail.push(c.direction, outcome.success)
+    assert chosen == allowed or mode != "htg"   # exploration still covers the supported directions
+    with pytest.raises(ValueError, match="supported"):
+        htg.select(ROW, Trail("t"), mode, supported={"cublaslt_epilogue"})   # a GEMM id on a row

@@ -199,3 +199,71 @@ def test_stops_when_the_proposer_has_nothing():
 def test_bad_memory_mode_is_rejected():
     with pytest.raises(ValueError, match="memory"):
         SearchConfig(memory="random")
+
+
+class Supporting(FakeProposer):
+    """A fake proposer that realizes only `ids`; a request for anything else is a bug."""
+
+    def __init__(self, ids, **kw):
+        super().__init__(**kw)
+        self.ids = set(ids)
+
+    def supports(self, task):
+        return set(self.ids)
+
+    def propose(self, req):
+        assert {s.id for s in req.strategies} <= self.ids, [s.id for s in req.strategies]
+        return super().propose(req)
+
+
+def test_search_asks_only_for_supported_strategies():
+    htg, ids = HTG.from_prior(), {"online_softmax", "warp_per_row", "read_only_cache_loads"}
+    allowed = {htg.strategies[s].direction for s in ids}
+    world = FakeEvaluator(gains={"fusion": 2.0, "memory_access": 1.1}, default=1.0)
+    for i in range(8):
+        prop = Supporting(ids)
+        res = search(make_task(f"r{i}"), prop, world, htg, SearchConfig(steps=4, stagnation=0))
+        assert set(res.directions) <= allowed and prop.requests
+    recorded = {b for a, b, d in htg.graph.edges(data=True) if d["kind"] == "transition" and d["exp"]}
+    assert recorded <= allowed
+    assert {s for s in htg.strategies if htg.strategy_stats(s).attempts} <= ids
+
+
+def test_step_zero_is_a_transition_from_the_start_state(tmp_path):
+    from torch_htam.htg import Trail
+    from torch_htam.state import state_of
+    htg, task, prop = HTG.from_prior(), make_task(), FakeProposer(fail_last=False)
+    start = state_of(task)
+    want = htg.select(start, Trail(task.name), "htg", 0, 4)   # what the HTG picks before any kernel
+    path = tmp_path / "t.jsonl"
+    res = search(task, prop, FakeEvaluator(default=1.1), htg, SearchConfig(steps=1), trajectory=path)
+    zero = prop.requests[0]
+    assert zero.transition == (START, want.direction) and res.directions[0] == want.direction
+    assert [s.id for s in zero.strategies] == [s.id for s in want.strategies]
+    assert htg.edge_stats(START, want.direction, start.key()).attempts == 4   # every step-0 candidate
+    step0 = next(json.loads(x) for x in path.read_text().splitlines() if '"event": "step"' in x)
+    assert step0["step"] == 0 and step0["previous"] == START and step0["direction"] == want.direction
+
+
+def test_an_unrealized_step_is_not_a_failure_of_its_direction():
+    class Picky(FakeProposer):          # writes nothing for one direction
+        def propose(self, req):
+            if req.direction == self.refuse:
+                self.requests.append(req)
+                return Proposal([], note="no move changes this parent")
+            return super().propose(req)
+
+    cfg = SearchConfig(steps=2, stagnation=0)
+    plain = search(make_task(), FakeProposer(), FakeEvaluator(default=1.1), HTG.from_prior(), cfg)
+    htg, prop = HTG.from_prior(), Picky()
+    prop.refuse = plain.directions[1]     # deterministic: the same world picks it again at step 1
+    res = search(make_task(), prop, FakeEvaluator(default=1.1), htg, cfg)
+    assert res.directions[1] == prop.refuse and res.directions[2] != prop.refuse   # the trail moves on
+    recorded = [(a, b) for a, b, d in htg.graph.edges(data=True) if d["kind"] == "transition" and d["exp"]]
+    assert all(b != prop.refuse for _, b in recorded) and len(recorded) == 2
+
+
+def test_a_task_the_proposer_supports_nothing_for_costs_no_step():
+    prop = Supporting(set())
+    res = search(make_task(), prop, FakeEvaluator(), HTG.from_prior(), SearchConfig(steps=6))
+    assert res.stop == "no_candidates" and prop.requests == [] and res.steps == 0
