@@ -441,3 +441,20 @@ def test_search_with_the_llm_records_every_outcome_in_the_htg():
                 if d.get("kind") == "transition" and ALL in d["exp"]}
     assert list(recorded) == [(START, res.directions[0])] and len(res.directions) == 2
     assert recorded[START, res.directions[0]].correct == 1 and recorded[START, res.directions[0]].attempts == 1
+
+
+def test_llm_supports_every_strategy_for_the_kind_and_the_fallback_its_union():
+    from torch_htam.htg import HTG
+    prior = HTG.from_prior().strategies
+    llm = LLMProposer(LLMConfig(model="m", base_url="http://localhost:1/v1"), client=object())
+    ew = llm.supports(make_task())
+    assert ew == {s for s, x in prior.items() if not x.applies_to or "elementwise" in x.applies_to}
+    assert "fuse_elementwise_chain" in ew and "online_softmax" not in ew   # a row strategy
+
+    class Some(FakeExpert):
+        def supports(self, task):
+            return {"ilp_unroll", "not_in_the_prior"}
+    fb = FallbackProposer(llm, Some())
+    assert fb.supports(make_task()) == ew | {"not_in_the_prior"}
+    fb.switched = "endpoint gone"
+    assert fb.supports(make_task()) == {"ilp_unroll", "not_in_the_prior"}   # the expert's alone

@@ -267,3 +267,27 @@ def test_a_task_the_proposer_supports_nothing_for_costs_no_step():
     prop = Supporting(set())
     res = search(make_task(), prop, FakeEvaluator(), HTG.from_prior(), SearchConfig(steps=6))
     assert res.stop == "no_candidates" and prop.requests == [] and res.steps == 0
+
+
+def test_expert_search_credits_only_applied_supported_strategies(tmp_path):
+    """The real expert in the loop (evaluation faked): step 0 comes from the HTG with the expert's
+    defaults among its candidates (no tags), and memory credits only strategies the expert supports."""
+    from pathlib import Path
+    from torch_htam.extract import task_from_source
+    from torch_htam.proposers.expert import ExpertProposer
+
+    class Judge(FakeEvaluator):
+        def evaluate_many(self, task, sources):
+            return [Evaluation(True, "ok", ref_ms=1.0, kernel_ms=1.0 / (1.1 + 0.01 * i), speedup=1.1 + 0.01 * i,
+                               roofline_fraction=0.3) for i, _ in enumerate(sources)]
+
+    src = (Path(__file__).parents[1] / "bench" / "tasks" / "rw_softmax_fp32.py").read_text()
+    task = task_from_source(src, "rw_softmax_fp32")
+    expert, htg, path = ExpertProposer(), HTG.from_prior(), tmp_path / "t.jsonl"
+    res = search(task, expert, Judge(), htg, SearchConfig(steps=2, stagnation=0), trajectory=path)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    zero = [x for x in lines if x["event"] == "candidate" and x["step"] == 0]
+    assert zero[0]["strategies"] == [] and all(len(x["strategies"]) >= 1 for x in zero[1:])
+    assert htg.edge_stats(START, res.directions[0]).attempts == len(zero)
+    credited = {s for s in htg.strategies if htg.strategy_stats(s).attempts}
+    assert credited and credited <= expert.supports(task)

@@ -8,16 +8,18 @@ proposer -> evaluator -> memory update, keeping the fastest verified kernel.
 Every step reads the coarse state of the best kernel (state.state_of; before any, the start state),
 lets the HTG pick a direction and retrieve its strategies among those the proposer supports
 (Proposer.supports), asks for `candidates_per_step` kernels that start from the best so far (step 0:
-from none, so the proposer's baseline comes with the moves), evaluates them in one batch, and
-records every candidate in memory: the transition previous -> direction under the state (step 0
-leaves htg.START), and the strategies it applied (Candidate.tags). A step whose proposal is empty is
-"unrealized": memory records nothing for it (an endpoint down or a move that is a no-op on this
-parent says nothing about the direction); only this task's trail damps the direction. A candidate
-becomes the best only if it is correct and strictly faster. The loop stops at the step budget,
-after `stagnation` steps after step 0 without a gain over min_gain, when the best reaches
-`roofline_stop` of the roofline, when the proposer has nothing to offer EMPTY_STEPS steps in a row
-or supports no strategy eligible for the task ("no_candidates"), or when wall time, tokens or cost
-run out.
+from none), evaluates them in one batch, and records every candidate in memory: the transition
+previous -> direction under the state (step 0 leaves htg.START), and the strategies it applied
+(Candidate.tags). The expert's defaults, which its step 0 brings whatever the direction, count on
+the start transition alike for every direction and credit no strategy.
+
+A step whose proposal is empty is "unrealized": memory records nothing for it (an endpoint down, a
+reply without code, moves that are no-ops on this parent say nothing about the direction); only
+this task's trail damps the direction so the next step goes elsewhere. A candidate becomes the best
+only if it is correct and strictly faster. The loop stops at the step budget, after `stagnation`
+steps after step 0 without a gain over min_gain, when the best reaches `roofline_stop` of the
+roofline, when the proposer has nothing to offer EMPTY_STEPS steps in a row or supports no strategy
+eligible for the task ("no_candidates"), or when wall time, tokens or cost run out.
 
 Every candidate, step and run summary is one JSON line in the trajectory file (for people: grep it,
 or `jq -c 'select(.event=="step")'`).
