@@ -55,6 +55,12 @@ def propose(task: Task, direction: str = "seed", strategies=(), n: int = 4, pare
     return ExpertProposer().propose(req)
 
 
+def embodied(task: Task, c, policy=None) -> list[str]:
+    """The strategy ids a candidate's params embody (the target's tags), defaults included: what a
+    kernel is, where Candidate.tags says what was applied to reach it."""
+    return match_task(task, policy or policy_for(task)).tags(c.params)
+
+
 def test_suite_is_big_enough():
     kinds = {p.stem.split("_")[0] for p in TASKS}
     assert len(TASKS) >= 12 and kinds >= {"ew", "rw", "gemm", "conv"}
@@ -97,13 +103,14 @@ def test_strategies_show_in_params():
     rows = bench_task("rw_log_softmax_fp32")          # 32000-long rows: 32 fp32 values a thread
     c = propose(rows).candidates[0]
     assert (c.params["nv"], c.params["vec"], c.params["tpr"], c.params["occ"]) == (8, 4, 1024, 1024)
-    assert not c.params["online"] and "row_in_registers" in c.tags
+    assert not c.params["online"] and "row_in_registers" in embodied(rows, c)
     longer = small_task(_LogSoftmax(), torch.randn(2, 40000))   # past 32K: streamed, online softmax
     p = propose(longer).candidates[0].params
     assert p["nv"] == 0 and p["online"] and p["tpr"] >= 256
     ln = bench_task("rw_layernorm_fp32")
-    c = propose(ln, "reduction_strategy", ["welford_statistics"]).candidates[0]
-    assert c.params["welford"] and "welford_statistics" in c.tags
+    base, c = propose(ln, "reduction_strategy", ["welford_statistics"]).candidates[:2]   # no parent: defaults first
+    assert not base.params["welford"] and base.tags == []
+    assert c.params["welford"] and c.tags == ["welford_statistics"]
     ew = bench_task("ew_bias_gelu_bf16")
     assert propose(ew).candidates[0].params["vec"] == 8          # 16 bytes of bf16
 
@@ -223,7 +230,7 @@ def test_noop_ops_dropped():
     task = small_task(M(), torch.randn(4, 8))
     plan = lower(task.graph)
     assert plan.outputs[0].expr == ("relu", ("in", 0)) and len(plan.dropped) >= 3
-    assert "drop_noop_ops" in propose(task).candidates[0].tags
+    assert "drop_noop_ops" in embodied(task, propose(task).candidates[0])
 
 
 def _compile_set() -> list[tuple[str, str]]:
@@ -378,8 +385,8 @@ def test_conv_tasks_get_both_cudnn_paths():
         assert "epilogue_run(ext" in first.source and "fold_kernel<<<" in first.source
         assert fused.params["fused"] and "cudnnConvolutionBiasActivationForward(" in fused.source
         assert "epilogue_run" not in fused.source and "CUDNN_ACTIVATION_RELU" in fused.source
-        assert {"fold_batchnorm", "gemm_plus_epilogue_kernel"} <= set(first.tags)
-        assert "gemm_plus_epilogue_kernel" not in fused.tags
+        assert {"fold_batchnorm", "gemm_plus_epilogue_kernel"} <= set(embodied(bench_task(stem), first))
+        assert "gemm_plus_epilogue_kernel" not in embodied(bench_task(stem), fused)
     res = next(c for c in propose(bench_task("conv_bn_add_relu_fp32")).candidates if c.params["fused"]).source
     assert "&one, e->y, in[6].data" in res      # the residual is cuDNN's z with alpha2 = 1
 
@@ -429,16 +436,17 @@ def test_conv_precision_follows_policy():
     for policy, want in ((make("fp32"), False), (make("tf32"), True)):
         srcs = [c for d in ("seed", "compute_precision") for c in ExpertProposer().propose(
             ProposalRequest(task, d, DIRECTIONS[d], n=4, policy=policy)).candidates]
-        assert srcs and any("tf32_tensor_cores" in c.tags for c in srcs) == want
+        assert srcs and any("tf32_tensor_cores" in embodied(task, c, policy) for c in srcs) == want
         assert any("CUDNN_DEFAULT_MATH));" in c.source for c in srcs) == want
         # strict fp32: FMA math on the legacy API, no tensor-core engines on the backend API
         assert all(("kStrictFp32 = true" if "cudnnBackendExecute(" in c.source else "CUDNN_FMA_MATH") in c.source
-                   for c in srcs if "tf32_tensor_cores" not in c.tags)
+                   for c in srcs if "tf32_tensor_cores" not in embodied(task, c, policy))
     block, inputs = _case("bn_add_relu", torch.bfloat16)
-    c = propose(conv_task(block, inputs)).candidates[0]
+    bf16 = conv_task(block, inputs)
+    c = propose(bf16).candidates[0]
     assert "CUDNN_DATA_BFLOAT16" in c.source and "cudnnBackendExecute(" in c.source
     assert "kStrictFp32 = false" in c.source      # tensor-core engines allowed
-    assert "bf16_tensor_cores" in c.tags
+    assert "bf16_tensor_cores" in embodied(bf16, c)
 
 
 def test_conv_unsupported_graphs_give_a_note():
@@ -884,7 +892,7 @@ def test_the_generic_loop_drives_any_target(monkeypatch):
     prop = proposer.ExpertProposer(targets=(fake,)).propose(ProposalRequest(task, "seed", [], n=8))
     assert [c.params for c in prop.candidates] == [{"x": 1, "algo": 0}, {"x": 2, "algo": 0}, {"x": 3, "algo": 0},
                                                    {"x": 3, "algo": 1}]
-    assert [c.tags for c in prop.candidates] == [["single_kernel_launch"]] + [["single_kernel_launch", "fake_move"]] * 3
+    assert [c.tags for c in prop.candidates] == [[]] + [["fake_move"]] * 3   # applied, not embodied
     assert prop.note.startswith("expert: fake kernel")
     assert proposer.tuning_grid(task, targets=(fake,)) == [{"x": 1, "algo": 0}, {"x": 9, "algo": 0}]
     src = Path(proposer.__file__).read_text()
@@ -960,3 +968,47 @@ def test_no_import_cycle_in_the_package():
     assert not import_cycles(graph), import_cycles(graph)
     # the checker sees a cycle through a function-level import
     assert import_cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+@pytest.mark.parametrize("stem", ["ew_bias_gelu_bf16", "rw_layernorm_fp32", "gemm_linear_bias_gelu_fp32",
+                                  "conv_bn_relu_fp32"])
+def test_supports_only_strategies_the_expert_can_apply(stem):
+    """supports(task): every id it names yields a candidate tagged with exactly that id from the
+    defaults, or is a path the defaults already take (a parent elsewhere moves back to it); ids
+    whose only move changes nothing (always-on fusion, one launch) or that have no move are out."""
+    from torch_htam.proposers.expert.strategies import moves_for
+    task = bench_task(stem)
+    supported = ExpertProposer().supports(task)
+    tm = match_task(task, policy_for(task))
+    assert supported and supported <= KNOWN
+    assert not supported & {"single_kernel_launch", "boundary_handling", "fuse_row_prologue_epilogue"}
+    for sid in sorted(supported):
+        tags = [c.tags for c in propose(task, "any", [sid], n=8).candidates]
+        at_default = all(tm.defaults.get(k) == v for m in moves_for(sid, tm.facts) for k, v in m.items())
+        assert [sid] in tags or at_default, (sid, tags)
+
+
+def test_supports_nothing_without_a_target():
+    assert ExpertProposer().supports(Task("t", "other", "", [], [], "sig", [])) == set()
+    class Sort(nn.Module):
+        def forward(self, x):
+            return torch.sort(x, dim=-1).values
+    assert ExpertProposer().supports(small_task(Sort(), torch.randn(4, 8))) == set()
+
+
+def test_tags_are_the_applied_strategies():
+    """The defaults are the baseline: no tags. A candidate a move changed carries exactly that move's
+    id; starting from a parent, the parent's tags are not carried over."""
+    task = bench_task("ew_bias_gelu_bf16")
+    base = propose(task).candidates[0]
+    assert base.tags == [] and base.params == match_task(task, policy_for(task)).defaults
+    cands = propose(task, "instruction_throughput", ["ilp_unroll"]).candidates
+    assert [c.tags for c in cands] == [[], ["ilp_unroll"], ["ilp_unroll"]]
+    parent = Parent(cands[1].source, cands[1].tags, 1.1, 0.1, 0.5, dict(cands[1].params))
+    moved = propose(task, "memory_access", ["vectorized_16b_access"], parent=parent).candidates
+    assert moved and all(c.tags == ["vectorized_16b_access"] and c.params["unroll"] == 2 for c in moved)
+    # a move that lands where the parent already is makes no candidate (not a retagged copy)
+    assert all(c.params["vec"] != parent.params["vec"] for c in moved)
+    for direction, sids in DIRECTIONS.items():
+        for c in propose(bench_task("rw_softmax_fp32"), direction, sids, n=8).candidates:
+            assert set(c.tags) <= set(sids or match_task(bench_task("rw_softmax_fp32"), None).target.start_order)

@@ -293,3 +293,66 @@ def test_stats_json_round_trip_and_summary():
         s.add(o)
     assert Stats.from_json(s.to_json()) == s
     assert s.summary()["failures"] == {"compile_error": 1} and s.summary()["correct"] == 2
+
+
+# --- the proposer's supported strategies --------------------------------------------------------
+
+@pytest.mark.parametrize("mode", MODES)
+def test_selection_stays_inside_the_supported_strategies(mode):
+    """A proposer that supports a subset: over many steps, with exploration, failures, tabu and a
+    rewarded direction outside the subset, no direction or strategy outside it is ever chosen."""
+    htg = HTG.from_prior()
+    supported = {"online_softmax", "warp_per_row", "vectorized_16b_access"}
+    allowed = {htg.strategies[s].direction for s in supported}
+    train(htg, ROW, START, "fusion", WIN, 20, ["fuse_row_prologue_epilogue"])   # pays, unsupported
+    trail, chosen = Trail("t", seed=7), set()
+    for step in range(60):
+        c = htg.select(ROW, trail, mode, step, supported=supported)
+        assert c.direction in allowed and c.strategies, (step, c)
+        assert {s.id for s in c.strategies} <= supported, (step, c)
+        chosen.add(c.direction)
+        outcome = (WIN, FAIL, FLAT)[step % 3]
+        htg.record(ROW, c.previous, c.direction, [s.id for s in c.strategies], outcome, mode)
+        trail.push(c.direction, outcome.success)
+    assert chosen == allowed or mode != "htg"   # exploration still covers the supported directions
+    with pytest.raises(ValueError, match="supported"):
+        htg.select(ROW, Trail("t"), mode, supported={"cublaslt_epilogue"})   # a GEMM id on a row
+
+
+# --- where the memory lives ---------------------------------------------------------------------
+
+def test_memory_is_kept_across_a_toolchain_change(tmp_path, monkeypatch):
+    """Keyed by arch and proposer: a torch/CUDA upgrade (another toolchain key) loads what was saved
+    before, and each proposer has its own experience."""
+    from torch_htam import paths
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(paths, "toolchain_key", lambda: "torch2.9.0-cu12.8-nvcc12.8-f1")
+    htg = HTG.from_prior()
+    train(htg, ROW, START, "reduction_strategy", WIN, 3, ["online_softmax"])
+    before = paths.memory_path("sm_90a", "expert")
+    htg.save(before)
+    assert paths.arch_dir("sm_90a") not in before.parents
+    monkeypatch.setattr(paths, "toolchain_key", lambda: "torch2.11.0-cu13.0-nvcc13.0-f1")
+    after = paths.memory_path("sm_90a", "expert")
+    assert after == before
+    assert HTG.load(after).edge_stats(START, "reduction_strategy").attempts == 3
+    assert not paths.memory_path("sm_90a", "llm").exists()          # per proposer
+    assert paths.memory_path("sm_90", "expert") != before           # per arch
+
+
+def test_memory_under_the_old_toolchain_dir_is_copied_on_first_use(tmp_path, monkeypatch):
+    from torch_htam import paths
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(paths, "toolchain_key", lambda: "torch2.9.0-cu12.8-nvcc12.8-f1")
+    htg = HTG.from_prior()
+    train(htg, ROW, START, "memory_access", WIN, 2)
+    old = htg.save(paths.arch_dir("sm_90a") / "htg.json")          # where it was kept before
+    HTG.from_prior().save(tmp_path / "sm_90-torch2.9.0-cu12.8-nvcc12.8-f1" / "htg.json")   # other arch
+    monkeypatch.setattr(paths, "toolchain_key", lambda: "torch2.11.0-cu13.0-nvcc13.0-f1")
+    new = paths.memory_path("sm_90a", "expert")
+    assert new.read_bytes() == old.read_bytes() and old.exists()    # copied, not moved
+    assert HTG.load(new).edge_stats(START, "memory_access").attempts == 2
+    assert not paths.memory_path("sm_90", "expert").read_text().count("memory_access")
+    train(htg, ROW, START, "memory_access", WIN, 1)
+    htg.save(new)
+    assert HTG.load(paths.memory_path("sm_90a", "expert")).edge_stats(START, "memory_access").attempts == 3

@@ -415,11 +415,11 @@ def test_abi_example_in_the_prompt_compiles(tmp_path):
 
 
 def test_search_with_the_llm_records_every_outcome_in_the_htg():
-    """The loop end to end against the server: the seed step gets a kernel (evaluated: a success
-    recorded on the edge and on the strategy the reply named), the next step gets prose (no
-    candidate: a failure recorded on the transition that was tried)."""
+    """The loop end to end against the server: step 0 gets a kernel (evaluated: a success recorded
+    on the start transition and on the strategy the reply named), the next step gets prose (no
+    candidate: unrealized, nothing recorded on the transition that was tried)."""
     from torch_htam.evaluation import Evaluation
-    from torch_htam.htg import ALL, HTG
+    from torch_htam.htg import ALL, HTG, START
     from torch_htam.search import SearchConfig, search
 
     class Judge:                       # stands in for the GPU: every built candidate is 1.3x
@@ -437,7 +437,24 @@ def test_search_with_the_llm_records_every_outcome_in_the_htg():
     assert res.candidates == 1 and res.best is not None and res.steps == 1
     strategy = htg.graph.nodes["vectorized_16b_access"]["exp"][ALL]
     assert strategy.attempts == 1 and strategy.correct == 1
-    failed = [d["exp"][ALL] for _, _, d in htg.graph.edges(data=True)
-              if d.get("kind") == "transition" and ALL in d["exp"]
-              and d["exp"][ALL].failures.get("no_candidates")]
-    assert len(failed) == 1 and failed[0].attempts >= 1
+    recorded = {(a, b): d["exp"][ALL] for a, b, d in htg.graph.edges(data=True)
+                if d.get("kind") == "transition" and ALL in d["exp"]}
+    assert list(recorded) == [(START, res.directions[0])] and len(res.directions) == 2
+    assert recorded[START, res.directions[0]].correct == 1 and recorded[START, res.directions[0]].attempts == 1
+
+
+def test_llm_supports_every_strategy_for_the_kind_and_the_fallback_its_union():
+    from torch_htam.htg import HTG
+    prior = HTG.from_prior().strategies
+    llm = LLMProposer(LLMConfig(model="m", base_url="http://localhost:1/v1"), client=object())
+    ew = llm.supports(make_task())
+    assert ew == {s for s, x in prior.items() if not x.applies_to or "elementwise" in x.applies_to}
+    assert "fuse_elementwise_chain" in ew and "online_softmax" not in ew   # a row strategy
+
+    class Some(FakeExpert):
+        def supports(self, task):
+            return {"ilp_unroll", "not_in_the_prior"}
+    fb = FallbackProposer(llm, Some())
+    assert fb.supports(make_task()) == ew | {"not_in_the_prior"}
+    fb.switched = "endpoint gone"
+    assert fb.supports(make_task()) == {"ilp_unroll", "not_in_the_prior"}   # the expert's alone

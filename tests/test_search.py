@@ -71,19 +71,20 @@ def test_search_improves_and_only_correct_faster_kernels_become_best():
     ev = FakeEvaluator(default=1.2)
     res = search(make_task(), FakeProposer(), ev, HTG.from_prior(), SearchConfig(steps=3))
     assert res.best is not None and res.best.evaluation.correct
-    assert res.best.speedup == pytest.approx(1.2 ** 4)   # seed + 3 steps, each x1.2 over the parent
+    assert res.best.speedup == pytest.approx(1.2 ** 4)   # step 0 + 3 steps, each x1.2 over the parent
     assert res.steps == 3 and res.stop == "steps" and res.candidates == 16 and res.correct == 8
     assert [b.speedup for b in res.population] == sorted((b.speedup for b in res.population),
                                                          reverse=True)
-    assert len(res.directions) == 3
+    assert len(res.directions) == 4   # step 0 chooses a direction too
 
 
 def test_requests_carry_parent_feedback_transition_and_strategies():
     prop = FakeProposer()
     search(make_task(), prop, FakeEvaluator(default=1.1), HTG.from_prior(), SearchConfig(steps=2))
-    seed, first, second = prop.requests
-    assert seed.direction == "seed" and seed.parent is None and seed.transition is None
-    assert first.transition == (START, first.direction) and first.parent.speedup == pytest.approx(1.1)
+    zero, first, second = prop.requests
+    assert zero.parent is None and zero.transition == (START, zero.direction) and zero.strategies
+    assert first.transition == (zero.direction, first.direction)
+    assert first.parent.speedup == pytest.approx(1.1)
     assert first.strategies and all(s.direction == first.direction for s in first.strategies)
     assert {a.outcome for a in first.feedback} == {"ok", "mismatch", "compile_error"}
     assert second.transition == (first.direction, second.direction)
@@ -99,7 +100,7 @@ def test_stops_on_stagnation():
 def test_stops_on_roofline():
     res = search(make_task(), FakeProposer(), FakeEvaluator(default=1.5, roofline_per_x=0.6),
                  HTG.from_prior(), SearchConfig(steps=6, roofline_stop=0.85))
-    assert res.stop == "roofline" and res.steps == 0   # the seed is already at 90% of the roof
+    assert res.stop == "roofline" and res.steps == 0   # step 0's kernel is already at 90% of the roof
 
 
 @pytest.mark.parametrize("cfg, usage, stop", [
@@ -141,7 +142,7 @@ def test_memory_learns_across_tasks_and_steers_later_searches():
     htg = HTG.from_prior()
     cfg = SearchConfig(steps=4, stagnation=0, roofline_stop=None)
     firsts = []
-    for i in range(12):
+    for i in range(14):   # step 0 tries each of the 10 directions from the start state once first
         res = search(make_task(f"row{i}"), FakeProposer(), world, htg, cfg)
         firsts.append(res.directions)
     assert htg.edge_stats(START, "reduction_strategy").attempts > 0
@@ -198,3 +199,95 @@ def test_stops_when_the_proposer_has_nothing():
 def test_bad_memory_mode_is_rejected():
     with pytest.raises(ValueError, match="memory"):
         SearchConfig(memory="random")
+
+
+class Supporting(FakeProposer):
+    """A fake proposer that realizes only `ids`; a request for anything else is a bug."""
+
+    def __init__(self, ids, **kw):
+        super().__init__(**kw)
+        self.ids = set(ids)
+
+    def supports(self, task):
+        return set(self.ids)
+
+    def propose(self, req):
+        assert {s.id for s in req.strategies} <= self.ids, [s.id for s in req.strategies]
+        return super().propose(req)
+
+
+def test_search_asks_only_for_supported_strategies():
+    htg, ids = HTG.from_prior(), {"online_softmax", "warp_per_row", "read_only_cache_loads"}
+    allowed = {htg.strategies[s].direction for s in ids}
+    world = FakeEvaluator(gains={"fusion": 2.0, "memory_access": 1.1}, default=1.0)
+    for i in range(8):
+        prop = Supporting(ids)
+        res = search(make_task(f"r{i}"), prop, world, htg, SearchConfig(steps=4, stagnation=0))
+        assert set(res.directions) <= allowed and prop.requests
+    recorded = {b for a, b, d in htg.graph.edges(data=True) if d["kind"] == "transition" and d["exp"]}
+    assert recorded <= allowed
+    assert {s for s in htg.strategies if htg.strategy_stats(s).attempts} <= ids
+
+
+def test_step_zero_is_a_transition_from_the_start_state(tmp_path):
+    from torch_htam.htg import Trail
+    from torch_htam.state import state_of
+    htg, task, prop = HTG.from_prior(), make_task(), FakeProposer(fail_last=False)
+    start = state_of(task)
+    want = htg.select(start, Trail(task.name), "htg", 0, 4)   # what the HTG picks before any kernel
+    path = tmp_path / "t.jsonl"
+    res = search(task, prop, FakeEvaluator(default=1.1), htg, SearchConfig(steps=1), trajectory=path)
+    zero = prop.requests[0]
+    assert zero.transition == (START, want.direction) and res.directions[0] == want.direction
+    assert [s.id for s in zero.strategies] == [s.id for s in want.strategies]
+    assert htg.edge_stats(START, want.direction, start.key()).attempts == 4   # every step-0 candidate
+    step0 = next(json.loads(x) for x in path.read_text().splitlines() if '"event": "step"' in x)
+    assert step0["step"] == 0 and step0["previous"] == START and step0["direction"] == want.direction
+
+
+def test_an_unrealized_step_is_not_a_failure_of_its_direction():
+    class Picky(FakeProposer):          # writes nothing for one direction
+        def propose(self, req):
+            if req.direction == self.refuse:
+                self.requests.append(req)
+                return Proposal([], note="no move changes this parent")
+            return super().propose(req)
+
+    cfg = SearchConfig(steps=2, stagnation=0)
+    plain = search(make_task(), FakeProposer(), FakeEvaluator(default=1.1), HTG.from_prior(), cfg)
+    htg, prop = HTG.from_prior(), Picky()
+    prop.refuse = plain.directions[1]     # deterministic: the same world picks it again at step 1
+    res = search(make_task(), prop, FakeEvaluator(default=1.1), htg, cfg)
+    assert res.directions[1] == prop.refuse and res.directions[2] != prop.refuse   # the trail moves on
+    recorded = [(a, b) for a, b, d in htg.graph.edges(data=True) if d["kind"] == "transition" and d["exp"]]
+    assert all(b != prop.refuse for _, b in recorded) and len(recorded) == 2
+
+
+def test_a_task_the_proposer_supports_nothing_for_costs_no_step():
+    prop = Supporting(set())
+    res = search(make_task(), prop, FakeEvaluator(), HTG.from_prior(), SearchConfig(steps=6))
+    assert res.stop == "no_candidates" and prop.requests == [] and res.steps == 0
+
+
+def test_expert_search_credits_only_applied_supported_strategies(tmp_path):
+    """The real expert in the loop (evaluation faked): step 0 comes from the HTG with the expert's
+    defaults among its candidates (no tags), and memory credits only strategies the expert supports."""
+    from pathlib import Path
+    from torch_htam.extract import task_from_source
+    from torch_htam.proposers.expert import ExpertProposer
+
+    class Judge(FakeEvaluator):
+        def evaluate_many(self, task, sources):
+            return [Evaluation(True, "ok", ref_ms=1.0, kernel_ms=1.0 / (1.1 + 0.01 * i), speedup=1.1 + 0.01 * i,
+                               roofline_fraction=0.3) for i, _ in enumerate(sources)]
+
+    src = (Path(__file__).parents[1] / "bench" / "tasks" / "rw_softmax_fp32.py").read_text()
+    task = task_from_source(src, "rw_softmax_fp32")
+    expert, htg, path = ExpertProposer(), HTG.from_prior(), tmp_path / "t.jsonl"
+    res = search(task, expert, Judge(), htg, SearchConfig(steps=2, stagnation=0), trajectory=path)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    zero = [x for x in lines if x["event"] == "candidate" and x["step"] == 0]
+    assert zero[0]["strategies"] == [] and all(len(x["strategies"]) >= 1 for x in zero[1:])
+    assert htg.edge_stats(START, res.directions[0]).attempts == len(zero)
+    credited = {s for s in htg.strategies if htg.strategy_stats(s).attempts}
+    assert credited and credited <= expert.supports(task)

@@ -115,7 +115,8 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
                        "kernel": ok, "speedup": entries[t.signature].speedup if ok else None,
                        "golden": goldens.get(t.signature)}
                       | ({"left_out": failed[t.signature]} if t.signature in failed else {}))
-    htg = cache.root / "htg.json"
+    htg = next((p for p in (paths.memory_path(cache.arch, "expert"), cache.root / "htg.json")
+                if p.is_file()), cache.root / "htg.json")   # the expert's memory, else the old one
     if htg.is_file():
         shutil.copyfile(htg, out / "htg.json")
     from torch_htam import launcher

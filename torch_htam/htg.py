@@ -11,11 +11,16 @@ expected/forbidden fields). Experience is written at run time onto transition ed
 nodes as Stats per coarse state key (state.KernelState.key()) plus an all-states aggregate "*". It
 is saved apart from the prior text, so a prior upgrade keeps every recorded attempt.
 
-    >>> htg = HTG.load("htg.json")                  # prior + recorded experience
+    >>> htg = HTG.load(paths.memory_path("sm_90a", "expert"))   # prior + recorded experience
     >>> trail = Trail("gelu_bias")
-    >>> choice = htg.select(state, trail)           # direction + strategies, best first
+    >>> choice = htg.select(state, trail, supported=proposer.supports(task))   # best first
     >>> htg.record(state, "start", choice.direction, tags, outcome_of(ev, parent_speedup=1.0))
-    >>> htg.save("htg.json")
+    >>> htg.save(paths.memory_path("sm_90a", "expert"))
+
+Every step, the first included, is a transition: the first leaves the "start" node (no kernel yet,
+headroom "unknown" in the state). Selection only considers strategies the proposer supports
+(Proposer.supports) and directions with at least one of them, so memory is never asked to rank,
+and never credits, a move the proposer cannot make.
 
 Reward of one evaluated candidate (the unit of all values below):
     r = clip(log(speedup / parent_speedup), -1, 1)   if the candidate is correct
@@ -95,7 +100,6 @@ log = logging.getLogger("torch_htam")
 PRIOR_DIR = Path(__file__).resolve().parent / "prior"
 MODES = ("htg", "flat", "none")
 START = "start"       # pseudo-direction a task's first transition leaves from
-SEED = "seed"         # the seed step's direction: no transition is recorded for it
 ALL = "*"             # stats key aggregating every state
 FAIL_PENALTY = 0.2
 MAX_LOG_GAIN = 1.0
@@ -340,7 +344,7 @@ class HTG:
         one is reported (warning with the path), moved aside to <path>.corrupt, and the bare prior
         is used: the search never dies on its memory.
 
-        >>> htg = HTG.load(paths.arch_dir("sm_90a") / "htg.json")
+        >>> htg = HTG.load(paths.memory_path("sm_90a", "expert"))
         """
         htg = HTG.from_prior(prior_dir, config)
         path = Path(path)
@@ -367,7 +371,7 @@ class HTG:
         """Write the experience (not the prior text) atomically: tmp file in the same folder, fsync,
         os.replace, so a crash leaves the old file or the new one.
 
-        >>> htg.save(paths.arch_dir("sm_90a") / "htg.json")
+        >>> htg.save(paths.memory_path("sm_90a", "expert"))
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -426,8 +430,11 @@ class HTG:
         return [self.strategies[s] for s in self.graph.successors(direction)
                 if self.graph.nodes[s]["kind"] == "strategy"]
 
-    def eligible(self, state: KernelState) -> list[Strategy]:
-        return [s for s in self.strategies.values() if s.eligible(state)]
+    def eligible(self, state: KernelState, supported: Iterable[str] | None = None) -> list[Strategy]:
+        """Strategies eligible in `state`, restricted to `supported` ids (None: no restriction)."""
+        ok = None if supported is None else set(supported)
+        return [s for s in self.strategies.values()
+                if s.eligible(state) and (ok is None or s.id in ok)]
 
     def edge_stats(self, a: str, b: str, key: str = ALL) -> Stats:
         """Recorded stats of transition a -> b in state `key` (empty Stats if none)."""
@@ -484,8 +491,10 @@ class HTG:
     # --- selection ---
 
     def select(self, state: KernelState, trail: Trail, mode: str = "htg", step: int = 0,
-               n_strategies: int = 4) -> Choice:
-        """Direction and up to n_strategies strategies for the next step.
+               n_strategies: int = 4, supported: Iterable[str] | None = None) -> Choice:
+        """Direction and up to n_strategies strategies for the next step, among the `supported`
+        strategy ids (None: all) and the directions that have one. Raises ValueError when none is
+        eligible.
 
         >>> c = htg.select(state_of(task), Trail(task.name))
         >>> c.direction, [s.id for s in c.strategies]
@@ -493,9 +502,11 @@ class HTG:
         """
         if mode not in MODES:
             raise ValueError(f"memory mode {mode!r}: expected one of {MODES}")
-        pool = self.eligible(state)
+        supported = None if supported is None else set(supported)
+        pool = self.eligible(state, supported)
         if not pool:
-            raise ValueError(f"no strategy of the prior is eligible for state {state}")
+            raise ValueError(f"no strategy of the prior is eligible for state {state}"
+                             + ("" if supported is None else " among the proposer's supported ones"))
         if mode == "none":
             rng = random.Random(f"{trail.seed}:{trail.task}:{step}")
             rng.shuffle(pool)
@@ -509,13 +520,18 @@ class HTG:
         candidates = [d for d in self.directions if any(s.direction == d for s in pool)]
         scores = self.scores(state, trail, candidates)
         best = max(candidates, key=lambda d: scores[d])   # NOTE: max keeps the first of ties
-        return self._choice(best, self.retrieve(best, state, trail)[:n_strategies], scores, trail, state)
+        return self._choice(best, self.retrieve(best, state, trail, supported)[:n_strategies], scores,
+                            trail, state)
 
-    def retrieve(self, direction: str, state: KernelState, trail: Trail | None = None) -> list[Strategy]:
-        """Eligible strategies of `direction`, ranked by rank(x) (module docstring), stats filled."""
+    def retrieve(self, direction: str, state: KernelState, trail: Trail | None = None,
+                 supported: Iterable[str] | None = None) -> list[Strategy]:
+        """Eligible (and supported, unless None) strategies of `direction`, ranked by rank(x)
+        (module docstring), stats filled."""
         key, cfg = state.key(), self.config
         fails = trail.strategy_fails if trail else {}
-        pool = [s for s in self.strategies_under(direction) if s.eligible(state)]
+        ok = None if supported is None else set(supported)
+        pool = [s for s in self.strategies_under(direction)
+                if s.eligible(state) and (ok is None or s.id in ok)]
         rank = {s.id: self.strategy_value(s.id, key) + cfg.match_weight * s.match(state)
                 - cfg.tabu * fails.get(s.id, 0) for s in pool}
         pool.sort(key=lambda s: -rank[s.id])

@@ -4,9 +4,11 @@
       <arch>-<toolchain>/           e.g. sm_90a-torch2.11.0-cu13.0-nvcc13.0-f1
         kernels/<signature>/        cache entries (cache.py)
         build/                      candidate .so files by content hash (build.py)
-        htg.json                    the HTG memory for this arch (htg.py)
+        htg.json                    the HTG memory before it moved to htg/ (read once, copied)
         trajectories/               search logs, JSONL (search.py)
       launcher/<torch version>/     the C++ launcher extension (launcher.py)
+      htg/<arch>-<proposer>.json    the HTG memory (htg.py): per GPU arch and proposer, not per
+                                    toolchain, so a torch or CUDA upgrade keeps the experience
 
     >>> paths.arch_dir("sm_90a")
     PosixPath('/root/.cache/torch_htam/sm_90a-torch2.11.0-cu13.0-nvcc13.0-f1')
@@ -14,6 +16,7 @@
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import re
 import shutil
@@ -63,3 +66,26 @@ def toolchain_key() -> str:
 
 def arch_dir(arch: str) -> Path:
     return cache_root() / f"{arch}-{toolchain_key()}"
+
+
+def memory_path(arch: str, proposer: str) -> Path:
+    """The HTG memory of one GPU arch and proposer (Proposer.name). Experience is about kernels on
+    the GPU, not about the binaries a toolchain makes, so it is not keyed by toolchain. On first
+    use (no file yet) the newest toolchain-keyed <arch>-<toolchain>/htg.json, where the memory was
+    kept before, is copied there.
+
+    >>> paths.memory_path("sm_90a", "expert")
+    PosixPath('/root/.cache/torch_htam/htg/sm_90a-expert.json')
+    """
+    root = cache_root()
+    path = root / "htg" / f"{arch}-{re.sub(r'[^A-Za-z0-9._+-]', '_', proposer)}.json"
+    if not path.exists():
+        # NOTE: toolchain keys start with "torch", so sm_90 does not pick up sm_90a's directories
+        old = [p for p in root.glob(f"{glob.escape(arch)}-torch*/htg.json") if p.is_file()]
+        if old:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".migrating")
+            shutil.copyfile(max(old, key=lambda p: p.stat().st_mtime), tmp)
+            os.replace(tmp, path)   # NOTE: never a half-copied memory at the final name
+    return path
+

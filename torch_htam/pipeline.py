@@ -130,7 +130,7 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog) -> di
         proposer, message = make_proposer(True, cfg.llm, proposer)
     if message:
         log.warning(message)
-    memory_path = paths.arch_dir(gpu.arch) / "htg.json"
+    memory_path = paths.memory_path(gpu.arch, proposer.name)   # kept across toolchain upgrades
     memory = HTG.load(memory_path)
     scfg = SearchConfig(steps=cfg.steps, candidates_per_step=cfg.candidates_per_step,
                         memory=cfg.memory, max_wall_s=cfg.task_time_s)

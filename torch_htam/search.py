@@ -1,19 +1,25 @@
-"""The HTAM evolution loop: seed, then up to `steps` rounds of state -> direction -> strategies ->
+"""The HTAM evolution loop: step 0, then up to `steps` rounds of state -> direction -> strategies ->
 proposer -> evaluator -> memory update, keeping the fastest verified kernel.
 
     >>> result = search(task, ExpertProposer(), evaluator, HTG.load(path), SearchConfig(steps=6))
     >>> result.best.evaluation.speedup, result.stop
     (1.84, 'stagnation')
 
-Step 0 (seed) asks the proposer for a first kernel with direction "seed" and no parent. Each later
-step reads the coarse state of the best kernel (state.state_of), lets the HTG pick a direction and
-retrieve its strategies, asks for `candidates_per_step` kernels that start from the best so far,
-evaluates them in one batch, and records every candidate in memory (transition previous ->
-direction under the state, and the strategies it claims in Candidate.tags). A candidate becomes
-the best only if it is correct and strictly faster. The loop stops at the step budget, after
-`stagnation` steps without a gain over min_gain, when the best reaches `roofline_stop` of the
-roofline, when the proposer has nothing to offer EMPTY_STEPS steps in a row, or when wall time,
-tokens or cost run out.
+Every step reads the coarse state of the best kernel (state.state_of; before any, the start state),
+lets the HTG pick a direction and retrieve its strategies among those the proposer supports
+(Proposer.supports), asks for `candidates_per_step` kernels that start from the best so far (step 0:
+from none), evaluates them in one batch, and records every candidate in memory: the transition
+previous -> direction under the state (step 0 leaves htg.START), and the strategies it applied
+(Candidate.tags). The expert's defaults, which its step 0 brings whatever the direction, count on
+the start transition alike for every direction and credit no strategy.
+
+A step whose proposal is empty is "unrealized": memory records nothing for it (an endpoint down, a
+reply without code, moves that are no-ops on this parent say nothing about the direction); only
+this task's trail damps the direction so the next step goes elsewhere. A candidate becomes the best
+only if it is correct and strictly faster. The loop stops at the step budget, after `stagnation`
+steps after step 0 without a gain over min_gain, when the best reaches `roofline_stop` of the
+roofline, when the proposer has nothing to offer EMPTY_STEPS steps in a row or supports no strategy
+eligible for the task ("no_candidates"), or when wall time, tokens or cost run out.
 
 Every candidate, step and run summary is one JSON line in the trajectory file (for people: grep it,
 or `jq -c 'select(.event=="step")'`).
@@ -31,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from torch_htam.htg import FAIL_PENALTY, HTG, MODES, SEED, START, Outcome, Trail, outcome_of
+from torch_htam.htg import HTG, MODES, START, Trail, outcome_of
 from torch_htam.proposers.base import Attempt, Parent, ProposalRequest
 from torch_htam.state import ridge_point, state_of
 
@@ -46,7 +52,7 @@ DEFAULT_RIDGE = 20.0    # FLOP/B; H100 fp32 CUDA cores: 67 TFLOP/s / 3.35 TB/s, 
 class SearchConfig:
     """Budget and behaviour of one task's search.
 
-    steps: evolution steps after the seed (HTAM uses at most 6). stagnation: stop after this many
+    steps: evolution steps after step 0 (HTAM uses at most 6). stagnation: stop after this many
     steps without a gain over min_gain (0 = never). roofline_stop: stop once the best reaches this
     fraction of the roofline (None = never). max_tokens / max_cost_usd: LLM budget, read from
     Proposal.usage (prompt + completion tokens, cost_usd). memory: "htg" | "flat" | "none".
@@ -84,7 +90,7 @@ class Best:
     evaluation: Any          # evaluation.Evaluation
     origin: str = "expert"
     step: int = 0
-    direction: str = SEED
+    direction: str = ""
 
     @property
     def so_path(self) -> str | None:
@@ -104,8 +110,8 @@ class Best:
 class SearchResult:
     """Outcome of one task's search. stop: "steps" | "stagnation" | "roofline" | "wall" |
     "tokens" | "cost" | "no_candidates" | "time_budget" | "error: ...". population: correct
-    kernels, fastest first (at most POPULATION); directions: the direction of each step after
-    the seed."""
+    kernels, fastest first (at most POPULATION); directions: the direction of each step, step 0
+    first."""
     task: str
     signature: str
     best: Best | None = None
@@ -163,11 +169,15 @@ def search(task, proposer, evaluator, memory: HTG, config: SearchConfig | None =
     cfg = config or SearchConfig()
     gpu = gpu or _gpu_of(evaluator)
     run = hashlib.sha256(f"{task.signature}:{time.time_ns()}".encode()).hexdigest()[:8]
-    loop = _Loop(task, memory, cfg, Trajectory(trajectory, task, run), gpu, policy_for(task))
+    loop = _Loop(task, memory, cfg, Trajectory(trajectory, task, run), gpu, policy_for(task),
+                 _supported(proposer, task))
     loop.traj.write("start", kind=task.kind, memory=cfg.memory, config=cfg.to_json(),
-                    proposer=getattr(proposer, "name", type(proposer).__name__))
+                    proposer=getattr(proposer, "name", type(proposer).__name__),
+                    supported=None if loop.supported is None else sorted(loop.supported))
     t0 = time.monotonic()
-    for step in range(cfg.steps + 1):
+    if not memory.eligible(state_of(task, None, gpu), loop.supported):
+        loop.res.stop = "no_candidates"   # NOTE: nothing the proposer can do here; asking costs a step
+    for step in range(cfg.steps + 1 if loop.res.stop != "no_candidates" else 0):
         stop = _budget_stop(cfg, t0, loop.res.usage)
         if stop:
             loop.res.stop = stop
@@ -199,6 +209,7 @@ class _Loop:
     traj: Trajectory
     gpu: Any
     policy: Any
+    supported: set[str] | None = None   # the proposer's supported strategy ids (None: all)
     res: SearchResult = None
     trail: Trail = None
     feedback: list[Attempt] = field(default_factory=list)
@@ -211,20 +222,17 @@ class _Loop:
         self.trail = Trail(self.task.name, self.cfg.seed)
 
     def step(self, step: int, proposer, evaluator) -> None:
-        """Choose (seed or HTG), propose, evaluate, learn from every candidate, log."""
+        """Choose (HTG, every step), propose, evaluate, learn from every candidate, log."""
         res, cfg = self.res, self.cfg
         state = state_of(self.task, res.best.evaluation if res.best else None, self.gpu,
                          self.last_failure)
-        if step == 0:
-            direction, previous, strategies, scores = SEED, START, [], {}
-        else:
-            c = self.memory.select(state, self.trail, cfg.memory, step, cfg.strategies_per_step)
-            direction, previous, strategies, scores = c.direction, c.previous, c.strategies, c.scores
+        c = self.memory.select(state, self.trail, cfg.memory, step, cfg.strategies_per_step,
+                               self.supported)
+        direction, previous, strategies, scores = c.direction, c.previous, c.strategies, c.scores
         request = ProposalRequest(
             task=self.task, direction=direction, strategies=strategies, n=cfg.candidates_per_step,
             parent=res.best.parent() if res.best else None, feedback=self.feedback[-cfg.feedback:],
-            transition=None if step == 0 else (previous, direction), gpu=self.gpu,
-            policy=self.policy)
+            transition=(previous, direction), gpu=self.gpu, policy=self.policy)
         proposal = proposer.propose(request)
         add_usage(res.usage, proposal.usage)
         cands = proposal.candidates
@@ -238,22 +246,18 @@ class _Loop:
         reasons = [ev.reason for ev in evals]
         # NOTE: a step with no correct candidate says why in the next state (boundary handling etc.)
         self.last_failure = None if "ok" in reasons else _most_common(reasons)
-        if step > 0:
-            self.trail.push(direction, improved)
-            res.directions.append(direction)
+        # NOTE: an unrealized step (no candidate) is pushed as not improved so the trail's tabu
+        # steers the next step elsewhere; memory records nothing for it (module docstring).
+        self.trail.push(direction, improved)
+        res.directions.append(direction)
+        if step > 0:   # step 0 starts the search: stagnation counts the steps after it
             self.stale = 0 if improved else self.stale + 1
         self.empty = 0 if cands else self.empty + 1
-        if not cands:
-            # NOTE: a step that yields no candidate (an LLM reply without usable code, an endpoint
-            # down, a graph the expert cannot express) is still an outcome of moving to this
-            # direction in this state; memory learns it as a failure with no strategy applied.
-            self.memory.record(state, previous, direction, [], Outcome("no_candidates", None, False,
-                                                                       -FAIL_PENALTY), cfg.memory)
         res.steps = step
         top = sorted(scores.items(), key=lambda x: -x[1])[:5]
         self.traj.write("step", step=step, direction=direction, previous=previous, state=state.key(),
                         strategies=[s.id for s in strategies], candidates=len(cands),
-                        improved=improved, best_speedup=_r(res.speedup),
+                        unrealized=not cands, improved=improved, best_speedup=_r(res.speedup),
                         note=proposal.note[:DETAIL_CHARS], scores={d: round(v, 4) for d, v in top})
 
     def absorb(self, step, state, previous, direction, cand, ev, parent_speedup) -> bool:
@@ -283,6 +287,12 @@ class _Loop:
         if self.empty >= EMPTY_STEPS:   # NOTE: e.g. the expert cannot express this graph at all
             return "no_candidates"
         return None
+
+
+def _supported(proposer, task) -> set[str] | None:
+    """The proposer's supported strategy ids for the task; None (all) if it does not say."""
+    supports = getattr(proposer, "supports", None)
+    return None if supports is None else set(supports(task))
 
 
 def _gpu_of(evaluator):

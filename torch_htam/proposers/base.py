@@ -1,5 +1,7 @@
-"""The proposer contract: propose(request) -> Proposal.
+"""The proposer contract: supports(task) -> strategy ids, propose(request) -> Proposal.
 
+    >>> proposer.supports(t)            # what the search may ask this proposer for on task t
+    {'vectorized_16b_access', 'ilp_unroll', ...}
     >>> req = ProposalRequest(task=t, direction="memory_access", strategies=[...], n=4)
     >>> prop = proposer.propose(req)
     >>> [c.tags for c in prop.candidates], prop.note
@@ -15,7 +17,9 @@ from torch_htam.task import Task
 
 @dataclass
 class Candidate:
-    """One proposed kernel. tags: ids of the local strategies it applies (read back into the HTG);
+    """One proposed kernel. tags: ids of the local strategies applied to make it from its parent (or
+    from the proposer's baseline when there is none); the HTG credits its outcome to them, so a
+    default every kernel has is not a tag;
     params: tunable parameters the expert chose (block size, vector width, ...); origin: proposer name."""
     source: str
     tags: list[str] = field(default_factory=list)
@@ -72,6 +76,11 @@ class Proposal:
 
 
 class Proposer(Protocol):
+    """name keys the proposer's HTG memory (paths.memory_path). supports(task): the strategy ids it
+    can realize on the task; the HTG chooses only among them (search treats a proposer without the
+    method as realizing every strategy)."""
     name: str
+
+    def supports(self, task: Task) -> set[str]: ...
 
     def propose(self, request: ProposalRequest) -> Proposal: ...

@@ -36,6 +36,12 @@ class FallbackProposer:
         self.switched: str | None = None   # why the run moved to the expert, once it has
         self._lock = threading.Lock()
 
+    def supports(self, task) -> set[str]:
+        """What either can realize while the LLM runs; the expert's alone once the run switched."""
+        if self.switched:
+            return self.expert.supports(task)
+        return self.llm.supports(task) | self.expert.supports(task)
+
     def propose(self, request: ProposalRequest) -> Proposal:
         if self.switched:
             return self._expert(request, f"expert ({self.switched})")

@@ -37,8 +37,14 @@ LOCAL_HOSTS = ("localhost", "::1", "0.0.0.0")
 @functools.lru_cache(maxsize=1)
 def _prior_ids() -> frozenset[str]:
     """Every strategy id of the shipped prior (data, read once)."""
+    return frozenset(_prior_applies_to())
+
+
+@functools.lru_cache(maxsize=1)
+def _prior_applies_to() -> dict[str, tuple[str, ...]]:
+    """Strategy id -> the task kinds its prior entry applies to (empty: every kind)."""
     from torch_htam.htg import HTG
-    return frozenset(HTG.from_prior().strategies)
+    return {s.id: tuple(s.applies_to) for s in HTG.from_prior().strategies.values()}
 
 
 RETRY_STATUS = (408, 409, 429)     # plus every 5xx; other 4xx (bad key, unknown model) are final
@@ -269,6 +275,12 @@ class LLMProposer:
         self.usage = Usage()
         self._lock = threading.Lock()
 
+    def supports(self, task) -> set[str]:
+        """Every prior strategy whose applies_to fits the task's kind: the model can write any."""
+        from torch_htam.htg import KINDS
+        return {sid for sid, kinds in _prior_applies_to().items()
+                if not kinds or task.kind not in KINDS or task.kind in kinds}
+
     def propose(self, request: ProposalRequest) -> Proposal:
         """n candidates (or fewer; note says why). Never raises for endpoint trouble."""
         try:
@@ -285,8 +297,8 @@ class LLMProposer:
         errors = [r for r in results if isinstance(r, EndpointError)]
         if len(errors) == n:
             raise errors[0]
-        # The model may name any strategy of the prior (the seed step retrieves none); made-up
-        # ids are dropped, so only real strategies reach the HTG.
+        # The model may name any strategy of the prior, not only the retrieved ones; made-up ids
+        # are dropped, so only real strategies reach the HTG.
         known = {strategy_id(s) for s in request.strategies} | _prior_ids()
         usage, candidates, notes, seen = Usage(), [], [], set()
         for i, r in enumerate(results):

@@ -5,7 +5,12 @@ parameters -> strategy moves (strategies.TABLE) -> up to n distinct parameter se
 The search evaluates them on the GPU and keeps the best, so a proposal is one autotuning round
 around the parent's parameters. Nothing here depends on the kind: each target says how.
 
-    >>> prop = ExpertProposer().propose(ProposalRequest(task, "seed", [], n=4))
+A candidate's tags are the strategies applied to it: the moves that changed its starting point
+(the parent's params, else the defaults) and that the resulting params still embody. The defaults
+are the baseline, not a strategy, so the default kernel has no tags. supports(task) is the set of
+strategies with at least one move that changes a parameter on this task.
+
+    >>> prop = ExpertProposer().propose(ProposalRequest(task, "memory_access", strategies, n=4))
     >>> [(c.tags, c.params) for c in prop.candidates]
 """
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 from torch_htam.proposers.base import Candidate, Proposal, ProposalRequest
 from torch_htam.proposers.expert import conv, elementwise, gemm, rowwise
 from torch_htam.proposers.expert.ir import Unsupported
-from torch_htam.proposers.expert.strategies import TaskFacts, moves_for, strategy_id
+from torch_htam.proposers.expert.strategies import TABLE, TaskFacts, moves_for, strategy_id
 from torch_htam.proposers.expert.target import Target
 
 # tried in this order; the first whose match succeeds takes the task
@@ -69,6 +74,21 @@ class ExpertProposer:
     def __init__(self, targets: tuple[Target, ...] = TARGETS):
         self.targets = targets
 
+    def supports(self, task, policy=None) -> set[str]:
+        """Strategy ids this proposer can apply to `task` (empty when no target matches it). A move
+        with no override ({}: a fusion or launch shape every kernel of the kind has) changes nothing,
+        so its strategy is not one the expert can apply."""
+        if task.graph is None:
+            return set()
+        if policy is None:
+            from torch_htam.policy import policy_for
+            policy = policy_for(task)
+        try:
+            tm = match_task(task, policy, self.targets)
+        except Exception:   # NOTE: as in propose: an odd graph is just unsupported
+            return set()
+        return {s for s in TABLE if any(moves_for(s, tm.facts))}
+
     def propose(self, request: ProposalRequest) -> Proposal:
         task = request.task
         if task.graph is None:
@@ -81,14 +101,11 @@ class ExpertProposer:
             return Proposal([], f"expert: failed to match {task.name}: {type(e).__name__}: {e}")
         t, region = tm.target, tm.region
         base = dict(tm.defaults)
-        base_tags = t.tags(region, base)
         parent = request.parent
         if parent is not None and parent.params and set(parent.params) <= set(base):
             base.update(parent.params)
-            base_tags = list(dict.fromkeys(parent.tags or base_tags))
         sids = [strategy_id(s) for s in request.strategies]
-        settings = _settings(tm, base, base_tags, sids, request.direction == "seed" or not sids,
-                             parent is not None)
+        settings = _settings(tm, base, sids, parent is not None)
         out, seen, skipped = [], set(), []
         for params, tags in settings:
             params = t.canonical(region, params)      # two settings of one kernel are one candidate
@@ -113,43 +130,48 @@ class ExpertProposer:
         return Proposal(out, note)
 
 
-def _settings(tm: TaskMatch, base: dict, base_tags: list[str], sids: list[str], first: bool,
-              has_parent: bool) -> list[tuple[dict, list[str]]]:
-    """Ordered (params, tags): round-robin over the strategies' variants, then all first variants
-    combined, then (library GEMM/conv) the heuristic's next algorithms. A first proposal (direction
-    "seed", or no strategies) without a parent starts with the defaults and, given no strategies,
-    tries the target's start order."""
+def _settings(tm: TaskMatch, base: dict, sids: list[str], has_parent: bool
+              ) -> list[tuple[dict, list[str]]]:
+    """Ordered (params, applied strategy ids): round-robin over the strategies' variants, then all
+    first variants combined, then (library GEMM/conv) the heuristic's next algorithms. Without a
+    parent the defaults come first (no tags) and, given no strategies, the target's start order is
+    tried; with one, a setting equal to the parent's is left out."""
     t, region, facts = tm.target, tm.region, tm.facts
+    start = t.canonical(region, dict(base))
 
-    def retag(p: dict, applied: list[str]) -> list[str]:
-        return t.retag(region, p, list(dict.fromkeys(base_tags + applied)))
+    def applied(p: dict, moves: list[tuple[str, dict]]) -> list[str]:
+        # a move counts where it changed the starting point and the params still embody it
+        # (retag corrects to the path taken, e.g. a vector width of 1 is not vectorized access)
+        q = t.canonical(region, dict(p))
+        ids = [s for s, over in moves if any(q.get(k) != start.get(k) for k in over)]
+        kept = set(t.retag(region, p, list(ids)))
+        return [s for s in ids if s in kept]
 
-    if first and not has_parent:
+    if not has_parent:
         sids = sids or list(t.start_order)
     per = [(s, moves_for(s, facts)) for s in sids]
     per = [(s, v) for s, v in per if v]
     out: list[tuple[dict, list[str]]] = []
-    if first and not has_parent:
-        out.append((dict(base), list(base_tags)))
+    if not has_parent:
+        out.append((dict(base), []))
     depth = max((len(v) for _, v in per), default=0)
     for level in range(depth):
         for s, variants in per:
             if level < len(variants):
                 p = t.refit(region, dict(base, **variants[level]), variants[level])
-                out.append((p, retag(p, [s])))
+                out.append((p, applied(p, [(s, variants[level])])))
     if len(per) > 1:
         moved = {}
         for _, v in per:
             moved.update(v[0])
         p = t.refit(region, dict(base, **moved), moved)
-        out.append((p, retag(p, [s for s, _ in per])))
+        out.append((p, applied(p, [(s, v[0]) for s, v in per])))
     if t.library_algos:   # on the last setting that runs the library: the algorithm means nothing elsewhere
         lib = [(p, tags) for p, tags in out if t.on_library(p) == p]
-        last_p, last_t = lib[-1] if lib else (t.on_library(base), None)
-        for a in t.library_algos:
-            p = dict(last_p, **a)
-            out.append((p, last_t or retag(p, [])))
-    if not first:
+        last_p, last_t = lib[-1] if lib else (t.on_library(base), [])
+        for a in t.library_algos:   # the heuristic's next algorithm is no strategy of its own
+            out.append((dict(last_p, **a), list(last_t)))
+    if has_parent:
         key = tuple(sorted(base.items()))
         out = [(p, tags) for p, tags in out if tuple(sorted(p.items())) != key]
     return out

@@ -36,10 +36,11 @@ class Target:
     match: Callable[[Any, Any], Any]             # (graph module, policy) -> m; raises ir.Unsupported
     defaults: Callable[[Any], dict]              # m -> the default params
     tags: Callable[[Any, dict], list[str]]       # (m, params) -> strategy ids the setting embodies
-    # (m, params, tags) -> tags after a move: the moved-from tags plus the moves' ids, corrected to
-    # the path the params actually take
+    # (m, params, tags) -> the tags corrected to the path the params actually take; the proposer
+    # keeps only the applied ids that survive it (candidate tags are applied strategies)
     retag: Callable[[Any, dict, list[str]], list[str]]
-    start_order: tuple[str, ...]                 # strategy ids a first proposal tries, in order
+    # strategy ids a first proposal tries, in order, when it is asked for none
+    start_order: tuple[str, ...]
     grid: Callable[[Any, dict], list[dict]]      # (m, defaults) -> further settings worth timing
     render: Callable[[Any, dict], str]           # (m, params) -> CUDA source; raises ir.Unsupported
     valid: Callable[[dict], bool] = pow2_vec     # params -> whether the kernel can take them

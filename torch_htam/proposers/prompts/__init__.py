@@ -139,7 +139,7 @@ def direction_texts() -> dict[str, dict]:
 
 
 def _transition(transition) -> str:
-    if not transition:
+    if not transition or transition[0] == "start":   # htg.START: no kernel before this step
         return "This is the first step of the search."
     prev, chosen = transition
     return f"The previous step followed **{_title(prev)}**; the search moves on to **{_title(chosen)}**."
