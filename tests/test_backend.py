@@ -160,6 +160,46 @@ def test_no_kernel_beating_inductor_means_torch_compile_alone(mlp, monkeypatch):
         torch.testing.assert_close(model(x), MLP.forward(model, x))
 
 
+class Branchy(nn.Module):
+    """torch.export cannot take it (a branch on a tensor's value); Dynamo breaks the graph there."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = MLP(), MLP()
+
+    def forward(self, x):
+        y = self.a(x)
+        if y.sum() > 0:
+            y = y * 2
+        return self.b(y)
+
+
+def test_a_model_export_cannot_take_gets_its_kernels_through_dynamo(monkeypatch):
+    """extract falls back to Dynamo; optimize's compiled install still swaps kernels into the
+    pieces (the replay path leaves such a model on its original forward)."""
+    from torch_htam import pipeline
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = Branchy().eval()
+    x = torch.randn(4, 8, 32)
+    found = extract(model, (x,))
+    assert found.capture.method == "dynamo" and len(found.capture.graphs) >= 2
+    entries = {t.signature: _Entry(CpuKernel(t), 2.0) for t in found.tasks}
+    real = backend.compile_with
+
+    def compile_with(m, b, mode="default"):
+        if b is not None:
+            b.provider = PROVIDER
+        return real(m, b, mode)
+    monkeypatch.setattr(backend, "compile_with", compile_with)
+    model = pipeline._install_compiled(model, found, entries, (x,),
+                                       pipeline.OptimizeConfig(check_end_to_end=False))
+    assert model.htam_report.swapped >= 2
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), Branchy.forward(model, x))
+    torch._dynamo.reset()
+
+
 def test_a_kernel_slower_than_inductors_region_is_left_out():
     class E:
         record = {"evaluation": {"speedup": 2.0, "compile_speedup": 0.8}}

@@ -225,7 +225,9 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
             results = _search(misses, cfg, gpu, cache, searched)
     kernels = {t.signature: e for t in tasks
                if (e := admitted(cache.get(t.signature), t)) is not None and e.usable(cfg.min_speedup)}
-    if cfg.compile and found.capture.method == "export":
+    # NOTE: Dynamo captures (graph breaks, outputs export cannot flatten) take this path too:
+    # torch.compile handles the breaks and the backend swaps kernels into each piece.
+    if cfg.compile:
         try:
             kernels = _with_inductor_times(tasks, kernels, cache, cfg)
             model = _install_compiled(model, found, kernels, tuple(example_inputs), cfg)
