@@ -39,14 +39,16 @@ BELOW_GOAL = {
             "(SDPA), int64 position ids",
     "bert": "58.4% FLOPs, 62.1% bytes: GEMM + view/transpose (q, k, v), attention (SDPA), an "
             "int64 mask region without outputs (IndexError in the expert's lowering)",
-    "llama": "78.2% FLOPs, 75.8% bytes: GEMM + view (q, k, v projections), attention (SDPA), "
-             "int64 position ids",
-    "t5": "54.0% FLOPs, 55.6% bytes: GEMM + view, attention (SDPA), int64 relative-position "
-          "buckets (row-wise and elementwise), an int64 region without outputs (IndexError)",
+    "llama": "78.2% FLOPs, 75.8% bytes: GEMM + view/transpose (q, k, v; q and k with the rotary "
+             "epilogue slice/neg/cat), attention (SDPA), int64 position ids",
+    "t5": "54.0% FLOPs, 55.6% bytes: GEMM + view/transpose (q, k, v), attention (SDPA), int64 "
+          "relative-position buckets and masks (row-wise and elementwise), an int64 region "
+          "without outputs (IndexError in the expert's lowering)",
     "whisper_encoder": "32.4% FLOPs, 42.2% bytes: conv1d (the conv target takes conv2d only), "
                        "GEMM + view, attention (SDPA), layer_norm after a permute",
-    "mingpt": "92.6% FLOPs, 81.1% bytes: batched matmul q @ k^T (matmul other than (..., K) x "
-              "(K, N)), slice of the causal mask buffer, bool mask (eq, masked_fill) regions",
+    "mingpt": "92.6% FLOPs, 81.1% bytes: batched matmuls q @ k^T and att @ v (matmul other than "
+              "(..., K) x (K, N)), scale + masked_fill + softmax (reads a bool mask), the mask's "
+              "slice + eq (bool out), slice of the position embedding before add + layer_norm",
 }
 
 # Compute ops that may stay outside every region, by model: none today (embedding, factory ops
