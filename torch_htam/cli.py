@@ -1,6 +1,6 @@
 """torch-htam: the command line.
 
-    torch-htam plan examples/gpt_block.py [--export DIR] [--json]   regions of a model, as tasks
+    torch-htam plan examples/gpt_block.py [--export DIR]      regions of a model, as tasks
     torch-htam optimize examples/gpt_block.py [--llm]         search kernels, fill the cache, report
     torch-htam precompile examples/gpt_block.py --out DIR     a deployable bundle for a GPU arch
     torch-htam bench examples/gpt_block.py                    eager vs torch.compile vs torch_htam
