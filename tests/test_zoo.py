@@ -103,8 +103,8 @@ def test_builtin_proposer_covers_the_model(name):
 def test_first_candidates_compile_for_sm90a():
     """The expert's first candidate (seed proposal, step 0) of every task with a path, over the
     whole zoo, compiles for sm_90a: tasks deduplicated by signature, sources by content (build_many
-    builds one source once). Measured: 134 tasks with a path give 54 distinct sources, ~4 min on 2
-    cores, so every one is built (no sampling). Sources needing cuBLASLt or cuDNN headers are left
+    builds one source once). Measured: 134 tasks with a path give 54 distinct sources (many convs
+    share one), 3-4 min on 2 cores with nvcc, so every one is built (no sampling). Sources needing cuBLASLt or cuDNN headers are left
     out only when build cannot find the nvidia wheels' headers."""
     from torch_htam.policy import policy_for
     from torch_htam.proposers.base import ProposalRequest
