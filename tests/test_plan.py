@@ -31,6 +31,25 @@ def raises():
 '''
 
 
+MIXED = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class Mixed(nn.Module):
+    """A GEMM the expert has a path for, a max pool it has none for."""
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+
+    def forward(self, x, img):
+        return F.gelu(self.fc(x)), F.max_pool2d(img, 2)
+
+def get_model():
+    return Mixed().eval(), (torch.randn(8, 64), torch.randn(1, 4, 16, 16))
+'''
+
+
 def plan(spec, **kw):
     out = io.StringIO()
     code = run_plan(spec, out=out, device="cpu", **kw)
@@ -45,6 +64,48 @@ def test_plan_table_and_export(tmp_path):
     assert any("linear,gelu" in line and " 2 " in line for line in lines)
     index = json.loads((tmp_path / "tasks.json").read_text())
     assert len(index) == 9 and all((tmp_path / t["file"]).is_file() for t in index)
+
+
+def test_plan_path_column_reason_and_footer(tmp_path):
+    path = tmp_path / "mixed.py"
+    path.write_text(MIXED)
+    code, text = plan(str(path))
+    lines = text.splitlines()
+    assert code == 0 and "  path  " in lines[1]
+    gemm = next(i for i, line in enumerate(lines) if "linear,gelu" in line)
+    pool = next(i for i, line in enumerate(lines) if "max_pool2d" in line)
+    assert " yes " in lines[gemm] and not lines[gemm + 1].strip().startswith("no path")
+    assert " no " in lines[pool]
+    assert lines[pool + 1].strip() == "no path: op max_pool2d is not in the expert generator's vocabulary"
+    assert all(len(line) <= 120 for line in lines)
+    footer = next(line for line in lines if line.startswith("built-in proposer has a path"))
+    assert footer.startswith("built-in proposer has a path for 1 of 2 tasks: ")
+
+
+def test_plan_json_is_one_object_with_shares(tmp_path):
+    path = tmp_path / "mixed.py"
+    path.write_text(MIXED)
+    code, text = plan(str(path), json_out=True, export_dir=str(tmp_path / "kb"))
+    doc = json.loads(text)          # stdout is the JSON object and nothing else
+    assert code == 0 and doc["capture"] == "export" and doc["problems"] == []
+    rows = {r["kind"]: r for r in doc["tasks"]}
+    assert rows["gemm"]["path"] and rows["gemm"]["why"] is None
+    assert not rows["rowwise"]["path"] and "max_pool2d" in rows["rowwise"]["why"]
+    # shares count-weighted: the GEMM's FLOPs and bytes over all
+    flops = rows["gemm"]["flops"] / (rows["gemm"]["flops"] + rows["rowwise"]["flops"])
+    nbytes = rows["gemm"]["bytes"] / (rows["gemm"]["bytes"] + rows["rowwise"]["bytes"])
+    assert doc["coverage"] == pytest.approx({"flops": flops, "bytes": nbytes})
+    assert 0.5 < doc["coverage"]["flops"] < 1 and 0 < doc["coverage"]["bytes"] < 1
+    assert (tmp_path / "kb" / "tasks.json").is_file()
+
+
+def test_cli_plan_json(tmp_path, capsys):
+    from torch_htam.cli import main
+    path = tmp_path / "mixed.py"
+    path.write_text(MIXED)
+    assert main(["plan", str(path), "--json", "--device", "cpu"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"capture", "tasks", "coverage", "problems"} and len(doc["tasks"]) == 2
 
 
 @pytest.mark.parametrize("fn", ["tolist", "raises"])

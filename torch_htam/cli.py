@@ -75,7 +75,7 @@ def _load_model(args):
 
 def _cmd_plan(args) -> int:
     from torch_htam.plan import run_plan
-    return run_plan(args.model, export_dir=args.export, device=args.device)
+    return run_plan(args.model, export_dir=args.export, device=args.device, json_out=args.json)
 
 
 def _cmd_optimize(args) -> int:
@@ -143,6 +143,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("model", metavar="MODEL_SPEC", help="FILE.py, FILE.py:FUNCTION or module:FUNCTION")
     p.add_argument("--export", metavar="DIR", help="write each task as a KernelBench file")
     p.add_argument("--device", default=None, help="where to run the model (default: cuda if present, else cpu)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (tasks, built-in proposer coverage, problems) instead of the table")
     p.set_defaults(fn=_cmd_plan)
     p = sub.add_parser("optimize", help="search verified kernels for a model and cache them",
                        epilog=EXIT_CODES, formatter_class=fmt)

@@ -2,18 +2,22 @@
 
 Prints one row per distinct task (signature, kind, ops, input shapes, count), the share of eager
 time when CUDA is present (each task's reference timed with CUDA events on random inputs, times
-its count), and a line for what could not be captured. --export writes the KernelBench files.
-A spec that cannot be loaded raises modelspec.ModelSpecError.
+its count), whether the built-in proposer has a path for it (and if not, why, on the next line),
+a footer with the shares of FLOPs and bytes in tasks with a path (coverage.py), and a line for what
+could not be captured. --export writes the KernelBench files; --json prints the same as one JSON
+object instead. A spec that cannot be loaded raises modelspec.ModelSpecError.
 
     >>> run_plan("examples/gpt_block.py", export_dir="kb_tasks")
     0
 """
 from __future__ import annotations
 
+import json
 import sys
 from typing import TextIO
 
 from torch_htam import ops
+from torch_htam.coverage import coverage
 from torch_htam.extract import extract
 from torch_htam.modelspec import load_model
 from torch_htam.task import Task, exec_source, export_tasks
@@ -22,42 +26,75 @@ OPS_WIDTH = 48
 
 
 def run_plan(spec: str, export_dir: str | None = None, device: str | None = None,
-             out: TextIO | None = None) -> int:
+             out: TextIO | None = None, json_out: bool = False) -> int:
     """Print the plan of a model spec; return the exit code (0 ok, 2 nothing captured).
 
-    A spec or device that cannot be used raises ModelSpecError (one line, for the user): the CLI
-    reports it as `error: ...` like every other command that loads a model.
+    json_out: print one JSON object and nothing else on `out` (plan_json); the export line then
+    goes to stderr. A spec or device that cannot be used raises ModelSpecError (one line, for the
+    user): the CLI reports it as `error: ...` like every other command that loads a model.
     """
     out = out or sys.stdout   # NOTE: read at call time; a default arg would pin the import-time stream
     model, inputs, device = load_model(spec, device)
     found = extract(model, inputs)
     tasks = found.tasks
     shares = eager_shares(tasks, device) if device.startswith("cuda") else None
-    print(format_plan(tasks, shares, found.capture.method), file=out)
-    for p in found.problems:
-        print(f"not captured: {p}", file=out)
+    cov = coverage(tasks)
+    problems = list(found.problems)
     if found.capture.graphs and not tasks:
-        print("not captured: the graph has no region worth a kernel (no GEMM, conv, attention, "
-              "row-wise or elementwise ops on tensors)", file=out)
+        problems.append("the graph has no region worth a kernel (no GEMM, conv, attention, "
+                        "row-wise or elementwise ops on tensors)")
+    if json_out:
+        print(json.dumps(plan_json(tasks, cov, found.capture.method, problems, shares)), file=out)
+    else:
+        print(format_plan(tasks, shares, found.capture.method, cov), file=out)
+        for p in problems:
+            print(f"not captured: {p}", file=out)
     if export_dir and tasks:
         paths = export_tasks(tasks, export_dir)
-        print(f"wrote {len(paths)} KernelBench files and tasks.json to {export_dir}", file=out)
+        print(f"wrote {len(paths)} KernelBench files and tasks.json to {export_dir}",
+              file=sys.stderr if json_out else out)
     return 0 if tasks else 2
 
 
-def format_plan(tasks: list[Task], shares: list[float] | None = None, method: str = "export") -> str:
-    """The plan table as text (one row per task, most costly first)."""
-    head = f"{'signature':16}  {'kind':11}  {'count':>5}  {'eager':>6}  {'ops':{OPS_WIDTH}}  inputs"
+def format_plan(tasks: list[Task], shares: list[float] | None = None, method: str = "export",
+                cov: dict | None = None) -> str:
+    """The plan table as text (one row per task, most costly first). With `cov` (coverage()), a
+    path column, the reason under each task without a path, and a footer with the shares."""
+    path = "  path" if cov else ""
+    head = f"{'signature':16}  {'kind':11}  {'count':>5}  {'eager':>6}{path}  {'ops':{OPS_WIDTH}}  inputs"
     rows = [f"{len(tasks)} tasks (capture: {method})", head, "-" * len(head)]
     for i, t in enumerate(tasks):
         share = f"{100 * shares[i]:5.1f}%" if shares else "     -"
-        # compute ops only: views and no-ops are free inside a kernel
-        names = ",".join(dict.fromkeys(o for o in map(ops.packet_of, t.ops)
-                                       if (row := ops.info(o)) is None or row.category not in ops.FREE))
+        names = compute_ops(t)
         names = names if len(names) <= OPS_WIDTH else names[:OPS_WIDTH - 3] + "..."
         shapes = " ".join("x".join(map(str, s.shape)) or "()" for s in t.inputs)
-        rows.append(f"{t.signature:16}  {t.kind:11}  {t.count:>5}  {share:>6}  {names:{OPS_WIDTH}}  {shapes}")
+        has = f"  {'yes' if cov['tasks'][i]['path'] else 'no':4}" if cov else ""
+        rows.append(f"{t.signature:16}  {t.kind:11}  {t.count:>5}  {share:>6}{has}  {names:{OPS_WIDTH}}  {shapes}")
+        if cov and not cov["tasks"][i]["path"]:
+            rows.append(f"{'':18}no path: {cov['tasks'][i]['why']}")
+    if cov:
+        rows.append(f"built-in proposer has a path for {cov['with_path']} of {len(tasks)} tasks: "
+                    f"{100 * cov['flops']:.1f}% of FLOPs, {100 * cov['bytes']:.1f}% of bytes")
     return "\n".join(rows)
+
+
+def compute_ops(task: Task) -> str:
+    """The task's compute ops, comma-separated, once each: views and no-ops are free in a kernel."""
+    return ",".join(dict.fromkeys(o for o in map(ops.packet_of, task.ops)
+                                  if (row := ops.info(o)) is None or row.category not in ops.FREE))
+
+
+def plan_json(tasks: list[Task], cov: dict, method: str, problems: list[str],
+              shares: list[float] | None = None) -> dict:
+    """The plan as one JSON-able object: {"capture", "tasks": [coverage row + ops, inputs, eager],
+    "coverage": {"flops", "bytes"}, "problems"}. flops and bytes of a row are times its count."""
+    rows = []
+    for i, (t, row) in enumerate(zip(tasks, cov["tasks"])):
+        rows.append(dict(row, ops=compute_ops(t).split(",") if t.ops else [],
+                         inputs=[list(s.shape) for s in t.inputs],
+                         eager=shares[i] if shares else None))
+    return {"capture": method, "tasks": rows,
+            "coverage": {"flops": cov["flops"], "bytes": cov["bytes"]}, "problems": problems}
 
 
 def eager_shares(tasks: list[Task], device: str, iters: int = 20) -> list[float]:
