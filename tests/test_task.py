@@ -181,3 +181,15 @@ def test_batch_norm_variances_are_drawn_positive():
         exec(task.source, ns)
         out = ns["Model"]()(*ns["get_inputs"]())
         assert not torch.isnan(out).any()
+
+
+def test_a_region_nothing_reads_is_no_task():
+    class Dead(torch.nn.Module):
+        def forward(self, x):
+            _ = (x + 1).unsqueeze(0)      # computed, never used: export keeps it
+            return torch.relu(x)
+
+    from torch_htam.extract import extract
+    found = extract(Dead(), (torch.randn(4, 8),))
+    assert [t.name for t in found.tasks] == ["elementwise_relu"]
+    assert any("nothing reads its result" in p for p in found.problems)

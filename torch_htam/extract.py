@@ -82,6 +82,10 @@ def from_capture(cap: Capture) -> Extraction:
     for gi, (gm, flat) in enumerate(zip(cap.graphs, cap.inputs)):
         values = record_values(gm, flat)
         for region in partition(gm):
+            if not region.outputs:   # dead code the capture kept (HF mask arithmetic): no task
+                found.problems.append(f"region {[n.name for n in region.nodes]} skipped: nothing "
+                                      "reads its result")
+                continue
             try:
                 task = region_to_task(gm, region, values)
             except ValueError as e:

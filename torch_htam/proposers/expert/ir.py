@@ -465,6 +465,8 @@ def _iteration_shape(gm) -> tuple[str, tuple[int, ...]]:
     if rows:
         return "rowwise", shape_of(rows[0].args[0])
     outs = _graph_outputs(gm)
+    if not outs:
+        raise Unsupported("the region has no output")
     return "elementwise", shape_of(outs[0])
 
 
