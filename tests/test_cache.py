@@ -174,7 +174,7 @@ def test_cli_arch_without_gpu(tmp_path, capsys, monkeypatch):
     assert cli_main(["ls", "--arch", "sm_90a"]) == 0 and "empty" in capsys.readouterr().out
 
 
-# ---- seeds (csrc_cache/) ----------------------------------------------------------------------
+# ---- shipped kernels (torch_htam/shipped/) ----------------------------------------------------------------------
 
 def _seed_env(monkeypatch, tmp_path, verdicts):
     """A fake GPU, nvcc and evaluate: seeding logic is under test, not the compiler."""
@@ -197,33 +197,33 @@ def _seed_env(monkeypatch, tmp_path, verdicts):
     return built
 
 
-def test_seed_cache(cache, tmp_path, monkeypatch):
-    from torch_htam.seeds import list_seeds, seed_cache, write_seed
-    seeds = tmp_path / "csrc_cache"
+def test_install_shipped(cache, tmp_path, monkeypatch):
+    from torch_htam.shipped_kernels import list_shipped, install_shipped, write_shipped
+    seeds = tmp_path / "shipped"
     seeds.mkdir()
-    assert seed_cache(cache, "sm_test", seeds) == {}            # an empty folder seeds nothing
+    assert install_shipped(cache, "sm_test", seeds) == {}            # an empty folder installs nothing
     good = put(KernelCache("sm_src", root=tmp_path / "src"), tmp_path, "a" * 32)
     bad = put(KernelCache("sm_src", root=tmp_path / "src"), tmp_path, "b" * 32)
-    write_seed(seeds, "good", good)
-    write_seed(seeds, "bad", bad)
+    write_shipped(seeds, "good", good)
+    write_shipped(seeds, "bad", bad)
     (seeds / "incomplete").mkdir()
-    assert [s.name for s in list_seeds(seeds)] == ["bad", "good"]
+    assert [s.name for s in list_shipped(seeds)] == ["bad", "good"]
 
     monkeypatch.setattr("torch_htam.gpu.detect", lambda device=0: None)
-    assert set(seed_cache(cache, "sm_test", seeds).values()) == {"not seeded: no GPU to re-verify on"}
+    assert set(install_shipped(cache, "sm_test", seeds).values()) == {"not installed: no GPU to re-verify on"}
     assert cache.signatures() == []
 
     built = _seed_env(monkeypatch, tmp_path, {"a" * 32: make_eval(1.3),
                                               "b" * 32: Evaluation(False, "mismatch", "max abs err 0.2")})
-    out = seed_cache(cache, "sm_test", seeds)
+    out = install_shipped(cache, "sm_test", seeds)
     assert out == {"good": "cached (1.30x)", "bad": "rejected: mismatch max abs err 0.2"}
     e = cache.get("a" * 32)
-    assert e.usable() and e.record["provenance"]["proposer"] == "seed:good"
+    assert e.usable() and e.record["provenance"]["proposer"] == "shipped:good"
     assert e.evaluation.speedup == pytest.approx(1.3)       # measured here, not the shipped 1.5
     assert cache.get("b" * 32) is None
-    assert seed_cache(cache, "sm_test", seeds) == {} and len(built) == 2   # nothing is redone
+    assert install_shipped(cache, "sm_test", seeds) == {} and len(built) == 2   # nothing is redone
     (seeds / "bad" / "kernel.cu").write_text("// fixed\n")
-    assert list(seed_cache(cache, "sm_test", seeds)) == ["bad"] and len(built) == 3
+    assert list(install_shipped(cache, "sm_test", seeds)) == ["bad"] and len(built) == 3
 
 
 def test_the_test_session_never_writes_the_users_cache():

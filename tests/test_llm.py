@@ -218,7 +218,7 @@ def test_500_storm_gives_up_then_fallback_switches_to_expert():
         assert prop.candidates == [] and prop.note.startswith("endpoint_error: HTTP 500")
 
         expert = FakeExpert()
-        fb = FallbackProposer(LLMProposer(cfg), expert, max_failures=2, seed_parent=False)
+        fb = FallbackProposer(LLMProposer(cfg), expert, max_failures=2, baseline_parent=False)
         first = fb.propose(request())
         assert first.candidates == [] and "(1/2 before switching to the expert)" in first.note
         second = fb.propose(request())
@@ -244,7 +244,7 @@ def test_fallback_resets_on_success_and_seeds_parent_from_expert():
 
 def test_unauthorized_is_not_retried_and_switches_at_once():
     with ScriptedServer([], default=Fail(401, message="Incorrect API key provided")) as srv:
-        fb = FallbackProposer(LLMProposer(config(srv)), FakeExpert(), max_failures=5, seed_parent=False)
+        fb = FallbackProposer(LLMProposer(config(srv)), FakeExpert(), max_failures=5, baseline_parent=False)
         prop = fb.propose(request())
     assert len(srv.requests) == 1
     assert "HTTP 401" in prop.note and "not retried" in prop.note and prop.candidates

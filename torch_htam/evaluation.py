@@ -201,7 +201,7 @@ def prepare_worker() -> None:
 
 
 @functools.lru_cache(maxsize=8)
-def _reference(source: str, name: str):
+def _reference_model(source: str, name: str):
     from torch_htam.task import load_reference
     from types import SimpleNamespace
     return load_reference(SimpleNamespace(source=source, name=name)).cuda().eval()
@@ -226,7 +226,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         kernel = Kernel(job["so_path"])
     except Exception as e:
         return {"reason": "load_error", "detail": f"{type(e).__name__}: {str(e)[:500]}"}
-    ref = _reference(task.source, task.name)
+    ref = _reference_model(task.source, task.name)
     ok, reason, detail, errs = verify(task, kernel, ref, policy, seeds=tuple(job.get("seeds", (0, 1, 2))))
     res = {"correct": ok, "reason": reason, "detail": detail, "max_abs_err": errs.get("max_abs_err"),
            "max_rel_err": errs.get("max_rel_err"), "shapes_checked": errs.get("shapes", [])}
@@ -248,7 +248,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 def _compiled_reference(source: str, name: str):
     """The task's reference under torch.compile (default mode), compiled once per worker."""
     import torch
-    return torch.compile(_reference(source, name))
+    return torch.compile(_reference_model(source, name))
 
 
 def _time(task, kernel, ref, policy, inductor: bool = False) -> dict[str, Any]:

@@ -194,7 +194,7 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
     from torch_htam.cache import KernelCache
     from torch_htam.extract import extract
     from torch_htam.policy import admitted, policy_for
-    from torch_htam.seeds import seed_cache
+    from torch_htam.shipped_kernels import install_shipped
 
     t0 = time.perf_counter()
     gpu = gpu_mod.detect()
@@ -213,7 +213,7 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
         return runtime.leave(model, "could not capture the model: " + "; ".join(found.problems))
     tasks = found.tasks
     cache = KernelCache(gpu.arch)
-    seed_cache(cache, gpu.arch)
+    install_shipped(cache, gpu.arch)
     searched = SearchedLog(paths.arch_dir(gpu.arch) / "searched.json")
     misses = [t for t in tasks if admitted(cache.get(t.signature), t) is None
               and not searched.covers(t.signature, cfg, policy_for(t).name)]
@@ -375,7 +375,7 @@ def _install_compiled(model: nn.Module, found, kernels: dict, inputs: tuple, cfg
 
 def _with_inductor_times(tasks: list, kernels: dict, cache, cfg: OptimizeConfig) -> dict:
     """The kernels, each with its region's time under torch.compile in its record: those cached
-    without it (found by a replay-mode search, shipped as seeds) are verified and timed against it
+    without it (found by a replay-mode search, shipped with torch_htam) are verified and timed against it
     now, once, and cached again with both figures.
 
     NOTE: on an H100, GPT-2 bf16's lm_head kernel (1.07x over eager, timed without Inductor) ran

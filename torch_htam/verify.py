@@ -387,7 +387,7 @@ def _as_list(out) -> list[torch.Tensor]:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def _reference(reference, inputs, tf32: bool = False) -> list[torch.Tensor]:
+def _run_reference(reference, inputs, tf32: bool = False) -> list[torch.Tensor]:
     """The reference's outputs: strict fp32 (the ground truth), or with TF32 on (torch's own result
     under a TF32 policy)."""
     with torch.no_grad(), tf32_switches(tf32):
@@ -469,9 +469,9 @@ def reference_outputs(reference, inputs, policy) -> tuple[list[torch.Tensor], ob
         >>> ref, ref64, own = reference_outputs(model, inputs, policy)
     """
     clones = [x.clone() for x in inputs]
-    ref = _reference(reference, clones)
+    ref = _run_reference(reference, clones)
     ref64 = functools.cache(lambda: _reference64(reference, clones))
-    own = functools.cache(lambda: _reference(reference, clones, tf32=True)) if policy.allow_tf32 else None
+    own = functools.cache(lambda: _run_reference(reference, clones, tf32=True)) if policy.allow_tf32 else None
     return ref, ref64, own
 
 

@@ -20,7 +20,7 @@ from torch_htam.proposers.llm import EndpointError, LLMConfig, LLMProposer
 class FallbackProposer:
     """Runs `llm`; switches to `expert` for good when the endpoint fails for good.
 
-    seed_parent: when a request has no parent (first step), the LLM starts from the expert's
+    baseline_parent: when a request has no parent (first step), the LLM starts from the expert's
     baseline kernel instead of a blank page (shown to it as not measured yet).
 
     >>> p = FallbackProposer(LLMProposer(cfg), expert, max_failures=3)
@@ -28,10 +28,10 @@ class FallbackProposer:
     """
     name = "llm+expert"
 
-    def __init__(self, llm: LLMProposer, expert, max_failures: int = 3, seed_parent: bool = True):
+    def __init__(self, llm: LLMProposer, expert, max_failures: int = 3, baseline_parent: bool = True):
         self.llm, self.expert = llm, expert
         self.max_failures = max_failures
-        self.seed_parent = seed_parent
+        self.baseline_parent = baseline_parent
         self.failures = 0              # consecutive endpoint failures
         self.switched: str | None = None   # why the run moved to the expert, once it has
         self._lock = threading.Lock()
@@ -46,7 +46,7 @@ class FallbackProposer:
         if self.switched:
             return self._expert(request, f"expert ({self.switched})")
         try:
-            proposal = self.llm.propose_or_raise(self._seeded(request))
+            proposal = self.llm.propose_or_raise(self._from_baseline(request))
         except EndpointError as e:
             with self._lock:
                 self.failures += 1
@@ -65,15 +65,15 @@ class FallbackProposer:
         p = self.expert.propose(request)
         return Proposal(p.candidates, note=f"{why}; {p.note}" if p.note else why, usage=p.usage)
 
-    def _seeded(self, request: ProposalRequest) -> ProposalRequest:
-        if request.parent is not None or not self.seed_parent:
+    def _from_baseline(self, request: ProposalRequest) -> ProposalRequest:
+        if request.parent is not None or not self.baseline_parent:
             return request
         # The expert's baseline: no strategies asked for, so nothing it cannot apply filters it out.
-        seed = self.expert.propose(dataclasses.replace(request, n=1, strategies=[], feedback=[])).candidates
-        if not seed:
+        baseline = self.expert.propose(dataclasses.replace(request, n=1, strategies=[], feedback=[])).candidates
+        if not baseline:
             return request
         nan = float("nan")   # NOTE: not measured yet; the prompt says so instead of inventing numbers
-        parent = Parent(seed[0].source, list(seed[0].tags), nan, nan, None, dict(seed[0].params))
+        parent = Parent(baseline[0].source, list(baseline[0].tags), nan, nan, None, dict(baseline[0].params))
         return dataclasses.replace(request, parent=parent)
 
 

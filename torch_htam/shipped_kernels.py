@@ -1,16 +1,16 @@
-"""Seed kernels: verified sources shipped in csrc_cache/, built and re-verified on the user's GPU.
+"""Shipped kernels: verified sources in torch_htam/shipped/, built and re-verified on the user's GPU.
 
-    csrc_cache/<name>/
+    shipped/<name>/
       kernel.cu       the kernel source (torch_htam/csrc/htam_abi.h ABI)
       task.json       Task.to_json() of the region it implements (its signature is the cache key)
       record.json     the record it had where it was found (evaluation, provenance), for reference
 
-A seed never enters the cache on its shipped record: `seed_cache` builds it for this arch and runs
+A shipped kernel never enters the cache on its shipped record: `install_shipped` builds it for this arch and runs
 evaluation.evaluate here, and only a correct kernel is cached, with the evaluation measured here.
-Outcomes are remembered per source hash in <arch dir>/seeds.json so a rejected seed is not rebuilt
+Outcomes are remembered per source hash in <arch dir>/shipped.json so a rejected one is not rebuilt
 and re-timed on every optimize() call.
 
-    >>> seed_cache(KernelCache("sm_90a"), "sm_90a")
+    >>> install_shipped(KernelCache("sm_90a"), "sm_90a")
     {'gelu_tanh_f32_4096': 'cached (1.31x)'}
 """
 from __future__ import annotations
@@ -29,14 +29,14 @@ from torch_htam.task import Task
 log = logging.getLogger("torch_htam")
 
 
-def seeds_dir() -> Path:
-    """$HTAM_SEEDS_DIR, else torch_htam/csrc_cache/ (inside the package, so wheels ship it)."""
-    env = os.environ.get("HTAM_SEEDS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parent / "csrc_cache"
+def shipped_dir() -> Path:
+    """$HTAM_SHIPPED_DIR, else torch_htam/shipped/ (inside the package, so wheels ship it)."""
+    env = os.environ.get("HTAM_SHIPPED_DIR")
+    return Path(env) if env else Path(__file__).resolve().parent / "shipped"
 
 
 @dataclass
-class Seed:
+class ShippedKernel:
     name: str
     task: Task
     source: str
@@ -47,60 +47,60 @@ class Seed:
         return hashlib.sha256(self.source.encode()).hexdigest()
 
 
-def list_seeds(directory: str | Path | None = None) -> list[Seed]:
-    """Every complete seed folder; incomplete or unreadable ones are skipped with a warning."""
-    d = Path(directory) if directory is not None else seeds_dir()
+def list_shipped(directory: str | Path | None = None) -> list[ShippedKernel]:
+    """Every complete shipped-kernel folder; incomplete or unreadable ones are skipped with a warning."""
+    d = Path(directory) if directory is not None else shipped_dir()
     if not d.is_dir():
         return []
-    seeds = []
+    found = []
     for sub in sorted(p for p in d.iterdir() if p.is_dir()):
         try:
-            seeds.append(Seed(sub.name, Task.from_json(json.loads((sub / "task.json").read_text())),
+            found.append(ShippedKernel(sub.name, Task.from_json(json.loads((sub / "task.json").read_text())),
                               (sub / "kernel.cu").read_text(),
                               json.loads((sub / "record.json").read_text())))
         except (OSError, ValueError, KeyError) as e:
-            log.warning("torch_htam: seed %s skipped: needs kernel.cu, task.json, record.json (%s)",
+            log.warning("torch_htam: shipped kernel %s skipped: needs kernel.cu, task.json, record.json (%s)",
                         sub, e)
-    return seeds
+    return found
 
 
-def seed_cache(cache: KernelCache, arch: str | None = None,
-               directory: str | Path | None = None) -> dict[str, str]:
-    """Build, re-verify and cache the shipped seeds this cache lacks; {seed name: outcome}.
+def install_shipped(cache: KernelCache, arch: str | None = None,
+                    directory: str | Path | None = None) -> dict[str, str]:
+    """Build, re-verify and cache the shipped kernels this cache lacks; {name: outcome}.
 
     Needs nvcc and a GPU (verification runs here); without them nothing is cached.
     """
     from torch_htam import gpu, paths
     arch = arch or cache.arch
-    todo = [s for s in list_seeds(directory) if cache.get(s.task.signature) is None]
-    memo_path = cache.root / "seeds.json"
+    todo = [s for s in list_shipped(directory) if cache.get(s.task.signature) is None]
+    memo_path = cache.root / "shipped.json"
     memo = _read_memo(memo_path)
     todo = [s for s in todo if memo.get(s.name, {}).get("source_sha") != s.source_sha]
     if not todo:
         return {}
     if gpu.detect() is None or paths.nvcc_path() is None:
         why = "no GPU to re-verify on" if gpu.detect() is None else "no nvcc"
-        return {s.name: f"not seeded: {why}" for s in todo}
+        return {s.name: f"not installed: {why}" for s in todo}
     from torch_htam.build import build_many
     from torch_htam.evaluation import evaluate
     outcomes = {}
-    for seed, res in zip(todo, build_many([s.source for s in todo], arch=arch)):
+    for k, res in zip(todo, build_many([s.source for s in todo], arch=arch)):
         if not res.ok:
-            outcomes[seed.name] = f"build failed: {res.error}"
+            outcomes[k.name] = f"build failed: {res.error}"
         else:
-            ev = evaluate(seed.task, seed.source)
+            ev = evaluate(k.task, k.source)
             if not ev.correct:
-                outcomes[seed.name] = f"rejected: {ev.reason} {ev.detail}".strip()
+                outcomes[k.name] = f"rejected: {ev.reason} {ev.detail}".strip()
             else:
-                prov = seed.record.get("provenance", {})
-                cache.put(seed.task, seed.source, res.so_path, ev,
-                          {"tags": seed.record.get("tags", []), "params": seed.record.get("params", {}),
-                           "proposer": f"seed:{seed.name}", "found_by": prov.get("proposer"),
+                prov = k.record.get("provenance", {})
+                cache.put(k.task, k.source, res.so_path, ev,
+                          {"tags": k.record.get("tags", []), "params": k.record.get("params", {}),
+                           "proposer": f"shipped:{k.name}", "found_by": prov.get("proposer"),
                            "found_on": prov.get("gpu")})
-                outcomes[seed.name] = f"cached ({ev.speedup:.2f}x)" if ev.speedup else "cached"
-        if not outcomes[seed.name].startswith("cached"):
-            memo[seed.name] = {"source_sha": seed.source_sha, "outcome": outcomes[seed.name]}
-            log.info("torch_htam: seed %s: %s", seed.name, outcomes[seed.name])
+                outcomes[k.name] = f"cached ({ev.speedup:.2f}x)" if ev.speedup else "cached"
+        if not outcomes[k.name].startswith("cached"):
+            memo[k.name] = {"source_sha": k.source_sha, "outcome": outcomes[k.name]}
+            log.info("torch_htam: shipped kernel %s: %s", k.name, outcomes[k.name])
     memo_path.parent.mkdir(parents=True, exist_ok=True)
     memo_path.write_text(json.dumps(memo, indent=1, sort_keys=True))
     return outcomes
@@ -113,10 +113,10 @@ def _read_memo(path: Path) -> dict[str, Any]:
         return {}
 
 
-def write_seed(directory: str | Path, name: str, entry) -> Path:
-    """Copy a verified cache entry into a seed folder (how csrc_cache/ entries are added).
+def write_shipped(directory: str | Path, name: str, entry) -> Path:
+    """Copy a verified cache entry into a shipped-kernel folder (how torch_htam/shipped/ entries are added).
 
-        >>> write_seed("torch_htam/csrc_cache", "gelu_tanh_f32_8x4096", KernelCache("sm_90a").get(sig))
+        >>> write_shipped("torch_htam/shipped", "gelu_tanh_f32_8x4096", KernelCache("sm_90a").get(sig))
     """
     if entry.problem is not None:
         raise ValueError(f"entry {entry.signature[:16]} is not intact: {entry.problem}")
