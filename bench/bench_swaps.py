@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # noqa: E402
 import record  # noqa: E402
 import torch_htam  # noqa: E402
-from torch_htam import backend, gpu  # noqa: E402
+from torch_htam import gpu, inductor  # noqa: E402
 from torch_htam.cache import KernelCache  # noqa: E402
 from torch_htam.extract import extract  # noqa: E402
 from torch_htam.pipeline import OptimizeConfig  # noqa: E402
@@ -66,10 +66,10 @@ def main() -> int:
     kernels = {t.signature: e for t in found.tasks
                if (e := admitted(cache.get(t.signature), t)) is not None and e.usable(1.0)}
     label = {t.signature: f"{t.name} x{t.count} {t.signature[:8]}" for t in found.tasks}
-    fns, backends = {"none": backend.compile_with(model, None)}, {}
+    fns, backends = {"none": inductor.compile_with(model, None)}, {}
     for variant, subset in [*((label[s], {s: e}) for s, e in kernels.items()), ("all", kernels)]:
-        backends[variant] = b = backend.HtamBackend(subset)
-        fns[variant] = backend.compile_with(model, b)
+        backends[variant] = b = inductor.HtamBackend(subset)
+        fns[variant] = inductor.compile_with(model, b)
     with torch.inference_mode():
         for variant, fn in fns.items():
             t0 = time.perf_counter()

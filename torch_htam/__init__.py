@@ -17,7 +17,7 @@ from torch_htam.version import __version__
 
 _LAZY = {
     "Evaluation": "torch_htam.evaluation", "Precision": "torch_htam.policy",
-    "Task": "torch_htam.task", "TensorSpec": "torch_htam.task", "backend": "torch_htam.backend",
+    "Task": "torch_htam.task", "TensorSpec": "torch_htam.task", "backend": "torch_htam.inductor",
     "optimize": "torch_htam.pipeline", "precompile": "torch_htam.pipeline",
     "OptimizeConfig": "torch_htam.pipeline", "extract_tasks": "torch_htam.extract",
     "evaluate": "torch_htam.evaluation", "load": "torch_htam.bundle",

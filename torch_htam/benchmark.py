@@ -124,7 +124,7 @@ def bench_model(model, inputs, name: str, config=None, iters: int = 50,
     import copy
     import dataclasses
     import torch_htam
-    from torch_htam import backend
+    from torch_htam import inductor
     from torch_htam.pipeline import OptimizeConfig
     cfg = config or OptimizeConfig()
     res = BenchResult(name, torch.cuda.get_device_name())
@@ -136,7 +136,7 @@ def bench_model(model, inputs, name: str, config=None, iters: int = 50,
         if arm == "eager":
             fns[arm] = model
         elif arm in ("compile", "compile_ro"):
-            fns[arm] = backend.compile_with(model, None, "reduce-overhead" if arm == "compile_ro" else "default")
+            fns[arm] = inductor.compile_with(model, None, "reduce-overhead" if arm == "compile_ro" else "default")
         else:
             mode = "reduce-overhead" if arm == "htam_ro" else "default"
             mine = torch_htam.optimize(copy.deepcopy(model), inputs,

@@ -63,7 +63,7 @@ class OptimizeConfig:
             raise ValueError(f"OptimizeConfig.memory={self.memory!r}: use 'htg', 'flat' or 'none'")
         if self.steps < 0 or self.candidates_per_step < 1:
             raise ValueError("OptimizeConfig needs steps >= 0 and candidates_per_step >= 1")
-        from torch_htam.backend import MODES
+        from torch_htam.inductor import MODES
         if self.mode not in MODES:
             raise ValueError(f"OptimizeConfig.mode={self.mode!r}: use one of {', '.join(MODES)}")
         if self.min_speedup < 1.0:
@@ -332,25 +332,25 @@ def _install_compiled(model: nn.Module, found, kernels: dict, inputs: tuple, cfg
 
         >>> model = _install_compiled(model, found, kernels, (x,), cfg)   # model.htam_report says what stayed
     """
-    from torch_htam import backend
+    from torch_htam import inductor
     from torch_htam.timing import time_pair
-    beat = {s: e for s, e in kernels.items() if backend.beats_inductor(e, cfg.min_speedup)}
+    beat = {s: e for s, e in kernels.items() if inductor.beats_inductor(e, cfg.min_speedup)}
     ranked = sorted(beat, key=lambda s: -_saving_ms(beat[s], _count(found, s)))
     if not cfg.check_end_to_end:
-        b = backend.HtamBackend(beat, cfg.mode)
-        return _warm(backend.install(model, found, beat, cfg.mode, backend_obj=b), inputs)
-    plain = backend.compile_with(model, None, cfg.mode)
+        b = inductor.HtamBackend(beat, cfg.mode)
+        return _warm(inductor.install(model, found, beat, cfg.mode, backend_obj=b), inputs)
+    plain = inductor.compile_with(model, None, cfg.mode)
     subset, first = ranked, None
     for attempt in range(tries + 2):
-        b = backend.HtamBackend({s: beat[s] for s in subset}, cfg.mode)
+        b = inductor.HtamBackend({s: beat[s] for s in subset}, cfg.mode)
         # NOTE: with no kernel left, ours IS torch.compile: install the very compile the guard
         # timed, so the model cannot be slower than it by anything but noise.
-        ours = backend.compile_with(model, b) if subset else plain
+        ours = inductor.compile_with(model, b) if subset else plain
         timed = time_pair(plain, ours, inputs, iters=27, rounds=9) if subset else None
         t_plain, t_ours = (t.median_ms for t in timed) if timed else (None, None)
         first = first or (t_plain, t_ours, len(subset))
         if not subset or t_ours < t_plain:
-            model = backend.install(model, found, {s: kernels[s] for s in subset}, cfg.mode,
+            model = inductor.install(model, found, {s: kernels[s] for s in subset}, cfg.mode,
                                     compiled=ours, backend_obj=b)
             _warm(model, inputs)
             report = model.htam_report
@@ -413,10 +413,10 @@ def _warm(model: nn.Module, inputs: tuple) -> nn.Module:
     """One call on the example inputs: torch.compile compiles here, not in the user's first call,
     and the report learns what was swapped."""
     import torch
-    from torch_htam import backend
+    from torch_htam import inductor
     with torch.inference_mode():
         model(*inputs)
-    backend.sync_report(model)
+    inductor.sync_report(model)
     return model
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from torch_htam import backend, runtime
+from torch_htam import inductor as backend, runtime
 from torch_htam.extract import extract
 
 from test_runtime import MLP, PROVIDER, CpuKernel
@@ -248,3 +248,13 @@ def test_gpu_backend_runs_a_real_kernel_in_both_modes(tmp_path):
                 torch.testing.assert_close(got, model(fresh), rtol=1e-4, atol=1e-4)
         assert b.records[0].swapped == [task.signature], b.records
     torch._dynamo.reset()
+
+
+def test_the_public_backend_is_a_factory_after_any_import():
+    """torch_htam.backend(...) stays the factory: no submodule of that name can shadow it."""
+    import torch_htam
+    from torch_htam import inductor, pipeline  # noqa: F401
+    b = torch_htam.backend(mode="reduce-overhead")
+    assert isinstance(b, inductor.HtamBackend) and b.mode == "reduce-overhead"
+    with pytest.raises(ValueError, match="mode"):
+        torch_htam.backend(mode="fast")

@@ -11,6 +11,7 @@ Inductor as it is: the backend is never less than torch.compile, only more where
     >>> fast(x)
     >>> torch_htam.backend(mode="reduce-overhead")                       # Inductor's CUDA graphs
 
+(`torch_htam.backend` is this module's `backend()`; the module is named for what it plugs into.)
 Graph breaks, recompiles on new shapes, training (autograd) and no_grad / inference_mode behave as
 they do under torch.compile: Dynamo decides what to compile and when; a graph whose inputs need
 gradients is handed to Inductor unswapped (our kernels have no backward).
