@@ -146,19 +146,31 @@ def table(rows: list[dict], columns: list[tuple[str, str, object]] | None) -> li
 
 
 def load(results_dir: Path) -> dict[str, tuple[Path, dict]]:
-    """suite -> (path, data) of its latest run, by "date" (then by file name)."""
+    """The latest run, by "date" (then by file name), of each suite and subject, so a run of
+    bench_models on GPT-2 does not hide an earlier one on ResNet-50. Keys: "suite", or
+    "suite: subject" where a run names what it measured (its model or its rows' models)."""
     latest: dict[str, tuple[tuple, Path, dict]] = {}
     for path in sorted(Path(results_dir).glob("*.json")):
         data = json.loads(path.read_text())
         suite = data.get("suite") or path.stem.split("-")[0]
+        subject = _subject(data)
+        name = f"{suite}: {subject}" if subject else suite
         key = (str(data.get("date", "")), len(path.name), path.name)
-        if suite not in latest or key > latest[suite][0]:
-            latest[suite] = (key, path, data)
+        if name not in latest or key > latest[name][0]:
+            latest[name] = (key, path, data)
     return {s: (p, d) for s, (_, p, d) in sorted(latest.items())}
 
 
-def section(suite: str, path: Path, data: dict) -> list[str]:
-    lines = [f"## {suite}", "",
+def _subject(data: dict) -> str:
+    if isinstance(data.get("model"), str):
+        return data["model"]
+    rows = data.get("rows") if isinstance(data.get("rows"), list) else []
+    return ", ".join(r["model"] for r in rows if isinstance(r, dict) and isinstance(r.get("model"), str))
+
+
+def section(name: str, path: Path, data: dict) -> list[str]:
+    suite = name.split(":")[0]
+    lines = [f"## {name}", "",
              f"{data.get('device', '?')}, {data.get('date', '?')}, commit {data.get('commit', '?')}, "
              f"torch {data.get('torch', '?')}; bench/results/{path.name}", "",
              f"`{data.get('command', '?')}`", ""]
@@ -177,8 +189,8 @@ def render(results_dir: Path = RESULTS_DIR, findings: Path | None = FINDINGS) ->
     lines = [HEADER]
     if not runs:
         lines += ["No runs are recorded in bench/results/ yet.", ""]
-    for suite, (path, data) in runs.items():
-        lines += section(suite, path, data)
+    for name, (path, data) in runs.items():
+        lines += section(name, path, data)
     if findings is not None and Path(findings).exists():
         text = Path(findings).read_text().strip()
         if text:

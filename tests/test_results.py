@@ -135,3 +135,14 @@ def test_bench_models_data_is_raw_and_renders():
     assert row["task_rows"] == tasks and row["swapped"] == {"htam": 8, "htam_ro": 8}
     text = "\n".join(render.table([row], render.COLUMNS["bench_models"]))
     assert "| gpt2:bf16 | 10.00 | 5.00 | 4.00 | 4.00 | 3.20 | 1.25x | 1.25x | 2.50x | 8 | 1 | 60 | 3.0e-06 |" in text
+
+
+def test_runs_of_other_models_are_kept_and_a_later_run_of_one_model_replaces_it(tmp_path):
+    _run(tmp_path, "bm-1.json", "bench_models", "2027-01-01T00:00:00+00:00", [{"model": "gpt2:bf16"}])
+    _run(tmp_path, "bm-2.json", "bench_models", "2027-01-02T00:00:00+00:00", [{"model": "resnet50:bf16"}])
+    _run(tmp_path, "bm-3.json", "bench_models", "2027-01-03T00:00:00+00:00", [{"model": "gpt2:bf16"}])
+    runs = render.load(tmp_path)
+    assert {k: p.name for k, (p, _) in runs.items()} == {
+        "bench_models: gpt2:bf16": "bm-3.json", "bench_models: resnet50:bf16": "bm-2.json"}
+    text = render.render(tmp_path, None)
+    assert "## bench_models: gpt2:bf16" in text and "## bench_models: resnet50:bf16" in text
