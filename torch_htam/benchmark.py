@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from torch_htam.timing import ArmTime, time_many, time_pair  # noqa: F401  (ArmTime, time_pair: re-exported)
+from torch_htam.timing import ArmTime, time_many
 
 
 @dataclass

@@ -22,7 +22,8 @@ import torch.fx as fx
 
 from torch_htam import ops
 from torch_htam.capture import Capture, capture, record_values
-from torch_htam.partition import ANCHOR, ELEMENTWISE, ROWWISE, Region, category, op_name, partition
+from torch_htam.ops import ANCHOR, COMPUTE, ELEMENTWISE, ROWWISE
+from torch_htam.partition import Region, category, op_name, partition
 from torch_htam.task import DTYPE_NAMES, Task, TensorSpec, exec_source, kernelbench_source, target_name
 
 
@@ -228,7 +229,6 @@ def _spec(n: fx.Node, values: dict | None, positive: bool = False) -> TensorSpec
 
 
 def _short_ops(region: Region) -> str:
-    from torch_htam.ops import COMPUTE
     names = [op_name(n) for n in region.nodes if category(n) in COMPUTE]
     return "_".join(dict.fromkeys(names))[:60]
 

@@ -25,7 +25,7 @@ import torch
 import torch.fx as fx
 
 from torch_htam import ops
-from torch_htam.ops import ANCHOR, COMPUTE, ELEMENTWISE, FREE, NOOP, ROWWISE, VIEW  # noqa: F401
+from torch_htam.ops import ANCHOR, COMPUTE, ELEMENTWISE, FREE, ROWWISE
 
 
 @dataclass

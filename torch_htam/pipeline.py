@@ -294,12 +294,9 @@ def _keep_what_pays(model: nn.Module, found, kernels: dict, inputs: tuple,
     counts, swapped = {t.signature: t.count for t in found.tasks}, _swapped(model)
     ranked = sorted((s for s in kernels if s in swapped),
                     key=lambda s: -_saving_ms(kernels[s], counts.get(s, 1)))
-    subset, first = ranked, None
-    for attempt in range(tries + 1):
+    first = None
+    for attempt, subset in enumerate(_halvings(ranked, tries)):
         if attempt:
-            subset = subset[: len(subset) // 2]
-            if not subset:
-                break
             model = runtime.install(model, found, {s: kernels[s] for s in subset},
                                     provider=provider, min_speedup=min_speedup)
             if not model.htam_report.swapped:
@@ -340,8 +337,8 @@ def _install_compiled(model: nn.Module, found, kernels: dict, inputs: tuple, cfg
         b = inductor.HtamBackend(beat, cfg.mode)
         return _warm(inductor.install(model, found, beat, cfg.mode, backend_obj=b), inputs)
     plain = inductor.compile_with(model, None, cfg.mode)
-    subset, first = ranked, None
-    for attempt in range(tries + 2):
+    first = None
+    for subset in [*_halvings(ranked, tries), []]:
         b = inductor.HtamBackend({s: beat[s] for s in subset}, cfg.mode)
         # NOTE: with no kernel left, ours IS torch.compile: install the very compile the guard
         # timed, so the model cannot be slower than it by anything but noise.
@@ -369,7 +366,6 @@ def _install_compiled(model: nn.Module, found, kernels: dict, inputs: tuple, cfg
             elif not ranked and kernels:
                 report.note = "no kernel beat Inductor's code for its region: torch.compile alone"
             return model
-        subset = subset[: len(subset) // 2] if attempt < tries else []
     raise AssertionError("unreachable: the empty subset is always installed")
 
 
@@ -418,6 +414,18 @@ def _warm(model: nn.Module, inputs: tuple) -> nn.Module:
         model(*inputs)
     inductor.sync_report(model)
     return model
+
+
+def _halvings(ranked: list, tries: int):
+    """The subsets both end-to-end guards try, best estimated saving first: all of `ranked`, then
+    its top half, top quarter, ... (`tries` halvings at most, none empty)."""
+    subset = ranked
+    yield subset
+    for _ in range(tries):
+        subset = subset[: len(subset) // 2]
+        if not subset:
+            return
+        yield subset
 
 
 def _swapped(model) -> set[str]:
