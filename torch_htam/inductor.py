@@ -141,10 +141,9 @@ def backend(kernels: dict[str, Any] | None = None, mode: str = "default", **kw) 
 
 def op_provider():
     """The launcher's own op in the graph (what Inductor sees as an opaque extern kernel)."""
-    from torch_htam import launcher
     from torch_htam.runtime import Provider, launcher_provider
-    launcher.get()
-    return Provider(torch.ops.htam.launch.default, launcher_provider().load)
+    replay = launcher_provider()   # loads the launcher, which registers torch.ops.htam.launch
+    return Provider(torch.ops.htam.launch.default, replay.load)
 
 
 # ---- on the user's own model ------------------------------------------------------------------
