@@ -48,10 +48,6 @@ class Target:
     refit: Callable[[Any, dict, dict], dict] = _same
     # (m, params) -> the same kernel's params with the knobs it does not read at their defaults
     canonical: Callable[[Any, dict], dict] = _same
-    # library GEMM/conv: the heuristic's next algorithms, tried after the strategy moves on the last
-    # setting that runs the library (on_library: the same setting moved onto the library's path)
-    library_algos: tuple[dict, ...] = ()
-    on_library: Callable[[dict], dict] = lambda params: params
 
 
 @dataclass(frozen=True)
