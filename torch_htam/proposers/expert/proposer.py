@@ -70,11 +70,12 @@ def match_task(task, policy, targets: tuple[Target, ...] = TARGETS) -> TaskMatch
 
 class ExpertProposer:
     """Deterministic, offline proposer (no LLM): see the module docstring. targets: the kinds it
-    knows, tried in order."""
+    knows, tried in order; space_limit: only the first N settings of each task's search space
+    (bench/anytime.py measures exactly those; None: all of it)."""
     name = "expert"
 
-    def __init__(self, targets: tuple[Target, ...] = TARGETS):
-        self.targets = targets
+    def __init__(self, targets: tuple[Target, ...] = TARGETS, space_limit: int | None = None):
+        self.targets, self.space_limit = targets, space_limit
 
     def supports(self, task, policy=None) -> set[str]:
         """Strategy ids this proposer can apply to `task` (empty when no target matches it): those
@@ -91,7 +92,7 @@ class ExpertProposer:
         except Exception:   # NOTE: as in propose: an odd graph is just unsupported
             return set()
         start = tm.target.canonical(tm.region, dict(tm.defaults))
-        return {s for p in search_space(tm) for s in applied(tm, p, start, list(TABLE))}
+        return {s for p in search_space(tm, self.space_limit) for s in applied(tm, p, start, list(TABLE))}
 
     def propose(self, request: ProposalRequest) -> Proposal:
         task = request.task
@@ -113,7 +114,7 @@ class ExpertProposer:
         if parent is None and not sids:
             sids = list(t.start_order)
         out, skipped, repeats = [], [], 0
-        for params, tags in _ordered(tm, start, sids, first=parent is None):
+        for params, tags in _ordered(tm, start, sids, parent is None, self.space_limit):
             try:
                 src = t.render(region, params)
             except Unsupported as e:
@@ -140,7 +141,7 @@ def _key(params: dict) -> tuple:
     return tuple(sorted(params.items()))
 
 
-def search_space(tm: TaskMatch) -> list[dict]:
+def search_space(tm: TaskMatch, limit: int | None = None) -> list[dict]:
     """The expert's search space on a task, defaults first: the defaults, every strategy move
     applied to them (refit), then the kind's knob grid (Target.grid); canonical, valid, distinct.
 
@@ -161,7 +162,7 @@ def search_space(tm: TaskMatch) -> list[dict]:
         if _key(p) not in seen and t.valid(p):
             seen.add(_key(p))
             out.append(p)
-    return out
+    return out[:limit]
 
 
 def applied(tm: TaskMatch, params: dict, start: dict, sids: list[str]) -> list[str]:
@@ -176,13 +177,14 @@ def applied(tm: TaskMatch, params: dict, start: dict, sids: list[str]) -> list[s
     return [s for s in ids if s in kept]
 
 
-def _ordered(tm: TaskMatch, start: dict, sids: list[str], first: bool) -> list[tuple[dict, list[str]]]:
+def _ordered(tm: TaskMatch, start: dict, sids: list[str], first: bool, limit: int | None = None
+             ) -> list[tuple[dict, list[str]]]:
     """(params, tags) in the order a step proposes them: the start itself when it is the first
     step (the defaults, the baseline, untagged), then round-robin over the requested strategies,
     each one's settings nearest the start first (fewest params changed); tags are every strategy
     the setting applies to the start. Settings that apply none of the requested strategies are
     not proposed: the step is the HTG's choice, not a sweep."""
-    space = [p for p in search_space(tm) if _key(p) != _key(start)]
+    space = [p for p in search_space(tm, limit) if _key(p) != _key(start)]
     everything = list(TABLE)
     tags = [applied(tm, p, start, everything) for p in space]
     dist = [sum(p.get(k) != start.get(k) for k in set(p) | set(start)) for p in space]
@@ -207,4 +209,4 @@ def tuning_grid(task, policy=None, limit: int = 48, targets: tuple[Target, ...] 
         >>> [p["tpr"] for p in tuning_grid(rmsnorm_task)][:3]
         [256, 32, 32]
     """
-    return search_space(match_task(task, policy, targets))[:limit]
+    return search_space(match_task(task, policy, targets), limit)
