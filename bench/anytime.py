@@ -44,7 +44,8 @@ import record  # noqa: E402
 HERE = Path(__file__).resolve().parent
 ARMS = ("htg_warm", "htg_cold", "flat", "none")
 POINTS = (4, 8, 16)
-TO_ORACLE = 0.95
+TO_ORACLE = 0.95     # the issue's bar; NEAR_ORACLE is reported beside it (where the defaults already
+NEAR_ORACLE = 0.99   # hold 95%, only a stricter bar shows whether memory finds the rest sooner)
 
 
 # ---- measure (GPU) --------------------------------------------------------------------------------
@@ -90,8 +91,9 @@ class TableEvaluator:
 
     def __init__(self, task, table: dict, gpu=None):
         from torch_htam.proposers.base import source_key
+        from torch_htam.policy import policy_for
         from torch_htam.proposers.expert.proposer import match_task
-        tm = match_task(task, None)
+        tm = match_task(task, policy_for(task))     # as measure() rendered them
         self.by_key = {source_key(tm.render(r["params"])): r for r in table["rows"]}
         self.gpu = gpu
         self.log: list[dict] = []
@@ -127,11 +129,11 @@ def curve(log: list[dict], budget: int) -> list[float | None]:
     return pts + [pts[-1] if pts else None] * (budget - len(pts))
 
 
-def to_oracle(c: list[float | None], oracle: float | None) -> int | None:
-    """The first k whose point reaches TO_ORACLE of the oracle (None: not within the budget)."""
+def to_oracle(c: list[float | None], oracle: float | None, share: float = TO_ORACLE) -> int | None:
+    """The first k whose point reaches `share` of the oracle (None: not within the budget)."""
     if oracle is None:
         return None
-    return next((k + 1 for k, v in enumerate(c) if v is not None and v >= TO_ORACLE * oracle), None)
+    return next((k + 1 for k, v in enumerate(c) if v is not None and v >= share * oracle), None)
 
 
 def search_log(task, table: dict, memory, mode: str, budget: int, limit: int, gpu, seed: int = 0) -> list[dict]:
@@ -187,9 +189,13 @@ def _random_curve(rows: list[dict], budget: int, perms: int) -> list[float | Non
 
 def summarize(curves: dict[str, list], oracle: dict[str, float | None], budget: int) -> dict:
     """One arm's figures over the tasks (module docstring)."""
+    def median_to(hits):   # a task not reaching it within the budget counts as past the budget
+        steps = sorted(k if k is not None else math.inf for k in hits.values())
+        med = statistics.median(steps) if steps else math.inf
+        return None if math.isinf(med) else med
+
     hits = {t: to_oracle(c, oracle[t]) for t, c in curves.items() if oracle[t] is not None}
-    steps = sorted(k if k is not None else math.inf for k in hits.values())
-    med = statistics.median(steps) if steps else math.inf
+    near = {t: to_oracle(c, oracle[t], NEAR_ORACLE) for t, c in curves.items() if oracle[t] is not None}
 
     def gmean(xs):
         return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
@@ -199,23 +205,34 @@ def summarize(curves: dict[str, list], oracle: dict[str, float | None], budget: 
 
     points = [k for k in POINTS if k <= budget]
     budget_95 = next((k for k in range(1, budget + 1) if gmean(share(k)) >= TO_ORACLE), None)
-    return {"median_to_95": None if math.isinf(med) else med,
+    return {"median_to_95": median_to(hits), "mean_to_95": _mean_to(hits, budget),
+            "median_to_99": median_to(near), "mean_to_99": _mean_to(near, budget),
             "reached": sum(k is not None for k in hits.values()), "tasks": len(hits),
             "geomean": {k: gmean([c[k - 1] or 1.0 for c in curves.values()]) for k in points},
             "of_oracle": {k: gmean(share(k)) for k in points},
-            "budget_95": budget_95, "to_95": hits, "curves": curves}
+            "budget_95": budget_95, "to_95": hits, "to_99": near, "curves": curves}
+
+
+def _mean_to(hits: dict, budget: int) -> float | None:
+    """Mean candidates to the bar, a task that never reaches it counted at budget + 1."""
+    return statistics.mean(k if k is not None else budget + 1 for k in hits.values()) if hits else None
 
 
 def table_lines(res: dict) -> list[str]:
-    lines = ["| arm | median candidates to 95% of oracle | tasks reaching it | "
+    lines = ["| arm | candidates to 95% of oracle: median (mean) | to 99%: median (mean) | tasks reaching 95% | "
              + " | ".join(f"geomean @{k} (of oracle)" for k in POINTS) + " | budget for 95% |",
-             "|---" * (4 + len(POINTS)) + "|"]
+             "|---" * (5 + len(POINTS)) + "|"]
     for arm, a in res["arms"].items():
         cells = [f"{a['geomean'][k]:.3f}x ({a['of_oracle'][k]:.1%})" if a["geomean"].get(k) else "-"
                  for k in POINTS]
-        lines.append(f"| {arm} | {a['median_to_95'] if a['median_to_95'] is not None else '>budget'} | "
-                     f"{a['reached']}/{a['tasks']} | " + " | ".join(cells) + f" | {a['budget_95'] or '-'} |")
+        lines.append(f"| {arm} | {_n(a['median_to_95'])} ({a['mean_to_95']:.1f}) | {_n(a['median_to_99'])} "
+                     f"({a['mean_to_99']:.1f}) | {a['reached']}/{a['tasks']} | " + " | ".join(cells)
+                     + f" | {a['budget_95'] or '-'} |")
     return lines
+
+
+def _n(v) -> str:
+    return ">budget" if v is None else f"{v:g}"
 
 
 def main(argv=None) -> int:
