@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch_htam.proposers.base import Candidate, Proposal, ProposalRequest
-from torch_htam.proposers.expert import conv, elementwise, gemm, rowwise
+from torch_htam.proposers.expert import attention, conv, elementwise, gemm, rowwise
 from torch_htam.proposers.expert.ir import Unsupported
 from torch_htam.proposers.expert.strategies import TABLE, TaskFacts, moves_for, strategy_id
 from torch_htam.proposers.expert.target import Target
 
 # tried in this order; the first whose match succeeds takes the task
-TARGETS: tuple[Target, ...] = (elementwise.TARGET, rowwise.TARGET, conv.TARGET, gemm.TARGET)
+TARGETS: tuple[Target, ...] = (elementwise.TARGET, rowwise.TARGET, conv.TARGET, gemm.TARGET,
+                               attention.TARGET)
 
 
 @dataclass
