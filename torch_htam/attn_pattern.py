@@ -63,6 +63,7 @@ class Pattern:
     softmax: fx.Node
     steps: list[Step] = field(default_factory=list)
     nodes: list[fx.Node] = field(default_factory=list)
+    through: list[fx.Node] = field(default_factory=list)   # the no-ops passed (eval dropout)
 
     @property
     def a(self) -> fx.Node:           # [..., L, E]: q
@@ -121,7 +122,7 @@ def _last_dim(n: fx.Node, dim) -> bool:
 def _from_softmax(sm: fx.Node) -> Pattern | None:
     if not _last_dim(sm, sm.args[1] if len(sm.args) > 1 else None):
         return None
-    nodes, steps = [sm], []
+    nodes, steps, through = [sm], [], []
     cur = sm.args[0]
     while True:                                  # back to q @ k^T
         if not isinstance(cur, fx.Node) or len(cur.users) != 1:
@@ -131,6 +132,7 @@ def _from_softmax(sm: fx.Node) -> Pattern | None:
             qk = cur
             break
         if _is_noop(cur):
+            through.append(cur)
             cur = cur.args[0]
             continue
         got = _step(cur, role)
@@ -151,14 +153,13 @@ def _from_softmax(sm: fx.Node) -> Pattern | None:
             pv = u
             break
         if _role(u) == "cast" or _is_noop(u):
-            if _role(u) == "cast":
-                nodes.append(u)
+            (nodes if _role(u) == "cast" else through).append(u)
             cur = u
             continue
         return None
     if qk.target != pv.target or len(qk.args) != 2 or len(pv.args) != 2:
         return None
-    return Pattern(qk, pv, sm, steps, [qk, pv] + nodes)
+    return Pattern(qk, pv, sm, steps, [qk, pv] + nodes, through)
 
 
 def _step(n: fx.Node, role: str | None):

@@ -115,7 +115,7 @@ def match(gm, policy) -> AttnMatch:
                               "(q @ k^T, scale, mask, softmax, @ v) in the region")
         pat = pats[0]
         q, k, v, steps, causal, gqa = pat.a, pat.b, pat.v, pat.steps, False, False
-        own, result, zero_empty = set(pat.nodes), pat.pv, False
+        own, result, zero_empty = set(pat.nodes) | set(pat.through), pat.pv, False
     dt = dtype_of(result)
     for x in (q, k, v):
         if dtype_of(x) != dt:
