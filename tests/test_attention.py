@@ -332,3 +332,20 @@ def test_mingpt_kernel_matches_torch():
         torch.cuda.synchronize()
         pol = policy_for(task)
         torch.testing.assert_close(out, ref, atol=pol.atol, rtol=pol.rtol)
+
+
+def test_bert_example_attention_is_covered():
+    """examples/bert_encoder.py: q @ k^T / sqrt(d) + mask_bias, softmax, dropout, @ v (the
+    additive padding mask is a region input: every layer reads the same one)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "examples" / "bert_encoder.py"
+    spec = importlib.util.spec_from_file_location("bert_encoder", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model, inputs = mod.get_model()
+    ex = extract(model.eval(), inputs)
+    tasks = [t for t in ex.tasks if t.kind == "attention"]
+    assert len(tasks) == 1 and tasks[0].count >= 2 and path_of(tasks[0]) is None
+    am = check_emulation(tasks[0])
+    assert [s.op for s in am.steps] == ["div", "bias"]
