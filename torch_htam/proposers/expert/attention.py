@@ -500,5 +500,5 @@ def _render(am: AttnMatch, params: dict) -> str:
 
 
 TARGET = Target(kind="attention", match=match, defaults=defaults, tags=tags, retag=retag,
-                start_order=(), grid=grid, render=_render,
+                start_order=("flash_attention_tiling", "async_copy_pipeline"), grid=grid, render=_render,
                 valid=lambda params: params.get("bm", 0) in (32, 64, 128) and params.get("bn", 0) in (32, 64, 128))
