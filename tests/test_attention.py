@@ -350,3 +350,20 @@ def test_bert_example_attention_is_covered():
     assert len(tasks) == 1 and tasks[0].count >= 2 and path_of(tasks[0]) is None
     am = check_emulation(tasks[0])
     assert [s.op for s in am.steps] == ["div", "bias"]
+
+
+@pytest.mark.parametrize("name", ["vit", "gpt2", "bert", "llama", "t5", "whisper_encoder", "mingpt"])
+def test_zoo_attention_tasks_read_their_views_right(name):
+    """Every attention task of the zoo's transformers has a path, and what match read of it (views
+    of split / selected / transposed q, k, v, T5's additive position bias, the heads folded back
+    into [B, L, C]) gives torch's answer under the kernel's contract."""
+    from zoo_models import ZOO
+    try:
+        model, inputs = ZOO[name]()
+    except ImportError as e:
+        pytest.skip(f"{name}: {e}")
+    tasks = [t for t in extract(model, inputs).tasks if t.kind == "attention"]
+    assert tasks
+    for t in tasks:
+        assert path_of(t) is None, (t.name, path_of(t))
+        check_emulation(t)
