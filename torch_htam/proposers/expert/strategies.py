@@ -16,7 +16,7 @@ from typing import Any, Callable
 @dataclass(frozen=True)
 class TaskFacts:
     """What the strategy table needs to know about a task (kept small so every kind fits)."""
-    kind: str                   # "elementwise" | "rowwise" | "gemm" | "conv"
+    kind: str                   # "elementwise" | "rowwise" | "gemm" | "conv" | "attention"
     ncol: int = 0               # row length at capture (rowwise)
     vec16: int = 4              # elements in 16 bytes of the narrowest dtype
     has_softmax_pair: bool = False
