@@ -26,6 +26,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, field
 
+import torch
 import torch.fx as fx
 
 from torch_htam import ops
@@ -92,8 +93,14 @@ def find(nodes: list[fx.Node]) -> list[Pattern]:
 
 
 def _name(n) -> str | None:
-    from torch_htam.partition import op_name     # NOTE: partition imports this module
-    return op_name(n) if isinstance(n, fx.Node) else None
+    """The aten overload-packet name of a call ("softmax"), as partition.op_name gives it (which
+    this module cannot import: partition imports it)."""
+    if not isinstance(n, fx.Node) or n.op != "call_function":
+        return None
+    t = n.target
+    if isinstance(t, torch._ops.OpOverload) and t.namespace == "aten":
+        return t.overloadpacket.__name__
+    return None
 
 
 def _role(n) -> str | None:
