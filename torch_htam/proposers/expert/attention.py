@@ -20,6 +20,7 @@ to 256; any L and S, batch, heads.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -44,7 +45,7 @@ MASK_DTYPES = {torch.bool: ("bool", "HTAM_BOOL"), torch.float32: ("float32", "HT
                torch.bfloat16: ("bfloat16", "HTAM_BFLOAT16"), torch.float16: ("float16", "HTAM_FLOAT16")}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Bind:
     """How a kernel operand's 4 dims (batch, head, row, col) read task tensor `index` (an input,
     or output 0 when out): attention.cuh's fa::Bind. mode 0: the tensor itself; 1: strided view
@@ -206,11 +207,20 @@ def _chain(x: fx.Node, ph: list, what: str) -> tuple[int, list[fx.Node]]:
     return ph.index(x), chain[::-1]
 
 
-def _run(chain: list[fx.Node], x):
-    for n in chain:
-        args = fx.node.map_arg(n.args, lambda a: x)
-        kwargs = fx.node.map_arg(n.kwargs, lambda a: x)
-        x = n.target(*args, **kwargs)
+def _freeze(x):
+    return tuple(_freeze(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def _key(chain: list[fx.Node]) -> tuple:
+    """The chain as data: (target, constant args after the first, kwargs) per op (hashable, so a
+    traced binding is computed once per chain and shape: the trace moves index tensors of the
+    operand's size, ~1 s at [8, 12, 512, 64])."""
+    return tuple((n.target, _freeze(n.args[1:]), _freeze(sorted(n.kwargs.items()))) for n in chain)
+
+
+def _run(key: tuple, x):
+    for target, args, kwargs in key:
+        x = target(x, *args, **dict(kwargs))
     return x
 
 
@@ -250,11 +260,15 @@ def _operand(x: fx.Node, ph: list, used: set, what: str, transposed: bool = Fals
         dims[2], dims[3] = dims[3], dims[2]
     if not chain and not transposed:
         return Bind(index)
-    src = shape_of(ph[index])
+    return _traced_input(_key(chain), shape_of(ph[index]), shape, tuple(dims), index, what)
+
+
+@functools.lru_cache(maxsize=256)
+def _traced_input(key: tuple, src: tuple, shape: tuple, dims: tuple, index: int, what: str) -> Bind:
     n = math.prod(src)
     if n == 0:
         raise Unsupported(f"empty attention {what}")
-    flat = _run(chain, torch.arange(n).view(src))
+    flat = _run(key, torch.arange(n).view(src))
     multi = torch.stack(torch.unravel_index(flat, src)) if src else flat.view(1, *flat.shape)
     size = tuple(1 if d is None else shape[d] for d in dims)
     got = _affine(multi, shape)
@@ -281,7 +295,8 @@ def _output(gm, result: fx.Node, used: set) -> Bind:
     chain, x = [], result
     while x is not outs[0]:
         users = list(x.users)
-        if len(users) != 1 or category(users[0]) not in FREE:
+        if len(users) != 1 or category(users[0]) not in FREE or users[0].args[0] is not x or any(
+                isinstance(a, fx.Node) for a in list(users[0].args[1:]) + list(users[0].kwargs.values())):
             raise Unsupported("the attention result is read by something other than views to the output")
         x = users[0]
         chain.append(x)
@@ -290,8 +305,13 @@ def _output(gm, result: fx.Node, used: set) -> Bind:
     dims = _kernel_dims(len(rshape), "result")
     if not chain:
         return Bind(0)
+    return _traced_output(_key(chain), rshape, oshape, tuple(dims))
+
+
+@functools.lru_cache(maxsize=256)
+def _traced_output(key: tuple, rshape: tuple, oshape: tuple, dims: tuple) -> Bind:
     n = math.prod(rshape)
-    flat = _run(chain, torch.arange(n).view(rshape)).reshape(-1)
+    flat = _run(key, torch.arange(n).view(rshape)).reshape(-1)
     if flat.numel() != n or not torch.equal(torch.sort(flat).values, torch.arange(n)):
         raise Unsupported("the views after attention are not a permutation of its result")
     pos = torch.empty(n, dtype=torch.long)
