@@ -367,3 +367,16 @@ def test_zoo_attention_tasks_read_their_views_right(name):
     for t in tasks:
         assert path_of(t) is None, (t.name, path_of(t))
         check_emulation(t)
+
+
+def test_mask_added_before_the_scores_and_a_scale_after_the_fill():
+    """mask + s (the mask first) and a scale after masked_fill: the steps keep torch's order."""
+    class M(nn.Module):
+        def forward(self, q, k, v, bias, drop):
+            att = bias + q @ k.transpose(-1, -2)
+            att = att.masked_fill(drop, -1e9) * 0.5
+            return torch.softmax(att, dim=-1) @ v
+    q, k, v = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
+    task = _one_task(M(), q, k, v, torch.randn(8, 8), torch.rand(1, 1, 8, 8) > 0.7)
+    am = check_emulation(task)
+    assert [s.op for s in am.steps] == ["bias", "fill", "mul"]

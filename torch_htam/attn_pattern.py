@@ -196,12 +196,18 @@ def _step(n: fx.Node, role: str | None):
             return Step("fill", float(a), mask), b, extra
         return None
     if role == "bias" and len(args) == 2 and not n.kwargs and all(isinstance(a, fx.Node) for a in args):
-        x, m = args
+        x, m = args if _on_chain(args[0]) or not _on_chain(args[1]) else args[::-1]   # mask + s too
         val = m.meta.get("val")
         if val is None or not val.dtype.is_floating_point:
             return None
         return Step("bias", mask=Mask(m)), x, []
     return None
+
+
+def _on_chain(a: fx.Node) -> bool:
+    """a can be the scores' chain: read once, an op of a role the chain has."""
+    return len(a.users) == 1 and (_role(a) in ("matmul", "scale", "fill", "where", "bias", "cast")
+                                  or _is_noop(a))
 
 
 def _mask(m: fx.Node, reader: fx.Node) -> tuple[Mask, list[fx.Node]]:
