@@ -215,10 +215,17 @@ def test_additive_mask_and_where_attention():
 
 
 def test_unsupported_head_dim_says_so():
-    q = torch.randn(1, 2, 8, 12)
+    q = torch.randn(1, 2, 8, 320)
     task = _one_task(Sdpa(), q, q, q)
     why = path_of(task)
-    assert why is not None and "head dim 12" in why and "multiples of 8" in why
+    assert why is not None and "head dim 320" in why and "up to 256" in why
+
+
+def test_head_dims_off_the_16_byte_grid_are_read_by_elements():
+    """E = 12 and Ev = 20: padded to 16 / 32 on chip, element loads (no 16-byte chunks)."""
+    q, k, v = torch.randn(1, 2, 9, 12), torch.randn(1, 2, 7, 12), torch.randn(1, 2, 7, 20)
+    am = check_emulation(_one_task(Sdpa(), q, k, v))
+    assert (am.head_dim, am.v_dim) == (12, 20)
 
 
 def test_dropout_in_sdpa_is_unsupported():
@@ -259,6 +266,10 @@ def _compile_set() -> list[tuple[str, str]]:
     task = _one_task(Sdpa(), q, q, q)
     tm = match_task(task, policy_for(task))
     out += [(f"d128/{p}", tm.render(p)) for p in tuning_grid(task, policy_for(task))[:3]]
+    q, v = torch.randn(1, 2, 8, 12, dtype=torch.float16), torch.randn(1, 2, 8, 20, dtype=torch.float16)
+    task = _one_task(Sdpa(is_causal=True), q, q, v)
+    tm = match_task(task, policy_for(task))
+    out.append(("d12", tm.render(tm.defaults)))
     return out
 
 
@@ -284,6 +295,8 @@ GPU_CASES = [
     ("float32", 2, 3, 3, 130, 257, 64, True, None),
     ("float32", 1, 2, 2, 77, 64, 128, False, "bool"),
     ("float32", 1, 2, 1, 33, 100, 64, False, "float"),
+    ("bfloat16", 1, 3, 3, 50, 70, 20, True, None),          # head dim off the 16-byte grid: element loads
+    ("float32", 1, 3, 3, 50, 70, 24, False, "bool"),
 ]
 
 

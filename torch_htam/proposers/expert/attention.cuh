@@ -119,7 +119,7 @@ template <> struct Mma<F16> {
 
 // Rows [r0, r0 + R) x cols [0, CP) of a (row stride rs, col stride cs) operand into a [R][LD]
 // shared tile; rows >= nrows and cols >= ncols are zero. vec: 16-byte cp.async chunks (the host
-// checked cs == 1, 16-byte aligned rows and ncols % 8 == 0: a chunk is all in or all out);
+// checked cs == 1, 16-byte aligned rows and head dims % 8 == 0: a chunk is all in or all out);
 // otherwise element loads (still asynchronous to nothing: plain stores, visible after the
 // block's next __syncthreads).
 template <class DT, int R, int CP, int LD, int NT>
@@ -297,16 +297,16 @@ __global__ void __launch_bounds__(BM * 2) fa_mma(const Params p, int D, int DV, 
     const float inv = SC::inv(lrow[r]);
 #pragma unroll
     for (int n = 0; n < ND; ++n) {
-      const int c = n * 8 + 2 * tig;
-      if (c >= DV) continue;                      // DV % 8 == 0: c + 1 < DV too
+      const int c = n * 8 + 2 * tig;             // this thread's columns c, c + 1
+      if (c >= DV) continue;
       raw* dst = O + i * p.os[2] + (int64_t)c * p.os[3];
       const float v0 = o[n][2 * r] * inv, v1 = o[n][2 * r + 1] * inv;
-      if (ovec) {
+      if (ovec && c + 1 < DV) {
         float v[2] = {v0, v1};
         *reinterpret_cast<unsigned*>(dst) = DT::to_word(v);
       } else {
         dst[0] = DT::from_f(v0);
-        dst[p.os[3]] = DT::from_f(v1);
+        if (c + 1 < DV) dst[p.os[3]] = DT::from_f(v1);
       }
     }
   }

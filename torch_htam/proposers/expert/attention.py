@@ -13,8 +13,9 @@ each operand becomes 4 strided dims (batch, head, row, col) of a task tensor, so
 and writes in place, without copies. Anything else in the region is Unsupported.
 
 Kernel: bf16 / fp16 on mma.sync tensor cores, fp32 accumulation; fp32 inputs with plain FMAs (no
-TF32, so it holds fp32's 1e-4 under any policy). Head dims (q/k's E and v's Ev) multiples of 8 up
-to 256; any L and S, batch, heads.
+TF32, so it holds fp32's 1e-4 under any policy). Head dims (q/k's E and v's Ev) up to 256 (padded
+to 16 on chip; 16-byte loads where they are multiples of 8 and rows aligned); any L and S, batch,
+heads.
 
     >>> am = match(task.graph, policy); src = render(am, defaults(am))
 """
@@ -123,9 +124,9 @@ def match(gm, policy) -> AttnMatch:
             raise Unsupported("attention with mixed dtypes of q, k, v")
     E, S, Ev = shape_of(q)[-1], shape_of(v)[-2], shape_of(v)[-1]
     for name, d in (("q/k", E), ("v", Ev)):
-        if d % 8 or d > MAX_HEAD_DIM:
-            raise Unsupported(f"attention head dim {d} ({name}): the kernel takes head dims that are "
-                              f"multiples of 8 up to {MAX_HEAD_DIM}")
+        if d > MAX_HEAD_DIM:
+            raise Unsupported(f"attention head dim {d} ({name}): the kernel takes head dims up to "
+                              f"{MAX_HEAD_DIM} (its O accumulators and tiles live on chip)")
     used: set = set(own)
     qb = _operand(q, ph, used, "q")
     kb = _operand(k, ph, used, "k", transposed=not sdpa)
@@ -425,9 +426,10 @@ def render(am: AttnMatch, params: dict) -> str:
         f"    if (sz_m{i}[d] != 1 && sz_m{i}[d] != want[d]) return HTAM_ERR_SHAPE;   // broadcasts to (B, H, L, S)\n"
         f"    p.ms[{i}][d] = sz_m{i}[d] == 1 ? 0 : st_m{i}[d];\n  }}" for i, m in enumerate(am.masks))
     esz = dt[2]
-    vec_parts = [f"st_{n}[3] == 1 && st_{n}[0] % 8 == 0 && st_{n}[1] % 8 == 0 && st_{n}[2] % 8 == 0 && "
-                 f"htam_aligned(static_cast<const char*>(in[{b.index}].data) + off_{n} * {esz}, 16)"
-                 for n, b in (("q", am.q), ("k", am.k), ("v", am.v))] if am.dtype != "float32" else ["false"]
+    vec_parts = ["D % 8 == 0 && DV % 8 == 0"] + [
+        f"st_{n}[3] == 1 && st_{n}[0] % 8 == 0 && st_{n}[1] % 8 == 0 && st_{n}[2] % 8 == 0 && "
+        f"htam_aligned(static_cast<const char*>(in[{b.index}].data) + off_{n} * {esz}, 16)"
+        for n, b in (("q", am.q), ("k", am.k), ("v", am.v))] if am.dtype != "float32" else ["false"]
     gqa_rule = "H % Hk == 0" if am.gqa else "(Hk == H || Hk == 1)"
     return f"""// torch_htam expert: flash attention {'causal ' if am.causal else ''}dtype={am.dtype} E={am.head_dim} Ev={am.v_dim} params={sorted(params.items())}
 {PRELUDE}
