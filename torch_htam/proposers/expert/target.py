@@ -1,8 +1,8 @@
 """The per-kind target interface of the expert proposer, and what the targets share.
 
 A target is one kind of region the expert writes CUDA for: elementwise.py, rowwise.py, gemm.py,
-conv.py and attention.py each export one as TARGET. proposer.py drives every target the same way: match the graph,
-take the defaults (or the parent's params), apply strategy moves (strategies.TABLE), refit, keep the
+conv.py and attention.py each export one as TARGET. proposer.py drives every target the same way:
+match the graph, take the defaults (or the parent's params), apply strategy moves (strategies.TABLE), refit, keep the
 valid and distinct settings, render each. The matched region is the target's own object; all the
 generic loop reads of it is `.facts` (strategies.TaskFacts).
 
@@ -48,10 +48,6 @@ class Target:
     refit: Callable[[Any, dict, dict], dict] = _same
     # (m, params) -> the same kernel's params with the knobs it does not read at their defaults
     canonical: Callable[[Any, dict], dict] = _same
-    # library GEMM/conv: the heuristic's next algorithms, tried after the strategy moves on the last
-    # setting that runs the library (on_library: the same setting moved onto the library's path)
-    library_algos: tuple[dict, ...] = ()
-    on_library: Callable[[dict], dict] = lambda params: params
 
 
 @dataclass(frozen=True)
