@@ -1,11 +1,12 @@
 """ExpertProposer: the built-in, offline, deterministic proposer.
 
-graph -> the first target (target.Target: elementwise, rowwise, conv, gemm, attention) that matches it
--> its search space (search_space: the defaults, every strategy move from them, the kind's knob grid) ->
-the settings that apply the requested strategies to the starting point (the parent's params, else
-the defaults), nearest first -> up to n CUDA sources not tried yet in this search. The search
-evaluates them on the GPU and keeps the best, so the HTG's choice of strategies decides which part
-of a finite space is tried first. Nothing here depends on the kind: each target says how.
+graph -> the first target (target.Target: elementwise, rowwise, conv, gemm, attention) that
+matches it -> its search space (search_space: the defaults, every strategy move from them, the
+kind's knob grid) -> the settings that apply the requested strategies to the starting point (the
+parent's params, else the defaults), nearest first -> up to n CUDA sources not tried yet in this
+search. The search evaluates them on the GPU and keeps the best, so the HTG's choice of strategies
+decides which part of a finite space is tried first. Nothing here depends on the kind: each target
+says how.
 
 A candidate's tags are the strategies applied to it: the moves that hold in its params and not in
 its starting point, and that the params still embody. The defaults are the baseline, not a
