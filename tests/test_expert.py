@@ -882,7 +882,7 @@ def test_every_target_implements_the_interface():
     from torch_htam.proposers.expert.proposer import TARGETS
     from torch_htam.proposers.expert.strategies import TABLE
     from torch_htam.proposers.expert.target import Target
-    assert sorted(t.kind for t in TARGETS) == ["conv", "elementwise", "gemm", "rowwise"]
+    assert sorted(t.kind for t in TARGETS) == ["attention", "conv", "elementwise", "gemm", "rowwise"]
     for t in TARGETS:
         assert isinstance(t, Target)
         for f in dc.fields(Target):
@@ -992,7 +992,7 @@ def test_no_import_cycle_in_the_package():
 
 
 @pytest.mark.parametrize("stem", ["ew_bias_gelu_bf16", "rw_layernorm_fp32", "gemm_linear_bias_gelu_fp32",
-                                  "conv_bn_relu_fp32"])
+                                  "conv_bn_relu_fp32", "attn_sdpa_causal_bf16"])
 def test_supports_only_strategies_the_expert_can_apply(stem):
     """supports(task): every id it names yields a candidate tagged with that id from the
     defaults, or is a path the defaults already take (a parent elsewhere moves back to it); ids

@@ -33,20 +33,16 @@ FLOPS_GOAL, BYTES_GOAL = 0.95, 0.90
 # arithmetic regions (position ids, masks, T5's relative-position buckets) the expert only
 # generates float kernels for.
 BELOW_GOAL = {
-    "vit": "15.8% FLOPs, 15.2% bytes: GEMM + reshape (qkv, out proj), patch conv + reshape/permute "
-           "epilogue, attention (SDPA), cat (class token) before layer_norm, layer_norm + select",
-    "gpt2": "45.2% FLOPs, 48.5% bytes: GEMM + reshape (c_attn split, addmm + view), attention "
-            "(SDPA), int64 position ids",
-    "bert": "58.4% FLOPs, 62.1% bytes: GEMM + view/transpose (q, k, v), attention (SDPA)",
-    "llama": "78.2% FLOPs, 75.8% bytes: GEMM + view/transpose (q, k, v; q and k with the rotary "
-             "epilogue slice/neg/cat), attention (SDPA), int64 position ids",
-    "t5": "54.0% FLOPs, 55.6% bytes: GEMM + view/transpose (q, k, v), attention (SDPA), int64 "
-          "relative-position buckets and masks (row-wise and elementwise)",
-    "whisper_encoder": "32.4% FLOPs, 42.2% bytes: conv1d (the conv target takes conv2d only), "
-                       "GEMM + view, attention (SDPA), layer_norm after a permute",
-    "mingpt": "92.6% FLOPs, 81.1% bytes: batched matmuls q @ k^T and att @ v (matmul other than "
-              "(..., K) x (K, N)), scale + masked_fill + softmax (reads a bool mask), the mask's "
-              "slice + eq (bool out), slice of the position embedding before add + layer_norm",
+    "vit": "16.9% FLOPs, 16.5% bytes: GEMM + reshape (qkv, out proj), patch conv + reshape/permute "
+           "epilogue, cat (class token) before layer_norm, layer_norm + select",
+    "gpt2": "48.4% FLOPs, 55.1% bytes: GEMM + reshape (c_attn split, addmm + view), int64 position ids",
+    "bert": "68.8% FLOPs, 71.5% bytes: GEMM + view/transpose (q, k, v)",
+    "llama": "82.4% FLOPs, 82.2% bytes: GEMM + view/transpose (q, k, v; q and k with the rotary "
+             "epilogue slice/neg/cat), int64 position ids",
+    "t5": "63.0% FLOPs, 64.2% bytes: GEMM + view/transpose (q, k, v), int64 relative-position "
+          "buckets and masks (row-wise and elementwise)",
+    "whisper_encoder": "44.9% FLOPs, 55.1% bytes: conv1d (the conv target takes conv2d only), "
+                       "GEMM + view, layer_norm after a permute",
 }
 
 # Compute ops that may stay outside every region, by model: none today (embedding, factory ops

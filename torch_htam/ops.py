@@ -10,7 +10,7 @@ becomes) all read this table, so an op is classified once.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Categories: how partition treats an op.
 ANCHOR = "anchor"            # a GEMM / conv / attention: seeds a region, takes its epilogue
@@ -39,6 +39,9 @@ class OpInfo:
     operands the expression takes, and the aten overloads the expert lowers that way.
     keeps_epilogue (anchors): the elementwise chain after this anchor stays its epilogue even when
     a row-wise op follows (a conv's BN + add + ReLU, not the next pooling's prologue).
+    attn: the op's role in a hand-written attention (attn_pattern.py): "matmul" (q @ k^T, p @ v),
+    "scale" (scores times / by a constant), "fill" (masked_fill), "where", "bias" (an added mask),
+    "softmax", "cast", "cond" (mask == 0 and other comparisons with a constant that make a mask).
     """
     category: str
     kind: str | None = None
@@ -50,6 +53,7 @@ class OpInfo:
     operands: int = 1
     overloads: tuple[str, ...] = ("default",)
     keeps_epilogue: bool = False
+    attn: str | None = None
 
 
 def _rows(category: str, names, **kw) -> dict[str, OpInfo]:
@@ -136,6 +140,19 @@ OPS: dict[str, OpInfo] = {
     **_rows(NOOP, ("dropout", "contiguous", "clone", "alias", "detach", "lift_fresh_copy",
                    "feature_dropout", "alpha_dropout")),
 }
+
+
+# roles in a hand-written attention (OpInfo.attn): q @ k^T, scale, mask, softmax, eval dropout
+# (a no-op row), p @ v; attn_pattern.py groups such a chain into one attention region
+_ATTN_ROLES = {
+    "matmul": ("matmul", "bmm"), "scale": ("mul", "div", "multiply", "divide", "true_divide"),
+    "fill": ("masked_fill",), "where": ("where",), "bias": ("add",),
+    "softmax": ("softmax", "_softmax", "_safe_softmax"), "cast": ("_to_copy", "to", "type_as"),
+    "cond": ("eq", "ne", "lt", "le", "gt", "ge", "logical_not"),
+}
+for _role, _names in _ATTN_ROLES.items():
+    for _n in _names:
+        OPS[_n] = replace(OPS[_n], attn=_role)
 
 
 def info(name: str | None) -> OpInfo | None:

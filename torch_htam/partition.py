@@ -3,7 +3,9 @@
 A region is one of
   - an anchor op (linear/matmul/bmm/addmm/conv/sdpa) with the elementwise ops after it (epilogue),
   - one row-wise op (softmax, norms, reductions) with the elementwise ops before and after it,
-  - a chain of elementwise/broadcast ops.
+  - a chain of elementwise/broadcast ops,
+  - a hand-written attention (q @ k^T, scale, mask, softmax, eval dropout, @ v: attn_pattern.py),
+    one "attention" region like an SDPA call.
 Views and no-ops (dropout in eval, contiguous, clone, alias) are "free": absorbed into the region
 whose data they reshape, never a task of their own. Everything else (embedding, indexing, factory
 ops) stays outside, on PyTorch. Which op is which is torch_htam.ops' table.
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from torch_htam import ops
+from torch_htam import attn_pattern, ops
 from torch_htam.ops import ANCHOR, COMPUTE, ELEMENTWISE, FREE, ROWWISE
 
 
@@ -71,18 +73,22 @@ def partition(gm: fx.GraphModule | fx.Graph) -> list[Region]:
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
-    groups = _group_compute(nodes, order)
+    patterns = attn_pattern.find(nodes)
+    groups = _group_compute(nodes, order, patterns)
     region_of = {n: g for g in groups for n in g}   # node -> its group (a list, compared by id)
     _absorb_free(nodes, region_of)
     _close_tuples(nodes, region_of)
-    return [_make_region(sorted(g, key=order.get), order) for g in groups
+    attention = {p.pv: p for p in patterns}
+    return [_make_region(sorted(g, key=order.get), order, attention) for g in groups
             if any(not ops.info(op_name(n)).cast for n in g if category(n) in COMPUTE)]
 
 
 # ---- step 1: group compute nodes ------------------------------------------------------------
 
-def _group_compute(nodes: list[fx.Node], order: dict) -> list[list[fx.Node]]:
-    """Two greedy passes in graph order.
+def _group_compute(nodes: list[fx.Node], order: dict, patterns=()) -> list[list[fx.Node]]:
+    """Two greedy passes in graph order, after each hand-written attention (attn_pattern.Pattern)
+    has become a group of its own (its intermediates are read inside it alone, so it can form no
+    cycle).
 
     1. Each row-wise op seeds a region and takes its elementwise neighbours: the chain after it
        (epilogue), then the producers of the same size before it (prologue: residual add, casts,
@@ -98,6 +104,12 @@ def _group_compute(nodes: list[fx.Node], order: dict) -> list[list[fx.Node]]:
         group_of[n] = group
         group.append(n)
 
+    for pat in patterns:
+        if not any(n in group_of for n in pat.nodes):
+            group = []
+            groups.append(group)
+            for n in pat.nodes:
+                add(n, group)
     for n in nodes:
         if category(n) == ROWWISE and n not in group_of:
             group: list[fx.Node] = []
@@ -283,7 +295,7 @@ def _join(n, group, region_of) -> None:
 
 # ---- step 3: region boundaries --------------------------------------------------------------
 
-def _make_region(members: list[fx.Node], order: dict) -> Region:
+def _make_region(members: list[fx.Node], order: dict, attention: dict | None = None) -> Region:
     inside = set(members)
     inputs: list[fx.Node] = []
     for n in members:
@@ -293,7 +305,10 @@ def _make_region(members: list[fx.Node], order: dict) -> Region:
     outputs = [n for n in members if any(u not in inside for u in n.users)]
     anchor = next((n for n in members if category(n) == ANCHOR), None)
     row = next((n for n in members if category(n) == ROWWISE), None)
-    if anchor is not None:
+    pat = next((attention[n] for n in members if n in (attention or {})), None)
+    if pat is not None and pat.qk in inside:        # a hand-written attention: p @ v anchors it
+        kind, anchor = "attention", pat.pv
+    elif anchor is not None:
         kind = ops.info(op_name(anchor)).kind
     elif row is not None:
         kind, anchor = "rowwise", row

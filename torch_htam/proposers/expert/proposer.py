@@ -1,11 +1,12 @@
 """ExpertProposer: the built-in, offline, deterministic proposer.
 
-graph -> the first target (target.Target: elementwise, rowwise, conv, gemm) that matches it -> its
-search space (search_space: the defaults, every strategy move from them, the kind's knob grid) ->
-the settings that apply the requested strategies to the starting point (the parent's params, else
-the defaults), nearest first -> up to n CUDA sources not tried yet in this search. The search
-evaluates them on the GPU and keeps the best, so the HTG's choice of strategies decides which part
-of a finite space is tried first. Nothing here depends on the kind: each target says how.
+graph -> the first target (target.Target: elementwise, rowwise, conv, gemm, attention) that
+matches it -> its search space (search_space: the defaults, every strategy move from them, the
+kind's knob grid) -> the settings that apply the requested strategies to the starting point (the
+parent's params, else the defaults), nearest first -> up to n CUDA sources not tried yet in this
+search. The search evaluates them on the GPU and keeps the best, so the HTG's choice of strategies
+decides which part of a finite space is tried first. Nothing here depends on the kind: each target
+says how.
 
 A candidate's tags are the strategies applied to it: the moves that hold in its params and not in
 its starting point, and that the params still embody. The defaults are the baseline, not a
@@ -21,13 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch_htam.proposers.base import Candidate, Proposal, ProposalRequest, source_key
-from torch_htam.proposers.expert import conv, elementwise, gemm, rowwise
+from torch_htam.proposers.expert import attention, conv, elementwise, gemm, rowwise
 from torch_htam.proposers.expert.ir import Unsupported
 from torch_htam.proposers.expert.strategies import TABLE, TaskFacts, moves_for, strategy_id
 from torch_htam.proposers.expert.target import Target
 
 # tried in this order; the first whose match succeeds takes the task
-TARGETS: tuple[Target, ...] = (elementwise.TARGET, rowwise.TARGET, conv.TARGET, gemm.TARGET)
+TARGETS: tuple[Target, ...] = (elementwise.TARGET, rowwise.TARGET, conv.TARGET, gemm.TARGET,
+                               attention.TARGET)
 
 
 @dataclass

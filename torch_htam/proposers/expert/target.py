@@ -1,8 +1,8 @@
 """The per-kind target interface of the expert proposer, and what the targets share.
 
-A target is one kind of region the expert writes CUDA for: elementwise.py, rowwise.py, gemm.py and
-conv.py each export one as TARGET. proposer.py drives every target the same way: match the graph,
-take the defaults (or the parent's params), apply strategy moves (strategies.TABLE), refit, keep the
+A target is one kind of region the expert writes CUDA for: elementwise.py, rowwise.py, gemm.py,
+conv.py and attention.py each export one as TARGET. proposer.py drives every target the same way:
+match the graph, take the defaults (or the parent's params), apply strategy moves (strategies.TABLE), refit, keep the
 valid and distinct settings, render each. The matched region is the target's own object; all the
 generic loop reads of it is `.facts` (strategies.TaskFacts).
 
@@ -32,7 +32,7 @@ def _same(region: Any, params: dict, *rest) -> dict:
 @dataclass(frozen=True)
 class Target:
     """One kind of region. Every function takes the region `match` returned (`m` below)."""
-    kind: str                                    # "elementwise" | "rowwise" | "gemm" | "conv"
+    kind: str                                    # "elementwise" | "rowwise" | "gemm" | "conv" | "attention"
     match: Callable[[Any, Any], Any]             # (graph module, policy) -> m; raises ir.Unsupported
     defaults: Callable[[Any], dict]              # m -> the default params
     tags: Callable[[Any, dict], list[str]]       # (m, params) -> strategy ids the setting embodies
