@@ -56,10 +56,15 @@ def op_name(n: fx.Node) -> str | None:
 
 def category(n: fx.Node) -> str | None:
     """ANCHOR | ROWWISE | ELEMENTWISE | VIEW | NOOP, or None for ops that stay on PyTorch."""
-    row = ops.info(op_name(n))
+    row = ops.info(op_name(n), _overload(n))
     if row is None or not _has_tensor_input(n):
         return None   # factory ops (arange, full) and non-aten calls are left alone
     return row.category
+
+
+def _overload(n: fx.Node) -> str | None:
+    """The overload name of an aten call ("other" of aten.min.other), else None."""
+    return n.target._overloadname if isinstance(n.target, torch._ops.OpOverload) else None
 
 
 def partition(gm: fx.GraphModule | fx.Graph) -> list[Region]:
