@@ -358,3 +358,11 @@ def test_elementwise_kernels_match_torch_on_gpu(case):
             torch.testing.assert_close(o, r, atol=1e-4, rtol=1e-4)
         else:
             assert torch.equal(o, r)
+
+
+def test_a_permuted_read_is_a_strided_access():
+    class M(nn.Module):
+        def forward(self, x, b):
+            return x.permute(2, 0, 1) * 2 + b.transpose(0, 1)
+    prog = check_program(M(), torch.randn(3, 4, 5), torch.randn(4, 3))
+    assert {a.dims for a in prog.accesses} == {(1, 2, 0), (2, 1)}
