@@ -132,7 +132,7 @@ FILLS = {aten.full_like.default: lambda n: n.args[1], aten.zeros_like.default: l
 VIEWS = {
     aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
     aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.flatten.using_ints,
-    aten.expand.default, aten.alias.default, aten.clone.default, aten.contiguous.default,
+    aten.expand.default, aten.expand_as.default, aten.alias.default, aten.clone.default, aten.contiguous.default,
     aten.detach.default, aten.dropout.default, aten.lift_fresh_copy.default,
 }
 CASTS = {aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default}
@@ -472,7 +472,7 @@ class Lowerer:
         vs, us = shape_of(node), shape_of(src)
         if vs == us:
             return self.val(src, amap)
-        if node.target is aten.expand.default:
+        if node.target in (aten.expand.default, aten.expand_as.default):
             return self.val(src, self.operand_map(amap, vs, us))
         if _strip1(vs) == _strip1(us):
             if amap[0] != "dims":
