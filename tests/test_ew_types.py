@@ -308,7 +308,8 @@ def test_new_paths_compile_for_sm90a():
              ("t5_buckets", small_task(T5Buckets(), torch.arange(64), torch.arange(96))),
              ("mask_fill", small_task(MaskFill(), torch.randn(2, 4, 32), torch.randint(0, 2, (2, 1, 32)))),
              ("int32", small_task(_Int32(), torch.ones(3, 5, dtype=torch.int32))),
-             ("acts_bf16", small_task(_AllActs(), torch.randn(4, 64, dtype=torch.bfloat16)))]
+             ("acts_bf16", small_task(_AllActs(), torch.randn(4, 64, dtype=torch.bfloat16))),
+             ("sliced_mask", small_task(*_sliced_args()))]
     if have_cublas:
         tasks.append(("linear_hardswish", small_task(LinearAct("hardswish"), *_gemm_args(torch.bfloat16))))
     if have_cudnn:
@@ -317,6 +318,10 @@ def test_new_paths_compile_for_sm90a():
     results = build.build_many([s for _, s in todo], arch="sm_90a")
     bad = [(n, r.error[:800]) for (n, _), r in zip(todo, results) if not r.ok]
     assert not bad, bad
+
+
+def _sliced_args():
+    return SlicedMask(), torch.tril(torch.ones(20, 20)).view(1, 1, 20, 20), torch.randn(1, 8, 8)
 
 
 class _Int32(nn.Module):
@@ -332,14 +337,14 @@ class _AllActs(nn.Module):
 # ---- GPU: the kernels against torch (the lead runs these) ----
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["position_ids", "t5_buckets", "mask_fill", "int32", "acts"])
+@pytest.mark.parametrize("case", ["position_ids", "t5_buckets", "mask_fill", "int32", "acts", "sliced_mask"])
 def test_elementwise_kernels_match_torch_on_gpu(case):
     from torch_htam.launcher import Kernel
     make = {"position_ids": lambda: (PositionIds(), torch.randint(0, 50, (1, 37)), torch.tensor(5)),
             "t5_buckets": lambda: (T5Buckets(), torch.arange(64), torch.arange(96)),
             "mask_fill": lambda: (MaskFill(), torch.randn(2, 4, 32), torch.randint(0, 2, (2, 1, 32))),
             "int32": lambda: (_Int32(), torch.randint(-100, 100, (3, 5), dtype=torch.int32)),
-            "acts": lambda: (_AllActs(), torch.randn(4, 64))}[case]
+            "acts": lambda: (_AllActs(), torch.randn(4, 64)), "sliced_mask": _sliced_args}[case]
     model, *args = make()
     task = small_task(model, *args)
     src = _first_sources([(case, task)])[0][1]
@@ -366,3 +371,40 @@ def test_a_permuted_read_is_a_strided_access():
             return x.permute(2, 0, 1) * 2 + b.transpose(0, 1)
     prog = check_program(M(), torch.randn(3, 4, 5), torch.randn(4, 3))
     assert {a.dims for a in prog.accesses} == {(1, 2, 0), (2, 1)}
+
+
+class SlicedMask(nn.Module):
+    """minGPT: the causal buffer sliced to the sequence length, compared (bool out)."""
+    def forward(self, bias, x):
+        t = x.shape[1]
+        return bias[:, :, :t, :t] == 0, x + bias[:, :, 1:t + 1:1, 2:2 * t + 2:2].squeeze(1)
+
+
+def test_sliced_inputs_are_read_in_place():
+    from torch_htam.proposers.expert.elementwise import match
+    bias = torch.tril(torch.ones(20, 20)).view(1, 1, 20, 20)
+    args = (bias, torch.randn(1, 8, 8))
+    prog = lower(graph_of(SlicedMask(), *args), slices=True)
+    want = SlicedMask()(*args)
+    got = evaluate_sliced(prog, list(args))
+    assert all(torch.equal(g.reshape(w.shape), w) for g, w in zip(got, want))
+    assert {(a.starts, a.steps) for a in prog.accesses if a.starts} == {((0, 0, 0, 0), (1, 1, 1, 1)),
+                                                                        ((0, 0, 1, 2), (1, 1, 1, 2))}
+    with pytest.raises(Unsupported, match="slice"):          # row kernels do not bind slices
+        lower(graph_of(SlicedMask(), *args))
+    assert match(graph_of(SlicedMask(), *args), None).program.accesses == prog.accesses
+
+
+def evaluate_sliced(prog, inputs):
+    """evaluate() with each sliced access' input cut to what it reads."""
+    import dataclasses
+    ins, accs = list(inputs), []
+    for a in prog.accesses:
+        if a.starts:
+            x = inputs[a.input]
+            idx = tuple(slice(s, s + st * (prog.shape[d] if d >= 0 else 1), st)
+                        for s, st, d in zip(a.starts, a.steps, a.dims))
+            ins.append(x[idx])
+            a = dataclasses.replace(a, input=len(ins) - 1, starts=(), steps=())
+        accs.append(a)
+    return evaluate(dataclasses.replace(prog, accesses=accs), ins)

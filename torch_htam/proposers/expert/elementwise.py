@@ -122,8 +122,7 @@ def _store(k: int, dtype: str) -> str:
 
 def _host(prog: ExprProgram, p: EwParams, entry: str) -> str:
     nacc = len(prog.accesses)
-    args = ", ".join([f"({DT[prog.inputs[a.input][1]][0]}::raw*)in[{a.input}].data"
-                      for a in prog.accesses] +
+    args = ", ".join([host.access_ptr(prog, i) for i in range(nacc)] +
                      [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)])
     def launch(V: int, I: str) -> str:      # the kernel instantiation for vector width V, index type I
         return f"ew_kernel<{V}, {I}><<<blocks, {p.block}, 0, stream>>>(sp, ({I})(n / {V}), {args});"
@@ -168,7 +167,7 @@ def generate(prog: ExprProgram, p: EwParams, low_precision: bool = False, entry:
 
 def match(gm, policy) -> ProgramMatch:
     """An elementwise region; raises Unsupported for anything else (row reductions included)."""
-    prog = lower(gm)
+    prog = lower(gm, slices=True)
     if prog.kind != "elementwise":
         raise Unsupported("row reductions (the rowwise target's)")
     if not prog.accesses:

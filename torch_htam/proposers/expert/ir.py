@@ -59,6 +59,10 @@ class Access:
     input: int
     mode: str
     dims: tuple[int, ...] = ()
+    # a sliced read ("dims" mode; empty: none): per input dim the first index and the step, so
+    # iteration index i reads input index starts[k] + i * steps[k] (x[:, :, :T, :T], pos_emb[:, :t])
+    starts: tuple[int, ...] = ()
+    steps: tuple[int, ...] = ()
 
     def column_varying(self, ndim: int) -> bool:
         return self.mode != "dims" or (ndim - 1) in self.dims
@@ -283,8 +287,10 @@ class Lowerer:
     ("dims", t) with t[k] = iteration dim of the value's dim k (-1: broadcast size-1 dim),
     ("flat", shape) value in iteration linear order, ("suffix", shape) repeating contiguous block."""
 
-    def __init__(self, gm, shape: tuple[int, ...], kind: str, simplify: bool = True, leaves=None):
+    def __init__(self, gm, shape: tuple[int, ...], kind: str, simplify: bool = True, leaves=None,
+                 slices: bool = False):
         self.gm, self.shape, self.kind, self.simplify = gm, shape, kind, simplify
+        self.slices = slices             # the kernel binds sliced accesses (elementwise.py does)
         self.leaves = leaves or {}       # node -> fn(lowerer, node, amap) -> expr (e.g. a GEMM result)
         self.input_dtypes: list[str] = []
         self.dropped: list[str] = []
@@ -381,6 +387,8 @@ class Lowerer:
                 e = self.permute(node, amap)
         elif t in VIEWS:
             e = self.view(node, amap)
+        elif t is aten.slice.Tensor:
+            e = self.slice(node, amap)
         elif t in CASTS:
             e = self.coerce(self.val(node.args[0], amap), vt)
         elif t in UNARY:
@@ -559,6 +567,32 @@ class Lowerer:
             y = ("add", y, vec(b))
         return y
 
+    def slice(self, node, amap) -> tuple:
+        """A chain of slices of a task input, read in place (start and step per dim; the count is
+        the iteration's, which the host checks fits in the input)."""
+        if not self.slices:
+            raise Unsupported("slice (only the elementwise kernel binds sliced inputs)")
+        if amap[0] != "dims":
+            raise Unsupported("slice read through a reshape")
+        nd = len(shape_of(node))
+        starts, steps, src = [0] * nd, [1] * nd, node
+        while hasattr(src, "op") and src.op == "call_function" and src.target is aten.slice.Tensor:
+            dim = (src.args[1] if len(src.args) > 1 else 0) % nd
+            start = src.args[2] if len(src.args) > 2 else 0
+            step = src.args[4] if len(src.args) > 4 else 1
+            start = 0 if start is None else start
+            if not isinstance(start, int) or start < 0 or not isinstance(step, int) or step < 1:
+                raise Unsupported(f"slice start {start} step {step} (constant, non-negative)")
+            starts[dim], steps[dim] = starts[dim] + start * steps[dim], steps[dim] * step
+            src = src.args[0]
+        if not (hasattr(src, "op") and src.op == "placeholder"):
+            raise Unsupported("slice of a computed value (only task inputs are read sliced)")
+        dims = tuple(-1 if (shape_of(node)[k] == 1 and amap[1][k] == -1) else amap[1][k] for k in range(nd))
+        acc = Access(self.placeholders.index(src), "dims", dims, tuple(starts), tuple(steps))
+        if acc not in self.accesses:
+            self.accesses.append(acc)
+        return ("in", self.accesses.index(acc))
+
     def permute(self, node, amap) -> tuple:
         """A permute/transpose read in iteration order: the source's dim p[k] is the value's dim
         k, so it takes that dim's iteration dim (a strided read; the host binds the strides)."""
@@ -708,7 +742,7 @@ def _size_source(prog: ExprProgram, gm) -> tuple[str, int]:
     raise Unsupported("no input or output has the iteration shape; sizes can't be read at run time")
 
 
-def lower(gm, simplify: bool = True, leaves=None, extra_inputs=()) -> ExprProgram:
+def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), slices: bool = False) -> ExprProgram:
     """Lower an aten GraphModule (placeholders = task inputs, output tuple) to an ExprProgram.
 
     >>> prog = lower(task.graph); prog.kind
@@ -717,7 +751,7 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=()) -> ExprProgra
     kind, shape = _iteration_shape(gm)
     if not shape:
         raise Unsupported("0-dim iteration space")
-    low = Lowerer(gm, shape, kind, simplify, leaves)
+    low = Lowerer(gm, shape, kind, simplify, leaves, slices)
     inputs = [(shape_of(p), value_dtype_of(p)) for p in low.placeholders] + list(extra_inputs)
     low.input_dtypes = [dt for _, dt in inputs]
     outputs = []

@@ -289,6 +289,24 @@ static inline bool htam_bind_dims(const HtamTensor& t, const int* dims, int nd, 
   return true;
 }
 
+// A sliced read: input index starts[k] + i * steps[k] for iteration index i along dims[k] (a -1
+// dim reads one element); *off gets the element offset of the first one. Every read index must
+// lie inside the input.
+static inline bool htam_bind_slice(const HtamTensor& t, const int* dims, const int64_t* starts,
+                                   const int64_t* steps, int nd, const int64_t* it_sizes, int it_nd,
+                                   int64_t* st, int64_t* off) {
+  if (t.ndim != nd) return false;
+  for (int d = 0; d < it_nd; ++d) st[d] = 0;
+  *off = 0;
+  for (int k = 0; k < nd; ++k) {
+    const int64_t n = dims[k] < 0 ? 1 : it_sizes[dims[k]];
+    if (n > 0 && starts[k] + (n - 1) * steps[k] >= t.sizes[k]) return false;
+    *off += starts[k] * t.strides[k];
+    if (dims[k] >= 0 && n != 1) st[dims[k]] = t.strides[k] * steps[k];
+  }
+  return true;
+}
+
 static inline bool htam_contiguous(const HtamTensor& t) {
   int64_t acc = 1;
   for (int k = t.ndim - 1; k >= 0; --k) {
