@@ -22,6 +22,7 @@ from torch_htam.proposers.expert.proposer import match_task, tuning_grid
 from torch_htam.proposers.expert.strategies import KNOWN
 from torch_htam.extract import task_from_source
 from torch_htam.task import Task, TensorSpec
+from torch_htam.verify import poison_
 
 TASKS = sorted((Path(__file__).parents[1] / "bench" / "tasks").glob("*.py"))
 DIRECTIONS = {
@@ -297,7 +298,7 @@ def test_default_candidates_match_torch(path):
             with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=policy.allow_tf32):
                 ref = ref_model(*inputs)
             ref = list(ref) if isinstance(ref, (tuple, list)) else [ref]
-            outs = [torch.full_like(r, float("nan")) for r in ref]       # poisoned
+            outs = [poison_(torch.empty_like(r)) for r in ref]       # NaN; ints / bools: a sentinel
             clones = [x.clone() for x in inputs]
             assert kernel(inputs, outs) == 0, cand.params
             torch.cuda.synchronize()

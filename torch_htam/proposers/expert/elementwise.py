@@ -167,7 +167,7 @@ def generate(prog: ExprProgram, p: EwParams, low_precision: bool = False, entry:
 
 def match(gm, policy) -> ProgramMatch:
     """An elementwise region; raises Unsupported for anything else (row reductions included)."""
-    prog = lower(gm, slices=True)
+    prog = lower(gm, strided=True)
     if prog.kind != "elementwise":
         raise Unsupported("row reductions (the rowwise target's)")
     if not prog.accesses:

@@ -288,9 +288,9 @@ class Lowerer:
     ("flat", shape) value in iteration linear order, ("suffix", shape) repeating contiguous block."""
 
     def __init__(self, gm, shape: tuple[int, ...], kind: str, simplify: bool = True, leaves=None,
-                 slices: bool = False):
+                 strided: bool = False):
         self.gm, self.shape, self.kind, self.simplify = gm, shape, kind, simplify
-        self.slices = slices             # the kernel binds sliced accesses (elementwise.py does)
+        self.strided = strided           # the kernel binds sliced and permuted reads (elementwise.py)
         self.leaves = leaves or {}       # node -> fn(lowerer, node, amap) -> expr (e.g. a GEMM result)
         self.input_dtypes: list[str] = []
         self.dropped: list[str] = []
@@ -570,7 +570,7 @@ class Lowerer:
     def slice(self, node, amap) -> tuple:
         """A chain of slices of a task input, read in place (start and step per dim; the count is
         the iteration's, which the host checks fits in the input)."""
-        if not self.slices:
+        if not self.strided:
             raise Unsupported("slice (only the elementwise kernel binds sliced inputs)")
         if amap[0] != "dims":
             raise Unsupported("slice read through a reshape")
@@ -596,8 +596,9 @@ class Lowerer:
     def permute(self, node, amap) -> tuple:
         """A permute/transpose read in iteration order: the source's dim p[k] is the value's dim
         k, so it takes that dim's iteration dim (a strided read; the host binds the strides)."""
-        if amap[0] != "dims":
-            raise Unsupported(f"{node.target} of a reshaped value (only identity permute chains fold)")
+        if amap[0] != "dims" or not self.strided:
+            raise Unsupported(f"{node.target} changes element order (only identity permute chains fold"
+                              " outside elementwise kernels)")
         nd = len(shape_of(node))
         p = simp.perm_of(node)
         if p is None:
@@ -742,7 +743,7 @@ def _size_source(prog: ExprProgram, gm) -> tuple[str, int]:
     raise Unsupported("no input or output has the iteration shape; sizes can't be read at run time")
 
 
-def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), slices: bool = False) -> ExprProgram:
+def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), strided: bool = False) -> ExprProgram:
     """Lower an aten GraphModule (placeholders = task inputs, output tuple) to an ExprProgram.
 
     >>> prog = lower(task.graph); prog.kind
@@ -751,7 +752,7 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), slices: bool 
     kind, shape = _iteration_shape(gm)
     if not shape:
         raise Unsupported("0-dim iteration space")
-    low = Lowerer(gm, shape, kind, simplify, leaves, slices)
+    low = Lowerer(gm, shape, kind, simplify, leaves, strided)
     inputs = [(shape_of(p), value_dtype_of(p)) for p in low.placeholders] + list(extra_inputs)
     low.input_dtypes = [dt for _, dt in inputs]
     outputs = []
