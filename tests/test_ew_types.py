@@ -410,3 +410,12 @@ def evaluate_sliced(prog, inputs):
             a = dataclasses.replace(a, input=len(ins) - 1, starts=(), steps=())
         accs.append(a)
     return evaluate(dataclasses.replace(prog, accesses=accs), ins)
+
+
+def test_ternary_arithmetic_and_tensor_clamps():
+    class M(nn.Module):
+        def forward(self, x, a, b, w):
+            return (torch.addcmul(x, a, b, value=0.5) + torch.addcdiv(x, a, b.abs() + 1)
+                    + torch.lerp(x, a, w) + torch.lerp(x, b, 0.75) + torch.clamp(x, min=a, max=a + 1))
+    x, a, b = torch.randn(3, 16), torch.randn(3, 16), torch.randn(16)
+    check_program(M(), x, a, b, torch.rand(3, 16))

@@ -105,7 +105,9 @@ OPS: dict[str, OpInfo] = {
     "neg": _ew("neg"), "negative": _ew("neg"), "reciprocal": _ew("recip"), "sqrt": _ew("sqrt"),
     "rsqrt": _ew("rsqrt"), "abs": _ew("abs"), "square": _ew("sq"), "round": _ew("rint"),
     "floor": _ew("floor"), "ceil": _ew("ceil"), "trunc": _ew("trunc"), "sign": _ew("sign"),
-    **{n: _ew() for n in ("addcmul", "addcdiv", "lerp", "clamp", "clamp_min", "clamp_max", "clip")},
+    "addcmul": _ew("addcmul", 2, operands=3), "addcdiv": _ew("addcdiv", 2, operands=3),
+    "lerp": _ew("lerp", 3, operands=3, overloads=("Scalar", "Tensor")),
+    **{n: _ew() for n in ("clamp", "clamp_min", "clamp_max", "clip")},
     # transcendental and activations. NOTE: the activations with parameters (leaky_relu's slope,
     # elu's alpha, softplus' beta) are composites the expert's lowering spells out (ir.COMPOSITE)
     "exp": _ew("exp", 2), "log": _ew("log", 2), "log1p": _ew("log1p", 2), "expm1": _ew("expm1", 2),

@@ -406,8 +406,9 @@ class Lowerer:
             p = float(node.args[1])
             e = ("sq", x) if p == 2.0 else ("sqrt", x) if p == 0.5 else ("mul", x, ("const", 1.0)) \
                 if p == 1.0 else ("powc", x, ("const", p))
-        elif t in (aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default,
-                   aten.hardtanh.default, aten.hardtanh_.default, aten.relu6.default):
+        elif t in (aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
+                   aten.clamp_min.Tensor, aten.clamp_max.Tensor, aten.hardtanh.default,
+                   aten.hardtanh_.default, aten.relu6.default):
             e = self.clamp(node, amap, vt)
         elif t in ROW_REDUCE or t in ROW_OPS:
             e = self.row(node, amap)
@@ -540,10 +541,27 @@ class Lowerer:
 
     def ternary(self, node, amap, vt: str) -> tuple:
         """where(cond, a, b) and masked_fill(x, mask, value), both as ("select", cond, a, b)."""
+        name = TERNARY[node.target]
         c, a, b = [self.operand(node, x, amap) for x in node.args[:3]]
-        if TERNARY[node.target] == "masked_fill":
+        if name in ("addcmul", "addcdiv", "lerp"):
+            return self.fma_like(node, name, amap, vt, c, a, b)
+        if name == "masked_fill":
             c, a, b = a, b, c
         return ("select", self.coerce(c, "b"), self.coerce(a, vt), self.coerce(b, vt))
+
+    def fma_like(self, node, name: str, amap, vt: str, x, t1, t2) -> tuple:
+        """addcmul: x + value * t1 * t2; addcdiv: x + value * t1 / t2; lerp(start, end, w) as
+        torch computes it: w < 0.5 ? start + w * (end - start) : end - (end - start) * (1 - w)."""
+        if vt != "f":
+            raise Unsupported(f"{node.target} on integer/bool values")
+        x, t1, t2 = (self.coerce(v, "f") for v in (x, t1, t2))
+        if name == "lerp":
+            d = ("sub", t1, x)
+            return ("select", ("lt", ("abs", t2), ("const", 0.5)), ("add", x, ("mul", t2, d)),
+                    ("sub", t1, ("mul", d, ("sub", ("const", 1.0), t2))))
+        value = self.coerce(self.val(node.kwargs.get("value", 1), amap), "f")
+        prod = ("mul", t1, t2) if name == "addcmul" else ("div", t1, t2)
+        return ("add", x, ("mul", value, prod))
 
     def batch_norm(self, node, amap) -> tuple:
         """Eval-mode batch norm over dim 1: (x - mean[c]) * rsqrt(var[c] + eps) * w[c] + b[c]."""
@@ -615,22 +633,20 @@ class Lowerer:
             lo, hi = (list(node.args[1:3]) + [-1.0, 1.0][len(node.args) - 1:])[:2]
         elif t is aten.relu6.default:
             lo, hi = 0.0, 6.0
-        elif t is aten.clamp_min.default:
+        elif t in (aten.clamp_min.default, aten.clamp_min.Tensor):
             lo, hi = node.args[1], None
-        elif t is aten.clamp_max.default:
+        elif t in (aten.clamp_max.default, aten.clamp_max.Tensor):
             lo, hi = None, node.args[1]
         else:
             lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
             hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
-        if hasattr(lo, "op") or hasattr(hi, "op"):
-            raise Unsupported("clamp with tensor bounds")
         if vt == "b":
             raise Unsupported("clamp of bool values")
         x = self.coerce(x, vt)
-        if lo is not None:
-            x = ("max", x, self.coerce(self.val(lo, amap), vt))
+        if lo is not None:       # a tensor bound broadcasts like any operand (clamp.Tensor)
+            x = ("max", x, self.coerce(self.operand(node, lo, amap), vt))
         if hi is not None:
-            x = ("min", x, self.coerce(self.val(hi, amap), vt))
+            x = ("min", x, self.coerce(self.operand(node, hi, amap), vt))
         return x
 
     # -- row ops: reductions over the last dim
