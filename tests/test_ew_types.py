@@ -420,3 +420,12 @@ def test_ternary_arithmetic_and_tensor_clamps():
                     + torch.lerp(x, a, w) + torch.lerp(x, b, 0.75) + torch.clamp(x, min=a, max=a + 1))
     x, a, b = torch.randn(3, 16), torch.randn(3, 16), torch.randn(16)
     check_program(M(), x, a, b, torch.rand(3, 16))
+
+
+def test_conv_epilogue_with_a_bool_mask_is_refused_clearly():
+    class M(nn.Module):
+        def forward(self, x, w, mask):
+            return F.conv2d(x, w, None, 1, 1).masked_fill(mask, 0.0)
+    task = small_task(M(), torch.randn(2, 4, 6, 6), torch.randn(8, 4, 3, 3), torch.rand(2, 8, 6, 6) > 0.5)
+    with pytest.raises(Unsupported, match="integer/bool inputs in a conv epilogue"):
+        conv.match(task.graph, policy_for(task))
