@@ -191,3 +191,15 @@ def test_chains_that_meet_are_one_region():
 
     gm, regions = regions_of(Through(), torch.randn(8, 8), torch.randn(8, 8))
     check_invariants(gm, regions)
+
+
+def test_a_chain_over_a_smaller_operand_stays_its_own_region():
+    """(1 + w) over a [C] weight meets the [N, C] chain at the mul: merging would recompute it per
+    element and, as it is also an output, leave one region with outputs of two shapes."""
+    class M(nn.Module):
+        def forward(self, x, w):
+            s = w + 1
+            return torch.tanh(x) * s, s
+    gm, regions = regions_of(M(), torch.randn(4, 16), torch.randn(16))
+    check_invariants(gm, regions)
+    assert sorted(len(r.nodes) for r in regions if r.kind == "elementwise") == [1, 2]

@@ -137,13 +137,16 @@ def _merge_chains(n, target, producers, groups, group_of, order) -> None:
     NOTE: a chain starts wherever an op reads no compute node, so `0.5 * x * (1 + tanh(k * (x +
     0.044715 * x**3)))` starts two ((0.5 * x) and (x**3 ...)) that meet at the last mul; without
     this the first became a one-op region of its own and its result a round trip through memory.
-    Only chains of elementwise ops merge (an anchor's or a row op's region keeps its own shape),
-    and only where the union has no path leaving it and coming back.
+    Only chains of elementwise ops of n's size merge (an anchor's or a row op's region keeps its
+    own shape; a chain over a broadcast operand, e.g. a bias vector, would be recomputed per
+    element and could leave an output of another shape), and only where the union has no path
+    leaving it and coming back.
     """
     if not _chain_only(target):
         return
+    size = _numel(n)
     for g in producers:
-        if g is target or not _chain_only(g):
+        if g is target or not _chain_only(g) or any(_numel(m) != size for m in g):
             continue
         union = target + g
         members = set(union)
