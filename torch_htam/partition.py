@@ -58,10 +58,15 @@ def op_name(n: fx.Node) -> str | None:
 
 def category(n: fx.Node) -> str | None:
     """ANCHOR | ROWWISE | ELEMENTWISE | VIEW | NOOP, or None for ops that stay on PyTorch."""
-    row = ops.info(op_name(n))
+    row = ops.info(op_name(n), _overload(n))
     if row is None or not _has_tensor_input(n):
         return None   # factory ops (arange, full) and non-aten calls are left alone
     return row.category
+
+
+def _overload(n: fx.Node) -> str | None:
+    """The overload name of an aten call ("other" of aten.min.other), else None."""
+    return n.target._overloadname if isinstance(n.target, torch._ops.OpOverload) else None
 
 
 def partition(gm: fx.GraphModule | fx.Graph) -> list[Region]:
@@ -123,13 +128,50 @@ def _group_compute(nodes: list[fx.Node], order: dict, patterns=()) -> list[list[
             continue
         target = None
         if cat == ELEMENTWISE:
-            producers = [group_of[p] for p in _compute_inputs(n) if p in group_of]
-            target = next((g for g in _unique(producers) if not _creates_cycle(n, g, order)), None)
+            producers = _unique([group_of[p] for p in _compute_inputs(n) if p in group_of])
+            target = next((g for g in producers if not _creates_cycle(n, g, order)), None)
         if target is None:
             target = []
             groups.append(target)
         add(n, target)
+        if cat == ELEMENTWISE:
+            _merge_chains(n, target, producers, groups, group_of, order)
     return [sorted(g, key=order.get) for g in sorted(groups, key=lambda g: min(map(order.get, g)))]
+
+
+def _chain_only(group: list[fx.Node]) -> bool:
+    return all(category(m) == ELEMENTWISE for m in group)
+
+
+def _merge_chains(n, target, producers, groups, group_of, order) -> None:
+    """n (just added to target) also reads other elementwise chains: fold them into target.
+
+    NOTE: a chain starts wherever an op reads no compute node, so `0.5 * x * (1 + tanh(k * (x +
+    0.044715 * x**3)))` starts two ((0.5 * x) and (x**3 ...)) that meet at the last mul; without
+    this the first became a one-op region of its own and its result a round trip through memory.
+    Only chains of elementwise ops of n's size merge (an anchor's or a row op's region keeps its
+    own shape; a chain over a broadcast operand, e.g. a bias vector, would be recomputed per
+    element and could leave an output of another shape), and only where the union has no path
+    leaving it and coming back.
+    """
+    if not _chain_only(target):
+        return
+    size = _numel(n)
+    for g in producers:
+        if g is target or not _chain_only(g) or any(_numel(m) != size for m in g):
+            continue
+        union = target + g
+        members = set(union)
+        lo, hi = min(order[m] for m in union), max(order[m] for m in union)
+        # a path between the two leaves g one way or the other: searching from g's members suffices
+        if any(_dirty_path(m, members, lambda x: x.all_input_nodes, lambda x: order[x] >= lo)
+               or _dirty_path(m, members, lambda x: list(x.users), lambda x: order[x] <= hi)
+               for m in g):
+            continue
+        for m in g:
+            group_of[m] = target
+        target.extend(g)
+        groups[:] = [x for x in groups if x is not g]
 
 
 def _grab_epilogue(row, group, group_of, add, order) -> None:

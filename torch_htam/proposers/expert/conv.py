@@ -61,7 +61,7 @@ from torch_htam.proposers.expert.conv_match import BatchNorm, ConvMatch, Fold, g
 from torch_htam.proposers.expert.cudnn_conv import graph_entry, graph_run, legacy_entry, legacy_run
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float, cuh
 from torch_htam.proposers.expert.ir import (
-    ExprProgram, Unsupported, check_single_output, dtype_of, lower, shape_of,
+    VT, ExprProgram, Unsupported, check_single_output, dtype_of, lower, shape_of,
 )
 from torch_htam.proposers.expert.strategies import TaskFacts
 from torch_htam.proposers.expert.target import Target
@@ -192,6 +192,8 @@ def match(gm, policy) -> ConvMatch:
     prog = lower(gm, leaves={anchor: leaf}, extra_inputs=extra)
     if prog.kind != "elementwise":
         raise Unsupported("row ops after a conv")
+    if any(VT[d] != "f" for _, d in prog.inputs):   # pwconv's epilogues load floats only
+        raise Unsupported("integer/bool inputs in a conv epilogue")
     ident = tuple(range(prog.ndim))
     if any(a.input == g and a.dims != ident for a in prog.accesses):
         raise Unsupported("conv result read broadcast/reshaped in the epilogue")

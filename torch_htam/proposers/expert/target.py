@@ -61,9 +61,11 @@ def program_facts(prog: ExprProgram, policy) -> TaskFacts:
     """The strategy table's facts about an elementwise or row program under a precision policy."""
     dts = [dt for _, dt in prog.inputs] + [o.dtype for o in prog.outputs]
     pairs = {r.pair[0] for r in prog.reductions if r.pair}
-    low = any(dt != "float32" for dt in dts)
+    # NOTE: integer and bool values are exact, not low precision (no SFU math for them), and a
+    # bool's one byte would ask for 16-wide vectors: at most 8 values a thread
+    low = any(dt in ("bfloat16", "float16") for dt in dts)
     single = len(prog.reductions) == 1 and all(o.row for o in prog.outputs)
-    return TaskFacts(prog.kind, prog.shape[-1], 16 // min(DT[dt][2] for dt in dts),
+    return TaskFacts(prog.kind, prog.shape[-1], min(8, 16 // min(DT[dt][2] for dt in dts)),
                      "softmax" in pairs, "welford" in pairs, prog.has_transcendental,
                      bool(prog.dropped), low, bool(policy and policy.allow_tf32), not low,
                      single_pass=single)
