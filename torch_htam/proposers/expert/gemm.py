@@ -85,8 +85,16 @@ def match(gm, policy) -> GemmMatch:
     outs = _graph_outputs(gm)
     src = gl.chain_source(outs[0]) if outs and hasattr(outs[0], "op") else None
     operands = _bmm_operands(gm, node)
-    if outs == [src] and operands is None:
-        return _match_plain(gm, node, policy)
+    if operands is None:      # the plain path first: it reads sizes at run time
+        try:
+            return _match_plain(gm, node, policy)
+        except Unsupported as e:
+            if outs == [src]:
+                if any(gl.is_layout(n) and any(u is not node and u.op != "output" and not gl.is_layout(u)
+                                               for u in n.users) for n in gm.graph.nodes):
+                    raise Unsupported("elementwise ops after a view/transpose of the GEMM result (only "
+                                      "layouts after the epilogue are written by the GEMM)") from e
+                raise
     if src is None or shape_of(src) != shape_of(node):
         raise Unsupported("GEMM outputs must all be layouts (view/transpose/split) of one epilogue "
                           "value of the GEMM's shape")
