@@ -233,3 +233,16 @@ def test_layout_gemms_match_torch(name, dtype):
             for o, r in zip(outs, ref):
                 assert torch.isfinite(o).all(), (name, cand.params, strided)
                 torch.testing.assert_close(o, r, atol=policy.atol, rtol=policy.rtol)
+
+
+def test_scale_of_the_bare_product_is_cublaslt_alpha():
+    """q @ k^T * 1/sqrt(d): one cuBLASLt call writes the scaled scores (no epilogue kernel); with a
+    bias the scale stays in the epilogue kernel (cuBLASLt adds the bias after alpha)."""
+    model, args = _cases()["scaled_bmm_t"]
+    task = _task(model, args)
+    first = ExpertProposer().propose(ProposalRequest(task, "seed", [], n=1, policy=policy_for(task))).candidates[0]
+    assert first.params["lt_epilogue"] and "epilogue_run" not in first.source
+    model, args = _cases()["scaled_heads"]
+    task = _task(model, args)
+    first = ExpertProposer().propose(ProposalRequest(task, "seed", [], n=1, policy=policy_for(task))).candidates[0]
+    assert "epilogue_run(" in first.source

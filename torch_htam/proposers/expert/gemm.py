@@ -214,7 +214,9 @@ def _match_plain(gm, node, policy, operands_checked: bool = False) -> GemmMatch:
     ia = ph.index(a) if a in ph else -1
     ib = ph.index(b) if b in ph else -1
     gp = GemmMatch(op, ia, ib, dt, prog, g_index, bool(policy and policy.allow_tf32))
-    fits = lt_split(gp)[0] is not None or prog.outputs[0].expr == _g_expr(prog, g_index)
+    G = _g_expr(prog, g_index)
+    fits = (lt_split(gp)[0] is not None or prog.outputs[0].expr == G
+            or alpha_split(gp, None, prog.outputs[0].expr)[1] == G)
     gp.facts = TaskFacts("gemm", gshape[-1], 16 // DT[dt][2], has_transcendental=prog.has_transcendental,
                        low_precision=dt != "float32", allow_tf32=gp.allow_tf32, fp32=dt == "float32",
                        epilogue_fits_lt=fits)
@@ -290,6 +292,19 @@ def _replace(e: tuple, old: tuple, new: tuple) -> tuple:
     return tuple(_replace(a, old, new) if isinstance(a, tuple) else a for a in e)
 
 
+def alpha_split(gp: GemmMatch, kind, rest: tuple) -> tuple[float, tuple]:
+    """(alpha, rest): a constant scale of the bare product (q @ k^T * 1/sqrt(d)) is cuBLASLt's alpha,
+    so the GEMM writes the scaled result itself. Only without a bias epilogue: cuBLASLt adds the
+    bias after alpha, where the graph scales the biased value."""
+    G = _g_expr(gp.epilogue, gp.g)
+    e = _strip(rest)
+    if kind is None and e[0] == "mul":
+        for x, c in ((e[1], e[2]), (e[2], e[1])):
+            if _strip(x) == G and c[0] == "const":
+                return c[1], G
+    return 1.0, rest
+
+
 def _prune(prog: ExprProgram) -> ExprProgram:
     """Drop accesses the (reduced) epilogue no longer reads, e.g. the bias cuBLASLt now adds."""
     used = sorted({x[1] for x in walk(prog.outputs[0].expr) if x[0] == "in"})
@@ -317,8 +332,11 @@ def render(gp: GemmMatch, params: dict) -> str:
         return render_layout(gp, params)
     kind, bias, rest = lt_split(gp) if params.get("lt_epilogue") else (None, None, None)
     prog = gp.epilogue
+    alpha = 1.0
     if rest is None:
         rest = prog.outputs[0].expr
+    elif params.get("lt_epilogue"):
+        alpha, rest = alpha_split(gp, kind, rest)
     G = _g_expr(prog, gp.g)
     epi_needed = rest != G
     ew_params = {k: v for k, v in params.items() if k in elementwise.EwParams.__dataclass_fields__}
@@ -440,7 +458,7 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   {{
     auto& E = *e;
     {bias_set}
-    const float alpha = 1.f, beta = 0.f;
+    const float alpha = {float(alpha)!r}f, beta = 0.f;
     CK(cublasLtMatmul(st->handle, E.op, &alpha, Aptr, E.A, Bptr, E.B, &beta, out[0].data, E.C,
                       out[0].data, E.C, &E.algo, st->ws, kWorkspace, stream));
   }}
@@ -499,8 +517,11 @@ def render_layout(gp: GemmMatch, params: dict) -> str:
     L = gp.lay
     kind, bias, rest = lt_split(gp) if params.get("lt_epilogue") else (None, None, None)
     prog = gp.epilogue
+    alpha = 1.0
     if rest is None:
         rest = prog.outputs[0].expr
+    elif params.get("lt_epilogue"):
+        alpha, rest = alpha_split(gp, kind, rest)
     G = _g_expr(prog, gp.g)
     epi_needed = rest != G
     ew_params = {k: v for k, v in params.items() if k in elementwise.EwParams.__dataclass_fields__}
@@ -551,7 +572,7 @@ def render_layout(gp: GemmMatch, params: dict) -> str:
                 f"      c.batch = {batch}; c.sa = {B.s_batch if B.batch > 1 else 0}; "
                 f"c.sb = {A.s_batch if A.batch > 1 else 0}; c.sd = {sd};\n"
                 f"      c.ta = {roles['ta']}; c.tb = {roles['tb']}; c.epi = {LT_EPI[kind]};\n"
-                f"      const int rc = lt_call(c, {compute}, {ctype}, {algo}, Ab + ({a_off}) * {esize}, "
+                f"      const int rc = lt_call(c, {compute}, {ctype}, {algo}, {float(alpha)!r}f, Ab + ({a_off}) * {esize}, "
                 f"Bb + ({b_off}) * {esize}, {d_ptr}, {bptr}, stream);\n"
                 f"      if (rc) return rc; }}")
     direct_calls = []

@@ -33,9 +33,9 @@ static int lt_layout(cublasLtMatrixLayout_t* l, cudaDataType_t type, int64_t row
 }
 
 // c: the problem (al[] is filled here from the pointers); rank: which of the heuristic's ranked
-// algorithms; bias: the BIAS epilogues' vector (length m) or nullptr.
-static int lt_call(LtCall c, cublasComputeType_t compute, cudaDataType_t type, int rank, const void* A,
-                   const void* B, void* D, const void* bias, cudaStream_t stream) {
+// algorithms; alpha: the product's scale; bias: the BIAS epilogues' vector (length m) or nullptr.
+static int lt_call(LtCall c, cublasComputeType_t compute, cudaDataType_t type, int rank, float alpha,
+                   const void* A, const void* B, void* D, const void* bias, cudaStream_t stream) {
   LtState* st = nullptr;
   int rc = lt_state(&st);
   if (rc) return rc;
@@ -79,7 +79,7 @@ static int lt_call(LtCall c, cublasComputeType_t compute, cudaDataType_t type, i
     e->key = c; e->dev = dev; e->used = true;
   }
   if (bias) CK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  const float alpha = 1.f, beta = 0.f;
+  const float beta = 0.f;
   CK(cublasLtMatmul(st->handle, e->op, &alpha, A, e->A, B, e->B, &beta, D, e->D, D, e->D, &e->algo,
                     st->ws, kWorkspace, stream));
   return 0;
