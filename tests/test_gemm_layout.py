@@ -82,6 +82,9 @@ def _cases(dtype=torch.float32, device="cpu") -> dict:
         "split_qkv": (SplitQKV(), [r(24, 64), r(64, 192, scale=0.1), r(192)]),
         "scores_of_views": (ScoresOfViews(), [r(1, 24, 64), r(1, 24, 64)]),
         "attn_times_v": (AttnTimesV(), [r(1, 4, 24, 24), r(1, 24, 64)]),
+        # batch 2 x 4 heads of a [B, T, C] input: no one batch stride, the kernel loops over b
+        "scores_of_views_b2": (ScoresOfViews(), [r(2, 24, 64), r(2, 24, 64)]),
+        "attn_times_v_b2": (AttnTimesV(), [r(2, 4, 24, 24), r(2, 24, 64)]),
         "scaled_bmm_t": (ScaledBmmT(), [r(6, 24, 16), r(6, 24, 16)]),
     }
 
@@ -120,8 +123,11 @@ def test_layout_maps_reproduce_torch(name):
         assert torch.equal(idx.sort().values, box.sort().values)
     # the operands' strided views of the inputs give torch's product
     a_in, b_in = args[L.A.input].contiguous().flatten(), args[L.B.input].contiguous().flatten()
-    A = torch.as_strided(a_in, (L.batch, L.M, L.K), (L.A.s_batch if L.A.batch > 1 else 0, L.A.s_row, L.A.s_col))
-    B = torch.as_strided(b_in, (L.batch, L.K, L.N), (L.B.s_batch if L.B.batch > 1 else 0, L.B.s_row, L.B.s_col))
+    def operand(x, op, rows, cols):      # [outer, inner, rows, cols] as the kernel steps it
+        inner = L.batch // L.outer
+        return torch.as_strided(x, (L.outer, inner, rows, cols), (op.s_outer, op.s_batch if op.batch > 1 else 0,
+                                                                 op.s_row, op.s_col)).reshape(L.batch, rows, cols)
+    A, B = operand(a_in, L.A, L.M, L.K), operand(b_in, L.B, L.K, L.N)
     node = gemm._gemm_node(task.graph)
     interp = {}
 
@@ -135,6 +141,12 @@ def test_layout_maps_reproduce_torch(name):
     if node.target is torch.ops.aten.linear.default or node.target is torch.ops.aten.addmm.default:
         y_raw = y_raw - (args[2] if len(args) > 2 else 0)     # the bias is the epilogue's, not the product's
     torch.testing.assert_close((A @ B).flatten(), y_raw.contiguous().flatten(), atol=1e-4, rtol=1e-4)
+
+
+def test_heads_of_a_batch_loop_over_it():
+    model, args = _cases()["attn_times_v_b2"]
+    L = match_task(_task(model, args), None).region.lay
+    assert (L.outer, L.batch) == (2, 8) and L.A.batch == L.B.batch == 4
 
 
 def test_split_outputs_are_column_ranges():

@@ -68,6 +68,7 @@ class LayoutGemm:
     B: gl.Operand
     outs: tuple[gl.OutLayout, ...]
     in_shapes: tuple[tuple[int, ...], ...]     # every region input's captured shape (checked)
+    outer: int = 1      # batch = outer x cuBLASLt's batch: the kernel loops over the outer part
 
 
 def _gemm_node(gm):
@@ -134,7 +135,15 @@ def _bmm_operands(gm, node):
         return None
     if len(shape_of(a)) < 2 or len(shape_of(b)) < 2:
         raise Unsupported("matmul with a 1-D operand")
-    return gl.operand_of(a, ph), gl.operand_of(b, ph)
+    lead = shape_of(node)[:-2]
+    ops_ = [gl.operand_of(a, ph, lead), gl.operand_of(b, ph, lead)]
+    if any(o.outer > 1 for o in ops_):     # both in the outer-loop form: cuBLASLt batches the last dim
+        inner = lead[-1]
+        ops_ = [o if o.outer > 1 or o.batch == 1 else
+                dataclasses.replace(o, batch=inner, outer=o.batch // inner, s_outer=o.s_batch * inner)
+                for o in ops_]
+        ops_ = [dataclasses.replace(o, outer=math.prod(lead) // inner) if o.batch == 1 else o for o in ops_]
+    return ops_[0], ops_[1]
 
 
 def _layout_gemm(gm, node, src, operands, gp: GemmMatch) -> LayoutGemm:
@@ -145,9 +154,6 @@ def _layout_gemm(gm, node, src, operands, gp: GemmMatch) -> LayoutGemm:
         M, N = gshape[-2], gshape[-1]
         K = shape_of(node.args[0])[-1]
         batch = math.prod(gshape[:-2])
-        for op in (A, B):
-            if op.batch not in (1, batch):
-                raise Unsupported("matmul batch dims broadcast other than one operand's all-1")
     else:
         xs, ws = shape_of(ph[gp.a]), shape_of(ph[gp.b])
         K, batch = xs[-1], 1
@@ -162,7 +168,10 @@ def _layout_gemm(gm, node, src, operands, gp: GemmMatch) -> LayoutGemm:
             N = ws[1]
             A, B = gl.Operand(gp.a, 1, 0, K, 1), gl.Operand(gp.b, 1, 0, N, 1)
     outs = tuple(gl.output_layouts(gm, src, batch, M, N))
-    return LayoutGemm(batch, M, N, K, A, B, outs, tuple(shape_of(p) for p in ph))
+    outer = max(A.outer, B.outer)
+    if outer > 1 and any(o.box.extent[0] != batch for o in outs):
+        raise Unsupported("an output over part of the batch of a looped batched matmul")
+    return LayoutGemm(batch, M, N, K, A, B, outs, tuple(shape_of(p) for p in ph), outer)
 
 
 def _match_plain(gm, node, policy, operands_checked: bool = False) -> GemmMatch:
@@ -489,17 +498,27 @@ def _lt_operands(L: LayoutGemm) -> dict:
     return {"ta": ta, "lda": lda, "tb": tb, "ldb": ldb}
 
 
-def _direct_checks(k: int, o: gl.OutLayout, N_ext: int) -> list[str]:
-    """C++ setting ds{k}[3] (the output's b/m/n strides) and clearing `direct` unless output k is a
-    (batched) column-major matrix cuBLASLt can write: one stride per axis, unit along n."""
+def _direct_checks(k: int, o: gl.OutLayout, inner: int) -> list[str]:
+    """C++ setting ds{k}[3] (the output's b/m/n strides; b: cuBLASLt's batch of `inner` matrices)
+    and dso{k} (the stride of the kernel's outer batch loop), and clearing `direct` unless output k
+    is a (batched) column-major matrix cuBLASLt can write: one stride per axis, unit along n."""
     lines = [f"  int64_t ds{k}[3] = {{0, 0, 0}};"]
     dst = [f"out[{k}].strides[{j}] * {mult}" for j, mult in o.fine_dst()]
     for f, (axis, step) in enumerate(o.box.dims):
         if axis >= 0 and step == 1:
             lines.append(f"  ds{k}[{axis}] = {dst[f]};")
+    lines.append(f"  int64_t dso{k} = ds{k}[0] * {inner};")
     for f, (axis, step) in enumerate(o.box.dims):
-        if axis >= 0:
+        if axis == 0 and step == inner:
+            lines.append(f"  dso{k} = {dst[f]};")
+    for f, (axis, step) in enumerate(o.box.dims):
+        size = o.view.sizes[f]
+        if axis == 0 and step % inner == 0:
+            lines.append(f"  if ({dst[f]} != dso{k} * {step // inner}) direct = false;")
+        elif axis >= 0:
             lines.append(f"  if ({dst[f]} != ds{k}[{axis}] * {step}) direct = false;")
+            if axis == 0 and step * size > inner:     # one dim across the loop's boundary
+                lines.append(f"  if (dso{k} != ds{k}[0] * {inner}) direct = false;")
     ext = o.box.extent
     ld = f"ds{k}[1]" if ext[1] > 1 else str(ext[2])
     if ext[2] > 1:
@@ -562,12 +581,18 @@ def render_layout(gp: GemmMatch, params: dict) -> str:
     if epi_needed and in_place:
         direct.append("  if (!htam_contiguous(out[0])) direct = false;")
     for k, o in enumerate(L.outs):
-        direct += _direct_checks(k, o, L.N)
+        direct += _direct_checks(k, o, L.batch // L.outer)
 
-    def call(M, N, batch, a_off, b_off, d_ptr, ldd, sd, n0):
-        # one lt_call for Y's box: rows m0.., columns n0.. (offsets folded into a_off / b_off)
+    inner = L.batch // L.outer
+
+    def call(M, N, batch, a_off, b_off, d_ptr, ldd, sd, n0, d_outer):
+        # one lt_call for Y's box: rows m0.., columns n0.. (offsets folded into a_off / b_off); with
+        # an outer batch, one per outer index zo, D stepping d_outer elements
         bptr = f"{bias_ptr} + {n0} * {esize}" if bias_ptr != "nullptr" else "nullptr"
-        return (f"    {{ LtCall c{{}}; c.m = {N}; c.n = {M}; c.k = {L.K}; c.lda = {roles['lda']}; "
+        if L.outer > 1:
+            batch, a_off, b_off = inner, f"{a_off} + zo * {B.s_outer}", f"{b_off} + zo * {A.s_outer}"
+            d_ptr = f"(char*){d_ptr} + zo * {d_outer} * {esize}"
+        text = (f"    {{ LtCall c{{}}; c.m = {N}; c.n = {M}; c.k = {L.K}; c.lda = {roles['lda']}; "
                 f"c.ldb = {roles['ldb']}; c.ldd = {ldd};\n"
                 f"      c.batch = {batch}; c.sa = {B.s_batch if B.batch > 1 else 0}; "
                 f"c.sb = {A.s_batch if A.batch > 1 else 0}; c.sd = {sd};\n"
@@ -575,12 +600,15 @@ def render_layout(gp: GemmMatch, params: dict) -> str:
                 f"      const int rc = lt_call(c, {compute}, {ctype}, {algo}, {float(alpha)!r}f, Ab + ({a_off}) * {esize}, "
                 f"Bb + ({b_off}) * {esize}, {d_ptr}, {bptr}, stream);\n"
                 f"      if (rc) return rc; }}")
+        if L.outer > 1:
+            text = f"    for (int64_t zo = 0; zo < {L.outer}; ++zo)\n" + text
+        return text
     direct_calls = []
     for k, o in enumerate(L.outs):
         (b0, m0, n0), (nb, nm, nn) = o.box.lo, o.box.extent
         a_off = f"{b0} * {B.s_batch if B.batch > 1 else 0} + {n0} * {B.s_col}"
         b_off = f"{b0} * {A.s_batch if A.batch > 1 else 0} + {m0} * {A.s_row}"
-        direct_calls.append(call(nm, nn, nb, a_off, b_off, f"out[{k}].data", f"ldd{k}", f"ds{k}[0]", n0))
+        direct_calls.append(call(nm, nn, nb, a_off, b_off, f"out[{k}].data", f"ldd{k}", f"ds{k}[0]", n0, f"dso{k}"))
     y_numel = L.batch * L.M * L.N
     stores = []
     for k, o in enumerate(L.outs):
@@ -622,7 +650,7 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   }}
   void* scr = nullptr;
   {{ const int rc = lt_scratch((size_t){y_numel} * {esize}, &scr); if (rc) return rc; }}
-{call(L.M, L.N, L.batch, f"0", f"0", "scr", str(L.N), str(L.M * L.N), 0)}
+{call(L.M, L.N, L.batch, "0", "0", "scr", str(L.N), str(L.M * L.N), 0, inner * L.M * L.N)}
 {epi_call}{chr(10).join(stores)}
   return HTAM_OK;
 }}

@@ -264,32 +264,54 @@ def output_layouts(gm, source, batch: int, M: int, N: int) -> list[OutLayout]:
 @dataclass(frozen=True)
 class Operand:
     """A matmul operand [..., R, C] as a strided view of a contiguous region input: the input's
-    index, the batch stride (one stride for all leading dims, 0 = broadcast), row and column
-    strides (elements), and the batch count of its leading dims."""
+    index, the batch count and stride of cuBLASLt's batch (0 = broadcast), row and column strides
+    (elements), and the count and stride of an outer batch the kernel loops over (heads of a
+    [B, T, C] input are one strided batch per b, but b and h together are not)."""
     input: int
     batch: int
     s_batch: int
     s_row: int
     s_col: int
+    outer: int = 1
+    s_outer: int = 0
 
 
-def operand_of(node, placeholders: list) -> Operand:
-    """A bmm/matmul operand: a region input or a layout chain of one (k.transpose(-2, -1))."""
+def operand_of(node, placeholders: list, lead_shape: tuple[int, ...]) -> Operand:
+    """A bmm/matmul operand: a region input or a layout chain of one (k.transpose(-2, -1)), whose
+    leading dims are the product's (lead_shape) or all 1 (broadcast)."""
     src = chain_source(node)
     if src not in placeholders:
         raise Unsupported("GEMM operands must be region inputs or views of them")
     v = strided_of(node, src) if src is not node else _contiguous(shape_of(node))
     if len(v.sizes) < 2 or any(g != 1 for g in v.groups):
         raise Unsupported("a matmul operand of rank < 2 or not a strided view of its input")
-    lead = [(s, st) for s, st in zip(v.sizes[:-2], v.strides[:-2]) if s != 1]
-    batch = math.prod(s for s, _ in lead)
-    s_batch = lead[-1][1] if lead else 0
-    for (s_out, st_out), (s_in, st_in) in zip(lead, lead[1:]):
-        if st_out != st_in * s_in:
-            raise Unsupported("matmul batch dims that are not one strided batch")
     if v.base != 0:
         raise Unsupported("a matmul operand that starts inside its input")
-    return Operand(placeholders.index(src), batch, s_batch, v.strides[-2], v.strides[-1])
+    lead = v.sizes[:-2]
+    if math.prod(lead) == 1:
+        return Operand(placeholders.index(src), 1, 0, v.strides[-2], v.strides[-1])
+    if tuple(lead) != tuple(lead_shape[len(lead_shape) - len(lead):]) or len(lead) != len(lead_shape):
+        raise Unsupported("matmul batch dims broadcast other than one operand's all-1")
+    dims = [(s, st) for s, st in zip(lead, v.strides[:-2]) if s != 1]
+    one = _one_stride(dims)
+    if one is not None:
+        return Operand(placeholders.index(src), math.prod(lead), one, v.strides[-2], v.strides[-1])
+    # the last batch dim is cuBLASLt's batch, the ones before it one outer stride the kernel loops over
+    inner_n, inner_st = lead[-1], v.strides[-3]
+    outer = _one_stride([(s, st) for s, st in zip(lead[:-1], v.strides[:-3]) if s != 1])
+    if outer is None or inner_n == 1:
+        raise Unsupported("matmul batch dims that are neither one strided batch nor an outer loop "
+                          "over one")
+    return Operand(placeholders.index(src), inner_n, inner_st, v.strides[-2], v.strides[-1],
+                   math.prod(lead[:-1]), outer)
+
+
+def _one_stride(dims: list[tuple[int, int]]) -> int | None:
+    """The one stride that steps (size, stride) dims (outer to inner) as a single index, or None."""
+    for (_, st_out), (s_in, st_in) in zip(dims, dims[1:]):
+        if st_out != st_in * s_in:
+            return None
+    return dims[-1][1] if dims else 0
 
 
 def _contiguous(shape) -> Strided:
