@@ -168,10 +168,35 @@ def _layout_gemm(gm, node, src, operands, gp: GemmMatch) -> LayoutGemm:
             N = ws[1]
             A, B = gl.Operand(gp.a, 1, 0, K, 1), gl.Operand(gp.b, 1, 0, N, 1)
     outs = tuple(gl.output_layouts(gm, src, batch, M, N))
+    A, B = _loop_for_outputs(A, B, outs, batch)
     outer = max(A.outer, B.outer)
     if outer > 1 and any(o.box.extent[0] != batch for o in outs):
         raise Unsupported("an output over part of the batch of a looped batched matmul")
     return LayoutGemm(batch, M, N, K, A, B, outs, tuple(shape_of(p) for p in ph), outer)
+
+
+def _loop_for_outputs(A: gl.Operand, B: gl.Operand, outs, batch: int):
+    """Operands in the outer-loop form when a contiguous output cannot take cuBLASLt's batch as one
+    stride but can per outer index: bmm [B*H, T, d] -> [B, T, H*d] (merge heads) is B calls of H."""
+    if A.outer > 1 or B.outer > 1 or batch == 1 or any(o.box.extent[0] != batch for o in outs):
+        return A, B
+    steps = sorted({step for o in outs for axis, step in o.box.dims if axis == 0 and step > 1})
+    if not steps or batch % steps[0] or all(_one_batch_stride(o) for o in outs):
+        return A, B
+    inner = steps[0]
+
+    def looped(op: gl.Operand) -> gl.Operand:
+        if op.batch == 1:
+            return dataclasses.replace(op, outer=batch // inner)
+        return dataclasses.replace(op, batch=inner, outer=batch // inner, s_outer=op.s_batch * inner)
+    return looped(A), looped(B)
+
+
+def _one_batch_stride(o: gl.OutLayout) -> bool:
+    """Whether the contiguous output steps Y's batch with one stride (cuBLASLt's batch as it is)."""
+    contig = [math.prod(o.shape[j + 1:]) * mult for j, mult in o.fine_dst()]
+    dims = sorted((step, st) for (axis, step), st in zip(o.box.dims, contig) if axis == 0)
+    return all(st == dims[0][1] * step for step, st in dims) if dims else True
 
 
 def _match_plain(gm, node, policy, operands_checked: bool = False) -> GemmMatch:
