@@ -5,9 +5,10 @@ layout path.
 CPU: the strided maps the matcher reads reproduce torch's outputs from the GEMM result, each output
 covers its box of the result exactly once, the operand strides give torch's product, unsupported
 layouts say why, generated sources pass the static check and compile for sm_90a.
-GPU (@gpu, the lead runs them): every case against torch through the real build, with contiguous
-outputs (the store path where cuBLASLt cannot write the layout) and with outputs laid out as the
-task's specs say (verification's way: cuBLASLt writes them directly).
+GPU (@gpu, the lead runs them): every case against torch through the real build, both seed
+candidates (cuBLASLt's epilogue; our epilogue kernel), with contiguous outputs (the scratch path
+where cuBLASLt cannot write the layout: a store, or the epilogue kernel storing through the layout)
+and with outputs laid out as the task's specs say (verification's way: cuBLASLt writes them).
 """
 from __future__ import annotations
 

@@ -23,9 +23,9 @@ import torch.fx as fx
 
 from torch_htam.proposers.expert import elementwise, host
 from torch_htam.proposers.expert import gemm_layout as gl
-from torch_htam.proposers.expert.cuda import DT, PRELUDE, cuh
+from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter, c_float, cuh
 from torch_htam.proposers.expert.ir import (
-    ExprProgram, Unsupported, _graph_outputs, check_single_output, dtype_of, lower, shape_of, walk,
+    ExprProgram, Unsupported, _graph_outputs, check_single_output, dtype_of, lower, shape_of, stored, walk,
 )
 from torch_htam.proposers.expert.strategies import TaskFacts
 from torch_htam.proposers.expert.target import Target
@@ -492,7 +492,7 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   {{
     auto& E = *e;
     {bias_set}
-    const float alpha = {float(alpha)!r}f, beta = 0.f;
+    const float alpha = {c_float(alpha)}, beta = 0.f;
     CK(cublasLtMatmul(st->handle, E.op, &alpha, Aptr, E.A, Bptr, E.B, &beta, out[0].data, E.C,
                       out[0].data, E.C, &E.algo, st->ws, kWorkspace, stream));
   }}
@@ -553,6 +553,76 @@ def _direct_checks(k: int, o: gl.OutLayout, inner: int) -> list[str]:
     return lines
 
 
+def _epilogue_store(epi_prog: ExprProgram, dtype: str, fast: bool, low_precision: bool) -> str:
+    """C++ kernel epi_store<I>: the epilogue program over Y (read from scratch and the task's inputs
+    through its accesses, Space sp over Y's dims, not collapsed) computed for each output element
+    and stored through the output's layout (StoreMap): the permuted store is the epilogue's."""
+    nacc = len(epi_prog.accesses)
+    em = Emitter(load=lambda a: f"x{a}", red=None, fast=fast, low_precision=low_precision)
+    y = em.emit(stored(epi_prog.outputs[0].expr, dtype))
+    params = "".join(f", const {DT[epi_prog.inputs[a.input][1]][0]}::raw* p{i}" for i, a in enumerate(epi_prog.accesses))
+    loads = "\n".join(f"    const float x{i} = ld1<{DT[epi_prog.inputs[a.input][1]][0]}, false>(p{i} + off[{i}]);"
+                      for i, a in enumerate(epi_prog.accesses))
+    body = "\n".join("    " + ln for ln in em.lines)
+    t = DT[dtype][0]
+    return f"""
+template <typename I>
+__global__ void __launch_bounds__(256) epi_store(Space<NACC> sp, StoreMap mp, I n, {t}::raw* __restrict__ o{params}) {{
+  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {{
+    I rem = i, g = (I)mp.base, d = 0;
+    for (int k = mp.ndim - 1; k >= 0; --k) {{
+      const I sz = (I)mp.size[k], j = rem % sz;
+      rem /= sz;
+      g += j * (I)mp.src[k];
+      d += j * (I)mp.dst[k];
+    }}
+    I off[{max(nacc, 1)}] = {{}};
+    for (int k = sp.ndim - 1; k >= 0; --k) {{     // Y's index -> each access's offset
+      const I sz = (I)sp.size[k], j = g % sz;
+      g /= sz;
+#pragma unroll
+      for (int a = 0; a < {nacc}; ++a) off[a] += j * (I)sp.st[a][k];
+    }}
+{loads}
+{body}
+    o[d] = {t}::from_f({y});
+  }}
+}}
+"""
+
+
+def _fused_stores(gp: GemmMatch, epi_prog: ExprProgram, y_numel: int) -> str:
+    """C++ launching epi_store once per output: Y (scratch `scr`, the GEMM's shape) and the task's
+    inputs bound as the epilogue program's accesses, the output written through its layout."""
+    L, raw = gp.lay, f"{DT[gp.dtype][0]}::raw"
+    gshape = epi_prog.shape
+    ys = ("    HtamTensor ys = {};\n    ys.data = scr; ys.dtype = " + DT[gp.dtype][1] + f"; ys.ndim = {len(gshape)};\n"
+          + "".join(f"    ys.sizes[{d}] = {s};\n" for d, s in enumerate(gshape))
+          + f"    {{ int64_t acc = 1; for (int d = {len(gshape) - 1}; d >= 0; --d) {{ ys.strides[d] = acc; acc *= ys.sizes[d]; }} }}\n")
+    ptrs = "".join(f", (const {DT[epi_prog.inputs[a.input][1]][0]}::raw*)in[{a.input}].data" for a in epi_prog.accesses)
+    lines = ["  {", ys, host.extend_inputs(len(epi_prog.inputs), None, "    ", y="ys"),
+             "    const HtamTensor* in = ext;   // NOTE: the epilogue's inputs: the task's, then Y",
+             "    int64_t it[HTAM_MAX_DIMS];",
+             f"    for (int d = 0; d < {len(gshape)}; ++d) it[d] = ys.sizes[d];",
+             "    Space<NACC> sp;", host.bind_accesses(epi_prog)]
+    for k, o in enumerate(L.outs):
+        v = o.view
+        lines.append(
+            f"    {{ StoreMap mp{{}}; mp.ndim = {len(v.sizes)}; mp.base = {v.base};\n"
+            + "".join(f"      mp.size[{f}] = {sz}; mp.src[{f}] = {st}; mp.dst[{f}] = out[{k}].strides[{j}] * {mult};\n"
+                      for f, (sz, st, (j, mult)) in enumerate(zip(v.sizes, v.strides, o.fine_dst())))
+            + f"      int64_t n = 1, last = 0;\n"
+            f"      for (int q = 0; q < mp.ndim; ++q) {{ n *= mp.size[q]; last += (mp.size[q] - 1) * mp.dst[q]; }}\n"
+            f"      const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, (int64_t)htam_sm_count() * 16));\n"
+            f"      if ({y_numel} < (int64_t(1) << 31) && max_off < (int64_t(1) << 31) && last < (int64_t(1) << 31))\n"
+            f"        epi_store<int32_t><<<blocks, 256, 0, stream>>>(sp, mp, (int32_t)n, ({raw}*)out[{k}].data{ptrs});\n"
+            f"      else\n"
+            f"        epi_store<int64_t><<<blocks, 256, 0, stream>>>(sp, mp, n, ({raw}*)out[{k}].data{ptrs});\n"
+            f"      HTAM_CHECK_LAUNCH(); }}")
+    lines.append("  }")
+    return "\n".join(lines)
+
+
 def render_layout(gp: GemmMatch, params: dict) -> str:
     """GEMM with layout operands/outputs. Each output that is a (batched) column-major matrix box of
     Y at run time (its strides decide) is one cuBLASLt call straight into it (a split's q, k, v:
@@ -576,6 +646,7 @@ def render_layout(gp: GemmMatch, params: dict) -> str:
         epi_src = host.EPILOGUE_INPUTS + elementwise.generate(epi_prog, elementwise.EwParams(**ew_params),
                                        gp.facts.low_precision, entry="static int epilogue_run",
                                        restrict=False, prelude=False)
+        epi_src += _epilogue_store(epi_prog, gp.dtype, bool(ew_params.get("fast")), gp.facts.low_precision)
     ctype, code, esize = CUDA_TYPES[gp.dtype], DT[gp.dtype][1], DT[gp.dtype][2]
     raw = f"{DT[gp.dtype][0]}::raw"
     tf32 = bool(params.get("tf32")) and gp.allow_tf32 and gp.dtype == "float32"
@@ -622,7 +693,7 @@ def render_layout(gp: GemmMatch, params: dict) -> str:
                 f"      c.batch = {batch}; c.sa = {B.s_batch if B.batch > 1 else 0}; "
                 f"c.sb = {A.s_batch if A.batch > 1 else 0}; c.sd = {sd};\n"
                 f"      c.ta = {roles['ta']}; c.tb = {roles['tb']}; c.epi = {LT_EPI[kind]};\n"
-                f"      const int rc = lt_call(c, {compute}, {ctype}, {algo}, {float(alpha)!r}f, Ab + ({a_off}) * {esize}, "
+                f"      const int rc = lt_call(c, {compute}, {ctype}, {algo}, {c_float(alpha)}, Ab + ({a_off}) * {esize}, "
                 f"Bb + ({b_off}) * {esize}, {d_ptr}, {bptr}, stream);\n"
                 f"      if (rc) return rc; }}")
         if L.outer > 1:
@@ -653,16 +724,16 @@ def render_layout(gp: GemmMatch, params: dict) -> str:
                 + host.extend_inputs(len(prog.inputs), None, "    ", y="ys") + "\n"
                 + "    const int rc = epilogue_run(ext, n_in + 1, &ys, 1, stream); if (rc) return rc; }\n")
     direct_epi = epilogue_on("out[0].data") if epi_needed and in_place else ""
-    epi_call = epilogue_on("scr") if epi_needed else ""
+    if epi_needed:      # the epilogue kernel stores every output through its layout (no copy kernel)
+        stores = [_fused_stores(gp, epi_prog, y_numel)]
     return f"""// torch_htam expert: cuBLASLt {gp.op} with layouts epilogue={kind} params={sorted(params.items())}
 {PRELUDE}
 #include <algorithm>
 #include <cublasLt.h>
 
-{epi_src}
-
 {CUBLASLT}
 {LT_CALL}
+{epi_src}
 HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
 {chr(10).join(checks)}
   const char* Ab = (const char*)in[{B.input}].data;   // cuBLASLt's A: our B operand
@@ -676,7 +747,7 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   void* scr = nullptr;
   {{ const int rc = lt_scratch((size_t){y_numel} * {esize}, &scr); if (rc) return rc; }}
 {call(L.M, L.N, L.batch, "0", "0", "scr", str(L.N), str(L.M * L.N), 0, inner * L.M * L.N)}
-{epi_call}{chr(10).join(stores)}
+{chr(10).join(stores)}
   return HTAM_OK;
 }}
 """
