@@ -626,8 +626,9 @@ def _fused_stores(gp: GemmMatch, epi_prog: ExprProgram, y_numel: int) -> str:
 def render_layout(gp: GemmMatch, params: dict) -> str:
     """GEMM with layout operands/outputs. Each output that is a (batched) column-major matrix box of
     Y at run time (its strides decide) is one cuBLASLt call straight into it (a split's q, k, v:
-    three calls over their column ranges); otherwise cuBLASLt writes Y into scratch, the in-place
-    epilogue kernel runs there, and one store kernel per output writes it through its layout."""
+    three calls over their column ranges; heads of a batch, one call per outer index); otherwise
+    cuBLASLt writes Y into scratch and one kernel per output writes it through its layout: the
+    epilogue kernel where an epilogue remains (epi_store), else a plain store (layout_store)."""
     L = gp.lay
     kind, bias, rest = lt_split(gp) if params.get("lt_epilogue") else (None, None, None)
     prog = gp.epilogue

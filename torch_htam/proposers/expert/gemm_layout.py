@@ -7,17 +7,18 @@ region input: q @ k.transpose(-2, -1) with q, k heads of a [B, T, C] tensor. Eve
 (ops.py's VIEW and NOOP rows, plus cat with empty constants: HF's empty key/value cache) selects
 elements of its source at fixed offsets, so this module replays it on a tensor of element indices
 (torch.arange) and reads the affine map it applies: element i of the result is element
-base + sum_j i_j * stride_j of its source (a strided view). Sizes are the captured ones; the kernel
+base + sum_j i_j * stride_j of its source (a strided view; a dim that steps two ways, c of
+[B, T, H * d] merged from heads, is split into finer dims). Sizes are the captured ones; the kernel
 checks them at run time.
 
 The GEMM result Y is seen as [batch, M, N] (row-major); an output is then a box of Y: a range of
-each of batch (b), rows (m), columns (n), and each output dim steps exactly one of them
+each of batch (b), rows (m), columns (n), and each (fine) dim steps exactly one of them
 (`OutBox.dims`: (axis, step in units of that axis)). cuBLASLt can write such a box straight into
 the output when the output's strides make it a (batched) column-major matrix; otherwise the GEMM
-writes Y into a scratch buffer and a store kernel writes each output through this index map.
+writes Y into a scratch buffer and a kernel writes each output through this index map.
 
-    >>> lay = output_layouts(gm, gemm_node, y_shape=(1, 16, 96), batch=1, M=16, N=96)
-    >>> lay[0].box.lo, lay[0].box.hi          # q of a split: all rows, columns 0..31
+    >>> lay = output_layouts(gm, epilogue_value, batch=1, M=16, N=96)   # GPT-2's c_attn split
+    >>> lay[0].box.lo, lay[0].box.hi          # q: all rows, columns 0..31
     ((0, 0, 0), (1, 16, 32))
 """
 from __future__ import annotations
@@ -31,9 +32,6 @@ import torch
 from torch_htam import ops
 from torch_htam.partition import op_name
 from torch_htam.proposers.expert.ir import Unsupported, shape_of
-
-AXES = ("b", "m", "n")
-
 
 @dataclass(frozen=True)
 class Strided:
