@@ -682,9 +682,10 @@ def render_layout(gp: GemmMatch, params: dict) -> str:
 
     inner = L.batch // L.outer
 
-    def call(M, N, batch, a_off, b_off, d_ptr, ldd, sd, n0, d_outer):
+    def call(M, N, batch, a_off, b_off, d_ptr, ldd, sd, n0, d_outer, direct=False):
         # one lt_call for Y's box: rows m0.., columns n0.. (offsets folded into a_off / b_off); with
-        # an outer batch, one per outer index zo, D stepping d_outer elements
+        # an outer batch, one per outer index zo, D stepping d_outer elements. direct: an error
+        # leaves the direct calls (drc) instead of returning
         bptr = f"{bias_ptr} + {n0} * {esize}" if bias_ptr != "nullptr" else "nullptr"
         if L.outer > 1:
             batch, a_off, b_off = inner, f"{a_off} + zo * {B.s_outer}", f"{b_off} + zo * {A.s_outer}"
@@ -696,16 +697,18 @@ def render_layout(gp: GemmMatch, params: dict) -> str:
                 f"      c.ta = {roles['ta']}; c.tb = {roles['tb']}; c.epi = {LT_EPI[kind]};\n"
                 f"      const int rc = lt_call(c, {compute}, {ctype}, {algo}, {c_float(alpha)}, Ab + ({a_off}) * {esize}, "
                 f"Bb + ({b_off}) * {esize}, {d_ptr}, {bptr}, stream);\n"
-                f"      if (rc) return rc; }}")
+                + ("      if (rc) { drc = rc; break; } }" if direct else "      if (rc) return rc; }"))
         if L.outer > 1:
             text = f"    for (int64_t zo = 0; zo < {L.outer}; ++zo)\n" + text
+            if direct:
+                text += "\n    if (drc) break;"
         return text
     direct_calls = []
     for k, o in enumerate(L.outs):
         (b0, m0, n0), (nb, nm, nn) = o.box.lo, o.box.extent
         a_off = f"{b0} * {B.s_batch if B.batch > 1 else 0} + {n0} * {B.s_col}"
         b_off = f"{b0} * {A.s_batch if A.batch > 1 else 0} + {m0} * {A.s_row}"
-        direct_calls.append(call(nm, nn, nb, a_off, b_off, f"out[{k}].data", f"ldd{k}", f"ds{k}[0]", n0, f"dso{k}"))
+        direct_calls.append(call(nm, nn, nb, a_off, b_off, f"out[{k}].data", f"ldd{k}", f"ds{k}[0]", n0, f"dso{k}", direct=True))
     y_numel = L.batch * L.M * L.N
     stores = []
     for k, o in enumerate(L.outs):
@@ -741,9 +744,17 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   const char* Bb = (const char*)in[{A.input}].data;   // cuBLASLt's B: our A operand
 {chr(10).join(direct)}
   if (direct) {{
+    // NOTE: cuBLASLt may have no algorithm for an output's strides (HTAM_ERR_SHAPE): the scratch
+    // path below then writes every output, those written here included
+    int drc = 0;
+    do {{
 {chr(10).join(direct_calls)}
+    }} while (0);
+    if (drc != 0 && drc != HTAM_ERR_SHAPE) return drc;
+    if (drc == 0) {{
 {direct_epi}
-    return HTAM_OK;
+      return HTAM_OK;
+    }}
   }}
   void* scr = nullptr;
   {{ const int rc = lt_scratch((size_t){y_numel} * {esize}, &scr); if (rc) return rc; }}
