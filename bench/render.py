@@ -68,11 +68,18 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("phase", "label", None), ("seconds", "seconds", "{:.2f}"), ("regions swapped", "swapped", None),
         ("tasks", "tasks", None), ("kernels", "kernels", None), ("max rel err vs original", "rel_err", "{:.1e}"),
         ("precompile s", "precompile_s", "{:.2f}"), ("note", "note", None)],
-    "bench_memory": [
-        ("arm", "arm", None), ("tasks", "tasks", None), ("candidates", "candidates", None),
-        ("cand ok", "cand_ok", "{:.1%}"), ("correct", "correct", "{:.1%}"), ("fast@1", "fast1", "{:.1%}"),
-        ("geomean", "geomean", "{:.3f}x"), ("fast@1 re-timed", "fast1_rt", "{:.1%}"),
-        ("geomean re-timed", "geomean_rt", "{:.3f}x"), ("wall s", "wall_s", "{:.0f}")],
+    "anytime": [
+        ("arm", "arm", None), ("median to 95% of oracle", "median_to_95", None),
+        ("mean to 95%", "mean_to_95", "{:.1f}"), ("median to 99%", "median_to_99", None),
+        ("mean to 99%", "mean_to_99", "{:.1f}"), ("tasks reaching 95%", "reached", None),
+        ("geomean @4", "geomean.4", "{:.3f}x"), ("of oracle @4", "of_oracle.4", _pct),
+        ("geomean @8", "geomean.8", "{:.3f}x"), ("of oracle @8", "of_oracle.8", _pct),
+        ("geomean @16", "geomean.16", "{:.3f}x"), ("of oracle @16", "of_oracle.16", _pct),
+        ("budget for 95%", "budget_95", None)],
+    "anytime_table": [
+        ("task", "task", None), ("kind", "kind", None), ("policy", "policy", None), ("settings", "settings", None),
+        ("verified", "verified", None), ("oracle (re-timed)", "oracle", _x), ("defaults (re-timed)", "defaults", _x),
+        ("seconds", "seconds", "{:.0f}")],
     "sweep": [
         ("task", "task", None), ("kind", "kind", None), ("policy", "policy", None),
         ("verified", "verified", None), ("settings", "settings", None), ("defaults rank", "defaults_rank", None),
@@ -102,8 +109,24 @@ def _sweep_rows(data: dict) -> list[dict]:
     return out
 
 
+def _anytime_rows(data: dict) -> list[dict]:
+    """One row per arm of bench/anytime.py (the raw file also has every curve and table)."""
+    return [dict(a, arm=name) for name, a in data.get("arms", {}).items()]
+
+
+def _anytime_table_rows(data: dict) -> list[dict]:
+    """Per task of a measured table: its size, verified settings, and the oracle against the defaults."""
+    def kept(rows):
+        ok = [r for r in rows if r.get("correct") and r.get("speedup") and r.get("retime_ms")]
+        best = max(ok, key=lambda r: r["speedup"]) if ok else None
+        return best and best["ref_ms"] / best["retime_ms"]
+    return [{"task": t["task"], "kind": t.get("kind"), "policy": t.get("policy"), "settings": len(t["rows"]),
+             "verified": sum(bool(r.get("correct")) for r in t["rows"]), "oracle": kept(t["rows"]),
+             "defaults": kept(t["rows"][:1]), "seconds": t.get("seconds")} for t in data.get("tables", [])]
+
+
 # suite -> its table's rows, where they are derived from the raw file rather than its "rows"
-ROWS = {"sweep": _sweep_rows}
+ROWS = {"sweep": _sweep_rows, "anytime": _anytime_rows, "anytime_table": _anytime_table_rows}
 
 
 def _field(row: dict, key: str):
@@ -165,6 +188,8 @@ def load(results_dir: Path) -> dict[str, tuple[Path, dict]]:
 def _subject(data: dict) -> str:
     if isinstance(data.get("model"), str):
         return data["model"]
+    if data.get("suite") == "anytime_table":   # a table measured in parts: each part its tasks
+        return ", ".join(t["task"] for t in data.get("tables", []))
     rows = data.get("rows") if isinstance(data.get("rows"), list) else []
     return ", ".join(r["model"] for r in rows if isinstance(r, dict) and isinstance(r.get("model"), str))
 

@@ -15,13 +15,14 @@ import torch.nn.functional as F
 
 from torch_htam import build, paths
 from torch_htam.policy import make, policy_for
-from torch_htam.proposers.base import Parent, ProposalRequest
+from torch_htam.proposers.base import Candidate, Parent, ProposalRequest
 from torch_htam.proposers.expert import ExpertProposer, conv
 from torch_htam.proposers.expert.ir import Unsupported, lower
 from torch_htam.proposers.expert.proposer import match_task, tuning_grid
 from torch_htam.proposers.expert.strategies import KNOWN
 from torch_htam.extract import task_from_source
 from torch_htam.task import Task, TensorSpec
+from torch_htam.verify import poison_
 
 TASKS = sorted((Path(__file__).parents[1] / "bench" / "tasks").glob("*.py"))
 DIRECTIONS = {
@@ -55,6 +56,11 @@ def propose(task: Task, direction: str = "seed", strategies=(), n: int = 4, pare
     return ExpertProposer().propose(req)
 
 
+def setting(task: Task, params: dict, policy=None) -> Candidate:
+    """One setting of the task's search space as the candidate the expert would make of it."""
+    return Candidate(match_task(task, policy or policy_for(task)).render(params), [], dict(params))
+
+
 def embodied(task: Task, c, policy=None) -> list[str]:
     """The strategy ids a candidate's params embody (the target's tags), defaults included: what a
     kernel is, where Candidate.tags says what was applied to reach it."""
@@ -86,12 +92,27 @@ def test_candidates_distinct_tagged_deterministic(path):
 
 
 def test_parent_params_are_the_starting_point():
+    """A step applies its strategies to the parent: the nearest settings of the search space that
+    do, tagged with what they change, never the parent again nor a setting tried before."""
+    from torch_htam.proposers.base import source_key
     task = bench_task("rw_softmax_fp32")
-    first = propose(task).candidates[0]
-    parent = Parent(first.source, first.tags, 1.2, 0.1, 0.5, dict(first.params, tpr=128))
-    prop = propose(task, "memory_access", ["read_only_cache_loads"], parent=parent)
-    assert prop.candidates and all(c.params["tpr"] == 128 and c.params["nc"] for c in prop.candidates)
-    assert "read_only_cache_loads" in prop.candidates[0].tags
+    grid = tuning_grid(task, policy_for(task), limit=1000)
+    par = next(p for p in grid if p["tpr"] == 128)
+    src = match_task(task, policy_for(task)).render(par)
+    parent = Parent(src, [], 1.2, 0.1, 0.5, dict(par))
+    prop = propose(task, "parallel_mapping", ["occupancy_tuning"], parent=parent)
+    # the two other occupancies of the parent's own mapping come first, then farther settings
+    near = [c.params for c in prop.candidates[:2]]
+    assert all(p["tpr"] == 128 and p["occ"] != par["occ"] for p in near) and len(prop.candidates) == 4
+    dist = [sum(c.params[k] != par[k] for k in par) for c in prop.candidates]
+    assert dist == sorted(dist)
+    assert all("occupancy_tuning" in c.tags for c in prop.candidates)
+    assert all(c.params in grid and c.source != src for c in prop.candidates)
+    tried = {source_key(prop.candidates[0].source)}
+    again = ExpertProposer().propose(ProposalRequest(task, "parallel_mapping", ["occupancy_tuning"], n=4,
+                                                     parent=parent, tried=tried))
+    assert again.candidates and all(source_key(c.source) not in tried for c in again.candidates)
+    assert "already tried" in again.note
 
 
 class _LogSoftmax(nn.Module):
@@ -207,11 +228,11 @@ def _walk(e):
 
 
 def test_unsupported_graphs_give_a_note():
-    class Perm(nn.Module):
+    class Flip(nn.Module):
         def forward(self, x):
-            return x.permute(1, 0) * 2
-    prop = propose(small_task(Perm(), torch.randn(4, 8)))
-    assert prop.candidates == [] and "permute" in prop.note
+            return x.flip(0) * 2
+    prop = propose(small_task(Flip(), torch.randn(4, 8)))
+    assert prop.candidates == [] and "flip" in prop.note
 
     class Train(nn.Module):
         def forward(self, x):
@@ -260,7 +281,9 @@ def test_sources_compile_for_sm90a(tmp_path_factory):
     todo = [(n, s) for n, s in _compile_set()
             if (have_cublas or "cublasLt.h" not in s) and (have_cudnn or "cudnn.h" not in s)]
     assert len(todo) >= 20
-    results = build.build_many([s for _, s in todo], arch="sm_90a")
+    # NOTE: ~90 sources at 2-4 s of nvcc CPU each: build_many's default 300 s for the whole batch
+    # leaves no margin on 2 shared cores (timeouts, not errors, at load 9)
+    results = build.build_many([s for _, s in todo], arch="sm_90a", timeout_s=1200)
     bad = [(n, r.error[:800]) for (n, _), r in zip(todo, results) if not r.ok]
     assert not bad, bad
 
@@ -297,7 +320,7 @@ def test_default_candidates_match_torch(path):
             with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=policy.allow_tf32):
                 ref = ref_model(*inputs)
             ref = list(ref) if isinstance(ref, (tuple, list)) else [ref]
-            outs = [torch.full_like(r, float("nan")) for r in ref]       # poisoned
+            outs = [poison_(torch.empty_like(r)) for r in ref]       # NaN; ints / bools: a sentinel
             clones = [x.clone() for x in inputs]
             assert kernel(inputs, outs) == 0, cand.params
             torch.cuda.synchronize()
@@ -375,8 +398,7 @@ def _case(name: str, dtype=torch.float32, device="cpu") -> tuple[ConvBlock, list
 
 def test_conv_tasks_get_both_cudnn_paths():
     for stem in ("conv_bn_relu_fp32", "conv_bn_add_relu_fp32"):
-        cands = propose(bench_task(stem)).candidates
-        assert len(cands) == 4
+        cands = [setting(bench_task(stem), p) for p in tuning_grid(bench_task(stem), policy_for(bench_task(stem)))]
         # (a 1x1 conv's defaults are our tiled kernel, tests/test_pwconv.py; cuDNN's paths follow)
         first = next(c for c in cands if not c.params.get("tiled") and not c.params["fused"])
         fused = next(c for c in cands if c.params["fused"])
@@ -387,7 +409,8 @@ def test_conv_tasks_get_both_cudnn_paths():
         assert "epilogue_run" not in fused.source and "CUDNN_ACTIVATION_RELU" in fused.source
         assert {"fold_batchnorm", "gemm_plus_epilogue_kernel"} <= set(embodied(bench_task(stem), first))
         assert "gemm_plus_epilogue_kernel" not in embodied(bench_task(stem), fused)
-    res = next(c for c in propose(bench_task("conv_bn_add_relu_fp32")).candidates if c.params["fused"]).source
+    task = bench_task("conv_bn_add_relu_fp32")
+    res = next(setting(task, p) for p in tuning_grid(task, policy_for(task)) if p["fused"]).source
     assert "&one, e->y, in[6].data" in res      # the residual is cuDNN's z with alpha2 = 1
 
 
@@ -862,12 +885,12 @@ def test_every_target_implements_the_interface():
     from torch_htam.proposers.expert.proposer import TARGETS
     from torch_htam.proposers.expert.strategies import TABLE
     from torch_htam.proposers.expert.target import Target
-    assert sorted(t.kind for t in TARGETS) == ["conv", "elementwise", "gemm", "rowwise"]
+    assert sorted(t.kind for t in TARGETS) == ["attention", "conv", "elementwise", "gemm", "rowwise"]
     for t in TARGETS:
         assert isinstance(t, Target)
         for f in dc.fields(Target):
             v = getattr(t, f.name)
-            assert callable(v) or f.name in ("kind", "start_order", "library_algos"), (t.kind, f.name)
+            assert callable(v) or f.name in ("kind", "start_order"), (t.kind, f.name)
         # a first proposal's strategies all apply to the kind
         assert t.start_order and all(t.kind in TABLE[s].kinds for s in t.start_order), t.kind
 
@@ -886,15 +909,16 @@ def test_the_generic_loop_drives_any_target(monkeypatch):
     fake = Target(kind="fake", match=lambda gm, policy: Region(), defaults=lambda m: {"x": 1, "algo": 0},
                   tags=lambda m, p: ["single_kernel_launch"], retag=lambda m, p, tags: tags,
                   start_order=("fake_move",), grid=lambda m, base: [dict(base, x=9), base],
-                  render=lambda m, p: f"HTAM_ENTRY htam_run /* x={p['x']} algo={p['algo']} */",
-                  library_algos=({"algo": 1},))
+                  render=lambda m, p: f"HTAM_ENTRY htam_run /* x={p['x']} algo={p['algo']} */")
     task = bench_task("ew_bias_gelu_bf16")
     prop = proposer.ExpertProposer(targets=(fake,)).propose(ProposalRequest(task, "seed", [], n=8))
-    assert [c.params for c in prop.candidates] == [{"x": 1, "algo": 0}, {"x": 2, "algo": 0}, {"x": 3, "algo": 0},
-                                                   {"x": 3, "algo": 1}]
-    assert [c.tags for c in prop.candidates] == [[]] + [["fake_move"]] * 3   # applied, not embodied
+    # the defaults (untagged), then the space's settings that apply the start order's strategy;
+    # x=9 (the grid's own) applies none, so no step proposes it unasked
+    assert [c.params for c in prop.candidates] == [{"x": 1, "algo": 0}, {"x": 2, "algo": 0}, {"x": 3, "algo": 0}]
+    assert [c.tags for c in prop.candidates] == [[]] + [["fake_move"]] * 2   # applied, not embodied
     assert prop.note.startswith("expert: fake kernel")
-    assert proposer.tuning_grid(task, targets=(fake,)) == [{"x": 1, "algo": 0}, {"x": 9, "algo": 0}]
+    assert proposer.tuning_grid(task, targets=(fake,)) == [{"x": 1, "algo": 0}, {"x": 2, "algo": 0},
+                                                           {"x": 3, "algo": 0}, {"x": 9, "algo": 0}]
     src = Path(proposer.__file__).read_text()
     assert "kind ==" not in src and not any(f'"{k}"' in src for k in ("elementwise", "rowwise", "gemm", "conv"))
 
@@ -971,9 +995,9 @@ def test_no_import_cycle_in_the_package():
 
 
 @pytest.mark.parametrize("stem", ["ew_bias_gelu_bf16", "rw_layernorm_fp32", "gemm_linear_bias_gelu_fp32",
-                                  "conv_bn_relu_fp32"])
+                                  "conv_bn_relu_fp32", "attn_sdpa_causal_bf16"])
 def test_supports_only_strategies_the_expert_can_apply(stem):
-    """supports(task): every id it names yields a candidate tagged with exactly that id from the
+    """supports(task): every id it names yields a candidate tagged with that id from the
     defaults, or is a path the defaults already take (a parent elsewhere moves back to it); ids
     whose only move changes nothing (always-on fusion, one launch) or that have no move are out."""
     from torch_htam.proposers.expert.strategies import moves_for
@@ -985,7 +1009,7 @@ def test_supports_only_strategies_the_expert_can_apply(stem):
     for sid in sorted(supported):
         tags = [c.tags for c in propose(task, "any", [sid], n=8).candidates]
         at_default = all(tm.defaults.get(k) == v for m in moves_for(sid, tm.facts) for k, v in m.items())
-        assert [sid] in tags or at_default, (sid, tags)
+        assert any(sid in t for t in tags) or at_default, (sid, tags)
 
 
 def test_supports_nothing_without_a_target():
@@ -1003,12 +1027,13 @@ def test_tags_are_the_applied_strategies():
     base = propose(task).candidates[0]
     assert base.tags == [] and base.params == match_task(task, policy_for(task)).defaults
     cands = propose(task, "instruction_throughput", ["ilp_unroll"]).candidates
-    assert [c.tags for c in cands] == [[], ["ilp_unroll"], ["ilp_unroll"]]
+    assert cands[0].tags == [] and len(cands) > 2 and all(c.tags == ["ilp_unroll"] for c in cands[1:])
     parent = Parent(cands[1].source, cands[1].tags, 1.1, 0.1, 0.5, dict(cands[1].params))
     moved = propose(task, "memory_access", ["vectorized_16b_access"], parent=parent).candidates
-    assert moved and all(c.tags == ["vectorized_16b_access"] and c.params["unroll"] == 2 for c in moved)
+    assert moved and all("vectorized_16b_access" in c.tags and "ilp_unroll" not in c.tags for c in moved)
     # a move that lands where the parent already is makes no candidate (not a retagged copy)
     assert all(c.params["vec"] != parent.params["vec"] for c in moved)
     for direction, sids in DIRECTIONS.items():
-        for c in propose(bench_task("rw_softmax_fp32"), direction, sids, n=8).candidates:
-            assert set(c.tags) <= set(sids or match_task(bench_task("rw_softmax_fp32"), None).target.start_order)
+        asked = set(sids or match_task(bench_task("rw_softmax_fp32"), None).target.start_order)
+        for c in propose(bench_task("rw_softmax_fp32"), direction, sids, n=8).candidates[1:]:
+            assert set(c.tags) & asked   # a setting may apply more than was asked, never less

@@ -1,5 +1,6 @@
 """The plan command: a table for a real model, clean messages for unusable specs and models."""
 import io
+import re
 import json
 from pathlib import Path
 
@@ -138,6 +139,6 @@ def test_spec_forms_and_kwargs():
 def test_plan_times_tasks_on_cuda():
     out = io.StringIO()
     assert run_plan(GPT, out=out, device="cuda") == 0
-    shares = [float(tok[:-1]) for line in out.getvalue().splitlines()[3:12]
-              for tok in line.split() if tok.endswith("%")]
-    assert len(shares) == 9 and abs(sum(shares) - 100) < 1.0
+    rows = [line for line in out.getvalue().splitlines() if re.match(r"[0-9a-f]{16} ", line)]
+    shares = [float(tok[:-1]) for line in rows for tok in line.split() if tok.endswith("%")]
+    assert len(rows) == 9 and len(shares) == 9 and abs(sum(shares) - 100) < 1.0

@@ -20,7 +20,7 @@ import sys
 def _add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None,
                    help="where the model runs (default: cuda if present, else cpu)")
-    p.add_argument("--steps", type=int, default=None, help="evolution steps per task (default 6)")
+    p.add_argument("--steps", type=int, default=None, help="evolution steps per task after the first (default 3: 16 candidates)")
     p.add_argument("--candidates", type=int, default=None, help="candidates per step (default 4)")
     p.add_argument("--memory", choices=("htg", "flat", "none"), default="htg",
                    help="experience memory (ablation switch)")

@@ -7,7 +7,7 @@ the reason is one line: the Unsupported message of the target of the task's own 
 
     >>> path_of(task)                       # None: the expert writes kernels for it
     >>> path_of(attn_task)
-    'the built-in proposer has no attention target'
+    'attention head dim 12 (q/k): the kernel takes head dims that are multiples of 8 up to 256'
     >>> coverage(found.tasks)["flops"]      # share of FLOPs (x count) in tasks with a path
     0.97
 """

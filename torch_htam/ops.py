@@ -10,7 +10,7 @@ becomes) all read this table, so an op is classified once.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Categories: how partition treats an op.
 ANCHOR = "anchor"            # a GEMM / conv / attention: seeds a region, takes its epilogue
@@ -39,6 +39,9 @@ class OpInfo:
     operands the expression takes, and the aten overloads the expert lowers that way.
     keeps_epilogue (anchors): the elementwise chain after this anchor stays its epilogue even when
     a row-wise op follows (a conv's BN + add + ReLU, not the next pooling's prologue).
+    attn: the op's role in a hand-written attention (attn_pattern.py): "matmul" (q @ k^T, p @ v),
+    "scale" (scores times / by a constant), "fill" (masked_fill), "where", "bias" (an added mask),
+    "softmax", "cast", "cond" (mask == 0 and other comparisons with a constant that make a mask).
     """
     category: str
     kind: str | None = None
@@ -50,6 +53,7 @@ class OpInfo:
     operands: int = 1
     overloads: tuple[str, ...] = ("default",)
     keeps_epilogue: bool = False
+    attn: str | None = None
 
 
 def _rows(category: str, names, **kw) -> dict[str, OpInfo]:
@@ -99,26 +103,38 @@ OPS: dict[str, OpInfo] = {
     "add": _bin("add"), "sub": _bin("sub"), "mul": _bin("mul"), "div": _bin("div"),
     "rsub": _bin("rsub"), "maximum": _bin("max", ("default",)), "minimum": _bin("min", ("default",)),
     "pow": _bin("pow", ("Tensor_Tensor",)),
-    "neg": _ew("neg"), "reciprocal": _ew("recip"), "sqrt": _ew("sqrt"), "rsqrt": _ew("rsqrt"),
-    "abs": _ew("abs"), "square": _ew("sq"),
-    **{n: _ew() for n in ("multiply", "divide", "true_divide", "subtract", "negative", "remainder",
-                          "fmod", "floor_divide", "addcmul", "addcdiv", "lerp", "clamp",
-                          "clamp_min", "clamp_max", "clip", "round", "floor", "ceil", "trunc",
-                          "sign")},
-    # transcendental and activations
+    "multiply": _bin("mul"), "divide": _bin("div"), "true_divide": _bin("div"),
+    "subtract": _bin("sub"), "remainder": _bin("mod"), "fmod": _bin("fmod"),
+    "floor_divide": _bin("floordiv", ("default", "Scalar")),
+    "neg": _ew("neg"), "negative": _ew("neg"), "reciprocal": _ew("recip"), "sqrt": _ew("sqrt"),
+    "rsqrt": _ew("rsqrt"), "abs": _ew("abs"), "square": _ew("sq"), "round": _ew("rint"),
+    "floor": _ew("floor"), "ceil": _ew("ceil"), "trunc": _ew("trunc"), "sign": _ew("sign"),
+    "addcmul": _ew("addcmul", 2, operands=3), "addcdiv": _ew("addcdiv", 2, operands=3),
+    "lerp": _ew("lerp", 3, operands=3, overloads=("Scalar", "Tensor")),
+    **{n: _ew() for n in ("clamp", "clamp_min", "clamp_max", "clip")},
+    # transcendental and activations. NOTE: the activations with parameters (leaky_relu's slope,
+    # elu's alpha, softplus' beta) are composites the expert's lowering spells out (ir.COMPOSITE)
     "exp": _ew("exp", 2), "log": _ew("log", 2), "log1p": _ew("log1p", 2), "expm1": _ew("expm1", 2),
     "sin": _ew("sin", 2), "cos": _ew("cos", 2), "erf": _ew("erf", 4), "tanh": _ew("tanh", 4),
     "sigmoid": _ew("sigmoid", 4), "relu": _ew("relu"), "gelu": _ew("gelu", 8),
-    "silu": _ew("silu", 4),
-    **{n: _ew() for n in ("exp2", "log2", "tan", "erfc", "relu6", "mish", "hardswish",
-                          "hardsigmoid", "hardtanh", "leaky_relu", "elu", "selu", "celu",
-                          "softplus", "logit", "glu")},
-    # comparisons, selection, casts
-    **{n: _ew() for n in ("greater", "less", "greater_equal", "less_equal", "not_equal", "eq", "ne",
-                          "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not",
-                          "bitwise_and", "bitwise_or", "bitwise_not", "where", "masked_fill",
-                          "zeros_like", "ones_like", "full_like", "fill", "isnan", "isinf",
-                          "nan_to_num")},
+    "silu": _ew("silu", 4), "exp2": _ew("exp2", 2), "log2": _ew("log2", 2), "tan": _ew("tan", 4),
+    "erfc": _ew("erfc", 4), "mish": _ew("mish", 8), "hardswish": _ew("hardswish", 4),
+    "hardsigmoid": _ew("hardsigmoid", 3), "leaky_relu": _ew("leaky_relu", 2),
+    "elu": _ew("elu", 4), "selu": _ew("selu", 4), "celu": _ew("celu", 4),
+    "softplus": _ew("softplus", 4), "logit": _ew("logit", 4),
+    **{n: _ew() for n in ("relu6", "hardtanh", "glu")},
+    # comparisons and logic: bool results (stored as bytes), computed in the promoted input type
+    **{n: _bin(e) for n, e in (("eq", "eq"), ("ne", "ne"), ("lt", "lt"), ("le", "le"), ("gt", "gt"),
+                               ("ge", "ge"), ("greater", "gt"), ("less", "lt"), ("not_equal", "ne"),
+                               ("greater_equal", "ge"), ("less_equal", "le"))},
+    "logical_and": _bin("and", ("default",)), "logical_or": _bin("or", ("default",)),
+    "logical_xor": _bin("xor", ("default",)), "logical_not": _ew("not"),
+    "bitwise_and": _bin("band"), "bitwise_or": _bin("bor"), "bitwise_xor": _bin("bxor"),
+    "__and__": _bin("band"), "__or__": _bin("bor"), "__xor__": _bin("bxor"),
+    "bitwise_not": _ew("bnot"), "isnan": _ew("isnan"), "isinf": _ew("isinf"),
+    "where": _ew("select", operands=3, overloads=("self", "ScalarSelf", "ScalarOther", "Scalar")),
+    "masked_fill": _ew("masked_fill", operands=3, overloads=("Scalar", "Tensor")),
+    **{n: _ew() for n in ("zeros_like", "ones_like", "full_like", "fill", "nan_to_num")},
     **{n: _ew(cast=True) for n in ("_to_copy", "to", "type_as")},
     # per-channel affine in eval mode (batch statistics are constants); arg 4 is running_var
     "batch_norm": _ew(flops=2, positive=(4,)),
@@ -138,13 +154,36 @@ OPS: dict[str, OpInfo] = {
 }
 
 
-def info(name: str | None) -> OpInfo | None:
-    """The row of an overload-packet name; None: torch_htam leaves the op to PyTorch.
+# roles in a hand-written attention (OpInfo.attn): q @ k^T, scale, mask, softmax, eval dropout
+# (a no-op row), p @ v; attn_pattern.py groups such a chain into one attention region
+_ATTN_ROLES = {
+    "matmul": ("matmul", "bmm"), "scale": ("mul", "div", "multiply", "divide", "true_divide"),
+    "fill": ("masked_fill",), "where": ("where",), "bias": ("add",),
+    "softmax": ("softmax", "_softmax", "_safe_softmax"), "cast": ("_to_copy", "to", "type_as"),
+    "cond": ("eq", "ne", "lt", "le", "gt", "ge", "logical_not"),
+}
+for _role, _names in _ATTN_ROLES.items():
+    for _n in _names:
+        OPS[_n] = replace(OPS[_n], attn=_role)
+
+
+# Overloads that are another kind of op than their packet's row: min(a, b) / max(a, b) are
+# elementwise where min(x, dim) is a row reduction. Keyed "packet.overload".
+OVERLOADS: dict[str, OpInfo] = {
+    "min.other": _bin("min", ("other",)), "max.other": _bin("max", ("other",)),
+}
+
+
+def info(name: str | None, overload: str | None = None) -> OpInfo | None:
+    """The row of an overload-packet name (or of that overload, where OVERLOADS has one); None:
+    torch_htam leaves the op to PyTorch.
 
     NOTE: in-place forms ("relu_", "add_") have no row: capture.functionalize turns each one that
     is safe to rewrite into its out-of-place twin; the rest mutate what others read and must stay.
     """
-    return OPS.get(name) if name is not None else None
+    if name is None:
+        return None
+    return OVERLOADS.get(f"{name}.{overload}") or OPS.get(name)
 
 
 def packet_of(op: str) -> str:

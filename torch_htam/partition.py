@@ -3,7 +3,9 @@
 A region is one of
   - an anchor op (linear/matmul/bmm/addmm/conv/sdpa) with the elementwise ops after it (epilogue),
   - one row-wise op (softmax, norms, reductions) with the elementwise ops before and after it,
-  - a chain of elementwise/broadcast ops.
+  - a chain of elementwise/broadcast ops,
+  - a hand-written attention (q @ k^T, scale, mask, softmax, eval dropout, @ v: attn_pattern.py),
+    one "attention" region like an SDPA call.
 Views and no-ops (dropout in eval, contiguous, clone, alias) are "free": absorbed into the region
 whose data they reshape, never a task of their own. Everything else (embedding, indexing, factory
 ops) stays outside, on PyTorch. Which op is which is torch_htam.ops' table.
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from torch_htam import ops
+from torch_htam import attn_pattern, ops
 from torch_htam.ops import ANCHOR, COMPUTE, ELEMENTWISE, FREE, ROWWISE
 
 
@@ -56,10 +58,15 @@ def op_name(n: fx.Node) -> str | None:
 
 def category(n: fx.Node) -> str | None:
     """ANCHOR | ROWWISE | ELEMENTWISE | VIEW | NOOP, or None for ops that stay on PyTorch."""
-    row = ops.info(op_name(n))
+    row = ops.info(op_name(n), _overload(n))
     if row is None or not _has_tensor_input(n):
         return None   # factory ops (arange, full) and non-aten calls are left alone
     return row.category
+
+
+def _overload(n: fx.Node) -> str | None:
+    """The overload name of an aten call ("other" of aten.min.other), else None."""
+    return n.target._overloadname if isinstance(n.target, torch._ops.OpOverload) else None
 
 
 def partition(gm: fx.GraphModule | fx.Graph) -> list[Region]:
@@ -71,18 +78,22 @@ def partition(gm: fx.GraphModule | fx.Graph) -> list[Region]:
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
-    groups = _group_compute(nodes, order)
+    patterns = attn_pattern.find(nodes)
+    groups = _group_compute(nodes, order, patterns)
     region_of = {n: g for g in groups for n in g}   # node -> its group (a list, compared by id)
     _absorb_free(nodes, region_of)
     _close_tuples(nodes, region_of)
-    return [_make_region(sorted(g, key=order.get), order) for g in groups
+    attention = {p.pv: p for p in patterns}
+    return [_make_region(sorted(g, key=order.get), order, attention) for g in groups
             if any(not ops.info(op_name(n)).cast for n in g if category(n) in COMPUTE)]
 
 
 # ---- step 1: group compute nodes ------------------------------------------------------------
 
-def _group_compute(nodes: list[fx.Node], order: dict) -> list[list[fx.Node]]:
-    """Two greedy passes in graph order.
+def _group_compute(nodes: list[fx.Node], order: dict, patterns=()) -> list[list[fx.Node]]:
+    """Two greedy passes in graph order, after each hand-written attention (attn_pattern.Pattern)
+    has become a group of its own (its intermediates are read inside it alone, so it can form no
+    cycle).
 
     1. Each row-wise op seeds a region and takes its elementwise neighbours: the chain after it
        (epilogue), then the producers of the same size before it (prologue: residual add, casts,
@@ -98,6 +109,12 @@ def _group_compute(nodes: list[fx.Node], order: dict) -> list[list[fx.Node]]:
         group_of[n] = group
         group.append(n)
 
+    for pat in patterns:
+        if not any(n in group_of for n in pat.nodes):
+            group = []
+            groups.append(group)
+            for n in pat.nodes:
+                add(n, group)
     for n in nodes:
         if category(n) == ROWWISE and n not in group_of:
             group: list[fx.Node] = []
@@ -111,13 +128,50 @@ def _group_compute(nodes: list[fx.Node], order: dict) -> list[list[fx.Node]]:
             continue
         target = None
         if cat == ELEMENTWISE:
-            producers = [group_of[p] for p in _compute_inputs(n) if p in group_of]
-            target = next((g for g in _unique(producers) if not _creates_cycle(n, g, order)), None)
+            producers = _unique([group_of[p] for p in _compute_inputs(n) if p in group_of])
+            target = next((g for g in producers if not _creates_cycle(n, g, order)), None)
         if target is None:
             target = []
             groups.append(target)
         add(n, target)
+        if cat == ELEMENTWISE:
+            _merge_chains(n, target, producers, groups, group_of, order)
     return [sorted(g, key=order.get) for g in sorted(groups, key=lambda g: min(map(order.get, g)))]
+
+
+def _chain_only(group: list[fx.Node]) -> bool:
+    return all(category(m) == ELEMENTWISE for m in group)
+
+
+def _merge_chains(n, target, producers, groups, group_of, order) -> None:
+    """n (just added to target) also reads other elementwise chains: fold them into target.
+
+    NOTE: a chain starts wherever an op reads no compute node, so `0.5 * x * (1 + tanh(k * (x +
+    0.044715 * x**3)))` starts two ((0.5 * x) and (x**3 ...)) that meet at the last mul; without
+    this the first became a one-op region of its own and its result a round trip through memory.
+    Only chains of elementwise ops of n's size merge (an anchor's or a row op's region keeps its
+    own shape; a chain over a broadcast operand, e.g. a bias vector, would be recomputed per
+    element and could leave an output of another shape), and only where the union has no path
+    leaving it and coming back.
+    """
+    if not _chain_only(target):
+        return
+    size = _numel(n)
+    for g in producers:
+        if g is target or not _chain_only(g) or any(_numel(m) != size for m in g):
+            continue
+        union = target + g
+        members = set(union)
+        lo, hi = min(order[m] for m in union), max(order[m] for m in union)
+        # a path between the two leaves g one way or the other: searching from g's members suffices
+        if any(_dirty_path(m, members, lambda x: x.all_input_nodes, lambda x: order[x] >= lo)
+               or _dirty_path(m, members, lambda x: list(x.users), lambda x: order[x] <= hi)
+               for m in g):
+            continue
+        for m in g:
+            group_of[m] = target
+        target.extend(g)
+        groups[:] = [x for x in groups if x is not g]
 
 
 def _grab_epilogue(row, group, group_of, add, order) -> None:
@@ -283,7 +337,7 @@ def _join(n, group, region_of) -> None:
 
 # ---- step 3: region boundaries --------------------------------------------------------------
 
-def _make_region(members: list[fx.Node], order: dict) -> Region:
+def _make_region(members: list[fx.Node], order: dict, attention: dict | None = None) -> Region:
     inside = set(members)
     inputs: list[fx.Node] = []
     for n in members:
@@ -293,7 +347,10 @@ def _make_region(members: list[fx.Node], order: dict) -> Region:
     outputs = [n for n in members if any(u not in inside for u in n.users)]
     anchor = next((n for n in members if category(n) == ANCHOR), None)
     row = next((n for n in members if category(n) == ROWWISE), None)
-    if anchor is not None:
+    pat = next((attention[n] for n in members if n in (attention or {})), None)
+    if pat is not None and pat.qk in inside:        # a hand-written attention: p @ v anchors it
+        kind, anchor = "attention", pat.pv
+    elif anchor is not None:
         kind = ops.info(op_name(anchor)).kind
     elif row is not None:
         kind, anchor = "rowwise", row

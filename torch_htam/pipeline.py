@@ -29,7 +29,10 @@ log = logging.getLogger("torch_htam")
 class OptimizeConfig:
     """What optimize may spend and use.
 
-    steps / candidates_per_step: HTAM evolution budget per task (the paper uses at most 6 steps).
+    steps / candidates_per_step: HTAM evolution budget per task: step 0 plus `steps` steps of up to
+    `candidates_per_step` kernels. The default, 16 candidates, is where the HTG's anytime curve
+    reached the oracle of the expert's search space on bench/tasks (bench/anytime.py, H100: geomean
+    100% of the oracle with warm memory, 99.7% cold; bench/results/anytime-20261123-202559.json).
     min_speedup: a verified kernel is swapped in only if it beats the original region by this
     factor; below it the gain is inside timing noise and not worth a custom op.
     check_end_to_end: time ours against the alternative on the example inputs and keep only the
@@ -40,7 +43,7 @@ class OptimizeConfig:
     mode: torch.compile's mode for compile=True ("default", "reduce-overhead", ...).
     time_budget_s: wall time for the whole search (None = steps bound it).
     """
-    steps: int = 6
+    steps: int = 3
     candidates_per_step: int = 4
     memory: str = "htg"                # "htg" | "flat" | "none" (ablation switch)
     use_llm: bool = False

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from torch_htam.htg import HTG, MODES, START, Trail, outcome_of
-from torch_htam.proposers.base import Attempt, Parent, ProposalRequest
+from torch_htam.proposers.base import Attempt, Parent, ProposalRequest, source_key
 from torch_htam.state import ridge_point, state_of
 
 log = logging.getLogger("torch_htam")
@@ -194,7 +194,7 @@ def search(task, proposer, evaluator, memory: HTG, config: SearchConfig | None =
     loop.traj.write("summary", stop=res.stop, steps=res.steps, candidates=res.candidates,
                     correct=res.correct, best_speedup=_r(res.speedup),
                     best_tags=res.best.tags if res.best else None,
-                    best_hash=(res.best.evaluation.source_hash or _hash(res.best.source))
+                    best_hash=(res.best.evaluation.source_hash or source_key(res.best.source))
                     if res.best else None,
                     directions=res.directions, usage=res.usage, wall_s=round(res.wall_s, 3))
     return res
@@ -213,6 +213,7 @@ class _Loop:
     res: SearchResult = None
     trail: Trail = None
     feedback: list[Attempt] = field(default_factory=list)
+    tried: set[str] = field(default_factory=set)   # source_key of every evaluated candidate
     last_failure: str | None = None
     stale: int = 0     # steps since the best last improved by more than min_gain
     empty: int = 0     # consecutive steps with an empty proposal
@@ -232,7 +233,7 @@ class _Loop:
         request = ProposalRequest(
             task=self.task, direction=direction, strategies=strategies, n=cfg.candidates_per_step,
             parent=res.best.parent() if res.best else None, feedback=self.feedback[-cfg.feedback:],
-            transition=(previous, direction), gpu=self.gpu, policy=self.policy)
+            transition=(previous, direction), gpu=self.gpu, policy=self.policy, tried=set(self.tried))
         proposal = proposer.propose(request)
         add_usage(res.usage, proposal.usage)
         cands = proposal.candidates
@@ -266,12 +267,13 @@ class _Loop:
         self.memory.record(state, previous, direction, cand.tags, outcome, self.cfg.memory)
         self.trail.note_strategies(cand.tags, outcome)
         self.feedback.append(_attempt(cand, ev))
+        self.tried.add(source_key(cand.source))
         self.res.candidates += 1
         self.res.correct += int(ev.correct)
         became = _offer(self.res, Best(cand.source, list(cand.tags), dict(cand.params), ev,
                                        cand.origin, step, direction))
         self.traj.write("candidate", step=step, direction=direction, strategies=list(cand.tags),
-                        hash=ev.source_hash or _hash(cand.source), reason=ev.reason,
+                        hash=ev.source_hash or source_key(cand.source), reason=ev.reason,
                         detail=(ev.detail or "")[:DETAIL_CHARS], speedup=_r(ev.speedup),
                         kernel_ms=_r(ev.kernel_ms), roofline=_r(ev.roofline_fraction),
                         gain=_r(outcome.gain), best=became, origin=cand.origin)
@@ -328,7 +330,7 @@ def _offer(res: SearchResult, cand: Best) -> bool:
 
 
 def _attempt(cand, ev) -> Attempt:
-    return Attempt(ev.source_hash or _hash(cand.source), list(cand.tags), ev.reason,
+    return Attempt(ev.source_hash or source_key(cand.source), list(cand.tags), ev.reason,
                    ev.detail or "", ev.speedup, ev.kernel_ms)
 
 
@@ -347,10 +349,6 @@ def _most_common(reasons: list[str]) -> str | None:
 
 def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
-
-
-def _hash(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 def _now() -> str:

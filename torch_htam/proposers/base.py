@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -64,6 +65,14 @@ class ProposalRequest:
     transition: tuple[str, str] | None = None
     gpu: GpuInfo | None = None
     policy: Any = None   # policy.Precision
+    # source_key of every candidate this search evaluated (the parent included): a proposer that
+    # walks a finite space skips them rather than spend the step's budget on a repeat
+    tried: set[str] = field(default_factory=set)
+
+
+def source_key(source: str) -> str:
+    """A candidate source's identity in a search (sha256, 16 hex digits)."""
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 @dataclass

@@ -22,7 +22,10 @@ PRELUDE = cuh("prelude.cuh")
 
 # dtype name -> (trait struct in prelude.cuh, HtamDtype code, bytes)
 DT = {"float32": ("F32", "HTAM_FLOAT32", 4), "bfloat16": ("BF16", "HTAM_BFLOAT16", 2),
-      "float16": ("F16", "HTAM_FLOAT16", 2)}
+      "float16": ("F16", "HTAM_FLOAT16", 2), "int64": ("I64", "HTAM_INT64", 8),
+      "int32": ("I32", "HTAM_INT32", 4), "bool": ("B8", "HTAM_BOOL", 1)}
+# value type (ir.value_type) -> the C++ type a kernel computes it in
+CTYPE = {"f": "float", "i": "long long", "b": "bool"}
 
 # expression op -> C++ (fp32 in, fp32 out); "fast" variants use the SFU intrinsics
 EXACT = {
@@ -34,7 +37,25 @@ EXACT = {
     "rsqrt": "rsqrtf({0})", "abs": "fabsf({0})", "recip": "(1.f / {0})", "erf": "erff({0})",
     "sin": "sinf({0})", "cos": "cosf({0})", "log1p": "log1pf({0})", "expm1": "expm1f({0})",
     "sq": "({0} * {0})", "powc": "powf({0}, {1})", "pow": "powf({0}, {1})",
+    "exp2": "exp2f({0})", "log2": "log2f({0})", "tan": "tanf({0})", "erfc": "erfcf({0})",
+    "floor": "floorf({0})", "ceil": "ceilf({0})", "trunc": "truncf({0})", "rint": "rintf({0})",
+    "sign": "htam_signf({0})", "fmod": "fmodf({0}, {1})", "mod": "htam_modf({0}, {1})",
+    "floordiv": "floorf({0} / {1})",
+    # selection, comparisons and logic (operands of one value type, ir inserts the casts)
+    "select": "({0} ? {1} : {2})", "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})",
+    "le": "({0} <= {1})", "gt": "({0} > {1})", "ge": "({0} >= {1})", "and": "({0} && {1})",
+    "or": "({0} || {1})", "xor": "({0} != {1})", "not": "(!{0})", "isnan": "isnan({0})",
+    "isinf": "isinf({0})",
 }
+# integer operands ("i" values, long long): where the float spelling would be wrong
+INT = {
+    "max": "htam_imax({0}, {1})", "min": "htam_imin({0}, {1})", "abs": "({0} < 0 ? -{0} : {0})",
+    "relu": "({0} < 0 ? 0LL : {0})", "sign": "(long long)(({0} > 0) - ({0} < 0))",
+    "mod": "htam_imod({0}, {1})", "floordiv": "htam_ifloordiv({0}, {1})",
+    "fmod": "({1} == 0 ? 0LL : {0} % {1})", "band": "({0} & {1})", "bor": "({0} | {1})",
+    "bxor": "({0} ^ {1})", "bnot": "(~{0})",
+}
+CASTS = {"f": "((float)({0}))", "i": "((long long)({0}))", "b": "({0} != 0)"}
 FAST = dict(EXACT, **{
     "div": "__fdividef({0}, {1})", "silu": "__fdividef({0}, 1.f + __expf(-{0}))",
     "sigmoid": "__fdividef(1.f, 1.f + __expf(-{0}))", "exp": "__expf({0})", "log": "__logf({0})",
@@ -75,8 +96,10 @@ class Emitter:
     """Emits `const float tN = ...;` lines for expressions, once per distinct sub-expression.
     load(access_id) / red(reduction_id) give the C++ names of loaded inputs and row results."""
 
-    def __init__(self, load, red, fast: bool = False, low_precision: bool = False, prefix="t"):
+    def __init__(self, load, red, fast: bool = False, low_precision: bool = False, prefix="t", vt=None):
+        # vt: expression -> value type ("f" | "i" | "b", ir.value_type); None: every value is float
         self.load, self.red, self.prefix = load, red, prefix
+        self.vt = vt or (lambda e: "f")
         self.table = (FAST_LOWP if low_precision else FAST) if fast else EXACT
         self.lines: list[str] = []
         self.names: dict[tuple, str] = {}
@@ -87,6 +110,10 @@ class Emitter:
         op = e[0]
         if op == "const":
             return c_float(e[1])
+        if op == "iconst":
+            return f"{int(e[1])}LL"
+        if op == "bconst":
+            return "true" if e[1] else "false"
         if op == "ncol":          # row kernels only: the run-time row length
             return "((float)ncol)"
         if op == "in":
@@ -94,8 +121,14 @@ class Emitter:
         elif op == "red":
             name = self.red(e[1])
         else:
-            if op == "round":
+            if op == "round" and e[1] == "int32":       # int32 wraps: keep the low 32 bits
+                code = f"((long long)(int)({self.emit(e[2])}))"
+            elif op == "round":
                 code = f"{DT[e[1]][0]}::round({self.emit(e[2])})"
+            elif op == "cast":
+                code = CASTS[e[1]].format(self.emit(e[2]))
+            elif op in INT and self.vt(e[1]) == "i":
+                code = INT[op].format(*[self.emit(a) for a in e[1:]])
             elif op == "div" and self.table is EXACT and _row_uniform(e[2]):
                 # NOTE: x / R (R a row's sum, norm, ...) as x * (1/R): the reciprocal is loop-
                 # invariant and hoisted out of the row loop, where an IEEE divide costs ~10
@@ -104,6 +137,6 @@ class Emitter:
             else:
                 code = self.table[op].format(*[self.emit(a) for a in e[1:]])
             name = f"{self.prefix}{len(self.lines)}"
-            self.lines.append(f"const float {name} = {code};")
+            self.lines.append(f"const {CTYPE[self.vt(e)]} {name} = {code};")
         self.names[e] = name
         return name

@@ -14,8 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from torch_htam.proposers.expert import host
-from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter
-from torch_htam.proposers.expert.ir import ExprProgram, Unsupported, lower, stored
+from torch_htam.proposers.expert.cuda import CTYPE, DT, PRELUDE, Emitter
+from torch_htam.proposers.expert.ir import VT, ExprProgram, Unsupported, lower, program_value_type, stored
 from torch_htam.proposers.expert.target import ProgramMatch, Target, access_tags, drop_scalar_tag, program_facts
 
 
@@ -38,21 +38,26 @@ def _kernel(prog: ExprProgram, p: EwParams, low_precision: bool, restrict: bool)
     nc = "true" if p.nc else "false"
     loads = []
     for i, a in enumerate(prog.accesses):
-        t = DT[prog.inputs[a.input][1]][0]
+        dt = prog.inputs[a.input][1]
+        t = DT[dt][0]
+        if VT[dt] != "f":     # integers and bools: element loads in their own type (no float trip)
+            loads.append(
+                f"{{ const IDX inner = (IDX)sp.st[{i}][sp.ndim - 1];\n"
+                f"#pragma unroll\n          for (int e = 0; e < VEC; ++e) x{i}[u][e] = {t}::to_v(p{i}[off[{i}] + e * inner]); }}")
+            continue
         loads.append(
             f"if (VEC > 1 && sp.st[{i}][sp.ndim - 1] == 1) ldv<{t}, VEC, {nc}>(p{i} + off[{i}], x{i}[u]);\n"
             f"        else {{ const float v = ld1<{t}, {nc}>(p{i} + off[{i}]);\n"
             f"#pragma unroll\n          for (int e = 0; e < VEC; ++e) x{i}[u][e] = v; }}")
-    em = Emitter(load=lambda a: f"x{a}[u][e]", red=None, fast=p.fast, low_precision=low_precision)
+    em = Emitter(load=lambda a: f"x{a}[u][e]", red=None, fast=p.fast, low_precision=low_precision,
+                 vt=program_value_type(prog))
     outs = [em.emit(stored(o.expr, o.dtype)) for o in prog.outputs]
     body = "\n".join("          " + ln for ln in em.lines)
     sets = "\n".join(f"          y{k}[u][e] = {v};" for k, v in enumerate(outs))
-    stores = "\n".join(
-        f"      if (VEC > 1) stv<{DT[o.dtype][0]}, VEC>(o{k} + lin[u], y{k}[u]);\n"
-        f"      else o{k}[lin[u]] = {DT[o.dtype][0]}::from_f(y{k}[u][0]);"
-        for k, o in enumerate(prog.outputs))
-    decl_x = " ".join(f"float x{i}[UNROLL][VEC];" for i in range(nacc))
-    decl_y = " ".join(f"float y{k}[UNROLL][VEC];" for k in range(nout))
+    stores = "\n".join(_store(k, o.dtype) for k, o in enumerate(prog.outputs))
+    decl_x = " ".join(f"{CTYPE[VT[prog.inputs[a.input][1]]]} x{i}[UNROLL][VEC];"
+                      for i, a in enumerate(prog.accesses))
+    decl_y = " ".join(f"{CTYPE[VT[o.dtype]]} y{k}[UNROLL][VEC];" for k, o in enumerate(prog.outputs))
     return f"""
 #define NACC {nacc}
 #define UNROLL {p.unroll}
@@ -107,10 +112,17 @@ __global__ void __launch_bounds__({p.block}) ew_kernel(Space<NACC> sp, IDX nvec,
 """
 
 
+def _store(k: int, dtype: str) -> str:
+    t = DT[dtype][0]
+    if VT[dtype] != "f":      # int64 / int32 / bool (one byte) outputs, element by element
+        return (f"#pragma unroll\n      for (int e = 0; e < VEC; ++e) o{k}[lin[u] + e] = {t}::from_v(y{k}[u][e]);")
+    return (f"      if (VEC > 1) stv<{t}, VEC>(o{k} + lin[u], y{k}[u]);\n"
+            f"      else o{k}[lin[u]] = {t}::from_f(y{k}[u][0]);")
+
+
 def _host(prog: ExprProgram, p: EwParams, entry: str) -> str:
     nacc = len(prog.accesses)
-    args = ", ".join([f"({DT[prog.inputs[a.input][1]][0]}::raw*)in[{a.input}].data"
-                      for a in prog.accesses] +
+    args = ", ".join([host.access_ptr(prog, i) for i in range(nacc)] +
                      [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)])
     def launch(V: int, I: str) -> str:      # the kernel instantiation for vector width V, index type I
         return f"ew_kernel<{V}, {I}><<<blocks, {p.block}, 0, stream>>>(sp, ({I})(n / {V}), {args});"
@@ -155,7 +167,7 @@ def generate(prog: ExprProgram, p: EwParams, low_precision: bool = False, entry:
 
 def match(gm, policy) -> ProgramMatch:
     """An elementwise region; raises Unsupported for anything else (row reductions included)."""
-    prog = lower(gm)
+    prog = lower(gm, strided=True)
     if prog.kind != "elementwise":
         raise Unsupported("row reductions (the rowwise target's)")
     if not prog.accesses:
@@ -177,7 +189,8 @@ def tags(m: ProgramMatch, params: dict) -> list[str]:
 def grid(m: ProgramMatch, base: dict) -> list[dict]:
     out = [dict(base, block=block, unroll=unroll, waves=waves)
            for block in (128, 256, 512) for unroll in (1, 2, 4) for waves in (0, 8)]
-    if m.facts.has_transcendental:   # SFU intrinsics (tanh.approx for half outputs) or not
+    exact = any(VT[o.dtype] != "f" for o in m.program.outputs)   # integer results: no approximations
+    if m.facts.has_transcendental and not exact:   # SFU intrinsics (tanh.approx for half outputs) or not
         out += [dict(base, fast=not base["fast"], unroll=unroll) for unroll in (1, 2)]
     return out
 

@@ -767,8 +767,6 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
 
 # ---- the GEMM target (target.Target) ---------------------------------------------------------------
 
-# GEMM tasks also tune the cuBLASLt heuristic's algorithm choice under any strategy.
-GEMM_ALGOS = ({"algo": 1}, {"algo": 2}, {"algo": 3})
 # strategy ids whose presence _gemm_tags decides from the params
 TAG_IDS = ("cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores", "bf16_tensor_cores",
            "vectorized_16b_access")
@@ -807,4 +805,4 @@ def grid(gp: GemmMatch, base: dict) -> list[dict]:
 TARGET = Target(
     kind="gemm", match=match, defaults=defaults, tags=tags, retag=retag,
     start_order=("cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores"),
-    grid=grid, render=lambda gp, params: render(gp, params), library_algos=GEMM_ALGOS)
+    grid=grid, render=lambda gp, params: render(gp, params))

@@ -51,8 +51,14 @@ def bind_accesses(prog: ExprProgram) -> str:
     """Fills sp (Space<NACC>) from it[] and each access; sets max_off."""
     D = prog.ndim
     lines = [f"  sp.ndim = {D};", f"  for (int d = 0; d < {D}; ++d) sp.size[d] = it[d];"]
+    if any(a.starts for a in prog.accesses):    # element offsets of sliced accesses (access_ptr)
+        lines.append(f"  int64_t aoff[{len(prog.accesses)}] = {{0}};")
     for i, a in enumerate(prog.accesses):
-        if a.mode == "dims":
+        if a.starts:
+            lines.append(f"  {{ static const int dm[] = {{{', '.join(map(str, a.dims))}}};\n"
+                         f"    static const int64_t s0[] = {{{', '.join(map(str, a.starts))}}}, s1[] = {{{', '.join(map(str, a.steps))}}};\n"
+                         f"    if (!htam_bind_slice(in[{a.input}], dm, s0, s1, {len(a.dims)}, it, {D}, sp.st[{i}], &aoff[{i}])) return HTAM_ERR_SHAPE; }}")
+        elif a.mode == "dims":
             dims = ", ".join(str(d) for d in a.dims) or "0"
             lines.append(f"  {{ static const int dm[] = {{{dims}}};\n"
                          f"    if (!htam_bind_dims(in[{a.input}], dm, {len(a.dims)}, it, {D}, sp.st[{i}])) return HTAM_ERR_SHAPE; }}")
@@ -63,15 +69,23 @@ def bind_accesses(prog: ExprProgram) -> str:
     return "\n".join(lines)
 
 
+def access_ptr(prog: ExprProgram, i: int, const: bool = False) -> str:
+    """The C++ pointer access i reads from: the input's data, past a sliced access' offset."""
+    a = prog.accesses[i]
+    t = f"{'const ' if const else ''}{DT[prog.inputs[a.input][1]][0]}::raw*"
+    return f"({t})in[{a.input}].data" + (f" + aoff[{i}]" if a.starts else "")
+
+
 def vector_checks(prog: ExprProgram, V: str, full_outputs_only: bool = False) -> str:
     """Clears vec_ok unless every access steps 0 or 1 along the last dim, every other stride is a
     multiple of V, and every pointer read or written with vectors is aligned to V elements."""
     lines = []
     for i, a in enumerate(prog.accesses):
         size = DT[prog.inputs[a.input][1]][2]
+        ptr = f"(const char*)in[{a.input}].data + aoff[{i}] * {size}" if a.starts else f"in[{a.input}].data"
         lines.append(
             f"  {{ const int64_t inner = sp.st[{i}][sp.ndim - 1];\n"
-            f"    if (inner != 0 && (inner != 1 || !htam_aligned(in[{a.input}].data, {V} * {size}))) vec_ok = false;\n"
+            f"    if (inner != 0 && (inner != 1 || !htam_aligned({ptr}, {V} * {size}))) vec_ok = false;\n"
             f"    if (inner == 1) for (int d = 0; d + 1 < sp.ndim; ++d) if (sp.st[{i}][d] % {V} != 0) vec_ok = false; }}")
     for k, o in enumerate(prog.outputs):
         if full_outputs_only and o.row:

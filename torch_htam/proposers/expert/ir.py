@@ -11,8 +11,14 @@ per-iteration-dim strides at run time from the real sizes, so nothing of the exa
 in except what the graph's own view ops fix.
 
 Expressions are hash-consed tuples (CSE for free):
-    ("in", access_id)  ("const", float)  ("red", reduction_id)  ("ncol",) (row length at run time)
-    ("round", dtype, e)  (op, e1, e2...)
+    ("in", access_id)  ("const", float)  ("iconst", int)  ("bconst", bool)  ("red", reduction_id)
+    ("ncol",) (row length at run time)  ("round", dtype, e)  ("cast", vt, e)  (op, e1, e2...)
+
+Every value has a value type (value_type): "f" (computed in fp32, stored as fp32/bf16/fp16), "i"
+(int64 and int32 values, computed exactly in 64-bit integers) or "b" (bool, stored as one byte).
+The lowering inserts ("cast", vt, e) wherever torch's type promotion converts, so the operands of an
+op always share one type: index arithmetic (position ids, relative-position buckets) never takes a
+float round trip.
 
     >>> prog = lower(task.graph)          # raises Unsupported("aten.permute: ...") when it can't
     >>> prog.kind, prog.shape, len(prog.reductions)
@@ -32,6 +38,9 @@ from torch_htam.proposers.expert import simplify as simp
 aten = torch.ops.aten
 
 SUPPORTED_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+# what an elementwise program's values may be stored as, and each one's value type
+VALUE_DTYPES = {**SUPPORTED_DTYPES, torch.int64: "int64", torch.int32: "int32", torch.bool: "bool"}
+VT = {"float32": "f", "bfloat16": "f", "float16": "f", "int64": "i", "int32": "i", "bool": "b"}
 
 
 # The row length, read at run time (never the captured size): mean = sum / NCOL.
@@ -50,6 +59,10 @@ class Access:
     input: int
     mode: str
     dims: tuple[int, ...] = ()
+    # a sliced read ("dims" mode; empty: none): per input dim the first index and the step, so
+    # iteration index i reads input index starts[k] + i * steps[k] (x[:, :, :T, :T], pos_emb[:, :t])
+    starts: tuple[int, ...] = ()
+    steps: tuple[int, ...] = ()
 
     def column_varying(self, ndim: int) -> bool:
         return self.mode != "dims" or (ndim - 1) in self.dims
@@ -96,7 +109,8 @@ class ExprProgram:
 
 def _lowered(operands: int) -> dict:
     """aten overload -> expression op name (cuda.py gives each its C++), from the op registry."""
-    return {getattr(getattr(aten, name), o): row.expr for name, row in ops.OPS.items()
+    rows = list(ops.OPS.items()) + list(ops.OVERLOADS.items())
+    return {getattr(getattr(aten, name.split(".")[0]), o): row.expr for name, row in rows
             if row.expr and row.operands == operands for o in row.overloads}
 
 
@@ -105,12 +119,25 @@ UNARY = {**_lowered(1),
          # go through capture.functionalize still hold them; the kernel writes a new output
          **{getattr(aten, f"{name}_").default: ops.OPS[name].expr for name in ("relu", "silu")}}
 BINARY = _lowered(2)
+TERNARY = _lowered(3)
+# results of these are bool; comparisons compute in the promoted type of their operands
+COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
+BOOL_OPS = COMPARE | {"and", "or", "xor", "not", "isnan", "isinf"}
+# ops whose result has their first operand's value type (exact on integers too)
+SAME_TYPE = {"add", "sub", "mul", "neg", "abs", "max", "min", "sq", "relu", "sign", "band", "bor",
+             "bxor", "bnot", "floordiv", "mod", "fmod"}
+# on integer values these are the identity (torch returns the input)
+INT_IDENTITY = {"floor", "ceil", "trunc", "rint"}
+BATCH_NORMS = {aten.batch_norm.default}
+# x -> a constant of x's shape: the fill value (node -> python scalar)
+FILLS = {aten.full_like.default: lambda n: n.args[1], aten.zeros_like.default: lambda n: 0,
+         aten.ones_like.default: lambda n: 1}
 # ops that only relabel elements (same order for contiguous data) or do nothing in eval
 VIEWS = {
     aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
     aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.flatten.using_ints,
-    aten.expand.default, aten.alias.default, aten.clone.default, aten.contiguous.default,
-    aten.detach.default, aten.dropout.default, aten.lift_fresh_copy.default,
+    aten.expand.default, aten.expand_as.default, aten.alias.default, aten.clone.default,
+    aten.contiguous.default, aten.detach.default, aten.dropout.default, aten.lift_fresh_copy.default,
 }
 CASTS = {aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default}
 ROW_REDUCE = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "max",
@@ -119,7 +146,7 @@ ROW_OPS = {aten.softmax.int, aten._softmax.default, aten.log_softmax.int,
            aten._log_softmax.default, aten.layer_norm.default, aten.rms_norm.default}
 IGNORED = {aten._assert_tensor_metadata.default}
 TRANSCENDENTAL = {"gelu", "gelu_tanh", "gelu_erf", "silu", "sigmoid", "tanh", "exp", "log", "erf", "sin",
-                  "cos", "log1p", "expm1", "pow", "powc"}
+                  "cos", "log1p", "expm1", "pow", "powc", "exp2", "log2", "tan", "erfc"}
 
 
 def meta_of(node) -> Any:
@@ -140,6 +167,14 @@ def dtype_of(node) -> str:
     return SUPPORTED_DTYPES[dt]
 
 
+def value_dtype_of(node) -> str:
+    """The dtype name of a value inside an elementwise program (floats, int64, int32, bool)."""
+    dt = meta_of(node).dtype
+    if dt not in VALUE_DTYPES:
+        raise Unsupported(f"dtype {dt} of {node} (only float32/bfloat16/float16/int64/int32/bool)")
+    return VALUE_DTYPES[dt]
+
+
 def numel(shape) -> int:
     return math.prod(shape) if shape else 1
 
@@ -152,6 +187,99 @@ def is_row_op(node) -> bool:
     return node.op == "call_function" and (node.target in ROW_OPS or node.target in ROW_REDUCE)
 
 
+def value_type(e: tuple, load_vt, memo: dict | None = None) -> str:
+    """The value type ("f" | "i" | "b") of expression e; load_vt(access_id) gives the inputs'.
+
+        >>> value_type(("lt", ("in", 0), ("iconst", 3)), lambda a: "i")
+        'b'
+    """
+    memo = {} if memo is None else memo
+    if e in memo:
+        return memo[e]
+    op = e[0]
+    if op == "in":
+        r = load_vt(e[1])
+    elif op in ("const", "red", "ncol"):
+        r = "f"
+    elif op == "iconst":
+        r = "i"
+    elif op == "bconst" or op in BOOL_OPS:
+        r = "b"
+    elif op == "cast":
+        r = e[1]
+    elif op == "round":
+        r = VT[e[1]]
+    elif op == "select":
+        r = value_type(e[2], load_vt, memo)
+    elif op in SAME_TYPE:
+        r = value_type(e[1], load_vt, memo)
+    else:
+        r = "f"
+    memo[e] = r
+    return r
+
+
+def program_value_type(prog: "ExprProgram"):
+    """value_type over prog's expressions (one memo for the whole program)."""
+    memo: dict = {}
+    return lambda e: value_type(e, lambda a: VT[prog.inputs[prog.accesses[a].input][1]], memo)
+
+
+def _promoted(a, b) -> torch.dtype:
+    """torch's promoted dtype of two operands (nodes or python scalars): what a comparison of them
+    computes in."""
+    vals = [meta_of(x) if hasattr(x, "op") else x for x in (a, b)]
+    return torch.result_type(*vals)
+
+
+def _scalar_args(node) -> list:
+    """node's arguments after the first, with keyword arguments in schema order."""
+    schema = node.target._schema.arguments
+    out = list(node.args[1:])
+    for arg in schema[1 + len(out):]:
+        out.append(node.kwargs.get(arg.name, arg.default_value))
+    if any(hasattr(a, "op") for a in out):
+        raise Unsupported(f"{node.target} with tensor parameters")
+    return out
+
+
+def _c(v) -> tuple:
+    return ("const", float(v))
+
+
+def _elu(x: tuple, alpha: float, scale: float, input_scale: float) -> tuple:
+    # torch: x <= 0 ? expm1(x * input_scale) * (alpha * scale) : x * scale
+    neg = ("mul", ("expm1", ("mul", x, _c(input_scale))), _c(alpha * scale))
+    return ("select", ("le", x, _c(0)), neg, ("mul", x, _c(scale)))
+
+
+def _hard(x: tuple) -> tuple:
+    """min(max(x + 3, 0), 6): hardsigmoid's and hardswish's ramp (times 1/6, torch's order)."""
+    return ("min", ("max", ("add", x, _c(3)), _c(0)), _c(6))
+
+
+def _logit(x: tuple, eps) -> tuple:
+    z = x if eps is None else ("min", ("max", x, _c(eps)), _c(1 - eps))
+    return ("log", ("div", z, ("sub", _c(1), z)))
+
+
+SELU_ALPHA, SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+# activations spelled out in expression ops, as torch's CUDA kernels compute them (fp32 opmath):
+# name -> fn(x, the op's other arguments with defaults)
+COMPOSITE = {
+    "leaky_relu": lambda x, a: ("select", ("gt", x, _c(0)), x, ("mul", x, _c(a[0]))),
+    "hardsigmoid": lambda x, a: ("mul", _hard(x), _c(1 / 6)),
+    "hardswish": lambda x, a: ("mul", ("mul", x, _hard(x)), _c(1 / 6)),
+    "mish": lambda x, a: ("mul", x, ("tanh", ("log1p", ("exp", x)))),
+    "softplus": lambda x, a: ("select", ("gt", ("mul", x, _c(a[0])), _c(a[1])), x,
+                              ("div", ("log1p", ("exp", ("mul", x, _c(a[0])))), _c(a[0]))),
+    "elu": lambda x, a: _elu(x, *a[:3]),
+    "selu": lambda x, a: _elu(x, SELU_ALPHA, SELU_SCALE, 1.0),
+    "celu": lambda x, a: _elu(x, a[0], 1.0, 1.0 / a[0]),
+    "logit": lambda x, a: _logit(x, a[0] if a else None),
+}
+
+
 # ---- lowering -------------------------------------------------------------------------------------
 
 class Lowerer:
@@ -159,8 +287,10 @@ class Lowerer:
     ("dims", t) with t[k] = iteration dim of the value's dim k (-1: broadcast size-1 dim),
     ("flat", shape) value in iteration linear order, ("suffix", shape) repeating contiguous block."""
 
-    def __init__(self, gm, shape: tuple[int, ...], kind: str, simplify: bool = True, leaves=None):
+    def __init__(self, gm, shape: tuple[int, ...], kind: str, simplify: bool = True, leaves=None,
+                 strided: bool = False):
         self.gm, self.shape, self.kind, self.simplify = gm, shape, kind, simplify
+        self.strided = strided           # the kernel binds sliced and permuted reads (elementwise.py)
         self.leaves = leaves or {}       # node -> fn(lowerer, node, amap) -> expr (e.g. a GEMM result)
         self.input_dtypes: list[str] = []
         self.dropped: list[str] = []
@@ -171,6 +301,7 @@ class Lowerer:
         self.memo: dict = {}
         self.red_memo: dict = {}
         self.ops_seen: set[str] = set()
+        self.vt_memo: dict = {}
 
     # -- helpers
     def stored_as(self, e: tuple) -> str | None:
@@ -219,9 +350,13 @@ class Lowerer:
     # -- main entry
     def val(self, node, amap) -> tuple:
         if not hasattr(node, "op"):            # python scalar
-            if isinstance(node, bool) or not isinstance(node, (int, float)):
+            if isinstance(node, bool):
+                return ("bconst", node)
+            if isinstance(node, int):
+                return ("iconst", node)
+            if not isinstance(node, float):
                 raise Unsupported(f"non-numeric constant {node!r}")
-            return ("const", float(node))
+            return ("const", node)
         amap = self.normalize(amap, shape_of(node))
         key = (node, amap)
         if key not in self.memo:
@@ -241,38 +376,74 @@ class Lowerer:
             raise Unsupported(f"node kind {node.op} ({node.target})")
         t = node.target
         self.ops_seen.add(str(t))
-        out_dt = dtype_of(node)
+        out_dt = value_dtype_of(node)
+        vt = VT[out_dt]
         if t in simp.PERMUTES:
             src = simp.permute_source(node) if self.simplify else None
-            if src is None:
-                raise Unsupported(f"{t} changes element order (only identity permute chains fold)")
-            self.dropped.append(f"{t} chain (identity)")
-            e = self.val(src, amap)
+            if src is not None:
+                self.dropped.append(f"{t} chain (identity)")
+                e = self.val(src, amap)
+            else:
+                e = self.permute(node, amap)
         elif t in VIEWS:
             e = self.view(node, amap)
+        elif t is aten.slice.Tensor:
+            e = self.slice(node, amap)
         elif t in CASTS:
-            e = self.val(node.args[0], amap)
+            e = self.coerce(self.val(node.args[0], amap), vt)
         elif t in UNARY:
-            e = self.unary(node, amap)
+            e = self.unary(node, amap, vt)
         elif t in BINARY:
-            e = self.binary(node, amap)
+            e = self.binary(node, amap, vt)
+        elif t in TERNARY:
+            e = self.ternary(node, amap, vt)
+        elif t in BATCH_NORMS:
+            e = self.batch_norm(node, amap)
+        elif t in FILLS:
+            e = self.coerce(self.val(FILLS[t](node), amap), vt)
         elif t in (aten.pow.Tensor_Scalar,):
-            x = self.val(node.args[0], self.operand_map(amap, shape_of(node), shape_of(node.args[0])))
+            x = self.coerce(self.val(node.args[0], self.operand_map(amap, shape_of(node), shape_of(node.args[0]))), "f")
             p = float(node.args[1])
             e = ("sq", x) if p == 2.0 else ("sqrt", x) if p == 0.5 else ("mul", x, ("const", 1.0)) \
                 if p == 1.0 else ("powc", x, ("const", p))
-        elif t in (aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default,
-                   aten.hardtanh.default, aten.hardtanh_.default, aten.relu6.default):
-            e = self.clamp(node, amap)
+        elif t in (aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
+                   aten.clamp_min.Tensor, aten.clamp_max.Tensor, aten.hardtanh.default,
+                   aten.hardtanh_.default, aten.relu6.default):
+            e = self.clamp(node, amap, vt)
         elif t in ROW_REDUCE or t in ROW_OPS:
             e = self.row(node, amap)
         else:
             raise Unsupported(f"op {t} is not in the expert generator's vocabulary")
+        if self.vt(e) != vt:      # every op's value has its node's type (casts coerce)
+            raise Unsupported(f"{t} on {out_dt} values")
         # NOTE: torch rounds every intermediate to its dtype; doing the same keeps us within the
         # bf16 tolerance even where a fused fp32 chain would drift from the eager reference.
-        if out_dt != "float32" and not self.representable(e, out_dt):
+        if out_dt in ("bfloat16", "float16") and not self.representable(e, out_dt):
             e = ("round", out_dt, e)
+        elif out_dt == "int32" and not (e[0] == "in" and self.stored_as(e) == "int32"):
+            e = ("round", out_dt, e)          # int32 arithmetic wraps at 32 bits, as torch's does
         return e
+
+    # -- value types
+    def vt(self, e: tuple) -> str:
+        return value_type(e, lambda a: VT[self.input_dtypes[self.accesses[a].input]], self.vt_memo)
+
+    def coerce(self, e: tuple, vt: str) -> tuple:
+        """e converted to value type vt as torch converts (float -> int truncates, x -> bool is
+        x != 0); constants are converted here, not in the kernel."""
+        have = self.vt(e)
+        if have == vt:
+            return e
+        if e[0] in ("const", "iconst", "bconst"):
+            v = e[1]
+            return {"f": ("const", float(v)), "i": ("iconst", int(v)), "b": ("bconst", bool(v))}[vt]
+        return ("cast", vt, e)
+
+    def operand(self, node, a, amap) -> tuple:
+        """Operand a (a node or a python scalar) of node, indexed for node's amap."""
+        if hasattr(a, "op"):
+            return self.val(a, self.operand_map(amap, shape_of(node), shape_of(a)))
+        return self.val(a, amap)
 
     def representable(self, e: tuple, dt: str) -> bool:
         """True when e's value is already a `dt` value, so rounding it to dt changes nothing: a dt
@@ -310,7 +481,7 @@ class Lowerer:
         vs, us = shape_of(node), shape_of(src)
         if vs == us:
             return self.val(src, amap)
-        if node.target is aten.expand.default:
+        if node.target in (aten.expand.default, aten.expand_as.default):
             return self.val(src, self.operand_map(amap, vs, us))
         if _strip1(vs) == _strip1(us):
             if amap[0] != "dims":
@@ -324,52 +495,158 @@ class Lowerer:
                 return self.val(src, (amap[0], us))
         raise Unsupported(f"reshape {us} -> {vs} of a broadcast value")
 
-    def unary(self, node, amap) -> tuple:
+    def unary(self, node, amap, vt: str) -> tuple:
         name = UNARY[node.target]
         x = self.val(node.args[0], amap)
+        if name in ("isnan", "isinf"):
+            return (name, self.coerce(x, "f")) if self.vt(x) == "f" else ("bconst", False)
+        if name in ("not", "bnot") and vt == "b":
+            return ("not", self.coerce(x, "b"))
+        if vt == "i" and name in INT_IDENTITY:
+            return x
+        if vt == "i" and name in SAME_TYPE | {"bnot"}:
+            return (name, self.coerce(x, "i"))
+        if vt != "f":
+            raise Unsupported(f"{node.target} on integer/bool values")
+        x = self.coerce(x, "f")
         if name == "gelu":
             approx = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
             name = "gelu_tanh" if approx == "tanh" else "gelu_erf"
+        if name in COMPOSITE:
+            return COMPOSITE[name](x, _scalar_args(node))
         return (name, x)
 
-    def binary(self, node, amap) -> tuple:
+    def binary(self, node, amap, vt: str) -> tuple:
         name = BINARY[node.target]
-        vs = shape_of(node)
-        args = []
-        for a in node.args[:2]:
-            if hasattr(a, "op"):
-                args.append(self.val(a, self.operand_map(amap, vs, shape_of(a))))
-            else:
-                args.append(self.val(a, amap))
         if node.target in (aten.div.Tensor,) and node.kwargs.get("rounding_mode") is not None:
             raise Unsupported(f"div with rounding_mode={node.kwargs['rounding_mode']}")
+        args = [self.operand(node, a, amap) for a in node.args[:2]]
+        if name in COMPARE:
+            cvt = VT[VALUE_DTYPES.get(_promoted(*node.args[:2]), "float32")]
+            return (name, *(self.coerce(a, cvt) for a in args))
+        if name in ("and", "or", "xor") or (vt == "b" and name in ("band", "bor", "bxor")):
+            return ({"band": "and", "bor": "or", "bxor": "xor"}.get(name, name),
+                    *(self.coerce(a, "b") for a in args))
+        if vt != "f" and name not in SAME_TYPE | {"rsub"}:
+            raise Unsupported(f"{node.target} on integer/bool values")
+        if vt == "b":
+            raise Unsupported(f"{node.target} on bool values")
+        args = [self.coerce(a, vt) for a in args]
         alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else 1)
         if alpha != 1:
-            args[1] = ("mul", args[1], ("const", float(alpha)))
+            args[1] = ("mul", args[1], self.coerce(self.val(alpha, amap), vt))
         if name == "rsub":
             return ("sub", args[1], args[0])
         return (name, *args)
 
-    def clamp(self, node, amap) -> tuple:
+    def ternary(self, node, amap, vt: str) -> tuple:
+        """where(cond, a, b) and masked_fill(x, mask, value), both as ("select", cond, a, b)."""
+        name = TERNARY[node.target]
+        c, a, b = [self.operand(node, x, amap) for x in node.args[:3]]
+        if name in ("addcmul", "addcdiv", "lerp"):
+            return self.fma_like(node, name, amap, vt, c, a, b)
+        if name == "masked_fill":
+            c, a, b = a, b, c
+        return ("select", self.coerce(c, "b"), self.coerce(a, vt), self.coerce(b, vt))
+
+    def fma_like(self, node, name: str, amap, vt: str, x, t1, t2) -> tuple:
+        """addcmul: x + value * t1 * t2; addcdiv: x + value * t1 / t2; lerp(start, end, w) as
+        torch computes it: w < 0.5 ? start + w * (end - start) : end - (end - start) * (1 - w)."""
+        if vt != "f":
+            raise Unsupported(f"{node.target} on integer/bool values")
+        x, t1, t2 = (self.coerce(v, "f") for v in (x, t1, t2))
+        if name == "lerp":
+            d = ("sub", t1, x)
+            return ("select", ("lt", ("abs", t2), ("const", 0.5)), ("add", x, ("mul", t2, d)),
+                    ("sub", t1, ("mul", d, ("sub", ("const", 1.0), t2))))
+        value = self.coerce(self.val(node.kwargs.get("value", 1), amap), "f")
+        prod = ("mul", t1, t2) if name == "addcmul" else ("div", t1, t2)
+        return ("add", x, ("mul", value, prod))
+
+    def batch_norm(self, node, amap) -> tuple:
+        """Eval-mode batch norm over dim 1: (x - mean[c]) * rsqrt(var[c] + eps) * w[c] + b[c]."""
+        x, w, b, mean, var, training = node.args[:6]
+        eps = float(node.args[7] if len(node.args) > 7 else node.kwargs.get("eps", 1e-5))
+        if training:
+            raise Unsupported("batch_norm in training mode (statistics depend on the batch)")
+        if mean is None or var is None:
+            raise Unsupported("batch_norm without running statistics")
+        if amap[0] != "dims" or len(shape_of(node)) < 2:
+            raise Unsupported("batch_norm read through a reshape")
+        ch = ("dims", (amap[1][1],))
+
+        def vec(v):
+            return self.coerce(self.val(v, ch), "f")
+        y = ("mul", ("sub", self.coerce(self.val(x, amap), "f"), vec(mean)),
+             ("rsqrt", ("add", vec(var), ("const", eps))))
+        if w is not None:
+            y = ("mul", y, vec(w))
+        if b is not None:
+            y = ("add", y, vec(b))
+        return y
+
+    def slice(self, node, amap) -> tuple:
+        """A chain of slices of a task input, read in place (start and step per dim; the count is
+        the iteration's, which the host checks fits in the input)."""
+        if not self.strided:
+            raise Unsupported("slice (only the elementwise kernel binds sliced inputs)")
+        if amap[0] != "dims":
+            raise Unsupported("slice read through a reshape")
+        nd = len(shape_of(node))
+        starts, steps, src = [0] * nd, [1] * nd, node
+        while hasattr(src, "op") and src.op == "call_function" and src.target is aten.slice.Tensor:
+            dim = (src.args[1] if len(src.args) > 1 else 0) % nd
+            start = src.args[2] if len(src.args) > 2 else 0
+            step = src.args[4] if len(src.args) > 4 else 1
+            start = 0 if start is None else start
+            if not isinstance(start, int) or start < 0 or not isinstance(step, int) or step < 1:
+                raise Unsupported(f"slice start {start} step {step} (constant, non-negative)")
+            starts[dim], steps[dim] = starts[dim] + start * steps[dim], steps[dim] * step
+            src = src.args[0]
+        if not (hasattr(src, "op") and src.op == "placeholder"):
+            raise Unsupported("slice of a computed value (only task inputs are read sliced)")
+        dims = tuple(-1 if (shape_of(node)[k] == 1 and amap[1][k] == -1) else amap[1][k] for k in range(nd))
+        acc = Access(self.placeholders.index(src), "dims", dims, tuple(starts), tuple(steps))
+        if acc not in self.accesses:
+            self.accesses.append(acc)
+        return ("in", self.accesses.index(acc))
+
+    def permute(self, node, amap) -> tuple:
+        """A permute/transpose read in iteration order: the source's dim p[k] is the value's dim
+        k, so it takes that dim's iteration dim (a strided read; the host binds the strides)."""
+        if amap[0] != "dims" or not self.strided:
+            raise Unsupported(f"{node.target} changes element order (only identity permute chains fold"
+                              " outside elementwise kernels)")
+        nd = len(shape_of(node))
+        p = simp.perm_of(node)
+        if p is None:
+            raise Unsupported(f"{node.target}: permutation unknown")
+        dims = [0] * nd
+        for k in range(nd):
+            dims[p[k]] = amap[1][k]
+        return self.val(node.args[0], ("dims", tuple(dims)))
+
+    def clamp(self, node, amap, vt: str = "f") -> tuple:
         x = self.val(node.args[0], amap)
         t = node.target
         if t in (aten.hardtanh.default, aten.hardtanh_.default):
             lo, hi = (list(node.args[1:3]) + [-1.0, 1.0][len(node.args) - 1:])[:2]
         elif t is aten.relu6.default:
             lo, hi = 0.0, 6.0
-        elif t is aten.clamp_min.default:
+        elif t in (aten.clamp_min.default, aten.clamp_min.Tensor):
             lo, hi = node.args[1], None
-        elif t is aten.clamp_max.default:
+        elif t in (aten.clamp_max.default, aten.clamp_max.Tensor):
             lo, hi = None, node.args[1]
         else:
             lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
             hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
-        if hasattr(lo, "op") or hasattr(hi, "op"):
-            raise Unsupported("clamp with tensor bounds")
-        if lo is not None:
-            x = ("max", x, ("const", float(lo)))
+        if vt == "b":
+            raise Unsupported("clamp of bool values")
+        x = self.coerce(x, vt)
+        if lo is not None:       # a tensor bound broadcasts like any operand (clamp.Tensor)
+            x = ("max", x, self.coerce(self.operand(node, lo, amap), vt))
         if hi is not None:
-            x = ("min", x, ("const", float(hi)))
+            x = ("min", x, self.coerce(self.operand(node, hi, amap), vt))
         return x
 
     # -- row ops: reductions over the last dim
@@ -482,7 +759,7 @@ def _size_source(prog: ExprProgram, gm) -> tuple[str, int]:
     raise Unsupported("no input or output has the iteration shape; sizes can't be read at run time")
 
 
-def lower(gm, simplify: bool = True, leaves=None, extra_inputs=()) -> ExprProgram:
+def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), strided: bool = False) -> ExprProgram:
     """Lower an aten GraphModule (placeholders = task inputs, output tuple) to an ExprProgram.
 
     >>> prog = lower(task.graph); prog.kind
@@ -491,14 +768,14 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=()) -> ExprProgra
     kind, shape = _iteration_shape(gm)
     if not shape:
         raise Unsupported("0-dim iteration space")
-    low = Lowerer(gm, shape, kind, simplify, leaves)
-    inputs = [(shape_of(p), dtype_of(p)) for p in low.placeholders] + list(extra_inputs)
+    low = Lowerer(gm, shape, kind, simplify, leaves, strided)
+    inputs = [(shape_of(p), value_dtype_of(p)) for p in low.placeholders] + list(extra_inputs)
     low.input_dtypes = [dt for _, dt in inputs]
     outputs = []
     for o in _graph_outputs(gm):
         if not hasattr(o, "op"):
             raise Unsupported(f"constant output {o!r}")
-        os_, dt = shape_of(o), dtype_of(o)
+        os_, dt = shape_of(o), value_dtype_of(o)
         if os_ == shape:
             outputs.append(Output(low.val(o, low.identity()), dt, False, numel(os_)))
         elif numel(os_) == numel(shape):
@@ -514,9 +791,19 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=()) -> ExprProgra
     for o in prog.outputs:
         if o.row and column_dependent(o.expr, prog):
             raise Unsupported("a per-row output depends on a column")
+    if kind == "rowwise":
+        _check_float_rows(prog)
     prog.size_source = _size_source(prog, gm)
     prog.has_transcendental = any(op in TRANSCENDENTAL for op in low_ops(prog))
     return prog
+
+
+def _check_float_rows(prog: ExprProgram) -> None:
+    """Row programs compute and load floats only (rowwise.py's loads are float traits)."""
+    vt = program_value_type(prog)
+    exprs = [o.expr for o in prog.outputs] + [r.expr for r in prog.reductions]
+    if any(VT[dt] != "f" for _, dt in prog.inputs) or any(vt(x) != "f" for e in exprs for x in walk(e)):
+        raise Unsupported("integer/bool values in a row program (the row kernel computes floats only)")
 
 
 def _power_of_two(v: float) -> bool:
@@ -545,7 +832,7 @@ def walk(e: tuple):
     while stack:
         x = stack.pop()
         yield x
-        if x[0] in ("in", "const", "red", "ncol"):
+        if x[0] in ("in", "const", "iconst", "bconst", "red", "ncol"):
             continue
         stack.extend(a for a in x[1:] if isinstance(a, tuple))
 

@@ -158,6 +158,45 @@ struct SumOp { __device__ __forceinline__ float operator()(float a, float b) con
 // NOTE: torch.maximum / clamp / amax propagate NaN; fmaxf and fminf return the other operand.
 __device__ __forceinline__ float htam_max(float a, float b) { return (a > b || a != a) ? a : b; }
 __device__ __forceinline__ float htam_min(float a, float b) { return (a < b || a != a) ? a : b; }
+// Integer and bool storage (elementwise programs' "i" and "b" values): loaded to and stored from
+// the type the kernel computes in (long long: int64 and int32 arithmetic stays exact; bool: a byte).
+struct I64 {
+  typedef long long raw;
+  typedef long long val;
+  static __device__ __forceinline__ val to_v(raw r) { return r; }
+  static __device__ __forceinline__ raw from_v(val v) { return v; }
+};
+struct I32 {
+  typedef int raw;
+  typedef long long val;
+  static __device__ __forceinline__ val to_v(raw r) { return (long long)r; }
+  static __device__ __forceinline__ raw from_v(val v) { return (int)v; }
+};
+struct B8 {
+  typedef unsigned char raw;
+  typedef bool val;
+  static __device__ __forceinline__ val to_v(raw r) { return r != 0; }
+  static __device__ __forceinline__ raw from_v(val v) { return v ? 1 : 0; }
+};
+__device__ __forceinline__ long long htam_imax(long long a, long long b) { return a > b ? a : b; }
+__device__ __forceinline__ long long htam_imin(long long a, long long b) { return a < b ? a : b; }
+// Python-style floor division and modulo (torch's floor_divide / remainder on integers); a zero
+// divisor gives 0 where torch's CUDA kernels leave the result undefined.
+__device__ __forceinline__ long long htam_ifloordiv(long long a, long long b) {
+  if (b == 0) return 0;
+  const long long q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+__device__ __forceinline__ long long htam_imod(long long a, long long b) {
+  if (b == 0) return 0;
+  const long long r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+__device__ __forceinline__ float htam_modf(float a, float b) {
+  const float r = fmodf(a, b);
+  return (r != 0.f && ((r < 0.f) != (b < 0.f))) ? r + b : r;
+}
+__device__ __forceinline__ float htam_signf(float x) { return (float)((x > 0.f) - (x < 0.f)); }
 struct MaxOp { __device__ __forceinline__ float operator()(float a, float b) const { return htam_max(a, b); } };
 struct MinOp { __device__ __forceinline__ float operator()(float a, float b) const { return htam_min(a, b); } };
 
@@ -246,6 +285,24 @@ static inline bool htam_bind_dims(const HtamTensor& t, const int* dims, int nd, 
     if (t.sizes[k] == 1) continue;
     if (t.sizes[k] != it_sizes[dims[k]]) return false;
     st[dims[k]] = t.strides[k];
+  }
+  return true;
+}
+
+// A sliced read: input index starts[k] + i * steps[k] for iteration index i along dims[k] (a -1
+// dim reads one element); *off gets the element offset of the first one. Every read index must
+// lie inside the input.
+static inline bool htam_bind_slice(const HtamTensor& t, const int* dims, const int64_t* starts,
+                                   const int64_t* steps, int nd, const int64_t* it_sizes, int it_nd,
+                                   int64_t* st, int64_t* off) {
+  if (t.ndim != nd) return false;
+  for (int d = 0; d < it_nd; ++d) st[d] = 0;
+  *off = 0;
+  for (int k = 0; k < nd; ++k) {
+    const int64_t n = dims[k] < 0 ? 1 : it_sizes[dims[k]];
+    if (n > 0 && starts[k] + (n - 1) * steps[k] >= t.sizes[k]) return false;
+    *off += starts[k] * t.strides[k];
+    if (dims[k] >= 0 && n != 1) st[dims[k]] = t.strides[k] * steps[k];
   }
   return true;
 }

@@ -1,14 +1,17 @@
 """ExpertProposer: the built-in, offline, deterministic proposer.
 
-graph -> the first target (target.Target: elementwise, rowwise, conv, gemm) that matches it -> default
-parameters -> strategy moves (strategies.TABLE) -> up to n distinct parameter settings -> CUDA sources.
-The search evaluates them on the GPU and keeps the best, so a proposal is one autotuning round
-around the parent's parameters. Nothing here depends on the kind: each target says how.
+graph -> the first target (target.Target: elementwise, rowwise, conv, gemm, attention) that
+matches it -> its search space (search_space: the defaults, every strategy move from them, the
+kind's knob grid) -> the settings that apply the requested strategies to the starting point (the
+parent's params, else the defaults), nearest first -> up to n CUDA sources not tried yet in this
+search. The search evaluates them on the GPU and keeps the best, so the HTG's choice of strategies
+decides which part of a finite space is tried first. Nothing here depends on the kind: each target
+says how.
 
-A candidate's tags are the strategies applied to it: the moves that changed its starting point
-(the parent's params, else the defaults) and that the resulting params still embody. The defaults
-are the baseline, not a strategy, so the default kernel has no tags. supports(task) is the set of
-strategies with at least one move that changes a parameter on this task.
+A candidate's tags are the strategies applied to it: the moves that hold in its params and not in
+its starting point, and that the params still embody. The defaults are the baseline, not a
+strategy, so the default kernel has no tags. supports(task) is the set of strategies that some
+setting of the space applies to the defaults.
 
     >>> prop = ExpertProposer().propose(ProposalRequest(task, "memory_access", strategies, n=4))
     >>> [(c.tags, c.params) for c in prop.candidates]
@@ -18,14 +21,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from torch_htam.proposers.base import Candidate, Proposal, ProposalRequest
-from torch_htam.proposers.expert import conv, elementwise, gemm, rowwise
+from torch_htam.proposers.base import Candidate, Proposal, ProposalRequest, source_key
+from torch_htam.proposers.expert import attention, conv, elementwise, gemm, rowwise
 from torch_htam.proposers.expert.ir import Unsupported
 from torch_htam.proposers.expert.strategies import TABLE, TaskFacts, moves_for, strategy_id
 from torch_htam.proposers.expert.target import Target
 
 # tried in this order; the first whose match succeeds takes the task
-TARGETS: tuple[Target, ...] = (elementwise.TARGET, rowwise.TARGET, conv.TARGET, gemm.TARGET)
+TARGETS: tuple[Target, ...] = (elementwise.TARGET, rowwise.TARGET, conv.TARGET, gemm.TARGET,
+                               attention.TARGET)
 
 
 @dataclass
@@ -68,16 +72,18 @@ def match_task(task, policy, targets: tuple[Target, ...] = TARGETS) -> TaskMatch
 
 class ExpertProposer:
     """Deterministic, offline proposer (no LLM): see the module docstring. targets: the kinds it
-    knows, tried in order."""
+    knows, tried in order; space_limit: only the first N settings of each task's search space
+    (bench/anytime.py measures exactly those; None: all of it)."""
     name = "expert"
 
-    def __init__(self, targets: tuple[Target, ...] = TARGETS):
-        self.targets = targets
+    def __init__(self, targets: tuple[Target, ...] = TARGETS, space_limit: int | None = None):
+        self.targets, self.space_limit = targets, space_limit
 
     def supports(self, task, policy=None) -> set[str]:
-        """Strategy ids this proposer can apply to `task` (empty when no target matches it). A move
-        with no override ({}: a fusion or launch shape every kernel of the kind has) changes nothing,
-        so its strategy is not one the expert can apply."""
+        """Strategy ids this proposer can apply to `task` (empty when no target matches it): those
+        that some setting of the search space applies to the defaults. A move with no override
+        ({}: a fusion or launch shape every kernel of the kind has) changes nothing, so its
+        strategy is not one the expert can apply."""
         if task.graph is None:
             return set()
         if policy is None:
@@ -87,7 +93,8 @@ class ExpertProposer:
             tm = match_task(task, policy, self.targets)
         except Exception:   # NOTE: as in propose: an odd graph is just unsupported
             return set()
-        return {s for s in TABLE if any(moves_for(s, tm.facts))}
+        start = tm.target.canonical(tm.region, dict(tm.defaults))
+        return {s for p in search_space(tm, self.space_limit) for s in applied(tm, p, start, list(TABLE))}
 
     def propose(self, request: ProposalRequest) -> Proposal:
         task = request.task
@@ -104,19 +111,19 @@ class ExpertProposer:
         parent = request.parent
         if parent is not None and parent.params and set(parent.params) <= set(base):
             base.update(parent.params)
+        start = t.canonical(region, base)
         sids = [strategy_id(s) for s in request.strategies]
-        settings = _settings(tm, base, sids, parent is not None)
-        out, seen, skipped = [], set(), []
-        for params, tags in settings:
-            params = t.canonical(region, params)      # two settings of one kernel are one candidate
-            key = tuple(sorted(params.items()))
-            if key in seen or not t.valid(params):
-                continue
-            seen.add(key)
+        if parent is None and not sids:
+            sids = list(t.start_order)
+        out, skipped, repeats = [], [], 0
+        for params, tags in _ordered(tm, start, sids, parent is None, self.space_limit):
             try:
                 src = t.render(region, params)
             except Unsupported as e:
                 skipped.append(str(e))
+                continue
+            if source_key(src) in request.tried:
+                repeats += 1
                 continue
             out.append(Candidate(src, tags, dict(params), "expert"))
             if len(out) >= request.n:
@@ -125,68 +132,83 @@ class ExpertProposer:
         note = f"expert: {t.kind} kernel, {len(out)} setting(s)"
         if unknown:
             note += f"; not applicable here: {', '.join(unknown)}"
+        if repeats:
+            note += f"; {repeats} already tried"
         if skipped:
             note += f"; skipped: {'; '.join(skipped[:2])}"
         return Proposal(out, note)
 
 
-def _settings(tm: TaskMatch, base: dict, sids: list[str], has_parent: bool
-              ) -> list[tuple[dict, list[str]]]:
-    """Ordered (params, applied strategy ids): round-robin over the strategies' variants, then all
-    first variants combined, then (library GEMM/conv) the heuristic's next algorithms. Without a
-    parent the defaults come first (no tags) and, given no strategies, the target's start order is
-    tried; with one, a setting equal to the parent's is left out."""
+def _key(params: dict) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+def search_space(tm: TaskMatch, limit: int | None = None) -> list[dict]:
+    """The expert's search space on a task, defaults first: the defaults, every strategy move
+    applied to them (refit), then the kind's knob grid (Target.grid); canonical, valid, distinct.
+
+    A step walks this finite space: which part of it comes first is what the HTG's choice of
+    strategies decides (`_ordered`), so memory has something to steer.
+    """
     t, region, facts = tm.target, tm.region, tm.facts
-    start = t.canonical(region, dict(base))
+    base = dict(tm.defaults)
+    raw = [base]
+    for s in TABLE:
+        for v in moves_for(s, facts):
+            if v:
+                raw.append(t.refit(region, dict(base, **v), v))
+    raw += t.grid(region, dict(base))
+    out, seen = [], set()
+    for p in raw:
+        p = t.canonical(region, dict(p))
+        if _key(p) not in seen and t.valid(p):
+            seen.add(_key(p))
+            out.append(p)
+    return out[:limit]
 
-    def applied(p: dict, moves: list[tuple[str, dict]]) -> list[str]:
-        # a move counts where it changed the starting point and the params still embody it
-        # (retag corrects to the path taken, e.g. a vector width of 1 is not vectorized access)
-        q = t.canonical(region, dict(p))
-        ids = [s for s, over in moves if any(q.get(k) != start.get(k) for k in over)]
-        kept = set(t.retag(region, p, list(ids)))
-        return [s for s in ids if s in kept]
 
-    if not has_parent:
-        sids = sids or list(t.start_order)
-    per = [(s, moves_for(s, facts)) for s in sids]
-    per = [(s, v) for s, v in per if v]
-    out: list[tuple[dict, list[str]]] = []
-    if not has_parent:
-        out.append((dict(base), []))
-    depth = max((len(v) for _, v in per), default=0)
-    for level in range(depth):
-        for s, variants in per:
-            if level < len(variants):
-                p = t.refit(region, dict(base, **variants[level]), variants[level])
-                out.append((p, applied(p, [(s, variants[level])])))
-    if len(per) > 1:
-        moved = {}
-        for _, v in per:
-            moved.update(v[0])
-        p = t.refit(region, dict(base, **moved), moved)
-        out.append((p, applied(p, [(s, v[0]) for s, v in per])))
-    if t.library_algos:   # on the last setting that runs the library: the algorithm means nothing elsewhere
-        lib = [(p, tags) for p, tags in out if t.on_library(p) == p]
-        last_p, last_t = lib[-1] if lib else (t.on_library(base), [])
-        for a in t.library_algos:   # the heuristic's next algorithm is no strategy of its own
-            out.append((dict(last_p, **a), list(last_t)))
-    if has_parent:
-        key = tuple(sorted(base.items()))
-        out = [(p, tags) for p, tags in out if tuple(sorted(p.items())) != key]
+def applied(tm: TaskMatch, params: dict, start: dict, sids: list[str]) -> list[str]:
+    """The strategies among `sids` that `params` applies to `start`: one of the strategy's moves
+    holds in params and not in start, and the params still embody it on the path they take
+    (Target.retag: e.g. a vector width of 1 is not vectorized access)."""
+    t, facts = tm.target, tm.facts
+    ids = [s for s in sids
+           if any(v and all(params.get(k) == x for k, x in v.items()) and any(start.get(k) != x for k, x in v.items())
+                  for v in moves_for(s, facts))]
+    kept = set(t.retag(tm.region, dict(params), list(ids)))
+    return [s for s in ids if s in kept]
+
+
+def _ordered(tm: TaskMatch, start: dict, sids: list[str], first: bool, limit: int | None = None
+             ) -> list[tuple[dict, list[str]]]:
+    """(params, tags) in the order a step proposes them: the start itself when it is the first
+    step (the defaults, the baseline, untagged), then round-robin over the requested strategies,
+    each one's settings nearest the start first (fewest params changed); tags are every strategy
+    the setting applies to the start. Settings that apply none of the requested strategies are
+    not proposed: the step is the HTG's choice, not a sweep."""
+    space = [p for p in search_space(tm, limit) if _key(p) != _key(start)]
+    everything = list(TABLE)
+    tags = [applied(tm, p, start, everything) for p in space]
+    dist = [sum(p.get(k) != start.get(k) for k in set(p) | set(start)) for p in space]
+    queues = [[i for i in sorted(range(len(space)), key=lambda i: dist[i]) if s in tags[i]] for s in sids]
+    out: list[tuple[dict, list[str]]] = [(dict(start), [])] if first else []
+    taken: set[int] = set()
+    while any(queues):
+        for q in queues:
+            while q and q[0] in taken:
+                q.pop(0)
+            if q:
+                i = q.pop(0)
+                taken.add(i)
+                out.append((space[i], tags[i]))
     return out
 
 
 def tuning_grid(task, policy=None, limit: int = 48, targets: tuple[Target, ...] = TARGETS) -> list[dict]:
-    """Every parameter setting worth timing for a task (the exhaustive autotuning space around the
-    defaults, defaults first), for bench/sweep.py and for picking defaults from measurements.
+    """The first `limit` settings of the task's search space (defaults first), for bench/sweep.py
+    and bench/anytime.py.
 
         >>> [p["tpr"] for p in tuning_grid(rmsnorm_task)][:3]
         [256, 32, 32]
     """
-    tm = match_task(task, policy, targets)
-    t, out = tm.target, []
-    for p in [dict(tm.defaults)] + t.grid(tm.region, dict(tm.defaults)):
-        if t.valid(p) and p not in out:
-            out.append(p)
-    return out[:limit]
+    return search_space(match_task(task, policy, targets), limit)

@@ -30,6 +30,11 @@ def _perm(node) -> list[int] | None:
     return p
 
 
+def perm_of(node) -> list[int] | None:
+    """The permutation a permute/transpose/t node applies (value dim k = source dim p[k])."""
+    return _perm(node)
+
+
 def permute_source(node):
     """If node ends a chain of permutes/transposes whose composition is the identity, the node the
     chain starts from; else None. x.transpose(1, 2).transpose(1, 2) -> x."""

@@ -16,7 +16,7 @@ from typing import Any, Callable
 @dataclass(frozen=True)
 class TaskFacts:
     """What the strategy table needs to know about a task (kept small so every kind fits)."""
-    kind: str                   # "elementwise" | "rowwise" | "gemm" | "conv"
+    kind: str                   # "elementwise" | "rowwise" | "gemm" | "conv" | "attention"
     ncol: int = 0               # row length at capture (rowwise)
     vec16: int = 4              # elements in 16 bytes of the narrowest dtype
     has_softmax_pair: bool = False
@@ -72,7 +72,16 @@ def _row_in_regs(i: TaskFacts) -> list[dict]:
 
 EW, ROW, GEMM = frozenset({"elementwise"}), frozenset({"rowwise"}), frozenset({"gemm"})
 CONV = frozenset({"conv"})
+ATTN = frozenset({"attention"})
 EW_ROW = EW | ROW
+
+
+def _attn_tiles(i: TaskFacts) -> list[dict]:
+    """Flash attention's (query rows, keys) per block beside the defaults (attention.defaults):
+    half types 128 x 64 (8 warps) by default, fp32 64 x 64 (a 4 x 4 register tile per thread)."""
+    if i.fp32:
+        return [{"bm": 32, "bn": 64}, {"bm": 128, "bn": 32}, {"bm": 32, "bn": 32}]
+    return [{"bm": 64, "bn": 64}, {"bm": 128, "bn": 128}, {"bm": 64, "bn": 128}]
 
 TABLE: dict[str, StrategyMoves] = {
     "vectorized_16b_access": StrategyMoves(EW_ROW, lambda i: [{"vec": i.vec16}, {"vec": max(1, i.vec16 // 2)}]),
@@ -122,6 +131,9 @@ TABLE: dict[str, StrategyMoves] = {
     "coalesced_layout_access": StrategyMoves(CONV, lambda i: [{"nhwc": True, "graph": True, "fused": False},
                                                          {"nhwc": True, "graph": True, "fused": False, "algo": 1}],
                                         lambda i: i.nhwc_conv and not i.tiled_conv),
+    # attention (attention.py): block tiles, and a third cp.async stage for K / V (half types)
+    "flash_attention_tiling": StrategyMoves(ATTN, _attn_tiles),
+    "async_copy_pipeline": StrategyMoves(ATTN, lambda i: [{"stages": 3}], lambda i: not i.fp32),
 }
 KNOWN = set(TABLE)   # ids the prior uses
 

@@ -1,8 +1,8 @@
 """The per-kind target interface of the expert proposer, and what the targets share.
 
-A target is one kind of region the expert writes CUDA for: elementwise.py, rowwise.py, gemm.py and
-conv.py each export one as TARGET. proposer.py drives every target the same way: match the graph,
-take the defaults (or the parent's params), apply strategy moves (strategies.TABLE), refit, keep the
+A target is one kind of region the expert writes CUDA for: elementwise.py, rowwise.py, gemm.py,
+conv.py and attention.py each export one as TARGET. proposer.py drives every target the same way:
+match the graph, take the defaults (or the parent's params), apply strategy moves (strategies.TABLE), refit, keep the
 valid and distinct settings, render each. The matched region is the target's own object; all the
 generic loop reads of it is `.facts` (strategies.TaskFacts).
 
@@ -32,7 +32,7 @@ def _same(region: Any, params: dict, *rest) -> dict:
 @dataclass(frozen=True)
 class Target:
     """One kind of region. Every function takes the region `match` returned (`m` below)."""
-    kind: str                                    # "elementwise" | "rowwise" | "gemm" | "conv"
+    kind: str                                    # "elementwise" | "rowwise" | "gemm" | "conv" | "attention"
     match: Callable[[Any, Any], Any]             # (graph module, policy) -> m; raises ir.Unsupported
     defaults: Callable[[Any], dict]              # m -> the default params
     tags: Callable[[Any, dict], list[str]]       # (m, params) -> strategy ids the setting embodies
@@ -48,10 +48,6 @@ class Target:
     refit: Callable[[Any, dict, dict], dict] = _same
     # (m, params) -> the same kernel's params with the knobs it does not read at their defaults
     canonical: Callable[[Any, dict], dict] = _same
-    # library GEMM/conv: the heuristic's next algorithms, tried after the strategy moves on the last
-    # setting that runs the library (on_library: the same setting moved onto the library's path)
-    library_algos: tuple[dict, ...] = ()
-    on_library: Callable[[dict], dict] = lambda params: params
 
 
 @dataclass(frozen=True)
@@ -65,9 +61,11 @@ def program_facts(prog: ExprProgram, policy) -> TaskFacts:
     """The strategy table's facts about an elementwise or row program under a precision policy."""
     dts = [dt for _, dt in prog.inputs] + [o.dtype for o in prog.outputs]
     pairs = {r.pair[0] for r in prog.reductions if r.pair}
-    low = any(dt != "float32" for dt in dts)
+    # NOTE: integer and bool values are exact, not low precision (no SFU math for them), and a
+    # bool's one byte would ask for 16-wide vectors: at most 8 values a thread
+    low = any(dt in ("bfloat16", "float16") for dt in dts)
     single = len(prog.reductions) == 1 and all(o.row for o in prog.outputs)
-    return TaskFacts(prog.kind, prog.shape[-1], 16 // min(DT[dt][2] for dt in dts),
+    return TaskFacts(prog.kind, prog.shape[-1], min(8, 16 // min(DT[dt][2] for dt in dts)),
                      "softmax" in pairs, "welford" in pairs, prog.has_transcendental,
                      bool(prog.dropped), low, bool(policy and policy.allow_tf32), not low,
                      single_pass=single)

@@ -1,0 +1,437 @@
+// ---- torch_htam expert: flash attention main loops (online softmax; the [L, S] scores never
+// leave the chip) ----
+// O[b, h, i, :] = sum_j softmax_j(score(q_i . k_j)) v_j over keys j < S (and j <= i when CAUSAL,
+// top-left aligned as torch's is_causal). score() is the generated SC::at: scale, masks and fills
+// as the region writes them, returned in the units SC::ex exponentiates (log2 units for the half
+// types, where ex is exp2: the scale and log2(e) fold into one multiply).
+//
+// Operands are 4-D (batch, head, row, col) with element strides from the host (views, transposes
+// and broadcast masks need no copy); a kv head serves `group` query heads (GQA, or a broadcast kv
+// with one head). Rows past L and keys past S are zero-filled in shared memory and masked out of
+// the softmax; head-dim columns past D are zero (they add nothing to q . k) and never stored.
+//
+// fa_mma (bf16 / fp16): FlashAttention-2's schedule on mma.sync m16n8k16, fp32 accumulators.
+//   A block of BM / 16 warps owns BM query rows (each warp 16), loops over BN-key tiles of K and V
+//   that a STAGES-deep cp.async pipeline brings into shared memory. Per tile a warp computes its
+//   16 x BN scores S = Q K^T (A = Q by ldmatrix, B = K rows by ldmatrix: K stored [key][d] is the
+//   "col" operand), updates the running row max m and sum l, rescales its O accumulators, and
+//   multiplies P (the accumulator fragments re-packed to bf16/fp16: the C layout of two n8 tiles
+//   is the A layout of one k16 step) by V (ldmatrix.trans: V stored [key][dv]).
+//   Shared rows are padded by 16 bytes: 8 ldmatrix rows then fall in distinct bank quads.
+// fa_fma (fp32): the same online softmax with plain FMAs (fp32-exact order of magnitude: no TF32).
+//   256 threads as 16 x 16; thread (ty, tx) owns score rows ty + 16 r and key columns tx + 16 c of
+//   each BM x BN tile, and O columns tx + 16 c; P goes through shared memory between the two
+//   products. Q and K rows are padded by one float (the 16 tx read 16 different K rows per d).
+#include <type_traits>
+namespace fa {
+
+struct Params {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  int64_t qs[4], ks[4], vs[4], os[4];   // element strides of (batch, head, row, col)
+  const void* m[2];                      // masks the score function reads
+  int64_t ms[2][4];                      // their strides (0 where broadcast)
+  int B, H, L, S, group;                 // group: query heads per kv head
+};
+
+// How a kernel operand (4 dims: batch, head, row, col) is read from a task tensor t (generated
+// per operand from the region's view chain, attention.py's Bind).
+struct Bind {
+  int mode;              // 0: t itself, right-aligned to the 4 dims; 1: strided view; 2: flat view
+  int nsrc;              // modes 1, 2: t.ndim at capture
+  int64_t src[8];        // modes 1, 2: t.sizes at capture (the view chain bakes them in)
+  int64_t coef[4][8];    // mode 1: stride of dim j = sum_i coef[j][i] * t.strides[i]
+  int64_t base[8];       // mode 1: offset = sum_i base[i] * t.strides[i]
+  int64_t fst[4];        // mode 2 (t contiguous): strides
+  int64_t foff;          // mode 2: offset
+  int64_t size[4];       // modes 1, 2: sizes of the 4 dims
+};
+
+// The operand's strides, sizes and element offset; false when t does not fit the binding.
+static inline bool bind(const HtamTensor& t, const Bind& b, int64_t* st, int64_t* sz, int64_t* off) {
+  *off = 0;
+  if (b.mode == 0) {
+    if (t.ndim < 1 || t.ndim > 4) return false;
+    for (int j = 0; j < 4; ++j) {
+      const int k = j - (4 - t.ndim);
+      sz[j] = k < 0 ? 1 : t.sizes[k];
+      st[j] = (k < 0 || sz[j] == 1) ? 0 : t.strides[k];
+    }
+    return true;
+  }
+  if (t.ndim != b.nsrc) return false;
+  for (int i = 0; i < b.nsrc; ++i)
+    if (t.sizes[i] != b.src[i]) return false;
+  if (b.mode == 2 && !htam_contiguous(t)) return false;
+  for (int j = 0; j < 4; ++j) {
+    sz[j] = b.size[j];
+    st[j] = 0;
+    if (b.mode == 1)
+      for (int i = 0; i < b.nsrc; ++i) st[j] += b.coef[j][i] * t.strides[i];
+    else
+      st[j] = b.fst[j];
+    if (sz[j] == 1) st[j] = 0;
+  }
+  if (b.mode == 1)
+    for (int i = 0; i < b.nsrc; ++i) *off += b.base[i] * t.strides[i];
+  else
+    *off = b.foff;
+  return true;
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// 16 bytes global -> shared, asynchronously; zero-filled (src unread) when !full
+__device__ __forceinline__ void cp16(void* dst, const void* src, bool full) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(full ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(unsigned* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+template <class DT> struct Mma;
+template <> struct Mma<BF16> {
+  static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <> struct Mma<F16> {
+  static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// Rows [r0, r0 + R) x cols [0, CP) of a (row stride rs, col stride cs) operand into a [R][LD]
+// shared tile; rows >= nrows and cols >= ncols are zero. vec: 16-byte cp.async chunks (the host
+// checked cs == 1, 16-byte aligned rows and head dims % 8 == 0: a chunk is all in or all out);
+// otherwise element loads (still asynchronous to nothing: plain stores, visible after the
+// block's next __syncthreads).
+template <class DT, int R, int CP, int LD, int NT>
+__device__ __forceinline__ void load_tile(typename DT::raw* s, const typename DT::raw* g, int64_t rs,
+                                          int64_t cs, int64_t r0, int64_t nrows, int ncols, bool vec) {
+  typedef typename DT::raw raw;
+  constexpr int CH = CP / 8;                      // 16-byte chunks per row (8 two-byte elements)
+#pragma unroll 2
+  for (int c = threadIdx.x; c < R * CH; c += NT) {
+    const int r = c / CH, cc = (c % CH) * 8;
+    const bool row_ok = r0 + r < nrows;
+    const raw* src = g + (r0 + r) * rs + cc * cs;
+    if (vec) {
+      const bool ok = row_ok && cc < ncols;
+      cp16(s + r * LD + cc, ok ? src : g, ok);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const bool ok = row_ok && cc + e < ncols;
+        s[r * LD + cc + e] = ok ? src[e * cs] : raw(0);
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ unsigned pack2(float lo, float hi, BF16) {
+  float v[2] = {lo, hi};
+  return BF16::to_word(v);
+}
+__device__ __forceinline__ unsigned pack2(float lo, float hi, F16) {
+  float v[2] = {lo, hi};
+  return F16::to_word(v);
+}
+
+template <int BM, int BN, int DP, int DVP, int STAGES>
+constexpr size_t mma_smem() {   // bytes: Q [BM][DP + 8], then STAGES x (K [BN][DP + 8], V [BN][DVP + 8])
+  return (size_t)2 * (BM * (DP + 8) + STAGES * BN * (DP + 8 + DVP + 8));
+}
+
+// grid: x = batch * heads, y = query tiles (reversed when causal: the longest rows start first).
+// vec: 16-byte loads of q, k, v (host-checked); ovec: o's columns are contiguous, pairs 4-byte aligned.
+template <class DT, class SC, int BM, int BN, int DP, int DVP, int STAGES>
+__global__ void __launch_bounds__(BM * 2) fa_mma(const Params p, int D, int DV, bool vec, bool ovec) {
+  typedef typename DT::raw raw;
+  constexpr int NT = BM * 2, LDQ = DP + 8, LDK = DP + 8, LDV = DVP + 8;
+  constexpr int NB = BN / 8, ND = DVP / 8;        // n8 tiles of the scores and of O per warp
+  static_assert(BM % 16 == 0 && BN % 16 == 0 && DP % 16 == 0 && DVP % 16 == 0, "mma tile shapes");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  raw* sQ = reinterpret_cast<raw*>(smem_raw);
+  raw* sKV = sQ + BM * LDQ;                       // stage s: K at sKV + s * (BN * (LDK + LDV)), V after it
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+  const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, hk = h / p.group;
+  const int mt = SC::CAUSAL ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+  const int64_t m0 = (int64_t)mt * BM;
+  const raw* Q = static_cast<const raw*>(p.q) + b * p.qs[0] + h * p.qs[1];
+  const raw* K = static_cast<const raw*>(p.k) + b * p.ks[0] + hk * p.ks[1];
+  const raw* V = static_cast<const raw*>(p.v) + b * p.vs[0] + hk * p.vs[1];
+  // keys this block needs: all, or (causal) up to its last row
+  const int64_t kend = SC::CAUSAL ? (m0 + BM < p.S ? m0 + BM : p.S) : p.S;
+  const int ntiles = (int)((kend + BN - 1) / BN);
+
+  auto issue = [&](int t) {
+    raw* sK = sKV + (t % STAGES) * (BN * (LDK + LDV));
+    load_tile<DT, BN, DP, LDK, NT>(sK, K, p.ks[2], p.ks[3], (int64_t)t * BN, p.S, D, vec);
+    load_tile<DT, BN, DVP, LDV, NT>(sK + BN * LDK, V, p.vs[2], p.vs[3], (int64_t)t * BN, p.S, DV, vec);
+  };
+  load_tile<DT, BM, DP, LDQ, NT>(sQ, Q + m0 * p.qs[2], p.qs[2], p.qs[3], 0, p.L - m0, D, vec);
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {          // Q rides in the first group
+    if (s < ntiles) issue(s);
+    cp_commit();
+  }
+
+  float o[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};   // rows gid and gid + 8
+  const int64_t i0 = m0 + warp * 16 + gid;        // this thread's first row (second: i0 + 8)
+
+  for (int t = 0; t < ntiles; ++t) {
+    if (t + STAGES - 1 < ntiles) issue(t + STAGES - 1);
+    cp_commit();                                  // (possibly empty) keeps the group count uniform
+    cp_wait<STAGES - 1>();                        // tile t (and Q) have landed for this thread
+    __syncthreads();                              // ... and for every thread
+    const raw* sK = sKV + (t % STAGES) * (BN * (LDK + LDV));
+    const raw* sV = sK + BN * LDK;
+    const int64_t n0 = (int64_t)t * BN;
+
+    // S = Q K^T for this warp's 16 rows: NB n8 tiles, DP / 16 k-steps
+    float s[NB][4];
+#pragma unroll
+    for (int n = 0; n < NB; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; ++kk) {
+      unsigned a[4];
+      ldsm_x4(a, sQ + (warp * 16 + (lane & 15)) * LDQ + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int n2 = 0; n2 < NB / 2; ++n2) {        // keys n2*16 .. +15: two n8 tiles per ldmatrix.x4
+        unsigned kb[4];
+        ldsm_x4(kb, sK + (n2 * 16 + (lane & 7) + 8 * (lane >> 4)) * LDK + kk * 16 + 8 * ((lane >> 3) & 1));
+        Mma<DT>::run(s[2 * n2], a, kb[0], kb[1]);
+        Mma<DT>::run(s[2 * n2 + 1], a, kb[2], kb[3]);
+      }
+    }
+
+    // scores -> softmax units; masked, causal and out-of-range positions -> -inf
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t i = i0 + 8 * (e >> 1), j = n0 + n * 8 + 2 * tig + (e & 1);
+        const bool in = i < p.L && j < p.S && (!SC::CAUSAL || j <= i);
+        const float x = in ? SC::at(p, s[n][e], b, h, i, j) : -INFINITY;
+        s[n][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {                 // a row lives in the 4 threads of a quad
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    }
+    float alpha[2], mu[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float mn = fmaxf(mrow[r], mx[r]);
+      mu[r] = mn == -INFINITY ? 0.f : mn;         // a row masked so far: exp(-inf - 0) = 0, not NaN
+      alpha[r] = SC::ex(mrow[r] - mu[r]);
+      mrow[r] = mn;
+      lrow[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = SC::ex(s[n][e] - mu[e >> 1]);
+        lrow[e >> 1] += s[n][e];
+      }
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
+    }
+
+    // O += P V: BN / 16 k-steps; P's A fragment is two n8 score tiles re-packed
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      unsigned a[4];
+      a[0] = pack2(s[2 * kk][0], s[2 * kk][1], DT());
+      a[1] = pack2(s[2 * kk][2], s[2 * kk][3], DT());
+      a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1], DT());
+      a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3], DT());
+#pragma unroll
+      for (int n2 = 0; n2 < ND / 2; ++n2) {        // dv n2*16 .. +15: two n8 tiles per ldmatrix.x4.trans
+        unsigned vb[4];
+        ldsm_x4_t(vb, sV + (kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LDV + n2 * 16 + 8 * (lane >> 4));
+        Mma<DT>::run(o[2 * n2], a, vb[0], vb[1]);
+        Mma<DT>::run(o[2 * n2 + 1], a, vb[2], vb[3]);
+      }
+    }
+    __syncthreads();                              // stage t % STAGES is refilled next iteration
+  }
+  cp_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+  }
+  raw* O = static_cast<raw*>(p.o) + b * p.os[0] + h * p.os[1];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = i0 + 8 * r;
+    if (i >= p.L) continue;
+    const float inv = SC::inv(lrow[r]);
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      const int c = n * 8 + 2 * tig;             // this thread's columns c, c + 1
+      if (c >= DV) continue;
+      raw* dst = O + i * p.os[2] + (int64_t)c * p.os[3];
+      const float v0 = o[n][2 * r] * inv, v1 = o[n][2 * r + 1] * inv;
+      if (ovec && c + 1 < DV) {
+        float v[2] = {v0, v1};
+        *reinterpret_cast<unsigned*>(dst) = DT::to_word(v);
+      } else {
+        dst[0] = DT::from_f(v0);
+        if (c + 1 < DV) dst[p.os[3]] = DT::from_f(v1);
+      }
+    }
+  }
+}
+
+template <int BM, int BN, int DP, int DVP>
+constexpr size_t fma_smem() {   // bytes: Q [BM][DP + 1], K [BN][DP + 1], V [BN][DVP], P [BM][BN]
+  return (size_t)4 * (BM * (DP + 1) + BN * (DP + 1) + BN * DVP + BM * BN);
+}
+
+// fp32: grid as fa_mma; 256 threads (16 x 16).
+template <class SC, int BM, int BN, int DP, int DVP>
+__global__ void __launch_bounds__(256) fa_fma(const Params p, int D, int DV) {
+  constexpr int RM = BM / 16, RN = BN / 16, RD = DVP / 16;   // rows, key columns, O columns per thread
+  constexpr int LDQ = DP + 1, LDK = DP + 1, LDV = DVP, LDP = BN;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  float* sQ = reinterpret_cast<float*>(smem_raw);
+  float* sK = sQ + BM * LDQ;
+  float* sV = sK + BN * LDK;
+  float* sP = sV + BN * LDV;
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, hk = h / p.group;
+  const int mt = SC::CAUSAL ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+  const int64_t m0 = (int64_t)mt * BM;
+  const float* Q = static_cast<const float*>(p.q) + b * p.qs[0] + h * p.qs[1];
+  const float* K = static_cast<const float*>(p.k) + b * p.ks[0] + hk * p.ks[1];
+  const float* V = static_cast<const float*>(p.v) + b * p.vs[0] + hk * p.vs[1];
+  const int64_t kend = SC::CAUSAL ? (m0 + BM < p.S ? m0 + BM : p.S) : p.S;
+
+  for (int e = tid; e < BM * DP; e += 256) {      // consecutive threads: consecutive columns
+    const int r = e / DP, c = e % DP;
+    sQ[r * LDQ + c] = (m0 + r < p.L && c < D) ? Q[(m0 + r) * p.qs[2] + c * p.qs[3]] : 0.f;
+  }
+  float o[RM][RD], mrow[RM], lrow[RM];
+#pragma unroll
+  for (int r = 0; r < RM; ++r) {
+    mrow[r] = -INFINITY;
+    lrow[r] = 0.f;
+#pragma unroll
+    for (int c = 0; c < RD; ++c) o[r][c] = 0.f;
+  }
+
+  for (int64_t n0 = 0; n0 < kend; n0 += BN) {
+    __syncthreads();                              // the previous tile's K, V, P are no longer read
+    for (int e = tid; e < BN * DP; e += 256) {
+      const int r = e / DP, c = e % DP;
+      sK[r * LDK + c] = (n0 + r < p.S && c < D) ? K[(n0 + r) * p.ks[2] + c * p.ks[3]] : 0.f;
+    }
+    for (int e = tid; e < BN * DVP; e += 256) {
+      const int r = e / DVP, c = e % DVP;
+      sV[r * LDV + c] = (n0 + r < p.S && c < DV) ? V[(n0 + r) * p.vs[2] + c * p.vs[3]] : 0.f;
+    }
+    __syncthreads();
+    float s[RM][RN];
+#pragma unroll
+    for (int r = 0; r < RM; ++r)
+#pragma unroll
+      for (int c = 0; c < RN; ++c) s[r][c] = 0.f;
+    for (int d = 0; d < DP; ++d) {
+      float qv[RM], kv[RN];
+#pragma unroll
+      for (int r = 0; r < RM; ++r) qv[r] = sQ[(ty + 16 * r) * LDQ + d];
+#pragma unroll
+      for (int c = 0; c < RN; ++c) kv[c] = sK[(tx + 16 * c) * LDK + d];
+#pragma unroll
+      for (int r = 0; r < RM; ++r)
+#pragma unroll
+        for (int c = 0; c < RN; ++c) s[r][c] = fmaf(qv[r], kv[c], s[r][c]);
+    }
+#pragma unroll
+    for (int r = 0; r < RM; ++r) {
+      const int64_t i = m0 + ty + 16 * r;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < RN; ++c) {
+        const int64_t j = n0 + tx + 16 * c;
+        const bool in = i < p.L && j < p.S && (!SC::CAUSAL || j <= i);
+        s[r][c] = in ? SC::at(p, s[r][c], b, h, i, j) : -INFINITY;
+        mx = fmaxf(mx, s[r][c]);
+      }
+#pragma unroll
+      for (int off = 8; off > 0; off >>= 1)        // the row's 16 threads share a half-warp
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float mn = fmaxf(mrow[r], mx);
+      const float mu = mn == -INFINITY ? 0.f : mn;
+      const float alpha = SC::ex(mrow[r] - mu);
+      mrow[r] = mn;
+      lrow[r] *= alpha;
+#pragma unroll
+      for (int c = 0; c < RD; ++c) o[r][c] *= alpha;
+#pragma unroll
+      for (int c = 0; c < RN; ++c) {
+        const float pe = SC::ex(s[r][c] - mu);
+        lrow[r] += pe;
+        sP[(ty + 16 * r) * LDP + tx + 16 * c] = pe;
+      }
+    }
+    __syncthreads();
+    for (int j = 0; j < BN; ++j) {
+      float vv[RD];
+#pragma unroll
+      for (int c = 0; c < RD; ++c) vv[c] = sV[j * LDV + tx + 16 * c];
+#pragma unroll
+      for (int r = 0; r < RM; ++r) {
+        const float pe = sP[(ty + 16 * r) * LDP + j];
+#pragma unroll
+        for (int c = 0; c < RD; ++c) o[r][c] = fmaf(pe, vv[c], o[r][c]);
+      }
+    }
+  }
+  float* O = static_cast<float*>(p.o) + b * p.os[0] + h * p.os[1];
+#pragma unroll
+  for (int r = 0; r < RM; ++r) {
+    float l = lrow[r];
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+    const int64_t i = m0 + ty + 16 * r;
+    if (i >= p.L) continue;
+    const float inv = SC::inv(l);
+#pragma unroll
+    for (int c = 0; c < RD; ++c) {
+      const int col = tx + 16 * c;
+      if (col < DV) O[i * p.os[2] + (int64_t)col * p.os[3]] = o[r][c] * inv;
+    }
+  }
+}
+}  // namespace fa
+// ---- end flash attention main loops ----
