@@ -1,4 +1,4 @@
-"""Conv2d regions: cuDNN convolution with inference batch norm folded in, plus the elementwise epilogue.
+"""Conv regions: cuDNN convolution with inference batch norm folded in, plus the elementwise epilogue.
 
 A region aten.conv2d -> [aten.batch_norm (eval)] -> elementwise epilogue (residual add, ReLU, ...)
 runs one of three ways (params["fused"], params["graph"]):
@@ -20,6 +20,10 @@ runs one of three ways (params["fused"], params["graph"]):
          scripts/probe_conv_kernels.py), and pwconv.nhwc_epilogue's kernel reads the result back
          a tile at a time, folds batch norm, applies the epilogue and writes NCHW.
 (and params["tiled"]: a 1x1 conv as our own tiled tensor-core kernel, pwconv.py)
+
+Conv kinds (conv_geom.py): conv1d runs as a 2-D conv of height 1 on every cuDNN path; conv3d and
+conv_transpose1d/2d/3d (cuDNN's backward data) on the backend API, unfused; grouped and depthwise
+convs take every cuDNN path but NHWC; the tiled kernel and NHWC copies are conv2d's alone.
 
 Why the backend API: in cuDNN 9 the legacy calls cost host time. A whole conv+BN+ReLU kernel call
 took 383 us of host time on the legacy path, 53 us on this one, and eager PyTorch (conv, BN, ReLU)
@@ -56,7 +60,7 @@ import dataclasses
 
 import torch
 
-from torch_htam.proposers.expert import elementwise, host, pwconv
+from torch_htam.proposers.expert import conv_geom, elementwise, host, pwconv
 from torch_htam.proposers.expert.conv_match import BatchNorm, ConvMatch, Fold, g_only
 from torch_htam.proposers.expert.cudnn_conv import graph_entry, graph_run, legacy_entry, legacy_run
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float, cuh
@@ -88,19 +92,10 @@ def _arg(node, i: int, name: str, default):
     return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
 
 
-def _pair(v, what: str) -> tuple[int, int]:
-    v = [v] if isinstance(v, int) else list(v)
-    if len(v) == 1:
-        v = v * 2
-    if len(v) != 2 or not all(isinstance(a, int) for a in v):
-        raise Unsupported(f"conv2d {what}={v!r} (need two ints)")
-    return v[0], v[1]
-
-
 def _conv_node(gm):
     convs = [n for n in gm.graph.nodes if n.op == "call_function" and "conv" in str(n.target)]
-    if len(convs) != 1 or convs[0].target is not aten.conv2d.default:
-        raise Unsupported(f"{[str(n.target) for n in convs]} (need exactly one aten.conv2d.default)")
+    if len(convs) != 1:
+        raise Unsupported(f"{[str(n.target) for n in convs]} (need exactly one conv)")
     return convs[0]
 
 
@@ -152,20 +147,17 @@ def match(gm, policy) -> ConvMatch:
         raise Unsupported("no convolution")
     conv = _conv_node(gm)
     ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    x, w = conv.args[0], conv.args[1]
-    b = _arg(conv, 2, "bias", None)
+    geo = conv_geom.parse(conv)
+    x, w, b, kind = geo.x, geo.w, geo.bias, geo.kind
     for v, what in ((x, "input"), (w, "weight"), (b, "bias")):
         if v is not None and v not in ph:
-            raise Unsupported(f"conv2d {what} must be a region input (no prologue ops before the conv)")
-    if len(shape_of(x)) != 4 or len(shape_of(w)) != 4:
-        raise Unsupported("conv2d needs a 4-D (batched NCHW) input and a 4-D filter")
-    stride = _pair(_arg(conv, 3, "stride", [1, 1]), "stride")
-    padding = _pair(_arg(conv, 4, "padding", [0, 0]), "padding")
-    dilation = _pair(_arg(conv, 5, "dilation", [1, 1]), "dilation")
-    groups = int(_arg(conv, 6, "groups", 1))
+            raise Unsupported(f"{kind.name} {what} must be a region input (no prologue ops before the conv)")
+    if len(shape_of(x)) != kind.rank or len(shape_of(w)) != kind.rank:
+        raise Unsupported(f"{kind.name} needs a {kind.rank}-D (batched) input and a {kind.rank}-D filter")
+    stride, padding, dilation, groups = geo.stride, geo.padding, geo.dilation, geo.groups
     dt = dtype_of(conv)
     if any(dtype_of(v) != dt for v in (x, w) + ((b,) if b is not None else ())):
-        raise Unsupported("mixed-dtype conv2d")
+        raise Unsupported(f"mixed-dtype {kind.name}")
     anchor, bn = _batch_norm(conv, ph)
     yshape = shape_of(anchor)
     check_single_output(gm, yshape, dt, "conv")
@@ -199,8 +191,10 @@ def match(gm, policy) -> ConvMatch:
         raise Unsupported("conv result read broadcast/reshaped in the epilogue")
     fits, residual, relu = _fused_tail(gm, anchor, ph, yshape, dt)
     fits = fits and (bn is not None or b is not None or residual is not None or relu)
+    fits = fits and legacy_reason(kind) is None      # cuDNN's fused call is on the legacy API
     cp = ConvMatch(ph.index(x), ph.index(w), ph.index(b) if b is not None else None, stride, padding,
-                  dilation, groups, dt, bn, prog, g, residual, relu, fits, bool(policy and policy.allow_tf32))
+                  dilation, groups, dt, bn, prog, g, residual, relu, fits, bool(policy and policy.allow_tf32),
+                  kind=kind)
     cp.facts = TaskFacts("conv", yshape[1], 16 // DT[dt][2], has_transcendental=prog.has_transcendental,
                        low_precision=dt != "float32", allow_tf32=cp.allow_tf32, fp32=dt == "float32",
                        has_batchnorm=bn is not None, epilogue_fits_cudnn=fits,
@@ -280,11 +274,20 @@ static int launch_to_nhwc(const void* in, void* out, int64_t B, int64_t C, int64
 """
 
 
+def legacy_reason(kind: conv_geom.ConvKind) -> str | None:
+    """Why cuDNN's legacy API (and its fused call) cannot run this conv kind (None: it can)."""
+    if kind.transposed or kind.spatial == 3:
+        return f"{kind.name}: on cuDNN's backend API only (graph=True, unfused)"
+    return None
+
+
 def nhwc_reason(cp: ConvMatch, params: dict) -> str | None:
     """Why the NHWC path (x and w transposed, cuDNN's conv in NHWC, the tiled kernel's epilogue
     reading it back to NCHW) cannot run this setting (None: it can)."""
     if params.get("fused") or not params.get("graph"):
         return "nhwc: only on the backend API, unfused"
+    if not cp.kind.plain2d:
+        return f"nhwc: conv2d only, not {cp.kind.name}"
     if cp.groups != 1:
         return "nhwc: groups != 1"
     if cp.epilogue.ndim != 4:
@@ -300,6 +303,8 @@ def render(cp: ConvMatch, params: dict) -> str:
         raise Unsupported(why)
     fused = bool(params.get("fused")) and cp.fusable
     graph = bool(params.get("graph")) and not fused   # the fused call exists on the legacy API only
+    if not graph and (why := legacy_reason(cp.kind)):
+        raise Unsupported(why)
     math, strict = _math(cp, params)
     dt, dtc = DT[cp.dtype][0], DT[cp.dtype][1]
     prog, g = cp.epilogue, cp.g
@@ -315,7 +320,7 @@ def render(cp: ConvMatch, params: dict) -> str:
     fold = (fused or cp.bn is not None) and not nhwc    # (nhwc: the epilogue kernel folds batch norm)
     shift_t = dt if fused else "F32"   # cuDNN's bias has the output dtype; our epilogue reads fp32
     fold_src, present = _fold_kernel(cp, shift_t, center=not fused) if fold else ("", [])
-    (sh, sw), (ph_, pw), (dh, dw), G = cp.stride, cp.padding, cp.dilation, cp.groups
+    G = cp.groups
     scale_w = fused and cp.bn is not None
     vectors = {i for _, i in present} | set(Fold(cp).present.values() if nhwc else ())
     checks = "\n".join(
@@ -324,9 +329,10 @@ def render(cp: ConvMatch, params: dict) -> str:
         for i in sorted(vectors | ({cp.bias} if cp.bias is not None else set())))
     if cp.residual is not None and fused:
         r = cp.residual
-        checks += (f"\n  if (in[{r}].dtype != {dtc} || in[{r}].ndim != 4 || !htam_contiguous(in[{r}]) ||"
+        rank = cp.kind.rank
+        checks += (f"\n  if (in[{r}].dtype != {dtc} || in[{r}].ndim != {rank} || !htam_contiguous(in[{r}]) ||"
                    f" in[{r}].data == nullptr) return HTAM_ERR_SHAPE;"
-                   f"\n  for (int i = 0; i < 4; ++i) if (in[{r}].sizes[i] != Y.sizes[i]) return HTAM_ERR_SHAPE;")
+                   f"\n  for (int i = 0; i < {rank}; ++i) if (in[{r}].sizes[i] != Y.sizes[i]) return HTAM_ERR_SHAPE;")
     if not graph:
         checks += ("\n  // the legacy cuDNN API takes int sizes and indexes with 32 bits\n  if (htam_numel(&X) > INT32_MAX"
                    " || htam_numel(&Y) > INT32_MAX || htam_numel(&Wt) > INT32_MAX) return HTAM_ERR_SHAPE;")
@@ -378,7 +384,9 @@ def render(cp: ConvMatch, params: dict) -> str:
             "NHWC copies + cudnnBackendExecute + tiled epilogue to NCHW" if nhwc else
             ("cudnnBackendExecute" if graph else "cudnnConvolutionForward")
             + (" + epilogue kernel" if epi_needed else ""))
-    return f"""// torch_htam expert: cuDNN conv2d ({mode}) params={sorted(params.items())}
+    align = ("256" if nhwc else "(uintptr_t)X.data | (uintptr_t)Wt.data | (uintptr_t)Y.data" if graph else "0")
+    dims = conv_geom.host_dims(cp.kind, cp.stride, cp.padding, cp.dilation, G, dtc, align)
+    return f"""// torch_htam expert: cuDNN {cp.kind.name} ({mode}) params={sorted(params.items())}
 {PRELUDE}
 #include <algorithm>
 #include <cudnn.h>
@@ -394,18 +402,7 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   const HtamTensor& X = in[{cp.x}];
   const HtamTensor& Wt = in[{cp.w}];
   HtamTensor& Y = out[0];
-  for (const HtamTensor* t : {{&X, &Wt, (const HtamTensor*)&Y}})
-    if (t->dtype != {dtc} || t->ndim != 4 || !htam_contiguous(*t) || t->data == nullptr) return HTAM_ERR_SHAPE;
-  // d[7]: the data's alignment in bytes, which a backend plan is built for (a view 2 bytes past
-  // its allocation gets a plan of its own, not a refusal); 0 on the legacy API, which needs none
-  const uintptr_t bits = {"256" if nhwc else "(uintptr_t)X.data | (uintptr_t)Wt.data | (uintptr_t)Y.data" if graph else "0"};
-  const int64_t d[8] = {{X.sizes[0], X.sizes[1], X.sizes[2], X.sizes[3], Wt.sizes[0], Wt.sizes[2], Wt.sizes[3],
-                         {"bits % 16 == 0 ? 16 : bits % 8 == 0 ? 8 : bits % 4 == 0 ? 4 : 2" if graph else "0"}}};
-  (void)bits;
-  const int64_t K = d[4];
-  if (Wt.sizes[1] * {G} != d[1] || K % {G} != 0 || d[1] == 0) return HTAM_ERR_SHAPE;
-  const int64_t P = out_size(d[2], {ph_}, {dh}, d[5], {sh}), Q = out_size(d[3], {pw}, {dw}, d[6], {sw});
-  if (Y.sizes[0] != d[0] || Y.sizes[1] != K || Y.sizes[2] != P || Y.sizes[3] != Q) return HTAM_ERR_SHAPE;
+{dims}
 {checks}
   if (htam_numel(&Y) == 0) return HTAM_OK;
   DnnState* st = nullptr;

@@ -1,4 +1,4 @@
-"""What conv.match finds in a conv2d region (ConvMatch, BatchNorm), and the batch-norm fold as C++
+"""What conv.match finds in a conv region (ConvMatch, BatchNorm), and the batch-norm fold as C++
 expressions (Fold). conv.py, pwconv.py and cudnn_conv.py all read these; this module imports none
 of them.
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch_htam.proposers.expert.conv_geom import ConvKind
 from torch_htam.proposers.expert.cuda import DT
 from torch_htam.proposers.expert.ir import ExprProgram
 from torch_htam.proposers.expert.strategies import TaskFacts
@@ -26,13 +27,13 @@ class BatchNorm:
 
 @dataclass
 class ConvMatch:
-    """A single-conv2d region: the conv's inputs and geometry, the folded batch norm, the epilogue."""
-    x: int                           # input index of x [N, C, H, W]
-    w: int                           # input index of the filter [K, C/groups, R, S]
+    """A single-conv region: the conv's inputs and geometry, the folded batch norm, the epilogue."""
+    x: int                           # input index of x [N, C, H, W] (conv1d [N, C, L], conv3d [N, C, D, H, W])
+    w: int                           # input index of the filter [K, C/groups, R, S] (transposed: [C, K/groups, ...])
     bias: int | None                 # input index of the conv bias [K]
-    stride: tuple[int, int]
-    padding: tuple[int, int]
-    dilation: tuple[int, int]
+    stride: tuple[int, ...]          # (H, W), or (D, H, W) for conv3d; conv1d's as (1, s)
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
     groups: int
     dtype: str
     bn: BatchNorm | None
@@ -43,6 +44,7 @@ class ConvMatch:
     fusable: bool = False            # cuDNN's conv + bias + residual + act covers the whole region
     allow_tf32: bool = False
     facts: TaskFacts | None = None
+    kind: ConvKind = ConvKind()      # 1-/2-/3-D, transposed (conv_geom.py); geometry in its cuDNN dims
 
     @property
     def n_inputs(self) -> int:

@@ -1,6 +1,8 @@
 // ---- torch_htam expert: cuDNN state shared by every conv kernel's cuDNN path (conv.py pastes it) -
 // CD: a cuDNN status as this kernel's error code (3000 + status).
 #define CD(x) do { cudnnStatus_t s_ = (x); if (s_ != CUDNN_STATUS_SUCCESS) return 3000 + (int)s_; } while (0)
+// a conv problem's key (conv_geom.py): N, C, H, W of x; K, R, S; alignment; D of x, T of w, O of y
+static const int kConvDims = 11;
 static const size_t kMaxWorkspace = size_t(1) << 30;   // skip algorithms wanting more than 1 GiB
 
 struct DnnState { cudnnHandle_t handle = nullptr; void* ws = nullptr; size_t ws_bytes = 0;

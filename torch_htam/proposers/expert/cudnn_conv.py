@@ -15,7 +15,8 @@ CUDNN_TYPES = {"float32": "CUDNN_DATA_FLOAT", "bfloat16": "CUDNN_DATA_BFLOAT16",
 
 
 def legacy_entry(cp: ConvMatch, math: str, strict: bool, fused: bool, algo: int) -> str:
-    """Legacy API: the per-shape cache entry (descriptors + ranked algorithms) and its planning."""
+    """Legacy API: the per-shape cache entry (descriptors + ranked algorithms) and its planning.
+    2-D forward convs only (a conv1d is one of height 1, conv_geom.py)."""
     cudnn_t = CUDNN_TYPES[cp.dtype]
     (sh, sw), (ph_, pw), (dh, dw), G = cp.stride, cp.padding, cp.dilation, cp.groups
     identity_only = fused and not cp.relu   # cuDNN: IDENTITY activation only with IMPLICIT_PRECOMP_GEMM
@@ -107,13 +108,16 @@ def graph_run(x: str = "X.data", w: str = "Wt.data", y: str = "Y.data") -> str:
 def graph_entry(cp: ConvMatch, strict: bool, algo: int, nhwc: bool = False) -> str:
     """Backend API: the per-shape cache entry (descriptors, execution plan, variant pack) and planning:
     this conv's constants, then cudnn_graph.cuh."""
-    (sh, sw), (ph, pw), (dh, dw) = cp.stride, cp.padding, cp.dilation
+    n, ints = len(cp.stride), lambda v: ", ".join(map(str, v))    # noqa: E731
     return f"""
-// this kernel's conv on the backend API (pads, strides, dilations in pixels, H then W)
+// this kernel's {cp.kind.name} on the backend API (pads, strides, dilations in pixels, [D,] H, W;
+// conv_geom.py: a conv1d is a 2-D conv of height 1, a transposed conv cuDNN's backward data)
 static const bool kStrictFp32 = {"true" if strict else "false"};   // fp32 without TF32: no tensor-core engines
 static const bool kNhwc = {"true" if nhwc else "false"};   // x, w, y in NHWC (conv.py transposes around the conv)
 static const cudnnDataType_t kDataType = {CUDNN_TYPES[cp.dtype]};
-static const int64_t kPad[2] = {{{ph}, {pw}}}, kStride[2] = {{{sh}, {sw}}}, kDilation[2] = {{{dh}, {dw}}};
+static const int kSpatial = {n};
+static const bool kTransposed = {"true" if cp.kind.transposed else "false"};
+static const int64_t kPad[{n}] = {{{ints(cp.padding)}}}, kStride[{n}] = {{{ints(cp.stride)}}}, kDilation[{n}] = {{{ints(cp.dilation)}}};
 static const int64_t kGroups = {cp.groups};   // implied by the tensors: w is [K, C / kGroups, R, S]
 static const int kAlgo = {algo};   // plan the kAlgo-th usable engine (0: the one PyTorch runs)
 {GRAPH_ENTRY}"""

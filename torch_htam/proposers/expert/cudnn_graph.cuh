@@ -1,7 +1,8 @@
 // ---- torch_htam expert: a conv on cuDNN's backend ("graph") API (cudnn_conv.py pastes it) -------
-// Reads the constants graph_entry() writes before it: kStrictFp32, kNhwc, kDataType, kPad,
-// kStride, kDilation (pixels, H then W), kGroups and kAlgo; and cudnn.cuh's DnnState, grow(),
-// not_supported(). Attribute names and value types follow cudnn_graph.h (cuDNN 9).
+// Reads the constants graph_entry() writes before it: kStrictFp32, kNhwc, kDataType, kSpatial,
+// kTransposed, kPad, kStride, kDilation (pixels, [D,] H, W), kGroups and kAlgo; and cudnn.cuh's
+// DnnState, grow(), not_supported(), kConvDims. Attribute names and value types follow
+// cudnn_graph.h (cuDNN 9).
 // ---- cuDNN backend ("graph") API: plan once per shape, one cudnnBackendExecute per call ----------
 // Why: the legacy calls cost host time in cuDNN 9: 383 us per conv+BN+ReLU kernel call against
 // 53 us on this path (bf16, H100; see conv.py).
@@ -13,7 +14,7 @@ static const int kMaxConfigs = 16;            // engine configs taken from one h
 // One problem's backend descriptors, cached (a few shapes per kernel in practice). NOTE: all stay
 // alive until release(): cuDNN does not document whether a plan copies what it was built from.
 struct ConvEntry {
-  bool used = false; int dev = -1; int64_t dims[8] = {0};   // N, C, H, W of x; K, R, S; alignment
+  bool used = false; int dev = -1; int64_t dims[kConvDims] = {0};   // the problem key (conv_geom.py)
   cudnnBackendDescriptor_t x = nullptr, w = nullptr, y = nullptr;   // tensors 'x', 'w', 'y'
   cudnnBackendDescriptor_t conv = nullptr, op = nullptr, graph = nullptr, heur = nullptr;
   cudnnBackendDescriptor_t cfg[kMaxConfigs] = {};   // engine configs, heuristic rank order
@@ -41,52 +42,68 @@ static void release(ConvEntry* e) {
   *e = ConvEntry();
 }
 
-// A packed tensor [n, c, h, w] (sizes and strides in elements), NCHW or (kNhwc) NHWC in memory,
-// data aligned to `align` bytes.
-static int make_tensor(cudnnBackendDescriptor_t* t, int64_t uid, int64_t n, int64_t c, int64_t h, int64_t w,
-                       int64_t align) {
-  const int64_t dims[4] = {n, c, h, w};
-  const int64_t nchw[4] = {c * h * w, h * w, w, 1}, nhwc[4] = {c * h * w, 1, w * c, c};
-  const int64_t* strides = kNhwc ? nhwc : nchw;
+// A packed tensor of kSpatial + 2 dims [n, c, (d,) h, w] (sizes and strides in elements), NCHW /
+// NCDHW or (kNhwc, 2-D only) NHWC in memory, data aligned to `align` bytes.
+static int make_tensor(cudnnBackendDescriptor_t* t, int64_t uid, const int64_t* dims, int64_t align) {
+  const int64_t nd = kSpatial + 2;
+  int64_t strides[5];
+  strides[nd - 1] = 1;
+  for (int64_t i = nd - 2; i >= 0; --i) strides[i] = strides[i + 1] * dims[i + 1];
+  if (kNhwc) {   // [n, c, h, w] stored n, h, w, c
+    const int64_t c = dims[1], h = dims[2], w = dims[3];
+    strides[0] = c * h * w; strides[1] = 1; strides[2] = w * c; strides[3] = c;
+  }
   const cudnnDataType_t type = kDataType;
   CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_TENSOR_DESCRIPTOR, t));
   SET(*t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
   SET(*t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
   SET(*t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
-  SET(*t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims);
-  SET(*t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides);
+  SET(*t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, nd, dims);
+  SET(*t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, nd, strides);
   CD(cudnnBackendFinalize(*t));
   return 0;
 }
 
-// The 2-D cross-correlation with fp32 accumulation (pads/strides/dilations in pixels, H then W).
-// NOTE: groups are implied by the tensors: w is [K, C/groups, R, S] against x's C channels.
+// The kSpatial-D cross-correlation with fp32 accumulation (pads/strides/dilations in pixels).
+// NOTE: groups are implied by the tensors: w is [K, C/groups, ...] against x's C channels (for a
+// transposed conv, [C, K/groups, ...] against dy = x's C).
 static int make_conv(ConvEntry* e) {
-  const int64_t spatial = 2;
+  const int64_t spatial = kSpatial;
   const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
   CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, &e->conv));
   SET(e->conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
   SET(e->conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
   SET(e->conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial);
-  SET(e->conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, kPad);
-  SET(e->conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, kPad);
-  SET(e->conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, kStride);
-  SET(e->conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, kDilation);
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, kSpatial, kPad);
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, kSpatial, kPad);
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, kSpatial, kStride);
+  SET(e->conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, kSpatial, kDilation);
   CD(cudnnBackendFinalize(e->conv));
   return 0;
 }
 
-// The one-operation graph y = 1 * conv(x, w) + 0 * y.
+// The one-operation graph y = 1 * conv(x, w) + 0 * y; for a transposed conv (kTransposed) the
+// backward-data pass of the conv it transposes, y = dx = conv^T(dy = x, w), as PyTorch runs it.
 static int make_graph(cudnnHandle_t handle, ConvEntry* e) {
   const float alpha = 1.f, beta = 0.f;
-  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, &e->op));
-  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->x);
-  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->w);
-  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->y);
-  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->conv);
-  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
-  SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+  if (kTransposed) {
+    CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, &e->op));
+    SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->x);
+    SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->w);
+    SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->y);
+    SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->conv);
+    SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
+    SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+  } else {
+    CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, &e->op));
+    SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->x);
+    SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->w);
+    SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->y);
+    SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->conv);
+    SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
+    SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+  }
   CD(cudnnBackendFinalize(e->op));
   CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &e->graph));
   SET(e->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->op);
@@ -168,11 +185,18 @@ static int next_plan(DnnState* st, ConvEntry* e, int from, int skip) {
   return grow(&st->ws, &st->ws_bytes, std::max<size_t>((size_t)best_ws, 1));   // never a null workspace
 }
 
+// d: the problem key (conv_geom.py: N, C, H, W of x; K, R, S; alignment; D, T, O); P, Q: y's H, W.
 static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, int64_t Q) {
   int rc = 0;
-  if ((rc = make_tensor(&e->x, 'x', d[0], d[1], d[2], d[3], d[7])) ||
-      (rc = make_tensor(&e->w, 'w', d[4], d[1] / kGroups, d[5], d[6], d[7])) ||
-      (rc = make_tensor(&e->y, 'y', d[0], d[4], P, Q, d[7])) || (rc = make_conv(e)) || (rc = make_graph(st->handle, e)))
+  const int s = kSpatial == 3 ? 0 : 1;   // 2-D: the depth entries are left out
+  // w is [K, C/g, ...] forward, [C, K/g, ...] transposed (the layout of the conv it transposes)
+  const int64_t wk = kTransposed ? d[1] : d[4], wc = kTransposed ? d[4] / kGroups : d[1] / kGroups;
+  const int64_t xd[5] = {d[0], d[1], d[8], d[2], d[3]}, wd[5] = {wk, wc, d[9], d[5], d[6]},
+                yd[5] = {d[0], d[4], d[10], P, Q};
+  const int64_t x2[4] = {xd[0], xd[1], xd[3], xd[4]}, w2[4] = {wd[0], wd[1], wd[3], wd[4]},
+                y2[4] = {yd[0], yd[1], yd[3], yd[4]};
+  if ((rc = make_tensor(&e->x, 'x', s ? x2 : xd, d[7])) || (rc = make_tensor(&e->w, 'w', s ? w2 : wd, d[7])) ||
+      (rc = make_tensor(&e->y, 'y', s ? y2 : yd, d[7])) || (rc = make_conv(e)) || (rc = make_graph(st->handle, e)))
     return rc;
   // PyTorch's order: the heuristic's ranking, then cuDNN's fallback list when nothing in it is usable
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {

@@ -2,7 +2,7 @@
 // plan_entry(), which cudnn_conv.legacy_entry writes after this, fills an entry for one shape.
 // Descriptors + the ranked algorithms for one problem, cached (a few shapes per kernel in practice).
 struct ConvEntry {
-  bool used = false; int dev = -1; int64_t dims[8] = {0};   // N, C, H, W of x; K, R, S of the filter; 0
+  bool used = false; int dev = -1; int64_t dims[kConvDims] = {0};   // the problem key (conv_geom.py)
   cudnnTensorDescriptor_t x = nullptr, y = nullptr, b = nullptr;
   cudnnFilterDescriptor_t f = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;

@@ -49,6 +49,8 @@ UNREAD_BN = ("Y.data", "Y.data")
 
 def unsupported_reason(cp: ConvMatch) -> str | None:
     """Why this conv cannot take the tiled kernel (None: it can, precision permitting)."""
+    if not cp.kind.plain2d:
+        return f"tiled conv: conv2d only, not {cp.kind.name}"
     if cp.stride != (1, 1) or cp.padding != (0, 0) or cp.dilation != (1, 1) or cp.groups != 1:
         return "tiled conv: only 1x1 convs with stride 1, no padding, no groups"
     if cp.epilogue.ndim != 4:
