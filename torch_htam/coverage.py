@@ -34,7 +34,7 @@ def path_of(task, policy=None) -> str | None:
         pass
     except Exception as e:   # NOTE: the proposer treats a failing match as unsupported too
         return _short(f"matching failed: {type(e).__name__}: {e}")
-    own = tuple(t for t in TARGETS if t.kind == task.kind)
+    own = tuple(t for t in TARGETS if t.takes(task.kind))
     if not own:
         return f"the built-in proposer has no {task.kind} target"
     try:

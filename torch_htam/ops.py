@@ -42,6 +42,8 @@ class OpInfo:
     attn: the op's role in a hand-written attention (attn_pattern.py): "matmul" (q @ k^T, p @ v),
     "scale" (scores times / by a constant), "fill" (masked_fill), "where", "bias" (an added mask),
     "softmax", "cast", "cond" (mask == 0 and other comparisons with a constant that make a mask).
+    window (pooling, row-wise): "max" | "avg" | "adaptive_avg", the reduction over each window
+    (the expert's pool.py reads the geometry from the op's arguments).
     """
     category: str
     kind: str | None = None
@@ -54,6 +56,7 @@ class OpInfo:
     overloads: tuple[str, ...] = ("default",)
     keeps_epilogue: bool = False
     attn: str | None = None
+    window: str | None = None
 
 
 def _rows(category: str, names, **kw) -> dict[str, OpInfo]:
@@ -79,7 +82,8 @@ OPS: dict[str, OpInfo] = {
     **_rows(ANCHOR, ("conv1d", "conv2d", "conv3d", "convolution", "_convolution",
                      "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"), kind="conv",
              # NOTE: the conv + BN + add + ReLU kernel is our largest region win (3.2-3.6x over
-             # eager, docs/RESULTS_LOG.md), and pooling has no expert path: the conv keeps it.
+             # eager, docs/RESULTS_LOG.md): the conv keeps it, the pool after it (pool.py) reads
+             # the conv's output.
              keeps_epilogue=True),
     **_rows(ANCHOR, ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
                      "_scaled_dot_product_efficient_attention",
@@ -97,8 +101,10 @@ OPS: dict[str, OpInfo] = {
     **{n: _row() for n in ("cross_entropy_loss", "nll_loss", "nll_loss_forward", "nll_loss2d",
                            "_native_batch_norm_legit")},
     # windowed reductions: one pass over a neighbourhood per output, like a row
-    **{n: _row() for n in ("adaptive_avg_pool1d", "adaptive_avg_pool2d", "avg_pool1d",
-                           "avg_pool2d", "max_pool1d", "max_pool2d")},
+    **{f"{kind}_pool{d}d{tail}": OpInfo(ROWWISE, "rowwise", 1, reduction=True, window=window)
+       for kind, window, tails in (("max", "max", ("", "_with_indices")), ("avg", "avg", ("",)),
+                                   ("adaptive_avg", "adaptive_avg", ("",)))
+       for d in (1, 2, 3) for tail in tails},
     # ---- elementwise arithmetic (with the aliases export keeps: multiply, divide, ...)
     "add": _bin("add"), "sub": _bin("sub"), "mul": _bin("mul"), "div": _bin("div"),
     "rsub": _bin("rsub"), "maximum": _bin("max", ("default",)), "minimum": _bin("min", ("default",)),

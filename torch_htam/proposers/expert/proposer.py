@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch_htam.proposers.base import Candidate, Proposal, ProposalRequest, source_key
-from torch_htam.proposers.expert import attention, conv, elementwise, gemm, rowwise
+from torch_htam.proposers.expert import attention, conv, elementwise, gemm, pool, rowwise
 from torch_htam.proposers.expert.ir import Unsupported
 from torch_htam.proposers.expert.strategies import TABLE, TaskFacts, moves_for, strategy_id
 from torch_htam.proposers.expert.target import Target
 
 # tried in this order; the first whose match succeeds takes the task
-TARGETS: tuple[Target, ...] = (elementwise.TARGET, rowwise.TARGET, conv.TARGET, gemm.TARGET,
+TARGETS: tuple[Target, ...] = (elementwise.TARGET, rowwise.TARGET, pool.TARGET, conv.TARGET, gemm.TARGET,
                                attention.TARGET)
 
 

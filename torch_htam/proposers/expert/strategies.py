@@ -16,8 +16,8 @@ from typing import Any, Callable
 @dataclass(frozen=True)
 class TaskFacts:
     """What the strategy table needs to know about a task (kept small so every kind fits)."""
-    kind: str                   # "elementwise" | "rowwise" | "gemm" | "conv" | "attention"
-    ncol: int = 0               # row length at capture (rowwise)
+    kind: str                   # "elementwise" | "rowwise" | "gemm" | "conv" | "attention" | "pool"
+    ncol: int = 0               # row length at capture (rowwise; pool: taps per window)
     vec16: int = 4              # elements in 16 bytes of the narrowest dtype
     has_softmax_pair: bool = False
     has_welford_pair: bool = False
@@ -73,6 +73,7 @@ def _row_in_regs(i: TaskFacts) -> list[dict]:
 EW, ROW, GEMM = frozenset({"elementwise"}), frozenset({"rowwise"}), frozenset({"gemm"})
 CONV = frozenset({"conv"})
 ATTN = frozenset({"attention"})
+POOL = frozenset({"pool"})       # windowed reductions (pool.py): a window is a row of taps
 EW_ROW = EW | ROW
 
 
@@ -85,17 +86,17 @@ def _attn_tiles(i: TaskFacts) -> list[dict]:
 
 TABLE: dict[str, StrategyMoves] = {
     "vectorized_16b_access": StrategyMoves(EW_ROW, lambda i: [{"vec": i.vec16}, {"vec": max(1, i.vec16 // 2)}]),
-    "read_only_cache_loads": StrategyMoves(EW_ROW, lambda i: [{"nc": True}]),
+    "read_only_cache_loads": StrategyMoves(EW_ROW | POOL, lambda i: [{"nc": True}]),
     "row_in_registers": StrategyMoves(ROW, _row_in_regs),
-    "warp_per_row": StrategyMoves(ROW, lambda i: [{"tpr": 32, "rows_per_block": 4}, {"tpr": 32, "rows_per_block": 8},
+    "warp_per_row": StrategyMoves(ROW | POOL, lambda i: [{"tpr": 32, "rows_per_block": 4}, {"tpr": 32, "rows_per_block": 8},
                                              {"tpr": 16, "rows_per_block": 8}]),
     "block_per_row": StrategyMoves(ROW, lambda i: [{"tpr": t} for t in (256, 128, 512, 1024)]),
-    "grid_stride_loop": StrategyMoves(EW_ROW, lambda i: [{"waves": 8}, {"waves": 4}, {"waves": 16}]),
+    "grid_stride_loop": StrategyMoves(EW_ROW | POOL, lambda i: [{"waves": 8}, {"waves": 4}, {"waves": 16}]),
     "persistent_grid": StrategyMoves(EW_ROW, lambda i: [{"waves": 2}, {"waves": 1}]),
     "fuse_elementwise_chain": StrategyMoves(EW | GEMM | CONV, lambda i: [{"fused": True}] if i.kind == "conv"
                                        and i.epilogue_fits_cudnn else [{}]),
     "fuse_row_prologue_epilogue": StrategyMoves(ROW, lambda i: [{}]),
-    "warp_shuffle_reduction": StrategyMoves(ROW, lambda i: [{"tpr": 32}, {"tpr": 16, "rows_per_block": 8}]),
+    "warp_shuffle_reduction": StrategyMoves(ROW | POOL, lambda i: [{"tpr": 32}, {"tpr": 16, "rows_per_block": 8}]),
     "online_softmax": StrategyMoves(ROW, lambda i: [{"online": True}], lambda i: i.has_softmax_pair),
     "welford_statistics": StrategyMoves(ROW, lambda i: [{"welford": True}], lambda i: i.has_welford_pair),
     "ilp_unroll": StrategyMoves(EW, lambda i: [{"unroll": 2}, {"unroll": 4}]),

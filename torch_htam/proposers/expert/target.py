@@ -32,7 +32,7 @@ def _same(region: Any, params: dict, *rest) -> dict:
 @dataclass(frozen=True)
 class Target:
     """One kind of region. Every function takes the region `match` returned (`m` below)."""
-    kind: str                                    # "elementwise" | "rowwise" | "gemm" | "conv" | "attention"
+    kind: str                                    # "elementwise" | "rowwise" | "gemm" | "conv" | "attention" | "pool"
     match: Callable[[Any, Any], Any]             # (graph module, policy) -> m; raises ir.Unsupported
     defaults: Callable[[Any], dict]              # m -> the default params
     tags: Callable[[Any, dict], list[str]]       # (m, params) -> strategy ids the setting embodies
@@ -48,6 +48,12 @@ class Target:
     refit: Callable[[Any, dict, dict], dict] = _same
     # (m, params) -> the same kernel's params with the knobs it does not read at their defaults
     canonical: Callable[[Any, dict], dict] = _same
+    # the partition kinds (Task.kind) of the regions it takes, when not its own kind (pool: "rowwise")
+    region_kinds: tuple[str, ...] = ()
+
+    def takes(self, task_kind: str) -> bool:
+        """Whether regions of this partition kind are this target's (coverage's reason comes from it)."""
+        return task_kind in (self.region_kinds or (self.kind,))
 
 
 @dataclass(frozen=True)

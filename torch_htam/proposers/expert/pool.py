@@ -1,0 +1,451 @@
+"""Pooling regions: max / average / adaptive-average pooling (1-, 2-, 3-D) with the elementwise
+prologue before the pool (e.g. batch norm + ReLU) and the epilogue after it (flatten, activation)
+in one kernel.
+
+A region (partition: a pooling op is a windowed row reduction, ops.OpInfo.window) is
+    [elementwise prologue over x] -> pool -> [elementwise epilogue / views over the pooled value]
+Each output element is one window: TPR threads (params["tpr"]: 1 for small windows, a warp for a
+global average) walk its taps, compute the prologue at each tap from the region's inputs (read
+through run-time strides over [N, C, (D,) (H,) W]), reduce in fp32 (max keeps the first maximum's
+index, as torch does; average divides by torch's divisor), shuffle-reduce across the TPR lanes,
+round to the pool's dtype, apply the epilogue and store. max_pool*_with_indices writes the indices
+(flat within the input plane, int64) only where the region outputs them.
+
+Geometry (kernel_size, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override,
+adaptive output_size) is baked in; N, C and the input's spatial sizes are read at run time.
+
+    >>> pm = match(task.graph, policy); src = render(pm, defaults(pm))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from torch_htam import ops
+from torch_htam.partition import op_name
+from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter, c_float
+from torch_htam.proposers.expert.ir import (
+    Access, Lowerer, Unsupported, dtype_of, shape_of, stored, TRANSCENDENTAL,
+)
+from torch_htam.proposers.expert.strategies import TaskFacts
+from torch_htam.proposers.expert.target import Target
+
+aten = torch.ops.aten
+MAX_TPR = 32           # threads per window: at most a warp (the lanes reduce by shuffles)
+WARP_WINDOW = 32       # windows of at least this many taps get a warp by default (global pooling)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One pooling op's geometry, padded to 3 spatial dims (D, H, W; unit dims for 1-D / 2-D).
+    op: "max" | "avg" | "adaptive_avg"; out: adaptive output sizes (else computed at run time)."""
+    op: str
+    spatial: int
+    kernel: tuple[int, int, int] = (1, 1, 1)
+    stride: tuple[int, int, int] = (1, 1, 1)
+    padding: tuple[int, int, int] = (0, 0, 0)
+    dilation: tuple[int, int, int] = (1, 1, 1)
+    ceil_mode: bool = False
+    count_include_pad: bool = True
+    divisor: int = 0                  # divisor_override (0: none)
+    out: tuple[int, int, int] = (1, 1, 1)
+
+    def taps(self, in_sizes: tuple[int, ...]) -> int:
+        """Taps per window at the captured sizes (adaptive: the largest window)."""
+        if self.op == "adaptive_avg":
+            pad = (1,) * (3 - len(in_sizes)) + tuple(in_sizes)
+            n = 1
+            for i, o in zip(pad, self.out):
+                n *= -(-i // o) + (1 if i % o else 0)
+            return n
+        return self.kernel[0] * self.kernel[1] * self.kernel[2]
+
+
+@dataclass
+class PoolMatch:
+    """A pooling region: the window, the prologue expression over the pool's input (accesses with
+    run-time strides over [N, C, spatial...]), the epilogue outputs over the pooled value."""
+    window: Window
+    dtype: str                                  # the pool's dtype (input and pooled value)
+    inputs: list[tuple[tuple[int, ...], str]]   # (shape, dtype) per region input
+    pro_expr: tuple                             # the pool input's value at one tap
+    pro_accesses: list[Access]
+    size_src: int                               # region input whose sizes are the pool input's
+    in_shape: tuple[int, ...]
+    outputs: list[tuple[str, tuple | None]]     # per region output: (dtype, expr) or ("int64", None) = indices
+    facts: TaskFacts | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.window.spatial + 2
+
+
+def _arg(node, i: int, name: str, default):
+    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+
+
+def _ints(v, n: int, what: str, default: int) -> tuple[int, ...]:
+    v = [default] * n if v is None or v == [] else ([v] if isinstance(v, int) else list(v))
+    if len(v) == 1:
+        v = v * n
+    if len(v) != n or not all(isinstance(a, int) for a in v):
+        raise Unsupported(f"pooling {what}={v!r} (need {n} ints)")
+    return tuple(v)
+
+
+def _pad3(v: tuple[int, ...], unit: int) -> tuple[int, int, int]:
+    return (unit,) * (3 - len(v)) + tuple(v)
+
+
+def window_of(node) -> Window:
+    """The geometry of one pooling node (ops.OpInfo.window says which kind of pool it is)."""
+    name = op_name(node)
+    kind = ops.info(name).window
+    spatial = int(name.split("pool")[1][0])
+    if kind == "adaptive_avg":
+        out = _ints(node.args[1], spatial, "output_size", 1)
+        return Window(kind, spatial, out=_pad3(out, 1))
+    k = _ints(node.args[1], spatial, "kernel_size", 1)
+    s = _ints(_arg(node, 2, "stride", None) or k, spatial, "stride", 1)
+    p = _ints(_arg(node, 3, "padding", 0), spatial, "padding", 0)
+    if any(2 * pi > ki for pi, ki in zip(p, k)):
+        raise Unsupported(f"{name} padding {p} over half the kernel {k} (torch refuses it too)")
+    if kind == "max":
+        d = _ints(_arg(node, 4, "dilation", 1), spatial, "dilation", 1)
+        return Window(kind, spatial, _pad3(k, 1), _pad3(s, 1), _pad3(p, 0), _pad3(d, 1),
+                      bool(_arg(node, 5, "ceil_mode", False)))
+    ceil, inc = bool(_arg(node, 4, "ceil_mode", False)), bool(_arg(node, 5, "count_include_pad", True))
+    div = _arg(node, 6, "divisor_override", None) if spatial > 1 else None
+    if div is not None and (not isinstance(div, int) or div <= 0):
+        raise Unsupported(f"{name} divisor_override={div!r}")
+    return Window(kind, spatial, _pad3(k, 1), _pad3(s, 1), _pad3(p, 0), (1, 1, 1), ceil, inc, div or 0)
+
+
+def _pool_nodes(gm) -> list:
+    return [n for n in gm.graph.nodes if n.op == "call_function"
+            and (row := ops.info(op_name(n))) is not None and row.window is not None]
+
+
+def _outputs(gm) -> list:
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def match(gm, policy) -> PoolMatch:
+    """Match a region of one pooling op with its elementwise prologue and epilogue."""
+    pools = _pool_nodes(gm)
+    if len(pools) != 1:
+        raise Unsupported("no pooling op" if not pools else f"{len(pools)} pooling ops (need one)")
+    pool = pools[0]
+    win = window_of(pool)
+    src = pool.args[0]
+    in_shape, dt = shape_of(src), dtype_of(src)
+    if len(in_shape) != win.spatial + 2:
+        raise Unsupported(f"{op_name(pool)} on a {len(in_shape)}-D input (need batched [N, C, ...])")
+    ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    # the pooled value: the pool node, or getitem 0 of max_pool*_with_indices; its indices, getitem 1
+    value, index = pool, None
+    if isinstance(pool.meta.get("val"), (tuple, list)):
+        items = {u.args[1]: u for u in pool.users if u.target.__name__ == "getitem"}
+        value, index = items.get(0), items.get(1)
+    # prologue: the pool input's value at one input element, from the region's inputs
+    bns = {n: _batch_norm_leaf for n in gm.graph.nodes if n.op == "call_function"
+           and n.target is aten.batch_norm.default}
+    pro = Lowerer(gm, in_shape, "elementwise", leaves=bns)
+    pro.input_dtypes = [dtype_of(p) for p in ph]
+    pro_expr = pro.val(src, pro.identity())
+    ident = tuple(range(len(in_shape)))
+    if any(a.mode != "dims" for a in pro.accesses):
+        raise Unsupported("pool prologue reads an input through a reshape")
+    size_src = next((a.input for a in pro.accesses if a.dims == ident and shape_of(ph[a.input]) == in_shape), None)
+    if size_src is None:
+        raise Unsupported("no region input has the pool input's shape (sizes can't be read at run time)")
+    # epilogue: each output from the pooled value alone
+    pool_shape = shape_of(value) if value is not None else None
+    g = len(ph)
+
+    def leaf(low, node, amap):
+        if amap != low.identity():
+            raise Unsupported("pooled value read broadcast/reshaped in the epilogue")
+        return low.access(g, "dims", amap[1])
+
+    outs = []
+    for o in _outputs(gm):
+        if o is index and index is not None:
+            outs.append(("int64", None))
+            continue
+        if value is None or not hasattr(o, "op"):
+            raise Unsupported("pool region output that is not the pooled value")
+        if shape_of(o) != pool_shape and _numel(shape_of(o)) != _numel(pool_shape):
+            raise Unsupported(f"pool region output of shape {shape_of(o)} beside the pooled {pool_shape}")
+        low = Lowerer(gm, pool_shape, "elementwise", leaves={value: leaf})
+        low.input_dtypes = [dtype_of(p) for p in ph] + [dt]
+        e = low.val(o, low.identity() if shape_of(o) == pool_shape else ("flat", shape_of(o)))
+        if any(a.input != g for a in low.accesses):
+            raise Unsupported("pool epilogue reads another tensor besides the pooled value")
+        outs.append((dtype_of(o), stored(e, dtype_of(o))))
+    inputs = [(shape_of(p), dtype_of(p)) for p in ph]
+    pm = PoolMatch(win, dt, inputs, pro_expr, list(pro.accesses), size_src, in_shape, outs)
+    low_p = dt != "float32" or any(d != "float32" for _, d in inputs)
+    trans = any(x[0] in TRANSCENDENTAL for e in [pro_expr] + [e for _, e in outs if e] for x in _walk(e))
+    pm.facts = TaskFacts("pool", win.taps(in_shape[2:]), 16 // DT[dt][2], has_transcendental=trans,
+                         low_precision=low_p, fp32=not low_p, single_pass=True)
+    return pm
+
+
+def _batch_norm_leaf(low, node, amap) -> tuple:
+    """Eval batch norm in the prologue, in torch's order: (x - mean[c]) * rsqrt(var[c] + eps) *
+    gamma[c] + beta[c] (fp32 math, rounded to the dtype by the lowering like any op)."""
+    args = list(node.args) + [None] * 8
+    if _arg(node, 5, "training", True):
+        raise Unsupported("batch_norm in training mode (statistics depend on the batch)")
+    x, gamma, beta, mean, var = (args[i] if i < len(node.args) else node.kwargs.get(k) for i, k in
+                                 ((0, "input"), (1, "weight"), (2, "bias"), (3, "running_mean"), (4, "running_var")))
+    if mean is None or var is None or amap[0] != "dims":
+        raise Unsupported("batch_norm without running statistics, or read reshaped")
+    eps = float(_arg(node, 7, "eps", 1e-5))
+    ch = ("dims", (amap[1][1],))
+    e = ("mul", ("sub", low.val(x, amap), low.val(mean, ch)), ("rsqrt", ("add", low.val(var, ch), ("const", eps))))
+    if gamma is not None:
+        e = ("mul", e, low.val(gamma, ch))
+    return ("add", e, low.val(beta, ch)) if beta is not None else e
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _walk(e):
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        yield x
+        if x[0] not in ("in", "const", "red", "ncol"):
+            stack.extend(a for a in x[1:] if isinstance(a, tuple))
+
+
+# ---- CUDA text ------------------------------------------------------------------------------------
+
+def _c3(v) -> str:
+    return "{" + ", ".join(str(int(a)) for a in v) + "}"
+
+
+def _kernel(pm: PoolMatch, params: dict) -> str:
+    w, nacc = pm.window, len(pm.pro_accesses)
+    t_of = lambda i: DT[pm.inputs[pm.pro_accesses[i].input][1]][0]          # noqa: E731
+    args = [f"const {t_of(i)}::raw* __restrict__ p{i}" for i in range(nacc)]
+    args += [f"int64_t* __restrict__ o{k}" if dt == "int64" else f"{DT[dt][0]}::raw* __restrict__ o{k}"
+             for k, (dt, _) in enumerate(pm.outputs)]
+    nc = "true" if params.get("nc") else "false"
+    loads = "\n".join(
+        f"        const float x{i} = ld1<{t_of(i)}, {nc}>(p{i} + n * s.st[{i}][0] + c * s.st[{i}][1] + "
+        f"id * s.st[{i}][2] + ih * s.st[{i}][3] + iw * s.st[{i}][4]);" for i in range(nacc))
+    pro = Emitter(load=lambda a: f"x{a}", red=None, prefix="u")
+    v = pro.emit(pm.pro_expr)
+    pro_lines = "\n".join("        " + ln for ln in pro.lines)
+    epi = Emitter(load=lambda a: "pv", red=None, prefix="t")
+    stores = []
+    for k, (dt, e) in enumerate(pm.outputs):
+        if e is None:
+            stores.append(f"      o{k}[o] = arg;")
+        else:
+            stores.append(f"      o{k}[o] = {DT[dt][0]}::from_f({epi.emit(e)});")
+    epi_lines = "\n".join("      " + ln for ln in epi.lines)
+    is_max = w.op == "max"
+    if is_max:
+        take = "if (v > acc || v != v) { acc = v; arg = (id * s.I[1] + ih) * s.I[2] + iw; }"
+        merge = ("if (ov > acc || (ov == acc && oa < arg) || (ov != ov && acc == acc)) { acc = ov; arg = oa; }")
+    else:
+        take, merge = "acc += v;", "acc += ov;"
+    # window bounds per dim: taps j = 0..cnt-1 at lo + j * dil (adaptive: [start, end) step 1)
+    if w.op == "adaptive_avg":
+        bounds = """      for (int q = 0; q < 3; ++q) {
+        lo[q] = (oc[q] * s.I[q]) / s.O[q];
+        cnt[q] = ((oc[q] + 1) * s.I[q] + s.O[q] - 1) / s.O[q] - lo[q];
+        div *= cnt[q];
+      }"""
+    else:
+        avg_div = "" if is_max else f"""
+        {{   // torch's divisor: the window clipped to the padded input, or to the input itself
+          const int64_t end = std::min(lo[q] + s.K[q], s.I[q] + s.P[q]);
+          const int64_t a = std::max<int64_t>(lo[q], 0), b = std::min(end, s.I[q]);
+          div *= {"end - lo[q]" if w.count_include_pad else "b - a"};
+        }}"""
+        bounds = f"""      for (int q = 0; q < 3; ++q) {{
+        lo[q] = oc[q] * s.S[q] - s.P[q];
+        cnt[q] = s.K[q];{avg_div}
+      }}"""
+    final = "acc" if is_max else (f"acc / {c_float(float(w.divisor))}" if w.divisor else "acc / (float)div")
+    tpr = params["tpr"]
+    return f"""
+// {w.op} pooling, {w.spatial}-D, geometry padded to (D, H, W)
+static const int64_t kK[3] = {_c3(w.kernel)}, kS[3] = {_c3(w.stride)}, kP[3] = {_c3(w.padding)}, kDil[3] = {_c3(w.dilation)};
+#define NACC {nacc}
+#define TPR {tpr}
+struct PoolShape {{
+  int64_t N, C, I[3], O[3];                 // x's batch, channels, spatial sizes; y's spatial sizes
+  int64_t K[3], S[3], P[3], Dl[3];          // kK .. kDil (device code cannot read host constants)
+  int64_t st[NACC > 0 ? NACC : 1][5];       // per prologue access: elements per step of n, c, d, h, w
+}};
+
+__global__ void __launch_bounds__({tpr * params["rows_per_block"]}) pool_kernel(PoolShape s, int64_t total,
+    {", ".join(args)}) {{
+  const int lane = threadIdx.x % TPR;
+  // the TPR lanes of one window (a sub-warp) shuffle among themselves
+  const unsigned mask = TPR == 32 ? 0xffffffffu : ((1u << TPR) - 1u) << ((threadIdx.x % 32) / TPR * TPR);
+  (void)mask; (void)lane;
+  const int64_t step = (int64_t)gridDim.x * (blockDim.x / TPR);
+  for (int64_t o = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / TPR; o < total; o += step) {{
+    int64_t r = o, oc[3];
+    for (int q = 2; q >= 0; --q) {{ oc[q] = r % s.O[q]; r /= s.O[q]; }}
+    const int64_t c = r % s.C, n = r / s.C;
+    int64_t lo[3], cnt[3], div = 1;
+{bounds}
+    (void)div;
+    const int64_t taps = cnt[0] * cnt[1] * cnt[2];
+    float acc = {"-INFINITY" if is_max else "0.f"};
+    int64_t arg = -1;
+    for (int64_t t = lane; t < taps; t += TPR) {{
+      const int64_t id = lo[0] + (t / (cnt[1] * cnt[2])) * s.Dl[0];
+      const int64_t ih = lo[1] + (t / cnt[2] % cnt[1]) * s.Dl[1];
+      const int64_t iw = lo[2] + (t % cnt[2]) * s.Dl[2];
+      if (id < 0 || id >= s.I[0] || ih < 0 || ih >= s.I[1] || iw < 0 || iw >= s.I[2]) continue;
+      {{
+{loads}
+{pro_lines}
+        const float v = {v};
+        {take}
+      }}
+    }}
+    (void)arg;
+#pragma unroll
+    for (int m = TPR / 2; m > 0; m /= 2) {{
+      const float ov = __shfl_down_sync(mask, acc, m, TPR);
+      const int64_t oa = __shfl_down_sync(mask, arg, m, TPR);
+      (void)oa;
+      {merge}
+    }}
+    if (lane == 0) {{
+      const float pv = {DT[pm.dtype][0]}::round({final});
+{epi_lines}
+{chr(10).join(stores)}
+    }}
+  }}
+}}
+"""
+
+
+def _host(pm: PoolMatch, params: dict) -> str:
+    w, r, nacc = pm.window, pm.rank, len(pm.pro_accesses)
+    checks = [f"  if (n_in != {len(pm.inputs)} || n_out != {len(pm.outputs)}) return HTAM_ERR_SHAPE;"]
+    for i, (_, dt) in enumerate(pm.inputs):
+        checks.append(f"  if (in[{i}].dtype != {DT[dt][1]} || in[{i}].data == nullptr) return HTAM_ERR_SHAPE;")
+    for k, (dt, _) in enumerate(pm.outputs):
+        code = "HTAM_INT64" if dt == "int64" else DT[dt][1]
+        checks.append(f"  if (out[{k}].dtype != {code} || out[{k}].data == nullptr || !htam_contiguous(out[{k}]) "
+                      f"|| htam_numel(&out[{k}]) != total) return HTAM_ERR_SHAPE;")
+    binds = []
+    for i, a in enumerate(pm.pro_accesses):
+        dims = ", ".join(str(d) for d in a.dims) or "0"
+        binds.append(f"  {{ static const int dm[] = {{{dims}}};\n    int64_t st[HTAM_MAX_DIMS];\n"
+                     f"    if (!htam_bind_dims(in[{a.input}], dm, {len(a.dims)}, it, {r}, st)) return HTAM_ERR_SHAPE;\n"
+                     f"    s.st[{i}][0] = st[0]; s.st[{i}][1] = st[1];\n"
+                     f"    for (int q = 0; q < 3; ++q) s.st[{i}][q + 2] = q < {3 - w.spatial} ? 0 : st[q - {3 - w.spatial} + 2]; }}")
+    if w.op == "adaptive_avg":
+        osz = f"  {{ static const int64_t out3[3] = {_c3(w.out)};\n    for (int q = 0; q < 3; ++q) s.O[q] = out3[q]; }}"
+    else:   # torch's pooling_output_shape, ceil_mode included
+        osz = f"""  for (int q = 0; q < 3; ++q) {{
+    const int64_t span = s.I[q] + 2 * kP[q] - kDil[q] * (kK[q] - 1) - 1 + ({"kS[q] - 1" if w.ceil_mode else "0"});
+    if (span < 0) return HTAM_ERR_SHAPE;
+    int64_t o = span / kS[q] + 1;
+    if ({"true" if w.ceil_mode else "false"} && (o - 1) * kS[q] >= s.I[q] + kP[q]) --o;   // the last window starts inside
+    s.O[q] = o;
+  }}"""
+    tpr, rpb = params["tpr"], params["rows_per_block"]
+    waves = params.get("waves", 0)
+    ptrs = [f"({DT[pm.inputs[a.input][1]][0]}::raw*)in[{a.input}].data" for a in pm.pro_accesses]
+    ptrs += [f"(int64_t*)out[{k}].data" if dt == "int64" else f"({DT[dt][0]}::raw*)out[{k}].data"
+             for k, (dt, _) in enumerate(pm.outputs)]
+    return f"""
+HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
+  if (n_in != {len(pm.inputs)}) return HTAM_ERR_SHAPE;
+  const HtamTensor& szt = in[{pm.size_src}];    // the pool input's sizes
+  if (szt.ndim != {r}) return HTAM_ERR_SHAPE;
+  int64_t it[HTAM_MAX_DIMS];
+  for (int d = 0; d < {r}; ++d) it[d] = szt.sizes[d];
+  PoolShape s;
+  s.N = it[0]; s.C = it[1];
+  for (int q = 0; q < 3; ++q) {{ s.K[q] = kK[q]; s.S[q] = kS[q]; s.P[q] = kP[q]; s.Dl[q] = kDil[q]; }}
+  for (int q = 0; q < 3; ++q) s.I[q] = q < {3 - w.spatial} ? 1 : it[q - {3 - w.spatial} + 2];
+{osz}
+  const int64_t total = s.N * s.C * s.O[0] * s.O[1] * s.O[2];
+{chr(10).join(checks)}
+{chr(10).join(binds)}
+  if (total == 0) return HTAM_OK;
+  for (int q = 0; q < 3; ++q) if (s.I[q] == 0) return HTAM_ERR_SHAPE;    // an empty window
+  int64_t blocks = (total + {rpb} - 1) / {rpb};
+  if ({waves} > 0) blocks = std::min<int64_t>(blocks, (int64_t)htam_sm_count() * {waves});
+  blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t)1 << 30));
+  pool_kernel<<<(unsigned)blocks, {tpr * rpb}, 0, stream>>>(s, total, {", ".join(ptrs)});
+  HTAM_CHECK_LAUNCH();
+  return HTAM_OK;
+}}
+"""
+
+
+def render(pm: PoolMatch, params: dict) -> str:
+    if not valid(params):
+        raise Unsupported(f"pool params {params} (tpr a power of two <= {MAX_TPR}, <= 1024 threads)")
+    return "\n".join([f"// torch_htam expert: {pm.window.op} pool params={sorted(params.items())}", PRELUDE,
+                      "#include <algorithm>", _kernel(pm, params), _host(pm, params)])
+
+
+# ---- the pool target (target.Target) ---------------------------------------------------------------
+
+def defaults(pm: PoolMatch) -> dict:
+    # a thread per window for small windows (a 3x3 max pool: 9 taps, neighbours share cache lines);
+    # a warp per window for global pooling (7x7 = 49 taps read coalesced, then shuffled)
+    if pm.facts.ncol >= WARP_WINDOW:
+        return {"tpr": 32, "rows_per_block": 8, "nc": False, "waves": 0}
+    return {"tpr": 1, "rows_per_block": 256, "nc": False, "waves": 0}
+
+
+def valid(params: dict) -> bool:
+    tpr, rpb = params.get("tpr", 1), params.get("rows_per_block", 1)
+    return 0 < tpr <= MAX_TPR and not tpr & (tpr - 1) and 32 <= tpr * rpb <= 1024
+
+
+def refit(pm: PoolMatch, p: dict, moved: dict) -> dict:
+    """A move of tpr keeps about 256 threads a block (rows_per_block follows unless moved too)."""
+    if "tpr" in moved and "rows_per_block" not in moved:
+        return dict(p, rows_per_block=max(1, 256 // p["tpr"]))
+    return p
+
+
+def tags(pm: PoolMatch, params: dict) -> list[str]:
+    out = ["single_kernel_launch"]
+    if any(e is not None and e != ("in", 0) for _, e in pm.outputs) or pm.pro_expr[0] != "in":
+        out.append("fuse_row_prologue_epilogue")
+    if params.get("tpr", 1) > 1:
+        out.append("warp_shuffle_reduction")
+    if params.get("nc"):
+        out.append("read_only_cache_loads")
+    if params.get("waves"):
+        out.append("grid_stride_loop")
+    return out
+
+
+def grid(pm: PoolMatch, base: dict) -> list[dict]:
+    out = [dict(base, tpr=t, rows_per_block=max(1, b // t)) for t in (1, 4, 8, 16, 32) for b in (128, 256, 512)]
+    return out + [dict(base, nc=True), dict(base, waves=8), dict(base, waves=4)]
+
+
+TARGET = Target(
+    kind="pool", match=match, defaults=defaults, tags=tags,
+    retag=lambda pm, params, tags_: [t for t in tags_ if t in tags(pm, params)],
+    start_order=("warp_shuffle_reduction", "read_only_cache_loads", "grid_stride_loop", "warp_per_row"),
+    grid=grid, render=render, valid=valid, refit=refit, region_kinds=("rowwise",))
