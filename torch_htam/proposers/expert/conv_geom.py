@@ -32,6 +32,8 @@ CONV_OPS = {
     aten.conv1d.default: (1, False), aten.conv2d.default: (2, False), aten.conv3d.default: (3, False),
     aten.conv_transpose1d.default: (1, True), aten.conv_transpose2d.input: (2, True),
     aten.conv_transpose3d.input: (3, True),
+    # padding given as a string ("same" / "valid")
+    aten.conv1d.padding: (1, False), aten.conv2d.padding: (2, False), aten.conv3d.padding: (3, False),
 }
 
 
@@ -108,9 +110,6 @@ def parse(node) -> Geometry:
     op = str(node.target)
     stride = _ints(_arg(node, 3, "stride", 1), spatial, "stride", op)
     padding = _arg(node, 4, "padding", 0)
-    if isinstance(padding, str):
-        raise Unsupported(f"{op} padding={padding!r} (need ints)")
-    padding = _ints(padding, spatial, "padding", op)
     if transposed:
         out_pad = _ints(_arg(node, 5, "output_padding", 0), spatial, "output_padding", op)
         groups, dilation = _arg(node, 6, "groups", 1), _arg(node, 7, "dilation", 1)
@@ -118,9 +117,23 @@ def parse(node) -> Geometry:
         out_pad = (0,) * spatial
         dilation, groups = _arg(node, 5, "dilation", 1), _arg(node, 6, "groups", 1)
     dilation = _ints(dilation, spatial, "dilation", op)
+    padding = _same(padding, node, dilation, op) if isinstance(padding, str) else \
+        _ints(padding, spatial, "padding", op)
     kind = ConvKind(spatial, transposed, _cudnn(out_pad, spatial, 0))
     return Geometry(node.args[0], node.args[1], _arg(node, 2, "bias", None), _cudnn(stride, spatial, 1),
                     _cudnn(padding, spatial, 0), _cudnn(dilation, spatial, 1), int(groups), kind)
+
+
+def _same(padding: str, node, dilation: tuple[int, ...], op: str) -> tuple[int, ...]:
+    """padding="valid" / "same" as ints: "same" pads dil * (k - 1) / 2 on both sides, which needs
+    an even total (torch pads the odd one out on one side only: no symmetric cuDNN padding)."""
+    if padding == "valid":
+        return (0,) * len(dilation)
+    ks = node.args[1].meta["val"].shape[2:]
+    total = [d * (k - 1) for d, k in zip(dilation, ks)]
+    if padding != "same" or any(t % 2 for t in total):
+        raise Unsupported(f"{op} padding={padding!r} with kernel {tuple(ks)} (need 'valid' or a symmetric 'same')")
+    return tuple(t // 2 for t in total)
 
 
 def host_dims(kind: ConvKind, stride, padding, dilation, groups: int, dtype: str, align: str) -> str:
