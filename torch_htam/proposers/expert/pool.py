@@ -209,7 +209,10 @@ def _batch_norm_leaf(low, node, amap) -> tuple:
     e = ("mul", ("sub", low.val(x, amap), low.val(mean, ch)), ("rsqrt", ("add", low.val(var, ch), ("const", eps))))
     if gamma is not None:
         e = ("mul", e, low.val(gamma, ch))
-    return ("add", e, low.val(beta, ch)) if beta is not None else e
+    if beta is not None:
+        e = ("add", e, low.val(beta, ch))
+    dt = dtype_of(node)      # NOTE: torch rounds the batch norm's result to bf16/fp16 (as conv.py does)
+    return ("round", dt, e) if dt != "float32" else e
 
 
 def _numel(shape) -> int:
@@ -257,8 +260,11 @@ def _kernel(pm: PoolMatch, params: dict) -> str:
     epi_lines = "\n".join("      " + ln for ln in epi.lines)
     is_max = w.op == "max"
     if is_max:
-        take = "if (v > acc || v != v) { acc = v; arg = (id * s.I[1] + ih) * s.I[2] + iw; }"
-        merge = ("if (ov > acc || (ov == acc && oa < arg) || (ov != ov && acc == acc)) { acc = ov; arg = oa; }")
+        # NOTE: torch keeps the first maximum (strict >), NaN wins, and a window of -inf values
+        # still has an index (its first tap): arg < 0 means no tap seen yet
+        take = "if (arg < 0 || v > acc || v != v) { acc = v; arg = (id * s.I[1] + ih) * s.I[2] + iw; }"
+        merge = ("if (oa >= 0 && (arg < 0 || ov > acc || (ov == acc && oa < arg) || (ov != ov && acc == acc)))"
+                 " { acc = ov; arg = oa; }")
     else:
         take, merge = "acc += v;", "acc += ov;"
     # window bounds per dim: taps j = 0..cnt-1 at lo + j * dil (adaptive: [start, end) step 1)
