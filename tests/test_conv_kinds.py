@@ -166,12 +166,22 @@ def test_precision_follows_the_policy_for_every_kind():
         assert ct in conv.render(cp, conv.defaults(cp))
 
 
+# half precision for one case of each cuDNN path (the others differ from these in constants only)
+HALF = {"conv1d_bias_gelu": (torch.bfloat16, torch.float16), "conv3d_bn_relu": (torch.bfloat16,),
+        "convt2d_s2_bn_relu": (torch.bfloat16,), "depthwise_bn_relu6": (torch.float16,)}
+
+
 def _compile_set() -> list[tuple[str, str]]:
+    """Each case's default in fp32, the half-precision ones above, and conv1d on the legacy fused
+    call: ~17 sources with cuDNN's headers (a build of all 66 seed candidates ran past 300 s on 2
+    shared cores)."""
     out = []
     for name in CASES:
-        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for dtype in (torch.float32,) + HALF.get(name, ()):
             block, inputs = _case(name, dtype)
-            out += [(f"{name}/{dtype}/{i}", c.source) for i, c in enumerate(propose(_task(block, inputs), n=2).candidates)]
+            out.append((f"{name}/{dtype}", propose(_task(block, inputs), n=1).candidates[0].source))
+    cp = _match("conv1d_s2_bn_add_relu")
+    out.append(("conv1d_s2_bn_add_relu/fused", conv.render(cp, dict(conv.defaults(cp), fused=True))))
     return out
 
 
