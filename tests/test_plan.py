@@ -38,7 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 class Mixed(nn.Module):
-    """A GEMM the expert has a path for, a max pool it has none for."""
+    """A GEMM the expert has a path for, a max pool it has none for (an unbatched one)."""
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(64, 64)
@@ -47,7 +47,7 @@ class Mixed(nn.Module):
         return F.gelu(self.fc(x)), F.max_pool2d(img, 2)
 
 def get_model():
-    return Mixed().eval(), (torch.randn(8, 64), torch.randn(1, 4, 16, 16))
+    return Mixed().eval(), (torch.randn(8, 64), torch.randn(4, 16, 16))
 '''
 
 
@@ -77,7 +77,7 @@ def test_plan_path_column_reason_and_footer(tmp_path):
     pool = next(i for i, line in enumerate(lines) if "max_pool2d" in line)
     assert " yes " in lines[gemm] and not lines[gemm + 1].strip().startswith("no path")
     assert " no " in lines[pool]
-    assert lines[pool + 1].strip() == "no path: op max_pool2d is not in the expert generator's vocabulary"
+    assert lines[pool + 1].strip() == "no path: max_pool2d on a 3-D input (need batched [N, C, ...])"
     assert all(len(line) <= 120 for line in lines)
     footer = next(line for line in lines if line.startswith("built-in proposer has a path"))
     assert footer.startswith("built-in proposer has a path for 1 of 2 tasks: ")

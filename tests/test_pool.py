@@ -142,8 +142,11 @@ def test_unsupported_pools_say_why():
     class Unbatched(nn.Module):
         def forward(self, x):
             return F.max_pool2d(x, 2)
+    unbatched = small_task(Unbatched(), torch.randn(4, 8, 8))
     with pytest.raises(Unsupported, match="need batched"):
-        pool.match(small_task(Unbatched(), torch.randn(4, 8, 8)).graph, None)
+        pool.match(unbatched.graph, None)
+    unbatched.kind = "rowwise"        # as partition makes it: the pool target's reason, alone
+    assert path_of(unbatched) == "max_pool2d on a 3-D input (need batched [N, C, ...])"
 
     class Other(nn.Module):      # the epilogue reads another tensor besides the pooled value
         def forward(self, x, b):

@@ -34,7 +34,10 @@ def path_of(task, policy=None) -> str | None:
         pass
     except Exception as e:   # NOTE: the proposer treats a failing match as unsupported too
         return _short(f"matching failed: {type(e).__name__}: {e}")
-    own = tuple(t for t in TARGETS if t.takes(task.kind))
+    kind = [t for t in TARGETS if t.takes(task.kind)]
+    # a target that claims the graph (a pooling region) speaks for it; else the kind's generic one
+    claimed = tuple(t for t in kind if t.claims is not None and t.claims(task.graph))
+    own = claimed or tuple(t for t in kind if t.claims is None)
     if not own:
         return f"the built-in proposer has no {task.kind} target"
     try:

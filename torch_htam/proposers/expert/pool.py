@@ -454,4 +454,5 @@ TARGET = Target(
     kind="pool", match=match, defaults=defaults, tags=tags,
     retag=lambda pm, params, tags_: [t for t in tags_ if t in tags(pm, params)],
     start_order=("warp_shuffle_reduction", "read_only_cache_loads", "grid_stride_loop", "warp_per_row"),
-    grid=grid, render=render, valid=valid, refit=refit, region_kinds=("rowwise",))
+    grid=grid, render=render, valid=valid, refit=refit, region_kinds=("rowwise",),
+    claims=lambda gm: bool(_pool_nodes(gm)))

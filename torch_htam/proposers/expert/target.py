@@ -50,6 +50,9 @@ class Target:
     canonical: Callable[[Any, dict], dict] = _same
     # the partition kinds (Task.kind) of the regions it takes, when not its own kind (pool: "rowwise")
     region_kinds: tuple[str, ...] = ()
+    # graph -> whether the region is this target's own (pool: it holds a pooling op): coverage then
+    # gives this target's reason alone, not that of the kind's generic target (None: no such test)
+    claims: Callable[[Any], bool] | None = None
 
     def takes(self, task_kind: str) -> bool:
         """Whether regions of this partition kind are this target's (coverage's reason comes from it)."""
