@@ -175,6 +175,28 @@ def test_conv_keeps_its_epilogue_and_the_pool_has_a_path():
     assert all(path_of(t) is None for t in found.tasks)
 
 
+class BnReluPoolFlatten(nn.Module):
+    """A pre-activation head: batch norm + ReLU on the block's output, global pool, flatten."""
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return torch.flatten(F.adaptive_avg_pool2d(F.relu(self.bn(x)), 1), 1)
+
+
+def test_pool_region_takes_its_prologue_and_epilogue():
+    """No conv before it: batch norm + ReLU join the pool's region as its prologue, flatten as its
+    epilogue, and the whole region is one pool kernel."""
+    found = extract(BnReluPoolFlatten().eval(), (torch.randn(2, 8, 7, 7),))
+    assert len(found.tasks) == 1
+    task = found.tasks[0]
+    assert task.kind == "rowwise" and {"batch_norm", "relu", "adaptive_avg_pool2d"} <= \
+        {op.split(".")[1] for op in task.ops}
+    tm = match_task(task, policy_for(task))
+    assert tm.target is pool.TARGET and "fuse_row_prologue_epilogue" in tm.tags(tm.defaults)
+
+
 def _compile_set():
     """Each case's first two seed candidates in fp32 (a thread and a warp per window), and three
     cases in bf16 and fp16 (prologue rounding, indices, the flatten epilogue)."""
