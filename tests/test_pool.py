@@ -17,7 +17,7 @@ from test_expert import propose, small_task
 from torch_htam import build, paths
 from torch_htam.coverage import path_of
 from torch_htam.extract import extract
-from torch_htam.policy import make, policy_for
+from torch_htam.policy import policy_for
 from torch_htam.proposers.expert import pool
 from torch_htam.proposers.expert.ir import Unsupported
 from torch_htam.proposers.expert.proposer import match_task, tuning_grid

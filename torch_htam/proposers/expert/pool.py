@@ -346,7 +346,7 @@ __global__ void __launch_bounds__({tpr * params["rows_per_block"]}) pool_kernel(
 
 
 def _host(pm: PoolMatch, params: dict) -> str:
-    w, r, nacc = pm.window, pm.rank, len(pm.pro_accesses)
+    w, r = pm.window, pm.rank
     checks = [f"  if (n_in != {len(pm.inputs)} || n_out != {len(pm.outputs)}) return HTAM_ERR_SHAPE;"]
     for i, (_, dt) in enumerate(pm.inputs):
         checks.append(f"  if (in[{i}].dtype != {DT[dt][1]} || in[{i}].data == nullptr) return HTAM_ERR_SHAPE;")
