@@ -115,7 +115,11 @@ TABLE: dict[str, StrategyMoves] = {
     "cublaslt_epilogue": StrategyMoves(GEMM, lambda i: [{"lt_epilogue": True}], lambda i: i.epilogue_fits_lt),
     "gemm_plus_epilogue_kernel": StrategyMoves(GEMM | CONV, lambda i: [{"fused": False} if i.kind == "conv"
                                                                   else {"lt_epilogue": False}]),
-    "tf32_tensor_cores": StrategyMoves(GEMM | CONV, lambda i: [{"tf32": True}], lambda i: i.fp32 and i.allow_tf32),
+    # conv: TF32 on cuDNN's next tensor-core engines too (its top-ranked fp32 engines under TF32
+    # are not always the fastest that verify: conv.py's NOTE on cuDNN's ranking), as bf16_tensor_cores does
+    "tf32_tensor_cores": StrategyMoves(GEMM | CONV, lambda i: [{"tf32": True}] + [{"tf32": True, "algo": a} for a in
+                                                                               (1, 2, 3)] * (i.kind == "conv"),
+                                       lambda i: i.fp32 and i.allow_tf32),
     "bf16_tensor_cores": StrategyMoves(GEMM | CONV, lambda i: [{"algo": 1}, {"algo": 2}], lambda i: not i.fp32),
     # conv: BN folded into cuDNN's fused conv + bias + residual + ReLU, or into our epilogue kernel
     "fold_batchnorm": StrategyMoves(CONV, lambda i: [{"fused": True}] * i.epilogue_fits_cudnn + [{"fused": False}],
