@@ -245,8 +245,8 @@ def _kernel(pm: PoolMatch, params: dict) -> str:
              for k, (dt, _) in enumerate(pm.outputs)]
     nc = "true" if params.get("nc") else "false"
     loads = "\n".join(
-        f"        const float x{i} = ld1<{t_of(i)}, {nc}>(p{i} + n * s.st[{i}][0] + c * s.st[{i}][1] + "
-        f"id * s.st[{i}][2] + ih * s.st[{i}][3] + iw * s.st[{i}][4]);" for i in range(nacc))
+        f"        const float x{i} = ld1<{t_of(i)}, {nc}>(p{i} + b{i} + (IDX)id * (IDX)s.st[{i}][2] + "
+        f"(IDX)ih * (IDX)s.st[{i}][3] + (IDX)iw * (IDX)s.st[{i}][4]);" for i in range(nacc))
     pro = Emitter(load=lambda a: f"x{a}", red=None, prefix="u")
     v = pro.emit(pm.pro_expr)
     pro_lines = "\n".join("        " + ln for ln in pro.lines)
@@ -259,10 +259,14 @@ def _kernel(pm: PoolMatch, params: dict) -> str:
             stores.append(f"      o{k}[o] = {DT[dt][0]}::from_f({epi.emit(e)});")
     epi_lines = "\n".join("      " + ln for ln in epi.lines)
     is_max = w.op == "max"
-    if is_max:
+    with_index = any(e is None for _, e in pm.outputs)
+    if is_max and not with_index:      # values only: NaN wins, no index to carry
+        take, merge = "if (v > acc || v != v) acc = v;", "if (ov > acc || ov != ov) acc = ov;"
+    elif is_max:
         # NOTE: torch keeps the first maximum (strict >), NaN wins, and a window of -inf values
         # still has an index (its first tap): arg < 0 means no tap seen yet
-        take = "if (arg < 0 || v > acc || v != v) { acc = v; arg = (id * s.I[1] + ih) * s.I[2] + iw; }"
+        take = ("if (arg < 0 || v > acc || v != v) "
+                "{ acc = v; arg = ((int64_t)id * s.I[1] + ih) * s.I[2] + iw; }")
         merge = ("if (oa >= 0 && (arg < 0 || ov > acc || (ov == acc && oa < arg) || (ov != ov && acc == acc)))"
                  " { acc = ov; arg = oa; }")
     else:
@@ -270,55 +274,65 @@ def _kernel(pm: PoolMatch, params: dict) -> str:
     # window bounds per dim: taps j = 0..cnt-1 at lo + j * dil (adaptive: [start, end) step 1)
     if w.op == "adaptive_avg":
         bounds = """      for (int q = 0; q < 3; ++q) {
-        lo[q] = (oc[q] * s.I[q]) / s.O[q];
-        cnt[q] = ((oc[q] + 1) * s.I[q] + s.O[q] - 1) / s.O[q] - lo[q];
+        lo[q] = (int)(((int64_t)oc[q] * s.I[q]) / s.O[q]);
+        cnt[q] = (int)((((int64_t)oc[q] + 1) * s.I[q] + s.O[q] - 1) / s.O[q]) - lo[q];
         div *= cnt[q];
       }"""
     else:
         avg_div = "" if is_max else f"""
         {{   // torch's divisor: the window clipped to the padded input, or to the input itself
-          const int64_t end = std::min(lo[q] + s.K[q], s.I[q] + s.P[q]);
-          const int64_t a = std::max<int64_t>(lo[q], 0), b = std::min(end, s.I[q]);
+          const int end = min(lo[q] + s.K[q], s.I[q] + s.P[q]);
+          const int a = max(lo[q], 0), b = min(end, s.I[q]);
           div *= {"end - lo[q]" if w.count_include_pad else "b - a"};
         }}"""
         bounds = f"""      for (int q = 0; q < 3; ++q) {{
-        lo[q] = oc[q] * s.S[q] - s.P[q];
+        lo[q] = (int)oc[q] * s.S[q] - s.P[q];
         cnt[q] = s.K[q];{avg_div}
       }}"""
     final = "acc" if is_max else (f"acc / {c_float(float(w.divisor))}" if w.divisor else "acc / (float)div")
+    bases = "\n".join(f"    const IDX b{i} = n * (IDX)s.st[{i}][0] + c * (IDX)s.st[{i}][1];" for i in range(nacc))
     tpr = params["tpr"]
     return f"""
 // {w.op} pooling, {w.spatial}-D, geometry padded to (D, H, W)
 static const int64_t kK[3] = {_c3(w.kernel)}, kS[3] = {_c3(w.stride)}, kP[3] = {_c3(w.padding)}, kDil[3] = {_c3(w.dilation)};
 #define NACC {nacc}
 #define TPR {tpr}
+// N, C and sizes in int64 on the host; spatial sizes and window math in int (the host checks
+// every spatial size < 2^30), element offsets in IDX (int32 where they fit: no int64 division)
 struct PoolShape {{
-  int64_t N, C, I[3], O[3];                 // x's batch, channels, spatial sizes; y's spatial sizes
-  int64_t K[3], S[3], P[3], Dl[3];          // kK .. kDil (device code cannot read host constants)
+  int64_t N, C;
+  int I[3], O[3];                           // x's spatial sizes; y's spatial sizes
+  int K[3], S[3], P[3], Dl[3];              // kK .. kDil (device code cannot read host constants)
   int64_t st[NACC > 0 ? NACC : 1][5];       // per prologue access: elements per step of n, c, d, h, w
 }};
 
-__global__ void __launch_bounds__({tpr * params["rows_per_block"]}) pool_kernel(PoolShape s, int64_t total,
+template <typename IDX>
+__global__ void __launch_bounds__({tpr * params["rows_per_block"]}) pool_kernel(PoolShape s, IDX total,
     {", ".join(args)}) {{
   const int lane = threadIdx.x % TPR;
   // the TPR lanes of one window (a sub-warp) shuffle among themselves
   const unsigned mask = TPR == 32 ? 0xffffffffu : ((1u << TPR) - 1u) << ((threadIdx.x % 32) / TPR * TPR);
   (void)mask; (void)lane;
-  const int64_t step = (int64_t)gridDim.x * (blockDim.x / TPR);
-  for (int64_t o = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / TPR; o < total; o += step) {{
-    int64_t r = o, oc[3];
-    for (int q = 2; q >= 0; --q) {{ oc[q] = r % s.O[q]; r /= s.O[q]; }}
-    const int64_t c = r % s.C, n = r / s.C;
-    int64_t lo[3], cnt[3], div = 1;
+  const IDX step = (IDX)gridDim.x * (blockDim.x / TPR);
+  for (IDX o = ((IDX)blockIdx.x * blockDim.x + threadIdx.x) / TPR; o < total; o += step) {{
+    IDX r = o, oc[3];
+    for (int q = 2; q >= 0; --q) {{ oc[q] = r % (IDX)s.O[q]; r /= (IDX)s.O[q]; }}
+    const IDX c = r % (IDX)s.C, n = r / (IDX)s.C;
+    int lo[3], cnt[3];
+    int64_t div = 1;
 {bounds}
     (void)div;
-    const int64_t taps = cnt[0] * cnt[1] * cnt[2];
+{bases}
     float acc = {"-INFINITY" if is_max else "0.f"};
     int64_t arg = -1;
-    for (int64_t t = lane; t < taps; t += TPR) {{
-      const int64_t id = lo[0] + (t / (cnt[1] * cnt[2])) * s.Dl[0];
-      const int64_t ih = lo[1] + (t / cnt[2] % cnt[1]) * s.Dl[1];
-      const int64_t iw = lo[2] + (t % cnt[2]) * s.Dl[2];
+    // this lane's taps: lane, lane + TPR, ... of the window in (d, h, w) order, stepped without
+    // division (a 3x3 window costs no index division per tap)
+    int td = 0, th = 0, tw = lane;
+    for (;;) {{
+      while (tw >= cnt[2]) {{ tw -= cnt[2]; if (++th >= cnt[1]) {{ th = 0; ++td; }} }}
+      if (td >= cnt[0]) break;
+      const int id = lo[0] + td * s.Dl[0], ih = lo[1] + th * s.Dl[1], iw = lo[2] + tw * s.Dl[2];
+      tw += TPR;
       if (id < 0 || id >= s.I[0] || ih < 0 || ih >= s.I[1] || iw < 0 || iw >= s.I[2]) continue;
       {{
 {loads}
@@ -331,8 +345,7 @@ __global__ void __launch_bounds__({tpr * params["rows_per_block"]}) pool_kernel(
 #pragma unroll
     for (int m = TPR / 2; m > 0; m /= 2) {{
       const float ov = __shfl_down_sync(mask, acc, m, TPR);
-      const int64_t oa = __shfl_down_sync(mask, arg, m, TPR);
-      (void)oa;
+      {"const int64_t oa = __shfl_down_sync(mask, arg, m, TPR);" if with_index else ""}
       {merge}
     }}
     if (lane == 0) {{
@@ -362,14 +375,14 @@ def _host(pm: PoolMatch, params: dict) -> str:
                      f"    s.st[{i}][0] = st[0]; s.st[{i}][1] = st[1];\n"
                      f"    for (int q = 0; q < 3; ++q) s.st[{i}][q + 2] = q < {3 - w.spatial} ? 0 : st[q - {3 - w.spatial} + 2]; }}")
     if w.op == "adaptive_avg":
-        osz = f"  {{ static const int64_t out3[3] = {_c3(w.out)};\n    for (int q = 0; q < 3; ++q) s.O[q] = out3[q]; }}"
+        osz = f"  {{ static const int64_t out3[3] = {_c3(w.out)};\n    for (int q = 0; q < 3; ++q) s.O[q] = (int)out3[q]; }}"
     else:   # torch's pooling_output_shape, ceil_mode included
         osz = f"""  for (int q = 0; q < 3; ++q) {{
     const int64_t span = s.I[q] + 2 * kP[q] - kDil[q] * (kK[q] - 1) - 1 + ({"kS[q] - 1" if w.ceil_mode else "0"});
     if (span < 0) return HTAM_ERR_SHAPE;
     int64_t o = span / kS[q] + 1;
     if ({"true" if w.ceil_mode else "false"} && (o - 1) * kS[q] >= s.I[q] + kP[q]) --o;   // the last window starts inside
-    s.O[q] = o;
+    s.O[q] = (int)o;
   }}"""
     tpr, rpb = params["tpr"], params["rows_per_block"]
     waves = params.get("waves", 0)
@@ -385,8 +398,12 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   for (int d = 0; d < {r}; ++d) it[d] = szt.sizes[d];
   PoolShape s;
   s.N = it[0]; s.C = it[1];
-  for (int q = 0; q < 3; ++q) {{ s.K[q] = kK[q]; s.S[q] = kS[q]; s.P[q] = kP[q]; s.Dl[q] = kDil[q]; }}
-  for (int q = 0; q < 3; ++q) s.I[q] = q < {3 - w.spatial} ? 1 : it[q - {3 - w.spatial} + 2];
+  for (int q = 0; q < 3; ++q) {{ s.K[q] = (int)kK[q]; s.S[q] = (int)kS[q]; s.P[q] = (int)kP[q]; s.Dl[q] = (int)kDil[q]; }}
+  for (int q = 0; q < {3 - w.spatial}; ++q) s.I[q] = 1;
+  for (int d = 2; d < {r}; ++d) {{
+    if (it[d] >= (int64_t(1) << 30)) return HTAM_ERR_SHAPE;     // window math in int
+    s.I[d - {r} + 3] = (int)it[d];
+  }}
 {osz}
   const int64_t total = s.N * s.C * s.O[0] * s.O[1] * s.O[2];
 {chr(10).join(checks)}
@@ -396,7 +413,18 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   int64_t blocks = (total + {rpb} - 1) / {rpb};
   if ({waves} > 0) blocks = std::min<int64_t>(blocks, (int64_t)htam_sm_count() * {waves});
   blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t)1 << 30));
-  pool_kernel<<<(unsigned)blocks, {tpr * rpb}, 0, stream>>>(s, total, {", ".join(ptrs)});
+  // int32 offsets where every element index fits (the largest offset of each access, the output's)
+  int64_t max_off = total;
+  for (int i = 0; i < NACC; ++i) {{
+    const int64_t ext[5] = {{s.N, s.C, s.I[0], s.I[1], s.I[2]}};
+    int64_t off = 0;
+    for (int d = 0; d < 5; ++d) off += (ext[d] - 1) * (s.st[i][d] < 0 ? -s.st[i][d] : s.st[i][d]);
+    max_off = std::max(max_off, off);
+  }}
+  if (max_off + (int64_t){tpr * rpb} * blocks < (int64_t(1) << 31))
+    pool_kernel<int32_t><<<(unsigned)blocks, {tpr * rpb}, 0, stream>>>(s, (int32_t)total, {", ".join(ptrs)});
+  else
+    pool_kernel<int64_t><<<(unsigned)blocks, {tpr * rpb}, 0, stream>>>(s, total, {", ".join(ptrs)});
   HTAM_CHECK_LAUNCH();
   return HTAM_OK;
 }}
