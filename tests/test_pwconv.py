@@ -58,15 +58,15 @@ class Bound(torch.nn.Module):
 
 def test_tiling_is_offered_for_1x1_convs_with_tensor_core_math():
     task = bench_task("conv_bn_add_relu_fp32")
-    for policy, offered in ((make("tf32"), 3), (make("fp32"), 0)):
+    for policy, offered in ((make("tf32"), 4), (make("fp32"), 0)):
         # the defaults themselves are tiled where allowed; with no parent they come first, tagged
-        # with nothing (no strategy applied), then the strategy's other settings, tagged with it
+        # with nothing (no strategy applied), then the space's settings that apply the strategy
         assert conv.defaults(conv.match(task.graph, policy))["tiled"] == bool(offered)
         cands = ExpertProposer().propose(ProposalRequest(task, "data_reuse", ["smem_tiling"], n=4,
                                                          policy=policy)).candidates
         tiled = [c for c in cands if c.params.get("tiled")]
         assert len(tiled) == offered, [c.params for c in cands]
-        assert [c.tags for c in tiled] == ([[]] + [["smem_tiling"]] * 2 if offered else [])
+        assert [c.tags for c in tiled] == ([[]] + [["smem_tiling"]] * 3 if offered else [])
         for c in tiled:
             assert "pw::main_loop<F32" in c.source and "cudnn" not in c.source
             assert re.search(r"true, true, 4, \d, (true|false), true, int32_t>", c.source)     # 3xTF32 by default
