@@ -183,7 +183,7 @@ def load_tasks(folder: Path, limit: int | None = None) -> list[tuple[Row, object
     """(row, task or None) per *.py in folder, sorted by name; an export failure fills row.error.
 
         >>> [(row.name, row.kind) for row, task in load_tasks(Path("bench/tasks"), 2)]
-        [('conv_bn_add_relu_fp32', 'conv'), ('conv_bn_relu_fp32', 'conv')]
+        [('attn_mingpt_bf16', 'attention'), ('attn_mingpt_fp32', 'attention')]
     """
     from torch_htam.policy import policy_for
     from torch_htam.extract import task_from_source

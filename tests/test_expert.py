@@ -20,7 +20,7 @@ from torch_htam.proposers.expert import ExpertProposer, conv
 from torch_htam.proposers.expert.ir import Unsupported, lower
 from torch_htam.proposers.expert.proposer import match_task, tuning_grid
 from torch_htam.proposers.expert.strategies import KNOWN
-from torch_htam.extract import task_from_source
+from torch_htam.extract import source_weights, task_from_source
 from torch_htam.task import Task, TensorSpec
 from torch_htam.verify import poison_
 
@@ -41,6 +41,13 @@ DIRECTIONS = {
 def bench_task(stem: str) -> Task:
     path = next(p for p in TASKS if p.stem == stem)
     return task_from_source(path.read_text(), stem)
+
+
+@functools.lru_cache(maxsize=None)
+def bench_weights(stem: str) -> tuple[torch.Tensor, ...]:
+    """What a bench file's Model built (a registered mask), which its task takes after get_inputs()."""
+    path = next(p for p in TASKS if p.stem == stem)
+    return tuple(source_weights(path.read_text(), stem))
 
 
 def small_task(model: nn.Module, *args) -> Task:
@@ -70,6 +77,31 @@ def embodied(task: Task, c, policy=None) -> list[str]:
 def test_suite_is_big_enough():
     kinds = {p.stem.split("_")[0] for p in TASKS}
     assert len(TASKS) >= 12 and kinds >= {"ew", "rw", "gemm", "conv"}
+
+
+KIND_OF_PREFIX = {"ew": "elementwise", "rw": "rowwise", "gemm": "gemm", "conv": "conv", "attn": "attention"}
+
+
+@pytest.mark.parametrize("path", TASKS, ids=lambda p: p.stem)
+def test_bench_task_is_its_kind_and_takes_what_the_gpu_test_feeds(path):
+    """Each bench file is one task of the kind its name says, which the expert and the search take
+    (MinGPT's hand-written attention read as a GEMM had no eligible strategy), whose inputs are
+    exactly what test_default_candidates_match_torch feeds its reference (_gpu_inputs: the file's
+    get_inputs() and then what its Model built, e.g. MinGPT's registered tril mask)."""
+    import inspect
+    from torch_htam.coverage import path_of
+    from torch_htam.htg import HTG
+    from torch_htam.state import state_of
+    from torch_htam.task import load_reference
+    task = bench_task(path.stem)
+    assert task.kind == KIND_OF_PREFIX[path.stem.split("_")[0]]
+    assert path_of(task) is None, path_of(task)
+    # the search's first check (else bench/kernelbench.py stops at "no_candidates")
+    assert HTG.from_prior().eligible(state_of(task), ExpertProposer().supports(task))
+    fed = _file_inputs(path, 0) + list(bench_weights(path.stem))
+    assert [(tuple(x.shape), str(x.dtype).replace("torch.", "")) for x in fed] == \
+        [(tuple(s.shape), s.dtype) for s in task.inputs]
+    assert len(inspect.signature(load_reference(task).forward).parameters) == len(fed)
 
 
 @pytest.mark.parametrize("path", TASKS, ids=lambda p: p.stem)
@@ -290,11 +322,16 @@ def test_sources_compile_for_sm90a(tmp_path_factory):
 
 # ---- GPU: every default candidate against the torch reference (lead runs these on an H100) ----
 
-def _gpu_inputs(path: Path, seed: int) -> list[torch.Tensor]:
+def _file_inputs(path: Path, seed: int) -> list[torch.Tensor]:
     ns: dict = {}
     exec(compile(path.read_text(), str(path), "exec"), ns)
     torch.manual_seed(seed)
-    return [x.cuda() for x in ns["get_inputs"]()]
+    return list(ns["get_inputs"]())
+
+
+def _gpu_inputs(path: Path, seed: int) -> list[torch.Tensor]:
+    """The task's inputs with the file's own values: get_inputs(), then what Model built."""
+    return [x.cuda() for x in _file_inputs(path, seed) + list(bench_weights(path.stem))]
 
 
 @pytest.mark.gpu

@@ -151,9 +151,10 @@ def test_load_tasks_reports_a_broken_file_and_goes_on(tmp_path):
 def test_list_mode_needs_no_gpu(capsys):
     assert kb.main(["--list", "--limit", "2"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    policy = "tf32" if torch.backends.cudnn.allow_tf32 else "fp32"   # convs follow torch's cudnn knob
-    assert len(out) == 2 and out[0].startswith("conv_bn_add_relu_bf16: conv, bf16")
-    assert out[1].startswith(f"conv_bn_add_relu_fp32: conv, {policy}")
+    # the first two files by name: MinGPT's attention, its registered mask the fourth input
+    policy = "tf32" if torch.get_float32_matmul_precision() in ("high", "medium") else "fp32"
+    assert len(out) == 2 and out[0].startswith("attn_mingpt_bf16: attention, bf16, 4 inputs")
+    assert out[1].startswith(f"attn_mingpt_fp32: attention, {policy}, 4 inputs")
 
 
 class _FakeTimer:

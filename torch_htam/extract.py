@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from torch_htam import ops
+from torch_htam import attn_pattern, ops
 from torch_htam.capture import Capture, capture, record_values
 from torch_htam.ops import ANCHOR, COMPUTE, ELEMENTWISE, ROWWISE
 from torch_htam.partition import Region, category, op_name, partition
@@ -286,27 +286,65 @@ def _distinct_bytes(s: TensorSpec) -> int:
 def task_from_source(source: str, name: str | None = None) -> Task:
     """One Task covering the whole forward of a KernelBench file (e.g. from KernelBench itself).
 
-    The kind follows its ops (a GEMM/conv/attention anchor wins, then row-wise, else elementwise);
-    dynamic dims are empty, integer inputs keep the range seen in get_inputs().
+    The kind follows its ops (a hand-written attention holding every anchor and row-wise op, as
+    partition reads it; else a GEMM/conv/attention anchor wins, then row-wise, else elementwise);
+    dynamic dims are empty, integer inputs keep the range seen in get_inputs(). The task's inputs
+    are get_inputs()'s, then the weights and buffers Model built (source_weights gives their values).
 
         >>> task = task_from_source(Path("19_ReLU.py").read_text(), "19_ReLU")
     """
-    from torch_htam.capture import functionalize
     name = name or "task"
-    ns = exec_source(source, name)
-    model = ns["Model"](*ns["get_init_inputs"]()).eval()
-    inputs = tuple(ns["get_inputs"]())
-    gm = torch.export.export(model, inputs, strict=False).module()
-    functionalize(gm)
+    gm, inputs, ins = _export_source(source, name)
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
-    # user inputs first (as get_inputs() lists them), then the weights Model built
-    ins = [n for op in ("placeholder", "get_attr") for n in gm.graph.nodes if n.op == op and n.users]
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     outs = list(dict.fromkeys(a for a in out_node.all_input_nodes))
     anchor = next((n for n in nodes if category(n) == ANCHOR), None)
     row = next((n for n in nodes if category(n) == ROWWISE), None)
     kind = ops.info(op_name(anchor)).kind if anchor else "rowwise" if row else "elementwise"
+    attn = _sole_attention(nodes)
+    if attn is not None:        # MinGPT's q @ k^T ... @ v: an attention, as in a captured model
+        kind, anchor = "attention", attn.pv
     region = Region(nodes, ins, outs, kind, anchor or row)
     # NOTE: weights Model built in __init__ become task inputs here, so the generated source
     # (not the original file) is the reference that matches task.inputs.
     return region_to_task(gm, region, record_values(gm, inputs), name=name)
+
+
+def source_weights(source: str, name: str | None = None) -> list[torch.Tensor]:
+    """The tensors Model built in __init__ (weights, registered buffers such as MinGPT's tril
+    mask) that task_from_source(source, name) takes as inputs after get_inputs()'s, in its order.
+    get_inputs() + source_weights() is what its reference runs on with the file's own values
+    (random task inputs would leave a tril mask with no zero, i.e. mask nothing).
+
+        >>> ref(*ns["get_inputs"](), *source_weights(src, "attn_mingpt_fp32"))
+    """
+    gm, _, ins = _export_source(source, name or "task")
+    return [_attr(gm, n.target) for n in ins if n.op == "get_attr"]
+
+
+def _export_source(source: str, name: str) -> tuple[fx.GraphModule, tuple, list[fx.Node]]:
+    """(exported aten graph, get_inputs() values, the graph's inputs in task order: the user
+    inputs as get_inputs() lists them, then the weights Model built)."""
+    from torch_htam.capture import functionalize
+    ns = exec_source(source, name)
+    model = ns["Model"](*ns["get_init_inputs"]()).eval()
+    inputs = tuple(ns["get_inputs"]())
+    gm = torch.export.export(model, inputs, strict=False).module()
+    functionalize(gm)
+    ins = [n for op in ("placeholder", "get_attr") for n in gm.graph.nodes if n.op == op and n.users]
+    return gm, inputs, ins
+
+
+def _attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj.detach()
+
+
+def _sole_attention(nodes: list[fx.Node]):
+    """The hand-written attention (attn_pattern.Pattern) among nodes that holds every anchor and
+    row-wise op of them, or None (elementwise ops around it come along, as the whole forward is one
+    task)."""
+    heavy = {n for n in nodes if category(n) in (ANCHOR, ROWWISE)}
+    return next((p for p in attn_pattern.find(nodes) if heavy <= set(p.nodes)), None)
