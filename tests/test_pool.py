@@ -71,8 +71,9 @@ def _inputs(name, dtype=torch.float32, device="cpu", spatial=None):
     return xs
 
 
-def _task(name, dtype=torch.float32):
-    return small_task(Fn(CASES[name][0]), *_inputs(name, dtype))
+def _task(name, dtype=torch.float32, device="cpu"):
+    # NOTE: the GPU test captures on the GPU: torch's CPU avg_pool3d has no bf16/fp16 kernel
+    return small_task(Fn(CASES[name][0]), *_inputs(name, dtype, device))
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -223,7 +224,7 @@ def test_pool_candidates_match_torch(name, dtype):
     """Every seed candidate (thread and warp per window, read-only loads, grid-stride) against
     torch, at the captured sizes and at other spatial sizes; indices exactly."""
     from torch_htam.launcher import Kernel
-    task = _task(name, dtype)
+    task = _task(name, dtype, "cuda")
     policy = policy_for(task)
     cands = propose(task, n=4).candidates
     results = build.build_many([c.source for c in cands])
