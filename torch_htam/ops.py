@@ -114,16 +114,21 @@ OPS: dict[str, OpInfo] = {
                           "hardsigmoid", "hardtanh", "leaky_relu", "elu", "selu", "celu",
                           "softplus", "logit", "glu")},
     # comparisons, selection, casts
-    **{n: _ew() for n in ("greater", "less", "greater_equal", "less_equal", "not_equal", "eq", "ne",
-                          "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not",
-                          "bitwise_and", "bitwise_or", "bitwise_not", "where", "masked_fill",
-                          "zeros_like", "ones_like", "full_like", "fill", "isnan", "isinf",
-                          "nan_to_num")},
+    **{n: _ew() for n in ("greater", "less", "greater_equal", "less_equal", "not_equal",
+                          "bitwise_and", "bitwise_or", "bitwise_not", "zeros_like", "ones_like",
+                          "full_like", "fill", "isnan", "isinf", "nan_to_num")},
     **{n: _ew(cast=True) for n in ("_to_copy", "to", "type_as")},
     # per-channel affine in eval mode (batch statistics are constants); arg 4 is running_var
     "batch_norm": _ew(flops=2, positive=(4,)),
     "_native_batch_norm_legit_no_training": _ew(flops=2, positive=(4,)),
-    "instance_norm": _ew(flops=2, positive=(4,)),
+    # NOTE: instance statistics even in eval (use_input_stats unless it tracks running stats)
+    "instance_norm": OpInfo(ROWWISE, "rowwise", 8, positive=(4,), reduction=True),
+    # comparisons and logical ops: 0 / 1 values (bool outputs, masks), and the selections
+    **{n: _bin(n) for n in ("eq", "ne", "lt", "le", "gt", "ge")},
+    "logical_not": _ew("not"),
+    "logical_and": _bin("and", ("default",)), "logical_or": _bin("or", ("default",)),
+    "where": _ew("where", operands=3, overloads=("self",)),
+    "masked_fill": _ew("masked_fill", operands=3, overloads=("Scalar", "Tensor")),
     # NOTE: cat moves data but fuses into an elementwise kernel as index math (rotary embeddings)
     "cat": _ew(), "tril": _ew(), "triu": _ew(),
     # ---- views: relabel elements

@@ -22,7 +22,8 @@ PRELUDE = cuh("prelude.cuh")
 
 # dtype name -> (trait struct in prelude.cuh, HtamDtype code, bytes)
 DT = {"float32": ("F32", "HTAM_FLOAT32", 4), "bfloat16": ("BF16", "HTAM_BFLOAT16", 2),
-      "float16": ("F16", "HTAM_FLOAT16", 2)}
+      "float16": ("F16", "HTAM_FLOAT16", 2), "bool": ("B8", "HTAM_BOOL", 1),
+      "int64": ("I64", "HTAM_INT64", 8)}
 
 # expression op -> C++ (fp32 in, fp32 out); "fast" variants use the SFU intrinsics
 EXACT = {
@@ -34,6 +35,11 @@ EXACT = {
     "rsqrt": "rsqrtf({0})", "abs": "fabsf({0})", "recip": "(1.f / {0})", "erf": "erff({0})",
     "sin": "sinf({0})", "cos": "cosf({0})", "log1p": "log1pf({0})", "expm1": "expm1f({0})",
     "sq": "({0} * {0})", "powc": "powf({0}, {1})", "pow": "powf({0}, {1})",
+    # 0 / 1 valued: comparisons, logical ops (bool values are 0.f / 1.f in the fp32 math)
+    "eq": "({0} == {1} ? 1.f : 0.f)", "ne": "({0} != {1} ? 1.f : 0.f)", "lt": "({0} < {1} ? 1.f : 0.f)",
+    "le": "({0} <= {1} ? 1.f : 0.f)", "gt": "({0} > {1} ? 1.f : 0.f)", "ge": "({0} >= {1} ? 1.f : 0.f)",
+    "not": "({0} == 0.f ? 1.f : 0.f)", "and": "(({0} != 0.f && {1} != 0.f) ? 1.f : 0.f)",
+    "or": "(({0} != 0.f || {1} != 0.f) ? 1.f : 0.f)", "where": "({0} != 0.f ? {1} : {2})",
 }
 FAST = dict(EXACT, **{
     "div": "__fdividef({0}, {1})", "silu": "__fdividef({0}, 1.f + __expf(-{0}))",

@@ -21,6 +21,7 @@ Expressions are hash-consed tuples (CSE for free):
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,12 @@ from torch_htam.proposers.expert import simplify as simp
 
 aten = torch.ops.aten
 
-SUPPORTED_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+SUPPORTED_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
+                    # NOTE: bool values (masks, comparisons) are 0 / 1, exact in the fp32 math
+                    torch.bool: "bool"}
+# int64 is only ever an index a row program writes (argmax, max.dim's indices): never math on it
+INDEX_DTYPES = {torch.int64: "int64"}
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 # The row length, read at run time (never the captured size): mean = sum / NCOL.
@@ -51,14 +57,17 @@ class Access:
     mode: str
     dims: tuple[int, ...] = ()
 
-    def column_varying(self, ndim: int) -> bool:
-        return self.mode != "dims" or (ndim - 1) in self.dims
+    def column_varying(self, ndim: int, nred: int = 1) -> bool:
+        """The access moves along the row (the last nred iteration dims)."""
+        return self.mode != "dims" or any(d >= ndim - nred for d in self.dims)
 
 
 @dataclass(frozen=True)
 class Reduction:
-    """A row reduction over the last iteration dim. kind: sum | max | min. pair: ("softmax"|"welford",
-    role 0|1) when this reduction and the next one form an online-softmax or Welford pair."""
+    """A reduction over the row (the last nred iteration dims). kind: sum | max | min | prod |
+    argmax | argmin (the arg kinds also give the first index of the extreme: ("idx", k)). pair:
+    ("softmax"|"welford", role 0|1) when this reduction and the next one form an online-softmax or
+    Welford pair."""
     kind: str
     expr: tuple
     pair: tuple[str, int] | None = None
@@ -66,11 +75,14 @@ class Reduction:
 
 @dataclass
 class Output:
-    """row=True: one value per row (shape = iteration shape minus the last dim, keepdim or not)."""
+    """row=True: one value per row (shape = the kept dims, keepdim or not). dims: None when the
+    output is contiguous in iteration order; else the iteration dim of each output dim (a full
+    output of a row program whose reduced dims are not the trailing ones: stored strided)."""
     expr: tuple
     dtype: str
     row: bool
     numel_static: int
+    dims: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -83,13 +95,21 @@ class ExprProgram:
     accesses: list[Access] = field(default_factory=list)
     reductions: list[Reduction] = field(default_factory=list)
     outputs: list[Output] = field(default_factory=list)
-    size_source: tuple[str, int] = ("out", 0)   # tensor whose run-time sizes give the iteration shape
+    # tensor whose run-time sizes give the iteration shape: (kind, index) read in order, or
+    # (kind, index, dims) with dims[k] the iteration dim of the tensor's dim k
+    size_source: tuple = ("out", 0)
+    nred: int = 1                      # rowwise: the row is the last nred iteration dims
     dropped: list[str] = field(default_factory=list)   # no-op ops removed by simplify
     has_transcendental: bool = False
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    @property
+    def strided_outputs(self) -> list[int]:
+        """Indices of the outputs stored through strides (Output.dims), in order."""
+        return [k for k, o in enumerate(self.outputs) if o.dims is not None]
 
 
 # ---- op tables ------------------------------------------------------------------------------------
@@ -105,6 +125,8 @@ UNARY = {**_lowered(1),
          # go through capture.functionalize still hold them; the kernel writes a new output
          **{getattr(aten, f"{name}_").default: ops.OPS[name].expr for name in ("relu", "silu")}}
 BINARY = _lowered(2)
+TERNARY = _lowered(3)      # where(cond, a, b), masked_fill(x, mask, value)
+BOOL_VALUED = {"eq", "ne", "lt", "le", "gt", "ge", "not", "and", "or"}
 # ops that only relabel elements (same order for contiguous data) or do nothing in eval
 VIEWS = {
     aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
@@ -114,9 +136,16 @@ VIEWS = {
 }
 CASTS = {aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default}
 ROW_REDUCE = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "max",
-              aten.amin.default: "min"}
+              aten.amin.default: "min", aten.sum.default: "sum", aten.mean.default: "mean",
+              aten.prod.dim_int: "prod", aten.prod.default: "prod", aten.max.default: "max",
+              aten.min.default: "min", aten.argmax.default: "argmax", aten.argmin.default: "argmin",
+              aten.var.dim: "var", aten.var.correction: "var", aten.std.dim: "std",
+              aten.std.correction: "std"}
+# (values, indices) pairs read through getitem
+ROW_PAIRS = {aten.max.dim: "argmax", aten.min.dim: "argmin"}
+NORMS = {aten.layer_norm.default, aten.rms_norm.default, aten.instance_norm.default}
 ROW_OPS = {aten.softmax.int, aten._softmax.default, aten.log_softmax.int,
-           aten._log_softmax.default, aten.layer_norm.default, aten.rms_norm.default}
+           aten._log_softmax.default, *NORMS}
 IGNORED = {aten._assert_tensor_metadata.default}
 TRANSCENDENTAL = {"gelu", "gelu_tanh", "gelu_erf", "silu", "sigmoid", "tanh", "exp", "log", "erf", "sin",
                   "cos", "log1p", "expm1", "pow", "powc"}
@@ -133,10 +162,13 @@ def shape_of(node) -> tuple[int, ...]:
     return tuple(int(s) for s in meta_of(node).shape)
 
 
-def dtype_of(node) -> str:
+def dtype_of(node, index_ok: bool = False) -> str:
+    """The value's dtype name; index_ok: an int64 index (arg reductions) is allowed here."""
     dt = meta_of(node).dtype
+    if index_ok and dt in INDEX_DTYPES:
+        return INDEX_DTYPES[dt]
     if dt not in SUPPORTED_DTYPES:
-        raise Unsupported(f"dtype {dt} of {node} (only float32/bfloat16/float16)")
+        raise Unsupported(f"dtype {dt} of {node} (only float32/bfloat16/float16/bool)")
     return SUPPORTED_DTYPES[dt]
 
 
@@ -149,7 +181,32 @@ def _strip1(shape) -> tuple[int, ...]:
 
 
 def is_row_op(node) -> bool:
-    return node.op == "call_function" and (node.target in ROW_OPS or node.target in ROW_REDUCE)
+    return node.op == "call_function" and (node.target in ROW_OPS or node.target in ROW_REDUCE
+                                           or node.target in ROW_PAIRS)
+
+
+def reduced_dims(node) -> tuple[int, ...]:
+    """The dims of its input (sorted, non-negative) a row op reduces over.
+
+        >>> reduced_dims(mean(x[B, C, H, W], dim=(2, 3)))   # (2, 3); layer_norm([C, H, W]): (1, 2, 3)
+    """
+    t, nd = node.target, len(shape_of(node.args[0]))
+    args = list(node.args) + [None] * 4
+    if t in (aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten._log_softmax.default):
+        dims = [args[1]]
+    elif t in (aten.layer_norm.default, aten.rms_norm.default):
+        dims = list(range(nd - len(args[1]), nd))
+    elif t is aten.instance_norm.default:
+        dims = list(range(2, nd))
+    elif t in ROW_PAIRS or t in (aten.argmax.default, aten.argmin.default, aten.prod.dim_int):
+        d = args[1] if args[1] is not None else node.kwargs.get("dim")
+        dims = list(range(nd)) if d is None else [d]
+    else:
+        d = args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        dims = list(range(nd)) if d is None or d == [] or t in (aten.sum.default, aten.mean.default,
+                                                                 aten.prod.default, aten.max.default,
+                                                                 aten.min.default) else list(d)
+    return tuple(sorted({int(d) % max(nd, 1) for d in dims}))
 
 
 # ---- lowering -------------------------------------------------------------------------------------
@@ -159,8 +216,13 @@ class Lowerer:
     ("dims", t) with t[k] = iteration dim of the value's dim k (-1: broadcast size-1 dim),
     ("flat", shape) value in iteration linear order, ("suffix", shape) repeating contiguous block."""
 
-    def __init__(self, gm, shape: tuple[int, ...], kind: str, simplify: bool = True, leaves=None):
+    def __init__(self, gm, shape: tuple[int, ...], kind: str, simplify: bool = True, leaves=None,
+                 perm: tuple[int, ...] | None = None, nred: int = 1):
         self.gm, self.shape, self.kind, self.simplify = gm, shape, kind, simplify
+        # rows: perm[j] = the row op input's dim at iteration dim j (kept dims in order, then the
+        # reduced ones); shape is that input's shape permuted so
+        self.perm = tuple(perm) if perm is not None else tuple(range(len(shape)))
+        self.nred = nred
         self.leaves = leaves or {}       # node -> fn(lowerer, node, amap) -> expr (e.g. a GEMM result)
         self.input_dtypes: list[str] = []
         self.dropped: list[str] = []
@@ -182,9 +244,16 @@ class Lowerer:
     def identity(self) -> tuple:
         return ("dims", tuple(range(self.D)))
 
+    def base(self) -> tuple:
+        """The amap of a value shaped like the row op's input (its dims -> iteration dims)."""
+        return ("dims", tuple(self.perm.index(k) for k in range(self.D)))
+
     def row_map(self, keepdim: bool) -> tuple:
-        lead = tuple(range(self.D - 1))
-        return ("dims", lead + ((-1,) if keepdim else ()))
+        """The amap of a per-row value: the kept dims in order (and -1 at reduced dims, keepdim)."""
+        if not keepdim:
+            return ("dims", tuple(range(self.D - self.nred)))
+        red = set(self.perm[self.D - self.nred:])
+        return ("dims", tuple(-1 if k in red else self.perm.index(k) for k in range(self.D)))
 
     def normalize(self, amap, shape) -> tuple:
         """("flat", S) with S equal to the iteration shape (modulo size-1 dims) is plain identity."""
@@ -241,13 +310,23 @@ class Lowerer:
             raise Unsupported(f"node kind {node.op} ({node.target})")
         t = node.target
         self.ops_seen.add(str(t))
-        out_dt = dtype_of(node)
+        if t is operator.getitem and getattr(node.args[0], "target", None) in ROW_PAIRS:
+            return self.row_pair(node, amap)
+        out_dt = dtype_of(node, index_ok=t in (aten.argmax.default, aten.argmin.default))
         if t in simp.PERMUTES:
             src = simp.permute_source(node) if self.simplify else None
-            if src is None:
-                raise Unsupported(f"{t} changes element order (only identity permute chains fold)")
-            self.dropped.append(f"{t} chain (identity)")
-            e = self.val(src, amap)
+            if src is not None:
+                self.dropped.append(f"{t} chain (identity)")
+                e = self.val(src, amap)
+            elif amap[0] == "dims":
+                # a transposed view read in place: source dim p[k] steps with value dim k
+                p = simp.permutation(node)
+                dims = [0] * len(p)
+                for k, d in enumerate(p):
+                    dims[d] = amap[1][k]
+                e = self.val(node.args[0], ("dims", tuple(dims)))
+            else:
+                raise Unsupported(f"{t} of a reshaped value (only permutes of whole values)")
         elif t in VIEWS:
             e = self.view(node, amap)
         elif t in CASTS:
@@ -266,11 +345,13 @@ class Lowerer:
             e = self.clamp(node, amap)
         elif t in ROW_REDUCE or t in ROW_OPS:
             e = self.row(node, amap)
+        elif t in TERNARY:
+            e = self.ternary(node, amap)
         else:
             raise Unsupported(f"op {t} is not in the expert generator's vocabulary")
         # NOTE: torch rounds every intermediate to its dtype; doing the same keeps us within the
         # bf16 tolerance even where a fused fp32 chain would drift from the eager reference.
-        if out_dt != "float32" and not self.representable(e, out_dt):
+        if out_dt != "float32" and e[0] != "idx" and not self.representable(e, out_dt):
             e = ("round", out_dt, e)
         return e
 
@@ -285,6 +366,10 @@ class Lowerer:
         fp16 is left out: 60000 * 2 is an fp32 value, but inf in fp16.
         """
         op = e[0]
+        if dt == "bool":       # comparisons and logical ops give 0 / 1 already
+            return op in BOOL_VALUED or (op == "in" and self.stored_as(e) == "bool")
+        if op == "where":
+            return all(self.representable(a, dt) for a in e[2:])
         if op == "round":
             return e[1] == dt
         if op == "in":
@@ -372,7 +457,19 @@ class Lowerer:
             x = ("min", x, ("const", float(hi)))
         return x
 
-    # -- row ops: reductions over the last dim
+    def ternary(self, node, amap) -> tuple:
+        """where(cond, a, b) and masked_fill(x, mask, value) as ("where", cond, a, b)."""
+        vs = shape_of(node)
+
+        def arg(a):
+            return self.val(a, self.operand_map(amap, vs, shape_of(a))) if hasattr(a, "op") else self.val(a, amap)
+        if TERNARY[node.target] == "masked_fill":
+            x, mask, value = node.args[:3]
+            return ("where", arg(mask), arg(value), arg(x))
+        cond, a, b = node.args[:3]
+        return ("where", arg(cond), arg(a), arg(b))
+
+    # -- row ops: reductions over the row (the last nred iteration dims)
     def red(self, kind: str, expr: tuple, pair=None) -> tuple:
         key = (kind, expr, pair)
         if key not in self.red_memo:
@@ -380,30 +477,52 @@ class Lowerer:
             self.red_memo[key] = ("red", len(self.reductions) - 1)
         return self.red_memo[key]
 
-    def row(self, node, amap) -> tuple:
+    def row_source(self, node) -> tuple:
+        """The row op's input read over the iteration space; checks it reduces the program's row."""
         if self.kind != "rowwise":
             raise Unsupported("row op in an elementwise program")
-        t, src = node.target, node.args[0]
+        src = node.args[0]
         xs = shape_of(src)
-        if xs != self.shape:
-            raise Unsupported(f"row op over {xs}; the program's rows are {self.shape}")
-        x_row = self.val(src, self.identity())
+        want = tuple(sorted(self.perm[self.D - self.nred:]))
+        if len(xs) != self.D or tuple(xs[k] for k in self.perm) != self.shape or reduced_dims(node) != want:
+            raise Unsupported(f"row op over {xs} dims {reduced_dims(node)}; the program's rows are "
+                              f"dims {want} of {tuple(self.shape[self.perm.index(k)] for k in range(self.D))}")
+        return self.val(src, self.base())
+
+    def row_pair(self, node, amap) -> tuple:
+        """getitem 0 / 1 of max.dim / min.dim: the values or their int64 indices."""
+        pair = node.args[0]
+        self.check_row_use(pair, amap)
+        r = self.red(ROW_PAIRS[pair.target], self.row_source(pair))
+        if node.args[1] == 1:
+            return ("idx", r[1])
+        return r
+
+    def row(self, node, amap) -> tuple:
+        t = node.target
+        x_row = self.row_source(node)
+        args = list(node.args) + [None] * 8
         if t in ROW_REDUCE:
-            dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-            # NOTE: keepdim only changes the output's shape, not its row-major element order, so
-            # the kernel is the same either way (the output spec carries the shape).
-            if dims is None or [d % len(xs) for d in dims] != [len(xs) - 1]:
-                raise Unsupported(f"{t} over dims {dims}: only the last dim")
             self.check_row_use(node, amap)
             kind = ROW_REDUCE[t]
+            if kind in ("var", "std"):
+                if t in (aten.var.dim, aten.std.dim):
+                    unbiased = args[2] if args[2] is not None else node.kwargs.get("unbiased", True)
+                    corr = 1.0 if unbiased else 0.0
+                else:
+                    c = node.kwargs.get("correction")
+                    corr = 1.0 if c is None else float(c)
+                mean = ("div", self.red("sum", x_row, ("welford", 0)), NCOL)
+                m2 = self.red("sum", ("sq", ("sub", x_row, mean)), ("welford", 1))
+                var = ("div", m2, ("max", ("sub", NCOL, ("const", corr)), ("const", 0.0)))
+                return ("sqrt", var) if kind == "std" else var
+            if kind in ("argmax", "argmin"):
+                return ("idx", self.red(kind, x_row)[1])
             r = self.red("sum" if kind == "mean" else kind, x_row)
             return ("div", r, NCOL) if kind == "mean" else r
         self.check_full_use(node, amap)
         if t in (aten.softmax.int, aten._softmax.default, aten.log_softmax.int,
                  aten._log_softmax.default):
-            dim = node.args[1]
-            if dim % len(xs) != len(xs) - 1:
-                raise Unsupported(f"{t} over dim {dim}: only the last dim")
             if t in (aten._softmax.default, aten._log_softmax.default) and node.args[2]:
                 raise Unsupported("_softmax with half_to_float=True")
             m = self.red("max", x_row, ("softmax", 0))
@@ -411,39 +530,45 @@ class Lowerer:
             if t in (aten.log_softmax.int, aten._log_softmax.default):
                 return ("sub", ("sub", x_row, m), ("log", s))
             return ("div", ("exp", ("sub", x_row, m)), s)
-        norm_shape = list(node.args[1])
-        if norm_shape != [xs[-1]]:
-            raise Unsupported(f"{t} over normalized_shape {norm_shape}: only the last dim")
-        args = list(node.args) + [None] * 4
-        col = ("dims", (self.D - 1,))
-        if t is aten.layer_norm.default:
-            w, b = args[2], args[3]
-            eps = args[4] if args[4] is not None else node.kwargs.get("eps", 1e-5)
-            s1 = self.red("sum", x_row, ("welford", 0))
-            mean = ("div", s1, NCOL)
-            xc = ("sub", x_row, mean)
-            m2 = self.red("sum", ("sq", xc), ("welford", 1))
-            y = ("mul", xc, ("rsqrt", ("add", ("div", m2, NCOL), ("const", float(eps)))))
+        xs = shape_of(node.args[0])
+        if t is aten.instance_norm.default:
+            # (x, weight, bias, running_mean, running_var, use_input_stats, momentum, eps, cudnn)
+            if not args[5]:
+                raise Unsupported("instance_norm with running stats (use_input_stats=False)")
+            w, b, eps = args[1], args[2], args[7] if args[7] is not None else 1e-5
+            affine = ("dims", (self.base()[1][1],))       # [C] along the input's dim 1
         else:
-            w, b = args[2], None
+            w, b = args[2], (args[3] if t is aten.layer_norm.default else None)
+            nd = len(args[1])
+            # the weight [*normalized_shape] lines up with the input's trailing dims
+            affine = ("dims", tuple(self.base()[1][len(xs) - nd:]))
+        if t is aten.rms_norm.default:
             eps = args[3] if args[3] is not None else node.kwargs.get("eps")
             # NOTE: aten uses epsilon of the opmath type (float) when eps is None, also for bf16.
             eps = float(torch.finfo(torch.float32).eps) if eps is None else float(eps)
             ms = self.red("sum", ("sq", x_row))
             y = ("mul", x_row, ("rsqrt", ("add", ("div", ms, NCOL), ("const", eps))))
+        else:
+            if t is aten.layer_norm.default:
+                eps = args[4] if args[4] is not None else node.kwargs.get("eps", 1e-5)
+            s1 = self.red("sum", x_row, ("welford", 0))
+            mean = ("div", s1, NCOL)
+            xc = ("sub", x_row, mean)
+            m2 = self.red("sum", ("sq", xc), ("welford", 1))
+            y = ("mul", xc, ("rsqrt", ("add", ("div", m2, NCOL), ("const", float(eps)))))
         if w is not None:
-            y = ("mul", y, self.val(w, col))
+            y = ("mul", y, self.val(w, affine))
         if b is not None:
-            y = ("add", y, self.val(b, col))
+            y = ("add", y, self.val(b, affine))
         return y
 
     def check_full_use(self, node, amap) -> None:
-        if amap != self.identity():
+        if amap != self.base():
             raise Unsupported(f"{node.target} result used reshaped/broadcast ({amap})")
 
     def check_row_use(self, node, amap) -> None:
-        lead = [d for d in amap[1] if d != -1]
-        if amap[0] != "dims" or lead != list(range(self.D - 1)):
+        lead = [d for d in amap[1] if d != -1] if amap[0] == "dims" else None
+        if lead != list(range(self.D - self.nred)):
             raise Unsupported(f"{node.target} result used with layout {amap}; need one per row")
 
 
@@ -460,26 +585,76 @@ def check_single_output(gm, shape: tuple[int, ...], dtype: str, what: str) -> No
         raise Unsupported(f"{what} epilogue must produce one output of the {what}'s shape and dtype")
 
 
-def _iteration_shape(gm) -> tuple[str, tuple[int, ...]]:
+@dataclass(frozen=True)
+class Space:
+    """The iteration space of a region: kind, shape (the row op's input permuted by perm: kept dims
+    in order, then the nred reduced ones) and, for rows, xs (that input's own shape)."""
+    kind: str
+    shape: tuple[int, ...]
+    perm: tuple[int, ...]
+    nred: int
+    xs: tuple[int, ...]
+
+
+def _iteration_space(gm) -> Space:
     rows = [n for n in gm.graph.nodes if is_row_op(n)]
     if rows:
-        return "rowwise", shape_of(rows[0].args[0])
+        xs = shape_of(rows[0].args[0])
+        red = reduced_dims(rows[0])
+        perm = tuple(k for k in range(len(xs)) if k not in red) + red
+        return Space("rowwise", tuple(xs[k] for k in perm), perm, max(len(red), 1), xs)
     outs = _graph_outputs(gm)
     if not outs:
         raise Unsupported("the region has no output")
-    return "elementwise", shape_of(outs[0])
+    shape = shape_of(outs[0])
+    return Space("elementwise", shape, tuple(range(len(shape))), 1, shape)
 
 
-def _size_source(prog: ExprProgram, gm) -> tuple[str, int]:
-    """A tensor whose run-time sizes are the iteration sizes: an output or an identity-read input."""
-    for i, o in enumerate(_graph_outputs(gm)):
-        if shape_of(o) == prog.shape:
-            return ("out", i)
+def _size_source(prog: ExprProgram, gm, base: tuple[int, ...]) -> tuple:
+    """A tensor whose run-time sizes are the iteration sizes: an output or an input read whole,
+    in iteration order, or (rows reduced over leading or middle dims) through base, the iteration
+    dim of each of the row op input's dims."""
     ident = tuple(range(prog.ndim))
+    for i, o in enumerate(_graph_outputs(gm)):
+        if shape_of(o) == prog.shape and (base == ident or prog.outputs[i].dims is None):
+            return ("out", i)
     for a in prog.accesses:
         if a.mode == "dims" and a.dims == ident and prog.inputs[a.input][0] == prog.shape:
             return ("in", a.input)
+    if base != ident:
+        for i, o in enumerate(prog.outputs):
+            if o.dims == base:
+                return ("out", i, base)
+        for a in prog.accesses:
+            if a.mode == "dims" and a.dims == base and len(prog.inputs[a.input][0]) == prog.ndim:
+                return ("in", a.input, base)
     raise Unsupported("no input or output has the iteration shape; sizes can't be read at run time")
+
+
+def _output(low: Lowerer, sp: Space, o) -> Output:
+    """The output node o of the region as a program Output (how it is indexed and stored)."""
+    os_, dt = shape_of(o), dtype_of(o, index_ok=True)
+    shape, ident = sp.shape, sp.perm == tuple(range(len(sp.perm)))
+    row_shapes = {}
+    if sp.kind == "rowwise":
+        red = set(sp.perm[len(shape) - sp.nred:])
+        row_shapes = {tuple(s for k, s in enumerate(sp.xs) if k not in red): False,
+                      tuple(1 if k in red else s for k, s in enumerate(sp.xs)): True}
+    if dt == "int64" and os_ not in row_shapes:
+        raise Unsupported(f"int64 output of shape {os_}: only per-row indices")
+    if not ident and os_ == sp.xs:     # (first: a square input's shape equals its permutation)
+        base = low.base()
+        return Output(low.val(o, base), dt, False, numel(os_), dims=base[1])
+    if os_ == shape:
+        return Output(low.val(o, low.identity()), dt, False, numel(os_))
+    if numel(os_) == numel(shape) and ident:
+        return Output(low.val(o, ("flat", os_)), dt, False, numel(os_))
+    if os_ in row_shapes:
+        e = low.val(o, low.row_map(keepdim=row_shapes[os_]))
+        if dt == "int64" and e[0] != "idx":
+            raise Unsupported("an int64 output that is not an arg reduction's index")
+        return Output(e, dt, True, numel(os_))
+    raise Unsupported(f"output of shape {os_} next to iteration shape {shape}")
 
 
 def lower(gm, simplify: bool = True, leaves=None, extra_inputs=()) -> ExprProgram:
@@ -488,33 +663,29 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=()) -> ExprProgra
     >>> prog = lower(task.graph); prog.kind
     'elementwise'
     """
-    kind, shape = _iteration_shape(gm)
+    sp = _iteration_space(gm)
+    kind, shape = sp.kind, sp.shape
     if not shape:
         raise Unsupported("0-dim iteration space")
-    low = Lowerer(gm, shape, kind, simplify, leaves)
+    low = Lowerer(gm, shape, kind, simplify, leaves, sp.perm, sp.nred)
     inputs = [(shape_of(p), dtype_of(p)) for p in low.placeholders] + list(extra_inputs)
     low.input_dtypes = [dt for _, dt in inputs]
     outputs = []
     for o in _graph_outputs(gm):
         if not hasattr(o, "op"):
             raise Unsupported(f"constant output {o!r}")
-        os_, dt = shape_of(o), dtype_of(o)
-        if os_ == shape:
-            outputs.append(Output(low.val(o, low.identity()), dt, False, numel(os_)))
-        elif numel(os_) == numel(shape):
-            outputs.append(Output(low.val(o, ("flat", os_)), dt, False, numel(os_)))
-        elif kind == "rowwise" and os_ in (shape[:-1], shape[:-1] + (1,)):
-            amap = low.row_map(keepdim=len(os_) == len(shape))
-            e = low.val(o, amap)
-            outputs.append(Output(e, dt, True, numel(os_)))
-        else:
-            raise Unsupported(f"output of shape {os_} next to iteration shape {shape}")
+        outputs.append(_output(low, sp, o))
+    if kind == "elementwise" and any(o.dtype == "int64" for o in outputs):
+        raise Unsupported("int64 outputs (index math)")
     dropped = low.dropped + (simp.unused_ops(gm) if simplify else [])
-    prog = ExprProgram(kind, shape, inputs, low.accesses, low.reductions, outputs, dropped=dropped)
+    prog = ExprProgram(kind, shape, inputs, low.accesses, low.reductions, outputs, dropped=dropped,
+                       nred=sp.nred)
     for o in prog.outputs:
         if o.row and column_dependent(o.expr, prog):
             raise Unsupported("a per-row output depends on a column")
-    prog.size_source = _size_source(prog, gm)
+        if not o.row and any(x[0] == "idx" for x in walk(o.expr)):
+            raise Unsupported("an arg reduction's index used in elementwise math")
+    prog.size_source = _size_source(prog, gm, low.base()[1])
     prog.has_transcendental = any(op in TRANSCENDENTAL for op in low_ops(prog))
     return prog
 
@@ -545,7 +716,7 @@ def walk(e: tuple):
     while stack:
         x = stack.pop()
         yield x
-        if x[0] in ("in", "const", "red", "ncol"):
+        if x[0] in ("in", "const", "red", "ncol", "idx"):
             continue
         stack.extend(a for a in x[1:] if isinstance(a, tuple))
 
@@ -556,5 +727,5 @@ def low_ops(prog: ExprProgram) -> set[str]:
 
 
 def column_dependent(e: tuple, prog: ExprProgram) -> bool:
-    return any(x[0] == "in" and prog.accesses[x[1]].column_varying(prog.ndim) for x in walk(e))
+    return any(x[0] == "in" and prog.accesses[x[1]].column_varying(prog.ndim, prog.nred) for x in walk(e))
 

@@ -22,16 +22,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch_htam.proposers.expert import host
-from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter
+from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter, cuh
 from torch_htam.proposers.expert.ir import TRANSCENDENTAL, ExprProgram, Unsupported, lower, stored, walk
 from torch_htam.proposers.expert.strategies import TaskFacts
 from torch_htam.proposers.expert.target import (
     ProgramMatch, Target, access_tags, drop_scalar_tag, pow2_vec, program_facts,
 )
 
-INIT = {"sum": "0.f", "max": "(-INFINITY)", "min": "INFINITY"}
-COMBINE = {"sum": "acc + {v}", "max": "htam_max(acc, {v})", "min": "htam_min(acc, {v})"}
-OPS = {"sum": "SumOp", "max": "MaxOp", "min": "MinOp"}
+INIT = {"sum": "0.f", "max": "(-INFINITY)", "min": "INFINITY", "prod": "1.f"}
+COMBINE = {"sum": "acc + {v}", "max": "htam_max(acc, {v})", "min": "htam_min(acc, {v})", "prod": "acc * {v}"}
+OPS = {"sum": "SumOp", "max": "MaxOp", "min": "MinOp", "prod": "ProdOp"}
+# argmax / argmin: (value, first column) states; NaN counts as the largest value, as in torch
+ARG = {"argmax": ("ArgMaxOp", ">"), "argmin": ("ArgMinOp", "<")}
+ROWS_CUH = cuh("rows.cuh")
 
 
 @dataclass(frozen=True)
@@ -62,9 +65,11 @@ class RowParams:
 class _Gen:
     def __init__(self, prog: ExprProgram, p: RowParams, low_precision: bool):
         self.prog, self.p, self.lowp = prog, p, low_precision
-        D = prog.ndim
-        self.varying = [i for i, a in enumerate(prog.accesses) if a.column_varying(D)]
-        self.fixed = [i for i, a in enumerate(prog.accesses) if not a.column_varying(D)]
+        D, nr = prog.ndim, prog.nred
+        self.varying = [i for i, a in enumerate(prog.accesses) if a.column_varying(D, nr)]
+        self.fixed = [i for i, a in enumerate(prog.accesses) if not a.column_varying(D, nr)]
+        # Space entry of each output stored through strides (after the accesses')
+        self.ostride = {k: len(prog.accesses) + j for j, k in enumerate(prog.strided_outputs)}
         reduced = {x[1] for r in prog.reductions for x in walk(r.expr) if x[0] == "in"}
         # held: loaded once into registers (register path); late: loaded per chunk in the final pass
         self.held = [i for i in self.varying if i in reduced or not p.lazy]
@@ -174,7 +179,7 @@ class _Gen:
                     f"        const unsigned b = (VEC == 1 || {c0} + e < ncol) ? "
                     f"{t}::bits(p{i}[{ro}[{i}] + (int64_t)({c0} + e) * cs[{i}]]) : 0u;\n"
                     f"        if (e % {t}::PER_WORD == 0) {dst}[e / {t}::PER_WORD] = b;\n"
-                    f"        else {dst}[e / {t}::PER_WORD] |= b << 16; }}")
+                    f"        else {dst}[e / {t}::PER_WORD] |= b << {'(8 * (e % 4))' if t == 'B8' else 16}; }}")
         return (f"      if (VEC > 1 && cs[{i}] == 1) ldv<{t}, VEC, {nc}>(p{i} + {ro}[{i}] + {c0}, {dst});\n"
                 f"      else for (int e = 0; e < VEC; ++e) {dst}[e] = (VEC == 1 || {c0} + e < ncol) ? "
                 f"ld1<{t}, {nc}>(p{i} + {ro}[{i}] + (int64_t)({c0} + e) * cs[{i}]) : 0.f;")
@@ -220,6 +225,20 @@ class _Gen:
       R{k} = w.mean * w.n; R{k + 1} = w.m2;   // sum and sum of squared deviations
     }}"""
             return code, 2
+        if red.kind in ARG:
+            op, cmp = ARG[red.kind]
+            body = (f"{lines}\n          if (acc.i < 0 || {v} {cmp} acc.v || ({v} != {v} && acc.v == acc.v)) "
+                    f"{{ acc.v = {v}; acc.i = c; }}")
+            code = f"""
+    float R{k}; int RI{k};
+    {{
+      ArgState acc; acc.v = 0.f; acc.i = -1;     // columns come in increasing order: ties keep the first
+{self.loop(regs, body)}
+      ArgState id; id.v = 0.f; id.i = -1;
+      acc = group_reduce<TPR>(acc, {op}(), id);
+      R{k} = acc.v; RI{k} = acc.i;
+    }}"""
+            return code, 1
         body = f"{lines}\n          acc = {COMBINE[red.kind].format(v=v)};"
         code = f"""
     float R{k};
@@ -238,24 +257,36 @@ class _Gen:
         sets = "\n".join(f"          y{k}[e] = {n};" for (k, _), n in zip(full, names))
         # outputs are contiguous: row r starts at r * ncol; VEC > 1 only when the host checked
         # ncol % VEC == 0 and 16-byte alignment of every output.
-        stores = "\n".join(
-            f"        if (valid) {{ if (VEC > 1) stv<{DT[o.dtype][0]}, VEC>(o{k} + r * ncol + c0, y{k});\n"
-            f"          else o{k}[r * ncol + c0] = {DT[o.dtype][0]}::from_f(y{k}[0]); }}"
-            for k, o in full)
+        stores = "\n".join(self.store(k, o) for k, o in full)
         decl = " ".join(f"float y{k}[VEC];" for k, _ in full)
         if not full:
             return ""
         return f"    {{\n    {decl}\n{self.loop(regs, lines + chr(10) + sets, stores, late=True)}\n    }}"
 
+    def store(self, k: int, o) -> str:
+        """Store y{k}[0..VEC) at columns c0.. of row r: contiguous in iteration order, or through the
+        output's strides (Output.dims)."""
+        t = DT[o.dtype][0]
+        if k not in self.ostride:
+            return (f"        if (valid) {{ if (VEC > 1) stv<{t}, VEC>(o{k} + r * ncol + c0, y{k});\n"
+                    f"          else o{k}[r * ncol + c0] = {t}::from_f(y{k}[0]); }}")
+        j = self.ostride[k]
+        return (f"        if (valid) {{ if (VEC > 1 && cs[{j}] == 1) stv<{t}, VEC>(o{k} + ro[{j}] + c0, y{k});\n"
+                f"          else for (int e = 0; e < VEC; ++e) o{k}[ro[{j}] + (int64_t)(c0 + e) * cs[{j}]] = "
+                f"{t}::from_f(y{k}[e]); }}")
+
     def row_outputs(self) -> str:
         em = Emitter(lambda a: f"s{a}", red=lambda k: f"R{k}", fast=self.p.fast,
                      low_precision=self.lowp, prefix="u")
         rows = [(k, o) for k, o in enumerate(self.prog.outputs) if o.row]
-        names = [em.emit(stored(o.expr, o.dtype)) for _, o in rows]
+        # an arg reduction's index ("idx", j) is stored as the int it is, never through a float
+        names = [f"(long long)RI{o.expr[1]}" if o.expr[0] == "idx" else em.emit(stored(o.expr, o.dtype))
+                 for _, o in rows]
         if not rows:
             return ""
         lines = "\n".join("      " + ln for ln in em.lines)
-        stores = "\n".join(f"      o{k}[r] = {DT[o.dtype][0]}::from_f({n});" for (k, o), n in zip(rows, names))
+        stores = "\n".join(f"      o{k}[r] = {n};" if o.expr[0] == "idx" else
+                           f"      o{k}[r] = {DT[o.dtype][0]}::from_f({n});" for (k, o), n in zip(rows, names))
         return f"""
     if (valid && lane == 0) {{
 {lines}
@@ -292,7 +323,7 @@ class _Gen:
         alias = ("const int64_t r = r_[g]; const bool valid = valid_[g]; int64_t ro[NACC];\n"
                  "#pragma unroll\n      for (int a = 0; a < NACC; ++a) ro[a] = ro_[g][a];\n      " + fixed_alias)
         return f"""
-#define NACC {len(prog.accesses)}
+#define NACC {len(prog.accesses) + len(self.ostride)}
 #define TPR {p.tpr}
 #define BLOCK {p.block}
 #define RPG {p.rpg}
@@ -358,6 +389,82 @@ __global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t r
 }}
 """
 
+    def col_kernel(self) -> str:
+        """The column mapping of the same program: a block is 32 consecutive rows (threadIdx.x %
+        32) times CK lanes along the row (threadIdx.x / 32); each lane walks its share of the row's
+        columns, one value at a time, and col_reduce combines the lanes. For rows whose columns are
+        strided and whose rows are adjacent (sum over dim 1 of [B, C, HW]): a warp reads 32
+        adjacent elements per step where the row mapping reads one per row."""
+        prog, na = self.prog, len(self.prog.accesses)
+        params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(na)]
+        params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
+        fixed = "\n".join(f"    const float s{i} = ld1<{self.dt(i)}, false>(p{i} + ro[{i}]);" for i in self.fixed)
+        decl = " ".join(f"float x{i}[1];" for i in self.varying)
+        loads = "\n".join(f"        x{i}[0] = ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + (int64_t)c * cs[{i}]);"
+                          for i in self.varying)
+
+        def loop(body: str) -> str:
+            return (f"      for (int c = ty; c < ncol; c += ck) {{\n        {decl}\n        const int e = 0; (void)e;\n"
+                    f"{loads}\n{body}\n      }}")
+        passes, k = [], 0
+        while k < len(prog.reductions):
+            red = prog.reductions[k]
+            em = self.emitter(False)
+            v = em.emit(red.expr)
+            lines = "\n".join("        " + ln for ln in em.lines)
+            if red.kind in ARG:
+                op, cmp = ARG[red.kind]
+                body = (f"{lines}\n        if (acc.i < 0 || {v} {cmp} acc.v || ({v} != {v} && acc.v == acc.v)) "
+                        f"{{ acc.v = {v}; acc.i = c; }}")
+                passes.append(f"    float R{k}; int RI{k};\n    {{\n      ArgState acc; acc.v = 0.f; acc.i = -1;\n"
+                              f"{loop(body)}\n      acc = col_reduce(acc, {op}());\n      R{k} = acc.v; RI{k} = acc.i;\n    }}")
+            else:
+                body = f"{lines}\n        acc = {COMBINE[red.kind].format(v=v)};"
+                passes.append(f"    float R{k};\n    {{\n      float acc = {INIT[red.kind]};\n{loop(body)}\n"
+                              f"      R{k} = col_reduce(acc, {OPS[red.kind]}());\n    }}")
+            k += 1
+        full = [(k, o) for k, o in enumerate(prog.outputs) if not o.row]
+        if full:
+            em = self.emitter(False)
+            names = [em.emit(stored(o.expr, o.dtype)) for _, o in full]
+            lines = "\n".join("        " + ln for ln in em.lines)
+            sets = []
+            for (k, o), n in zip(full, names):
+                t = DT[o.dtype][0]
+                at = f"ro[{self.ostride[k]}] + (int64_t)c * cs[{self.ostride[k]}]" if k in self.ostride else "r * ncol + c"
+                sets.append(f"        if (valid) o{k}[{at}] = {t}::from_f({n});")
+            passes.append(loop(lines + "\n" + "\n".join(sets)))
+        rows = self.row_outputs().replace("lane == 0", "ty == 0")
+        return f"""
+__global__ void __launch_bounds__(1024) col_kernel(Space<NACC> sp, int64_t rows, int ncol,
+    {", ".join(params)}) {{
+  const int lane = threadIdx.x & 31, ty = threadIdx.x >> 5, ck = blockDim.x >> 5;
+  int64_t cs[NACC];
+#pragma unroll
+  for (int a = 0; a < NACC; ++a) cs[a] = sp.st[a][sp.ndim - 1];
+  // NOTE: block-uniform trip count (rows past the end are clamped and store nothing): col_reduce syncs
+  for (int64_t rb = (int64_t)blockIdx.x * 32; rb < rows; rb += (int64_t)gridDim.x * 32) {{
+    const bool valid = rb + lane < rows;
+    const int64_t r = valid ? rb + lane : rows - 1;
+    int64_t ro[NACC];
+    {{
+      int64_t rem = r;
+#pragma unroll
+      for (int a = 0; a < NACC; ++a) ro[a] = 0;
+      for (int d = sp.ndim - 2; d >= 0; --d) {{
+        const int64_t i = rem % sp.size[d];
+        rem /= sp.size[d];
+#pragma unroll
+        for (int a = 0; a < NACC; ++a) ro[a] += i * sp.st[a][d];
+      }}
+    }}
+{fixed}
+{chr(10).join(passes)}
+{rows}
+  }}
+}}
+"""
+
 
 def memo_values(passes: list[list[tuple]]) -> list[tuple[tuple, int]]:
     """(expression, first pass) of the values worth keeping per column between passes: a
@@ -383,29 +490,73 @@ def _transcendental(e: tuple) -> bool:
     return any(x[0] in TRANSCENDENTAL for x in walk(e))
 
 
+def _main_access(prog: ExprProgram) -> int:
+    """The access the mapping is chosen for: the first one a reduction reads."""
+    reduced = [x[1] for r in prog.reductions for x in walk(r.expr) if x[0] == "in"]
+    return reduced[0] if reduced else 0
+
+
+def has_column_mapping(prog: ExprProgram) -> bool:
+    """The program may meet rows whose columns are strided (reduced over a middle dim, or read
+    through a permute): its source carries the column mapping too, chosen at run time."""
+    if not prog.accesses:
+        return False
+    a = prog.accesses[_main_access(prog)]
+    return a.mode == "dims" and a.dims != tuple(range(prog.ndim))
+
+
 def _host(prog: ExprProgram, p: RowParams) -> str:
-    nacc = len(prog.accesses)
+    na = len(prog.accesses)
+    nacc = na + len(prog.strided_outputs)
     args = ", ".join([f"({DT[prog.inputs[a.input][1]][0]}::raw*)in[{a.input}].data"
                       for a in prog.accesses] +
                      [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)])
     def launch(V: int, NV: int) -> str:     # the kernel instantiation for vector width V, NV chunks
         return f"row_kernel<{V}, {NV}><<<blocks, BLOCK, 0, stream>>>(sp, rows, (int)ncol, {args});"
     out_checks = "\n".join(
+        f"  if (htam_numel(&out[{k}]) != n) return HTAM_ERR_SHAPE;" if o.dims is not None else
         f"  if (!htam_contiguous(out[{k}]) || htam_numel(&out[{k}]) != {'rows' if o.row else 'n'}) return HTAM_ERR_SHAPE;"
         for k, o in enumerate(prog.outputs))
     cap = p.tpr * p.vec * p.nv
+    D, nr = prog.ndim, prog.nred
+    if nr == 1:
+        sizes = f"""  const int64_t ncol = it[{D - 1}];
+  if (ncol <= 0 || ncol > (int64_t(1) << 30)) return HTAM_ERR_SHAPE;
+  const int64_t rows = n / ncol;"""
+        collapse = f"  htam_collapse<NACC>(sp, {nacc}, true);"
+    else:   # the row is several dims: they must merge into one (contiguous along the row)
+        sizes = f"""  int64_t rowlen = 1;
+  for (int d = {D - nr}; d < {D}; ++d) rowlen *= it[d];
+  if (rowlen <= 0 || rowlen > (int64_t(1) << 30)) return HTAM_ERR_SHAPE;
+  const int64_t rows = n / rowlen;"""
+        collapse = (f"  if (htam_collapse<NACC>(sp, {nacc}, true, {nr}) != 1) return HTAM_ERR_SHAPE;\n"
+                    f"  const int64_t ncol = sp.size[sp.ndim - 1];")
+    col = ""
+    if has_column_mapping(prog):
+        m = _main_access(prog)
+        col = f"""
+  // strided columns, adjacent rows: the column mapping (32 rows a block, ck lanes along the row)
+  if (sp.ndim >= 2 && sp.st[{m}][sp.ndim - 1] != 1 && sp.st[{m}][sp.ndim - 2] == 1) {{
+    int64_t cblocks = (rows + 31) / 32;
+    const int64_t target = (int64_t)htam_sm_count() * 2048;    // resident threads to fill
+    int ck = 1;
+    while (ck < 32 && cblocks * 32 * ck * 2 <= target && ck * 2 <= ncol) ck *= 2;
+    cblocks = std::max<int64_t>(1, std::min<int64_t>(cblocks, (int64_t)1 << 30));
+    col_kernel<<<cblocks, 32 * ck, 0, stream>>>(sp, rows, (int)ncol, {args});
+    HTAM_CHECK_LAUNCH();
+    return HTAM_OK;
+  }}"""
     return f"""
 HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
 {host.prologue(prog)}
-  const int64_t ncol = it[{prog.ndim - 1}];
-  if (ncol <= 0 || ncol > (int64_t(1) << 30)) return HTAM_ERR_SHAPE;
-  const int64_t rows = n / ncol;
+{sizes}
   Space<NACC> sp;
 {host.bind_accesses(prog)}
+{host.bind_outputs(prog)}
   (void)max_off;
 {out_checks}
   if (rows == 0) return HTAM_OK;
-  htam_collapse<NACC>(sp, {nacc}, true);
+{collapse}{col}
   const int V = {p.vec};
   bool vec_ok = V > 1 && ncol % V == 0;
 {host.vector_checks(prog, "V", full_outputs_only=True)}
@@ -427,8 +578,10 @@ def generate(prog: ExprProgram, p: RowParams, low_precision: bool = False) -> st
     """CUDA source (kernel ABI) for a row prog."""
     assert prog.kind == "rowwise", prog.kind
     g = _Gen(prog, p, low_precision)
-    return "\n".join([f"// torch_htam expert: rowwise {p}", PRELUDE, "#include <algorithm>",
-                      g.kernel(), _host(prog, p)])
+    col = has_column_mapping(prog)
+    ext = col or any(r.kind in ("prod", *ARG) for r in prog.reductions)
+    return "\n".join([f"// torch_htam expert: rowwise {p}", PRELUDE] + [ROWS_CUH] * ext + ["#include <algorithm>",
+                      g.kernel()] + [g.col_kernel()] * col + [_host(prog, p)])
 
 
 # ---- the rowwise target (target.Target) ------------------------------------------------------------

@@ -30,6 +30,14 @@ def _perm(node) -> list[int] | None:
     return p
 
 
+def permutation(node) -> list[int]:
+    """The source dim of each of a permute/transpose/t node's dims."""
+    p = _perm(node)
+    if p is None:
+        raise ValueError(f"{node} has no shape")
+    return p
+
+
 def permute_source(node):
     """If node ends a chain of permutes/transposes whose composition is the identity, the node the
     chain starts from; else None. x.transpose(1, 2).transpose(1, 2) -> x."""

@@ -1,0 +1,39 @@
+// ---- row kernels' extra reductions: product, arg max / min, and the column mapping's reduce ----
+struct ProdOp { __device__ __forceinline__ float operator()(float a, float b) const { return a * b; } };
+
+// value and the column it came from; i < 0: empty (no column seen yet)
+struct ArgState { float v; int i; };
+__device__ __forceinline__ ArgState shfl_x(ArgState v, int o) {
+  ArgState r; r.v = shfl_x(v.v, o); r.i = __shfl_xor_sync(0xffffffffu, v.i, o); return r;
+}
+// torch.argmax / max.dim: NaN is the largest value; ties keep the first column
+template <bool MAX>
+__device__ __forceinline__ ArgState arg_merge(ArgState a, ArgState b) {
+  if (a.i < 0) return b;
+  if (b.i < 0) return a;
+  const bool an = a.v != a.v, bn = b.v != b.v;
+  if (an || bn) return (an && bn) ? (a.i < b.i ? a : b) : (an ? a : b);
+  if (MAX ? a.v > b.v : a.v < b.v) return a;
+  if (MAX ? b.v > a.v : b.v < a.v) return b;
+  return a.i < b.i ? a : b;
+}
+struct ArgMaxOp { __device__ __forceinline__ ArgState operator()(ArgState a, ArgState b) const { return arg_merge<true>(a, b); } };
+struct ArgMinOp { __device__ __forceinline__ ArgState operator()(ArgState a, ArgState b) const { return arg_merge<false>(a, b); } };
+
+// Column mapping: a block is 32 rows (threadIdx.x % 32) x CK column lanes (threadIdx.x / 32, CK a
+// power of two); combine the CK partial values of each row in a fixed tree order (deterministic).
+// All threads get their row's result. NOTE: every thread of the block must call it equally often.
+template <class T, class Op>
+__device__ __forceinline__ T col_reduce(T v, Op op) {
+  __shared__ T sm[1024];
+  const int ck = blockDim.x >> 5, ty = threadIdx.x >> 5;
+  __syncthreads();                  // the previous reduction has finished reading sm
+  sm[threadIdx.x] = v;
+  __syncthreads();
+  for (int h = ck >> 1; h > 0; h >>= 1) {
+    if (ty < h) sm[threadIdx.x] = op(sm[threadIdx.x], sm[threadIdx.x + h * 32]);
+    __syncthreads();
+  }
+  return sm[threadIdx.x & 31];
+}
+// ---- end rows ----
