@@ -297,7 +297,8 @@ def test_default_candidates_match_torch(path):
             with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=policy.allow_tf32):
                 ref = ref_model(*inputs)
             ref = list(ref) if isinstance(ref, (tuple, list)) else [ref]
-            outs = [torch.full_like(r, float("nan")) for r in ref]       # poisoned
+            # poisoned (int64 indices: a value no index takes)
+            outs = [torch.full_like(r, float("nan") if r.is_floating_point() else -7) for r in ref]
             clones = [x.clone() for x in inputs]
             assert kernel(inputs, outs) == 0, cand.params
             torch.cuda.synchronize()
