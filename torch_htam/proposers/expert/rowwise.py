@@ -19,6 +19,7 @@ row (bench/sweep.py), so the search tries both ways.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from torch_htam.proposers.expert import host
@@ -491,9 +492,13 @@ def _transcendental(e: tuple) -> bool:
 
 
 def _main_access(prog: ExprProgram) -> int:
-    """The access the mapping is chosen for: the first one a reduction reads."""
-    reduced = [x[1] for r in prog.reductions for x in walk(r.expr) if x[0] == "in"]
-    return reduced[0] if reduced else 0
+    """The access the mapping is chosen for: the largest input a reduction reads along the row
+    (the data, not a broadcast scale), the lowest such access on ties."""
+    reduced = sorted({x[1] for r in prog.reductions for x in walk(r.expr) if x[0] == "in"
+                      and prog.accesses[x[1]].column_varying(prog.ndim, prog.nred)})
+    if not reduced:
+        return 0
+    return max(reduced, key=lambda a: (math.prod(prog.inputs[prog.accesses[a].input][0]), -a))
 
 
 def has_column_mapping(prog: ExprProgram) -> bool:
@@ -531,6 +536,7 @@ def _host(prog: ExprProgram, p: RowParams) -> str:
   const int64_t rows = n / rowlen;"""
         collapse = (f"  if (htam_collapse<NACC>(sp, {nacc}, true, {nr}) != 1) return HTAM_ERR_SHAPE;\n"
                     f"  const int64_t ncol = sp.size[sp.ndim - 1];")
+    binds = "\n" + host.bind_outputs(prog) if prog.strided_outputs else ""
     col = ""
     if has_column_mapping(prog):
         m = _main_access(prog)
@@ -551,8 +557,7 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
 {host.prologue(prog)}
 {sizes}
   Space<NACC> sp;
-{host.bind_accesses(prog)}
-{host.bind_outputs(prog)}
+{host.bind_accesses(prog)}{binds}
   (void)max_off;
 {out_checks}
   if (rows == 0) return HTAM_OK;
