@@ -37,3 +37,23 @@ __device__ __forceinline__ T col_reduce(T v, Op op) {
   return sm[threadIdx.x & 31];
 }
 // ---- end rows ----
+
+// ---- split rows: a few very long rows (a full reduction) over many blocks, two launches ----
+// Partial results of (row, split) go to a workspace, combined by a second kernel in a fixed order
+// (deterministic, no atomics). One workspace per (device, stream) so that two streams running this
+// kernel never share one; allocated on first use (keep that call outside CUDA graph capture).
+static const size_t kSplitWs = 64u << 10;
+static void* htam_split_ws(cudaStream_t stream) {
+  struct Entry { int dev; cudaStream_t stream; void* ws; };
+  static Entry entries[16];
+  static int used = 0;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return nullptr;
+  for (int i = 0; i < used; ++i)
+    if (entries[i].dev == dev && entries[i].stream == stream) return entries[i].ws;
+  if (used == 16) return nullptr;     // the caller takes the one-block-per-row path instead
+  void* ws = nullptr;
+  if (cudaMalloc(&ws, kSplitWs) != cudaSuccess) { cudaGetLastError(); return nullptr; }
+  entries[used++] = Entry{dev, stream, ws};
+  return ws;
+}

@@ -466,6 +466,78 @@ __global__ void __launch_bounds__(1024) col_kernel(Space<NACC> sp, int64_t rows,
 }}
 """
 
+    def split_kernels(self) -> str:
+        """A one-reduction program with per-row outputs only, for a few very long rows: blocks of
+        256 threads reduce chunks of a row (split_kernel, a grid of splits x rows), split_finish
+        combines each row's partials in order and writes the row's outputs."""
+        prog, na = self.prog, len(self.prog.accesses)
+        red = prog.reductions[0]
+        arg = red.kind in ARG
+        params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(na)]
+        params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
+        fixed = "\n".join(f"  const float s{i} = ld1<{self.dt(i)}, false>(p{i} + ro[{i}]);" for i in self.fixed)
+        decl = " ".join(f"float x{i}[1];" for i in self.varying)
+        loads = "\n".join(f"    x{i}[0] = ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + (int64_t)c * cs[{i}]);"
+                          for i in self.varying)
+        em = self.emitter(False)
+        v = em.emit(red.expr)
+        lines = "\n".join("    " + ln for ln in em.lines)
+        if arg:
+            op, cmp = ARG[red.kind]
+            state, init = "ArgState", "ArgState acc; acc.v = 0.f; acc.i = -1;"
+            combine = f"if (acc.i < 0 || {v} {cmp} acc.v || ({v} != {v} && acc.v == acc.v)) {{ acc.v = {v}; acc.i = c; }}"
+            ident, result = "ArgState id; id.v = 0.f; id.i = -1;", "const float R0 = acc.v; const int RI0 = acc.i;"
+        else:
+            op, state, init = OPS[red.kind], "float", f"float acc = {INIT[red.kind]};"
+            combine = f"acc = {COMBINE[red.kind].format(v=v)};"
+            ident, result = f"const float id = {INIT[red.kind]};", "const float R0 = acc;"
+        head = """  int64_t cs[NACC], ro[NACC];
+#pragma unroll
+  for (int a = 0; a < NACC; ++a) { cs[a] = sp.st[a][sp.ndim - 1]; ro[a] = 0; }
+  int64_t rem = r;
+  for (int d = sp.ndim - 2; d >= 0; --d) {
+    const int64_t i = rem % sp.size[d];
+    rem /= sp.size[d];
+#pragma unroll
+    for (int a = 0; a < NACC; ++a) ro[a] += i * sp.st[a][d];
+  }"""
+        rows = self.row_outputs().replace("valid && lane == 0", "lane == 0")
+        return f"""
+__global__ void __launch_bounds__(256) split_kernel(Space<NACC> sp, int ncol, int splits, {state}* ws,
+    {", ".join(params)}) {{
+  const int lane = threadIdx.x;
+  const int64_t r = blockIdx.y;
+{head}
+{fixed}
+  const int chunk = (ncol + splits - 1) / splits, c_lo = (int)blockIdx.x * chunk;
+  const int c_hi = min(ncol, c_lo + chunk);
+  {init}
+  for (int c = c_lo + lane; c < c_hi; c += 256) {{
+    {decl}
+    const int e = 0; (void)e;
+{loads}
+{lines}
+    {combine}
+  }}
+  {ident}
+  acc = group_reduce<256>(acc, {op}(), id);
+  if (lane == 0) ws[r * splits + blockIdx.x] = acc;
+}}
+__global__ void __launch_bounds__(256) split_finish(Space<NACC> sp, int ncol, int splits, const {state}* ws,
+    {", ".join(params)}) {{
+  const int lane = threadIdx.x;
+  const int64_t r = blockIdx.x;
+{head}
+{fixed}
+  {ident}
+  {state} acc = id;
+  for (int j = lane; j < splits; j += 256) acc = {op}()(acc, ws[r * splits + j]);   // fixed order
+  acc = group_reduce<256>(acc, {op}(), id);
+  {result}
+{rows}
+}}
+"""
+
 
 def memo_values(passes: list[list[tuple]]) -> list[tuple[tuple, int]]:
     """(expression, first pass) of the values worth keeping per column between passes: a
@@ -510,6 +582,14 @@ def has_column_mapping(prog: ExprProgram) -> bool:
     return a.mode == "dims" and a.dims != tuple(range(prog.ndim))
 
 
+def has_split_rows(prog: ExprProgram) -> bool:
+    """A full reduction (or a few long rows) of one reduction with per-row outputs only: its source
+    carries the split-rows path too, chosen at run time when rows are too few to fill the GPU."""
+    kept = math.prod(prog.shape[:prog.ndim - prog.nred])
+    return (len(prog.reductions) == 1 and all(o.row for o in prog.outputs) and kept < 32
+            and bool(prog.accesses))
+
+
 def _host(prog: ExprProgram, p: RowParams) -> str:
     na = len(prog.accesses)
     nacc = na + len(prog.strided_outputs)
@@ -552,6 +632,23 @@ def _host(prog: ExprProgram, p: RowParams) -> str:
     HTAM_CHECK_LAUNCH();
     return HTAM_OK;
   }}"""
+    if has_split_rows(prog):
+        state = "ArgState" if prog.reductions[0].kind in ARG else "float"
+        col = f"""
+  // a few long rows: split each over many blocks, then combine the partials in order
+  {{
+    const int64_t sms = htam_sm_count();
+    const int splits = (int)std::min<int64_t>(std::min<int64_t>(sms * 8 / rows, ncol / 4096),
+                                             (int64_t)(kSplitWs / sizeof({state})) / rows);
+    void* ws = (rows <= 65535 && splits >= 2) ? htam_split_ws(stream) : nullptr;
+    if (ws != nullptr) {{
+      split_kernel<<<dim3(splits, (unsigned)rows), 256, 0, stream>>>(sp, (int)ncol, splits, ({state}*)ws, {args});
+      HTAM_CHECK_LAUNCH();
+      split_finish<<<(unsigned)rows, 256, 0, stream>>>(sp, (int)ncol, splits, ({state}*)ws, {args});
+      HTAM_CHECK_LAUNCH();
+      return HTAM_OK;
+    }}
+  }}""" + col
     return f"""
 HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
 {host.prologue(prog)}
@@ -583,10 +680,10 @@ def generate(prog: ExprProgram, p: RowParams, low_precision: bool = False) -> st
     """CUDA source (kernel ABI) for a row prog."""
     assert prog.kind == "rowwise", prog.kind
     g = _Gen(prog, p, low_precision)
-    col = has_column_mapping(prog)
-    ext = col or any(r.kind in ("prod", *ARG) for r in prog.reductions)
+    col, split = has_column_mapping(prog), has_split_rows(prog)
+    ext = col or split or any(r.kind in ("prod", *ARG) for r in prog.reductions)
     return "\n".join([f"// torch_htam expert: rowwise {p}", PRELUDE] + [ROWS_CUH] * ext + ["#include <algorithm>",
-                      g.kernel()] + [g.col_kernel()] * col + [_host(prog, p)])
+                      g.kernel()] + [g.col_kernel()] * col + [g.split_kernels()] * split + [_host(prog, p)])
 
 
 # ---- the rowwise target (target.Target) ------------------------------------------------------------
