@@ -51,8 +51,10 @@ class Unsupported(Exception):
 @dataclass(frozen=True)
 class Access:
     """One way an input is read. mode: "dims" (dims[k] = iteration dim of input dim k, -1 = size-1
-    broadcast), "flat" (contiguous, numel == iteration numel, read at the linear index) or
-    "suffix" (contiguous, read at linear index % numel)."""
+    broadcast), "flat" (contiguous, numel == iteration numel, read at the linear index),
+    "suffix" (contiguous, read at linear index % numel) or "span" (contiguous, its elements in
+    order over iteration dims dims[0]..dims[1]: a GroupNorm's per-channel weight over (group,
+    channel in group))."""
     input: int
     mode: str
     dims: tuple[int, ...] = ()
@@ -143,7 +145,8 @@ ROW_REDUCE = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.defa
               aten.std.correction: "std"}
 # (values, indices) pairs read through getitem
 ROW_PAIRS = {aten.max.dim: "argmax", aten.min.dim: "argmin"}
-NORMS = {aten.layer_norm.default, aten.rms_norm.default, aten.instance_norm.default}
+NORMS = {aten.layer_norm.default, aten.rms_norm.default, aten.instance_norm.default,
+         aten.group_norm.default}
 ROW_OPS = {aten.softmax.int, aten._softmax.default, aten.log_softmax.int,
            aten._log_softmax.default, *NORMS}
 IGNORED = {aten._assert_tensor_metadata.default}
@@ -217,12 +220,14 @@ class Lowerer:
     ("flat", shape) value in iteration linear order, ("suffix", shape) repeating contiguous block."""
 
     def __init__(self, gm, shape: tuple[int, ...], kind: str, simplify: bool = True, leaves=None,
-                 perm: tuple[int, ...] | None = None, nred: int = 1):
+                 perm: tuple[int, ...] | None = None, nred: int = 1, flat_rows: tuple | None = None):
         self.gm, self.shape, self.kind, self.simplify = gm, shape, kind, simplify
         # rows: perm[j] = the row op input's dim at iteration dim j (kept dims in order, then the
         # reduced ones); shape is that input's shape permuted so
         self.perm = tuple(perm) if perm is not None else tuple(range(len(shape)))
         self.nred = nred
+        # GroupNorm: the row op's input (this shape) is read flat over (N, G, C / G, pixels)
+        self.flat_rows = flat_rows
         self.leaves = leaves or {}       # node -> fn(lowerer, node, amap) -> expr (e.g. a GEMM result)
         self.input_dtypes: list[str] = []
         self.dropped: list[str] = []
@@ -246,6 +251,8 @@ class Lowerer:
 
     def base(self) -> tuple:
         """The amap of a value shaped like the row op's input (its dims -> iteration dims)."""
+        if self.flat_rows is not None:
+            return ("flat", self.flat_rows)
         return ("dims", tuple(self.perm.index(k) for k in range(self.D)))
 
     def row_map(self, keepdim: bool) -> tuple:
@@ -303,8 +310,8 @@ class Lowerer:
             return self.leaves[node](self, node, amap)
         if node.op == "placeholder":
             idx = self.placeholders.index(node)
-            if amap[0] == "dims":
-                return self.access(idx, "dims", amap[1])
+            if amap[0] in ("dims", "span"):
+                return self.access(idx, amap[0], amap[1])
             return self.access(idx, amap[0])
         if node.op != "call_function":
             raise Unsupported(f"node kind {node.op} ({node.target})")
@@ -483,6 +490,10 @@ class Lowerer:
             raise Unsupported("row op in an elementwise program")
         src = node.args[0]
         xs = shape_of(src)
+        if self.flat_rows is not None or node.target is aten.group_norm.default:
+            if node.target is not aten.group_norm.default or xs != self.flat_rows:
+                raise Unsupported(f"{node.target} next to a group_norm: one row space per program")
+            return self.val(src, self.base())
         want = tuple(sorted(self.perm[self.D - self.nred:]))
         if len(xs) != self.D or tuple(xs[k] for k in self.perm) != self.shape or reduced_dims(node) != want:
             raise Unsupported(f"row op over {xs} dims {reduced_dims(node)}; the program's rows are "
@@ -531,7 +542,11 @@ class Lowerer:
                 return ("sub", ("sub", x_row, m), ("log", s))
             return ("div", ("exp", ("sub", x_row, m)), s)
         xs = shape_of(node.args[0])
-        if t is aten.instance_norm.default:
+        if t is aten.group_norm.default:
+            # (x, num_groups, weight, bias, eps, cudnn): weight [C] runs over (group, channel)
+            w, b, eps = args[2], args[3], args[4] if args[4] is not None else 1e-5
+            affine = ("span", (1, 2))
+        elif t is aten.instance_norm.default:
             # (x, weight, bias, running_mean, running_var, use_input_stats, momentum, eps, cudnn)
             if not args[5]:
                 raise Unsupported("instance_norm with running stats (use_input_stats=False)")
@@ -594,10 +609,17 @@ class Space:
     perm: tuple[int, ...]
     nred: int
     xs: tuple[int, ...]
+    groups: int = 0          # GroupNorm: shape is (N, groups, C / groups, pixels), xs read flat
 
 
 def _iteration_space(gm) -> Space:
     rows = [n for n in gm.graph.nodes if is_row_op(n)]
+    if rows and rows[0].target is aten.group_norm.default:
+        xs, g = shape_of(rows[0].args[0]), int(rows[0].args[1])
+        if len(xs) < 2 or xs[1] % g:
+            raise Unsupported(f"group_norm of {xs} in {g} groups")
+        shape = (xs[0], g, xs[1] // g, math.prod(xs[2:]))
+        return Space("rowwise", shape, (0, 1, 2, 3), 2, xs, groups=g)
     if rows:
         xs = shape_of(rows[0].args[0])
         red = reduced_dims(rows[0])
@@ -610,11 +632,15 @@ def _iteration_space(gm) -> Space:
     return Space("elementwise", shape, tuple(range(len(shape))), 1, shape)
 
 
-def _size_source(prog: ExprProgram, gm, base: tuple[int, ...]) -> tuple:
+def _size_source(prog: ExprProgram, gm, base: tuple[int, ...], sp: Space) -> tuple:
     """A tensor whose run-time sizes are the iteration sizes: an output or an input read whole,
     in iteration order, or (rows reduced over leading or middle dims) through base, the iteration
     dim of each of the row op input's dims."""
     ident = tuple(range(prog.ndim))
+    if sp.groups:     # (N, G, C / G, pixels) from a GroupNorm input's [N, C, *pixels]
+        for a in prog.accesses:
+            if a.mode == "flat" and prog.inputs[a.input][0] == sp.xs:
+                return ("group", a.input, sp.groups, len(sp.xs))
     for i, o in enumerate(_graph_outputs(gm)):
         if shape_of(o) == prog.shape and (base == ident or prog.outputs[i].dims is None):
             return ("out", i)
@@ -667,7 +693,7 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=()) -> ExprProgra
     kind, shape = sp.kind, sp.shape
     if not shape:
         raise Unsupported("0-dim iteration space")
-    low = Lowerer(gm, shape, kind, simplify, leaves, sp.perm, sp.nred)
+    low = Lowerer(gm, shape, kind, simplify, leaves, sp.perm, sp.nred, sp.xs if sp.groups else None)
     inputs = [(shape_of(p), dtype_of(p)) for p in low.placeholders] + list(extra_inputs)
     low.input_dtypes = [dt for _, dt in inputs]
     outputs = []
@@ -685,9 +711,13 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=()) -> ExprProgra
             raise Unsupported("a per-row output depends on a column")
         if not o.row and any(x[0] == "idx" for x in walk(o.expr)):
             raise Unsupported("an arg reduction's index used in elementwise math")
-    prog.size_source = _size_source(prog, gm, low.base()[1])
+    prog.size_source = _size_source(prog, gm, low.base()[1] if low.base()[0] == "dims" else ident_dims(prog), sp)
     prog.has_transcendental = any(op in TRANSCENDENTAL for op in low_ops(prog))
     return prog
+
+
+def ident_dims(prog: ExprProgram) -> tuple[int, ...]:
+    return tuple(range(prog.ndim))
 
 
 def _power_of_two(v: float) -> bool:

@@ -36,6 +36,18 @@ __device__ __forceinline__ T col_reduce(T v, Op op) {
   }
   return sm[threadIdx.x & 31];
 }
+// "span": a contiguous tensor whose elements run in order over iteration dims lo..hi (a
+// GroupNorm's weight [C] over (group, channel in group)); still a stride of 0 elsewhere.
+static inline bool htam_bind_span(const HtamTensor& t, const int64_t* it_sizes, int it_nd, int lo, int hi,
+                                  int64_t* st) {
+  if (!htam_contiguous(t)) return false;
+  int64_t acc = 1;
+  for (int d = it_nd - 1; d >= 0; --d) {
+    st[d] = (d >= lo && d <= hi) ? acc : 0;
+    if (d >= lo && d <= hi) acc *= it_sizes[d];
+  }
+  return acc == htam_numel(&t);
+}
 // ---- end rows ----
 
 // ---- split rows: a few very long rows (a full reduction) over many blocks, two launches ----

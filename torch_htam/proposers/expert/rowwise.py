@@ -78,6 +78,44 @@ class _Gen:
         # memo[k]: (expression, first pass) kept in m{k}[q][e] on the register path
         self.memo = memo_values(self.passes()) if p.memo else []
 
+    # ---- a row of two dims (prog.nred > 1 whose dims do not merge at run time: a GroupNorm's
+    # weight steps per channel inside its group's row): `inner` > 0 is the last dim's size, cso[a]
+    # the stride of the dim before it, cm[a] whether access a steps through both as one dim.
+    @property
+    def row2(self) -> bool:
+        return self.prog.nred > 1
+
+    def coff(self, i: int, x: str) -> str:
+        """Element offset of column x along the row for Space entry i."""
+        if not self.row2:
+            return f"(int64_t)({x}) * cs[{i}]"
+        return (f"(cm[{i}] ? (int64_t)({x}) * cs[{i}] : "
+                f"(int64_t)(({x}) / inner) * cso[{i}] + (int64_t)(({x}) % inner) * cs[{i}])")
+
+    def unit(self, i: int) -> str:
+        """Entry i steps by one element along the whole row (vector access is possible)."""
+        return f"cs[{i}] == 1 && cm[{i}]" if self.row2 else f"cs[{i}] == 1"
+
+    def setup(self, indent: str = "  ") -> str:
+        """Declares cs (and cso, cm for two-dim rows) from sp."""
+        if not self.row2:
+            return (f"{indent}int64_t cs[NACC];\n#pragma unroll\n"
+                    f"{indent}for (int a = 0; a < NACC; ++a) cs[a] = sp.st[a][sp.ndim - 1];")
+        return (f"{indent}int64_t cs[NACC], cso[NACC]; bool cm[NACC];\n#pragma unroll\n"
+                f"{indent}for (int a = 0; a < NACC; ++a) {{\n"
+                f"{indent}  cs[a] = sp.st[a][sp.ndim - 1];\n"
+                f"{indent}  cso[a] = inner > 0 ? sp.st[a][sp.ndim - 2] : 0;\n"
+                f"{indent}  cm[a] = inner == 0 || cso[a] == cs[a] * inner;\n{indent}}}")
+
+    @property
+    def kept_top(self) -> str:
+        """The last kept dim of sp (the dims after it are the row)."""
+        return "sp.ndim - 2 - (inner > 0)" if self.row2 else "sp.ndim - 2"
+
+    @property
+    def ncol_params(self) -> str:
+        return "int ncol, int inner" if self.row2 else "int ncol"
+
     def dt(self, i: int) -> str:
         return DT[self.prog.inputs[self.prog.accesses[i].input][1]][0]
 
@@ -175,15 +213,15 @@ class _Gen:
         (PER_WORD values each) when packed. ro: the row's element offsets (one per access)."""
         t = self.dt(i)
         if packed:
-            return (f"      if (VEC > 1 && cs[{i}] == 1) ldw<{t}, VEC, {nc}>(p{i} + {ro}[{i}] + {c0}, {dst});\n"
+            return (f"      if (VEC > 1 && {self.unit(i)}) ldw<{t}, VEC, {nc}>(p{i} + {ro}[{i}] + {c0}, {dst});\n"
                     f"      else for (int e = 0; e < VEC; ++e) {{\n"
                     f"        const unsigned b = (VEC == 1 || {c0} + e < ncol) ? "
-                    f"{t}::bits(p{i}[{ro}[{i}] + (int64_t)({c0} + e) * cs[{i}]]) : 0u;\n"
+                    f"{t}::bits(p{i}[{ro}[{i}] + {self.coff(i, c0 + ' + e')}]) : 0u;\n"
                     f"        if (e % {t}::PER_WORD == 0) {dst}[e / {t}::PER_WORD] = b;\n"
                     f"        else {dst}[e / {t}::PER_WORD] |= b << {'(8 * (e % 4))' if t == 'B8' else 16}; }}")
-        return (f"      if (VEC > 1 && cs[{i}] == 1) ldv<{t}, VEC, {nc}>(p{i} + {ro}[{i}] + {c0}, {dst});\n"
+        return (f"      if (VEC > 1 && {self.unit(i)}) ldv<{t}, VEC, {nc}>(p{i} + {ro}[{i}] + {c0}, {dst});\n"
                 f"      else for (int e = 0; e < VEC; ++e) {dst}[e] = (VEC == 1 || {c0} + e < ncol) ? "
-                f"ld1<{t}, {nc}>(p{i} + {ro}[{i}] + (int64_t)({c0} + e) * cs[{i}]) : 0.f;")
+                f"ld1<{t}, {nc}>(p{i} + {ro}[{i}] + {self.coff(i, c0 + ' + e')}) : 0.f;")
 
     def reduction_pass(self, k: int, regs: bool, at: int) -> tuple[str, int]:
         """Code computing R{k} (and R{k+1} for merged pairs) as pass `at`; returns (code,
@@ -272,8 +310,8 @@ class _Gen:
             return (f"        if (valid) {{ if (VEC > 1) stv<{t}, VEC>(o{k} + r * ncol + c0, y{k});\n"
                     f"          else o{k}[r * ncol + c0] = {t}::from_f(y{k}[0]); }}")
         j = self.ostride[k]
-        return (f"        if (valid) {{ if (VEC > 1 && cs[{j}] == 1) stv<{t}, VEC>(o{k} + ro[{j}] + c0, y{k});\n"
-                f"          else for (int e = 0; e < VEC; ++e) o{k}[ro[{j}] + (int64_t)(c0 + e) * cs[{j}]] = "
+        return (f"        if (valid) {{ if (VEC > 1 && {self.unit(j)}) stv<{t}, VEC>(o{k} + ro[{j}] + c0, y{k});\n"
+                f"          else for (int e = 0; e < VEC; ++e) o{k}[ro[{j}] + {self.coff(j, 'c0 + e')}] = "
                 f"{t}::from_f(y{k}[e]); }}")
 
     def row_outputs(self) -> str:
@@ -329,13 +367,11 @@ class _Gen:
 #define BLOCK {p.block}
 #define RPG {p.rpg}
 template <int VEC, int NV>
-__global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t rows, int ncol,
+__global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t rows, {self.ncol_params},
     {", ".join(params)}) {{
   const int lane = threadIdx.x % TPR, group = threadIdx.x / TPR;
   const int64_t rpb = BLOCK / TPR * RPG;     // rows per block and trip
-  int64_t cs[NACC];
-#pragma unroll
-  for (int a = 0; a < NACC; ++a) cs[a] = sp.st[a][sp.ndim - 1];
+{self.setup()}
   // NOTE: the trip count is uniform over the block (rows past the end are clamped to the last row
   // and store nothing), so every thread reaches every shuffle and __syncthreads.
   for (int64_t rb = (int64_t)blockIdx.x * rpb; rb < rows; rb += (int64_t)gridDim.x * rpb) {{
@@ -346,14 +382,14 @@ __global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t r
     for (int g = 0; g < RPG; ++g) {{
       valid_[g] = rb + group * RPG + g < rows;
       r_[g] = valid_[g] ? rb + group * RPG + g : rows - 1;
-      if (sp.ndim == 2) {{    // rows x columns after collapsing: no 64-bit division (a call) per row
+      if ({"sp.ndim - (inner > 0) == 2" if self.row2 else "sp.ndim == 2"}) {{    // rows x columns after collapsing: no 64-bit division (a call) per row
 #pragma unroll
         for (int a = 0; a < NACC; ++a) ro_[g][a] = r_[g] * sp.st[a][0];
       }} else {{
         int64_t rem = r_[g];
 #pragma unroll
         for (int a = 0; a < NACC; ++a) ro_[g][a] = 0;
-        for (int d = sp.ndim - 2; d >= 0; --d) {{
+        for (int d = {self.kept_top}; d >= 0; --d) {{
           const int64_t i = rem % sp.size[d];
           rem /= sp.size[d];
 #pragma unroll
@@ -401,7 +437,7 @@ __global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t r
         params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
         fixed = "\n".join(f"    const float s{i} = ld1<{self.dt(i)}, false>(p{i} + ro[{i}]);" for i in self.fixed)
         decl = " ".join(f"float x{i}[1];" for i in self.varying)
-        loads = "\n".join(f"        x{i}[0] = ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + (int64_t)c * cs[{i}]);"
+        loads = "\n".join(f"        x{i}[0] = ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + {self.coff(i, 'c')});"
                           for i in self.varying)
 
         def loop(body: str) -> str:
@@ -432,17 +468,15 @@ __global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t r
             sets = []
             for (k, o), n in zip(full, names):
                 t = DT[o.dtype][0]
-                at = f"ro[{self.ostride[k]}] + (int64_t)c * cs[{self.ostride[k]}]" if k in self.ostride else "r * ncol + c"
+                at = f"ro[{self.ostride[k]}] + {self.coff(self.ostride[k], 'c')}" if k in self.ostride else "r * ncol + c"
                 sets.append(f"        if (valid) o{k}[{at}] = {t}::from_f({n});")
             passes.append(loop(lines + "\n" + "\n".join(sets)))
         rows = self.row_outputs().replace("lane == 0", "ty == 0")
         return f"""
-__global__ void __launch_bounds__(1024) col_kernel(Space<NACC> sp, int64_t rows, int ncol,
+__global__ void __launch_bounds__(1024) col_kernel(Space<NACC> sp, int64_t rows, {self.ncol_params},
     {", ".join(params)}) {{
   const int lane = threadIdx.x & 31, ty = threadIdx.x >> 5, ck = blockDim.x >> 5;
-  int64_t cs[NACC];
-#pragma unroll
-  for (int a = 0; a < NACC; ++a) cs[a] = sp.st[a][sp.ndim - 1];
+{self.setup()}
   // NOTE: block-uniform trip count (rows past the end are clamped and store nothing): col_reduce syncs
   for (int64_t rb = (int64_t)blockIdx.x * 32; rb < rows; rb += (int64_t)gridDim.x * 32) {{
     const bool valid = rb + lane < rows;
@@ -452,7 +486,7 @@ __global__ void __launch_bounds__(1024) col_kernel(Space<NACC> sp, int64_t rows,
       int64_t rem = r;
 #pragma unroll
       for (int a = 0; a < NACC; ++a) ro[a] = 0;
-      for (int d = sp.ndim - 2; d >= 0; --d) {{
+      for (int d = {self.kept_top}; d >= 0; --d) {{
         const int64_t i = rem % sp.size[d];
         rem /= sp.size[d];
 #pragma unroll
@@ -477,7 +511,7 @@ __global__ void __launch_bounds__(1024) col_kernel(Space<NACC> sp, int64_t rows,
         params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
         fixed = "\n".join(f"  const float s{i} = ld1<{self.dt(i)}, false>(p{i} + ro[{i}]);" for i in self.fixed)
         decl = " ".join(f"float x{i}[1];" for i in self.varying)
-        loads = "\n".join(f"    x{i}[0] = ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + (int64_t)c * cs[{i}]);"
+        loads = "\n".join(f"    x{i}[0] = ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + {self.coff(i, 'c')});"
                           for i in self.varying)
         em = self.emitter(False)
         v = em.emit(red.expr)
@@ -491,19 +525,20 @@ __global__ void __launch_bounds__(1024) col_kernel(Space<NACC> sp, int64_t rows,
             op, state, init = OPS[red.kind], "float", f"float acc = {INIT[red.kind]};"
             combine = f"acc = {COMBINE[red.kind].format(v=v)};"
             ident, result = f"const float id = {INIT[red.kind]};", "const float R0 = acc;"
-        head = """  int64_t cs[NACC], ro[NACC];
+        head = self.setup() + f"""
+  int64_t ro[NACC];
 #pragma unroll
-  for (int a = 0; a < NACC; ++a) { cs[a] = sp.st[a][sp.ndim - 1]; ro[a] = 0; }
+  for (int a = 0; a < NACC; ++a) ro[a] = 0;
   int64_t rem = r;
-  for (int d = sp.ndim - 2; d >= 0; --d) {
+  for (int d = {self.kept_top}; d >= 0; --d) {{
     const int64_t i = rem % sp.size[d];
     rem /= sp.size[d];
 #pragma unroll
     for (int a = 0; a < NACC; ++a) ro[a] += i * sp.st[a][d];
-  }"""
+  }}"""
         rows = self.row_outputs().replace("valid && lane == 0", "lane == 0")
         return f"""
-__global__ void __launch_bounds__(256) split_kernel(Space<NACC> sp, int ncol, int splits, {state}* ws,
+__global__ void __launch_bounds__(256) split_kernel(Space<NACC> sp, {self.ncol_params}, int splits, {state}* ws,
     {", ".join(params)}) {{
   const int lane = threadIdx.x;
   const int64_t r = blockIdx.y;
@@ -523,7 +558,7 @@ __global__ void __launch_bounds__(256) split_kernel(Space<NACC> sp, int ncol, in
   acc = group_reduce<256>(acc, {op}(), id);
   if (lane == 0) ws[r * splits + blockIdx.x] = acc;
 }}
-__global__ void __launch_bounds__(256) split_finish(Space<NACC> sp, int ncol, int splits, const {state}* ws,
+__global__ void __launch_bounds__(256) split_finish(Space<NACC> sp, {self.ncol_params}, int splits, const {state}* ws,
     {", ".join(params)}) {{
   const int lane = threadIdx.x;
   const int64_t r = blockIdx.x;
@@ -596,8 +631,10 @@ def _host(prog: ExprProgram, p: RowParams) -> str:
     args = ", ".join([f"({DT[prog.inputs[a.input][1]][0]}::raw*)in[{a.input}].data"
                       for a in prog.accesses] +
                      [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)])
+    ncol = "(int)ncol, inner" if prog.nred > 1 else "(int)ncol"
+
     def launch(V: int, NV: int) -> str:     # the kernel instantiation for vector width V, NV chunks
-        return f"row_kernel<{V}, {NV}><<<blocks, BLOCK, 0, stream>>>(sp, rows, (int)ncol, {args});"
+        return f"row_kernel<{V}, {NV}><<<blocks, BLOCK, 0, stream>>>(sp, rows, {ncol}, {args});"
     out_checks = "\n".join(
         f"  if (htam_numel(&out[{k}]) != n) return HTAM_ERR_SHAPE;" if o.dims is not None else
         f"  if (!htam_contiguous(out[{k}]) || htam_numel(&out[{k}]) != {'rows' if o.row else 'n'}) return HTAM_ERR_SHAPE;"
@@ -614,21 +651,29 @@ def _host(prog: ExprProgram, p: RowParams) -> str:
   for (int d = {D - nr}; d < {D}; ++d) rowlen *= it[d];
   if (rowlen <= 0 || rowlen > (int64_t(1) << 30)) return HTAM_ERR_SHAPE;
   const int64_t rows = n / rowlen;"""
-        collapse = (f"  if (htam_collapse<NACC>(sp, {nacc}, true, {nr}) != 1) return HTAM_ERR_SHAPE;\n"
-                    f"  const int64_t ncol = sp.size[sp.ndim - 1];")
+        # NOTE: a row that stays two dims after merging (a GroupNorm's channels x pixels, its
+        # weight stepping per channel) is walked as one: `inner` is its last dim's size
+        collapse = (f"  const int row_nd = htam_collapse<NACC>(sp, {nacc}, true, {nr});\n"
+                    f"  if (row_nd > 2) return HTAM_ERR_SHAPE;\n"
+                    f"  const int inner = row_nd == 2 ? (int)sp.size[sp.ndim - 1] : 0;\n"
+                    f"  const int64_t ncol = row_nd == 2 ? sp.size[sp.ndim - 2] * sp.size[sp.ndim - 1] : sp.size[sp.ndim - 1];")
     binds = "\n" + host.bind_outputs(prog) if prog.strided_outputs else ""
     col = ""
     if has_column_mapping(prog):
         m = _main_access(prog)
+        # the main input steps along the row by more than one element, and by one between rows
+        col_cond = (f"sp.ndim >= 2 && sp.st[{m}][sp.ndim - 1] != 1 && sp.st[{m}][sp.ndim - 2] == 1" if nr == 1 else
+                    f"sp.ndim - row_nd >= 1 && !(sp.st[{m}][sp.ndim - 1] == 1 && (row_nd == 1 || "
+                    f"sp.st[{m}][sp.ndim - 2] == inner)) && sp.st[{m}][sp.ndim - 1 - row_nd] == 1")
         col = f"""
   // strided columns, adjacent rows: the column mapping (32 rows a block, ck lanes along the row)
-  if (sp.ndim >= 2 && sp.st[{m}][sp.ndim - 1] != 1 && sp.st[{m}][sp.ndim - 2] == 1) {{
+  if ({col_cond}) {{
     int64_t cblocks = (rows + 31) / 32;
     const int64_t target = (int64_t)htam_sm_count() * 2048;    // resident threads to fill
     int ck = 1;
     while (ck < 32 && cblocks * 32 * ck * 2 <= target && ck * 2 <= ncol) ck *= 2;
     cblocks = std::max<int64_t>(1, std::min<int64_t>(cblocks, (int64_t)1 << 30));
-    col_kernel<<<cblocks, 32 * ck, 0, stream>>>(sp, rows, (int)ncol, {args});
+    col_kernel<<<cblocks, 32 * ck, 0, stream>>>(sp, rows, {ncol}, {args});
     HTAM_CHECK_LAUNCH();
     return HTAM_OK;
   }}"""
@@ -642,9 +687,9 @@ def _host(prog: ExprProgram, p: RowParams) -> str:
                                              (int64_t)(kSplitWs / sizeof({state})) / rows);
     void* ws = (rows <= 65535 && splits >= 2) ? htam_split_ws(stream) : nullptr;
     if (ws != nullptr) {{
-      split_kernel<<<dim3(splits, (unsigned)rows), 256, 0, stream>>>(sp, (int)ncol, splits, ({state}*)ws, {args});
+      split_kernel<<<dim3(splits, (unsigned)rows), 256, 0, stream>>>(sp, {ncol}, splits, ({state}*)ws, {args});
       HTAM_CHECK_LAUNCH();
-      split_finish<<<(unsigned)rows, 256, 0, stream>>>(sp, (int)ncol, splits, ({state}*)ws, {args});
+      split_finish<<<(unsigned)rows, 256, 0, stream>>>(sp, {ncol}, splits, ({state}*)ws, {args});
       HTAM_CHECK_LAUNCH();
       return HTAM_OK;
     }}
@@ -681,7 +726,8 @@ def generate(prog: ExprProgram, p: RowParams, low_precision: bool = False) -> st
     assert prog.kind == "rowwise", prog.kind
     g = _Gen(prog, p, low_precision)
     col, split = has_column_mapping(prog), has_split_rows(prog)
-    ext = col or split or any(r.kind in ("prod", *ARG) for r in prog.reductions)
+    ext = (col or split or any(r.kind in ("prod", *ARG) for r in prog.reductions)
+           or any(a.mode == "span" for a in prog.accesses))
     return "\n".join([f"// torch_htam expert: rowwise {p}", PRELUDE] + [ROWS_CUH] * ext + ["#include <algorithm>",
                       g.kernel()] + [g.col_kernel()] * col + [g.split_kernels()] * split + [_host(prog, p)])
 
