@@ -64,6 +64,8 @@ CASES = {
     "group_norm": (lambda x, w, b: F.group_norm(x, 3, w, b),
                    lambda: [torch.randn(2, 12, 5, 7), torch.randn(12), torch.randn(12)]),
     "group_norm_1d": (lambda x: F.group_norm(x, 2), lambda: [torch.randn(3, 8)]),
+    "logsumexp": (lambda x: torch.logsumexp(x, 1), lambda: [torch.randn(4, 19, 3)]),
+    "vector_norm": (lambda x: torch.linalg.vector_norm(x, dim=-1, keepdim=True), lambda: [torch.randn(5, 21)]),
     "masked_softmax": (lambda x, m: torch.softmax((x * 0.125).masked_fill(m, float("-inf")), -1),
                        lambda: [torch.randn(2, 3, 16, 16), torch.ones(16, 16, dtype=torch.bool).triu(1)[None, None]]),
 }
@@ -195,3 +197,38 @@ def test_row_patterns_match_torch(name, dtype):
                 torch.testing.assert_close(o, r, atol=policy.atol, rtol=policy.rtol, equal_nan=True)
             else:
                 assert torch.equal(o, r), (name, layout)
+
+
+# ---- losses: export keeps them whole (aten.mse_loss ...); capture decomposes them (decompose.py)
+
+LOSSES = {
+    "mse": (lambda x, t: F.mse_loss(x, t), lambda: [torch.randn(16, 10), torch.randn(16, 10)]),
+    "l1_sum": (lambda x, t: F.l1_loss(x, t, reduction="sum"), lambda: [torch.randn(16, 10), torch.randn(16, 10)]),
+    "smooth_l1": (lambda x, t: F.smooth_l1_loss(x, t, beta=0.5), lambda: [torch.randn(16, 10), torch.randn(16, 10)]),
+    "kl_div": (lambda x, t: F.kl_div(x, t, reduction="batchmean"),
+               lambda: [torch.randn(16, 10).log_softmax(-1), torch.randn(16, 10).softmax(-1)]),
+    "hinge": (lambda x, t: F.hinge_embedding_loss(x, t), lambda: [torch.randn(16, 10), torch.randn(16, 10).sign()]),
+    "cosine": (lambda x, t: F.cosine_similarity(x, t, dim=-1), lambda: [torch.randn(16, 10), torch.randn(16, 10)]),
+}
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_losses_are_decomposed_into_rows_with_a_path(name):
+    from torch_htam.coverage import path_of
+    from torch_htam.extract import extract
+    f, make = LOSSES[name]
+    ex = extract(Fn(f).eval(), tuple(make()))
+    ops = {str(n.target) for t in ex.tasks for n in t.graph.graph.nodes if n.op == "call_function"}
+    assert not any("loss" in o or "kl_div" in o or "cosine" in o for o in ops), ops
+    assert ex.tasks and all(path_of(t) is None for t in ex.tasks), [path_of(t) for t in ex.tasks]
+
+
+def test_cross_entropy_keeps_its_index_ops_on_pytorch():
+    """F.cross_entropy decomposes to log_softmax (a row with a path) and nll_loss's int64 index
+    math, which stays on PyTorch (no path) rather than being computed in float."""
+    from torch_htam.coverage import path_of
+    from torch_htam.extract import extract
+    ex = extract(Fn(lambda x, t: F.cross_entropy(x, t)).eval(),
+                 (torch.randn(16, 10), torch.randint(0, 10, (16,))))
+    paths_ = {t.name: path_of(t) for t in ex.tasks}
+    assert any(p is None for p in paths_.values()) and any(p and "int64" in p for p in paths_.values())

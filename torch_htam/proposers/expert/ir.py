@@ -142,7 +142,8 @@ ROW_REDUCE = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.defa
               aten.prod.dim_int: "prod", aten.prod.default: "prod", aten.max.default: "max",
               aten.min.default: "min", aten.argmax.default: "argmax", aten.argmin.default: "argmin",
               aten.var.dim: "var", aten.var.correction: "var", aten.std.dim: "std",
-              aten.std.correction: "std"}
+              aten.std.correction: "std", aten.logsumexp.default: "logsumexp",
+              aten.linalg_vector_norm.default: "norm"}
 # (values, indices) pairs read through getitem
 ROW_PAIRS = {aten.max.dim: "argmax", aten.min.dim: "argmin"}
 NORMS = {aten.layer_norm.default, aten.rms_norm.default, aten.instance_norm.default,
@@ -201,6 +202,9 @@ def reduced_dims(node) -> tuple[int, ...]:
         dims = list(range(nd - len(args[1]), nd))
     elif t is aten.instance_norm.default:
         dims = list(range(2, nd))
+    elif t is aten.linalg_vector_norm.default:     # (x, ord, dim, keepdim)
+        d = args[2] if args[2] is not None else node.kwargs.get("dim")
+        dims = list(range(nd)) if d is None or d == [] else list(d)
     elif t in ROW_PAIRS or t in (aten.argmax.default, aten.argmin.default, aten.prod.dim_int):
         d = args[1] if args[1] is not None else node.kwargs.get("dim")
         dims = list(range(nd)) if d is None else [d]
@@ -347,6 +351,10 @@ class Lowerer:
             p = float(node.args[1])
             e = ("sq", x) if p == 2.0 else ("sqrt", x) if p == 0.5 else ("mul", x, ("const", 1.0)) \
                 if p == 1.0 else ("powc", x, ("const", p))
+        elif t in (aten.clamp_min.Tensor, aten.clamp_max.Tensor):     # max / min with a tensor bound
+            vs = shape_of(node)
+            x, b = (self.val(a, self.operand_map(amap, vs, shape_of(a))) for a in node.args[:2])
+            e = ("max" if t is aten.clamp_min.Tensor else "min", x, b)
         elif t in (aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default,
                    aten.hardtanh.default, aten.hardtanh_.default, aten.relu6.default):
             e = self.clamp(node, amap)
@@ -529,6 +537,20 @@ class Lowerer:
                 return ("sqrt", var) if kind == "std" else var
             if kind in ("argmax", "argmin"):
                 return ("idx", self.red(kind, x_row)[1])
+            if kind == "logsumexp":     # log(sum(exp(x - max))) + max, as softmax's statistics
+                m = self.red("max", x_row, ("softmax", 0))
+                s = self.red("sum", ("exp", ("sub", x_row, m)), ("softmax", 1))
+                return ("add", ("log", s), m)
+            if kind == "norm":
+                o = args[1] if args[1] is not None else node.kwargs.get("ord", 2)
+                o = float(o)
+                if o == 2.0:
+                    return ("sqrt", self.red("sum", ("sq", x_row)))
+                if o == 1.0:
+                    return self.red("sum", ("abs", x_row))
+                if o == math.inf:
+                    return self.red("max", ("abs", x_row))
+                raise Unsupported(f"vector norm of order {o}")
             r = self.red("sum" if kind == "mean" else kind, x_row)
             return ("div", r, NCOL) if kind == "mean" else r
         self.check_full_use(node, amap)
