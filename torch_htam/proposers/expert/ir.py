@@ -3,7 +3,9 @@ reductions, accesses.
 
 The program says *what* one thread computes; elementwise.py / rowwise.py say *how* threads are mapped.
 Every value is addressed relative to the iteration space `shape` (the output shape for elementwise
-programs, the reduced tensor's shape for row programs; the last dim is the row for those). Each read of
+programs; for row programs the reduced tensor's shape with its kept dims first and its reduced dims
+last, the last `nred` dims being the row: sum over dim 1 of [B, C, HW] iterates [B, HW, C], a
+GroupNorm [N, G, C / G, pixels]). Each read of
 an input is an Access: which input dims line up with which iteration dims (broadcast dims -> -1),
 or "flat" (contiguous input read in iteration order through a reshape), or "suffix" (contiguous
 input repeating along the flat order, e.g. a bias after a reshape). The kernel turns accesses into

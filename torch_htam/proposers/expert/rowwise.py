@@ -7,6 +7,13 @@ inputs are either kept in registers (loaded once, NV chunks of VEC per thread) o
 and Welford merge a pair of passes into one. The host picks register vs streaming and vector vs
 scalar at run time from the real row length and alignment, so every instantiation is always valid.
 
+Rows are any set of reduced dims (ir.py orders the iteration space kept dims first, reduced dims
+last, with run-time strides), so the same program meets rows that are contiguous (this mapping),
+rows whose columns are strided but whose rows are adjacent (mean over dim 1 of [B, C, HW], a
+layer_norm of a transposed view: the column mapping, col_kernel, 32 rows a block), and a few very
+long rows (a full reduction: split_kernel + split_finish, partials combined in order, no atomics).
+The host picks among those the source carries from the real sizes and strides.
+
 Register budget (what decides bandwidth here): an SM has 64K registers, so 2048 resident threads
 get 32 each. A row held as fp32 costs one register per value; `packed` keeps 2-byte inputs as raw
 bits (two values per register, converted at use) and `lazy` loads inputs that no reduction reads
