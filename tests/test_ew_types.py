@@ -232,11 +232,12 @@ def test_a_spelled_out_gelu_is_one_program():
 
 
 def test_row_programs_refuse_integers_clearly():
+    # (bool masks are row programs' inputs: tests/test_rows.py)
     class M(nn.Module):
-        def forward(self, x, mask):
-            return torch.softmax(x.masked_fill(mask, float("-inf")), -1)
-    with pytest.raises(Unsupported, match="integer/bool values in a row program"):
-        lower(graph_of(M(), torch.randn(2, 8), torch.rand(2, 8) > 0.5))
+        def forward(self, x, pos):
+            return torch.softmax(x + pos, -1)
+    with pytest.raises(Unsupported, match="int64/int32 values in a row program"):
+        lower(graph_of(M(), torch.randn(2, 8), torch.arange(8)))
 
 
 # ---- GEMM and conv epilogues ----

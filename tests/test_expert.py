@@ -271,8 +271,12 @@ def test_unsupported_graphs_give_a_note():
             return F.dropout(x, 0.5, True)
     prop = propose(small_task(Train(), torch.randn(4, 8)))
     assert prop.candidates == [] and "dropout" in prop.note
-    with pytest.raises(Unsupported, match="only the last dim"):
-        lower(small_task(nn.Softmax(0), torch.randn(4, 8)).graph)
+
+    class TwoRows(nn.Module):   # one program iterates one row space
+        def forward(self, x):
+            return x.softmax(0) + x.softmax(1)
+    with pytest.raises(Unsupported, match="the program's rows are"):
+        lower(small_task(TwoRows(), torch.randn(4, 8)).graph)
 
 
 def test_noop_ops_dropped():
@@ -313,9 +317,9 @@ def test_sources_compile_for_sm90a(tmp_path_factory):
     todo = [(n, s) for n, s in _compile_set()
             if (have_cublas or "cublasLt.h" not in s) and (have_cudnn or "cudnn.h" not in s)]
     assert len(todo) >= 20
-    # NOTE: ~90 sources at 2-4 s of nvcc CPU each: build_many's default 300 s for the whole batch
-    # leaves no margin on 2 shared cores (timeouts, not errors, at load 9)
-    results = build.build_many([s for _, s in todo], arch="sm_90a", timeout_s=1200)
+    # NOTE: one ninja batch of ~100 sources (two candidates per bench task): on a 2-core machine
+    # it takes longer than build's 300 s default for a search round
+    results = build.build_many([s for _, s in todo], arch="sm_90a", timeout_s=1500)
     bad = [(n, r.error[:800]) for (n, _), r in zip(todo, results) if not r.ok]
     assert not bad, bad
 

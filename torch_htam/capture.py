@@ -28,6 +28,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from torch_htam.decompose import decompose_losses
 from torch_htam.graph_simplify import simplify_attention_masks
 
 
@@ -69,6 +70,7 @@ def capture(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict 
 def _prepare(gm: fx.GraphModule) -> None:
     """What every captured graph goes through before partition."""
     simplify_attention_masks(gm)
+    decompose_losses(gm)
     functionalize(gm)
 
 

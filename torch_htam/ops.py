@@ -145,7 +145,8 @@ OPS: dict[str, OpInfo] = {
     # per-channel affine in eval mode (batch statistics are constants); arg 4 is running_var
     "batch_norm": _ew(flops=2, positive=(4,)),
     "_native_batch_norm_legit_no_training": _ew(flops=2, positive=(4,)),
-    "instance_norm": _ew(flops=2, positive=(4,)),
+    # NOTE: instance statistics even in eval (use_input_stats unless it tracks running stats)
+    "instance_norm": OpInfo(ROWWISE, "rowwise", 8, positive=(4,), reduction=True),
     # NOTE: cat moves data but fuses into an elementwise kernel as index math (rotary embeddings)
     "cat": _ew(), "tril": _ew(), "triu": _ew(),
     # ---- views: relabel elements

@@ -38,12 +38,35 @@ def prologue(prog: ExprProgram) -> str:
         lines.append(f"  if (in[{i}].dtype != {DT[dt][1]} || in[{i}].data == nullptr) return HTAM_ERR_SHAPE;")
     for k, o in enumerate(prog.outputs):
         lines.append(f"  if (out[{k}].dtype != {DT[o.dtype][1]} || out[{k}].data == nullptr) return HTAM_ERR_SHAPE;")
-    src, idx = prog.size_source
+    src, idx = prog.size_source[:2]
+    nd = prog.size_source[3] if src == "group" else prog.ndim
     lines += [f"  const HtamTensor& szt = {'out' if src == 'out' else 'in'}[{idx}];",
-              f"  if (szt.ndim != {prog.ndim}) return HTAM_ERR_SHAPE;",
+              f"  if (szt.ndim != {nd}) return HTAM_ERR_SHAPE;",
               "  int64_t it[HTAM_MAX_DIMS];",
-              "  int64_t n = 1;",
-              f"  for (int d = 0; d < {prog.ndim}; ++d) {{ it[d] = szt.sizes[d]; n *= it[d]; }}"]
+              "  int64_t n = 1;"]
+    if src == "group":    # [N, C, *pixels] as (N, G, C / G, pixels)
+        g = prog.size_source[2]
+        lines.append(f"  if (szt.sizes[1] % {g} != 0) return HTAM_ERR_SHAPE;\n"
+                     f"  it[0] = szt.sizes[0]; it[1] = {g}; it[2] = szt.sizes[1] / {g}; it[3] = 1;\n"
+                     f"  for (int k = 2; k < {nd}; ++k) it[3] *= szt.sizes[k];\n"
+                     f"  for (int d = 0; d < 4; ++d) n *= it[d];")
+    elif len(prog.size_source) == 2:
+        lines.append(f"  for (int d = 0; d < {prog.ndim}; ++d) {{ it[d] = szt.sizes[d]; n *= it[d]; }}")
+    else:   # the tensor's dim k is iteration dim dims[k] (a row program reduced over middle dims)
+        dims = ", ".join(map(str, prog.size_source[2]))
+        lines.append(f"  {{ static const int dm[] = {{{dims}}};\n"
+                     f"    for (int k = 0; k < {prog.ndim}; ++k) {{ it[dm[k]] = szt.sizes[k]; n *= szt.sizes[k]; }} }}")
+    return "\n".join(lines)
+
+
+def bind_outputs(prog: ExprProgram) -> str:
+    """Strides of the outputs stored through Output.dims, as Space entries after the accesses."""
+    lines, base = [], len(prog.accesses)
+    for j, k in enumerate(prog.strided_outputs):
+        dims = ", ".join(map(str, prog.outputs[k].dims))
+        lines.append(f"  {{ static const int dm[] = {{{dims}}};\n"
+                     f"    if (!htam_bind_dims(out[{k}], dm, {len(prog.outputs[k].dims)}, it, {prog.ndim}, "
+                     f"sp.st[{base + j}])) return HTAM_ERR_SHAPE; }}")
     return "\n".join(lines)
 
 
@@ -62,6 +85,8 @@ def bind_accesses(prog: ExprProgram) -> str:
             dims = ", ".join(str(d) for d in a.dims) or "0"
             lines.append(f"  {{ static const int dm[] = {{{dims}}};\n"
                          f"    if (!htam_bind_dims(in[{a.input}], dm, {len(a.dims)}, it, {D}, sp.st[{i}])) return HTAM_ERR_SHAPE; }}")
+        elif a.mode == "span":
+            lines.append(f"  if (!htam_bind_span(in[{a.input}], it, {D}, {a.dims[0]}, {a.dims[1]}, sp.st[{i}])) return HTAM_ERR_SHAPE;")
         else:
             suffix = "true" if a.mode == "suffix" else "false"
             lines.append(f"  if (!htam_bind_flat(in[{a.input}], it, {D}, {suffix}, sp.st[{i}])) return HTAM_ERR_SHAPE;")
@@ -87,8 +112,14 @@ def vector_checks(prog: ExprProgram, V: str, full_outputs_only: bool = False) ->
             f"  {{ const int64_t inner = sp.st[{i}][sp.ndim - 1];\n"
             f"    if (inner != 0 && (inner != 1 || !htam_aligned({ptr}, {V} * {size}))) vec_ok = false;\n"
             f"    if (inner == 1) for (int d = 0; d + 1 < sp.ndim; ++d) if (sp.st[{i}][d] % {V} != 0) vec_ok = false; }}")
+    for j, k in enumerate(prog.strided_outputs):     # vector stores only where the row steps by 1
+        i, size = len(prog.accesses) + j, DT[prog.outputs[k].dtype][2]
+        lines.append(
+            f"  {{ const int64_t inner = sp.st[{i}][sp.ndim - 1];\n"
+            f"    if (inner == 1 && !htam_aligned(out[{k}].data, {V} * {size})) vec_ok = false;\n"
+            f"    if (inner == 1) for (int d = 0; d + 1 < sp.ndim; ++d) if (sp.st[{i}][d] % {V} != 0) vec_ok = false; }}")
     for k, o in enumerate(prog.outputs):
-        if full_outputs_only and o.row:
+        if (full_outputs_only and o.row) or o.dims is not None:
             continue
         lines.append(f"  if (!htam_aligned(out[{k}].data, {V} * {DT[o.dtype][2]})) vec_ok = false;")
     return "\n".join(lines)

@@ -3,7 +3,9 @@ reductions, accesses.
 
 The program says *what* one thread computes; elementwise.py / rowwise.py say *how* threads are mapped.
 Every value is addressed relative to the iteration space `shape` (the output shape for elementwise
-programs, the reduced tensor's shape for row programs; the last dim is the row for those). Each read of
+programs; for row programs the reduced tensor's shape with its kept dims first and its reduced dims
+last, the last `nred` dims being the row: sum over dim 1 of [B, C, HW] iterates [B, HW, C], a
+GroupNorm [N, G, C / G, pixels]). Each read of
 an input is an Access: which input dims line up with which iteration dims (broadcast dims -> -1),
 or "flat" (contiguous input read in iteration order through a reshape), or "suffix" (contiguous
 input repeating along the flat order, e.g. a bias after a reshape). The kernel turns accesses into
@@ -13,9 +15,12 @@ in except what the graph's own view ops fix.
 Expressions are hash-consed tuples (CSE for free):
     ("in", access_id)  ("const", float)  ("iconst", int)  ("bconst", bool)  ("red", reduction_id)
     ("ncol",) (row length at run time)  ("round", dtype, e)  ("cast", vt, e)  (op, e1, e2...)
+    ("idx", reduction_id) (the int64 index an argmax / argmin / max.dim reduction gives)
 
 Every value has a value type (value_type): "f" (computed in fp32, stored as fp32/bf16/fp16), "i"
 (int64 and int32 values, computed exactly in 64-bit integers) or "b" (bool, stored as one byte).
+Row programs hold "f" and "b" values (a bool mask or comparison inside a masked softmax) and one "i"
+value, an arg reduction's index stored as a per-row output.
 The lowering inserts ("cast", vt, e) wherever torch's type promotion converts, so the operands of an
 op always share one type: index arithmetic (position ids, relative-position buckets) never takes a
 float round trip.
@@ -27,6 +32,7 @@ float round trip.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +47,7 @@ SUPPORTED_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.
 # what an elementwise program's values may be stored as, and each one's value type
 VALUE_DTYPES = {**SUPPORTED_DTYPES, torch.int64: "int64", torch.int32: "int32", torch.bool: "bool"}
 VT = {"float32": "f", "bfloat16": "f", "float16": "f", "int64": "i", "int32": "i", "bool": "b"}
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 # The row length, read at run time (never the captured size): mean = sum / NCOL.
@@ -54,8 +61,10 @@ class Unsupported(Exception):
 @dataclass(frozen=True)
 class Access:
     """One way an input is read. mode: "dims" (dims[k] = iteration dim of input dim k, -1 = size-1
-    broadcast), "flat" (contiguous, numel == iteration numel, read at the linear index) or
-    "suffix" (contiguous, read at linear index % numel)."""
+    broadcast), "flat" (contiguous, numel == iteration numel, read at the linear index),
+    "suffix" (contiguous, read at linear index % numel) or "span" (contiguous, its elements in
+    order over iteration dims dims[0]..dims[1]: a GroupNorm's per-channel weight over (group,
+    channel in group))."""
     input: int
     mode: str
     dims: tuple[int, ...] = ()
@@ -64,14 +73,17 @@ class Access:
     starts: tuple[int, ...] = ()
     steps: tuple[int, ...] = ()
 
-    def column_varying(self, ndim: int) -> bool:
-        return self.mode != "dims" or (ndim - 1) in self.dims
+    def column_varying(self, ndim: int, nred: int = 1) -> bool:
+        """The access moves along the row (the last nred iteration dims)."""
+        return self.mode != "dims" or any(d >= ndim - nred for d in self.dims)
 
 
 @dataclass(frozen=True)
 class Reduction:
-    """A row reduction over the last iteration dim. kind: sum | max | min. pair: ("softmax"|"welford",
-    role 0|1) when this reduction and the next one form an online-softmax or Welford pair."""
+    """A reduction over the row (the last nred iteration dims). kind: sum | max | min | prod |
+    argmax | argmin (the arg kinds also give the first index of the extreme: ("idx", k)). pair:
+    ("softmax"|"welford", role 0|1) when this reduction and the next one form an online-softmax or
+    Welford pair."""
     kind: str
     expr: tuple
     pair: tuple[str, int] | None = None
@@ -79,11 +91,14 @@ class Reduction:
 
 @dataclass
 class Output:
-    """row=True: one value per row (shape = iteration shape minus the last dim, keepdim or not)."""
+    """row=True: one value per row (shape = the kept dims, keepdim or not). dims: None when the
+    output is contiguous in iteration order; else the iteration dim of each output dim (a full
+    output of a row program whose reduced dims are not the trailing ones: stored strided)."""
     expr: tuple
     dtype: str
     row: bool
     numel_static: int
+    dims: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -96,13 +111,21 @@ class ExprProgram:
     accesses: list[Access] = field(default_factory=list)
     reductions: list[Reduction] = field(default_factory=list)
     outputs: list[Output] = field(default_factory=list)
-    size_source: tuple[str, int] = ("out", 0)   # tensor whose run-time sizes give the iteration shape
+    # tensor whose run-time sizes give the iteration shape: (kind, index) read in order, or
+    # (kind, index, dims) with dims[k] the iteration dim of the tensor's dim k
+    size_source: tuple = ("out", 0)
+    nred: int = 1                      # rowwise: the row is the last nred iteration dims
     dropped: list[str] = field(default_factory=list)   # no-op ops removed by simplify
     has_transcendental: bool = False
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    @property
+    def strided_outputs(self) -> list[int]:
+        """Indices of the outputs stored through strides (Output.dims), in order."""
+        return [k for k, o in enumerate(self.outputs) if o.dims is not None]
 
 
 # ---- op tables ------------------------------------------------------------------------------------
@@ -141,9 +164,18 @@ VIEWS = {
 }
 CASTS = {aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default}
 ROW_REDUCE = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "max",
-              aten.amin.default: "min"}
+              aten.amin.default: "min", aten.sum.default: "sum", aten.mean.default: "mean",
+              aten.prod.dim_int: "prod", aten.prod.default: "prod", aten.max.default: "max",
+              aten.min.default: "min", aten.argmax.default: "argmax", aten.argmin.default: "argmin",
+              aten.var.dim: "var", aten.var.correction: "var", aten.std.dim: "std",
+              aten.std.correction: "std", aten.logsumexp.default: "logsumexp",
+              aten.linalg_vector_norm.default: "norm"}
+# (values, indices) pairs read through getitem
+ROW_PAIRS = {aten.max.dim: "argmax", aten.min.dim: "argmin"}
+NORMS = {aten.layer_norm.default, aten.rms_norm.default, aten.instance_norm.default,
+         aten.group_norm.default}
 ROW_OPS = {aten.softmax.int, aten._softmax.default, aten.log_softmax.int,
-           aten._log_softmax.default, aten.layer_norm.default, aten.rms_norm.default}
+           aten._log_softmax.default, *NORMS}
 IGNORED = {aten._assert_tensor_metadata.default}
 TRANSCENDENTAL = {"gelu", "gelu_tanh", "gelu_erf", "silu", "sigmoid", "tanh", "exp", "log", "erf", "sin",
                   "cos", "log1p", "expm1", "pow", "powc", "exp2", "log2", "tan", "erfc"}
@@ -184,7 +216,35 @@ def _strip1(shape) -> tuple[int, ...]:
 
 
 def is_row_op(node) -> bool:
-    return node.op == "call_function" and (node.target in ROW_OPS or node.target in ROW_REDUCE)
+    return node.op == "call_function" and (node.target in ROW_OPS or node.target in ROW_REDUCE
+                                           or node.target in ROW_PAIRS)
+
+
+def reduced_dims(node) -> tuple[int, ...]:
+    """The dims of its input (sorted, non-negative) a row op reduces over.
+
+        >>> reduced_dims(mean(x[B, C, H, W], dim=(2, 3)))   # (2, 3); layer_norm([C, H, W]): (1, 2, 3)
+    """
+    t, nd = node.target, len(shape_of(node.args[0]))
+    args = list(node.args) + [None] * 4
+    if t in (aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten._log_softmax.default):
+        dims = [args[1]]
+    elif t in (aten.layer_norm.default, aten.rms_norm.default):
+        dims = list(range(nd - len(args[1]), nd))
+    elif t is aten.instance_norm.default:
+        dims = list(range(2, nd))
+    elif t is aten.linalg_vector_norm.default:     # (x, ord, dim, keepdim)
+        d = args[2] if args[2] is not None else node.kwargs.get("dim")
+        dims = list(range(nd)) if d is None or d == [] else list(d)
+    elif t in ROW_PAIRS or t in (aten.argmax.default, aten.argmin.default, aten.prod.dim_int):
+        d = args[1] if args[1] is not None else node.kwargs.get("dim")
+        dims = list(range(nd)) if d is None else [d]
+    else:
+        d = args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        dims = list(range(nd)) if d is None or d == [] or t in (aten.sum.default, aten.mean.default,
+                                                                 aten.prod.default, aten.max.default,
+                                                                 aten.min.default) else list(d)
+    return tuple(sorted({int(d) % max(nd, 1) for d in dims}))
 
 
 def value_type(e: tuple, load_vt, memo: dict | None = None) -> str:
@@ -201,7 +261,7 @@ def value_type(e: tuple, load_vt, memo: dict | None = None) -> str:
         r = load_vt(e[1])
     elif op in ("const", "red", "ncol"):
         r = "f"
-    elif op == "iconst":
+    elif op in ("iconst", "idx"):       # idx: an arg reduction's int64 index
         r = "i"
     elif op == "bconst" or op in BOOL_OPS:
         r = "b"
@@ -288,9 +348,16 @@ class Lowerer:
     ("flat", shape) value in iteration linear order, ("suffix", shape) repeating contiguous block."""
 
     def __init__(self, gm, shape: tuple[int, ...], kind: str, simplify: bool = True, leaves=None,
-                 strided: bool = False):
+                 strided: bool = False, perm: tuple[int, ...] | None = None, nred: int = 1,
+                 flat_rows: tuple | None = None):
         self.gm, self.shape, self.kind, self.simplify = gm, shape, kind, simplify
         self.strided = strided           # the kernel binds sliced and permuted reads (elementwise.py)
+        # rows: perm[j] = the row op input's dim at iteration dim j (kept dims in order, then the
+        # reduced ones); shape is that input's shape permuted so
+        self.perm = tuple(perm) if perm is not None else tuple(range(len(shape)))
+        self.nred = nred
+        # GroupNorm: the row op's input (this shape) is read flat over (N, G, C / G, pixels)
+        self.flat_rows = flat_rows
         self.leaves = leaves or {}       # node -> fn(lowerer, node, amap) -> expr (e.g. a GEMM result)
         self.input_dtypes: list[str] = []
         self.dropped: list[str] = []
@@ -313,9 +380,18 @@ class Lowerer:
     def identity(self) -> tuple:
         return ("dims", tuple(range(self.D)))
 
+    def base(self) -> tuple:
+        """The amap of a value shaped like the row op's input (its dims -> iteration dims)."""
+        if self.flat_rows is not None:
+            return ("flat", self.flat_rows)
+        return ("dims", tuple(self.perm.index(k) for k in range(self.D)))
+
     def row_map(self, keepdim: bool) -> tuple:
-        lead = tuple(range(self.D - 1))
-        return ("dims", lead + ((-1,) if keepdim else ()))
+        """The amap of a per-row value: the kept dims in order (and -1 at reduced dims, keepdim)."""
+        if not keepdim:
+            return ("dims", tuple(range(self.D - self.nred)))
+        red = set(self.perm[self.D - self.nred:])
+        return ("dims", tuple(-1 if k in red else self.perm.index(k) for k in range(self.D)))
 
     def normalize(self, amap, shape) -> tuple:
         """("flat", S) with S equal to the iteration shape (modulo size-1 dims) is plain identity."""
@@ -369,13 +445,15 @@ class Lowerer:
             return self.leaves[node](self, node, amap)
         if node.op == "placeholder":
             idx = self.placeholders.index(node)
-            if amap[0] == "dims":
-                return self.access(idx, "dims", amap[1])
+            if amap[0] in ("dims", "span"):
+                return self.access(idx, amap[0], amap[1])
             return self.access(idx, amap[0])
         if node.op != "call_function":
             raise Unsupported(f"node kind {node.op} ({node.target})")
         t = node.target
         self.ops_seen.add(str(t))
+        if t is operator.getitem and getattr(node.args[0], "target", None) in ROW_PAIRS:
+            return self.row_pair(node, amap)
         out_dt = value_dtype_of(node)
         vt = VT[out_dt]
         if t in simp.PERMUTES:
@@ -614,9 +692,11 @@ class Lowerer:
     def permute(self, node, amap) -> tuple:
         """A permute/transpose read in iteration order: the source's dim p[k] is the value's dim
         k, so it takes that dim's iteration dim (a strided read; the host binds the strides)."""
-        if amap[0] != "dims" or not self.strided:
+        # NOTE: row programs bind every "dims" access through the input's real strides
+        # (rowwise.py), so a permuted read is theirs too (layer_norm after a permute)
+        if amap[0] != "dims" or not (self.strided or self.kind == "rowwise"):
             raise Unsupported(f"{node.target} changes element order (only identity permute chains fold"
-                              " outside elementwise kernels)")
+                              " outside elementwise and row kernels)")
         nd = len(shape_of(node))
         p = simp.perm_of(node)
         if p is None:
@@ -649,7 +729,7 @@ class Lowerer:
             x = ("min", x, self.coerce(self.operand(node, hi, amap), vt))
         return x
 
-    # -- row ops: reductions over the last dim
+    # -- row ops: reductions over the row (the last nred iteration dims)
     def red(self, kind: str, expr: tuple, pair=None) -> tuple:
         key = (kind, expr, pair)
         if key not in self.red_memo:
@@ -657,30 +737,70 @@ class Lowerer:
             self.red_memo[key] = ("red", len(self.reductions) - 1)
         return self.red_memo[key]
 
-    def row(self, node, amap) -> tuple:
+    def row_source(self, node) -> tuple:
+        """The row op's input read over the iteration space; checks it reduces the program's row."""
         if self.kind != "rowwise":
             raise Unsupported("row op in an elementwise program")
-        t, src = node.target, node.args[0]
+        src = node.args[0]
         xs = shape_of(src)
-        if xs != self.shape:
-            raise Unsupported(f"row op over {xs}; the program's rows are {self.shape}")
-        x_row = self.val(src, self.identity())
+        if self.flat_rows is not None or node.target is aten.group_norm.default:
+            if node.target is not aten.group_norm.default or xs != self.flat_rows:
+                raise Unsupported(f"{node.target} next to a group_norm: one row space per program")
+            return self.val(src, self.base())
+        want = tuple(sorted(self.perm[self.D - self.nred:]))
+        if len(xs) != self.D or tuple(xs[k] for k in self.perm) != self.shape or reduced_dims(node) != want:
+            raise Unsupported(f"row op over {xs} dims {reduced_dims(node)}; the program's rows are "
+                              f"dims {want} of {tuple(self.shape[self.perm.index(k)] for k in range(self.D))}")
+        return self.val(src, self.base())
+
+    def row_pair(self, node, amap) -> tuple:
+        """getitem 0 / 1 of max.dim / min.dim: the values or their int64 indices."""
+        pair = node.args[0]
+        self.check_row_use(pair, amap)
+        r = self.red(ROW_PAIRS[pair.target], self.row_source(pair))
+        if node.args[1] == 1:
+            return ("idx", r[1])
+        return r
+
+    def row(self, node, amap) -> tuple:
+        t = node.target
+        x_row = self.row_source(node)
+        args = list(node.args) + [None] * 8
         if t in ROW_REDUCE:
-            dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-            # NOTE: keepdim only changes the output's shape, not its row-major element order, so
-            # the kernel is the same either way (the output spec carries the shape).
-            if dims is None or [d % len(xs) for d in dims] != [len(xs) - 1]:
-                raise Unsupported(f"{t} over dims {dims}: only the last dim")
             self.check_row_use(node, amap)
             kind = ROW_REDUCE[t]
+            if kind in ("var", "std"):
+                if t in (aten.var.dim, aten.std.dim):
+                    unbiased = args[2] if args[2] is not None else node.kwargs.get("unbiased", True)
+                    corr = 1.0 if unbiased else 0.0
+                else:
+                    c = node.kwargs.get("correction")
+                    corr = 1.0 if c is None else float(c)
+                mean = ("div", self.red("sum", x_row, ("welford", 0)), NCOL)
+                m2 = self.red("sum", ("sq", ("sub", x_row, mean)), ("welford", 1))
+                var = ("div", m2, ("max", ("sub", NCOL, ("const", corr)), ("const", 0.0)))
+                return ("sqrt", var) if kind == "std" else var
+            if kind in ("argmax", "argmin"):
+                return ("idx", self.red(kind, x_row)[1])
+            if kind == "logsumexp":     # log(sum(exp(x - max))) + max, as softmax's statistics
+                m = self.red("max", x_row, ("softmax", 0))
+                s = self.red("sum", ("exp", ("sub", x_row, m)), ("softmax", 1))
+                return ("add", ("log", s), m)
+            if kind == "norm":
+                o = args[1] if args[1] is not None else node.kwargs.get("ord", 2)
+                o = float(o)
+                if o == 2.0:
+                    return ("sqrt", self.red("sum", ("sq", x_row)))
+                if o == 1.0:
+                    return self.red("sum", ("abs", x_row))
+                if o == math.inf:
+                    return self.red("max", ("abs", x_row))
+                raise Unsupported(f"vector norm of order {o}")
             r = self.red("sum" if kind == "mean" else kind, x_row)
             return ("div", r, NCOL) if kind == "mean" else r
         self.check_full_use(node, amap)
         if t in (aten.softmax.int, aten._softmax.default, aten.log_softmax.int,
                  aten._log_softmax.default):
-            dim = node.args[1]
-            if dim % len(xs) != len(xs) - 1:
-                raise Unsupported(f"{t} over dim {dim}: only the last dim")
             if t in (aten._softmax.default, aten._log_softmax.default) and node.args[2]:
                 raise Unsupported("_softmax with half_to_float=True")
             m = self.red("max", x_row, ("softmax", 0))
@@ -688,39 +808,49 @@ class Lowerer:
             if t in (aten.log_softmax.int, aten._log_softmax.default):
                 return ("sub", ("sub", x_row, m), ("log", s))
             return ("div", ("exp", ("sub", x_row, m)), s)
-        norm_shape = list(node.args[1])
-        if norm_shape != [xs[-1]]:
-            raise Unsupported(f"{t} over normalized_shape {norm_shape}: only the last dim")
-        args = list(node.args) + [None] * 4
-        col = ("dims", (self.D - 1,))
-        if t is aten.layer_norm.default:
-            w, b = args[2], args[3]
-            eps = args[4] if args[4] is not None else node.kwargs.get("eps", 1e-5)
-            s1 = self.red("sum", x_row, ("welford", 0))
-            mean = ("div", s1, NCOL)
-            xc = ("sub", x_row, mean)
-            m2 = self.red("sum", ("sq", xc), ("welford", 1))
-            y = ("mul", xc, ("rsqrt", ("add", ("div", m2, NCOL), ("const", float(eps)))))
+        xs = shape_of(node.args[0])
+        if t is aten.group_norm.default:
+            # (x, num_groups, weight, bias, eps, cudnn): weight [C] runs over (group, channel)
+            w, b, eps = args[2], args[3], args[4] if args[4] is not None else 1e-5
+            affine = ("span", (1, 2))
+        elif t is aten.instance_norm.default:
+            # (x, weight, bias, running_mean, running_var, use_input_stats, momentum, eps, cudnn)
+            if not args[5]:
+                raise Unsupported("instance_norm with running stats (use_input_stats=False)")
+            w, b, eps = args[1], args[2], args[7] if args[7] is not None else 1e-5
+            affine = ("dims", (self.base()[1][1],))       # [C] along the input's dim 1
         else:
-            w, b = args[2], None
+            w, b = args[2], (args[3] if t is aten.layer_norm.default else None)
+            nd = len(args[1])
+            # the weight [*normalized_shape] lines up with the input's trailing dims
+            affine = ("dims", tuple(self.base()[1][len(xs) - nd:]))
+        if t is aten.rms_norm.default:
             eps = args[3] if args[3] is not None else node.kwargs.get("eps")
             # NOTE: aten uses epsilon of the opmath type (float) when eps is None, also for bf16.
             eps = float(torch.finfo(torch.float32).eps) if eps is None else float(eps)
             ms = self.red("sum", ("sq", x_row))
             y = ("mul", x_row, ("rsqrt", ("add", ("div", ms, NCOL), ("const", eps))))
+        else:
+            if t is aten.layer_norm.default:
+                eps = args[4] if args[4] is not None else node.kwargs.get("eps", 1e-5)
+            s1 = self.red("sum", x_row, ("welford", 0))
+            mean = ("div", s1, NCOL)
+            xc = ("sub", x_row, mean)
+            m2 = self.red("sum", ("sq", xc), ("welford", 1))
+            y = ("mul", xc, ("rsqrt", ("add", ("div", m2, NCOL), ("const", float(eps)))))
         if w is not None:
-            y = ("mul", y, self.val(w, col))
+            y = ("mul", y, self.val(w, affine))
         if b is not None:
-            y = ("add", y, self.val(b, col))
+            y = ("add", y, self.val(b, affine))
         return y
 
     def check_full_use(self, node, amap) -> None:
-        if amap != self.identity():
+        if amap != self.base():
             raise Unsupported(f"{node.target} result used reshaped/broadcast ({amap})")
 
     def check_row_use(self, node, amap) -> None:
-        lead = [d for d in amap[1] if d != -1]
-        if amap[0] != "dims" or lead != list(range(self.D - 1)):
+        lead = [d for d in amap[1] if d != -1] if amap[0] == "dims" else None
+        if lead != list(range(self.D - self.nred)):
             raise Unsupported(f"{node.target} result used with layout {amap}; need one per row")
 
 
@@ -737,26 +867,83 @@ def check_single_output(gm, shape: tuple[int, ...], dtype: str, what: str) -> No
         raise Unsupported(f"{what} epilogue must produce one output of the {what}'s shape and dtype")
 
 
-def _iteration_shape(gm) -> tuple[str, tuple[int, ...]]:
+@dataclass(frozen=True)
+class Space:
+    """The iteration space of a region: kind, shape (the row op's input permuted by perm: kept dims
+    in order, then the nred reduced ones) and, for rows, xs (that input's own shape)."""
+    kind: str
+    shape: tuple[int, ...]
+    perm: tuple[int, ...]
+    nred: int
+    xs: tuple[int, ...]
+    groups: int = 0          # GroupNorm: shape is (N, groups, C / groups, pixels), xs read flat
+
+
+def _iteration_space(gm) -> Space:
     rows = [n for n in gm.graph.nodes if is_row_op(n)]
+    if rows and rows[0].target is aten.group_norm.default:
+        xs, g = shape_of(rows[0].args[0]), int(rows[0].args[1])
+        if len(xs) < 2 or xs[1] % g:
+            raise Unsupported(f"group_norm of {xs} in {g} groups")
+        shape = (xs[0], g, xs[1] // g, math.prod(xs[2:]))
+        return Space("rowwise", shape, (0, 1, 2, 3), 2, xs, groups=g)
     if rows:
-        return "rowwise", shape_of(rows[0].args[0])
+        xs = shape_of(rows[0].args[0])
+        red = reduced_dims(rows[0])
+        perm = tuple(k for k in range(len(xs)) if k not in red) + red
+        return Space("rowwise", tuple(xs[k] for k in perm), perm, max(len(red), 1), xs)
     outs = _graph_outputs(gm)
     if not outs:
         raise Unsupported("the region has no output")
-    return "elementwise", shape_of(outs[0])
+    shape = shape_of(outs[0])
+    return Space("elementwise", shape, tuple(range(len(shape))), 1, shape)
 
 
-def _size_source(prog: ExprProgram, gm) -> tuple[str, int]:
-    """A tensor whose run-time sizes are the iteration sizes: an output or an identity-read input."""
-    for i, o in enumerate(_graph_outputs(gm)):
-        if shape_of(o) == prog.shape:
-            return ("out", i)
+def _size_source(prog: ExprProgram, gm, base: tuple[int, ...], sp: Space) -> tuple:
+    """A tensor whose run-time sizes are the iteration sizes: an output or an input read whole,
+    in iteration order, or (rows reduced over leading or middle dims) through base, the iteration
+    dim of each of the row op input's dims."""
     ident = tuple(range(prog.ndim))
+    if sp.groups:     # (N, G, C / G, pixels) from a GroupNorm input's [N, C, *pixels]
+        for a in prog.accesses:
+            if a.mode == "flat" and prog.inputs[a.input][0] == sp.xs:
+                return ("group", a.input, sp.groups, len(sp.xs))
+    for i, o in enumerate(_graph_outputs(gm)):
+        if shape_of(o) == prog.shape and (base == ident or prog.outputs[i].dims is None):
+            return ("out", i)
     for a in prog.accesses:
         if a.mode == "dims" and a.dims == ident and prog.inputs[a.input][0] == prog.shape:
             return ("in", a.input)
+    if base != ident:
+        for i, o in enumerate(prog.outputs):
+            if o.dims == base:
+                return ("out", i, base)
+        for a in prog.accesses:
+            if a.mode == "dims" and a.dims == base and len(prog.inputs[a.input][0]) == prog.ndim:
+                return ("in", a.input, base)
     raise Unsupported("no input or output has the iteration shape; sizes can't be read at run time")
+
+
+def _output(low: Lowerer, sp: Space, o) -> Output:
+    """The output node o of the region as a program Output (how it is indexed and stored)."""
+    os_, dt = shape_of(o), value_dtype_of(o)
+    shape, ident = sp.shape, sp.perm == tuple(range(len(sp.perm)))
+    row_shapes = {}
+    if sp.kind == "rowwise":
+        red = set(sp.perm[len(shape) - sp.nred:])
+        row_shapes = {tuple(s for k, s in enumerate(sp.xs) if k not in red): False,
+                      tuple(1 if k in red else s for k, s in enumerate(sp.xs)): True}
+    if not ident and os_ == sp.xs:     # (first: a square input's shape equals its permutation)
+        base = low.base()
+        return Output(low.val(o, base), dt, False, numel(os_), dims=base[1])
+    if os_ == shape:
+        return Output(low.val(o, low.identity()), dt, False, numel(os_))
+    if numel(os_) == numel(shape) and ident:
+        return Output(low.val(o, ("flat", os_)), dt, False, numel(os_))
+    if os_ in row_shapes:
+        # (integer values in a row program: an arg reduction's index alone, _check_row_types)
+        return Output(low.val(o, low.row_map(keepdim=row_shapes[os_])), dt, True, numel(os_))
+    raise Unsupported(f"output of shape {os_} next to iteration shape {shape}")
 
 
 def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), strided: bool = False) -> ExprProgram:
@@ -765,45 +952,52 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), strided: bool
     >>> prog = lower(task.graph); prog.kind
     'elementwise'
     """
-    kind, shape = _iteration_shape(gm)
+    sp = _iteration_space(gm)
+    kind, shape = sp.kind, sp.shape
     if not shape:
         raise Unsupported("0-dim iteration space")
-    low = Lowerer(gm, shape, kind, simplify, leaves, strided)
+    low = Lowerer(gm, shape, kind, simplify, leaves, strided, sp.perm, sp.nred,
+                  sp.xs if sp.groups else None)
     inputs = [(shape_of(p), value_dtype_of(p)) for p in low.placeholders] + list(extra_inputs)
     low.input_dtypes = [dt for _, dt in inputs]
     outputs = []
     for o in _graph_outputs(gm):
         if not hasattr(o, "op"):
             raise Unsupported(f"constant output {o!r}")
-        os_, dt = shape_of(o), value_dtype_of(o)
-        if os_ == shape:
-            outputs.append(Output(low.val(o, low.identity()), dt, False, numel(os_)))
-        elif numel(os_) == numel(shape):
-            outputs.append(Output(low.val(o, ("flat", os_)), dt, False, numel(os_)))
-        elif kind == "rowwise" and os_ in (shape[:-1], shape[:-1] + (1,)):
-            amap = low.row_map(keepdim=len(os_) == len(shape))
-            e = low.val(o, amap)
-            outputs.append(Output(e, dt, True, numel(os_)))
-        else:
-            raise Unsupported(f"output of shape {os_} next to iteration shape {shape}")
+        outputs.append(_output(low, sp, o))
     dropped = low.dropped + (simp.unused_ops(gm) if simplify else [])
-    prog = ExprProgram(kind, shape, inputs, low.accesses, low.reductions, outputs, dropped=dropped)
+    prog = ExprProgram(kind, shape, inputs, low.accesses, low.reductions, outputs, dropped=dropped,
+                       nred=sp.nred)
     for o in prog.outputs:
         if o.row and column_dependent(o.expr, prog):
             raise Unsupported("a per-row output depends on a column")
+        if not o.row and any(x[0] == "idx" for x in walk(o.expr)):
+            raise Unsupported("an arg reduction's index used in elementwise math")
     if kind == "rowwise":
-        _check_float_rows(prog)
-    prog.size_source = _size_source(prog, gm)
+        _check_row_types(prog)
+    prog.size_source = _size_source(prog, gm, low.base()[1] if low.base()[0] == "dims" else ident_dims(prog), sp)
     prog.has_transcendental = any(op in TRANSCENDENTAL for op in low_ops(prog))
     return prog
 
 
-def _check_float_rows(prog: ExprProgram) -> None:
-    """Row programs compute and load floats only (rowwise.py's loads are float traits)."""
+def _check_row_types(prog: ExprProgram) -> None:
+    """Row programs load floats and bools and compute float and bool values (rowwise.py's loads
+    are float-lane traits: a bool input arrives as 0.f / 1.f, which C++ reads as the bool it
+    stores); the one integer is an arg reduction's index, stored whole as a per-row output."""
     vt = program_value_type(prog)
-    exprs = [o.expr for o in prog.outputs] + [r.expr for r in prog.reductions]
-    if any(VT[dt] != "f" for _, dt in prog.inputs) or any(vt(x) != "f" for e in exprs for x in walk(e)):
-        raise Unsupported("integer/bool values in a row program (the row kernel computes floats only)")
+    why = "int64/int32 values in a row program (it loads floats and bools; its one integer is an arg " \
+          "reduction's index, stored as it is)"
+    if any(VT[dt] not in "fb" for _, dt in prog.inputs):
+        raise Unsupported(why)
+    exprs = [o.expr for o in prog.outputs if o.expr[0] != "idx"] + [r.expr for r in prog.reductions]
+    if any(vt(x) not in "fb" for e in exprs for x in walk(e)):
+        raise Unsupported(why)
+    if any(vt(r.expr) != "f" for r in prog.reductions):
+        raise Unsupported("a reduction over bool values")
+
+
+def ident_dims(prog: ExprProgram) -> tuple[int, ...]:
+    return tuple(range(prog.ndim))
 
 
 def _power_of_two(v: float) -> bool:
@@ -832,7 +1026,7 @@ def walk(e: tuple):
     while stack:
         x = stack.pop()
         yield x
-        if x[0] in ("in", "const", "iconst", "bconst", "red", "ncol"):
+        if x[0] in ("in", "const", "iconst", "bconst", "red", "ncol", "idx"):
             continue
         stack.extend(a for a in x[1:] if isinstance(a, tuple))
 
@@ -843,5 +1037,5 @@ def low_ops(prog: ExprProgram) -> set[str]:
 
 
 def column_dependent(e: tuple, prog: ExprProgram) -> bool:
-    return any(x[0] == "in" and prog.accesses[x[1]].column_varying(prog.ndim) for x in walk(e))
+    return any(x[0] == "in" and prog.accesses[x[1]].column_varying(prog.ndim, prog.nred) for x in walk(e))
 

@@ -81,8 +81,11 @@ __device__ __forceinline__ float ld1(const typename DT::raw* p) {
 template <class DT, int VEC, bool NC>
 __device__ __forceinline__ void ldw(const typename DT::raw* p, unsigned* w) {
   constexpr int BYTES = (int)sizeof(typename DT::raw) * VEC;
-  if constexpr (BYTES < 4) {          // one 2-byte value: its bits in the low half
-    w[0] = DT::bits(NC ? __ldg(p) : *p);
+  if constexpr (BYTES < 4) {          // one 2-byte value (or up to 3 bytes): bits from the low end
+    unsigned v = 0;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) v |= DT::bits(NC ? __ldg(p + e) : p[e]) << (8 * (int)sizeof(typename DT::raw) * e);
+    w[0] = v;
   } else {
     constexpr int CH = BYTES > 16 ? 16 : BYTES;
     typedef typename RawVec<CH>::T R;
@@ -172,11 +175,23 @@ struct I32 {
   static __device__ __forceinline__ val to_v(raw r) { return (long long)r; }
   static __device__ __forceinline__ raw from_v(val v) { return (int)v; }
 };
+// bool: one byte. Elementwise kernels load it as a bool (to_v); row kernels load it in their float
+// lanes (ld1 / ldw / from_word) as 0.f / 1.f, which their C++ reads as the same bool.
 struct B8 {
   typedef unsigned char raw;
   typedef bool val;
+  static constexpr int PER_WORD = 4;
   static __device__ __forceinline__ val to_v(raw r) { return r != 0; }
   static __device__ __forceinline__ raw from_v(val v) { return v ? 1 : 0; }
+  static __device__ __forceinline__ float to_f(raw r) { return r ? 1.f : 0.f; }
+  static __device__ __forceinline__ raw from_f(float x) { return x != 0.f ? 1 : 0; }
+  static __device__ __forceinline__ float round(float x) { return x != 0.f ? 1.f : 0.f; }
+  static __device__ __forceinline__ unsigned bits(raw r) { return r; }
+  static __device__ __forceinline__ float from_word(unsigned w, int h) { return ((w >> (8 * h)) & 0xffu) ? 1.f : 0.f; }
+  static __device__ __forceinline__ unsigned to_word(const float* v) {
+    return (unsigned)from_f(v[0]) | ((unsigned)from_f(v[1]) << 8) | ((unsigned)from_f(v[2]) << 16) |
+           ((unsigned)from_f(v[3]) << 24);
+  }
 };
 __device__ __forceinline__ long long htam_imax(long long a, long long b) { return a > b ? a : b; }
 __device__ __forceinline__ long long htam_imin(long long a, long long b) { return a < b ? a : b; }
@@ -330,14 +345,18 @@ static inline bool htam_bind_flat(const HtamTensor& t, const int64_t* it_sizes, 
 }
 
 // Merge adjacent iteration dims [d, d+1] when every access steps through them as one dim.
-// keep_last: never merge the last dim (row kernels keep the row separate).
+// keep_last: the last row_dims dims are the row (row kernels keep it separate from the rows: its
+// dims merge only with each other). Returns how many dims the row has after merging.
 template <int NACC>
-static inline void htam_collapse(Space<NACC>& s, int nacc, bool keep_last) {
-  int nd = 0;
+static inline int htam_collapse(Space<NACC>& s, int nacc, bool keep_last, int row_dims = 1) {
+  int nd = 0, row_nd = 0;
+  const int row0 = keep_last ? s.ndim - row_dims : s.ndim;
   int64_t size[HTAM_MAX_DIMS], st[NACC > 0 ? NACC : 1][HTAM_MAX_DIMS];
   for (int d = 0; d < s.ndim; ++d) {
-    if (s.size[d] == 1 && !(keep_last && d == s.ndim - 1) && s.ndim > 1) continue;   // size-1 dims carry nothing
-    bool merge = nd > 0 && !(keep_last && d == s.ndim - 1);
+    const bool in_row = d >= row0;
+    // size-1 dims carry nothing (the row keeps one dim, its last, if all of its dims are 1)
+    if (s.size[d] == 1 && !(in_row && d == s.ndim - 1 && row_nd == 0) && s.ndim > 1) continue;
+    bool merge = nd > 0 && (row_nd > 0) == in_row;
     for (int a = 0; merge && a < nacc; ++a)
       merge = st[a][nd - 1] == s.st[a][d] * s.size[d];
     if (merge) {
@@ -347,6 +366,7 @@ static inline void htam_collapse(Space<NACC>& s, int nacc, bool keep_last) {
       size[nd] = s.size[d];
       for (int a = 0; a < nacc; ++a) st[a][nd] = s.st[a][d];
       ++nd;
+      row_nd += in_row;
     }
   }
   if (nd == 0) { size[0] = 1; for (int a = 0; a < nacc; ++a) st[a][0] = 0; nd = 1; }
@@ -355,6 +375,7 @@ static inline void htam_collapse(Space<NACC>& s, int nacc, bool keep_last) {
     s.size[d] = size[d];
     for (int a = 0; a < nacc; ++a) s.st[a][d] = st[a][d];
   }
+  return row_nd;
 }
 // ---- end prelude ----
 

@@ -7,6 +7,13 @@ inputs are either kept in registers (loaded once, NV chunks of VEC per thread) o
 and Welford merge a pair of passes into one. The host picks register vs streaming and vector vs
 scalar at run time from the real row length and alignment, so every instantiation is always valid.
 
+Rows are any set of reduced dims (ir.py orders the iteration space kept dims first, reduced dims
+last, with run-time strides), so the same program meets rows that are contiguous (this mapping),
+rows whose columns are strided but whose rows are adjacent (mean over dim 1 of [B, C, HW], a
+layer_norm of a transposed view: the column mapping, col_kernel, 32 rows a block), and a few very
+long rows (a full reduction: split_kernel + split_finish, partials combined in order, no atomics).
+The host picks among those the source carries from the real sizes and strides.
+
 Register budget (what decides bandwidth here): an SM has 64K registers, so 2048 resident threads
 get 32 each. A row held as fp32 costs one register per value; `packed` keeps 2-byte inputs as raw
 bits (two values per register, converted at use) and `lazy` loads inputs that no reduction reads
@@ -19,19 +26,25 @@ row (bench/sweep.py), so the search tries both ways.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from torch_htam.proposers.expert import host
-from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter
-from torch_htam.proposers.expert.ir import TRANSCENDENTAL, ExprProgram, Unsupported, lower, stored, walk
+from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter, cuh
+from torch_htam.proposers.expert.ir import (
+    TRANSCENDENTAL, ExprProgram, Unsupported, lower, program_value_type, stored, walk,
+)
 from torch_htam.proposers.expert.strategies import TaskFacts
 from torch_htam.proposers.expert.target import (
     ProgramMatch, Target, access_tags, drop_scalar_tag, pow2_vec, program_facts,
 )
 
-INIT = {"sum": "0.f", "max": "(-INFINITY)", "min": "INFINITY"}
-COMBINE = {"sum": "acc + {v}", "max": "htam_max(acc, {v})", "min": "htam_min(acc, {v})"}
-OPS = {"sum": "SumOp", "max": "MaxOp", "min": "MinOp"}
+INIT = {"sum": "0.f", "max": "(-INFINITY)", "min": "INFINITY", "prod": "1.f"}
+COMBINE = {"sum": "acc + {v}", "max": "htam_max(acc, {v})", "min": "htam_min(acc, {v})", "prod": "acc * {v}"}
+OPS = {"sum": "SumOp", "max": "MaxOp", "min": "MinOp", "prod": "ProdOp"}
+# argmax / argmin: (value, first column) states; NaN counts as the largest value, as in torch
+ARG = {"argmax": ("ArgMaxOp", ">"), "argmin": ("ArgMinOp", "<")}
+ROWS_CUH = cuh("rows.cuh")
 
 
 @dataclass(frozen=True)
@@ -62,15 +75,56 @@ class RowParams:
 class _Gen:
     def __init__(self, prog: ExprProgram, p: RowParams, low_precision: bool):
         self.prog, self.p, self.lowp = prog, p, low_precision
-        D = prog.ndim
-        self.varying = [i for i, a in enumerate(prog.accesses) if a.column_varying(D)]
-        self.fixed = [i for i, a in enumerate(prog.accesses) if not a.column_varying(D)]
+        self.vt = program_value_type(prog)      # expression -> "f" | "b" | "i" (ir.value_type)
+        D, nr = prog.ndim, prog.nred
+        self.varying = [i for i, a in enumerate(prog.accesses) if a.column_varying(D, nr)]
+        self.fixed = [i for i, a in enumerate(prog.accesses) if not a.column_varying(D, nr)]
+        # Space entry of each output stored through strides (after the accesses')
+        self.ostride = {k: len(prog.accesses) + j for j, k in enumerate(prog.strided_outputs)}
         reduced = {x[1] for r in prog.reductions for x in walk(r.expr) if x[0] == "in"}
         # held: loaded once into registers (register path); late: loaded per chunk in the final pass
         self.held = [i for i in self.varying if i in reduced or not p.lazy]
         self.late = [i for i in self.varying if i not in self.held]
         # memo[k]: (expression, first pass) kept in m{k}[q][e] on the register path
         self.memo = memo_values(self.passes()) if p.memo else []
+
+    # ---- a row of two dims (prog.nred > 1 whose dims do not merge at run time: a GroupNorm's
+    # weight steps per channel inside its group's row): `inner` > 0 is the last dim's size, cso[a]
+    # the stride of the dim before it, cm[a] whether access a steps through both as one dim.
+    @property
+    def row2(self) -> bool:
+        return self.prog.nred > 1
+
+    def coff(self, i: int, x: str) -> str:
+        """Element offset of column x along the row for Space entry i."""
+        if not self.row2:
+            return f"(int64_t)({x}) * cs[{i}]"
+        return (f"(cm[{i}] ? (int64_t)({x}) * cs[{i}] : "
+                f"(int64_t)(({x}) / inner) * cso[{i}] + (int64_t)(({x}) % inner) * cs[{i}])")
+
+    def unit(self, i: int) -> str:
+        """Entry i steps by one element along the whole row (vector access is possible)."""
+        return f"cs[{i}] == 1 && cm[{i}]" if self.row2 else f"cs[{i}] == 1"
+
+    def setup(self, indent: str = "  ") -> str:
+        """Declares cs (and cso, cm for two-dim rows) from sp."""
+        if not self.row2:
+            return (f"{indent}int64_t cs[NACC];\n#pragma unroll\n"
+                    f"{indent}for (int a = 0; a < NACC; ++a) cs[a] = sp.st[a][sp.ndim - 1];")
+        return (f"{indent}int64_t cs[NACC], cso[NACC]; bool cm[NACC];\n#pragma unroll\n"
+                f"{indent}for (int a = 0; a < NACC; ++a) {{\n"
+                f"{indent}  cs[a] = sp.st[a][sp.ndim - 1];\n"
+                f"{indent}  cso[a] = inner > 0 ? sp.st[a][sp.ndim - 2] : 0;\n"
+                f"{indent}  cm[a] = inner == 0 || cso[a] == cs[a] * inner;\n{indent}}}")
+
+    @property
+    def kept_top(self) -> str:
+        """The last kept dim of sp (the dims after it are the row)."""
+        return "sp.ndim - 2 - (inner > 0)" if self.row2 else "sp.ndim - 2"
+
+    @property
+    def ncol_params(self) -> str:
+        return "int ncol, int inner" if self.row2 else "int ncol"
 
     def dt(self, i: int) -> str:
         return DT[self.prog.inputs[self.prog.accesses[i].input][1]][0]
@@ -120,7 +174,10 @@ class _Gen:
             t = self.dt(a)
             return (f"{t}::from_word(x{a}[g][q][e / {t}::PER_WORD], e % {t}::PER_WORD)" if self.p.packed
                     else f"x{a}[g][q][e]")
-        return Emitter(load, red=lambda k: f"R{k}", fast=self.p.fast, low_precision=self.lowp)
+        # NOTE: bool values (masks, comparisons) are declared bool; a bool input's float-lane load
+        # (0.f / 1.f) converts to the same bool where one is used
+        return Emitter(load, red=lambda k: f"R{k}", fast=self.p.fast, low_precision=self.lowp,
+                       vt=self.vt)
 
     def loop(self, regs: bool, body: str, after: str = "", late: bool = False) -> str:
         """Runs body for every column c owned by this thread (x*[..][e] hold the inputs at c), then
@@ -169,15 +226,15 @@ class _Gen:
         (PER_WORD values each) when packed. ro: the row's element offsets (one per access)."""
         t = self.dt(i)
         if packed:
-            return (f"      if (VEC > 1 && cs[{i}] == 1) ldw<{t}, VEC, {nc}>(p{i} + {ro}[{i}] + {c0}, {dst});\n"
+            return (f"      if (VEC > 1 && {self.unit(i)}) ldw<{t}, VEC, {nc}>(p{i} + {ro}[{i}] + {c0}, {dst});\n"
                     f"      else for (int e = 0; e < VEC; ++e) {{\n"
                     f"        const unsigned b = (VEC == 1 || {c0} + e < ncol) ? "
-                    f"{t}::bits(p{i}[{ro}[{i}] + (int64_t)({c0} + e) * cs[{i}]]) : 0u;\n"
+                    f"{t}::bits(p{i}[{ro}[{i}] + {self.coff(i, c0 + ' + e')}]) : 0u;\n"
                     f"        if (e % {t}::PER_WORD == 0) {dst}[e / {t}::PER_WORD] = b;\n"
-                    f"        else {dst}[e / {t}::PER_WORD] |= b << 16; }}")
-        return (f"      if (VEC > 1 && cs[{i}] == 1) ldv<{t}, VEC, {nc}>(p{i} + {ro}[{i}] + {c0}, {dst});\n"
+                    f"        else {dst}[e / {t}::PER_WORD] |= b << {'(8 * (e % 4))' if t == 'B8' else 16}; }}")
+        return (f"      if (VEC > 1 && {self.unit(i)}) ldv<{t}, VEC, {nc}>(p{i} + {ro}[{i}] + {c0}, {dst});\n"
                 f"      else for (int e = 0; e < VEC; ++e) {dst}[e] = (VEC == 1 || {c0} + e < ncol) ? "
-                f"ld1<{t}, {nc}>(p{i} + {ro}[{i}] + (int64_t)({c0} + e) * cs[{i}]) : 0.f;")
+                f"ld1<{t}, {nc}>(p{i} + {ro}[{i}] + {self.coff(i, c0 + ' + e')}) : 0.f;")
 
     def reduction_pass(self, k: int, regs: bool, at: int) -> tuple[str, int]:
         """Code computing R{k} (and R{k+1} for merged pairs) as pass `at`; returns (code,
@@ -220,6 +277,20 @@ class _Gen:
       R{k} = w.mean * w.n; R{k + 1} = w.m2;   // sum and sum of squared deviations
     }}"""
             return code, 2
+        if red.kind in ARG:
+            op, cmp = ARG[red.kind]
+            body = (f"{lines}\n          if (acc.i < 0 || {v} {cmp} acc.v || ({v} != {v} && acc.v == acc.v)) "
+                    f"{{ acc.v = {v}; acc.i = c; }}")
+            code = f"""
+    float R{k}; int RI{k};
+    {{
+      ArgState acc; acc.v = 0.f; acc.i = -1;     // columns come in increasing order: ties keep the first
+{self.loop(regs, body)}
+      ArgState id; id.v = 0.f; id.i = -1;
+      acc = group_reduce<TPR>(acc, {op}(), id);
+      R{k} = acc.v; RI{k} = acc.i;
+    }}"""
+            return code, 1
         body = f"{lines}\n          acc = {COMBINE[red.kind].format(v=v)};"
         code = f"""
     float R{k};
@@ -238,24 +309,36 @@ class _Gen:
         sets = "\n".join(f"          y{k}[e] = {n};" for (k, _), n in zip(full, names))
         # outputs are contiguous: row r starts at r * ncol; VEC > 1 only when the host checked
         # ncol % VEC == 0 and 16-byte alignment of every output.
-        stores = "\n".join(
-            f"        if (valid) {{ if (VEC > 1) stv<{DT[o.dtype][0]}, VEC>(o{k} + r * ncol + c0, y{k});\n"
-            f"          else o{k}[r * ncol + c0] = {DT[o.dtype][0]}::from_f(y{k}[0]); }}"
-            for k, o in full)
+        stores = "\n".join(self.store(k, o) for k, o in full)
         decl = " ".join(f"float y{k}[VEC];" for k, _ in full)
         if not full:
             return ""
         return f"    {{\n    {decl}\n{self.loop(regs, lines + chr(10) + sets, stores, late=True)}\n    }}"
 
+    def store(self, k: int, o) -> str:
+        """Store y{k}[0..VEC) at columns c0.. of row r: contiguous in iteration order, or through the
+        output's strides (Output.dims)."""
+        t = DT[o.dtype][0]
+        if k not in self.ostride:
+            return (f"        if (valid) {{ if (VEC > 1) stv<{t}, VEC>(o{k} + r * ncol + c0, y{k});\n"
+                    f"          else o{k}[r * ncol + c0] = {t}::from_f(y{k}[0]); }}")
+        j = self.ostride[k]
+        return (f"        if (valid) {{ if (VEC > 1 && {self.unit(j)}) stv<{t}, VEC>(o{k} + ro[{j}] + c0, y{k});\n"
+                f"          else for (int e = 0; e < VEC; ++e) o{k}[ro[{j}] + {self.coff(j, 'c0 + e')}] = "
+                f"{t}::from_f(y{k}[e]); }}")
+
     def row_outputs(self) -> str:
         em = Emitter(lambda a: f"s{a}", red=lambda k: f"R{k}", fast=self.p.fast,
-                     low_precision=self.lowp, prefix="u")
+                     low_precision=self.lowp, prefix="u", vt=self.vt)
         rows = [(k, o) for k, o in enumerate(self.prog.outputs) if o.row]
-        names = [em.emit(stored(o.expr, o.dtype)) for _, o in rows]
+        # an arg reduction's index ("idx", j) is stored as the int it is, never through a float
+        names = [f"(long long)RI{o.expr[1]}" if o.expr[0] == "idx" else em.emit(stored(o.expr, o.dtype))
+                 for _, o in rows]
         if not rows:
             return ""
         lines = "\n".join("      " + ln for ln in em.lines)
-        stores = "\n".join(f"      o{k}[r] = {DT[o.dtype][0]}::from_f({n});" for (k, o), n in zip(rows, names))
+        stores = "\n".join(f"      o{k}[r] = {n};" if o.expr[0] == "idx" else
+                           f"      o{k}[r] = {DT[o.dtype][0]}::from_f({n});" for (k, o), n in zip(rows, names))
         return f"""
     if (valid && lane == 0) {{
 {lines}
@@ -292,18 +375,16 @@ class _Gen:
         alias = ("const int64_t r = r_[g]; const bool valid = valid_[g]; int64_t ro[NACC];\n"
                  "#pragma unroll\n      for (int a = 0; a < NACC; ++a) ro[a] = ro_[g][a];\n      " + fixed_alias)
         return f"""
-#define NACC {len(prog.accesses)}
+#define NACC {len(prog.accesses) + len(self.ostride)}
 #define TPR {p.tpr}
 #define BLOCK {p.block}
 #define RPG {p.rpg}
 template <int VEC, int NV>
-__global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t rows, int ncol,
+__global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t rows, {self.ncol_params},
     {", ".join(params)}) {{
   const int lane = threadIdx.x % TPR, group = threadIdx.x / TPR;
   const int64_t rpb = BLOCK / TPR * RPG;     // rows per block and trip
-  int64_t cs[NACC];
-#pragma unroll
-  for (int a = 0; a < NACC; ++a) cs[a] = sp.st[a][sp.ndim - 1];
+{self.setup()}
   // NOTE: the trip count is uniform over the block (rows past the end are clamped to the last row
   // and store nothing), so every thread reaches every shuffle and __syncthreads.
   for (int64_t rb = (int64_t)blockIdx.x * rpb; rb < rows; rb += (int64_t)gridDim.x * rpb) {{
@@ -314,14 +395,14 @@ __global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t r
     for (int g = 0; g < RPG; ++g) {{
       valid_[g] = rb + group * RPG + g < rows;
       r_[g] = valid_[g] ? rb + group * RPG + g : rows - 1;
-      if (sp.ndim == 2) {{    // rows x columns after collapsing: no 64-bit division (a call) per row
+      if ({"sp.ndim - (inner > 0) == 2" if self.row2 else "sp.ndim == 2"}) {{    // rows x columns after collapsing: no 64-bit division (a call) per row
 #pragma unroll
         for (int a = 0; a < NACC; ++a) ro_[g][a] = r_[g] * sp.st[a][0];
       }} else {{
         int64_t rem = r_[g];
 #pragma unroll
         for (int a = 0; a < NACC; ++a) ro_[g][a] = 0;
-        for (int d = sp.ndim - 2; d >= 0; --d) {{
+        for (int d = {self.kept_top}; d >= 0; --d) {{
           const int64_t i = rem % sp.size[d];
           rem /= sp.size[d];
 #pragma unroll
@@ -358,6 +439,153 @@ __global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t r
 }}
 """
 
+    def col_kernel(self) -> str:
+        """The column mapping of the same program: a block is 32 consecutive rows (threadIdx.x %
+        32) times CK lanes along the row (threadIdx.x / 32); each lane walks its share of the row's
+        columns, one value at a time, and col_reduce combines the lanes. For rows whose columns are
+        strided and whose rows are adjacent (sum over dim 1 of [B, C, HW]): a warp reads 32
+        adjacent elements per step where the row mapping reads one per row."""
+        prog, na = self.prog, len(self.prog.accesses)
+        params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(na)]
+        params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
+        fixed = "\n".join(f"    const float s{i} = ld1<{self.dt(i)}, false>(p{i} + ro[{i}]);" for i in self.fixed)
+        decl = " ".join(f"float x{i}[1];" for i in self.varying)
+        loads = "\n".join(f"        x{i}[0] = ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + {self.coff(i, 'c')});"
+                          for i in self.varying)
+
+        def loop(body: str) -> str:
+            return (f"      for (int c = ty; c < ncol; c += ck) {{\n        {decl}\n        const int e = 0; (void)e;\n"
+                    f"{loads}\n{body}\n      }}")
+        passes, k = [], 0
+        while k < len(prog.reductions):
+            red = prog.reductions[k]
+            em = self.emitter(False)
+            v = em.emit(red.expr)
+            lines = "\n".join("        " + ln for ln in em.lines)
+            if red.kind in ARG:
+                op, cmp = ARG[red.kind]
+                body = (f"{lines}\n        if (acc.i < 0 || {v} {cmp} acc.v || ({v} != {v} && acc.v == acc.v)) "
+                        f"{{ acc.v = {v}; acc.i = c; }}")
+                passes.append(f"    float R{k}; int RI{k};\n    {{\n      ArgState acc; acc.v = 0.f; acc.i = -1;\n"
+                              f"{loop(body)}\n      acc = col_reduce(acc, {op}());\n      R{k} = acc.v; RI{k} = acc.i;\n    }}")
+            else:
+                body = f"{lines}\n        acc = {COMBINE[red.kind].format(v=v)};"
+                passes.append(f"    float R{k};\n    {{\n      float acc = {INIT[red.kind]};\n{loop(body)}\n"
+                              f"      R{k} = col_reduce(acc, {OPS[red.kind]}());\n    }}")
+            k += 1
+        full = [(k, o) for k, o in enumerate(prog.outputs) if not o.row]
+        if full:
+            em = self.emitter(False)
+            names = [em.emit(stored(o.expr, o.dtype)) for _, o in full]
+            lines = "\n".join("        " + ln for ln in em.lines)
+            sets = []
+            for (k, o), n in zip(full, names):
+                t = DT[o.dtype][0]
+                at = f"ro[{self.ostride[k]}] + {self.coff(self.ostride[k], 'c')}" if k in self.ostride else "r * ncol + c"
+                sets.append(f"        if (valid) o{k}[{at}] = {t}::from_f({n});")
+            passes.append(loop(lines + "\n" + "\n".join(sets)))
+        rows = self.row_outputs().replace("lane == 0", "ty == 0")
+        return f"""
+__global__ void __launch_bounds__(1024) col_kernel(Space<NACC> sp, int64_t rows, {self.ncol_params},
+    {", ".join(params)}) {{
+  const int lane = threadIdx.x & 31, ty = threadIdx.x >> 5, ck = blockDim.x >> 5;
+{self.setup()}
+  // NOTE: block-uniform trip count (rows past the end are clamped and store nothing): col_reduce syncs
+  for (int64_t rb = (int64_t)blockIdx.x * 32; rb < rows; rb += (int64_t)gridDim.x * 32) {{
+    const bool valid = rb + lane < rows;
+    const int64_t r = valid ? rb + lane : rows - 1;
+    int64_t ro[NACC];
+    {{
+      int64_t rem = r;
+#pragma unroll
+      for (int a = 0; a < NACC; ++a) ro[a] = 0;
+      for (int d = {self.kept_top}; d >= 0; --d) {{
+        const int64_t i = rem % sp.size[d];
+        rem /= sp.size[d];
+#pragma unroll
+        for (int a = 0; a < NACC; ++a) ro[a] += i * sp.st[a][d];
+      }}
+    }}
+{fixed}
+{chr(10).join(passes)}
+{rows}
+  }}
+}}
+"""
+
+    def split_kernels(self) -> str:
+        """A one-reduction program with per-row outputs only, for a few very long rows: blocks of
+        256 threads reduce chunks of a row (split_kernel, a grid of splits x rows), split_finish
+        combines each row's partials in order and writes the row's outputs."""
+        prog, na = self.prog, len(self.prog.accesses)
+        red = prog.reductions[0]
+        arg = red.kind in ARG
+        params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(na)]
+        params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
+        fixed = "\n".join(f"  const float s{i} = ld1<{self.dt(i)}, false>(p{i} + ro[{i}]);" for i in self.fixed)
+        decl = " ".join(f"float x{i}[1];" for i in self.varying)
+        loads = "\n".join(f"    x{i}[0] = ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + {self.coff(i, 'c')});"
+                          for i in self.varying)
+        em = self.emitter(False)
+        v = em.emit(red.expr)
+        lines = "\n".join("    " + ln for ln in em.lines)
+        if arg:
+            op, cmp = ARG[red.kind]
+            state, init = "ArgState", "ArgState acc; acc.v = 0.f; acc.i = -1;"
+            combine = f"if (acc.i < 0 || {v} {cmp} acc.v || ({v} != {v} && acc.v == acc.v)) {{ acc.v = {v}; acc.i = c; }}"
+            ident, result = "ArgState id; id.v = 0.f; id.i = -1;", "const float R0 = acc.v; const int RI0 = acc.i;"
+        else:
+            op, state, init = OPS[red.kind], "float", f"float acc = {INIT[red.kind]};"
+            combine = f"acc = {COMBINE[red.kind].format(v=v)};"
+            ident, result = f"const float id = {INIT[red.kind]};", "const float R0 = acc;"
+        head = self.setup() + f"""
+  int64_t ro[NACC];
+#pragma unroll
+  for (int a = 0; a < NACC; ++a) ro[a] = 0;
+  int64_t rem = r;
+  for (int d = {self.kept_top}; d >= 0; --d) {{
+    const int64_t i = rem % sp.size[d];
+    rem /= sp.size[d];
+#pragma unroll
+    for (int a = 0; a < NACC; ++a) ro[a] += i * sp.st[a][d];
+  }}"""
+        rows = self.row_outputs().replace("valid && lane == 0", "lane == 0")
+        return f"""
+__global__ void __launch_bounds__(256) split_kernel(Space<NACC> sp, {self.ncol_params}, int splits, {state}* ws,
+    {", ".join(params)}) {{
+  const int lane = threadIdx.x;
+  const int64_t r = blockIdx.y;
+{head}
+{fixed}
+  const int chunk = (ncol + splits - 1) / splits, c_lo = (int)blockIdx.x * chunk;
+  const int c_hi = min(ncol, c_lo + chunk);
+  {init}
+  for (int c = c_lo + lane; c < c_hi; c += 256) {{
+    {decl}
+    const int e = 0; (void)e;
+{loads}
+{lines}
+    {combine}
+  }}
+  {ident}
+  acc = group_reduce<256>(acc, {op}(), id);
+  if (lane == 0) ws[r * splits + blockIdx.x] = acc;
+}}
+__global__ void __launch_bounds__(256) split_finish(Space<NACC> sp, {self.ncol_params}, int splits, const {state}* ws,
+    {", ".join(params)}) {{
+  const int lane = threadIdx.x;
+  const int64_t r = blockIdx.x;
+{head}
+{fixed}
+  {ident}
+  {state} acc = id;
+  for (int j = lane; j < splits; j += 256) acc = {op}()(acc, ws[r * splits + j]);   // fixed order
+  acc = group_reduce<256>(acc, {op}(), id);
+  {result}
+{rows}
+}}
+"""
+
 
 def memo_values(passes: list[list[tuple]]) -> list[tuple[tuple, int]]:
     """(expression, first pass) of the values worth keeping per column between passes: a
@@ -383,29 +611,112 @@ def _transcendental(e: tuple) -> bool:
     return any(x[0] in TRANSCENDENTAL for x in walk(e))
 
 
+def _main_access(prog: ExprProgram) -> int:
+    """The access the mapping is chosen for: the largest input a reduction reads along the row
+    (the data, not a broadcast scale), the lowest such access on ties."""
+    reduced = sorted({x[1] for r in prog.reductions for x in walk(r.expr) if x[0] == "in"
+                      and prog.accesses[x[1]].column_varying(prog.ndim, prog.nred)})
+    if not reduced:
+        return 0
+    return max(reduced, key=lambda a: (math.prod(prog.inputs[prog.accesses[a].input][0]), -a))
+
+
+def has_column_mapping(prog: ExprProgram) -> bool:
+    """The program may meet rows whose columns are strided (reduced over a middle dim, or read
+    through a permute): its source carries the column mapping too, chosen at run time."""
+    if not prog.accesses:
+        return False
+    a = prog.accesses[_main_access(prog)]
+    return a.mode == "dims" and a.dims != tuple(range(prog.ndim))
+
+
+def has_split_rows(prog: ExprProgram) -> bool:
+    """A full reduction (or a few long rows) of one reduction with per-row outputs only: its source
+    carries the split-rows path too, chosen at run time when rows are too few to fill the GPU."""
+    kept = math.prod(prog.shape[:prog.ndim - prog.nred])
+    return (len(prog.reductions) == 1 and all(o.row for o in prog.outputs) and kept < 32
+            and bool(prog.accesses))
+
+
 def _host(prog: ExprProgram, p: RowParams) -> str:
-    nacc = len(prog.accesses)
+    na = len(prog.accesses)
+    nacc = na + len(prog.strided_outputs)
     args = ", ".join([f"({DT[prog.inputs[a.input][1]][0]}::raw*)in[{a.input}].data"
                       for a in prog.accesses] +
                      [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)])
+    ncol = "(int)ncol, inner" if prog.nred > 1 else "(int)ncol"
+
     def launch(V: int, NV: int) -> str:     # the kernel instantiation for vector width V, NV chunks
-        return f"row_kernel<{V}, {NV}><<<blocks, BLOCK, 0, stream>>>(sp, rows, (int)ncol, {args});"
+        return f"row_kernel<{V}, {NV}><<<blocks, BLOCK, 0, stream>>>(sp, rows, {ncol}, {args});"
     out_checks = "\n".join(
+        f"  if (htam_numel(&out[{k}]) != n) return HTAM_ERR_SHAPE;" if o.dims is not None else
         f"  if (!htam_contiguous(out[{k}]) || htam_numel(&out[{k}]) != {'rows' if o.row else 'n'}) return HTAM_ERR_SHAPE;"
         for k, o in enumerate(prog.outputs))
     cap = p.tpr * p.vec * p.nv
+    D, nr = prog.ndim, prog.nred
+    if nr == 1:
+        sizes = f"""  const int64_t ncol = it[{D - 1}];
+  if (ncol <= 0 || ncol > (int64_t(1) << 30)) return HTAM_ERR_SHAPE;
+  const int64_t rows = n / ncol;"""
+        collapse = f"  htam_collapse<NACC>(sp, {nacc}, true);"
+    else:   # the row is several dims: they must merge into one (contiguous along the row)
+        sizes = f"""  int64_t rowlen = 1;
+  for (int d = {D - nr}; d < {D}; ++d) rowlen *= it[d];
+  if (rowlen <= 0 || rowlen > (int64_t(1) << 30)) return HTAM_ERR_SHAPE;
+  const int64_t rows = n / rowlen;"""
+        # NOTE: a row that stays two dims after merging (a GroupNorm's channels x pixels, its
+        # weight stepping per channel) is walked as one: `inner` is its last dim's size
+        collapse = (f"  const int row_nd = htam_collapse<NACC>(sp, {nacc}, true, {nr});\n"
+                    f"  if (row_nd > 2) return HTAM_ERR_SHAPE;\n"
+                    f"  const int inner = row_nd == 2 ? (int)sp.size[sp.ndim - 1] : 0;\n"
+                    f"  const int64_t ncol = row_nd == 2 ? sp.size[sp.ndim - 2] * sp.size[sp.ndim - 1] : sp.size[sp.ndim - 1];")
+    binds = "\n" + host.bind_outputs(prog) if prog.strided_outputs else ""
+    col = ""
+    if has_column_mapping(prog):
+        m = _main_access(prog)
+        # the main input steps along the row by more than one element, and by one between rows
+        col_cond = (f"sp.ndim >= 2 && sp.st[{m}][sp.ndim - 1] != 1 && sp.st[{m}][sp.ndim - 2] == 1" if nr == 1 else
+                    f"sp.ndim - row_nd >= 1 && !(sp.st[{m}][sp.ndim - 1] == 1 && (row_nd == 1 || "
+                    f"sp.st[{m}][sp.ndim - 2] == inner)) && sp.st[{m}][sp.ndim - 1 - row_nd] == 1")
+        col = f"""
+  // strided columns, adjacent rows: the column mapping (32 rows a block, ck lanes along the row)
+  if ({col_cond}) {{
+    int64_t cblocks = (rows + 31) / 32;
+    const int64_t target = (int64_t)htam_sm_count() * 2048;    // resident threads to fill
+    int ck = 1;
+    while (ck < 32 && cblocks * 32 * ck * 2 <= target && ck * 2 <= ncol) ck *= 2;
+    cblocks = std::max<int64_t>(1, std::min<int64_t>(cblocks, (int64_t)1 << 30));
+    col_kernel<<<cblocks, 32 * ck, 0, stream>>>(sp, rows, {ncol}, {args});
+    HTAM_CHECK_LAUNCH();
+    return HTAM_OK;
+  }}"""
+    if has_split_rows(prog):
+        state = "ArgState" if prog.reductions[0].kind in ARG else "float"
+        col = f"""
+  // a few long rows: split each over many blocks, then combine the partials in order
+  {{
+    const int64_t sms = htam_sm_count();
+    const int splits = (int)std::min<int64_t>(std::min<int64_t>(sms * 8 / rows, ncol / 4096),
+                                             (int64_t)(kSplitWs / sizeof({state})) / rows);
+    void* ws = (rows <= 65535 && splits >= 2) ? htam_split_ws(stream) : nullptr;
+    if (ws != nullptr) {{
+      split_kernel<<<dim3(splits, (unsigned)rows), 256, 0, stream>>>(sp, {ncol}, splits, ({state}*)ws, {args});
+      HTAM_CHECK_LAUNCH();
+      split_finish<<<(unsigned)rows, 256, 0, stream>>>(sp, {ncol}, splits, ({state}*)ws, {args});
+      HTAM_CHECK_LAUNCH();
+      return HTAM_OK;
+    }}
+  }}""" + col
     return f"""
 HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
 {host.prologue(prog)}
-  const int64_t ncol = it[{prog.ndim - 1}];
-  if (ncol <= 0 || ncol > (int64_t(1) << 30)) return HTAM_ERR_SHAPE;
-  const int64_t rows = n / ncol;
+{sizes}
   Space<NACC> sp;
-{host.bind_accesses(prog)}
+{host.bind_accesses(prog)}{binds}
   (void)max_off;
 {out_checks}
   if (rows == 0) return HTAM_OK;
-  htam_collapse<NACC>(sp, {nacc}, true);
+{collapse}{col}
   const int V = {p.vec};
   bool vec_ok = V > 1 && ncol % V == 0;
 {host.vector_checks(prog, "V", full_outputs_only=True)}
@@ -427,8 +738,11 @@ def generate(prog: ExprProgram, p: RowParams, low_precision: bool = False) -> st
     """CUDA source (kernel ABI) for a row prog."""
     assert prog.kind == "rowwise", prog.kind
     g = _Gen(prog, p, low_precision)
-    return "\n".join([f"// torch_htam expert: rowwise {p}", PRELUDE, "#include <algorithm>",
-                      g.kernel(), _host(prog, p)])
+    col, split = has_column_mapping(prog), has_split_rows(prog)
+    ext = (col or split or any(r.kind in ("prod", *ARG) for r in prog.reductions)
+           or any(a.mode == "span" for a in prog.accesses))
+    return "\n".join([f"// torch_htam expert: rowwise {p}", PRELUDE] + [ROWS_CUH] * ext + ["#include <algorithm>",
+                      g.kernel()] + [g.col_kernel()] * col + [g.split_kernels()] * split + [_host(prog, p)])
 
 
 # ---- the rowwise target (target.Target) ------------------------------------------------------------

@@ -11,11 +11,12 @@ generic loop reads of it is `.facts` (strategies.TaskFacts).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from torch_htam.proposers.expert.cuda import DT
-from torch_htam.proposers.expert.ir import ExprProgram
+from torch_htam.proposers.expert.ir import FLOAT_DTYPES, ExprProgram
 from torch_htam.proposers.expert.strategies import TaskFacts
 
 
@@ -69,12 +70,17 @@ class ProgramMatch:
 def program_facts(prog: ExprProgram, policy) -> TaskFacts:
     """The strategy table's facts about an elementwise or row program under a precision policy."""
     dts = [dt for _, dt in prog.inputs] + [o.dtype for o in prog.outputs]
+    if prog.kind == "rowwise":
+        # NOTE: a row kernel's bool masks ride its float lanes and its int64 indices are stored per
+        # row, so neither sets the vector width
+        dts = [dt for dt in dts if dt in FLOAT_DTYPES] or ["float32"]
     pairs = {r.pair[0] for r in prog.reductions if r.pair}
     # NOTE: integer and bool values are exact, not low precision (no SFU math for them), and a
     # bool's one byte would ask for 16-wide vectors: at most 8 values a thread
     low = any(dt in ("bfloat16", "float16") for dt in dts)
     single = len(prog.reductions) == 1 and all(o.row for o in prog.outputs)
-    return TaskFacts(prog.kind, prog.shape[-1], min(8, 16 // min(DT[dt][2] for dt in dts)),
+    ncol = math.prod(prog.shape[prog.ndim - prog.nred:]) if prog.kind == "rowwise" else prog.shape[-1]
+    return TaskFacts(prog.kind, ncol, min(8, 16 // min(DT[dt][2] for dt in dts)),
                      "softmax" in pairs, "welford" in pairs, prog.has_transcendental,
                      bool(prog.dropped), low, bool(policy and policy.allow_tf32), not low,
                      single_pass=single)
