@@ -79,7 +79,9 @@ def test_suite_is_big_enough():
     assert len(TASKS) >= 12 and kinds >= {"ew", "rw", "gemm", "conv"}
 
 
-KIND_OF_PREFIX = {"ew": "elementwise", "rw": "rowwise", "gemm": "gemm", "conv": "conv", "attn": "attention"}
+# pooling regions are row-wise tasks (ops.py: a window reduction), run by the pool target
+KIND_OF_PREFIX = {"ew": "elementwise", "rw": "rowwise", "gemm": "gemm", "conv": "conv", "attn": "attention",
+                  "pool": "rowwise"}
 
 
 @pytest.mark.parametrize("path", TASKS, ids=lambda p: p.stem)
