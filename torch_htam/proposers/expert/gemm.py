@@ -361,9 +361,9 @@ def _layouts(op: str) -> dict:
     return {"transa": "CUBLAS_OP_N", "a_rows": "N", "a_cols": "K", "lda": "N"}   # A = B^T
 
 
-def render(gp: GemmMatch, params: dict) -> str:
-    if gp.lay is not None:
-        return render_layout(gp, params)
+def _split_epilogue(gp: GemmMatch, params: dict) -> tuple:
+    """What cuBLASLt's own epilogue takes (its kind, the bias input, alpha) and what is left for
+    our epilogue kernel: (kind, bias, alpha, epilogue program or None, its EwParams, its source)."""
     kind, bias, rest = lt_split(gp) if params.get("lt_epilogue") else (None, None, None)
     prog = gp.epilogue
     alpha = 1.0
@@ -371,16 +371,23 @@ def render(gp: GemmMatch, params: dict) -> str:
         rest = prog.outputs[0].expr
     elif params.get("lt_epilogue"):
         alpha, rest = alpha_split(gp, kind, rest)
-    G = _g_expr(prog, gp.g)
-    epi_needed = rest != G
     ew_params = {k: v for k, v in params.items() if k in elementwise.EwParams.__dataclass_fields__}
     ew_params["nc"] = False      # NOTE: the epilogue overwrites G in place; no read-only path on it
-    epi_src = ""
-    if epi_needed:
-        epi_prog = _prune(dataclasses.replace(prog, outputs=[dataclasses.replace(prog.outputs[0], expr=rest)]))
-        epi_src = host.EPILOGUE_INPUTS + elementwise.generate(epi_prog, elementwise.EwParams(**ew_params),
-                                       gp.facts.low_precision, entry="static int epilogue_run",
-                                       restrict=False, prelude=False)
+    if rest == _g_expr(prog, gp.g):
+        return kind, bias, alpha, None, ew_params, ""
+    epi_prog = _prune(dataclasses.replace(prog, outputs=[dataclasses.replace(prog.outputs[0], expr=rest)]))
+    epi_src = host.EPILOGUE_INPUTS + elementwise.generate(epi_prog, elementwise.EwParams(**ew_params),
+                                                          gp.facts.low_precision, entry="static int epilogue_run",
+                                                          restrict=False, prelude=False)
+    return kind, bias, alpha, epi_prog, ew_params, epi_src
+
+
+def render(gp: GemmMatch, params: dict) -> str:
+    if gp.lay is not None:
+        return render_layout(gp, params)
+    prog = gp.epilogue
+    kind, bias, alpha, epi_prog, ew_params, epi_src = _split_epilogue(gp, params)
+    epi_needed = epi_prog is not None
     lay = _layouts(gp.op)
     ctype = CUDA_TYPES[gp.dtype]
     tf32 = bool(params.get("tf32")) and gp.allow_tf32 and gp.dtype == "float32"
@@ -630,23 +637,10 @@ def render_layout(gp: GemmMatch, params: dict) -> str:
     cuBLASLt writes Y into scratch and one kernel per output writes it through its layout: the
     epilogue kernel where an epilogue remains (epi_store), else a plain store (layout_store)."""
     L = gp.lay
-    kind, bias, rest = lt_split(gp) if params.get("lt_epilogue") else (None, None, None)
     prog = gp.epilogue
-    alpha = 1.0
-    if rest is None:
-        rest = prog.outputs[0].expr
-    elif params.get("lt_epilogue"):
-        alpha, rest = alpha_split(gp, kind, rest)
-    G = _g_expr(prog, gp.g)
-    epi_needed = rest != G
-    ew_params = {k: v for k, v in params.items() if k in elementwise.EwParams.__dataclass_fields__}
-    ew_params["nc"] = False
-    epi_src = ""
+    kind, bias, alpha, epi_prog, ew_params, epi_src = _split_epilogue(gp, params)
+    epi_needed = epi_prog is not None
     if epi_needed:
-        epi_prog = _prune(dataclasses.replace(prog, outputs=[dataclasses.replace(prog.outputs[0], expr=rest)]))
-        epi_src = host.EPILOGUE_INPUTS + elementwise.generate(epi_prog, elementwise.EwParams(**ew_params),
-                                       gp.facts.low_precision, entry="static int epilogue_run",
-                                       restrict=False, prelude=False)
         epi_src += _epilogue_store(epi_prog, gp.dtype, bool(ew_params.get("fast")), gp.facts.low_precision)
     ctype, code, esize = CUDA_TYPES[gp.dtype], DT[gp.dtype][1], DT[gp.dtype][2]
     raw = f"{DT[gp.dtype][0]}::raw"
