@@ -23,6 +23,7 @@ from torch_htam.proposers.expert.strategies import KNOWN
 from torch_htam.extract import source_weights, task_from_source
 from torch_htam.task import Task, TensorSpec
 from torch_htam.verify import poison_
+from compile_check import assert_compiles
 
 TASKS = sorted((Path(__file__).parents[1] / "bench" / "tasks").glob("*.py"))
 DIRECTIONS = {
@@ -321,9 +322,7 @@ def test_sources_compile_for_sm90a(tmp_path_factory):
     assert len(todo) >= 20
     # NOTE: one ninja batch of ~100 sources (two candidates per bench task): on a 2-core machine
     # it takes longer than build's 300 s default for a search round
-    results = build.build_many([s for _, s in todo], arch="sm_90a", timeout_s=1500)
-    bad = [(n, r.error[:800]) for (n, _), r in zip(todo, results) if not r.ok]
-    assert not bad, bad
+    assert_compiles(todo, timeout_s=1500)
 
 
 # ---- GPU: every default candidate against the torch reference (lead runs these on an H100) ----
@@ -543,9 +542,7 @@ def _conv_compile_set() -> list[tuple[str, str]]:
 @pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn() is None, reason="needs nvcc + cuDNN")
 def test_conv_sources_compile_for_sm90a():
     todo = _conv_compile_set()
-    results = build.build_many([s for _, s in todo], arch="sm_90a")
-    bad = [(n, r.error[:800]) for (n, _), r in zip(todo, results) if not r.ok]
-    assert not bad, bad
+    assert_compiles(todo)
 
 
 @pytest.mark.gpu
@@ -765,9 +762,7 @@ def _graph_compile_set() -> list[tuple[str, str]]:
 def test_conv_graph_sources_compile_for_sm90a():
     todo = _graph_compile_set()
     assert sum("cudnnBackendExecute(" in s for _, s in todo) == len(todo) // 2
-    results = build.build_many([s for _, s in todo], arch="sm_90a")
-    bad = [(n, r.error[:800]) for (n, _), r in zip(todo, results) if not r.ok]
-    assert not bad, bad
+    assert_compiles(todo)
 
 
 @pytest.mark.gpu
