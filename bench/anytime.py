@@ -84,18 +84,22 @@ def measure(path: Path, evaluator, limit: int) -> dict:
 
 # ---- replay (CPU) ---------------------------------------------------------------------------------
 
-class TableEvaluator:
-    """Answers evaluate_many from one task's measured table; `log` holds the rows in the order
-    the search asked for them. A source outside the table is an error: the arms must propose
-    from the measured space only."""
+def table_keys(task, table: dict) -> dict[str, dict]:
+    """source_key of each row's setting, rendered here as measure() rendered it -> the row."""
+    from torch_htam.policy import policy_for
+    from torch_htam.proposers.base import source_key
+    from torch_htam.proposers.expert.proposer import match_task
+    tm = match_task(task, policy_for(task))
+    return {source_key(tm.render(r["params"])): r for r in table["rows"]}
 
-    def __init__(self, task, table: dict, gpu=None):
-        from torch_htam.proposers.base import source_key
-        from torch_htam.policy import policy_for
-        from torch_htam.proposers.expert.proposer import match_task
-        tm = match_task(task, policy_for(task))     # as measure() rendered them
-        self.by_key = {source_key(tm.render(r["params"])): r for r in table["rows"]}
-        self.gpu = gpu
+
+class TableEvaluator:
+    """Answers evaluate_many from one task's measured table (by_key: table_keys); `log` holds the
+    rows in the order the search asked for them. A source outside the table is an error: the arms
+    must propose from the measured space only."""
+
+    def __init__(self, by_key: dict[str, dict], gpu=None):
+        self.by_key, self.gpu = by_key, gpu
         self.log: list[dict] = []
 
     def evaluate_many(self, task, sources: list[str], policy=None, inductor: bool = False) -> list:
@@ -136,11 +140,12 @@ def to_oracle(c: list[float | None], oracle: float | None, share: float = TO_ORA
     return next((k + 1 for k, v in enumerate(c) if v is not None and v >= share * oracle), None)
 
 
-def search_log(task, table: dict, memory, mode: str, budget: int, limit: int, gpu, seed: int = 0) -> list[dict]:
-    """The rows one search of `task` evaluated, in order (real loop, table verdicts)."""
+def search_log(task, by_key: dict, memory, mode: str, budget: int, limit: int, gpu, seed: int = 0) -> list[dict]:
+    """The rows one search of `task` evaluated, in order (real loop, table verdicts; by_key:
+    table_keys of its table)."""
     from torch_htam.proposers.expert import ExpertProposer
     from torch_htam.search import SearchConfig, search
-    ev = TableEvaluator(task, table, gpu)
+    ev = TableEvaluator(by_key, gpu)
     cfg = SearchConfig(steps=budget, candidates_per_step=4, stagnation=0, roofline_stop=None,
                        memory=mode, seed=seed)
     search(task, ExpertProposer(space_limit=limit), ev, memory, cfg, gpu=gpu)
@@ -154,6 +159,7 @@ def replay(tables: list[dict], budget: int, perms: int, gpu=None, arms=ARMS, pro
     tasks = [task_from_source(Path(t["path"]).read_text() if Path(t["path"]).exists()
                               else (HERE / "tasks" / f"{t['task']}.py").read_text(), t["task"]) for t in tables]
     limit = {t["task"]: t["limit"] for t in tables}
+    keys = {task.name: table_keys(task, table) for task, table in zip(tasks, tables)}   # rendered once
     oracle = {t["task"]: kept(t["rows"]) for t in tables}
     curves: dict[str, dict[str, list]] = {a: {} for a in arms}
     for i, (task, table) in enumerate(zip(tasks, tables)):
@@ -161,14 +167,14 @@ def replay(tables: list[dict], budget: int, perms: int, gpu=None, arms=ARMS, pro
             progress(f"[{i + 1}/{len(tasks)}] {task.name}")
         if "htg_warm" in arms:   # leave one out: experience from every other task, then this one
             mem = HTG.from_prior()
-            for other, otable in zip(tasks, tables):
+            for other in tasks:
                 if other is not task:
-                    search_log(other, otable, mem, "htg", budget, limit[other.name], gpu)
-            curves["htg_warm"][task.name] = curve(search_log(task, table, mem, "htg", budget,
+                    search_log(other, keys[other.name], mem, "htg", budget, limit[other.name], gpu)
+            curves["htg_warm"][task.name] = curve(search_log(task, keys[task.name], mem, "htg", budget,
                                                              limit[task.name], gpu), budget)
         for arm, mode in (("htg_cold", "htg"), ("flat", "flat")):
             if arm in arms:
-                log = search_log(task, table, HTG.from_prior(), mode, budget, limit[task.name], gpu)
+                log = search_log(task, keys[task.name], HTG.from_prior(), mode, budget, limit[task.name], gpu)
                 curves[arm][task.name] = curve(log, budget)
         if "none" in arms:
             curves["none"][task.name] = _random_curve(table["rows"], budget, perms)

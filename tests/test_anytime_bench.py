@@ -60,7 +60,7 @@ def test_table_evaluator_answers_from_the_table_and_refuses_anything_else():
     from torch_htam.extract import task_from_source
     table = _table("ew_bias_gelu_bf16", limit=3)
     task = task_from_source(Path(table["path"]).read_text(), table["task"])
-    ev = anytime.TableEvaluator(task, table)
+    ev = anytime.TableEvaluator(anytime.table_keys(task, table))
     from torch_htam.policy import policy_for
     from torch_htam.proposers.expert.proposer import match_task
     src = match_task(task, policy_for(task)).render(table["rows"][1]["params"])
