@@ -6,6 +6,7 @@ GPU (@gpu, run by the lead on an H100): every default candidate against the torc
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 
 import pytest
@@ -1076,3 +1077,36 @@ def test_tags_are_the_applied_strategies():
         asked = set(sids or match_task(bench_task("rw_softmax_fp32"), None).target.start_order)
         for c in propose(bench_task("rw_softmax_fp32"), direction, sids, n=8).candidates[1:]:
             assert set(c.tags) & asked   # a setting may apply more than was asked, never less
+
+
+class _GeluNew(nn.Module):          # HF's NewGELU (GPT-2)
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class _GeluMegatron(nn.Module):     # Megatron's bias_gelu: k * x * (1 + c * x * x), operands swapped
+    def forward(self, x):
+        return x * 0.5 * (torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)) + 1.0)
+
+
+class _NotGelu(nn.Module):          # the same shape of formula with another cubic coefficient
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.05 * x * x * x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tanh_gelu_formula_is_one_op(dtype):
+    """The tanh GELU written out lowers to one gelu_tanh of the input, in any of its spellings;
+    a formula of the same shape with another coefficient stays as written."""
+    for mod, is_gelu in ((_GeluNew(), True), (_GeluMegatron(), True), (_NotGelu(), False)):
+        e = lower(small_task(mod, torch.randn(4, 64, dtype=dtype)).graph).outputs[0].expr
+        while e[0] == "round":
+            e = e[2]
+        assert (e == ("gelu_tanh", ("in", 0))) == is_gelu, (type(mod).__name__, e)
+
+
+def test_gemm_with_the_gelu_formula_is_one_cublaslt_call():
+    """GPT-2's addmm + NewGELU: bias and GELU both go to cuBLASLt's epilogue, no kernel of ours."""
+    for dt in ("bf16", "fp32"):
+        src = propose(bench_task(f"gemm_addmm_gelu_new_{dt}")).candidates[0].source
+        assert "CUBLASLT_EPILOGUE_GELU_BIAS" in src and "epilogue_run" not in src

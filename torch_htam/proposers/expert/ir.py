@@ -437,7 +437,7 @@ class Lowerer:
         key = (node, amap)
         if key not in self.memo:
             e = self._val(node, amap)
-            self.memo[key] = simp.fold(e, self.dropped) if self.simplify else e
+            self.memo[key] = simp.gelu_tanh(simp.fold(e, self.dropped), self.dropped) if self.simplify else e
         return self.memo[key]
 
     def _val(self, node, amap) -> tuple:

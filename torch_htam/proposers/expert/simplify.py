@@ -82,6 +82,97 @@ def fold(e: tuple, log: list[str]) -> tuple:
     return e
 
 
+# sqrt(2 / pi) and the cubic coefficient of the tanh approximation of GELU.
+_GELU_K, _GELU_C = 0.7978845608028654, 0.044715
+
+
+def gelu_tanh(e: tuple, log: list[str]) -> tuple:
+    """The tanh GELU written out (HF's NewGELU / gelu_new, Megatron's bias_gelu) as one
+    ("gelu_tanh", x), so a GEMM epilogue can hand it to cuBLASLt (CUBLASLT_EPILOGUE_GELU is this
+    formula) and an elementwise kernel computes it once in fp32. Recognized, in any operand order
+    and grouping, with torch's intermediate roundings in between:
+        0.5 * x * (1 + tanh(k * (x + c * x^3)))      (x^3: pow(x, 3), x * x * x, x^2 * x)
+        0.5 * x * (1 + tanh(k * x * (1 + c * x^2)))
+    NOTE: torch rounds each bf16 step of the formula; computed once in fp32 the value is closer to
+    the exact GELU, which is what verification measures against.
+    """
+    if _bare(e)[0] != "mul":
+        return e
+    consts, rest = _factors(e)
+    if not _near(consts, 0.5) or len(rest) != 2:
+        return e
+    for x, t in (rest, rest[::-1]):
+        if _is_one_plus_tanh_of(t, x):
+            log.append("tanh GELU formula")
+            return ("gelu_tanh", x)
+    return e
+
+
+def _bare(e: tuple) -> tuple:
+    while e[0] == "round":
+        e = e[2]
+    return e
+
+
+def _factors(e: tuple) -> tuple[float, list[tuple]]:
+    """e as a product: (constant factor, the other factors, each without its outer roundings)."""
+    e = _bare(e)
+    if e[0] == "mul":
+        c1, r1 = _factors(e[1])
+        c2, r2 = _factors(e[2])
+        return c1 * c2, r1 + r2
+    if e[0] == "sq":
+        return 1.0, [_bare(e[1]), _bare(e[1])]
+    if e[0] == "powc" and e[2] == ("const", 3.0):
+        return 1.0, [_bare(e[1])] * 3
+    if e[0] == "const":
+        return e[1], []
+    return 1.0, [e]
+
+
+def _near(v: float, want: float) -> bool:
+    return abs(v - want) <= 1e-6 * abs(want)
+
+
+def _same(a: list[tuple], b: list[tuple]) -> bool:
+    return sorted(map(repr, a)) == sorted(map(repr, b))
+
+
+def _terms(e: tuple) -> list[tuple] | None:
+    """The two operands of an add, without roundings; None if e is no add."""
+    e = _bare(e)
+    return [_bare(e[1]), _bare(e[2])] if e[0] == "add" else None
+
+
+def _is_one_plus_tanh_of(t: tuple, x: tuple) -> bool:
+    """t == 1 + tanh(k * (x + c x^3)) or 1 + tanh(k * x * (1 + c x^2))."""
+    terms = _terms(t)
+    if terms is None:
+        return False
+    for one, th in (terms, terms[::-1]):
+        if one == ("const", 1.0) and th[0] == "tanh":
+            k, inner = _factors(th[1])
+            if not _near(k, _GELU_K):
+                return False
+            if len(inner) == 1:                     # x + c x^3
+                return _is_poly(inner[0], x, [x, x, x])
+            if len(inner) == 2:                     # x * (1 + c x^2)
+                return any(a == x and _is_poly(b, ("const", 1.0), [x, x]) for a, b in (inner, inner[::-1]))
+    return False
+
+
+def _is_poly(e: tuple, first: tuple, cubic: list[tuple]) -> bool:
+    """e == first + c * prod(cubic), the terms in either order."""
+    terms = _terms(e)
+    if terms is None:
+        return False
+    for a, b in (terms, terms[::-1]):
+        c, r = _factors(b)
+        if a == first and _near(c, _GELU_C) and _same(r, cubic):
+            return True
+    return False
+
+
 def unused_ops(gm) -> list[str]:
     """Ops whose results never reach an output (dead code the kernel does not compute)."""
     live, out = set(), next(n for n in gm.graph.nodes if n.op == "output")
