@@ -1,0 +1,95 @@
+"""Cold optimize: what torch_htam.optimize costs on a model with an empty kernel cache, at the
+default budget (OptimizeConfig(): 16 candidates per task), and what it keeps.
+
+    python3 bench/optimize_time.py gpt2:bf16 resnet50:bf16
+
+Each model gets a fresh kernel cache and HTG memory (HTAM_CACHE_DIR: a new temp dir per model),
+then one optimize(model, inputs) call, timed by wall clock: capture, the search of every task,
+timing each kernel against Inductor's code for its region, the end-to-end guard and the compile.
+The row holds the seconds, the searches' candidates (from their trajectory files), the report's
+tasks (speedup over eager and over Inductor, status), its end-to-end figures and note, and the
+largest relative error of the optimized model against eager on fresh inputs. Writes
+bench/results/optimize_time-<date>.json (bench/record.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import models  # noqa: E402
+import record  # noqa: E402
+
+
+def searches(cache_root: Path) -> list[dict]:
+    """The "summary" line of every task search under a cache root's trajectory files."""
+    rows = []
+    for f in sorted(cache_root.rglob("trajectories/*.jsonl")):
+        for line in f.read_text().splitlines():
+            ev = json.loads(line)
+            if ev.get("event") == "summary":
+                rows.append({k: ev.get(k) for k in ("task", "stop", "candidates", "correct",
+                                                    "best_speedup", "wall_s")})
+    return rows
+
+
+def one(spec: str) -> dict:
+    import torch_htam
+    from torch_htam.pipeline import OptimizeConfig
+    name, dtype = spec.split(":")
+    model, inputs = models.MODELS[name](dtype)
+    fresh = tuple(torch.randn_like(x) if x.is_floating_point() else x.clone() for x in inputs)
+    with tempfile.TemporaryDirectory(prefix="htam-cold-") as d:
+        os.environ["HTAM_CACHE_DIR"] = d
+        with torch.inference_mode():
+            want = model(*fresh).float()
+        t0 = time.perf_counter()
+        model = torch_htam.optimize(model, inputs, OptimizeConfig())
+        optimize_s = time.perf_counter() - t0
+        with torch.inference_mode():
+            got = model(*fresh).float()
+        report = model.htam_report
+        row = {"model": spec, "optimize_s": optimize_s, "config": asdict(OptimizeConfig()),
+               "tasks": len(report.tasks), "swapped": report.swapped, "method": report.method,
+               "note": report.note, "e2e_ms": dict(report.e2e),
+               "max_rel_err": ((got - want).abs().max() / want.abs().max().clamp_min(1e-12)).item(),
+               "searches": searches(Path(d)),
+               "task_rows": [{"name": t.name, "count": t.count, "vs_eager": t.speedup,
+                              "vs_inductor": t.vs_inductor, "status": t.status} for t in report.tasks]}
+    row["candidates"] = sum(s["candidates"] or 0 for s in row["searches"])
+    print(report.format(), flush=True)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="*", default=["gpt2:bf16", "resnet50:bf16"])
+    ap.add_argument("--no-record", action="store_true", help="do not write a file to bench/results/")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("optimize_time needs a CUDA GPU", file=sys.stderr)
+        return 2
+    rows, path = [], None
+    for spec in a.models:
+        rows.append(one(spec))
+        r = rows[-1]
+        print(f"ROW {spec} optimize_s={r['optimize_s']:.1f} tasks={r['tasks']} "
+              f"candidates={r['candidates']} swapped={r['swapped']} max_rel_err={r['max_rel_err']:.2e}",
+              flush=True)
+        if not a.no_record:   # NOTE: written after every model, so a cut run keeps what it measured
+            path = record.write("optimize_time", {"rows": rows}, path=path)
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
