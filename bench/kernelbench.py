@@ -330,9 +330,10 @@ def check_output(task, ref, fn, policy) -> None:
             raise RuntimeError(f"launch check failed ({reason}): {detail}")
 
 
-def measure_all(loaded, results: dict) -> None:
+def measure_all(loaded, results: dict, after=None) -> None:
     """Phase 2 over every task; a failure goes into its row. After a CUDA crash the context is
-    gone, so the tasks left are marked as not measured."""
+    gone, so the tasks left are marked as not measured. after(rows): called with the rows timed so
+    far after each task (the run's file is rewritten, so a run cut by a time limit keeps them)."""
     import torch
     from torch_htam import timing
     ceilings = timing.measure_ceilings()
@@ -352,6 +353,8 @@ def measure_all(loaded, results: dict) -> None:
             if _crashed(e):
                 dead = row.name
         torch.cuda.empty_cache()
+        if after is not None:
+            after([r for r, _ in loaded[: i + 1]])
 
 
 @contextlib.contextmanager
@@ -423,7 +426,15 @@ def main(argv=None) -> int:
           f"{args.time_budget or 'none'} s, device {record.device()}", file=sys.stderr)
     results = search_all(loaded, args)
     t_search = time.monotonic() - t0
-    measure_all(loaded, results)
+    path = None
+
+    def save(rows: list[Row], complete: bool) -> None:
+        nonlocal path
+        if not args.no_write:
+            data = {**payload(args, rows, summarize(rows), time.monotonic() - t0), "complete": complete}
+            path = record.write("kernelbench", data, cmd=command, path=path)
+
+    measure_all(loaded, results, after=lambda rows: save(rows, complete=False))
     rows = [row for row, _ in loaded]
     summary = summarize(rows)
     errors = [f"{r.name}: {r.error}" for r in rows if r.error]
@@ -435,8 +446,7 @@ def main(argv=None) -> int:
     print(f"wall: {wall:.0f} s ({t_search:.0f} s loading + search, {wall - t_search:.0f} s timing)",
           file=sys.stderr)
     data = payload(args, rows, summary, wall)
-    if not args.no_write:
-        record.write("kernelbench", data, cmd=command)
+    save(rows, complete=True)
     if args.out:
         write_json(args.out, command, data)
     return 0
