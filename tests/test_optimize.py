@@ -53,6 +53,20 @@ def test_searched_log_skips_a_task_until_the_budget_grows(tmp_path):
     assert not SearchedLog(tmp_path / "searched.json").covers("abc", small, "fp32")   # corrupt: forgotten
 
 
+def test_searched_log_says_why_a_task_has_no_kernel(tmp_path):
+    """The report's line for a searched task without a kernel: none verified, lost to Inductor
+    (by how much), or too slow against eager."""
+    from torch_htam.pipeline import SearchedLog
+    log, cfg = SearchedLog(tmp_path / "searched.json"), OptimizeConfig()
+    log.add("none", cfg, "stagnation", None, "bf16")
+    log.add("inductor", cfg, "stagnation", 2.15, "bf16", vs_inductor=0.84)
+    log.add("eager", cfg, "steps", 0.97, "bf16", vs_inductor=0.5)
+    assert log.why_not("unknown", 1.03) is None
+    assert "none verified (stagnation)" in log.why_not("none", 1.03)
+    assert "lost to Inductor's code for the region (0.84x)" in log.why_not("inductor", 1.03)
+    assert "0.97x of eager" in log.why_not("eager", 1.03)
+
+
 def test_tasks_of_a_capture_are_distinct_and_counted():
     model, inputs = gpt_block.get_model(n_layer=4)
     tasks = extract(model, inputs).tasks

@@ -95,13 +95,29 @@ class SearchedLog:
         return (bool(rec) and rec["steps"] >= cfg.steps and rec["candidates"] >= cfg.candidates_per_step
                 and rec.get("policy") == policy)   # another precision policy is another search
 
-    def add(self, signature: str, cfg: OptimizeConfig, stop: str, best: float | None, policy: str) -> None:
+    def add(self, signature: str, cfg: OptimizeConfig, stop: str, best: float | None, policy: str,
+            vs_inductor: float | None = None) -> None:
+        """best / vs_inductor: the confirmed winner's speedup over eager / over Inductor's code
+        for the region (None: no verified kernel, or not timed against Inductor)."""
         self.data[signature] = {"steps": cfg.steps, "candidates": cfg.candidates_per_step, "policy": policy,
-                                "stop": stop, "best": best, "date": time.strftime("%Y-%m-%d")}
+                                "stop": stop, "best": best, "vs_inductor": vs_inductor,
+                                "date": time.strftime("%Y-%m-%d")}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(self.data, indent=1))
         os.replace(tmp, self.path)
+
+    def why_not(self, signature: str, min_speedup: float) -> str | None:
+        """Why a searched task has no kernel, in one line (None if it was not searched)."""
+        rec = self.data.get(signature)
+        if not rec:
+            return None
+        best, ind = rec.get("best"), rec.get("vs_inductor")
+        if best is None:
+            return f"no kernel: searched, none verified ({rec.get('stop')})"
+        if ind is not None and ind < min_speedup <= best:
+            return f"no kernel: the best verified one lost to Inductor's code for the region ({ind:.2f}x)"
+        return f"no kernel: the best verified one was {best:.2f}x of eager"
 
 
 def _confirm(evaluator, task, best, inductor: bool = False):
@@ -149,7 +165,8 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog) -> di
                        "search_speedup": best.speedup})
         elif not result.stop.startswith("error"):
             searched.add(task.signature, cfg, result.stop,
-                         confirmed.speedup if confirmed is not None else None, policy_for(task).name)
+                         confirmed.speedup if confirmed is not None else None, policy_for(task).name,
+                         confirmed.compile_speedup if confirmed is not None else None)
         memory.save(memory_path)   # experience persists task by task
 
     with Evaluator() as evaluator:
@@ -234,9 +251,7 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
         try:
             kernels = _with_inductor_times(tasks, kernels, cache, cfg)
             model = _install_compiled(model, found, kernels, tuple(example_inputs), cfg)
-            model.htam_report.optimize_s = time.perf_counter() - t0
-            model.htam_report.usage = _total_usage(results.values())
-            return model
+            return _finish(model, t0, results, searched, cfg)
         except Exception as e:  # noqa: BLE001 -- Inductor could not take it: the replay path
             log.warning("torch_htam: torch.compile with the kernels failed (%s: %s); replaying the "
                         "captured graph instead", type(e).__name__, e, exc_info=True)
@@ -249,8 +264,20 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
                              "the original path is kept - please report this", tasks)
     if model.htam_report.swapped and cfg.check_end_to_end:
         model = _keep_what_pays(model, found, kernels, tuple(example_inputs), cfg.min_speedup)
-    model.htam_report.optimize_s = time.perf_counter() - t0
-    model.htam_report.usage = _total_usage(results.values())
+    return _finish(model, t0, results, searched, cfg)
+
+
+def _finish(model: nn.Module, t0: float, results: dict, searched: SearchedLog, cfg: OptimizeConfig) -> nn.Module:
+    """The report's totals, and for each task without a kernel why, from its search (e.g. the
+    best verified kernel lost to Inductor's code for the region, and by how much)."""
+    report = model.htam_report
+    report.optimize_s = time.perf_counter() - t0
+    report.usage = _total_usage(results.values())
+    for t in report.tasks:
+        rec = searched.data.get(t.signature)
+        if t.status == "no kernel" and rec:
+            t.status = searched.why_not(t.signature, cfg.min_speedup)
+            t.speedup, t.vs_inductor = rec.get("best"), rec.get("vs_inductor")
     return model
 
 
@@ -360,6 +387,7 @@ def _install_compiled(model: nn.Module, found, kernels: dict, inputs: tuple, cfg
             for t in report.tasks:
                 if t.signature in left:
                     t.speedup = kernels[t.signature].speedup
+                    t.vs_inductor = kernels[t.signature].record.get("evaluation", {}).get("compile_speedup")
                     t.status = ("not used: slower than Inductor's code for the region"
                                 if t.signature not in beat else
                                 "not used: the compiled model was not faster with it")
