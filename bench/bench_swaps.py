@@ -1,14 +1,16 @@
 """Each verified kernel alone inside torch.compile's graph, against torch.compile alone.
 
-    python3 bench/bench_swaps.py gpt2:bf16 [--budget 60]
+    python3 bench/bench_swaps.py gpt2:bf16 [--budget 60] [--mode reduce-overhead]
 
 Fills the cache with a replay-mode search (no Inductor bar, so every kernel that beats eager is
 there), then compiles the model once per kernel with only that kernel swapped in (plus once with
 all and once with none), times every variant interleaved, and profiles none vs all (device time
-per call and the top kernels). Tells which swapped regions cost the compiled model time and why.
-Writes bench/results/bench_swaps-<date>.json: suite "bench_swaps", model, rows (one per variant:
-variant, swapped sites, ms, p20, p80, vs_compile, the kernel's eager and Inductor speedups as
-cached), profile (per arm: device ms per call, top kernels).
+per call and the top kernels). Tells which swapped regions cost the compiled model time and why:
+wall ms far above device ms means the compiled model is host-bound (the launches, not the kernels,
+set its pace), and in reduce-overhead mode "cudagraph skips" counts graphs Inductor ran without
+CUDA graphs. Writes bench/results/bench_swaps-<date>.json: suite "bench_swaps", model, mode, rows
+(one per variant: variant, swapped sites, ms, p20, p80, vs_compile, device ms, cudagraph skips, the
+kernel's eager and Inductor speedups as cached), profile (none and all: top kernels).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from torch_htam.extract import extract  # noqa: E402
 from torch_htam.pipeline import OptimizeConfig  # noqa: E402
 from torch_htam.policy import admitted  # noqa: E402
 from torch_htam.timing import time_many  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
 
 
 def profile(fn, inputs, calls: int = 5, top: int = 8) -> dict:
@@ -52,6 +55,7 @@ def main() -> int:
     ap.add_argument("model", nargs="?", default="gpt2:bf16")
     ap.add_argument("--budget", type=float, default=60.0, help="search seconds")
     ap.add_argument("--iters", type=int, default=40)
+    ap.add_argument("--mode", default="default", choices=inductor.MODES, help="torch.compile's mode")
     ap.add_argument("--no-record", action="store_true")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -66,32 +70,38 @@ def main() -> int:
     kernels = {t.signature: e for t in found.tasks
                if (e := admitted(cache.get(t.signature), t)) is not None and e.usable(1.0)}
     label = {t.signature: f"{t.name} x{t.count} {t.signature[:8]}" for t in found.tasks}
-    fns, backends = {"none": inductor.compile_with(model, None)}, {}
+    fns, backends = {"none": inductor.compile_with(model, None, a.mode)}, {}
     for variant, subset in [*((label[s], {s: e}) for s, e in kernels.items()), ("all", kernels)]:
-        backends[variant] = b = inductor.HtamBackend(subset)
+        backends[variant] = b = inductor.HtamBackend(subset, a.mode)
         fns[variant] = inductor.compile_with(model, b)
+    skips = {}
     with torch.inference_mode():
         for variant, fn in fns.items():
-            t0 = time.perf_counter()
+            t0, before = time.perf_counter(), counters["inductor"]["cudagraph_skips"]
             fn(*inputs)
-            print(f"compiled {variant} in {time.perf_counter() - t0:.0f} s", flush=True)
+            skips[variant] = counters["inductor"]["cudagraph_skips"] - before
+            print(f"compiled {variant} in {time.perf_counter() - t0:.0f} s "
+                  f"({skips[variant]} cudagraph skips)", flush=True)
     arms = time_many(fns, inputs, a.iters, rounds=4)
+    prof = {k: profile(fn, inputs) for k, fn in fns.items()}
     base = arms["none"].median_ms
     rows = []
     for variant, t in arms.items():
         sig = next((s for s in kernels if label[s] == variant), None)
         ev = kernels[sig].record.get("evaluation", {}) if sig else {}
         rows.append({"variant": variant, "ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms,
-                     "vs_compile": base / t.median_ms,
+                     "vs_compile": base / t.median_ms, "device_ms": prof[variant]["device_ms"],
+                     "cudagraph_skips": skips[variant],
                      "swapped": sum(len(r.swapped) for r in backends[variant].records) if variant in backends else 0,
                      "eager_speedup": ev.get("speedup"), "inductor_speedup": ev.get("compile_speedup")})
-        print(f"{variant:60} {t.median_ms:8.3f} ms  {base / t.median_ms:5.2f}x of torch.compile", flush=True)
-    prof = {k: profile(fns[k], inputs) for k in ("none", "all")}
+        print(f"{variant:60} {t.median_ms:8.3f} ms  {base / t.median_ms:5.2f}x of torch.compile, "
+              f"{prof[variant]['device_ms']:.3f} ms of device time", flush=True)
+    prof = {k: prof[k] for k in ("none", "all")}
     for k, p in prof.items():
         print(f"profile {k}: {p['device_ms']:.3f} ms of device time per call; top: "
               + "; ".join(f"{x['name'][:40]} {x['ms']:.3f} ms x{x['launches']:.0f}" for x in p["top"][:4]))
     if not a.no_record:
-        record.write("bench_swaps", {"model": a.model, "budget_s": a.budget, "iters": a.iters,
+        record.write("bench_swaps", {"model": a.model, "mode": a.mode, "budget_s": a.budget, "iters": a.iters,
                                      "rows": rows, "profile": prof})
     return 0
 

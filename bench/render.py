@@ -64,6 +64,7 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
     "bench_swaps": [
         ("variant (kernels swapped)", "variant", None), ("sites", "swapped", None), ("ms", "ms", "{:.3f}"),
         ("p20 ms", "p20_ms", "{:.3f}"), ("p80 ms", "p80_ms", "{:.3f}"), ("vs torch.compile", "vs_compile", _x),
+        ("device ms", "device_ms", "{:.3f}"), ("cudagraph skips", "cudagraph_skips", None),
         ("kernel vs eager (cached)", "eager_speedup", _x), ("kernel vs Inductor (cached)", "inductor_speedup", _x)],
     "optimize_time": [
         ("model", "model", None), ("optimize s (cold)", "optimize_s", "{:.0f}"), ("tasks", "tasks", None),
@@ -231,7 +232,8 @@ def load(results_dir: Path) -> dict[str, tuple[Path, dict]]:
 
 def _subject(data: dict) -> str:
     if isinstance(data.get("model"), str):
-        return data["model"]
+        mode = data.get("mode")
+        return data["model"] + (f" ({mode})" if mode and mode != "default" else "")
     if data.get("suite") == "anytime_table":   # a table measured in parts: each part its tasks
         return ", ".join(t["task"] for t in data.get("tables", []))
     rows = data.get("rows") if isinstance(data.get("rows"), list) else []
