@@ -39,6 +39,28 @@ def test_backend_swaps_every_site_and_inductor_compiles_the_rest(mlp):
     assert all(k.calls == 1 for k in kernels.values())
 
 
+def test_the_swapped_graph_marks_parameters_as_static_inputs(mlp, monkeypatch):
+    """Inductor (AOTAutograd) learns which inputs are parameters from Dynamo's metadata; the
+    swapped graph carries it, else CUDA graphs would copy every weight before each replay."""
+    from torch._inductor import compile_fx
+    model, x, found, kernels = mlp
+    seen, real = [], compile_fx.compile_fx
+    monkeypatch.setattr(compile_fx, "compile_fx", lambda gm, *a, **k: seen.append(gm) or real(gm, *a, **k))
+    b = backend.HtamBackend(kernels, provider=PROVIDER)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend=b)(x), model(x))
+    (gm,) = seen
+    assert b.records[0].swapped and "dynamo_compile_id" in gm.meta and hasattr(gm, "_param_name_to_source")
+    static = [n.name for n in gm.graph.nodes if n.op == "placeholder"
+              and n.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")]
+    assert len(static) == len(list(model.parameters())) and all(
+        hasattr(n, "_dynamo_source") for n in gm.graph.nodes if n.op == "placeholder")
+    from torch._functorch._aot_autograd.frontend_utils import _try_get_metadata_from_dynamo
+    n_in = sum(n.op == "placeholder" for n in gm.graph.nodes)
+    _, idx = _try_get_metadata_from_dynamo(gm, {}.keys(), n_in, [])
+    assert len(idx) == len(static)
+
+
 def test_backend_without_kernels_is_plain_inductor(mlp):
     model, x, found, kernels = mlp
     b = backend.HtamBackend({}, provider=PROVIDER)
