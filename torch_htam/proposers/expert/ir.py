@@ -16,6 +16,7 @@ Expressions are hash-consed tuples (CSE for free):
     ("in", access_id)  ("const", float)  ("iconst", int)  ("bconst", bool)  ("red", reduction_id)
     ("ncol",) (row length at run time)  ("round", dtype, e)  ("cast", vt, e)  (op, e1, e2...)
     ("idx", reduction_id) (the int64 index an argmax / argmin / max.dim reduction gives)
+    ("coord", d) (the int64 index along iteration dim d: a cat picks its operand by it)
 
 Every value has a value type (value_type): "f" (computed in fp32, stored as fp32/bf16/fp16), "i"
 (int64 and int32 values, computed exactly in 64-bit integers) or "b" (bool, stored as one byte).
@@ -72,6 +73,12 @@ class Access:
     # iteration index i reads input index starts[k] + i * steps[k] (x[:, :, :T, :T], pos_emb[:, :t])
     starts: tuple[int, ...] = ()
     steps: tuple[int, ...] = ()
+    # a cat operand's read (elementwise only; empty: none): (iteration dim d, lo, hi, size) reads
+    # only where lo <= i_d < hi, at index i_d - lo of the input dim on d; size is d's whole size
+    window: tuple[int, int, int, int] = ()
+    # the input read as if reshaped to this shape (contiguous; empty: its own shape): a conv's
+    # [B, C, H, W] output seen as [B, C, H * W] before a permute
+    view: tuple[int, ...] = ()
 
     def column_varying(self, ndim: int, nred: int = 1) -> bool:
         """The access moves along the row (the last nred iteration dims)."""
@@ -117,6 +124,8 @@ class ExprProgram:
     nred: int = 1                      # rowwise: the row is the last nred iteration dims
     dropped: list[str] = field(default_factory=list)   # no-op ops removed by simplify
     has_transcendental: bool = False
+    # iteration dims whose index the kernel computes (("coord", d) and windowed accesses), in order
+    coords: tuple[int, ...] = ()
 
     @property
     def ndim(self) -> int:
@@ -261,7 +270,7 @@ def value_type(e: tuple, load_vt, memo: dict | None = None) -> str:
         r = load_vt(e[1])
     elif op in ("const", "red", "ncol"):
         r = "f"
-    elif op in ("iconst", "idx"):       # idx: an arg reduction's int64 index
+    elif op in ("iconst", "idx", "coord"):   # idx: an arg reduction's int64 index
         r = "i"
     elif op == "bconst" or op in BOOL_OPS:
         r = "b"
@@ -369,6 +378,8 @@ class Lowerer:
         self.red_memo: dict = {}
         self.ops_seen: set[str] = set()
         self.vt_memo: dict = {}
+        # the cat operand being lowered: (iteration dim, lo, hi, size) (Access.window), or ()
+        self.window: tuple = ()
 
     # -- helpers
     def stored_as(self, e: tuple) -> str | None:
@@ -399,8 +410,22 @@ class Lowerer:
             return self.identity()
         return amap
 
-    def access(self, idx: int, mode: str, dims: tuple = ()) -> tuple:
-        acc = Access(idx, mode, dims)
+    def access(self, idx: int, mode: str, dims: tuple = (), view: tuple = ()) -> tuple:
+        if self.window:
+            if mode != "dims":
+                raise Unsupported("a cat operand read through a reshape")
+            return self.windowed(Access(idx, mode, dims, view=view), (0,) * len(dims), (1,) * len(dims))
+        acc = Access(idx, mode, dims, view=view)
+        if acc not in self.accesses:
+            self.accesses.append(acc)
+        return ("in", self.accesses.index(acc))
+
+    def windowed(self, acc: Access, starts: tuple, steps: tuple) -> tuple:
+        """acc (a "dims" read, sliced by starts/steps) inside the current cat window: read at
+        i_d - lo along the window's iteration dim d, only inside the window."""
+        d, lo = self.window[0], self.window[1]
+        starts = tuple(s - lo * st if dim == d else s for s, st, dim in zip(starts, steps, acc.dims))
+        acc = Access(acc.input, "dims", acc.dims, starts, steps, self.window, acc.view)
         if acc not in self.accesses:
             self.accesses.append(acc)
         return ("in", self.accesses.index(acc))
@@ -434,7 +459,7 @@ class Lowerer:
                 raise Unsupported(f"non-numeric constant {node!r}")
             return ("const", node)
         amap = self.normalize(amap, shape_of(node))
-        key = (node, amap)
+        key = (node, amap, self.window)
         if key not in self.memo:
             e = self._val(node, amap)
             self.memo[key] = simp.gelu_tanh(simp.fold(e, self.dropped), self.dropped) if self.simplify else e
@@ -467,6 +492,8 @@ class Lowerer:
             e = self.view(node, amap)
         elif t is aten.slice.Tensor:
             e = self.slice(node, amap)
+        elif t is aten.cat.default:
+            e = self.cat(node, amap)
         elif t in CASTS:
             e = self.coerce(self.val(node.args[0], amap), vt)
         elif t in UNARY:
@@ -571,6 +598,12 @@ class Lowerer:
                 return self.val(src, ("flat", us))
             if amap[0] in ("flat", "suffix"):
                 return self.val(src, (amap[0], us))
+            base = _reshape_source(src)
+            if amap[0] == "dims" and self.strided and base is not None:
+                # NOTE: a task input read in another order after a reshape (ViT's patch conv output
+                # [B, C, H, W] -> [B, C, H * W] -> permute): the host checks it is contiguous and
+                # binds it with the reshape's shape (the graph fixes that shape)
+                return self.access(self.placeholders.index(base), "dims", amap[1], view=vs)
         raise Unsupported(f"reshape {us} -> {vs} of a broadcast value")
 
     def unary(self, node, amap, vt: str) -> tuple:
@@ -685,9 +718,42 @@ class Lowerer:
             raise Unsupported("slice of a computed value (only task inputs are read sliced)")
         dims = tuple(-1 if (shape_of(node)[k] == 1 and amap[1][k] == -1) else amap[1][k] for k in range(nd))
         acc = Access(self.placeholders.index(src), "dims", dims, tuple(starts), tuple(steps))
+        if self.window:
+            return self.windowed(acc, acc.starts, acc.steps)
         if acc not in self.accesses:
             self.accesses.append(acc)
         return ("in", self.accesses.index(acc))
+
+    def cat(self, node, amap) -> tuple:
+        """cat along dim k: each element from the operand whose range along k's iteration dim d
+        holds it, ("select", i_d < hi, operand, rest); each operand is read at i_d - lo and only
+        inside its range (Access.window: no load outside the tensor). Empty operands (HF's empty
+        key/value cache) are dropped, as torch drops them."""
+        nd = len(shape_of(node))
+        k = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % nd
+        parts = [p for p in node.args[0] if numel(shape_of(p)) != 0]
+        if len(parts) == 1:
+            return self.val(parts[0], amap)
+        if not self.strided:
+            raise Unsupported("cat (only the elementwise kernel reads concatenated operands)")
+        if amap[0] != "dims" or amap[1][k] < 0:
+            raise Unsupported("cat read through a reshape")
+        if self.window:
+            raise Unsupported("cat of a cat's operand (one window per read)")
+        d, size = amap[1][k], shape_of(node)[k]
+        exprs, lo = [], 0
+        for p in parts:
+            hi = lo + shape_of(p)[k]
+            self.window = (d, lo, hi, size)
+            try:
+                exprs.append((hi, self.val(p, amap)))
+            finally:
+                self.window = ()
+            lo = hi
+        e = exprs[-1][1]
+        for hi, x in reversed(exprs[:-1]):
+            e = ("select", ("lt", ("coord", d), ("iconst", hi)), x, e)
+        return e
 
     def permute(self, node, amap) -> tuple:
         """A permute/transpose read in iteration order: the source's dim p[k] is the value's dim
@@ -854,6 +920,17 @@ class Lowerer:
             raise Unsupported(f"{node.target} result used with layout {amap}; need one per row")
 
 
+def _reshape_source(n):
+    """The placeholder n reshapes (through order-keeping views only: view, reshape, flatten,
+    unsqueeze, no-ops), else None."""
+    while hasattr(n, "op") and n.op == "call_function" and n.target in VIEWS \
+            and n.target not in (aten.expand.default, aten.expand_as.default):
+        if n.target is aten.dropout.default and (n.args[2] if len(n.args) > 2 else n.kwargs.get("train", False)):
+            return None
+        n = n.args[0]
+    return n if hasattr(n, "op") and n.op == "placeholder" else None
+
+
 def _graph_outputs(gm) -> list:
     out = next(n for n in gm.graph.nodes if n.op == "output")
     vals = out.args[0]
@@ -977,6 +1054,9 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), strided: bool
         _check_row_types(prog)
     prog.size_source = _size_source(prog, gm, low.base()[1] if low.base()[0] == "dims" else ident_dims(prog), sp)
     prog.has_transcendental = any(op in TRANSCENDENTAL for op in low_ops(prog))
+    exprs = [o.expr for o in prog.outputs] + [r.expr for r in prog.reductions]
+    prog.coords = tuple(sorted({x[1] for e in exprs for x in walk(e) if x[0] == "coord"}
+                               | {a.window[0] for a in prog.accesses if a.window}))
     return prog
 
 
@@ -1026,7 +1106,7 @@ def walk(e: tuple):
     while stack:
         x = stack.pop()
         yield x
-        if x[0] in ("in", "const", "iconst", "bconst", "red", "ncol", "idx"):
+        if x[0] in ("in", "const", "iconst", "bconst", "red", "ncol", "idx", "coord"):
             continue
         stack.extend(a for a in x[1:] if isinstance(a, tuple))
 
