@@ -39,7 +39,7 @@ def prologue(prog: ExprProgram) -> str:
     for k, o in enumerate(prog.outputs):
         lines.append(f"  if (out[{k}].dtype != {DT[o.dtype][1]} || out[{k}].data == nullptr) return HTAM_ERR_SHAPE;")
     src, idx = prog.size_source[:2]
-    nd = prog.size_source[3] if src == "group" else prog.ndim
+    nd = {"group": lambda: prog.size_source[3], "split": lambda: len(prog.size_source[2])}.get(src, lambda: prog.ndim)()
     lines += [f"  const HtamTensor& szt = {'out' if src == 'out' else 'in'}[{idx}];",
               f"  if (szt.ndim != {nd}) return HTAM_ERR_SHAPE;",
               "  int64_t it[HTAM_MAX_DIMS];",
@@ -50,6 +50,16 @@ def prologue(prog: ExprProgram) -> str:
                      f"  it[0] = szt.sizes[0]; it[1] = {g}; it[2] = szt.sizes[1] / {g}; it[3] = 1;\n"
                      f"  for (int k = 2; k < {nd}; ++k) it[3] *= szt.sizes[k];\n"
                      f"  for (int d = 0; d < 4; ++d) n *= it[d];")
+    elif src == "split":      # output dim j merges iteration dims g: the inner ones as captured
+        _, _, groups, fine = prog.size_source
+        for j, g in enumerate(groups):
+            inner = 1
+            for d in g[1:]:
+                inner *= fine[d]
+            lines.append(f"  if (szt.sizes[{j}] % {inner} != 0) return HTAM_ERR_SHAPE;\n"
+                         f"  it[{g[0]}] = szt.sizes[{j}] / {inner};"
+                         + "".join(f" it[{d}] = {fine[d]};" for d in g[1:]))
+        lines.append(f"  for (int d = 0; d < {prog.ndim}; ++d) n *= it[d];")
     elif len(prog.size_source) == 2:
         lines.append(f"  for (int d = 0; d < {prog.ndim}; ++d) {{ it[d] = szt.sizes[d]; n *= it[d]; }}")
     else:   # the tensor's dim k is iteration dim dims[k] (a row program reduced over middle dims)

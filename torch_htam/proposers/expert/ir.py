@@ -956,7 +956,7 @@ class Space:
     groups: int = 0          # GroupNorm: shape is (N, groups, C / groups, pixels), xs read flat
 
 
-def _iteration_space(gm) -> Space:
+def _iteration_space(gm, strided: bool = False) -> Space:
     rows = [n for n in gm.graph.nodes if is_row_op(n)]
     if rows and rows[0].target is aten.group_norm.default:
         xs, g = shape_of(rows[0].args[0]), int(rows[0].args[1])
@@ -973,7 +973,51 @@ def _iteration_space(gm) -> Space:
     if not outs:
         raise Unsupported("the region has no output")
     shape = shape_of(outs[0])
+    rep = _repeat_source(outs[0]) if strided and len(outs) == 1 else None
+    if rep is not None:
+        # NOTE: the output is a reshape of a broadcast (GQA's k/v heads: [B, KV, T, d] ->
+        # expand [B, KV, R, T, d] -> reshape [B, KV * R, T, d]): iterate over the broadcast's
+        # shape, where the repeat is a stride-0 read, and store in that (row-major) order
+        shape = shape_of(rep)
     return Space("elementwise", shape, tuple(range(len(shape))), 1, shape)
+
+
+ORDER_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default,
+               aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+               aten.flatten.using_ints, aten.alias.default, aten.clone.default,
+               aten.contiguous.default, aten.detach.default}
+
+
+def _repeat_source(o):
+    """The expand that output o reshapes (through order-keeping views) when o's dims group that
+    expand's (split_groups), else None."""
+    x = o
+    while hasattr(x, "op") and x.op == "call_function" and x.target in ORDER_VIEWS:
+        x = x.args[0]
+    if not (hasattr(x, "op") and x.op == "call_function" and x.target is aten.expand.default):
+        return None
+    if shape_of(x) == shape_of(o) or split_groups(shape_of(o), shape_of(x)) is None:
+        return None
+    return x
+
+
+def split_groups(outer: tuple[int, ...], fine: tuple[int, ...]) -> tuple[tuple[int, ...], ...] | None:
+    """The dims of `fine` each dim of `outer` merges, in order ([1, 4, 16, 8] of [1, 2, 2, 16, 8]:
+    ((0,), (1, 2), (3,), (4,))), or None when outer is no such merge of fine."""
+    groups, d = [], 0
+    for s in outer:
+        g, p = [], 1
+        while d < len(fine) and (p < s or not g):
+            g.append(d)
+            p *= fine[d]
+            d += 1
+        if p != s:
+            return None
+        groups.append(tuple(g))
+    while d < len(fine) and fine[d] == 1 and groups:
+        groups[-1] += (d,)
+        d += 1
+    return tuple(groups) if d == len(fine) else None
 
 
 def _size_source(prog: ExprProgram, gm, base: tuple[int, ...], sp: Space) -> tuple:
@@ -989,8 +1033,13 @@ def _size_source(prog: ExprProgram, gm, base: tuple[int, ...], sp: Space) -> tup
         if shape_of(o) == prog.shape and (base == ident or prog.outputs[i].dims is None):
             return ("out", i)
     for a in prog.accesses:
-        if a.mode == "dims" and a.dims == ident and prog.inputs[a.input][0] == prog.shape:
+        if a.mode == "dims" and a.dims == ident and prog.inputs[a.input][0] == prog.shape and not a.view:
             return ("in", a.input)
+    outs = _graph_outputs(gm)
+    if sp.kind == "elementwise" and len(outs) == 1 and prog.outputs[0].dims is None:
+        groups = split_groups(shape_of(outs[0]), prog.shape)
+        if groups is not None:     # the output's dims merge iteration dims (a repeat's reshape)
+            return ("split", 0, groups, tuple(prog.shape))
     if base != ident:
         for i, o in enumerate(prog.outputs):
             if o.dims == base:
@@ -1029,7 +1078,7 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), strided: bool
     >>> prog = lower(task.graph); prog.kind
     'elementwise'
     """
-    sp = _iteration_space(gm)
+    sp = _iteration_space(gm, strided)
     kind, shape = sp.kind, sp.shape
     if not shape:
         raise Unsupported("0-dim iteration space")
