@@ -734,7 +734,7 @@ class Lowerer:
         parts = [p for p in node.args[0] if numel(shape_of(p)) != 0]
         if len(parts) == 1:
             return self.val(parts[0], amap)
-        if not self.strided:
+        if not self.strided or self.kind != "elementwise":
             raise Unsupported("cat (only the elementwise kernel reads concatenated operands)")
         if amap[0] != "dims" or amap[1][k] < 0:
             raise Unsupported("cat read through a reshape")
