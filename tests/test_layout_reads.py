@@ -87,6 +87,13 @@ class QRotary(nn.Module):
         return Rotary()(q, cos, sin)
 
 
+class NormTransposed(nn.Module):
+    """ViT's encoder block under nn.MultiheadAttention: layer_norm, then transpose(1, 0) to
+    [T, B, C] (a row program's output stored through permuted strides)."""
+    def forward(self, x, w, b):
+        return F.layer_norm(x, x.shape[-1:], w, b, 1e-6).transpose(1, 0)
+
+
 def _cases(dtype=torch.float32, device="cpu") -> dict:
     def r(*s):
         return torch.randn(*s, dtype=dtype, device=device)
@@ -95,6 +102,13 @@ def _cases(dtype=torch.float32, device="cpu") -> dict:
         "rotary_repeat": (RotaryRepeat(), [r(2, 2, 24, 16), r(2, 1, 24, 16), r(2, 1, 24, 16)]),
         "patch_tokens": (PatchTokens(), [r(2, 32, 3, 5), r(1, 1, 32), r(1, 16, 32)]),
     }
+
+
+def _all_cases(dtype=torch.float32, device="cpu") -> dict:
+    """The elementwise cases and the row program whose output is stored transposed."""
+    def r(*s):
+        return torch.randn(*s, dtype=dtype, device=device)
+    return {**_cases(dtype, device), "norm_transposed": (NormTransposed(), [r(2, 40, 64), r(64), r(64)])}
 
 
 def _task(model: nn.Module, args: list) -> Task:
@@ -179,6 +193,12 @@ def test_reshaped_input_read_permuted_binds_the_reshape():
     assert acc.view == (2, 32, 15) and acc.window == (1, 1, 16, 16)
 
 
+def test_row_output_transposed_is_stored_through_strides():
+    model, args = _all_cases()["norm_transposed"]
+    prog = lower(_task(model, args).graph)
+    assert prog.kind == "rowwise" and prog.outputs[0].dims == (1, 0, 2)
+
+
 def test_repeat_output_iterates_over_the_broadcast():
     model, args = _cases()["rotary_repeat"]
     prog = lower(_task(model, args).graph, strided=True)
@@ -238,7 +258,7 @@ def test_rotary_after_the_q_heads_is_one_elementwise_region():
 
 def _sources(dtype) -> list[tuple[str, str]]:
     out = []
-    for name, (model, args) in _cases(dtype).items():
+    for name, (model, args) in _all_cases(dtype).items():
         task = _task(model, args)
         req = ProposalRequest(task, "seed", [], n=2, policy=policy_for(task))
         for i, c in enumerate(ExpertProposer().propose(req).candidates):
@@ -248,7 +268,7 @@ def _sources(dtype) -> list[tuple[str, str]]:
 
 def test_candidates_pass_the_static_check():
     srcs = _sources(torch.float32)
-    assert len(srcs) == 2 * len(_cases())
+    assert len(srcs) == 2 * len(_all_cases())
     for name, s in srcs:
         assert build.check_source(s) == [], name
 
@@ -260,11 +280,11 @@ def test_layout_read_sources_compile_for_sm90a():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("name", list(_cases()))
+@pytest.mark.parametrize("name", list(_all_cases()))
 def test_layout_read_kernels_match_torch(name, dtype):
     from torch_htam.launcher import Kernel
     from torch_htam.verify import poison_
-    model, args = _cases(dtype)[name]
+    model, args = _all_cases(dtype)[name]
     task = _task(model, args)
     policy = policy_for(task)
     cands = ExpertProposer().propose(ProposalRequest(task, "seed", [], n=2, policy=policy)).candidates

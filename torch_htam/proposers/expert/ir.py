@@ -1064,12 +1064,32 @@ def _output(low: Lowerer, sp: Space, o) -> Output:
         return Output(low.val(o, base), dt, False, numel(os_), dims=base[1])
     if os_ == shape:
         return Output(low.val(o, low.identity()), dt, False, numel(os_))
+    src, p = _permute_chain(o)
+    if sp.kind == "rowwise" and p is not None and shape_of(src) == sp.xs:
+        # a permute of a full-shape value (ViT's layer_norm then transpose back to [T, B, C]):
+        # output dim k is the value's dim p[k], stored through the output's strides
+        base = low.base()[1]
+        dims = tuple(base[p[k]] for k in range(len(p)))
+        return Output(low.val(o, ("dims", dims)), dt, False, numel(os_), dims=dims)
     if numel(os_) == numel(shape) and ident:
         return Output(low.val(o, ("flat", os_)), dt, False, numel(os_))
     if os_ in row_shapes:
         # (integer values in a row program: an arg reduction's index alone, _check_row_types)
         return Output(low.val(o, low.row_map(keepdim=row_shapes[os_])), dt, True, numel(os_))
     raise Unsupported(f"output of shape {os_} next to iteration shape {shape}")
+
+
+def _permute_chain(o):
+    """(source, p) when o is a chain of permutes / transposes of source (o's dim k is source's dim
+    p[k]), else (None, None)."""
+    p, x = None, o
+    while hasattr(x, "op") and x.op == "call_function" and x.target in simp.PERMUTES:
+        q = simp.perm_of(x)
+        if q is None:
+            return None, None
+        p = q if p is None else [q[k] for k in p]
+        x = x.args[0]
+    return (x, p) if p is not None else (None, None)
 
 
 def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), strided: bool = False) -> ExprProgram:
