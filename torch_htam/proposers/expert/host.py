@@ -39,7 +39,8 @@ def prologue(prog: ExprProgram) -> str:
     for k, o in enumerate(prog.outputs):
         lines.append(f"  if (out[{k}].dtype != {DT[o.dtype][1]} || out[{k}].data == nullptr) return HTAM_ERR_SHAPE;")
     src, idx = prog.size_source[:2]
-    nd = {"group": lambda: prog.size_source[3], "split": lambda: len(prog.size_source[2])}.get(src, lambda: prog.ndim)()
+    # the size tensor's rank: a GroupNorm input's own, the merged output's, else the iteration's
+    nd = prog.size_source[3] if src == "group" else len(prog.size_source[2]) if src == "split" else prog.ndim
     lines += [f"  const HtamTensor& szt = {'out' if src == 'out' else 'in'}[{idx}];",
               f"  if (szt.ndim != {nd}) return HTAM_ERR_SHAPE;",
               "  int64_t it[HTAM_MAX_DIMS];",

@@ -119,7 +119,9 @@ class ExprProgram:
     reductions: list[Reduction] = field(default_factory=list)
     outputs: list[Output] = field(default_factory=list)
     # tensor whose run-time sizes give the iteration shape: (kind, index) read in order, or
-    # (kind, index, dims) with dims[k] the iteration dim of the tensor's dim k
+    # (kind, index, dims) with dims[k] the iteration dim of the tensor's dim k, or ("split", 0,
+    # groups, shape): output 0's dim j merges iteration dims groups[j], all but the first of them
+    # the captured shape's (an output that reshapes a repeat: split_groups)
     size_source: tuple = ("out", 0)
     nred: int = 1                      # rowwise: the row is the last nred iteration dims
     dropped: list[str] = field(default_factory=list)   # no-op ops removed by simplify
