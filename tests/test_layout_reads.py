@@ -94,6 +94,13 @@ class NormTransposed(nn.Module):
         return F.layer_norm(x, x.shape[-1:], w, b, 1e-6).transpose(1, 0)
 
 
+class SlicedPosNorm(nn.Module):
+    """MinGPT's embedding sum before the first layer_norm: x + pos[:, :T] (a sliced read in the
+    row program's prologue)."""
+    def forward(self, x, pos, w, b):
+        return F.layer_norm(x + pos[:, :x.shape[1]], x.shape[-1:], w, b)
+
+
 def _cases(dtype=torch.float32, device="cpu") -> dict:
     def r(*s):
         return torch.randn(*s, dtype=dtype, device=device)
@@ -108,7 +115,8 @@ def _all_cases(dtype=torch.float32, device="cpu") -> dict:
     """The elementwise cases and the row program whose output is stored transposed."""
     def r(*s):
         return torch.randn(*s, dtype=dtype, device=device)
-    return {**_cases(dtype, device), "norm_transposed": (NormTransposed(), [r(2, 40, 64), r(64), r(64)])}
+    return {**_cases(dtype, device), "norm_transposed": (NormTransposed(), [r(2, 40, 64), r(64), r(64)]),
+            "sliced_pos_norm": (SlicedPosNorm(), [r(2, 24, 64), r(1, 32, 64), r(64), r(64)])}
 
 
 def _task(model: nn.Module, args: list) -> Task:
@@ -197,6 +205,14 @@ def test_row_output_transposed_is_stored_through_strides():
     model, args = _all_cases()["norm_transposed"]
     prog = lower(_task(model, args).graph)
     assert prog.kind == "rowwise" and prog.outputs[0].dims == (1, 0, 2)
+
+
+def test_row_program_reads_a_sliced_input():
+    model, args = _all_cases()["sliced_pos_norm"]
+    prog = lower(_task(model, args).graph)
+    assert prog.kind == "rowwise"
+    (acc,) = [a for a in prog.accesses if a.starts]
+    assert acc.input == 1 and acc.starts == (0, 0, 0) and acc.dims == (-1, 1, 2)
 
 
 def test_repeat_output_iterates_over_the_broadcast():

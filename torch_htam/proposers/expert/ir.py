@@ -701,8 +701,8 @@ class Lowerer:
     def slice(self, node, amap) -> tuple:
         """A chain of slices of a task input, read in place (start and step per dim; the count is
         the iteration's, which the host checks fits in the input)."""
-        if not self.strided:
-            raise Unsupported("slice (only the elementwise kernel binds sliced inputs)")
+        if not (self.strided or self.kind == "rowwise"):
+            raise Unsupported("slice (only the elementwise and row kernels bind sliced inputs)")
         if amap[0] != "dims":
             raise Unsupported("slice read through a reshape")
         nd = len(shape_of(node))
