@@ -253,6 +253,24 @@ def test_conv_keeps_its_epilogue_and_the_permuted_add_reads_it_in_place():
     assert all(why is None for _, _, why in regions), regions
 
 
+class SqueezeExcite(nn.Module):
+    """EfficientNet's gate: conv 1x1 on the pooled [B, C, 1, 1] + sigmoid, times the input."""
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Conv2d(16, 16, 1)
+
+    def forward(self, x):
+        return torch.sigmoid(self.fc(F.adaptive_avg_pool2d(x, 1))) * x
+
+
+def test_gate_spread_over_the_input_is_not_the_convs_epilogue():
+    regions = _regions(SqueezeExcite().eval(), [torch.randn(2, 16, 8, 8)])
+    conv = next(ops for k, ops, _ in regions if k == "conv")
+    assert "sigmoid" in conv and "mul" not in conv
+    assert any(k == "elementwise" and "mul" in ops for k, ops, _ in regions), regions
+    assert all(why is None for _, _, why in regions), regions
+
+
 def test_gemm_writes_the_transposed_layout_and_the_residual_add_follows():
     regions = _regions(ProjTransposeAdd().eval(), [torch.randn(10, 32), torch.randn(2, 5, 32)])
     kinds = {k: (ops, why) for k, ops, why in regions}

@@ -129,7 +129,7 @@ def _group_compute(nodes: list[fx.Node], order: dict, patterns=()) -> list[list[
         target = None
         if cat == ELEMENTWISE:
             producers = _unique([group_of[p] for p in _compute_inputs(n) if p in group_of])
-            producers = [g for g in producers if not _reordered_anchor_result(n, g)]
+            producers = [g for g in producers if not _outside_anchor_epilogue(n, g)]
             target = next((g for g in producers if not _creates_cycle(n, g, order)), None)
         if target is None:
             target = []
@@ -140,17 +140,22 @@ def _group_compute(nodes: list[fx.Node], order: dict, patterns=()) -> list[list[
     return [sorted(g, key=order.get) for g in sorted(groups, key=lambda g: min(map(order.get, g)))]
 
 
-def _reordered_anchor_result(n: fx.Node, group: list[fx.Node]) -> bool:
-    """n reads the result of group, an anchor's region, through a view that changes the element
-    order (a permute, slice, broadcast: ops.OpInfo.keeps_order is False).
+def _outside_anchor_epilogue(n: fx.Node, group: list[fx.Node]) -> bool:
+    """n reads the result of group, an anchor's region, in another order (through a view that
+    changes it: a permute, slice, broadcast; ops.OpInfo.keeps_order is False) or spread over a
+    larger shape (n has more elements than the anchor's result).
 
     NOTE: an anchor's epilogue runs over the anchor's own iteration space (the GEMM's [M, N], the
-    conv's output), so ops after such a view (the rotary embedding after q's transpose to heads,
-    ViT's class-token cat after the patch conv's permute, Whisper's positional add after its
-    permute) start an elementwise region instead: it reads the anchor's output (a layout the GEMM
-    writes directly, or the conv's output through strides) in the order they need."""
-    if not any(category(m) == ANCHOR for m in group) or _empty_cat(n):
+    conv's output), so such ops (the rotary embedding after q's transpose to heads, ViT's
+    class-token cat after the patch conv's permute, Whisper's positional add after its permute,
+    squeeze-excitation's gate [B, C, 1, 1] times the [B, C, H, W] input) start an elementwise
+    region instead: it reads the anchor's output (a layout the GEMM writes directly, or the
+    output through strides) in the order and shape they need."""
+    anchor = next((m for m in group if category(m) == ANCHOR), None)
+    if anchor is None or _empty_cat(n):
         return False      # a cat with empty operands only (HF's empty key/value cache) is a layout
+    if _numel(n) > _numel(anchor) > 0:
+        return True
     members = set(group)
     for a in _all_inputs(n):
         if _free_source(a) in members and _reorders(a):
