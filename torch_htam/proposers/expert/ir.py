@@ -922,13 +922,20 @@ class Lowerer:
             raise Unsupported(f"{node.target} result used with layout {amap}; need one per row")
 
 
+def _keeps_order(n) -> bool:
+    """n is a view or no-op that keeps a contiguous value's element order (ops.OpInfo.keeps_order:
+    reshape, unsqueeze, eval dropout...)."""
+    if not (hasattr(n, "op") and n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)):
+        return False
+    row = ops.info(n.target.overloadpacket.__name__)
+    if row is None or not row.keeps_order:
+        return False
+    return not (n.target is aten.dropout.default and (n.args[2] if len(n.args) > 2 else n.kwargs.get("train", False)))
+
+
 def _reshape_source(n):
-    """The placeholder n reshapes (through order-keeping views only: view, reshape, flatten,
-    unsqueeze, no-ops), else None."""
-    while hasattr(n, "op") and n.op == "call_function" and n.target in VIEWS \
-            and n.target not in (aten.expand.default, aten.expand_as.default):
-        if n.target is aten.dropout.default and (n.args[2] if len(n.args) > 2 else n.kwargs.get("train", False)):
-            return None
+    """The placeholder n reshapes through order-keeping views only, else None."""
+    while _keeps_order(n):
         n = n.args[0]
     return n if hasattr(n, "op") and n.op == "placeholder" else None
 
@@ -984,17 +991,11 @@ def _iteration_space(gm, strided: bool = False) -> Space:
     return Space("elementwise", shape, tuple(range(len(shape))), 1, shape)
 
 
-ORDER_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default,
-               aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
-               aten.flatten.using_ints, aten.alias.default, aten.clone.default,
-               aten.contiguous.default, aten.detach.default}
-
-
 def _repeat_source(o):
     """The expand that output o reshapes (through order-keeping views) when o's dims group that
     expand's (split_groups), else None."""
     x = o
-    while hasattr(x, "op") and x.op == "call_function" and x.target in ORDER_VIEWS:
+    while _keeps_order(x):
         x = x.args[0]
     if not (hasattr(x, "op") and x.op == "call_function" and x.target is aten.expand.default):
         return None
