@@ -69,6 +69,15 @@ class AttnTimesV(nn.Module):
         return (att @ v).transpose(1, 2).contiguous().view(B, T, -1)
 
 
+class RepeatKV(nn.Module):
+    """Llama's v with grouped-query attention: linear + view + transpose to 2 kv heads, each
+    repeated twice (expand + reshape: a stride-0 dim of the output's map, no library call writes it)."""
+    def forward(self, x, w):
+        B, T, _ = x.shape
+        y = F.linear(x, w).view(B, T, 2, w.shape[0] // 2).transpose(1, 2)
+        return y[:, :, None].expand(B, 2, 2, T, w.shape[0] // 2).reshape(B, 4, T, w.shape[0] // 2)
+
+
 class ScaledBmmT(nn.Module):
     """bmm with a transposed operand and a scale epilogue: [Z, T, d] x [Z, T, d]^T * 1/sqrt(d)."""
     def forward(self, q, k):
@@ -88,6 +97,7 @@ def _cases(dtype=torch.float32, device="cpu") -> dict:
         "scores_of_views_b2": (ScoresOfViews(), [r(2, 24, 64), r(2, 24, 64)]),
         "attn_times_v_b2": (AttnTimesV(), [r(2, 4, 24, 24), r(2, 24, 64)]),
         "scaled_bmm_t": (ScaledBmmT(), [r(6, 24, 16), r(6, 24, 16)]),
+        "repeat_kv": (RepeatKV(), [r(2, 24, 64), r(32, 64, scale=0.1)]),
     }
 
 
@@ -118,11 +128,14 @@ def test_layout_maps_reproduce_torch(name):
     for o, want in zip(L.outs, ref):
         got = torch.as_strided(y, o.view.sizes, o.view.strides, o.view.base).reshape(o.shape)
         assert torch.equal(got, want)
-        # the output covers its box of Y = [batch, M, N] exactly once (what a direct write needs)
+        # the output covers its box of Y = [batch, M, N] exactly once (what a direct write needs),
+        # or a whole number of times when it repeats it
         idx = torch.as_strided(torch.arange(y.numel()), o.view.sizes, o.view.strides, o.view.base).flatten()
         (b0, m0, n0), (b1, m1, n1) = o.box.lo, o.box.hi
         box = torch.arange(y.numel()).view(L.batch, L.M, L.N)[b0:b1, m0:m1, n0:n1].flatten()
-        assert torch.equal(idx.sort().values, box.sort().values)
+        copies = idx.numel() // box.numel()
+        assert copies * box.numel() == idx.numel() and (copies > 1) == o.box.repeats
+        assert torch.equal(idx.sort().values, box.repeat_interleave(copies).sort().values)
     # the operands' strided views of the inputs give torch's product
     a_in, b_in = args[L.A.input].contiguous().flatten(), args[L.B.input].contiguous().flatten()
     def operand(x, op, rows, cols):      # [outer, inner, rows, cols] as the kernel steps it
@@ -169,11 +182,14 @@ def test_pure_view_of_the_result_stays_on_the_plain_path():
     assert "CUBLASLT_EPILOGUE_BIAS" in src
 
 
-class _RepeatKV(nn.Module):
-    """Llama's GQA repeat: expand + reshape repeats each head (no stride gives it)."""
-    def forward(self, x, w):
-        y = F.linear(x, w).view(1, x.shape[1], 2, 8).transpose(1, 2)
-        return y[:, :, None].expand(1, 2, 2, x.shape[1], 8).reshape(1, 4, x.shape[1], 8)
+def test_repeated_output_is_written_by_the_store_kernel():
+    """GQA's repeat: the output's map steps 0 along the repeat; no direct cuBLASLt write."""
+    model, args = _cases()["repeat_kv"]
+    task = _task(model, args)
+    L = match_task(task, policy_for(task)).region.lay
+    assert [o.box.repeats for o in L.outs] == [True]
+    src = ExpertProposer().propose(ProposalRequest(task, "seed", [], n=1, policy=policy_for(task))).candidates[0].source
+    assert "direct = false;" in src and "store_layout" in src
 
 
 class _ViewThenAdd(nn.Module):
@@ -183,7 +199,6 @@ class _ViewThenAdd(nn.Module):
 
 
 @pytest.mark.parametrize("model,args,why", [
-    (_RepeatKV(), [torch.randn(1, 8, 16), torch.randn(16, 16)], "repeats elements|not a strided view"),
     (_ViewThenAdd(), [torch.randn(5, 16), torch.randn(16, 16), torch.randn(1, 5, 16)], "elementwise ops after a view"),
 ])
 def test_unsupported_layouts_say_why(model, args, why):

@@ -44,6 +44,10 @@ class OpInfo:
     "softmax", "cast", "cond" (mask == 0 and other comparisons with a constant that make a mask).
     window (pooling, row-wise): "max" | "avg" | "adaptive_avg", the reduction over each window
     (the expert's pool.py reads the geometry from the op's arguments).
+    keeps_order (views and no-ops): a contiguous value keeps its elements' order through the op
+    (reshape, unsqueeze, eval dropout); permutes, slices and broadcasts do not.
+    writes_layouts (anchors): the kind's kernel writes its result through a chain of views
+    (gemm_layout.py, attention's strided output), so such a chain after it stays in its region.
     """
     category: str
     kind: str | None = None
@@ -57,6 +61,8 @@ class OpInfo:
     keeps_epilogue: bool = False
     attn: str | None = None
     window: str | None = None
+    keeps_order: bool = False
+    writes_layouts: bool = False
 
 
 def _rows(category: str, names, **kw) -> dict[str, OpInfo]:
@@ -78,7 +84,7 @@ def _row(flops: int = 1, reduction: bool = True) -> OpInfo:
 OPS: dict[str, OpInfo] = {
     # ---- anchors
     **_rows(ANCHOR, ("linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum",
-                     "addmv", "mv"), kind="gemm"),
+                     "addmv", "mv"), kind="gemm", writes_layouts=True),
     **_rows(ANCHOR, ("conv1d", "conv2d", "conv3d", "convolution", "_convolution",
                      "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"), kind="conv",
              # NOTE: the conv + BN + add + ReLU kernel is our largest region win (3.2-3.6x over
@@ -87,7 +93,8 @@ OPS: dict[str, OpInfo] = {
              keeps_epilogue=True),
     **_rows(ANCHOR, ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
                      "_scaled_dot_product_efficient_attention",
-                     "_scaled_dot_product_flash_attention_for_cpu"), kind="attention", reduction=True),
+                     "_scaled_dot_product_flash_attention_for_cpu"), kind="attention", reduction=True,
+             writes_layouts=True),
     # ---- row-wise: softmax and norms (FLOPs per input element)
     "softmax": _row(5), "_softmax": _row(5), "log_softmax": _row(5), "_log_softmax": _row(5),
     "_safe_softmax": _row(5), "layer_norm": _row(8), "native_layer_norm": _row(8),
@@ -150,14 +157,15 @@ OPS: dict[str, OpInfo] = {
     # NOTE: cat moves data but fuses into an elementwise kernel as index math (rotary embeddings)
     "cat": _ew(), "tril": _ew(), "triu": _ew(),
     # ---- views: relabel elements
-    **_rows(VIEW, ("view", "reshape", "_unsafe_view", "permute", "transpose", "t", "select",
-                   "slice", "unsqueeze", "squeeze", "expand", "expand_as", "flatten", "unflatten",
+    **_rows(VIEW, ("permute", "transpose", "t", "select", "slice", "expand", "expand_as",
                    "split", "split_with_sizes", "chunk", "unbind", "narrow", "as_strided",
-                   "movedim", "view_as", "unfold", "diagonal", "getitem")),
+                   "movedim", "unfold", "diagonal", "getitem")),
+    **_rows(VIEW, ("view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "flatten",
+                   "unflatten", "view_as"), keeps_order=True),
     # ---- no work in eval. NOTE: dropout is a no-op only in eval; a task calls it exactly as the
     # graph does (aten.dropout(x, p, train=False)), so the reference stays exact either way.
     **_rows(NOOP, ("dropout", "contiguous", "clone", "alias", "detach", "lift_fresh_copy",
-                   "feature_dropout", "alpha_dropout")),
+                   "feature_dropout", "alpha_dropout"), keeps_order=True),
 }
 
 

@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 
 from torch_htam import attn_pattern, ops
-from torch_htam.ops import ANCHOR, COMPUTE, ELEMENTWISE, FREE, ROWWISE
+from torch_htam.ops import ANCHOR, COMPUTE, ELEMENTWISE, FREE, NOOP, ROWWISE
 
 
 @dataclass
@@ -129,6 +129,7 @@ def _group_compute(nodes: list[fx.Node], order: dict, patterns=()) -> list[list[
         target = None
         if cat == ELEMENTWISE:
             producers = _unique([group_of[p] for p in _compute_inputs(n) if p in group_of])
+            producers = [g for g in producers if not _outside_anchor_epilogue(n, g)]
             target = next((g for g in producers if not _creates_cycle(n, g, order)), None)
         if target is None:
             target = []
@@ -137,6 +138,43 @@ def _group_compute(nodes: list[fx.Node], order: dict, patterns=()) -> list[list[
         if cat == ELEMENTWISE:
             _merge_chains(n, target, producers, groups, group_of, order)
     return [sorted(g, key=order.get) for g in sorted(groups, key=lambda g: min(map(order.get, g)))]
+
+
+def _outside_anchor_epilogue(n: fx.Node, group: list[fx.Node]) -> bool:
+    """n reads the result of group, an anchor's region, in another order (through a view that
+    changes it: a permute, slice, broadcast; ops.OpInfo.keeps_order is False) or spread over a
+    larger shape (n has more elements than the anchor's result).
+
+    NOTE: an anchor's epilogue runs over the anchor's own iteration space (the GEMM's [M, N], the
+    conv's output), so such ops (the rotary embedding after q's transpose to heads, ViT's
+    class-token cat after the patch conv's permute, Whisper's positional add after its permute,
+    squeeze-excitation's gate [B, C, 1, 1] times the [B, C, H, W] input) start an elementwise
+    region instead: it reads the anchor's output (a layout the GEMM writes directly, or the
+    output through strides) in the order and shape they need."""
+    anchor = next((m for m in group if category(m) == ANCHOR), None)
+    if anchor is None or _empty_cat(n):
+        return False      # a cat with empty operands only (HF's empty key/value cache) is a layout
+    if _numel(n) > _numel(anchor) > 0:
+        return True
+    members = set(group)
+    for a in _all_inputs(n):
+        if _free_source(a) in members and _reorders(a):
+            return True
+    return False
+
+
+def _empty_cat(n: fx.Node) -> bool:
+    """A cat whose operands but one have no elements: it moves nothing (gemm_layout.is_layout)."""
+    return op_name(n) == "cat" and sum(_numel(p) != 0 for p in n.args[0]) == 1
+
+
+def _reorders(a: fx.Node) -> bool:
+    """Some free node on the chain from a back to its compute source changes element order."""
+    while category(a) in FREE and _all_inputs(a):
+        if not ops.info(op_name(a)).keeps_order:
+            return True
+        a = _all_inputs(a)[0]
+    return False
 
 
 def _chain_only(group: list[fx.Node]) -> bool:
@@ -158,7 +196,8 @@ def _merge_chains(n, target, producers, groups, group_of, order) -> None:
         return
     size = _numel(n)
     for g in producers:
-        if g is target or not _chain_only(g) or any(_numel(m) != size for m in g):
+        if g is target or not _chain_only(g) or any(_numel(m) != size and not _cat_part(m, size)
+                                                     for m in g):
             continue
         union = target + g
         members = set(union)
@@ -172,6 +211,13 @@ def _merge_chains(n, target, producers, groups, group_of, order) -> None:
             group_of[m] = target
         target.extend(g)
         groups[:] = [x for x in groups if x is not g]
+
+
+def _cat_part(m: fx.Node, size: int) -> bool:
+    """m (smaller than size) only feeds cats of that size: its elements are moved into the cat's
+    result, never recomputed per element (rotary's -x2 in cat((-x2, x1), -1))."""
+    users = _compute_users(m)
+    return bool(users) and all(op_name(u) == "cat" and _numel(u) == size for u in users)
 
 
 def _grab_epilogue(row, group, group_of, add, order) -> None:
@@ -292,7 +338,7 @@ def _absorb_free(nodes: list[fx.Node], region_of: dict) -> None:
         src_region = region_of.get(_free_source(n))
         target = None
         if src_region is not None and (any(r is src_region for r in user_regions)
-                                       or _sole_tail(n)):
+                                       or (_sole_tail(n) and _takes_tail(src_region, n))):
             target = src_region
         elif user_regions and all(r is not None and r is user_regions[0] for r in user_regions):
             if all(_is_tensor(a) for a in _all_inputs(n)):
@@ -312,6 +358,21 @@ def _sole_tail(n: fx.Node) -> bool:
             return False
         n = src
     return category(n) in COMPUTE
+
+
+def _takes_tail(region: list[fx.Node], n: fx.Node) -> bool:
+    """Whether region's kernel can write its value through the free chain ending at n: any chain
+    for row-wise/elementwise regions and anchors that write layouts (ops.OpInfo.writes_layouts);
+    only no-ops (same shape, same order) for the others (a conv writes its own shape: a permute
+    after it is read in place by the elementwise region that follows)."""
+    anchor = next((m for m in region if category(m) == ANCHOR), None)
+    if anchor is None or ops.info(op_name(anchor)).writes_layouts:
+        return True
+    while category(n) in FREE and n.all_input_nodes:
+        if category(n) != NOOP:
+            return False
+        n = n.all_input_nodes[0]
+    return True
 
 
 def _is_getitem_of_free_tuple(n: fx.Node) -> bool:

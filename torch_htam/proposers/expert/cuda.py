@@ -96,9 +96,11 @@ class Emitter:
     """Emits `const float tN = ...;` lines for expressions, once per distinct sub-expression.
     load(access_id) / red(reduction_id) give the C++ names of loaded inputs and row results."""
 
-    def __init__(self, load, red, fast: bool = False, low_precision: bool = False, prefix="t", vt=None):
-        # vt: expression -> value type ("f" | "i" | "b", ir.value_type); None: every value is float
-        self.load, self.red, self.prefix = load, red, prefix
+    def __init__(self, load, red, fast: bool = False, low_precision: bool = False, prefix="t", vt=None,
+                 coord=None):
+        # vt: expression -> value type ("f" | "i" | "b", ir.value_type); None: every value is float.
+        # coord(d): the C++ name of the index along iteration dim d (elementwise kernels only)
+        self.load, self.red, self.prefix, self.coord = load, red, prefix, coord
         self.vt = vt or (lambda e: "f")
         self.table = (FAST_LOWP if low_precision else FAST) if fast else EXACT
         self.lines: list[str] = []
@@ -116,6 +118,10 @@ class Emitter:
             return "true" if e[1] else "false"
         if op == "ncol":          # row kernels only: the run-time row length
             return "((float)ncol)"
+        if op == "coord":
+            if self.coord is None:
+                raise ValueError("a coordinate in a kernel without coordinates")
+            return self.coord(e[1])
         if op == "in":
             name = self.load(e[1])
         elif op == "red":

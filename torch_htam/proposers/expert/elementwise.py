@@ -31,15 +31,28 @@ class EwParams:
 
 def _kernel(prog: ExprProgram, p: EwParams, low_precision: bool, restrict: bool) -> str:
     nacc, nout = len(prog.accesses), len(prog.outputs)
+    ncoord = len(prog.coords)
     rs = "__restrict__ " if restrict else ""
     params = [f"const {DT[prog.inputs[a.input][1]][0]}::raw* {rs}p{i}"
               for i, a in enumerate(prog.accesses)]
     params += [f"{DT[o.dtype][0]}::raw* {rs}o{k}" for k, o in enumerate(prog.outputs)]
     nc = "true" if p.nc else "false"
-    loads = []
+    # NOTE: Space rows nacc.. are the coordinates (host.bind_accesses): off[nacc + c] is the index
+    # along iteration dim prog.coords[c] of the vector's first element, + e * its inner step
+    loads = [f"#pragma unroll\n        for (int e = 0; e < VEC; ++e) k{c}[u][e] = (long long)(off[{nacc + c}] + "
+             f"(IDX)e * (IDX)sp.st[{nacc + c}][sp.ndim - 1]);" for c in range(ncoord)]
     for i, a in enumerate(prog.accesses):
         dt = prog.inputs[a.input][1]
         t = DT[dt][0]
+        if a.window:      # a cat operand: element loads inside its window only (outside it: 0)
+            c, lo, hi = prog.coords.index(a.window[0]), a.window[1], a.window[2]
+            ld = f"ld1<{t}, {nc}>(p{i} + off[{i}] + (IDX)e * inner)" if VT[dt] == "f" else \
+                f"{t}::to_v(p{i}[off[{i}] + (IDX)e * inner])"
+            loads.append(
+                f"{{ const IDX inner = (IDX)sp.st[{i}][sp.ndim - 1];\n"
+                f"#pragma unroll\n          for (int e = 0; e < VEC; ++e) x{i}[u][e] = "
+                f"(k{c}[u][e] >= {lo}LL && k{c}[u][e] < {hi}LL) ? {ld} : 0; }}")
+            continue
         if VT[dt] != "f":     # integers and bools: element loads in their own type (no float trip)
             loads.append(
                 f"{{ const IDX inner = (IDX)sp.st[{i}][sp.ndim - 1];\n"
@@ -50,7 +63,7 @@ def _kernel(prog: ExprProgram, p: EwParams, low_precision: bool, restrict: bool)
             f"        else {{ const float v = ld1<{t}, {nc}>(p{i} + off[{i}]);\n"
             f"#pragma unroll\n          for (int e = 0; e < VEC; ++e) x{i}[u][e] = v; }}")
     em = Emitter(load=lambda a: f"x{a}[u][e]", red=None, fast=p.fast, low_precision=low_precision,
-                 vt=program_value_type(prog))
+                 vt=program_value_type(prog), coord=lambda d: f"k{prog.coords.index(d)}[u][e]")
     outs = [em.emit(stored(o.expr, o.dtype)) for o in prog.outputs]
     body = "\n".join("          " + ln for ln in em.lines)
     sets = "\n".join(f"          y{k}[u][e] = {v};" for k, v in enumerate(outs))
@@ -58,8 +71,9 @@ def _kernel(prog: ExprProgram, p: EwParams, low_precision: bool, restrict: bool)
     decl_x = " ".join(f"{CTYPE[VT[prog.inputs[a.input][1]]]} x{i}[UNROLL][VEC];"
                       for i, a in enumerate(prog.accesses))
     decl_y = " ".join(f"{CTYPE[VT[o.dtype]]} y{k}[UNROLL][VEC];" for k, o in enumerate(prog.outputs))
+    decl_y += "".join(f" long long k{c}[UNROLL][VEC];" for c in range(ncoord))
     return f"""
-#define NACC {nacc}
+#define NACC {nacc + ncoord}
 #define UNROLL {p.unroll}
 template <int VEC, typename IDX>
 __global__ void __launch_bounds__({p.block}) ew_kernel(Space<NACC> sp, IDX nvec,
@@ -135,7 +149,7 @@ def _host(prog: ExprProgram, p: EwParams, entry: str) -> str:
   for (int k = 0; k < n_out; ++k)
     if (!htam_contiguous(out[k]) || htam_numel(&out[k]) != n) return HTAM_ERR_SHAPE;
   if (n == 0) return HTAM_OK;
-  htam_collapse<NACC>(sp, {nacc}, false);
+  htam_collapse<NACC>(sp, {nacc + len(prog.coords)}, false);
   const int V = {p.vec};
   bool vec_ok = V > 1 && sp.size[sp.ndim - 1] % V == 0;
 {host.vector_checks(prog, "V")}

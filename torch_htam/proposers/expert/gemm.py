@@ -673,6 +673,8 @@ def render_layout(gp: GemmMatch, params: dict) -> str:
         direct.append("  if (!htam_contiguous(out[0])) direct = false;")
     for k, o in enumerate(L.outs):
         direct += _direct_checks(k, o, L.batch // L.outer)
+    if any(o.box.repeats for o in L.outs):     # a repeated output is written by the store kernel only
+        direct.append("  direct = false;")
 
     inner = L.batch // L.outer
 

@@ -51,10 +51,13 @@ class Strided:
 @dataclass(frozen=True)
 class OutBox:
     """The box of Y = [batch, M, N] one output covers: lo..hi per axis (b, m, n), and per output dim
-    (axis index 0..2, step in units of that axis; -1 for a size-1 dim)."""
+    (axis index 0..2, step in units of that axis; -1 for a size-1 or repeated dim). repeats: some
+    dim repeats the box (Llama's k/v heads repeated for grouped-query attention): no library call
+    writes that, the store kernel does."""
     lo: tuple[int, int, int]
     hi: tuple[int, int, int]
     dims: tuple[tuple[int, int], ...]
+    repeats: bool = False
 
     @property
     def extent(self) -> tuple[int, int, int]:
@@ -214,18 +217,17 @@ def _factors(v: list[int]) -> list[tuple[int, int]]:
 
 def box_of(view: Strided, batch: int, M: int, N: int) -> OutBox:
     """Which box of Y = [batch, M, N] a strided view of Y covers, each output dim stepping one axis
-    in mixed radix (so the box is covered exactly once). Unsupported otherwise (a broadcast or a
-    dim that steps across rows and columns at once)."""
+    in mixed radix (so the box is covered exactly once, or once per index of the dims that step 0:
+    a repeat). Unsupported otherwise (a dim that steps across rows and columns at once)."""
     unit = (M * N, N, 1)
     extent = (batch, M, N)
     lo = (view.base // (M * N), view.base // N % M, view.base % N)
-    dims, per_axis = [], {0: [], 1: [], 2: []}
+    dims, per_axis, repeats = [], {0: [], 1: [], 2: []}, False
     for size, st in zip(view.sizes, view.strides):
-        if size == 1:
+        if size == 1 or st == 0:
             dims.append((-1, 0))
+            repeats = repeats or size > 1
             continue
-        if st == 0:
-            raise Unsupported("a GEMM output that repeats elements (broadcast)")
         axis = next((a for a in range(3) if st % unit[a] == 0 and (a == 0 or st // unit[a] < extent[a])), None)
         if axis is None:
             raise Unsupported("a GEMM output dim that steps across rows and columns")
@@ -241,7 +243,7 @@ def box_of(view: Strided, batch: int, M: int, N: int) -> OutBox:
         if lo[a] + span > extent[a]:
             raise Unsupported("a GEMM output that wraps around a row of the result")
         hi.append(lo[a] + span)
-    return OutBox(lo, tuple(hi), tuple(dims))
+    return OutBox(lo, tuple(hi), tuple(dims), repeats)
 
 
 def output_layouts(gm, source, batch: int, M: int, N: int) -> list[OutLayout]:

@@ -39,7 +39,8 @@ def prologue(prog: ExprProgram) -> str:
     for k, o in enumerate(prog.outputs):
         lines.append(f"  if (out[{k}].dtype != {DT[o.dtype][1]} || out[{k}].data == nullptr) return HTAM_ERR_SHAPE;")
     src, idx = prog.size_source[:2]
-    nd = prog.size_source[3] if src == "group" else prog.ndim
+    # the size tensor's rank: a GroupNorm input's own, the merged output's, else the iteration's
+    nd = prog.size_source[3] if src == "group" else len(prog.size_source[2]) if src == "split" else prog.ndim
     lines += [f"  const HtamTensor& szt = {'out' if src == 'out' else 'in'}[{idx}];",
               f"  if (szt.ndim != {nd}) return HTAM_ERR_SHAPE;",
               "  int64_t it[HTAM_MAX_DIMS];",
@@ -50,6 +51,16 @@ def prologue(prog: ExprProgram) -> str:
                      f"  it[0] = szt.sizes[0]; it[1] = {g}; it[2] = szt.sizes[1] / {g}; it[3] = 1;\n"
                      f"  for (int k = 2; k < {nd}; ++k) it[3] *= szt.sizes[k];\n"
                      f"  for (int d = 0; d < 4; ++d) n *= it[d];")
+    elif src == "split":      # output dim j merges iteration dims g: the inner ones as captured
+        _, _, groups, fine = prog.size_source
+        for j, g in enumerate(groups):
+            inner = 1
+            for d in g[1:]:
+                inner *= fine[d]
+            lines.append(f"  if (szt.sizes[{j}] % {inner} != 0) return HTAM_ERR_SHAPE;\n"
+                         f"  it[{g[0]}] = szt.sizes[{j}] / {inner};"
+                         + "".join(f" it[{d}] = {fine[d]};" for d in g[1:]))
+        lines.append(f"  for (int d = 0; d < {prog.ndim}; ++d) n *= it[d];")
     elif len(prog.size_source) == 2:
         lines.append(f"  for (int d = 0; d < {prog.ndim}; ++d) {{ it[d] = szt.sizes[d]; n *= it[d]; }}")
     else:   # the tensor's dim k is iteration dim dims[k] (a row program reduced over middle dims)
@@ -77,19 +88,33 @@ def bind_accesses(prog: ExprProgram) -> str:
     if any(a.starts for a in prog.accesses):    # element offsets of sliced accesses (access_ptr)
         lines.append(f"  int64_t aoff[{len(prog.accesses)}] = {{0}};")
     for i, a in enumerate(prog.accesses):
-        if a.starts:
+        t = f"in[{a.input}]"
+        if a.view:     # the input seen reshaped (ir.Access.view)
+            lines.append(f"  HtamTensor view{i} = {t};\n"
+                         f"  {{ static const int64_t vs[] = {{{', '.join(map(str, a.view))}}};\n"
+                         f"    if (!htam_reshape(view{i}, vs, {len(a.view)})) return HTAM_ERR_SHAPE; }}")
+            t = f"view{i}"
+        if a.window:
+            wd, lo, hi, size = a.window
             lines.append(f"  {{ static const int dm[] = {{{', '.join(map(str, a.dims))}}};\n"
                          f"    static const int64_t s0[] = {{{', '.join(map(str, a.starts))}}}, s1[] = {{{', '.join(map(str, a.steps))}}};\n"
-                         f"    if (!htam_bind_slice(in[{a.input}], dm, s0, s1, {len(a.dims)}, it, {D}, sp.st[{i}], &aoff[{i}])) return HTAM_ERR_SHAPE; }}")
+                         f"    if (!htam_bind_window({t}, dm, s0, s1, {len(a.dims)}, it, {D}, {wd}, {lo}, {hi}, {size}, "
+                         f"sp.st[{i}], &aoff[{i}])) return HTAM_ERR_SHAPE; }}")
+        elif a.starts:
+            lines.append(f"  {{ static const int dm[] = {{{', '.join(map(str, a.dims))}}};\n"
+                         f"    static const int64_t s0[] = {{{', '.join(map(str, a.starts))}}}, s1[] = {{{', '.join(map(str, a.steps))}}};\n"
+                         f"    if (!htam_bind_slice({t}, dm, s0, s1, {len(a.dims)}, it, {D}, sp.st[{i}], &aoff[{i}])) return HTAM_ERR_SHAPE; }}")
         elif a.mode == "dims":
             dims = ", ".join(str(d) for d in a.dims) or "0"
             lines.append(f"  {{ static const int dm[] = {{{dims}}};\n"
-                         f"    if (!htam_bind_dims(in[{a.input}], dm, {len(a.dims)}, it, {D}, sp.st[{i}])) return HTAM_ERR_SHAPE; }}")
+                         f"    if (!htam_bind_dims({t}, dm, {len(a.dims)}, it, {D}, sp.st[{i}])) return HTAM_ERR_SHAPE; }}")
         elif a.mode == "span":
             lines.append(f"  if (!htam_bind_span(in[{a.input}], it, {D}, {a.dims[0]}, {a.dims[1]}, sp.st[{i}])) return HTAM_ERR_SHAPE;")
         else:
             suffix = "true" if a.mode == "suffix" else "false"
             lines.append(f"  if (!htam_bind_flat(in[{a.input}], it, {D}, {suffix}, sp.st[{i}])) return HTAM_ERR_SHAPE;")
+    for c, d in enumerate(prog.coords):     # ("coord", d): a row stepping 1 along d (collapse keeps d)
+        lines.append(f"  for (int d = 0; d < {D}; ++d) sp.st[{len(prog.accesses) + c}][d] = d == {d} ? 1 : 0;")
     lines.append(f"  const int64_t max_off = htam_max_off<NACC>(sp, {len(prog.accesses)});")
     return "\n".join(lines)
 
@@ -106,6 +131,8 @@ def vector_checks(prog: ExprProgram, V: str, full_outputs_only: bool = False) ->
     multiple of V, and every pointer read or written with vectors is aligned to V elements."""
     lines = []
     for i, a in enumerate(prog.accesses):
+        if a.window:      # read element by element, only inside its window (elementwise.py)
+            continue
         size = DT[prog.inputs[a.input][1]][2]
         ptr = f"(const char*)in[{a.input}].data + aoff[{i}] * {size}" if a.starts else f"in[{a.input}].data"
         lines.append(

@@ -16,6 +16,7 @@ Expressions are hash-consed tuples (CSE for free):
     ("in", access_id)  ("const", float)  ("iconst", int)  ("bconst", bool)  ("red", reduction_id)
     ("ncol",) (row length at run time)  ("round", dtype, e)  ("cast", vt, e)  (op, e1, e2...)
     ("idx", reduction_id) (the int64 index an argmax / argmin / max.dim reduction gives)
+    ("coord", d) (the int64 index along iteration dim d: a cat picks its operand by it)
 
 Every value has a value type (value_type): "f" (computed in fp32, stored as fp32/bf16/fp16), "i"
 (int64 and int32 values, computed exactly in 64-bit integers) or "b" (bool, stored as one byte).
@@ -72,6 +73,12 @@ class Access:
     # iteration index i reads input index starts[k] + i * steps[k] (x[:, :, :T, :T], pos_emb[:, :t])
     starts: tuple[int, ...] = ()
     steps: tuple[int, ...] = ()
+    # a cat operand's read (elementwise only; empty: none): (iteration dim d, lo, hi, size) reads
+    # only where lo <= i_d < hi, at index i_d - lo of the input dim on d; size is d's whole size
+    window: tuple[int, int, int, int] = ()
+    # the input read as if reshaped to this shape (contiguous; empty: its own shape): a conv's
+    # [B, C, H, W] output seen as [B, C, H * W] before a permute
+    view: tuple[int, ...] = ()
 
     def column_varying(self, ndim: int, nred: int = 1) -> bool:
         """The access moves along the row (the last nred iteration dims)."""
@@ -112,11 +119,15 @@ class ExprProgram:
     reductions: list[Reduction] = field(default_factory=list)
     outputs: list[Output] = field(default_factory=list)
     # tensor whose run-time sizes give the iteration shape: (kind, index) read in order, or
-    # (kind, index, dims) with dims[k] the iteration dim of the tensor's dim k
+    # (kind, index, dims) with dims[k] the iteration dim of the tensor's dim k, or ("split", 0,
+    # groups, shape): output 0's dim j merges iteration dims groups[j], all but the first of them
+    # the captured shape's (an output that reshapes a repeat: split_groups)
     size_source: tuple = ("out", 0)
     nred: int = 1                      # rowwise: the row is the last nred iteration dims
     dropped: list[str] = field(default_factory=list)   # no-op ops removed by simplify
     has_transcendental: bool = False
+    # iteration dims whose index the kernel computes (("coord", d) and windowed accesses), in order
+    coords: tuple[int, ...] = ()
 
     @property
     def ndim(self) -> int:
@@ -261,7 +272,7 @@ def value_type(e: tuple, load_vt, memo: dict | None = None) -> str:
         r = load_vt(e[1])
     elif op in ("const", "red", "ncol"):
         r = "f"
-    elif op in ("iconst", "idx"):       # idx: an arg reduction's int64 index
+    elif op in ("iconst", "idx", "coord"):   # idx: an arg reduction's int64 index
         r = "i"
     elif op == "bconst" or op in BOOL_OPS:
         r = "b"
@@ -369,6 +380,8 @@ class Lowerer:
         self.red_memo: dict = {}
         self.ops_seen: set[str] = set()
         self.vt_memo: dict = {}
+        # the cat operand being lowered: (iteration dim, lo, hi, size) (Access.window), or ()
+        self.window: tuple = ()
 
     # -- helpers
     def stored_as(self, e: tuple) -> str | None:
@@ -399,8 +412,22 @@ class Lowerer:
             return self.identity()
         return amap
 
-    def access(self, idx: int, mode: str, dims: tuple = ()) -> tuple:
-        acc = Access(idx, mode, dims)
+    def access(self, idx: int, mode: str, dims: tuple = (), view: tuple = ()) -> tuple:
+        if self.window:
+            if mode != "dims":
+                raise Unsupported("a cat operand read through a reshape")
+            return self.windowed(Access(idx, mode, dims, view=view), (0,) * len(dims), (1,) * len(dims))
+        acc = Access(idx, mode, dims, view=view)
+        if acc not in self.accesses:
+            self.accesses.append(acc)
+        return ("in", self.accesses.index(acc))
+
+    def windowed(self, acc: Access, starts: tuple, steps: tuple) -> tuple:
+        """acc (a "dims" read, sliced by starts/steps) inside the current cat window: read at
+        i_d - lo along the window's iteration dim d, only inside the window."""
+        d, lo = self.window[0], self.window[1]
+        starts = tuple(s - lo * st if dim == d else s for s, st, dim in zip(starts, steps, acc.dims))
+        acc = Access(acc.input, "dims", acc.dims, starts, steps, self.window, acc.view)
         if acc not in self.accesses:
             self.accesses.append(acc)
         return ("in", self.accesses.index(acc))
@@ -434,7 +461,7 @@ class Lowerer:
                 raise Unsupported(f"non-numeric constant {node!r}")
             return ("const", node)
         amap = self.normalize(amap, shape_of(node))
-        key = (node, amap)
+        key = (node, amap, self.window)
         if key not in self.memo:
             e = self._val(node, amap)
             self.memo[key] = simp.gelu_tanh(simp.fold(e, self.dropped), self.dropped) if self.simplify else e
@@ -467,6 +494,8 @@ class Lowerer:
             e = self.view(node, amap)
         elif t is aten.slice.Tensor:
             e = self.slice(node, amap)
+        elif t is aten.cat.default:
+            e = self.cat(node, amap)
         elif t in CASTS:
             e = self.coerce(self.val(node.args[0], amap), vt)
         elif t in UNARY:
@@ -571,6 +600,12 @@ class Lowerer:
                 return self.val(src, ("flat", us))
             if amap[0] in ("flat", "suffix"):
                 return self.val(src, (amap[0], us))
+            base = _reshape_source(src)
+            if amap[0] == "dims" and self.strided and base is not None:
+                # NOTE: a task input read in another order after a reshape (ViT's patch conv output
+                # [B, C, H, W] -> [B, C, H * W] -> permute): the host checks it is contiguous and
+                # binds it with the reshape's shape (the graph fixes that shape)
+                return self.access(self.placeholders.index(base), "dims", amap[1], view=vs)
         raise Unsupported(f"reshape {us} -> {vs} of a broadcast value")
 
     def unary(self, node, amap, vt: str) -> tuple:
@@ -666,8 +701,8 @@ class Lowerer:
     def slice(self, node, amap) -> tuple:
         """A chain of slices of a task input, read in place (start and step per dim; the count is
         the iteration's, which the host checks fits in the input)."""
-        if not self.strided:
-            raise Unsupported("slice (only the elementwise kernel binds sliced inputs)")
+        if not (self.strided or self.kind == "rowwise"):
+            raise Unsupported("slice (only the elementwise and row kernels bind sliced inputs)")
         if amap[0] != "dims":
             raise Unsupported("slice read through a reshape")
         nd = len(shape_of(node))
@@ -685,9 +720,42 @@ class Lowerer:
             raise Unsupported("slice of a computed value (only task inputs are read sliced)")
         dims = tuple(-1 if (shape_of(node)[k] == 1 and amap[1][k] == -1) else amap[1][k] for k in range(nd))
         acc = Access(self.placeholders.index(src), "dims", dims, tuple(starts), tuple(steps))
+        if self.window:
+            return self.windowed(acc, acc.starts, acc.steps)
         if acc not in self.accesses:
             self.accesses.append(acc)
         return ("in", self.accesses.index(acc))
+
+    def cat(self, node, amap) -> tuple:
+        """cat along dim k: each element from the operand whose range along k's iteration dim d
+        holds it, ("select", i_d < hi, operand, rest); each operand is read at i_d - lo and only
+        inside its range (Access.window: no load outside the tensor). Empty operands (HF's empty
+        key/value cache) are dropped, as torch drops them."""
+        nd = len(shape_of(node))
+        k = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % nd
+        parts = [p for p in node.args[0] if numel(shape_of(p)) != 0]
+        if len(parts) == 1:
+            return self.val(parts[0], amap)
+        if not self.strided or self.kind != "elementwise":
+            raise Unsupported("cat (only the elementwise kernel reads concatenated operands)")
+        if amap[0] != "dims" or amap[1][k] < 0:
+            raise Unsupported("cat read through a reshape")
+        if self.window:
+            raise Unsupported("cat of a cat's operand (one window per read)")
+        d, size = amap[1][k], shape_of(node)[k]
+        exprs, lo = [], 0
+        for p in parts:
+            hi = lo + shape_of(p)[k]
+            self.window = (d, lo, hi, size)
+            try:
+                exprs.append((hi, self.val(p, amap)))
+            finally:
+                self.window = ()
+            lo = hi
+        e = exprs[-1][1]
+        for hi, x in reversed(exprs[:-1]):
+            e = ("select", ("lt", ("coord", d), ("iconst", hi)), x, e)
+        return e
 
     def permute(self, node, amap) -> tuple:
         """A permute/transpose read in iteration order: the source's dim p[k] is the value's dim
@@ -854,6 +922,24 @@ class Lowerer:
             raise Unsupported(f"{node.target} result used with layout {amap}; need one per row")
 
 
+def _keeps_order(n) -> bool:
+    """n is a view or no-op that keeps a contiguous value's element order (ops.OpInfo.keeps_order:
+    reshape, unsqueeze, eval dropout...)."""
+    if not (hasattr(n, "op") and n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)):
+        return False
+    row = ops.info(n.target.overloadpacket.__name__)
+    if row is None or not row.keeps_order:
+        return False
+    return not (n.target is aten.dropout.default and (n.args[2] if len(n.args) > 2 else n.kwargs.get("train", False)))
+
+
+def _reshape_source(n):
+    """The placeholder n reshapes through order-keeping views only, else None."""
+    while _keeps_order(n):
+        n = n.args[0]
+    return n if hasattr(n, "op") and n.op == "placeholder" else None
+
+
 def _graph_outputs(gm) -> list:
     out = next(n for n in gm.graph.nodes if n.op == "output")
     vals = out.args[0]
@@ -879,7 +965,7 @@ class Space:
     groups: int = 0          # GroupNorm: shape is (N, groups, C / groups, pixels), xs read flat
 
 
-def _iteration_space(gm) -> Space:
+def _iteration_space(gm, strided: bool = False) -> Space:
     rows = [n for n in gm.graph.nodes if is_row_op(n)]
     if rows and rows[0].target is aten.group_norm.default:
         xs, g = shape_of(rows[0].args[0]), int(rows[0].args[1])
@@ -896,7 +982,45 @@ def _iteration_space(gm) -> Space:
     if not outs:
         raise Unsupported("the region has no output")
     shape = shape_of(outs[0])
+    rep = _repeat_source(outs[0]) if strided and len(outs) == 1 else None
+    if rep is not None:
+        # NOTE: the output is a reshape of a broadcast (GQA's k/v heads: [B, KV, T, d] ->
+        # expand [B, KV, R, T, d] -> reshape [B, KV * R, T, d]): iterate over the broadcast's
+        # shape, where the repeat is a stride-0 read, and store in that (row-major) order
+        shape = shape_of(rep)
     return Space("elementwise", shape, tuple(range(len(shape))), 1, shape)
+
+
+def _repeat_source(o):
+    """The expand that output o reshapes (through order-keeping views) when o's dims group that
+    expand's (split_groups), else None."""
+    x = o
+    while _keeps_order(x):
+        x = x.args[0]
+    if not (hasattr(x, "op") and x.op == "call_function" and x.target is aten.expand.default):
+        return None
+    if shape_of(x) == shape_of(o) or split_groups(shape_of(o), shape_of(x)) is None:
+        return None
+    return x
+
+
+def split_groups(outer: tuple[int, ...], fine: tuple[int, ...]) -> tuple[tuple[int, ...], ...] | None:
+    """The dims of `fine` each dim of `outer` merges, in order ([1, 4, 16, 8] of [1, 2, 2, 16, 8]:
+    ((0,), (1, 2), (3,), (4,))), or None when outer is no such merge of fine."""
+    groups, d = [], 0
+    for s in outer:
+        g, p = [], 1
+        while d < len(fine) and (p < s or not g):
+            g.append(d)
+            p *= fine[d]
+            d += 1
+        if p != s:
+            return None
+        groups.append(tuple(g))
+    while d < len(fine) and fine[d] == 1 and groups:
+        groups[-1] += (d,)
+        d += 1
+    return tuple(groups) if d == len(fine) else None
 
 
 def _size_source(prog: ExprProgram, gm, base: tuple[int, ...], sp: Space) -> tuple:
@@ -912,8 +1036,13 @@ def _size_source(prog: ExprProgram, gm, base: tuple[int, ...], sp: Space) -> tup
         if shape_of(o) == prog.shape and (base == ident or prog.outputs[i].dims is None):
             return ("out", i)
     for a in prog.accesses:
-        if a.mode == "dims" and a.dims == ident and prog.inputs[a.input][0] == prog.shape:
+        if a.mode == "dims" and a.dims == ident and prog.inputs[a.input][0] == prog.shape and not a.view:
             return ("in", a.input)
+    outs = _graph_outputs(gm)
+    if sp.kind == "elementwise" and len(outs) == 1 and prog.outputs[0].dims is None:
+        groups = split_groups(shape_of(outs[0]), prog.shape)
+        if groups is not None:     # the output's dims merge iteration dims (a repeat's reshape)
+            return ("split", 0, groups, tuple(prog.shape))
     if base != ident:
         for i, o in enumerate(prog.outputs):
             if o.dims == base:
@@ -938,6 +1067,13 @@ def _output(low: Lowerer, sp: Space, o) -> Output:
         return Output(low.val(o, base), dt, False, numel(os_), dims=base[1])
     if os_ == shape:
         return Output(low.val(o, low.identity()), dt, False, numel(os_))
+    src, p = _permute_chain(o)
+    if sp.kind == "rowwise" and p is not None and shape_of(src) == sp.xs:
+        # a permute of a full-shape value (ViT's layer_norm then transpose back to [T, B, C]):
+        # output dim k is the value's dim p[k], stored through the output's strides
+        base = low.base()[1]
+        dims = tuple(base[p[k]] for k in range(len(p)))
+        return Output(low.val(o, ("dims", dims)), dt, False, numel(os_), dims=dims)
     if numel(os_) == numel(shape) and ident:
         return Output(low.val(o, ("flat", os_)), dt, False, numel(os_))
     if os_ in row_shapes:
@@ -946,13 +1082,26 @@ def _output(low: Lowerer, sp: Space, o) -> Output:
     raise Unsupported(f"output of shape {os_} next to iteration shape {shape}")
 
 
+def _permute_chain(o):
+    """(source, p) when o is a chain of permutes / transposes of source (o's dim k is source's dim
+    p[k]), else (None, None)."""
+    p, x = None, o
+    while hasattr(x, "op") and x.op == "call_function" and x.target in simp.PERMUTES:
+        q = simp.perm_of(x)
+        if q is None:
+            return None, None
+        p = q if p is None else [q[k] for k in p]
+        x = x.args[0]
+    return (x, p) if p is not None else (None, None)
+
+
 def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), strided: bool = False) -> ExprProgram:
     """Lower an aten GraphModule (placeholders = task inputs, output tuple) to an ExprProgram.
 
     >>> prog = lower(task.graph); prog.kind
     'elementwise'
     """
-    sp = _iteration_space(gm)
+    sp = _iteration_space(gm, strided)
     kind, shape = sp.kind, sp.shape
     if not shape:
         raise Unsupported("0-dim iteration space")
@@ -977,6 +1126,9 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), strided: bool
         _check_row_types(prog)
     prog.size_source = _size_source(prog, gm, low.base()[1] if low.base()[0] == "dims" else ident_dims(prog), sp)
     prog.has_transcendental = any(op in TRANSCENDENTAL for op in low_ops(prog))
+    exprs = [o.expr for o in prog.outputs] + [r.expr for r in prog.reductions]
+    prog.coords = tuple(sorted({x[1] for e in exprs for x in walk(e) if x[0] == "coord"}
+                               | {a.window[0] for a in prog.accesses if a.window}))
     return prog
 
 
@@ -1026,7 +1178,7 @@ def walk(e: tuple):
     while stack:
         x = stack.pop()
         yield x
-        if x[0] in ("in", "const", "iconst", "bconst", "red", "ncol", "idx"):
+        if x[0] in ("in", "const", "iconst", "bconst", "red", "ncol", "idx", "coord"):
             continue
         stack.extend(a for a in x[1:] if isinstance(a, tuple))
 

@@ -111,7 +111,7 @@ template <typename T>
 static int store_layout(const void* y, const HtamTensor& out, const StoreMap& mp, int64_t y_numel,
                         cudaStream_t stream) {
   int64_t n = 1, last = 0;
-  for (int k = 0; k < mp.ndim; ++k) { n *= mp.size[k]; last += (mp.size[k] - 1) * out.strides[k]; }
+  for (int k = 0; k < mp.ndim; ++k) { n *= mp.size[k]; last += (mp.size[k] - 1) * mp.dst[k]; }   // fine dims
   if (n == 0) return HTAM_OK;
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, (int64_t)htam_sm_count() * 16));
   if (n < (int64_t(1) << 31) && y_numel < (int64_t(1) << 31) && last < (int64_t(1) << 31))

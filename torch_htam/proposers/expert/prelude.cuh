@@ -322,12 +322,46 @@ static inline bool htam_bind_slice(const HtamTensor& t, const int* dims, const i
   return true;
 }
 
+// A cat operand's read (ir.Access.window): along the window's iteration dim wd, iteration index
+// i in [lo, hi) reads input index starts[k] + i * steps[k] (starts already hold -lo * steps); the
+// kernel loads nothing outside [lo, hi), so *off (the offset at i = 0) may lie before the data.
+// The other dims read as a slice. size: wd's whole size at capture (the cat's), checked.
+static inline bool htam_bind_window(const HtamTensor& t, const int* dims, const int64_t* starts,
+                                    const int64_t* steps, int nd, const int64_t* it_sizes, int it_nd,
+                                    int wd, int64_t lo, int64_t hi, int64_t size, int64_t* st,
+                                    int64_t* off) {
+  if (t.ndim != nd || wd >= it_nd || it_sizes[wd] != size) return false;
+  for (int d = 0; d < it_nd; ++d) st[d] = 0;
+  *off = 0;
+  for (int k = 0; k < nd; ++k) {
+    const bool w = dims[k] == wd;
+    const int64_t n = dims[k] < 0 ? 1 : (w ? hi - lo : it_sizes[dims[k]]);
+    const int64_t first = starts[k] + (w ? lo * steps[k] : 0);
+    if (n > 0 && (first < 0 || first + (n - 1) * steps[k] >= t.sizes[k])) return false;
+    *off += starts[k] * t.strides[k];
+    if (dims[k] >= 0 && n != 1) st[dims[k]] = t.strides[k] * steps[k];
+  }
+  return true;
+}
+
 static inline bool htam_contiguous(const HtamTensor& t) {
   int64_t acc = 1;
   for (int k = t.ndim - 1; k >= 0; --k) {
     if (t.sizes[k] != 1 && t.strides[k] != acc) return false;
     acc *= t.sizes[k];
   }
+  return true;
+}
+
+// t seen with the given (contiguous) shape: a reshape of a contiguous tensor (ir.Access.view).
+static inline bool htam_reshape(HtamTensor& t, const int64_t* sizes, int nd) {
+  if (!htam_contiguous(t) || nd > HTAM_MAX_DIMS) return false;
+  int64_t n = 1;
+  for (int k = 0; k < nd; ++k) n *= sizes[k];
+  if (n != htam_numel(&t)) return false;
+  t.ndim = nd;
+  int64_t acc = 1;
+  for (int k = nd - 1; k >= 0; --k) { t.sizes[k] = sizes[k]; t.strides[k] = acc; acc *= sizes[k]; }
   return true;
 }
 

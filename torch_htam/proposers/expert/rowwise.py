@@ -641,8 +641,7 @@ def has_split_rows(prog: ExprProgram) -> bool:
 def _host(prog: ExprProgram, p: RowParams) -> str:
     na = len(prog.accesses)
     nacc = na + len(prog.strided_outputs)
-    args = ", ".join([f"({DT[prog.inputs[a.input][1]][0]}::raw*)in[{a.input}].data"
-                      for a in prog.accesses] +
+    args = ", ".join([host.access_ptr(prog, i) for i in range(len(prog.accesses))] +
                      [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)])
     ncol = "(int)ncol, inner" if prog.nred > 1 else "(int)ncol"
 
