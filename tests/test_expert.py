@@ -80,9 +80,10 @@ def test_suite_is_big_enough():
     assert len(TASKS) >= 12 and kinds >= {"ew", "rw", "gemm", "conv"}
 
 
-# pooling regions are row-wise tasks (ops.py: a window reduction), run by the pool target
+# pooling regions are row-wise tasks (ops.py: a window reduction), run by the pool target; losses
+# (decompose.py) are row programs: a full reduction (mse) or per-row ones (cosine similarity)
 KIND_OF_PREFIX = {"ew": "elementwise", "rw": "rowwise", "gemm": "gemm", "conv": "conv", "attn": "attention",
-                  "pool": "rowwise"}
+                  "pool": "rowwise", "loss": "rowwise"}
 
 
 @pytest.mark.parametrize("path", TASKS, ids=lambda p: p.stem)

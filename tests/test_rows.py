@@ -31,8 +31,13 @@ class Fn(nn.Module):
 
 
 def task_of(f, *args) -> Task:
+    """f's whole graph as one task; loss ops decomposed (into in-place ops too) as capture does."""
+    from torch_htam.capture import functionalize
+    from torch_htam.decompose import decompose_losses
     model = Fn(f).eval()
     gm = torch.export.export(model, args, strict=False).graph_module
+    decompose_losses(gm)
+    functionalize(gm)
     outs = model(*args)
     outs = outs if isinstance(outs, tuple) else (outs,)
     return Task("rows", "x", "", [TensorSpec.of(a) for a in args], [TensorSpec.of(o) for o in outs],
@@ -69,6 +74,17 @@ CASES = {
     "vector_norm": (lambda x: torch.linalg.vector_norm(x, dim=-1, keepdim=True), lambda: [torch.randn(5, 21)]),
     "masked_softmax": (lambda x, m: torch.softmax((x * 0.125).masked_fill(m, float("-inf")), -1),
                        lambda: [torch.randn(2, 3, 16, 16), torch.ones(16, 16, dtype=torch.bool).triu(1)[None, None]]),
+    # losses, whole (decompose.py): full reductions (mean over all) and per-row ones
+    "mse_loss": (lambda x, t: F.mse_loss(x, t), lambda: [torch.randn(3, 5, 7, 9), torch.randn(3, 5, 7, 9)]),
+    "smooth_l1_loss": (lambda x, t: F.smooth_l1_loss(x, t, beta=0.5),
+                       lambda: [torch.randn(3, 5, 7, 9), torch.randn(3, 5, 7, 9)]),
+    # a target with exact zeros: xlogy(0, 0) is 0 (not 0 * log 0 = NaN)
+    "kl_div_batchmean": (lambda x, t: F.kl_div(x, t, reduction="batchmean"),
+                         lambda: [torch.randn(6, 37).log_softmax(-1),
+                                  torch.randn(6, 37).softmax(-1) * (torch.arange(37) % 3 != 0)]),
+    "hinge_embedding_loss": (lambda x, y: F.hinge_embedding_loss(x, y, margin=0.5),
+                             lambda: [torch.randn(6, 37), (torch.arange(6 * 37).view(6, 37) % 2) * 2.0 - 1]),
+    "cosine_similarity": (lambda a, b: F.cosine_similarity(a, b, dim=1), lambda: [torch.randn(6, 37), torch.randn(6, 37)]),
 }
 
 

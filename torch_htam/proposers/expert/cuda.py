@@ -41,6 +41,8 @@ EXACT = {
     "floor": "floorf({0})", "ceil": "ceilf({0})", "trunc": "truncf({0})", "rint": "rintf({0})",
     "sign": "htam_signf({0})", "fmod": "fmodf({0}, {1})", "mod": "htam_modf({0}, {1})",
     "floordiv": "floorf({0} / {1})",
+    # torch's xlogy: NaN y gives NaN, else x == 0 gives 0 (even for y == 0)
+    "xlogy": "(isnan({1}) ? NAN : {0} == 0.f ? 0.f : {0} * logf({1}))",
     # selection, comparisons and logic (operands of one value type, ir inserts the casts)
     "select": "({0} ? {1} : {2})", "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})",
     "le": "({0} <= {1})", "gt": "({0} > {1})", "ge": "({0} >= {1})", "and": "({0} && {1})",

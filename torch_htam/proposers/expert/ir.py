@@ -154,7 +154,7 @@ INT_IDENTITY = {"floor", "ceil", "trunc", "rint"}
 BATCH_NORMS = {aten.batch_norm.default}
 # x -> a constant of x's shape: the fill value (node -> python scalar)
 FILLS = {aten.full_like.default: lambda n: n.args[1], aten.zeros_like.default: lambda n: 0,
-         aten.ones_like.default: lambda n: 1}
+         aten.ones_like.default: lambda n: 1, aten.scalar_tensor.default: lambda n: n.args[0]}
 # ops that only relabel elements (same order for contiguous data) or do nothing in eval
 VIEWS = {
     aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
@@ -178,7 +178,7 @@ ROW_OPS = {aten.softmax.int, aten._softmax.default, aten.log_softmax.int,
            aten._log_softmax.default, *NORMS}
 IGNORED = {aten._assert_tensor_metadata.default}
 TRANSCENDENTAL = {"gelu", "gelu_tanh", "gelu_erf", "silu", "sigmoid", "tanh", "exp", "log", "erf", "sin",
-                  "cos", "log1p", "expm1", "pow", "powc", "exp2", "log2", "tan", "erfc"}
+                  "cos", "log1p", "expm1", "pow", "powc", "exp2", "log2", "tan", "erfc", "xlogy"}
 
 
 def meta_of(node) -> Any:
@@ -454,6 +454,10 @@ class Lowerer:
         self.ops_seen.add(str(t))
         if t is operator.getitem and getattr(node.args[0], "target", None) in ROW_PAIRS:
             return self.row_pair(node, amap)
+        if t is operator.getitem and getattr(node.args[0], "target", None) is aten.broadcast_tensors.default:
+            # broadcast_tensors(a, b)[i]: operand i expanded to the common shape (a loss's inputs)
+            src = node.args[0].args[0][node.args[1]]
+            return self.val(src, self.operand_map(amap, shape_of(node), shape_of(src)))
         out_dt = value_dtype_of(node)
         vt = VT[out_dt]
         if t in simp.PERMUTES:
