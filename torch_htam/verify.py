@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from torch_htam.launcher import task_outputs
 from torch_htam.task import Task, TensorSpec
 
 HTAM_ERR_SHAPE = 1000   # csrc/htam_abi.h
@@ -409,10 +410,16 @@ def _reference64(reference, inputs) -> list[torch.Tensor] | None:
 
 
 def _fresh_outputs(specs: list[TensorSpec], shapes, variant: int, device) -> list[torch.Tensor]:
+    """What the kernel writes: each output dense in its spec's dim order, an expanded one without
+    its expand (TensorSpec.kernel_shape), as the launcher allocates them at run time."""
     # Allocated for each call, after the previous tensors were freed: the caching allocator may
     # hand back memory that holds the reference's answer, which the poison then overwrites.
-    return [poison_(torch.empty_strided(sh, _strides_like(s, sh), dtype=s.torch_dtype, device=device), variant)
-            for s, sh in zip(specs, shapes)]
+    out = []
+    for s, sh in zip(specs, shapes):
+        ks = s.kernel_shape(sh)
+        out.append(poison_(torch.empty_strided(ks, _strides_like(s, ks), dtype=s.torch_dtype, device=device),
+                           variant))
+    return out
 
 
 def _check_inputs(inputs, clones, where: str) -> None:
@@ -532,6 +539,7 @@ def _trial(task, kernel, reference, policy, device, inputs, out_shapes, where, e
     second = _fresh_outputs(task.outputs, out_shapes, 1, device)
     _call(kernel, inputs, second, device, f"{where}, call after the reference")
     _check_inputs(inputs, clones, f"{where}, call after the reference")
+    first, second = (task_outputs(o, task.outputs, out_shapes) for o in (first, second))
     for k, r in enumerate(ref):
         _check_outputs(k, first[k], first[k], second[k], r, policy, f"{where}, first call", errs, ref64, own)
         _check_outputs(k, second[k], first[k], second[k], r, policy, f"{where}, second call", errs, ref64, own)

@@ -99,6 +99,10 @@ class Output:
     row: bool
     numel_static: int
     dims: tuple[int, ...] | None = None
+    # an expanded view (mask.expand_as(scores)): the kernel is handed the tensor before the expand
+    # (TensorSpec.kernel_shape: size 1 at the expanded dims) and stores through its strides, so
+    # the steps along those dims land on one element; the caller returns the expand of it
+    broadcast: bool = False
 
 
 @dataclass
@@ -912,20 +916,27 @@ def _size_source(prog: ExprProgram, gm, base: tuple[int, ...], sp: Space) -> tup
         for a in prog.accesses:
             if a.mode == "flat" and prog.inputs[a.input][0] == sp.xs:
                 return ("group", a.input, sp.groups, len(sp.xs))
-    for i, o in enumerate(_graph_outputs(gm)):
-        if shape_of(o) == prog.shape and (base == ident or prog.outputs[i].dims is None):
+    for i, o in enumerate(_graph_outputs(gm)):    # (an expanded output's sizes are 1 at its expanded dims)
+        if shape_of(o) == prog.shape and (base == ident or prog.outputs[i].dims is None) \
+                and not prog.outputs[i].broadcast:
             return ("out", i)
     for a in prog.accesses:
         if a.mode == "dims" and a.dims == ident and prog.inputs[a.input][0] == prog.shape:
             return ("in", a.input)
     if base != ident:
         for i, o in enumerate(prog.outputs):
-            if o.dims == base:
+            if o.dims == base and not o.broadcast:
                 return ("out", i, base)
         for a in prog.accesses:
             if a.mode == "dims" and a.dims == base and len(prog.inputs[a.input][0]) == prog.ndim:
                 return ("in", a.input, base)
     raise Unsupported("no input or output has the iteration shape; sizes can't be read at run time")
+
+
+def expanded(o) -> bool:
+    """o's value is an expanded view: some dim of size > 1 has stride 0 (TensorSpec.broadcast_dims)."""
+    val = meta_of(o)
+    return val.numel() > 0 and any(n > 1 and st == 0 for n, st in zip(val.shape, val.stride()))
 
 
 def _output(low: Lowerer, sp: Space, o) -> Output:
@@ -937,11 +948,15 @@ def _output(low: Lowerer, sp: Space, o) -> Output:
         red = set(sp.perm[len(shape) - sp.nred:])
         row_shapes = {tuple(s for k, s in enumerate(sp.xs) if k not in red): False,
                       tuple(1 if k in red else s for k, s in enumerate(sp.xs)): True}
+    bcast = expanded(o)
     if not ident and os_ == sp.xs:     # (first: a square input's shape equals its permutation)
         base = low.base()
-        return Output(low.val(o, base), dt, False, numel(os_), dims=base[1])
+        return Output(low.val(o, base), dt, False, numel(os_), dims=base[1], broadcast=bcast)
     if os_ == shape:
-        return Output(low.val(o, low.identity()), dt, False, numel(os_))
+        return Output(low.val(o, low.identity()), dt, False, numel(os_),
+                      dims=tuple(range(len(shape))) if bcast else None, broadcast=bcast)
+    if bcast:
+        raise Unsupported(f"expanded output of shape {os_} next to iteration shape {shape}")
     if numel(os_) == numel(shape) and ident:
         return Output(low.val(o, ("flat", os_)), dt, False, numel(os_))
     if os_ in row_shapes:

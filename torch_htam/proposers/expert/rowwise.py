@@ -649,7 +649,7 @@ def _host(prog: ExprProgram, p: RowParams) -> str:
     def launch(V: int, NV: int) -> str:     # the kernel instantiation for vector width V, NV chunks
         return f"row_kernel<{V}, {NV}><<<blocks, BLOCK, 0, stream>>>(sp, rows, {ncol}, {args});"
     out_checks = "\n".join(
-        f"  if (htam_numel(&out[{k}]) != n) return HTAM_ERR_SHAPE;" if o.dims is not None else
+        ("" if o.broadcast else f"  if (htam_numel(&out[{k}]) != n) return HTAM_ERR_SHAPE;") if o.dims is not None else
         f"  if (!htam_contiguous(out[{k}]) || htam_numel(&out[{k}]) != {'rows' if o.row else 'n'}) return HTAM_ERR_SHAPE;"
         for k, o in enumerate(prog.outputs))
     cap = p.tpr * p.vec * p.nv
