@@ -77,6 +77,11 @@ def _inline(gm: fx.GraphModule, node: fx.Node) -> None:
                 result = pytree.tree_map(lambda a: env[a] if isinstance(a, fx.Node) else a, n.args[0])
             else:
                 env[n] = gm.graph.node_copy(n, lambda a: env[a])
+    ctor = None
+    if isinstance(result, fx.Node) and isinstance(result.target, type) and issubclass(result.target, tuple):
+        # NOTE: a named tuple the decomposition built (nll_loss_forward's return_types): traced as a
+        # call of its class; its fields are its arguments
+        ctor, result = result, list(result.args)
     if isinstance(result, (tuple, list)):       # (output, total_weight) pairs read through getitem
         for u in list(node.users):
             if u.target is not operator.getitem:
@@ -86,6 +91,8 @@ def _inline(gm: fx.GraphModule, node: fx.Node) -> None:
     else:
         node.replace_all_uses_with(result)
     gm.graph.erase_node(node)
+    if ctor is not None and not ctor.users:
+        gm.graph.erase_node(ctor)
 
 
 def decompose_losses(gm: fx.GraphModule) -> int:

@@ -145,6 +145,9 @@ OPS: dict[str, OpInfo] = {
     **{n: _ew() for n in ("zeros_like", "ones_like", "full_like", "fill", "nan_to_num")},
     # a 0-dim constant (losses' where(cond, x, scalar_tensor(0.))): joins its user's region
     "scalar_tensor": _ew(),
+    # one element per row picked by an index (nll_loss's target log-probability): a row kernel's
+    # per-row epilogue after the log_softmax it reads (ir.Lowerer.gather)
+    "gather": _ew(),
     **{n: _ew(cast=True) for n in ("_to_copy", "to", "type_as")},
     # per-channel affine in eval mode (batch statistics are constants); arg 4 is running_var
     "batch_norm": _ew(flops=2, positive=(4,)),

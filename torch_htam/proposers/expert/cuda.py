@@ -96,11 +96,14 @@ def _row_uniform(e) -> bool:
 
 class Emitter:
     """Emits `const float tN = ...;` lines for expressions, once per distinct sub-expression.
-    load(access_id) / red(reduction_id) give the C++ names of loaded inputs and row results."""
+    load(access_id) / red(reduction_id) give the C++ names of loaded inputs and row results;
+    load_at(access_id, column) the C++ load of an input at another column of the row (a gather's
+    source, read at its index: row kernels' per-row outputs)."""
 
-    def __init__(self, load, red, fast: bool = False, low_precision: bool = False, prefix="t", vt=None):
+    def __init__(self, load, red, fast: bool = False, low_precision: bool = False, prefix="t", vt=None,
+                 load_at=None):
         # vt: expression -> value type ("f" | "i" | "b", ir.value_type); None: every value is float
-        self.load, self.red, self.prefix = load, red, prefix
+        self.load, self.red, self.prefix, self.load_at = load, red, prefix, load_at
         self.vt = vt or (lambda e: "f")
         self.table = (FAST_LOWP if low_precision else FAST) if fast else EXACT
         self.lines: list[str] = []
@@ -122,6 +125,8 @@ class Emitter:
             name = self.load(e[1])
         elif op == "red":
             name = self.red(e[1])
+        elif op == "gather":
+            name = self.gather(e)
         else:
             if op == "round" and e[1] == "int32":       # int32 wraps: keep the low 32 bits
                 code = f"((long long)(int)({self.emit(e[2])}))"
@@ -141,4 +146,17 @@ class Emitter:
             name = f"{self.prefix}{len(self.lines)}"
             self.lines.append(f"const {CTYPE[self.vt(e)]} {name} = {code};")
         self.names[e] = name
+        return name
+
+    def gather(self, e: tuple) -> str:
+        """("gather", src, index): src's expression with every load at column `index` (its own
+        names: the same sub-expression at the row's columns is another value)."""
+        if self.load_at is None:
+            raise ValueError("gather needs load_at (a row kernel's per-row outputs)")
+        col = self.emit(e[2])
+        sub = Emitter(lambda a: self.load_at(a, col), self.red, prefix=f"{self.prefix}g{len(self.lines)}_",
+                      vt=self.vt)
+        sub.table = self.table
+        name = sub.emit(e[1])
+        self.lines += sub.lines
         return name

@@ -275,6 +275,8 @@ def value_type(e: tuple, load_vt, memo: dict | None = None) -> str:
         r = VT[e[1]]
     elif op == "select":
         r = value_type(e[2], load_vt, memo)
+    elif op == "gather":
+        r = value_type(e[1], load_vt, memo)
     elif op in SAME_TYPE:
         r = value_type(e[1], load_vt, memo)
     else:
@@ -498,6 +500,8 @@ class Lowerer:
             e = self.clamp(node, amap, vt)
         elif t in ROW_REDUCE or t in ROW_OPS:
             e = self.row(node, amap)
+        elif t is aten.gather.default:
+            e = self.gather(node, amap)
         else:
             raise Unsupported(f"op {t} is not in the expert generator's vocabulary")
         if self.vt(e) != vt:      # every op's value has its node's type (casts coerce)
@@ -852,6 +856,22 @@ class Lowerer:
             y = ("add", y, self.val(b, affine))
         return y
 
+    def gather(self, node, amap) -> tuple:
+        """gather(src, row dim, index) with one index per row (nll_loss's pick of the target's
+        log-probability): ("gather", src over its row, the index). The row kernel reads src's
+        expression at that column once per row (a per-row epilogue)."""
+        src, dim, index = node.args[:3]
+        xs = shape_of(src)
+        if self.kind != "rowwise" or self.nred != 1 or self.flat_rows is not None:
+            raise Unsupported("gather outside a program of single-dim rows")
+        d = int(dim) % len(xs)
+        if len(xs) != self.D or tuple(xs[k] for k in self.perm) != self.shape or self.perm[-1] != d:
+            raise Unsupported(f"gather along dim {d} of {xs}: only along the program's row")
+        if shape_of(index) != tuple(1 if k == d else n for k, n in enumerate(xs)):
+            raise Unsupported(f"gather of {shape_of(index)} indices from {xs}: one index per row")
+        self.check_row_use(node, amap)
+        return ("gather", self.val(src, self.base()), self.coerce(self.val(index, amap), "i"))
+
     def check_full_use(self, node, amap) -> None:
         if amap != self.base():
             raise Unsupported(f"{node.target} result used reshaped/broadcast ({amap})")
@@ -990,6 +1010,8 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), strided: bool
     for o in prog.outputs:
         if o.row and column_dependent(o.expr, prog):
             raise Unsupported("a per-row output depends on a column")
+        if not o.row and any(x[0] == "gather" for x in walk(o.expr)):
+            raise Unsupported("a gathered value used per column (only per-row outputs read one)")
         if not o.row and any(x[0] == "idx" for x in walk(o.expr)):
             raise Unsupported("an arg reduction's index used in elementwise math")
     if kind == "rowwise":
@@ -1000,16 +1022,26 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), strided: bool
 
 
 def _check_row_types(prog: ExprProgram) -> None:
-    """Row programs load floats and bools and compute float and bool values (rowwise.py's loads
-    are float-lane traits: a bool input arrives as 0.f / 1.f, which C++ reads as the bool it
-    stores); the one integer is an arg reduction's index, stored whole as a per-row output."""
+    """Row programs load floats and bools along the row and compute float and bool values there
+    (rowwise.py's loads are float-lane traits: a bool input arrives as 0.f / 1.f, which C++ reads
+    as the bool it stores). Integers are per-row values: an arg reduction's index, stored whole,
+    and per-row int64 / int32 inputs (nll_loss's target: the gather index, the ignore_index test)
+    read once per row in the per-row outputs."""
     vt = program_value_type(prog)
-    why = "int64/int32 values in a row program (it loads floats and bools; its one integer is an arg " \
-          "reduction's index, stored as it is)"
-    if any(VT[dt] not in "fb" for _, dt in prog.inputs):
+    why = "int64/int32 values in a row program (it loads floats and bools along the row; integers " \
+          "are per-row: an arg reduction's index, a per-row index input)"
+    D, nr = prog.ndim, prog.nred
+    if any(VT[prog.inputs[a.input][1]] not in "fb" and a.column_varying(D, nr) for a in prog.accesses):
         raise Unsupported(why)
-    exprs = [o.expr for o in prog.outputs if o.expr[0] != "idx"] + [r.expr for r in prog.reductions]
+    exprs = [o.expr for o in prog.outputs if not o.row] + [r.expr for r in prog.reductions]
     if any(vt(x) not in "fb" for e in exprs for x in walk(e)):
+        raise Unsupported(why)
+    # an arg reduction's index is stored as it is, never computed with
+    if any(x[0] == "idx" for o in prog.outputs if o.row and o.expr[0] != "idx" for x in walk(o.expr)):
+        raise Unsupported(why)
+    # a gather's source is read along the row: floats and bools only
+    srcs = [x[1] for o in prog.outputs if o.row for x in walk(o.expr) if x[0] == "gather"]
+    if any(vt(x) not in "fb" for e in srcs for x in walk(e)):
         raise Unsupported(why)
     if any(vt(r.expr) != "f" for r in prog.reductions):
         raise Unsupported("a reduction over bool values")
@@ -1039,13 +1071,17 @@ def stored(expr: tuple, dtype: str) -> tuple:
     return expr[2] if expr[0] == "round" and expr[1] == dtype else expr
 
 
-def walk(e: tuple):
-    """Yield every sub-expression of e (pre-order, repeats included)."""
+def walk(e: tuple, into_gather: bool = True):
+    """Yield every sub-expression of e (pre-order, repeats included); into_gather=False leaves out
+    the sources of gathers (their index is walked)."""
     stack = [e]
     while stack:
         x = stack.pop()
         yield x
         if x[0] in ("in", "const", "iconst", "bconst", "red", "ncol", "idx"):
+            continue
+        if x[0] == "gather" and not into_gather:
+            stack.append(x[2])
             continue
         stack.extend(a for a in x[1:] if isinstance(a, tuple))
 
@@ -1056,5 +1092,7 @@ def low_ops(prog: ExprProgram) -> set[str]:
 
 
 def column_dependent(e: tuple, prog: ExprProgram) -> bool:
-    return any(x[0] == "in" and prog.accesses[x[1]].column_varying(prog.ndim, prog.nred) for x in walk(e))
+    """e varies along the row (a gather's source is read at one column per row: it does not)."""
+    return any(x[0] == "in" and prog.accesses[x[1]].column_varying(prog.ndim, prog.nred)
+               for x in walk(e, into_gather=False))
 

@@ -327,9 +327,24 @@ class _Gen:
                 f"          else for (int e = 0; e < VEC; ++e) o{k}[ro[{j}] + {self.coff(j, 'c0 + e')}] = "
                 f"{t}::from_f(y{k}[e]); }}")
 
+    def fixed_type(self, i: int) -> str:
+        """C++ type of a per-row load of access i: integers (a per-row index) stay long long."""
+        return "long long" if self.dt(i) in ("I64", "I32") else "float"
+
+    def fixed_load(self, i: int, ptr: str, nc: str = "false") -> str:
+        if self.dt(i) in ("I64", "I32"):
+            return f"{self.dt(i)}::to_v(*({ptr}))"
+        return f"ld1<{self.dt(i)}, {nc}>({ptr})"
+
+    def load_at(self, i: int, col: str) -> str:
+        """Access i of this row at column `col` (a gather's index): NaN outside the row, where torch
+        raises (an index out of range)."""
+        return (f"(({col}) >= 0 && ({col}) < ncol ? ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + "
+                f"{self.coff(i, f'({col})')}) : NAN)")
+
     def row_outputs(self) -> str:
         em = Emitter(lambda a: f"s{a}", red=lambda k: f"R{k}", fast=self.p.fast,
-                     low_precision=self.lowp, prefix="u", vt=self.vt)
+                     low_precision=self.lowp, prefix="u", vt=self.vt, load_at=self.load_at)
         rows = [(k, o) for k, o in enumerate(self.prog.outputs) if o.row]
         # an arg reduction's index ("idx", j) is stored as the int it is, never through a float
         names = [f"(long long)RI{o.expr[1]}" if o.expr[0] == "idx" else em.emit(stored(o.expr, o.dtype))
@@ -338,6 +353,7 @@ class _Gen:
             return ""
         lines = "\n".join("      " + ln for ln in em.lines)
         stores = "\n".join(f"      o{k}[r] = {n};" if o.expr[0] == "idx" else
+                           f"      o{k}[r] = {DT[o.dtype][0]}::from_v({n});" if DT[o.dtype][0] in ("I64", "I32") else
                            f"      o{k}[r] = {DT[o.dtype][0]}::from_f({n});" for (k, o), n in zip(rows, names))
         return f"""
     if (valid && lane == 0) {{
@@ -362,9 +378,9 @@ class _Gen:
         nc = "true" if p.nc else "false"
         params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(len(prog.accesses))]
         params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
-        fixed = "\n".join(f"      s{i}_[g] = ld1<{self.dt(i)}, {nc}>(p{i} + ro_[g][{i}]);" for i in self.fixed)
-        fixed_decl = " ".join(f"float s{i}_[RPG];" for i in self.fixed)
-        fixed_alias = " ".join(f"const float s{i} = s{i}_[g];" for i in self.fixed)
+        fixed = "\n".join(f"      s{i}_[g] = {self.fixed_load(i, f'p{i} + ro_[g][{i}]', nc)};" for i in self.fixed)
+        fixed_decl = " ".join(f"{self.fixed_type(i)} s{i}_[RPG];" for i in self.fixed)
+        fixed_alias = " ".join(f"const {self.fixed_type(i)} s{i} = s{i}_[g];" for i in self.fixed)
         reg_loads = "\n".join(self.load_chunk(i, f"x{i}[g][q]", "c0", nc, p.packed, ro="ro_[g]")
                               .replace("\n", "\n    ") for i in self.held)
         reg_decl = " ".join((f"unsigned x{i}[RPG][NV > 0 ? NV : 1][{self.words(i)}];" if p.packed
@@ -448,7 +464,8 @@ __global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t r
         prog, na = self.prog, len(self.prog.accesses)
         params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(na)]
         params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
-        fixed = "\n".join(f"    const float s{i} = ld1<{self.dt(i)}, false>(p{i} + ro[{i}]);" for i in self.fixed)
+        fixed = "\n".join(f"    const {self.fixed_type(i)} s{i} = {self.fixed_load(i, f'p{i} + ro[{i}]')};"
+                          for i in self.fixed)
         decl = " ".join(f"float x{i}[1];" for i in self.varying)
         loads = "\n".join(f"        x{i}[0] = ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + {self.coff(i, 'c')});"
                           for i in self.varying)
@@ -522,7 +539,8 @@ __global__ void __launch_bounds__(1024) col_kernel(Space<NACC> sp, int64_t rows,
         arg = red.kind in ARG
         params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(na)]
         params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
-        fixed = "\n".join(f"  const float s{i} = ld1<{self.dt(i)}, false>(p{i} + ro[{i}]);" for i in self.fixed)
+        fixed = "\n".join(f"  const {self.fixed_type(i)} s{i} = {self.fixed_load(i, f'p{i} + ro[{i}]')};"
+                          for i in self.fixed)
         decl = " ".join(f"float x{i}[1];" for i in self.varying)
         loads = "\n".join(f"    x{i}[0] = ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + {self.coff(i, 'c')});"
                           for i in self.varying)
