@@ -537,6 +537,28 @@ def test_roofline_does_not_charge_outputs_that_stay_in_l2():
 # ------------------------------------------------------------------------------ GPU
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("stem", ["attn_mingpt_bf16", "loss_cross_entropy_bf16", "ew_mask_bool_bf16"])
+def test_bench_default_candidate_verifies_on_the_gpu(stem):
+    """The full protocol (seeds, distributions, poisoned outputs) on the expert's default candidate:
+    minGPT bf16 (its bf16 reference rounds the scores: judged against float64), the row kernel
+    with a gather epilogue, and the expanded mask output (the kernel writes it before the expand)."""
+    from pathlib import Path
+    from torch_htam import build
+    from torch_htam.launcher import Kernel
+    from torch_htam.policy import policy_for
+    from torch_htam.proposers.expert.proposer import match_task
+    from torch_htam.extract import task_from_source
+    path = Path(__file__).resolve().parents[1] / "bench" / "tasks" / f"{stem}.py"
+    task = task_from_source(path.read_text(), path.stem)
+    policy = policy_for(task)
+    tgt = match_task(task, policy)
+    res = build.build(tgt.render(tgt.defaults))
+    assert res.ok, res.error
+    ok, reason, detail, errs = V.verify(task, Kernel(res.so_path), load_reference(task).cuda(), policy)
+    assert (ok, reason) == (True, "ok"), detail
+
+
+@pytest.mark.gpu
 def test_fp32_gemm_with_a_long_k_verifies_on_the_gpu():
     """linear(x[4096, 3072]) + r under strict fp32: the expert's cuBLAS kernel and torch's round
     differently; before the float64 judgement no setting verified (160 of 3.1M values out)."""
