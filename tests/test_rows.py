@@ -88,6 +88,10 @@ CASES = {
     # log_softmax, then the target's log-probability gathered per row (an ignored target gives 0)
     "cross_entropy_none": (lambda x, t: F.cross_entropy(x, t, reduction="none"),
                            lambda: [torch.randn(6, 37), torch.tensor([3, -100, 0, 36, 5, 17])]),
+    # ... and its mean over the rows that count (an outer sum, and an exact int64 count of targets)
+    "cross_entropy_mean": (lambda x, t: F.cross_entropy(x, t),
+                           lambda: [torch.randn(70, 37), torch.where(torch.arange(70) % 9 == 0, -100, torch.arange(70) * 5 % 37)]),
+    "row_mean_then_mean": (lambda x: x.pow(2).mean(-1).sqrt().mean(), lambda: [torch.randn(3, 50, 19)]),
     "nll_loss_none": (lambda x, t: F.nll_loss(x.log_softmax(-1) * 0.5, t, reduction="none"),
                       lambda: [torch.randn(5, 3, 37).flatten(0, 1), torch.arange(15) * 2 % 37]),
 }
@@ -122,6 +126,18 @@ def test_a_gather_is_read_once_per_row_along_the_row_only():
     with pytest.raises(Unsupported, match="per column"):       # a gathered value broadcast over the row
         lower(task_of(lambda x, i: x.log_softmax(-1) - x.log_softmax(-1).gather(1, i), torch.randn(4, 8),
                       torch.zeros(4, 1, dtype=torch.long)).graph)
+
+
+def test_a_mean_over_rows_is_one_program_with_sums_over_rows():
+    """cross_entropy's mean: the per-row losses and the count of counted targets are summed over
+    the rows after the row kernel (the count an exact integer), one value for the program."""
+    prog = lower(_task("cross_entropy_mean").graph)
+    (out,) = prog.outputs
+    assert out.total and not out.row and len(prog.outer) == 2
+    assert sorted(x[2] for x in walk(out.expr) if x[0] == "outer") == ["f", "i"]
+    assert not rowwise.has_split_rows(prog) and not rowwise.has_column_mapping(prog)
+    with pytest.raises(Unsupported, match="sum over rows used per row"):     # a total broadcast back
+        lower(task_of(lambda x: x.sum(-1) - x.sum(-1).mean(), torch.randn(4, 8)).graph)
 
 
 def test_a_middle_dim_reduction_iterates_kept_dims_then_the_reduced_one():

@@ -101,9 +101,10 @@ class Emitter:
     source, read at its index: row kernels' per-row outputs)."""
 
     def __init__(self, load, red, fast: bool = False, low_precision: bool = False, prefix="t", vt=None,
-                 load_at=None):
+                 load_at=None, outer=None):
         # vt: expression -> value type ("f" | "i" | "b", ir.value_type); None: every value is float
-        self.load, self.red, self.prefix, self.load_at = load, red, prefix, load_at
+        # outer(j): the C++ name of a sum over rows (a row program's total outputs)
+        self.load, self.red, self.prefix, self.load_at, self.outer = load, red, prefix, load_at, outer
         self.vt = vt or (lambda e: "f")
         self.table = (FAST_LOWP if low_precision else FAST) if fast else EXACT
         self.lines: list[str] = []
@@ -121,6 +122,10 @@ class Emitter:
             return "true" if e[1] else "false"
         if op == "ncol":          # row kernels only: the run-time row length
             return "((float)ncol)"
+        if op == "nrows":         # row kernels' total outputs: the run-time number of rows
+            return "((float)rows)"
+        if op == "outer":
+            return self.outer(e[1])
         if op == "in":
             name = self.load(e[1])
         elif op == "red":

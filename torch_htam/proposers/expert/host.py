@@ -119,7 +119,7 @@ def vector_checks(prog: ExprProgram, V: str, full_outputs_only: bool = False) ->
             f"    if (inner == 1 && !htam_aligned(out[{k}].data, {V} * {size})) vec_ok = false;\n"
             f"    if (inner == 1) for (int d = 0; d + 1 < sp.ndim; ++d) if (sp.st[{i}][d] % {V} != 0) vec_ok = false; }}")
     for k, o in enumerate(prog.outputs):
-        if (full_outputs_only and o.row) or o.dims is not None:
+        if (full_outputs_only and (o.row or o.total)) or o.dims is not None:
             continue
         lines.append(f"  if (!htam_aligned(out[{k}].data, {V} * {DT[o.dtype][2]})) vec_ok = false;")
     return "\n".join(lines)

@@ -52,6 +52,8 @@ FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 # The row length, read at run time (never the captured size): mean = sum / NCOL.
 NCOL = ("ncol",)
+# The number of rows, read at run time: a mean over rows of per-row values = outer sum / NROWS.
+NROWS = ("nrows",)
 
 
 class Unsupported(Exception):
@@ -99,6 +101,9 @@ class Output:
     row: bool
     numel_static: int
     dims: tuple[int, ...] | None = None
+    # one value for the whole program (a loss's mean over rows of per-row values): an expression
+    # of outer reductions ("outer", j, vt) and constants, stored once after every row is done
+    total: bool = False
     # an expanded view (mask.expand_as(scores)): the kernel is handed the tensor before the expand
     # (TensorSpec.kernel_shape: size 1 at the expanded dims) and stores through its strides, so
     # the steps along those dims land on one element; the caller returns the expand of it
@@ -119,6 +124,8 @@ class ExprProgram:
     # (kind, index, dims) with dims[k] the iteration dim of the tensor's dim k
     size_source: tuple = ("out", 0)
     nred: int = 1                      # rowwise: the row is the last nred iteration dims
+    # rowwise: sums over all rows of per-row expressions (("outer", j, vt) in total outputs)
+    outer: list[Reduction] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)   # no-op ops removed by simplify
     has_transcendental: bool = False
 
@@ -263,8 +270,10 @@ def value_type(e: tuple, load_vt, memo: dict | None = None) -> str:
     op = e[0]
     if op == "in":
         r = load_vt(e[1])
-    elif op in ("const", "red", "ncol"):
+    elif op in ("const", "red", "ncol", "nrows"):
         r = "f"
+    elif op == "outer":         # ("outer", j, vt): a sum over rows, exact in "i" for counts
+        r = e[2]
     elif op in ("iconst", "idx"):       # idx: an arg reduction's int64 index
         r = "i"
     elif op == "bconst" or op in BOOL_OPS:
@@ -371,6 +380,7 @@ class Lowerer:
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.accesses: list[Access] = []
         self.reductions: list[Reduction] = []
+        self.outer: list[Reduction] = []
         self.memo: dict = {}
         self.red_memo: dict = {}
         self.ops_seen: set[str] = set()
@@ -776,6 +786,8 @@ class Lowerer:
 
     def row(self, node, amap) -> tuple:
         t = node.target
+        if self.is_outer(node):
+            return self.outer_sum(node)
         x_row = self.row_source(node)
         args = list(node.args) + [None] * 8
         if t in ROW_REDUCE:
@@ -855,6 +867,34 @@ class Lowerer:
         if b is not None:
             y = ("add", y, self.val(b, affine))
         return y
+
+    def kept_shape(self) -> tuple[int, ...]:
+        """The shape of a per-row value (the kept dims in order, not keepdim)."""
+        return tuple(self.shape[:self.D - self.nred])
+
+    def is_outer(self, node) -> bool:
+        """A sum / mean over every element of a per-row value (a loss's mean over its rows)."""
+        kept = self.kept_shape()
+        return (self.kind == "rowwise" and self.flat_rows is None and len(kept) > 0
+                and node.target in (aten.sum.default, aten.mean.default, aten.sum.dim_IntList, aten.mean.dim)
+                and shape_of(node.args[0]) == kept and reduced_dims(node) == tuple(range(len(kept)))
+                and numel(shape_of(node)) == 1)
+
+    def outer_sum(self, node) -> tuple:
+        """("outer", j, vt): per-row values summed over the rows, after the row kernel (a second,
+        one-block kernel adds the per-group partials in a fixed order); a sum of bools or integers
+        stays an exact integer (nll_loss's count of targets), a mean divides by the row count."""
+        x = self.val(node.args[0], ("dims", tuple(range(self.D - self.nred))))
+        vt = "f" if self.vt(x) == "f" else "i"
+        red = Reduction("sum", self.coerce(x, vt))
+        if red not in self.outer:
+            self.outer.append(red)
+        e = ("outer", self.outer.index(red), vt)
+        if node.target in (aten.mean.default, aten.mean.dim):
+            if vt != "f":
+                raise Unsupported("mean over rows of integer values")
+            e = ("div", e, NROWS)
+        return e
 
     def gather(self, node, amap) -> tuple:
         """gather(src, row dim, index) with one index per row (nll_loss's pick of the target's
@@ -969,6 +1009,9 @@ def _output(low: Lowerer, sp: Space, o) -> Output:
         row_shapes = {tuple(s for k, s in enumerate(sp.xs) if k not in red): False,
                       tuple(1 if k in red else s for k, s in enumerate(sp.xs)): True}
     bcast = expanded(o)
+    if sp.kind == "rowwise" and numel(os_) == 1 and len(shape) > sp.nred and os_ not in row_shapes:
+        # one value for the program: sums over rows of per-row values (outer reductions)
+        return Output(low.val(o, ("dims", (-1,) * len(os_))), dt, False, 1, total=True)
     if not ident and os_ == sp.xs:     # (first: a square input's shape equals its permutation)
         base = low.base()
         return Output(low.val(o, base), dt, False, numel(os_), dims=base[1], broadcast=bcast)
@@ -1006,10 +1049,20 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), strided: bool
         outputs.append(_output(low, sp, o))
     dropped = low.dropped + (simp.unused_ops(gm) if simplify else [])
     prog = ExprProgram(kind, shape, inputs, low.accesses, low.reductions, outputs, dropped=dropped,
-                       nred=sp.nred)
+                       nred=sp.nred, outer=low.outer)
     for o in prog.outputs:
         if o.row and column_dependent(o.expr, prog):
             raise Unsupported("a per-row output depends on a column")
+        if o.total and any(x[0] in ("in", "red", "idx", "gather", "ncol") for x in walk(o.expr)):
+            raise Unsupported("a value for the whole program that reads a row (only sums over rows)")
+        if any(x[0] == "outer" for x in walk(o.expr)) and not o.total:
+            raise Unsupported("a sum over rows used per row or per column")
+    for r in prog.outer:
+        if column_dependent(r.expr, prog) or any(x[0] in ("outer", "idx") for x in walk(r.expr)):
+            raise Unsupported("a sum over rows of a value that varies along the row")
+    for o in prog.outputs:
+        if o.total:
+            continue
         if not o.row and any(x[0] == "gather" for x in walk(o.expr)):
             raise Unsupported("a gathered value used per column (only per-row outputs read one)")
         if not o.row and any(x[0] == "idx" for x in walk(o.expr)):
@@ -1033,14 +1086,15 @@ def _check_row_types(prog: ExprProgram) -> None:
     D, nr = prog.ndim, prog.nred
     if any(VT[prog.inputs[a.input][1]] not in "fb" and a.column_varying(D, nr) for a in prog.accesses):
         raise Unsupported(why)
-    exprs = [o.expr for o in prog.outputs if not o.row] + [r.expr for r in prog.reductions]
+    exprs = [o.expr for o in prog.outputs if not o.row and not o.total] + [r.expr for r in prog.reductions]
     if any(vt(x) not in "fb" for e in exprs for x in walk(e)):
         raise Unsupported(why)
     # an arg reduction's index is stored as it is, never computed with
     if any(x[0] == "idx" for o in prog.outputs if o.row and o.expr[0] != "idx" for x in walk(o.expr)):
         raise Unsupported(why)
     # a gather's source is read along the row: floats and bools only
-    srcs = [x[1] for o in prog.outputs if o.row for x in walk(o.expr) if x[0] == "gather"]
+    srcs = [x[1] for e in [o.expr for o in prog.outputs if o.row] + [r.expr for r in prog.outer]
+            for x in walk(e) if x[0] == "gather"]
     if any(vt(x) not in "fb" for e in srcs for x in walk(e)):
         raise Unsupported(why)
     if any(vt(r.expr) != "f" for r in prog.reductions):
@@ -1078,7 +1132,7 @@ def walk(e: tuple, into_gather: bool = True):
     while stack:
         x = stack.pop()
         yield x
-        if x[0] in ("in", "const", "iconst", "bconst", "red", "ncol", "idx"):
+        if x[0] in ("in", "const", "iconst", "bconst", "red", "ncol", "idx", "outer", "nrows"):
             continue
         if x[0] == "gather" and not into_gather:
             stack.append(x[2])
@@ -1087,7 +1141,7 @@ def walk(e: tuple, into_gather: bool = True):
 
 
 def low_ops(prog: ExprProgram) -> set[str]:
-    exprs = [o.expr for o in prog.outputs] + [r.expr for r in prog.reductions]
+    exprs = [o.expr for o in prog.outputs] + [r.expr for r in prog.reductions] + [r.expr for r in prog.outer]
     return {x[0] for e in exprs for x in walk(e)}
 
 
