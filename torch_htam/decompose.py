@@ -5,7 +5,9 @@ F.mse_loss, F.cross_entropy, F.kl_div ... reach the captured graph as one node e
 elementwise math and row reductions (mean over everything: a full reduction), which the expert has
 paths for. Each such node is traced into aten ops on its inputs' fake tensors and the
 trace is inlined in its place, repeatedly (cross_entropy_loss -> log_softmax + nll_loss_forward ->
-...). Ops a decomposition leaves that nothing handles (nll_loss's gather) stay on PyTorch as usual.
+...). nll_loss's gather of the target's log-probability is a row kernel's per-row epilogue and its
+mean over tokens a sum over rows (rowwise.py); ops a decomposition leaves that nothing handles stay
+on PyTorch as usual.
 
     >>> n = decompose_losses(gm)      # number of loss nodes rewritten
 """

@@ -14,6 +14,12 @@ layer_norm of a transposed view: the column mapping, col_kernel, 32 rows a block
 long rows (a full reduction: split_kernel + split_finish, partials combined in order, no atomics).
 The host picks among those the source carries from the real sizes and strides.
 
+Per-row outputs may read the row at one more column, an int64 index per row (nll_loss's target:
+("gather", src, index), read once by the row's lane 0), and sums over rows of per-row values (a
+loss's mean over tokens: ExprProgram.outer) end the program: each thread group adds its rows in
+order, writes its partial to the split-rows workspace, and outer_finish (one block) adds the
+partials in a fixed order and stores the program's single values (Output.total).
+
 Register budget (what decides bandwidth here): an SM has 64K registers, so 2048 resident threads
 get 32 each. A row held as fp32 costs one register per value; `packed` keeps 2-byte inputs as raw
 bits (two values per register, converted at use) and `lazy` loads inputs that no reduction reads
