@@ -537,11 +537,13 @@ def test_roofline_does_not_charge_outputs_that_stay_in_l2():
 # ------------------------------------------------------------------------------ GPU
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("stem", ["attn_mingpt_bf16", "loss_cross_entropy_bf16", "ew_mask_bool_bf16"])
+@pytest.mark.parametrize("stem", ["attn_mingpt_bf16", "loss_cross_entropy_bf16", "loss_cross_entropy_mean_fp32",
+                                  "loss_kl_div_bf16", "ew_mask_bool_bf16"])
 def test_bench_default_candidate_verifies_on_the_gpu(stem):
     """The full protocol (seeds, distributions, poisoned outputs) on the expert's default candidate:
     minGPT bf16 (its bf16 reference rounds the scores: judged against float64), the row kernel
-    with a gather epilogue, and the expanded mask output (the kernel writes it before the expand)."""
+    with a gather epilogue and with sums over rows (cross entropy's mean), a full reduction of
+    xlogy (kl_div), and the expanded mask output (the kernel writes it before the expand)."""
     from pathlib import Path
     from torch_htam import build
     from torch_htam.launcher import Kernel
