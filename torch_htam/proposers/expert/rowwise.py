@@ -759,10 +759,9 @@ def _host(prog: ExprProgram, p: RowParams) -> str:
     outer_setup = outer_launch = ""
     if prog.outer:
         # NOTE: every thread group's partial sums take one 8-byte slot per sum in the split-rows
-        # workspace: the grid is capped to fit it (the row loop is grid-stride); a float count
-        # would round past 2^24 rows, so those stay on PyTorch
+        # workspace: the grid is capped to fit it (the row loop is grid-stride, so every row is
+        # still visited)
         outer_setup = f"""
-  if (rows > (int64_t(1) << 24)) return HTAM_ERR_SHAPE;
   void* ows = htam_split_ws(stream);
   if (ows == nullptr) return HTAM_ERR_SHAPE;
   blocks = std::min<int64_t>(blocks, (int64_t)(kSplitWs / (8 * {len(prog.outer)} * (BLOCK / TPR))));"""
