@@ -183,8 +183,9 @@ def test_expanded_output_kernels_verify_on_the_gpu(make):
     outs = [torch.full(s.shape, 7, dtype=s.torch_dtype, device="cuda") for s in task.outputs]
     assert kernel(inputs, outs) == 0
     torch.cuda.synchronize()
-    for o, w in zip(outs, want):
-        assert torch.equal(o, w)
+    policy = policy_for(task)
+    for o, w in zip(outs, want):      # (bools exactly; a row sum within the policy: another order)
+        torch.testing.assert_close(o, w, atol=policy.atol, rtol=policy.rtol)
 
 
 def task_inputs(task) -> list[torch.Tensor]:
