@@ -23,6 +23,7 @@ from torch_htam.proposers.expert.proposer import match_task, tuning_grid
 from torch_htam.proposers.expert.strategies import KNOWN
 from torch_htam.extract import source_weights, task_from_source
 from torch_htam.task import Task, TensorSpec
+from torch_htam.launcher import task_outputs
 from torch_htam.verify import poison_
 from compile_check import assert_compiles
 
@@ -81,9 +82,10 @@ def test_suite_is_big_enough():
     assert len(TASKS) >= 12 and kinds >= {"ew", "rw", "gemm", "conv"}
 
 
-# pooling regions are row-wise tasks (ops.py: a window reduction), run by the pool target
+# pooling regions are row-wise tasks (ops.py: a window reduction), run by the pool target; losses
+# (decompose.py) are row programs: a full reduction (mse) or per-row ones (cosine similarity)
 KIND_OF_PREFIX = {"ew": "elementwise", "rw": "rowwise", "gemm": "gemm", "conv": "conv", "attn": "attention",
-                  "pool": "rowwise"}
+                  "pool": "rowwise", "loss": "rowwise"}
 
 
 @pytest.mark.parametrize("path", TASKS, ids=lambda p: p.stem)
@@ -363,10 +365,14 @@ def test_default_candidates_match_torch(path):
             with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=policy.allow_tf32):
                 ref = ref_model(*inputs)
             ref = list(ref) if isinstance(ref, (tuple, list)) else [ref]
-            outs = [poison_(torch.empty_like(r)) for r in ref]       # NaN; ints / bools: a sentinel
+            # NaN; ints / bools: a sentinel. An expanded output (ew_mask_bool's mask) is written
+            # before its expand, as the launcher allocates it (TensorSpec.kernel_shape)
+            outs = [poison_(torch.empty(s.kernel_shape(), dtype=r.dtype, device=r.device) if s.broadcast_dims
+                            else torch.empty_like(r)) for s, r in zip(task.outputs, ref)]
             clones = [x.clone() for x in inputs]
             assert kernel(inputs, outs) == 0, cand.params
             torch.cuda.synchronize()
+            outs = task_outputs(outs, task.outputs)
             for x, c in zip(inputs, clones):
                 assert torch.equal(x, c), "kernel mutated an input"
             for o, r in zip(outs, ref):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch_htam import build, paths
 from torch_htam.policy import policy_for
 from torch_htam.proposers.expert import rowwise
-from torch_htam.proposers.expert.ir import Unsupported, lower
+from torch_htam.proposers.expert.ir import Unsupported, lower, walk
 from torch_htam.proposers.expert.proposer import match_task
 from torch_htam.task import Task, TensorSpec
 from compile_check import assert_compiles
@@ -31,8 +31,13 @@ class Fn(nn.Module):
 
 
 def task_of(f, *args) -> Task:
+    """f's whole graph as one task; loss ops decomposed (into in-place ops too) as capture does."""
+    from torch_htam.capture import functionalize
+    from torch_htam.decompose import decompose_losses
     model = Fn(f).eval()
     gm = torch.export.export(model, args, strict=False).graph_module
+    decompose_losses(gm)
+    functionalize(gm)
     outs = model(*args)
     outs = outs if isinstance(outs, tuple) else (outs,)
     return Task("rows", "x", "", [TensorSpec.of(a) for a in args], [TensorSpec.of(o) for o in outs],
@@ -69,6 +74,26 @@ CASES = {
     "vector_norm": (lambda x: torch.linalg.vector_norm(x, dim=-1, keepdim=True), lambda: [torch.randn(5, 21)]),
     "masked_softmax": (lambda x, m: torch.softmax((x * 0.125).masked_fill(m, float("-inf")), -1),
                        lambda: [torch.randn(2, 3, 16, 16), torch.ones(16, 16, dtype=torch.bool).triu(1)[None, None]]),
+    # losses, whole (decompose.py): full reductions (mean over all) and per-row ones
+    "mse_loss": (lambda x, t: F.mse_loss(x, t), lambda: [torch.randn(3, 5, 7, 9), torch.randn(3, 5, 7, 9)]),
+    "smooth_l1_loss": (lambda x, t: F.smooth_l1_loss(x, t, beta=0.5),
+                       lambda: [torch.randn(3, 5, 7, 9), torch.randn(3, 5, 7, 9)]),
+    # a target with exact zeros: xlogy(0, 0) is 0 (not 0 * log 0 = NaN)
+    "kl_div_batchmean": (lambda x, t: F.kl_div(x, t, reduction="batchmean"),
+                         lambda: [torch.randn(6, 37).log_softmax(-1),
+                                  torch.randn(6, 37).softmax(-1) * (torch.arange(37) % 3 != 0)]),
+    "hinge_embedding_loss": (lambda x, y: F.hinge_embedding_loss(x, y, margin=0.5),
+                             lambda: [torch.randn(6, 37), (torch.arange(6 * 37).view(6, 37) % 2) * 2.0 - 1]),
+    "cosine_similarity": (lambda a, b: F.cosine_similarity(a, b, dim=1), lambda: [torch.randn(6, 37), torch.randn(6, 37)]),
+    # log_softmax, then the target's log-probability gathered per row (an ignored target gives 0)
+    "cross_entropy_none": (lambda x, t: F.cross_entropy(x, t, reduction="none"),
+                           lambda: [torch.randn(6, 37), torch.tensor([3, -100, 0, 36, 5, 17])]),
+    # ... and its mean over the rows that count (an outer sum, and an exact int64 count of targets)
+    "cross_entropy_mean": (lambda x, t: F.cross_entropy(x, t),
+                           lambda: [torch.randn(70, 37), torch.where(torch.arange(70) % 9 == 0, -100, torch.arange(70) * 5 % 37)]),
+    "row_mean_then_mean": (lambda x: x.pow(2).mean(-1).sqrt().mean(), lambda: [torch.randn(3, 50, 19)]),
+    "nll_loss_none": (lambda x, t: F.nll_loss(x.log_softmax(-1) * 0.5, t, reduction="none"),
+                      lambda: [torch.randn(5, 3, 37).flatten(0, 1), torch.arange(15) * 2 % 37]),
 }
 
 
@@ -87,6 +112,32 @@ def test_every_pattern_has_a_rowwise_path(name):
     task = _task(name)
     tm = match_task(task, policy_for(task))
     assert tm.kind == "rowwise"
+
+
+def test_a_gather_is_read_once_per_row_along_the_row_only():
+    prog = lower(_task("cross_entropy_none").graph)
+    (out,) = prog.outputs
+    assert out.row and any(x[0] == "gather" for x in walk(out.expr))
+    # the int64 target is a per-row access; the logits are read along the row
+    assert [prog.inputs[a.input][1] for a in prog.accesses if not a.column_varying(prog.ndim)] == ["int64"]
+    with pytest.raises(Unsupported, match="output of shape"):     # several picks per row
+        lower(task_of(lambda x, i: x.log_softmax(-1).gather(1, i), torch.randn(4, 8),
+                      torch.zeros(4, 2, dtype=torch.long)).graph)
+    with pytest.raises(Unsupported, match="per column"):       # a gathered value broadcast over the row
+        lower(task_of(lambda x, i: x.log_softmax(-1) - x.log_softmax(-1).gather(1, i), torch.randn(4, 8),
+                      torch.zeros(4, 1, dtype=torch.long)).graph)
+
+
+def test_a_mean_over_rows_is_one_program_with_sums_over_rows():
+    """cross_entropy's mean: the per-row losses and the count of counted targets are summed over
+    the rows after the row kernel (the count an exact integer), one value for the program."""
+    prog = lower(_task("cross_entropy_mean").graph)
+    (out,) = prog.outputs
+    assert out.total and not out.row and len(prog.outer) == 2
+    assert sorted(x[2] for x in walk(out.expr) if x[0] == "outer") == ["f", "i"]
+    assert not rowwise.has_split_rows(prog) and not rowwise.has_column_mapping(prog)
+    with pytest.raises(Unsupported, match="sum over rows used per row"):     # a total broadcast back
+        lower(task_of(lambda x: x.sum(-1) - x.sum(-1).mean(), torch.randn(4, 8)).graph)
 
 
 def test_a_middle_dim_reduction_iterates_kept_dims_then_the_reduced_one():
@@ -222,12 +273,15 @@ def test_losses_are_decomposed_into_rows_with_a_path(name):
     assert ex.tasks and all(path_of(t) is None for t in ex.tasks), [path_of(t) for t in ex.tasks]
 
 
-def test_cross_entropy_keeps_its_index_ops_on_pytorch():
-    """F.cross_entropy decomposes to log_softmax (a row with a path) and nll_loss's int64 index
-    math, which stays on PyTorch (no path) rather than being computed in float."""
+def test_cross_entropy_gathers_in_the_row_kernel_and_keeps_the_int64_count_on_pytorch():
+    """F.cross_entropy decomposes to log_softmax and nll_loss: the target's log-probability is
+    gathered in the log_softmax's row kernel (a path); the count of non-ignored targets (a sum of
+    bools into int64) has no path rather than being computed in float."""
     from torch_htam.coverage import path_of
     from torch_htam.extract import extract
     ex = extract(Fn(lambda x, t: F.cross_entropy(x, t)).eval(),
                  (torch.randn(16, 10), torch.randint(0, 10, (16,))))
-    paths_ = {t.name: path_of(t) for t in ex.tasks}
-    assert any(p is None for p in paths_.values()) and any(p and "int64" in p for p in paths_.values())
+    ops_of = {t.name: {str(n.target) for n in t.graph.graph.nodes} for t in ex.tasks}
+    row = next(t for t in ex.tasks if "aten._log_softmax.default" in ops_of[t.name])
+    assert "aten.gather.default" in ops_of[row.name] and path_of(row) is None
+    assert any(p and "int64" in p for p in (path_of(t) for t in ex.tasks))

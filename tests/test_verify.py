@@ -309,6 +309,61 @@ def test_tf32_policy_judges_against_torchs_own_tf32_error():
     assert not torch.backends.cuda.matmul.allow_tf32     # the flag is restored
 
 
+MINGPT_BF16_SRC = '''
+import math
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, q, k, v, mask):
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(mask == 0, float("-inf"))
+        return torch.softmax(att, dim=-1) @ v
+
+def get_inputs():
+    return [torch.randn(8, 2, 64, 64, dtype=torch.bfloat16) for _ in range(3)] + [torch.ones(1, 1, 64, 64, dtype=torch.bfloat16).tril()]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def mingpt_bf16_task():
+    qkv = spec((8, 2, 64, 64), "bfloat16")
+    return Task("mingpt_bf16", "attention", MINGPT_BF16_SRC, [qkv, qkv, qkv, spec((1, 1, 64, 64), "bfloat16")],
+                [qkv], "sig_mingpt", ["aten.matmul.default"])
+
+
+def flash_bf16(i, o):
+    """A flash kernel's arithmetic: fp32 scores (never rounded to bf16), P rounded to bf16 for the
+    P @ V tensor-core product, fp32 normalisation, one rounding of the output."""
+    q, k, v, mask = i
+    s = (q.float() @ k.float().transpose(-2, -1)) * 0.125
+    s = s.masked_fill(mask == 0, float("-inf"))
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    o[0].copy_((p.bfloat16().float() @ v.float()) / p.sum(-1, keepdim=True))
+    return 0
+
+
+def test_a_flash_kernel_verifies_where_the_bf16_reference_rounds_its_scores():
+    """minGPT's attention in bf16 rounds q @ k^T to bf16 before the softmax: at the outlier inputs
+    that reference misses the float64 answer by far more than 2e-2, a flash kernel does not. It
+    passes against the float64 reference; a kernel that is off by more than torch still fails."""
+    task = mingpt_bf16_task()
+    ref = load_reference(task)
+    ins = [V.make_input(s, s.shape, "outliers", torch.Generator().manual_seed(2)) for s in task.inputs]
+    out = torch.empty(task.outputs[0].shape, dtype=torch.bfloat16)
+    flash_bf16(ins, [out])
+    assert V.compare(out, ref(*ins), 2e-2, 2e-2)[0] == "mismatch"       # the plain bound alone rejects it
+    ok, reason, detail, errs = V.verify(task, flash_bf16, ref, make("bf16"), device="cpu")
+    assert (ok, reason) == (True, "ok") and errs["judged_against_float64"], detail
+
+    def coarse(i, o):       # scores cut to 4 mantissa bits: further from float64 than torch's bf16
+        flash_bf16([i[0].float().to(torch.float8_e4m3fn).bfloat16()] + list(i[1:]), o)
+        return 0
+    assert V.verify(task, coarse, ref, make("bf16"), device="cpu")[1] == "mismatch"
+
+
 def test_one_wrong_value_fails_against_float64_too():
     def off(i, o):
         gemm_in_float64(i, o)
@@ -480,6 +535,30 @@ def test_roofline_does_not_charge_outputs_that_stay_in_l2():
 
 
 # ------------------------------------------------------------------------------ GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stem", ["attn_mingpt_bf16", "loss_cross_entropy_bf16", "loss_cross_entropy_mean_fp32",
+                                  "loss_kl_div_bf16", "ew_mask_bool_bf16"])
+def test_bench_default_candidate_verifies_on_the_gpu(stem):
+    """The full protocol (seeds, distributions, poisoned outputs) on the expert's default candidate:
+    minGPT bf16 (its bf16 reference rounds the scores: judged against float64), the row kernel
+    with a gather epilogue and with sums over rows (cross entropy's mean), a full reduction of
+    xlogy (kl_div), and the expanded mask output (the kernel writes it before the expand)."""
+    from pathlib import Path
+    from torch_htam import build
+    from torch_htam.launcher import Kernel
+    from torch_htam.policy import policy_for
+    from torch_htam.proposers.expert.proposer import match_task
+    from torch_htam.extract import task_from_source
+    path = Path(__file__).resolve().parents[1] / "bench" / "tasks" / f"{stem}.py"
+    task = task_from_source(path.read_text(), path.stem)
+    policy = policy_for(task)
+    tgt = match_task(task, policy)
+    res = build.build(tgt.render(tgt.defaults))
+    assert res.ok, res.error
+    ok, reason, detail, errs = V.verify(task, Kernel(res.so_path), load_reference(task).cuda(), policy)
+    assert (ok, reason) == (True, "ok"), detail
+
 
 @pytest.mark.gpu
 def test_fp32_gemm_with_a_long_k_verifies_on_the_gpu():

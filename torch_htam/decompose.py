@@ -5,7 +5,9 @@ F.mse_loss, F.cross_entropy, F.kl_div ... reach the captured graph as one node e
 elementwise math and row reductions (mean over everything: a full reduction), which the expert has
 paths for. Each such node is traced into aten ops on its inputs' fake tensors and the
 trace is inlined in its place, repeatedly (cross_entropy_loss -> log_softmax + nll_loss_forward ->
-...). Ops a decomposition leaves that nothing handles (nll_loss's gather) stay on PyTorch as usual.
+...). nll_loss's gather of the target's log-probability is a row kernel's per-row epilogue and its
+mean over tokens a sum over rows (rowwise.py); ops a decomposition leaves that nothing handles stay
+on PyTorch as usual.
 
     >>> n = decompose_losses(gm)      # number of loss nodes rewritten
 """
@@ -77,6 +79,11 @@ def _inline(gm: fx.GraphModule, node: fx.Node) -> None:
                 result = pytree.tree_map(lambda a: env[a] if isinstance(a, fx.Node) else a, n.args[0])
             else:
                 env[n] = gm.graph.node_copy(n, lambda a: env[a])
+    ctor = None
+    if isinstance(result, fx.Node) and isinstance(result.target, type) and issubclass(result.target, tuple):
+        # NOTE: a named tuple the decomposition built (nll_loss_forward's return_types): traced as a
+        # call of its class; its fields are its arguments
+        ctor, result = result, list(result.args)
     if isinstance(result, (tuple, list)):       # (output, total_weight) pairs read through getitem
         for u in list(node.users):
             if u.target is not operator.getitem:
@@ -86,6 +93,8 @@ def _inline(gm: fx.GraphModule, node: fx.Node) -> None:
     else:
         node.replace_all_uses_with(result)
     gm.graph.erase_node(node)
+    if ctor is not None and not ctor.users:
+        gm.graph.erase_node(ctor)
 
 
 def decompose_losses(gm: fx.GraphModule) -> int:

@@ -265,7 +265,7 @@ def _time(task, kernel, ref, policy, inductor: bool = False, retime: bool = Fals
 
     def make_set():
         ins = [make_input(s, s.shape, "normal", gen, "cuda") for s in task.inputs]
-        outs = [torch.empty(s.shape, dtype=s.torch_dtype, device="cuda") for s in task.outputs]
+        outs = [torch.empty(s.kernel_shape(), dtype=s.torch_dtype, device="cuda") for s in task.outputs]
         return ins, outs
 
     k = timing.time_fn(lambda s: kernel(s[0], s[1]), make_set)

@@ -326,10 +326,12 @@ def _export_source(source: str, name: str) -> tuple[fx.GraphModule, tuple, list[
     """(exported aten graph, get_inputs() values, the graph's inputs in task order: the user
     inputs as get_inputs() lists them, then the weights Model built)."""
     from torch_htam.capture import functionalize
+    from torch_htam.decompose import decompose_losses
     ns = exec_source(source, name)
     model = ns["Model"](*ns["get_init_inputs"]()).eval()
     inputs = tuple(ns["get_inputs"]())
     gm = torch.export.export(model, inputs, strict=False).module()
+    decompose_losses(gm)        # a loss file's one node (aten.mse_loss) as the ops capture gives
     functionalize(gm)
     ins = [n for op in ("placeholder", "get_attr") for n in gm.graph.nodes if n.op == op and n.users]
     return gm, inputs, ins

@@ -139,13 +139,14 @@ def check(provider, entry, golden: Golden) -> str | None:
 
         >>> check(runtime.launcher_provider(), bundle_cache.get(sig), read(path, task, "cuda"))
     """
-    from torch_htam.launcher import encode_out_meta
+    from torch_htam.launcher import encode_out_meta, task_outputs
     from torch_htam.verify import bitwise_equal, is_crash_message, judge
     task, policy = entry.task, policy_of(entry)
     clones = [x.clone() for x in golden.inputs]
     try:
         kernel = provider.load(entry)
-        outs = list(provider.op(int(kernel.handle), golden.inputs, encode_out_meta(task.outputs)))
+        outs = task_outputs(list(provider.op(int(kernel.handle), golden.inputs, encode_out_meta(task.outputs))),
+                            task.outputs)
         if any(x.is_cuda for x in golden.inputs):
             torch.cuda.synchronize()   # an asynchronous launch error surfaces here
     except Exception as e:  # noqa: BLE001 -- any failure to run is a failed check, not a crash of load

@@ -207,18 +207,43 @@ def _put_ninja_on_path() -> None:
 
 
 def encode_out_meta(specs: list[TensorSpec]) -> list[int]:
-    """Output specs -> htam::launch's out_meta: [dtype_code, ndim, d0, ..., dn-1] per output.
+    """Output specs -> htam::launch's out_meta: [dtype_code, ndim, d0, ..., dn-1] per output, the
+    shape the kernel writes (TensorSpec.kernel_shape: an expanded output without its expand, which
+    task_outputs puts back).
 
         >>> launcher.encode_out_meta([TensorSpec((4, 8), "float32", (8, 1))])
         [0, 2, 4, 8]
     """
     meta = []
     for s in specs:
-        if not s.contiguous:
+        if not _dense_but_broadcast(s):
             raise ValueError(f"htam::launch allocates contiguous outputs, but this spec has strides "
                              f"{s.stride} for shape {s.shape}: preallocate it and call Kernel(...)(inputs, outputs)")
-        meta += [DTYPE_CODES[s.dtype], len(s.shape), *s.shape]
+        meta += [DTYPE_CODES[s.dtype], len(s.shape), *s.kernel_shape()]
     return meta
+
+
+def _dense_but_broadcast(s: TensorSpec) -> bool:
+    """Contiguous, or the expand of a contiguous tensor (contiguous over its other dims)."""
+    if s.contiguous or not s.broadcast_dims:
+        return s.contiguous
+    acc = 1
+    for n, st in reversed(list(zip(s.kernel_shape(), s.stride))):
+        if n != 1 and st != acc:
+            return False
+        acc *= n
+    return True
+
+
+def task_outputs(outs: list[torch.Tensor], specs: list[TensorSpec],
+                 shapes: list[tuple[int, ...]] | None = None) -> list[torch.Tensor]:
+    """A kernel's outputs as the task returns them: each expanded output (TensorSpec.broadcast_dims)
+    expanded back to its shape (from `shapes`, default the specs'), a view like torch's own.
+
+        >>> y, m = launcher.task_outputs(k.launch(inputs, launcher.encode_out_meta(specs)), specs)
+    """
+    shapes = shapes if shapes is not None else [s.shape for s in specs]
+    return [o.expand(sh) if s.broadcast_dims else o for o, s, sh in zip(outs, specs, shapes)]
 
 
 def decode_out_meta(meta: list[int]) -> list[tuple[torch.dtype, tuple[int, ...]]]:

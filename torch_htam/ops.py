@@ -135,6 +135,8 @@ OPS: dict[str, OpInfo] = {
     "hardsigmoid": _ew("hardsigmoid", 3), "leaky_relu": _ew("leaky_relu", 2),
     "elu": _ew("elu", 4), "selu": _ew("selu", 4), "celu": _ew("celu", 4),
     "softplus": _ew("softplus", 4), "logit": _ew("logit", 4),
+    # x * log(y), 0 where x == 0 (kl_div's target * log(target))
+    "xlogy": _ew("xlogy", 2, operands=2, overloads=("Tensor", "Scalar_Self", "Scalar_Other")),
     **{n: _ew() for n in ("relu6", "hardtanh", "glu")},
     # comparisons and logic: bool results (stored as bytes), computed in the promoted input type
     **{n: _bin(e) for n, e in (("eq", "eq"), ("ne", "ne"), ("lt", "lt"), ("le", "le"), ("gt", "gt"),
@@ -148,6 +150,11 @@ OPS: dict[str, OpInfo] = {
     "where": _ew("select", operands=3, overloads=("self", "ScalarSelf", "ScalarOther", "Scalar")),
     "masked_fill": _ew("masked_fill", operands=3, overloads=("Scalar", "Tensor")),
     **{n: _ew() for n in ("zeros_like", "ones_like", "full_like", "fill", "nan_to_num")},
+    # a 0-dim constant (losses' where(cond, x, scalar_tensor(0.))): joins its user's region
+    "scalar_tensor": _ew(),
+    # one element per row picked by an index (nll_loss's target log-probability): a row kernel's
+    # per-row epilogue after the log_softmax it reads (ir.Lowerer.gather)
+    "gather": _ew(),
     **{n: _ew(cast=True) for n in ("_to_copy", "to", "type_as")},
     # per-channel affine in eval mode (batch statistics are constants); arg 4 is running_var
     "batch_norm": _ew(flops=2, positive=(4,)),
@@ -159,7 +166,7 @@ OPS: dict[str, OpInfo] = {
     # ---- views: relabel elements
     **_rows(VIEW, ("permute", "transpose", "t", "select", "slice", "expand", "expand_as",
                    "split", "split_with_sizes", "chunk", "unbind", "narrow", "as_strided",
-                   "movedim", "unfold", "diagonal", "getitem")),
+                   "movedim", "unfold", "diagonal", "getitem", "broadcast_tensors")),
     **_rows(VIEW, ("view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "flatten",
                    "unflatten", "view_as"), keeps_order=True),
     # ---- no work in eval. NOTE: dropout is a no-op only in eval; a task calls it exactly as the

@@ -184,7 +184,8 @@ def swap(gm: fx.GraphModule, sites: list, kernels: dict[str, Any],
                 log.warning("torch_htam: kernel %s (%s) not loaded, region stays on PyTorch: %s",
                             sig[:16], task.name, errors[sig])
         if sig in loaded:
-            _replace_region(new.graph, region, replaced, provider.op, int(loaded[sig].handle), out_meta)
+            _replace_region(new.graph, region, replaced, provider.op, int(loaded[sig].handle), out_meta,
+                            task.outputs)
             swapped.append(Swapped(sig, task.name, len(region.nodes)))
     _stable_toposort(new.graph)
     new.graph.lint()
@@ -214,8 +215,11 @@ def _moved(region, copied: dict):
                   copied.get(region.anchor) if region.anchor is not None else None)
 
 
-def _replace_region(graph: fx.Graph, region, replaced: dict, op, handle: int, out_meta: list[int]) -> None:
-    """region.nodes -> launch(handle, inputs, out_meta) + one getitem per region output."""
+def _replace_region(graph: fx.Graph, region, replaced: dict, op, handle: int, out_meta: list[int],
+                    specs: list | None = None) -> None:
+    """region.nodes -> launch(handle, inputs, out_meta) + one getitem per region output, and an
+    expand after it for an expanded output (specs: the task's outputs; the kernel writes the
+    tensor before the expand, TensorSpec.kernel_shape)."""
     inside = set(region.nodes)
     inputs = [replaced.get(a, a) for a in region.inputs]
     with graph.inserting_after(region.nodes[-1]):
@@ -226,10 +230,24 @@ def _replace_region(graph: fx.Graph, region, replaced: dict, op, handle: int, ou
         with graph.inserting_after(prev):
             item = graph.call_function(operator.getitem, (call, i))
         item.meta = dict(o.meta)
+        bdims = specs[i].broadcast_dims if specs is not None else ()
+        if bdims:
+            item.meta["val"] = _narrowed(o.meta.get("val"), bdims)
+            call.meta["val"][i] = item.meta["val"]
+            with graph.inserting_after(item):
+                item = graph.call_function(torch.ops.aten.expand.default, (item, list(specs[i].shape)))
+            item.meta = dict(o.meta)
         o.replace_all_uses_with(item, delete_user_cb=lambda u: u not in inside)
         replaced[o] = prev = item
     for n in reversed(region.nodes):   # users inside the region come later, so they go first
         graph.erase_node(n)
+
+
+def _narrowed(val, dims: tuple[int, ...]):
+    """A meta value without its expand: size 1 at dims (None stays None)."""
+    for d in dims if isinstance(val, torch.Tensor) else ():
+        val = val.narrow(d, 0, 1)
+    return val
 
 
 def _stable_toposort(graph: fx.Graph) -> None:

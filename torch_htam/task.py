@@ -62,6 +62,33 @@ class TensorSpec:
         return self.numel * torch.empty((), dtype=self.torch_dtype).element_size()
 
     @property
+    def broadcast_dims(self) -> tuple[int, ...]:
+        """Dims this tensor is expanded along (size > 1, stride 0: mask.expand_as(scores)); none for
+        an empty tensor (whose strides mean nothing)."""
+        if self.numel == 0:
+            return ()
+        return tuple(d for d, (n, st) in enumerate(zip(self.shape, self.stride)) if n > 1 and st == 0)
+
+    def kernel_shape(self, shape: tuple[int, ...] | None = None) -> tuple[int, ...]:
+        """The shape a kernel writes for this output (of `shape`, default the spec's): size 1 at the
+        broadcast dims. The caller allocates that, dense, and returns its expand to the full shape
+        (launcher.task_outputs), as torch's own expand is a view: one value per broadcast line.
+
+            >>> TensorSpec((8, 12, 512, 512), "bool", (262144, 0, 512, 1)).kernel_shape()
+            (8, 1, 512, 512)
+        """
+        shape = tuple(self.shape if shape is None else shape)
+        return tuple(1 if d in self.broadcast_dims else n for d, n in enumerate(shape))
+
+    @property
+    def kernel_nbytes(self) -> int:
+        """Bytes a kernel writes for this output (numel of kernel_shape)."""
+        n = 1
+        for s in self.kernel_shape():
+            n *= s
+        return n * torch.empty((), dtype=self.torch_dtype).element_size()
+
+    @property
     def contiguous(self) -> bool:
         expect, acc = [], 1
         for s in reversed(self.shape):

@@ -186,7 +186,7 @@ def roofline_ms(task, ceilings: Ceilings, precision: str = "fp32") -> float:
         >>> roofline_ms(task, Ceilings(bandwidth=3e12, fp32=5e13, tf32=4e14, bf16=7e14))
         0.0447
     """
-    out_bytes = sum(s.nbytes for s in task.outputs)
+    out_bytes = sum(s.kernel_nbytes for s in task.outputs)
     bytes_ = task.bytes
     if ceilings.l2_bytes and out_bytes <= ceilings.l2_bytes // 2:
         bytes_ = max(0.0, bytes_ - out_bytes)

@@ -10,9 +10,9 @@ function in the CPU tests) that fills caller-allocated outputs and returns htam_
 - every candidate call gets freshly allocated outputs poisoned with a NaN payload (floats) or a
   sentinel (ints), so reading the reference's freed output memory or skipping elements shows up;
 - the candidate runs before AND after the reference, on the same inputs, and both results must be
-  bitwise equal (determinism) and inside the policy's tolerance (allclose, in float64); an fp32
-  output outside it may still pass against the reference run in float64, if it is about as close
-  to that as torch's own result under the policy (within_torch_error);
+  bitwise equal (determinism) and inside the policy's tolerance (allclose, in float64); a floating
+  output (fp32, bf16, fp16) outside it may still pass against the reference run in float64, if it
+  is about as close to that as torch's own result under the policy (within_torch_error);
 - inputs are compared bitwise with their clones after every candidate call;
 - a task found in a model (task.example) runs once more on the region's real inputs: the
   model's own weights and activations, whose value ranges random draws may miss.
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from torch_htam.launcher import task_outputs
 from torch_htam.task import Task, TensorSpec
 
 HTAM_ERR_SHAPE = 1000   # csrc/htam_abi.h
@@ -259,6 +260,13 @@ def compare(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, name
 # that as torch's own result is, element by element and overall. "Torch's own" follows the policy:
 # the strict-fp32 reference, or under TF32 the reference run with TF32 on, as the user's settings
 # run it (a TF32 conv missed 5e-3 against strict fp32 on every cuDNN engine but one, H100).
+#
+# NOTE: bf16 / fp16 outputs get the same second judgement. A reference computed in bf16 rounds its
+# intermediates to bf16 where a fused kernel keeps them in fp32: minGPT's hand-written attention
+# rounds q @ k^T to bf16 before its softmax (at verification's outlier inputs, scores of ~100 move
+# by half an ulp, 0.25, and a probability by e^0.25), so the bf16 reference misses the float64 answer
+# by up to 3.3 while a flash kernel (fp32 scores) stays within 2e-2 of it; the plain comparison
+# rejected the more exact kernel (attn_mingpt_bf16, H100; tests/test_verify.py).
 FP32_ERR_FACTOR = 4.0   # |out - ref64| <= atol + rtol * |ref64| + FP32_ERR_FACTOR * local error scale
 FP32_RMS_FACTOR = 2.0   # rms(out - ref64) <= FP32_RMS_FACTOR * rms(ref32 - ref64)
 
@@ -396,11 +404,11 @@ def _run_reference(reference, inputs, tf32: bool = False) -> list[torch.Tensor]:
 
 
 def _reference64(reference, inputs) -> list[torch.Tensor] | None:
-    """The reference run in float64: fp32 inputs, parameters and buffers promoted (the reference
-    itself is left alone). None when it cannot run so (an op without a float64 kernel, a dtype
-    fixed inside forward)."""
+    """The reference run in float64: floating inputs, parameters and buffers promoted (the
+    reference itself is left alone). None when it cannot run so (an op without a float64 kernel, a
+    dtype fixed inside forward)."""
     model = copy.deepcopy(reference).double() if isinstance(reference, torch.nn.Module) else reference
-    args = [x.double() if x.dtype == torch.float32 else x.clone() for x in inputs]
+    args = [x.double() if x.is_floating_point() else x.clone() for x in inputs]
     try:
         with torch.no_grad():
             return _as_list(model(*args))
@@ -409,10 +417,16 @@ def _reference64(reference, inputs) -> list[torch.Tensor] | None:
 
 
 def _fresh_outputs(specs: list[TensorSpec], shapes, variant: int, device) -> list[torch.Tensor]:
+    """What the kernel writes: each output dense in its spec's dim order, an expanded one without
+    its expand (TensorSpec.kernel_shape), as the launcher allocates them at run time."""
     # Allocated for each call, after the previous tensors were freed: the caching allocator may
     # hand back memory that holds the reference's answer, which the poison then overwrites.
-    return [poison_(torch.empty_strided(sh, _strides_like(s, sh), dtype=s.torch_dtype, device=device), variant)
-            for s, sh in zip(specs, shapes)]
+    out = []
+    for s, sh in zip(specs, shapes):
+        ks = s.kernel_shape(sh)
+        out.append(poison_(torch.empty_strided(ks, _strides_like(s, ks), dtype=s.torch_dtype, device=device),
+                           variant))
+    return out
 
 
 def _check_inputs(inputs, clones, where: str) -> None:
@@ -443,7 +457,7 @@ def _check_outputs(k: int, out, first, second, ref, policy, where: str, errs: di
 def judge(k: int, out, ref, policy, ref64=lambda: None, ref_torch=None, name: str | None = None
           ) -> tuple[str, str, dict]:
     """(reason, detail, errs) for output k against the reference under the policy: `compare`, then
-    for an fp32 output that mismatches, the float64 judgement (within_torch_error). ref64() /
+    for a floating output that mismatches, the float64 judgement (within_torch_error). ref64() /
     ref_torch(): the float64 reference outputs (or None) and torch's own under the policy
     (None: ref itself), called only when needed (see reference_outputs).
 
@@ -451,7 +465,7 @@ def judge(k: int, out, ref, policy, ref64=lambda: None, ref_torch=None, name: st
         'ok'
     """
     reason, detail, e = compare(out, ref, policy.atol, policy.rtol, name or f"output {k}")
-    if reason == "mismatch" and out.dtype == torch.float32 and policy.name in ("fp32", "tf32"):
+    if reason == "mismatch" and out.is_floating_point():
         r64 = ref64()
         own = ref_torch()[k] if ref_torch is not None else ref
         ok, why = within_torch_error(out, own, r64[k], policy.atol, policy.rtol) if r64 and k < len(r64) \
@@ -532,6 +546,7 @@ def _trial(task, kernel, reference, policy, device, inputs, out_shapes, where, e
     second = _fresh_outputs(task.outputs, out_shapes, 1, device)
     _call(kernel, inputs, second, device, f"{where}, call after the reference")
     _check_inputs(inputs, clones, f"{where}, call after the reference")
+    first, second = (task_outputs(o, task.outputs, out_shapes) for o in (first, second))
     for k, r in enumerate(ref):
         _check_outputs(k, first[k], first[k], second[k], r, policy, f"{where}, first call", errs, ref64, own)
         _check_outputs(k, second[k], first[k], second[k], r, policy, f"{where}, second call", errs, ref64, own)

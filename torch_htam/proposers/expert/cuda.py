@@ -41,6 +41,8 @@ EXACT = {
     "floor": "floorf({0})", "ceil": "ceilf({0})", "trunc": "truncf({0})", "rint": "rintf({0})",
     "sign": "htam_signf({0})", "fmod": "fmodf({0}, {1})", "mod": "htam_modf({0}, {1})",
     "floordiv": "floorf({0} / {1})",
+    # torch's xlogy: NaN y gives NaN, else x == 0 gives 0 (even for y == 0)
+    "xlogy": "(isnan({1}) ? NAN : {0} == 0.f ? 0.f : {0} * logf({1}))",
     # selection, comparisons and logic (operands of one value type, ir inserts the casts)
     "select": "({0} ? {1} : {2})", "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})",
     "le": "({0} <= {1})", "gt": "({0} > {1})", "ge": "({0} >= {1})", "and": "({0} && {1})",
@@ -94,13 +96,17 @@ def _row_uniform(e) -> bool:
 
 class Emitter:
     """Emits `const float tN = ...;` lines for expressions, once per distinct sub-expression.
-    load(access_id) / red(reduction_id) give the C++ names of loaded inputs and row results."""
+    load(access_id) / red(reduction_id) give the C++ names of loaded inputs and row results;
+    load_at(access_id, column) the C++ load of an input at another column of the row (a gather's
+    source, read at its index: row kernels' per-row outputs)."""
 
     def __init__(self, load, red, fast: bool = False, low_precision: bool = False, prefix="t", vt=None,
-                 coord=None):
+                 coord=None, load_at=None, outer=None):
         # vt: expression -> value type ("f" | "i" | "b", ir.value_type); None: every value is float.
         # coord(d): the C++ name of the index along iteration dim d (elementwise kernels only)
+        # outer(j): the C++ name of a sum over rows (a row program's total outputs)
         self.load, self.red, self.prefix, self.coord = load, red, prefix, coord
+        self.load_at, self.outer = load_at, outer
         self.vt = vt or (lambda e: "f")
         self.table = (FAST_LOWP if low_precision else FAST) if fast else EXACT
         self.lines: list[str] = []
@@ -122,10 +128,16 @@ class Emitter:
             if self.coord is None:
                 raise ValueError("a coordinate in a kernel without coordinates")
             return self.coord(e[1])
+        if op == "nrows":         # row kernels' total outputs: the run-time number of rows
+            return "((float)rows)"
+        if op == "outer":
+            return self.outer(e[1])
         if op == "in":
             name = self.load(e[1])
         elif op == "red":
             name = self.red(e[1])
+        elif op == "gather":
+            name = self.gather(e)
         else:
             if op == "round" and e[1] == "int32":       # int32 wraps: keep the low 32 bits
                 code = f"((long long)(int)({self.emit(e[2])}))"
@@ -145,4 +157,17 @@ class Emitter:
             name = f"{self.prefix}{len(self.lines)}"
             self.lines.append(f"const {CTYPE[self.vt(e)]} {name} = {code};")
         self.names[e] = name
+        return name
+
+    def gather(self, e: tuple) -> str:
+        """("gather", src, index): src's expression with every load at column `index` (its own
+        names: the same sub-expression at the row's columns is another value)."""
+        if self.load_at is None:
+            raise ValueError("gather needs load_at (a row kernel's per-row outputs)")
+        col = self.emit(e[2])
+        sub = Emitter(lambda a: self.load_at(a, col), self.red, prefix=f"{self.prefix}g{len(self.lines)}_",
+                      vt=self.vt)
+        sub.table = self.table
+        name = sub.emit(e[1])
+        self.lines += sub.lines
         return name

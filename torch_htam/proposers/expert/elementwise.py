@@ -30,8 +30,11 @@ class EwParams:
 
 
 def _kernel(prog: ExprProgram, p: EwParams, low_precision: bool, restrict: bool) -> str:
-    nacc, nout = len(prog.accesses), len(prog.outputs)
-    ncoord = len(prog.coords)
+    # Space entries: the accesses, the coordinates (host.bind_accesses), then the outputs stored
+    # through strides (an expanded output, ir.Output.broadcast), whose element offsets are kept in
+    # so[u][j] for the stores
+    nacc, ncoord, nso = len(prog.accesses), len(prog.coords), len(prog.strided_outputs)
+    so_base = nacc + ncoord
     rs = "__restrict__ " if restrict else ""
     params = [f"const {DT[prog.inputs[a.input][1]][0]}::raw* {rs}p{i}"
               for i, a in enumerate(prog.accesses)]
@@ -67,13 +70,16 @@ def _kernel(prog: ExprProgram, p: EwParams, low_precision: bool, restrict: bool)
     outs = [em.emit(stored(o.expr, o.dtype)) for o in prog.outputs]
     body = "\n".join("          " + ln for ln in em.lines)
     sets = "\n".join(f"          y{k}[u][e] = {v};" for k, v in enumerate(outs))
-    stores = "\n".join(_store(k, o.dtype) for k, o in enumerate(prog.outputs))
+    so = {k: j for j, k in enumerate(prog.strided_outputs)}
+    stores = "\n".join(_store(k, o.dtype) if k not in so else _store_strided(k, so[k], so_base + so[k], o.dtype)
+                       for k, o in enumerate(prog.outputs))
+    keep_so = "".join(f"\n      so[u][{j}] = off[{so_base + j}];" for j in range(nso))
     decl_x = " ".join(f"{CTYPE[VT[prog.inputs[a.input][1]]]} x{i}[UNROLL][VEC];"
                       for i, a in enumerate(prog.accesses))
     decl_y = " ".join(f"{CTYPE[VT[o.dtype]]} y{k}[UNROLL][VEC];" for k, o in enumerate(prog.outputs))
     decl_y += "".join(f" long long k{c}[UNROLL][VEC];" for c in range(ncoord))
     return f"""
-#define NACC {nacc + ncoord}
+#define NACC {so_base + nso}
 #define UNROLL {p.unroll}
 template <int VEC, typename IDX>
 __global__ void __launch_bounds__({p.block}) ew_kernel(Space<NACC> sp, IDX nvec,
@@ -83,7 +89,7 @@ __global__ void __launch_bounds__({p.block}) ew_kernel(Space<NACC> sp, IDX nvec,
     {decl_x}
     {decl_y}
     IDX lin[UNROLL];
-    bool ok[UNROLL];
+    bool ok[UNROLL];{f"{chr(10)}    IDX so[UNROLL][{nso}];" if nso else ""}
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {{
       const IDX g = g0 + (IDX)u * step;
@@ -106,7 +112,7 @@ __global__ void __launch_bounds__({p.block}) ew_kernel(Space<NACC> sp, IDX nvec,
 #pragma unroll
         for (int a = 0; a < NACC; ++a) off[a] += rem * (IDX)sp.st[a][0];
       }}
-      {chr(10).join("      " + ln for ln in loads).strip()}
+      {chr(10).join("      " + ln for ln in loads).strip()}{keep_so}
     }}
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {{
@@ -134,26 +140,46 @@ def _store(k: int, dtype: str) -> str:
             f"      else o{k}[lin[u]] = {t}::from_f(y{k}[u][0]);")
 
 
+def _store_strided(k: int, j: int, entry: int, dtype: str) -> str:
+    """Output k stored at its own offsets so[u][j] (Space entry `entry`): vector stores where it
+    steps by one along the last dim (the host checked alignment), else element by element (an
+    expanded dim steps 0: the values, all equal, land on one element)."""
+    t = DT[dtype][0]
+    conv = f"{t}::from_v" if VT[dtype] != "f" else f"{t}::from_f"
+    vec = f"if (VEC > 1 && inner == 1) stv<{t}, VEC>(o{k} + so[u][{j}], y{k}[u]);\n        else " \
+        if VT[dtype] == "f" else ""
+    return (f"      {{ const IDX inner = (IDX)sp.st[{entry}][sp.ndim - 1];\n        {vec}"
+            f"for (int e = 0; e < VEC; ++e) o{k}[so[u][{j}] + e * inner] = {conv}(y{k}[u][e]); }}")
+
+
 def _host(prog: ExprProgram, p: EwParams, entry: str) -> str:
     nacc = len(prog.accesses)
+    nall = nacc + len(prog.coords) + len(prog.strided_outputs)   # Space entries (_kernel)
     args = ", ".join([host.access_ptr(prog, i) for i in range(nacc)] +
                      [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)])
     def launch(V: int, I: str) -> str:      # the kernel instantiation for vector width V, index type I
         return f"ew_kernel<{V}, {I}><<<blocks, {p.block}, 0, stream>>>(sp, ({I})(n / {V}), {args});"
     waves = f"if ({p.waves} > 0) blocks = std::min<int64_t>(blocks, (int64_t)htam_sm_count() * {p.waves});"
+    outputs = """  for (int k = 0; k < n_out; ++k)
+    if (!htam_contiguous(out[k]) || htam_numel(&out[k]) != n) return HTAM_ERR_SHAPE;"""
+    idx32 = "max_off < (int64_t(1) << 30)"
+    if prog.strided_outputs:    # checked per output: the strided ones are bound (their sizes checked) instead
+        outputs = host.bind_outputs(prog) + "\n" + "\n".join(
+            f"  if (!htam_contiguous(out[{k}]) || htam_numel(&out[{k}]) != n) return HTAM_ERR_SHAPE;"
+            for k, o in enumerate(prog.outputs) if o.dims is None)
+        idx32 = f"std::max<int64_t>(max_off, htam_max_off<NACC>(sp, {nall})) < (int64_t(1) << 30)"
     return f"""
 {entry}(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
 {host.prologue(prog)}
   Space<NACC> sp;
 {host.bind_accesses(prog)}
-  for (int k = 0; k < n_out; ++k)
-    if (!htam_contiguous(out[k]) || htam_numel(&out[k]) != n) return HTAM_ERR_SHAPE;
+{outputs}
   if (n == 0) return HTAM_OK;
-  htam_collapse<NACC>(sp, {nacc + len(prog.coords)}, false);
+  htam_collapse<NACC>(sp, {nall}, false);
   const int V = {p.vec};
   bool vec_ok = V > 1 && sp.size[sp.ndim - 1] % V == 0;
 {host.vector_checks(prog, "V")}
-  const bool idx32 = n < (int64_t(1) << 29) && max_off < (int64_t(1) << 30);   // g0 + step * UNROLL stays < 2^31
+  const bool idx32 = n < (int64_t(1) << 29) && {idx32};   // g0 + step * UNROLL stays < 2^31
   const int64_t per_block = (int64_t){p.block} * {p.unroll} * (vec_ok ? V : 1);
   int64_t blocks = (n + per_block - 1) / per_block;
   {waves}

@@ -71,8 +71,9 @@ def prologue(prog: ExprProgram) -> str:
 
 
 def bind_outputs(prog: ExprProgram) -> str:
-    """Strides of the outputs stored through Output.dims, as Space entries after the accesses."""
-    lines, base = [], len(prog.accesses)
+    """Strides of the outputs stored through Output.dims, as Space entries after the accesses and
+    the coordinates."""
+    lines, base = [], len(prog.accesses) + len(prog.coords)
     for j, k in enumerate(prog.strided_outputs):
         dims = ", ".join(map(str, prog.outputs[k].dims))
         lines.append(f"  {{ static const int dm[] = {{{dims}}};\n"
@@ -146,7 +147,7 @@ def vector_checks(prog: ExprProgram, V: str, full_outputs_only: bool = False) ->
             f"    if (inner == 1 && !htam_aligned(out[{k}].data, {V} * {size})) vec_ok = false;\n"
             f"    if (inner == 1) for (int d = 0; d + 1 < sp.ndim; ++d) if (sp.st[{i}][d] % {V} != 0) vec_ok = false; }}")
     for k, o in enumerate(prog.outputs):
-        if (full_outputs_only and o.row) or o.dims is not None:
+        if (full_outputs_only and (o.row or o.total)) or o.dims is not None:
             continue
         lines.append(f"  if (!htam_aligned(out[{k}].data, {V} * {DT[o.dtype][2]})) vec_ok = false;")
     return "\n".join(lines)

@@ -53,6 +53,8 @@ FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 # The row length, read at run time (never the captured size): mean = sum / NCOL.
 NCOL = ("ncol",)
+# The number of rows, read at run time: a mean over rows of per-row values = outer sum / NROWS.
+NROWS = ("nrows",)
 
 
 class Unsupported(Exception):
@@ -106,6 +108,13 @@ class Output:
     row: bool
     numel_static: int
     dims: tuple[int, ...] | None = None
+    # one value for the whole program (a loss's mean over rows of per-row values): an expression
+    # of outer reductions ("outer", j, vt) and constants, stored once after every row is done
+    total: bool = False
+    # an expanded view (mask.expand_as(scores)): the kernel is handed the tensor before the expand
+    # (TensorSpec.kernel_shape: size 1 at the expanded dims) and stores through its strides, so
+    # the steps along those dims land on one element; the caller returns the expand of it
+    broadcast: bool = False
 
 
 @dataclass
@@ -124,6 +133,8 @@ class ExprProgram:
     # the captured shape's (an output that reshapes a repeat: split_groups)
     size_source: tuple = ("out", 0)
     nred: int = 1                      # rowwise: the row is the last nred iteration dims
+    # rowwise: sums over all rows of per-row expressions (("outer", j, vt) in total outputs)
+    outer: list[Reduction] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)   # no-op ops removed by simplify
     has_transcendental: bool = False
     # iteration dims whose index the kernel computes (("coord", d) and windowed accesses), in order
@@ -165,7 +176,7 @@ INT_IDENTITY = {"floor", "ceil", "trunc", "rint"}
 BATCH_NORMS = {aten.batch_norm.default}
 # x -> a constant of x's shape: the fill value (node -> python scalar)
 FILLS = {aten.full_like.default: lambda n: n.args[1], aten.zeros_like.default: lambda n: 0,
-         aten.ones_like.default: lambda n: 1}
+         aten.ones_like.default: lambda n: 1, aten.scalar_tensor.default: lambda n: n.args[0]}
 # ops that only relabel elements (same order for contiguous data) or do nothing in eval
 VIEWS = {
     aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default,
@@ -189,7 +200,7 @@ ROW_OPS = {aten.softmax.int, aten._softmax.default, aten.log_softmax.int,
            aten._log_softmax.default, *NORMS}
 IGNORED = {aten._assert_tensor_metadata.default}
 TRANSCENDENTAL = {"gelu", "gelu_tanh", "gelu_erf", "silu", "sigmoid", "tanh", "exp", "log", "erf", "sin",
-                  "cos", "log1p", "expm1", "pow", "powc", "exp2", "log2", "tan", "erfc"}
+                  "cos", "log1p", "expm1", "pow", "powc", "exp2", "log2", "tan", "erfc", "xlogy"}
 
 
 def meta_of(node) -> Any:
@@ -270,8 +281,10 @@ def value_type(e: tuple, load_vt, memo: dict | None = None) -> str:
     op = e[0]
     if op == "in":
         r = load_vt(e[1])
-    elif op in ("const", "red", "ncol"):
+    elif op in ("const", "red", "ncol", "nrows"):
         r = "f"
+    elif op == "outer":         # ("outer", j, vt): a sum over rows, exact in "i" for counts
+        r = e[2]
     elif op in ("iconst", "idx", "coord"):   # idx: an arg reduction's int64 index
         r = "i"
     elif op == "bconst" or op in BOOL_OPS:
@@ -282,6 +295,8 @@ def value_type(e: tuple, load_vt, memo: dict | None = None) -> str:
         r = VT[e[1]]
     elif op == "select":
         r = value_type(e[2], load_vt, memo)
+    elif op == "gather":
+        r = value_type(e[1], load_vt, memo)
     elif op in SAME_TYPE:
         r = value_type(e[1], load_vt, memo)
     else:
@@ -376,6 +391,7 @@ class Lowerer:
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.accesses: list[Access] = []
         self.reductions: list[Reduction] = []
+        self.outer: list[Reduction] = []
         self.memo: dict = {}
         self.red_memo: dict = {}
         self.ops_seen: set[str] = set()
@@ -481,6 +497,10 @@ class Lowerer:
         self.ops_seen.add(str(t))
         if t is operator.getitem and getattr(node.args[0], "target", None) in ROW_PAIRS:
             return self.row_pair(node, amap)
+        if t is operator.getitem and getattr(node.args[0], "target", None) is aten.broadcast_tensors.default:
+            # broadcast_tensors(a, b)[i]: operand i expanded to the common shape (a loss's inputs)
+            src = node.args[0].args[0][node.args[1]]
+            return self.val(src, self.operand_map(amap, shape_of(node), shape_of(src)))
         out_dt = value_dtype_of(node)
         vt = VT[out_dt]
         if t in simp.PERMUTES:
@@ -519,6 +539,8 @@ class Lowerer:
             e = self.clamp(node, amap, vt)
         elif t in ROW_REDUCE or t in ROW_OPS:
             e = self.row(node, amap)
+        elif t is aten.gather.default:
+            e = self.gather(node, amap)
         else:
             raise Unsupported(f"op {t} is not in the expert generator's vocabulary")
         if self.vt(e) != vt:      # every op's value has its node's type (casts coerce)
@@ -832,6 +854,8 @@ class Lowerer:
 
     def row(self, node, amap) -> tuple:
         t = node.target
+        if self.is_outer(node):
+            return self.outer_sum(node)
         x_row = self.row_source(node)
         args = list(node.args) + [None] * 8
         if t in ROW_REDUCE:
@@ -911,6 +935,50 @@ class Lowerer:
         if b is not None:
             y = ("add", y, self.val(b, affine))
         return y
+
+    def kept_shape(self) -> tuple[int, ...]:
+        """The shape of a per-row value (the kept dims in order, not keepdim)."""
+        return tuple(self.shape[:self.D - self.nred])
+
+    def is_outer(self, node) -> bool:
+        """A sum / mean over every element of a per-row value (a loss's mean over its rows)."""
+        kept = self.kept_shape()
+        return (self.kind == "rowwise" and self.flat_rows is None and len(kept) > 0
+                and node.target in (aten.sum.default, aten.mean.default, aten.sum.dim_IntList, aten.mean.dim)
+                and shape_of(node.args[0]) == kept and reduced_dims(node) == tuple(range(len(kept)))
+                and numel(shape_of(node)) == 1)
+
+    def outer_sum(self, node) -> tuple:
+        """("outer", j, vt): per-row values summed over the rows, after the row kernel (a second,
+        one-block kernel adds the per-group partials in a fixed order); a sum of bools or integers
+        stays an exact integer (nll_loss's count of targets), a mean divides by the row count."""
+        x = self.val(node.args[0], ("dims", tuple(range(self.D - self.nred))))
+        vt = "f" if self.vt(x) == "f" else "i"
+        red = Reduction("sum", self.coerce(x, vt))
+        if red not in self.outer:
+            self.outer.append(red)
+        e = ("outer", self.outer.index(red), vt)
+        if node.target in (aten.mean.default, aten.mean.dim):
+            if vt != "f":
+                raise Unsupported("mean over rows of integer values")
+            e = ("div", e, NROWS)
+        return e
+
+    def gather(self, node, amap) -> tuple:
+        """gather(src, row dim, index) with one index per row (nll_loss's pick of the target's
+        log-probability): ("gather", src over its row, the index). The row kernel reads src's
+        expression at that column once per row (a per-row epilogue)."""
+        src, dim, index = node.args[:3]
+        xs = shape_of(src)
+        if self.kind != "rowwise" or self.nred != 1 or self.flat_rows is not None:
+            raise Unsupported("gather outside a program of single-dim rows")
+        d = int(dim) % len(xs)
+        if len(xs) != self.D or tuple(xs[k] for k in self.perm) != self.shape or self.perm[-1] != d:
+            raise Unsupported(f"gather along dim {d} of {xs}: only along the program's row")
+        if shape_of(index) != tuple(1 if k == d else n for k, n in enumerate(xs)):
+            raise Unsupported(f"gather of {shape_of(index)} indices from {xs}: one index per row")
+        self.check_row_use(node, amap)
+        return ("gather", self.val(src, self.base()), self.coerce(self.val(index, amap), "i"))
 
     def check_full_use(self, node, amap) -> None:
         if amap != self.base():
@@ -1032,8 +1100,9 @@ def _size_source(prog: ExprProgram, gm, base: tuple[int, ...], sp: Space) -> tup
         for a in prog.accesses:
             if a.mode == "flat" and prog.inputs[a.input][0] == sp.xs:
                 return ("group", a.input, sp.groups, len(sp.xs))
-    for i, o in enumerate(_graph_outputs(gm)):
-        if shape_of(o) == prog.shape and (base == ident or prog.outputs[i].dims is None):
+    for i, o in enumerate(_graph_outputs(gm)):    # (an expanded output's sizes are 1 at its expanded dims)
+        if shape_of(o) == prog.shape and (base == ident or prog.outputs[i].dims is None) \
+                and not prog.outputs[i].broadcast:
             return ("out", i)
     for a in prog.accesses:
         if a.mode == "dims" and a.dims == ident and prog.inputs[a.input][0] == prog.shape and not a.view:
@@ -1045,12 +1114,18 @@ def _size_source(prog: ExprProgram, gm, base: tuple[int, ...], sp: Space) -> tup
             return ("split", 0, groups, tuple(prog.shape))
     if base != ident:
         for i, o in enumerate(prog.outputs):
-            if o.dims == base:
+            if o.dims == base and not o.broadcast:
                 return ("out", i, base)
         for a in prog.accesses:
             if a.mode == "dims" and a.dims == base and len(prog.inputs[a.input][0]) == prog.ndim:
                 return ("in", a.input, base)
     raise Unsupported("no input or output has the iteration shape; sizes can't be read at run time")
+
+
+def expanded(o) -> bool:
+    """o's value is an expanded view: some dim of size > 1 has stride 0 (TensorSpec.broadcast_dims)."""
+    val = meta_of(o)
+    return val.numel() > 0 and any(n > 1 and st == 0 for n, st in zip(val.shape, val.stride()))
 
 
 def _output(low: Lowerer, sp: Space, o) -> Output:
@@ -1062,11 +1137,18 @@ def _output(low: Lowerer, sp: Space, o) -> Output:
         red = set(sp.perm[len(shape) - sp.nred:])
         row_shapes = {tuple(s for k, s in enumerate(sp.xs) if k not in red): False,
                       tuple(1 if k in red else s for k, s in enumerate(sp.xs)): True}
+    bcast = expanded(o)
+    if sp.kind == "rowwise" and numel(os_) == 1 and len(shape) > sp.nred and os_ not in row_shapes:
+        # one value for the program: sums over rows of per-row values (outer reductions)
+        return Output(low.val(o, ("dims", (-1,) * len(os_))), dt, False, 1, total=True)
     if not ident and os_ == sp.xs:     # (first: a square input's shape equals its permutation)
         base = low.base()
-        return Output(low.val(o, base), dt, False, numel(os_), dims=base[1])
+        return Output(low.val(o, base), dt, False, numel(os_), dims=base[1], broadcast=bcast)
     if os_ == shape:
-        return Output(low.val(o, low.identity()), dt, False, numel(os_))
+        return Output(low.val(o, low.identity()), dt, False, numel(os_),
+                      dims=tuple(range(len(shape))) if bcast else None, broadcast=bcast)
+    if bcast:
+        raise Unsupported(f"expanded output of shape {os_} next to iteration shape {shape}")
     src, p = _permute_chain(o)
     if sp.kind == "rowwise" and p is not None and shape_of(src) == sp.xs:
         # a permute of a full-shape value (ViT's layer_norm then transpose back to [T, B, C]):
@@ -1116,10 +1198,22 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), strided: bool
         outputs.append(_output(low, sp, o))
     dropped = low.dropped + (simp.unused_ops(gm) if simplify else [])
     prog = ExprProgram(kind, shape, inputs, low.accesses, low.reductions, outputs, dropped=dropped,
-                       nred=sp.nred)
+                       nred=sp.nred, outer=low.outer)
     for o in prog.outputs:
         if o.row and column_dependent(o.expr, prog):
             raise Unsupported("a per-row output depends on a column")
+        if o.total and any(x[0] in ("in", "red", "idx", "gather", "ncol") for x in walk(o.expr)):
+            raise Unsupported("a value for the whole program that reads a row (only sums over rows)")
+        if any(x[0] == "outer" for x in walk(o.expr)) and not o.total:
+            raise Unsupported("a sum over rows used per row or per column")
+    for r in prog.outer:
+        if column_dependent(r.expr, prog) or any(x[0] in ("outer", "idx") for x in walk(r.expr)):
+            raise Unsupported("a sum over rows of a value that varies along the row")
+    for o in prog.outputs:
+        if o.total:
+            continue
+        if not o.row and any(x[0] == "gather" for x in walk(o.expr)):
+            raise Unsupported("a gathered value used per column (only per-row outputs read one)")
         if not o.row and any(x[0] == "idx" for x in walk(o.expr)):
             raise Unsupported("an arg reduction's index used in elementwise math")
     if kind == "rowwise":
@@ -1133,16 +1227,27 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), strided: bool
 
 
 def _check_row_types(prog: ExprProgram) -> None:
-    """Row programs load floats and bools and compute float and bool values (rowwise.py's loads
-    are float-lane traits: a bool input arrives as 0.f / 1.f, which C++ reads as the bool it
-    stores); the one integer is an arg reduction's index, stored whole as a per-row output."""
+    """Row programs load floats and bools along the row and compute float and bool values there
+    (rowwise.py's loads are float-lane traits: a bool input arrives as 0.f / 1.f, which C++ reads
+    as the bool it stores). Integers are per-row values: an arg reduction's index, stored whole,
+    and per-row int64 / int32 inputs (nll_loss's target: the gather index, the ignore_index test)
+    read once per row in the per-row outputs."""
     vt = program_value_type(prog)
-    why = "int64/int32 values in a row program (it loads floats and bools; its one integer is an arg " \
-          "reduction's index, stored as it is)"
-    if any(VT[dt] not in "fb" for _, dt in prog.inputs):
+    why = "int64/int32 values in a row program (it loads floats and bools along the row; integers " \
+          "are per-row: an arg reduction's index, a per-row index input)"
+    D, nr = prog.ndim, prog.nred
+    if any(VT[prog.inputs[a.input][1]] not in "fb" and a.column_varying(D, nr) for a in prog.accesses):
         raise Unsupported(why)
-    exprs = [o.expr for o in prog.outputs if o.expr[0] != "idx"] + [r.expr for r in prog.reductions]
+    exprs = [o.expr for o in prog.outputs if not o.row and not o.total] + [r.expr for r in prog.reductions]
     if any(vt(x) not in "fb" for e in exprs for x in walk(e)):
+        raise Unsupported(why)
+    # an arg reduction's index is stored as it is, never computed with
+    if any(x[0] == "idx" for o in prog.outputs if o.row and o.expr[0] != "idx" for x in walk(o.expr)):
+        raise Unsupported(why)
+    # a gather's source is read along the row: floats and bools only
+    srcs = [x[1] for e in [o.expr for o in prog.outputs if o.row] + [r.expr for r in prog.outer]
+            for x in walk(e) if x[0] == "gather"]
+    if any(vt(x) not in "fb" for e in srcs for x in walk(e)):
         raise Unsupported(why)
     if any(vt(r.expr) != "f" for r in prog.reductions):
         raise Unsupported("a reduction over bool values")
@@ -1172,22 +1277,28 @@ def stored(expr: tuple, dtype: str) -> tuple:
     return expr[2] if expr[0] == "round" and expr[1] == dtype else expr
 
 
-def walk(e: tuple):
-    """Yield every sub-expression of e (pre-order, repeats included)."""
+def walk(e: tuple, into_gather: bool = True):
+    """Yield every sub-expression of e (pre-order, repeats included); into_gather=False leaves out
+    the sources of gathers (their index is walked)."""
     stack = [e]
     while stack:
         x = stack.pop()
         yield x
-        if x[0] in ("in", "const", "iconst", "bconst", "red", "ncol", "idx", "coord"):
+        if x[0] in ("in", "const", "iconst", "bconst", "red", "ncol", "idx", "outer", "nrows", "coord"):
+            continue
+        if x[0] == "gather" and not into_gather:
+            stack.append(x[2])
             continue
         stack.extend(a for a in x[1:] if isinstance(a, tuple))
 
 
 def low_ops(prog: ExprProgram) -> set[str]:
-    exprs = [o.expr for o in prog.outputs] + [r.expr for r in prog.reductions]
+    exprs = [o.expr for o in prog.outputs] + [r.expr for r in prog.reductions] + [r.expr for r in prog.outer]
     return {x[0] for e in exprs for x in walk(e)}
 
 
 def column_dependent(e: tuple, prog: ExprProgram) -> bool:
-    return any(x[0] == "in" and prog.accesses[x[1]].column_varying(prog.ndim, prog.nred) for x in walk(e))
+    """e varies along the row (a gather's source is read at one column per row: it does not)."""
+    return any(x[0] == "in" and prog.accesses[x[1]].column_varying(prog.ndim, prog.nred)
+               for x in walk(e, into_gather=False))
 

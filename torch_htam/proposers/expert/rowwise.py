@@ -14,6 +14,12 @@ layer_norm of a transposed view: the column mapping, col_kernel, 32 rows a block
 long rows (a full reduction: split_kernel + split_finish, partials combined in order, no atomics).
 The host picks among those the source carries from the real sizes and strides.
 
+Per-row outputs may read the row at one more column, an int64 index per row (nll_loss's target:
+("gather", src, index), read once by the row's lane 0), and sums over rows of per-row values (a
+loss's mean over tokens: ExprProgram.outer) end the program: each thread group adds its rows in
+order, writes its partial to the split-rows workspace, and outer_finish (one block) adds the
+partials in a fixed order and stores the program's single values (Output.total).
+
 Register budget (what decides bandwidth here): an SM has 64K registers, so 2048 resident threads
 get 32 each. A row held as fp32 costs one register per value; `packed` keeps 2-byte inputs as raw
 bits (two values per register, converted at use) and `lazy` loads inputs that no reduction reads
@@ -30,7 +36,7 @@ import math
 from dataclasses import dataclass
 
 from torch_htam.proposers.expert import host
-from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter, cuh
+from torch_htam.proposers.expert.cuda import CTYPE, DT, PRELUDE, Emitter, cuh
 from torch_htam.proposers.expert.ir import (
     TRANSCENDENTAL, ExprProgram, Unsupported, lower, program_value_type, stored, walk,
 )
@@ -147,7 +153,7 @@ class _Gen:
                       and reds[k].pair[1] == 0 and (p.online if reds[k].pair[0] == "softmax" else p.welford))
             out.append([reds[k].expr])    # a merged pair's second value needs the first's result
             k += 2 if merged else 1
-        return out + [[stored(o.expr, o.dtype) for o in self.prog.outputs if not o.row]]
+        return out + [[stored(o.expr, o.dtype) for o in self.prog.outputs if not o.row and not o.total]]
 
     def emitter(self, regs: bool, at: int | None = None) -> Emitter:
         """at: the pass being emitted; memoized values computed in an earlier pass are read back."""
@@ -303,7 +309,7 @@ class _Gen:
 
     def final_pass(self, regs: bool, at: int) -> str:
         em = self.emitter(regs, at)
-        full = [(k, o) for k, o in enumerate(self.prog.outputs) if not o.row]
+        full = [(k, o) for k, o in enumerate(self.prog.outputs) if not o.row and not o.total]
         names = [em.emit(stored(o.expr, o.dtype)) for _, o in full]
         lines = "\n".join("          " + ln for ln in em.lines)
         sets = "\n".join(f"          y{k}[e] = {n};" for (k, _), n in zip(full, names))
@@ -327,22 +333,40 @@ class _Gen:
                 f"          else for (int e = 0; e < VEC; ++e) o{k}[ro[{j}] + {self.coff(j, 'c0 + e')}] = "
                 f"{t}::from_f(y{k}[e]); }}")
 
+    def fixed_type(self, i: int) -> str:
+        """C++ type of a per-row load of access i: integers (a per-row index) stay long long."""
+        return "long long" if self.dt(i) in ("I64", "I32") else "float"
+
+    def fixed_load(self, i: int, ptr: str, nc: str = "false") -> str:
+        if self.dt(i) in ("I64", "I32"):
+            return f"{self.dt(i)}::to_v(*({ptr}))"
+        return f"ld1<{self.dt(i)}, {nc}>({ptr})"
+
+    def load_at(self, i: int, col: str) -> str:
+        """Access i of this row at column `col` (a gather's index): NaN outside the row, where torch
+        raises (an index out of range)."""
+        return (f"(({col}) >= 0 && ({col}) < ncol ? ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + "
+                f"{self.coff(i, f'({col})')}) : NAN)")
+
     def row_outputs(self) -> str:
         em = Emitter(lambda a: f"s{a}", red=lambda k: f"R{k}", fast=self.p.fast,
-                     low_precision=self.lowp, prefix="u", vt=self.vt)
+                     low_precision=self.lowp, prefix="u", vt=self.vt, load_at=self.load_at)
         rows = [(k, o) for k, o in enumerate(self.prog.outputs) if o.row]
         # an arg reduction's index ("idx", j) is stored as the int it is, never through a float
         names = [f"(long long)RI{o.expr[1]}" if o.expr[0] == "idx" else em.emit(stored(o.expr, o.dtype))
                  for _, o in rows]
-        if not rows:
+        # sums over rows: this group's running partial (lane 0's), written out after the last row
+        adds = "".join(f"\n      oacc{j} += {em.emit(r.expr)};" for j, r in enumerate(self.prog.outer))
+        if not rows and not adds:
             return ""
         lines = "\n".join("      " + ln for ln in em.lines)
         stores = "\n".join(f"      o{k}[r] = {n};" if o.expr[0] == "idx" else
+                           f"      o{k}[r] = {DT[o.dtype][0]}::from_v({n});" if DT[o.dtype][0] in ("I64", "I32") else
                            f"      o{k}[r] = {DT[o.dtype][0]}::from_f({n});" for (k, o), n in zip(rows, names))
         return f"""
     if (valid && lane == 0) {{
 {lines}
-{stores}
+{stores}{adds}
     }}"""
 
     def body(self, regs: bool) -> str:
@@ -362,9 +386,10 @@ class _Gen:
         nc = "true" if p.nc else "false"
         params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(len(prog.accesses))]
         params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
-        fixed = "\n".join(f"      s{i}_[g] = ld1<{self.dt(i)}, {nc}>(p{i} + ro_[g][{i}]);" for i in self.fixed)
-        fixed_decl = " ".join(f"float s{i}_[RPG];" for i in self.fixed)
-        fixed_alias = " ".join(f"const float s{i} = s{i}_[g];" for i in self.fixed)
+        params += ["void* __restrict__ ows"] * bool(prog.outer)
+        fixed = "\n".join(f"      s{i}_[g] = {self.fixed_load(i, f'p{i} + ro_[g][{i}]', nc)};" for i in self.fixed)
+        fixed_decl = " ".join(f"{self.fixed_type(i)} s{i}_[RPG];" for i in self.fixed)
+        fixed_alias = " ".join(f"const {self.fixed_type(i)} s{i} = s{i}_[g];" for i in self.fixed)
         reg_loads = "\n".join(self.load_chunk(i, f"x{i}[g][q]", "c0", nc, p.packed, ro="ro_[g]")
                               .replace("\n", "\n    ") for i in self.held)
         reg_decl = " ".join((f"unsigned x{i}[RPG][NV > 0 ? NV : 1][{self.words(i)}];" if p.packed
@@ -384,7 +409,7 @@ __global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t r
     {", ".join(params)}) {{
   const int lane = threadIdx.x % TPR, group = threadIdx.x / TPR;
   const int64_t rpb = BLOCK / TPR * RPG;     // rows per block and trip
-{self.setup()}
+{self.setup()}{self.outer_decl()}
   // NOTE: the trip count is uniform over the block (rows past the end are clamped to the last row
   // and store nothing), so every thread reaches every shuffle and __syncthreads.
   for (int64_t rb = (int64_t)blockIdx.x * rpb; rb < rows; rb += (int64_t)gridDim.x * rpb) {{
@@ -435,6 +460,63 @@ __global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t r
 {self.body(False)}
       }}
     }}
+  }}{self.outer_store()}
+}}
+"""
+
+    # ---- sums over rows (ir.ExprProgram.outer): each thread group's lane 0 adds its rows' values in
+    # row order; after its last row it writes the partial to slot (block, group) of the workspace
+    # (8 bytes a slot, one run of slots per sum); outer_finish adds the slots in order.
+    def _outer_vt(self, j: int) -> str:
+        return "f" if self.vt(self.prog.outer[j].expr) == "f" else "i"
+
+    def outer_decl(self) -> str:
+        return "".join(f"\n  {CTYPE[self._outer_vt(j)]} oacc{j} = 0;" for j in range(len(self.prog.outer)))
+
+    def outer_store(self) -> str:
+        if not self.prog.outer:
+            return ""
+        st = "".join(f"\n    (({CTYPE[self._outer_vt(j)]}*)((char*)ows + {j} * slots * 8))[slot] = oacc{j};"
+                     for j in range(len(self.prog.outer)))
+        return (f"\n  {{\n    const int64_t slots = (int64_t)gridDim.x * (BLOCK / TPR);\n"
+                f"    const int64_t slot = (int64_t)blockIdx.x * (BLOCK / TPR) + group;\n"
+                f"    if (lane == 0) {{{st}\n    }}\n  }}")
+
+    def outer_finish(self) -> str:
+        """One block of 1024 threads: each sum's slots added in a fixed order (a strided pass per
+        thread, then a tree), then the total outputs, computed and stored by thread 0."""
+        prog = self.prog
+        params = [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
+        sums = []
+        for j in range(len(prog.outer)):
+            ct = CTYPE[self._outer_vt(j)]
+            sums.append(f"""
+  {ct} T{j};
+  {{
+    __shared__ {ct} sm[1024];
+    {ct} acc = 0;
+    for (int64_t s = threadIdx.x; s < slots; s += 1024) acc += ((const {ct}*)((const char*)ows + {j} * slots * 8))[s];
+    __syncthreads();
+    sm[threadIdx.x] = acc;
+    __syncthreads();
+    for (int h = 512; h > 0; h >>= 1) {{
+      if ((int)threadIdx.x < h) sm[threadIdx.x] += sm[threadIdx.x + h];
+      __syncthreads();
+    }}
+    T{j} = sm[0];
+  }}""")
+        em = Emitter(lambda a: "0.f", red=lambda k: "0.f", prefix="v", vt=self.vt, outer=lambda j: f"T{j}")
+        totals = [(k, o) for k, o in enumerate(prog.outputs) if o.total]
+        names = [em.emit(stored(o.expr, o.dtype)) for _, o in totals]
+        lines = "\n".join("    " + ln for ln in em.lines)
+        stores = "\n".join(f"    o{k}[0] = {DT[o.dtype][0]}::from_v({n});" if DT[o.dtype][0] in ("I64", "I32") else
+                           f"    o{k}[0] = {DT[o.dtype][0]}::from_f({n});" for (k, o), n in zip(totals, names))
+        return f"""
+__global__ void __launch_bounds__(1024) outer_finish(int64_t slots, int64_t rows, const void* __restrict__ ows,
+    {", ".join(params)}) {{{"".join(sums)}
+  if (threadIdx.x == 0) {{
+{lines}
+{stores}
   }}
 }}
 """
@@ -448,7 +530,8 @@ __global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t r
         prog, na = self.prog, len(self.prog.accesses)
         params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(na)]
         params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
-        fixed = "\n".join(f"    const float s{i} = ld1<{self.dt(i)}, false>(p{i} + ro[{i}]);" for i in self.fixed)
+        fixed = "\n".join(f"    const {self.fixed_type(i)} s{i} = {self.fixed_load(i, f'p{i} + ro[{i}]')};"
+                          for i in self.fixed)
         decl = " ".join(f"float x{i}[1];" for i in self.varying)
         loads = "\n".join(f"        x{i}[0] = ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + {self.coff(i, 'c')});"
                           for i in self.varying)
@@ -473,7 +556,7 @@ __global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t r
                 passes.append(f"    float R{k};\n    {{\n      float acc = {INIT[red.kind]};\n{loop(body)}\n"
                               f"      R{k} = col_reduce(acc, {OPS[red.kind]}());\n    }}")
             k += 1
-        full = [(k, o) for k, o in enumerate(prog.outputs) if not o.row]
+        full = [(k, o) for k, o in enumerate(prog.outputs) if not o.row and not o.total]
         if full:
             em = self.emitter(False)
             names = [em.emit(stored(o.expr, o.dtype)) for _, o in full]
@@ -522,7 +605,8 @@ __global__ void __launch_bounds__(1024) col_kernel(Space<NACC> sp, int64_t rows,
         arg = red.kind in ARG
         params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(na)]
         params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
-        fixed = "\n".join(f"  const float s{i} = ld1<{self.dt(i)}, false>(p{i} + ro[{i}]);" for i in self.fixed)
+        fixed = "\n".join(f"  const {self.fixed_type(i)} s{i} = {self.fixed_load(i, f'p{i} + ro[{i}]')};"
+                          for i in self.fixed)
         decl = " ".join(f"float x{i}[1];" for i in self.varying)
         loads = "\n".join(f"    x{i}[0] = ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + {self.coff(i, 'c')});"
                           for i in self.varying)
@@ -624,7 +708,7 @@ def _main_access(prog: ExprProgram) -> int:
 def has_column_mapping(prog: ExprProgram) -> bool:
     """The program may meet rows whose columns are strided (reduced over a middle dim, or read
     through a permute): its source carries the column mapping too, chosen at run time."""
-    if not prog.accesses:
+    if not prog.accesses or prog.outer:    # (sums over rows: the row mapping only, any strides)
         return False
     a = prog.accesses[_main_access(prog)]
     return a.mode == "dims" and a.dims != tuple(range(prog.ndim))
@@ -635,20 +719,22 @@ def has_split_rows(prog: ExprProgram) -> bool:
     carries the split-rows path too, chosen at run time when rows are too few to fill the GPU."""
     kept = math.prod(prog.shape[:prog.ndim - prog.nred])
     return (len(prog.reductions) == 1 and all(o.row for o in prog.outputs) and kept < 32
-            and bool(prog.accesses))
+            and bool(prog.accesses) and not prog.outer)
 
 
 def _host(prog: ExprProgram, p: RowParams) -> str:
     na = len(prog.accesses)
     nacc = na + len(prog.strided_outputs)
-    args = ", ".join([host.access_ptr(prog, i) for i in range(len(prog.accesses))] +
-                     [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)])
+    outs = [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)]
+    args = ", ".join([host.access_ptr(prog, i) for i in range(len(prog.accesses))]
+                     + outs + ["ows"] * bool(prog.outer))
     ncol = "(int)ncol, inner" if prog.nred > 1 else "(int)ncol"
 
     def launch(V: int, NV: int) -> str:     # the kernel instantiation for vector width V, NV chunks
         return f"row_kernel<{V}, {NV}><<<blocks, BLOCK, 0, stream>>>(sp, rows, {ncol}, {args});"
     out_checks = "\n".join(
-        f"  if (htam_numel(&out[{k}]) != n) return HTAM_ERR_SHAPE;" if o.dims is not None else
+        f"  if (htam_numel(&out[{k}]) != 1) return HTAM_ERR_SHAPE;" if o.total else
+        ("" if o.broadcast else f"  if (htam_numel(&out[{k}]) != n) return HTAM_ERR_SHAPE;") if o.dims is not None else
         f"  if (!htam_contiguous(out[{k}]) || htam_numel(&out[{k}]) != {'rows' if o.row else 'n'}) return HTAM_ERR_SHAPE;"
         for k, o in enumerate(prog.outputs))
     cap = p.tpr * p.vec * p.nv
@@ -670,6 +756,18 @@ def _host(prog: ExprProgram, p: RowParams) -> str:
                     f"  const int inner = row_nd == 2 ? (int)sp.size[sp.ndim - 1] : 0;\n"
                     f"  const int64_t ncol = row_nd == 2 ? sp.size[sp.ndim - 2] * sp.size[sp.ndim - 1] : sp.size[sp.ndim - 1];")
     binds = "\n" + host.bind_outputs(prog) if prog.strided_outputs else ""
+    outer_setup = outer_launch = ""
+    if prog.outer:
+        # NOTE: every thread group's partial sums take one 8-byte slot per sum in the split-rows
+        # workspace: the grid is capped to fit it (the row loop is grid-stride, so every row is
+        # still visited)
+        outer_setup = f"""
+  void* ows = htam_split_ws(stream);
+  if (ows == nullptr) return HTAM_ERR_SHAPE;
+  blocks = std::min<int64_t>(blocks, (int64_t)(kSplitWs / (8 * {len(prog.outer)} * (BLOCK / TPR))));"""
+        outer_launch = f"""
+  outer_finish<<<1, 1024, 0, stream>>>(blocks * (BLOCK / TPR), rows, ows, {", ".join(outs)});
+  HTAM_CHECK_LAUNCH();"""
     col = ""
     if has_column_mapping(prog):
         m = _main_access(prog)
@@ -714,20 +812,20 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
 {host.bind_accesses(prog)}{binds}
   (void)max_off;
 {out_checks}
-  if (rows == 0) return HTAM_OK;
+  if (rows == 0) return {"HTAM_ERR_SHAPE" if prog.outer else "HTAM_OK"};
 {collapse}{col}
   const int V = {p.vec};
   bool vec_ok = V > 1 && ncol % V == 0;
 {host.vector_checks(prog, "V", full_outputs_only=True)}
   int64_t blocks = (rows + BLOCK / TPR * RPG - 1) / (BLOCK / TPR * RPG);
   if ({p.waves} > 0) blocks = std::min<int64_t>(blocks, (int64_t)htam_sm_count() * {p.waves});
-  blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t)1 << 30));
+  blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t)1 << 30));{outer_setup}
   const bool regs = {p.nv} > 0 && ncol <= {cap};
   if (regs && vec_ok) {launch(p.vec, max(p.nv, 1))}
   else if (regs) {launch(1, max(p.nv * p.vec, 1))}
   else if (vec_ok) {launch(p.vec, 0)}
   else {launch(1, 0)}
-  HTAM_CHECK_LAUNCH();
+  HTAM_CHECK_LAUNCH();{outer_launch}
   return HTAM_OK;
 }}
 """
@@ -738,10 +836,11 @@ def generate(prog: ExprProgram, p: RowParams, low_precision: bool = False) -> st
     assert prog.kind == "rowwise", prog.kind
     g = _Gen(prog, p, low_precision)
     col, split = has_column_mapping(prog), has_split_rows(prog)
-    ext = (col or split or any(r.kind in ("prod", *ARG) for r in prog.reductions)
+    ext = (col or split or bool(prog.outer) or any(r.kind in ("prod", *ARG) for r in prog.reductions)
            or any(a.mode == "span" for a in prog.accesses))
     return "\n".join([f"// torch_htam expert: rowwise {p}", PRELUDE] + [ROWS_CUH] * ext + ["#include <algorithm>",
-                      g.kernel()] + [g.col_kernel()] * col + [g.split_kernels()] * split + [_host(prog, p)])
+                      g.kernel()] + [g.col_kernel()] * col + [g.split_kernels()] * split
+                     + [g.outer_finish()] * bool(prog.outer) + [_host(prog, p)])
 
 
 # ---- the rowwise target (target.Target) ------------------------------------------------------------
