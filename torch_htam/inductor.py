@@ -129,7 +129,9 @@ def carry_dynamo_meta(dynamo_gm: fx.GraphModule, new: fx.GraphModule) -> None:
     NOTE: without it every input looks like user data: in reduce-overhead mode Inductor's CUDA
     graphs then copy each parameter into the graph's own buffer before every replay (GPT-2 bf16,
     H100: 149 device-to-device copies, 0.37 ms a call, bench/results/bench_swaps-20261123-230801.json).
-    The re-export keeps Dynamo's inputs in order, so placeholders pair up by position.
+    With torch 2.14 AOTAutograd reads the parameters as static from it (tests/test_inductor.py); on
+    the H100's torch 2.11 the copies were still there (bench_swaps-20261123-233052.json), cause
+    not found yet. The re-export keeps Dynamo's inputs in order, so placeholders pair up by position.
     """
     old = [n for n in dynamo_gm.graph.nodes if n.op == "placeholder"]
     ours = [n for n in new.graph.nodes if n.op == "placeholder"]
