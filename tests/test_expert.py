@@ -342,16 +342,8 @@ def _gpu_inputs(path: Path, seed: int) -> list[torch.Tensor]:
     return [x.cuda() for x in _file_inputs(path, seed) + list(bench_weights(path.stem))]
 
 
-# Default candidates that failed this test on an H100 (torch 2.11, commit 94288c3, pytest -m gpu):
-# not diagnosed yet, so verification rejects these kernels and PyTorch runs the regions.
-GPU_FAILS = {"ew_permute_add_pos_fp32", "ew_permute_add_pos_bf16", "ew_rotary_repeat_kv_fp32",
-             "ew_rotary_repeat_kv_bf16"}
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(
-    strict=True, reason="failed on an H100, not diagnosed")) if p.stem in GPU_FAILS else p
-    for p in TASKS], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", TASKS, ids=lambda p: p.stem)
 def test_default_candidates_match_torch(path):
     from torch_htam.launcher import Kernel
     from torch_htam.task import load_reference
@@ -1124,3 +1116,17 @@ def test_gemm_with_the_gelu_formula_is_one_cublaslt_call():
     for dt in ("bf16", "fp32"):
         src = propose(bench_task(f"gemm_addmm_gelu_new_{dt}")).candidates[0].source
         assert "CUBLASLT_EPILOGUE_GELU_BIAS" in src and "epilogue_run" not in src
+
+
+def test_a_permuted_dense_result_is_stored_through_its_strides():
+    """torch gives x.permute(0, 2, 1) + pos the layout of x (permuted, dense), and verification
+    allocates the output that way: the kernel stores through the output's strides; a result torch
+    makes contiguous keeps the contiguous store."""
+    class PermAdd(nn.Module):
+        def forward(self, x, pos):
+            return x.permute(0, 2, 1) + pos
+    x, pos = torch.randn(2, 12, 15), torch.randn(15, 12)
+    assert not (x.permute(0, 2, 1) + pos).is_contiguous()
+    out = lower(small_task(PermAdd(), x, pos).graph, strided=True).outputs[0]   # as elementwise.py lowers
+    assert out.dims == (0, 1, 2) and not out.broadcast
+    assert lower(small_task(_GeluNew(), torch.randn(4, 8)).graph).outputs[0].dims is None

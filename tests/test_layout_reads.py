@@ -312,13 +312,9 @@ def test_layout_read_sources_compile_for_sm90a():
     assert_compiles(_sources(torch.float32)[::2] + _sources(torch.bfloat16)[1::2])
 
 
-# NOTE: rotary_repeat failed in all three dtypes on an H100 (torch 2.11, commit 94288c3): not
-# diagnosed yet (verification rejects these kernels, so PyTorch runs the region).
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    strict=True, reason="failed on an H100, not diagnosed")) if n == "rotary_repeat" else n
-    for n in _all_cases()])
+@pytest.mark.parametrize("name", list(_all_cases()))
 def test_layout_read_kernels_match_torch(name, dtype):
     from torch_htam.launcher import Kernel
     from torch_htam.verify import poison_

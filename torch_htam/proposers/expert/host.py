@@ -41,7 +41,7 @@ def prologue(prog: ExprProgram) -> str:
     src, idx = prog.size_source[:2]
     # the size tensor's rank: a GroupNorm input's own, the merged output's, else the iteration's
     nd = prog.size_source[3] if src == "group" else len(prog.size_source[2]) if src == "split" else prog.ndim
-    lines += [f"  const HtamTensor& szt = {'out' if src == 'out' else 'in'}[{idx}];",
+    lines += [f"  const HtamTensor& szt = {'out' if src in ('out', 'split') else 'in'}[{idx}];",
               f"  if (szt.ndim != {nd}) return HTAM_ERR_SHAPE;",
               "  int64_t it[HTAM_MAX_DIMS];",
               "  int64_t n = 1;"]

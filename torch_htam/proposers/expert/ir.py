@@ -1128,6 +1128,12 @@ def expanded(o) -> bool:
     return val.numel() > 0 and any(n > 1 and st == 0 for n, st in zip(val.shape, val.stride()))
 
 
+def dense_row_major(o) -> bool:
+    """o's value is laid out contiguously in row-major order (sizes-1 dims ignored)."""
+    val = meta_of(o)
+    return val.numel() <= 1 or val.is_contiguous()
+
+
 def _output(low: Lowerer, sp: Space, o) -> Output:
     """The output node o of the region as a program Output (how it is indexed and stored)."""
     os_, dt = shape_of(o), value_dtype_of(o)
@@ -1145,8 +1151,12 @@ def _output(low: Lowerer, sp: Space, o) -> Output:
         base = low.base()
         return Output(low.val(o, base), dt, False, numel(os_), dims=base[1], broadcast=bcast)
     if os_ == shape:
+        # NOTE: torch gives an elementwise result the layout of its inputs: a permuted input makes
+        # a permuted, dense output (Whisper's conv output.permute(0, 2, 1) + pos), which verification
+        # allocates as torch does; such an output is stored through its strides too
+        through = bcast or (sp.kind == "elementwise" and not dense_row_major(o))
         return Output(low.val(o, low.identity()), dt, False, numel(os_),
-                      dims=tuple(range(len(shape))) if bcast else None, broadcast=bcast)
+                      dims=tuple(range(len(shape))) if through else None, broadcast=bcast)
     if bcast:
         raise Unsupported(f"expanded output of shape {os_} next to iteration shape {shape}")
     src, p = _permute_chain(o)
