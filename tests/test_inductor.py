@@ -39,26 +39,42 @@ def test_backend_swaps_every_site_and_inductor_compiles_the_rest(mlp):
     assert all(k.calls == 1 for k in kernels.values())
 
 
-def test_the_swapped_graph_marks_parameters_as_static_inputs(mlp, monkeypatch):
+class WithConstant(nn.Module):
+    """An MLP whose forward makes a tensor constant: the re-export lifts it into a buffer (as in
+    GPT-2's attention)."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = MLP()
+
+    def forward(self, x):
+        return self.mlp(x) * torch.tensor(0.5)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "with_constant"])
+def test_the_swapped_graph_marks_parameters_as_static_inputs(kind, monkeypatch):
     """Inductor (AOTAutograd) learns which inputs are parameters from Dynamo's metadata; the
-    swapped graph carries it, else CUDA graphs would copy every weight before each replay."""
+    swapped graph carries it, and the constants the re-export lifts are static too: else CUDA
+    graphs would copy every weight before each replay. Only the user's input is not static."""
+    from torch._functorch._aot_autograd.frontend_utils import _try_get_metadata_from_dynamo
     from torch._inductor import compile_fx
-    model, x, found, kernels = mlp
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model, x = (MLP() if kind == "mlp" else WithConstant()).eval(), torch.randn(4, 8, 32)
+    kernels = {t.signature: CpuKernel(t) for t in extract(model, (x,)).tasks}
     seen, real = [], compile_fx.compile_fx
     monkeypatch.setattr(compile_fx, "compile_fx", lambda gm, *a, **k: seen.append(gm) or real(gm, *a, **k))
     b = backend.HtamBackend(kernels, provider=PROVIDER)
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(model, backend=b)(x), model(x))
+    torch._dynamo.reset()
     (gm,) = seen
-    assert b.records[0].swapped and "dynamo_compile_id" in gm.meta and hasattr(gm, "_param_name_to_source")
-    static = [n.name for n in gm.graph.nodes if n.op == "placeholder"
-              and n.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")]
-    assert len(static) == len(list(model.parameters())) and all(
-        hasattr(n, "_dynamo_source") for n in gm.graph.nodes if n.op == "placeholder")
-    from torch._functorch._aot_autograd.frontend_utils import _try_get_metadata_from_dynamo
+    assert b.records[0].swapped and "dynamo_compile_id" in gm.meta
+    own = {**dict(gm.named_parameters(remove_duplicate=False)), **dict(gm.named_buffers(remove_duplicate=False))}
+    assert (kind == "with_constant") == bool(own)          # the lifted constant is the module's own
     n_in = sum(n.op == "placeholder" for n in gm.graph.nodes)
-    _, idx = _try_get_metadata_from_dynamo(gm, {}.keys(), n_in, [])
-    assert len(idx) == len(static)
+    _, idx = _try_get_metadata_from_dynamo(gm, own.keys(), len(own) + n_in, [])
+    assert len(idx) == len(own) + n_in - 1
 
 
 def test_backend_without_kernels_is_plain_inductor(mlp):

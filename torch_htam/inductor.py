@@ -129,14 +129,15 @@ def carry_dynamo_meta(dynamo_gm: fx.GraphModule, new: fx.GraphModule) -> None:
     NOTE: without it every input looks like user data: in reduce-overhead mode Inductor's CUDA
     graphs then copy each parameter into the graph's own buffer before every replay (GPT-2 bf16,
     H100: 149 device-to-device copies, 0.37 ms a call, bench/results/bench_swaps-20261123-230801.json).
-    With torch 2.14 AOTAutograd reads the parameters as static from it (tests/test_inductor.py); on
-    the H100's torch 2.11 the copies were still there (bench_swaps-20261123-233052.json), cause
-    not found yet. The re-export keeps Dynamo's inputs in order, so placeholders pair up by position.
+    The copies stayed (bench_swaps-20261123-233052.json) while this gave up on a module with
+    buffers of its own, which the lifted constants are; it now gives them sources (not yet
+    re-measured on a GPU; tests/test_inductor.py checks what AOTAutograd reads). The re-export
+    keeps Dynamo's inputs in order, so placeholders pair up by position.
     """
+    from torch._dynamo.source import ConstantSource
     old = [n for n in dynamo_gm.graph.nodes if n.op == "placeholder"]
     ours = [n for n in new.graph.nodes if n.op == "placeholder"]
-    if len(old) != len(ours) or any(True for _ in new.named_parameters()) \
-            or any(True for _ in new.named_buffers()):
+    if len(old) != len(ours) or not hasattr(dynamo_gm, "_param_name_to_source"):
         return   # not paired one to one: leave the graph unmarked (correct, only slower)
     for o, n in zip(old, ours):
         if hasattr(o, "_dynamo_source"):
@@ -145,8 +146,13 @@ def carry_dynamo_meta(dynamo_gm: fx.GraphModule, new: fx.GraphModule) -> None:
             n.meta["tensor_dict"] = o.meta["tensor_dict"]
     for k, v in dynamo_gm.meta.items():
         new.meta.setdefault(k, v)
-    if hasattr(dynamo_gm, "_param_name_to_source"):
-        new._param_name_to_source = dynamo_gm._param_name_to_source
+    # NOTE: the re-export lifts tensor constants made inside forward (GPT-2's attention: two per
+    # layer) into buffers of the new module; AOTAutograd wants a source for each of the module's
+    # own tensors, and takes them as static inputs, which constants are.
+    sources = dict(dynamo_gm._param_name_to_source)
+    for name, _ in [*new.named_parameters(remove_duplicate=False), *new.named_buffers(remove_duplicate=False)]:
+        sources.setdefault(name, ConstantSource(f"htam_constant:{name}"))
+    new._param_name_to_source = sources
 
 
 def beats_inductor(entry, min_speedup: float = 1.0) -> bool:
