@@ -67,6 +67,18 @@ def test_searched_log_says_why_a_task_has_no_kernel(tmp_path):
     assert "0.97x of eager" in log.why_not("eager", 1.03)
 
 
+def test_the_guard_keeps_a_swap_only_beyond_noise():
+    """A lower median is not enough: the win must clear GUARD_MARGIN, and ours' 80th percentile
+    must sit below the alternative's median (host-bound models jitter by more than small wins)."""
+    from torch_htam.pipeline import GUARD_MARGIN, pays
+    from torch_htam.timing import ArmTime
+    base = ArmTime(4.0, 3.8, 4.5)
+    assert pays(base, ArmTime(3.5, 3.4, 3.7))
+    assert not pays(base, ArmTime(4.0 * (1 - GUARD_MARGIN / 2), 3.8, 3.95))   # inside the margin
+    assert not pays(base, ArmTime(3.5, 3.3, 4.2))                              # wide: p80 above
+    assert not pays(base, ArmTime(4.2, 4.0, 4.4))
+
+
 def test_tasks_of_a_capture_are_distinct_and_counted():
     model, inputs = gpt_block.get_model(n_layer=4)
     tasks = extract(model, inputs).tasks
