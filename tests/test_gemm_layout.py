@@ -27,7 +27,7 @@ from torch_htam.proposers.expert import gemm_layout as gl
 from torch_htam.proposers.expert.ir import Unsupported, _graph_outputs
 from torch_htam.proposers.expert.proposer import match_task
 from torch_htam.task import Task, TensorSpec
-from compile_check import assert_compiles
+from compile_check import assert_compiles, seed_sources
 
 
 class Heads(nn.Module):
@@ -208,13 +208,7 @@ def test_unsupported_layouts_say_why(model, args, why):
 
 
 def _sources(dtype) -> list[tuple[str, str]]:
-    out = []
-    for name, (model, args) in _cases(dtype).items():
-        task = _task(model, args)
-        req = ProposalRequest(task, "seed", [], n=2, policy=policy_for(task))
-        for i, c in enumerate(ExpertProposer().propose(req).candidates):
-            out.append((f"{name}/{i}", c.source))
-    return out
+    return seed_sources({name: _task(model, args) for name, (model, args) in _cases(dtype).items()})
 
 
 def test_candidates_pass_the_static_check():

@@ -9,7 +9,6 @@ through the real build and launcher against torch.
 """
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -22,9 +21,9 @@ from torch_htam.extract import extract
 from torch_htam.policy import policy_for
 from torch_htam.proposers.base import ProposalRequest
 from torch_htam.proposers.expert import ExpertProposer
-from torch_htam.proposers.expert.ir import Unsupported, lower, walk
+from torch_htam.proposers.expert.ir import Unsupported, lower
 from torch_htam.task import Task, TensorSpec
-from compile_check import assert_compiles
+from compile_check import assert_compiles, seed_sources
 
 
 # ---- the patterns, as the zoo's models write them ---------------------------------------------
@@ -291,13 +290,7 @@ def test_rotary_after_the_q_heads_is_one_elementwise_region():
 # ---- nvcc and the GPU ---------------------------------------------------------------------------
 
 def _sources(dtype) -> list[tuple[str, str]]:
-    out = []
-    for name, (model, args) in _all_cases(dtype).items():
-        task = _task(model, args)
-        req = ProposalRequest(task, "seed", [], n=2, policy=policy_for(task))
-        for i, c in enumerate(ExpertProposer().propose(req).candidates):
-            out.append((f"{name}/{i}", c.source))
-    return out
+    return seed_sources({name: _task(model, args) for name, (model, args) in _all_cases(dtype).items()})
 
 
 def test_candidates_pass_the_static_check():

@@ -536,14 +536,8 @@ def test_roofline_does_not_charge_outputs_that_stay_in_l2():
 
 # ------------------------------------------------------------------------------ GPU
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("stem", ["attn_mingpt_bf16", "loss_cross_entropy_bf16", "loss_cross_entropy_mean_fp32",
-                                  "loss_kl_div_bf16", "ew_mask_bool_bf16"])
-def test_bench_default_candidate_verifies_on_the_gpu(stem):
-    """The full protocol (seeds, distributions, poisoned outputs) on the expert's default candidate:
-    minGPT bf16 (its bf16 reference rounds the scores: judged against float64), the row kernel
-    with a gather epilogue and with sums over rows (cross entropy's mean), a full reduction of
-    xlogy (kl_div), and the expanded mask output (the kernel writes it before the expand)."""
+def _default_candidate_verifies(stem: str):
+    """The full protocol on the expert's default candidate of bench/tasks/<stem>.py; its policy."""
     from pathlib import Path
     from torch_htam import build
     from torch_htam.launcher import Kernel
@@ -558,27 +552,25 @@ def test_bench_default_candidate_verifies_on_the_gpu(stem):
     assert res.ok, res.error
     ok, reason, detail, errs = V.verify(task, Kernel(res.so_path), load_reference(task).cuda(), policy)
     assert (ok, reason) == (True, "ok"), detail
+    return policy
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stem", ["attn_mingpt_bf16", "loss_cross_entropy_bf16", "loss_cross_entropy_mean_fp32",
+                                  "loss_kl_div_bf16", "ew_mask_bool_bf16"])
+def test_bench_default_candidate_verifies_on_the_gpu(stem):
+    """The full protocol (seeds, distributions, poisoned outputs) on the expert's default candidate:
+    minGPT bf16 (its bf16 reference rounds the scores: judged against float64), the row kernel
+    with a gather epilogue and with sums over rows (cross entropy's mean), a full reduction of
+    xlogy (kl_div), and the expanded mask output (the kernel writes it before the expand)."""
+    _default_candidate_verifies(stem)
 
 
 @pytest.mark.gpu
 def test_fp32_gemm_with_a_long_k_verifies_on_the_gpu():
     """linear(x[4096, 3072]) + r under strict fp32: the expert's cuBLAS kernel and torch's round
     differently; before the float64 judgement no setting verified (160 of 3.1M values out)."""
-    from pathlib import Path
-    from torch_htam import build
-    from torch_htam.launcher import Kernel
-    from torch_htam.policy import policy_for
-    from torch_htam.proposers.expert.proposer import match_task
-    from torch_htam.extract import task_from_source
-    path = Path(__file__).resolve().parents[1] / "bench" / "tasks" / "gemm_linear_bias_residual_fp32.py"
-    task = task_from_source(path.read_text(), path.stem)
-    policy = policy_for(task)
-    assert policy.name == "fp32"
-    tgt = match_task(task, policy)
-    res = build.build(tgt.render(tgt.defaults))
-    assert res.ok, res.error
-    ok, reason, detail, errs = V.verify(task, Kernel(res.so_path), load_reference(task).cuda(), policy)
-    assert (ok, reason) == (True, "ok"), detail
+    assert _default_candidate_verifies("gemm_linear_bias_residual_fp32").name == "fp32"
 
 
 @pytest.mark.gpu
@@ -586,20 +578,7 @@ def test_conv_batchnorm_with_a_tiny_var_verifies_on_the_gpu():
     """conv + BN + add + ReLU under TF32 at verification's outlier inputs: cuDNN runs PyTorch's own
     engine, yet the float64 judgement's rank-one error scale (7.35 where torch's own error was 50.6,
     in a channel whose running var is 2e-4) rejected a result bitwise equal to torch's."""
-    from pathlib import Path
-    from torch_htam import build
-    from torch_htam.launcher import Kernel
-    from torch_htam.policy import policy_for
-    from torch_htam.proposers.expert.proposer import match_task
-    from torch_htam.extract import task_from_source
-    path = Path(__file__).resolve().parents[1] / "bench" / "tasks" / "conv_bn_add_relu_fp32.py"
-    task = task_from_source(path.read_text(), path.stem)
-    policy = policy_for(task)
-    tgt = match_task(task, policy)
-    res = build.build(tgt.render(tgt.defaults))
-    assert res.ok, res.error
-    ok, reason, detail, errs = V.verify(task, Kernel(res.so_path), load_reference(task).cuda(), policy)
-    assert (ok, reason) == (True, "ok"), detail
+    _default_candidate_verifies("conv_bn_add_relu_fp32")
 
 
 def test_the_models_own_inputs_are_one_more_trial(tmp_path):
