@@ -428,13 +428,13 @@ def main(argv=None) -> int:
     t_search = time.monotonic() - t0
     path = None
 
-    def save(rows: list[Row], complete: bool) -> None:
+    def save(data: dict) -> None:
         nonlocal path
         if not args.no_write:
-            data = {**payload(args, rows, summarize(rows), time.monotonic() - t0), "complete": complete}
             path = record.write("kernelbench", data, cmd=command, path=path)
 
-    measure_all(loaded, results, after=lambda rows: save(rows, complete=False))
+    measure_all(loaded, results, after=lambda done: save(
+        {**payload(args, done, summarize(done), time.monotonic() - t0), "complete": False}))
     rows = [row for row, _ in loaded]
     summary = summarize(rows)
     errors = [f"{r.name}: {r.error}" for r in rows if r.error]
@@ -445,8 +445,8 @@ def main(argv=None) -> int:
     wall = time.monotonic() - t0
     print(f"wall: {wall:.0f} s ({t_search:.0f} s loading + search, {wall - t_search:.0f} s timing)",
           file=sys.stderr)
-    data = payload(args, rows, summary, wall)
-    save(rows, complete=True)
+    data = {**payload(args, rows, summary, wall), "complete": True}
+    save(data)
     if args.out:
         write_json(args.out, command, data)
     return 0

@@ -70,7 +70,8 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("model", "model", None), ("optimize s (cold)", "optimize_s", "{:.0f}"), ("tasks", "tasks", None),
         ("candidates", "candidates", None), ("regions swapped", "swapped", None),
         ("guard: torch.compile ms", "compile_ms", "{:.3f}"), ("guard: htam ms", "htam_ms", "{:.3f}"),
-        ("max rel err", "max_rel_err", "{:.1e}"), ("note", "note", None)],
+        ("rel err", "rel_err", "{:.1e}"), ("max abs err / max abs", "max_rel_err", "{:.1e}"),
+        ("note", "note", None)],
     "bench_build": [("measure", "measure", None), ("value", "value", "{:.4g}"), ("unit", "unit", None)],
     "bench_deploy": [
         ("phase", "label", None), ("seconds", "seconds", "{:.2f}"), ("regions swapped", "swapped", None),
