@@ -296,3 +296,42 @@ def test_the_public_backend_is_a_factory_after_any_import():
     assert isinstance(b, inductor.HtamBackend) and b.mode == "reduce-overhead"
     with pytest.raises(ValueError, match="mode"):
         torch_htam.backend(mode="fast")
+
+
+@pytest.mark.parametrize("replay_wins", [True, False])
+def test_the_replay_replaces_torch_compile_only_when_it_is_faster(mlp, monkeypatch, replay_wins):
+    """After the compiled guard, the replay of the captured graph with every usable kernel is timed
+    against the compiled model: installed when it pays, else the compiled model stays as it was."""
+    from torch_htam import pipeline, timing
+    model, x, found, kernels = mlp
+    entries = {s: _Entry(k, 2.0) for s, k in kernels.items()}
+    real = backend.compile_with
+
+    def compile_with(m, b, mode="default"):
+        if b is not None:
+            b.provider = PROVIDER
+        return real(m, b, mode)
+    monkeypatch.setattr(backend, "compile_with", compile_with)
+    cfg = pipeline.OptimizeConfig(check_end_to_end=False)
+    model = pipeline._install_compiled(model, found, entries, (x,), cfg)
+    compiled = model._compiled_call_impl
+    timed = []
+
+    def time_pair(a, b, inputs, iters, rounds):
+        with torch.inference_mode():
+            torch.testing.assert_close(b(*inputs), MLP.forward(model, *inputs))   # b is the replay
+        timed.append((a, b))
+        return timing.ArmTime(1.0, 0.9, 1.1), timing.ArmTime(0.5 if replay_wins else 0.99, 0.45, 0.55)
+    monkeypatch.setattr(timing, "time_pair", time_pair)
+    model = pipeline._replay_if_faster(model, found, entries, (x,), cfg, provider=PROVIDER)
+    assert len(timed) == 1 and timed[0][0] is model
+    rep = model.htam_report
+    if replay_wins:
+        assert model._compiled_call_impl is None and hasattr(model.forward, "htam")
+        assert rep.swapped == len(kernels) and "replay" in rep.note and rep.e2e["htam_ms"] == 0.5
+    else:
+        assert model._compiled_call_impl is compiled and "forward" not in model.__dict__
+        assert rep.e2e["replay_ms"] == 0.99
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), MLP.forward(model, x))
+    runtime.restore(model)

@@ -515,17 +515,37 @@ def install(model: torch.nn.Module, found, kernels: dict[str, Any], provider: Pr
         12
     """
     restore(model)
+    forward, report = replay(model, found, kernels, provider, min_speedup)
+    if forward is None:
+        return leave(model, report.note, found.tasks, report)
+    model._htam_original_forward = model.__dict__.get("forward")   # an instance override, if any
+    model.__getstate__ = functools.partial(_plain_state, model)      # copies run the original path
+    model.forward = forward
+    model.htam_report = report
+    return model
+
+
+def replay(model: torch.nn.Module, found, kernels: dict[str, Any], provider: Provider | None = None,
+           min_speedup: float = 1.0) -> tuple[Callable | None, Report]:
+    """The forward install() would give `model` (the extracted graph with `kernels` swapped in,
+    behind guards), without installing it: (forward, its report), or (None, a report whose note
+    says why there is none). The model must be on its original forward.
+
+        >>> fwd, report = replay(model, extract(model, (x,)), {sig: entry}); fwd(x)
+    """
     capture, tasks = found.capture, found.tasks
     report = Report(method=capture.method)
     if capture.exported is None or len(capture.graphs) != 1:
-        return leave(model, f"capture method {capture.method!r} gives no single exported graph; "
-                     "the model runs its original path (kernels stay cached)", tasks, report)
+        report.note = (f"capture method {capture.method!r} gives no single exported graph; "
+                       "the model runs its original path (kernels stay cached)")
+        return None, report
     usable, unusable = _split_usable(kernels, min_speedup)
     gm, swapped = swap(capture.graphs[0], found.sites_of(0), usable, provider)
     report.tasks = _task_reports(tasks, kernels, swapped, gm.htam_load_errors, unusable)
     report.swapped = len(swapped)
     if not swapped:
-        return leave(model, "no region has a verified, faster kernel", tasks, report)
+        report.note = "no region has a verified, faster kernel"
+        return None, report
     _hoist_constants(gm, model)
     _bind_to_model(gm, model)
     fetch = _fetch_attrs(gm, model)
@@ -542,11 +562,7 @@ def install(model: torch.nn.Module, found, kernels: dict[str, Any], provider: Pr
     def forward(*args, **kwargs):
         return state(*args, **kwargs)
     forward.htam = state
-    model._htam_original_forward = model.__dict__.get("forward")   # an instance override, if any
-    model.__getstate__ = functools.partial(_plain_state, model)      # copies run the original path
-    model.forward = forward
-    model.htam_report = report
-    return model
+    return forward, report
 
 
 def leave(model: torch.nn.Module, reason: str, tasks: list | None = None,

@@ -306,12 +306,20 @@ def time_pair(fn_a, fn_b, inputs: tuple, iters: int = 50, rounds: int = 5) -> tu
 
 
 def time_many(fns: dict, inputs: tuple, iters: int = 50, rounds: int = 5) -> dict[str, ArmTime]:
-    """Several callables timed round-robin, iters/rounds calls each per round (see time_pair)."""
+    """Several callables timed round-robin, iters/rounds calls each per round (see time_pair).
+
+    NOTE: the order of the arms rotates each round and reverses every other round, and each arm's
+    first calls of a round go untimed: an arm timed right after another pays for the CPU caches and allocator state that
+    one left behind, which matters most for host-bound models, so no arm may always follow the
+    same one.
+    """
     times: dict[str, list[float]] = {k: [] for k in fns}
     per = max(1, iters // rounds)
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            times[k] += _times(fn, inputs, per, warmup=1)
+    order = list(fns)
+    for r in range(rounds):
+        turn = order[r % len(order):] + order[: r % len(order)]
+        for k in (turn if r % 2 == 0 else turn[::-1]):
+            times[k] += _times(fns[k], inputs, per, warmup=3)
     return {k: _arm(v) for k, v in times.items()}
 
 

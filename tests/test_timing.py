@@ -1,0 +1,19 @@
+"""timing's side-by-side model timing: what every arm of a comparison gets (CPU: the CUDA-event
+timer itself is replaced by a recorder)."""
+from torch_htam import timing
+
+
+def test_time_many_rotates_the_order_so_no_arm_always_follows_the_same_one(monkeypatch):
+    runs = []
+
+    def fake_times(fn, inputs, iters, warmup):
+        runs.append(fn)
+        return [float(fn())] * iters
+    monkeypatch.setattr(timing, "_times", fake_times)
+    fns = {"a": lambda: 1, "b": lambda: 2, "c": lambda: 3}
+    arms = timing.time_many(fns, (), iters=30, rounds=6)
+    rounds = [runs[i:i + 3] for i in range(0, len(runs), 3)]
+    assert all(sorted(r, key=id) == sorted(fns.values(), key=id) for r in rounds)   # each arm once a round
+    before = {fn: {r[i - 1] for r in rounds for i in (1, 2) if r[i] is fn} for fn in fns.values()}
+    assert len({r[0] for r in rounds}) == 3 and all(len(b) == 2 for b in before.values())
+    assert {k: a.median_ms for k, a in arms.items()} == {"a": 1.0, "b": 2.0, "c": 3.0}
