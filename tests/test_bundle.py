@@ -91,6 +91,31 @@ def test_load_round_trip(made, tmp_path):
     assert loaded.htam_report.fast_calls == 1
 
 
+def test_load_runs_the_model_the_way_the_optimized_model_ran(made, tmp_path):
+    """A bundle whose model ran under torch.compile with the kernels inside loads that way (in the
+    recorded mode), not as the replay; a bundle without "run" loads as the replay it was."""
+    model, x, tasks, cache, provider = made
+    torch._dynamo.reset()
+    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache, run={"compile": True, "mode": "default"})
+    assert json.loads((out / "manifest.json").read_text())["run"] == {"compile": True, "mode": "default"}
+    fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
+    assert fresh._compiled_call_impl is not None and "forward" not in fresh.__dict__
+    assert bundle.run_of(fresh) == {"compile": True, "mode": "default"}
+    with torch.inference_mode():
+        y = torch.randn(4, 8, 32)
+        assert torch.allclose(fresh(y), model(y), atol=1e-6)
+    from torch_htam import inductor
+    inductor.sync_report(fresh)
+    assert fresh.htam_report.swapped == len(tasks)
+    runtime.restore(fresh)
+    torch._dynamo.reset()
+    man = json.loads((out / "manifest.json").read_text())
+    del man["run"]
+    (out / "manifest.json").write_text(json.dumps(man))
+    old = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
+    assert bundle.run_of(old) == bundle.REPLAY and hasattr(old.forward, "htam")
+
+
 def test_load_detects_truncated_library_and_flipped_source(made, tmp_path, caplog):
     model, x, tasks, cache, provider = made
     out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache)
@@ -346,8 +371,16 @@ def test_precompile_with_arch_and_no_gpu_bundles_the_cached_kernels(made, tmp_pa
     man = json.loads((out / "manifest.json").read_text())
     assert man["arch"] == "sm_fake" and all(t["kernel"] for t in man["tasks"])
     assert {t["golden"]["device"] for t in man["tasks"]} == {"cpu"}
+    assert man["run"] == {"compile": True, "mode": "default"}   # optimize's default path
+    torch._dynamo.reset()
     fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
+    with torch.inference_mode():
+        torch.testing.assert_close(fresh(x), model(x))   # compiles: the kernels go in here
+    from torch_htam import inductor
+    inductor.sync_report(fresh)
     assert fresh.htam_report.swapped == len(tasks)
+    runtime.restore(fresh)
+    torch._dynamo.reset()
     monkeypatch.setenv("HTAM_ARCH", "sm_other")   # stands for arch= without a GPU: its cache is empty
     from torch_htam.errors import EmptyBundleError
     with pytest.raises(EmptyBundleError, match="for sm_other"):

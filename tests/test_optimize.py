@@ -285,16 +285,18 @@ def test_precompile_bundles_the_original_graph_then_reoptimizes(monkeypatch, tmp
                                                                  "was not faster end to end")])
         return m
 
-    def fake_bundle(m, x, out_dir, only=None):
+    def fake_bundle(m, x, out_dir, only=None, run=None):
         calls.append("forward" in m.__dict__)         # must be the original forward here
         calls.append(only)                            # only what the optimized model used
+        calls.append(run)                             # how the optimized model ran
         return tmp_path
 
     monkeypatch.setattr(pipeline, "optimize", fake_optimize)
     monkeypatch.setattr(bundle, "precompile", fake_bundle)
     monkeypatch.setattr(bundle, "_gpu_arch", lambda: "sm_90a")   # without a GPU precompile does no search
     assert pipeline.precompile(model, inputs, tmp_path) == tmp_path
-    assert calls == [True, False, {"sig_a"}, False]   # search, bundle unswapped, re-apply from cache
+    # search, bundle unswapped (the replay it ran), re-apply from cache
+    assert calls == [True, False, {"sig_a"}, {"compile": False}, False]
     assert "forward" in model.__dict__
 
 

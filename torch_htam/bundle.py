@@ -1,7 +1,9 @@
 """Deployment bundles: a model's verified kernels for one GPU arch, applied later with no search.
 
     <bundle>/
-      manifest.json                  format, arch, toolchain, torch_htam/torch versions, the tasks
+      manifest.json                  format, arch, toolchain, torch_htam/torch versions, how the
+                                     model runs ("run": torch.compile with the kernels inside, and
+                                     its mode, or the replay of the captured graph), the tasks
                                      (each: kernel or not, and its golden record's file, sha256,
                                      seed, device and precision policy); written last
       kernels/<signature>/           the cache entry layout (cache.py), each with its sha256 manifest
@@ -10,7 +12,8 @@
       htg.json                       the arch's HTG memory, when there is one
       launcher/<torch+cuda tag>/     the built C++ launcher, so a box without a compiler can run it
 
-`load` on a machine of the same arch and toolchain applies the bundle's libraries after their
+`load` runs the model the way the optimized model ran (the manifest's "run"), and on a machine
+of the same arch and toolchain applies the bundle's libraries after their
 integrity check and a golden check (each kernel run on its recorded inputs on this GPU and judged
 against the recorded outputs under its policy's tolerance): no search, no LLM, no compiler. On another
 arch (or toolchain) it rebuilds from the shipped sources with nvcc and re-verifies each kernel on this
@@ -43,6 +46,16 @@ log = logging.getLogger("torch_htam")
 
 BUNDLE_FORMAT = 2   # 2: a golden record per kernel (golden.py)
 
+# How a bundle's model runs when the manifest does not say (bundles written before "run" existed).
+REPLAY = {"compile": False}
+
+
+def run_of(model: torch.nn.Module) -> dict[str, Any]:
+    """How an optimized model runs, as the manifest's "run" records it: {"compile": True, "mode":
+    torch.compile's mode} (our kernels inside Inductor's graph) or REPLAY (the captured graph)."""
+    b = model.__dict__.get("_htam_backend")
+    return {"compile": True, "mode": b.mode} if b is not None else dict(REPLAY)
+
 
 def _tasks(model, example_inputs):
     from torch_htam.extract import extract
@@ -53,15 +66,17 @@ def _tasks(model, example_inputs):
 
 def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Path, config: Any = None,
                ensure_kernels: Callable | None = None, cache: KernelCache | None = None,
-               only: set[str] | None = None, arch: str | None = None) -> Path:
+               only: set[str] | None = None, arch: str | None = None,
+               run: dict[str, Any] | None = None) -> Path:
     """Write a self-contained bundle of the cached kernels for this model's tasks, each with its
     golden record (golden.py), recorded by running the task's reference where the model is.
 
     ensure_kernels(model, example_inputs, config): fills the cache first (the optimize pipeline);
     without it the bundle holds whatever the cache has. cache: default the cache of `arch`, else of
     this GPU's arch, else of $HTAM_ARCH. only: task signatures allowed in (optimize's end-to-end
-    verdict); None: every usable kernel. Raises errors.EmptyBundleError, writing nothing, when no
-    kernel qualifies: a bundle always has at least one kernel.
+    verdict); None: every usable kernel. run: how load() runs the model (run_of(optimized model));
+    None: REPLAY. Raises errors.EmptyBundleError, writing nothing, when no kernel qualifies: a
+    bundle always has at least one kernel.
 
         >>> precompile(model, (x,), "bundle/", ensure_kernels=lambda m, x, c: optimize(m, x, c))
         PosixPath('bundle')
@@ -125,7 +140,7 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
     manifest = {"format": BUNDLE_FORMAT, "arch": cache.arch, "toolchain": paths.toolchain_key(),
                 "torch_htam": __version__, "torch": torch.__version__,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "capture": cap.capture.method, "tasks": listed}
+                "capture": cap.capture.method, "run": run or dict(REPLAY), "tasks": listed}
     tmp = out / ".manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1))
     os.replace(tmp, out / "manifest.json")   # last: its presence means the bundle is whole
@@ -206,14 +221,14 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
             launcher.adopt(Path(bundle_dir) / "launcher")
         from torch_htam.policy import admitted
         kernels = {t.signature: e for t in tasks if (e := admitted(bundle.get(t.signature), t)) is not None}
-        provider = provider or runtime.launcher_provider()
-        passed, failed, note, dead = golden_check(bundle_dir, manifest, kernels, provider,
+        passed, failed, note, dead = golden_check(bundle_dir, manifest, kernels,
+                                                  provider or runtime.launcher_provider(),
                                                   _device(model, example_inputs))
         if dead:
             model = runtime.leave(model, note + "; nothing swapped: the CUDA context is lost, "
                                   "restart the process", tasks)
         else:
-            model = runtime.install(model, cap, passed, provider=provider)
+            model = _install(model, cap, passed, manifest, provider)
             model.htam_report.note = "; ".join(x for x in (note, model.htam_report.note) if x)
         for t in model.htam_report.tasks:
             if t.signature in failed:
@@ -224,10 +239,22 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
         return runtime.leave(model, f"bundle built for {built_for}, this machine is {here} / "
                              f"{paths.toolchain_key()}, and there is no nvcc to rebuild it", tasks)
     kernels, note = rebuild(bundle, tasks, here)
-    model = runtime.install(model, cap, kernels, provider=provider)
+    model = _install(model, cap, kernels, manifest, provider)
     model.htam_report.note = "; ".join(x for x in (f"bundle built for {built_for}: {note}",
                                                     model.htam_report.note) if x)
     return model
+
+
+def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
+             provider: runtime.Provider | None) -> torch.nn.Module:
+    """The kernels on the model's path the bundle records: inside torch.compile (compiled on the
+    first call, as torch.compile does) or in the replay of the captured graph. provider: None is
+    each path's own (the launcher op inside Inductor's graph, its cheaper binding in the replay)."""
+    run = manifest.get("run", REPLAY)
+    if not (run.get("compile") and kernels):
+        return runtime.install(model, cap, kernels, provider=provider)
+    from torch_htam import inductor
+    return inductor.install(model, cap, kernels, run.get("mode", "default"), provider=provider)
 
 
 def golden_check(bundle_dir: str | Path, manifest: dict, kernels: dict[str, Entry],

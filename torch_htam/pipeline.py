@@ -550,23 +550,24 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
     >>> torch_htam.precompile(model, (x,), "bundle/", arch="sm_90a")   # no GPU here
     """
     from torch_htam import runtime
-    from torch_htam.bundle import _gpu_arch, bundle_arch
+    from torch_htam.bundle import _gpu_arch, bundle_arch, run_of
     from torch_htam.bundle import precompile as write_bundle
     if arch is not None or _gpu_arch() is None:
         # NOTE: searching needs a GPU of the target arch, so this bundles what the cache already
         # holds for it, every usable kernel: optimize's end-to-end check (which kernels make the
         # whole model faster) needs that GPU too, and load's golden check still runs on the server.
         runtime.restore(model)
-        return write_bundle(model, example_inputs, out_dir, arch=bundle_arch(arch))
+        return write_bundle(model, example_inputs, out_dir, arch=bundle_arch(arch),
+                            run={"compile": True, "mode": (config or OptimizeConfig()).mode})
     cfg = config or OptimizeConfig()
     optimize(model, example_inputs, cfg)
     # Only what the optimized model really uses: a kernel that won alone but that the end-to-end
     # guard turned down stays out, so load() never swaps in what optimize() rejected.
-    used = _swapped(model)
+    used, run = _swapped(model), run_of(model)
     # NOTE: the bundle lists the tasks of the ORIGINAL graph; captured through the swapped
     # forward, the swapped regions would be launcher calls and their kernels left out.
     runtime.restore(model)
     try:
-        return write_bundle(model, example_inputs, out_dir, only=used)
+        return write_bundle(model, example_inputs, out_dir, only=used, run=run)
     finally:
         optimize(model, example_inputs, dataclasses.replace(cfg, search=False))   # from the cache
