@@ -281,7 +281,8 @@ def _tiled_host(prog: ExprProgram, p: EwParams) -> str:
 # Picks the tiled kernel's dims from a collapsed Space (entries: accesses, coordinates, outputs).
 TILE_DIMS = """
 // w: the last dim where output 0 (entry out0) steps by one; r: a dim other than w where a
-// stageable access (bit a of `stageable`) steps by one and w does not. staged: those accesses.
+// stageable access (bit a of `stageable`) steps by one and along w neither by one nor by zero (a
+// read broadcast along w is one address per warp). staged: those accesses.
 // false: no such pair, the flat kernel runs.
 template <int N>
 static inline bool htam_tile_dims(const Space<N>& s, int out0, unsigned stageable, int nacc, int* r,
@@ -290,7 +291,7 @@ static inline bool htam_tile_dims(const Space<N>& s, int out0, unsigned stageabl
   for (int d = s.ndim - 1; d >= 0 && *w < 0; --d) if (s.size[d] > 1 && s.st[out0][d] == 1) *w = d;
   if (*w < 0) return false;
   for (int a = 0; a < nacc; ++a) {
-    if (!(stageable >> a & 1u) || s.st[a][*w] == 1) continue;
+    if (!(stageable >> a & 1u) || s.st[a][*w] == 1 || s.st[a][*w] == 0) continue;
     for (int d = s.ndim - 1; d >= 0; --d) {
       if (d == *w || s.size[d] <= 1 || s.st[a][d] != 1) continue;
       if (*r < 0) *r = d;

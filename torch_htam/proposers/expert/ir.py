@@ -1274,14 +1274,19 @@ def read_dim(prog: ExprProgram, a: Access, val) -> int | None:
 
 def transposed_dims(prog: ExprProgram, input_vals: list, out0) -> tuple[int, int] | None:
     """ExprProgram.tile_dims: (r, w) for the first access read contiguously along a dim r other
-    than the dim w the first output is written along, at the captured layouts (input_vals: the
+    than the dim w the first output is written along, and that varies along w (a read broadcast
+    along w is one address per warp: no tile needed), at the captured layouts (input_vals: the
     task inputs' values; an epilogue's extra inputs have none and are skipped)."""
     w = write_dim(prog, out0)
     if w is None or prog.ndim < 2:
         return None
     for a in prog.accesses:
-        r = read_dim(prog, a, input_vals[a.input]) if a.input < len(input_vals) else None
-        if r is not None and r != w:
+        if a.input >= len(input_vals):
+            continue
+        r = read_dim(prog, a, input_vals[a.input])
+        shape = a.view or tuple(input_vals[a.input].shape)
+        along_w = any(d == w and shape[k] > 1 for k, d in enumerate(a.dims))
+        if r is not None and r != w and along_w:
             return r, w
     return None
 
