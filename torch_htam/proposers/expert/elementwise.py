@@ -136,6 +136,14 @@ __global__ void __launch_bounds__({p.block}) ew_kernel(Space<NACC> sp, IDX nvec,
 """
 
 
+def epilogue_params(vec: int) -> dict:
+    """The default knobs of an elementwise epilogue kernel (gemm.py, conv.py): the flat kernel's,
+    without `tile` (an epilogue runs over its anchor's contiguous result)."""
+    p = dataclasses.asdict(EwParams(vec=vec))
+    del p["tile"]
+    return p
+
+
 def stageable(prog: ExprProgram) -> list[int]:
     """The accesses the tiled kernel may stage through shared memory: float loads, windows aside
     (integer, bool and windowed reads are element loads, read where they are used)."""
@@ -395,7 +403,9 @@ def default_tile(prog: ExprProgram) -> int:
     and the next warp the rest), 32 otherwise. A staged access's mask bit must fit 32 bits."""
     if prog.tile_dims is None or len(prog.accesses) > 32:
         return 0
-    return 64 if DT[prog.outputs[0].dtype][2] == 2 else 32
+    # NOTE: the host runs the flat kernel when the staged patches pass 48 KB of shared memory
+    # (a 64-edge float patch is 16.6 KB): more than two stageable reads take 32-edge tiles
+    return 64 if DT[prog.outputs[0].dtype][2] == 2 and len(stageable(prog)) <= 2 else 32
 
 
 def defaults(m: ProgramMatch) -> dict:

@@ -137,12 +137,17 @@ static int store_layout(const void* y, const HtamTensor& out, const StoreMap& mp
   int64_t n = 1, last = 0;
   for (int k = 0; k < mp.ndim; ++k) { n *= mp.size[k]; last += (mp.size[k] - 1) * mp.dst[k]; }   // fine dims
   if (n == 0) return HTAM_OK;
+  if (mp.ndim == 0) {     // one element: a map of one dim of size 1
+    StoreMap one = mp;
+    one.ndim = 1; one.size[0] = 1; one.src[0] = 0; one.dst[0] = 0;
+    return store_layout<T>(y, out, one, y_numel, stream);
+  }
   const bool idx32 = n < (int64_t(1) << 31) && y_numel < (int64_t(1) << 31) && last < (int64_t(1) << 31);
   // NOTE: one element a thread with five div/mods each made this copy instruction-bound (GQA's
   // repeated v heads, 16.8M bf16 elements: ~85 us on an H100, eager's whole region 100 us)
   constexpr int V = 16 / (int)sizeof(T);
   const int l = mp.ndim - 1;
-  bool vec = V > 1 && mp.ndim > 0 && mp.src[l] == 1 && mp.dst[l] == 1 && mp.size[l] % V == 0 &&
+  bool vec = V > 1 && mp.src[l] == 1 && mp.dst[l] == 1 && mp.size[l] % V == 0 &&
              mp.base % V == 0 && htam_aligned(y, 16) && htam_aligned(out.data, 16);
   for (int k = 0; vec && k < l; ++k) vec = mp.src[k] % V == 0 && mp.dst[k] % V == 0;
   if (vec) launch_layout_store<T, V>(y, out, mp, n, idx32, stream);
