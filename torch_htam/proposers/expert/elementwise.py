@@ -5,6 +5,12 @@ graph allows works for any sizes; when all tensors are contiguous and same-shape
 collapses to one dim and the index math is a multiply. 16-byte vector loads/stores are used only
 when the host has checked alignment and divisibility; otherwise the VEC=1 instantiation runs.
 
+A permuted read (x.permute(0, 2, 1) + pos: some input steps by one along another dim than the
+output, ir.ExprProgram.tile_dims) takes the tiled kernel (EwParams.tile): a block stages that
+input's [tile x tile] patch through shared memory, reading along its contiguous dim and writing
+along the output's, so neither side strides across rows. The host picks the two dims from the
+run-time strides and runs the flat kernel when they do not call for a tile.
+
     >>> src = generate(prog, EwParams(block=256, vec=4, unroll=2))
     >>> m = TARGET.match(task.graph, policy); src = TARGET.render(m, TARGET.defaults(m))
 """
@@ -245,7 +251,8 @@ __global__ void __launch_bounds__({p.block}) ew_tiled(Space<EW_NT> sp, int r_dim
 def _tiled_host(prog: ExprProgram, p: EwParams) -> str:
     """Host lines that run the tiled kernel and return when the run-time layouts call for it:
     after collapsing, a dim w where output 0 steps by one and another dim r where a stageable
-    access does (htam_tile_dims); otherwise they fall through to the flat kernel."""
+    access does (htam_tile_dims), both at least 16 long, the staged patches within 48 KB of
+    shared memory; otherwise they fall through to the flat kernel."""
     nacc, ncoord = len(prog.accesses), len(prog.coords)
     so = {k: j for j, k in enumerate(prog.strided_outputs)}
     args = ", ".join([host.access_ptr(prog, i) for i in range(nacc)] +
@@ -276,7 +283,8 @@ def _tiled_host(prog: ExprProgram, p: EwParams) -> str:
       const int64_t n_wt = (ts.size[w_dim] + EW_TILE - 1) / EW_TILE, n_rt = (ts.size[r_dim] + EW_TILE - 1) / EW_TILE;
       const int64_t blocks = n_wt * n_rt * (n / (ts.size[w_dim] * ts.size[r_dim]));
       const size_t smem = (size_t)__builtin_popcount(staged) * EW_TILE * (EW_TILE + 1) * sizeof(float);
-      if (blocks < ((int64_t)1 << 31) && smem <= 48 * 1024) {{
+      // NOTE: a dim shorter than 16 leaves most lanes of a tile idle: the flat kernel runs
+      if (blocks < ((int64_t)1 << 31) && smem <= 48 * 1024 && ts.size[r_dim] >= 16 && ts.size[w_dim] >= 16) {{
         if (n < ((int64_t)1 << 30) && htam_max_off<EW_NT>(ts, EW_NT) < ((int64_t)1 << 30)) {launch("int32_t")}
         else {launch("int64_t")}
         HTAM_CHECK_LAUNCH();
