@@ -183,16 +183,17 @@ def _tiled_kernel(prog: ExprProgram, p: EwParams, low_precision: bool, restrict:
             f"    }}\n"
             f"  }}")
     for i, a in enumerate(prog.accesses):
-        t = DT[prog.inputs[a.input][1]][0]
+        dt = prog.inputs[a.input][1]
+        t, ct = DT[dt][0], CTYPE[VT[dt]]
+        ld = f"ld1<{t}, {nc}>(p{i} + off[{i}])" if VT[dt] == "f" else f"{t}::to_v(p{i}[off[{i}]])"
         if a.window:      # a cat operand: loads inside its window only (outside it: 0)
             c, lo, hi = prog.coords.index(a.window[0]), a.window[1], a.window[2]
-            ld = f"ld1<{t}, {nc}>(p{i} + off[{i}])" if VT[prog.inputs[a.input][1]] == "f" else f"{t}::to_v(p{i}[off[{i}]])"
-            loads.append(f"const {CTYPE[VT[prog.inputs[a.input][1]]]} x{i} = (k{c} >= {lo}LL && k{c} < {hi}LL) ? {ld} : 0;")
+            loads.append(f"const {ct} x{i} = (k{c} >= {lo}LL && k{c} < {hi}LL) ? {ld} : 0;")
         elif i in stageable(prog):
             loads.append(f"const float x{i} = (staged >> {i} & 1u) ? tile[__popc(staged & ((1u << {i}) - 1u)) * "
-                         f"(EW_TILE * (EW_TILE + 1)) + tx * (EW_TILE + 1) + j] : ld1<{t}, {nc}>(p{i} + off[{i}]);")
+                         f"(EW_TILE * (EW_TILE + 1)) + tx * (EW_TILE + 1) + j] : {ld};")
         else:
-            loads.append(f"const {CTYPE[VT[prog.inputs[a.input][1]]]} x{i} = {t}::to_v(p{i}[off[{i}]]);")
+            loads.append(f"const {ct} x{i} = {ld};")
     coords = [f"const long long k{c} = (long long)off[{nacc + c}];" for c in range(ncoord)]
     em = Emitter(load=lambda a: f"x{a}", red=None, fast=p.fast, low_precision=low_precision,
                  vt=program_value_type(prog), coord=lambda d: f"k{prog.coords.index(d)}")

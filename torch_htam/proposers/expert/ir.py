@@ -1238,7 +1238,7 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), strided: bool
     exprs = [o.expr for o in prog.outputs] + [r.expr for r in prog.reductions]
     prog.coords = tuple(sorted({x[1] for e in exprs for x in walk(e) if x[0] == "coord"}
                                | {a.window[0] for a in prog.accesses if a.window}))
-    if kind == "elementwise":
+    if kind == "elementwise" and strided:     # (the elementwise target's own regions)
         prog.tile_dims = transposed_dims(prog, [meta_of(n) for n in low.placeholders], meta_of(_graph_outputs(gm)[0]))
     return prog
 
