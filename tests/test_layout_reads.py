@@ -62,6 +62,31 @@ class ConvPermuteAdd(nn.Module):
         return F.gelu(self.conv(x)).permute(0, 2, 1) + pos
 
 
+class PermuteAdd(nn.Module):
+    """Whisper's encoder input: the conv output [B, C, T] read as [B, T, C] + the positional
+    embedding [T, C] (torch gives the sum x's permuted layout, so pos is the read across it)."""
+    def forward(self, x, pos):
+        return x.permute(0, 2, 1) + pos
+
+
+class PermuteAddRowMajor(nn.Module):
+    """The same sum stored row-major: x is the read across the output's layout."""
+    def forward(self, x, pos):
+        return (x.permute(0, 2, 1) + pos).contiguous()
+
+
+class TransposeGate(nn.Module):
+    """A 4-d transposed read with outer dims: (x[B, H, S, T].transpose(2, 3) - 1) * y[B, H, T, S]."""
+    def forward(self, x, y):
+        return (x.transpose(2, 3) - 1) * y
+
+
+class ScaleRows(nn.Module):
+    """x[B, T, C] * s[T, 1] + 1: s steps by one along T but is one value along each row (no tile)."""
+    def forward(self, x, s):
+        return x * s + 1
+
+
 class ProjTransposeAdd(nn.Module):
     """ViT's attention out proj (nn.MultiheadAttention, batch_first): linear + view + transpose +
     the residual."""
@@ -107,6 +132,10 @@ def _cases(dtype=torch.float32, device="cpu") -> dict:
         "rotary": (Rotary(), [r(2, 4, 24, 16), r(2, 1, 24, 16), r(2, 1, 24, 16)]),
         "rotary_repeat": (RotaryRepeat(), [r(2, 2, 24, 16), r(2, 1, 24, 16), r(2, 1, 24, 16)]),
         "patch_tokens": (PatchTokens(), [r(2, 32, 3, 5), r(1, 1, 32), r(1, 16, 32)]),
+        # sizes off the tile edges (32, 64): partial tiles on both dims
+        "permute_add": (PermuteAdd(), [r(2, 70, 100), r(100, 70)]),
+        "permute_add_row_major": (PermuteAddRowMajor(), [r(2, 70, 100), r(100, 70)]),
+        "transpose_gate": (TransposeGate(), [r(2, 3, 36, 66), r(2, 3, 66, 36)]),
     }
 
 
@@ -219,6 +248,77 @@ def test_repeat_output_iterates_over_the_broadcast():
     prog = lower(_task(model, args).graph, strided=True)
     assert prog.shape == (2, 2, 2, 24, 16)
     assert prog.size_source[0] == "split" and prog.size_source[2] == ((0,), (1, 2), (3,), (4,))
+
+
+# ---- permuted reads: the tiled (transposing) elementwise kernel ---------------------------------
+
+def _first_params(task: Task) -> dict:
+    req = ProposalRequest(task, "seed", [], n=1, policy=policy_for(task))
+    return ExpertProposer().propose(req).candidates[0].params
+
+
+@pytest.mark.parametrize("name,tile_dims", [("permute_add", (2, 1)), ("permute_add_row_major", (1, 2)),
+                                            ("transpose_gate", None)])
+def test_permuted_read_takes_the_tiled_kernel_first(name, tile_dims):
+    model, args = _cases()[name]
+    task = _task(model, args)
+    prog = lower(task.graph, strided=True)
+    if tile_dims is not None:       # which dim the tile reads along and which it writes along
+        assert prog.tile_dims == tile_dims
+    else:
+        assert prog.tile_dims is not None
+    assert _first_params(task)["tile"] == 32
+    model, args = _cases(torch.bfloat16)[name]
+    assert _first_params(_task(model, args))["tile"] == 64   # 2-byte outputs: 64 x 64 tiles
+
+
+@pytest.mark.parametrize("model,args", [
+    (Rotary(), [torch.randn(2, 4, 24, 16), torch.randn(2, 1, 24, 16), torch.randn(2, 1, 24, 16)]),
+    (ScaleRows(), [torch.randn(2, 24, 40), torch.randn(24, 1)]),        # broadcast along the row
+    (PermuteAdd(), [torch.randn(2, 70, 100).permute(0, 2, 1).contiguous().permute(0, 2, 1),
+                    torch.randn(100, 70)]),     # x laid out as the output: no read across
+], ids=["rotary", "scale_rows", "permute_of_permuted"])
+def test_plain_reads_keep_the_flat_kernel(model, args):
+    task = _task(model, args)
+    assert lower(task.graph, strided=True).tile_dims is None
+    assert _first_params(task)["tile"] == 0
+
+
+@pytest.mark.skipif(paths.nvcc_path() is None, reason="needs nvcc")
+def test_tile_dims_are_picked_from_the_run_time_strides(tmp_path):
+    """htam_tile_dims (the tiled kernel's host pick) on Spaces the host binds for x.permute(0, 2, 1)
+    + pos over [8, 1500, 1280], run on this CPU: w, the dim the output steps by one along; r, the
+    dim the staged reads step by one along; no tile for a plain or row-broadcast read."""
+    import subprocess
+    from torch_htam.proposers.expert.cuda import PRELUDE
+    from torch_htam.proposers.expert.elementwise import TILE_DIMS
+    main = r"""
+#include <stdio.h>
+static void run(const int64_t* s0, const int64_t* s1, const int64_t* so, unsigned stageable) {
+  Space<3> s; s.ndim = 3; s.size[0] = 8; s.size[1] = 1500; s.size[2] = 1280;
+  for (int d = 0; d < 3; ++d) { s.st[0][d] = s0[d]; s.st[1][d] = s1[d]; s.st[2][d] = so[d]; }
+  htam_collapse<3>(s, 3, false);
+  int r, w; unsigned staged;
+  const bool ok = htam_tile_dims<3>(s, 2, stageable, 2, &r, &w, &staged);
+  printf("%d %d %d %u\n", (int)ok, ok ? r : -1, ok ? w : -1, staged);
+}
+int main() {
+  const int64_t x[3] = {1920000, 1, 1500}, pos[3] = {0, 1280, 1}, rowmajor[3] = {1920000, 1280, 1},
+                row_scale[3] = {0, 1, 0};
+  run(x, pos, x, 3u);              // output laid out as x: pos is staged
+  run(x, pos, rowmajor, 3u);       // row-major output: x is staged
+  run(rowmajor, pos, rowmajor, 3u);
+  run(rowmajor, row_scale, rowmajor, 3u);
+  run(x, pos, rowmajor, 2u);       // x not stageable (an integer or windowed read)
+  return 0;
+}
+"""
+    (tmp_path / "t.cu").write_text(PRELUDE + TILE_DIMS + main)
+    inc = str(build.CSRC)
+    subprocess.run([paths.nvcc_path(), "-std=c++17", "-I", inc, "-o", str(tmp_path / "t"), str(tmp_path / "t.cu")],
+                   check=True, capture_output=True, timeout=300)
+    got = subprocess.run([str(tmp_path / "t")], check=True, capture_output=True, text=True).stdout.split("\n")
+    assert got[:5] == ["1 2 1 2", "1 1 2 1", "0 -1 -1 0", "0 -1 -1 0", "0 -1 -1 0"]
 
 
 @pytest.mark.parametrize("model,args,why", [

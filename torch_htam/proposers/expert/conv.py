@@ -56,8 +56,6 @@ one is never freed because a captured graph may still point at it.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from torch_htam.proposers.expert import conv_geom, elementwise, host, pwconv
@@ -430,7 +428,7 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
 
 
 def defaults(cp: ConvMatch) -> dict:
-    p = dataclasses.asdict(elementwise.EwParams(vec=16 // DT[cp.dtype][2]))
+    p = elementwise.epilogue_params(16 // DT[cp.dtype][2])
     # the backend API (far less host time per call, module docstring) at algo 0: the top
     # heuristic engine, the one PyTorch runs; the grid moves down the ranking
     p.update(fused=False, graph=True, tf32=cp.allow_tf32 and cp.dtype == "float32", algo=0, nhwc=False)

@@ -769,7 +769,7 @@ TAG_IDS = ("cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores"
 
 
 def defaults(gp: GemmMatch) -> dict:
-    p = dataclasses.asdict(elementwise.EwParams(vec=16 // DT[gp.dtype][2]))
+    p = elementwise.epilogue_params(16 // DT[gp.dtype][2])
     p.update(lt_epilogue=gp.facts.epilogue_fits_lt, tf32=gp.allow_tf32 and gp.dtype == "float32", algo=0)
     return p
 

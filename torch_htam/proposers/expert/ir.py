@@ -139,6 +139,11 @@ class ExprProgram:
     has_transcendental: bool = False
     # iteration dims whose index the kernel computes (("coord", d) and windowed accesses), in order
     coords: tuple[int, ...] = ()
+    # elementwise: (r, w) when, at the captured layouts, some float input is read contiguously
+    # along iteration dim r while the first output is written contiguously along w != r (a
+    # permuted read: x.permute(0, 2, 1) + pos); elementwise.py then stages such reads through a
+    # shared-memory tile so both sides stay coalesced (transposed_dims). None: no such pair.
+    tile_dims: tuple[int, int] | None = None
 
     @property
     def ndim(self) -> int:
@@ -1233,7 +1238,57 @@ def lower(gm, simplify: bool = True, leaves=None, extra_inputs=(), strided: bool
     exprs = [o.expr for o in prog.outputs] + [r.expr for r in prog.reductions]
     prog.coords = tuple(sorted({x[1] for e in exprs for x in walk(e) if x[0] == "coord"}
                                | {a.window[0] for a in prog.accesses if a.window}))
+    if kind == "elementwise" and strided:     # (the elementwise target's own regions)
+        prog.tile_dims = transposed_dims(prog, [meta_of(n) for n in low.placeholders], meta_of(_graph_outputs(gm)[0]))
     return prog
+
+
+def _unit_dim(shape, strides) -> int | None:
+    """The last dim along which a tensor's elements are adjacent (stride 1, size > 1), or None."""
+    return next((k for k in reversed(range(len(shape))) if shape[k] > 1 and strides[k] == 1), None)
+
+
+def write_dim(prog: ExprProgram, out0) -> int | None:
+    """The iteration dim along which the first output is written contiguously (out0: its captured
+    value), or None (a broadcast output, none that steps by one element)."""
+    o = prog.outputs[0]
+    if o.broadcast:
+        return None
+    if o.dims is None:     # stored in iteration order
+        return _unit_dim(prog.shape, [1] * prog.ndim)
+    k = _unit_dim(tuple(out0.shape), out0.stride())
+    return None if k is None else o.dims[k]
+
+
+def read_dim(prog: ExprProgram, a: Access, val) -> int | None:
+    """The iteration dim along which access a reads its input contiguously (val: the input's
+    captured value), or None: integer and windowed reads (element loads), flat/suffix/span reads
+    (iteration order), stepped slices, broadcasts."""
+    if a.mode != "dims" or a.window or VT[prog.inputs[a.input][1]] != "f":
+        return None
+    k = _unit_dim(a.view, [1] * len(a.view)) if a.view else _unit_dim(tuple(val.shape), val.stride())
+    if k is None or k >= len(a.dims) or a.dims[k] < 0 or (a.steps and a.steps[k] != 1):
+        return None
+    return a.dims[k]
+
+
+def transposed_dims(prog: ExprProgram, input_vals: list, out0) -> tuple[int, int] | None:
+    """ExprProgram.tile_dims: (r, w) for the first access read contiguously along a dim r other
+    than the dim w the first output is written along, and that varies along w (a read broadcast
+    along w is one address per warp: no tile needed), at the captured layouts (input_vals: the
+    task inputs' values; an epilogue's extra inputs have none and are skipped)."""
+    w = write_dim(prog, out0)
+    if w is None or prog.ndim < 2:
+        return None
+    for a in prog.accesses:
+        if a.input >= len(input_vals):
+            continue
+        r = read_dim(prog, a, input_vals[a.input])
+        shape = a.view or tuple(input_vals[a.input].shape)
+        along_w = any(d == w and shape[k] > 1 for k, d in enumerate(a.dims))
+        if r is not None and r != w and along_w:
+            return r, w
+    return None
 
 
 def _check_row_types(prog: ExprProgram) -> None:
