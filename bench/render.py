@@ -5,9 +5,10 @@
 
 For each suite (and each model a run names), the latest run (by its "date") gets one section:
 device, date, commit, the command and the results file, its summary (if any), then one table of its
-rows. A suite in MERGED (kernelbench: runs over different task folders) gets one table of every
-row key's latest row instead, each row naming its run, under the list of those runs. Each known suite declares its columns in COLUMNS (header, key, format); an unknown suite gets
-a table of its rows' scalar fields.
+rows. A suite in MERGED (kernelbench: runs over different task folders; bench_models: runs over
+different models) gets one table of every row key's latest row instead, each row naming its run,
+under the list of those runs. Each known suite declares its columns in COLUMNS (header, key,
+format); an unknown suite gets a table of its rows' scalar fields.
 The prose write-ups in bench/findings.md (hand-written; edit that file) are appended as they are.
 RESULTS.md itself is never edited by hand. Only the standard library is used (CI runs --check).
 """
@@ -59,7 +60,7 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("compile ro ms", "ms.compile_ro", "{:.2f}"), ("htam replay ms", "ms.htam_replay", "{:.2f}"),
         ("htam ms", "ms.htam", "{:.2f}"), ("htam ro ms", "ms.htam_ro", "{:.2f}"),
         ("vs compile", "vs_compile", _x), ("vs compile ro", "vs_compile_ro", _x), ("vs eager", "vs_eager", _x),
-        ("swapped", "swapped.htam", None), ("tasks", "tasks", None), ("optimize s", "setup_s.htam", "{:.0f}"),
+        ("swapped", "swapped.htam", None), ("swapped ro", "swapped.htam_ro", None), ("tasks", "tasks", None), ("optimize s", "setup_s.htam", "{:.0f}"),
         ("max rel err", "max_rel_err", "{:.1e}"), ("note", "note", None)],
     "bench_swaps": [
         ("variant (kernels swapped)", "variant", None), ("sites", "swapped", None), ("ms", "ms", "{:.3f}"),
@@ -136,7 +137,7 @@ def _anytime_table_rows(data: dict) -> list[dict]:
 
 # suite -> (the row field that names what a row measured, what to call it): the latest row of each
 # across all of the suite's runs is shown
-MERGED = {"kernelbench": ("name", "task")}
+MERGED = {"kernelbench": ("name", "task"), "bench_models": ("model", "model and dtype")}
 
 def _optimize_time_rows(data: dict) -> list[dict]:
     """Each model's row with the end-to-end guard's last timing pulled out of "e2e_ms" (whose

@@ -138,15 +138,21 @@ def test_bench_models_data_is_raw_and_renders():
     assert row["ms"]["htam"] == 4.0 and row["arms"]["htam"]["p80_ms"] == 4.2
     assert row["task_rows"] == tasks and row["swapped"] == {"htam": 8, "htam_ro": 8}
     text = "\n".join(render.table([row], render.COLUMNS["bench_models"]))
-    assert "| gpt2:bf16 | 10.00 | 5.00 | 4.00 | 4.00 | 3.20 | 1.25x | 1.25x | 2.50x | 8 | 1 | 60 | 3.0e-06 |" in text
+    assert "| gpt2:bf16 | 10.00 | 5.00 | 4.00 | 4.00 | 3.20 | 1.25x | 1.25x | 2.50x | 8 | 8 | 1 | 60 | 3.0e-06 |" in text
 
 
 def test_runs_of_other_models_are_kept_and_a_later_run_of_one_model_replaces_it(tmp_path):
-    _run(tmp_path, "bm-1.json", "bench_models", "2027-01-01T00:00:00+00:00", [{"model": "gpt2:bf16"}])
+    """bench_models: one table, each model's latest row naming its run; a suite whose runs name one
+    model each (bench_swaps) gets a section per model, the latest run of each."""
+    _run(tmp_path, "bm-1.json", "bench_models", "2027-01-01T00:00:00+00:00", [{"model": "gpt2:bf16", "note": "old"}])
     _run(tmp_path, "bm-2.json", "bench_models", "2027-01-02T00:00:00+00:00", [{"model": "resnet50:bf16"}])
-    _run(tmp_path, "bm-3.json", "bench_models", "2027-01-03T00:00:00+00:00", [{"model": "gpt2:bf16"}])
-    runs = render.load(tmp_path)
-    assert {k: p.name for k, (p, _) in runs.items()} == {
-        "bench_models: gpt2:bf16": "bm-3.json", "bench_models: resnet50:bf16": "bm-2.json"}
+    _run(tmp_path, "bm-3.json", "bench_models", "2027-01-03T00:00:00+00:00", [{"model": "gpt2:bf16", "note": "new"}])
     text = render.render(tmp_path, None)
-    assert "## bench_models: gpt2:bf16" in text and "## bench_models: resnet50:bf16" in text
+    rows = [line for line in text.splitlines() if line.startswith("| gpt2:bf16") or line.startswith("| resnet50")]
+    assert len(rows) == 2 and rows[0].endswith("| new | 3 |") and rows[1].endswith("| 2 |")
+    for i, d in enumerate(("2027-01-01", "2027-01-02", "2027-01-03")):
+        _run(tmp_path, f"bs-{i}.json", "bench_swaps", d + "T00:00:00+00:00", [], model="gpt2:bf16" if i != 1 else "llama:bf16")
+    assert {k: p.name for k, (p, _) in render.load(tmp_path).items()} == {
+        "bench_swaps: gpt2:bf16": "bs-2.json", "bench_swaps: llama:bf16": "bs-1.json"}
+
+
