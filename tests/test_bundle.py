@@ -116,6 +116,31 @@ def test_load_runs_the_model_the_way_the_optimized_model_ran(made, tmp_path):
     assert bundle.run_of(old) == bundle.REPLAY and hasattr(old.forward, "htam")
 
 
+def test_inductor_code_in_the_bundle_is_loaded_only_on_its_own_stack(made, tmp_path, monkeypatch):
+    """A compiled run's bundle carries Inductor's cache artifacts with the stack they are for; load
+    puts them in Inductor's caches on that stack, and on another one (or altered) compiles instead."""
+    from torch_htam import inductor
+    model, x, tasks, cache, provider = made
+    run = {"compile": True, "mode": "default"}
+    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache, run=run, inductor_code=b"compiled code")
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["inductor"]["stack"] == inductor.stack() and (out / man["inductor"]["file"]).read_bytes() == b"compiled code"
+    loaded, real_stack = [], inductor.stack
+    monkeypatch.setattr(inductor, "load_artifacts", loaded.append)
+
+    def load(stack=None):
+        monkeypatch.setattr(inductor, "stack", lambda: {**real_stack(), **(stack or {})})
+        m = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
+        runtime.restore(m)
+        return m.htam_report.note
+    assert "Inductor code loaded from the bundle" in load() and loaded == [b"compiled code"]
+    assert "another stack (gpu" in load({"gpu": "NVIDIA B200"}) and len(loaded) == 1
+    (out / man["inductor"]["file"]).write_bytes(b"compiled c0de")
+    assert "missing or altered" in load() and len(loaded) == 1
+    replay = bundle.precompile(model, (x,), tmp_path / "r", cache=cache, inductor_code=b"compiled code")
+    assert json.loads((replay / "manifest.json").read_text())["inductor"] is None   # a replay needs none
+
+
 def test_load_detects_truncated_library_and_flipped_source(made, tmp_path, caplog):
     model, x, tasks, cache, provider = made
     out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache)

@@ -285,7 +285,7 @@ def test_precompile_bundles_the_original_graph_then_reoptimizes(monkeypatch, tmp
                                                                  "was not faster end to end")])
         return m
 
-    def fake_bundle(m, x, out_dir, only=None, run=None):
+    def fake_bundle(m, x, out_dir, only=None, run=None, inductor_code=None):
         calls.append("forward" in m.__dict__)         # must be the original forward here
         calls.append(only)                            # only what the optimized model used
         calls.append(run)                             # how the optimized model ran

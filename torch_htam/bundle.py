@@ -10,10 +10,14 @@
         golden.safetensors           inputs and reference outputs recorded at precompile (golden.py);
                                      its sha256 is in the bundle manifest (the entry's covers the rest)
       htg.json                       the arch's HTG memory, when there is one
+      inductor/artifacts.bin         Inductor's compiled code for the model (torch.compile's cache
+                                     artifacts), when the model runs under torch.compile; the
+                                     manifest's "inductor" names the stack it is valid for
       launcher/<torch+cuda tag>/     the built C++ launcher, so a box without a compiler can run it
 
-`load` runs the model the way the optimized model ran (the manifest's "run"), and on a machine
-of the same arch and toolchain applies the bundle's libraries after their
+`load` runs the model the way the optimized model ran (the manifest's "run"; under torch.compile,
+with the bundle's Inductor code loaded when this machine has the same torch, Triton, CUDA and GPU,
+so the first call compiles nothing), and on a machine of the same arch and toolchain applies the bundle's libraries after their
 integrity check and a golden check (each kernel run on its recorded inputs on this GPU and judged
 against the recorded outputs under its policy's tolerance): no search, no LLM, no compiler. On another
 arch (or toolchain) it rebuilds from the shipped sources with nvcc and re-verifies each kernel on this
@@ -48,6 +52,7 @@ BUNDLE_FORMAT = 2   # 2: a golden record per kernel (golden.py)
 
 # How a bundle's model runs when the manifest does not say (bundles written before "run" existed).
 REPLAY = {"compile": False}
+INDUCTOR_FILE = "inductor/artifacts.bin"
 
 
 def run_of(model: torch.nn.Module) -> dict[str, Any]:
@@ -67,7 +72,7 @@ def _tasks(model, example_inputs):
 def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Path, config: Any = None,
                ensure_kernels: Callable | None = None, cache: KernelCache | None = None,
                only: set[str] | None = None, arch: str | None = None,
-               run: dict[str, Any] | None = None) -> Path:
+               run: dict[str, Any] | None = None, inductor_code: bytes | None = None) -> Path:
     """Write a self-contained bundle of the cached kernels for this model's tasks, each with its
     golden record (golden.py), recorded by running the task's reference where the model is.
 
@@ -75,7 +80,8 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
     without it the bundle holds whatever the cache has. cache: default the cache of `arch`, else of
     this GPU's arch, else of $HTAM_ARCH. only: task signatures allowed in (optimize's end-to-end
     verdict); None: every usable kernel. run: how load() runs the model (run_of(optimized model));
-    None: REPLAY. Raises errors.EmptyBundleError, writing nothing, when no kernel qualifies: a
+    None: REPLAY. inductor_code: Inductor's cache artifacts for a compiled run
+    (inductor.save_artifacts, on the GPU that timed it), valid for inductor.stack() of this process. Raises errors.EmptyBundleError, writing nothing, when no kernel qualifies: a
     bundle always has at least one kernel.
 
         >>> precompile(model, (x,), "bundle/", ensure_kernels=lambda m, x, c: optimize(m, x, c))
@@ -136,11 +142,19 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
         shutil.copyfile(htg, out / "htg.json")
     from torch_htam import launcher
     launcher.ship(out / "launcher")
+    code = None
+    if inductor_code is not None and (run or REPLAY).get("compile"):
+        from torch_htam import inductor
+        path = out / INDUCTOR_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(inductor_code)
+        code = {"file": INDUCTOR_FILE, "sha256": sha256_file(path), "stack": inductor.stack()}
     from torch_htam.version import __version__
     manifest = {"format": BUNDLE_FORMAT, "arch": cache.arch, "toolchain": paths.toolchain_key(),
                 "torch_htam": __version__, "torch": torch.__version__,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "capture": cap.capture.method, "run": run or dict(REPLAY), "tasks": listed}
+                "capture": cap.capture.method, "run": run or dict(REPLAY), "inductor": code,
+                "tasks": listed}
     tmp = out / ".manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1))
     os.replace(tmp, out / "manifest.json")   # last: its presence means the bundle is whole
@@ -228,7 +242,7 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
             model = runtime.leave(model, note + "; nothing swapped: the CUDA context is lost, "
                                   "restart the process", tasks)
         else:
-            model = _install(model, cap, passed, manifest, provider)
+            model = _install(model, cap, passed, manifest, provider, bundle_dir)
             model.htam_report.note = "; ".join(x for x in (note, model.htam_report.note) if x)
         for t in model.htam_report.tasks:
             if t.signature in failed:
@@ -239,14 +253,14 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
         return runtime.leave(model, f"bundle built for {built_for}, this machine is {here} / "
                              f"{paths.toolchain_key()}, and there is no nvcc to rebuild it", tasks)
     kernels, note = rebuild(bundle, tasks, here)
-    model = _install(model, cap, kernels, manifest, provider)
+    model = _install(model, cap, kernels, manifest, provider, bundle_dir)
     model.htam_report.note = "; ".join(x for x in (f"bundle built for {built_for}: {note}",
                                                     model.htam_report.note) if x)
     return model
 
 
 def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
-             provider: runtime.Provider | None) -> torch.nn.Module:
+             provider: runtime.Provider | None, bundle_dir: str | Path) -> torch.nn.Module:
     """The kernels on the model's path the bundle records: inside torch.compile (compiled on the
     first call, as torch.compile does) or in the replay of the captured graph. provider: None is
     each path's own (the launcher op inside Inductor's graph, its cheaper binding in the replay)."""
@@ -254,7 +268,32 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
     if not (run.get("compile") and kernels):
         return runtime.install(model, cap, kernels, provider=provider)
     from torch_htam import inductor
-    return inductor.install(model, cap, kernels, run.get("mode", "default"), provider=provider)
+    note = _load_inductor_code(bundle_dir, manifest)
+    model = inductor.install(model, cap, kernels, run.get("mode", "default"), provider=provider)
+    model.htam_report.note = "; ".join(x for x in (model.htam_report.note, note) if x)
+    return model
+
+
+def _load_inductor_code(bundle_dir: str | Path, manifest: dict) -> str:
+    """Load the bundle's Inductor code into this process's caches when it was compiled for this
+    stack; a line for the report either way."""
+    from torch_htam import inductor
+    code = manifest.get("inductor")
+    if not code:
+        return "torch.compile compiles on the first call (the bundle has no Inductor code)"
+    here = inductor.stack()
+    if code.get("stack") != here:
+        theirs = code.get("stack") or {}
+        diff = ", ".join(f"{k} {theirs.get(k)} here {v}" for k, v in here.items() if theirs.get(k) != v)
+        return f"torch.compile compiles on the first call: the bundle's Inductor code is for another stack ({diff})"
+    path = Path(bundle_dir) / code["file"]
+    if not path.is_file() or sha256_file(path) != code.get("sha256"):
+        return "torch.compile compiles on the first call: the bundle's Inductor code is missing or altered"
+    try:
+        inductor.load_artifacts(path.read_bytes())
+    except Exception as e:  # noqa: BLE001 -- a cache that will not load costs a compile, nothing more
+        return f"torch.compile compiles on the first call: its cache artifacts did not load ({type(e).__name__}: {e})"
+    return "Inductor code loaded from the bundle"
 
 
 def golden_check(bundle_dir: str | Path, manifest: dict, kernels: dict[str, Entry],

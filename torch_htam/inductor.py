@@ -242,3 +242,30 @@ def sync_report(model: torch.nn.Module) -> None:
     notes = [r.note for r in b.records if r.note]
     if notes and not report.note:
         report.note = "; ".join(dict.fromkeys(notes))
+
+
+# ---- Inductor's compiled code, carried by a bundle ----------------------------------------------
+
+def stack() -> dict[str, str | None]:
+    """What Inductor's compiled code is valid for: torch, Triton, CUDA and the GPU. A bundle's
+    cache artifacts are loaded only on the same stack (bundle.load)."""
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {"torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda, "gpu": gpu}
+
+
+def save_artifacts() -> bytes | None:
+    """Everything Inductor compiled (or read from its caches) in this process so far, serialized
+    (torch.compiler.save_cache_artifacts); None when there is nothing."""
+    saved = torch.compiler.save_cache_artifacts()
+    return None if saved is None else saved[0]
+
+
+def load_artifacts(data: bytes) -> None:
+    """Put artifacts from save_artifacts into this process's Inductor caches, so the next compile
+    of the same graphs on the same stack reads its code instead of generating it."""
+    torch.compiler.load_cache_artifacts(data)

@@ -549,7 +549,7 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
     >>> torch_htam.precompile(model, (x,), "bundle/")   # later: torch_htam.load(model, "bundle/", (x,))
     >>> torch_htam.precompile(model, (x,), "bundle/", arch="sm_90a")   # no GPU here
     """
-    from torch_htam import runtime
+    from torch_htam import inductor, runtime
     from torch_htam.bundle import _gpu_arch, bundle_arch, run_of
     from torch_htam.bundle import precompile as write_bundle
     if arch is not None or _gpu_arch() is None:
@@ -564,10 +564,13 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
     # Only what the optimized model really uses: a kernel that won alone but that the end-to-end
     # guard turned down stays out, so load() never swaps in what optimize() rejected.
     used, run = _swapped(model), run_of(model)
+    # Inductor's code for the compiled model (optimize compiled it and called it once), so that a
+    # server on the same stack loads it instead of compiling on its first call.
+    code = inductor.save_artifacts() if run["compile"] else None
     # NOTE: the bundle lists the tasks of the ORIGINAL graph; captured through the swapped
     # forward, the swapped regions would be launcher calls and their kernels left out.
     runtime.restore(model)
     try:
-        return write_bundle(model, example_inputs, out_dir, only=used, run=run)
+        return write_bundle(model, example_inputs, out_dir, only=used, run=run, inductor_code=code)
     finally:
         optimize(model, example_inputs, dataclasses.replace(cfg, search=False))   # from the cache

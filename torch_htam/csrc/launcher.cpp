@@ -3,6 +3,7 @@
 // Built once per torch version (torch_htam/launcher.py). Three torch operators in the `htam`
 // namespace, which torch.compile / torch.export / FakeTensor see like any other op:
 //   htam::load(str path) -> int                                   dlopen + dlsym("htam_run")
+// A kernel's handle is a hash of its library's bytes, not a load counter (see load()).
 //   htam::run(int handle, Tensor[] inputs, Tensor(a!)[] outputs) -> int   raw return code
 //   htam::launch(int handle, Tensor[] inputs, int[] out_meta) -> Tensor[]  allocates outputs
 // out_meta encodes each output as [dtype_code, ndim, d0, ..., d(ndim-1)], concatenated.
@@ -16,7 +17,8 @@
 // (Figures: docs/RESULTS_LOG.md.)
 #include <dlfcn.h>
 
-#include <deque>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -44,10 +46,10 @@ struct Kernel {
   std::string path;
 };
 
-// Loaded kernels, never unloaded: a captured CUDA graph may still point into the .so.
-// NOTE: std::deque keeps references stable while another thread appends.
+// Loaded kernels by handle, never unloaded: a captured CUDA graph may still point into the .so.
+// NOTE: std::unordered_map is node-based: references stay valid while another thread inserts.
 std::mutex g_mutex;
-std::deque<Kernel> g_kernels;
+std::unordered_map<int64_t, Kernel> g_kernels;
 std::unordered_map<std::string, int64_t> g_by_path;
 
 // NOTE: numbers go into TORCH_CHECK messages as std::string. Measured on the H100 image (torch
@@ -59,15 +61,43 @@ std::string num(T v) { return std::to_string(v); }
 
 const Kernel& kernel_at(int64_t handle) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  TORCH_CHECK(handle >= 0 && handle < (int64_t)g_kernels.size(), "htam: no kernel with handle ",
-              num(handle), " (", num(g_kernels.size()), " loaded); get one from htam::load(path)");
-  return g_kernels[handle];
+  auto it = g_kernels.find(handle);
+  TORCH_CHECK(it != g_kernels.end(), "htam: no kernel with handle ", num(handle), " (",
+              num(g_kernels.size()), " loaded); get one from htam::load(path)");
+  return it->second;
 }
 
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  TORCH_CHECK(f.good(), "htam: cannot read kernel library ", path);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// FNV-1a over the library's bytes, as a non-negative int64.
+int64_t content_key(const std::string& bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  return (int64_t)(h & 0x7fffffffffffffffull);
+}
+
+// NOTE: the handle is the library's content hash so that a graph naming a kernel reads the same in
+// every process: Inductor's caches key a compiled graph on its code, handles included, and a
+// bundle's Inductor artifacts (bundle.py) must hit on a server that loads the bundle's copy of the
+// library, in another order, among other kernels. A second library whose hash collides takes the
+// next free number.
 int64_t load(std::string path) {
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = g_by_path.find(path);
   if (it != g_by_path.end()) return it->second;
+  const std::string bytes = file_bytes(path);
+  int64_t handle = content_key(bytes);
+  for (auto k = g_kernels.find(handle); k != g_kernels.end(); k = g_kernels.find(handle)) {
+    if (file_bytes(k->second.path) == bytes) {   // the same library from another path
+      g_by_path.emplace(path, handle);
+      return handle;
+    }
+    handle = (handle + 1) & 0x7fffffffffffffffll;
+  }
   void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   TORCH_CHECK(lib, "htam: cannot load kernel library ", path, ": ", dlerror());
   dlerror();
@@ -79,8 +109,7 @@ int64_t load(std::string path) {
     TORCH_CHECK(false, "htam: ", path, " has no `htam_run` symbol (", reason,
                 "); define it with HTAM_ENTRY htam_run(...) from htam_abi.h");
   }
-  g_kernels.push_back({fn, path});
-  int64_t handle = (int64_t)g_kernels.size() - 1;
+  g_kernels.emplace(handle, Kernel{fn, path});
   g_by_path.emplace(path, handle);
   return handle;
 }
