@@ -335,3 +335,53 @@ def test_the_replay_replaces_torch_compile_only_when_it_is_faster(mlp, monkeypat
     with torch.inference_mode():
         torch.testing.assert_close(model(x), MLP.forward(model, x))
     runtime.restore(model)
+
+
+# One process compiling the MLP with stand-in kernels through the backend: "save" writes Inductor's
+# cache artifacts afterwards, "load" reads them before its first call; prints Inductor's FX graph
+# cache counters. The stand-ins are made in one order, so their handles (a counter) agree across
+# processes, as real kernels' content-hash handles do.
+CACHE_RUN = r'''
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from test_runtime import MLP, CpuKernel, PROVIDER
+from torch_htam import inductor
+from torch_htam.extract import extract
+from torch._dynamo.utils import counters
+torch.manual_seed(0)
+model, x = MLP().eval(), torch.randn(4, 8, 32)
+found = extract(model, (x,))
+kernels = {t.signature: CpuKernel(t) for t in sorted(found.tasks, key=lambda t: t.signature)}
+inductor.install(model, found, kernels, provider=PROVIDER)
+if sys.argv[2] == "load":
+    inductor.load_artifacts(open(sys.argv[3], "rb").read())
+with torch.inference_mode():
+    y = model(x)
+if sys.argv[2] == "save":
+    open(sys.argv[3], "wb").write(inductor.save_artifacts())
+inductor.sync_report(model)
+print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"], "miss": counters["inductor"]["fxgraph_cache_miss"],
+                  "swapped": model.htam_report.swapped, "y": round(y.double().sum().item(), 6)}))
+'''
+
+
+def test_inductor_code_saved_in_one_process_is_read_not_compiled_in_a_fresh_one(tmp_path):
+    """What a bundle's Inductor code buys a server: a fresh process, with an empty Inductor cache,
+    that loads the artifacts compiles the swapped graph from them (an FX graph cache hit)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    tests, art = str(Path(__file__).parent), str(tmp_path / "artifacts.bin")
+
+    def run(what, name):
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / name),
+               "HTAM_CACHE_DIR": str(tmp_path / "htam")}
+        r = subprocess.run([sys.executable, "-c", CACHE_RUN, tests, what, art], env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    first, server, plain = run("save", "a"), run("load", "b"), run("none", "c")
+    assert first["miss"] == 1 and server == {**first, "hit": 1, "miss": 0} and plain["miss"] == 1
+    assert first["swapped"] == 3
