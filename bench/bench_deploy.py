@@ -2,17 +2,20 @@
 
     python3 bench/bench_deploy.py [MODEL_SPEC] [--steps 1] [--budget 60]
 
-Each phase runs in a fresh Python process, as a user would meet it:
+Each phase runs in a fresh Python process, as a user would meet it, and times the model's first
+call afterwards too (under torch.compile, where a cold process compiles):
   cold      an empty cache dir: launcher build, capture, search, verification, install
   warm      a new process on the same cache: capture + cache hits + install, no search
   precompile   (in the warm process) the bundle written from the cache
-  load      a new process with an empty cache dir of its own (the production box): torch_htam.load
-            of the bundle, which brings the prebuilt launcher, so nothing is compiled
+  load      a new process with empty caches of its own (the production box): torch_htam.load of
+            the bundle, which brings the prebuilt launcher and Inductor's code for the model
+  compile   a new process with an empty Inductor cache: torch.compile(model) alone, the first-call
+            latency the bundle is compared with
 Times are of the torch_htam call alone (imports and model construction excluded), in seconds. Each
 phase checks the result against the original model on a fresh input. Writes the run's raw figures
 to bench/results/bench_deploy-<date>.json (bench/record.py): suite "bench_deploy", spec, steps,
 budget_s, rows = one dict per phase as the phase printed it (phase, seconds, swapped, tasks,
-kernels, rel_err, note; precompile_s in the warm phase's).
+kernels, rel_err, note, first_call_s; precompile_s in the warm phase's).
 """
 from __future__ import annotations
 
@@ -45,6 +48,8 @@ with torch.inference_mode():
     t0 = time.perf_counter()
     if phase == "load":
         model = torch_htam.load(model, bundle, inputs)
+    elif phase == "compile":
+        model = torch.compile(model)
     else:
         model = torch_htam.optimize(model, inputs, cfg)
     torch.cuda.synchronize()
@@ -54,8 +59,13 @@ with torch.inference_mode():
         t0 = time.perf_counter()
         torch_htam.precompile(model, inputs, bundle, torch_htam.OptimizeConfig(search=False, progress=False))
         extra["precompile_s"] = time.perf_counter() - t0
-    got = model(*fresh)
-rep = model.htam_report
+    t0 = time.perf_counter()
+    got = model(*fresh)   # under torch.compile, a cold process compiles here
+    torch.cuda.synchronize()
+    extra["first_call_s"] = time.perf_counter() - t0
+from torch_htam import inductor, runtime
+rep = getattr(model, "htam_report", None) or runtime.Report()   # torch.compile alone has none
+inductor.sync_report(model)
 err = ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-6)).item()
 print(json.dumps({"phase": phase, "seconds": took, "swapped": rep.swapped, "tasks": len(rep.tasks),
                   "kernels": sum(t.status == "swapped" for t in rep.tasks) or sum(t.speedup is not None for t in rep.tasks),
@@ -63,15 +73,19 @@ print(json.dumps({"phase": phase, "seconds": took, "swapped": rep.swapped, "task
 '''
 
 
-def run_phase(phase: str, spec: str, cache: Path, bundle: Path, steps: int, budget: float) -> dict:
-    env = {**os.environ, "HTAM_CACHE_DIR": str(cache), "PYTHONPATH": f"{ROOT}{os.pathsep}"
-           + os.environ.get("PYTHONPATH", "")}
+def run_phase(phase: str, spec: str, cache: Path, bundle: Path, steps: int, budget: float,
+              inductor_cache: Path) -> dict:
+    """One phase in its own process; cache: torch_htam's cache dir, inductor_cache: Inductor's
+    (the development box's phases share one, the server and the plain torch.compile start empty)."""
+    env = {**os.environ, "HTAM_CACHE_DIR": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache),
+           "PYTHONPATH": f"{ROOT}{os.pathsep}" + os.environ.get("PYTHONPATH", "")}
     r = subprocess.run([sys.executable, "-c", PHASE, phase, spec, str(bundle), str(steps), str(budget)],
                        env=env, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(f"phase {phase} failed:\n{r.stderr[-4000:]}")
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    print(f"{phase:8} {out['seconds']:8.2f} s  swapped {out['swapped']}  rel err {out['rel_err']:.1e}"
+    print(f"{phase:8} {out['seconds']:8.2f} s  first call {out['first_call_s']:.2f} s  swapped {out['swapped']}  "
+          f"rel err {out['rel_err']:.1e}"
           + (f"  precompile {out['precompile_s']:.2f} s" if "precompile_s" in out else "")
           + (f"  ({out['note']})" if out["note"] else ""), flush=True)
     return out
@@ -87,14 +101,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         bundle = d / "bundle"
-        cold = run_phase("cold", a.spec, d / "cache", bundle, a.steps, a.budget)
-        warm = run_phase("warm", a.spec, d / "cache", bundle, a.steps, a.budget)
-        load = run_phase("load", a.spec, d / "server_cache", bundle, a.steps, a.budget)
+        cold = run_phase("cold", a.spec, d / "cache", bundle, a.steps, a.budget, d / "inductor_dev")
+        warm = run_phase("warm", a.spec, d / "cache", bundle, a.steps, a.budget, d / "inductor_dev")
+        load = run_phase("load", a.spec, d / "server_cache", bundle, a.steps, a.budget, d / "inductor_server")
+        plain = run_phase("compile", a.spec, d / "plain_cache", bundle, a.steps, a.budget, d / "inductor_plain")
     rows = [("cold optimize (empty cache, search)", cold), ("warm optimize (cached, new process)", warm),
-            ("bundle load (empty cache, new process)", load)]
-    body = ("| phase | seconds | regions swapped | max rel err vs original | note |\n|---|---|---|---|---|\n"
-            + "\n".join(f"| {name} | {r['seconds']:.2f} | {r['swapped']} | {r['rel_err']:.1e} | {r['note'] or '-'} |"
-                        for name, r in rows)
+            ("bundle load (empty caches, new process)", load),
+            ("torch.compile alone (empty Inductor cache, new process)", plain)]
+    body = ("| phase | seconds | first call s | regions swapped | max rel err vs original | note |\n"
+            "|---|---|---|---|---|---|\n"
+            + "\n".join(f"| {name} | {r['seconds']:.2f} | {r['first_call_s']:.2f} | {r['swapped']} | "
+                        f"{r['rel_err']:.1e} | {r['note'] or '-'} |" for name, r in rows)
             + f"\n| precompile (bundle written, warm cache) | {warm['precompile_s']:.2f} | - | - | - |\n")
     print(body)
     if not a.no_record:

@@ -75,7 +75,8 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("note", "note", None)],
     "bench_build": [("measure", "measure", None), ("value", "value", "{:.4g}"), ("unit", "unit", None)],
     "bench_deploy": [
-        ("phase", "label", None), ("seconds", "seconds", "{:.2f}"), ("regions swapped", "swapped", None),
+        ("phase", "label", None), ("seconds", "seconds", "{:.2f}"), ("first call s", "first_call_s", "{:.2f}"),
+        ("regions swapped", "swapped", None),
         ("tasks", "tasks", None), ("kernels", "kernels", None), ("max rel err vs original", "rel_err", "{:.1e}"),
         ("precompile s", "precompile_s", "{:.2f}"), ("note", "note", None)],
     "anytime": [
