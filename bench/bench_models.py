@@ -53,7 +53,7 @@ def main() -> int:
     ap.add_argument("models", nargs="*", default=["gpt2:fp32", "gpt2:bf16", "resnet50:fp32"])
     ap.add_argument("--budget", type=float, default=120.0, help="search seconds per model")
     ap.add_argument("--steps", type=int, default=1)
-    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--iters", type=int, default=100, help="timed calls per arm (host-bound models need many)")
     ap.add_argument("--no-record", action="store_true", help="do not write a file to bench/results/")
     a = ap.parse_args()
     if not torch.cuda.is_available():
