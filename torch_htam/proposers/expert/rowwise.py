@@ -72,6 +72,8 @@ class RowParams:
                                # min blocks = occ / block; 0: let it choose). 2048 caps 32 registers.
     memo: bool = True          # keep a transcendental value a later pass reads again (softmax's
                                # exp(x - max)) in registers instead of computing it twice
+    su: int = 1                # streaming: chunks of VEC a thread loads together before it reduces
+                               # them (loads in flight per thread on the streaming path)
     col_unroll: int = 4        # column mapping: steps along the row whose loads a lane issues
                                # together (bytes in flight), and the staged output tile's width / CK
     col_onepass: bool = True   # column mapping: Welford / online-softmax pairs in one pass (one
@@ -215,6 +217,8 @@ class _Gen:
 {after}
       }}
     }}"""
+        if self.p.su > 1:
+            return self._stream_loop(body, after, nc)
         loads = "\n".join(self.load_chunk(i, f"x{i}", "c0", nc) for i in self.varying)
         decl = " ".join(f"float x{i}[VEC];" for i in self.varying)
         return f"""
@@ -229,6 +233,42 @@ class _Gen:
 {body}
       }}
 {after}
+    }}"""
+
+    def _stream_loop(self, body: str, after: str, nc: str) -> str:
+        """The streaming loop with SU chunks per step: a thread's SU chunks (columns c0, c0 + TPR *
+        VEC, ..) are all loaded before the first is reduced, so SU loads are in flight where the
+        one-chunk loop has one (its next load waits for the reduction of the current chunk).
+        Chunks are still reduced in column order."""
+        su = self.p.su
+        loads = "\n".join(self.load_chunk(i, f"x{i}_[s_]", "c0", nc) for i in self.varying)
+        decl = " ".join(f"float x{i}_[{su}][VEC];" for i in self.varying)
+        alias = " ".join(f"float (&x{i})[VEC] = x{i}_[s_];" for i in self.varying)
+        return f"""
+    for (int cb_ = lane * VEC; cb_ < ncol; cb_ += TPR * VEC * {su}) {{
+      {decl}
+#pragma unroll
+      for (int s_ = 0; s_ < {su}; ++s_) {{
+        const int c0 = cb_ + s_ * TPR * VEC;
+        if (c0 < ncol) {{
+{loads}
+        }}
+      }}
+#pragma unroll
+      for (int s_ = 0; s_ < {su}; ++s_) {{
+        const int c0 = cb_ + s_ * TPR * VEC;
+        if (c0 < ncol) {{
+          {alias}
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {{
+            // (VEC > 1 only where ncol % VEC == 0: a chunk is all in or all out)
+            const int c = c0 + e;
+            (void)c;
+{body}
+          }}
+{after}
+        }}
+      }}
     }}"""
 
     def load_chunk(self, i: int, dst: str, c0: str, nc: str, packed: bool = False, ro: str = "ro") -> str:
@@ -980,6 +1020,8 @@ def _default_row(facts: TaskFacts) -> dict:
     tpr = 32 if n <= 32 * cap else 128 if n <= 128 * 16 else 256 if n <= 256 * 16 else 1024
     mid = _mid_row_threads(facts)
     tpr = mid or tpr
+    if facts.single_pass and tpr > 256:     # see _stream_chunks
+        tpr = 256
     per_thread = -(-n // tpr)
     while vec > per_thread:           # stays a power of two (vector loads are 2/4/8/16 bytes)
         vec //= 2
@@ -994,9 +1036,30 @@ def _default_row(facts: TaskFacts) -> dict:
          "online": stream, "welford": stream, "nc": False, "waves": 0, "fast": facts.sfu_math,
          "lazy": True, "packed": packed, "occ": 0 if stream else 1024, "rpg": 1, "memo": True,
          "col_unroll": _col_unroll(facts), "col_onepass": True}
+    su = _stream_chunks(facts, tpr, vec)
+    if su > 1:
+        p.update(su=su, occ=1024)
     # NOTE: a 32000-wide fp32 log_softmax held this way took 54.2 us against 69.1 streamed
     # (bench/sweep.py, H100, docs/RESULTS_LOG.md): one DRAM read of the row instead of two
     return dict(p, **(_long_row_in_registers(facts) or {}))
+
+
+def _stream_chunks(facts: TaskFacts, tpr: int, vec: int) -> int:
+    """Chunks a thread loads together on a row read once (su): 16 values (64 bytes fp32, 32 bytes
+    bf16) where every thread of the row has that many full chunks, else 1. Such rows (argmax over
+    a 32000-wide vocabulary, max over 1024 columns) also take blocks of at most 256 threads and
+    ask for 1024 resident threads (64 registers).
+
+    NOTE: ptxas -v (sm_90a): the 32000-wide bf16 argmax streamed by 1024 threads used 48
+    registers, one resident block per SM: 16 KB in flight, and the SM idles while the block
+    reduces its row. 256 threads x 2 chunks (54 registers, no spills) are 4 blocks and 32 KB in
+    flight; fp32 256 x 4 chunks, 56 registers. Left to itself (occ=0) ptxas took 95-128 registers
+    for 4 chunks; at 32 (occ=2048) it spilled. A row too short for every thread to have su full
+    chunks keeps one (the 768-wide mean of silu(x) * s, where loading both of a thread's chunks
+    first, held, measured 14.3 us against 12.7 us streamed)."""
+    if not facts.single_pass:
+        return 1
+    return max(1, min(16 // vec, facts.ncol // (tpr * vec)))
 
 
 def _mid_row_threads(facts: TaskFacts) -> int | None:
@@ -1086,7 +1149,8 @@ def refit(m: ProgramMatch, p: dict, moved: dict) -> dict:
 
 
 def valid(p: dict) -> bool:
-    return pow2_vec(p) and p["tpr"] <= 1024 and (p["tpr"] > 32 or p["tpr"] * p["rows_per_block"] <= 1024)
+    return (pow2_vec(p) and p["tpr"] <= 1024 and (p["tpr"] > 32 or p["tpr"] * p["rows_per_block"] <= 1024)
+            and p.get("su", 1) >= 1 and p.get("col_unroll", 1) >= 1)
 
 
 def grid(m: ProgramMatch, base: dict) -> list[dict]:
@@ -1098,6 +1162,8 @@ def grid(m: ProgramMatch, base: dict) -> list[dict]:
     if facts.has_transcendental:
         out.append(dict(base, fast=True))
     out.append(dict(base, nv=0, online=facts.has_softmax_pair, welford=facts.has_welford_pair))
+    if not base["nv"]:       # streamed: chunks in flight per thread
+        out += [dict(base, su=su) for su in (1, 2, 4) if su != base.get("su", 1)]
     # (32, 1): a one-warp block per row, the launch shape torch.compile's persistent
     # reductions took for the 768-wide LayerNorm and 512-wide softmax (ncu, H100)
     mappings = [(32, 1), (32, 4), (32, 8), (64, 1), (128, 1), (256, 1), (512, 1), (1024, 1)]
