@@ -573,13 +573,15 @@ __global__ void __launch_bounds__(1024) outer_finish(int64_t slots, int64_t rows
         the row mapping reads one per row.
 
         Bandwidth (NOTE: one 2-4 byte load per lane per step is 64-128 bytes a warp, too few bytes
-        in flight to cover DRAM latency): each lane issues COLU steps' loads before it combines
-        them (in column order, so results do not depend on COLU). Welford / online-softmax pairs
-        are one pass (col_onepass): each pass is one more read of the block's [32 x ncol] tile.
+        in flight to cover DRAM latency): each lane issues col_unroll steps' loads before it
+        combines them (in column order, so results do not depend on col_unroll). Welford and
+        online-softmax pairs are one pass (col_onepass): each pass is one more read of the
+        block's [32 x ncol] tile.
         Full-row outputs stored contiguously ([rows, ncol], the row mapping's layout, a permuted
         LayerNorm's) would be written one element per row by a warp (a 2-byte store per 768-byte
-        row): they go through a shared [COLU * CK columns x 32 rows] tile instead, written back
-        along the row (the tiled transpose), so a block stores COLU * CK contiguous values a row."""
+        row): they go through a shared [steps * CK columns x 32 rows] tile instead (steps:
+        _col_final_unroll), written back along the row (the tiled transpose), so a block stores
+        steps * CK contiguous values a row."""
         prog, p, na = self.prog, self.p, len(self.prog.accesses)
         U = p.col_unroll
         params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(na)]
@@ -598,7 +600,7 @@ __global__ void __launch_bounds__(1024) outer_finish(int64_t slots, int64_t rows
                     f"          {bind}\n{body}\n        }}")
 
         def loop(body: str) -> str:
-            """body over this lane's columns in increasing order: COLU loads in flight, then a tail."""
+            """body over this lane's columns in increasing order: col_unroll loads in flight, then a tail."""
             decl = " ".join(f"float xu{i}[{U}];" for i in self.varying)
             loads = "\n".join(f"#pragma unroll\n        for (int u = 0; u < {U}; ++u) xu{i}[u] = {ld(i, 'c0 + u * ck')};"
                               for i in self.varying)
@@ -652,13 +654,13 @@ __global__ void __launch_bounds__(1024) outer_finish(int64_t slots, int64_t rows
             k += 1
         full = [(k, o) for k, o in enumerate(prog.outputs) if not o.row and not o.total]
         if full:
-            passes.append(self._col_final(full, U, ld))
+            passes.append(self._col_final(full, _col_final_unroll(prog, U), ld))
         rows = self.row_outputs().replace("lane == 0", "ty == 0")
         return f"""
 __global__ void __launch_bounds__(1024) col_kernel(Space<NACC> sp, int64_t rows, {self.ncol_params},
     {", ".join(params)}) {{
   const int lane = threadIdx.x & 31, ty = threadIdx.x >> 5, ck = blockDim.x >> 5;
-  extern __shared__ float stg[];    // staged outputs: [COLU * ck columns][33] (col_smem bytes)
+  extern __shared__ float stg[];    // staged outputs: [steps * ck columns][33] (_col_final_unroll)
   (void)stg;
 {self.setup()}
   // NOTE: block-uniform trip count (rows past the end are clamped and store nothing): col_reduce syncs
@@ -685,7 +687,7 @@ __global__ void __launch_bounds__(1024) col_kernel(Space<NACC> sp, int64_t rows,
 """
 
     def _col_final(self, full: list, U: int, ld) -> str:
-        """The column mapping's output pass over tiles of COLU * ck columns (block-uniform trips:
+        """The column mapping's output pass over tiles of U * ck columns (block-uniform trips:
         the staged stores sync). Outputs with their own strides (Output.dims) are stored where
         they are computed; contiguous ones ([rows, ncol]) are staged in stg, then stored along
         the row: thread j of the block writes row j / W, column j % W of the W-column tile."""
@@ -850,6 +852,20 @@ def has_column_mapping(prog: ExprProgram) -> bool:
     return a.mode == "dims" and a.dims != tuple(range(prog.ndim))
 
 
+def _col_final_unroll(prog: ExprProgram, unroll: int) -> int:
+    """Steps per tile of the column mapping's output pass: at most 8 values in flight per lane over
+    all the row's inputs (a power of two, at most col_unroll). That pass re-reads the block's
+    [32 x ncol] tile, which the statistics pass just brought into L1, so it needs few loads in
+    flight; registers decide its occupancy. NOTE: ptxas -v (sm_90a), permuted bf16 LayerNorm (x,
+    weight, bias): 8 steps 62 registers (2 blocks of 512 per SM: 375 blocks in 1.4 waves), 4
+    steps 44, 2 steps 34 (3 blocks per SM: one wave)."""
+    varying = sum(a.column_varying(prog.ndim, prog.nred) for a in prog.accesses)
+    u = 1
+    while u * 2 <= min(unroll, 8 // max(varying, 1)):
+        u *= 2
+    return u
+
+
 def _col_staged(prog: ExprProgram) -> bool:
     """The column mapping stages full-row outputs stored contiguously ([rows, ncol]) in shared memory."""
     return any(not o.row and not o.total and k not in prog.strided_outputs for k, o in enumerate(prog.outputs))
@@ -924,8 +940,11 @@ def _host(prog: ExprProgram, p: RowParams) -> str:
     int ck = 1;
     while (ck < 32 && cblocks * 32 * ck * 2 <= target && ck * 2 <= ncol) ck *= 2;
     cblocks = std::max<int64_t>(1, std::min<int64_t>(cblocks, (int64_t)1 << 30));
-    // staged full-row outputs: a [COLU * ck][33] float tile (at most 33 KB)
-    const size_t smem = {int(_col_staged(prog))} ? (size_t){p.col_unroll} * ck * 33 * sizeof(float) : 0;
+    // staged full-row outputs: a [steps * ck][33] float tile (_col_final_unroll), at most 128 columns (17 KB): with
+    // col_reduce's static buffers (4-12 KB per state type) a block stays within 48 KB
+    const bool staged = {"true" if _col_staged(prog) else "false"};
+    while (staged && ck > 1 && {_col_final_unroll(prog, p.col_unroll)} * ck > 128) ck /= 2;
+    const size_t smem = staged ? (size_t){_col_final_unroll(prog, p.col_unroll)} * ck * 33 * sizeof(float) : 0;
     col_kernel<<<cblocks, 32 * ck, smem, stream>>>(sp, rows, {ncol}, {args});
     HTAM_CHECK_LAUNCH();
     return HTAM_OK;
