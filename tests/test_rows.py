@@ -285,3 +285,122 @@ def test_cross_entropy_gathers_in_the_row_kernel_and_keeps_the_int64_count_on_py
     row = next(t for t in ex.tasks if "aten._log_softmax.default" in ops_of[t.name])
     assert "aten.gather.default" in ops_of[row.name] and path_of(row) is None
     assert any(p and "int64" in p for p in (path_of(t) for t in ex.tasks))
+
+
+# ---- the mappings' launch choices (memory-bound: bytes in flight per SM, blocks per SM) ----
+
+def _defaults(f, *args) -> dict:
+    task = task_of(f, *args)
+    return match_task(task, policy_for(task)).defaults
+
+
+@pytest.mark.parametrize("dtype,nbytes", [(torch.float32, 4), (torch.bfloat16, 2)], ids=["fp32", "bf16"])
+def test_a_column_reduction_keeps_16_bytes_in_flight_per_lane(dtype, nbytes):
+    """sum over dim 1 of [B, C, HW] (the column mapping at run time): each lane issues 16 bytes of
+    loads before it adds them, where one step is one 2-4 byte element."""
+    p = _defaults(lambda x: x.sum(1), torch.randn(4, 256, 64, dtype=dtype))
+    assert p["col_unroll"] * nbytes == 16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_groupnorm_row_is_held_by_a_block_of_at_most_512_threads(dtype):
+    """GroupNorm(32, 256) on [16, 256, 32, 32]: rows of 8 x 1024 values, held in registers whole
+    (one DRAM read), by blocks small enough for several to be resident per SM."""
+    x = torch.randn(2, 256, 32, 32, dtype=dtype)
+    w, b = torch.randn(256, dtype=dtype), torch.randn(256, dtype=dtype)
+    p = _defaults(lambda x, w, b: F.group_norm(x, 32, w, b), x, w, b)
+    assert p["nv"] > 0 and p["tpr"] <= 512
+    per_thread = p["vec"] * p["nv"]
+    assert p["tpr"] * per_thread >= 8 * 1024 and per_thread <= (32 if dtype == torch.bfloat16 else 16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_long_row_read_once_loads_several_chunks_per_thread(dtype):
+    """argmax over a 32000-wide vocabulary: streamed, 16 values per thread loaded before they are
+    compared, 256-thread blocks (several per SM); a row too short for every thread to have that
+    many full chunks keeps one chunk per step."""
+    p = _defaults(lambda x: x.argmax(-1), torch.randn(4, 32000, dtype=dtype))
+    assert p["nv"] == 0 and p["tpr"] <= 256 and p["su"] * p["vec"] == 16 and p["occ"] == 1024
+    assert 32000 // (p["tpr"] * p["vec"]) >= p["su"]
+    short = _defaults(lambda x, s: (F.silu(x) * s).mean(-1), torch.randn(4, 768), torch.randn(768))
+    assert short.get("su", 1) == 1
+
+
+def test_the_grid_tries_the_column_and_streaming_knobs():
+    from torch_htam.proposers.expert.proposer import tuning_grid
+    task = _task("var_dim1")
+    base = match_task(task, policy_for(task)).defaults
+    grid = tuning_grid(task, policy_for(task))
+    assert {p["col_unroll"] for p in grid} - {base["col_unroll"]}
+    assert any(not p["col_onepass"] for p in grid)
+    task = task_of(lambda x: x.argmax(-1), torch.randn(4, 32000))
+    assert {p.get("su", 1) for p in tuning_grid(task, policy_for(task))} >= {1, 2, 4}
+
+
+# column-mapping and streamed programs at sizes where the unrolled loops have tails (ncol not a
+# multiple of lanes x steps, rows not a multiple of 32), with the knobs' non-default settings
+KNOB_CASES = {
+    "sum_dim1": (lambda x: x.sum(1), lambda: [torch.randn(3, 1001, 37)]),
+    "var_dim1": (lambda x: x.var(1, keepdim=True), lambda: [torch.randn(5, 333, 70) + 3.0]),
+    "softmax_dim1": (lambda x: x.softmax(1), lambda: [torch.randn(2, 301, 45)]),
+    "argmin_dim1": (lambda x: x.argmin(1), lambda: [torch.randn(6, 517, 33).round()]),   # ties
+    "layernorm_permute": (lambda x, w, b: F.layer_norm(x.transpose(1, 2), (100,), w, b),
+                          lambda: [torch.randn(3, 100, 45), torch.randn(100), torch.randn(100)]),
+    "channel_rmsnorm": CASES["channel_rmsnorm"],
+    "argmax_long": (lambda x: x.argmax(-1), lambda: [torch.randn(5, 9000).round()]),   # ties
+    "max_pair_long": (lambda x: x.max(-1), lambda: [torch.randn(7, 4100)]),
+}
+KNOBS = [{"col_unroll": 1}, {"col_unroll": 2, "col_onepass": False}, {"col_unroll": 8}, {"su": 1},
+         {"su": 2}, {"su": 4, "occ": 0}]
+
+
+def _knob_task(name: str, dtype) -> Task:
+    f, make = KNOB_CASES[name]
+    torch.manual_seed(0)
+    return task_of(f, *[x.to(dtype) for x in make()])
+
+
+def _knob_sources(dtype=torch.float32) -> list[tuple[str, str]]:
+    out = []
+    for name in KNOB_CASES:
+        tm = match_task(_knob_task(name, dtype), policy_for(_knob_task(name, dtype)))
+        out += [(f"{name}/{k}", tm.render(dict(tm.defaults, **k))) for k in KNOBS]
+    return out
+
+
+@pytest.mark.skipif(paths.nvcc_path() is None, reason="needs nvcc")
+def test_knob_settings_compile_for_sm90a():
+    assert_compiles(_knob_sources(torch.bfloat16)[::2] + _knob_sources()[1::2], timeout_s=1200)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(KNOB_CASES))
+def test_knob_settings_match_torch(name, dtype):
+    """Every setting of the column-mapping / streaming knobs against torch, contiguous and strided
+    inputs (the column mapping runs where the reduced dim is strided)."""
+    from torch_htam.launcher import Kernel
+    task = _knob_task(name, dtype)
+    policy = policy_for(task)
+    tm = match_task(task, policy)
+    f, make = KNOB_CASES[name]
+    results = build.build_many([tm.render(dict(tm.defaults, **k)) for k in KNOBS])
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    for knob, res in zip(KNOBS, results):
+        kernel = Kernel(res.so_path)
+        for layout in ("contiguous", "strided"):
+            torch.manual_seed(0)
+            inputs = [x.to(dtype).cuda() for x in make()]
+            if layout == "strided":
+                inputs = [_strided(x) for x in inputs]
+            ref = f(*inputs)
+            ref = list(ref) if isinstance(ref, tuple) else [ref]
+            outs = [torch.full_like(r, float("nan") if r.is_floating_point() else -7).contiguous() for r in ref]
+            assert kernel(inputs, outs) == 0
+            torch.cuda.synchronize()
+            for o, r in zip(outs, ref):
+                if r.is_floating_point():
+                    torch.testing.assert_close(o, r, atol=policy.atol, rtol=policy.rtol,
+                                               msg=lambda m: f"{name} {knob} {layout}: {m}")
+                else:
+                    assert torch.equal(o, r), (name, knob, layout)

@@ -72,6 +72,12 @@ class RowParams:
                                # min blocks = occ / block; 0: let it choose). 2048 caps 32 registers.
     memo: bool = True          # keep a transcendental value a later pass reads again (softmax's
                                # exp(x - max)) in registers instead of computing it twice
+    su: int = 1                # streaming: chunks of VEC a thread loads together before it reduces
+                               # them (loads in flight per thread on the streaming path)
+    col_unroll: int = 4        # column mapping: steps along the row whose loads a lane issues
+                               # together (bytes in flight), and the staged output tile's width / CK
+    col_onepass: bool = True   # column mapping: Welford / online-softmax pairs in one pass (one
+                               # read of the row instead of two)
 
     @property
     def block(self) -> int:
@@ -211,6 +217,8 @@ class _Gen:
 {after}
       }}
     }}"""
+        if self.p.su > 1:
+            return self._stream_loop(body, after, nc)
         loads = "\n".join(self.load_chunk(i, f"x{i}", "c0", nc) for i in self.varying)
         decl = " ".join(f"float x{i}[VEC];" for i in self.varying)
         return f"""
@@ -225,6 +233,42 @@ class _Gen:
 {body}
       }}
 {after}
+    }}"""
+
+    def _stream_loop(self, body: str, after: str, nc: str) -> str:
+        """The streaming loop with SU chunks per step: a thread's SU chunks (columns c0, c0 + TPR *
+        VEC, ..) are all loaded before the first is reduced, so SU loads are in flight where the
+        one-chunk loop has one (its next load waits for the reduction of the current chunk).
+        Chunks are still reduced in column order."""
+        su = self.p.su
+        loads = "\n".join(self.load_chunk(i, f"x{i}_[s_]", "c0", nc) for i in self.varying)
+        decl = " ".join(f"float x{i}_[{su}][VEC];" for i in self.varying)
+        alias = " ".join(f"float (&x{i})[VEC] = x{i}_[s_];" for i in self.varying)
+        return f"""
+    for (int cb_ = lane * VEC; cb_ < ncol; cb_ += TPR * VEC * {su}) {{
+      {decl}
+#pragma unroll
+      for (int s_ = 0; s_ < {su}; ++s_) {{
+        const int c0 = cb_ + s_ * TPR * VEC;
+        if (c0 < ncol) {{
+{loads}
+        }}
+      }}
+#pragma unroll
+      for (int s_ = 0; s_ < {su}; ++s_) {{
+        const int c0 = cb_ + s_ * TPR * VEC;
+        if (c0 < ncol) {{
+          {alias}
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {{
+            // (VEC > 1 only where ncol % VEC == 0: a chunk is all in or all out)
+            const int c = c0 + e;
+            (void)c;
+{body}
+          }}
+{after}
+        }}
+      }}
     }}"""
 
     def load_chunk(self, i: int, dst: str, c0: str, nc: str, packed: bool = False, ro: str = "ro") -> str:
@@ -523,55 +567,101 @@ __global__ void __launch_bounds__(1024) outer_finish(int64_t slots, int64_t rows
 
     def col_kernel(self) -> str:
         """The column mapping of the same program: a block is 32 consecutive rows (threadIdx.x %
-        32) times CK lanes along the row (threadIdx.x / 32); each lane walks its share of the row's
-        columns, one value at a time, and col_reduce combines the lanes. For rows whose columns are
-        strided and whose rows are adjacent (sum over dim 1 of [B, C, HW]): a warp reads 32
-        adjacent elements per step where the row mapping reads one per row."""
-        prog, na = self.prog, len(self.prog.accesses)
+        32) times CK lanes along the row (threadIdx.x / 32); lane ty walks columns ty, ty + CK, ..
+        and col_reduce combines the CK lanes. For rows whose columns are strided and whose rows are
+        adjacent (sum over dim 1 of [B, C, HW]): a warp reads 32 adjacent elements per step where
+        the row mapping reads one per row.
+
+        Bandwidth (NOTE: one 2-4 byte load per lane per step is 64-128 bytes a warp, too few bytes
+        in flight to cover DRAM latency): each lane issues col_unroll steps' loads before it
+        combines them (in column order, so results do not depend on col_unroll). Welford and
+        online-softmax pairs are one pass (col_onepass): each pass is one more read of the
+        block's [32 x ncol] tile.
+        Full-row outputs stored contiguously ([rows, ncol], the row mapping's layout, a permuted
+        LayerNorm's) would be written one element per row by a warp (a 2-byte store per 768-byte
+        row): they go through a shared [steps * CK columns x 32 rows] tile instead (steps:
+        _col_final_unroll), written back along the row (the tiled transpose), so a block stores
+        steps * CK contiguous values a row."""
+        prog, p, na = self.prog, self.p, len(self.prog.accesses)
+        U = p.col_unroll
         params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(na)]
         params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
         fixed = "\n".join(f"    const {self.fixed_type(i)} s{i} = {self.fixed_load(i, f'p{i} + ro[{i}]')};"
                           for i in self.fixed)
-        decl = " ".join(f"float x{i}[1];" for i in self.varying)
-        loads = "\n".join(f"        x{i}[0] = ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + {self.coff(i, 'c')});"
-                          for i in self.varying)
+
+        def ld(i: int, c: str) -> str:
+            return f"ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + {self.coff(i, c)})"
+
+        def step(body: str) -> str:
+            """body at column c = c0 + u * ck, its inputs read from the u-th loaded values."""
+            bind = " ".join(f"float x{i}[1] = {{xu{i}[u]}};" for i in self.varying)
+            return (f"#pragma unroll\n        for (int u = 0; u < {U}; ++u) {{\n"
+                    f"          const int c = c0 + u * ck; (void)c; const int e = 0; (void)e;\n"
+                    f"          {bind}\n{body}\n        }}")
 
         def loop(body: str) -> str:
-            return (f"      for (int c = ty; c < ncol; c += ck) {{\n        {decl}\n        const int e = 0; (void)e;\n"
-                    f"{loads}\n{body}\n      }}")
+            """body over this lane's columns in increasing order: col_unroll loads in flight, then a tail."""
+            decl = " ".join(f"float xu{i}[{U}];" for i in self.varying)
+            loads = "\n".join(f"#pragma unroll\n        for (int u = 0; u < {U}; ++u) xu{i}[u] = {ld(i, 'c0 + u * ck')};"
+                              for i in self.varying)
+            tail = "\n".join(f"        x{i}[0] = {ld(i, 'c')};" for i in self.varying)
+            return (f"      int c0 = ty;\n"
+                    f"      for (; c0 + {U - 1} * ck < ncol; c0 += {U} * ck) {{\n        {decl}\n{loads}\n{step(body)}\n      }}\n"
+                    f"      for (int c = c0; c < ncol; c += ck) {{\n"
+                    f"        {' '.join(f'float x{i}[1];' for i in self.varying)}\n        const int e = 0; (void)e;\n"
+                    f"{tail}\n{body}\n      }}")
         passes, k = [], 0
-        while k < len(prog.reductions):
-            red = prog.reductions[k]
+        reds = prog.reductions
+        while k < len(reds):
+            red, nxt = reds[k], (reds[k + 1] if k + 1 < len(reds) else None)
+            pair = (p.col_onepass and red.pair and nxt is not None and nxt.pair == (red.pair[0], 1)
+                    and red.pair[1] == 0 and red.pair[0] in ("welford", "softmax"))
             em = self.emitter(False)
             v = em.emit(red.expr)
-            lines = "\n".join("        " + ln for ln in em.lines)
+            lines = "\n".join("          " + ln for ln in em.lines)
+            if pair and red.pair[0] == "welford":
+                # NOTE: a lane's values are summed shifted by its first one (k_; the shifted-data
+                # variance: no division per value, where Welford's update divides by n each time),
+                # then made one Welford state that col_reduce merges with the other lanes'
+                body = (f"{lines}\n          if (n_ == 0.f) k_ = {v};\n          n_ += 1.f;\n"
+                        f"          const float d_ = {v} - k_;\n          s1_ += d_; s2_ += d_ * d_;")
+                passes.append(f"    float R{k}, R{k + 1};\n    {{\n      float n_ = 0.f, k_ = 0.f, s1_ = 0.f, s2_ = 0.f;\n"
+                              f"{loop(body)}\n      WelfordState w; w.n = n_;\n"
+                              f"      w.mean = n_ > 0.f ? k_ + s1_ / n_ : 0.f;\n"
+                              f"      w.m2 = n_ > 0.f ? fmaxf(s2_ - s1_ * (s1_ / n_), 0.f) : 0.f;\n"
+                              f"      w = col_reduce(w, WfOp());\n"
+                              f"      R{k} = w.mean * w.n; R{k + 1} = w.m2;   // sum and sum of squared deviations\n    }}")
+                k += 2
+                continue
+            if pair:        # online softmax: max and sum of exp(x - max) in one pass
+                exp = "__expf" if p.fast else "expf"
+                body = (f"{lines}\n          if ({v} > st.m) {{ st.s = st.s * {exp}(st.m - {v}) + 1.f; st.m = {v}; }}\n"
+                        f"          else if ({v} > -INFINITY) st.s += {exp}({v} - st.m);")
+                passes.append(f"    float R{k}, R{k + 1};\n    {{\n      SoftmaxState st; st.m = -INFINITY; st.s = 0.f;\n"
+                              f"{loop(body)}\n      st = col_reduce(st, SmOp());\n      R{k} = st.m; R{k + 1} = st.s;\n    }}")
+                k += 2
+                continue
             if red.kind in ARG:
                 op, cmp = ARG[red.kind]
-                body = (f"{lines}\n        if (acc.i < 0 || {v} {cmp} acc.v || ({v} != {v} && acc.v == acc.v)) "
+                body = (f"{lines}\n          if (acc.i < 0 || {v} {cmp} acc.v || ({v} != {v} && acc.v == acc.v)) "
                         f"{{ acc.v = {v}; acc.i = c; }}")
                 passes.append(f"    float R{k}; int RI{k};\n    {{\n      ArgState acc; acc.v = 0.f; acc.i = -1;\n"
                               f"{loop(body)}\n      acc = col_reduce(acc, {op}());\n      R{k} = acc.v; RI{k} = acc.i;\n    }}")
             else:
-                body = f"{lines}\n        acc = {COMBINE[red.kind].format(v=v)};"
+                body = f"{lines}\n          acc = {COMBINE[red.kind].format(v=v)};"
                 passes.append(f"    float R{k};\n    {{\n      float acc = {INIT[red.kind]};\n{loop(body)}\n"
                               f"      R{k} = col_reduce(acc, {OPS[red.kind]}());\n    }}")
             k += 1
         full = [(k, o) for k, o in enumerate(prog.outputs) if not o.row and not o.total]
         if full:
-            em = self.emitter(False)
-            names = [em.emit(stored(o.expr, o.dtype)) for _, o in full]
-            lines = "\n".join("        " + ln for ln in em.lines)
-            sets = []
-            for (k, o), n in zip(full, names):
-                t = DT[o.dtype][0]
-                at = f"ro[{self.ostride[k]}] + {self.coff(self.ostride[k], 'c')}" if k in self.ostride else "r * ncol + c"
-                sets.append(f"        if (valid) o{k}[{at}] = {t}::from_f({n});")
-            passes.append(loop(lines + "\n" + "\n".join(sets)))
+            passes.append(self._col_final(full, _col_final_unroll(prog, U), ld))
         rows = self.row_outputs().replace("lane == 0", "ty == 0")
         return f"""
 __global__ void __launch_bounds__(1024) col_kernel(Space<NACC> sp, int64_t rows, {self.ncol_params},
     {", ".join(params)}) {{
   const int lane = threadIdx.x & 31, ty = threadIdx.x >> 5, ck = blockDim.x >> 5;
+  extern __shared__ float stg[];    // staged outputs: [steps * ck columns][33] (_col_final_unroll)
+  (void)stg;
 {self.setup()}
   // NOTE: block-uniform trip count (rows past the end are clamped and store nothing): col_reduce syncs
   for (int64_t rb = (int64_t)blockIdx.x * 32; rb < rows; rb += (int64_t)gridDim.x * 32) {{
@@ -595,6 +685,54 @@ __global__ void __launch_bounds__(1024) col_kernel(Space<NACC> sp, int64_t rows,
   }}
 }}
 """
+
+    def _col_final(self, full: list, U: int, ld) -> str:
+        """The column mapping's output pass over tiles of U * ck columns (block-uniform trips:
+        the staged stores sync). Outputs with their own strides (Output.dims) are stored where
+        they are computed; contiguous ones ([rows, ncol]) are staged in stg, then stored along
+        the row: thread j of the block writes row j / W, column j % W of the W-column tile."""
+        em = self.emitter(False)
+        names = [em.emit(stored(o.expr, o.dtype)) for _, o in full]
+        lines = "\n".join("          " + ln for ln in em.lines)
+        direct, staged = [], []
+        for (k, o), n in zip(full, names):
+            t = DT[o.dtype][0]
+            if k in self.ostride:
+                direct.append(f"          if (valid) o{k}[ro[{self.ostride[k]}] + {self.coff(self.ostride[k], 'c')}] = {t}::from_f({n});")
+            else:
+                staged.append((k, t, n))
+        decl = " ".join(f"float xu{i}[{U}];" for i in self.varying)
+        loads = "\n".join(f"#pragma unroll\n      for (int u = 0; u < {U}; ++u) xu{i}[u] = cb + u * ck + ty < ncol ? "
+                          f"{ld(i, 'cb + u * ck + ty')} : 0.f;" for i in self.varying)
+        ydecl = " ".join(f"float y{k}_[{U}];" for k, _, _ in staged)
+        sets = "\n".join(f"          y{k}_[u] = {n};" for k, _, n in staged)
+        bind = " ".join(f"float x{i}[1] = {{xu{i}[u]}};" for i in self.varying)
+        writes = "".join(f"""
+      __syncthreads();                 // the previous tile's stores have read stg
+#pragma unroll
+      for (int u = 0; u < {U}; ++u) stg[(u * ck + ty) * 33 + lane] = y{k}_[u];
+      __syncthreads();
+      for (int j = threadIdx.x; j < 32 * W; j += blockDim.x) {{
+        const int rr = j / W, cc = j % W;
+        if (rb + rr < rows && cb + cc < ncol) o{k}[(rb + rr) * ncol + cb + cc] = {t}::from_f(stg[cc * 33 + rr]);
+      }}""" for k, t, _ in staged)
+        return f"""    {{
+      const int W = {U} * ck;          // columns per tile
+      for (int cb = 0; cb < ncol; cb += W) {{
+        {decl} {ydecl}
+{loads}
+#pragma unroll
+        for (int u = 0; u < {U}; ++u) {{
+          const int c = cb + u * ck + ty; const int e = 0; (void)e;
+          {bind}
+{lines}
+{sets}
+          if (c < ncol) {{
+{chr(10).join(direct)}
+          }}
+        }}{writes}
+      }}
+    }}"""
 
     def split_kernels(self) -> str:
         """A one-reduction program with per-row outputs only, for a few very long rows: blocks of
@@ -714,6 +852,25 @@ def has_column_mapping(prog: ExprProgram) -> bool:
     return a.mode == "dims" and a.dims != tuple(range(prog.ndim))
 
 
+def _col_final_unroll(prog: ExprProgram, unroll: int) -> int:
+    """Steps per tile of the column mapping's output pass: at most 8 values in flight per lane over
+    all the row's inputs (a power of two, at most col_unroll). That pass re-reads the block's
+    [32 x ncol] tile, which the statistics pass just brought into L1, so it needs few loads in
+    flight; registers decide its occupancy. NOTE: ptxas -v (sm_90a), permuted bf16 LayerNorm (x,
+    weight, bias): 8 steps 62 registers (2 blocks of 512 per SM: 375 blocks in 1.4 waves), 4
+    steps 44, 2 steps 34 (3 blocks per SM: one wave)."""
+    varying = sum(a.column_varying(prog.ndim, prog.nred) for a in prog.accesses)
+    u = 1
+    while u * 2 <= min(unroll, 8 // max(varying, 1)):
+        u *= 2
+    return u
+
+
+def _col_staged(prog: ExprProgram) -> bool:
+    """The column mapping stages full-row outputs stored contiguously ([rows, ncol]) in shared memory."""
+    return any(not o.row and not o.total and k not in prog.strided_outputs for k, o in enumerate(prog.outputs))
+
+
 def has_split_rows(prog: ExprProgram) -> bool:
     """A full reduction (or a few long rows) of one reduction with per-row outputs only: its source
     carries the split-rows path too, chosen at run time when rows are too few to fill the GPU."""
@@ -783,7 +940,12 @@ def _host(prog: ExprProgram, p: RowParams) -> str:
     int ck = 1;
     while (ck < 32 && cblocks * 32 * ck * 2 <= target && ck * 2 <= ncol) ck *= 2;
     cblocks = std::max<int64_t>(1, std::min<int64_t>(cblocks, (int64_t)1 << 30));
-    col_kernel<<<cblocks, 32 * ck, 0, stream>>>(sp, rows, {ncol}, {args});
+    // staged full-row outputs: a [steps * ck][33] float tile (_col_final_unroll), at most 128 columns (17 KB): with
+    // col_reduce's static buffers (4-12 KB per state type) a block stays within 48 KB
+    const bool staged = {"true" if _col_staged(prog) else "false"};
+    while (staged && ck > 1 && {_col_final_unroll(prog, p.col_unroll)} * ck > 128) ck /= 2;
+    const size_t smem = staged ? (size_t){_col_final_unroll(prog, p.col_unroll)} * ck * 33 * sizeof(float) : 0;
+    col_kernel<<<cblocks, 32 * ck, smem, stream>>>(sp, rows, {ncol}, {args});
     HTAM_CHECK_LAUNCH();
     return HTAM_OK;
   }}"""
@@ -875,22 +1037,74 @@ def _default_row(facts: TaskFacts) -> dict:
         vec //= 2
     packed, cap = facts.packs_half, facts.row_cap
     tpr = 32 if n <= 32 * cap else 128 if n <= 128 * 16 else 256 if n <= 256 * 16 else 1024
+    mid = _mid_row_threads(facts)
+    tpr = mid or tpr
+    if facts.single_pass and tpr > 256:     # see _stream_chunks
+        tpr = 256
     per_thread = -(-n // tpr)
     while vec > per_thread:           # stays a power of two (vector loads are 2/4/8/16 bytes)
         vec //= 2
     nv = -(-per_thread // vec)     # exact (768 = 32 x 8 x 3): a padded 4th chunk costs registers
     # NOTE: a row read once (mean(silu(x) * s)) gains nothing from registers: streaming it took
     # 12.7 us against 14.3 us held ([4096, 768] fp32, bench/sweep.py, H100, docs/RESULTS_LOG.md).
-    stream = facts.single_pass or (nv * vec > 16 and not (packed and tpr == 32 and nv * vec <= cap))
+    stream = facts.single_pass or (nv * vec > 16 and not (packed and (tpr == 32 or mid) and nv * vec <= cap))
     # NOTE: a register-held row asks for 1024 resident threads (at most 64 registers): left alone,
     # ptxas unrolled the 768-wide bf16 LayerNorm into 254 registers with spills (21.2 us), capped it
     # took 14.1 us; bf16 softmax 25.3 -> 23.7 us, fp32 softmax 38.5 -> 38.8 us (bench/sweep.py, H100).
     p = {"tpr": tpr, "rows_per_block": 4, "vec": vec, "nv": 0 if stream else nv,
          "online": stream, "welford": stream, "nc": False, "waves": 0, "fast": facts.sfu_math,
-         "lazy": True, "packed": packed, "occ": 0 if stream else 1024, "rpg": 1, "memo": True}
+         "lazy": True, "packed": packed, "occ": 0 if stream else 1024, "rpg": 1, "memo": True,
+         "col_unroll": _col_unroll(facts), "col_onepass": True}
+    su = _stream_chunks(facts, tpr, vec)
+    if su > 1:
+        p.update(su=su, occ=1024)
     # NOTE: a 32000-wide fp32 log_softmax held this way took 54.2 us against 69.1 streamed
     # (bench/sweep.py, H100, docs/RESULTS_LOG.md): one DRAM read of the row instead of two
     return dict(p, **(_long_row_in_registers(facts) or {}))
+
+
+def _stream_chunks(facts: TaskFacts, tpr: int, vec: int) -> int:
+    """Chunks a thread loads together on a row read once (su): 16 values (64 bytes fp32, 32 bytes
+    bf16) where every thread of the row has that many full chunks, else 1. Such rows (argmax over
+    a 32000-wide vocabulary, max over 1024 columns) also take blocks of at most 256 threads and
+    ask for 1024 resident threads (64 registers).
+
+    NOTE: ptxas -v (sm_90a): the 32000-wide bf16 argmax streamed by 1024 threads used 48
+    registers, one resident block per SM: 16 KB in flight, and the SM idles while the block
+    reduces its row. 256 threads x 2 chunks (54 registers, no spills) are 4 blocks and 32 KB in
+    flight; fp32 256 x 4 chunks, 56 registers. Left to itself (occ=0) ptxas took 95-128 registers
+    for 4 chunks; at 32 (occ=2048) it spilled. A row too short for every thread to have su full
+    chunks keeps one (the 768-wide mean of silu(x) * s, where loading both of a thread's chunks
+    first, held, measured 14.3 us against 12.7 us streamed)."""
+    if not facts.single_pass:
+        return 1
+    return max(1, min(16 // vec, facts.ncol // (tpr * vec)))
+
+
+def _mid_row_threads(facts: TaskFacts) -> int | None:
+    """Threads per row for a register-held row of 4K-8K values that more than one pass reads (a
+    GroupNorm's group of channels x pixels): the fewest that hold it, 32 packed 2-byte values or 16
+    fp32 values a thread (256 or 512), None elsewhere (1024 then).
+
+    NOTE: at 1024 threads and 64 registers a block per row is one resident block per SM, each
+    with one row's 16-32 KB in flight, then two block-wide reductions before its stores; the
+    512 rows of GroupNorm(32) on [16, 256, 32, 32] were ~4 such waves. 256-thread blocks (bf16) are
+    4 resident per SM: all 512 rows in one wave; 512-thread blocks (fp32) 2 per SM, two waves."""
+    n, cap = facts.ncol, facts.row_cap
+    if facts.single_pass or not 256 * 16 < n or n % facts.vec16:
+        return None
+    if facts.packs_half and n <= 256 * cap:
+        return 256
+    if n <= 512 * 16:
+        return 512
+    return None
+
+
+def _col_unroll(facts: TaskFacts) -> int:
+    """Column mapping: 16 bytes of the narrowest input in flight per lane (4 fp32 steps, 8 bf16),
+    so that 2048 resident lanes keep 32 KB per SM in flight (H100: ~3 TB/s x ~1 us over 132 SMs
+    is ~23 KB), where one step's load (64-128 bytes a warp) keeps a quarter to half of that."""
+    return max(4, min(8, facts.vec16))
 
 
 def _long_row_in_registers(facts: TaskFacts) -> dict | None:
@@ -954,7 +1168,8 @@ def refit(m: ProgramMatch, p: dict, moved: dict) -> dict:
 
 
 def valid(p: dict) -> bool:
-    return pow2_vec(p) and p["tpr"] <= 1024 and (p["tpr"] > 32 or p["tpr"] * p["rows_per_block"] <= 1024)
+    return (pow2_vec(p) and p["tpr"] <= 1024 and (p["tpr"] > 32 or p["tpr"] * p["rows_per_block"] <= 1024)
+            and p.get("su", 1) >= 1 and p.get("col_unroll", 1) >= 1)
 
 
 def grid(m: ProgramMatch, base: dict) -> list[dict]:
@@ -966,6 +1181,8 @@ def grid(m: ProgramMatch, base: dict) -> list[dict]:
     if facts.has_transcendental:
         out.append(dict(base, fast=True))
     out.append(dict(base, nv=0, online=facts.has_softmax_pair, welford=facts.has_welford_pair))
+    if not base["nv"]:       # streamed: chunks in flight per thread
+        out += [dict(base, su=su) for su in (1, 2, 4) if su != base.get("su", 1)]
     # (32, 1): a one-warp block per row, the launch shape torch.compile's persistent
     # reductions took for the 768-wide LayerNorm and 512-wide softmax (ncu, H100)
     mappings = [(32, 1), (32, 4), (32, 8), (64, 1), (128, 1), (256, 1), (512, 1), (1024, 1)]
@@ -973,6 +1190,10 @@ def grid(m: ProgramMatch, base: dict) -> list[dict]:
         for packed in ((False, True) if facts.low_precision else (False,)):
             p = refit(m, dict(base, tpr=tpr, rows_per_block=rpb, nv=1, packed=packed), {"tpr": tpr})
             out += [dict(p, occ=occ) for occ in (1024, 0, 2048)]
+    if has_column_mapping(m.program):    # (other sources do not read the column mapping's knobs)
+        out += [dict(base, col_unroll=u) for u in (1, 2, 8 if base["col_unroll"] != 8 else 4)]
+        if facts.has_welford_pair or facts.has_softmax_pair:
+            out.append(dict(base, col_onepass=False))
     long_row = _long_row_in_registers(facts)
     if long_row:
         out.append(dict(base, **long_row))
