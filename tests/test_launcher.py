@@ -134,6 +134,38 @@ def test_launcher_compiles_and_checks_its_arguments_without_a_gpu(tmp_path):
     assert r.stdout.splitlines()[:2] == ["False", "True"] and r.stdout.splitlines()[-1].startswith("RuntimeError")
 
 
+HANDLES = """
+import sys; from torch_htam import launcher
+print(*(launcher.Kernel(p).handle for p in sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(torch.version.cuda is None or shutil.which(os.environ.get("CXX", "c++")) is None
+                    or launcher._cuda_toolkit() is None or shutil.which("nvcc") is None,
+                    reason="needs a CUDA build of torch, c++, nvcc and CUDA headers")
+def test_a_kernels_handle_is_the_same_in_every_process_and_from_every_path(tmp_path):
+    """A handle names a library's bytes, not a load order: a compiled graph that Inductor cached in
+    one process names the same kernels in another (a bundle's Inductor code, bundle.py). CPU: the
+    libraries are only dlopened, never launched."""
+    names = ["add_f32.cu", "scale_extern_c.cu"]
+    built = build.build_many([(KERNELS / n).read_text() for n in names], out_dir=tmp_path / "k")
+    assert all(r.ok for r in built), [r.error for r in built]
+    add, scale = (str(r.so_path) for r in built)
+    copy = tmp_path / "bundle_copy.so"
+    shutil.copyfile(add, copy)
+    env = {**os.environ, "HTAM_CACHE_DIR": str(tmp_path / "cache"),
+           "TORCH_CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0")}
+
+    def handles(*paths):
+        r = subprocess.run([sys.executable, "-c", HANDLES, *paths], env=env, capture_output=True,
+                           text=True, timeout=600, cwd=Path(__file__).parents[1])
+        assert r.returncode == 0, r.stderr[-3000:]
+        return [int(h) for h in r.stdout.split()]
+    first = handles(add, scale)
+    later = handles(scale, str(copy), add)
+    assert first[0] != first[1] and later == [first[1], first[0], first[0]]
+
+
 # ---------------------------------------------------------------- GPU: the C++ launcher itself
 
 @pytest.fixture(scope="module")
