@@ -17,8 +17,8 @@
 
 `load` runs the model the way the optimized model ran (the manifest's "run"; under torch.compile,
 with the bundle's Inductor code loaded when this machine has the same torch, Triton, CUDA and GPU,
-so the first call compiles nothing), and on a machine of the same arch and toolchain applies the bundle's libraries after their
-integrity check and a golden check (each kernel run on its recorded inputs on this GPU and judged
+so the first call compiles nothing). On a machine of the same arch and toolchain it applies the
+bundle's libraries after their integrity check and a golden check (each kernel run on its recorded inputs on this GPU and judged
 against the recorded outputs under its policy's tolerance): no search, no LLM, no compiler. On another
 arch (or toolchain) it rebuilds from the shipped sources with nvcc and re-verifies each kernel on this
 GPU before swapping it in; without a compiler or a GPU the model stays on its original path and the
@@ -81,8 +81,9 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
     this GPU's arch, else of $HTAM_ARCH. only: task signatures allowed in (optimize's end-to-end
     verdict); None: every usable kernel. run: how load() runs the model (run_of(optimized model));
     None: REPLAY. inductor_code: Inductor's cache artifacts for a compiled run
-    (inductor.save_artifacts, on the GPU that timed it), valid for inductor.stack() of this process. Raises errors.EmptyBundleError, writing nothing, when no kernel qualifies: a
-    bundle always has at least one kernel.
+    (inductor.save_artifacts, on the GPU that timed it), valid for inductor.stack() of this
+    process. Raises errors.EmptyBundleError, writing nothing, when no kernel qualifies: a bundle
+    always has at least one kernel.
 
         >>> precompile(model, (x,), "bundle/", ensure_kernels=lambda m, x, c: optimize(m, x, c))
         PosixPath('bundle')
