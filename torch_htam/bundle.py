@@ -18,11 +18,11 @@
 `load` runs the model the way the optimized model ran (the manifest's "run"; under torch.compile,
 with the bundle's Inductor code loaded when this machine has the same torch, Triton, CUDA and GPU,
 so the first call compiles nothing). On a machine of the same arch and toolchain it applies the
-bundle's libraries after their integrity check and a golden check (each kernel run on its recorded inputs on this GPU and judged
-against the recorded outputs under its policy's tolerance): no search, no LLM, no compiler. On another
-arch (or toolchain) it rebuilds from the shipped sources with nvcc and re-verifies each kernel on this
-GPU before swapping it in; without a compiler or a GPU the model stays on its original path and the
-report says why. A bundle always holds at least one kernel (errors.EmptyBundleError otherwise).
+bundle's libraries after their integrity check and a golden check (each kernel run on its
+recorded inputs on this GPU and judged against the recorded outputs under its policy's
+tolerance): no search, no LLM, no compiler. On another arch (or toolchain) it rebuilds from the
+shipped sources with nvcc and re-verifies each kernel on this GPU before swapping it in; without
+a compiler or a GPU the model stays on its original path and the report says why. A bundle always holds at least one kernel (errors.EmptyBundleError otherwise).
 
     >>> precompile(model, (x,), "bundle/")          # on the H100 box, after optimize filled the cache
     >>> precompile(model, (x,), "bundle/", arch="sm_90a")   # no GPU: the kernels cached for sm_90a
