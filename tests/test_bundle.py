@@ -447,3 +447,75 @@ def test_gpu_golden_check_through_the_launcher(tmp_path):
             assert "golden check: 1 of 1 kernels passed in" in rep.note
             with torch.no_grad():
                 torch.testing.assert_close(loaded(x), fresh()(x), atol=1e-5, rtol=1e-5)
+
+
+# The server: a fresh process with empty torch_htam and Inductor caches loads the bundle, then
+# times the model's first call; prints Inductor's FX graph cache counters, the seconds and the error.
+SERVER = r"""
+import json, sys, time, torch
+sys.path.insert(0, sys.argv[1])
+import torch_htam
+from torch._dynamo.utils import counters
+from torch_htam import inductor
+from test_runtime import BiasGelu
+torch.manual_seed(0)
+model = BiasGelu().cuda().eval()
+x = torch.randn(16, 256, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+want = BiasGelu.forward(model, x)
+t0 = time.perf_counter()
+model = torch_htam.load(model, sys.argv[2], (x,))
+load_s = time.perf_counter() - t0
+t0 = time.perf_counter()
+with torch.inference_mode():
+    got = model(x)
+torch.cuda.synchronize()
+first_s = time.perf_counter() - t0
+inductor.sync_report(model)
+print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"], "miss": counters["inductor"]["fxgraph_cache_miss"],
+                  "swapped": model.htam_report.swapped, "load_s": load_s, "first_call_s": first_s,
+                  "err": (got - want).abs().max().item(), "note": model.htam_report.note}))
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_bundle_serves_its_first_call_from_its_inductor_code(tmp_path):
+    """precompile of a compiled run (a real kernel inside Inductor's graph) carries Inductor's code;
+    a fresh process with empty caches loads the bundle and its first call reads that code (FX graph
+    cache hit, no miss), with the kernel swapped and the output right. The seconds are printed."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    from test_runtime import BIAS_GELU_CU, BiasGelu
+    from torch_htam import inductor, launcher
+    from torch_htam.build import build_many
+    from torch_htam.extract import extract
+    torch.manual_seed(0)
+    model = BiasGelu().cuda().eval()
+    x = torch.randn(16, 256, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    found = extract(model, (x,))
+    target = next(t for t in found.tasks if t.kind == "elementwise")
+    res = build_many([BIAS_GELU_CU], out_dir=tmp_path / "build")[0]
+    assert res.ok, res.log
+    cache = KernelCache(bundle._gpu_arch(), root=tmp_path / "cache")
+    entry = cache.put(target, BIAS_GELU_CU, res.so_path, _ev(), {"proposer": "test"})
+    torch._dynamo.reset()
+    inductor.install(model, found, {target.signature: launcher.Kernel(str(entry.so_path))})
+    with torch.inference_mode():
+        model(x)                                         # compiles: Inductor's code for the bundle
+    inductor.sync_report(model)
+    assert model.htam_report.swapped == 1
+    code = inductor.save_artifacts()
+    runtime.restore(model)
+    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache,
+                            run={"compile": True, "mode": "default"}, inductor_code=code)
+    env = {**os.environ, "HTAM_CACHE_DIR": str(tmp_path / "server"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "server_inductor")}
+    r = subprocess.run([sys.executable, "-c", SERVER, str(Path(__file__).parent), str(out)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    print(got)
+    assert got["swapped"] == 1 and got["err"] < 1e-4 and "Inductor code loaded" in got["note"]
+    assert got["hit"] >= 1 and got["miss"] == 0, got
+    torch._dynamo.reset()

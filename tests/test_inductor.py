@@ -337,7 +337,8 @@ def test_the_replay_replaces_torch_compile_only_when_it_is_faster(mlp, monkeypat
     runtime.restore(model)
 
 
-# One process compiling the MLP with stand-in kernels through the backend: "save" writes Inductor's
+# One process compiling the MLP with stand-in kernels through the backend: "save" compiles other
+# things first (so its compile ids and call names differ from the server's) and writes Inductor's
 # cache artifacts afterwards, "load" reads them before its first call; prints Inductor's FX graph
 # cache counters. The stand-ins are made in one order, so their handles (a counter) agree across
 # processes, as real kernels' content-hash handles do.
@@ -351,6 +352,11 @@ from torch._dynamo.utils import counters
 torch.manual_seed(0)
 model, x = MLP().eval(), torch.randn(4, 8, 32)
 found = extract(model, (x,))
+if sys.argv[2] == "save":   # other compiles first: compile ids and call names differ from the server's
+    other = MLP().eval()
+    inductor.install(other, extract(other, (x,)), {}, provider=PROVIDER)
+    with torch.inference_mode():
+        other(x); torch.compile(lambda t: t * 2)(x)
 kernels = {t.signature: CpuKernel(t) for t in sorted(found.tasks, key=lambda t: t.signature)}
 inductor.install(model, found, kernels, provider=PROVIDER)
 if sys.argv[2] == "load":
@@ -383,5 +389,5 @@ def test_inductor_code_saved_in_one_process_is_read_not_compiled_in_a_fresh_one(
         assert r.returncode == 0, r.stderr[-3000:]
         return json.loads(r.stdout.strip().splitlines()[-1])
     first, server, plain = run("save", "a"), run("load", "b"), run("none", "c")
-    assert first["miss"] == 1 and server == {**first, "hit": 1, "miss": 0} and plain["miss"] == 1
+    assert first["miss"] >= 1 and server == {**first, "hit": 1, "miss": 0} and plain["miss"] == 1
     assert first["swapped"] == 3
