@@ -416,7 +416,7 @@ def _replay_if_faster(model: nn.Module, found, kernels: dict, inputs: tuple,
     """
     from torch_htam import runtime
     from torch_htam.timing import time_pair
-    forward, _ = runtime.replay(model, found, kernels, provider, cfg.min_speedup)
+    forward, report = runtime.replay(model, found, kernels, provider, cfg.min_speedup)
     if forward is None:
         return model
     compiled_report = model.htam_report
@@ -424,7 +424,9 @@ def _replay_if_faster(model: nn.Module, found, kernels: dict, inputs: tuple,
     compiled_report.e2e["replay_ms"] = timed[1].median_ms
     if not pays(*timed):
         return model
-    model = runtime.install(model, found, kernels, provider, cfg.min_speedup)
+    report.fast_calls = report.fallback_calls = 0       # the guard's timed calls are not the user's
+    report.fallback_reasons.clear()
+    model = runtime.use(runtime.restore(model), forward, report)
     model.htam_report.e2e.update({k: v for k, v in compiled_report.e2e.items() if k != "replay_ms"})
     model.htam_report.e2e.update({"compiled_ms": timed[0].median_ms, "htam_ms": timed[1].median_ms})
     model.htam_report.note = (f"replay of the captured graph with our kernels: {timed[1].median_ms:.3f} ms "
@@ -552,14 +554,14 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
     from torch_htam import inductor, runtime
     from torch_htam.bundle import _gpu_arch, bundle_arch, run_of
     from torch_htam.bundle import precompile as write_bundle
+    cfg = config or OptimizeConfig()
     if arch is not None or _gpu_arch() is None:
         # NOTE: searching needs a GPU of the target arch, so this bundles what the cache already
         # holds for it, every usable kernel: optimize's end-to-end check (which kernels make the
         # whole model faster) needs that GPU too, and load's golden check still runs on the server.
         runtime.restore(model)
         return write_bundle(model, example_inputs, out_dir, arch=bundle_arch(arch),
-                            run={"compile": True, "mode": (config or OptimizeConfig()).mode})
-    cfg = config or OptimizeConfig()
+                            run={"compile": True, "mode": cfg.mode})
     optimize(model, example_inputs, cfg)
     # Only what the optimized model really uses: a kernel that won alone but that the end-to-end
     # guard turned down stays out, so load() never swaps in what optimize() rejected.

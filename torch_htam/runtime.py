@@ -518,6 +518,14 @@ def install(model: torch.nn.Module, found, kernels: dict[str, Any], provider: Pr
     forward, report = replay(model, found, kernels, provider, min_speedup)
     if forward is None:
         return leave(model, report.note, found.tasks, report)
+    return use(model, forward, report)
+
+
+def use(model: torch.nn.Module, forward: Callable, report: Report) -> torch.nn.Module:
+    """Make a forward from replay() the model's own (after restore(model)), with its report.
+
+        >>> fwd, report = replay(model, found, kernels); use(restore(model), fwd, report)
+    """
     model._htam_original_forward = model.__dict__.get("forward")   # an instance override, if any
     model.__getstate__ = functools.partial(_plain_state, model)      # copies run the original path
     model.forward = forward

@@ -3,10 +3,10 @@
 // Built once per torch version (torch_htam/launcher.py). Three torch operators in the `htam`
 // namespace, which torch.compile / torch.export / FakeTensor see like any other op:
 //   htam::load(str path) -> int                                   dlopen + dlsym("htam_run")
-// A kernel's handle is a hash of its library's bytes, not a load counter (see load()).
 //   htam::run(int handle, Tensor[] inputs, Tensor(a!)[] outputs) -> int   raw return code
 //   htam::launch(int handle, Tensor[] inputs, int[] out_meta) -> Tensor[]  allocates outputs
-// out_meta encodes each output as [dtype_code, ndim, d0, ..., d(ndim-1)], concatenated.
+// out_meta encodes each output as [dtype_code, ndim, d0, ..., d(ndim-1)], concatenated. A kernel's
+// handle is a hash of its library's bytes, not a load counter (see load()).
 //
 // The same library is also a Python module whose launch(handle, inputs, out_meta) calls the same
 // C++ launch() directly: the eager fast path (launcher.fast_launch). Measured on an H100, torch
