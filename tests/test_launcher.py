@@ -239,7 +239,7 @@ def test_error_codes_propagate(kernels):
 @pytest.mark.gpu
 def test_load_errors_are_clear(tmp_path):
     ops = launcher.get()
-    with pytest.raises(RuntimeError, match="cannot load kernel library"):
+    with pytest.raises(RuntimeError, match="cannot read kernel library .*missing.so"):
         ops.load(str(tmp_path / "missing.so"))
     src = tmp_path / "other.c"
     src.write_text("int other(void) { return 0; }\n")
