@@ -17,3 +17,43 @@ def test_time_many_rotates_the_order_so_no_arm_always_follows_the_same_one(monke
     before = {fn: {r[i - 1] for r in rounds for i in (1, 2) if r[i] is fn} for fn in fns.values()}
     assert len({r[0] for r in rounds}) == 3 and all(len(b) == 2 for b in before.values())
     assert {k: a.median_ms for k, a in arms.items()} == {"a": 1.0, "b": 2.0, "c": 3.0}
+
+
+class _FakeEvent:
+    """torch.cuda.Event stand-in: elapsed time 1 ms."""
+    def __init__(self, **kw):
+        pass
+
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 1.0
+
+
+def test_timed_calls_run_with_the_cyclic_gc_paused_and_it_is_restored(monkeypatch):
+    import gc
+    import torch
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    seen = []
+    assert gc.isenabled()
+    times = timing._times(lambda: seen.append(gc.isenabled()), (), iters=4, warmup=2)
+    assert times == [1.0] * 4 and seen == [True, True, False, False, False, False]
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with timing.gc_paused():
+            pass
+        assert not gc.isenabled()                 # a caller's choice is kept
+    finally:
+        gc.enable()
+    try:
+        with timing.gc_paused():
+            raise KeyError
+    except KeyError:
+        pass
+    assert gc.isenabled()

@@ -21,7 +21,9 @@ flops allow on the measured ceilings; a kernel timed well under it fooled the ti
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import json
 import statistics
 import time
@@ -78,8 +80,19 @@ def time_fn(fn: Callable[[Any], Any], make_inputs: Callable[[], Any], warmup: in
     # The sleep must outlast fn's issue on the host, or host gaps leak into the events.
     sleep = _sleep_cycles(3 * 1e3 * statistics.median(hosts) + 0.05)
     reps = _reps_for(fn, sets[0], reps)
-    events, drains = [], []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with gc_paused():
+        events, drains = _time_reps(fn, sets, flush, sleep, latency, reps, start, end)
+    ev, drain = statistics.median(events), statistics.median(drains)
+    # NOTE: quantiles come from whichever series decided the median, so spread stays meaningful.
+    series = events if ev >= drain else drains
+    return Timing(max(ev, drain), _quantile(series, 0.2), _quantile(series, 0.8), reps, ev, drain)
+
+
+def _time_reps(fn, sets, flush, sleep: int, latency: float, reps: int, start, end):
+    """time_fn's timed loop: (event ms, drain ms) per rep."""
+    import torch
+    events, drains = [], []
     for i in range(reps):
         s = sets[i % len(sets)]
         if flush is not None:
@@ -98,10 +111,7 @@ def time_fn(fn: Callable[[Any], Any], make_inputs: Callable[[], Any], warmup: in
         t1 = time.perf_counter()
         torch.cuda.synchronize()   # device-wide: waits for every stream, not only the current one
         drains.append(max(0.0, (time.perf_counter() - t1) * 1e3 - latency))
-    ev, drain = statistics.median(events), statistics.median(drains)
-    # NOTE: quantiles come from whichever series decided the median, so spread stays meaningful.
-    series = events if ev >= drain else drains
-    return Timing(max(ev, drain), _quantile(series, 0.2), _quantile(series, 0.8), reps, ev, drain)
+    return events, drains
 
 
 @functools.lru_cache(maxsize=None)
@@ -330,14 +340,37 @@ def _times(fn, inputs: tuple, iters: int, warmup: int) -> list[float]:
             fn(*inputs)
         torch.cuda.synchronize()
         times = []
-        for _ in range(iters):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn(*inputs)
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
+        with gc_paused():
+            for _ in range(iters):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn(*inputs)
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b))
     return times
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Python's cyclic GC off for the block (timeit's practice), after one full collection.
+
+    NOTE: a host-bound model's call time is its Python time, and a gen-2 collection lands in
+    whichever call crosses the allocation threshold, costing in proportion to every object the
+    process holds (compiled graphs, captured models). bench_models, which holds three optimized
+    copies, timed torch.compile of GPT-2 bf16 at 3.78 ms (p20-p80 3.27-4.87) and an optimized copy
+    running that same compile at 0.91x of it; a process holding less timed both at 3.20 ms
+    (3.17-3.26) on the same H100 (docs/RESULTS_LOG.md). Collecting first and pausing leaves each
+    arm its own cost, not the cost of what the process happens to hold.
+    """
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _arm(times: list[float]) -> ArmTime:
