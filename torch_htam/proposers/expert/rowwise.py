@@ -599,17 +599,18 @@ __global__ void __launch_bounds__(1024) outer_finish(int64_t slots, int64_t rows
                     f"          const int c = c0 + u * ck; (void)c; const int e = 0; (void)e;\n"
                     f"          {bind}\n{body}\n        }}")
 
-        def loop(body: str) -> str:
-            """body over this lane's columns in increasing order: col_unroll loads in flight, then a tail."""
+        def loop(body: str, tail_body: str | None = None, pre: str = "", post: str = "") -> str:
+            """body over this lane's columns in increasing order: col_unroll loads in flight, then a
+            tail (tail_body, default body); pre / post: code around each group of col_unroll steps."""
             decl = " ".join(f"float xu{i}[{U}];" for i in self.varying)
             loads = "\n".join(f"#pragma unroll\n        for (int u = 0; u < {U}; ++u) xu{i}[u] = {ld(i, 'c0 + u * ck')};"
                               for i in self.varying)
             tail = "\n".join(f"        x{i}[0] = {ld(i, 'c')};" for i in self.varying)
             return (f"      int c0 = ty;\n"
-                    f"      for (; c0 + {U - 1} * ck < ncol; c0 += {U} * ck) {{\n        {decl}\n{loads}\n{step(body)}\n      }}\n"
+                    f"      for (; c0 + {U - 1} * ck < ncol; c0 += {U} * ck) {{\n        {decl}\n{loads}\n{pre}{step(body)}\n{post}      }}\n"
                     f"      for (int c = c0; c < ncol; c += ck) {{\n"
                     f"        {' '.join(f'float x{i}[1];' for i in self.varying)}\n        const int e = 0; (void)e;\n"
-                    f"{tail}\n{body}\n      }}")
+                    f"{tail}\n{tail_body or body}\n      }}")
         passes, k = [], 0
         reds = prog.reductions
         while k < len(reds):
@@ -620,15 +621,25 @@ __global__ void __launch_bounds__(1024) outer_finish(int64_t slots, int64_t rows
             v = em.emit(red.expr)
             lines = "\n".join("          " + ln for ln in em.lines)
             if pair and red.pair[0] == "welford":
-                # NOTE: a lane's values are summed shifted by its first one (k_; the shifted-data
-                # variance: no division per value, where Welford's update divides by n each time),
-                # then made one Welford state that col_reduce merges with the other lanes'
-                body = (f"{lines}\n          if (n_ == 0.f) k_ = {v};\n          n_ += 1.f;\n"
-                        f"          const float d_ = {v} - k_;\n          s1_ += d_; s2_ += d_ * d_;")
-                passes.append(f"    float R{k}, R{k + 1};\n    {{\n      float n_ = 0.f, k_ = 0.f, s1_ = 0.f, s2_ = 0.f;\n"
-                              f"{loop(body)}\n      WelfordState w; w.n = n_;\n"
-                              f"      w.mean = n_ > 0.f ? k_ + s1_ / n_ : 0.f;\n"
-                              f"      w.m2 = n_ > 0.f ? fmaxf(s2_ - s1_ * (s1_ / n_), 0.f) : 0.f;\n"
+                # NOTE: each group of col_unroll values is reduced two-pass (its mean, then its
+                # squared deviations) and merged into the lane's Welford state (Chan et al.): one
+                # division per group, where Welford's update divides per value. Summing shifted
+                # by the lane's first value instead lost digits when that value sat far from the
+                # mean: var over dim 1 of [64, 512, 1024] fp32 missed rtol 1e-4 on 3 of 65536
+                # values (H100, scripts/stress_verify.py rw_var_dim1_fp32).
+                body = f"{lines}\n          cv_[u] = {v};"
+                pre = f"        float cv_[{U}];\n"
+                post = (f"        {{\n          float cs_ = 0.f, cq_ = 0.f;\n#pragma unroll\n"
+                        f"          for (int u = 0; u < {U}; ++u) cs_ += cv_[u];\n"
+                        f"          const float cm_ = cs_ * (1.f / {U}.f);\n#pragma unroll\n"
+                        f"          for (int u = 0; u < {U}; ++u) {{ const float d_ = cv_[u] - cm_; cq_ += d_ * d_; }}\n"
+                        f"          const float nn_ = n_ + {U}.f, dm_ = cm_ - m_;\n"
+                        f"          m_ += dm_ * ({U}.f / nn_); q_ += cq_ + dm_ * dm_ * (n_ * ({U}.f / nn_)); n_ = nn_;\n"
+                        f"        }}\n")
+                tail_body = (f"{lines}\n          n_ += 1.f;\n          const float d_ = {v} - m_;\n"
+                             f"          m_ += d_ / n_; q_ += d_ * ({v} - m_);")
+                passes.append(f"    float R{k}, R{k + 1};\n    {{\n      float n_ = 0.f, m_ = 0.f, q_ = 0.f;\n"
+                              f"{loop(body, tail_body, pre, post)}\n      WelfordState w; w.n = n_; w.mean = m_; w.m2 = q_;\n"
                               f"      w = col_reduce(w, WfOp());\n"
                               f"      R{k} = w.mean * w.n; R{k + 1} = w.m2;   // sum and sum of squared deviations\n    }}")
                 k += 2
