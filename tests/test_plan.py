@@ -1,6 +1,7 @@
 """The plan command: a table for a real model, clean messages for unusable specs and models."""
 import io
 import re
+import sys
 import json
 from pathlib import Path
 
@@ -142,3 +143,25 @@ def test_plan_times_tasks_on_cuda():
     rows = [line for line in out.getvalue().splitlines() if re.match(r"[0-9a-f]{16} ", line)]
     shares = [float(tok[:-1]) for line in rows for tok in line.split() if tok.endswith("%")]
     assert len(rows) == 9 and len(shares) == 9 and abs(sum(shares) - 100) < 1.0
+
+
+def test_a_model_from_a_file_compiles_under_torch_compile(tmp_path):
+    # Dynamo imports a traced function's module by name: a model file must be importable by it
+    same = tmp_path / "a" / "net.py", tmp_path / "b" / "net.py"   # one stem, two files
+    for i, f in enumerate(same):
+        f.parent.mkdir()
+        f.write_text("import torch\nSCALE = %d.0\n\nclass Net(torch.nn.Module):\n"
+                     "    def forward(self, x):\n        return torch.relu(x) * SCALE\n\n"
+                     "def get_model():\n    return Net(), (torch.randn(4, 8),)\n" % (i + 1))
+    for i, f in enumerate(same):
+        model, (x,) = load_model_spec(str(f), device="cpu")
+        # NOTE: torch 2.11's Dynamo imports it (sys.modules) and failed without; 2.14 falls back
+        assert sys.modules[type(model).__module__].Net is type(model)
+        torch._dynamo.reset()
+        out = torch.compile(lambda t: model(t), backend="eager", fullgraph=True)(x)   # forward inlined
+        assert torch.equal(out, torch.relu(x) * (i + 1))
+    with pytest.raises(ModelSpecError):
+        bad = tmp_path / "bad.py"
+        bad.write_text("raise ValueError('top level')\n")
+        load_model_spec(str(bad))
+    assert not any("htam_model_bad" in m for m in sys.modules)   # a failed import leaves no module

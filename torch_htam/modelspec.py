@@ -11,9 +11,11 @@ the file runs, get_model() raising (the original exception is its __cause__), a 
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
+import sys
 import traceback
 from pathlib import Path
 
@@ -118,21 +120,7 @@ def _syntax(e: SyntaxError, target: str) -> ModelSpecError:
 
 def _import(target: str, spec: str):
     if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_file():
-            raise ModelSpecError(f"model file {target} does not exist (spec {spec!r})")
-        mod_spec = importlib.util.spec_from_file_location(f"htam_model_{path.stem}", path)
-        module = importlib.util.module_from_spec(mod_spec)
-        try:
-            mod_spec.loader.exec_module(module)
-        except SyntaxError as e:
-            raise _syntax(e, target) from e
-        except ImportError as e:
-            raise ModelSpecError(f"could not import {target}: {e}{_where(e)}") from e
-        except Exception as e:  # noqa: BLE001 -- the file's top-level code failed, not get_model()
-            raise ModelSpecError(f"could not import {target}: its top-level code raised "
-                                 f"{type(e).__name__}: {e}{_where(e)}") from e
-        return module
+        return _import_file(Path(target), target, spec)
     try:
         return importlib.import_module(target)
     except SyntaxError as e:
@@ -147,3 +135,31 @@ def _import(target: str, spec: str):
     except Exception as e:  # noqa: BLE001
         raise ModelSpecError(f"could not import {target}: its top-level code raised "
                              f"{type(e).__name__}: {e}{_where(e)}") from e
+
+
+def _import_file(path: Path, target: str, spec: str):
+    """The model file as a module registered in sys.modules (importlib's recipe).
+
+    NOTE: torch.compile's Dynamo imports a traced function's module by name to guard its globals;
+    a file loaded without registering it failed there ("No module named 'htam_model_gpt_block'").
+    The name carries a hash of the path, so two files with one stem stay two modules.
+    """
+    if not path.is_file():
+        raise ModelSpecError(f"model file {target} does not exist (spec {spec!r})")
+    name = f"htam_model_{path.stem}_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]}"
+    mod_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[name] = module
+    try:
+        mod_spec.loader.exec_module(module)
+    except BaseException as e:
+        sys.modules.pop(name, None)
+        if isinstance(e, SyntaxError):
+            raise _syntax(e, target) from e
+        if isinstance(e, ImportError):
+            raise ModelSpecError(f"could not import {target}: {e}{_where(e)}") from e
+        if isinstance(e, Exception):   # the file's top-level code failed, not get_model()
+            raise ModelSpecError(f"could not import {target}: its top-level code raised "
+                                 f"{type(e).__name__}: {e}{_where(e)}") from e
+        raise
+    return module
