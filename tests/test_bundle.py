@@ -357,6 +357,31 @@ def test_no_kernel_to_bundle_raises_and_writes_no_manifest(made, tmp_path):
     assert issubclass(EmptyBundleError, RuntimeError)
 
 
+def test_torch_compile_alone_bundles_its_inductor_code_and_loads_compiled(made, tmp_path, monkeypatch):
+    """optimize kept no kernel (torch.compile alone was fastest): the bundle is Inductor's code for
+    the model, and load runs torch.compile, as the optimized model did, with none of our kernels."""
+    from torch_htam import inductor
+    model, x, tasks, cache, provider = made
+    loaded = []
+    monkeypatch.setattr(inductor, "load_artifacts", loaded.append)
+    torch._dynamo.reset()
+    run = {"compile": True, "mode": "default"}
+    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache, only=set(), run=run,
+                            inductor_code=b"compiled code")
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["run"] == run and not any(t["kernel"] for t in man["tasks"]) and man["inductor"]
+    assert not (out / "kernels").exists() or not any((out / "kernels").iterdir())
+    fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
+    assert bundle.run_of(fresh) == run and loaded == [b"compiled code"]
+    with torch.inference_mode():
+        y = torch.randn(4, 8, 32)
+        torch.testing.assert_close(fresh(y), model(y))
+    inductor.sync_report(fresh)
+    assert fresh.htam_report.swapped == 0
+    runtime.restore(fresh)
+    torch._dynamo.reset()
+
+
 def test_a_kernel_whose_golden_record_fails_is_left_out(made, tmp_path, monkeypatch):
     from torch_htam import golden
     from torch_htam.errors import EmptyBundleError

@@ -82,8 +82,8 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
     verdict); None: every usable kernel. run: how load() runs the model (run_of(optimized model));
     None: REPLAY. inductor_code: Inductor's cache artifacts for a compiled run
     (inductor.save_artifacts, on the GPU that timed it), valid for inductor.stack() of this
-    process. Raises errors.EmptyBundleError, writing nothing, when no kernel qualifies: a bundle
-    always has at least one kernel.
+    process. Raises errors.EmptyBundleError, writing nothing, when no kernel qualifies and there is
+    no Inductor code either: a bundle has a kernel, or torch.compile's code for the model.
 
         >>> precompile(model, (x,), "bundle/", ensure_kernels=lambda m, x, c: optimize(m, x, c))
         PosixPath('bundle')
@@ -100,7 +100,10 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
                            + "; ".join(cap.problems) + ")")
     entries = {t.signature: e for t in tasks if (e := cache.get(t.signature)) is not None and e.usable()}
     chosen = [t for t in tasks if t.signature in entries and (only is None or t.signature in only)]
-    if not chosen:
+    # NOTE: where torch.compile alone was the fastest model, a bundle of its Inductor code is still
+    # worth deploying: the server skips the cold compile (bench/bench_deploy.py times it).
+    compiled = inductor_code is not None and bool((run or REPLAY).get("compile"))
+    if not chosen and not compiled:
         raise EmptyBundleError(_empty_reason(cache, tasks, entries, only))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -126,7 +129,7 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
                                 "sha256": sha256_file(entry.path / golden.FILE),
                                 "seed": golden.GOLDEN_SEED, "dist": golden.GOLDEN_DIST,
                                 "device": torch.device(device).type, "policy": policy.to_json()}
-    if not goldens:
+    if chosen and not goldens and not compiled:
         target.clear()
         raise EmptyBundleError(f"no kernel to bundle for {cache.arch}: the golden record of every "
                                f"kernel failed on {device} (" + "; ".join(failed.values()) + ")")
@@ -266,8 +269,10 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
     first call, as torch.compile does) or in the replay of the captured graph. provider: None is
     each path's own (the launcher op inside Inductor's graph, its cheaper binding in the replay)."""
     run = manifest.get("run", REPLAY)
-    if not (run.get("compile") and kernels):
+    if not run.get("compile"):
         return runtime.install(model, cap, kernels, provider=provider)
+    # NOTE: a compiled run stays compiled with no kernel left (none bundled, or none passed its
+    # golden check): optimize's guard timed torch.compile alone as the floor of this model.
     from torch_htam import inductor
     note = _load_inductor_code(bundle_dir, manifest)
     model = inductor.install(model, cap, kernels, run.get("mode", "default"), provider=provider)

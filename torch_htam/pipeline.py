@@ -545,8 +545,9 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
 
     arch: bundle the kernels already cached for that arch (e.g. "sm_90a"), with no search: how a
     machine without a GPU (a CI box) writes a bundle. Without a GPU and without arch, $HTAM_ARCH
-    stands for it; with neither, a RuntimeError says so. Raises errors.EmptyBundleError when there
-    is no kernel to bundle (no bundle is written then).
+    stands for it; with neither, a RuntimeError says so. Where the optimized model is torch.compile
+    with no kernel of ours (none beat Inductor), the bundle carries Inductor's code alone. Raises
+    errors.EmptyBundleError when there is nothing to bundle (no bundle is written then).
 
     >>> torch_htam.precompile(model, (x,), "bundle/")   # later: torch_htam.load(model, "bundle/", (x,))
     >>> torch_htam.precompile(model, (x,), "bundle/", arch="sm_90a")   # no GPU here

@@ -326,10 +326,11 @@ def time_many(fns: dict, inputs: tuple, iters: int = 50, rounds: int = 5) -> dic
     times: dict[str, list[float]] = {k: [] for k in fns}
     per = max(1, iters // rounds)
     order = list(fns)
-    for r in range(rounds):
-        turn = order[r % len(order):] + order[: r % len(order)]
-        for k in (turn if r % 2 == 0 else turn[::-1]):
-            times[k] += _times(fns[k], inputs, per, warmup=3)
+    with gc_paused():
+        for r in range(rounds):
+            turn = order[r % len(order):] + order[: r % len(order)]
+            for k in (turn if r % 2 == 0 else turn[::-1]):
+                times[k] += _times(fns[k], inputs, per, warmup=3)
     return {k: _arm(v) for k, v in times.items()}
 
 
@@ -353,18 +354,17 @@ def _times(fn, inputs: tuple, iters: int, warmup: int) -> list[float]:
 
 @contextlib.contextmanager
 def gc_paused():
-    """Python's cyclic GC off for the block (timeit's practice), after one full collection.
+    """Python's cyclic GC off for the block (timeit's practice); nested blocks change nothing.
 
     NOTE: a host-bound model's call time is its Python time, and a gen-2 collection lands in
     whichever call crosses the allocation threshold, costing in proportion to every object the
     process holds (compiled graphs, captured models). bench_models, which holds three optimized
     copies, timed torch.compile of GPT-2 bf16 at 3.78 ms (p20-p80 3.27-4.87) and an optimized copy
     running that same compile at 0.91x of it; a process holding less timed both at 3.20 ms
-    (3.17-3.26) on the same H100 (docs/RESULTS_LOG.md). Collecting first and pausing leaves each
-    arm its own cost, not the cost of what the process happens to hold.
+    (3.17-3.26) on the same H100 (docs/RESULTS_LOG.md). No collection is forced first: a full one
+    costs seconds in such a process, and the garbage of a few hundred calls is collected after.
     """
     was = gc.isenabled()
-    gc.collect()
     gc.disable()
     try:
         yield
