@@ -148,6 +148,7 @@ def bench_model(model, inputs, name: str, config=None, iters: int = 50,
         torch.cuda.synchronize()
         setup[arm] = time.perf_counter() - t0
         res.max_rel_err[arm] = rel_err(out.clone(), ref)
+        print(f"[bench] {name} {arm}: ready in {setup[arm]:.0f} s", file=sys.stderr, flush=True)
     res.arms = time_many(fns, inputs, iters, rounds=max(1, iters // 10))
     for arm, a in res.arms.items():
         a.setup_s = setup[arm]
