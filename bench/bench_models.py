@@ -1,6 +1,6 @@
 """End-to-end: eager, torch.compile and torch_htam on real architectures, side by side.
 
-    python3 bench/bench_models.py gpt2:fp32 gpt2:bf16 resnet50:fp32 [--budget 120] [--steps 1]
+    python3 bench/bench_models.py gpt2:fp32 gpt2:bf16 resnet50:fp32 [--budget 120] [--steps 1] [--arms eager,compile,htam]
 
 Each model is timed in this one process, every arm interleaved on the same inputs
 (torch_htam.benchmark.ARMS: eager, torch.compile default and reduce-overhead, torch_htam replay,
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # noqa: E402
 import record  # noqa: E402
-from torch_htam.benchmark import bench_model, format_table  # noqa: E402
+from torch_htam.benchmark import ARMS, bench_model, format_table  # noqa: E402
 from torch_htam.pipeline import OptimizeConfig  # noqa: E402
 
 
@@ -54,8 +54,13 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=120.0, help="search seconds per model")
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--iters", type=int, default=100, help="timed calls per arm (host-bound models need many)")
+    ap.add_argument("--arms", default=",".join(ARMS),
+                    help=f"comma-separated arms to time (default: all of {','.join(ARMS)})")
     ap.add_argument("--no-record", action="store_true", help="do not write a file to bench/results/")
     a = ap.parse_args()
+    arms = tuple(x for x in a.arms.split(",") if x)
+    if "eager" not in arms or not set(arms) <= set(ARMS):
+        ap.error(f"--arms: a subset of {','.join(ARMS)} with eager in it (the reference)")
     if not torch.cuda.is_available():
         print("bench_models needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -65,7 +70,7 @@ def main() -> int:
         t0 = time.perf_counter()
         model, inputs = models.MODELS[name](dtype)
         cfg = OptimizeConfig(steps=a.steps, time_budget_s=a.budget, progress=False)
-        res = bench_model(model, inputs, spec, cfg, iters=a.iters)
+        res = bench_model(model, inputs, spec, cfg, iters=a.iters, arms=arms)
         print(format_table(res), f"\n({time.perf_counter() - t0:.0f} s)\n", flush=True)
         raw.append(data(spec, res))
         r = raw[-1]
@@ -74,7 +79,7 @@ def main() -> int:
               f"vs_eager={r['vs_eager']} max_rel_err={r['max_rel_err']}", flush=True)
         if not a.no_record:   # NOTE: written after every model, so a cut run keeps what it measured
             path = record.write("bench_models", {"budget_s": a.budget, "steps": a.steps,
-                                                 "iters": a.iters, "proposer": "expert", "rows": raw},
+                                                 "iters": a.iters, "arms": list(arms), "proposer": "expert", "rows": raw},
                                 path=path)
         del model, inputs
         torch.cuda.empty_cache()

@@ -298,10 +298,11 @@ def test_the_public_backend_is_a_factory_after_any_import():
         torch_htam.backend(mode="fast")
 
 
-@pytest.mark.parametrize("replay_wins", [True, False])
-def test_the_replay_replaces_torch_compile_only_when_it_is_faster(mlp, monkeypatch, replay_wins):
-    """After the compiled guard, the replay of the captured graph with every usable kernel is timed
-    against the compiled model: installed when it pays, else the compiled model stays as it was."""
+@pytest.mark.parametrize("winner", ["replay", "original", "compiled"])
+def test_the_fastest_of_compiled_replay_and_original_is_kept(mlp, monkeypatch, winner):
+    """After the compiled guard, the compiled model, the replay of the captured graph with every
+    usable kernel and the original forward are timed together: the replay or the original forward
+    replaces the compiled model only when it is faster beyond noise."""
     from torch_htam import pipeline, timing
     model, x, found, kernels = mlp
     entries = {s: _Entry(k, 2.0) for s, k in kernels.items()}
@@ -316,22 +317,28 @@ def test_the_replay_replaces_torch_compile_only_when_it_is_faster(mlp, monkeypat
     model = pipeline._install_compiled(model, found, entries, (x,), cfg)
     compiled = model._compiled_call_impl
     timed = []
+    ms = {"compiled": 1.0, "replay": 0.99, "original": 1.2} | {winner: 0.5}
 
-    def time_pair(a, b, inputs, iters, rounds):
+    def time_many(fns, inputs, iters, rounds):
         with torch.inference_mode():
-            torch.testing.assert_close(b(*inputs), MLP.forward(model, *inputs))   # b is the replay
-        timed.append((a, b))
-        return timing.ArmTime(1.0, 0.9, 1.1), timing.ArmTime(0.5 if replay_wins else 0.99, 0.45, 0.55)
-    monkeypatch.setattr(timing, "time_pair", time_pair)
-    model = pipeline._replay_if_faster(model, found, entries, (x,), cfg, provider=PROVIDER)
-    assert len(timed) == 1 and timed[0][0] is model
+            for f in fns.values():
+                torch.testing.assert_close(f(*inputs), MLP.forward(model, *inputs))
+        timed.append(fns)
+        return {k: timing.ArmTime(ms[k], ms[k] * 0.9, ms[k] * 1.1) for k in fns}
+    monkeypatch.setattr(timing, "time_many", time_many)
+    model = pipeline._fastest_path(model, found, entries, (x,), cfg, provider=PROVIDER)
+    assert len(timed) == 1 and set(timed[0]) == {"compiled", "replay", "original"}
     rep = model.htam_report
-    if replay_wins:
+    if winner == "replay":
         assert model._compiled_call_impl is None and hasattr(model.forward, "htam")
         assert rep.swapped == len(kernels) and "replay" in rep.note and rep.e2e["htam_ms"] == 0.5
+    elif winner == "original":
+        assert model._compiled_call_impl is None and "forward" not in model.__dict__
+        assert rep.swapped == 0 and rep.note.startswith("the original forward: 0.500 ms")
+        assert all(t.status.startswith("not used: the original forward") for t in rep.tasks)
     else:
         assert model._compiled_call_impl is compiled and "forward" not in model.__dict__
-        assert rep.e2e["replay_ms"] == 0.99
+        assert rep.e2e["replay_ms"] == 0.99 and rep.e2e["original_ms"] == 1.2
     with torch.inference_mode():
         torch.testing.assert_close(model(x), MLP.forward(model, x))
     runtime.restore(model)
