@@ -358,11 +358,10 @@ def gc_paused():
 
     NOTE: a host-bound model's call time is its Python time, and a gen-2 collection lands in
     whichever call crosses the allocation threshold, costing in proportion to every object the
-    process holds (compiled graphs, captured models). bench_models, which holds three optimized
-    copies, timed torch.compile of GPT-2 bf16 at 3.78 ms (p20-p80 3.27-4.87) and an optimized copy
-    running that same compile at 0.91x of it; a process holding less timed both at 3.20 ms
-    (3.17-3.26) on the same H100 (docs/RESULTS_LOG.md). No collection is forced first: a full one
-    costs seconds in such a process, and the garbage of a few hundred calls is collected after.
+    process holds (compiled graphs, captured models): one arm would pay for what the process
+    holds. No collection is forced first (a full one costs seconds in such a process); the
+    garbage of the timed calls is collected after. This alone did not narrow bench_models'
+    default-mode spreads (bench/findings.md).
     """
     was = gc.isenabled()
     gc.disable()
