@@ -359,7 +359,7 @@ def gc_paused():
     NOTE: a host-bound model's call time is its Python time, and a gen-2 collection lands in
     whichever call crosses the allocation threshold, costing in proportion to every object the
     process holds (compiled graphs, captured models): one arm would pay for what the process
-    holds. No collection is forced first (a full one costs seconds in such a process); the
+    holds. No collection is forced first (its cost grows with what the process holds); the
     garbage of the timed calls is collected after. This alone did not narrow bench_models'
     default-mode spreads (bench/findings.md).
     """
