@@ -1,7 +1,11 @@
 """Probe: is the 0.91-0.93x of a 0-swap optimized model against torch.compile (default mode) noise,
 or host cost of our installed call path? Arms: eager, two identical torch.compile's (a control),
 torch.compile(model) as a user writes it, the install path (model._compiled_call_impl) and
-torch_htam.optimize. Per-call-synced timing (timing.time_many) and pipelined (20 calls, one sync)."""
+torch_htam.optimize. Per-call-synced timing (timing.time_many) and pipelined (20 calls, one sync).
+--ro adds two reduce-overhead compiles (CUDA graph trees) to the same process: does their presence
+widen the default-mode arms' spreads, as bench_models' do (bench/findings.md)?
+
+    python3 scripts/probe_noise.py gpt2:bf16 resnet50:bf16 [--ro]"""
 import copy, json, os, statistics, sys, time
 from pathlib import Path
 import torch
@@ -40,13 +44,17 @@ def host_only(fns, inputs, n=50):
     return out
 
 res = {}
-for spec in sys.argv[1:]:
+ro = "--ro" in sys.argv
+for spec in [a for a in sys.argv[1:] if not a.startswith("--")]:
     name, dt = spec.split(":")
     model, inputs = models.MODELS[name](dt)
     fns, setup = {"eager": model}, {}
     t0 = time.perf_counter()
     fns["compile_a"] = inductor.compile_with(model, None); fns["compile_b"] = inductor.compile_with(model, None)
     fns["compile_module"] = torch.compile(model)
+    if ro:
+        fns["ro_a"] = inductor.compile_with(model, None, "reduce-overhead")
+        fns["ro_b"] = inductor.compile_with(model, None, "reduce-overhead")
     m2 = copy.deepcopy(model); m2._compiled_call_impl = inductor.compile_with(m2, None); fns["installed"] = m2
     opt = torch_htam.optimize(copy.deepcopy(model), inputs, OptimizeConfig(steps=0, time_budget_s=20, progress=False))
     fns["optimized"] = opt
@@ -76,4 +84,4 @@ for spec in sys.argv[1:]:
         print(f"{k:16} {s.median_ms:8.3f} {s.p20_ms:7.3f} {s.p80_ms:7.3f} {pipe[k]:8.3f} {host[k]:8.3f}", flush=True)
     del fns, model, opt, m2
     torch.cuda.empty_cache()
-Path(os.environ.get("OUT", "/tmp"), "probe_noise.json").write_text(json.dumps(res, indent=1))
+Path(os.environ.get("OUT", "/tmp"), f"probe_noise{'_ro' if ro else ''}.json").write_text(json.dumps(res, indent=1))
