@@ -123,18 +123,13 @@ def _import(target: str, spec: str):
         return _import_file(Path(target), target, spec)
     try:
         return importlib.import_module(target)
-    except SyntaxError as e:
-        raise _syntax(e, target) from e
     except ModuleNotFoundError as e:
         if e.name and (target == e.name or target.startswith(e.name + ".")):   # the spec's own
             raise ModelSpecError(f"cannot import {target!r} from spec {spec!r}: {e}. Give a .py path "
                                  "or an importable module, e.g. mypkg.models:get_model") from e
-        raise ModelSpecError(f"could not import {target}: {e}{_where(e)}") from e
-    except ImportError as e:
-        raise ModelSpecError(f"could not import {target}: {e}{_where(e)}") from e
+        raise _import_error(e, target) from e
     except Exception as e:  # noqa: BLE001
-        raise ModelSpecError(f"could not import {target}: its top-level code raised "
-                             f"{type(e).__name__}: {e}{_where(e)}") from e
+        raise _import_error(e, target) from e
 
 
 def _import_file(path: Path, target: str, spec: str):
@@ -152,14 +147,17 @@ def _import_file(path: Path, target: str, spec: str):
     sys.modules[name] = module
     try:
         mod_spec.loader.exec_module(module)
-    except BaseException as e:
-        sys.modules.pop(name, None)
-        if isinstance(e, SyntaxError):
-            raise _syntax(e, target) from e
-        if isinstance(e, ImportError):
-            raise ModelSpecError(f"could not import {target}: {e}{_where(e)}") from e
-        if isinstance(e, Exception):   # the file's top-level code failed, not get_model()
-            raise ModelSpecError(f"could not import {target}: its top-level code raised "
-                                 f"{type(e).__name__}: {e}{_where(e)}") from e
-        raise
+    except Exception as e:  # noqa: BLE001 -- the file's top-level code failed, not get_model()
+        del sys.modules[name]
+        raise _import_error(e, target) from e
     return module
+
+
+def _import_error(e: Exception, target: str) -> ModelSpecError:
+    """What failed while importing the model's module, said as the user needs it."""
+    if isinstance(e, SyntaxError):
+        return _syntax(e, target)
+    if isinstance(e, ImportError):
+        return ModelSpecError(f"could not import {target}: {e}{_where(e)}")
+    return ModelSpecError(f"could not import {target}: its top-level code raised "
+                          f"{type(e).__name__}: {e}{_where(e)}")
