@@ -17,6 +17,7 @@ def test_time_many_rotates_the_order_so_no_arm_always_follows_the_same_one(monke
     before = {fn: {r[i - 1] for r in rounds for i in (1, 2) if r[i] is fn} for fn in fns.values()}
     assert len({r[0] for r in rounds}) == 3 and all(len(b) == 2 for b in before.values())
     assert {k: a.median_ms for k, a in arms.items()} == {"a": 1.0, "b": 2.0, "c": 3.0}
+    assert {k: a.round_ms for k, a in arms.items()} == {k: [v] * 6 for k, v in (("a", 1.0), ("b", 2.0), ("c", 3.0))}
 
 
 class _FakeEvent:

@@ -27,7 +27,7 @@ import gc
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from torch_htam import paths
@@ -298,6 +298,9 @@ class ArmTime:
     p20_ms: float
     p80_ms: float
     setup_s: float = 0.0     # compile / optimize time before the first timed call
+    # time_many: the median of each round, in the order run: a steady offset between two arms
+    # shows in every round, drift or a disturbance in a few
+    round_ms: list[float] = field(default_factory=list)
 
 
 def time_model(fn, inputs: tuple, iters: int = 50, warmup: int = 5) -> ArmTime:
@@ -323,15 +326,18 @@ def time_many(fns: dict, inputs: tuple, iters: int = 50, rounds: int = 5) -> dic
     one left behind, which matters most for host-bound models, so no arm may always follow the
     same one.
     """
-    times: dict[str, list[float]] = {k: [] for k in fns}
+    times: dict[str, list[list[float]]] = {k: [] for k in fns}
     per = max(1, iters // rounds)
     order = list(fns)
     with gc_paused():
         for r in range(rounds):
             turn = order[r % len(order):] + order[: r % len(order)]
             for k in (turn if r % 2 == 0 else turn[::-1]):
-                times[k] += _times(fns[k], inputs, per, warmup=3)
-    return {k: _arm(v) for k, v in times.items()}
+                times[k].append(_times(fns[k], inputs, per, warmup=3))
+    arms = {k: _arm([t for rnd in v for t in rnd]) for k, v in times.items()}
+    for k, a in arms.items():
+        a.round_ms = [statistics.median(rnd) for rnd in times[k]]
+    return arms
 
 
 def _times(fn, inputs: tuple, iters: int, warmup: int) -> list[float]:
