@@ -1,6 +1,7 @@
 """Each verified kernel alone inside torch.compile's graph, against torch.compile alone.
 
     python3 bench/bench_swaps.py gpt2:bf16 [--budget 60] [--mode reduce-overhead]
+    python3 bench/bench_swaps.py resnet50:bf16 --nchw    # and with Inductor's layout optimization off
 
 Fills the cache with a replay-mode search (no Inductor bar, so every kernel that beats eager is
 there), then compiles the model once per kernel with only that kernel swapped in (plus once with
@@ -10,7 +11,10 @@ wall ms far above device ms means the compiled model is host-bound (the launches
 set its pace), and in reduce-overhead mode "cudagraph skips" counts graphs Inductor ran without
 CUDA graphs. Writes bench/results/bench_swaps-<date>.json: suite "bench_swaps", model, mode, rows
 (one per variant: variant, swapped sites, ms, p20, p80, vs_compile, device ms, cudagraph skips, the
-kernel's eager and Inductor speedups as cached), profile (none and all: top kernels).
+kernel's eager and Inductor speedups as cached), profile (none and all: top kernels). --nchw adds
+"none, nchw" and "all, nchw": Inductor's layout optimization off, so a conv net stays in the NCHW
+layout our kernels were verified for (does Inductor's channels-last layout cost copies around our
+kernels?).
 """
 from __future__ import annotations
 
@@ -56,6 +60,9 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=60.0, help="search seconds")
     ap.add_argument("--iters", type=int, default=40)
     ap.add_argument("--mode", default="default", choices=inductor.MODES, help="torch.compile's mode")
+    ap.add_argument("--nchw", action="store_true",
+                    help="also: none and all with Inductor's layout optimization off (conv nets: "
+                         "Inductor computes in channels-last, our kernels take the captured NCHW)")
     ap.add_argument("--no-record", action="store_true")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -74,6 +81,11 @@ def main() -> int:
     for variant, subset in [*((label[s], {s: e}) for s, e in kernels.items()), ("all", kernels)]:
         backends[variant] = b = inductor.HtamBackend(subset, a.mode)
         fns[variant] = inductor.compile_with(model, b)
+    if a.nchw:
+        off = {"layout_optimization": False}
+        fns["none, nchw"] = inductor.compile_with(model, None, a.mode, options=off)
+        backends["all, nchw"] = b = inductor.HtamBackend(kernels, a.mode, options=off)
+        fns["all, nchw"] = inductor.compile_with(model, b)
     skips = {}
     with torch.inference_mode():
         for variant, fn in fns.items():
@@ -96,7 +108,7 @@ def main() -> int:
                      "eager_speedup": ev.get("speedup"), "inductor_speedup": ev.get("compile_speedup")})
         print(f"{variant:60} {t.median_ms:8.3f} ms  {base / t.median_ms:5.2f}x of torch.compile, "
               f"{prof[variant]['device_ms']:.3f} ms of device time", flush=True)
-    prof = {k: prof[k] for k in ("none", "all")}
+    prof = {k: prof[k] for k in ("none", "all", "none, nchw", "all, nchw") if k in prof}
     for k, p in prof.items():
         print(f"profile {k}: {p['device_ms']:.3f} ms of device time per call; top: "
               + "; ".join(f"{x['name'][:40]} {x['ms']:.3f} ms x{x['launches']:.0f}" for x in p["top"][:4]))

@@ -85,6 +85,29 @@ def test_backend_without_kernels_is_plain_inductor(mlp):
     assert b.records[0].swapped == [] and "no site" in b.records[0].note
 
 
+def test_inductor_options_reach_compile_fx_on_top_of_the_mode(mlp, monkeypatch):
+    """options= (e.g. Inductor's layout optimization off) are Inductor config on top of the mode's,
+    for the backend and for torch.compile alone."""
+    import torch._inductor.compile_fx as cfx
+    model, x, found, kernels = mlp
+    off = {"layout_optimization": False}
+    b = backend.HtamBackend({}, "reduce-overhead", provider=PROVIDER, options=off)
+    assert b._inductor_options() == {"triton.cudagraphs": True, "layout_optimization": False}
+    seen, real = [], cfx.compile_fx
+
+    def compile_fx(gm, inputs, *a, config_patches=None, **k):
+        seen.append(dict(config_patches or {}))
+        return real(gm, inputs, *a, config_patches=config_patches, **k)
+    monkeypatch.setattr(cfx, "compile_fx", compile_fx)
+    b = backend.HtamBackend({}, provider=PROVIDER, options=off)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.testing.assert_close(backend.compile_with(model, b)(x), model(x))
+        torch.testing.assert_close(backend.compile_with(model, None, options=off)(x), model(x))
+    assert seen and seen[0] == off
+    torch._dynamo.reset()
+
+
 class Broken(nn.Module):
     """Two graphs: Dynamo breaks at the print."""
 

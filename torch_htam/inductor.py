@@ -46,15 +46,18 @@ class HtamBackend:
     kernels: {task signature: cache Entry or kernel object}; None reads this GPU's cache (every
     verified kernel admitted under the task's precision policy). mode: Inductor's mode, as in
     torch.compile(mode=...). inductor=False hands the swapped graph back to run as it is (tests,
-    and a way to see the swap without Inductor). records: one GraphRecord per compiled graph.
+    and a way to see the swap without Inductor). options: Inductor config on top of the mode's, as
+    torch.compile(options=...) takes it (e.g. {"layout_optimization": False}). records: one
+    GraphRecord per compiled graph.
     """
 
     def __init__(self, kernels: dict[str, Any] | None = None, mode: str = "default",
-                 provider=None, min_speedup: float = 1.0, inductor: bool = True):
+                 provider=None, min_speedup: float = 1.0, inductor: bool = True,
+                 options: dict[str, Any] | None = None):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}: use one of {', '.join(MODES)} (torch.compile's modes)")
         self.kernels, self.mode, self.provider = kernels, mode, provider
-        self.min_speedup, self.inductor = min_speedup, inductor
+        self.min_speedup, self.inductor, self.options = min_speedup, inductor, dict(options or {})
         self.records: list[GraphRecord] = []
         self._alive: list = []   # NOTE: launch handles are raw pointers into these loaded kernels
 
@@ -73,10 +76,7 @@ class HtamBackend:
         return compile_fx(graph, example_inputs, config_patches=self._inductor_options())
 
     def _inductor_options(self) -> dict:
-        if self.mode == "default":
-            return {}
-        from torch._inductor import list_mode_options
-        return dict(list_mode_options(self.mode))
+        return mode_options(self.mode) | self.options
 
     def _swap(self, gm: fx.GraphModule, example_inputs: list, record: GraphRecord) -> fx.GraphModule:
         from torch_htam import runtime
@@ -186,9 +186,19 @@ def op_provider():
 _CALLS = itertools.count()
 
 
-def compile_with(model: torch.nn.Module, b: HtamBackend | None, mode: str = "default") -> Callable:
-    """torch.compile of the model's call with backend `b` (None: Inductor alone, in `mode`), as
-    nn.Module.compile makes it, through a call of its own.
+def mode_options(mode: str) -> dict[str, Any]:
+    """Inductor's config for a torch.compile mode ({} for the default)."""
+    if mode == "default":
+        return {}
+    from torch._inductor import list_mode_options
+    return dict(list_mode_options(mode))
+
+
+def compile_with(model: torch.nn.Module, b: HtamBackend | None, mode: str = "default",
+                 options: dict[str, Any] | None = None) -> Callable:
+    """torch.compile of the model's call with backend `b` (None: Inductor alone, in `mode`, with
+    `options`: Inductor config on top of the mode's), as nn.Module.compile makes it, through a call
+    of its own.
 
     NOTE: Dynamo keeps its compiled code, and counts recompiles against its limit (8), per code
     object. nn.Module._call_impl is one code object for every module in the process, so the end
@@ -198,6 +208,8 @@ def compile_with(model: torch.nn.Module, b: HtamBackend | None, mode: str = "def
     def call(*args, **kwargs):
         return model._call_impl(*args, **kwargs)
     call.__code__ = call.__code__.replace(co_name=f"htam_call_{next(_CALLS)}")
+    if b is None and options:   # NOTE: torch.compile takes a mode or options, not both
+        return torch.compile(call, options=mode_options(mode) | options)
     if b is None:
         return torch.compile(call, mode=None if mode == "default" else mode)
     return torch.compile(call, backend=b)
