@@ -1,10 +1,12 @@
 """End-to-end: eager, torch.compile and torch_htam on real architectures, side by side.
 
     python3 bench/bench_models.py gpt2:fp32 gpt2:bf16 resnet50:fp32 [--budget 120] [--steps 1] [--arms eager,compile,htam]
+    python3 bench/bench_models.py gpt2:bf16 --split-modes    # each mode's arms in a process of its own
 
 Each model is timed in this one process, every arm interleaved on the same inputs
 (torch_htam.benchmark.ARMS: eager, torch.compile default and reduce-overhead, torch_htam replay,
-torch_htam inside Inductor default and reduce-overhead).
+torch_htam inside Inductor default and reduce-overhead); with --split-modes, each mode's arms in a
+child process of their own, with eager beside them, and each ratio within one process (merge()).
 The search budget per model is small here (the point is the end-to-end effect of what the built-in
 proposer finds); kernels land in the cache, so a second run measures the warm path. Writes the
 run's raw figures to bench/results/bench_models-<date>.json (bench/record.py): suite "bench_models",
@@ -13,7 +15,10 @@ budget_s, steps, iters, rows = one dict per model (data()).
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,6 +53,54 @@ def data(name: str, res) -> dict:
             "task_rows": res.tasks}
 
 
+# --split-modes: the arms each process times, eager (the reference) in each.
+MODE_ARMS = (("eager", "compile", "htam_replay", "htam"), ("eager", "compile_ro", "htam_ro"))
+
+
+def merge(rows: list[dict]) -> dict:
+    """One model's row from rows timed in separate processes (--split-modes): each arm as the
+    process that timed it measured it (eager: the first process's), each ratio from the process
+    that timed both of its arms, the worst error of all."""
+    out = dict(rows[0])
+    for key in ("ms", "setup_s", "swapped", "arms", "rel_err"):
+        out[key] = {k: v for r in reversed(rows) for k, v in r[key].items()}   # the first row's last
+    for key in ("vs_compile", "vs_compile_ro", "vs_eager", "replay_vs_eager"):
+        out[key] = next((r[key] for r in rows if r[key] is not None), None)
+    errs = [r["max_rel_err"] for r in rows if r["max_rel_err"] is not None]
+    out["max_rel_err"] = max(errs, default=None)
+    out["processes"] = [list(r["ms"]) for r in rows]
+    return out
+
+
+def _in_process(spec: str, arms: tuple, a) -> dict:
+    """One model benched in this process: its table printed, its row returned."""
+    name, dtype = spec.split(":")
+    t0 = time.perf_counter()
+    model, inputs = models.MODELS[name](dtype)
+    cfg = OptimizeConfig(steps=a.steps, time_budget_s=a.budget, progress=False)
+    res = bench_model(model, inputs, spec, cfg, iters=a.iters, arms=arms)
+    print(format_table(res), f"\n({time.perf_counter() - t0:.0f} s)\n", flush=True)
+    del model, inputs
+    torch.cuda.empty_cache()
+    return data(spec, res)
+
+
+def _in_children(spec: str, arms: tuple, a) -> dict:
+    """One model benched by one child process per mode (MODE_ARMS), their rows merged."""
+    rows = []
+    for group in MODE_ARMS:
+        mine = [x for x in group if x in arms]
+        if len(mine) < 2:
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "row.json"
+            subprocess.run([sys.executable, __file__, spec, "--arms", ",".join(mine), "--budget", str(a.budget),
+                            "--steps", str(a.steps), "--iters", str(a.iters), "--no-record",
+                            "--row-out", str(out)], check=True)
+            rows.append(json.loads(out.read_text()))
+    return merge(rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="*", default=["gpt2:fp32", "gpt2:bf16", "resnet50:fp32"])
@@ -56,6 +109,9 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=100, help="timed calls per arm (host-bound models need many)")
     ap.add_argument("--arms", default=",".join(ARMS),
                     help=f"comma-separated arms to time (default: all of {','.join(ARMS)})")
+    ap.add_argument("--split-modes", action="store_true",
+                    help="time each torch.compile mode's arms in a process of its own (MODE_ARMS)")
+    ap.add_argument("--row-out", type=Path, default=None, help=argparse.SUPPRESS)   # --split-modes' children
     ap.add_argument("--no-record", action="store_true", help="do not write a file to bench/results/")
     a = ap.parse_args()
     arms = tuple(x for x in a.arms.split(",") if x)
@@ -66,23 +122,17 @@ def main() -> int:
         return 2
     raw, path = [], None
     for spec in a.models:
-        name, dtype = spec.split(":")
-        t0 = time.perf_counter()
-        model, inputs = models.MODELS[name](dtype)
-        cfg = OptimizeConfig(steps=a.steps, time_budget_s=a.budget, progress=False)
-        res = bench_model(model, inputs, spec, cfg, iters=a.iters, arms=arms)
-        print(format_table(res), f"\n({time.perf_counter() - t0:.0f} s)\n", flush=True)
-        raw.append(data(spec, res))
-        r = raw[-1]
+        r = (_in_children if a.split_modes else _in_process)(spec, arms, a)
+        raw.append(r)
+        if a.row_out is not None:
+            a.row_out.write_text(json.dumps(r))
         # a run cut by a time limit still shows its rows
         print(f"ROW {spec} vs_compile={r['vs_compile']} vs_compile_ro={r['vs_compile_ro']} "
               f"vs_eager={r['vs_eager']} max_rel_err={r['max_rel_err']}", flush=True)
         if not a.no_record:   # NOTE: written after every model, so a cut run keeps what it measured
-            path = record.write("bench_models", {"budget_s": a.budget, "steps": a.steps,
-                                                 "iters": a.iters, "arms": list(arms), "proposer": "expert", "rows": raw},
-                                path=path)
-        del model, inputs
-        torch.cuda.empty_cache()
+            path = record.write("bench_models", {"budget_s": a.budget, "steps": a.steps, "iters": a.iters,
+                                                 "arms": list(arms), "split_modes": a.split_modes,
+                                                 "proposer": "expert", "rows": raw}, path=path)
     return 0
 
 

@@ -141,6 +141,27 @@ def test_bench_models_data_is_raw_and_renders():
     assert "| gpt2:bf16 | 10.00 | 5.00 | 4.00 | 4.00 | 3.20 | 1.25x | 1.25x | 2.50x | 8 | 8 | 1 | 60 | 3.0e-06 |" in text
 
 
+def test_split_modes_rows_merge_each_ratio_within_its_process():
+    """--split-modes: a default-mode process and a reduce-overhead one, each with its own eager;
+    the merged row keeps every arm, eager from the first, and each ratio from its own process."""
+    from torch_htam.benchmark import ArmTime, BenchResult
+    sys.path.insert(0, str(ROOT / "bench"))
+    bench_models = _load("bench_models")
+    default = BenchResult("m", "GPU", {"eager": ArmTime(10.0, 9.0, 11.0), "compile": ArmTime(5.0, 4.9, 5.1),
+                                       "htam": ArmTime(4.0, 3.9, 4.2)}, [], {"htam": 2e-6},
+                          swapped_by_arm={"htam": 8})
+    ro = BenchResult("m", "GPU", {"eager": ArmTime(12.0, 11.0, 13.0), "compile_ro": ArmTime(4.0, 3.9, 4.1),
+                                  "htam_ro": ArmTime(2.0, 1.9, 2.1)}, [], {"htam_ro": 3e-6},
+                     swapped_by_arm={"htam_ro": 12})
+    rows = [json.loads(json.dumps(bench_models.data("gpt2:bf16", r))) for r in (default, ro)]
+    row = bench_models.merge(rows)
+    assert row["vs_compile"] == 1.25 and row["vs_compile_ro"] == 2.0 and row["vs_eager"] == 2.5
+    assert row["ms"] == {"eager": 10.0, "compile": 5.0, "htam": 4.0, "compile_ro": 4.0, "htam_ro": 2.0}
+    assert row["swapped"] == {"htam": 8, "htam_ro": 12} and row["max_rel_err"] == 3e-6
+    assert row["processes"] == [["eager", "compile", "htam"], ["eager", "compile_ro", "htam_ro"]]
+    assert set(bench_models.MODE_ARMS[0]) | set(bench_models.MODE_ARMS[1]) == set(bench_models.ARMS)
+
+
 def test_runs_of_other_models_are_kept_and_a_later_run_of_one_model_replaces_it(tmp_path):
     """bench_models: one table, each model's latest row naming its run; a suite whose runs name one
     model each (bench_swaps) gets a section per model, the latest run of each."""
