@@ -53,6 +53,7 @@ def _task_rows(report, eager_ms: float) -> list[dict]:
         ref_ms = ev.ref_ms if ev else None
         rows.append({"task": t.name, "signature": t.signature, "count": t.count,
                      "status": t.status, "speedup": t.speedup,
+                     "vs_inductor": ev.compile_speedup if ev else None,
                      "ref_ms": ref_ms, "kernel_ms": ev.kernel_ms if ev else None,
                      "share": (ref_ms * t.count / eager_ms) if ref_ms else None,
                      "roofline": ev.roofline_fraction if ev else None})
@@ -72,12 +73,14 @@ def format_table(res: BenchResult) -> str:
         if ours in res.arms and theirs in res.arms:
             lines.append(f"{ours} vs {theirs}: {res.arms[theirs].median_ms / res.arms[ours].median_ms:.2f}x"
                          f" ({res.swapped_by_arm.get(ours, 0)} regions swapped)")
-    lines.append(f"{'task':36} {'x':>3} {'share':>6} {'ref ms':>8} {'ours ms':>8} {'speedup':>8} "
-                 f"{'roof':>5}  status")
+    # vs eager / vs inductor: the region's kernel against PyTorch's and Inductor's code for it
+    lines.append(f"{'task':36} {'x':>3} {'share':>6} {'ref ms':>8} {'ours ms':>8} {'vs eager':>8} "
+                 f"{'vs inductor':>11} {'roof':>5}  status")
     for r in res.tasks:
         lines.append(f"{r['task'][:36]:36} {r['count']:3d} {f(r['share'], '{:.0%}'):>6} "
                      f"{f(r['ref_ms'], '{:.4f}'):>8} {f(r['kernel_ms'], '{:.4f}'):>8} "
-                     f"{f(r['speedup'], '{:.2f}x'):>8} {_pct(r['roofline']):>5}  {r['status']}")
+                     f"{f(r['speedup'], '{:.2f}x'):>8} {f(r.get('vs_inductor'), '{:.2f}x'):>11} "
+                     f"{_pct(r['roofline']):>5}  {r['status']}")
     lines.append(f"fallback calls: {res.fallback_calls}" + (f"  note: {res.note}" if res.note else ""))
     return "\n".join(lines)
 
