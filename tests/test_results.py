@@ -162,6 +162,30 @@ def test_split_modes_rows_merge_each_ratio_within_its_process():
     assert set(bench_models.MODE_ARMS[0]) | set(bench_models.MODE_ARMS[1]) == set(bench_models.ARMS)
 
 
+def test_split_modes_runs_one_child_per_mode_with_eager_in_each(monkeypatch):
+    import argparse
+    sys.path.insert(0, str(ROOT / "bench"))
+    bench_models = _load("bench_models")
+    calls = []
+
+    def run(cmd, check):
+        arms = cmd[cmd.index("--arms") + 1].split(",")
+        calls.append((arms, "--no-record" in cmd))
+        ms = {k: float(i + 1) for i, k in enumerate(arms)}
+        row = {"model": cmd[2], "ms": ms, "setup_s": {}, "swapped": {}, "arms": {}, "rel_err": {},
+               "vs_compile": 1.1 if "htam" in arms else None, "vs_compile_ro": 1.2 if "htam_ro" in arms else None,
+               "vs_eager": 2.0 if "htam" in arms else None, "replay_vs_eager": None, "max_rel_err": 1e-3}
+        Path(cmd[cmd.index("--row-out") + 1]).write_text(json.dumps(row))
+    monkeypatch.setattr(bench_models.subprocess, "run", run)
+    a = argparse.Namespace(budget=45.0, steps=1, iters=100)
+    row = bench_models._in_children("gpt2:bf16", ("eager", "compile", "compile_ro", "htam", "htam_ro"), a)
+    assert calls == [(["eager", "compile", "htam"], True), (["eager", "compile_ro", "htam_ro"], True)]
+    assert row["vs_compile"] == 1.1 and row["vs_compile_ro"] == 1.2 and row["model"] == "gpt2:bf16"
+    calls.clear()
+    bench_models._in_children("gpt2:bf16", ("eager", "compile", "htam"), a)   # no reduce-overhead arm
+    assert calls == [(["eager", "compile", "htam"], True)]
+
+
 def test_runs_of_other_models_are_kept_and_a_later_run_of_one_model_replaces_it(tmp_path):
     """bench_models: one table, each model's latest row naming its run; a suite whose runs name one
     model each (bench_swaps) gets a section per model, the latest run of each."""
