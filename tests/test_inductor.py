@@ -174,6 +174,20 @@ def test_install_on_the_users_model_and_restore(mlp):
     assert model._compiled_call_impl is None and "_htam_backend" not in model.__dict__
 
 
+def _stand_in_kernels(monkeypatch, seen: list | None = None) -> None:
+    """optimize's compiles (backend.compile_with) run the CPU stand-in kernels (PROVIDER); each
+    backend made is appended to `seen`."""
+    real = backend.compile_with
+
+    def compile_with(m, b, mode="default", options=None):
+        if b is not None:
+            b.provider = PROVIDER
+            if seen is not None:
+                seen.append(b)
+        return real(m, b, mode, options)
+    monkeypatch.setattr(backend, "compile_with", compile_with)
+
+
 def test_compiled_guard_keeps_what_beats_torch_compile(mlp, monkeypatch):
     """All kernels together lose to torch.compile, the better half wins: that half is installed."""
     from torch_htam import pipeline, timing
@@ -188,15 +202,8 @@ def test_compiled_guard_keeps_what_beats_torch_compile(mlp, monkeypatch):
         sizes.append(n)
         return timing.ArmTime(1.0, 0, 0), timing.ArmTime(0.9 if n == 1 else 1.1, 0, 0)
     ours_backends = []
-    real_compile_with = backend.compile_with
-
-    def compile_with(m, b, mode="default"):
-        if b is not None:
-            b.provider = PROVIDER
-            ours_backends.append(b)
-        return real_compile_with(m, b, mode)
     monkeypatch.setattr(timing, "time_pair", timed)
-    monkeypatch.setattr(backend, "compile_with", compile_with)
+    _stand_in_kernels(monkeypatch, ours_backends)
     cfg = pipeline.OptimizeConfig()
     model = pipeline._install_compiled(model, found, entries, (x,), cfg)
     assert sizes == [3, 1]
@@ -246,13 +253,7 @@ def test_a_model_export_cannot_take_gets_its_kernels_through_dynamo(monkeypatch)
     found = extract(model, (x,))
     assert found.capture.method == "dynamo" and len(found.capture.graphs) >= 2
     entries = {t.signature: _Entry(CpuKernel(t), 2.0) for t in found.tasks}
-    real = backend.compile_with
-
-    def compile_with(m, b, mode="default"):
-        if b is not None:
-            b.provider = PROVIDER
-        return real(m, b, mode)
-    monkeypatch.setattr(backend, "compile_with", compile_with)
+    _stand_in_kernels(monkeypatch)
     model = pipeline._install_compiled(model, found, entries, (x,),
                                        pipeline.OptimizeConfig(check_end_to_end=False))
     assert model.htam_report.swapped >= 2
@@ -329,13 +330,7 @@ def test_the_fastest_of_compiled_replay_and_original_is_kept(mlp, monkeypatch, w
     from torch_htam import pipeline, timing
     model, x, found, kernels = mlp
     entries = {s: _Entry(k, 2.0) for s, k in kernels.items()}
-    real = backend.compile_with
-
-    def compile_with(m, b, mode="default"):
-        if b is not None:
-            b.provider = PROVIDER
-        return real(m, b, mode)
-    monkeypatch.setattr(backend, "compile_with", compile_with)
+    _stand_in_kernels(monkeypatch)
     cfg = pipeline.OptimizeConfig(check_end_to_end=False)
     model = pipeline._install_compiled(model, found, entries, (x,), cfg)
     compiled = model._compiled_call_impl
