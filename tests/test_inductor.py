@@ -105,6 +105,8 @@ def test_inductor_options_reach_compile_fx_on_top_of_the_mode(mlp, monkeypatch):
         torch.testing.assert_close(backend.compile_with(model, b)(x), model(x))
         torch.testing.assert_close(backend.compile_with(model, None, options=off)(x), model(x))
     assert seen and seen[0] == off
+    with pytest.raises(ValueError, match="options go on it"):
+        backend.compile_with(model, b, options=off)   # not silently dropped
     torch._dynamo.reset()
 
 

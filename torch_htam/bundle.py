@@ -22,7 +22,9 @@ bundle's libraries after their integrity check and a golden check (each kernel r
 recorded inputs on this GPU and judged against the recorded outputs under its policy's
 tolerance): no search, no LLM, no compiler. On another arch (or toolchain) it rebuilds from the
 shipped sources with nvcc and re-verifies each kernel on this GPU before swapping it in; without
-a compiler or a GPU the model stays on its original path and the report says why. A bundle always holds at least one kernel (errors.EmptyBundleError otherwise).
+a compiler or a GPU the model stays on its original path and the report says why. A bundle holds
+at least one kernel, or Inductor's code for a model that runs torch.compile alone
+(errors.EmptyBundleError otherwise).
 
     >>> precompile(model, (x,), "bundle/")          # on the H100 box, after optimize filled the cache
     >>> precompile(model, (x,), "bundle/", arch="sm_90a")   # no GPU: the kernels cached for sm_90a
@@ -147,7 +149,7 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
     from torch_htam import launcher
     launcher.ship(out / "launcher")
     code = None
-    if inductor_code is not None and (run or REPLAY).get("compile"):
+    if compiled:
         from torch_htam import inductor
         path = out / INDUCTOR_FILE
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -208,6 +208,8 @@ def compile_with(model: torch.nn.Module, b: HtamBackend | None, mode: str = "def
     def call(*args, **kwargs):
         return model._call_impl(*args, **kwargs)
     call.__code__ = call.__code__.replace(co_name=f"htam_call_{next(_CALLS)}")
+    if b is not None and options:
+        raise ValueError("compile_with: with a backend, Inductor options go on it: HtamBackend(options=...)")
     if b is None and options:   # NOTE: torch.compile takes a mode or options, not both
         return torch.compile(call, options=mode_options(mode) | options)
     if b is None:
