@@ -1,7 +1,7 @@
 """Each verified kernel alone inside torch.compile's graph, against torch.compile alone.
 
     python3 bench/bench_swaps.py gpt2:bf16 [--budget 60] [--mode reduce-overhead]
-    python3 bench/bench_swaps.py resnet50:bf16 --nchw    # and with Inductor's layout optimization off
+    python3 bench/bench_swaps.py resnet50:bf16 --nchw --no-each  # layout optimization off; no per-kernel rows
 
 Fills the cache with a replay-mode search (no Inductor bar, so every kernel that beats eager is
 there), then compiles the model once per kernel with only that kernel swapped in (plus once with
@@ -63,6 +63,8 @@ def main() -> int:
     ap.add_argument("--nchw", action="store_true",
                     help="also: none and all with Inductor's layout optimization off (conv nets: "
                          "Inductor computes in channels-last, our kernels take the captured NCHW)")
+    ap.add_argument("--no-each", action="store_true",
+                    help="only none and all (a conv net holds dozens of kernels: one compile each)")
     ap.add_argument("--no-record", action="store_true")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -78,7 +80,8 @@ def main() -> int:
                if (e := admitted(cache.get(t.signature), t)) is not None and e.usable(1.0)}
     label = {t.signature: f"{t.name} x{t.count} {t.signature[:8]}" for t in found.tasks}
     fns, backends = {"none": inductor.compile_with(model, None, a.mode)}, {}
-    for variant, subset in [*((label[s], {s: e}) for s, e in kernels.items()), ("all", kernels)]:
+    each = [] if a.no_each else [(label[s], {s: e}) for s, e in kernels.items()]
+    for variant, subset in [*each, ("all", kernels)]:
         backends[variant] = b = inductor.HtamBackend(subset, a.mode)
         fns[variant] = inductor.compile_with(model, b)
     if a.nchw:
