@@ -37,20 +37,36 @@ def data(name: str, res) -> dict:
 
     vs_compile: torch.compile default ms / ours (torch_htam inside Inductor, default) ms;
     vs_compile_ro: the same in reduce-overhead mode; vs_eager: eager ms / ours (default) ms;
-    max_rel_err: the worst relative error of our arms against eager on the example inputs.
+    max_rel_err: the worst relative error of our arms against eager on the example inputs;
+    fresh_rel_err, batch2_rel_err: the same on fresh values and at a second batch size;
+    within_policy: all three within tolerance (benchmark.end_to_end_tolerance).
     """
     from dataclasses import asdict
     a = res.arms
     ratio = lambda x, y: a[x].median_ms / a[y].median_ms if x in a and y in a else None  # noqa: E731
-    ours = [k for k in ("htam", "htam_ro", "htam_replay") if k in res.max_rel_err]
-    return {"model": name, "device": res.device,
-            "vs_compile": ratio("compile", "htam"), "vs_compile_ro": ratio("compile_ro", "htam_ro"),
-            "vs_eager": ratio("eager", "htam"), "replay_vs_eager": ratio("eager", "htam_replay"),
-            "max_rel_err": max((res.max_rel_err[k] for k in ours), default=None),
-            "ms": {k: v.median_ms for k, v in a.items()}, "setup_s": {k: v.setup_s for k, v in a.items()},
-            "swapped": res.swapped_by_arm, "tasks": len(res.tasks), "note": res.note,
-            "arms": {k: asdict(v) for k, v in a.items()}, "rel_err": dict(res.max_rel_err),
-            "task_rows": res.tasks}
+    row = {"model": name, "device": res.device,
+           "vs_compile": ratio("compile", "htam"), "vs_compile_ro": ratio("compile_ro", "htam_ro"),
+           "vs_eager": ratio("eager", "htam"), "replay_vs_eager": ratio("eager", "htam_replay"),
+           "ms": {k: v.median_ms for k, v in a.items()}, "setup_s": {k: v.setup_s for k, v in a.items()},
+           "swapped": res.swapped_by_arm, "tasks": len(res.tasks), "note": res.note,
+           "arms": {k: asdict(v) for k, v in a.items()}, "rel_err": dict(res.max_rel_err),
+           "check_rel_err": res.check_err, "tolerance": res.tolerance, "task_rows": res.tasks}
+    return {**row, **verdict(row)}
+
+
+OURS = ("htam", "htam_ro", "htam_replay")
+
+
+def verdict(row: dict) -> dict:
+    """The row's error figures over our arms, and whether all are within its tolerance."""
+    worst = lambda errs: max((e for k, e in errs.items() if k in OURS), default=None)  # noqa: E731
+    out = {"max_rel_err": worst(row["rel_err"])}
+    for label in ("fresh", "batch2"):
+        out[f"{label}_rel_err"] = worst(row.get("check_rel_err", {}).get(label, {}))
+    errs = [e for e in out.values() if e is not None]
+    tol = row.get("tolerance")
+    out["within_policy"] = None if tol is None or not errs else max(errs) <= tol
+    return out
 
 
 # --split-modes: the arms each process times, eager (the reference) in each.
@@ -60,14 +76,15 @@ MODE_ARMS = (("eager", "compile", "htam_replay", "htam"), ("eager", "compile_ro"
 def merge(rows: list[dict]) -> dict:
     """One model's row from rows timed in separate processes (--split-modes): each arm as the
     process that timed it measured it (eager: the first process's), each ratio from the process
-    that timed both of its arms, the worst error of all."""
+    that timed both of its arms, the worst errors of all."""
     out = dict(rows[0])
     for key in ("ms", "setup_s", "swapped", "arms", "rel_err"):
         out[key] = {k: v for r in reversed(rows) for k, v in r[key].items()}   # the first row's last
     for key in ("vs_compile", "vs_compile_ro", "vs_eager", "replay_vs_eager"):
         out[key] = next((r[key] for r in rows if r[key] is not None), None)
-    errs = [r["max_rel_err"] for r in rows if r["max_rel_err"] is not None]
-    out["max_rel_err"] = max(errs, default=None)
+    out["check_rel_err"] = {label: {k: v for r in rows for k, v in r.get("check_rel_err", {}).get(label, {}).items()}
+                            for label in ("fresh", "batch2")}
+    out.update(verdict(out))
     out["processes"] = [list(r["ms"]) for r in rows]
     return out
 

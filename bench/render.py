@@ -61,7 +61,9 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("htam ms", "ms.htam", "{:.2f}"), ("htam ro ms", "ms.htam_ro", "{:.2f}"),
         ("vs compile", "vs_compile", _x), ("vs compile ro", "vs_compile_ro", _x), ("vs eager", "vs_eager", _x),
         ("swapped", "swapped.htam", None), ("swapped ro", "swapped.htam_ro", None), ("tasks", "tasks", None), ("optimize s", "setup_s.htam", "{:.0f}"),
-        ("max rel err", "max_rel_err", "{:.1e}"), ("note", "note", None)],
+        ("max rel err", "max_rel_err", "{:.1e}"), ("fresh err", "fresh_rel_err", "{:.1e}"),
+        ("batch/2 err", "batch2_rel_err", "{:.1e}"), ("within policy", "within_policy", None),
+        ("note", "note", None)],
     "bench_swaps": [
         ("variant (kernels swapped)", "variant", None), ("sites", "swapped", None), ("ms", "ms", "{:.3f}"),
         ("p20 ms", "p20_ms", "{:.3f}"), ("p80 ms", "p80_ms", "{:.3f}"), ("vs torch.compile", "vs_compile", _x),

@@ -27,3 +27,55 @@ def test_table_says_how_many_regions_each_arm_swapped():
     assert "3.40x" in row and "1.31x" in row     # the region against eager and against Inductor
     res.swapped_by_arm = {}
     assert "(0 regions swapped)" in format_table(res)
+
+
+def test_fresh_inputs_keep_kinds_and_shapes_with_new_values():
+    import torch
+    from torch_htam.benchmark import fresh_inputs, second_batch
+    torch.manual_seed(0)
+    x, ids, mask = torch.randn(8, 3), torch.randint(0, 50, (8, 5)), torch.ones(8, 5, dtype=torch.bool)
+    fx, fids, fmask = fresh_inputs((x, ids, mask))
+    assert fx.shape == x.shape and not torch.equal(fx, x)
+    assert fids.dtype == ids.dtype and int(fids.min()) >= 0 and int(fids.max()) <= int(ids.max())
+    assert not torch.equal(fids, ids) and torch.equal(fmask, mask)          # a mask keeps its values
+    assert [t.shape[0] for t in fresh_inputs((x, ids, mask), batch=4)] == [4, 4, 4]
+    assert fresh_inputs((x[:1],), batch=2)[0].shape == (2, 3)               # a batch of 1 grows
+    assert second_batch((x,)) == 4 and second_batch((x[:1],)) == 2 and second_batch((3.0,)) == 2
+
+
+def test_end_to_end_tolerance_follows_the_precision_policy(monkeypatch):
+    import torch
+    from torch_htam.benchmark import end_to_end_tolerance
+    from torch_htam.policy import TOLERANCES
+    linear, conv = torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1))
+    assert end_to_end_tolerance(linear.to(torch.bfloat16)) == TOLERANCES["bf16"]
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert end_to_end_tolerance(torch.nn.Linear(4, 4)) == TOLERANCES["fp32"]   # matmul precision "highest"
+    assert end_to_end_tolerance(conv) == TOLERANCES["tf32"]                    # PyTorch's convs run TF32
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert end_to_end_tolerance(conv) == TOLERANCES["fp32"]
+
+
+def test_check_outputs_compares_each_arm_with_eager_on_fresh_values_and_a_second_batch():
+    import torch
+    from torch_htam.benchmark import check_outputs
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3)
+    shapes = []
+
+    def off(x):
+        shapes.append(tuple(x.shape))
+        return model(x) * 1.1
+
+    errs = check_outputs(model, (torch.randn(8, 6),), {"right": model, "off": off})
+    assert errs["fresh"]["right"] == errs["batch2"]["right"] == 0.0
+    assert abs(errs["fresh"]["off"] - 0.1) < 1e-6 and abs(errs["batch2"]["off"] - 0.1) < 1e-6
+    assert shapes == [(8, 6), (4, 6)]
+
+
+def test_table_shows_the_checks_on_fresh_inputs_and_a_second_batch():
+    res = _res(True)
+    res.check_err, res.tolerance = {"fresh": {"htam": 3e-3}, "batch2": {"htam": 4e-3}}, 2e-2
+    text = format_table(res)
+    assert "on fresh inputs: htam 3.0e-03 (tolerance 2e-02)" in text
+    assert "on a second batch size: htam 4.0e-03" in text

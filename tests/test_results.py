@@ -162,6 +162,30 @@ def test_split_modes_rows_merge_each_ratio_within_its_process():
     assert set(bench_models.MODE_ARMS[0]) | set(bench_models.MODE_ARMS[1]) == set(bench_models.ARMS)
 
 
+def test_a_row_is_within_policy_only_when_every_check_of_every_arm_of_ours_is():
+    """max_rel_err (example inputs), fresh values and a second batch size: the worst of our arms
+    (torch.compile's own error is no part of it), held to the row's tolerance, also once merged."""
+    from torch_htam.benchmark import ArmTime, BenchResult
+    sys.path.insert(0, str(ROOT / "bench"))
+    bench_models = _load("bench_models")
+    arms = {"eager": ArmTime(10.0, 9.0, 11.0), "compile": ArmTime(5.0, 4.9, 5.1), "htam": ArmTime(4.0, 3.9, 4.2)}
+    res = BenchResult("m", "GPU", arms, [], {"compile": 0.5, "htam": 1e-3}, tolerance=2e-2,
+                      check_err={"fresh": {"htam": 4e-3}, "batch2": {"htam": 5e-3}})
+    row = json.loads(json.dumps(bench_models.data("gpt2:bf16", res)))
+    assert (row["max_rel_err"], row["fresh_rel_err"], row["batch2_rel_err"]) == (1e-3, 4e-3, 5e-3)
+    assert row["within_policy"] is True
+    ro = BenchResult("m", "GPU", {"eager": ArmTime(10.0, 9.0, 11.0), "compile_ro": ArmTime(4.0, 3.9, 4.1),
+                                  "htam_ro": ArmTime(2.0, 1.9, 2.1)}, [], {"htam_ro": 1e-3}, tolerance=2e-2,
+                     check_err={"fresh": {"htam_ro": 1e-3}, "batch2": {"htam_ro": 3e-2}})
+    merged = bench_models.merge([row, json.loads(json.dumps(bench_models.data("gpt2:bf16", ro)))])
+    assert merged["batch2_rel_err"] == 3e-2 and merged["within_policy"] is False
+    assert merged["check_rel_err"]["batch2"] == {"htam": 5e-3, "htam_ro": 3e-2}
+    text = "\n".join(render.table([merged], render.COLUMNS["bench_models"]))
+    assert "| 1.0e-03 | 4.0e-03 | 3.0e-02 | n |" in text
+    unchecked = bench_models.data("gpt2:bf16", BenchResult("m", "GPU", arms, [], {"htam": 1e-3}))
+    assert unchecked["within_policy"] is None and unchecked["fresh_rel_err"] is None
+
+
 def test_split_modes_runs_one_child_per_mode_with_eager_in_each(monkeypatch):
     import argparse
     sys.path.insert(0, str(ROOT / "bench"))

@@ -30,6 +30,9 @@ class BenchResult:
     fallback_calls: int = 0
     note: str = ""
     swapped_by_arm: dict[str, int] = field(default_factory=dict)   # regions swapped per htam arm
+    # our arms against eager on inputs they were not optimized on: {"fresh": {arm: err}, "batch2": ...}
+    check_err: dict[str, dict[str, float]] = field(default_factory=dict)
+    tolerance: float | None = None   # the bound those errors are held to (end_to_end_tolerance)
 
     @property
     def swapped(self) -> int:
@@ -41,6 +44,60 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| in float64 (METHOD.md: fp32 lands far under 1e-3)."""
     out, ref = out.double(), ref.double()
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def fresh_inputs(inputs: tuple, batch: int | None = None) -> tuple:
+    """Inputs like `inputs` with new values: floats from randn_like, integers (token ids) uniform
+    over [0, the example's max]; `batch` gives the first dim that size (rows of the example cycled).
+
+        >>> [x.shape for x in fresh_inputs((ids,), batch=4)]      # ids: (8, 512) int64
+        [torch.Size([4, 512])]
+    """
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.dim() > 0 and batch is not None:
+            x = x[torch.arange(batch, device=x.device) % x.shape[0]]
+        if not isinstance(x, torch.Tensor) or x.dtype == torch.bool:
+            out.append(x)
+        elif x.is_floating_point():
+            out.append(torch.randn_like(x))
+        else:
+            out.append(torch.randint_like(x, int(x.max()) + 1))
+    return tuple(out)
+
+
+def second_batch(inputs: tuple) -> int:
+    """A batch size other than the example's: half of it, or 2 for a batch of 1."""
+    b = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0), 1)
+    return b // 2 if b > 1 else 2
+
+
+def end_to_end_tolerance(model: torch.nn.Module) -> float:
+    """The norm-relative error against eager that a whole model's output is held to: the precision
+    policy's tolerance for its dtype (policy.TOLERANCES). An fp32 model takes TF32's where PyTorch
+    itself runs TF32: its convs under cudnn.allow_tf32 (the default), its GEMMs under a matmul
+    precision other than "highest".
+    """
+    from torch_htam.policy import TOLERANCES
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    if dtype in (torch.bfloat16, torch.float16):
+        return TOLERANCES["bf16" if dtype == torch.bfloat16 else "fp16"]
+    convs = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+    tf32 = (convs and torch.backends.cudnn.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+    return TOLERANCES["tf32" if tf32 else "fp32"]
+
+
+def check_outputs(model, inputs: tuple, fns: dict) -> dict[str, dict[str, float]]:
+    """Each arm in `fns` against eager on fresh values (the example's shapes) and at a second batch
+    size (a new shape: torch.compile recompiles, the replay's guard runs the original forward):
+    {"fresh": {arm: rel_err}, "batch2": {arm: rel_err}}."""
+    out = {}
+    for label, xs in (("fresh", fresh_inputs(inputs)), ("batch2", fresh_inputs(inputs, second_batch(inputs)))):
+        with torch.inference_mode():
+            ref = model(*xs).clone()
+            # NOTE: cloned at once: a reduce-overhead arm's output is overwritten by its next replay
+            out[label] = {arm: rel_err(fn(*xs).clone(), ref) for arm, fn in fns.items()}
+    return out
 
 
 def _task_rows(report, eager_ms: float) -> list[dict]:
@@ -81,6 +138,11 @@ def format_table(res: BenchResult) -> str:
                      f"{f(r['ref_ms'], '{:.4f}'):>8} {f(r['kernel_ms'], '{:.4f}'):>8} "
                      f"{f(r['speedup'], '{:.2f}x'):>8} {f(r.get('vs_inductor'), '{:.2f}x'):>11} "
                      f"{_pct(r['roofline']):>5}  {r['status']}")
+    for label, what in (("fresh", "fresh inputs"), ("batch2", "a second batch size")):
+        if res.check_err.get(label):
+            lines.append(f"rel err against eager on {what}: " + ", ".join(
+                f"{arm} {err:.1e}" for arm, err in res.check_err[label].items())
+                + (f" (tolerance {res.tolerance:.0e})" if res.tolerance is not None else ""))
     lines.append(f"fallback calls: {res.fallback_calls}" + (f"  note: {res.note}" if res.note else ""))
     return "\n".join(lines)
 
@@ -155,6 +217,8 @@ def bench_model(model, inputs, name: str, config=None, iters: int = 50,
     res.arms = time_many(fns, inputs, iters, rounds=max(1, iters // 10))
     for arm, a in res.arms.items():
         a.setup_s = setup[arm]
+    res.check_err = check_outputs(model, inputs, {a: fns[a] for a in reports})
+    res.tolerance = end_to_end_tolerance(model)
     main = next((a for a in ("htam", "htam_replay", "htam_ro") if a in reports), None)
     if main is not None:
         report = reports[main]
