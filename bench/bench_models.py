@@ -30,6 +30,7 @@ import models  # noqa: E402
 import record  # noqa: E402
 from torch_htam.benchmark import ARMS, bench_model, format_table  # noqa: E402
 from torch_htam.pipeline import OptimizeConfig  # noqa: E402
+from torch_htam.timing import paired_ratio  # noqa: E402
 
 
 def data(name: str, res) -> dict:
@@ -37,6 +38,8 @@ def data(name: str, res) -> dict:
 
     vs_compile: torch.compile default ms / ours (torch_htam inside Inductor, default) ms;
     vs_compile_ro: the same in reduce-overhead mode; vs_eager: eager ms / ours (default) ms;
+    vs_compile_paired, vs_compile_ro_paired: the same by rounds (timing.paired_ratio), which a
+    noisy host moves less;
     max_rel_err: the worst relative error of our arms against eager on the example inputs;
     fresh_rel_err, batch2_rel_err: the same on fresh values and at a second batch size;
     within_policy: all three within tolerance (benchmark.end_to_end_tolerance).
@@ -44,8 +47,10 @@ def data(name: str, res) -> dict:
     from dataclasses import asdict
     a = res.arms
     ratio = lambda x, y: a[x].median_ms / a[y].median_ms if x in a and y in a else None  # noqa: E731
+    paired = lambda x, y: paired_ratio(a[x].round_ms, a[y].round_ms) if x in a and y in a else None  # noqa: E731
     row = {"model": name, "device": res.device,
            "vs_compile": ratio("compile", "htam"), "vs_compile_ro": ratio("compile_ro", "htam_ro"),
+           "vs_compile_paired": paired("compile", "htam"), "vs_compile_ro_paired": paired("compile_ro", "htam_ro"),
            "vs_eager": ratio("eager", "htam"), "replay_vs_eager": ratio("eager", "htam_replay"),
            "ms": {k: v.median_ms for k, v in a.items()}, "setup_s": {k: v.setup_s for k, v in a.items()},
            "swapped": res.swapped_by_arm, "tasks": len(res.tasks), "note": res.note,
@@ -80,8 +85,9 @@ def merge(rows: list[dict]) -> dict:
     out = dict(rows[0])
     for key in ("ms", "setup_s", "swapped", "arms", "rel_err"):
         out[key] = {k: v for r in reversed(rows) for k, v in r[key].items()}   # the first row's last
-    for key in ("vs_compile", "vs_compile_ro", "vs_eager", "replay_vs_eager"):
-        out[key] = next((r[key] for r in rows if r[key] is not None), None)
+    for key in ("vs_compile", "vs_compile_ro", "vs_compile_paired", "vs_compile_ro_paired", "vs_eager",
+                "replay_vs_eager"):
+        out[key] = next((r[key] for r in rows if r.get(key) is not None), None)
     out["check_rel_err"] = {label: {k: v for r in rows for k, v in r.get("check_rel_err", {}).get(label, {}).items()}
                             for label in ("fresh", "batch2")}
     out.update(verdict(out))

@@ -100,7 +100,7 @@ def test_load_runs_the_model_the_way_the_optimized_model_ran(made, tmp_path):
     assert json.loads((out / "manifest.json").read_text())["run"] == {"compile": True, "mode": "default"}
     fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
     assert fresh._compiled_call_impl is not None and "forward" not in fresh.__dict__
-    assert bundle.run_of(fresh) == {"compile": True, "mode": "default"}
+    assert bundle.run_of(fresh) == {"compile": True, "mode": "default", "reexport": False}
     with torch.inference_mode():
         y = torch.randn(4, 8, 32)
         assert torch.allclose(fresh(y), model(y), atol=1e-6)
@@ -110,6 +110,12 @@ def test_load_runs_the_model_the_way_the_optimized_model_ran(made, tmp_path):
     runtime.restore(fresh)
     torch._dynamo.reset()
     man = json.loads((out / "manifest.json").read_text())
+    man["run"]["reexport"] = True        # optimize's base was Inductor on our re-exported graph
+    (out / "manifest.json").write_text(json.dumps(man))
+    again = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
+    assert again._htam_backend.keep_reexport and bundle.run_of(again)["reexport"]
+    runtime.restore(again)
+    torch._dynamo.reset()
     del man["run"]
     (out / "manifest.json").write_text(json.dumps(man))
     old = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
@@ -365,7 +371,7 @@ def test_torch_compile_alone_bundles_its_inductor_code_and_loads_compiled(made, 
     loaded = []
     monkeypatch.setattr(inductor, "load_artifacts", loaded.append)
     torch._dynamo.reset()
-    run = {"compile": True, "mode": "default"}
+    run = {"compile": True, "mode": "default", "reexport": False}
     out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache, only=set(), run=run,
                             inductor_code=b"compiled code")
     man = json.loads((out / "manifest.json").read_text())

@@ -201,16 +201,17 @@ def test_compiled_guard_keeps_what_beats_torch_compile(mlp, monkeypatch):
         with torch.inference_mode():
             ours(*inputs)   # compiles: the backend's records say how many kernels it swapped
         n = len(ours_backends[-1].kernels)
-        sizes.append(n)
-        return timing.ArmTime(1.0, 0, 0), timing.ArmTime(0.9 if n == 1 else 1.1, 0, 0)
+        sizes.append(n)   # 0: the re-exported graph with no kernel, against torch.compile
+        return timing.ArmTime(1.0, 0, 0), timing.ArmTime(1.0 if n == 0 else 0.9 if n == 1 else 1.1, 0, 0)
     ours_backends = []
     monkeypatch.setattr(timing, "time_pair", timed)
     _stand_in_kernels(monkeypatch, ours_backends)
     cfg = pipeline.OptimizeConfig()
     model = pipeline._install_compiled(model, found, entries, (x,), cfg)
-    assert sizes == [3, 1]
+    assert sizes == [0, 3, 1]
+    assert not any(b.keep_reexport for b in ours_backends[1:])   # the re-export did not pay alone
     rep = model.htam_report
-    assert rep.swapped == 1 and "1 of 3 kernels kept" in rep.note
+    assert rep.swapped == 1 and "1 of 3 kernels kept" in rep.note and "torch.compile" in rep.note
     kept = [t for t in rep.tasks if t.status == "swapped"]
     assert len(kept) == 1 and entries[kept[0].signature].speedup == 3.0
     with torch.inference_mode():
@@ -221,13 +222,53 @@ def test_no_kernel_beating_inductor_means_torch_compile_alone(mlp, monkeypatch):
     from torch_htam import pipeline, timing
     model, x, found, kernels = mlp
     entries = {s: _Entry(k, 2.0, vs_inductor=0.5) for s, k in kernels.items()}
-    monkeypatch.setattr(timing, "time_pair", lambda *a, **k: pytest.fail("nothing to time"))
+    bases = []
+
+    def timed(plain, ours, inputs, iters, rounds):   # only the base: the re-export against torch.compile
+        bases.append(1)
+        return timing.ArmTime(1.0, 0, 0), timing.ArmTime(1.0, 0, 0)
+    monkeypatch.setattr(timing, "time_pair", timed)
     model = pipeline._install_compiled(model, found, entries, (x,), pipeline.OptimizeConfig())
     rep = model.htam_report
+    assert bases == [1] and not model._htam_backend.keep_reexport
     assert rep.swapped == 0 and "none" not in rep.e2e and "no kernel beat Inductor" in rep.note
     assert all(t.status == "not used: slower than Inductor's code for the region" for t in rep.tasks)
     with torch.inference_mode():
         torch.testing.assert_close(model(x), MLP.forward(model, x))
+
+
+def test_a_faster_reexported_graph_becomes_the_base_and_the_bundle_says_so(mlp, monkeypatch):
+    """Inductor on our re-exported graph beats torch.compile with no kernel in it: it is the base
+    every kernel subset is timed against, and what runs (and what a bundle records) when none pays."""
+    from torch_htam import bundle, pipeline, timing
+    model, x, found, kernels = mlp
+    entries = {s: _Entry(k, 2.0) for s, k in kernels.items()}
+    seen = []
+
+    def timed(base, ours, inputs, iters, rounds):
+        with torch.inference_mode():
+            ours(*inputs)
+        return timing.ArmTime(1.0, 0, 0), timing.ArmTime(0.8 if not seen[-1].kernels else 1.1, 0, 0)
+    monkeypatch.setattr(timing, "time_pair", timed)
+    _stand_in_kernels(monkeypatch, seen)
+    model = pipeline._install_compiled(model, found, entries, (x,), pipeline.OptimizeConfig())
+    assert all(b.keep_reexport for b in seen)          # the subsets ride on the re-exported graph too
+    rep = model.htam_report
+    assert rep.swapped == 0 and "re-exported graph" in rep.note
+    assert bundle.run_of(model) == {"compile": True, "mode": "default", "reexport": True}
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), MLP.forward(model, x))
+
+
+def test_keep_reexport_hands_inductor_the_reexported_graph_with_no_kernel(mlp):
+    model, x, found, kernels = mlp
+    gm = torch.fx.symbolic_trace(model)                 # module calls, as Dynamo's graphs hold
+    as_is = backend.HtamBackend({}, inductor=False)(gm, [x])
+    ours = backend.HtamBackend({}, inductor=False, keep_reexport=True)(gm, [x])
+    assert as_is.__self__ is gm
+    assert any(isinstance(n.target, torch._ops.OpOverload) for n in ours.__self__.graph.nodes)   # aten
+    with torch.inference_mode():
+        torch.testing.assert_close(ours(x), model(x))
 
 
 class Branchy(nn.Module):

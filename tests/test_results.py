@@ -162,6 +162,24 @@ def test_split_modes_rows_merge_each_ratio_within_its_process():
     assert set(bench_models.MODE_ARMS[0]) | set(bench_models.MODE_ARMS[1]) == set(bench_models.ARMS)
 
 
+def test_paired_ratios_come_from_each_process_rounds():
+    """A slow spell that hit one arm's median is cancelled round by round (timing.paired_ratio)."""
+    from torch_htam.benchmark import ArmTime, BenchResult
+    sys.path.insert(0, str(ROOT / "bench"))
+    bench_models = _load("bench_models")
+    arm = lambda rounds: ArmTime(sorted(rounds)[len(rounds) // 2], min(rounds), max(rounds), round_ms=rounds)  # noqa: E731
+    default = BenchResult("m", "GPU", {"eager": arm([10.0, 30.0, 10.0]), "compile": arm([4.0, 9.0, 9.0]),
+                                       "htam": arm([4.0, 4.5, 4.5])}, [], {"htam": 1e-3})
+    ro = BenchResult("m", "GPU", {"eager": arm([10.0, 10.0, 10.0]), "compile_ro": arm([3.0, 3.0, 3.3]),
+                                  "htam_ro": arm([2.5, 2.5, 3.0])}, [], {"htam_ro": 1e-3})
+    rows = [json.loads(json.dumps(bench_models.data("gpt2:bf16", r))) for r in (default, ro)]
+    assert rows[0]["vs_compile"] == 2.0 and rows[0]["vs_compile_paired"] == 2.0
+    merged = bench_models.merge(rows)
+    assert merged["vs_compile_paired"] == 2.0 and merged["vs_compile_ro_paired"] == 1.2
+    text = "\n".join(render.table([merged], render.COLUMNS["bench_models"]))
+    assert "| 2.00x | 1.20x |" in text
+
+
 def test_a_row_is_within_policy_only_when_every_check_of_every_arm_of_ours_is():
     """max_rel_err (example inputs), fresh values and a second batch size: the worst of our arms
     (torch.compile's own error is no part of it), held to the row's tolerance, also once merged."""
@@ -183,6 +201,7 @@ def test_a_row_is_within_policy_only_when_every_check_of_every_arm_of_ours_is():
     text = "\n".join(render.table([merged], render.COLUMNS["bench_models"]))
     assert "| 1.0e-03 | 4.0e-03 | 3.0e-02 | n |" in text
     unchecked = bench_models.data("gpt2:bf16", BenchResult("m", "GPU", arms, [], {"htam": 1e-3}))
+    assert unchecked["vs_compile_paired"] is None                # no rounds recorded: no paired ratio
     assert unchecked["within_policy"] is None and unchecked["fresh_rel_err"] is None
 
 

@@ -58,3 +58,11 @@ def test_timed_calls_run_with_the_cyclic_gc_paused_and_it_is_restored(monkeypatc
     except KeyError:
         pass
     assert gc.isenabled()
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios():
+    from torch_htam.timing import paired_ratio
+    # the base's second round hit a slow spell: medians say 1.5x, rounds say 1.0x
+    assert paired_ratio([4.0, 9.0, 6.0], [4.0, 6.0, 6.0]) == 1.0
+    assert paired_ratio([2.0, 2.0], [1.0, 1.0]) == 2.0
+    assert paired_ratio([], []) is None and paired_ratio([1.0], [0.0]) is None

@@ -214,7 +214,9 @@ def bench_model(model, inputs, name: str, config=None, iters: int = 50,
         setup[arm] = time.perf_counter() - t0
         res.max_rel_err[arm] = rel_err(out.clone(), ref)
         print(f"[bench] {name} {arm}: ready in {setup[arm]:.0f} s", file=sys.stderr, flush=True)
-    res.arms = time_many(fns, inputs, iters, rounds=max(1, iters // 10))
+    # NOTE: short rounds (5 calls an arm) so that a slow spell of the host falls on both arms of a
+    # pair (bench_models' paired ratios)
+    res.arms = time_many(fns, inputs, iters, rounds=max(1, iters // 5))
     for arm, a in res.arms.items():
         a.setup_s = setup[arm]
     res.check_err = check_outputs(model, inputs, {a: fns[a] for a in reports})

@@ -59,9 +59,10 @@ INDUCTOR_FILE = "inductor/artifacts.bin"
 
 def run_of(model: torch.nn.Module) -> dict[str, Any]:
     """How an optimized model runs, as the manifest's "run" records it: {"compile": True, "mode":
-    torch.compile's mode} (our kernels inside Inductor's graph) or REPLAY (the captured graph)."""
+    torch.compile's mode, "reexport": Inductor takes our re-exported graph even with no kernel in
+    it} (our kernels inside Inductor's graph) or REPLAY (the captured graph)."""
     b = model.__dict__.get("_htam_backend")
-    return {"compile": True, "mode": b.mode} if b is not None else dict(REPLAY)
+    return {"compile": True, "mode": b.mode, "reexport": b.keep_reexport} if b is not None else dict(REPLAY)
 
 
 def _tasks(model, example_inputs):
@@ -277,7 +278,8 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
     # golden check): optimize's guard timed torch.compile alone as the floor of this model.
     from torch_htam import inductor
     note = _load_inductor_code(bundle_dir, manifest)
-    model = inductor.install(model, cap, kernels, run.get("mode", "default"), provider=provider)
+    model = inductor.install(model, cap, kernels, run.get("mode", "default"), provider=provider,
+                             keep_reexport=run.get("reexport", False))
     model.htam_report.note = "; ".join(x for x in (model.htam_report.note, note) if x)
     return model
 

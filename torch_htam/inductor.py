@@ -47,17 +47,19 @@ class HtamBackend:
     verified kernel admitted under the task's precision policy). mode: Inductor's mode, as in
     torch.compile(mode=...). inductor=False hands the swapped graph back to run as it is (tests,
     and a way to see the swap without Inductor). options: Inductor config on top of the mode's, as
-    torch.compile(options=...) takes it (e.g. {"layout_optimization": False}). records: one
-    GraphRecord per compiled graph.
+    torch.compile(options=...) takes it (e.g. {"layout_optimization": False}). keep_reexport: hand
+    Inductor the re-exported graph (functionalized, constant attention masks folded) even where no
+    kernel is swapped, instead of Dynamo's graph as it is. records: one GraphRecord per compiled graph.
     """
 
     def __init__(self, kernels: dict[str, Any] | None = None, mode: str = "default",
                  provider=None, min_speedup: float = 1.0, inductor: bool = True,
-                 options: dict[str, Any] | None = None):
+                 options: dict[str, Any] | None = None, keep_reexport: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}: use one of {', '.join(MODES)} (torch.compile's modes)")
         self.kernels, self.mode, self.provider = kernels, mode, provider
         self.min_speedup, self.inductor, self.options = min_speedup, inductor, dict(options or {})
+        self.keep_reexport = keep_reexport
         self.records: list[GraphRecord] = []
         self._alive: list = []   # NOTE: launch handles are raw pointers into these loaded kernels
 
@@ -97,6 +99,9 @@ class HtamBackend:
         kernels = self._kernels_for(found.tasks)
         if not kernels:
             record.note = "no site has a verified kernel"
+            if self.keep_reexport:
+                carry_dynamo_meta(gm, sub)
+                return sub
             return gm
         new, swapped = runtime.swap(sub, found.sites, kernels, self.provider or op_provider())
         carry_dynamo_meta(gm, new)
@@ -104,7 +109,7 @@ class HtamBackend:
         record.swapped = [s.signature for s in swapped]
         if new.htam_load_errors:
             record.note = "; ".join(f"{sig[:12]}: {e}" for sig, e in new.htam_load_errors.items())
-        return new if swapped else gm
+        return new if swapped or self.keep_reexport else gm
 
     def _kernels_for(self, tasks: list) -> dict[str, Any]:
         if self.kernels is not None:
@@ -219,10 +224,11 @@ def compile_with(model: torch.nn.Module, b: HtamBackend | None, mode: str = "def
 
 def install(model: torch.nn.Module, found, kernels: dict[str, Any], mode: str = "default",
             provider=None, min_speedup: float = 1.0, compiled: Callable | None = None,
-            backend_obj: HtamBackend | None = None) -> torch.nn.Module:
+            backend_obj: HtamBackend | None = None, keep_reexport: bool = False) -> torch.nn.Module:
     """Make `model(...)` run torch.compile with our kernels, on the user's own object (what
     nn.Module.compile does), and report it. compiled / backend_obj: a compile made already
     (optimize's end-to-end guard timed it), reused so the model is not compiled again.
+    keep_reexport: HtamBackend's, where backend_obj is not given.
 
         >>> model = install(model, extract(model, (x,)), {sig: entry}, mode="reduce-overhead")
         >>> model(x); model.htam_report.format()
@@ -230,7 +236,7 @@ def install(model: torch.nn.Module, found, kernels: dict[str, Any], mode: str = 
     from torch_htam import runtime
     runtime.restore(model)
     usable, unusable = runtime._split_usable(kernels, min_speedup)
-    b = backend_obj or HtamBackend(usable, mode, provider=provider)
+    b = backend_obj or HtamBackend(usable, mode, provider=provider, keep_reexport=keep_reexport)
     model._compiled_call_impl = compiled or compile_with(model, b)
     model._htam_backend = b   # NOTE: restore() and the report read it; not a submodule
     report = runtime.Report(method=f"{found.capture.method} + inductor ({b.mode})")
