@@ -150,8 +150,25 @@ def _optimize_time_rows(data: dict) -> list[dict]:
                  htam_ms=r.get("e2e_ms", {}).get("htam_ms")) for r in data.get("rows", [])]
 
 
+def _bench_models_rows(data: dict) -> list[dict]:
+    """Each model's row, with its paired ratios derived from the arms' rounds where a run older
+    than those fields recorded the rounds only (each pair of arms ran in one process)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from torch_htam.timing import paired_ratio
+    out = []
+    for r in data.get("rows", []):
+        rounds = {k: a.get("round_ms") for k, a in r.get("arms", {}).items()}
+        r = dict(r)
+        for field, base, ours in (("vs_compile_paired", "compile", "htam"),
+                                  ("vs_compile_ro_paired", "compile_ro", "htam_ro")):
+            if r.get(field) is None and rounds.get(base) and rounds.get(ours):
+                r[field] = paired_ratio(rounds[base], rounds[ours])
+        out.append(r)
+    return out
+
+
 # suite -> its table's rows, where they are derived from the raw file rather than its "rows"
-ROWS = {"optimize_time": _optimize_time_rows, "sweep": _sweep_rows, "anytime": _anytime_rows,
+ROWS = {"bench_models": _bench_models_rows, "optimize_time": _optimize_time_rows, "sweep": _sweep_rows, "anytime": _anytime_rows,
         "anytime_table": _anytime_table_rows}
 
 
@@ -211,7 +228,7 @@ def merged(results_dir: Path, suite: str) -> list[str]:
     for i, (_, path, data) in enumerate(runs, 1):
         lines.append(f"{i}. {data.get('device', '?')}, {data.get('date', '?')}, commit "
                      f"{data.get('commit', '?')}; bench/results/{path.name}: `{data.get('command', '?')}`")
-        for row in data.get("rows", []):
+        for row in ROWS[suite](data) if suite in ROWS else data.get("rows", []):
             if isinstance(row, dict) and row.get(key) is not None:
                 latest[row[key]] = dict(row, run=i)
     rows = [latest[k] for k in sorted(latest)]
