@@ -79,3 +79,9 @@ def test_table_shows_the_checks_on_fresh_inputs_and_a_second_batch():
     text = format_table(res)
     assert "on fresh inputs: htam 3.0e-03 (tolerance 2e-02)" in text
     assert "on a second batch size: htam 4.0e-03" in text
+
+
+def test_table_gives_the_paired_ratio_beside_the_medians():
+    res = _res(True)
+    res.arms["compile"].round_ms, res.arms["htam"].round_ms = [5.0, 9.0, 5.0], [4.0, 4.5, 5.0]
+    assert "htam vs compile: 0.62x (by rounds 1.25x)" in format_table(res)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from torch_htam.timing import ArmTime, time_many
+from torch_htam.timing import ArmTime, paired_ratio, time_many
 
 
 @dataclass
@@ -128,8 +128,10 @@ def format_table(res: BenchResult) -> str:
                      f"{f(res.max_rel_err.get(name), '{:.1e}'):>9}")
     for ours, theirs in (("htam", "compile"), ("htam_ro", "compile_ro"), ("htam_replay", "eager")):
         if ours in res.arms and theirs in res.arms:
+            paired = paired_ratio(res.arms[theirs].round_ms, res.arms[ours].round_ms)
             lines.append(f"{ours} vs {theirs}: {res.arms[theirs].median_ms / res.arms[ours].median_ms:.2f}x"
-                         f" ({res.swapped_by_arm.get(ours, 0)} regions swapped)")
+                         + (f" (by rounds {paired:.2f}x)" if paired is not None else "")
+                         + f" ({res.swapped_by_arm.get(ours, 0)} regions swapped)")
     # vs eager / vs inductor: the region's kernel against PyTorch's and Inductor's code for it
     lines.append(f"{'task':36} {'x':>3} {'share':>6} {'ref ms':>8} {'ours ms':>8} {'vs eager':>8} "
                  f"{'vs inductor':>11} {'roof':>5}  status")
