@@ -255,6 +255,7 @@ def test_a_faster_reexported_graph_becomes_the_base_and_the_bundle_says_so(mlp, 
     assert all(b.keep_reexport for b in seen)          # the subsets ride on the re-exported graph too
     rep = model.htam_report
     assert rep.swapped == 0 and "re-exported graph" in rep.note
+    assert rep.e2e["torch.compile_ms"] == 1.0 and rep.e2e["reexported_ms"] == 0.8
     assert bundle.run_of(model) == {"compile": True, "mode": "default", "reexport": True}
     with torch.inference_mode():
         torch.testing.assert_close(model(x), MLP.forward(model, x))
