@@ -157,6 +157,18 @@ def test_unsupported_conv_forms_say_why():
     assert prop.candidates == [] and "conv3d input must be a region input" in prop.note
 
 
+def test_a_channels_last_model_gets_no_conv_candidates_and_plan_says_why():
+    """The conv kernels read contiguous NCHW (they return HTAM_ERR_SHAPE otherwise), so a
+    channels-last model's conv regions are unsupported up front, not failed candidate by candidate."""
+    from torch_htam import coverage
+    from torch_htam.extract import extract
+    model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU()).eval()
+    x = torch.randn(2, 16, 8, 8)
+    assert coverage.path_of(extract(model, (x,)).tasks[0]) is None
+    last = extract(model.to(memory_format=torch.channels_last), (x.to(memory_format=torch.channels_last),))
+    assert "channels-last" in coverage.path_of(last.tasks[0])
+
+
 def test_precision_follows_the_policy_for_every_kind():
     strict = _match("conv3d_bn_relu", policy=make("fp32"))
     assert "kStrictFp32 = true" in conv.render(strict, conv.defaults(strict))

@@ -63,7 +63,7 @@ from torch_htam.proposers.expert.conv_match import BatchNorm, ConvMatch, Fold, g
 from torch_htam.proposers.expert.cudnn_conv import graph_entry, graph_run, legacy_entry, legacy_run
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float, cuh
 from torch_htam.proposers.expert.ir import (
-    VT, ExprProgram, Unsupported, check_single_output, dtype_of, lower, shape_of,
+    VT, ExprProgram, Unsupported, check_single_output, dense_row_major, dtype_of, lower, shape_of,
 )
 from torch_htam.proposers.expert.strategies import TaskFacts
 from torch_htam.proposers.expert.target import Target
@@ -152,6 +152,12 @@ def match(gm, policy) -> ConvMatch:
             raise Unsupported(f"{kind.name} {what} must be a region input (no prologue ops before the conv)")
     if len(shape_of(x)) != kind.rank or len(shape_of(w)) != kind.rank:
         raise Unsupported(f"{kind.name} needs a {kind.rank}-D (batched) input and a {kind.rank}-D filter")
+    for v, what in ((x, "input"), (w, "weight")):
+        # NOTE: every conv kernel here checks htam_contiguous(x, w) and returns HTAM_ERR_SHAPE
+        # otherwise, so a channels-last model would only fail verification, candidate by candidate
+        if not dense_row_major(v):
+            raise Unsupported(f"{kind.name} {what} in channels-last (or another non-contiguous) layout: "
+                              "the conv kernels read contiguous NCHW")
     stride, padding, dilation, groups = geo.stride, geo.padding, geo.dilation, geo.groups
     dt = dtype_of(conv)
     if any(dtype_of(v) != dt for v in (x, w) + ((b,) if b is not None else ())):
