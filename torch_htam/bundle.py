@@ -275,7 +275,8 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
     if not run.get("compile"):
         return runtime.install(model, cap, kernels, provider=provider)
     # NOTE: a compiled run stays compiled with no kernel left (none bundled, or none passed its
-    # golden check): optimize's guard timed torch.compile alone as the floor of this model.
+    # golden check): optimize's guard timed that base (torch.compile, or Inductor on our re-exported
+    # graph where "reexport" says so) as the floor of this model.
     from torch_htam import inductor
     note = _load_inductor_code(bundle_dir, manifest)
     model = inductor.install(model, cap, kernels, run.get("mode", "default"), provider=provider,

@@ -307,14 +307,14 @@ def paired_ratio(base_rounds: list[float], ours_rounds: list[float]) -> float | 
     """base / ours, the median over rounds of each round's ratio (time_many's round_ms): a paired
     comparison. None without rounds.
 
-    NOTE: on a host-bound model a noisy host moves whole rounds (eager GPT-2's round medians ran
-    from 4.8 to 14.2 ms in one process, bench_models-20261124-070215.json), and the two arms of a
+    NOTE: on a host-bound model a noisy host moves whole rounds (ResNet-50 bf16's eager round
+    medians ran from 4.8 to 14.2 ms in one process, bench_models-20261124-070215.json), and the two arms of a
     round ran next to each other, so a round's ratio cancels what the process's medians do not.
 
         >>> paired_ratio([4.0, 9.0, 4.2], [4.0, 4.5, 4.0])
         1.05
     """
-    pairs = sorted(b / o for b, o in zip(base_rounds, ours_rounds) if o > 0)
+    pairs = [b / o for b, o in zip(base_rounds, ours_rounds) if o > 0]
     return statistics.median(pairs) if pairs else None
 
 
