@@ -1,10 +1,11 @@
 """Probe: when optimize's compiled model beats torch.compile, is it the kernels or the graph?
 
 optimize hands Inductor each Dynamo graph re-exported to aten (capture.export_graph: functionalized,
-constant attention masks folded) with our kernels swapped in; with no kernel it hands Dynamo's graph
-as it is. Arms, timed interleaved in this process, one torch.compile mode per process:
+constant attention masks folded) with our kernels swapped in. Arms, timed interleaved in this
+process, one torch.compile mode per process:
   compile     torch.compile(model)
-  reexport    the re-exported graph with no kernel swapped (what our backend does, minus kernels)
+  reexport    the re-exported graph with no kernel swapped (HtamBackend(keep_reexport=True), the
+              base optimize's guard also tries)
   optimized   torch_htam.optimize(model) in the same mode (its guard's verdict: kernels kept or not)
 A reexport arm as fast as optimized says the gain is the graph path, not the kernels.
 
@@ -26,23 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import models  # noqa: E402
 import torch_htam  # noqa: E402
 from torch_htam import inductor  # noqa: E402
-from torch_htam.capture import export_graph  # noqa: E402
+from torch_htam.benchmark import rel_err  # noqa: E402
 from torch_htam.pipeline import OptimizeConfig  # noqa: E402
 from torch_htam.timing import time_many  # noqa: E402
-
-
-def reexport_backend(mode: str):
-    """A torch.compile backend: each Dynamo graph re-exported as optimize's backend does, no swap."""
-    from torch._inductor.compile_fx import compile_fx
-
-    def backend(gm, example_inputs):
-        sub, _ = export_graph(gm, example_inputs) if all(isinstance(x, torch.Tensor) for x in example_inputs) \
-            else (None, "")
-        if sub is not None:
-            inductor.carry_dynamo_meta(gm, sub)
-        return compile_fx(sub if sub is not None else gm, example_inputs,
-                          config_patches=inductor.mode_options(mode))
-    return backend
 
 
 def main() -> int:
@@ -56,13 +43,12 @@ def main() -> int:
         name, dtype = spec.split(":")
         model, inputs = models.MODELS[name](dtype)
         fns = {"compile": inductor.compile_with(model, None, a.mode)}
-        call = lambda *xs, m=model: m._call_impl(*xs)   # noqa: E731 -- a code object of its own
-        fns["reexport"] = torch.compile(call, backend=reexport_backend(a.mode))
+        fns["reexport"] = inductor.compile_with(model, inductor.HtamBackend({}, a.mode, keep_reexport=True))
         fns["optimized"] = torch_htam.optimize(copy.deepcopy(model), inputs, OptimizeConfig(
             steps=1, time_budget_s=a.budget, progress=False, mode=a.mode))
         with torch.inference_mode():
-            ref = model(*inputs).float()
-            errs = {k: float((f(*inputs).float() - ref).norm() / ref.norm()) for k, f in fns.items()}
+            ref = model(*inputs).clone()
+            errs = {k: rel_err(f(*inputs).clone(), ref) for k, f in fns.items()}
         times = time_many(fns, inputs, iters=100, rounds=10)
         report = fns["optimized"].htam_report
         res[spec] = {"mode": a.mode, "swapped": report.swapped, "note": report.note, "rel_err": errs,
