@@ -157,12 +157,13 @@ def test_unsupported_conv_forms_say_why():
     assert prop.candidates == [] and "conv3d input must be a region input" in prop.note
 
 
-def test_a_channels_last_model_gets_no_conv_candidates_and_plan_says_why():
-    """The conv kernels read contiguous NCHW (they return HTAM_ERR_SHAPE otherwise), so a
-    channels-last model's conv regions are unsupported up front, not failed candidate by candidate."""
+def test_a_channels_last_grouped_conv_gets_no_candidates_and_plan_says_why():
+    """The NCHW conv kernels return HTAM_ERR_SHAPE on another layout, and channels-last is a plain
+    conv2d's alone (test_conv_channels_last.py), so a channels-last grouped conv is unsupported up
+    front, not failed candidate by candidate."""
     from torch_htam import coverage
     from torch_htam.extract import extract
-    model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU()).eval()
+    model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1, groups=2), nn.BatchNorm2d(32), nn.ReLU()).eval()
     x = torch.randn(2, 16, 8, 8)
     assert coverage.path_of(extract(model, (x,)).tasks[0]) is None
     last = extract(model.to(memory_format=torch.channels_last), (x.to(memory_format=torch.channels_last),))

@@ -89,7 +89,7 @@ def test_an_expanded_output_is_written_before_its_expand():
     assert mask.broadcast_dims == (1,) and mask.kernel_shape() == (2, 1, 16, 16)
     assert mask.kernel_nbytes == 2 * 16 * 16
     # the launcher allocates what the kernel writes and hands back the expand (no copy)
-    assert launcher.decode_out_meta(launcher.encode_out_meta(task.outputs))[1] == (torch.bool, (2, 1, 16, 16))
+    assert launcher.decode_out_meta(launcher.encode_out_meta(task.outputs))[1][:2] == (torch.bool, (2, 1, 16, 16))
     base = torch.zeros(2, 1, 16, 16, dtype=torch.bool)
     _, view = launcher.task_outputs([torch.zeros(2, 3, 16, 16), base], task.outputs)
     assert view.shape == (2, 3, 16, 16) and view.stride(1) == 0 and view.data_ptr() == base.data_ptr()
@@ -124,14 +124,14 @@ def test_verify_hands_the_kernel_the_tensor_before_the_expand(make):
 @torch.library.custom_op("htam_test_expanded::run", mutates_args=())
 def _run_op(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
     kernel = _STAND_INS[handle]
-    outs = [torch.empty(shape, dtype=dt) for dt, shape in launcher.decode_out_meta(out_meta)]
+    outs = [torch.empty(shape, dtype=dt) for dt, shape, _ in launcher.decode_out_meta(out_meta)]
     assert kernel(inputs, outs) == 0
     return outs
 
 
 @_run_op.register_fake
 def _(handle, inputs, out_meta):
-    return [torch.empty(shape, dtype=dt, device=inputs[0].device) for dt, shape in launcher.decode_out_meta(out_meta)]
+    return [torch.empty(shape, dtype=dt, device=inputs[0].device) for dt, shape, _ in launcher.decode_out_meta(out_meta)]
 
 
 _STAND_INS: dict[int, StandIn] = {}

@@ -31,12 +31,26 @@ def test_out_meta_round_trip():
     specs = [TensorSpec((4, 8), "float32", (8, 1)), TensorSpec((), "int64", ()), TensorSpec((2, 0, 3), "bfloat16", (0, 3, 1))]
     meta = launcher.encode_out_meta(specs)
     assert meta == [0, 2, 4, 8, 4, 0, 2, 3, 2, 0, 3]
-    assert launcher.decode_out_meta(meta) == [(torch.float32, (4, 8)), (torch.int64, ()), (torch.bfloat16, (2, 0, 3))]
+    cf = torch.contiguous_format
+    assert launcher.decode_out_meta(meta) == [(torch.float32, (4, 8), cf), (torch.int64, (), cf),
+                                              (torch.bfloat16, (2, 0, 3), cf)]
+
+
+def test_channels_last_output_round_trip():
+    # a conv region's output: [N, C, H, W] stored N, H, W, C; the fake impl allocates it so
+    x = torch.empty(2, 3, 4, 5, device="meta").to(memory_format=torch.channels_last)
+    meta = launcher.encode_out_meta([TensorSpec.of(x)])
+    assert meta == [launcher.CHANNELS_LAST + 0, 4, 2, 3, 4, 5]
+    assert launcher.decode_out_meta(meta) == [(torch.float32, (2, 3, 4, 5), torch.channels_last)]
+    out, = launcher._launch_fake(0, [x], meta)
+    assert out.stride() == x.stride() and out.shape == x.shape
 
 
 def test_non_contiguous_output_spec_is_refused():
     with pytest.raises(ValueError, match="contiguous"):
         launcher.encode_out_meta([TensorSpec((4, 8), "float32", (1, 4))])
+    with pytest.raises(ValueError, match="channels-last"):     # a 4-D layout that is neither
+        launcher.encode_out_meta([TensorSpec((2, 3, 4, 5), "float32", (60, 20, 1, 4))])
 
 
 def test_fake_impl_allocates_from_out_meta():

@@ -25,14 +25,15 @@ _ids = itertools.count(1)
 @torch.library.custom_op("htam_test::run", mutates_args=())
 def run_op(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
     outs = _KERNELS[handle](inputs)
-    assert [(o.dtype, tuple(o.shape)) for o in outs] == decode_out_meta(out_meta)
-    return [o.contiguous().clone() for o in outs]
+    metas = decode_out_meta(out_meta)
+    assert [(o.dtype, tuple(o.shape)) for o in outs] == [m[:2] for m in metas]
+    return [o.clone(memory_format=fmt) for o, (_, _, fmt) in zip(outs, metas)]
 
 
 @run_op.register_fake
 def _(handle, inputs, out_meta):
     dev = inputs[0].device
-    return [torch.empty(shape, dtype=dt, device=dev) for dt, shape in decode_out_meta(out_meta)]
+    return [torch.empty(shape, dtype=dt, device=dev, memory_format=fmt) for dt, shape, fmt in decode_out_meta(out_meta)]
 
 
 class CpuKernel:
@@ -390,3 +391,45 @@ def test_install_keeps_lifted_constants_of_submodules():
         fresh = torch.randn(4, 32)
         assert torch.equal(model(fresh), model.forward.htam.original(fresh))
         assert model.htam_report.fast_calls == 1
+
+
+class ConvBlock(nn.Module):
+    """conv + BN + residual + ReLU, then a 1x1 conv: two conv regions, one reading the other."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.conv, self.bn, self.pw = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.Conv2d(c, c, 1)
+
+    def forward(self, x):
+        return self.pw(torch.relu(self.bn(self.conv(x)) + x))
+
+
+class StridesSeen(CpuKernel):
+    def __call__(self, inputs):
+        self.seen = [tuple(t.stride()) for t in inputs]
+        return super().__call__(inputs)
+
+
+def test_conv_regions_take_and_give_channels_last():
+    # Inductor runs convs channels-last: a conv region's task says so, and the swapped graph lays
+    # its activations out that way (a copy of the NCHW model input; none between the two regions)
+    torch.manual_seed(0)
+    model, x = ConvBlock().eval(), torch.randn(2, 8, 6, 6)
+    cap = extract(model, (x,))
+    convs = [t for t in cap.tasks if t.kind == "conv"]
+    assert len(convs) == 2
+    for t in convs:
+        assert t.inputs[0].channels_last and t.outputs[0].channels_last
+        assert not t.inputs[1].channels_last and t.inputs[1].contiguous     # the weight stays as held
+    kernels = {t.signature: StridesSeen(t) for t in cap.tasks}
+    new, swapped = runtime.swap(cap.capture.graphs[0], cap.sites_of(0), kernels, PROVIDER)
+    assert len(swapped) == len(cap.tasks)
+    forced = [n for n in new.graph.nodes if n.target is torch.ops.prims.inductor_force_stride_order.default]
+    assert len(forced) == 2     # each conv region's activation input
+    fresh = torch.randn(2, 8, 6, 6)
+    with torch.no_grad():
+        out = new(fresh)[0]
+        torch.testing.assert_close(out, model(fresh))
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    cl = torch.empty(2, 8, 6, 6).to(memory_format=torch.channels_last).stride()
+    assert all(k.seen[0] == cl for k in kernels.values())

@@ -88,7 +88,7 @@ def from_capture(cap: Capture) -> Extraction:
                                       "reads its result")
                 continue
             try:
-                task = region_to_task(gm, region, values)
+                task = region_to_task(gm, region, values, channels_last=channels_last_boundary(region))
             except ValueError as e:
                 found.problems.append(f"region {[n.name for n in region.nodes]} skipped: {e}")
                 continue
@@ -124,8 +124,9 @@ def estimated_seconds(task: Task, gpu=None) -> float:
 
 # ---- region -> task ------------------------------------------------------------------------
 
-def region_graph(gm: fx.GraphModule, region: Region) -> fx.GraphModule:
+def region_graph(gm: fx.GraphModule, region: Region, channels_last: set[fx.Node] = frozenset()) -> fx.GraphModule:
     """The region as its own GraphModule: placeholders in region.inputs order, one output tuple.
+    The inputs in `channels_last` get channels-last meta values (what proposers read layouts from).
 
         >>> g = region_graph(gm, region); g(*inputs)   # -> tuple of region.outputs values
     """
@@ -133,7 +134,10 @@ def region_graph(gm: fx.GraphModule, region: Region) -> fx.GraphModule:
     env: dict[fx.Node, fx.Node] = {}
     for i, a in enumerate(region.inputs):
         p = g.placeholder(f"in{i}")
-        p.meta["val"] = a.meta.get("val")
+        val = a.meta.get("val")
+        if a in channels_last and isinstance(val, torch.Tensor):
+            val = val.contiguous(memory_format=torch.channels_last)
+        p.meta["val"] = val
         env[a] = p
     for n in region.nodes:
         env[n] = g.node_copy(n, lambda a: env[a])
@@ -176,19 +180,22 @@ def _normalize(x):
 
 
 def region_to_task(gm: fx.GraphModule, region: Region, values: dict | None = None,
-                   name: str | None = None) -> Task:
+                   name: str | None = None, channels_last: set[fx.Node] = frozenset()) -> Task:
     """Build the Task of one region of a captured graph.
 
     values: real node values (capture.record_values) give integer inputs their true range
-    [low, high); without them integer inputs get [0, 2).
+    [low, high); without them integer inputs get [0, 2). channels_last: boundary nodes the task
+    takes or gives channels-last (a captured model's conv regions: channels_last_boundary);
+    the others keep the graph's layouts.
 
         >>> task = region_to_task(gm, partition(gm)[0], record_values(gm, flat_inputs))
         >>> task.signature, [s.shape for s in task.inputs]
     """
-    graph = region_graph(gm, region)
+    cl = channels_last
+    graph = region_graph(gm, region, cl)
     positive = _positive_inputs(region)
-    inputs = [_spec(a, values, a in positive) for a in region.inputs]
-    outputs = [_spec(o, None) for o in region.outputs]
+    inputs = [_spec(a, values, a in positive, a in cl) for a in region.inputs]
+    outputs = [_spec(o, None, channels_last=o in cl) for o in region.outputs]
     op_names = [str(n.target) for n in region.nodes if n.op == "call_function"
                 and n.target is not operator.getitem]
     sig = graph_signature(graph, inputs)
@@ -212,13 +219,48 @@ def _positive_inputs(region: Region) -> set[fx.Node]:
     return out
 
 
-def _spec(n: fx.Node, values: dict | None, positive: bool = False) -> TensorSpec:
+# the 2-D conv ops whose regions run channels-last (channels_last_boundary), and where each keeps
+# its groups argument
+_CONV2D_GROUPS = {"aten.conv2d.default": 6, "aten.conv2d.padding": 6, "aten.convolution.default": 8}
+
+
+def channels_last_boundary(region: Region) -> set[fx.Node]:
+    """The boundary tensors a conv region's task takes and gives channels-last ([N, C, H, W]
+    stored N, H, W, C): the activations (the conv's input, a residual of the output's shape) and
+    the outputs; never the weight, which stays as the model holds it.
+
+    Why: Inductor runs a model's convs channels-last (its layout optimization), the layout cuDNN's
+    tensor-core engines compute in. A kernel that takes NCHW there costs a transpose on each side
+    of it (bench/findings.md, ResNet-50), and one that takes channels-last costs none. Only a
+    plain 2-D conv (not transposed, groups 1) qualifies; other regions keep the graph's layouts.
+    """
+    convs = [n for n in region.nodes if n.op == "call_function" and "conv" in str(n.target)]
+    if len(convs) != 1 or (gi := _CONV2D_GROUPS.get(str(convs[0].target))) is None:
+        return set()
+    conv = convs[0]
+    transposed = conv.args[6] if str(conv.target) == "aten.convolution.default" and len(conv.args) > 6 else False
+    groups = conv.args[gi] if len(conv.args) > gi else conv.kwargs.get("groups", 1)
+    x, y = conv.args[0], conv.meta.get("val")
+    if transposed or groups != 1 or not isinstance(y, torch.Tensor) or y.dim() != 4:
+        return set()
+    shapes = {tuple(y.shape), tuple(_shape(x))}
+
+    def activation(n) -> bool:
+        v = n.meta.get("val")
+        return isinstance(v, torch.Tensor) and v.is_floating_point() and tuple(v.shape) in shapes
+    return ({a for a in region.inputs if a is not conv.args[1] and activation(a)}
+            | {o for o in region.outputs if activation(o)})
+
+
+def _spec(n: fx.Node, values: dict | None, positive: bool = False, channels_last: bool = False) -> TensorSpec:
     val = n.meta.get("val")
     if not isinstance(val, torch.Tensor):
         raise ValueError(f"region boundary {n.name} is not a tensor ({type(val).__name__})")
     if val.dtype not in DTYPE_NAMES:
         raise ValueError(f"{n.name} has dtype {val.dtype}, which tasks do not support")
     spec = TensorSpec.of(val)
+    if channels_last:
+        spec = spec.as_channels_last()
     if val.dtype.is_floating_point:
         return TensorSpec(spec.shape, spec.dtype, spec.stride, positive=True) if positive else spec
     low, high = 0, 2

@@ -206,20 +206,27 @@ def _put_ninja_on_path() -> None:
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
+# out_meta's flag on a dtype code: allocate that (4-D) output channels-last (csrc/launcher.cpp)
+CHANNELS_LAST = 256
+
+
 def encode_out_meta(specs: list[TensorSpec]) -> list[int]:
     """Output specs -> htam::launch's out_meta: [dtype_code, ndim, d0, ..., dn-1] per output, the
     shape the kernel writes (TensorSpec.kernel_shape: an expanded output without its expand, which
-    task_outputs puts back).
+    task_outputs puts back). A channels-last 4-D spec (a conv region's output) adds CHANNELS_LAST
+    to its dtype code: the launcher allocates it in that memory format.
 
         >>> launcher.encode_out_meta([TensorSpec((4, 8), "float32", (8, 1))])
         [0, 2, 4, 8]
     """
     meta = []
     for s in specs:
-        if not _dense_but_broadcast(s):
-            raise ValueError(f"htam::launch allocates contiguous outputs, but this spec has strides "
-                             f"{s.stride} for shape {s.shape}: preallocate it and call Kernel(...)(inputs, outputs)")
-        meta += [DTYPE_CODES[s.dtype], len(s.shape), *s.kernel_shape()]
+        flag = CHANNELS_LAST if s.channels_last else 0
+        if not flag and not _dense_but_broadcast(s):
+            raise ValueError(f"htam::launch allocates contiguous or channels-last outputs, but this spec has "
+                             f"strides {s.stride} for shape {s.shape}: preallocate it and call "
+                             "Kernel(...)(inputs, outputs)")
+        meta += [DTYPE_CODES[s.dtype] + flag, len(s.shape), *s.kernel_shape()]
     return meta
 
 
@@ -246,12 +253,13 @@ def task_outputs(outs: list[torch.Tensor], specs: list[TensorSpec],
     return [o.expand(sh) if s.broadcast_dims else o for o, s, sh in zip(outs, specs, shapes)]
 
 
-def decode_out_meta(meta: list[int]) -> list[tuple[torch.dtype, tuple[int, ...]]]:
-    """Inverse of encode_out_meta: [(dtype, shape), ...]."""
+def decode_out_meta(meta: list[int]) -> list[tuple[torch.dtype, tuple[int, ...], torch.memory_format]]:
+    """Inverse of encode_out_meta: [(dtype, shape, memory_format), ...]."""
     out, i = [], 0
     while i < len(meta):
-        ndim = meta[i + 1]
-        out.append((CODE_DTYPES[meta[i]], tuple(meta[i + 2:i + 2 + ndim])))
+        ndim, code = meta[i + 1], meta[i]
+        fmt = torch.channels_last if code >= CHANNELS_LAST else torch.contiguous_format
+        out.append((CODE_DTYPES[code % CHANNELS_LAST], tuple(meta[i + 2:i + 2 + ndim]), fmt))
         i += 2 + ndim
     return out
 
@@ -289,7 +297,8 @@ _EAGER_TYPES = (torch.Tensor, torch.nn.Parameter)
 def _launch_fake(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
     # Shapes come from out_meta alone; the device from the inputs (all on one device).
     device = inputs[0].device if inputs else torch.device("cuda", torch.cuda.current_device())
-    return [torch.empty(shape, dtype=dtype, device=device) for dtype, shape in decode_out_meta(out_meta)]
+    return [torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
+            for dtype, shape, fmt in decode_out_meta(out_meta)]
 
 
 class Kernel:

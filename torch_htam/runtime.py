@@ -184,8 +184,7 @@ def swap(gm: fx.GraphModule, sites: list, kernels: dict[str, Any],
                 log.warning("torch_htam: kernel %s (%s) not loaded, region stays on PyTorch: %s",
                             sig[:16], task.name, errors[sig])
         if sig in loaded:
-            _replace_region(new.graph, region, replaced, provider.op, int(loaded[sig].handle), out_meta,
-                            task.outputs)
+            _replace_region(new.graph, region, replaced, provider.op, int(loaded[sig].handle), out_meta, task)
             swapped.append(Swapped(sig, task.name, len(region.nodes)))
     _stable_toposort(new.graph)
     new.graph.lint()
@@ -216,12 +215,18 @@ def _moved(region, copied: dict):
 
 
 def _replace_region(graph: fx.Graph, region, replaced: dict, op, handle: int, out_meta: list[int],
-                    specs: list | None = None) -> None:
+                    task=None) -> None:
     """region.nodes -> launch(handle, inputs, out_meta) + one getitem per region output, and an
-    expand after it for an expanded output (specs: the task's outputs; the kernel writes the
-    tensor before the expand, TensorSpec.kernel_shape)."""
+    expand after it for an expanded output (the kernel writes the tensor before the expand,
+    TensorSpec.kernel_shape). task: the region's Task, whose specs say which inputs the kernel
+    takes channels-last (a conv region's, extract.channels_last_boundary) and which outputs are
+    expanded; None: all contiguous, none expanded."""
     inside = set(region.nodes)
     inputs = [replaced.get(a, a) for a in region.inputs]
+    with graph.inserting_before(region.nodes[0]):
+        for i, spec in enumerate(task.inputs if task is not None else ()):
+            if spec.channels_last:
+                inputs[i] = _force_strides(graph, inputs[i], spec)
     with graph.inserting_after(region.nodes[-1]):
         call = graph.call_function(op, (handle, inputs, out_meta))
     call.meta["val"] = [o.meta.get("val") for o in region.outputs]
@@ -230,17 +235,32 @@ def _replace_region(graph: fx.Graph, region, replaced: dict, op, handle: int, ou
         with graph.inserting_after(prev):
             item = graph.call_function(operator.getitem, (call, i))
         item.meta = dict(o.meta)
-        bdims = specs[i].broadcast_dims if specs is not None else ()
+        spec = task.outputs[i] if task is not None else None
+        if spec is not None and spec.channels_last and isinstance(o.meta.get("val"), torch.Tensor):
+            item.meta["val"] = call.meta["val"][i] = o.meta["val"].contiguous(memory_format=torch.channels_last)
+        bdims = spec.broadcast_dims if spec is not None else ()
         if bdims:
             item.meta["val"] = _narrowed(o.meta.get("val"), bdims)
             call.meta["val"][i] = item.meta["val"]
             with graph.inserting_after(item):
-                item = graph.call_function(torch.ops.aten.expand.default, (item, list(specs[i].shape)))
+                item = graph.call_function(torch.ops.aten.expand.default, (item, list(spec.shape)))
             item.meta = dict(o.meta)
         o.replace_all_uses_with(item, delete_user_cb=lambda u: u not in inside)
         replaced[o] = prev = item
     for n in reversed(region.nodes):   # users inside the region come later, so they go first
         graph.erase_node(n)
+
+
+def _force_strides(graph: fx.Graph, x: fx.Node, spec) -> fx.Node:
+    """x laid out with the spec's strides: prims.inductor_force_stride_order, a no-op on a tensor
+    that has them and a copy otherwise in eager; inside Inductor it fixes the producer's layout
+    to those strides where the producer's layout is still free (no copy), else copies."""
+    import torch._inductor.inductor_prims  # noqa: F401 -- registers torch.ops.prims.inductor_force_stride_order
+    node = graph.call_function(torch.ops.prims.inductor_force_stride_order.default, (x, list(spec.stride)))
+    val = x.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        node.meta["val"] = val.contiguous(memory_format=torch.channels_last)
+    return node
 
 
 def _narrowed(val, dims: tuple[int, ...]):

@@ -10,6 +10,7 @@ KernelBench file (class Model / get_inputs / get_init_inputs); the region's weig
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import operator
@@ -96,6 +97,17 @@ class TensorSpec:
             acc *= max(s, 1)
         return tuple(reversed(expect)) == tuple(self.stride) or self.numel <= 1
 
+    @property
+    def channels_last(self) -> bool:
+        """A 4-D [N, C, H, W] tensor stored N, H, W, C (and not also contiguous: C or H * W is 1)."""
+        if len(self.shape) != 4 or self.contiguous:
+            return False
+        return self.stride == channels_last_strides(self.shape)
+
+    def as_channels_last(self) -> "TensorSpec":
+        """This 4-D spec with channels-last strides (a conv region's activations, extract.py)."""
+        return dataclasses.replace(self, stride=channels_last_strides(self.shape))
+
     @staticmethod
     def of(t: torch.Tensor, dynamic: tuple[int, ...] = ()) -> "TensorSpec":
         return TensorSpec(tuple(t.shape), DTYPE_NAMES[t.dtype], tuple(t.stride()), dynamic)
@@ -110,6 +122,16 @@ class TensorSpec:
         return TensorSpec(tuple(d["shape"]), d["dtype"], tuple(d["stride"]),
                           tuple(d.get("dynamic", ())), d.get("low"), d.get("high"),
                           bool(d.get("positive", False)))
+
+
+def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides in elements of a dense [N, C, H, W] tensor stored N, H, W, C.
+
+        >>> channels_last_strides((2, 3, 4, 5))
+        (60, 1, 15, 3)
+    """
+    _, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
 
 
 @dataclass

@@ -5,7 +5,8 @@
 //   htam::load(str path) -> int                                   dlopen + dlsym("htam_run")
 //   htam::run(int handle, Tensor[] inputs, Tensor(a!)[] outputs) -> int   raw return code
 //   htam::launch(int handle, Tensor[] inputs, int[] out_meta) -> Tensor[]  allocates outputs
-// out_meta encodes each output as [dtype_code, ndim, d0, ..., d(ndim-1)], concatenated. A kernel's
+// out_meta encodes each output as [dtype_code, ndim, d0, ..., d(ndim-1)], concatenated; a dtype
+// code plus kChannelsLast (256) asks for a 4-D output in channels-last memory format. A kernel's
 // handle is a hash of its library's bytes, not a load counter (see load()).
 //
 // The same library is also a Python module whose launch(handle, inputs, out_meta) calls the same
@@ -131,6 +132,8 @@ int32_t dtype_code(at::ScalarType t) {
   return -1;  // unreachable
 }
 
+const int64_t kChannelsLast = 256;   // out_meta flag on the dtype code (launcher.CHANNELS_LAST)
+
 at::ScalarType scalar_type(int64_t code) {
   static const at::ScalarType types[] = {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble,
                                          at::kLong,  at::kInt,  at::kBool,     at::kChar, at::kByte};
@@ -176,9 +179,13 @@ std::vector<at::Tensor> launch(int64_t handle, at::TensorList inputs, at::IntArr
   for (size_t i = 0; i < out_meta.size();) {
     TORCH_CHECK(i + 1 < out_meta.size() && i + 2 + out_meta[i + 1] <= out_meta.size(),
                 "htam: out_meta is truncated at position ", num(i), "; expected [dtype, ndim, sizes...] per output");
-    int64_t ndim = out_meta[i + 1];
-    outputs.emplace_back(at::detail::empty_cuda(out_meta.slice(i + 2, ndim), scalar_type(out_meta[i]), where,
-                                             std::nullopt));
+    const int64_t ndim = out_meta[i + 1], code = out_meta[i];
+    const bool channels_last = code >= kChannelsLast;
+    TORCH_CHECK(!channels_last || ndim == 4, "htam: out_meta asks for a channels-last output of ", num(ndim),
+                " dims; channels-last needs 4");
+    outputs.emplace_back(at::detail::empty_cuda(
+        out_meta.slice(i + 2, ndim), scalar_type(channels_last ? code - kChannelsLast : code), where,
+        channels_last ? std::optional<c10::MemoryFormat>(c10::MemoryFormat::ChannelsLast) : std::nullopt));
     i += 2 + ndim;
   }
   int64_t code = call(k, inputs, outputs, device);

@@ -63,7 +63,7 @@ from torch_htam.proposers.expert.conv_match import BatchNorm, ConvMatch, Fold, g
 from torch_htam.proposers.expert.cudnn_conv import graph_entry, graph_run, legacy_entry, legacy_run
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float, cuh
 from torch_htam.proposers.expert.ir import (
-    VT, ExprProgram, Unsupported, check_single_output, dense_row_major, dtype_of, lower, shape_of,
+    VT, ExprProgram, Unsupported, channels_last, check_single_output, dense_row_major, dtype_of, lower, shape_of,
 )
 from torch_htam.proposers.expert.strategies import TaskFacts
 from torch_htam.proposers.expert.target import Target
@@ -152,13 +152,14 @@ def match(gm, policy) -> ConvMatch:
             raise Unsupported(f"{kind.name} {what} must be a region input (no prologue ops before the conv)")
     if len(shape_of(x)) != kind.rank or len(shape_of(w)) != kind.rank:
         raise Unsupported(f"{kind.name} needs a {kind.rank}-D (batched) input and a {kind.rank}-D filter")
-    for v, what in ((x, "input"), (w, "weight")):
-        # NOTE: every conv kernel here checks htam_contiguous(x, w) and returns HTAM_ERR_SHAPE
-        # otherwise, so a channels-last model would only fail verification, candidate by candidate
-        if not dense_row_major(v):
-            raise Unsupported(f"{kind.name} {what} in channels-last (or another non-contiguous) layout: "
-                              "the conv kernels read contiguous NCHW")
     stride, padding, dilation, groups = geo.stride, geo.padding, geo.dilation, geo.groups
+    # a channels-last x takes render_cl (w either way); otherwise the kernels read contiguous NCHW
+    # and check it (HTAM_ERR_SHAPE), so any other layout is refused here, not candidate by candidate
+    cl = channels_last(x) and kind.plain2d and groups == 1
+    for v, what in ((x, "input"), (w, "weight")):
+        if not (dense_row_major(v) or (cl and channels_last(v))):
+            raise Unsupported(f"{kind.name} {what} in a layout the conv kernels do not read (contiguous NCHW; "
+                              "channels-last for a plain conv2d's input)")
     dt = dtype_of(conv)
     if any(dtype_of(v) != dt for v in (x, w) + ((b,) if b is not None else ())):
         raise Unsupported(f"mixed-dtype {kind.name}")
@@ -194,16 +195,21 @@ def match(gm, policy) -> ConvMatch:
     if any(a.input == g and a.dims != ident for a in prog.accesses):
         raise Unsupported("conv result read broadcast/reshaped in the epilogue")
     fits, residual, relu = _fused_tail(gm, anchor, ph, yshape, dt)
+    if cl and not fits:
+        raise Unsupported("channels-last conv: the epilogue must be [batch norm] [+ residual] [ReLU], "
+                          "the chain cuDNN fuses into the conv")
+    if cl and residual is not None and not channels_last(ph[residual]):
+        raise Unsupported("channels-last conv: the residual is not channels-last")
     fits = fits and (bn is not None or b is not None or residual is not None or relu)
     fits = fits and legacy_reason(kind) is None      # cuDNN's fused call is on the legacy API
     cp = ConvMatch(ph.index(x), ph.index(w), ph.index(b) if b is not None else None, stride, padding,
                   dilation, groups, dt, bn, prog, g, residual, relu, fits, bool(policy and policy.allow_tf32),
-                  kind=kind)
+                  kind=kind, channels_last=cl)
     cp.facts = TaskFacts("conv", yshape[1], 16 // DT[dt][2], has_transcendental=prog.has_transcendental,
                        low_precision=dt != "float32", allow_tf32=cp.allow_tf32, fp32=dt == "float32",
-                       has_batchnorm=bn is not None, epilogue_fits_cudnn=fits,
-                       tiled_conv=pwconv.reason(cp) is None,
-                       nhwc_conv=nhwc_reason(cp, {"graph": True}) is None)
+                       has_batchnorm=bn is not None, epilogue_fits_cudnn=fits and not cl,
+                       tiled_conv=not cl and pwconv.reason(cp) is None,
+                       nhwc_conv=not cl and nhwc_reason(cp, {"graph": True}) is None)
     return cp
 
 
@@ -300,6 +306,8 @@ def nhwc_reason(cp: ConvMatch, params: dict) -> str | None:
 
 
 def render(cp: ConvMatch, params: dict) -> str:
+    if cp.channels_last:
+        return render_cl(cp, params)
     if params.get("tiled"):
         return pwconv.render(cp, params)
     nhwc = bool(params.get("nhwc"))
@@ -426,6 +434,91 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
 """
 
 
+def render_cl(cp: ConvMatch, params: dict) -> str:
+    """A channels-last conv2d region (x, the residual and y stored N, H, W, C; w as the model holds
+    it, NCHW or channels-last) as two kernels: a fold that writes w' = w * scale[k] in KRSC and
+    shift[k] = beta + (bias - mean) * scale (batch norm folded; without it w' is w in KRSC and
+    shift the conv bias), then one cuDNN graph y = [relu](conv(x, w') [+ shift[k]] [+ residual])
+    whose pointwise ops cuDNN's runtime-fusion engines compile into the conv kernel itself, so the
+    conv result is never stored and read back (where Inductor runs cuDNN's conv, then a Triton
+    kernel for batch norm, the add and the ReLU). params: algo (the algo-th usable engine of the
+    heuristic's ranking), tf32 (fp32 only, where the policy allows TF32)."""
+    _, strict = _math(cp, params)
+    dt, dtc, esz = DT[cp.dtype][0], DT[cp.dtype][1], DT[cp.dtype][2]
+    f = Fold(cp)
+    has_shift = cp.bn is not None or cp.bias is not None
+    shift = (f"{f.ld('beta', 'i')} + ({f.ld('bias', 'i')} - {f.ld('mean', 'i')}) * ({f.scale('i')})"
+             if cp.bn is not None else f.ld("bias", "i"))
+    fold_src = f"""
+// w2 = w * scale[k] in KRSC (from KCRS, or from KRSC when w_cl), and shift[k]; one thread per w2 element.
+__global__ void fold_cl_kernel({f.params()}float eps, int64_t K, int64_t C, int64_t RS, int w_cl,
+    {dt}::raw* __restrict__ shift, const {dt}::raw* __restrict__ w, {dt}::raw* __restrict__ w2) {{
+  const int64_t n = K * RS * C;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {{
+    const int64_t k = i / (RS * C), rem = i - k * RS * C, rs = rem / C, c = rem - rs * C;
+    w2[i] = {dt}::from_f({dt}::to_f(w[w_cl ? i : (k * C + c) * RS + rs]) * ({f.scale('k')}));
+    if (shift != nullptr && i < K) shift[i] = {dt}::from_f({shift});
+  }}
+}}
+"""
+    ptrs = "".join(f"(const {DT[cp.epilogue.inputs[i][1]][0]}::raw*)in[{i}].data, " for i in f.present.values())
+    checks = "\n".join(
+        f"  if (in[{i}].ndim != 1 || in[{i}].sizes[0] != K || !htam_contiguous(in[{i}]) || "
+        f"in[{i}].dtype != {DT[cp.epilogue.inputs[i][1]][1]} || in[{i}].data == nullptr) return HTAM_ERR_SHAPE;"
+        for i in sorted(f.present.values()))
+    r = cp.residual
+    z = f"in[{r}].data" if r is not None else "nullptr"
+    if r is not None:
+        checks += (f"\n  if (in[{r}].dtype != {dtc} || !htam_channels_last(in[{r}]) || in[{r}].data == nullptr) "
+                   f"return HTAM_ERR_SHAPE;\n  for (int i = 0; i < 4; ++i) if (in[{r}].sizes[i] != Y.sizes[i]) "
+                   "return HTAM_ERR_SHAPE;")
+    align = "(uintptr_t)X.data | (uintptr_t)Y.data | 256" + (f" | (uintptr_t)in[{r}].data" if r is not None else "")
+    dims = conv_geom.host_dims(cp.kind, cp.stride, cp.padding, cp.dilation, 1, dtc, align, channels_last=True)
+    entry = graph_entry(cp, strict, int(params.get("algo", 0)), nhwc=True,
+                        epilogue=(has_shift, r is not None, cp.relu))
+    epi = " + ".join(["conv"] + ["shift"] * has_shift + ["residual"] * (r is not None)) + (" -> relu" if cp.relu else "")
+    return f"""// torch_htam expert: cuDNN {cp.kind.name}, channels-last, fused {epi} params={sorted(params.items())}
+{PRELUDE}
+#include <algorithm>
+#include <cudnn.h>
+{fold_src}
+{CUDNN_STATE}
+{entry}
+{ENTRY_CACHE}
+HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
+  if (n_in != {cp.n_inputs} || n_out != 1) return HTAM_ERR_SHAPE;
+  const HtamTensor& X = in[{cp.x}];
+  const HtamTensor& Wt = in[{cp.w}];
+  HtamTensor& Y = out[0];
+{dims}
+{checks}
+  if (htam_numel(&Y) == 0) return HTAM_OK;
+  DnnState* st = nullptr;
+  int rc = dnn_state(&st);
+  if (rc) return rc;
+  CD(cudnnSetStream(st->handle, stream));
+  ConvEntry* e = nullptr;
+  if ((rc = conv_entry(st, d, P, Q, &e))) return rc;
+  // scratch: shift[K] | w2 (KRSC), both in the data type
+  const size_t vec_bytes = ((size_t)K * {esz} + 255) / 256 * 256;
+  if ((rc = grow(&st->scratch, &st->scratch_bytes, vec_bytes + ((size_t)htam_numel(&Wt) * {esz} + 255) / 256 * 256)))
+    return rc;
+  void* shift = {"st->scratch" if has_shift else "nullptr"};
+  void* w2 = (char*)st->scratch + vec_bytes;
+  {{
+    const int64_t n = htam_numel(&Wt);
+    const int blocks = (int)std::min<int64_t>((n + 255) / 256, 4096);
+    fold_cl_kernel<<<blocks, 256, 0, stream>>>({ptrs}{c_float(cp.bn.eps if cp.bn else 0.0)}, K, Wt.sizes[1],
+        Wt.sizes[2] * Wt.sizes[3], htam_contiguous(Wt) ? 0 : 1, ({dt}::raw*)shift, (const {dt}::raw*)Wt.data,
+        ({dt}::raw*)w2);
+    HTAM_CHECK_LAUNCH();
+  }}
+{graph_run("X.data", "w2", "Y.data", "shift", z)}
+  return HTAM_OK;
+}}
+"""
+
+
 # ---- the conv target (target.Target) ---------------------------------------------------------------
 
 # NOTE: cuDNN's legacy ranking for fp32 convs under TF32 puts algorithms first that fail the TF32
@@ -445,6 +538,8 @@ def defaults(cp: ConvMatch) -> dict:
     # cuDNN + epilogue: 0.163 / 0.094).
     # NOTE: 64-channel tiles: at 128, 3xTF32's fragments spill (128 registers, ptxas)
     p.update(tiled=False, bm=64, bn=128, stages=2, ju=4, split=True, minb=2, pre=True, persist=True)
+    if cp.channels_last:   # render_cl: one path, its knobs algo and tf32
+        return p
     if pwconv.reason(cp) is None:
         p.update(tiled=True)
         p.update(dict(bn=256, ju=8, pre=False, persist=False) if cp.dtype == "float32" else dict(stages=3))
@@ -459,6 +554,8 @@ def canonical(cp: ConvMatch, params: dict) -> dict:
     """
     d = defaults(cp)
     keys = CUDNN_KEYS if tiled(cp, params) else TILE_KEYS
+    if cp.channels_last:    # render_cl reads algo and tf32 alone
+        keys = (CUDNN_KEYS | TILE_KEYS | {"tiled"}) - {"algo", "tf32"}
     return dict(params, **{k: d[k] for k in keys if k in params})
 
 def tiled(cp: ConvMatch, params: dict) -> bool:
@@ -467,6 +564,11 @@ def tiled(cp: ConvMatch, params: dict) -> bool:
 
 def tags(cp: ConvMatch, params: dict) -> list[str]:
     """Strategy ids the setting embodies (they follow the path actually taken)."""
+    if cp.channels_last:
+        tags = ["fold_batchnorm"] * (cp.bn is not None) + ["fuse_elementwise_chain", "coalesced_layout_access"]
+        if _math(cp, params)[0] == "CUDNN_DEFAULT_MATH":
+            tags.append("tf32_tensor_cores")
+        return tags + ["bf16_tensor_cores"] * (cp.dtype != "float32")
     if tiled(cp, params):
         tags = ["fold_batchnorm"] * (cp.bn is not None) + ["smem_tiling", "fuse_elementwise_chain"]
         return tags + ["tf32_tensor_cores" if cp.dtype == "float32" else "bf16_tensor_cores"]
@@ -499,8 +601,12 @@ def refit(cp: ConvMatch, p: dict, moved: dict) -> dict:
 
 
 def grid(cp: ConvMatch, base: dict) -> list[dict]:
-    """cuDNN's ranked algorithms on each path (fused, backend, legacy, NHWC), then tiled settings."""
+    """cuDNN's ranked algorithms on each path (fused, backend, legacy, NHWC), then tiled settings;
+    channels-last: the ranked engines of its one path, under TF32 and without where fp32 may."""
     facts, lib = cp.facts, dict(base, tiled=False)
+    if cp.channels_last:
+        tf32 = (True, False) if facts.fp32 and facts.allow_tf32 else (base["tf32"],)
+        return [dict(base, tf32=t, algo=a) for t in tf32 for a in range(6)]
     out = [dict(lib, fused=v, algo=algo) for v in (base["fused"], not base["fused"]) for algo in range(8)]
     # the unfused path through cuDNN's graph API, then the legacy one
     out += [dict(lib, fused=False, graph=graph, algo=algo) for graph in (True, False) for algo in range(6)]

@@ -136,11 +136,15 @@ def _same(padding: str, node, dilation: tuple[int, ...], op: str) -> tuple[int, 
     return tuple(t // 2 for t in total)
 
 
-def host_dims(kind: ConvKind, stride, padding, dilation, groups: int, dtype: str, align: str) -> str:
+def host_dims(kind: ConvKind, stride, padding, dilation, groups: int, dtype: str, align: str,
+              channels_last: bool = False) -> str:
     """C++ for htam_run: checks x (X), w (Wt), y (Y) against this kind, then declares the problem
     key d[11], K (output channels) and the output sizes O, P, Q; HTAM_ERR_SHAPE on any mismatch.
     dtype: the HtamDtype code of x, w and y; align: a C expression whose low bits give d[7] (the
-    data's alignment in bytes; 0 on the legacy API, which needs none)."""
+    data's alignment in bytes; 0 on the legacy API, which needs none). channels_last: x and y
+    stored N, H, W, C and w either way (conv.render_cl); else all three contiguous."""
+    layout = ("!(t == &Wt ? htam_contiguous(*t) || htam_channels_last(*t) : htam_channels_last(*t))"
+              if channels_last else "!htam_contiguous(*t)")
     r, s = kind.rank, kind.spatial
     # x's / w's / y's spatial sizes as (depth, height, width), 1 where the kind has no such dim
     sp = lambda t: {1: f"1, 1, {t}.sizes[2]", 2: f"1, {t}.sizes[2], {t}.sizes[3]",   # noqa: E731
@@ -165,7 +169,7 @@ def host_dims(kind: ConvKind, stride, padding, dilation, groups: int, dtype: str
     ysp = {1: "Y.sizes[2] != Q", 2: "Y.sizes[2] != P || Y.sizes[3] != Q",
            3: "Y.sizes[2] != O || Y.sizes[3] != P || Y.sizes[4] != Q"}[s]
     return f"""  for (const HtamTensor* t : {{&X, &Wt, (const HtamTensor*)&Y}})
-    if (t->dtype != {dtype} || t->ndim != {r} || !htam_contiguous(*t) || t->data == nullptr) return HTAM_ERR_SHAPE;
+    if (t->dtype != {dtype} || t->ndim != {r} || {layout} || t->data == nullptr) return HTAM_ERR_SHAPE;
   // d[7]: the data's alignment in bytes, which a backend plan is built for (a view 2 bytes past
   // its allocation gets a plan of its own, not a refusal); 0 on the legacy API, which needs none
   const uintptr_t bits = {align};

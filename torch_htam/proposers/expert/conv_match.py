@@ -45,6 +45,7 @@ class ConvMatch:
     allow_tf32: bool = False
     facts: TaskFacts | None = None
     kind: ConvKind = ConvKind()      # 1-/2-/3-D, transposed (conv_geom.py); geometry in its cuDNN dims
+    channels_last: bool = False      # x, the residual and y channels-last (conv.render_cl; extract.py says when)
 
     @property
     def n_inputs(self) -> int:

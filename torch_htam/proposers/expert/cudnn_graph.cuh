@@ -1,6 +1,7 @@
 // ---- torch_htam expert: a conv on cuDNN's backend ("graph") API (cudnn_conv.py pastes it) -------
 // Reads the constants graph_entry() writes before it: kStrictFp32, kNhwc, kDataType, kSpatial,
-// kTransposed, kPad, kStride, kDilation (pixels, [D,] H, W), kGroups and kAlgo; and cudnn.cuh's
+// kTransposed, kPad, kStride, kDilation (pixels, [D,] H, W), kGroups, kAlgo and the fused epilogue
+// kEpiBias, kEpiResidual, kEpiRelu; and cudnn.cuh's
 // DnnState, grow(), not_supported(), kConvDims. Attribute names and value types follow
 // cudnn_graph.h (cuDNN 9).
 // ---- cuDNN backend ("graph") API: plan once per shape, one cudnnBackendExecute per call ----------
@@ -13,14 +14,19 @@ static const int kMaxConfigs = 16;            // engine configs taken from one h
 
 // One problem's backend descriptors, cached (a few shapes per kernel in practice). NOTE: all stay
 // alive until release(): cuDNN does not document whether a plan copies what it was built from.
+static const bool kEpilogue = kEpiBias || kEpiResidual || kEpiRelu;   // pointwise ops after the conv
+static const int kEpiOps = (int)kEpiBias + (int)kEpiResidual + (int)kEpiRelu;
+
 struct ConvEntry {
   bool used = false; int dev = -1; int64_t dims[kConvDims] = {0};   // the problem key (conv_geom.py)
   cudnnBackendDescriptor_t x = nullptr, w = nullptr, y = nullptr;   // tensors 'x', 'w', 'y'
+  cudnnBackendDescriptor_t b = nullptr, z = nullptr;                // epilogue: bias [1, K, 1, 1] 'b', residual 'z'
+  cudnnBackendDescriptor_t v[3] = {}, pw[3] = {}, pwop[3] = {};    // epilogue: fp32 virtual tensors, pointwise ops
   cudnnBackendDescriptor_t conv = nullptr, op = nullptr, graph = nullptr, heur = nullptr;
   cudnnBackendDescriptor_t cfg[kMaxConfigs] = {};   // engine configs, heuristic rank order
   int n_cfg = 0, pick = -1;                         // the plan runs cfg[pick]
   cudnnBackendDescriptor_t plan = nullptr, pack = nullptr;
-  void* ptrs[4] = {nullptr, nullptr, nullptr, nullptr};   // x, w, y, workspace bound in `pack`
+  void* ptrs[6] = {};   // x, w, y, workspace, b, z bound in `pack`
 };
 
 static void drop(cudnnBackendDescriptor_t* d) {
@@ -38,13 +44,16 @@ static void release(ConvEntry* e) {
   drop(&e->pack);
   drop(&e->plan);
   drop_configs(e);
-  for (cudnnBackendDescriptor_t* d : {&e->graph, &e->op, &e->conv, &e->y, &e->w, &e->x}) drop(d);
+  for (int i = 0; i < 3; ++i) { drop(&e->pwop[i]); drop(&e->pw[i]); drop(&e->v[i]); }
+  for (cudnnBackendDescriptor_t* d : {&e->graph, &e->op, &e->conv, &e->z, &e->b, &e->y, &e->w, &e->x}) drop(d);
   *e = ConvEntry();
 }
 
 // A packed tensor of kSpatial + 2 dims [n, c, (d,) h, w] (sizes and strides in elements), NCHW /
-// NCDHW or (kNhwc, 2-D only) NHWC in memory, data aligned to `align` bytes.
-static int make_tensor(cudnnBackendDescriptor_t* t, int64_t uid, const int64_t* dims, int64_t align) {
+// NCDHW or (kNhwc, 2-D only) NHWC in memory, data aligned to `align` bytes; a virtual one (an
+// intermediate of the fused epilogue, never in memory) when is_virtual.
+static int make_tensor(cudnnBackendDescriptor_t* t, int64_t uid, const int64_t* dims, int64_t align,
+                       cudnnDataType_t type = kDataType, bool is_virtual = false) {
   const int64_t nd = kSpatial + 2;
   int64_t strides[5];
   strides[nd - 1] = 1;
@@ -53,13 +62,13 @@ static int make_tensor(cudnnBackendDescriptor_t* t, int64_t uid, const int64_t* 
     const int64_t c = dims[1], h = dims[2], w = dims[3];
     strides[0] = c * h * w; strides[1] = 1; strides[2] = w * c; strides[3] = c;
   }
-  const cudnnDataType_t type = kDataType;
   CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_TENSOR_DESCRIPTOR, t));
   SET(*t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
   SET(*t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
   SET(*t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
   SET(*t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, nd, dims);
   SET(*t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, nd, strides);
+  if (is_virtual) SET(*t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
   CD(cudnnBackendFinalize(*t));
   return 0;
 }
@@ -83,10 +92,53 @@ static int make_conv(ConvEntry* e) {
   return 0;
 }
 
-// The one-operation graph y = 1 * conv(x, w) + 0 * y; for a transposed conv (kTransposed) the
-// backward-data pass of the conv it transposes, y = dx = conv^T(dy = x, w), as PyTorch runs it.
+// One pointwise operation y = mode(x[, b]) in fp32 (b: nullptr for a unary mode).
+static int make_pointwise(cudnnBackendDescriptor_t* pw, cudnnBackendDescriptor_t* op, cudnnPointwiseMode_t mode,
+                          cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y) {
+  const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, pw));
+  SET(*pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+  SET(*pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+  CD(cudnnBackendFinalize(*pw));
+  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, op));
+  SET(*op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, pw);
+  SET(*op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+  if (b) SET(*op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+  SET(*op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+  CD(cudnnBackendFinalize(*op));
+  return 0;
+}
+
+// The fused epilogue after the conv (kEpilogue): v[0] = conv(x, w), then [+ b] [+ z] [ReLU] in
+// fp32 over virtual tensors, the last op writing y. cuDNN compiles the chain into the conv's own
+// kernel (its runtime-fusion engines): the conv result is never stored. ydims: y's [N, K, H, W].
+static int make_epilogue(ConvEntry* e, const int64_t* ydims, int64_t align) {
+  int rc = 0, n = 0;
+  cudnnBackendDescriptor_t cur = e->v[0];
+  const struct { bool on; cudnnPointwiseMode_t mode; cudnnBackendDescriptor_t b; } ops[3] = {
+      {kEpiBias, CUDNN_POINTWISE_ADD, e->b}, {kEpiResidual, CUDNN_POINTWISE_ADD, e->z},
+      {kEpiRelu, CUDNN_POINTWISE_RELU_FWD, nullptr}};
+  for (const auto& o : ops) {
+    if (!o.on) continue;
+    const bool last = n + 1 == kEpiOps;
+    cudnnBackendDescriptor_t out = e->y;
+    if (!last) {
+      if ((rc = make_tensor(&e->v[n + 1], 'v' * 16 + n + 1, ydims, align, CUDNN_DATA_FLOAT, true))) return rc;
+      out = e->v[n + 1];
+    }
+    if ((rc = make_pointwise(&e->pw[n], &e->pwop[n], o.mode, cur, o.b, out))) return rc;
+    cur = out;
+    ++n;
+  }
+  return 0;
+}
+
+// The one-operation graph y = 1 * conv(x, w) + 0 * y (with kEpilogue: the conv writes v[0] and the
+// epilogue's ops follow); for a transposed conv (kTransposed) the backward-data pass of the conv it
+// transposes, y = dx = conv^T(dy = x, w), as PyTorch runs it.
 static int make_graph(cudnnHandle_t handle, ConvEntry* e) {
   const float alpha = 1.f, beta = 0.f;
+  cudnnBackendDescriptor_t conv_y = kEpilogue ? e->v[0] : e->y;
   if (kTransposed) {
     CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, &e->op));
     SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->x);
@@ -99,14 +151,15 @@ static int make_graph(cudnnHandle_t handle, ConvEntry* e) {
     CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, &e->op));
     SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->x);
     SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->w);
-    SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->y);
+    SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv_y);
     SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->conv);
     SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
     SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
   }
   CD(cudnnBackendFinalize(e->op));
+  cudnnBackendDescriptor_t ops[4] = {e->op, e->pwop[0], e->pwop[1], e->pwop[2]};
   CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &e->graph));
-  SET(e->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &e->op);
+  SET(e->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1 + kEpiOps, ops);
   SET(e->graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
   const cudnnStatus_t s = cudnnBackendFinalize(e->graph);
   if (s != CUDNN_STATUS_SUCCESS) return not_supported(s) ? HTAM_ERR_SHAPE : 3000 + (int)s;
@@ -196,8 +249,16 @@ static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, i
   const int64_t x2[4] = {xd[0], xd[1], xd[3], xd[4]}, w2[4] = {wd[0], wd[1], wd[3], wd[4]},
                 y2[4] = {yd[0], yd[1], yd[3], yd[4]};
   if ((rc = make_tensor(&e->x, 'x', s ? x2 : xd, d[7])) || (rc = make_tensor(&e->w, 'w', s ? w2 : wd, d[7])) ||
-      (rc = make_tensor(&e->y, 'y', s ? y2 : yd, d[7])) || (rc = make_conv(e)) || (rc = make_graph(st->handle, e)))
+      (rc = make_tensor(&e->y, 'y', s ? y2 : yd, d[7])) || (rc = make_conv(e)))
     return rc;
+  if (kEpilogue) {   // 2-D only (conv.py): the bias is [1, K, 1, 1], z has y's dims
+    const int64_t bd[4] = {1, y2[1], 1, 1};
+    if ((rc = make_tensor(&e->v[0], 'v' * 16, y2, d[7], CUDNN_DATA_FLOAT, true)) ||
+        (kEpiBias && (rc = make_tensor(&e->b, 'b', bd, d[7]))) ||
+        (kEpiResidual && (rc = make_tensor(&e->z, 'z', y2, d[7]))) || (rc = make_epilogue(e, y2, d[7])))
+      return rc;
+  }
+  if ((rc = make_graph(st->handle, e))) return rc;
   // PyTorch's order: the heuristic's ranking, then cuDNN's fallback list when nothing in it is usable
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     if (rank_engines(e, mode)) continue;   // this mode cannot rank the graph
@@ -206,19 +267,24 @@ static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, i
   return HTAM_ERR_SHAPE;   // no usable engine under this precision: the original region runs
 }
 
-// Binds the call's pointers: the finalized variant pack is cached and rebuilt only when one of the
-// pointers changed (it holds pointers, never results).
-static int bind(ConvEntry* e, void* x, void* w, void* y, void* ws) {
-  void* const ptrs[4] = {x, w, y, ws};
-  if (e->pack && std::equal(ptrs, ptrs + 4, e->ptrs)) return 0;
-  static const int64_t uids[3] = {'x', 'w', 'y'};
+// Binds the call's pointers (b, z: the fused epilogue's bias and residual, nullptr without): the
+// finalized variant pack is cached and rebuilt only when one of the pointers changed (it holds
+// pointers, never results).
+static int bind(ConvEntry* e, void* x, void* w, void* y, void* ws, void* b = nullptr, void* z = nullptr) {
+  void* const ptrs[6] = {x, w, y, ws, b, z};
+  if (e->pack && std::equal(ptrs, ptrs + 6, e->ptrs)) return 0;
+  void* data[5] = {x, w, y};
+  int64_t uids[5] = {'x', 'w', 'y'};
+  int n = 3;
+  if (kEpiBias) { data[n] = b; uids[n++] = 'b'; }
+  if (kEpiResidual) { data[n] = z; uids[n++] = 'z'; }
   drop(&e->pack);
-  std::fill(e->ptrs, e->ptrs + 4, nullptr);
+  std::fill(e->ptrs, e->ptrs + 6, nullptr);
   CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &e->pack));
-  SET(e->pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
-  SET(e->pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
+  SET(e->pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, data);
+  SET(e->pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
   SET(e->pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
   CD(cudnnBackendFinalize(e->pack));
-  std::copy(ptrs, ptrs + 4, e->ptrs);
+  std::copy(ptrs, ptrs + 6, e->ptrs);
   return 0;
 }

@@ -1133,6 +1133,12 @@ def expanded(o) -> bool:
     return val.numel() > 0 and any(n > 1 and st == 0 for n, st in zip(val.shape, val.stride()))
 
 
+def channels_last(o) -> bool:
+    """o's value is a 4-D [N, C, H, W] tensor stored N, H, W, C (and not also row-major)."""
+    val = meta_of(o)
+    return val.dim() == 4 and val.is_contiguous(memory_format=torch.channels_last) and not dense_row_major(o)
+
+
 def dense_row_major(o) -> bool:
     """o's value is laid out contiguously in row-major order (sizes-1 dims ignored)."""
     val = meta_of(o)

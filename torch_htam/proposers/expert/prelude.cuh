@@ -353,6 +353,17 @@ static inline bool htam_contiguous(const HtamTensor& t) {
   return true;
 }
 
+// A 4-D [N, C, H, W] tensor stored N, H, W, C (channels-last; size-1 dims' strides ignored).
+static inline bool htam_channels_last(const HtamTensor& t) {
+  if (t.ndim != 4) return false;
+  int64_t acc = 1;
+  for (int k : {1, 3, 2, 0}) {   // innermost first: C, W, H, N
+    if (t.sizes[k] != 1 && t.strides[k] != acc) return false;
+    acc *= t.sizes[k];
+  }
+  return true;
+}
+
 // t seen with the given (contiguous) shape: a reshape of a contiguous tensor (ir.Access.view).
 static inline bool htam_reshape(HtamTensor& t, const int64_t* sizes, int nd) {
   if (!htam_contiguous(t) || nd > HTAM_MAX_DIMS) return false;

@@ -1,0 +1,165 @@
+"""Channels-last conv regions (extract.channels_last_boundary, conv.render_cl): a plain conv2d's
+task takes x and the residual and gives y stored N, H, W, C, the layout Inductor runs convs in, and
+the kernel is one fold plus one cuDNN graph with [bias] [+ residual] [ReLU] fused into the conv.
+
+CPU: which regions run channels-last, what the matcher accepts and refuses (and says why), nvcc for
+sm_90a. GPU (@gpu): every seed candidate against torch in each dtype at two batch sizes, the weight
+NCHW or channels-last, and the output channels-last.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from compile_check import assert_compiles
+from test_expert import propose, small_task
+from torch_htam import build, paths
+from torch_htam.extract import extract
+from torch_htam.policy import policy_for
+from torch_htam.proposers.expert import conv
+from torch_htam.proposers.expert.ir import Unsupported
+
+CL = torch.channels_last
+
+
+class Block(nn.Module):
+    """conv2d -> [eval batch norm] -> [+ residual] -> [ReLU] over functional inputs."""
+
+    def __init__(self, bn=True, relu=True, act=None, **geo):
+        super().__init__()
+        self.bn, self.relu, self.act, self.geo = bn, relu, act, geo
+
+    def forward(self, x, w, b, gamma, beta, mean, var, res):
+        y = F.conv2d(x, w, b, **self.geo)
+        if self.bn:
+            y = F.batch_norm(y, mean, var, gamma, beta, False, 0.1, 1e-5)
+        if res is not None:
+            y = y + res
+        y = F.relu(y) if self.relu else y
+        return self.act(y) if self.act else y
+
+
+def block_inputs(block: Block, n=2, c=16, k=32, size=9, r=3, bias=False, res=False, w_cl=False,
+                 dtype=torch.float32, device="cpu") -> list:
+    x = torch.randn(n, c, size, size, dtype=dtype, device=device).to(memory_format=CL)
+    w = torch.randn(k, c, r, r, dtype=dtype, device=device) * (2.0 / (c * r * r)) ** 0.5
+    w = w.to(memory_format=CL) if w_cl else w
+    y = F.conv2d(x, w, None, **block.geo)
+    vec = [torch.randn(k, dtype=dtype, device=device) for _ in range(4)]
+    var = torch.rand(k, dtype=dtype, device=device) + 0.5
+    z = torch.randn_like(y).to(memory_format=CL) if res else None
+    return [x, w, vec[0] if bias else None, vec[1], vec[2], vec[3], var, z]
+
+
+CASES = {   # ResNet's conv regions, and the forms beside them
+    "3x3_bn_relu": (Block(padding=1), {}),
+    "1x1_bn_add_relu": (Block(), {"r": 1, "res": True}),
+    "1x1_s2_bn": (Block(relu=False, stride=2), {"r": 1}),          # a downsample branch
+    "7x7_s2_bn_relu_wcl": (Block(stride=2, padding=3), {"r": 7, "c": 3, "size": 16, "w_cl": True}),
+    "3x3_bias_relu": (Block(bn=False, padding=1), {"bias": True}),
+    "3x3_plain": (Block(bn=False, relu=False, padding=1), {}),
+}
+
+
+def _case(name, dtype=torch.float32, device="cpu", n=2):
+    block, kw = CASES[name]
+    return block, block_inputs(block, n=n, dtype=dtype, device=device, **kw)
+
+
+def _task(block, inputs):
+    keep = [i for i, v in enumerate(inputs) if v is not None]
+
+    class Bound(nn.Module):
+        def forward(self, *xs):
+            full = [None] * len(inputs)
+            for i, v in zip(keep, xs):
+                full[i] = v
+            return block(*full)
+    return small_task(Bound(), *[inputs[i] for i in keep]), keep
+
+
+def test_extract_lays_out_plain_conv2d_regions_channels_last():
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, padding=1, groups=4), nn.ReLU()).eval()
+    tasks = {t.name: t for t in extract(model, (torch.randn(2, 8, 6, 6),)).tasks}
+    plain = next(t for n, t in tasks.items() if "batch_norm" in n)
+    assert plain.inputs[0].channels_last and plain.outputs[0].channels_last
+    assert plain.inputs[1].contiguous                                       # the weight as held
+    grouped = next(t for n, t in tasks.items() if "batch_norm" not in n)
+    assert all(s.contiguous for s in grouped.inputs + grouped.outputs)       # groups 4: NCHW kernels
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_each_case_matches_channels_last(name):
+    block, inputs = _case(name)
+    task, keep = _task(block, inputs)
+    cp = conv.match(task.graph, policy_for(task))
+    assert cp.channels_last and cp.relu == block.relu
+    assert (cp.residual is not None) == (inputs[7] is not None)
+    assert not (cp.facts.tiled_conv or cp.facts.nhwc_conv or cp.facts.epilogue_fits_cudnn)
+    src = conv.render(cp, conv.defaults(cp))
+    assert "channels-last" in src.splitlines()[0]
+    # the grid moves down cuDNN's ranking (and across TF32 in fp32): distinct kernels
+    assert len({conv.render(cp, p) for p in conv.grid(cp, conv.defaults(cp))}) == len(conv.grid(cp, conv.defaults(cp)))
+
+
+def test_an_epilogue_cudnn_cannot_fuse_is_refused_with_the_reason():
+    block, inputs = Block(padding=1, act=torch.sigmoid), block_inputs(Block(padding=1))
+    task, _ = _task(block, inputs)
+    with pytest.raises(Unsupported, match="channels-last conv: the epilogue"):
+        conv.match(task.graph, policy_for(task))
+
+
+def test_nchw_input_keeps_the_nchw_paths():
+    block, inputs = _case("3x3_bn_relu")
+    inputs[0] = inputs[0].contiguous()
+    task, _ = _task(block, inputs)
+    assert not conv.match(task.graph, policy_for(task)).channels_last
+
+
+@pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn() is None, reason="needs nvcc + cuDNN")
+def test_channels_last_sources_compile_for_sm90a():
+    todo = []
+    for name, dtype in (("1x1_bn_add_relu", torch.bfloat16), ("3x3_bias_relu", torch.float32),
+                        ("1x1_s2_bn", torch.float16), ("3x3_plain", torch.float32)):
+        task, _ = _task(*_case(name, dtype))
+        todo.append((f"{name}/{dtype}", propose(task, n=1).candidates[0].source))
+    assert_compiles(todo)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", CASES)
+def test_channels_last_candidates_match_torch(name, dtype):
+    """Every seed candidate against eager torch at the captured batch (2) and at 3 (a second
+    cached cuDNN plan); its output is written channels-last. fp32 under the TF32 policy of cuDNN's
+    convs (PyTorch's default), the tolerance verification uses."""
+    from torch_htam.launcher import Kernel
+    block, inputs = _case(name, dtype, "cuda")
+    task, keep = _task(block, inputs)
+    policy = policy_for(task)
+    cands = propose(task, n=4).candidates
+    assert cands, "no candidate"
+    results = build.build_many([c.source for c in cands])
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    matched = []
+    for cand, res in zip(cands, results):
+        kernel = Kernel(res.so_path)
+        ok = True
+        for batch in (2, 3):
+            torch.manual_seed(batch)
+            _, xs = _case(name, dtype, "cuda", n=batch)
+            with torch.no_grad():
+                ref = block(*xs)
+            out = torch.full_like(ref, float("nan")).to(memory_format=CL)
+            code = kernel([xs[i] for i in keep], [out])
+            if code != 0:      # an engine cuDNN has not for this setting: a failed candidate
+                ok = False
+                continue
+            torch.cuda.synchronize()
+            ok &= bool(torch.isfinite(out).all())
+            ok &= torch.allclose(out.float(), ref.float(), atol=policy.atol, rtol=policy.rtol)
+        matched.append(ok)
+    assert matched[0], [c.params for c in cands]      # the default at least
