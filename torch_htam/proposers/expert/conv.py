@@ -60,7 +60,7 @@ import torch
 
 from torch_htam.proposers.expert import conv_geom, elementwise, host, pwconv
 from torch_htam.proposers.expert.conv_match import BatchNorm, ConvMatch, Fold, g_only
-from torch_htam.proposers.expert.cudnn_conv import graph_entry, graph_run, legacy_entry, legacy_run
+from torch_htam.proposers.expert.cudnn_conv import CUDNN_TYPES, graph_entry, graph_run, legacy_entry, legacy_run
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float, cuh
 from torch_htam.proposers.expert.ir import (
     VT, ExprProgram, Unsupported, channels_last, check_single_output, dense_row_major, dtype_of, lower, shape_of,
@@ -436,28 +436,51 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
 
 def render_cl(cp: ConvMatch, params: dict) -> str:
     """A channels-last conv2d region (x, the residual and y stored N, H, W, C; w as the model holds
-    it, NCHW or channels-last) as two kernels: a fold that writes w' = w * scale[k] in KRSC and
-    shift[k] = beta + (bias - mean) * scale (batch norm folded; without it w' is w in KRSC and
-    shift the conv bias), then one cuDNN graph y = [relu](conv(x, w') [+ shift[k]] [+ residual])
-    whose pointwise ops cuDNN's runtime-fusion engines compile into the conv kernel itself, so the
-    conv result is never stored and read back (where Inductor runs cuDNN's conv, then a Triton
-    kernel for batch norm, the add and the ReLU). params: algo (the algo-th usable engine of the
-    heuristic's ranking), tf32 (fp32 only, where the policy allows TF32)."""
+    it) as one cuDNN graph whose pointwise ops cuDNN's runtime-fusion engines compile into the conv
+    kernel itself, so the conv result is never stored and read back (Inductor runs cuDNN's conv,
+    then a Triton kernel for batch norm, the add and the ReLU):
+
+        y = [relu]((conv(x, w) - center[k]) * scale[k] + beta[k] [+ residual])   (batch norm)
+        y = [relu](conv(x, w) [+ bias[k]] [+ residual])                          (without)
+
+    in fp32 on the conv's accumulators. NOTE: batch norm stays torch's (y - center) * scale, not
+    folded into the weights: w * scale + (beta - mean * scale) cancels badly when a tiny running
+    var makes the scale large (verification's random statistics do), and rounding w * scale to
+    bf16 adds error torch does not have. A small kernel first writes the per-channel vectors and,
+    for a KCRS weight other than 1x1, its KRSC copy (cuDNN's NHWC engines take KRSC).
+    params: algo (the algo-th usable engine of the heuristic's ranking), tf32 (fp32, where the
+    policy allows TF32), vec32 (the vectors in fp32, else in the data type)."""
     _, strict = _math(cp, params)
     dt, dtc, esz = DT[cp.dtype][0], DT[cp.dtype][1], DT[cp.dtype][2]
+    vec32 = bool(params.get("vec32", True)) or cp.dtype == "float32"
+    vt, vsz = ("F32", 4) if vec32 else (dt, esz)
     f = Fold(cp)
-    has_shift = cp.bn is not None or cp.bias is not None
-    shift = (f"{f.ld('beta', 'i')} + ({f.ld('bias', 'i')} - {f.ld('mean', 'i')}) * ({f.scale('i')})"
-             if cp.bn is not None else f.ld("bias", "i"))
+    ops: list[tuple[str, str]] = []
+    if cp.bn is not None:
+        ops += [("sub", "c"), ("mul", "s")] + [("add", "b")] * (cp.bn.beta is not None)
+        beta = f.ld("beta", "i")
+    elif cp.bias is not None:
+        ops.append(("add", "b"))
+        beta = f.ld("bias", "i")
+    r = cp.residual
+    ops += [("add", "z")] * (r is not None) + [("relu", "")] * cp.relu
+    used = {a for _, a in ops}
     fold_src = f"""
-// w2 = w * scale[k] in KRSC (from KCRS, or from KRSC when w_cl), and shift[k]; one thread per w2 element.
-__global__ void fold_cl_kernel({f.params()}float eps, int64_t K, int64_t C, int64_t RS, int w_cl,
-    {dt}::raw* __restrict__ shift, const {dt}::raw* __restrict__ w, {dt}::raw* __restrict__ w2) {{
-  const int64_t n = K * RS * C;
+// The per-channel vectors of the fused epilogue (center = mean - bias, scale = gamma * rsqrt(var +
+// eps), beta; a null one is not written) and, when w2 != nullptr, w copied from KCRS to KRSC.
+__global__ void fold_cl_kernel({f.params()}float eps, int64_t K, int64_t C, int64_t RS, {vt}::raw* __restrict__ cen,
+    {vt}::raw* __restrict__ scl, {vt}::raw* __restrict__ bet, const {dt}::raw* __restrict__ w, {dt}::raw* __restrict__ w2) {{
+  const int64_t n = w2 != nullptr ? std::max(K * RS * C, K) : K;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {{
-    const int64_t k = i / (RS * C), rem = i - k * RS * C, rs = rem / C, c = rem - rs * C;
-    w2[i] = {dt}::from_f({dt}::to_f(w[w_cl ? i : (k * C + c) * RS + rs]) * ({f.scale('k')}));
-    if (shift != nullptr && i < K) shift[i] = {dt}::from_f({shift});
+    if (i < K) {{
+      if (cen != nullptr) cen[i] = {vt}::from_f({f.center("i")});
+      if (scl != nullptr) scl[i] = {vt}::from_f({f.scale("i")});
+      if (bet != nullptr) bet[i] = {vt}::from_f({beta if "b" in used else "0.f"});
+    }}
+    if (w2 != nullptr && i < K * RS * C) {{
+      const int64_t k = i / (RS * C), rem = i - k * RS * C, rs = rem / C, c = rem - rs * C;
+      w2[i] = w[(k * C + c) * RS + rs];
+    }}
   }}
 }}
 """
@@ -466,18 +489,21 @@ __global__ void fold_cl_kernel({f.params()}float eps, int64_t K, int64_t C, int6
         f"  if (in[{i}].ndim != 1 || in[{i}].sizes[0] != K || !htam_contiguous(in[{i}]) || "
         f"in[{i}].dtype != {DT[cp.epilogue.inputs[i][1]][1]} || in[{i}].data == nullptr) return HTAM_ERR_SHAPE;"
         for i in sorted(f.present.values()))
-    r = cp.residual
-    z = f"in[{r}].data" if r is not None else "nullptr"
     if r is not None:
         checks += (f"\n  if (in[{r}].dtype != {dtc} || !htam_channels_last(in[{r}]) || in[{r}].data == nullptr) "
                    f"return HTAM_ERR_SHAPE;\n  for (int i = 0; i < 4; ++i) if (in[{r}].sizes[i] != Y.sizes[i]) "
                    "return HTAM_ERR_SHAPE;")
-    align = "(uintptr_t)X.data | (uintptr_t)Y.data | 256" + (f" | (uintptr_t)in[{r}].data" if r is not None else "")
+    align = ("(uintptr_t)X.data | (uintptr_t)Y.data | (uintptr_t)w | 256"
+             + (f" | (uintptr_t)in[{r}].data" if r is not None else ""))
     dims = conv_geom.host_dims(cp.kind, cp.stride, cp.padding, cp.dilation, 1, dtc, align, channels_last=True)
-    entry = graph_entry(cp, strict, int(params.get("algo", 0)), nhwc=True,
-                        epilogue=(has_shift, r is not None, cp.relu))
-    epi = " + ".join(["conv"] + ["shift"] * has_shift + ["residual"] * (r is not None)) + (" -> relu" if cp.relu else "")
-    return f"""// torch_htam expert: cuDNN {cp.kind.name}, channels-last, fused {epi} params={sorted(params.items())}
+    entry = graph_entry(cp, strict, int(params.get("algo", 0)), nhwc=True, epilogue=tuple(ops),
+                        vec_type="CUDNN_DATA_FLOAT" if vec32 else CUDNN_TYPES[cp.dtype])
+    arg = {"c": "cen", "s": "scl", "b": "bet", "z": f"in[{r}].data" if r is not None else "nullptr", "": "nullptr"}
+    args = ", ".join(arg[a] for _, a in ops) or "nullptr"
+    vecs = "\n".join(f"  void* {arg[a]} = " + (f"(char*)st->scratch + {j} * vec_bytes;" if a in used else "nullptr;")
+                     for j, a in enumerate("csb"))
+    epi = " ".join(f"{m}{'(' + a + ')' if a else ''}" for m, a in ops) or "none"
+    return f"""// torch_htam expert: cuDNN {cp.kind.name}, channels-last, epilogue fused: {epi} params={sorted(params.items())}
 {PRELUDE}
 #include <algorithm>
 #include <cudnn.h>
@@ -490,30 +516,34 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   const HtamTensor& X = in[{cp.x}];
   const HtamTensor& Wt = in[{cp.w}];
   HtamTensor& Y = out[0];
-{dims}
-{checks}
-  if (htam_numel(&Y) == 0) return HTAM_OK;
+  // cuDNN's NHWC engines take the weight KRSC: a channels-last (or 1x1) one as it is, else a copy
+  const bool w_krsc = htam_channels_last(Wt);
   DnnState* st = nullptr;
   int rc = dnn_state(&st);
   if (rc) return rc;
+  // scratch: center, scale, beta [K] ({vt}) | the KRSC copy of w
+  const size_t vec_bytes = ((size_t)Wt.sizes[0] * {vsz} + 255) / 256 * 256;
+  if ((rc = grow(&st->scratch, &st->scratch_bytes, 3 * vec_bytes + (w_krsc ? 0 : (size_t)htam_numel(&Wt) * {esz}))))
+    return rc;
+  void* w2 = w_krsc ? nullptr : (char*)st->scratch + 3 * vec_bytes;
+  const void* w = w_krsc ? Wt.data : w2;
+{dims}
+{checks}
+  if (htam_numel(&Y) == 0) return HTAM_OK;
   CD(cudnnSetStream(st->handle, stream));
   ConvEntry* e = nullptr;
   if ((rc = conv_entry(st, d, P, Q, &e))) return rc;
-  // scratch: shift[K] | w2 (KRSC), both in the data type
-  const size_t vec_bytes = ((size_t)K * {esz} + 255) / 256 * 256;
-  if ((rc = grow(&st->scratch, &st->scratch_bytes, vec_bytes + ((size_t)htam_numel(&Wt) * {esz} + 255) / 256 * 256)))
-    return rc;
-  void* shift = {"st->scratch" if has_shift else "nullptr"};
-  void* w2 = (char*)st->scratch + vec_bytes;
-  {{
-    const int64_t n = htam_numel(&Wt);
+{vecs}
+  if (cen != nullptr || scl != nullptr || bet != nullptr || w2 != nullptr) {{
+    const int64_t n = w2 != nullptr ? std::max(htam_numel(&Wt), K) : K;
     const int blocks = (int)std::min<int64_t>((n + 255) / 256, 4096);
     fold_cl_kernel<<<blocks, 256, 0, stream>>>({ptrs}{c_float(cp.bn.eps if cp.bn else 0.0)}, K, Wt.sizes[1],
-        Wt.sizes[2] * Wt.sizes[3], htam_contiguous(Wt) ? 0 : 1, ({dt}::raw*)shift, (const {dt}::raw*)Wt.data,
+        Wt.sizes[2] * Wt.sizes[3], ({vt}::raw*)cen, ({vt}::raw*)scl, ({vt}::raw*)bet, (const {dt}::raw*)Wt.data,
         ({dt}::raw*)w2);
     HTAM_CHECK_LAUNCH();
   }}
-{graph_run("X.data", "w2", "Y.data", "shift", z)}
+  const void* args[] = {{{args}}};
+{graph_run("X.data", "w", "Y.data", "args")}
   return HTAM_OK;
 }}
 """
@@ -538,8 +568,8 @@ def defaults(cp: ConvMatch) -> dict:
     # cuDNN + epilogue: 0.163 / 0.094).
     # NOTE: 64-channel tiles: at 128, 3xTF32's fragments spill (128 registers, ptxas)
     p.update(tiled=False, bm=64, bn=128, stages=2, ju=4, split=True, minb=2, pre=True, persist=True)
-    if cp.channels_last:   # render_cl: one path, its knobs algo and tf32
-        return p
+    if cp.channels_last:   # render_cl: one path, its knobs algo, tf32 and vec32
+        return dict(p, vec32=True)
     if pwconv.reason(cp) is None:
         p.update(tiled=True)
         p.update(dict(bn=256, ju=8, pre=False, persist=False) if cp.dtype == "float32" else dict(stages=3))
@@ -554,7 +584,7 @@ def canonical(cp: ConvMatch, params: dict) -> dict:
     """
     d = defaults(cp)
     keys = CUDNN_KEYS if tiled(cp, params) else TILE_KEYS
-    if cp.channels_last:    # render_cl reads algo and tf32 alone
+    if cp.channels_last:    # render_cl reads algo, tf32 and vec32 alone
         keys = (CUDNN_KEYS | TILE_KEYS | {"tiled"}) - {"algo", "tf32"}
     return dict(params, **{k: d[k] for k in keys if k in params})
 
@@ -604,9 +634,11 @@ def grid(cp: ConvMatch, base: dict) -> list[dict]:
     """cuDNN's ranked algorithms on each path (fused, backend, legacy, NHWC), then tiled settings;
     channels-last: the ranked engines of its one path, under TF32 and without where fp32 may."""
     facts, lib = cp.facts, dict(base, tiled=False)
-    if cp.channels_last:
-        tf32 = (True, False) if facts.fp32 and facts.allow_tf32 else (base["tf32"],)
-        return [dict(base, tf32=t, algo=a) for t in tf32 for a in range(6)]
+    if cp.channels_last:   # vec32 matters in half types only (render_cl)
+        if facts.fp32:
+            tf32 = (True, False) if facts.allow_tf32 else (base["tf32"],)
+            return [dict(base, tf32=t, algo=a) for t in tf32 for a in range(6)]
+        return [dict(base, vec32=v, algo=a) for v in (True, False) for a in range(5)]
     out = [dict(lib, fused=v, algo=algo) for v in (base["fused"], not base["fused"]) for algo in range(8)]
     # the unfused path through cuDNN's graph API, then the legacy one
     out += [dict(lib, fused=False, graph=graph, algo=algo) for graph in (True, False) for algo in range(6)]

@@ -93,12 +93,11 @@ def legacy_run(cp: ConvMatch, fused: bool, scale_w: bool) -> str:
 GRAPH_ENTRY = cuh("cudnn_graph.cuh")
 
 
-def graph_run(x: str = "X.data", w: str = "Wt.data", y: str = "Y.data", b: str = "nullptr",
-              z: str = "nullptr") -> str:
+def graph_run(x: str = "X.data", w: str = "Wt.data", y: str = "Y.data", args: str = "nullptr") -> str:
     """The per-call conv on the backend API (after the fold kernel, before the epilogue), on the
-    buffers named x, w, y and the fused epilogue's b, z (C expressions)."""
+    buffers named x, w, y and the fused epilogue's operands `args` (C expressions)."""
     return f"""  for (;;) {{
-    if ((rc = bind(e, {x}, {w}, {y}, st->ws, {b}, {z}))) return rc;
+    if ((rc = bind(e, {x}, {w}, {y}, st->ws, {args}))) return rc;
     const cudnnStatus_t s = cudnnBackendExecute(st->handle, e->plan, e->pack);
     if (s == CUDNN_STATUS_SUCCESS) break;
     // an engine cuDNN declines only at run time: plan the next usable one
@@ -107,11 +106,15 @@ def graph_run(x: str = "X.data", w: str = "Wt.data", y: str = "Y.data", b: str =
 
 
 def graph_entry(cp: ConvMatch, strict: bool, algo: int, nhwc: bool = False,
-                epilogue: tuple[bool, bool, bool] = (False, False, False)) -> str:
+                epilogue: tuple[tuple[str, str], ...] = (), vec_type: str = "CUDNN_DATA_FLOAT") -> str:
     """Backend API: the per-shape cache entry (descriptors, execution plan, variant pack) and planning:
-    this conv's constants, then cudnn_graph.cuh. epilogue: (bias, residual, relu) fused into the
-    conv's graph as pointwise ops (NHWC, 2-D only)."""
-    on = lambda v: "true" if v else "false"   # noqa: E731
+    this conv's constants, then cudnn_graph.cuh. epilogue: pointwise ops fused into the conv's
+    graph (NHWC, 2-D only), each (mode, operand): mode "sub", "mul", "add" or "relu"; operand a
+    vector 'c', 's', 'b' ([1, K, 1, 1] of vec_type), 'z' (the residual) or "" (unary)."""
+    modes = {"sub": "CUDNN_POINTWISE_SUB", "mul": "CUDNN_POINTWISE_MUL", "add": "CUDNN_POINTWISE_ADD",
+             "relu": "CUDNN_POINTWISE_RELU_FWD"}
+    mode_list = ", ".join([modes[m] for m, _ in epilogue] + ["CUDNN_POINTWISE_ADD"])   # + one: never empty
+    arg_list = ", ".join([f"'{a}'" if a else "0" for _, a in epilogue] + ["0"])
     n, ints = len(cp.stride), lambda v: ", ".join(map(str, v))    # noqa: E731
     return f"""
 // this kernel's {cp.kind.name} on the backend API (pads, strides, dilations in pixels, [D,] H, W;
@@ -124,6 +127,9 @@ static const bool kTransposed = {"true" if cp.kind.transposed else "false"};
 static const int64_t kPad[{n}] = {{{ints(cp.padding)}}}, kStride[{n}] = {{{ints(cp.stride)}}}, kDilation[{n}] = {{{ints(cp.dilation)}}};
 static const int64_t kGroups = {cp.groups};   // implied by the tensors: w is [K, C / kGroups, R, S]
 static const int kAlgo = {algo};   // plan the kAlgo-th usable engine (0: the one PyTorch runs)
-// the fused epilogue: y = [relu](conv(x, w) [+ b[k]] [+ z]), in fp32 inside cuDNN's kernel
-static const bool kEpiBias = {on(epilogue[0])}, kEpiResidual = {on(epilogue[1])}, kEpiRelu = {on(epilogue[2])};
+// the fused epilogue, in fp32 inside cuDNN's kernel: op i = kEpiMode[i](previous, operand kEpiArg[i])
+static const int kEpiOps = {len(epilogue)};
+static const cudnnPointwiseMode_t kEpiMode[] = {{{mode_list}}};
+static const int64_t kEpiArg[] = {{{arg_list}}};
+static const cudnnDataType_t kVecType = {vec_type};
 {GRAPH_ENTRY}"""

@@ -1,7 +1,7 @@
 // ---- torch_htam expert: a conv on cuDNN's backend ("graph") API (cudnn_conv.py pastes it) -------
 // Reads the constants graph_entry() writes before it: kStrictFp32, kNhwc, kDataType, kSpatial,
 // kTransposed, kPad, kStride, kDilation (pixels, [D,] H, W), kGroups, kAlgo and the fused epilogue
-// kEpiBias, kEpiResidual, kEpiRelu; and cudnn.cuh's
+// kEpiOps, kEpiMode, kEpiArg, kVecType; and cudnn.cuh's
 // DnnState, grow(), not_supported(), kConvDims. Attribute names and value types follow
 // cudnn_graph.h (cuDNN 9).
 // ---- cuDNN backend ("graph") API: plan once per shape, one cudnnBackendExecute per call ----------
@@ -14,19 +14,20 @@ static const int kMaxConfigs = 16;            // engine configs taken from one h
 
 // One problem's backend descriptors, cached (a few shapes per kernel in practice). NOTE: all stay
 // alive until release(): cuDNN does not document whether a plan copies what it was built from.
-static const bool kEpilogue = kEpiBias || kEpiResidual || kEpiRelu;   // pointwise ops after the conv
-static const int kEpiOps = (int)kEpiBias + (int)kEpiResidual + (int)kEpiRelu;
+static const bool kEpilogue = kEpiOps > 0;   // pointwise ops after the conv
+static const int kMaxEpi = 5;                  // center, scale, beta, residual, ReLU
 
 struct ConvEntry {
   bool used = false; int dev = -1; int64_t dims[kConvDims] = {0};   // the problem key (conv_geom.py)
   cudnnBackendDescriptor_t x = nullptr, w = nullptr, y = nullptr;   // tensors 'x', 'w', 'y'
-  cudnnBackendDescriptor_t b = nullptr, z = nullptr;                // epilogue: bias [1, K, 1, 1] 'b', residual 'z'
-  cudnnBackendDescriptor_t v[3] = {}, pw[3] = {}, pwop[3] = {};    // epilogue: fp32 virtual tensors, pointwise ops
+  // the epilogue's op i: its operand (a [1, K, 1, 1] vector or the residual), the fp32 virtual tensor
+  // it reads (v[0]: the conv result), its pointwise descriptor and operation
+  cudnnBackendDescriptor_t arg[kMaxEpi] = {}, v[kMaxEpi] = {}, pw[kMaxEpi] = {}, pwop[kMaxEpi] = {};
   cudnnBackendDescriptor_t conv = nullptr, op = nullptr, graph = nullptr, heur = nullptr;
   cudnnBackendDescriptor_t cfg[kMaxConfigs] = {};   // engine configs, heuristic rank order
   int n_cfg = 0, pick = -1;                         // the plan runs cfg[pick]
   cudnnBackendDescriptor_t plan = nullptr, pack = nullptr;
-  void* ptrs[6] = {};   // x, w, y, workspace, b, z bound in `pack`
+  const void* ptrs[4 + kMaxEpi] = {};   // x, w, y, workspace, the epilogue's operands bound in `pack`
 };
 
 static void drop(cudnnBackendDescriptor_t* d) {
@@ -44,8 +45,8 @@ static void release(ConvEntry* e) {
   drop(&e->pack);
   drop(&e->plan);
   drop_configs(e);
-  for (int i = 0; i < 3; ++i) { drop(&e->pwop[i]); drop(&e->pw[i]); drop(&e->v[i]); }
-  for (cudnnBackendDescriptor_t* d : {&e->graph, &e->op, &e->conv, &e->z, &e->b, &e->y, &e->w, &e->x}) drop(d);
+  for (int i = 0; i < kMaxEpi; ++i) { drop(&e->pwop[i]); drop(&e->pw[i]); drop(&e->v[i]); drop(&e->arg[i]); }
+  for (cudnnBackendDescriptor_t* d : {&e->graph, &e->op, &e->conv, &e->y, &e->w, &e->x}) drop(d);
   *e = ConvEntry();
 }
 
@@ -109,26 +110,21 @@ static int make_pointwise(cudnnBackendDescriptor_t* pw, cudnnBackendDescriptor_t
   return 0;
 }
 
-// The fused epilogue after the conv (kEpilogue): v[0] = conv(x, w), then [+ b] [+ z] [ReLU] in
-// fp32 over virtual tensors, the last op writing y. cuDNN compiles the chain into the conv's own
-// kernel (its runtime-fusion engines): the conv result is never stored. ydims: y's [N, K, H, W].
+// The fused epilogue after the conv (kEpilogue): v[0] = conv(x, w), then op i computes
+// kEpiMode[i](v[i], its operand) in fp32 over virtual tensors, the last op writing y. cuDNN compiles
+// the chain into the conv's own kernel (its runtime-fusion engines): the conv result is never
+// stored. ydims: y's [N, K, H, W]; a vector operand is [1, K, 1, 1] of kVecType, the residual y's.
 static int make_epilogue(ConvEntry* e, const int64_t* ydims, int64_t align) {
-  int rc = 0, n = 0;
-  cudnnBackendDescriptor_t cur = e->v[0];
-  const struct { bool on; cudnnPointwiseMode_t mode; cudnnBackendDescriptor_t b; } ops[3] = {
-      {kEpiBias, CUDNN_POINTWISE_ADD, e->b}, {kEpiResidual, CUDNN_POINTWISE_ADD, e->z},
-      {kEpiRelu, CUDNN_POINTWISE_RELU_FWD, nullptr}};
-  for (const auto& o : ops) {
-    if (!o.on) continue;
-    const bool last = n + 1 == kEpiOps;
-    cudnnBackendDescriptor_t out = e->y;
-    if (!last) {
-      if ((rc = make_tensor(&e->v[n + 1], 'v' * 16 + n + 1, ydims, align, CUDNN_DATA_FLOAT, true))) return rc;
-      out = e->v[n + 1];
-    }
-    if ((rc = make_pointwise(&e->pw[n], &e->pwop[n], o.mode, cur, o.b, out))) return rc;
-    cur = out;
-    ++n;
+  int rc = 0;
+  const int64_t vdims[4] = {1, ydims[1], 1, 1};
+  if ((rc = make_tensor(&e->v[0], 1000, ydims, align, CUDNN_DATA_FLOAT, true))) return rc;
+  for (int i = 0; i < kEpiOps; ++i) {
+    const bool last = i + 1 == kEpiOps;
+    if (!last && (rc = make_tensor(&e->v[i + 1], 1001 + i, ydims, align, CUDNN_DATA_FLOAT, true))) return rc;
+    if (kEpiArg[i] == 'z' && (rc = make_tensor(&e->arg[i], 'z', ydims, align))) return rc;
+    if (kEpiArg[i] && kEpiArg[i] != 'z' && (rc = make_tensor(&e->arg[i], kEpiArg[i], vdims, align, kVecType))) return rc;
+    if ((rc = make_pointwise(&e->pw[i], &e->pwop[i], kEpiMode[i], e->v[i], e->arg[i], last ? e->y : e->v[i + 1])))
+      return rc;
   }
   return 0;
 }
@@ -157,7 +153,8 @@ static int make_graph(cudnnHandle_t handle, ConvEntry* e) {
     SET(e->op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
   }
   CD(cudnnBackendFinalize(e->op));
-  cudnnBackendDescriptor_t ops[4] = {e->op, e->pwop[0], e->pwop[1], e->pwop[2]};
+  cudnnBackendDescriptor_t ops[1 + kMaxEpi] = {e->op};
+  std::copy(e->pwop, e->pwop + kEpiOps, ops + 1);
   CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &e->graph));
   SET(e->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1 + kEpiOps, ops);
   SET(e->graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
@@ -251,13 +248,7 @@ static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, i
   if ((rc = make_tensor(&e->x, 'x', s ? x2 : xd, d[7])) || (rc = make_tensor(&e->w, 'w', s ? w2 : wd, d[7])) ||
       (rc = make_tensor(&e->y, 'y', s ? y2 : yd, d[7])) || (rc = make_conv(e)))
     return rc;
-  if (kEpilogue) {   // 2-D only (conv.py): the bias is [1, K, 1, 1], z has y's dims
-    const int64_t bd[4] = {1, y2[1], 1, 1};
-    if ((rc = make_tensor(&e->v[0], 'v' * 16, y2, d[7], CUDNN_DATA_FLOAT, true)) ||
-        (kEpiBias && (rc = make_tensor(&e->b, 'b', bd, d[7]))) ||
-        (kEpiResidual && (rc = make_tensor(&e->z, 'z', y2, d[7]))) || (rc = make_epilogue(e, y2, d[7])))
-      return rc;
-  }
+  if (kEpilogue && (rc = make_epilogue(e, y2, d[7]))) return rc;   // 2-D only (conv.py)
   if ((rc = make_graph(st->handle, e))) return rc;
   // PyTorch's order: the heuristic's ranking, then cuDNN's fallback list when nothing in it is usable
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
@@ -267,24 +258,27 @@ static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, i
   return HTAM_ERR_SHAPE;   // no usable engine under this precision: the original region runs
 }
 
-// Binds the call's pointers (b, z: the fused epilogue's bias and residual, nullptr without): the
-// finalized variant pack is cached and rebuilt only when one of the pointers changed (it holds
-// pointers, never results).
-static int bind(ConvEntry* e, void* x, void* w, void* y, void* ws, void* b = nullptr, void* z = nullptr) {
-  void* const ptrs[6] = {x, w, y, ws, b, z};
-  if (e->pack && std::equal(ptrs, ptrs + 6, e->ptrs)) return 0;
-  void* data[5] = {x, w, y};
-  int64_t uids[5] = {'x', 'w', 'y'};
+// Binds the call's pointers (args: the epilogue's operands, kEpiOps of them, nullptr for a unary
+// op): the finalized variant pack is cached and rebuilt only when one of the pointers changed (it
+// holds pointers, never results).
+static int bind(ConvEntry* e, const void* x, const void* w, const void* y, const void* ws,
+                const void* const* args = nullptr) {
+  const void* ptrs[4 + kMaxEpi] = {x, w, y, ws};
+  for (int i = 0; i < kEpiOps; ++i) ptrs[4 + i] = args[i];
+  if (e->pack && std::equal(ptrs, ptrs + 4 + kMaxEpi, e->ptrs)) return 0;
+  void* data[3 + kMaxEpi] = {const_cast<void*>(x), const_cast<void*>(w), const_cast<void*>(y)};
+  int64_t uids[3 + kMaxEpi] = {'x', 'w', 'y'};
   int n = 3;
-  if (kEpiBias) { data[n] = b; uids[n++] = 'b'; }
-  if (kEpiResidual) { data[n] = z; uids[n++] = 'z'; }
+  for (int i = 0; i < kEpiOps; ++i)
+    if (kEpiArg[i]) { data[n] = const_cast<void*>(args[i]); uids[n++] = kEpiArg[i]; }
   drop(&e->pack);
-  std::fill(e->ptrs, e->ptrs + 6, nullptr);
+  std::fill(e->ptrs, e->ptrs + 4 + kMaxEpi, nullptr);
+  void* wsp = const_cast<void*>(ws);
   CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &e->pack));
   SET(e->pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, data);
   SET(e->pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
-  SET(e->pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+  SET(e->pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &wsp);
   CD(cudnnBackendFinalize(e->pack));
-  std::copy(ptrs, ptrs + 6, e->ptrs);
+  std::copy(ptrs, ptrs + 4 + kMaxEpi, e->ptrs);
   return 0;
 }
