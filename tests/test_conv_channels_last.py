@@ -20,6 +20,7 @@ from torch_htam.extract import extract
 from torch_htam.policy import policy_for
 from torch_htam.proposers.expert import conv
 from torch_htam.proposers.expert.ir import Unsupported
+from torch_htam.verify import within_torch_error
 
 CL = torch.channels_last
 
@@ -161,6 +162,11 @@ def test_channels_last_candidates_match_torch(name, dtype):
                 continue
             torch.cuda.synchronize()
             ok &= bool(torch.isfinite(out).all())
-            ok &= torch.allclose(out.float(), ref.float(), atol=policy.atol, rtol=policy.rtol)
+            # as verification judges: within the policy of torch's result, or about as close to
+            # the float64 result as torch's is (a tiny var amplifies torch's own bf16 rounding)
+            with torch.no_grad():
+                ref64 = block(*[x.double() if x is not None else None for x in xs])
+            ok &= (torch.allclose(out.float(), ref.float(), atol=policy.atol, rtol=policy.rtol)
+                   or within_torch_error(out.float(), ref.float(), ref64, policy.atol, policy.rtol)[0])
         matched.append(ok)
     assert matched[0], [c.params for c in cands]      # the default at least
