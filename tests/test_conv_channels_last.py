@@ -170,3 +170,18 @@ def test_channels_last_candidates_match_torch(name, dtype):
                    or within_torch_error(out.float(), ref.float(), ref64, policy.atol, policy.rtol)[0])
         matched.append(ok)
     assert matched[0], [c.params for c in cands]      # the default at least
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_a_captured_conv_region_verifies_and_times_in_the_worker(dtype):
+    """The whole evaluation a search runs (verification, then timing on channels-last outputs
+    against eager and Inductor): the fused kernel is correct and its time is a real one."""
+    from torch_htam.evaluation import evaluate
+    model = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+    model = model.eval().to("cuda", dtype)
+    task = next(t for t in extract(model, (torch.randn(8, 64, 28, 28, device="cuda", dtype=dtype),)).tasks
+                if t.kind == "conv")
+    assert task.inputs[0].channels_last
+    ev = evaluate(task, propose(task, n=1).candidates[0].source)
+    assert ev.correct, (ev.reason, ev.detail)

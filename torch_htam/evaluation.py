@@ -261,13 +261,20 @@ def _time(task, kernel, ref, policy, inductor: bool = False, retime: bool = Fals
     import torch
     from torch_htam import timing
     from torch_htam.verify import make_input
+    from torch_htam.verify import _strides_like
     gen = torch.Generator().manual_seed(7)
 
     def make_set():
+        # outputs laid out as the specs say (a conv region's are channels-last), as launch does
         ins = [make_input(s, s.shape, "normal", gen, "cuda") for s in task.inputs]
-        outs = [torch.empty(s.kernel_shape(), dtype=s.torch_dtype, device="cuda") for s in task.outputs]
+        outs = [torch.empty_strided(s.kernel_shape(), _strides_like(s, s.kernel_shape()), dtype=s.torch_dtype,
+                                    device="cuda") for s in task.outputs]
         return ins, outs
 
+    # NOTE: timing discards return codes, so a kernel that refuses these inputs would time as
+    # nothing at all: one checked call first
+    if (code := kernel(*make_set())) != 0:
+        return {"correct": False, "reason": "launch_error", "detail": f"htam_run returned {code} on the timing inputs"}
     k = timing.time_fn(lambda s: kernel(s[0], s[1]), make_set)
     # NOTE: the reference runs as the user would run it: TF32 exactly when the policy allows it.
     old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
