@@ -185,3 +185,10 @@ def test_a_captured_conv_region_verifies_and_times_in_the_worker(dtype):
     assert task.inputs[0].channels_last
     ev = evaluate(task, propose(task, n=1).candidates[0].source)
     assert ev.correct, (ev.reason, ev.detail)
+
+
+def test_a_conv_region_with_an_epilogue_cudnn_cannot_fuse_keeps_nchw():
+    # MobileNet's conv + BN + ReLU6: the NCHW kernels run it, so its task stays NCHW
+    model = nn.Sequential(nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.ReLU6()).eval()
+    task = extract(model, (torch.randn(2, 8, 6, 6),)).tasks[0]
+    assert task.kind == "conv" and all(s.contiguous for s in task.inputs + task.outputs)

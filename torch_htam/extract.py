@@ -222,6 +222,9 @@ def _positive_inputs(region: Region) -> set[fx.Node]:
 # the 2-D conv ops whose regions run channels-last (channels_last_boundary), and where each keeps
 # its groups argument
 _CONV2D_GROUPS = {"aten.conv2d.default": 6, "aten.conv2d.padding": 6, "aten.convolution.default": 8}
+# the ops such a region may hold besides its conv: the chain cuDNN fuses into a channels-last conv
+# (conv.render_cl); a region with any other op keeps NCHW, where the other conv kernels run it
+_CL_CHAIN = {"aten.batch_norm.default", "aten.add.Tensor", "aten.relu.default", "aten.relu_.default"}
 
 
 def channels_last_boundary(region: Region) -> set[fx.Node]:
@@ -232,10 +235,14 @@ def channels_last_boundary(region: Region) -> set[fx.Node]:
     Why: Inductor runs a model's convs channels-last (its layout optimization), the layout cuDNN's
     tensor-core engines compute in. A kernel that takes NCHW there costs a transpose on each side
     of it (bench/findings.md, ResNet-50), and one that takes channels-last costs none. Only a
-    plain 2-D conv (not transposed, groups 1) qualifies; other regions keep the graph's layouts.
+    plain 2-D conv (not transposed, groups 1) followed by batch norm, a residual add and ReLU (any
+    of them) qualifies; other regions keep the graph's layouts.
     """
-    convs = [n for n in region.nodes if n.op == "call_function" and "conv" in str(n.target)]
+    calls = [n for n in region.nodes if n.op == "call_function"]
+    convs = [n for n in calls if "conv" in str(n.target)]
     if len(convs) != 1 or (gi := _CONV2D_GROUPS.get(str(convs[0].target))) is None:
+        return set()
+    if any(str(n.target) not in _CL_CHAIN for n in calls if n is not convs[0]):
         return set()
     conv = convs[0]
     transposed = conv.args[6] if str(conv.target) == "aten.convolution.default" and len(conv.args) > 6 else False
