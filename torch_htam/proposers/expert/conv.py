@@ -20,6 +20,9 @@ runs one of three ways (params["fused"], params["graph"]):
          scripts/probe_conv_kernels.py), and pwconv.nhwc_epilogue's kernel reads the result back
          a tile at a time, folds batch norm, applies the epilogue and writes NCHW.
 (and params["tiled"]: a 1x1 conv as our own tiled tensor-core kernel, pwconv.py)
+A region whose task is channels-last (a plain conv2d with [BN] [+ residual] [ReLU], as
+extract.channels_last_boundary lays out a model's conv regions for Inductor) takes none of these:
+render_cl runs it as one cuDNN graph with the epilogue fused into the conv.
 
 Conv kinds (conv_geom.py): conv1d runs as a 2-D conv of height 1 on every cuDNN path; conv3d and
 conv_transpose1d/2d/3d (cuDNN's backward data) on the backend API, unfused; grouped and depthwise
