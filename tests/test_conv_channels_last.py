@@ -14,7 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from compile_check import assert_compiles
-from test_expert import propose, small_task
+from test_conv_kinds import _task as conv_kinds_task
+from test_expert import propose
 from torch_htam import build, paths
 from torch_htam.extract import extract
 from torch_htam.policy import policy_for
@@ -71,15 +72,8 @@ def _case(name, dtype=torch.float32, device="cpu", n=2):
 
 
 def _task(block, inputs):
-    keep = [i for i, v in enumerate(inputs) if v is not None]
-
-    class Bound(nn.Module):
-        def forward(self, *xs):
-            full = [None] * len(inputs)
-            for i, v in zip(keep, xs):
-                full[i] = v
-            return block(*full)
-    return small_task(Bound(), *[inputs[i] for i in keep]), keep
+    """(the task of block over the inputs given, the indices of those inputs)."""
+    return conv_kinds_task(block, inputs), [i for i, v in enumerate(inputs) if v is not None]
 
 
 def test_extract_lays_out_plain_conv2d_regions_channels_last():

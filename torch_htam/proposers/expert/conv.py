@@ -412,11 +412,7 @@ def render(cp: ConvMatch, params: dict) -> str:
 {host.EPILOGUE_INPUTS}
 {entry_src}
 {ENTRY_CACHE}
-HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
-  if (n_in != {cp.n_inputs} || n_out != 1) return HTAM_ERR_SHAPE;
-  const HtamTensor& X = in[{cp.x}];
-  const HtamTensor& Wt = in[{cp.w}];
-  HtamTensor& Y = out[0];
+{_run_head(cp)}
 {dims}
 {checks}
   if (htam_numel(&Y) == 0) return HTAM_OK;
@@ -435,6 +431,15 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
 {tail}
 }}
 """
+
+
+def _run_head(cp: ConvMatch) -> str:
+    """htam_run's opening on every cuDNN path: the arity check and the x (X), w (Wt), y (Y) operands."""
+    return f"""HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
+  if (n_in != {cp.n_inputs} || n_out != 1) return HTAM_ERR_SHAPE;
+  const HtamTensor& X = in[{cp.x}];
+  const HtamTensor& Wt = in[{cp.w}];
+  HtamTensor& Y = out[0];"""
 
 
 def render_cl(cp: ConvMatch, params: dict) -> str:
@@ -514,11 +519,7 @@ __global__ void fold_cl_kernel({f.params()}float eps, int64_t K, int64_t C, int6
 {CUDNN_STATE}
 {entry}
 {ENTRY_CACHE}
-HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
-  if (n_in != {cp.n_inputs} || n_out != 1) return HTAM_ERR_SHAPE;
-  const HtamTensor& X = in[{cp.x}];
-  const HtamTensor& Wt = in[{cp.w}];
-  HtamTensor& Y = out[0];
+{_run_head(cp)}
   // cuDNN's NHWC engines take the weight KRSC: a channels-last (or 1x1) one as it is, else a copy
   const bool w_krsc = htam_channels_last(Wt);
   DnnState* st = nullptr;
