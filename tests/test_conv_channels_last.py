@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from compile_check import assert_compiles
+from test_conv_kinds import KindBlock, kind_inputs
 from test_conv_kinds import _task as conv_kinds_task
 from test_expert import propose
 from torch_htam import build, paths
@@ -26,43 +26,26 @@ from torch_htam.verify import within_torch_error
 CL = torch.channels_last
 
 
-class Block(nn.Module):
-    """conv2d -> [eval batch norm] -> [+ residual] -> [ReLU] over functional inputs."""
-
-    def __init__(self, bn=True, relu=True, act=None, **geo):
-        super().__init__()
-        self.bn, self.relu, self.act, self.geo = bn, relu, act, geo
-
-    def forward(self, x, w, b, gamma, beta, mean, var, res):
-        y = F.conv2d(x, w, b, **self.geo)
-        if self.bn:
-            y = F.batch_norm(y, mean, var, gamma, beta, False, 0.1, 1e-5)
-        if res is not None:
-            y = y + res
-        y = F.relu(y) if self.relu else y
-        return self.act(y) if self.act else y
-
-
-def block_inputs(block: Block, n=2, c=16, k=32, size=9, r=3, bias=False, res=False, w_cl=False,
+def block_inputs(block: KindBlock, n=2, c=16, k=32, size=9, r=3, bias=False, res=False, w_cl=False,
                  dtype=torch.float32, device="cpu") -> list:
-    x = torch.randn(n, c, size, size, dtype=dtype, device=device).to(memory_format=CL)
-    w = torch.randn(k, c, r, r, dtype=dtype, device=device) * (2.0 / (c * r * r)) ** 0.5
-    w = w.to(memory_format=CL) if w_cl else w
-    y = F.conv2d(x, w, None, **block.geo)
-    vec = [torch.randn(k, dtype=dtype, device=device) for _ in range(4)]
-    # NOTE: some tiny variances (a large scale): the cancellation a weight-folded batch norm suffers
-    var = torch.rand(k, dtype=dtype, device=device) ** 4 + 1e-4
-    z = torch.randn_like(y).to(memory_format=CL) if res else None
-    return [x, w, vec[0] if bias else None, vec[1], vec[2], vec[3], var, z]
+    """test_conv_kinds' inputs laid out as a channels-last model holds them (x, the residual; w
+    when w_cl), with some tiny variances."""
+    xs = kind_inputs(block, n, c, k, size, r, bias, res, dtype, device)
+    xs[0] = xs[0].to(memory_format=CL)
+    xs[1] = xs[1].to(memory_format=CL) if w_cl else xs[1]
+    # NOTE: a tiny variance makes the scale large: the cancellation a weight-folded batch norm suffers
+    xs[6] = torch.rand(k, dtype=dtype, device=device) ** 4 + 1e-4
+    xs[7] = xs[7].to(memory_format=CL) if res else None
+    return xs
 
 
 CASES = {   # ResNet's conv regions, and the forms beside them
-    "3x3_bn_relu": (Block(padding=1), {}),
-    "1x1_bn_add_relu": (Block(), {"r": 1, "res": True}),
-    "1x1_s2_bn": (Block(relu=False, stride=2), {"r": 1}),          # a downsample branch
-    "7x7_s2_bn_relu_wcl": (Block(stride=2, padding=3), {"r": 7, "c": 3, "size": 16, "w_cl": True}),
-    "3x3_bias_relu": (Block(bn=False, padding=1), {"bias": True}),
-    "3x3_plain": (Block(bn=False, relu=False, padding=1), {}),
+    "3x3_bn_relu": (KindBlock(bn=True, padding=1), {}),
+    "1x1_bn_add_relu": (KindBlock(bn=True), {"r": 1, "res": True}),
+    "1x1_s2_bn": (KindBlock(bn=True, act=None, stride=2), {"r": 1}),          # a downsample branch
+    "7x7_s2_bn_relu_wcl": (KindBlock(bn=True, stride=2, padding=3), {"r": 7, "c": 3, "size": 16, "w_cl": True}),
+    "3x3_bias_relu": (KindBlock(padding=1), {"bias": True}),
+    "3x3_plain": (KindBlock(act=None, padding=1), {}),
 }
 
 
@@ -92,7 +75,7 @@ def test_each_case_matches_channels_last(name):
     block, inputs = _case(name)
     task, keep = _task(block, inputs)
     cp = conv.match(task.graph, policy_for(task))
-    assert cp.channels_last and cp.relu == block.relu
+    assert cp.channels_last and cp.relu == (block.act == "relu")
     assert (cp.residual is not None) == (inputs[7] is not None)
     assert not (cp.facts.tiled_conv or cp.facts.nhwc_conv or cp.facts.epilogue_fits_cudnn)
     src = conv.render(cp, conv.defaults(cp))
@@ -102,7 +85,8 @@ def test_each_case_matches_channels_last(name):
 
 
 def test_an_epilogue_cudnn_cannot_fuse_is_refused_with_the_reason():
-    block, inputs = Block(padding=1, act=torch.sigmoid), block_inputs(Block(padding=1))
+    block = KindBlock(bn=True, act="gelu", padding=1)
+    inputs = block_inputs(block)
     task, _ = _task(block, inputs)
     with pytest.raises(Unsupported, match="channels-last conv: the epilogue"):
         conv.match(task.graph, policy_for(task))
