@@ -39,6 +39,32 @@ def test_backend_swaps_every_site_and_inductor_compiles_the_rest(mlp):
     assert all(k.calls == 1 for k in kernels.values())
 
 
+def test_inductors_generated_code_calls_the_direct_binding_not_the_op(mlp):
+    """emit_direct: Inductor's Python calls the given function where the graph holds the op (the
+    launcher's binding in place of torch.ops.htam.launch, which costs host time per call)."""
+    from torch._inductor.codegen import custom_extern_kernel_codegen as registry
+    from torch._inductor.select_algorithm import extern_kernels
+    model, x, found, kernels = mlp
+    direct = []
+
+    def call(handle, inputs, out_meta):
+        direct.append(handle)
+        return torch.ops.htam_test.run.default(handle, inputs, out_meta)
+
+    op = torch.ops.htam_test.run.default
+    assert backend.emit_direct(op, call, "htam_test_run")
+    try:
+        b = backend.HtamBackend(kernels, provider=PROVIDER)
+        # NOTE: not from Inductor's cache: code another test compiled for this graph calls the op
+        with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+            got = torch.compile(model, backend=b)(x)
+        torch.testing.assert_close(got, model(x))
+        assert sorted(direct) == sorted(k.handle for k in kernels.values())
+    finally:
+        registry.CUSTOM_EXTERN_KERNEL_CODEGEN.pop(backend.python_kernel_name(op), None)
+        delattr(extern_kernels, "htam_test_run")
+
+
 class WithConstant(nn.Module):
     """An MLP whose forward makes a tensor constant: the re-export lifts it into a buffer (as in
     GPT-2's attention)."""
@@ -330,7 +356,7 @@ class _Entry:
 
 
 @pytest.mark.gpu
-def test_gpu_backend_runs_a_real_kernel_in_both_modes(tmp_path):
+def test_gpu_backend_runs_a_real_kernel_in_both_modes(tmp_path, monkeypatch):
     """A real bias+GELU kernel inside Inductor's graph, default and reduce-overhead (CUDA graphs)."""
     from test_runtime import BIAS_GELU_CU, BiasGelu
     from torch_htam.build import build_many
@@ -343,16 +369,29 @@ def test_gpu_backend_runs_a_real_kernel_in_both_modes(tmp_path):
     res = build_many([BIAS_GELU_CU], out_dir=tmp_path)[0]
     assert res.ok, res.error
     kernel = Kernel(res.so_path)
+    # Inductor's code calls the launcher's binding (inductor.direct_call): count those calls
+    from torch._inductor.select_algorithm import extern_kernels
+    assert backend.direct_call()
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0])
+        return binding(*args)
+    binding = extern_kernels.htam_launch
+    monkeypatch.setattr(extern_kernels, "htam_launch", counted)
     for mode in ("default", "reduce-overhead"):
         torch._dynamo.reset()
+        calls.clear()
         b = backend.HtamBackend({task.signature: kernel}, mode)
         compiled = torch.compile(model, backend=b)
-        with torch.inference_mode():
+        with torch.inference_mode(), torch._inductor.config.patch(fx_graph_cache=False):
             for _ in range(3):                       # warm-up, record, replays
                 fresh = torch.randn_like(x)
                 got = compiled(fresh).clone()
                 torch.testing.assert_close(got, model(fresh), rtol=1e-4, atol=1e-4)
         assert b.records[0].swapped == [task.signature], b.records
+        # default: every call; reduce-overhead: warm-up and recording, replays run no Python
+        assert calls == [kernel.handle] * (3 if mode == "default" else 2), (mode, calls)
     torch._dynamo.reset()
 
 
