@@ -151,6 +151,40 @@ def test_channels_last_candidates_match_torch(name, dtype):
 
 
 @pytest.mark.gpu
+def test_one_library_serves_many_shapes_in_one_cuda_graph():
+    """A source holds a conv's geometry, not its sizes, so a model's regions of one form share one
+    library (ResNet-50's 1x1 conv + BN + ReLU: eight shapes). Each shape is planned once, on its
+    first call; six of them then record and replay in one CUDA graph, which a re-plan inside the
+    capture would have invalidated."""
+    from torch_htam.launcher import Kernel
+    block, dtype = CASES["3x3_bn_relu"][0], torch.bfloat16
+    shapes = [dict(), dict(c=32, k=16), dict(k=16, size=5), dict(size=7), dict(n=3), dict(c=8, k=24)]
+    runs = []
+    for kw in shapes:
+        torch.manual_seed(len(runs))
+        xs = block_inputs(block, dtype=dtype, device="cuda", **kw)
+        task, keep = _task(block, xs)
+        with torch.no_grad():
+            ref, ref64 = block(*xs), block(*[x.double() if x is not None else None for x in xs])
+        runs.append(([xs[i] for i in keep], ref, (ref64, policy_for(task))))
+    res = build.build(propose(task, n=1).candidates[0].source)
+    assert res.ok, res.error
+    kernel = Kernel(res.so_path)
+    for ins, ref, _ in runs:                                     # warm-up: one plan per shape
+        assert kernel(ins, [torch.empty_like(ref, memory_format=CL)]) == 0
+    outs = [torch.full_like(ref, float("nan")).to(memory_format=CL) for _, ref, _ in runs]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        codes = [kernel(ins, [out]) for (ins, _, _), out in zip(runs, outs)]
+    graph.replay()
+    torch.cuda.synchronize()
+    assert codes == [0] * len(runs)
+    for (_, ref, (ref64, policy)), out in zip(runs, outs):    # as verification judges (above)
+        assert (torch.allclose(out.float(), ref.float(), atol=policy.atol, rtol=policy.rtol)
+                or within_torch_error(out.float(), ref.float(), ref64, policy.atol, policy.rtol)[0])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_a_captured_conv_region_verifies_and_times_in_the_worker(dtype):
     """The whole evaluation a search runs (verification, then timing on channels-last outputs

@@ -33,8 +33,8 @@ took 383 us of host time on the legacy path, 53 us on this one, and eager PyTorc
 79 us (bf16, scripts/host_probe.py, H100); in ResNet-50 bf16 the legacy kernels made the swapped
 model host-bound (10.99 ms against 6.14 ms eager) although each conv was faster on the GPU. The
 backend path plans once per shape (tensor, convolution, operation graph, heuristics, execution
-prog) and per call only binds the pointers (a variant pack, rebuilt when a pointer changed) and
-executes. Its engines are the ones PyTorch runs: the ranking of
+prog) and per call only binds the pointers (a variant pack, kept per set of pointers: each site
+of a shape has its own) and executes. Its engines are the ones PyTorch runs: the ranking of
 heuristics mode A (CUDNN_HEUR_MODE_FALLBACK if A gives nothing usable), filtered by numerical notes as
 ATen's Conv_v8.cpp does; params["algo"] picks the algo-th engine that plans (0: PyTorch's choice).
 

@@ -97,8 +97,9 @@ def graph_run(x: str = "X.data", w: str = "Wt.data", y: str = "Y.data", args: st
     """The per-call conv on the backend API (after the fold kernel, before the epilogue), on the
     buffers named x, w, y and the fused epilogue's operands `args` (C expressions)."""
     return f"""  for (;;) {{
-    if ((rc = bind(e, {x}, {w}, {y}, st->ws, {args}))) return rc;
-    const cudnnStatus_t s = cudnnBackendExecute(st->handle, e->plan, e->pack);
+    cudnnBackendDescriptor_t pack = nullptr;
+    if ((rc = bind(e, {x}, {w}, {y}, st->ws, {args}, &pack))) return rc;
+    const cudnnStatus_t s = cudnnBackendExecute(st->handle, e->plan, pack);
     if (s == CUDNN_STATUS_SUCCESS) break;
     // an engine cuDNN declines only at run time: plan the next usable one
     if (!not_supported(s) || next_plan(st, e, e->pick + 1, 0)) return 3000 + (int)s;

@@ -16,6 +16,7 @@ static const int kMaxConfigs = 16;            // engine configs taken from one h
 // alive until release(): cuDNN does not document whether a plan copies what it was built from.
 static const bool kEpilogue = kEpiOps > 0;   // pointwise ops after the conv
 static const int kMaxEpi = 5;                  // center, scale, beta, residual, ReLU
+static const int kPacks = 8;                   // variant packs kept per problem
 
 struct ConvEntry {
   bool used = false; int dev = -1; int64_t dims[kConvDims] = {0};   // the problem key (conv_geom.py)
@@ -26,8 +27,12 @@ struct ConvEntry {
   cudnnBackendDescriptor_t conv = nullptr, op = nullptr, graph = nullptr, heur = nullptr;
   cudnnBackendDescriptor_t cfg[kMaxConfigs] = {};   // engine configs, heuristic rank order
   int n_cfg = 0, pick = -1;                         // the plan runs cfg[pick]
-  cudnnBackendDescriptor_t plan = nullptr, pack = nullptr;
-  const void* ptrs[4 + kMaxEpi] = {};   // x, w, y, workspace, the epilogue's operands bound in `pack`
+  cudnnBackendDescriptor_t plan = nullptr;
+  // variant packs by the pointers they bind (x, w, y, workspace, the epilogue's operands): every
+  // site of a model that runs this shape keeps its own, where one pack was rebuilt on every call
+  cudnnBackendDescriptor_t pack[kPacks] = {};
+  const void* ptrs[kPacks][4 + kMaxEpi] = {};
+  int next_pack = 0;
 };
 
 static void drop(cudnnBackendDescriptor_t* d) {
@@ -42,7 +47,7 @@ static void drop_configs(ConvEntry* e) {
 }
 
 static void release(ConvEntry* e) {
-  drop(&e->pack);
+  for (auto& pk : e->pack) drop(&pk);
   drop(&e->plan);
   drop_configs(e);
   for (int i = 0; i < kMaxEpi; ++i) { drop(&e->pwop[i]); drop(&e->pw[i]); drop(&e->v[i]); drop(&e->arg[i]); }
@@ -258,27 +263,31 @@ static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, i
   return HTAM_ERR_SHAPE;   // no usable engine under this precision: the original region runs
 }
 
-// Binds the call's pointers (args: the epilogue's operands, kEpiOps of them, nullptr for a unary
-// op): the finalized variant pack is cached and rebuilt only when one of the pointers changed (it
-// holds pointers, never results).
+// The variant pack binding the call's pointers (args: the epilogue's operands, kEpiOps of them,
+// nullptr for a unary op) into *pack: a cached one with these pointers, else a new one in the oldest
+// slot. A pack holds pointers, never results.
 static int bind(ConvEntry* e, const void* x, const void* w, const void* y, const void* ws,
-                const void* const* args = nullptr) {
+                const void* const* args, cudnnBackendDescriptor_t* pack) {
   const void* ptrs[4 + kMaxEpi] = {x, w, y, ws};
   for (int i = 0; i < kEpiOps; ++i) ptrs[4 + i] = args[i];
-  if (e->pack && std::equal(ptrs, ptrs + 4 + kMaxEpi, e->ptrs)) return 0;
+  for (int k = 0; k < kPacks; ++k)
+    if (e->pack[k] && std::equal(ptrs, ptrs + 4 + kMaxEpi, e->ptrs[k])) { *pack = e->pack[k]; return 0; }
+  const int k = e->next_pack;
+  e->next_pack = (k + 1) % kPacks;
   void* data[3 + kMaxEpi] = {const_cast<void*>(x), const_cast<void*>(w), const_cast<void*>(y)};
   int64_t uids[3 + kMaxEpi] = {'x', 'w', 'y'};
   int n = 3;
   for (int i = 0; i < kEpiOps; ++i)
     if (kEpiArg[i]) { data[n] = const_cast<void*>(args[i]); uids[n++] = kEpiArg[i]; }
-  drop(&e->pack);
-  std::fill(e->ptrs, e->ptrs + 4 + kMaxEpi, nullptr);
+  drop(&e->pack[k]);
+  std::fill(e->ptrs[k], e->ptrs[k] + 4 + kMaxEpi, nullptr);
   void* wsp = const_cast<void*>(ws);
-  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &e->pack));
-  SET(e->pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, data);
-  SET(e->pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
-  SET(e->pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &wsp);
-  CD(cudnnBackendFinalize(e->pack));
-  std::copy(ptrs, ptrs + 4 + kMaxEpi, e->ptrs);
+  CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &e->pack[k]));
+  SET(e->pack[k], CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, data);
+  SET(e->pack[k], CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
+  SET(e->pack[k], CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &wsp);
+  CD(cudnnBackendFinalize(e->pack[k]));
+  std::copy(ptrs, ptrs + 4 + kMaxEpi, e->ptrs[k]);
+  *pack = e->pack[k];
   return 0;
 }
