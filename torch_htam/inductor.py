@@ -97,10 +97,6 @@ class HtamBackend:
         found = from_capture(Capture([sub], "dynamo", inputs=[tuple(example_inputs)]))
         record.sites = len(found.sites)
         kernels = self._kernels_for(found.tasks)
-        if self.mode == "reduce-overhead" and (held := held_from_cuda_graphs(found.tasks, kernels)):
-            kernels = {sig: k for sig, k in kernels.items() if sig not in held}
-            record.note = (f"{len(held)} channels-last conv kernel(s) left out: not yet shown safe inside "
-                           "CUDA-graph capture (reduce-overhead)")
         if not kernels:
             record.note = record.note or "no site has a verified kernel"
             if self.keep_reexport:
@@ -128,19 +124,6 @@ class HtamBackend:
         return {t.signature: e for t in tasks
                 if (e := admitted(cache.get(t.signature), t)) is not None and e.usable(self.min_speedup)
                 and beats_inductor(e, self.min_speedup)}
-
-
-def held_from_cuda_graphs(tasks: list, kernels: dict[str, Any]) -> set[str]:
-    """Signatures of the kernels reduce-overhead mode leaves out: the channels-last conv regions'.
-
-    NOTE: each such kernel records and replays correctly in a CUDA graph of its own (a capture
-    with the kernel's shapes already planned, and one rebinding new pointers inside it; H100),
-    but in ResNet-50 bf16 a cudagraph-trees recording with 13 of them swapped in was invalidated
-    (cudaErrorStreamCaptureInvalidated), which also left PyTorch's CUDA generator mid-capture for
-    the rest of the process. Until the cause is found, reduce-overhead keeps Inductor's convs.
-    """
-    return {t.signature for t in tasks if t.signature in kernels
-            and any(s.channels_last for s in t.inputs + t.outputs)}
 
 
 def carry_dynamo_meta(dynamo_gm: fx.GraphModule, new: fx.GraphModule) -> None:
