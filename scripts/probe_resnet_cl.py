@@ -8,6 +8,7 @@ process each (a failed capture breaks the process's CUDA generator), printing th
 exception chain; on failure, each half of the kernels again.
 
     python3 scripts/probe_resnet_cl.py --dtype bf16 [--no-ro] [--no-default]
+    python3 scripts/probe_resnet_cl.py --dtype bf16 --per-task   # host and device us per call, per engine
 """
 from __future__ import annotations
 
@@ -106,6 +107,85 @@ def profile(name: str, fn, inputs, iters: int = 10) -> None:
     print(f"device time per forward (sum of kernels): {tot_dev:.0f} us", flush=True)
 
 
+def per_call(fn, n: int = 100) -> tuple[float, float]:
+    """(host us, device us) per call: host = the time to enqueue n calls behind a sleeping GPU;
+    device = a CUDA graph of n calls replayed."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(60e6))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    g.replay()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(3):
+        g.replay()
+    b.record()
+    b.synchronize()
+    return host, a.elapsed_time(b) / (3 * n) * 1e3
+
+
+def per_task(dtype: str, batch: int, out_dir: str, algos: int = 5) -> None:
+    from models import get_resnet50
+    from torch_htam.build import build_many
+    from torch_htam.extract import extract
+    from torch_htam.golden import make_inputs
+    from torch_htam.launcher import Kernel, encode_out_meta, fast_launch
+    from torch_htam.policy import policy_for
+    from torch_htam.proposers.expert import conv
+    from torch_htam.proposers.expert.proposer import match_task
+    model, inputs = get_resnet50(dtype, batch)
+    found = extract(model, inputs)
+    counts = {}
+    for site in found.sites:
+        counts[site.task.signature] = counts.get(site.task.signature, 0) + 1
+    cl = [t for t in found.tasks if any(s.channels_last for s in [*t.inputs, *t.outputs])]
+    jobs = []
+    for t in cl:
+        tm = match_task(t, policy_for(t))
+        for algo in range(algos):
+            jobs.append((t, algo, tm.render(dict(conv.defaults(tm.region), algo=algo))))
+    t0 = time.time()
+    built = build_many([src for _, _, src in jobs], out_dir=out_dir)
+    print(f"{len(jobs)} variants ({len({src for *_, src in jobs})} sources) built in {time.time() - t0:.0f} s", flush=True)
+    print("| task | x | w | eager host/dev us | compiled host/dev us | ours host/dev us by algo 0..4 |\n|---|---|---|---|---|---|")
+    tot = {"eager": [0.0, 0.0], "compiled": [0.0, 0.0], "best_dev": [0.0, 0.0], "algo0": [0.0, 0.0]}
+    for t in cl:
+        xs = make_inputs(t, "cuda")
+        meta = encode_out_meta(t.outputs)
+        n = counts.get(t.signature, 1)
+        with torch.inference_mode():
+            eager = per_call(lambda: t.graph(*xs))
+            comp_fn = torch.compile(t.graph)
+            compiled = per_call(lambda: comp_fn(*xs))
+            ours = []
+            for (tt, algo, _), r in zip(jobs, built):
+                if tt is not t:
+                    continue
+                try:
+                    k = Kernel(r.so_path)
+                    ours.append(per_call(lambda: fast_launch(k.handle, xs, meta)))
+                except Exception as e:  # noqa: BLE001
+                    ours.append((float("nan"), float("nan")))
+        ok = [o for o in ours if o[1] == o[1]]
+        best = min(ok, key=lambda o: o[1]) if ok else (float("nan"), float("nan"))
+        for key, v in (("eager", eager), ("compiled", compiled), ("best_dev", best), ("algo0", ours[0])):
+            tot[key][0] += n * v[0]
+            tot[key][1] += n * v[1]
+        print(f"| {t.name[5:]} | {n} | {tuple(t.inputs[1].shape)} {tuple(t.inputs[0].shape[2:])} | "
+              f"{eager[0]:.0f}/{eager[1]:.1f} | {compiled[0]:.0f}/{compiled[1]:.1f} | "
+              + " ".join(f"{h:.0f}/{d:.1f}" for h, d in ours) + " |", flush=True)
+    print("\nsummed over the model's sites (host us / device us):",
+          {k: f"{v[0]:.0f}/{v[1]:.0f}" for k, v in tot.items()}, flush=True)
+
+
 def ro_child(dtype: str, batch: int, out_dir: str, subset: list[int] | None) -> None:
     """Reduce-overhead with kernels[subset] (all: None); prints one JSON line."""
     from torch_htam import inductor, timing
@@ -157,9 +237,13 @@ def main() -> int:
     ap.add_argument("--no-default", action="store_true")
     ap.add_argument("--no-ro", action="store_true")
     ap.add_argument("--ro-child", default=None)
+    ap.add_argument("--per-task", action="store_true")
     ap.add_argument("--ro-timeout", type=int, default=240)
     a = ap.parse_args()
     out_dir = a.out or tempfile.mkdtemp(prefix="probe_cl_")
+    if a.per_task:
+        per_task(a.dtype, a.batch, out_dir)
+        return 0
     if a.ro_child is not None:
         ro_child(a.dtype, a.batch, out_dir, None if a.ro_child == "all" else [int(i) for i in a.ro_child.split(",")])
         return 0
