@@ -132,7 +132,9 @@ def per_call(fn, n: int = 100) -> tuple[float, float]:
     return host, a.elapsed_time(b) / (3 * n) * 1e3
 
 
-def per_task(dtype: str, batch: int, out_dir: str, algos: int = 5) -> None:
+def per_task(dtype: str, batch: int, out_dir: str, algos: int = 5):
+    """Prints the table; returns (model, inputs, {sig: (count, compiled device us, algo-0 device us)},
+    {sig: algo-0 Kernel})."""
     from models import get_resnet50
     from torch_htam.build import build_many
     from torch_htam.extract import extract
@@ -157,6 +159,7 @@ def per_task(dtype: str, batch: int, out_dir: str, algos: int = 5) -> None:
     print(f"{len(jobs)} variants ({len({src for *_, src in jobs})} sources) built in {time.time() - t0:.0f} s", flush=True)
     print("| task | x | w | eager host/dev us | compiled host/dev us | ours host/dev us by algo 0..4 |\n|---|---|---|---|---|---|")
     tot = {"eager": [0.0, 0.0], "compiled": [0.0, 0.0], "best_dev": [0.0, 0.0], "algo0": [0.0, 0.0]}
+    dev, algo0 = {}, {}
     for t in cl:
         xs = make_inputs(t, "cuda")
         meta = encode_out_meta(t.outputs)
@@ -172,8 +175,10 @@ def per_task(dtype: str, batch: int, out_dir: str, algos: int = 5) -> None:
                 try:
                     k = Kernel(r.so_path)
                     ours.append(per_call(lambda: fast_launch(k.handle, xs, meta)))
+                    algo0.setdefault(t.signature, k)
                 except Exception as e:  # noqa: BLE001
                     ours.append((float("nan"), float("nan")))
+        dev[t.signature] = (n, compiled[1], ours[0][1])
         ok = [o for o in ours if o[1] == o[1]]
         best = min(ok, key=lambda o: o[1]) if ok else (float("nan"), float("nan"))
         for key, v in (("eager", eager), ("compiled", compiled), ("best_dev", best), ("algo0", ours[0])):
@@ -184,6 +189,39 @@ def per_task(dtype: str, batch: int, out_dir: str, algos: int = 5) -> None:
               + " ".join(f"{h:.0f}/{d:.1f}" for h, d in ours) + " |", flush=True)
     print("\nsummed over the model's sites (host us / device us):",
           {k: f"{v[0]:.0f}/{v[1]:.0f}" for k, v in tot.items()}, flush=True)
+    return model, inputs, dev, algo0
+
+
+def subsets(dtype: str, batch: int, out_dir: str) -> None:
+    """End to end with kernel subsets, both modes, one process: all algo-0 kernels, those whose
+    region beat Inductor's on the device, and the ten with the largest device saving."""
+    from torch_htam import inductor, timing
+    model, inputs, dev, kernels = per_task(dtype, batch, out_dir, algos=1)
+    torch._dynamo.reset()
+    saving = {s: n * (c - o) for s, (n, c, o) in dev.items() if s in kernels}
+    winners = [s for s, v in saving.items() if v > 0]
+    top10 = sorted(winners, key=lambda s: -saving[s])[:10]
+    sets = {"all": list(kernels), "winners": winners, "top10": top10}
+    print("subsets:", {k: len(v) for k, v in sets.items()}, flush=True)
+    with torch.inference_mode():
+        ref = model(*inputs)
+    for mode in ("default", "reduce-overhead"):
+        arms = {"compile": inductor.compile_with(model, None, mode)}
+        for name, sigs in sets.items():
+            arms[name] = inductor.compile_with(model, inductor.HtamBackend({s: kernels[s] for s in sigs}, mode))
+        errs = {}
+        with torch.inference_mode():
+            for k, f in arms.items():
+                for _ in range(3):
+                    out = f(*inputs)
+                errs[k] = rel(out, ref)
+        t = timing.time_many(arms, inputs, iters=300, rounds=15)
+        base = t["compile"]
+        print(f"\n{mode}\n| arm | kernels | ms | p20 | p80 | vs compile | paired | rel err |\n|---|---|---|---|---|---|---|---|")
+        for k, a in t.items():
+            pr = timing.paired_ratio(base.round_ms, a.round_ms)
+            print(f"| {k} | {len(sets.get(k, []))} | {a.median_ms:.3f} | {a.p20_ms:.3f} | {a.p80_ms:.3f} | "
+                  f"{base.median_ms / a.median_ms:.2f}x | {pr:.2f}x | {errs[k]:.1e} |", flush=True)
 
 
 def ro_child(dtype: str, batch: int, out_dir: str, subset: list[int] | None) -> None:
@@ -238,11 +276,15 @@ def main() -> int:
     ap.add_argument("--no-ro", action="store_true")
     ap.add_argument("--ro-child", default=None)
     ap.add_argument("--per-task", action="store_true")
+    ap.add_argument("--subsets", action="store_true")
     ap.add_argument("--ro-timeout", type=int, default=240)
     a = ap.parse_args()
     out_dir = a.out or tempfile.mkdtemp(prefix="probe_cl_")
     if a.per_task:
         per_task(a.dtype, a.batch, out_dir)
+        return 0
+    if a.subsets:
+        subsets(a.dtype, a.batch, out_dir)
         return 0
     if a.ro_child is not None:
         ro_child(a.dtype, a.batch, out_dir, None if a.ro_child == "all" else [int(i) for i in a.ro_child.split(",")])
