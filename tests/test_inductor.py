@@ -248,17 +248,54 @@ def test_no_kernel_beating_inductor_means_torch_compile_alone(mlp, monkeypatch):
     from torch_htam import pipeline, timing
     model, x, found, kernels = mlp
     entries = {s: _Entry(k, 2.0, vs_inductor=0.5) for s, k in kernels.items()}
-    bases = []
+    seen = []
 
-    def timed(plain, ours, inputs, iters, rounds):   # only the base: the re-export against torch.compile
-        bases.append(1)
+    def timed(plain, ours, inputs, iters, rounds):   # the base, then all kernels together: no gain
+        with torch.inference_mode():
+            ours(*inputs)
+        seen.append(len(backends[-1].kernels) if backends else 0)
         return timing.ArmTime(1.0, 0, 0), timing.ArmTime(1.0, 0, 0)
+    backends = []
     monkeypatch.setattr(timing, "time_pair", timed)
+    _stand_in_kernels(monkeypatch, backends)
     model = pipeline._install_compiled(model, found, entries, (x,), pipeline.OptimizeConfig())
     rep = model.htam_report
-    assert bases == [1] and not model._htam_backend.keep_reexport
+    assert seen == [0, 3] and not model._htam_backend.keep_reexport
     assert rep.swapped == 0 and "none" not in rep.e2e and "no kernel beat Inductor" in rep.note
     assert all(t.status == "not used: slower than Inductor's code for the region" for t in rep.tasks)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), MLP.forward(model, x))
+
+
+@pytest.mark.parametrize("every_ms,winners_ms,kept", [(0.5, 0.9, 3), (0.95, 0.6, 2), (1.1, 0.8, 2)])
+def test_every_kernel_is_tried_together_and_the_better_paying_set_stays(mlp, monkeypatch, every_ms, winners_ms, kept):
+    """A kernel that lost to Inductor's region alone can still pay inside the model (host-bound
+    models): all verified kernels are timed together first, then those that beat Inductor, and
+    of the two the one with the better ratio to the base is installed."""
+    from torch_htam import pipeline, timing
+    model, x, found, kernels = mlp
+    sigs = list(kernels)
+    entries = {s: _Entry(kernels[s], 2.0, vs_inductor=0.8 if s == sigs[0] else 1.5) for s in sigs}
+    sizes, backends = [], []
+
+    def timed(base, ours, inputs, iters, rounds):
+        with torch.inference_mode():
+            ours(*inputs)
+        n = len(backends[-1].kernels) if backends else 0
+        sizes.append(n)
+        ms = {0: 1.0, 3: every_ms, 2: winners_ms}.get(n, 1.2)
+        return timing.ArmTime(1.0, 0.95, 1.05), timing.ArmTime(ms, ms * 0.95, ms * 1.02)
+    monkeypatch.setattr(timing, "time_pair", timed)
+    _stand_in_kernels(monkeypatch, backends)
+    model = pipeline._install_compiled(model, found, entries, (x,), pipeline.OptimizeConfig())
+    assert sizes[:3] == [0, 3, 2]
+    rep = model.htam_report
+    assert rep.swapped == kept
+    if kept == 3:
+        assert "all 3 kernels kept, 1 of them slower than Inductor" in rep.note
+    else:
+        status = {t.signature: t.status for t in rep.tasks}[sigs[0]]
+        assert status == "not used: slower than Inductor's code for the region"
     with torch.inference_mode():
         torch.testing.assert_close(model(x), MLP.forward(model, x))
 
