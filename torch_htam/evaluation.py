@@ -63,14 +63,6 @@ class Evaluation:
     def faster(self) -> bool:
         return self.correct and (self.speedup or 0.0) > 1.0
 
-    @property
-    def bar_speedup(self) -> float | None:
-        """Speedup over the faster of eager and Inductor for this region (eager alone when
-        Inductor's time was not measured)."""
-        if self.compile_speedup is None:
-            return self.speedup
-        return min(x for x in (self.speedup, self.compile_speedup) if x is not None)
-
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
