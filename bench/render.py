@@ -167,6 +167,34 @@ def _bench_models_rows(data: dict) -> list[dict]:
     return out
 
 
+def _modes(row: dict) -> list[str]:
+    """The torch.compile modes a bench_models row has ratios for."""
+    return [m for m, f in (("default", "vs_compile"), ("reduce-overhead", "vs_compile_ro")) if row.get(f) is not None]
+
+
+def _bench_models_overlay(prev: dict | None, row: dict) -> dict:
+    """A model's latest row over its previous one: a run that timed one torch.compile mode's arms
+    alone keeps the previous figures for the other mode, field by field; the row names the run
+    and the note of each mode."""
+    modes = _modes(row)
+    row = dict(row, _runs={m: row["run"] for m in modes}, _notes={m: row.get("note") for m in modes})
+    if prev is None or len(modes) != 1:    # both modes, or neither (a run that timed neither)
+        return row
+    out = dict(prev)
+    for k, v in row.items():
+        if isinstance(v, dict) and isinstance(prev.get(k), dict):
+            out[k] = {**prev[k], **{a: b for a, b in v.items() if b is not None}}
+        elif v is not None:
+            out[k] = v
+    out["run"] = "+".join(str(r) for r in dict.fromkeys(sorted(out["_runs"].values())))
+    if len(out["_runs"]) > 1:
+        out["note"] = "; ".join(f"{m}: {n}" for m, n in out["_notes"].items() if n) or None
+    return out
+
+
+# suite -> how a key's newer row goes over its older one in a MERGED table (default: replaces it)
+OVERLAY = {"bench_models": _bench_models_overlay}
+
 # suite -> its table's rows, where they are derived from the raw file rather than its "rows"
 ROWS = {"bench_models": _bench_models_rows, "optimize_time": _optimize_time_rows, "sweep": _sweep_rows, "anytime": _anytime_rows,
         "anytime_table": _anytime_table_rows}
@@ -230,7 +258,8 @@ def merged(results_dir: Path, suite: str) -> list[str]:
                      f"{data.get('commit', '?')}; bench/results/{path.name}: `{data.get('command', '?')}`")
         for row in ROWS[suite](data) if suite in ROWS else data.get("rows", []):
             if isinstance(row, dict) and row.get(key) is not None:
-                latest[row[key]] = dict(row, run=i)
+                overlay = OVERLAY.get(suite, lambda prev, new: new)
+                latest[row[key]] = overlay(latest.get(row[key]), dict(row, run=i))
     rows = [latest[k] for k in sorted(latest)]
     return lines + [""] + table(rows, [*COLUMNS[suite], ("run", "run", None)]) + [""]
 

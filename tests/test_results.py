@@ -244,3 +244,21 @@ def test_runs_of_other_models_are_kept_and_a_later_run_of_one_model_replaces_it(
         "bench_swaps: gpt2:bf16": "bs-2.json", "bench_swaps: llama:bf16": "bs-1.json"}
 
 
+
+
+def test_a_run_of_one_mode_keeps_the_other_modes_latest_figures(tmp_path):
+    """bench_models --split-modes run one mode at a time (a device call each): the row shows each
+    mode's latest ratio and note, and names both runs; a run of both modes replaces the row."""
+    _run(tmp_path, "bm-1.json", "bench_models", "2027-01-01T00:00:00+00:00",
+         [{"model": "resnet50:bf16", "vs_compile": 1.14, "vs_compile_ro": None, "note": "kept 15",
+           "ms": {"compile": 2.5, "htam": 2.19}}])
+    _run(tmp_path, "bm-2.json", "bench_models", "2027-01-02T00:00:00+00:00",
+         [{"model": "resnet50:bf16", "vs_compile": None, "vs_compile_ro": 1.01, "note": "kept 0",
+           "ms": {"compile_ro": 2.3, "htam_ro": 2.28, "compile": None}}])
+    row = next(line for line in render.render(tmp_path, None).splitlines() if line.startswith("| resnet50"))
+    assert "| 2.50 |" in row and "| 2.28 |" in row and "| 1.14x | 1.01x |" in row
+    assert row.endswith("| default: kept 15; reduce-overhead: kept 0 | 1+2 |")
+    _run(tmp_path, "bm-3.json", "bench_models", "2027-01-03T00:00:00+00:00",
+         [{"model": "resnet50:bf16", "vs_compile": 1.2, "vs_compile_ro": 1.1, "note": "both"}])
+    row = next(line for line in render.render(tmp_path, None).splitlines() if line.startswith("| resnet50"))
+    assert row.endswith("| both | 3 |") and "2.50" not in row
