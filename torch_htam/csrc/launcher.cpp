@@ -171,6 +171,19 @@ int64_t run(int64_t handle, at::TensorList inputs, at::TensorList outputs) {
   return call(kernel_at(handle), inputs, outputs, c10::cuda::current_device());
 }
 
+// What a kernel's nonzero return code means (htam_abi.h), for the error a failed launch raises.
+std::string reason(int64_t code) {
+  if (code == HTAM_ERR_SHAPE)
+    return "HTAM_ERR_SHAPE (the kernel does not support these shapes/dtypes; run the original region)";
+  if (code == cudaErrorStreamCaptureUnsupported)
+    return "cudaErrorStreamCaptureUnsupported (a shape first met inside CUDA-graph capture: the conv "
+           "kernels plan each shape on its first call, which a capture cannot hold; call the model once "
+           "with these shapes before capturing)";
+  if (code > 0 && code < HTAM_ERR_SHAPE) return cudaGetErrorName((cudaError_t)code);
+  if (code >= 3000) return "cuDNN status " + num(code - 3000) + " (the conv kernels return 3000 + a cudnnStatus_t)";
+  return "an unknown code (expected 0, HTAM_ERR_SHAPE, a cudaError_t or 3000 + a cudnnStatus_t)";
+}
+
 std::vector<at::Tensor> launch(int64_t handle, at::TensorList inputs, at::IntArrayRef out_meta) {
   const Kernel& k = kernel_at(handle);
   const c10::DeviceIndex device = c10::cuda::current_device();
@@ -189,12 +202,7 @@ std::vector<at::Tensor> launch(int64_t handle, at::TensorList inputs, at::IntArr
     i += 2 + ndim;
   }
   int64_t code = call(k, inputs, outputs, device);
-  TORCH_CHECK(code == 0, "htam kernel ", k.path, " returned ", num(code), ": ",
-              code == HTAM_ERR_SHAPE
-                  ? "HTAM_ERR_SHAPE (the kernel does not support these shapes/dtypes; run the original region)"
-                  : (code > 0 && code < HTAM_ERR_SHAPE
-                         ? cudaGetErrorName((cudaError_t)code)
-                         : "an unknown code (expected 0, HTAM_ERR_SHAPE or a cudaError_t)"));
+  TORCH_CHECK(code == 0, "htam kernel ", k.path, " returned ", num(code), ": ", reason(code));
   return outputs;
 }
 
