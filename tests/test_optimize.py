@@ -67,6 +67,56 @@ def test_searched_log_says_why_a_task_has_no_kernel(tmp_path):
     assert "0.97x of eager" in log.why_not("eager", 1.03)
 
 
+def test_the_keeper_confirms_each_winner_once_and_never_caches_a_slower_one(tmp_path):
+    """search_many hands a task on twice under a time budget (cover pass, then deepening): the
+    same winner is confirmed once, a partial result logs nothing, a new winner that re-times
+    slower than the cached one leaves the cache alone, and a finished task without a kernel is
+    logged with its confirmed speedup."""
+    from torch_htam.evaluation import Evaluation
+    from torch_htam.pipeline import SearchedLog, _Keeper
+    from torch_htam.search import Best, SearchResult
+    from test_search import make_task
+
+    confirm_at = {"k1": 1.5, "k2": 1.2, "k3": 1.6, "slow": 1.01}
+
+    class Confirm:
+        def __init__(self):
+            self.sources = []
+
+        def evaluate_many(self, task, sources, inductor=False):
+            self.sources += sources
+            return [Evaluation(True, "ok", speedup=confirm_at[s], compile_speedup=0.9,
+                               so_path=f"/x/{s}.so") for s in sources]
+
+    class Cache:
+        def __init__(self):
+            self.put_sources = []
+
+        def put(self, task, source, so_path, ev, meta):
+            self.put_sources.append((task.name, source, ev.speedup))
+
+    def result(task, source, partial, stop="steps"):
+        best = Best(source, [], {}, Evaluation(True, "ok", speedup=9.9)) if source else None
+        return SearchResult(task.name, task.signature, best=best, stop=stop, partial=partial)
+
+    ev, cache, saved = Confirm(), Cache(), []
+    searched = SearchedLog(tmp_path / "searched.json")
+    keep = _Keeper(ev, cache, searched, OptimizeConfig(), "H100", lambda: saved.append(1))
+    a, b, c = make_task("a"), make_task("b"), make_task("c")
+    keep(a, result(a, "k1", True))           # cover pass: confirmed, cached
+    keep(a, result(a, "k1", False))          # deepening found nothing better: not confirmed again
+    keep(b, result(b, "k3", True))           # 1.6x cached
+    keep(b, result(b, "k2", False))          # a new winner that re-times at 1.2x: cache untouched
+    keep(c, result(c, "slow", True))         # below min_speedup; partial: nothing logged yet
+    assert searched.why_not("sig-c", 1.03) is None
+    keep(c, result(c, "slow", False, stop="stagnation"))
+    assert ev.sources == ["k1", "k3", "k2", "slow"]
+    assert cache.put_sources == [("a", "k1", 1.5), ("b", "k3", 1.6)]
+    assert searched.why_not("sig-a", 1.03) is None and searched.why_not("sig-b", 1.03) is None
+    assert "1.01x of eager" in searched.why_not("sig-c", 1.03)
+    assert len(saved) == 6
+
+
 def test_the_guard_keeps_a_swap_only_beyond_noise():
     """A lower median is not enough: the win must clear GUARD_MARGIN, and ours' 80th percentile
     must sit below the alternative's median (host-bound models jitter by more than small wins)."""

@@ -186,6 +186,66 @@ def test_search_many_shares_the_time_budget():
     assert {r.stop for r in results.values()} == {"time_budget"}
 
 
+class Clocked(FakeEvaluator):
+    """Every evaluate_many call takes 10 s of a fake clock; records which task it served."""
+
+    def __init__(self, clock, **kw):
+        super().__init__(**kw)
+        self.clock, self.served = clock, []
+
+    def evaluate_many(self, task, sources):
+        self.clock[0] += 10.0
+        self.served.append(task.name)
+        return super().evaluate_many(task, sources)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """search.py's clock, frozen at 0 and moved only by Clocked."""
+    import time
+    from types import SimpleNamespace
+    now = [0.0]
+    monkeypatch.setattr("torch_htam.search.time", SimpleNamespace(monotonic=lambda: now[0],
+                                                                   time_ns=time.time_ns))
+    return now
+
+
+def test_a_time_budget_covers_every_task_before_deepening(clock):
+    tasks = [make_task("small", nbytes=1e5), make_task("big", nbytes=1e9), make_task("mid", nbytes=1e7)]
+    ev, seen = Clocked(clock, default=1.1), []
+    results = search_many(tasks, FakeProposer, ev, HTG.from_prior(),
+                          SearchConfig(steps=2, stagnation=0, roofline_stop=None), progress=False,
+                          time_budget_s=1e6, on_result=lambda t, r: seen.append((t.name, r.partial)))
+    assert ev.served[:3] == ["big", "mid", "small"]          # every task's step 0 first
+    assert ev.served[3:] == ["big"] * 2 + ["mid"] * 2 + ["small"] * 2
+    assert seen == [("big", True), ("mid", True), ("small", True),
+                    ("big", False), ("mid", False), ("small", False)]
+    assert all(r.steps == 2 and r.stop == "steps" and not r.partial for r in results.values())
+
+
+def test_a_budget_spent_while_deepening_keeps_every_task_s_first_kernel(clock):
+    tasks = [make_task(f"t{i}", nbytes=10 ** (9 - i)) for i in range(3)]
+    ev, seen = Clocked(clock, default=1.1), []
+    results = search_many(tasks, FakeProposer, ev, HTG.from_prior(),
+                          SearchConfig(steps=3, stagnation=0, roofline_stop=None), progress=False,
+                          time_budget_s=35.0, on_result=lambda t, r: seen.append((t.name, r.partial)))
+    # cover pass: 30 s for three step-0s; t0 then gets one step before its share runs out
+    assert ev.served == ["t0", "t1", "t2", "t0"]
+    assert all(r.best is not None and not r.partial for r in results.values())
+    assert results["sig-t0"].stop == "wall" and results["sig-t0"].steps == 1
+    assert {results[f"sig-t{i}"].stop for i in (1, 2)} == {"time_budget"}
+    assert seen == [("t0", True), ("t1", True), ("t2", True), ("t0", False)]
+
+
+def test_without_a_time_budget_each_task_is_searched_in_one_go(clock):
+    tasks = [make_task("a", nbytes=1e9), make_task("b", nbytes=1e5)]
+    ev, seen = Clocked(clock, default=1.1), []
+    search_many(tasks, FakeProposer, ev, HTG.from_prior(),
+                SearchConfig(steps=2, stagnation=0, roofline_stop=None), progress=False,
+                on_result=lambda t, r: seen.append((t.name, r.partial)))
+    assert ev.served == ["a"] * 3 + ["b"] * 3 and seen == [("a", False), ("b", False)]
+
+
 def test_stops_when_the_proposer_has_nothing():
     class Empty(FakeProposer):
         def propose(self, req):

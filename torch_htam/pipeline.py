@@ -134,6 +134,49 @@ def _confirm(evaluator, task, best, inductor: bool = False):
     return ev if ev.correct and ev.speedup else None
 
 
+@dataclass
+class _Keeper:
+    """search_many's on_result: re-confirms a task's winner, caches it when it clears min_speedup
+    and beats what this run already cached for the task, and logs a finished task without a kernel
+    in the searched log. Called once per pass (search_many's cover pass hands on partial results):
+    a winner already confirmed is not confirmed again, and a partial result logs nothing.
+
+    NOTE: a kernel that beats eager but not Inductor's code for its region is cached too: the
+    end-to-end guard tries it inside the compiled model, where host time per call can decide
+    (_install_compiled); alone, the backend leaves it out (inductor.beats_inductor).
+    """
+    evaluator: Any
+    cache: Any
+    searched: SearchedLog
+    cfg: OptimizeConfig
+    gpu_name: str
+    save_memory: Any                                        # () -> None
+    checked: dict = field(default_factory=dict)             # {signature: sources confirmed}
+    confirmed: dict = field(default_factory=dict)           # {signature: best confirmed Evaluation}
+    cached: set = field(default_factory=set)                # signatures cached by this run
+
+    def __call__(self, task, result) -> None:
+        from torch_htam.policy import policy_for
+        sig, best = task.signature, result.best
+        if best is not None and best.source not in self.checked.setdefault(sig, set()):
+            self.checked[sig].add(best.source)
+            ev = _confirm(self.evaluator, task, best, self.cfg.compile)
+            old = self.confirmed.get(sig)
+            if ev is not None and (old is None or ev.speedup > old.speedup):
+                self.confirmed[sig] = ev
+                if ev.speedup >= self.cfg.min_speedup:
+                    self.cache.put(task, best.source, ev.so_path or best.so_path, ev,
+                                   {"proposer": best.origin, "tags": best.tags, "params": best.params,
+                                    "steps": result.steps, "gpu": self.gpu_name,
+                                    "search_speedup": best.speedup})
+                    self.cached.add(sig)
+        if sig not in self.cached and not result.partial and not result.stop.startswith("error"):
+            ev = self.confirmed.get(sig)
+            self.searched.add(sig, self.cfg, result.stop, ev.speedup if ev is not None else None,
+                              policy_for(task).name, ev.compile_speedup if ev is not None else None)
+        self.save_memory()   # experience persists task by task
+
+
 def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog) -> dict:
     """Search kernels for the cache misses; returns {signature: SearchResult}. Found kernels that
     verify and win are written to the cache as each task finishes (nothing lost on interruption)."""
@@ -141,7 +184,6 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog) -> di
     from torch_htam.evaluation import Evaluator
     from torch_htam.htg import HTG
     from torch_htam.proposers.expert import ExpertProposer
-    from torch_htam.policy import policy_for
     from torch_htam.search import SearchConfig, search_many
 
     proposer, message = ExpertProposer(), ""
@@ -156,27 +198,10 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog) -> di
                         memory=cfg.memory, max_wall_s=cfg.task_time_s)
     traj = Path(cfg.trajectory_dir) if cfg.trajectory_dir else paths.arch_dir(gpu.arch) / "trajectories"
 
-    def on_result(task, result):
-        best = result.best
-        confirmed = _confirm(evaluator, task, best, cfg.compile) if best is not None else None
-        # NOTE: a kernel that beats eager but not Inductor's code for its region is cached too: the
-        # end-to-end guard tries it inside the compiled model, where host time per call can decide
-        # (_install_compiled); alone, the backend leaves it out (inductor.beats_inductor).
-        if confirmed is not None and confirmed.speedup and confirmed.speedup >= cfg.min_speedup:
-            cache.put(task, best.source, confirmed.so_path or best.so_path, confirmed,
-                      {"proposer": best.origin, "tags": best.tags, "params": best.params,
-                       "steps": result.steps, "gpu": gpu.name,
-                       "search_speedup": best.speedup})
-        elif not result.stop.startswith("error"):
-            searched.add(task.signature, cfg, result.stop,
-                         confirmed.speedup if confirmed is not None else None, policy_for(task).name,
-                         confirmed.compile_speedup if confirmed is not None else None)
-        memory.save(memory_path)   # experience persists task by task
-
     with Evaluator() as evaluator:
+        keep = _Keeper(evaluator, cache, searched, cfg, gpu.name, lambda: memory.save(memory_path))
         return search_many(tasks, lambda: proposer, evaluator, memory, scfg, trajectory_dir=traj,
-                           progress=cfg.progress, time_budget_s=cfg.time_budget_s,
-                           on_result=on_result)
+                           progress=cfg.progress, time_budget_s=cfg.time_budget_s, on_result=keep)
 
 
 def optimize(model: nn.Module, example_inputs: tuple, config: OptimizeConfig | None = None) -> nn.Module:
