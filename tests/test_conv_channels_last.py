@@ -18,7 +18,7 @@ from test_conv_kinds import _task as conv_kinds_task
 from test_expert import propose
 from torch_htam import build, paths
 from torch_htam.extract import extract
-from torch_htam.policy import policy_for
+from torch_htam.policy import make, policy_for
 from torch_htam.proposers.expert import conv
 from torch_htam.proposers.expert.ir import Unsupported
 from torch_htam.verify import within_torch_error
@@ -44,6 +44,8 @@ CASES = {   # ResNet's conv regions, and the forms beside them
     "1x1_bn_add_relu": (KindBlock(bn=True), {"r": 1, "res": True}),
     "1x1_s2_bn": (KindBlock(bn=True, act=None, stride=2), {"r": 1}),          # a downsample branch
     "7x7_s2_bn_relu_wcl": (KindBlock(bn=True, stride=2, padding=3), {"r": 7, "c": 3, "size": 16, "w_cl": True}),
+    "7x7_s2_bn_relu": (KindBlock(bn=True, stride=2, padding=3), {"r": 7, "c": 3, "size": 16}),   # ResNet's stem
+    "3x3_c5_bias": (KindBlock(act=None, padding=1), {"c": 5, "bias": True}),
     "3x3_bias_relu": (KindBlock(padding=1), {"bias": True}),
     "3x3_plain": (KindBlock(act=None, padding=1), {}),
 }
@@ -109,23 +111,19 @@ def test_channels_last_sources_compile_for_sm90a():
     assert_compiles(todo)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("name", CASES)
-def test_channels_last_candidates_match_torch(name, dtype):
-    """Every seed candidate against eager torch at the captured batch (2) and at 3 (a second
-    cached cuDNN plan); its output is written channels-last. fp32 under the TF32 policy of cuDNN's
-    convs (PyTorch's default), the tolerance verification uses."""
+def _matches_torch(name, dtype, sources) -> list[bool]:
+    """Each source built and run against eager torch at the captured batch (2) and at 3 (a second
+    cached cuDNN plan), its output written channels-last; judged as verification judges: within
+    the policy of torch's result, or about as close to the float64 result as torch's is (a tiny
+    var amplifies torch's own bf16 rounding)."""
     from torch_htam.launcher import Kernel
     block, inputs = _case(name, dtype, "cuda")
     task, keep = _task(block, inputs)
     policy = policy_for(task)
-    cands = propose(task, n=4).candidates
-    assert cands, "no candidate"
-    results = build.build_many([c.source for c in cands])
+    results = build.build_many(sources)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     matched = []
-    for cand, res in zip(cands, results):
+    for res in results:
         kernel = Kernel(res.so_path)
         ok = True
         for batch in (2, 3):
@@ -133,21 +131,75 @@ def test_channels_last_candidates_match_torch(name, dtype):
             _, xs = _case(name, dtype, "cuda", n=batch)
             with torch.no_grad():
                 ref = block(*xs)
+                ref64 = block(*[x.double() if x is not None else None for x in xs])
             out = torch.full_like(ref, float("nan")).to(memory_format=CL)
-            code = kernel([xs[i] for i in keep], [out])
-            if code != 0:      # an engine cuDNN has not for this setting: a failed candidate
+            if kernel([xs[i] for i in keep], [out]) != 0:   # an engine cuDNN has not: a failed candidate
                 ok = False
                 continue
             torch.cuda.synchronize()
             ok &= bool(torch.isfinite(out).all())
-            # as verification judges: within the policy of torch's result, or about as close to
-            # the float64 result as torch's is (a tiny var amplifies torch's own bf16 rounding)
-            with torch.no_grad():
-                ref64 = block(*[x.double() if x is not None else None for x in xs])
             ok &= (torch.allclose(out.float(), ref.float(), atol=policy.atol, rtol=policy.rtol)
                    or within_torch_error(out.float(), ref.float(), ref64, policy.atol, policy.rtol)[0])
         matched.append(ok)
+    return matched
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", CASES)
+def test_channels_last_candidates_match_torch(name, dtype):
+    """Every seed candidate against eager torch; fp32 under the TF32 policy of cuDNN's convs
+    (PyTorch's default), the tolerance verification uses."""
+    block, inputs = _case(name, dtype, "cuda")
+    task, _ = _task(block, inputs)
+    cands = propose(task, n=4).candidates
+    assert cands, "no candidate"
+    matched = _matches_torch(name, dtype, [c.source for c in cands])
     assert matched[0], [c.params for c in cands]      # the default at least
+
+
+PADDED = ("7x7_s2_bn_relu_wcl", "7x7_s2_bn_relu", "3x3_c5_bias")
+
+
+def test_channels_that_are_not_16_bytes_a_pixel_can_be_padded():
+    """A stem's C=3 (and a C=5) in half types is offered padded (vectorized_16b_access); C=16
+    is 16 bytes a pixel already; strict fp32 runs CUDA cores, where padding buys nothing."""
+    for name in PADDED:
+        task, _ = _task(*_case(name, torch.bfloat16))
+        cp = conv.match(task.graph, policy_for(task))
+        assert cp.facts.pad_channels, name
+        grid = conv.grid(cp, conv.defaults(cp))
+        assert {p["pad_c"] for p in grid} == {True, False}
+        padded = dict(conv.defaults(cp), pad_c=True)
+        assert "vectorized_16b_access" in conv.tags(cp, padded)
+        assert conv.render(cp, padded) != conv.render(cp, conv.defaults(cp))
+    task, _ = _task(*_case("3x3_bn_relu", torch.bfloat16))
+    assert not conv.match(task.graph, policy_for(task)).facts.pad_channels
+    task, _ = _task(*_case("7x7_s2_bn_relu", torch.float32))
+    assert not conv.match(task.graph, make("fp32")).facts.pad_channels
+    assert conv.match(task.graph, make("tf32")).facts.pad_channels
+
+
+@pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn() is None, reason="needs nvcc + cuDNN")
+def test_padded_channel_sources_compile_for_sm90a():
+    todo = []
+    for name, dtype, policy in (("7x7_s2_bn_relu", torch.bfloat16, "bf16"), ("3x3_c5_bias", torch.float16, "fp16"),
+                                ("7x7_s2_bn_relu_wcl", torch.float32, "tf32")):
+        task, _ = _task(*_case(name, dtype))
+        cp = conv.match(task.graph, make(policy))
+        todo.append((f"{name}/{dtype}/pad", conv.render(cp, dict(conv.defaults(cp), pad_c=True))))
+    assert_compiles(todo)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", PADDED)
+def test_padded_channels_match_torch(name, dtype):
+    """x's channels padded with zeros (and w's, from KCRS or KRSC) give torch's conv on cuDNN's
+    top-ranked engine for the padded problem."""
+    task, _ = _task(*_case(name, dtype))
+    cp = conv.match(task.graph, policy_for(task))
+    assert _matches_torch(name, dtype, [conv.render(cp, dict(conv.defaults(cp), pad_c=True))]) == [True]
 
 
 @pytest.mark.gpu

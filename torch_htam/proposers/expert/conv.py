@@ -81,7 +81,7 @@ TILE_KEYS = {"bm", "bn", "stages", "ju", "split", "minb", "pre", "persist"}
 CUDNN_KEYS = {"fused", "graph", "algo", "tf32", "nhwc"}
 # strategy ids whose presence tags() decides from the params
 TAG_IDS = ("fold_batchnorm", "fuse_elementwise_chain", "gemm_plus_epilogue_kernel", "tf32_tensor_cores",
-           "bf16_tensor_cores", "smem_tiling", "coalesced_layout_access")
+           "bf16_tensor_cores", "smem_tiling", "coalesced_layout_access", "vectorized_16b_access")
 
 
 def has_conv(gm) -> bool:
@@ -212,7 +212,9 @@ def match(gm, policy) -> ConvMatch:
                        low_precision=dt != "float32", allow_tf32=cp.allow_tf32, fp32=dt == "float32",
                        has_batchnorm=bn is not None, epilogue_fits_cudnn=fits and not cl,
                        tiled_conv=not cl and pwconv.reason(cp) is None,
-                       nhwc_conv=not cl and nhwc_reason(cp, {"graph": True}) is None)
+                       nhwc_conv=not cl and nhwc_reason(cp, {"graph": True}) is None,
+                       pad_channels=cl and shape_of(x)[1] % (16 // DT[dt][2]) != 0
+                       and (dt != "float32" or cp.allow_tf32))
     return cp
 
 
@@ -442,6 +444,19 @@ def _run_head(cp: ConvMatch) -> str:
   HtamTensor& Y = out[0];"""
 
 
+# x [pixels, C] (channels-last: pixel p = (n * H + h) * W + w) -> x2 [pixels, Cp], zeros past C
+PAD_KERNEL = """
+__global__ void pad_c_kernel(const {dt}::raw* __restrict__ x, {dt}::raw* __restrict__ x2, int64_t pixels,
+                             int64_t C, int64_t Cp) {{
+  const int64_t n = pixels * Cp;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {{
+    const int64_t p = i / Cp, c = i - p * Cp;
+    x2[i] = c < C ? x[p * C + c] : ({dt}::raw)0;
+  }}
+}}
+"""
+
+
 def render_cl(cp: ConvMatch, params: dict) -> str:
     """A channels-last conv2d region (x, the residual and y stored N, H, W, C; w as the model holds
     it) as one cuDNN graph whose pointwise ops cuDNN's runtime-fusion engines compile into the conv
@@ -457,10 +472,22 @@ def render_cl(cp: ConvMatch, params: dict) -> str:
     bf16 adds error torch does not have. A small kernel first writes the per-channel vectors and,
     for a KCRS weight other than 1x1, its KRSC copy (cuDNN's NHWC engines take KRSC).
     params: algo (the algo-th usable engine of the heuristic's ranking), tf32 (fp32, where the
-    policy allows TF32), vec32 (the vectors in fp32, else in the data type)."""
+    policy allows TF32), vec32 (the vectors in fp32, else in the data type), pad_c (where
+    facts.pad_channels: x copied with its channels padded with zeros to 16 bytes a pixel, and w's
+    to match, so cuDNN plans the conv its vectorized engines can run; a stem's C=3 otherwise takes
+    an engine that reads 6 bytes a pixel)."""
     _, strict = _math(cp, params)
     dt, dtc, esz = DT[cp.dtype][0], DT[cp.dtype][1], DT[cp.dtype][2]
     vec32 = bool(params.get("vec32", True)) or cp.dtype == "float32"
+    pad, vpad = bool(params.get("pad_c")) and cp.facts.pad_channels, 16 // esz
+    pad_note = (f"padded with zeros to a multiple of {vpad}, 16 bytes a pixel, the width cuDNN's "
+                "vectorized NHWC engines read" if pad else "as stored")
+    pad_call = "" if not pad else f"""
+  if (padc) {{
+    const int blocks = (int)std::min<int64_t>((pixels * Cp + 255) / 256, 1 << 16);
+    pad_c_kernel<<<blocks, 256, 0, stream>>>((const {dt}::raw*)X.data, ({dt}::raw*)x2, pixels, X.sizes[1], Cp);
+    HTAM_CHECK_LAUNCH();
+  }}"""
     vt, vsz = ("F32", 4) if vec32 else (dt, esz)
     f = Fold(cp)
     ops: list[tuple[str, str]] = []
@@ -475,23 +502,25 @@ def render_cl(cp: ConvMatch, params: dict) -> str:
     used = {a for _, a in ops}
     fold_src = f"""
 // The per-channel vectors of the fused epilogue (center = mean - bias, scale = gamma * rsqrt(var +
-// eps), beta; a null one is not written) and, when w2 != nullptr, w copied from KCRS to KRSC.
-__global__ void fold_cl_kernel({f.params()}float eps, int64_t K, int64_t C, int64_t RS, {vt}::raw* __restrict__ cen,
-    {vt}::raw* __restrict__ scl, {vt}::raw* __restrict__ bet, const {dt}::raw* __restrict__ w, {dt}::raw* __restrict__ w2) {{
-  const int64_t n = w2 != nullptr ? std::max(K * RS * C, K) : K;
+// eps), beta; a null one is not written) and, when w2 != nullptr, w (KCRS, or KRSC when w_cl) copied
+// to KRSC with Cp >= C channels, zeros past C.
+__global__ void fold_cl_kernel({f.params()}float eps, int64_t K, int64_t C, int64_t Cp, int64_t RS, bool w_cl,
+    {vt}::raw* __restrict__ cen, {vt}::raw* __restrict__ scl, {vt}::raw* __restrict__ bet,
+    const {dt}::raw* __restrict__ w, {dt}::raw* __restrict__ w2) {{
+  const int64_t n = w2 != nullptr ? std::max(K * RS * Cp, K) : K;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {{
     if (i < K) {{
       if (cen != nullptr) cen[i] = {vt}::from_f({f.center("i")});
       if (scl != nullptr) scl[i] = {vt}::from_f({f.scale("i")});
       if (bet != nullptr) bet[i] = {vt}::from_f({beta if "b" in used else "0.f"});
     }}
-    if (w2 != nullptr && i < K * RS * C) {{
-      const int64_t k = i / (RS * C), rem = i - k * RS * C, rs = rem / C, c = rem - rs * C;
-      w2[i] = w[(k * C + c) * RS + rs];
+    if (w2 != nullptr && i < K * RS * Cp) {{
+      const int64_t k = i / (RS * Cp), rem = i - k * RS * Cp, rs = rem / Cp, c = rem - rs * Cp;
+      w2[i] = c >= C ? ({dt}::raw)0 : w[w_cl ? (k * RS + rs) * C + c : (k * C + c) * RS + rs];
     }}
   }}
 }}
-"""
+{PAD_KERNEL.format(dt=dt) if pad else ""}"""
     ptrs = "".join(f"(const {DT[cp.epilogue.inputs[i][1]][0]}::raw*)in[{i}].data, " for i in f.present.values())
     checks = "\n".join(
         f"  if (in[{i}].ndim != 1 || in[{i}].sizes[0] != K || !htam_contiguous(in[{i}]) || "
@@ -501,7 +530,8 @@ __global__ void fold_cl_kernel({f.params()}float eps, int64_t K, int64_t C, int6
         checks += (f"\n  if (in[{r}].dtype != {dtc} || !htam_channels_last(in[{r}]) || in[{r}].data == nullptr) "
                    f"return HTAM_ERR_SHAPE;\n  for (int i = 0; i < 4; ++i) if (in[{r}].sizes[i] != Y.sizes[i]) "
                    "return HTAM_ERR_SHAPE;")
-    align = ("(uintptr_t)X.data | (uintptr_t)Y.data | (uintptr_t)w | 256"
+    # the copies (x2 when padding, w2) start 256-aligned in the scratch
+    align = ("(uintptr_t)(padc ? nullptr : X.data) | (uintptr_t)(w_krsc ? Wt.data : nullptr) | (uintptr_t)Y.data | 256"
              + (f" | (uintptr_t)in[{r}].data" if r is not None else ""))
     dims = conv_geom.host_dims(cp.kind, cp.stride, cp.padding, cp.dilation, 1, dtc, align, channels_last=True)
     entry = graph_entry(cp, strict, int(params.get("algo", 0)), nhwc=True, epilogue=tuple(ops),
@@ -520,34 +550,42 @@ __global__ void fold_cl_kernel({f.params()}float eps, int64_t K, int64_t C, int6
 {entry}
 {ENTRY_CACHE}
 {_run_head(cp)}
+  // Cp: x's channels as the conv runs them ({pad_note})
+  const int64_t Cp = {"(X.sizes[1] + %d) / %d * %d" % (vpad - 1, vpad, vpad) if pad else "X.sizes[1]"};
+  const bool padc = Cp != X.sizes[1];
   // cuDNN's NHWC engines take the weight KRSC: a channels-last (or 1x1) one as it is, else a copy
-  const bool w_krsc = htam_channels_last(Wt);
-  DnnState* st = nullptr;
-  int rc = dnn_state(&st);
-  if (rc) return rc;
-  // scratch: center, scale, beta [K] ({vt}) | the KRSC copy of w
-  const size_t vec_bytes = ((size_t)Wt.sizes[0] * {vsz} + 255) / 256 * 256;
-  if ((rc = grow(&st->scratch, &st->scratch_bytes, 3 * vec_bytes + (w_krsc ? 0 : (size_t)htam_numel(&Wt) * {esz}))))
-    return rc;
-  void* w2 = w_krsc ? nullptr : (char*)st->scratch + 3 * vec_bytes;
-  const void* w = w_krsc ? Wt.data : w2;
+  const bool w_krsc = htam_channels_last(Wt) && !padc;
 {dims}
 {checks}
   if (htam_numel(&Y) == 0) return HTAM_OK;
+  DnnState* st = nullptr;
+  int rc = dnn_state(&st);
+  if (rc) return rc;
+  // scratch: center, scale, beta [K] ({vt}) | the KRSC copy of w [K, R, S, Cp] | x with Cp channels
+  const int64_t RS = Wt.sizes[2] * Wt.sizes[3], pixels = X.sizes[0] * X.sizes[2] * X.sizes[3];
+  const size_t vec_bytes = ((size_t)K * {vsz} + 255) / 256 * 256;
+  const size_t w_bytes = w_krsc ? 0 : ((size_t)(K * RS * Cp) * {esz} + 255) / 256 * 256;
+  if ((rc = grow(&st->scratch, &st->scratch_bytes, 3 * vec_bytes + w_bytes + (padc ? (size_t)(pixels * Cp) * {esz} : 0))))
+    return rc;
+  void* w2 = w_krsc ? nullptr : (char*)st->scratch + 3 * vec_bytes;
+  const void* w = w_krsc ? Wt.data : w2;
+  void* x2 = padc ? (char*)st->scratch + 3 * vec_bytes + w_bytes : nullptr;
+  const void* xin = padc ? x2 : X.data;
+  d[1] = Cp;   // the problem cuDNN plans: the zero channels add nothing to y
   CD(cudnnSetStream(st->handle, stream));
   ConvEntry* e = nullptr;
   if ((rc = conv_entry(st, d, P, Q, &e))) return rc;
 {vecs}
   if (cen != nullptr || scl != nullptr || bet != nullptr || w2 != nullptr) {{
-    const int64_t n = w2 != nullptr ? std::max(htam_numel(&Wt), K) : K;
+    const int64_t n = w2 != nullptr ? std::max(K * RS * Cp, K) : K;
     const int blocks = (int)std::min<int64_t>((n + 255) / 256, 4096);
-    fold_cl_kernel<<<blocks, 256, 0, stream>>>({ptrs}{c_float(cp.bn.eps if cp.bn else 0.0)}, K, Wt.sizes[1],
-        Wt.sizes[2] * Wt.sizes[3], ({vt}::raw*)cen, ({vt}::raw*)scl, ({vt}::raw*)bet, (const {dt}::raw*)Wt.data,
+    fold_cl_kernel<<<blocks, 256, 0, stream>>>({ptrs}{c_float(cp.bn.eps if cp.bn else 0.0)}, K, Wt.sizes[1], Cp,
+        RS, htam_channels_last(Wt), ({vt}::raw*)cen, ({vt}::raw*)scl, ({vt}::raw*)bet, (const {dt}::raw*)Wt.data,
         ({dt}::raw*)w2);
     HTAM_CHECK_LAUNCH();
-  }}
+  }}{pad_call}
   const void* args[] = {{{args}}};
-{graph_run("X.data", "w", "Y.data", "args")}
+{graph_run("xin", "w", "Y.data", "args")}
   return HTAM_OK;
 }}
 """
@@ -572,8 +610,8 @@ def defaults(cp: ConvMatch) -> dict:
     # cuDNN + epilogue: 0.163 / 0.094).
     # NOTE: 64-channel tiles: at 128, 3xTF32's fragments spill (128 registers, ptxas)
     p.update(tiled=False, bm=64, bn=128, stages=2, ju=4, split=True, minb=2, pre=True, persist=True)
-    if cp.channels_last:   # render_cl: one path, its knobs algo, tf32 and vec32
-        return dict(p, vec32=True)
+    if cp.channels_last:   # render_cl: one path, its knobs algo, tf32, vec32 and pad_c
+        return dict(p, vec32=True, pad_c=False)
     if pwconv.reason(cp) is None:
         p.update(tiled=True)
         p.update(dict(bn=256, ju=8, pre=False, persist=False) if cp.dtype == "float32" else dict(stages=3))
@@ -588,7 +626,7 @@ def canonical(cp: ConvMatch, params: dict) -> dict:
     """
     d = defaults(cp)
     keys = CUDNN_KEYS if tiled(cp, params) else TILE_KEYS
-    if cp.channels_last:    # render_cl reads algo, tf32 and vec32 alone
+    if cp.channels_last:    # render_cl reads algo, tf32, vec32 and pad_c alone
         keys = (CUDNN_KEYS | TILE_KEYS | {"tiled"}) - {"algo", "tf32"}
     return dict(params, **{k: d[k] for k in keys if k in params})
 
@@ -602,6 +640,8 @@ def tags(cp: ConvMatch, params: dict) -> list[str]:
         tags = ["fold_batchnorm"] * (cp.bn is not None) + ["fuse_elementwise_chain", "coalesced_layout_access"]
         if _math(cp, params)[0] == "CUDNN_DEFAULT_MATH":
             tags.append("tf32_tensor_cores")
+        if params.get("pad_c") and cp.facts.pad_channels:
+            tags.append("vectorized_16b_access")
         return tags + ["bf16_tensor_cores"] * (cp.dtype != "float32")
     if tiled(cp, params):
         tags = ["fold_batchnorm"] * (cp.bn is not None) + ["smem_tiling", "fuse_elementwise_chain"]
@@ -639,10 +679,11 @@ def grid(cp: ConvMatch, base: dict) -> list[dict]:
     channels-last: the ranked engines of its one path, under TF32 and without where fp32 may."""
     facts, lib = cp.facts, dict(base, tiled=False)
     if cp.channels_last:   # vec32 matters in half types only (render_cl)
+        pads = (True, False) if facts.pad_channels else (False,)
         if facts.fp32:
             tf32 = (True, False) if facts.allow_tf32 else (base["tf32"],)
-            return [dict(base, tf32=t, algo=a) for t in tf32 for a in range(6)]
-        return [dict(base, vec32=v, algo=a) for v in (True, False) for a in range(5)]
+            return [dict(base, tf32=t, algo=a, pad_c=pc) for pc in pads for t in tf32 for a in range(6)]
+        return [dict(base, vec32=v, algo=a, pad_c=pc) for pc in pads for v in (True, False) for a in range(5)]
     out = [dict(lib, fused=v, algo=algo) for v in (base["fused"], not base["fused"]) for algo in range(8)]
     # the unfused path through cuDNN's graph API, then the legacy one
     out += [dict(lib, fused=False, graph=graph, algo=algo) for graph in (True, False) for algo in range(6)]
