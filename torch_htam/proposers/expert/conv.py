@@ -444,14 +444,23 @@ def _run_head(cp: ConvMatch) -> str:
   HtamTensor& Y = out[0];"""
 
 
-# x [pixels, C] (channels-last: pixel p = (n * H + h) * W + w) -> x2 [pixels, Cp], zeros past C
+# x [pixels, C] (channels-last: pixel p = (n * H + h) * W + w) -> x2 [pixels, Cp], zeros past C.
+# NOTE: one thread a pixel, storing it as Cp / V 16-byte vectors (Cp is a multiple of V = 16 bytes
+# of elements; x2 is 256-aligned), so a warp writes 512 contiguous bytes a store and no thread
+# divides by Cp; the C loads are scalar, x's pixels being 6 bytes for a stem.
 PAD_KERNEL = """
 __global__ void pad_c_kernel(const {dt}::raw* __restrict__ x, {dt}::raw* __restrict__ x2, int64_t pixels,
                              int64_t C, int64_t Cp) {{
-  const int64_t n = pixels * Cp;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {{
-    const int64_t p = i / Cp, c = i - p * Cp;
-    x2[i] = c < C ? x[p * C + c] : ({dt}::raw)0;
+  constexpr int V = 16 / sizeof({dt}::raw);
+  for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < pixels; p += (int64_t)gridDim.x * blockDim.x) {{
+    const {dt}::raw* src = x + p * C;
+    uint4* dst = reinterpret_cast<uint4*>(x2 + p * Cp);
+    for (int64_t v = 0; v < Cp / V; ++v) {{
+      union {{ uint4 u; {dt}::raw r[V]; }} pack;
+#pragma unroll
+      for (int j = 0; j < V; ++j) pack.r[j] = v * V + j < C ? src[v * V + j] : ({dt}::raw)0;
+      dst[v] = pack.u;
+    }}
   }}
 }}
 """
@@ -484,7 +493,7 @@ def render_cl(cp: ConvMatch, params: dict) -> str:
                 "vectorized NHWC engines read" if pad else "as stored")
     pad_call = "" if not pad else f"""
   if (padc) {{
-    const int blocks = (int)std::min<int64_t>((pixels * Cp + 255) / 256, 1 << 16);
+    const int blocks = (int)std::min<int64_t>((pixels + 255) / 256, 1 << 16);
     pad_c_kernel<<<blocks, 256, 0, stream>>>((const {dt}::raw*)X.data, ({dt}::raw*)x2, pixels, X.sizes[1], Cp);
     HTAM_CHECK_LAUNCH();
   }}"""
