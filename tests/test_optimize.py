@@ -117,6 +117,23 @@ def test_the_keeper_confirms_each_winner_once_and_never_caches_a_slower_one(tmp_
     assert len(saved) == 6
 
 
+def test_the_report_says_when_the_time_budget_left_a_task_without_a_kernel(tmp_path):
+    from types import SimpleNamespace
+    from torch_htam.pipeline import SearchedLog, _finish
+    from torch_htam.runtime import Report, TaskReport
+    from torch_htam.search import SearchResult
+    report = Report(tasks=[TaskReport("a", "sig-a"), TaskReport("b", "sig-b"), TaskReport("c", "sig-c")])
+    searched = SearchedLog(tmp_path / "searched.json")
+    searched.add("sig-b", OptimizeConfig(), "stagnation", None, "bf16")
+    results = {"sig-a": SearchResult("a", "sig-a", stop="time_budget"),
+               "sig-b": SearchResult("b", "sig-b", stop="stagnation")}
+    _finish(SimpleNamespace(htam_report=report), 0.0, results, searched, OptimizeConfig(time_budget_s=330))
+    a, b, c = report.tasks
+    assert "time budget (330 s) ran out" in a.status and "time_budget_s" in a.status
+    assert "none verified (stagnation)" in b.status
+    assert c.status == "no kernel"          # not searched this run (e.g. max_tasks)
+
+
 def test_the_guard_keeps_a_swap_only_beyond_noise():
     """A lower median is not enough: the win must clear GUARD_MARGIN, and ours' 80th percentile
     must sit below the alternative's median (host-bound models jitter by more than small wins)."""

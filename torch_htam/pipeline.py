@@ -300,15 +300,19 @@ def _optimize(model: nn.Module, example_inputs: tuple, cfg: OptimizeConfig) -> n
 
 def _finish(model: nn.Module, t0: float, results: dict, searched: SearchedLog, cfg: OptimizeConfig) -> nn.Module:
     """The report's totals, and for each task without a kernel why, from its search (e.g. the
-    best verified kernel lost to Inductor's code for the region, and by how much)."""
+    best verified kernel lost to Inductor's code for the region, and by how much, or the time
+    budget ran out first)."""
     report = model.htam_report
     report.optimize_s = time.perf_counter() - t0
     report.usage = _total_usage(results.values())
     for t in report.tasks:
-        rec = searched.data.get(t.signature)
+        rec, res = searched.data.get(t.signature), results.get(t.signature)
         if t.status == "no kernel" and rec:
             t.status = searched.why_not(t.signature, cfg.min_speedup)
             t.speedup, t.vs_inductor = rec.get("best"), rec.get("vs_inductor")
+        elif t.status == "no kernel" and res is not None and res.stop == "time_budget":
+            t.status = (f"no kernel: the time budget ({cfg.time_budget_s:g} s) ran out before its "
+                        "search found one; a larger OptimizeConfig.time_budget_s (--time-budget) reaches it")
     return model
 
 
