@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record  # noqa: E402
 
 SHOWN = ("tpr", "rows_per_block", "vec", "nv", "online", "welford", "lazy", "packed", "occ", "rpg", "memo",
-         "block", "unroll", "waves", "fast", "fused", "graph", "lt_epilogue", "tf32", "algo", "tiled", "bm", "bn", "stages", "ju", "split", "minb", "pre", "persist", "vec32", "pad_c")
+         "block", "unroll", "waves", "fast", "fused", "graph", "lt_epilogue", "tf32", "algo", "tiled", "bm", "bn", "stages", "ju", "split", "minb", "pre", "persist", "vec32")
 
 
 def task_files(paths: list[str]) -> list[Path]:

@@ -1,6 +1,7 @@
 """Channels-last conv regions (extract.channels_last_boundary, conv.render_cl): a plain conv2d's
 task takes x and the residual and gives y stored N, H, W, C, the layout Inductor runs convs in, and
-the kernel is one fold plus one cuDNN graph with [bias] [+ residual] [ReLU] fused into the conv.
+the kernel is one fold plus one cuDNN graph with [bias] [+ residual] [ReLU] fused into the conv
+(or, fused=False, the conv alone and our epilogue kernel after it).
 
 CPU: which regions run channels-last, what the matcher accepts and refuses (and says why), nvcc for
 sm_90a. GPU (@gpu): every seed candidate against torch in each dtype at two batch sizes, the weight
@@ -46,6 +47,7 @@ CASES = {   # ResNet's conv regions, and the forms beside them
     "7x7_s2_bn_relu_wcl": (KindBlock(bn=True, stride=2, padding=3), {"r": 7, "c": 3, "size": 16, "w_cl": True}),
     "7x7_s2_bn_relu": (KindBlock(bn=True, stride=2, padding=3), {"r": 7, "c": 3, "size": 16}),   # ResNet's stem
     "3x3_c5_bias": (KindBlock(act=None, padding=1), {"c": 5, "bias": True}),
+    "3x3_k12_bn_add_relu": (KindBlock(bn=True, padding=1), {"k": 12, "res": True}),
     "3x3_bias_relu": (KindBlock(padding=1), {"bias": True}),
     "3x3_plain": (KindBlock(act=None, padding=1), {}),
 }
@@ -158,48 +160,47 @@ def test_channels_last_candidates_match_torch(name, dtype):
     assert matched[0], [c.params for c in cands]      # the default at least
 
 
-PADDED = ("7x7_s2_bn_relu_wcl", "7x7_s2_bn_relu", "3x3_c5_bias")
+SPLIT = ("7x7_s2_bn_relu", "1x1_bn_add_relu", "3x3_k12_bn_add_relu", "3x3_c5_bias")
 
 
-def test_channels_that_are_not_16_bytes_a_pixel_can_be_padded():
-    """A stem's C=3 (and a C=5) in half types is offered padded (vectorized_16b_access); C=16
-    is 16 bytes a pixel already; strict fp32 runs CUDA cores, where padding buys nothing."""
-    for name in PADDED:
+def test_the_epilogue_can_run_as_its_own_kernel_after_the_conv():
+    """fused=False (gemm_plus_epilogue_kernel): cuDNN's conv alone, then our epilogue kernel; in
+    the grid wherever there is an epilogue, not for a bare conv (the same kernel either way)."""
+    for name in SPLIT:
         task, _ = _task(*_case(name, torch.bfloat16))
         cp = conv.match(task.graph, policy_for(task))
-        assert cp.facts.pad_channels, name
         grid = conv.grid(cp, conv.defaults(cp))
-        assert {p["pad_c"] for p in grid} == {True, False}
-        padded = dict(conv.defaults(cp), pad_c=True)
-        assert "vectorized_16b_access" in conv.tags(cp, padded)
-        assert conv.render(cp, padded) != conv.render(cp, conv.defaults(cp))
-    task, _ = _task(*_case("3x3_bn_relu", torch.bfloat16))
-    assert not conv.match(task.graph, policy_for(task)).facts.pad_channels
-    task, _ = _task(*_case("7x7_s2_bn_relu", torch.float32))
-    assert not conv.match(task.graph, make("fp32")).facts.pad_channels
-    assert conv.match(task.graph, make("tf32")).facts.pad_channels
+        assert {p["fused"] for p in grid} == {True, False}, name
+        split = dict(conv.defaults(cp), fused=False)
+        assert "gemm_plus_epilogue_kernel" in conv.tags(cp, split)
+        assert "gemm_plus_epilogue_kernel" not in conv.tags(cp, conv.defaults(cp))
+        assert conv.render(cp, split) != conv.render(cp, conv.defaults(cp))
+    task, _ = _task(*_case("3x3_plain", torch.bfloat16))
+    cp = conv.match(task.graph, policy_for(task))
+    assert {p["fused"] for p in conv.grid(cp, conv.defaults(cp))} == {True}
+    assert conv.canonical(cp, dict(conv.defaults(cp), fused=False)) == conv.defaults(cp)
 
 
 @pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn() is None, reason="needs nvcc + cuDNN")
-def test_padded_channel_sources_compile_for_sm90a():
+def test_split_epilogue_sources_compile_for_sm90a():
     todo = []
-    for name, dtype, policy in (("7x7_s2_bn_relu", torch.bfloat16, "bf16"), ("3x3_c5_bias", torch.float16, "fp16"),
-                                ("7x7_s2_bn_relu_wcl", torch.float32, "tf32")):
+    for name, dtype, policy in (("7x7_s2_bn_relu", torch.bfloat16, "bf16"), ("3x3_k12_bn_add_relu", torch.float16, "fp16"),
+                                ("1x1_bn_add_relu", torch.float32, "tf32"), ("3x3_c5_bias", torch.float32, "fp32")):
         task, _ = _task(*_case(name, dtype))
         cp = conv.match(task.graph, make(policy))
-        todo.append((f"{name}/{dtype}/pad", conv.render(cp, dict(conv.defaults(cp), pad_c=True))))
+        todo.append((f"{name}/{dtype}/split", conv.render(cp, dict(conv.defaults(cp), fused=False))))
     assert_compiles(todo)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("name", PADDED)
-def test_padded_channels_match_torch(name, dtype):
-    """x's channels padded with zeros (and w's, from KCRS or KRSC) give torch's conv on cuDNN's
-    top-ranked engine for the padded problem."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", SPLIT)
+def test_split_epilogue_matches_torch(name, dtype):
+    """The conv-only graph and the epilogue kernel after it: 16 bytes a thread where they make
+    whole channels (K=32), one element a thread where they do not (K=12 in half types)."""
     task, _ = _task(*_case(name, dtype))
     cp = conv.match(task.graph, policy_for(task))
-    assert _matches_torch(name, dtype, [conv.render(cp, dict(conv.defaults(cp), pad_c=True))]) == [True]
+    assert _matches_torch(name, dtype, [conv.render(cp, dict(conv.defaults(cp), fused=False))]) == [True]
 
 
 @pytest.mark.gpu

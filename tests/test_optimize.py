@@ -122,16 +122,22 @@ def test_the_report_says_when_the_time_budget_left_a_task_without_a_kernel(tmp_p
     from torch_htam.pipeline import SearchedLog, _finish
     from torch_htam.runtime import Report, TaskReport
     from torch_htam.search import SearchResult
-    report = Report(tasks=[TaskReport("a", "sig-a"), TaskReport("b", "sig-b"), TaskReport("c", "sig-c")])
+    from torch_htam.evaluation import Evaluation
+    from torch_htam.search import Best
+    report = Report(tasks=[TaskReport(n, f"sig-{n}") for n in "abcd"])
     searched = SearchedLog(tmp_path / "searched.json")
     searched.add("sig-b", OptimizeConfig(), "stagnation", None, "bf16")
+    slow = Best("k", [], {}, Evaluation(True, "ok", speedup=0.85))
     results = {"sig-a": SearchResult("a", "sig-a", stop="time_budget"),
-               "sig-b": SearchResult("b", "sig-b", stop="stagnation")}
+               "sig-b": SearchResult("b", "sig-b", stop="stagnation"),
+               "sig-d": SearchResult("d", "sig-d", best=slow, steps=1, stop="time_budget")}
     _finish(SimpleNamespace(htam_report=report), 0.0, results, searched, OptimizeConfig(time_budget_s=330))
-    a, b, c = report.tasks
+    a, b, c, d = report.tasks
     assert "time budget (330 s) ran out" in a.status and "time_budget_s" in a.status
     assert "none verified (stagnation)" in b.status
     assert c.status == "no kernel"          # not searched this run (e.g. max_tasks)
+    # searched within the budget, found only slower kernels: says how slow, not "found none"
+    assert "0.85x of eager" in d.status and "1 step(s)" in d.status and d.speedup == 0.85
 
 
 def test_the_guard_keeps_a_swap_only_beyond_noise():

@@ -311,8 +311,14 @@ def _finish(model: nn.Module, t0: float, results: dict, searched: SearchedLog, c
             t.status = searched.why_not(t.signature, cfg.min_speedup)
             t.speedup, t.vs_inductor = rec.get("best"), rec.get("vs_inductor")
         elif t.status == "no kernel" and res is not None and res.stop == "time_budget":
-            t.status = (f"no kernel: the time budget ({cfg.time_budget_s:g} s) ran out before its "
-                        "search found one; a larger OptimizeConfig.time_budget_s (--time-budget) reaches it")
+            more = "a larger OptimizeConfig.time_budget_s (--time-budget) searches it further"
+            if res.best is None:
+                t.status = (f"no kernel: the time budget ({cfg.time_budget_s:g} s) ran out before its "
+                            f"search found one; {more}")
+            else:    # its first steps found only kernels below min_speedup
+                t.speedup = res.best.speedup
+                t.status = (f"no kernel: the best verified one in the {res.steps} step(s) the time budget "
+                            f"({cfg.time_budget_s:g} s) allowed was {res.best.speedup:.2f}x of eager; {more}")
     return model
 
 

@@ -22,7 +22,8 @@ runs one of three ways (params["fused"], params["graph"]):
 (and params["tiled"]: a 1x1 conv as our own tiled tensor-core kernel, pwconv.py)
 A region whose task is channels-last (a plain conv2d with [BN] [+ residual] [ReLU], as
 extract.channels_last_boundary lays out a model's conv regions for Inductor) takes none of these:
-render_cl runs it as one cuDNN graph with the epilogue fused into the conv.
+render_cl runs it as one cuDNN graph with the epilogue fused into the conv, or (fused=False) as
+cuDNN's conv alone and one in-place epilogue kernel, Inductor's split.
 
 Conv kinds (conv_geom.py): conv1d runs as a 2-D conv of height 1 on every cuDNN path; conv3d and
 conv_transpose1d/2d/3d (cuDNN's backward data) on the backend API, unfused; grouped and depthwise
@@ -81,7 +82,7 @@ TILE_KEYS = {"bm", "bn", "stages", "ju", "split", "minb", "pre", "persist"}
 CUDNN_KEYS = {"fused", "graph", "algo", "tf32", "nhwc"}
 # strategy ids whose presence tags() decides from the params
 TAG_IDS = ("fold_batchnorm", "fuse_elementwise_chain", "gemm_plus_epilogue_kernel", "tf32_tensor_cores",
-           "bf16_tensor_cores", "smem_tiling", "coalesced_layout_access", "vectorized_16b_access")
+           "bf16_tensor_cores", "smem_tiling", "coalesced_layout_access")
 
 
 def has_conv(gm) -> bool:
@@ -212,9 +213,7 @@ def match(gm, policy) -> ConvMatch:
                        low_precision=dt != "float32", allow_tf32=cp.allow_tf32, fp32=dt == "float32",
                        has_batchnorm=bn is not None, epilogue_fits_cudnn=fits and not cl,
                        tiled_conv=not cl and pwconv.reason(cp) is None,
-                       nhwc_conv=not cl and nhwc_reason(cp, {"graph": True}) is None,
-                       pad_channels=cl and shape_of(x)[1] % (16 // DT[dt][2]) != 0
-                       and (dt != "float32" or cp.allow_tf32))
+                       nhwc_conv=not cl and nhwc_reason(cp, {"graph": True}) is None)
     return cp
 
 
@@ -444,23 +443,43 @@ def _run_head(cp: ConvMatch) -> str:
   HtamTensor& Y = out[0];"""
 
 
-# x [pixels, C] (channels-last: pixel p = (n * H + h) * W + w) -> x2 [pixels, Cp], zeros past C.
-# NOTE: one thread a pixel, storing it as Cp / V 16-byte vectors (Cp is a multiple of V = 16 bytes
-# of elements; x2 is 256-aligned), so a warp writes 512 contiguous bytes a store and no thread
-# divides by Cp; the C loads are scalar, x's pixels being 6 bytes for a stem.
-PAD_KERNEL = """
-__global__ void pad_c_kernel(const {dt}::raw* __restrict__ x, {dt}::raw* __restrict__ x2, int64_t pixels,
-                             int64_t C, int64_t Cp) {{
-  constexpr int V = 16 / sizeof({dt}::raw);
-  for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < pixels; p += (int64_t)gridDim.x * blockDim.x) {{
-    const {dt}::raw* src = x + p * C;
-    uint4* dst = reinterpret_cast<uint4*>(x2 + p * Cp);
-    for (int64_t v = 0; v < Cp / V; ++v) {{
-      union {{ uint4 u; {dt}::raw r[V]; }} pack;
+def _cl_ops(cp: ConvMatch) -> list[tuple[str, str]]:
+    """The channels-last epilogue as (op, operand) steps on the conv result, in fp32: operand 'c'
+    (center), 's' (scale), 'b' (beta or the conv bias) [K], 'z' (the residual) or '' (unary)."""
+    ops: list[tuple[str, str]] = []
+    if cp.bn is not None:
+        ops += [("sub", "c"), ("mul", "s")] + [("add", "b")] * (cp.bn.beta is not None)
+    elif cp.bias is not None:
+        ops.append(("add", "b"))
+    return ops + [("add", "z")] * (cp.residual is not None) + [("relu", "")] * cp.relu
+
+
+def _epi_cl_kernel(ops: list[tuple[str, str]], dt: str, vt: str) -> str:
+    """y = epilogue(y) in place over a channels-last y (element i is channel i % K), V elements a
+    thread (V = 16 bytes of them when V divides K and the pointers are 16-byte aligned, else 1)."""
+    step = {"sub": "v -= {vt}::to_f({a}[k]);", "mul": "v *= {vt}::to_f({a}[k]);", "add": "v += {vt}::to_f({a}[k]);",
+            "relu": "v = v < 0.f ? 0.f : v;"}
+    name = {"c": "cen", "s": "scl", "b": "bet"}
+    body = "\n".join("      " + ("v += " + dt + "::to_f(q.r[j]);" if a == "z" else step[m].format(vt=vt, a=name.get(a)))
+                     for m, a in ops)
+    return f"""
+// The epilogue after a conv-only cuDNN graph (params fused=False): y = {" ".join(m + (f"({a})" if a else "") for m, a in ops)}
+template <int V>
+__global__ void epi_cl_kernel({dt}::raw* __restrict__ y, const {dt}::raw* __restrict__ z, const {vt}::raw* __restrict__ cen,
+    const {vt}::raw* __restrict__ scl, const {vt}::raw* __restrict__ bet, int64_t n, int64_t K) {{
+  struct alignas(sizeof({dt}::raw) * V) Pack {{ {dt}::raw r[V]; }};
+  for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * V; i < n; i += (int64_t)gridDim.x * blockDim.x * V) {{
+    Pack p = *reinterpret_cast<const Pack*>(y + i);
+    {"Pack q = *reinterpret_cast<const Pack*>(z + i);" if any(a == "z" for _, a in ops) else ""}
+    const int64_t k0 = i % K;   // V divides K: the V elements are channels k0 .. k0 + V - 1 of one pixel
 #pragma unroll
-      for (int j = 0; j < V; ++j) pack.r[j] = v * V + j < C ? src[v * V + j] : ({dt}::raw)0;
-      dst[v] = pack.u;
+    for (int j = 0; j < V; ++j) {{
+      const int64_t k = k0 + j;
+      float v = {dt}::to_f(p.r[j]);
+{body}
+      p.r[j] = {dt}::from_f(v);
     }}
+    *reinterpret_cast<Pack*>(y + i) = p;
   }}
 }}
 """
@@ -481,55 +500,39 @@ def render_cl(cp: ConvMatch, params: dict) -> str:
     bf16 adds error torch does not have. A small kernel first writes the per-channel vectors and,
     for a KCRS weight other than 1x1, its KRSC copy (cuDNN's NHWC engines take KRSC).
     params: algo (the algo-th usable engine of the heuristic's ranking), tf32 (fp32, where the
-    policy allows TF32), vec32 (the vectors in fp32, else in the data type), pad_c (where
-    facts.pad_channels: x copied with its channels padded with zeros to 16 bytes a pixel, and w's
-    to match, so cuDNN plans the conv its vectorized engines can run; a stem's C=3 otherwise takes
-    an engine that reads 6 bytes a pixel)."""
+    policy allows TF32), vec32 (the vectors in fp32, else in the data type), fused (False: a
+    conv-only graph, then epi_cl_kernel in place, as Inductor splits it: cuDNN's precompiled conv
+    engines, where its runtime-fusion ones are slow, e.g. a stem's 3 channels)."""
     _, strict = _math(cp, params)
     dt, dtc, esz = DT[cp.dtype][0], DT[cp.dtype][1], DT[cp.dtype][2]
     vec32 = bool(params.get("vec32", True)) or cp.dtype == "float32"
-    pad, vpad = bool(params.get("pad_c")) and cp.facts.pad_channels, 16 // esz
-    pad_note = (f"padded with zeros to a multiple of {vpad}, 16 bytes a pixel, the width cuDNN's "
-                "vectorized NHWC engines read" if pad else "as stored")
-    pad_call = "" if not pad else f"""
-  if (padc) {{
-    const int blocks = (int)std::min<int64_t>((pixels + 255) / 256, 1 << 16);
-    pad_c_kernel<<<blocks, 256, 0, stream>>>((const {dt}::raw*)X.data, ({dt}::raw*)x2, pixels, X.sizes[1], Cp);
-    HTAM_CHECK_LAUNCH();
-  }}"""
     vt, vsz = ("F32", 4) if vec32 else (dt, esz)
     f = Fold(cp)
-    ops: list[tuple[str, str]] = []
-    if cp.bn is not None:
-        ops += [("sub", "c"), ("mul", "s")] + [("add", "b")] * (cp.bn.beta is not None)
-        beta = f.ld("beta", "i")
-    elif cp.bias is not None:
-        ops.append(("add", "b"))
-        beta = f.ld("bias", "i")
+    ops = _cl_ops(cp)
+    fused = bool(params.get("fused", True)) or not ops
+    beta = f.ld("beta", "i") if cp.bn is not None else f.ld("bias", "i") if cp.bias is not None else "0.f"
     r = cp.residual
-    ops += [("add", "z")] * (r is not None) + [("relu", "")] * cp.relu
     used = {a for _, a in ops}
     fold_src = f"""
-// The per-channel vectors of the fused epilogue (center = mean - bias, scale = gamma * rsqrt(var +
-// eps), beta; a null one is not written) and, when w2 != nullptr, w (KCRS, or KRSC when w_cl) copied
-// to KRSC with Cp >= C channels, zeros past C.
-__global__ void fold_cl_kernel({f.params()}float eps, int64_t K, int64_t C, int64_t Cp, int64_t RS, bool w_cl,
+// The per-channel vectors of the epilogue (center = mean - bias, scale = gamma * rsqrt(var + eps),
+// beta; a null one is not written) and, when w2 != nullptr, w (KCRS) copied to KRSC.
+__global__ void fold_cl_kernel({f.params()}float eps, int64_t K, int64_t C, int64_t RS,
     {vt}::raw* __restrict__ cen, {vt}::raw* __restrict__ scl, {vt}::raw* __restrict__ bet,
     const {dt}::raw* __restrict__ w, {dt}::raw* __restrict__ w2) {{
-  const int64_t n = w2 != nullptr ? std::max(K * RS * Cp, K) : K;
+  const int64_t n = w2 != nullptr ? std::max(K * RS * C, K) : K;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {{
     if (i < K) {{
       if (cen != nullptr) cen[i] = {vt}::from_f({f.center("i")});
       if (scl != nullptr) scl[i] = {vt}::from_f({f.scale("i")});
       if (bet != nullptr) bet[i] = {vt}::from_f({beta if "b" in used else "0.f"});
     }}
-    if (w2 != nullptr && i < K * RS * Cp) {{
-      const int64_t k = i / (RS * Cp), rem = i - k * RS * Cp, rs = rem / Cp, c = rem - rs * Cp;
-      w2[i] = c >= C ? ({dt}::raw)0 : w[w_cl ? (k * RS + rs) * C + c : (k * C + c) * RS + rs];
+    if (w2 != nullptr && i < K * RS * C) {{
+      const int64_t k = i / (RS * C), rem = i - k * RS * C, rs = rem / C, c = rem - rs * C;
+      w2[i] = w[(k * C + c) * RS + rs];
     }}
   }}
 }}
-{PAD_KERNEL.format(dt=dt) if pad else ""}"""
+{"" if fused else _epi_cl_kernel(ops, dt, vt)}"""
     ptrs = "".join(f"(const {DT[cp.epilogue.inputs[i][1]][0]}::raw*)in[{i}].data, " for i in f.present.values())
     checks = "\n".join(
         f"  if (in[{i}].ndim != 1 || in[{i}].sizes[0] != K || !htam_contiguous(in[{i}]) || "
@@ -539,18 +542,31 @@ __global__ void fold_cl_kernel({f.params()}float eps, int64_t K, int64_t C, int6
         checks += (f"\n  if (in[{r}].dtype != {dtc} || !htam_channels_last(in[{r}]) || in[{r}].data == nullptr) "
                    f"return HTAM_ERR_SHAPE;\n  for (int i = 0; i < 4; ++i) if (in[{r}].sizes[i] != Y.sizes[i]) "
                    "return HTAM_ERR_SHAPE;")
-    # the copies (x2 when padding, w2) start 256-aligned in the scratch
-    align = ("(uintptr_t)(padc ? nullptr : X.data) | (uintptr_t)(w_krsc ? Wt.data : nullptr) | (uintptr_t)Y.data | 256"
+    # the KRSC copy of w starts 256-aligned in the scratch
+    align = ("(uintptr_t)X.data | (uintptr_t)(w_krsc ? Wt.data : nullptr) | (uintptr_t)Y.data | 256"
              + (f" | (uintptr_t)in[{r}].data" if r is not None else ""))
     dims = conv_geom.host_dims(cp.kind, cp.stride, cp.padding, cp.dilation, 1, dtc, align, channels_last=True)
-    entry = graph_entry(cp, strict, int(params.get("algo", 0)), nhwc=True, epilogue=tuple(ops),
+    entry = graph_entry(cp, strict, int(params.get("algo", 0)), nhwc=True, epilogue=tuple(ops) if fused else (),
                         vec_type="CUDNN_DATA_FLOAT" if vec32 else CUDNN_TYPES[cp.dtype])
     arg = {"c": "cen", "s": "scl", "b": "bet", "z": f"in[{r}].data" if r is not None else "nullptr", "": "nullptr"}
-    args = ", ".join(arg[a] for _, a in ops) or "nullptr"
+    args = ", ".join(arg[a] for _, a in ops) if fused and ops else "nullptr"
     vecs = "\n".join(f"  void* {arg[a]} = " + (f"(char*)st->scratch + {j} * vec_bytes;" if a in used else "nullptr;")
                      for j, a in enumerate("csb"))
     epi = " ".join(f"{m}{'(' + a + ')' if a else ''}" for m, a in ops) or "none"
-    return f"""// torch_htam expert: cuDNN {cp.kind.name}, channels-last, epilogue fused: {epi} params={sorted(params.items())}
+    zptr = f"(const {dt}::raw*)in[{r}].data" if r is not None else "nullptr"
+    epi_call = "" if fused else f"""
+  {{   // the epilogue in place: 16 bytes a thread where they make whole channels of one pixel
+    constexpr int V = 16 / {esz};
+    const int64_t n = htam_numel(&Y);
+    const bool wide = K % V == 0 && (((uintptr_t)Y.data | (uintptr_t){zptr}) & 15) == 0;
+    const int blocks = (int)std::min<int64_t>((n / (wide ? V : 1) + 255) / 256, 1 << 16);
+    auto run = wide ? epi_cl_kernel<V> : epi_cl_kernel<1>;
+    run<<<blocks, 256, 0, stream>>>(({dt}::raw*)Y.data, {zptr}, (const {vt}::raw*)cen, (const {vt}::raw*)scl,
+                                    (const {vt}::raw*)bet, n, K);
+    HTAM_CHECK_LAUNCH();
+  }}"""
+    how = "epilogue fused" if fused else "conv, then the epilogue kernel"
+    return f"""// torch_htam expert: cuDNN {cp.kind.name}, channels-last, {how}: {epi} params={sorted(params.items())}
 {PRELUDE}
 #include <algorithm>
 #include <cudnn.h>
@@ -559,42 +575,34 @@ __global__ void fold_cl_kernel({f.params()}float eps, int64_t K, int64_t C, int6
 {entry}
 {ENTRY_CACHE}
 {_run_head(cp)}
-  // Cp: x's channels as the conv runs them ({pad_note})
-  const int64_t Cp = {"(X.sizes[1] + %d) / %d * %d" % (vpad - 1, vpad, vpad) if pad else "X.sizes[1]"};
-  const bool padc = Cp != X.sizes[1];
   // cuDNN's NHWC engines take the weight KRSC: a channels-last (or 1x1) one as it is, else a copy
-  const bool w_krsc = htam_channels_last(Wt) && !padc;
+  const bool w_krsc = htam_channels_last(Wt);
 {dims}
 {checks}
   if (htam_numel(&Y) == 0) return HTAM_OK;
   DnnState* st = nullptr;
   int rc = dnn_state(&st);
   if (rc) return rc;
-  // scratch: center, scale, beta [K] ({vt}) | the KRSC copy of w [K, R, S, Cp] | x with Cp channels
-  const int64_t RS = Wt.sizes[2] * Wt.sizes[3], pixels = X.sizes[0] * X.sizes[2] * X.sizes[3];
+  // scratch: center, scale, beta [K] ({vt}) | the KRSC copy of w
+  const int64_t RS = Wt.sizes[2] * Wt.sizes[3];
   const size_t vec_bytes = ((size_t)K * {vsz} + 255) / 256 * 256;
-  const size_t w_bytes = w_krsc ? 0 : ((size_t)(K * RS * Cp) * {esz} + 255) / 256 * 256;
-  if ((rc = grow(&st->scratch, &st->scratch_bytes, 3 * vec_bytes + w_bytes + (padc ? (size_t)(pixels * Cp) * {esz} : 0))))
+  if ((rc = grow(&st->scratch, &st->scratch_bytes, 3 * vec_bytes + (w_krsc ? 0 : (size_t)htam_numel(&Wt) * {esz}))))
     return rc;
   void* w2 = w_krsc ? nullptr : (char*)st->scratch + 3 * vec_bytes;
   const void* w = w_krsc ? Wt.data : w2;
-  void* x2 = padc ? (char*)st->scratch + 3 * vec_bytes + w_bytes : nullptr;
-  const void* xin = padc ? x2 : X.data;
-  d[1] = Cp;   // the problem cuDNN plans: the zero channels add nothing to y
   CD(cudnnSetStream(st->handle, stream));
   ConvEntry* e = nullptr;
   if ((rc = conv_entry(st, d, P, Q, &e))) return rc;
 {vecs}
   if (cen != nullptr || scl != nullptr || bet != nullptr || w2 != nullptr) {{
-    const int64_t n = w2 != nullptr ? std::max(K * RS * Cp, K) : K;
+    const int64_t n = w2 != nullptr ? std::max(K * RS * Wt.sizes[1], K) : K;
     const int blocks = (int)std::min<int64_t>((n + 255) / 256, 4096);
-    fold_cl_kernel<<<blocks, 256, 0, stream>>>({ptrs}{c_float(cp.bn.eps if cp.bn else 0.0)}, K, Wt.sizes[1], Cp,
-        RS, htam_channels_last(Wt), ({vt}::raw*)cen, ({vt}::raw*)scl, ({vt}::raw*)bet, (const {dt}::raw*)Wt.data,
-        ({dt}::raw*)w2);
+    fold_cl_kernel<<<blocks, 256, 0, stream>>>({ptrs}{c_float(cp.bn.eps if cp.bn else 0.0)}, K, Wt.sizes[1], RS,
+        ({vt}::raw*)cen, ({vt}::raw*)scl, ({vt}::raw*)bet, (const {dt}::raw*)Wt.data, ({dt}::raw*)w2);
     HTAM_CHECK_LAUNCH();
-  }}{pad_call}
+  }}
   const void* args[] = {{{args}}};
-{graph_run("xin", "w", "Y.data", "args")}
+{graph_run("X.data", "w", "Y.data", "args")}{epi_call}
   return HTAM_OK;
 }}
 """
@@ -619,8 +627,8 @@ def defaults(cp: ConvMatch) -> dict:
     # cuDNN + epilogue: 0.163 / 0.094).
     # NOTE: 64-channel tiles: at 128, 3xTF32's fragments spill (128 registers, ptxas)
     p.update(tiled=False, bm=64, bn=128, stages=2, ju=4, split=True, minb=2, pre=True, persist=True)
-    if cp.channels_last:   # render_cl: one path, its knobs algo, tf32, vec32 and pad_c
-        return dict(p, vec32=True, pad_c=False)
+    if cp.channels_last:   # render_cl: its knobs algo, tf32, vec32 and fused (the epilogue in cuDNN's graph)
+        return dict(p, vec32=True, fused=True)
     if pwconv.reason(cp) is None:
         p.update(tiled=True)
         p.update(dict(bn=256, ju=8, pre=False, persist=False) if cp.dtype == "float32" else dict(stages=3))
@@ -635,8 +643,8 @@ def canonical(cp: ConvMatch, params: dict) -> dict:
     """
     d = defaults(cp)
     keys = CUDNN_KEYS if tiled(cp, params) else TILE_KEYS
-    if cp.channels_last:    # render_cl reads algo, tf32, vec32 and pad_c alone
-        keys = (CUDNN_KEYS | TILE_KEYS | {"tiled"}) - {"algo", "tf32"}
+    if cp.channels_last:    # render_cl reads algo, tf32, vec32 and fused (where there is an epilogue) alone
+        keys = (CUDNN_KEYS | TILE_KEYS | {"tiled"}) - {"algo", "tf32"} - ({"fused"} if _cl_ops(cp) else set())
     return dict(params, **{k: d[k] for k in keys if k in params})
 
 def tiled(cp: ConvMatch, params: dict) -> bool:
@@ -649,8 +657,8 @@ def tags(cp: ConvMatch, params: dict) -> list[str]:
         tags = ["fold_batchnorm"] * (cp.bn is not None) + ["fuse_elementwise_chain", "coalesced_layout_access"]
         if _math(cp, params)[0] == "CUDNN_DEFAULT_MATH":
             tags.append("tf32_tensor_cores")
-        if params.get("pad_c") and cp.facts.pad_channels:
-            tags.append("vectorized_16b_access")
+        if not params.get("fused", True) and _cl_ops(cp):
+            tags.append("gemm_plus_epilogue_kernel")
         return tags + ["bf16_tensor_cores"] * (cp.dtype != "float32")
     if tiled(cp, params):
         tags = ["fold_batchnorm"] * (cp.bn is not None) + ["smem_tiling", "fuse_elementwise_chain"]
@@ -687,12 +695,12 @@ def grid(cp: ConvMatch, base: dict) -> list[dict]:
     """cuDNN's ranked algorithms on each path (fused, backend, legacy, NHWC), then tiled settings;
     channels-last: the ranked engines of its one path, under TF32 and without where fp32 may."""
     facts, lib = cp.facts, dict(base, tiled=False)
-    if cp.channels_last:   # vec32 matters in half types only (render_cl)
-        pads = (True, False) if facts.pad_channels else (False,)
+    if cp.channels_last:   # vec32 matters in half types only (render_cl); the split epilogue last
+        split = [dict(base, fused=False, algo=a) for a in range(4)] if _cl_ops(cp) else []
         if facts.fp32:
             tf32 = (True, False) if facts.allow_tf32 else (base["tf32"],)
-            return [dict(base, tf32=t, algo=a, pad_c=pc) for pc in pads for t in tf32 for a in range(6)]
-        return [dict(base, vec32=v, algo=a, pad_c=pc) for pc in pads for v in (True, False) for a in range(5)]
+            return [dict(base, tf32=t, algo=a) for t in tf32 for a in range(6)] + split
+        return [dict(base, vec32=v, algo=a) for v in (True, False) for a in range(5)] + split
     out = [dict(lib, fused=v, algo=algo) for v in (base["fused"], not base["fused"]) for algo in range(8)]
     # the unfused path through cuDNN's graph API, then the legacy one
     out += [dict(lib, fused=False, graph=graph, algo=algo) for graph in (True, False) for algo in range(6)]

@@ -32,8 +32,6 @@ class TaskFacts:
     single_pass: bool = False          # rowwise: one reduction, no full-row output (the row is read once)
     tiled_conv: bool = False           # conv: pwconv.py's tiled kernel runs it (1x1, policy allows)
     nhwc_conv: bool = False            # conv: the NHWC path can run it (conv.nhwc_reason)
-    pad_channels: bool = False         # conv: channels-last, tensor-core math, and x's channels not a
-                                       # whole 16 bytes a pixel (conv.render_cl can pad them)
 
     @property
     def packs_half(self) -> bool:
@@ -87,10 +85,7 @@ def _attn_tiles(i: TaskFacts) -> list[dict]:
     return [{"bm": 64, "bn": 64}, {"bm": 128, "bn": 128}, {"bm": 64, "bn": 128}]
 
 TABLE: dict[str, StrategyMoves] = {
-    # conv: x's channels padded to 16 bytes a pixel (a ResNet stem's 3), w's to match (conv.render_cl)
-    "vectorized_16b_access": StrategyMoves(EW_ROW | CONV, lambda i: [{"pad_c": True}] if i.kind == "conv" else
-                                           [{"vec": i.vec16}, {"vec": max(1, i.vec16 // 2)}],
-                                           lambda i: i.kind != "conv" or i.pad_channels),
+    "vectorized_16b_access": StrategyMoves(EW_ROW, lambda i: [{"vec": i.vec16}, {"vec": max(1, i.vec16 // 2)}]),
     "read_only_cache_loads": StrategyMoves(EW_ROW | POOL, lambda i: [{"nc": True}]),
     "row_in_registers": StrategyMoves(ROW, _row_in_regs),
     "warp_per_row": StrategyMoves(ROW | POOL, lambda i: [{"tpr": 32, "rows_per_block": 4}, {"tpr": 32, "rows_per_block": 8},
