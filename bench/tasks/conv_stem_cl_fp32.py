@@ -1,5 +1,5 @@
-"""ResNet-50 stem conv7x7/2 + BatchNorm (inference) + ReLU over channels-last x, [32, 3, 224, 224] (fp32, TF32 as PyTorch runs cuDNN convs): 3 channels,
-6 bytes a pixel, where cuDNN's runtime-fusion engines are slow (conv.render_cl, fused=False splits the epilogue)."""
+"""ResNet-50 stem conv7x7/2 + BatchNorm (inference) + ReLU over channels-last x, [32, 3, 224, 224] (fp32, TF32 as PyTorch runs cuDNN convs): 3
+channels, 12 bytes a pixel, where cuDNN's runtime-fusion engines are slow (conv.render_cl, fused=False splits the epilogue)."""
 import torch
 import torch.nn.functional as F
 
