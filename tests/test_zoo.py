@@ -76,7 +76,9 @@ def test_every_compute_op_lands_in_a_task(name):
         live = _live(gm)   # dead code the capture kept is no task (extract says so in .problems)
         for n in gm.graph.nodes:
             row = ops.info(op_name(n))
-            if row is not None and row.category in ops.COMPUTE and id(n) not in inside \
+            # NOTE: a group of casts alone is no task (partition: e.g. HF Llama's rotary
+            # inv_freq.to(x.device, float32), a no-op on its own): a cast outside is by design
+            if row is not None and row.category in ops.COMPUTE and not row.cast and id(n) not in inside \
                     and n in live and op_name(n) not in OUTSIDE_REGIONS.get(name, set()):
                 outside.append(f"{n.name}: {n.target}")
     assert not outside, outside
