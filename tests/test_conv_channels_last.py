@@ -171,14 +171,27 @@ def test_the_epilogue_can_run_as_its_own_kernel_after_the_conv():
         cp = conv.match(task.graph, policy_for(task))
         grid = conv.grid(cp, conv.defaults(cp))
         assert {p["fused"] for p in grid} == {True, False}, name
-        split = dict(conv.defaults(cp), fused=False)
+        split, fused = dict(conv.defaults(cp), fused=False), dict(conv.defaults(cp), fused=True)
         assert "gemm_plus_epilogue_kernel" in conv.tags(cp, split)
-        assert "gemm_plus_epilogue_kernel" not in conv.tags(cp, conv.defaults(cp))
-        assert conv.render(cp, split) != conv.render(cp, conv.defaults(cp))
+        assert "gemm_plus_epilogue_kernel" not in conv.tags(cp, fused)
+        assert conv.render(cp, split) != conv.render(cp, fused)
     task, _ = _task(*_case("3x3_plain", torch.bfloat16))
     cp = conv.match(task.graph, policy_for(task))
     assert {p["fused"] for p in conv.grid(cp, conv.defaults(cp))} == {True}
     assert conv.canonical(cp, dict(conv.defaults(cp), fused=False)) == conv.defaults(cp)
+
+
+def test_the_defaults_split_the_epilogue_under_16_bytes_of_channels_a_pixel():
+    """A stem's 3 channels (6 bytes a pixel in bf16, 12 in fp32) start split, where cuDNN's
+    runtime-fusion engines are slow; 5 fp32 channels (20 bytes) and 16 start fused."""
+    for name, dtype, fused in (("7x7_s2_bn_relu", torch.bfloat16, False), ("7x7_s2_bn_relu", torch.float32, False),
+                               ("3x3_c5_bias", torch.bfloat16, False), ("3x3_c5_bias", torch.float32, True),
+                               ("3x3_bn_relu", torch.bfloat16, True)):
+        task, _ = _task(*_case(name, dtype))
+        cp = conv.match(task.graph, policy_for(task))
+        base = conv.defaults(cp)
+        assert base["fused"] is fused, (name, dtype)
+        assert conv.grid(cp, base)[0]["fused"] is fused      # the grid starts with the defaults' form
 
 
 @pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn() is None, reason="needs nvcc + cuDNN")

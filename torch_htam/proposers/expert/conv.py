@@ -208,7 +208,7 @@ def match(gm, policy) -> ConvMatch:
     fits = fits and legacy_reason(kind) is None      # cuDNN's fused call is on the legacy API
     cp = ConvMatch(ph.index(x), ph.index(w), ph.index(b) if b is not None else None, stride, padding,
                   dilation, groups, dt, bn, prog, g, residual, relu, fits, bool(policy and policy.allow_tf32),
-                  kind=kind, channels_last=cl)
+                  kind=kind, channels_last=cl, in_channels=shape_of(x)[1])
     cp.facts = TaskFacts("conv", yshape[1], 16 // DT[dt][2], has_transcendental=prog.has_transcendental,
                        low_precision=dt != "float32", allow_tf32=cp.allow_tf32, fp32=dt == "float32",
                        has_batchnorm=bn is not None, epilogue_fits_cudnn=fits and not cl,
@@ -628,7 +628,11 @@ def defaults(cp: ConvMatch) -> dict:
     # NOTE: 64-channel tiles: at 128, 3xTF32's fragments spill (128 registers, ptxas)
     p.update(tiled=False, bm=64, bn=128, stages=2, ju=4, split=True, minb=2, pre=True, persist=True)
     if cp.channels_last:   # render_cl: its knobs algo, tf32, vec32 and fused (the epilogue in cuDNN's graph)
-        return dict(p, vec32=True, fused=True)
+        # NOTE: under 16 bytes of channels a pixel (a stem's 3) cuDNN's runtime-fusion engines are
+        # slow and its conv alone is not: ResNet-50's stem, batch 32, H100 (bench/sweep.py on
+        # bench/tasks/conv_stem_cl_*.py): bf16 0.271 ms split against 0.405-0.423 fused, fp32
+        # (TF32) 0.288 against 0.586-0.836
+        return dict(p, vec32=True, fused=cp.in_channels * DT[cp.dtype][2] >= 16)
     if pwconv.reason(cp) is None:
         p.update(tiled=True)
         p.update(dict(bn=256, ju=8, pre=False, persist=False) if cp.dtype == "float32" else dict(stages=3))
@@ -695,12 +699,14 @@ def grid(cp: ConvMatch, base: dict) -> list[dict]:
     """cuDNN's ranked algorithms on each path (fused, backend, legacy, NHWC), then tiled settings;
     channels-last: the ranked engines of its one path, under TF32 and without where fp32 may."""
     facts, lib = cp.facts, dict(base, tiled=False)
-    if cp.channels_last:   # vec32 matters in half types only (render_cl); the split epilogue last
+    if cp.channels_last:   # vec32 matters in half types only (render_cl); the defaults' form first
         split = [dict(base, fused=False, algo=a) for a in range(4)] if _cl_ops(cp) else []
         if facts.fp32:
             tf32 = (True, False) if facts.allow_tf32 else (base["tf32"],)
-            return [dict(base, tf32=t, algo=a) for t in tf32 for a in range(6)] + split
-        return [dict(base, vec32=v, algo=a) for v in (True, False) for a in range(5)] + split
+            fused = [dict(base, fused=True, tf32=t, algo=a) for t in tf32 for a in range(6)]
+        else:
+            fused = [dict(base, fused=True, vec32=v, algo=a) for v in (True, False) for a in range(5)]
+        return fused + split if base["fused"] or not split else split + fused
     out = [dict(lib, fused=v, algo=algo) for v in (base["fused"], not base["fused"]) for algo in range(8)]
     # the unfused path through cuDNN's graph API, then the legacy one
     out += [dict(lib, fused=False, graph=graph, algo=algo) for graph in (True, False) for algo in range(6)]

@@ -46,6 +46,7 @@ class ConvMatch:
     facts: TaskFacts | None = None
     kind: ConvKind = ConvKind()      # 1-/2-/3-D, transposed (conv_geom.py); geometry in its cuDNN dims
     channels_last: bool = False      # x, the residual and y channels-last (conv.render_cl; extract.py says when)
+    in_channels: int = 0             # x's C at capture
 
     @property
     def n_inputs(self) -> int:
