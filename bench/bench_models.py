@@ -108,8 +108,9 @@ def _in_process(spec: str, arms: tuple, a) -> dict:
     return data(spec, res)
 
 
-def _in_children(spec: str, arms: tuple, a) -> dict:
-    """One model benched by one child process per mode (MODE_ARMS), their rows merged."""
+def _in_children(spec: str, arms: tuple, a, keep=lambda row: None) -> dict:
+    """One model benched by one child process per mode (MODE_ARMS), their rows merged. keep(row)
+    gets the merged row after each child, so a run cut during a later mode keeps the earlier ones."""
     rows = []
     for group in MODE_ARMS:
         mine = [x for x in group if x in arms]
@@ -121,6 +122,7 @@ def _in_children(spec: str, arms: tuple, a) -> dict:
                             "--steps", str(a.steps), "--iters", str(a.iters), "--no-record",
                             "--row-out", str(out)], check=True)
             rows.append(json.loads(out.read_text()))
+        keep(merge(rows))
     return merge(rows)
 
 
@@ -144,18 +146,27 @@ def main() -> int:
         print("bench_models needs a CUDA GPU", file=sys.stderr)
         return 2
     raw, path = [], None
+
+    def keep(rows: list) -> None:
+        # NOTE: written after every model (and every mode's child), so a cut run keeps what it measured
+        nonlocal path
+        if not a.no_record:
+            path = record.write("bench_models", {"budget_s": a.budget, "steps": a.steps, "iters": a.iters,
+                                                 "arms": list(arms), "split_modes": a.split_modes,
+                                                 "proposer": "expert", "rows": rows}, path=path)
+
     for spec in a.models:
-        r = (_in_children if a.split_modes else _in_process)(spec, arms, a)
+        if a.split_modes:
+            r = _in_children(spec, arms, a, keep=lambda row: keep(raw + [row]))
+        else:
+            r = _in_process(spec, arms, a)
         raw.append(r)
         if a.row_out is not None:
             a.row_out.write_text(json.dumps(r))
         # a run cut by a time limit still shows its rows
         print(f"ROW {spec} vs_compile={r['vs_compile']} vs_compile_ro={r['vs_compile_ro']} "
               f"vs_eager={r['vs_eager']} max_rel_err={r['max_rel_err']}", flush=True)
-        if not a.no_record:   # NOTE: written after every model, so a cut run keeps what it measured
-            path = record.write("bench_models", {"budget_s": a.budget, "steps": a.steps, "iters": a.iters,
-                                                 "arms": list(arms), "split_modes": a.split_modes,
-                                                 "proposer": "expert", "rows": raw}, path=path)
+        keep(raw)
     return 0
 
 

@@ -162,6 +162,30 @@ def test_split_modes_rows_merge_each_ratio_within_its_process():
     assert set(bench_models.MODE_ARMS[0]) | set(bench_models.MODE_ARMS[1]) == set(bench_models.ARMS)
 
 
+def test_split_modes_hand_on_each_mode_as_its_child_finishes(monkeypatch):
+    """--split-modes: the merged row goes to keep() after each mode's child, so a run cut while
+    the reduce-overhead child runs still records the default mode's row."""
+    from types import SimpleNamespace
+    from torch_htam.benchmark import ArmTime, BenchResult
+    sys.path.insert(0, str(ROOT / "bench"))
+    bench_models = _load("bench_models")
+    results = [BenchResult("m", "GPU", {"eager": ArmTime(10.0, 9.0, 11.0), "compile": ArmTime(5.0, 4.9, 5.1),
+                                        "htam": ArmTime(4.0, 3.9, 4.2)}, [], {"htam": 2e-6}),
+               BenchResult("m", "GPU", {"eager": ArmTime(12.0, 11.0, 13.0), "compile_ro": ArmTime(4.0, 3.9, 4.1),
+                                        "htam_ro": ArmTime(2.0, 1.9, 2.1)}, [], {"htam_ro": 3e-6})]
+
+    def child(cmd, check):     # stands in for the child process: writes its row where asked
+        out = Path(cmd[cmd.index("--row-out") + 1])
+        out.write_text(json.dumps(bench_models.data("gpt2:bf16", results.pop(0))))
+
+    monkeypatch.setattr(bench_models.subprocess, "run", child)
+    kept = []
+    a = SimpleNamespace(budget=60.0, steps=1, iters=10)
+    row = bench_models._in_children("gpt2:bf16", tuple(bench_models.ARMS), a, keep=kept.append)
+    assert [k["vs_compile_ro"] for k in kept] == [None, 2.0] and kept[0]["vs_compile"] == 1.25
+    assert row == kept[-1]
+
+
 def test_paired_ratios_come_from_each_process_rounds():
     """A slow spell that hit one arm's median is cancelled round by round (timing.paired_ratio)."""
     from torch_htam.benchmark import ArmTime, BenchResult
