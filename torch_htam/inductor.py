@@ -61,7 +61,7 @@ class HtamBackend:
         self.min_speedup, self.inductor, self.options = min_speedup, inductor, dict(options or {})
         self.keep_reexport = keep_reexport
         self.records: list[GraphRecord] = []
-        self._alive: list = []   # NOTE: launch handles are raw pointers into these loaded kernels
+        self._alive: list = []   # the loaded kernels the compiled graphs' handles name
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
         record = GraphRecord()

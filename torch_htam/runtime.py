@@ -189,7 +189,7 @@ def swap(gm: fx.GraphModule, sites: list, kernels: dict[str, Any],
     _stable_toposort(new.graph)
     new.graph.lint()
     new.recompile()
-    new.htam_kernels = list(loaded.values())   # NOTE: handles are raw pointers into these
+    new.htam_kernels = list(loaded.values())   # the kernels the graph's handles name, kept with it
     new.htam_load_errors = errors
     return new, swapped
 
