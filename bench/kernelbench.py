@@ -27,7 +27,6 @@ suite "kernelbench": config, wall_s, at_compile, summary, rows = Row.to_json() p
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import sys
@@ -265,11 +264,11 @@ def measure(row: Row, task, best, ceilings) -> None:
     the eager reference or our kernel; a torch.compile failure is recorded in row.compile_error."""
     import torch
     from torch_htam import timing
-    from torch_htam.policy import policy_for
+    from torch_htam.policy import policy_for, tf32_switches
     from torch_htam.task import load_reference
     policy = policy_for(task)
     ref = load_reference(task).to(DEVICE).eval()
-    with torch.no_grad(), _tf32(policy.allow_tf32):
+    with torch.no_grad(), tf32_switches(policy.allow_tf32):
         # NOTE: eager and compiled run as the user would run them: TF32 exactly when the policy
         # (the user's matmul precision) allows it, as the evaluator times its reference.
         row.eager_ms = timing.time_fn(lambda s: ref(*s[0]), input_sets(task)).median_ms
@@ -355,18 +354,6 @@ def measure_all(loaded, results: dict, after=None) -> None:
         torch.cuda.empty_cache()
         if after is not None:
             after([r for r, _ in loaded[: i + 1]])
-
-
-@contextlib.contextmanager
-def _tf32(allow: bool):
-    """TF32 for matmuls and convs on or off inside the block, restored after."""
-    import torch
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allow
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
 def _crashed(e: Exception) -> bool:

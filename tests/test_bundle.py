@@ -14,6 +14,7 @@ from torch_htam.build import BuildResult
 from torch_htam.cache import KernelCache
 from torch_htam.evaluation import Evaluation
 from torch_htam.extract import extract_tasks
+from torch_htam.policy import kept_precision
 
 from test_runtime import MLP, CpuKernel, PROVIDER
 
@@ -141,6 +142,9 @@ def test_inductor_code_in_the_bundle_is_loaded_only_on_its_own_stack(made, tmp_p
         return m.htam_report.note
     assert "Inductor code loaded from the bundle" in load() and loaded == [b"compiled code"]
     assert "another stack (gpu" in load({"gpu": "NVIDIA B200"}) and len(loaded) == 1
+    with kept_precision():           # TF32 matmuls: another FX graph cache key, so compile
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        assert "another stack (matmul" in load() and len(loaded) == 1
     (out / man["inductor"]["file"]).write_bytes(b"compiled c0de")
     assert "missing or altered" in load() and len(loaded) == 1
     replay = bundle.precompile(model, (x,), tmp_path / "r", cache=cache, inductor_code=b"compiled code")

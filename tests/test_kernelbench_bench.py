@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from torch_htam.policy import matmul_tf32
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -152,7 +154,7 @@ def test_list_mode_needs_no_gpu(capsys):
     assert kb.main(["--list", "--limit", "2"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     # the first two files by name: MinGPT's attention, its registered mask the fourth input
-    policy = "tf32" if torch.get_float32_matmul_precision() in ("high", "medium") else "fp32"
+    policy = "tf32" if matmul_tf32() else "fp32"
     assert len(out) == 2 and out[0].startswith("attn_mingpt_bf16: attention, bf16, 4 inputs")
     assert out[1].startswith(f"attn_mingpt_fp32: attention, {policy}, 4 inputs")
 

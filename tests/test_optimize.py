@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torch_htam
-from torch_htam.policy import TOLERANCES
+from torch_htam.policy import TOLERANCES, conv_tf32
 from examples import gpt_block
 from test_bundle import made  # noqa: F401  (fixture)
 from torch_htam.extract import extract
@@ -288,9 +288,9 @@ def test_cnn_optimized_is_right(cache_dir):
     print(model.htam_report.format())
     with torch.inference_mode():
         fresh = torch.randn_like(x)
-        # Within policy: torch's default cudnn.allow_tf32=True makes the original convs TF32, and
+        # Within policy: torch's default (cuDNN convs in TF32) makes the original convs TF32, and
         # the conv kernels are held to the TF32 tolerance (policy.policy_for).
-        tol = TOLERANCES["tf32" if torch.backends.cudnn.allow_tf32 else "fp32"]
+        tol = TOLERANCES["tf32" if conv_tf32() else "fp32"]
         assert rel_err(model(fresh), ref_model(fresh)) < tol
 
 

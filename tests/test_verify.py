@@ -292,6 +292,7 @@ def test_tf32_policy_judges_against_torchs_own_tf32_error():
     task = gemm_task()
     task.source = TF32_GEMM_SRC
     ref = load_reference(task)
+    before = torch.backends.cuda.matmul.fp32_precision
 
     def tf32_chunked(i, o):
         x, w, b, r = i
@@ -306,7 +307,7 @@ def test_tf32_policy_judges_against_torchs_own_tf32_error():
     ok, reason, detail, errs = V.verify(task, tf32_chunked, ref, make("tf32"), device="cpu")
     assert (ok, reason) == (True, "ok") and errs["judged_against_float64"]
     assert V.verify(task, tf32_chunked, ref, make("fp32"), device="cpu")[1] == "mismatch"
-    assert not torch.backends.cuda.matmul.allow_tf32     # the flag is restored
+    assert torch.backends.cuda.matmul.fp32_precision == before   # the user's setting is restored
 
 
 MINGPT_BF16_SRC = '''

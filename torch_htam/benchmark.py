@@ -75,15 +75,15 @@ def second_batch(inputs: tuple) -> int:
 def end_to_end_tolerance(model: torch.nn.Module) -> float:
     """The norm-relative error against eager that a whole model's output is held to: the precision
     policy's tolerance for its dtype (policy.TOLERANCES). An fp32 model takes TF32's where PyTorch
-    itself runs TF32: its convs under cudnn.allow_tf32 (the default), its GEMMs under a matmul
-    precision other than "highest".
+    itself runs TF32: its convs when cuDNN runs them TF32 (the default), its GEMMs when fp32
+    matmuls run TF32 (policy.conv_tf32, policy.matmul_tf32).
     """
-    from torch_htam.policy import TOLERANCES
+    from torch_htam.policy import TOLERANCES, conv_tf32, matmul_tf32
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     if dtype in (torch.bfloat16, torch.float16):
         return TOLERANCES["bf16" if dtype == torch.bfloat16 else "fp16"]
     convs = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
-    tf32 = (convs and torch.backends.cudnn.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+    tf32 = (convs and conv_tf32()) or matmul_tf32()
     return TOLERANCES["tf32" if tf32 else "fp32"]
 
 

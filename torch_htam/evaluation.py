@@ -252,6 +252,7 @@ def _time(task, kernel, ref, policy, inductor: bool = False, retime: bool = Fals
     (an independent second figure: retime_ms)."""
     import torch
     from torch_htam import timing
+    from torch_htam.policy import tf32_switches
     from torch_htam.verify import make_input
     from torch_htam.verify import _strides_like
     gen = torch.Generator().manual_seed(7)
@@ -269,17 +270,12 @@ def _time(task, kernel, ref, policy, inductor: bool = False, retime: bool = Fals
         return {"correct": False, "reason": "launch_error", "detail": f"htam_run returned {code} on the timing inputs"}
     k = timing.time_fn(lambda s: kernel(s[0], s[1]), make_set)
     # NOTE: the reference runs as the user would run it: TF32 exactly when the policy allows it.
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = policy.allow_tf32
-    try:
-        with torch.no_grad():
-            r = timing.time_fn(lambda s: ref(*s[0]), make_set)
-            c = None
-            if inductor:
-                compiled = _compiled_reference(task.source, task.name)
-                c = timing.time_fn(lambda s: compiled(*s[0]), make_set)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+    with tf32_switches(policy.allow_tf32), torch.no_grad():
+        r = timing.time_fn(lambda s: ref(*s[0]), make_set)
+        c = None
+        if inductor:
+            compiled = _compiled_reference(task.source, task.name)
+            c = timing.time_fn(lambda s: compiled(*s[0]), make_set)
     k2 = timing.time_fn(lambda s: kernel(s[0], s[1]), make_set) if retime else None
     roof = timing.roofline_ms(task, timing.measure_ceilings(), policy.name)
     res = {"ref_ms": r.median_ms, "kernel_ms": k.median_ms, "spread": k.spread,

@@ -315,15 +315,21 @@ def sync_report(model: torch.nn.Module) -> None:
 # ---- Inductor's compiled code, carried by a bundle ----------------------------------------------
 
 def stack() -> dict[str, str | None]:
-    """What Inductor's compiled code is valid for: torch, Triton, CUDA and the GPU. A bundle's
-    cache artifacts are loaded only on the same stack (bundle.load)."""
+    """What Inductor's compiled code is valid for: torch, Triton, CUDA, the GPU and torch's matmul
+    precision settings. A bundle's cache artifacts are loaded only on the same stack (bundle.load)."""
     try:
         import triton
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return {"torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda, "gpu": gpu}
+    # NOTE: Inductor's FX graph cache key holds these three: code compiled under other settings
+    # misses, and the first call compiles. Named here, the load note says which one differs.
+    m = torch.backends.cuda.matmul
+    matmul = (f"fp32_precision={m.fp32_precision} fp16_reduction={m.allow_fp16_reduced_precision_reduction} "
+              f"bf16_reduction={m.allow_bf16_reduced_precision_reduction}")
+    return {"torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda, "gpu": gpu,
+            "matmul": matmul}
 
 
 def save_artifacts() -> bytes | None:

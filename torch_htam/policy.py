@@ -1,9 +1,9 @@
 """Precision policy: which numeric shortcuts a kernel may take, and the tolerance it is held to.
 
 Follows the user's own settings, as PyTorch does for the same ops: an fp32 GEMM may use TF32 exactly
-when torch.get_float32_matmul_precision() is "high" or "medium"; an fp32 conv exactly when
-torch.backends.cudnn.allow_tf32 is set (PyTorch's default: True, so eager convs already run TF32);
-bf16/fp16 tasks get their dtype's tolerance. The policy is recorded with every verified kernel and
+when torch runs fp32 matmuls in TF32 (torch.set_float32_matmul_precision("high") or the matmul
+fp32_precision "tf32"); an fp32 conv exactly when cuDNN convs run TF32 (PyTorch's default, so eager
+convs already do); bf16/fp16 tasks get their dtype's tolerance. The policy is recorded with every verified kernel and
 shown in the report, and a cached kernel is used only under a policy at least as loose as the one
 it was verified under (`admits`).
 
@@ -12,6 +12,7 @@ it was verified under (`admits`).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 
 import torch
@@ -41,10 +42,74 @@ def make(name: str) -> Precision:
     return Precision(name, tol, tol, allow_tf32=(name == "tf32"))
 
 
-def policy_for(task, matmul_precision: str | None = None, conv_tf32: bool | None = None) -> Precision:
+# NOTE: torch keeps TF32 in two APIs. The fp32_precision strings (op, then backend, then generic;
+# "none" defers to the next level) are the truth, and Inductor's FX graph cache key holds them. The
+# legacy flags (allow_tf32, float32_matmul_precision) mirror them, but reading one raises once a user
+# has set the strings in a way they cannot express. So TF32 is read from the strings, and a switch
+# restores the strings exactly: a leaked "none" -> "ieee" changes no numerics but does change every
+# cache key, so a bundle's Inductor code would miss in the server.
+def _fp32_precision(*levels) -> str:
+    """The first explicit setting from the most specific level up; "ieee" when all defer."""
+    return next((lv.fp32_precision for lv in levels if lv.fp32_precision != "none"), "ieee")
+
+
+def matmul_tf32() -> bool:
+    """Does torch run fp32 CUDA matmuls in TF32 now?"""
+    return _fp32_precision(torch.backends.cuda.matmul, torch.backends) == "tf32"
+
+
+def conv_tf32() -> bool:
+    """Does torch run fp32 cuDNN convs in TF32 now? (PyTorch's default: yes.)"""
+    cudnn = torch.backends.cudnn
+    return _fp32_precision(cudnn.conv, cudnn, torch.backends) == "tf32"
+
+
+@contextlib.contextmanager
+def tf32_switches(on: bool):
+    """TF32 for fp32 matmuls and cuDNN ops set to `on` inside the block, through both of torch's APIs
+    (Inductor reads the legacy ones: the matmul precision for its cache key, cudnn.allow_tf32 to lower
+    a conv); the user's settings back after it (kept_precision)."""
+    b = torch.backends
+    with kept_precision():
+        torch.set_float32_matmul_precision("high" if on else "highest")
+        b.cudnn.allow_tf32 = on
+        for lv in (b.cuda.matmul, b.cudnn, b.cudnn.conv, b.cudnn.rnn):
+            lv.fp32_precision = "tf32" if on else "ieee"
+        yield
+
+
+@contextlib.contextmanager
+def kept_precision():
+    """torch's precision settings put back after the block: the legacy ones where they could be
+    read, then every fp32_precision string exactly."""
+    b = torch.backends
+    levels = (b, b.cuda.matmul, b.cudnn, b.cudnn.conv, b.cudnn.rnn, b.mkldnn, b.mkldnn.matmul, b.mkldnn.conv,
+              b.mkldnn.rnn)
+    strings = [lv.fp32_precision for lv in levels]
+    matmul, cudnn = _readable(torch.get_float32_matmul_precision), _readable(lambda: b.cudnn.allow_tf32)
+    try:
+        yield
+    finally:
+        if matmul is not None:
+            torch.set_float32_matmul_precision(matmul)
+        if cudnn is not None:
+            b.cudnn.allow_tf32 = cudnn
+        for lv, p in zip(levels, strings):
+            lv.fp32_precision = p
+
+
+def _readable(read):
+    """read(), or None where torch refuses a legacy read after a mix of its two APIs."""
+    try:
+        return read()
+    except RuntimeError:
+        return None
+
+
+def policy_for(task, matmul: bool | None = None, conv: bool | None = None) -> Precision:
     """The policy for a task: its lowest float dtype decides; fp32 GEMM/conv follow torch's TF32 knobs.
 
-        >>> policy_for(conv_task, conv_tf32=False).name, policy_for(conv_task, conv_tf32=True).name
+        >>> policy_for(conv_task, conv=False).name, policy_for(conv_task, conv=True).name
         ('fp32', 'tf32')
     """
     dtypes = {s.dtype for s in list(task.inputs) + list(task.outputs)}
@@ -53,10 +118,10 @@ def policy_for(task, matmul_precision: str | None = None, conv_tf32: bool | None
     if "float16" in dtypes:
         return make("fp16")
     if task.kind == "conv":
-        tf32 = torch.backends.cudnn.allow_tf32 if conv_tf32 is None else conv_tf32
+        tf32 = conv_tf32() if conv is None else conv
         return make("tf32" if tf32 else "fp32")
-    mp = matmul_precision or torch.get_float32_matmul_precision()
-    if task.kind in ("gemm", "attention") and mp in ("high", "medium"):
+    tf32 = matmul_tf32() if matmul is None else matmul
+    if task.kind in ("gemm", "attention") and tf32:
         return make("tf32")
     return make("fp32")
 

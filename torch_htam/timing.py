@@ -281,12 +281,9 @@ def _matmul_flops(dtype, tf32: bool, n: int = 8192) -> float:
     import torch
     a = torch.randn(n, n, device="cuda", dtype=dtype)
     b = torch.randn(n, n, device="cuda", dtype=dtype)
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    try:
+    from torch_htam.policy import tf32_switches
+    with tf32_switches(tf32):
         ms = _best_ms(lambda: torch.matmul(a, b), reps=5)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
     return 2 * n ** 3 / (ms * 1e-3)
 
 

@@ -23,7 +23,6 @@ function in the CPU tests) that fills caller-allocated outputs and returns htam_
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from torch_htam.launcher import task_outputs
+from torch_htam.policy import tf32_switches
 from torch_htam.task import Task, TensorSpec
 
 HTAM_ERR_SHAPE = 1000   # csrc/htam_abi.h
@@ -358,19 +358,6 @@ def cuda_error_name(code: int) -> str:
 def is_crash_message(msg: str) -> bool:
     m = msg.lower()
     return any(w in m for w in _CRASH_WORDS)
-
-
-@contextlib.contextmanager
-def tf32_switches(on: bool):
-    """torch's TF32 switches for matmuls and convs set to `on` for the block, then restored. Off
-    for the ground truth, whatever the caller's setting; on for torch's own result under a TF32
-    policy."""
-    mm, cd = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = mm, cd
 
 
 def _sync(device) -> None:
