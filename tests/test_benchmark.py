@@ -43,17 +43,21 @@ def test_fresh_inputs_keep_kinds_and_shapes_with_new_values():
     assert second_batch((x,)) == 4 and second_batch((x[:1],)) == 2 and second_batch((3.0,)) == 2
 
 
-def test_end_to_end_tolerance_follows_the_precision_policy(monkeypatch):
+def test_end_to_end_tolerance_follows_the_precision_policy():
     import torch
     from torch_htam.benchmark import end_to_end_tolerance
-    from torch_htam.policy import TOLERANCES
+    from torch_htam.policy import TOLERANCES, kept_precision
     linear, conv = torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1))
     assert end_to_end_tolerance(linear.to(torch.bfloat16)) == TOLERANCES["bf16"]
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    assert end_to_end_tolerance(torch.nn.Linear(4, 4)) == TOLERANCES["fp32"]   # matmul precision "highest"
-    assert end_to_end_tolerance(conv) == TOLERANCES["tf32"]                    # PyTorch's convs run TF32
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    assert end_to_end_tolerance(conv) == TOLERANCES["fp32"]
+    with kept_precision():                   # the settings below undone for later tests
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cudnn.allow_tf32 = True
+        assert end_to_end_tolerance(torch.nn.Linear(4, 4)) == TOLERANCES["fp32"]
+        assert end_to_end_tolerance(conv) == TOLERANCES["tf32"]                # PyTorch's convs run TF32
+        torch.backends.cudnn.conv.fp32_precision = "ieee"                      # the new API, convs only
+        assert end_to_end_tolerance(conv) == TOLERANCES["fp32"]
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        assert end_to_end_tolerance(torch.nn.Linear(4, 4)) == TOLERANCES["tf32"]
 
 
 def test_check_outputs_compares_each_arm_with_eager_on_fresh_values_and_a_second_batch():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from torch_htam.policy import (_readable, admits, admitted, conv_tf32, kept_precision, make, matmul_tf32,
-                               policy_for, tf32_switches)
+                               policy_for, precision_levels, tf32_switches)
 from torch_htam.task import TensorSpec
 
 
@@ -32,9 +32,7 @@ def _precision_state() -> tuple:
     """Every fp32_precision string torch holds, and its legacy TF32 settings (None where torch
     refuses the read)."""
     b = torch.backends
-    levels = (b, b.cuda.matmul, b.cudnn, b.cudnn.conv, b.cudnn.rnn, b.mkldnn, b.mkldnn.matmul, b.mkldnn.conv,
-              b.mkldnn.rnn)
-    return tuple(lv.fp32_precision for lv in levels), (
+    return tuple(lv.fp32_precision for lv in precision_levels()), (
         _readable(lambda: b.cuda.matmul.allow_tf32), _readable(lambda: b.cudnn.allow_tf32),
         _readable(torch.get_float32_matmul_precision))
 
@@ -71,3 +69,17 @@ def test_tf32_switches_set_both_apis_inside_and_restore_the_users_state_exactly(
             assert all(b is None or a == b for b, a in zip(legacy, after_legacy))
         assert policy_for(_task("gemm")).name == make("tf32" if matmul_tf32() else "fp32").name
 
+
+def test_a_kernel_serves_only_policies_at_least_as_loose_as_its_own():
+    assert admits("fp32", make("fp32")) and admits("fp32", make("tf32")) and admits("tf32", make("bf16"))
+    assert not admits("tf32", make("fp32")) and not admits("bf16", make("fp16"))
+    assert not admits("?", make("bf16"))                     # a record without a policy: never
+
+
+def test_a_cached_tf32_kernel_is_not_admitted_once_tf32_is_off():
+    entry = SimpleNamespace(policy="tf32")
+    with tf32_switches(True):
+        assert admitted(entry, _task("conv")) is entry
+    with tf32_switches(False):
+        assert admitted(entry, _task("conv")) is None     # optimize: a miss, searched again under fp32
+    assert admitted(None, _task("conv")) is None

@@ -83,8 +83,7 @@ def kept_precision():
     """torch's precision settings put back after the block: the legacy ones where they could be
     read, then every fp32_precision string exactly."""
     b = torch.backends
-    levels = (b, b.cuda.matmul, b.cudnn, b.cudnn.conv, b.cudnn.rnn, b.mkldnn, b.mkldnn.matmul, b.mkldnn.conv,
-              b.mkldnn.rnn)
+    levels = precision_levels()
     strings = [lv.fp32_precision for lv in levels]
     matmul, cudnn = _readable(torch.get_float32_matmul_precision), _readable(lambda: b.cudnn.allow_tf32)
     try:
@@ -96,6 +95,13 @@ def kept_precision():
             b.cudnn.allow_tf32 = cudnn
         for lv, p in zip(levels, strings):
             lv.fp32_precision = p
+
+
+def precision_levels() -> tuple:
+    """Every object of torch.backends that holds an fp32_precision string: generic, CUDA, cuDNN, CPU."""
+    b = torch.backends
+    return (b, b.cuda.matmul, b.cudnn, b.cudnn.conv, b.cudnn.rnn, b.mkldnn, b.mkldnn.matmul, b.mkldnn.conv,
+            b.mkldnn.rnn)
 
 
 def _readable(read):
