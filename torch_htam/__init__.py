@@ -19,7 +19,7 @@ _LAZY = {
     "Evaluation": "torch_htam.evaluation", "Precision": "torch_htam.policy",
     "Task": "torch_htam.task", "TensorSpec": "torch_htam.task", "backend": "torch_htam.inductor",
     "optimize": "torch_htam.pipeline", "precompile": "torch_htam.pipeline",
-    "OptimizeConfig": "torch_htam.pipeline", "extract_tasks": "torch_htam.extract",
+    "OptimizeConfig": "torch_htam.config", "extract_tasks": "torch_htam.extract",
     "evaluate": "torch_htam.evaluation", "load": "torch_htam.bundle",
     "Report": "torch_htam.runtime", "restore": "torch_htam.runtime",
     "capture": "torch_htam.capture",

@@ -29,11 +29,13 @@ REASONS = (
     "nondeterministic",  # two runs on the same inputs differ
     "above_roofline",    # faster than the hardware allows: the timer was fooled
     "no_gpu",
+    "deadline",          # optimize's time budget ran out before the job could run
 )
 
 
 # Wall seconds a worker job may add to compile the reference with Inductor (one region: seconds).
 INDUCTOR_COMPILE_S = 240.0
+BUILD_TIMEOUT_S = 300.0   # one ninja run of a batch of candidates
 
 
 @dataclass
@@ -95,11 +97,14 @@ class Evaluator:
     """
 
     def __init__(self, arch: str | None = None, timeout: float = 60.0, time: bool = True,
-                 pool=None, n_workers: int | None = None, retime: bool = False):
+                 pool=None, n_workers: int | None = None, retime: bool = False, deadline=None):
         from torch_htam import build, gpu
+        from torch_htam.deadline import Deadline
         self.gpu = gpu.detect()   # GpuInfo or None; the search reads it for its state
         self.arch = arch or build.default_arch()
         self.timeout, self.time, self.retime = timeout, time, retime
+        # NOTE: builds and worker jobs end at the deadline (a job past it is cut like a hang)
+        self.deadline = deadline or Deadline()
         self._pool, self._n = pool, n_workers
 
     @property
@@ -118,7 +123,7 @@ class Evaluator:
         from torch_htam import build
         from torch_htam.policy import policy_for
         pol = (policy or policy_for(task)).to_json()
-        builds = build.build_many(sources, arch=self.arch)
+        builds = build.build_many(sources, arch=self.arch, timeout_s=self.deadline.cap(BUILD_TIMEOUT_S))
         out: list[Evaluation | None] = [None] * len(sources)
         futures = {}
         for i, b in enumerate(builds):
@@ -135,6 +140,8 @@ class Evaluator:
                        "policy": pol, "time": self.time, "inductor": inductor, "retime": self.retime}
                 if inductor:   # NOTE: plus Inductor's compile of the reference, once per worker
                     job["timeout"] = self.timeout + INDUCTOR_COMPILE_S
+                if self.deadline.at is not None:
+                    job["deadline"] = self.deadline.at
                 futures[i] = self.pool.submit(job)
         for i, fut in futures.items():
             b = builds[i]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -62,6 +63,7 @@ class HtamBackend:
         self.keep_reexport = keep_reexport
         self.records: list[GraphRecord] = []
         self._alive: list = []   # the loaded kernels the compiled graphs' handles name
+        self.handles: dict[str, int] = {}   # {task signature: kernel handle} of what was swapped
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list) -> Callable:
         record = GraphRecord()
@@ -103,9 +105,11 @@ class HtamBackend:
                 carry_dynamo_meta(gm, sub)
                 return sub
             return gm
-        new, swapped = runtime.swap(sub, found.sites, kernels, self.provider or op_provider())
+        new, swapped = runtime.swap(sub, found.sites, kernels, self.provider or op_provider(),
+                                    force_layouts=self.inductor)
         carry_dynamo_meta(gm, new)
         self._alive.append(new.htam_kernels)
+        self.handles.update(new.htam_handles)
         record.swapped = [s.signature for s in swapped]
         if new.htam_load_errors:
             record.note = "; ".join(f"{sig[:12]}: {e}" for sig, e in new.htam_load_errors.items())
@@ -200,7 +204,8 @@ def direct_call() -> bool:
     dispatcher adds: it runs real CUDA tensors, outside tracing.
     """
     from torch_htam import launcher
-    return emit_direct(torch.ops.htam.launch.default, launcher.extension().launch, "htam_launch")
+    launcher.extension()   # registers the op
+    return emit_direct(torch.ops.htam.launch.default, launcher.checked_launch, "htam_launch")
 
 
 def emit_direct(op, fn: Callable, name: str) -> bool:
@@ -257,17 +262,33 @@ def compile_with(model: torch.nn.Module, b: HtamBackend | None, mode: str = "def
     object. nn.Module._call_impl is one code object for every module in the process, so the end
     to end guard's trial compiles (and a user's other compiled models) would share one limit and,
     past it, silently run eager. Each compile here gets a fresh code object instead.
+
+    NOTE: the fresh function runs with the globals of the model's forward. Dynamo starts tracing
+    at it and inlines forward; where the two frames' globals differ, torch 2.11 re-imports the
+    inlined frame's module by its name, which fails for a model loaded from a file and never
+    registered in sys.modules (KernelBench's harness, plugin loaders, notebooks; pytorch#181243).
+    With forward's own globals nothing is re-imported, as when torch.compile starts at forward.
     """
-    def call(*args, **kwargs):
-        return model._call_impl(*args, **kwargs)
-    call.__code__ = call.__code__.replace(co_name=f"htam_call_{next(_CALLS)}")
     if b is not None and options:
         raise ValueError("compile_with: with a backend, Inductor options go on it: HtamBackend(options=...)")
+    call = fresh_call(model)
     if b is None and options:   # NOTE: torch.compile takes a mode or options, not both
         return torch.compile(call, options=mode_options(mode) | options)
     if b is None:
         return torch.compile(call, mode=None if mode == "default" else mode)
     return torch.compile(call, backend=b)
+
+
+def fresh_call(model: torch.nn.Module) -> Callable:
+    """`lambda *a, **k: model._call_impl(*a, **k)` as a function with a code object of its own
+    (htam_call_N) and the globals of the model's forward (see compile_with)."""
+    def call(*args, **kwargs):
+        return model._call_impl(*args, **kwargs)
+    forward = getattr(type(model).forward, "__globals__", None)
+    code = call.__code__.replace(co_name=f"htam_call_{next(_CALLS)}")
+    fn = types.FunctionType(code, forward if isinstance(forward, dict) else call.__globals__,
+                            code.co_name, None, call.__closure__)
+    return fn
 
 
 def install(model: torch.nn.Module, found, kernels: dict[str, Any], mode: str = "default",
@@ -281,24 +302,21 @@ def install(model: torch.nn.Module, found, kernels: dict[str, Any], mode: str = 
         >>> model = install(model, extract(model, (x,)), {sig: entry}, mode="reduce-overhead")
         >>> model(x); model.htam_report.format()
     """
-    from torch_htam import runtime
-    runtime.restore(model)
+    from torch_htam import attach, runtime
+    attach.detach(model)
     usable, unusable = runtime._split_usable(kernels, min_speedup)
     b = backend_obj or HtamBackend(usable, mode, provider=provider, keep_reexport=keep_reexport)
-    model._compiled_call_impl = compiled or compile_with(model, b)
-    model._htam_backend = b   # NOTE: restore() and the report read it; not a submodule
     report = runtime.Report(method=f"{found.capture.method} + inductor ({b.mode})")
     report.tasks = runtime._task_reports(found.tasks, kernels, [], {}, unusable)
     for t in report.tasks:
         if t.signature in usable:
-            t.status = "kernel ready (swapped when torch.compile compiles the graph)"
-    model.htam_report = report
-    model.__getstate__ = functools.partial(runtime._plain_state, model)
-    return model
+            t.status = runtime.TaskStatus.READY
+    return attach.compiled(model, compiled or compile_with(model, b), report, b)
 
 
 def sync_report(model: torch.nn.Module) -> None:
     """Bring model.htam_report up to what the backend swapped in the graphs compiled so far."""
+    from torch_htam import runtime
     b, report = model.__dict__.get("_htam_backend"), getattr(model, "htam_report", None)
     if b is None or report is None:
         return
@@ -306,7 +324,7 @@ def sync_report(model: torch.nn.Module) -> None:
     report.swapped = len(sigs)
     for t in report.tasks:
         if t.signature in sigs:
-            t.status = "swapped"
+            t.status = runtime.TaskStatus.SWAPPED
     notes = [r.note for r in b.records if r.note]
     if notes and not report.note:
         report.note = "; ".join(dict.fromkeys(notes))

@@ -24,6 +24,7 @@ the kernels found for such a model are still cached and shipped in bundles.
 """
 from __future__ import annotations
 
+import enum
 import functools
 import heapq
 import logging
@@ -36,21 +37,43 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from torch_htam import attach, fallback
+
 log = logging.getLogger("torch_htam")
 
 
 # ---- the report ------------------------------------------------------------------------------
 
+class TaskStatus(str, enum.Enum):
+    """What became of one task's region; TaskReport.detail says why where there is a why."""
+    SWAPPED = "swapped"
+    READY = "kernel ready"                 # in the compiled call, swapped when Dynamo compiles
+    NO_KERNEL = "no kernel"
+    NOT_USED = "not used"                  # verified, left out by the end-to-end decision
+    UNUSABLE = "not usable"                # a cache entry that is corrupt, unverified or slow
+    NOT_LOADED = "not loaded"
+    NOT_FOUND = "region not found"
+    FAILED_AT_RUN_TIME = "failed at run time"   # its region ran instead (fallback.py), then dropped
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class TaskReport:
-    """One distinct task. status: "swapped", "no kernel", or why its kernel was not used."""
+    """One distinct task: its status, and in detail why (e.g. "slower than Inductor's code for
+    the region", "the time budget ran out before its search found one")."""
     name: str
     signature: str
     count: int = 1
     speedup: float | None = None     # kernel vs original region (eager), from its verification
     policy: str = ""
-    status: str = "no kernel"
+    status: TaskStatus = TaskStatus.NO_KERNEL
     vs_inductor: float | None = None  # kernel vs the region under torch.compile, when timed
+    detail: str = ""
+
+    def describe(self) -> str:
+        return f"{self.status.value}: {self.detail}" if self.detail else self.status.value
 
 
 @dataclass
@@ -71,6 +94,11 @@ class Report:
     e2e: dict[str, float] = field(default_factory=dict)
     optimize_s: float | None = None
     usage: dict[str, float] = field(default_factory=dict)   # LLM tokens/cost of this run's search
+    outcome: Any = None        # decide.Outcome: what the model runs, in one word
+    decision: Any = None       # decide.Decision: every arm tried, timed, and why the chosen one
+    phases: dict[str, float] = field(default_factory=dict)  # optimize's wall seconds per phase
+    skipped: list[str] = field(default_factory=list)        # phases the time budget left out
+    kernel_failures: dict[str, int] = field(default_factory=dict)  # {signature: calls its region ran}
 
     def speedups(self) -> dict[str, float]:
         """{task name: verified speedup} for the swapped tasks."""
@@ -82,13 +110,21 @@ class Report:
                  f"  {'task':40} {'signature':12} {'n':4} {'eager':>7} {'inductor':>7} policy status"
                  if self.tasks else ""]
         lines = [x for x in lines if x]
+        if self.outcome is not None:
+            lines.append(f"  runs: {self.outcome.value}")
         if self.note:
             lines.append(f"  note: {self.note}")
+        if self.phases:
+            lines.append("  time: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items()))
+        for s in self.skipped:
+            lines.append(f"  skipped: {s}")
+        for sig, n in self.kernel_failures.items():
+            lines.append(f"  kernel {sig[:12]} failed at run time in {n} call(s); its region ran instead")
         for t in self.tasks:
             sp = f"{t.speedup:.2f}x" if t.speedup else "-"
             ind = f"{t.vs_inductor:.2f}x" if t.vs_inductor else "-"
             lines.append(f"  {t.name[:40]:40} {t.signature[:12]:12} x{t.count:<3} {sp:>7} {ind:>7} "
-                         f"{t.policy:5} {t.status}")
+                         f"{t.policy:5} {t.describe()}")
         if self.fast_calls or self.fallback_calls:
             why = ", ".join(f"{k}: {v}" for k, v in self.fallback_reasons.items())
             lines.append(f"  calls: {self.fast_calls} swapped, {self.fallback_calls} original path"
@@ -148,13 +184,18 @@ class Swapped:
 
 
 def swap(gm: fx.GraphModule, sites: list, kernels: dict[str, Any],
-         provider: Provider | None = None) -> tuple[fx.GraphModule, list[Swapped]]:
+         provider: Provider | None = None, force_layouts: bool = False) -> tuple[fx.GraphModule, list[Swapped]]:
     """A copy of `gm` with every site whose task has a kernel replaced by one launch call.
 
     sites: extract.Site of this graph (region + task), as extract found them; the runtime never
     partitions again. kernels: {task signature: cache Entry or kernel object}. The copy takes
     flat inputs and returns a flat tuple (no pytree, no export guards: install() guards). Load
     failures leave the region as it was; they are in `new_gm.htam_load_errors` ({signature: message}).
+    Each loaded kernel's handle is registered with its task (fallback.py: a launch that fails runs
+    the region); `new_gm.htam_handles` is {signature: handle}. force_layouts: every dense kernel
+    input goes through a stride constraint (Inductor then lays the producer out that way, free
+    where the producer's layout is still open); else only where the graph's own metadata says the
+    producer's layout differs (the replay, where each constraint costs a call).
 
         >>> new_gm, swapped = swap(found.capture.graphs[0], found.sites_of(0), {t.signature: entry})
         >>> [s.name for s in swapped]
@@ -184,13 +225,16 @@ def swap(gm: fx.GraphModule, sites: list, kernels: dict[str, Any],
                 log.warning("torch_htam: kernel %s (%s) not loaded, region stays on PyTorch: %s",
                             sig[:16], task.name, errors[sig])
         if sig in loaded:
-            _replace_region(new.graph, region, replaced, provider.op, int(loaded[sig].handle), out_meta, task)
+            handle = int(loaded[sig].handle)
+            fallback.register(handle, task)
+            _replace_region(new.graph, region, replaced, provider.op, handle, out_meta, task, force_layouts)
             swapped.append(Swapped(sig, task.name, len(region.nodes)))
     _stable_toposort(new.graph)
     new.graph.lint()
     new.recompile()
     new.htam_kernels = list(loaded.values())   # the kernels the graph's handles name, kept with it
     new.htam_load_errors = errors
+    new.htam_handles = {sig: int(k.handle) for sig, k in loaded.items()}
     return new, swapped
 
 
@@ -215,17 +259,22 @@ def _moved(region, copied: dict):
 
 
 def _replace_region(graph: fx.Graph, region, replaced: dict, op, handle: int, out_meta: list[int],
-                    task=None) -> None:
+                    task=None, force_layouts: bool = False) -> None:
     """region.nodes -> launch(handle, inputs, out_meta) + one getitem per region output, and an
     expand after it for an expanded output (the kernel writes the tensor before the expand,
     TensorSpec.kernel_shape). task: the region's Task, whose specs say which inputs the kernel
     takes channels-last (a conv region's, extract.channels_last_boundary) and which outputs are
-    expanded; None: all contiguous, none expanded."""
+    expanded; None: all contiguous, none expanded.
+
+    NOTE: a kernel is verified on its spec's strides, and its input's producer may lay it out
+    otherwise once regions around it are swapped: a 1x1 conv kernel verified on NCHW input was
+    handed the channels-last output of the swapped conv before it and returned HTAM_ERR_SHAPE
+    inside the compiled model. So every dense input whose layout may differ is constrained."""
     inside = set(region.nodes)
     inputs = [replaced.get(a, a) for a in region.inputs]
     with graph.inserting_before(region.nodes[0]):
         for i, spec in enumerate(task.inputs if task is not None else ()):
-            if spec.channels_last:
+            if _needs_strides(inputs[i], spec, force_layouts):
                 inputs[i] = _force_strides(graph, inputs[i], spec)
     with graph.inserting_after(region.nodes[-1]):
         call = graph.call_function(op, (handle, inputs, out_meta))
@@ -251,6 +300,19 @@ def _replace_region(graph: fx.Graph, region, replaced: dict, op, handle: int, ou
         graph.erase_node(n)
 
 
+def _needs_strides(x, spec, always: bool) -> bool:
+    """Whether input node x needs a stride constraint to reach the kernel as `spec` says: a
+    channels-last spec always (the producer is usually NCHW), a contiguous one where `always` or
+    where x's metadata says otherwise. Broadcast (stride 0) specs are left as they are."""
+    if spec.channels_last:
+        return True
+    if not spec.contiguous or not isinstance(x, fx.Node):
+        return False
+    val = x.meta.get("val")
+    return always or (isinstance(val, torch.Tensor) and any(
+        n > 1 and a != b for n, a, b in zip(spec.shape, val.stride(), spec.stride)))
+
+
 def _force_strides(graph: fx.Graph, x: fx.Node, spec) -> fx.Node:
     """x laid out with the spec's strides: prims.inductor_force_stride_order, a no-op on a tensor
     that has them and a copy otherwise in eager; inside Inductor it fixes the producer's layout
@@ -259,7 +321,8 @@ def _force_strides(graph: fx.Graph, x: fx.Node, spec) -> fx.Node:
     node = graph.call_function(torch.ops.prims.inductor_force_stride_order.default, (x, list(spec.stride)))
     val = x.meta.get("val")
     if isinstance(val, torch.Tensor):
-        node.meta["val"] = val.contiguous(memory_format=torch.channels_last)
+        node.meta["val"] = val.contiguous(memory_format=torch.channels_last if spec.channels_last
+                                          else torch.contiguous_format)
     return node
 
 
@@ -503,10 +566,13 @@ def _task_reports(tasks, kernels: dict[str, Any], swapped: list[Swapped], errors
         k = kernels.get(t.signature)
         rec = getattr(k, "record", None) or {}
         ev = rec.get("evaluation", {}) if rec else {}
-        status = ("swapped" if count[t.signature] else errors.get(t.signature)
-                  or unusable.get(t.signature) or ("no kernel" if k is None else "region not found"))
+        status, detail = ((TaskStatus.SWAPPED, "") if count[t.signature]
+                          else (TaskStatus.NOT_LOADED, errors[t.signature]) if t.signature in errors
+                          else (TaskStatus.UNUSABLE, unusable[t.signature]) if t.signature in unusable
+                          else (TaskStatus.NO_KERNEL if k is None else TaskStatus.NOT_FOUND, ""))
         out.append(TaskReport(t.name, t.signature, t.count, ev.get("speedup") or getattr(k, "speedup", None),
-                              (ev.get("policy") or {}).get("name", ""), status, ev.get("compile_speedup")))
+                              (ev.get("policy") or {}).get("name", ""), status, ev.get("compile_speedup"),
+                              detail))
     return out
 
 
@@ -542,15 +608,11 @@ def install(model: torch.nn.Module, found, kernels: dict[str, Any], provider: Pr
 
 
 def use(model: torch.nn.Module, forward: Callable, report: Report) -> torch.nn.Module:
-    """Make a forward from replay() the model's own (after restore(model)), with its report.
+    """Make a forward from replay() the model's own, with its report (attach.forward).
 
-        >>> fwd, report = replay(model, found, kernels); use(restore(model), fwd, report)
+        >>> fwd, report = replay(model, found, kernels); use(model, fwd, report)
     """
-    model._htam_original_forward = model.__dict__.get("forward")   # an instance override, if any
-    model.__getstate__ = functools.partial(_plain_state, model)      # copies run the original path
-    model.forward = forward
-    model.htam_report = report
-    return model
+    return attach.forward(model, forward, report)
 
 
 def replay(model: torch.nn.Module, found, kernels: dict[str, Any], provider: Provider | None = None,
@@ -593,50 +655,6 @@ def replay(model: torch.nn.Module, found, kernels: dict[str, Any], provider: Pro
     return forward, report
 
 
-def leave(model: torch.nn.Module, reason: str, tasks: list | None = None,
-          report: Report | None = None) -> torch.nn.Module:
-    """Keep the model on its original path and say why in `model.htam_report`.
-
-        >>> leave(model, "no CUDA GPU").htam_report.note
-        'no CUDA GPU'
-    """
-    restore(model)
-    report = report or Report()
-    report.note = reason
-    if tasks and not report.tasks:
-        report.tasks = [TaskReport(t.name, t.signature, t.count) for t in tasks]
-    model.htam_report = report
-    log.info("torch_htam: %s", reason)
-    return model
-
-
-def _plain_state(model: torch.nn.Module) -> dict:
-    """What copy.deepcopy and pickle (torch.save) take of an installed model: its state without
-    the swapped forward, so a copy runs its original forward. NOTE: the swapped forward is a
-    closure over this model's graph, weights and kernel handles; copied along, it made a deep copy
-    compute with the first model's weights whatever was done to the copy's (and torch.save failed
-    on the closure). Optimize the copy to swap kernels into it."""
-    state = dict(model.__dict__)
-    for key in ("forward", "__getstate__", "_htam_original_forward", "htam_report", "_htam_backend",
-                "_compiled_call_impl"):
-        state.pop(key, None)
-    if model.__dict__.get("_htam_original_forward") is not None:
-        state["forward"] = model.__dict__["_htam_original_forward"]
-    return state
-
-
-def restore(model: torch.nn.Module) -> torch.nn.Module:
-    """Put the original forward back (a no-op on a model install() never touched).
-
-        >>> restore(model).forward     # the class's own forward again
-    """
-    if model.__dict__.pop("_htam_backend", None) is not None:   # backend.install's compiled call
-        model._compiled_call_impl = None
-        model.__dict__.pop("__getstate__", None)
-    if isinstance(getattr(model.__dict__.get("forward"), "htam", None), HtamForward):
-        prev = model.__dict__.pop("_htam_original_forward", None)
-        del model.__dict__["forward"]
-        model.__dict__.pop("__getstate__", None)
-        if prev is not None:
-            model.forward = prev
-    return model
+# The model's attributes are attach.py's; these names stay for callers (torch_htam.restore).
+leave = attach.leave
+restore = attach.detach

@@ -170,8 +170,15 @@ class WorkerPool:
             if not fut.set_running_or_notify_cancel():
                 continue
             t0 = time.perf_counter()
+            timeout = float(job.get("timeout", self.timeout))
+            if job.get("deadline") is not None:   # time.monotonic() of optimize's deadline
+                left = float(job["deadline"]) - time.monotonic()
+                if left <= 0:
+                    fut.set_result({"reason": "deadline", "detail": "optimize's time budget ran out first"})
+                    continue
+                timeout = min(timeout, left)
             try:
-                res = w.run(job, float(job.get("timeout", self.timeout)))
+                res = w.run(job, timeout)
             except Exception as e:   # the worker could not even start: report, keep serving
                 res = {"reason": "crash", "detail": f"{type(e).__name__}: {e}"}
             res.setdefault("worker_s", time.perf_counter() - t0)

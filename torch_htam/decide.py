@@ -1,0 +1,510 @@
+"""The one decision: what runs the user's model, chosen from arms timed side by side.
+
+Arms (ArmKind): torch.compile of the model as nn.Module.compile traces it (the floor), Inductor on
+our re-exported graph, torch.compile with a subset of our kernels inside Inductor's graph, the
+replay of the captured graph with our kernels, and the model's original forward. Each arm is
+built and warmed in its own try: an arm that fails (a compile error, a kernel that fails at run
+time) is dropped with its reason, never the run.
+
+The floor by construction: with compile=True, torch.compile is the first arm and stays the choice
+unless another arm beats it beyond noise on one timing and is no worse beyond noise on the other
+(synced latency and back-to-back throughput, timing.time_arms). Only when torch.compile itself
+fails does the original forward stay, and the decision says so.
+
+    >>> d = decide(model, inputs, cfg, found, kernels, deadline)
+    >>> d.chosen.kind, d.outcome, d.reason
+    (<ArmKind.KERNELS: ...>, <Outcome.KERNELS: ...>, '2 of 3 kernels: 1.412 ms against ...')
+    >>> install(model, d, found, kernels)       # the model runs the chosen arm
+"""
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from torch import nn
+
+from torch_htam.timing import ArmTimes, GradMode
+
+log = logging.getLogger("torch_htam")
+
+# The decision's timing: ITERS synced calls per arm in ROUNDS rotating rounds (plus a batch of
+# back-to-back calls per round, timing.time_arms).
+ITERS, ROUNDS = 45, 15
+# NOTE: a choice is kept only if it wins by more than the timing's noise. GPT-2 bf16 under
+# torch.compile is host-bound on an H100 (2.7 ms of device time in 4.2-6.9 ms a call, moving by
+# 1-2 ms between runs): a guard that took any lower median kept 24 swaps that the same run's
+# interleaved benchmark then measured at 0.92x of torch.compile (bench_models-20261123-230318.json).
+MARGIN = 0.02
+# Dynamo's recompile limits while the trials compile: each trial is another backend on the same
+# frames (a graph break's resume frames are the user's code objects), which Dynamo counts as
+# recompiles; the trials' entries are dropped from those frames after the decision.
+TRIAL_RECOMPILE_LIMIT = 64
+
+
+class ArmKind(enum.Enum):
+    COMPILE = "torch.compile"
+    REEXPORT = "Inductor on our re-exported graph"
+    KERNELS = "torch.compile with our kernels"
+    REPLAY = "replay of the captured graph with our kernels"
+    ORIGINAL = "the original forward"
+
+
+class Outcome(enum.Enum):
+    """What the model runs after optimize(), in one word, for the report and for callers."""
+    KERNELS = "kernels"                  # torch.compile with our kernels inside
+    COMPILE = "torch.compile"            # the floor: no arm beat it
+    REEXPORT = "reexport"                # Inductor on our re-exported graph, no kernel
+    REPLAY = "replay"                    # the captured graph with our kernels, op by op
+    ORIGINAL_FASTER = "original"         # the original forward beat torch.compile
+    ORIGINAL = "original forward"        # compile=False: no replay beat the original forward
+    COMPILE_FAILED = "compile failed"    # torch.compile raised on this model: the original stays
+    NOT_TIMED = "not timed"              # the deadline left no time to time: the floor, untimed
+
+
+@dataclass
+class Arm:
+    """One way to run the model. kernels: the task signatures of our kernels inside it."""
+    kind: ArmKind
+    kernels: tuple[str, ...] = ()
+    keep_reexport: bool = False
+    call: Callable | None = field(default=None, repr=False)
+    backend: Any = field(default=None, repr=False)     # inductor.HtamBackend of a compiled arm
+    replay_report: Any = field(default=None, repr=False)
+    times: ArmTimes | None = None
+    error: str | None = None
+    setup_s: float = 0.0      # building it and its first call (where torch.compile compiles)
+    failed_kernels: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        n = len(self.kernels)
+        return self.kind.value + (f" ({n} kernel{'s' * (n != 1)})" if self.kind in
+                                  (ArmKind.KERNELS, ArmKind.REPLAY) else "")
+
+    def ms(self) -> str:
+        t = self.times
+        return (f"{t.latency.median_ms:.3f} ms synced / {t.throughput.median_ms:.3f} ms back to back"
+                if t else "not timed")
+
+    def to_json(self) -> dict:
+        t = self.times
+        return {"kind": self.kind.name, "kernels": len(self.kernels), "error": self.error,
+                "setup_s": round(self.setup_s, 3),
+                "latency_ms": t.latency.median_ms if t else None,
+                "throughput_ms": t.throughput.median_ms if t else None}
+
+
+@dataclass
+class Decision:
+    """The chosen arm and every arm tried, with why. grad: the caller's mode, compiled and timed."""
+    chosen: Arm
+    outcome: Outcome
+    reason: str
+    arms: list[Arm] = field(default_factory=list)
+    grad: GradMode = GradMode.INFERENCE
+
+    def to_json(self) -> dict:
+        return {"outcome": self.outcome.value, "chosen": self.chosen.kind.name, "reason": self.reason,
+                "grad": self.grad.value, "arms": [a.to_json() for a in self.arms]}
+
+
+def better(base: ArmTimes, ours: ArmTimes, margin: float = MARGIN) -> bool:
+    """ours beats base beyond noise on one timing and is no worse beyond noise on the other.
+
+        >>> better(_t(1.0, 1.0), _t(0.9, 1.0)), better(_t(1.0, 1.0), _t(0.9, 1.1))
+        (True, False)
+    """
+    def pays(b, o):   # median lower by the margin, and even ours' 80th percentile below b's median
+        return o.median_ms <= b.median_ms * (1.0 - margin) and o.p80_ms < b.median_ms
+
+    def no_worse(b, o):
+        return o.median_ms <= b.median_ms * (1.0 + margin)
+    return ((pays(base.latency, ours.latency) or pays(base.throughput, ours.throughput))
+            and no_worse(base.latency, ours.latency) and no_worse(base.throughput, ours.throughput))
+
+
+def ratio(base: Arm, ours: Arm) -> float:
+    """How much faster ours is, the geometric mean of both timings' median ratios."""
+    b, o = base.times, ours.times
+    return ((b.latency.median_ms / o.latency.median_ms) * (b.throughput.median_ms / o.throughput.median_ms)) ** 0.5
+
+
+# ---- the procedure -------------------------------------------------------------------------------
+
+def decide(model: nn.Module, inputs: tuple, cfg, found, kernels: dict, deadline,
+           grad: GradMode | None = None, ranked: list[str] | None = None,
+           every: list[str] | None = None) -> Decision:
+    """Choose what runs `model` in one go (optimize() interleaves its search between
+    Trials.start and Trials.finish; see those)."""
+    t = Trials(model, inputs, cfg, grad or GradMode.current(), deadline)
+    with t.limits():
+        t.start()
+        d = t.finish(found, kernels, ranked or [], every or [])
+    return t.settle(d)
+
+
+@dataclass
+class Trials:
+    """The arms of one decision, built, warmed and timed in the caller's grad mode.
+
+        >>> t = Trials(model, inputs, cfg, GradMode.current(), deadline)
+        >>> with t.limits():
+        ...     t.start()                        # the floor: torch.compile, compiled now
+        ...     budget = deadline.left(t.reserve_s(n_tasks))   # the search's share
+        ...     d = t.finish(found, kernels, ranked, every)
+        >>> t.settle(d)
+    """
+    model: nn.Module
+    inputs: tuple
+    cfg: Any
+    grad: GradMode
+    deadline: Any
+    found: Any = None
+    kernels: dict = field(default_factory=dict)
+    arms: list[Arm] = field(default_factory=list)
+    compile_s: float = 0.0      # the floor's first call: what one more compile is expected to cost
+    call_s: float = 0.0         # the floor's second call, synchronized: what one timed call costs
+    grown: list = field(default_factory=list)   # the user's frames the trials compiled (limits())
+
+    # -- the phases ------------------------------------------------------------------------------
+
+    def start(self) -> Arm:
+        """The floor (torch.compile with compile=True, else the original forward) and the original
+        forward, built and warmed: what the model runs if nothing after this works."""
+        with self.deadline.phase("decide: compile"):
+            if self.cfg.compile:
+                self.ready(Arm(ArmKind.COMPILE))
+            self.ready(Arm(ArmKind.ORIGINAL))
+        return self.arms[0]
+
+    def reserve_s(self, n_tasks: int) -> float:
+        """Seconds to keep for finish() after the search: a compile like the floor's per trial
+        arm, and the timing of every arm, for the trials n_tasks kernels could bring."""
+        if not self.cfg.compile:
+            return self.timing_s(2 * min(n_tasks, 4) + 1)
+        trials = 1 + min(n_tasks, 4) + (1 if n_tasks else 0)   # re-export, kernel subsets, replay
+        return trials * self.compile_s + self.timing_s(2 + 2 * (trials - 1) + 3)
+
+    def finish(self, found, kernels: dict, ranked: list[str], every: list[str]) -> Decision:
+        self.found, self.kernels = found, kernels
+        with self.deadline.phase("decide: trials"):
+            return self.compiled(kernels, ranked, every) if self.cfg.compile else self.replayed(kernels, every)
+
+    def settle(self, d: Decision) -> Decision:
+        """After limits(): drop the trials' entries from the user's frames and let the chosen arm
+        compile its own again, here rather than in the user's first call."""
+        if self.grown and d.chosen.kind is not ArmKind.ORIGINAL:
+            _forget(self.grown)
+            with d.grad.enter():
+                d.chosen.call(*self.inputs)
+        return d
+
+    def compiled(self, kernels: dict, ranked: list[str], every: list[str]) -> Decision:
+        floor = self.arm(ArmKind.COMPILE)
+        original = self.arm(ArmKind.ORIGINAL)
+        if floor.error:
+            return self.done(original, Outcome.COMPILE_FAILED,
+                             f"torch.compile failed on this model ({floor.error}): the original forward stays")
+        if not self.cfg.check_end_to_end:
+            arm = self.ready(Arm(ArmKind.KERNELS, tuple(ranked))) if ranked else None
+            return (self.done(arm, Outcome.KERNELS, "end-to-end check off: every kernel that beat Inductor")
+                    if arm is not None and not arm.error else self.done(floor, Outcome.COMPILE, "torch.compile"))
+        base = self.base(floor)
+        if base is None:
+            return self.done(floor, Outcome.NOT_TIMED, self.out_of_time("the decision"))
+        best, why = base, ""
+        for subset in _trials(ranked, every):
+            subset = tuple(s for s in subset if s not in self.failed())
+            if not subset or not self.affords(2):
+                break
+            arm = self.ready(Arm(ArmKind.KERNELS, subset, keep_reexport=base.kind is ArmKind.REEXPORT))
+            if arm.error or not self.time([base, arm]):
+                continue
+            if better(base.times, arm.times) and (best is base or ratio(base, arm) > ratio(base, best)):
+                best, why = arm, (f"{len(subset)} of {len(every)} kernels: {arm.ms()} against {base.ms()} "
+                                  f"for {base.kind.value}")
+            if best is not base and not (set(subset) == set(every) and set(ranked) != set(every)):
+                break   # every kernel together paid, and no smaller set is left to compare: done
+        return self.against_eager(best, base, floor, original, kernels, why)
+
+    def replayed(self, kernels: dict, every: list[str]) -> Decision:
+        original = self.arm(ArmKind.ORIGINAL)
+        if every and not self.cfg.check_end_to_end:
+            arm = self.ready(Arm(ArmKind.REPLAY, tuple(every)))
+            if not arm.error:
+                return self.done(arm, Outcome.REPLAY, "end-to-end check off: every kernel, replayed")
+        for subset in _trials(every, every):
+            subset = tuple(s for s in subset if s not in self.failed())
+            if not subset or not self.affords(1):
+                break
+            arm = self.ready(Arm(ArmKind.REPLAY, subset))
+            if arm.error or not self.time([original, arm]):
+                continue
+            if better(original.times, arm.times):
+                return self.done(arm, Outcome.REPLAY, f"{len(subset)} of {len(every)} kernels: {arm.ms()} "
+                                 f"against {original.ms()} for the original forward")
+        return self.done(original, Outcome.ORIGINAL,
+                         "no set of kernels made the replay faster than the original forward"
+                         if len(self.arms) > 1 else "no kernel to replay")
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def base(self, floor: Arm) -> Arm | None:
+        """The faster of torch.compile and Inductor on our re-exported graph, timed together (the
+        re-export folds constant attention masks; on an H100 it alone made a Llama-style model
+        1.10x faster than torch.compile in reduce-overhead mode, scripts/probe_graph.py)."""
+        arms = [floor]
+        if self.single_graph() and self.affords(2):
+            reexport = self.ready(Arm(ArmKind.REEXPORT, keep_reexport=True))
+            if not reexport.error:
+                arms.append(reexport)
+        if not self.time(arms):
+            return None
+        if len(arms) > 1 and better(floor.times, arms[1].times):
+            return arms[1]
+        return floor
+
+    def against_eager(self, best: Arm, base: Arm, floor: Arm, original: Arm, kernels: dict, why: str) -> Decision:
+        """The compiled choice against the original forward and the replay with every kernel:
+        either replaces it where it is better beyond noise both ways (torch.compile can be slower
+        than eager: BERT-base bf16 on an H100 ran 11.4 ms compiled against 7.6 ms eager)."""
+        rivals = [original]
+        usable = tuple(s for s in kernels if s not in self.failed())
+        if usable and self.single_graph() and self.affords(1):
+            replay = self.ready(Arm(ArmKind.REPLAY, usable))
+            if not replay.error:
+                rivals.append(replay)
+        if self.time([best, *rivals]):
+            faster = [r for r in rivals if better(best.times, r.times)]
+            if faster:
+                r = max(faster, key=lambda a: ratio(best, a))
+                outcome = Outcome.ORIGINAL_FASTER if r.kind is ArmKind.ORIGINAL else Outcome.REPLAY
+                return self.done(r, outcome, f"{r.name}: {r.ms()} against {best.ms()} for {best.name}")
+        if best.kind is ArmKind.KERNELS:
+            return self.done(best, Outcome.KERNELS, why)
+        if best.kind is ArmKind.REEXPORT:
+            return self.done(best, Outcome.REEXPORT, f"{best.name}: {best.ms()} against {floor.ms()} "
+                             "for torch.compile")
+        tried = [a for a in self.arms if a.kind is ArmKind.KERNELS]
+        why = (f"no set of our kernels beat it ({tried[0].name}: {tried[0].ms()} against {base.ms()})"
+               if tried and tried[0].times else "no kernel to try" if not kernels else
+               "no kernel beat Inductor's code for its region" if not tried else "no trial could be timed")
+        return self.done(floor, Outcome.COMPILE, f"torch.compile: {why}")
+
+    def ready(self, arm: Arm) -> Arm:
+        """Build the arm's callable and make its first calls in the caller's grad mode (where
+        torch.compile compiles); any exception becomes arm.error. A kernel that failed at run time
+        in those calls (fallback.py) fails the arm too: its region ran instead, so its time is not
+        the kernel's."""
+        from torch_htam import fallback
+        from torch_htam.timing import _sync_for
+        self.arms.append(arm)
+        sync, t0 = _sync_for(self.inputs), time.perf_counter()
+        try:
+            arm.call = self.build(arm)
+            before = fallback.failures()
+            with self.grad.enter():
+                arm.call(*self.inputs)
+                sync()
+                t1 = time.perf_counter()
+                arm.call(*self.inputs)
+                sync()
+            if arm.kind is ArmKind.COMPILE:
+                self.compile_s, self.call_s = t1 - t0, time.perf_counter() - t1
+            failed = self.newly_failed(arm, before)
+            if failed:
+                arm.failed_kernels = failed
+                arm.error = f"{len(failed)} kernel(s) failed at run time (their regions ran instead)"
+        except Exception as e:  # noqa: BLE001 -- an arm that fails is dropped, not the run
+            log.warning("torch_htam: %s failed: %s: %s", arm.name, type(e).__name__, e, exc_info=True)
+            arm.error = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        arm.setup_s = time.perf_counter() - t0
+        return arm
+
+    def build(self, arm: Arm) -> Callable:
+        from torch_htam import inductor, runtime
+        mode = self.cfg.mode
+        if arm.kind is ArmKind.ORIGINAL:
+            return self.model._call_impl
+        if arm.kind is ArmKind.COMPILE:
+            arm.backend = inductor.HtamBackend({}, mode)    # names the mode for bundles; not compiled with
+            return inductor.compile_with(self.model, None, mode)
+        if arm.kind is ArmKind.REPLAY:
+            fwd, report = runtime.replay(self.model, self.found, {s: self.kernels_of(s) for s in arm.kernels},
+                                         min_speedup=self.cfg.min_speedup)
+            if fwd is None:
+                raise RuntimeError(report.note)
+            arm.replay_report = report
+            return fwd
+        kernels = {s: self.kernels_of(s) for s in arm.kernels}
+        arm.backend = inductor.HtamBackend(kernels, mode, keep_reexport=arm.keep_reexport)
+        return inductor.compile_with(self.model, arm.backend)
+
+    def time(self, arms: list[Arm]) -> bool:
+        """Time the arms interleaved (both ways); False where the deadline leaves no time."""
+        from torch_htam.timing import time_arms
+        arms = [a for a in arms if not a.error]
+        if not self.deadline.allows(self.timing_s(len(arms))):
+            self.out_of_time("timing " + ", ".join(a.name for a in arms))
+            return False
+        with self.deadline.phase("decide: timing"):
+            times = time_arms({i: a.call for i, a in enumerate(arms)}, self.inputs, ITERS, ROUNDS, self.grad)
+        for i, a in enumerate(arms):
+            a.times = times[i]
+        return True
+
+    def done(self, arm: Arm, outcome: Outcome, reason: str) -> Decision:
+        return Decision(arm, outcome, reason, self.arms, self.grad)
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+
+    def arm(self, kind: ArmKind) -> Arm:
+        """The first arm of this kind built so far (start() builds the floor and the original)."""
+        return next(a for a in self.arms if a.kind is kind)
+
+    def kernels_of(self, sig: str):
+        return self.kernels[sig]
+
+    def failed(self) -> set[str]:
+        return {s for a in self.arms for s in a.failed_kernels}
+
+    def newly_failed(self, arm: Arm, before: dict) -> tuple[str, ...]:
+        from torch_htam import fallback
+        handles = dict(getattr(arm.backend, "handles", {}) or {})
+        if arm.replay_report is not None:
+            handles |= getattr(arm.call.htam.gm, "htam_handles", {})
+        now = fallback.failures(set(handles.values()))
+        return tuple(s for s, h in handles.items() if now.get(h, 0) > before.get(h, 0))
+
+    def single_graph(self) -> bool:
+        cap = getattr(self.found, "capture", None)
+        return cap is not None and cap.exported is not None and len(cap.graphs) == 1
+
+    def timing_s(self, n_arms: int) -> float:
+        """Expected seconds to time n arms: per arm ITERS synced calls, plus per round 2 untimed
+        and THROUGHPUT_CALLS back-to-back calls, at the floor's last known call time."""
+        from torch_htam.timing import THROUGHPUT_CALLS
+        ms = max((a.times.latency.median_ms for a in self.arms if a.times), default=None)
+        if ms is None:   # not timed yet: the floor's second call stands for it
+            ms = 1e3 * self.call_s
+        return n_arms * (ITERS + ROUNDS * (2 + THROUGHPUT_CALLS)) * ms / 1e3
+
+    def affords(self, n_arms: int) -> bool:
+        """One more arm: a compile like the floor's, then timing n_arms arms."""
+        need = self.compile_s + self.timing_s(n_arms)
+        if self.deadline.allows(need):
+            return True
+        self.out_of_time(f"further trials (each about {need:.0f} s)")
+        return False
+
+    def out_of_time(self, what: str) -> str:
+        note = f"{what}: skipped, the time budget ran out"
+        if note not in self.deadline.skipped:
+            self.deadline.skip(note)
+        return note
+
+    @contextlib.contextmanager
+    def limits(self):
+        """Dynamo's recompile limits raised while the trials compile, and the trials' cache
+        entries dropped afterwards from the frames they share with the user's code (graph breaks'
+        frames), so that neither the trials nor a user's later compiles run out of recompiles."""
+        import torch._dynamo.config as dcfg
+        before = _cache_sizes()
+        with dcfg.patch(recompile_limit=max(dcfg.recompile_limit, TRIAL_RECOMPILE_LIMIT),
+                        accumulated_recompile_limit=max(dcfg.accumulated_recompile_limit,
+                                                        4 * TRIAL_RECOMPILE_LIMIT)):
+            yield
+        self.grown = [c for c, n in _cache_sizes().items() if n > before.get(c, 0)
+                      and not c.co_name.startswith("htam_call_")]
+
+
+def _trials(ranked: list[str], every: list[str]):
+    """The kernel subsets to try, in order: every kernel (where some lost to Inductor's code for
+    their region alone: a host-bound model can still gain), those that beat it, then its top half
+    and top quarter by estimated saving (none empty, none twice)."""
+    seen, out = set(), []
+    for subset in ([every] if len(every) > len(ranked) else []) + [ranked, ranked[: len(ranked) // 2],
+                                                                   ranked[: len(ranked) // 4]]:
+        key = frozenset(subset)
+        if subset and key not in seen:
+            seen.add(key)
+            out.append(tuple(subset))
+    return out
+
+
+def _cache_sizes() -> dict:
+    """{code object: Dynamo cache entries} for every code object Dynamo has compiled."""
+    import torch
+    from torch._dynamo.convert_frame import input_codes
+    get = torch._C._dynamo.eval_frame._debug_get_cache_entry_list
+    out = {}
+    for ref in list(input_codes.seen):
+        code = ref()
+        if code is not None:
+            out[code] = len(get(code))
+    return out
+
+
+def _forget(codes: list) -> None:
+    """Drop the trials' Dynamo cache entries from the user's own frames (a graph break's frames,
+    which every trial's backend compiled once); the chosen arm compiles them again on its next
+    call (from Inductor's caches: seconds). NOTE: Dynamo can drop a frame's entries only all at
+    once, so a compile the user made of the same class's forward compiles again too."""
+    import torch
+    for code in codes:
+        torch._C._dynamo.eval_frame.reset_code(code)
+
+
+# ---- the decision on the model ---------------------------------------------------------------------
+
+def install(model: nn.Module, d: Decision, found, kernels: dict, ranked: list[str] | None = None,
+            notes: list[str] | None = None) -> nn.Module:
+    """Make `model` run the chosen arm, with the report built from the decision (attach.py sets
+    the attributes). ranked: the kernels that beat Inductor's code for their region alone."""
+    from torch_htam import attach, inductor, runtime
+    arm, ranked = d.chosen, set(ranked or [])
+    tasks = found.tasks if found is not None else []
+    method = found.capture.method if found is not None else "none"
+    if arm.kind is ArmKind.REPLAY:
+        report = arm.replay_report
+    else:
+        report = runtime.Report(method=f"{method} + {d.outcome.value}")
+        report.tasks = runtime._task_reports(tasks, kernels, [], {}, {})
+    failed = {s for a in d.arms for s in a.failed_kernels}
+    for t in report.tasks:
+        if t.signature in arm.kernels and arm.kind is ArmKind.KERNELS:
+            t.status = runtime.TaskStatus.READY
+        elif t.signature in failed:
+            t.status, t.detail = runtime.TaskStatus.FAILED_AT_RUN_TIME, "its region ran instead; dropped"
+        elif t.signature in kernels and t.signature not in arm.kernels:
+            t.status = runtime.TaskStatus.NOT_USED
+            t.detail = ("the original forward was faster than torch.compile" if arm.kind is ArmKind.ORIGINAL
+                        else "slower than Inductor's code for the region" if t.signature not in ranked
+                        else "the model was not faster with it")
+    report.outcome, report.decision = d.outcome, d
+    report.note = "; ".join(x for x in (d.reason, *(notes or ())) if x)
+    report.e2e = _e2e(d)
+    if arm.kind is ArmKind.ORIGINAL:
+        report.swapped = 0
+        return attach.leave(model, report.note, tasks, report)
+    if arm.kind is ArmKind.REPLAY:
+        report.fast_calls = report.fallback_calls = 0       # the trials' calls are not the user's
+        report.fallback_reasons.clear()
+        return attach.forward(model, arm.call, report)
+    attach.compiled(model, arm.call, report, arm.backend)
+    inductor.sync_report(model)
+    return model
+
+
+def _e2e(d: Decision) -> dict[str, float]:
+    """Each timed arm's medians, the last timing of each (ms): what the report shows."""
+    out: dict[str, float] = {}
+    for a in d.arms:
+        if a.times is not None:
+            out[f"{a.name}, synced"] = a.times.latency.median_ms
+            out[f"{a.name}, back to back"] = a.times.throughput.median_ms
+    return out
