@@ -392,3 +392,16 @@ def test_mask_added_before_the_scores_and_a_scale_after_the_fill():
     task = _one_task(M(), q, k, v, torch.randn(8, 8), torch.rand(1, 1, 8, 8) > 0.7)
     am = check_emulation(task)
     assert [s.op for s in am.steps] == ["bias", "fill", "mul"]
+
+
+def test_gpt_block_example_attention_is_covered():
+    """examples/gpt_block.py, the README's flagship: y.transpose(1, 2).contiguous().view(B, T, C)
+    is captured as a transpose and a view (the no-op contiguous dropped), a view that is illegal
+    on a strided tensor; match must still read the output through it."""
+    from torch_htam.modelspec import load_model_spec
+    from pathlib import Path
+    model, inputs = load_model_spec(str(Path(__file__).resolve().parents[1] / "examples" / "gpt_block.py"))
+    tasks = [t for t in extract(model.eval(), inputs).tasks if t.kind == "attention"]
+    assert len(tasks) == 1 and path_of(tasks[0]) is None, path_of(tasks[0])
+    am = check_emulation(tasks[0])
+    assert am.causal and am.o.mode != 0

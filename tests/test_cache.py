@@ -261,3 +261,52 @@ def test_remove_prefix_holds_the_writers_lock(cache, tmp_path, monkeypatch):
     monkeypatch.setattr(cache, "_lock", lambda exclusive: seen.append(exclusive) or real(exclusive))
     assert cache.remove_prefix("aaa") == ("a" * 32, ["a" * 32])
     assert seen == [True] and cache.signatures() == []
+
+
+# ---- read-only commands write nothing; a typo'd arch is an error, not a new cache -----------------
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+
+
+@pytest.mark.parametrize("arch", ["banana", "sm90a", "sm_9", "sm_90x", "sm_1000", "SM_90A", "sm_90a "])
+def test_cli_rejects_an_unknown_arch_and_creates_nothing(tmp_path, capsys, monkeypatch, arch):
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path / "root"))
+    for cmd in (["ls"], ["verify"], ["show", "ab"], ["rm", "ab"], ["clear", "--yes"]):
+        assert cli_main([*cmd, "--arch", arch]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--arch {arch!r}: not a GPU arch" in err and "sm_90a" in err
+    monkeypatch.delenv("HTAM_ARCH", raising=False)
+    monkeypatch.setattr("torch_htam.gpu.detect", lambda device=0: None)
+    monkeypatch.setenv("HTAM_ARCH", arch)
+    assert cli_main(["ls"]) == 1 and "$HTAM_ARCH" in capsys.readouterr().err
+    assert not (tmp_path / "root").exists()
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120", "sm_120f"])
+def test_cli_takes_real_archs(tmp_path, capsys, monkeypatch, arch):
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path / "root"))
+    assert cli_main(["ls", "--arch", arch]) == 0 and "empty" in capsys.readouterr().out
+
+
+def test_read_only_cache_commands_create_no_folder_or_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path / "root"))
+    for cmd in (["ls"], ["verify"], ["show", "ab"], ["rm", "ab"], ["clear", "--yes"]):
+        cli_main([*cmd, "--arch", "sm_90a"])
+    assert not (tmp_path / "root").exists()
+    # a cache copied in from another machine, without its lock file: read as it is, left as it was
+    src = KernelCache("sm_src", root=tmp_path / "src")
+    put(src, tmp_path, "a" * 32)
+    cache = KernelCache("sm_90a")
+    cache.put_entry(src.get("a" * 32))
+    (cache.root / ".lock").unlink()
+    before = _files(cache.root)
+    for cmd in (["ls"], ["verify"], ["show", "aaaa"]):
+        assert cli_main([*cmd, "--arch", "sm_90a"]) == 0
+    assert "a" * 16 in capsys.readouterr().out
+    assert cache.get("a" * 32).usable() and _files(cache.root) == before
+
+
+def test_writes_still_take_the_lock(cache, tmp_path):
+    put(cache, tmp_path, "a" * 32)
+    assert (cache.root / ".lock").is_file()

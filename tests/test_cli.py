@@ -236,3 +236,190 @@ def test_cache_without_gpu_or_arch_asks_for_arch(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("HTAM_ARCH", "sm_80")
     assert main(["cache", "ls"]) == 0
     assert "sm_80-" in capsys.readouterr().out
+
+
+# ---- option values: OptimizeConfig's validation, one line, exit 1, before the model loads ---------
+
+@pytest.mark.parametrize("flags,named", [
+    (["--steps", "-1"], "--steps -1: must be an int >= 0"),
+    (["--candidates", "0"], "--candidates 0: must be an int >= 1"),
+    (["--time-budget", "-5"], "--time-budget -5.0: must be a finite number of seconds > 0"),
+    (["--time-budget", "nan"], "--time-budget nan: "),
+    (["--max-tasks", "-3"], "--max-tasks -3: must be an int >= 1"),
+    (["--llm-timeout", "-1"], "--llm-timeout -1.0: must be a finite number of seconds > 0"),
+    (["--llm-timeout", "inf"], "--llm-timeout inf: "),
+])
+@pytest.mark.parametrize("cmd", [["optimize"], ["precompile", "--out", "b", "--arch", "sm_90a"], ["bench"]])
+def test_bad_option_values_are_one_line_and_exit_1(monkeypatch, capsys, cmd, flags, named):
+    loaded = []
+    monkeypatch.setattr("torch_htam.modelspec.load_model_spec", lambda *a, **k: loaded.append(a))
+    assert main([cmd[0], "examples/gpt_block.py", *flags, *cmd[1:]]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {named}") and err.count("\n") == 1
+    assert loaded == []   # said before the model is loaded
+
+
+def test_good_option_values_reach_the_config(monkeypatch):
+    from torch_htam import cli
+    seen = {}
+    monkeypatch.setattr("torch_htam.modelspec.load_model_spec",
+                        lambda spec, device=None, dtype=None: (torch.nn.Linear(2, 2), (torch.randn(1, 2),)))
+    monkeypatch.setattr("torch_htam.pipeline.optimize", lambda m, x, cfg: seen.update(cfg=cfg) or (_ for _ in ()).throw(SystemExit(0)))
+    with pytest.raises(SystemExit):
+        cli.main(["optimize", "m.py", "--steps", "0", "--candidates", "2", "--time-budget", "30",
+                  "--max-tasks", "1", "--llm-timeout", "300", "--device", "cpu"])
+    cfg = seen["cfg"]
+    assert (cfg.steps, cfg.candidates_per_step, cfg.time_budget_s, cfg.max_tasks) == (0, 2, 30.0, 1)
+    assert cfg.llm.timeout_s == 300.0
+
+
+# ---- exit codes: the README and --help say what the code does --------------------------------------
+
+def _readme_exit_codes() -> dict[int, str]:
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    para = " ".join(text.split("Exit codes:", 1)[1].split("\n\n", 1)[0].split())
+    return {int(m[0]): m[1] for m in re.findall(r"(?:^|; )(\d+) (.*?)(?=; \d+ |$)", para)}
+
+
+def test_readme_exit_codes_match_the_cli(capsys):
+    import re
+    from torch_htam.cli import EXIT_CODES
+    codes = _readme_exit_codes()
+    with pytest.raises(SystemExit) as usage:                      # argparse: unknown option
+        main(["plan", "examples/gpt_block.py", "--no-such-option"])
+    assert "command line" in codes[usage.value.code] and "argparse" in codes[usage.value.code]
+    assert main(["optimize", "examples/gpt_block.py", "--steps", "-1"]) == 1   # a bad value
+    assert "value" in codes[1] and "--steps" in codes[1]
+    assert main(["cache", "ls", "--arch", "banana"]) == 1
+    assert "--arch" in codes[1]
+    parts = re.split(r"\n  (\d+) +", EXIT_CODES)                 # --help's table: code, text, ...
+    help_codes = {int(c): " ".join(t.split()) for c, t in zip(parts[1::2], parts[2::2])}
+    assert "argparse" in help_codes[usage.value.code] and "bad option value" in help_codes[1]
+
+
+# ---- plan --export to a path that is not a writable folder --------------------------------------
+
+def test_plan_export_to_a_file_is_one_line(tmp_path, capsys):
+    f = tmp_path / "tasks.txt"
+    f.write_text("mine")
+    for target in (f, f / "sub"):
+        assert main(["plan", "examples/gpt_block.py", "--device", "cpu", "--export", str(target)]) == 1
+        captured = capsys.readouterr()
+        assert captured.err.startswith(f"error: --export {target}: ") and captured.err.count("\n") == 1
+        assert captured.out == ""   # said before the capture, no table
+    assert f.read_text() == "mine"
+
+
+def test_plan_export_that_fails_to_write_is_one_line(tmp_path, capsys, monkeypatch):
+    def denied(tasks, directory):
+        raise PermissionError(13, "Permission denied", str(directory))
+    monkeypatch.setattr("torch_htam.plan.export_tasks", denied)
+    assert main(["plan", "examples/gpt_block.py", "--device", "cpu", "--export", str(tmp_path / "kb")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --export {tmp_path / 'kb'}: ") and "Permission denied" in err
+    assert err.count("\n") == 1
+
+
+# ---- module:function specs import from the current directory, as `python -m` does ----------------
+
+def test_module_spec_imports_from_the_current_directory(tmp_path, monkeypatch, capsys):
+    import os
+    pkg = tmp_path / "htam_cwd_models"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "net.py").write_text("import torch\n\ndef get_model():\n"
+                                "    return torch.nn.Linear(8, 8).eval(), (torch.randn(2, 8),)\n")
+    monkeypatch.chdir(tmp_path)
+    # the `torch-htam` script's sys.path: its own folder first, not the current directory
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd(), str(tmp_path))])
+    before = list(sys.path)
+    assert main(["plan", "htam_cwd_models.net:get_model", "--device", "cpu"]) == 0
+    assert "linear" in capsys.readouterr().out
+    assert sys.path == before                       # the current directory was not left on it
+    for name in ("htam_cwd_models.net", "htam_cwd_models"):
+        sys.modules.pop(name, None)
+
+
+def test_readme_quick_start_spec_runs_from_the_repository_root():
+    """`torch-htam plan examples.gpt_block:get_model`, as the installed script runs it."""
+    import shutil
+    from pathlib import Path
+    script = shutil.which("torch-htam")
+    if script is None:
+        pytest.skip("torch-htam is not installed as a script")
+    out = subprocess.run([script, "plan", "examples.gpt_block:get_model", "--device", "cpu"],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "9 tasks" in out.stdout
+
+
+# ---- read-only commands write nothing; a failed precompile leaves no folder ----------------------
+
+def test_plan_creates_no_folder_or_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path / "cache"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    from pathlib import Path
+    model = str(Path(__file__).resolve().parents[1] / "examples" / "gpt_block.py")
+    assert main(["plan", model, "--device", "cpu"]) == 0
+    assert main(["plan", model, "--device", "cpu", "--json"]) == 0
+    assert not (tmp_path / "cache").exists() and list(work.iterdir()) == []
+
+
+def test_precompile_rejects_an_unknown_arch(monkeypatch, capsys, tmp_path):
+    _no_gpu(monkeypatch)
+    called = []
+    monkeypatch.setattr("torch_htam.pipeline.precompile", lambda *a, **k: called.append(a))
+    assert main(["precompile", "examples/gpt_block.py", "--out", str(tmp_path / "b"), "--arch", "banana"]) == 1
+    assert "error: --arch 'banana': not a GPU arch" in capsys.readouterr().err
+    monkeypatch.setenv("HTAM_ARCH", "hopper")
+    assert main(["precompile", "examples/gpt_block.py", "--out", str(tmp_path / "b")]) == 1
+    assert "error: $HTAM_ARCH 'hopper': not a GPU arch" in capsys.readouterr().err
+    assert called == [] and not (tmp_path / "b").exists()
+
+
+def _cached_model_on_cpu(tmp_path, monkeypatch):
+    """A model on the CPU whose every task has a (fake) verified kernel cached for sm_90a."""
+    from torch_htam.cache import KernelCache
+    from torch_htam.evaluation import Evaluation
+    from torch_htam.extract import extract_tasks
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path / "cache"))
+    _no_gpu(monkeypatch)
+    model, x = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU()).eval(), torch.randn(4, 32)
+    cache = KernelCache("sm_90a")
+    for t in extract_tasks(model, (x,)):
+        so = tmp_path / f"{t.signature}.so"
+        so.write_bytes(b"\x7fELF fake")
+        ev = Evaluation(True, "ok", policy={"name": "fp32"}, ref_ms=0.02, kernel_ms=0.01, speedup=2.0)
+        cache.put(t, "// kernel\n", so, ev, {"proposer": "expert"})
+    monkeypatch.setattr("torch_htam.modelspec.load_model_spec", lambda spec, device=None, dtype=None: (model, (x,)))
+
+
+@pytest.mark.parametrize("out", ["b", "new/deeper/b"])
+def test_a_failed_precompile_removes_the_folder_it_made(tmp_path, monkeypatch, capsys, out):
+    _cached_model_on_cpu(tmp_path, monkeypatch)
+
+    def broken(*a, **k):
+        raise RuntimeError("no golden record today")
+    monkeypatch.setattr("torch_htam.golden.record", broken)
+    assert main(["precompile", "m.py", "--out", str(tmp_path / out), "--arch", "sm_90a"]) == 1
+    assert "golden record of every kernel failed" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["cache", *(p.name for p in tmp_path.glob("*.so"))])
+
+
+def test_a_failed_precompile_keeps_a_folder_that_was_there(tmp_path, monkeypatch, capsys):
+    _cached_model_on_cpu(tmp_path, monkeypatch)
+    monkeypatch.setattr("torch_htam.golden.record", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no")))
+    (tmp_path / "b").mkdir()
+    assert main(["precompile", "m.py", "--out", str(tmp_path / "b"), "--arch", "sm_90a"]) == 1
+    assert (tmp_path / "b").is_dir()
+
+
+def test_precompile_on_cpu_writes_a_bundle(tmp_path, monkeypatch, capsys):
+    """The counterpart of the failures above: the same setup with golden records works."""
+    _cached_model_on_cpu(tmp_path, monkeypatch)
+    assert main(["precompile", "m.py", "--out", str(tmp_path / "b"), "--arch", "sm_90a"]) == 0
+    assert (tmp_path / "b" / "manifest.json").is_file()

@@ -110,14 +110,91 @@ def test_cli_plan_json(tmp_path, capsys):
     assert set(doc) == {"capture", "tasks", "coverage", "problems"} and len(doc["tasks"]) == 2
 
 
-@pytest.mark.parametrize("fn", ["tolist", "raises"])
-def test_uncapturable_model_gives_message_and_empty_plan(tmp_path, fn):
+def test_uncapturable_model_gives_message_and_empty_plan(tmp_path):
     path = tmp_path / "bad.py"
     path.write_text(UNCAPTURABLE)
-    code, text = plan(f"{path}:{fn}")
+    code, text = plan(f"{path}:tolist")
     assert code == 2 and text.startswith("0 tasks")
     assert "not captured: " in text
     assert "Traceback" not in text
+    assert "% of FLOPs" not in text        # no share of nothing
+
+
+def test_a_model_that_fails_on_its_inputs_says_so(tmp_path, capsys):
+    """Not "nothing captured" with an empty table: the model's own error, and exit 1."""
+    from torch_htam.cli import main
+    path = tmp_path / "bad.py"
+    path.write_text(UNCAPTURABLE + SHAPES)
+    with pytest.raises(ModelSpecError, match=r"the model raised RuntimeError on its example inputs: "
+                                             r"this model is broken \(at .*bad.py:\d+\)"):
+        plan(f"{path}:raises")
+    assert main(["plan", f"{path}:mismatch", "--device", "cpu"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith(f"error: {path}:mismatch: the model raised RuntimeError on its "
+                                   "example inputs: mat1 and mat2 shapes cannot be multiplied")
+
+
+SHAPES = """
+class Mismatch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+
+    def forward(self, x):
+        return self.fc(x)
+
+def mismatch():
+    return Mismatch(), (torch.randn(2, 5),)
+"""
+
+
+LONG = "the kernel cannot take this region because " + " ".join(f"reason{i}" for i in range(20)) + " END"
+
+
+def test_reasons_are_whole_in_json_and_wrapped_in_the_table(tmp_path, monkeypatch):
+    from torch_htam.plan import WHY_LINES
+    from torch_htam.proposers.expert import proposer
+    path = tmp_path / "mixed.py"
+    path.write_text(MIXED)
+
+    def fails(task, policy, targets=None):
+        raise RuntimeError(LONG)
+    monkeypatch.setattr(proposer, "match_task", fails)
+    doc = json.loads(plan(str(path), json_out=True)[1])
+    assert all(r["why"] == f"matching failed: RuntimeError: {LONG}" for r in doc["tasks"])
+    lines = plan(str(path))[1].splitlines()
+    assert all(len(line) <= 120 for line in lines)
+    first = next(i for i, line in enumerate(lines) if "no path: matching failed: RuntimeError" in line)
+    n = 1 + next(k for k, line in enumerate(lines[first + 1:]) if not line.startswith(" " * 27))
+    assert 1 < n <= WHY_LINES                                # wrapped, all of it
+    assert " ".join(" ".join(lines[first:first + n]).split()).endswith(LONG)
+
+
+def test_a_reason_too_long_to_read_is_cut_in_the_table_only(tmp_path, monkeypatch):
+    from torch_htam.plan import WHY_LINES
+    from torch_htam.proposers.expert import proposer
+    path = tmp_path / "mixed.py"
+    path.write_text(MIXED)
+    huge = "shape mismatch: " + "x" * 3000
+
+    def fails(task, policy, targets=None):
+        raise ValueError(huge)
+    monkeypatch.setattr(proposer, "match_task", fails)
+    lines = plan(str(path))[1].splitlines()
+    first = next(i for i, line in enumerate(lines) if "no path: matching failed: ValueError: shape mismatch" in line)
+    block = lines[first:first + WHY_LINES]
+    assert block[-1].endswith("(whole reason: --json)") and not lines[first + WHY_LINES].startswith(" " * 27)
+    assert all(len(line) <= 120 for line in lines)
+    assert json.loads(plan(str(path), json_out=True)[1])["tasks"][0]["why"].endswith("x" * 3000)
+
+
+def test_the_gpt_example_has_a_path_for_every_task():
+    """The README's flagship: its attention (a transpose and a view after SDPA) included."""
+    code, text = plan(GPT, json_out=True)
+    doc = json.loads(text)
+    assert code == 0 and [r for r in doc["tasks"] if not r["path"]] == []
+    assert any(r["kind"] == "attention" for r in doc["tasks"])
 
 
 def test_bad_specs_are_clear(tmp_path):

@@ -35,6 +35,7 @@ at least one kernel, or Inductor's code for a model that runs torch.compile alon
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import logging
 import os
@@ -72,6 +73,24 @@ def _tasks(model, example_inputs):
     return found, found.tasks
 
 
+def _removes_its_folder_on_failure(fn: Callable) -> Callable:
+    """A precompile that fails leaves no folder it created (out_dir, or its first missing parent)
+    behind: an empty or half-written folder would look like a bundle. A folder that existed before
+    is left where it was."""
+    @functools.wraps(fn)
+    def wrapper(model, example_inputs, out_dir, *args, **kwargs):
+        made = next((p for p in reversed((Path(out_dir), *Path(out_dir).parents))
+                     if not p.exists()), None)
+        try:
+            return fn(model, example_inputs, out_dir, *args, **kwargs)
+        except BaseException:
+            if made is not None:
+                shutil.rmtree(made, ignore_errors=True)
+            raise
+    return wrapper
+
+
+@_removes_its_folder_on_failure
 def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Path, config: Any = None,
                ensure_kernels: Callable | None = None, cache: KernelCache | None = None,
                only: set[str] | None = None, arch: str | None = None,

@@ -136,8 +136,15 @@ class KernelCache:
     @contextlib.contextmanager
     def _lock(self, exclusive: bool) -> Iterator[None]:
         # NOTE: flock is per open file description, so each process (and each call) opens its own.
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".lock", "a+") as f:
+        path = self.root / ".lock"
+        if exclusive:
+            self.root.mkdir(parents=True, exist_ok=True)
+        elif not path.exists():
+            # A reader creates nothing (`cache ls` must not make a folder). Without a lock file no
+            # writer has replaced an entry here yet (the first write makes it), so nothing to guard.
+            yield
+            return
+        with open(path, "a+" if exclusive else "r") as f:
             fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             try:
                 yield
@@ -258,7 +265,7 @@ class KernelCache:
         Returns (the removed signature, [it]); (None, matches) when none or several match, and
         then nothing is removed. Corrupt entries are removed like intact ones.
         """
-        if not prefix:
+        if not prefix or not self.kernels.is_dir():   # nothing to remove: create no folder either
             return None, []
         with self._lock(exclusive=True):
             matches = self.matching(prefix)
@@ -320,11 +327,13 @@ class CacheCliError(Exception):
 
 
 def _cli_cache(arch: str | None) -> KernelCache:
-    """The cache for --arch, else this GPU's arch, else $HTAM_ARCH; else an error naming --arch."""
-    if arch:
-        return KernelCache(arch)
+    """The cache for --arch, else this GPU's arch, else $HTAM_ARCH; else an error naming --arch.
+    An arch that is not an nvcc target (a typo) is an error, not a new empty cache."""
     try:
-        return KernelCache(default_arch())
+        source = "--arch" if arch else "$HTAM_ARCH" if os.environ.get("HTAM_ARCH") else "GPU arch"
+        return KernelCache(paths.check_arch(arch or default_arch(), source))
+    except ValueError as e:
+        raise CacheCliError(str(e)) from None
     except RuntimeError:
         root = paths.cache_root()
         found = sorted({p.name.split("-")[0] for p in root.iterdir() if (p / "kernels").is_dir()}

@@ -33,17 +33,28 @@ def _add_search_args(p: argparse.ArgumentParser) -> None:
                    help="seconds per LLM request (reasoning models may need more than 120)")
 
 
+# The OptimizeConfig field each search flag sets, so a bad value is named as the user typed it.
+FLAGS = {"steps": "--steps", "candidates_per_step": "--candidates", "time_budget_s": "--time-budget",
+         "max_tasks": "--max-tasks", "memory": "--memory"}
+
+
 def _config(args):
-    from torch_htam.pipeline import OptimizeConfig
-    cfg = OptimizeConfig(memory=args.memory, use_llm=args.llm, search=not args.no_search,
-                         max_tasks=args.max_tasks, time_budget_s=args.time_budget)
+    """The OptimizeConfig of the search flags, validated by OptimizeConfig itself (CliError)."""
+    import math
+    from torch_htam.config import ConfigError, OptimizeConfig
+    given = {"steps": args.steps, "candidates_per_step": args.candidates}
+    try:
+        cfg = OptimizeConfig(memory=args.memory, use_llm=args.llm, search=not args.no_search,
+                             max_tasks=args.max_tasks, time_budget_s=args.time_budget,
+                             **{k: v for k, v in given.items() if v is not None})
+    except ConfigError as e:
+        raise CliError(f"{FLAGS[e.field]} {e.value}: must be {e.allowed}" if e.field in FLAGS
+                       else str(e)) from None
     if args.llm_timeout is not None:
+        if not (math.isfinite(args.llm_timeout) and args.llm_timeout > 0):
+            raise CliError(f"--llm-timeout {args.llm_timeout}: must be a finite number of seconds > 0")
         from torch_htam.proposers.llm import LLMConfig
         cfg.llm = LLMConfig.from_env(timeout_s=args.llm_timeout)
-    if args.steps is not None:
-        cfg.steps = args.steps
-    if args.candidates is not None:
-        cfg.candidates_per_step = args.candidates
     return cfg
 
 
@@ -51,9 +62,12 @@ EXIT_CODES = """\
 exit codes:
   0    success; for optimize: the optimized model has at least one swapped region
   1    error, printed as one `error: ...` line on stderr: the model spec (missing file, syntax or
-       import error, get_model() raising), a --device this machine lacks, no --arch without a GPU,
-       an unknown or ambiguous cache entry, an empty bundle; cache verify: an entry has a problem
-  2    bad command line (argparse); plan: no region captured; bench: no CUDA GPU
+       import error, get_model() raising), the model raising on its example inputs, a bad option
+       value (--steps -1, ...), a --device this machine lacks, no --arch without a GPU, an --arch
+       that is not a GPU arch, an --export folder that cannot be written, an unknown or ambiguous
+       cache entry, an empty bundle; cache verify: an entry has a problem
+  2    a command line argparse rejects (unknown option, missing or non-numeric argument: its usage
+       message); plan: no region captured; bench: no CUDA GPU
   3    optimize ran but swapped nothing (no GPU, no kernel faster, ...): the report printed says why
   130  interrupted (Ctrl-C)
 """
@@ -80,8 +94,9 @@ def _cmd_plan(args) -> int:
 
 def _cmd_optimize(args) -> int:
     from torch_htam.pipeline import optimize
+    cfg = _config(args)   # a bad flag is said before the model loads
     model, inputs = _load_model(args)
-    model = optimize(model, inputs, _config(args))
+    model = optimize(model, inputs, cfg)
     report = model.htam_report
     print(report.format())
     return OK if report.swapped > 0 else NOTHING_SWAPPED
@@ -89,16 +104,22 @@ def _cmd_optimize(args) -> int:
 
 def _cmd_precompile(args) -> int:
     import os
-    from torch_htam import gpu
+    from torch_htam import gpu, paths
     from torch_htam.modelspec import default_device
     from torch_htam.pipeline import precompile
+    cfg = _config(args)
     default_device(args.device)   # a --device this machine lacks is said first
     arch = args.arch or os.environ.get("HTAM_ARCH")
     if arch is None and gpu.detect() is None:
         raise CliError("no CUDA GPU detected: pass --arch (e.g. sm_90a) to bundle kernels already "
                        "cached for that arch")
+    if arch is not None:
+        try:
+            paths.check_arch(arch, "--arch" if args.arch else "$HTAM_ARCH")
+        except ValueError as e:
+            raise CliError(str(e)) from None
     model, inputs = _load_model(args)
-    out = precompile(model, inputs, args.out, _config(args), arch=args.arch)
+    out = precompile(model, inputs, args.out, cfg, arch=args.arch)
     print(f"bundle written to {out}")
     return OK
 
@@ -107,7 +128,8 @@ def _cmd_bench(args) -> int:
     from torch_htam.benchmark import run_bench
     from torch_htam.modelspec import default_device
     # run_bench loads the model with modelspec.load_model_spec: its errors are ModelSpecErrors too
-    return run_bench(args.model, _config(args), out_dir=args.out, iters=args.iters,
+    cfg = _config(args)
+    return run_bench(args.model, cfg, out_dir=args.out, iters=args.iters,
                      device=default_device(args.device))
 
 
@@ -121,7 +143,8 @@ def _user_error(e: Exception) -> str | None:
     # NOTE: looked up in sys.modules, not imported: an exception of a class is raised only after
     # its module was imported, and importing modelspec here would load torch for nothing.
     kinds = [("torch_htam.modelspec", "ModelSpecError"), ("torch_htam.cache", "CacheCliError"),
-             ("torch_htam.errors", "EmptyBundleError")]
+             ("torch_htam.errors", "EmptyBundleError"), ("torch_htam.plan", "PlanError"),
+             ("torch_htam.config", "ConfigError")]
     classes = tuple(getattr(sys.modules[m], c) for m, c in kinds if m in sys.modules)
     return str(e) if isinstance(e, (CliError, *classes)) else None
 

@@ -7,14 +7,18 @@ The function (default `get_model`) returns (model, example_inputs) and may take 
 
 Every way loading can fail raises ModelSpecError with a one-line message for the user: a device
 this machine does not have, a missing file, a syntax error (file:line), an import that fails while
-the file runs, get_model() raising (the original exception is its __cause__), a wrong return value.
+the file runs, get_model() raising (the original exception is its __cause__), a wrong return value;
+check_runs: the model raising on its own example inputs. A `module:function` spec imports with the
+current directory on the import path, as `python -m` does (sys.path is restored after).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -96,6 +100,20 @@ def load_model_spec(spec: str, device: str | None = None, dtype: torch.dtype | N
     return model, inputs
 
 
+def check_runs(model: torch.nn.Module, inputs: tuple, spec: str) -> None:
+    """ModelSpecError if the model raises on its own example inputs (a forward that cannot run is
+    no model to plan or optimize: say why, not that nothing was captured)."""
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    except Exception as e:  # noqa: BLE001 -- the user's model failed: say so, keep the cause
+        module = sys.modules.get(type(model).__module__)
+        msg = " ".join(str(e).split())
+        raise ModelSpecError(f"{spec}: the model raised {type(e).__name__} on its example inputs: "
+                             f"{msg}{_where(e, getattr(module, '__file__', None))}; fix the model "
+                             "or the inputs its get_model() returns") from e
+
+
 def _split(spec: str) -> tuple[str, str, str]:
     # "C:/x.py:fn" has two colons on Windows: split on the last one that follows ".py" or a module
     if spec.endswith(".py") or ":" not in spec:
@@ -122,7 +140,8 @@ def _import(target: str, spec: str):
     if target.endswith(".py"):
         return _import_file(Path(target), target, spec)
     try:
-        return importlib.import_module(target)
+        with _cwd_on_path():
+            return importlib.import_module(target)
     except ModuleNotFoundError as e:
         if e.name and (target == e.name or target.startswith(e.name + ".")):   # the spec's own
             raise ModelSpecError(f"cannot import {target!r} from spec {spec!r}: {e}. Give a .py path "
@@ -130,6 +149,23 @@ def _import(target: str, spec: str):
         raise _import_error(e, target) from e
     except Exception as e:  # noqa: BLE001
         raise _import_error(e, target) from e
+
+
+@contextlib.contextmanager
+def _cwd_on_path():
+    """The current directory first on sys.path while a `module:function` spec imports, as under
+    `python -m` (the `torch-htam` script's sys.path has its own folder instead); removed after,
+    so the rest of the process imports as it did."""
+    cwd = os.getcwd()
+    if "" in sys.path or cwd in sys.path:
+        yield
+        return
+    sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(cwd)
 
 
 def _import_file(path: Path, target: str, spec: str):

@@ -25,6 +25,9 @@ from pathlib import Path
 
 FORMAT_VERSION = 1   # bump when the cache entry layout or the kernel ABI changes
 
+# An nvcc GPU target: sm_80, sm_86, sm_89, sm_90, sm_90a, sm_100a, sm_120, sm_120f, ...
+ARCH_PATTERN = re.compile(r"sm_\d{2,3}[af]?")
+
 
 def cache_root() -> Path:
     env = os.environ.get("HTAM_CACHE_DIR")
@@ -62,6 +65,15 @@ def toolchain_key() -> str:
     import torch
     cuda = torch.version.cuda or "cpu"
     return f"torch{torch.__version__.split('+')[0]}-cu{cuda}-nvcc{nvcc_version()}-f{FORMAT_VERSION}"
+
+
+def check_arch(arch: str, source: str = "--arch") -> str:
+    """`arch` if it names an nvcc GPU target, else ValueError (one line: where it came from, what
+    to write). Checked where a user types it: a typo must not become a cache folder of its own."""
+    if not isinstance(arch, str) or not ARCH_PATTERN.fullmatch(arch):
+        raise ValueError(f"{source} {arch!r}: not a GPU arch; use an nvcc target such as sm_80, "
+                         "sm_86, sm_89, sm_90a, sm_100a or sm_120")
+    return arch
 
 
 def arch_dir(arch: str) -> Path:

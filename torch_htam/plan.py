@@ -5,7 +5,8 @@ time when CUDA is present (each task's reference timed with CUDA events on rando
 its count), whether the built-in proposer has a path for it (and if not, why, on the next line),
 a footer with the shares of FLOPs and bytes in tasks with a path (coverage.py), and a line for what
 could not be captured. --export writes the KernelBench files; --json prints the same as one JSON
-object instead. A spec that cannot be loaded raises modelspec.ModelSpecError.
+object instead. A spec that cannot be loaded, or a model that fails on its own example inputs,
+raises modelspec.ModelSpecError; an --export folder that cannot be written raises PlanError.
 
     >>> run_plan("examples/gpt_block.py", export_dir="kb_tasks")
     0
@@ -13,16 +14,25 @@ object instead. A spec that cannot be loaded raises modelspec.ModelSpecError.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import textwrap
+from pathlib import Path
 from typing import TextIO
 
+from torch_htam import coverage as coverage_module
 from torch_htam import ops
-from torch_htam.coverage import coverage
 from torch_htam.extract import extract
-from torch_htam.modelspec import load_model
+from torch_htam.modelspec import check_runs, load_model
 from torch_htam.task import Task, exec_source, export_tasks
 
 OPS_WIDTH = 48
+LINE_WIDTH = 120   # a reason without a path is wrapped to this width ...
+WHY_LINES = 4      # ... in at most this many lines (--json has it whole)
+
+
+class PlanError(Exception):
+    """An --export folder that cannot be written; the CLI prints `error: <message>`, exit 1."""
 
 
 def run_plan(spec: str, export_dir: str | None = None, device: str | None = None,
@@ -34,9 +44,13 @@ def run_plan(spec: str, export_dir: str | None = None, device: str | None = None
     user): the CLI reports it as `error: ...` like every other command that loads a model.
     """
     out = out or sys.stdout   # NOTE: read at call time; a default arg would pin the import-time stream
+    if export_dir:
+        check_export_dir(export_dir)   # before the capture, which can take minutes
     model, inputs, device = load_model(spec, device)
     found = extract(model, inputs)
     tasks = found.tasks
+    if not found.capture.graphs:
+        check_runs(model, inputs, spec)   # nothing captured: say so if the model itself fails
     shares = eager_shares(tasks, device) if device.startswith("cuda") else None
     cov = coverage(tasks)
     problems = list(found.problems)
@@ -50,7 +64,11 @@ def run_plan(spec: str, export_dir: str | None = None, device: str | None = None
         for p in problems:
             print(f"not captured: {p}", file=out)
     if export_dir and tasks:
-        paths = export_tasks(tasks, export_dir)
+        try:
+            paths = export_tasks(tasks, export_dir)
+        except OSError as e:
+            raise PlanError(f"--export {export_dir}: cannot write the task files there "
+                            f"({e.strerror or e}); give a writable folder") from None
         print(f"wrote {len(paths)} KernelBench files and tasks.json to {export_dir}",
               file=sys.stderr if json_out else out)
     return 0 if tasks else 2
@@ -71,11 +89,46 @@ def format_plan(tasks: list[Task], shares: list[float] | None = None, method: st
         has = f"  {'yes' if cov['tasks'][i]['path'] else 'no':4}" if cov else ""
         rows.append(f"{t.signature:16}  {t.kind:11}  {t.count:>5}  {share:>6}{has}  {names:{OPS_WIDTH}}  {shapes}")
         if cov and not cov["tasks"][i]["path"]:
-            rows.append(f"{'':18}no path: {cov['tasks'][i]['why']}")
-    if cov:
+            rows.extend(_wrap_why(cov["tasks"][i]["why"]))
+    if cov and tasks:   # no task: no share of anything to report
         rows.append(f"built-in proposer has a path for {cov['with_path']} of {len(tasks)} tasks: "
                     f"{100 * cov['flops']:.1f}% of FLOPs, {100 * cov['bytes']:.1f}% of bytes")
     return "\n".join(rows)
+
+
+def _wrap_why(why: str) -> list[str]:
+    """The reason a task has no path, under its row, wrapped; cut at the end (the error's type and
+    message come first) only past WHY_LINES lines."""
+    lines = textwrap.wrap(why, LINE_WIDTH, initial_indent=" " * 18 + "no path: ",
+                          subsequent_indent=" " * 27)
+    if len(lines) > WHY_LINES:
+        lines = lines[:WHY_LINES]
+        lines[-1] = lines[-1][:LINE_WIDTH - 28].rstrip() + " ... (whole reason: --json)"
+    return lines
+
+
+def coverage(tasks: list[Task]) -> dict:
+    """coverage.coverage with each reason whole."""
+    # NOTE: coverage.py cuts reasons at WHY_WIDTH for one-line use; plan wraps them in the table
+    # and keeps them whole in --json, where a cut error loses what it says.
+    width, coverage_module.WHY_WIDTH = coverage_module.WHY_WIDTH, sys.maxsize
+    try:
+        return coverage_module.coverage(tasks)
+    finally:
+        coverage_module.WHY_WIDTH = width
+
+
+def check_export_dir(path: str) -> None:
+    """PlanError unless `path` is a folder this process can write, or can be made as one."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise PlanError(f"--export {path}: exists and is not a folder; give a folder (it is made "
+                        "if missing)")
+    parent = next(a for a in (p, *p.parents) if a.exists())   # NOTE: "." at the latest
+    if not parent.is_dir():
+        raise PlanError(f"--export {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PlanError(f"--export {path}: {parent} is not writable; give a writable folder")
 
 
 def compute_ops(task: Task) -> str:

@@ -219,8 +219,15 @@ def _key(chain: list[fx.Node]) -> tuple:
     return tuple((n.target, _freeze(n.args[1:]), _freeze(sorted(n.kwargs.items()))) for n in chain)
 
 
+# NOTE: a region's views are replayed as reshapes: the export drops a no-op `.contiguous()` (e.g.
+# gpt's y.transpose(1, 2).contiguous().view(B, T, C)), leaving a view that is illegal on the
+# strided index tensor traced here; on values, which is all the trace reads, view == reshape.
+_AS_RESHAPE = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
+
+
 def _run(key: tuple, x):
     for target, args, kwargs in key:
+        target = torch.ops.aten.reshape.default if target in _AS_RESHAPE else target
         x = target(x, *args, **dict(kwargs))
     return x
 
