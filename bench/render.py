@@ -5,9 +5,9 @@
 
 For each suite (and each model a run names), the latest run (by its "date") gets one section:
 device, date, commit, the command and the results file, its summary (if any), then one table of its
-rows. A suite in MERGED (kernelbench: runs over different task folders; bench_models: runs over
-different models) gets one table of every row key's latest row instead, each row naming its run,
-under the list of those runs. Each known suite declares its columns in COLUMNS (header, key,
+rows. A suite in MERGED (kernelbench: runs over different task folders; bench_models and
+bench_floor: runs over different models) gets one table of every row key's latest row instead, each
+row naming its run, under the list of those runs. Each known suite declares its columns in COLUMNS (header, key,
 format); an unknown suite gets a table of its rows' scalar fields.
 The prose write-ups in bench/findings.md (hand-written; edit that file) are appended as they are.
 RESULTS.md itself is never edited by hand. Only the standard library is used (CI runs --check).
@@ -65,6 +65,16 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("max rel err", "max_rel_err", "{:.1e}"), ("fresh err", "fresh_rel_err", "{:.1e}"),
         ("batch/2 err", "batch2_rel_err", "{:.1e}"), ("within policy", "within_policy", None),
         ("note", "note", None)],
+    "bench_floor": [
+        ("model", "model", None), ("mode", "mode", None), ("eager ms", "eager_ms_latency", "{:.3f}"),
+        ("compile ms", "compile_ms_latency", "{:.3f}"), ("ours ms", "ours_ms_latency", "{:.3f}"),
+        ("eager ms b2b", "eager_ms_throughput", "{:.3f}"), ("compile ms b2b", "compile_ms_throughput", "{:.3f}"),
+        ("ours ms b2b", "ours_ms_throughput", "{:.3f}"), ("vs compile", "vs_compile_latency", "{:.3f}x"),
+        ("vs compile b2b", "vs_compile_throughput", "{:.3f}x"), ("vs eager", "vs_eager_latency", _x),
+        ("optimize s", "optimize_s", "{:.0f}"), ("budget s", "budget_s", "{:.0f}"),
+        ("within budget", "within_budget", None), ("floor ok", "floor_ok", None),
+        ("max abs err", "max_abs_err", "{:.1e}"), ("ok", "correct", None), ("swapped", "swapped", None),
+        ("note", "report_note", None), ("skipped", "skipped", None), ("error", "error", None)],
     "bench_swaps": [
         ("variant (kernels swapped)", "variant", None), ("sites", "swapped", None), ("ms", "ms", "{:.3f}"),
         ("p20 ms", "p20_ms", "{:.3f}"), ("p80 ms", "p80_ms", "{:.3f}"), ("vs torch.compile", "vs_compile", _x),
@@ -141,7 +151,8 @@ def _anytime_table_rows(data: dict) -> list[dict]:
 
 # suite -> (the row field that names what a row measured, what to call it): the latest row of each
 # across all of the suite's runs is shown
-MERGED = {"kernelbench": ("name", "task"), "bench_models": ("model", "model and dtype")}
+MERGED = {"kernelbench": ("name", "task"), "bench_models": ("model", "model and dtype"),
+          "bench_floor": ("model", "model and dtype")}
 
 def _optimize_time_rows(data: dict) -> list[dict]:
     """Each model's row with the end-to-end guard's last timing pulled out of "e2e_ms" (whose
