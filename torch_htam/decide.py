@@ -488,6 +488,7 @@ def install(model: nn.Module, d: Decision, found, kernels: dict, ranked: list[st
     report.outcome, report.decision = d.outcome, d
     report.note = "; ".join(x for x in (d.reason, *(notes or ())) if x)
     report.e2e = _e2e(d)
+    report.kernel_failures = _failures(d)
     if arm.kind is ArmKind.ORIGINAL:
         report.swapped = 0
         return attach.leave(model, report.note, tasks, report)
@@ -508,3 +509,15 @@ def _e2e(d: Decision) -> dict[str, float]:
             out[f"{a.name}, synced"] = a.times.latency.median_ms
             out[f"{a.name}, back to back"] = a.times.throughput.median_ms
     return out
+
+
+def _failures(d: Decision) -> dict[str, int]:
+    """{signature: calls in which its kernel failed and its region ran}, over every arm tried."""
+    from torch_htam import fallback
+    handles = {}
+    for a in d.arms:
+        handles |= getattr(a.backend, "handles", None) or {}
+        if a.replay_report is not None and a.call is not None:
+            handles |= getattr(a.call.htam.gm, "htam_handles", {})
+    failures = fallback.failures(set(handles.values()))
+    return {s: failures[h] for s, h in handles.items() if h in failures}

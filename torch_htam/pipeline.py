@@ -297,13 +297,10 @@ class _Run:
                           "please report this")
 
     def install(self, d) -> nn.Module:
-        from torch_htam import decide, fallback
+        from torch_htam import decide
         model = decide.install(self.model, d, self.found, self.kernels, self.ranked()[0], self.notes)
         report = model.htam_report
         report.phases, report.skipped = dict(self.deadline.phases), list(self.deadline.skipped)
-        handles = {s: h for a in d.arms for s, h in (getattr(a.backend, "handles", None) or {}).items()}
-        failures = fallback.failures(set(handles.values()))
-        report.kernel_failures = {s: failures[h] for s, h in handles.items() if h in failures}
         return _finish(model, self.deadline, self.results, self.searched, self.cfg)
 
 

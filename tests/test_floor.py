@@ -1,0 +1,365 @@
+"""torch.compile is the floor: each way in which optimize() once left a model slower than
+torch.compile of it, as a test. Each ends on torch.compile, asserted from what is installed on the
+model (its compiled call and the arm the decision chose), with a report note.
+
+CPU tests use Inductor's CPU backend and a stand-in kernel op with the launcher's schema, whose
+launches go through fallback.run_or_fallback as the real launcher's do. Timings are faked where
+the test is about what the decision does with them (decide.Trials.time), never about speed.
+"""
+import importlib.util
+import itertools
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_htam
+from torch_htam import decide, fallback, inductor, runtime
+from torch_htam.config import OptimizeConfig
+from torch_htam.deadline import Deadline
+from torch_htam.decide import ArmKind, Outcome
+from torch_htam.extract import extract
+from torch_htam.launcher import decode_out_meta
+from torch_htam.timing import ArmTime, ArmTimes, GradMode
+
+# ---- a stand-in kernel op: the launcher's schema, the launcher's failure path --------------------
+
+_KERNELS: dict[int, "StandIn"] = {}
+_ids = itertools.count(10_001)
+
+
+def _launch(handle, inputs, out_meta):
+    k = _KERNELS[handle]
+    k.calls += 1
+    if k.fails or any(tuple(x.stride()) != tuple(s.stride) for x, s in zip(inputs, k.task.inputs)
+                      if s.contiguous and x.numel() > 1):
+        # what a real kernel does with inputs it was not verified on (launcher.cpp: reason())
+        raise RuntimeError(f"htam kernel {handle} returned 1000: HTAM_ERR_SHAPE (the kernel does not "
+                           "support these shapes/dtypes; run the original region)")
+    outs = list(k.task.graph(*inputs))
+    return [o.contiguous(memory_format=fmt) for o, (_, _, fmt) in zip(outs, decode_out_meta(out_meta))]
+
+
+@torch.library.custom_op("htam_floor::launch", mutates_args=())
+def launch_op(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
+    return fallback.run_or_fallback(handle, inputs, out_meta, _launch)
+
+
+@launch_op.register_fake
+def _(handle, inputs, out_meta):
+    return [torch.empty(shape, dtype=dt, device=inputs[0].device, memory_format=fmt)
+            for dt, shape, fmt in decode_out_meta(out_meta)]
+
+
+class StandIn:
+    """Kernel-like (`.handle`): runs the task's own region graph; `fails`: every launch raises."""
+
+    def __init__(self, task, fails=False, vs_inductor=1.5):
+        self.task, self.fails, self.calls = task, fails, 0
+        self.handle = next(_ids)
+        self.speedup = 2.0
+        self.record = {"evaluation": {"speedup": 2.0, "compile_speedup": vs_inductor, "ref_ms": 1.0}}
+        _KERNELS[self.handle] = self
+
+
+PROVIDER = runtime.Provider(torch.ops.htam_floor.launch.default, lambda k: k)
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """Every compile the decision makes runs the stand-in op for its kernels."""
+    real = inductor.compile_with
+
+    def compile_with(m, b, mode="default", options=None):
+        if b is not None:
+            b.provider = PROVIDER
+        return real(m, b, mode, options)
+    monkeypatch.setattr(inductor, "compile_with", compile_with)
+    monkeypatch.setattr(runtime, "launcher_provider", lambda: PROVIDER)
+
+
+def _times(ms: float) -> ArmTimes:
+    return ArmTimes(ArmTime(ms, ms * 0.99, ms * 1.01), ArmTime(ms, ms * 0.99, ms * 1.01))
+
+
+def fake_timing(monkeypatch, ms_of):
+    """decide's timings come from ms_of(arm) (ms, both ways)."""
+    def time(self, arms):
+        for a in arms:
+            if not a.error:
+                a.times = _times(ms_of(a))
+        return True
+    monkeypatch.setattr(decide.Trials, "time", time)
+
+
+def on_compile(model) -> bool:
+    """The model's calls run a torch.compile that optimize installed (not eager, not the replay)."""
+    return (model.__dict__.get("_compiled_call_impl") is not None and "forward" not in model.__dict__
+            and model.htam_report.decision.chosen.kind in (ArmKind.COMPILE, ArmKind.KERNELS, ArmKind.REEXPORT))
+
+
+class Block(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.fc = nn.Linear(d, 2 * d)
+        self.proj = nn.Linear(2 * d, d)
+        self.ln = nn.LayerNorm(d)
+
+    def forward(self, x):
+        return self.ln(x + self.proj(F.gelu(self.fc(x))))
+
+
+def _cfg(**kw):
+    return OptimizeConfig(progress=False, **kw)
+
+
+# ---- the ways the floor broke ---------------------------------------------------------------------
+
+_PROBLEM = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+    def scale(x):                      # a module-level helper the forward reaches by its globals
+        return torch.relu(x) * 0.5
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x):
+            return scale(self.conv(x)) + 1.0
+
+    def get_inputs():
+        return [torch.randn(2, 3, 16, 16)]
+
+    def get_init_inputs():
+        return []
+''')
+
+
+def test_a_model_from_a_module_not_in_sys_modules_ends_on_torch_compile(tmp_path, monkeypatch):
+    """KernelBench's harness loads a problem with spec_from_file_location + exec_module and never
+    registers it: Dynamo, tracing from a function of ours, re-imported the forward's module by
+    name and failed (torch 2.11), and optimize fell to eager at 0.2-0.44x of torch.compile."""
+    path = tmp_path / "kb_problem_floor.py"
+    path.write_text(_PROBLEM)
+    spec = importlib.util.spec_from_file_location("kb_problem_floor_unregistered", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert "kb_problem_floor_unregistered" not in sys.modules
+    model, (x,) = mod.Model().eval(), mod.get_inputs()
+    fake_timing(monkeypatch, lambda a: 1.0 if a.kind is not ArmKind.ORIGINAL else 2.0)
+    with torch.no_grad():
+        ref = model(x)
+        torch_htam.optimize(model, (x,), _cfg())
+        assert on_compile(model), model.htam_report.format()
+        assert not any(a.error for a in model.htam_report.decision.arms), model.htam_report.format()
+        torch.testing.assert_close(model(x), ref, rtol=1e-4, atol=1e-4)
+    assert model.htam_report.note
+
+
+def test_a_kernel_that_fails_at_run_time_costs_its_region_not_the_model(stand_ins, monkeypatch):
+    """A kernel verified on its task that raises inside the model (HTAM_ERR_SHAPE on a layout it
+    never saw) ran its region for that call, was dropped, and the model ends on torch.compile,
+    not eager (it once fell to eager at 0.55x of torch.compile)."""
+    torch.manual_seed(0)
+    model, x = Block().eval(), torch.randn(4, 8, 32)
+    found = extract(model, (x,))
+    kernels = {t.signature: StandIn(t, fails=True) for t in found.tasks}
+    sigs = list(kernels)
+    # kernels would win if they worked: only their failure can keep them out
+    fake_timing(monkeypatch, lambda a: {ArmKind.KERNELS: 0.5, ArmKind.ORIGINAL: 2.0}.get(a.kind, 1.0))
+    with torch.no_grad():
+        ref = model(x)
+        d = decide.decide(model, (x,), _cfg(), found, kernels, Deadline(), ranked=sigs, every=sigs)
+        decide.install(model, d, found, kernels, sigs)
+        rep = model.htam_report
+        assert on_compile(model) and d.chosen.kind is ArmKind.COMPILE, rep.format()
+        assert rep.kernel_failures and set(rep.kernel_failures) <= set(sigs), rep.format()
+        assert all(t.status is runtime.TaskStatus.FAILED_AT_RUN_TIME for t in rep.tasks if t.signature in sigs)
+        assert "failed at run time" in rep.format()
+        torch.testing.assert_close(model(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_run_or_fallback_runs_the_region_in_the_launch_layout(stand_ins):
+    """The fallback's outputs are what the launch would have returned: out_meta's dtype, shape
+    and memory format; the failure is counted once per call; an unregistered handle re-raises."""
+    from torch_htam.launcher import encode_out_meta
+    torch.manual_seed(0)
+    model, x = Block().eval(), torch.randn(4, 8, 32)
+    task = extract(model, (x,)).tasks[0]
+    k = StandIn(task, fails=True)
+    fallback.register(k.handle, task)
+    inputs = [torch.randn(s.shape, dtype=s.torch_dtype) for s in task.inputs]
+    meta = encode_out_meta(task.outputs)
+    before = fallback.failures().get(k.handle, 0)
+    outs = fallback.run_or_fallback(k.handle, inputs, meta, _launch)
+    expect = task.graph(*inputs)
+    assert [tuple(o.shape) for o in outs] == [tuple(s.shape) for s in task.outputs]
+    for o, e in zip(outs, expect):
+        torch.testing.assert_close(o, e)
+    assert fallback.failures()[k.handle] == before + 1
+    with pytest.raises(RuntimeError, match="HTAM_ERR_SHAPE"):
+        fallback.run_or_fallback(next(_ids), inputs, meta, lambda *a: _launch(k.handle, *a[1:]))
+
+
+def test_a_capture_failure_ends_on_torch_compile(monkeypatch):
+    from torch_htam import extract as extract_mod
+    model, x = Block().eval(), torch.randn(4, 8, 32)
+
+    def broken(*a, **k):
+        raise RuntimeError("export exploded")
+    monkeypatch.setattr(extract_mod, "extract", broken)
+    fake_timing(monkeypatch, lambda a: 1.0 if a.kind is ArmKind.COMPILE else 2.0)
+    with torch.no_grad():
+        ref = model(x)
+        torch_htam.optimize(model, (x,), _cfg())
+        assert on_compile(model) and model.htam_report.outcome is Outcome.COMPILE
+        assert "export exploded" in model.htam_report.note
+        torch.testing.assert_close(model(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_failing_trial_compile_is_dropped_not_the_run(stand_ins, monkeypatch):
+    """A trial (torch.compile with our kernels) that raises is one arm lost: the floor stays."""
+    model, x = Block().eval(), torch.randn(4, 8, 32)
+    found = extract(model, (x,))
+    kernels = {t.signature: StandIn(t) for t in found.tasks}
+    sigs = list(kernels)
+    real = inductor.compile_with
+
+    def compile_with(m, b, mode="default", options=None):
+        if b is not None and b.kernels:
+            raise RuntimeError("Inductor could not lower the trial")
+        return real(m, b, mode, options)
+    monkeypatch.setattr(inductor, "compile_with", compile_with)
+    fake_timing(monkeypatch, lambda a: {ArmKind.KERNELS: 0.5, ArmKind.ORIGINAL: 2.0, ArmKind.REPLAY: 2.0}.get(a.kind, 1.0))
+    with torch.no_grad():
+        d = decide.decide(model, (x,), _cfg(), found, kernels, Deadline(), ranked=sigs, every=sigs)
+        decide.install(model, d, found, kernels, sigs)
+    tried = [a for a in d.arms if a.kind is ArmKind.KERNELS]
+    assert tried and all("could not lower" in a.error for a in tried)
+    assert on_compile(model) and d.outcome is Outcome.COMPILE and model.htam_report.note
+
+
+class Breaks(nn.Module):
+    """A forward with a graph break: its frames (forward, its resume) are the user's code objects."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        torch._dynamo.graph_break()
+        return self.b(h) + 1
+
+
+def test_graph_breaks_do_not_exhaust_the_users_recompile_limit(monkeypatch):
+    """Every trial compiles the forward's frames again with its own backend, which Dynamo counts
+    as recompiles of the user's code: with the user's limit at 2, the trials once pushed the
+    chosen arm (or the user's next compile) past it, onto eager, silently."""
+    import torch._dynamo.config as dcfg
+    from torch._dynamo.testing import CompileCounter
+    monkeypatch.setattr(dcfg, "recompile_limit", 2)
+    get = torch._C._dynamo.eval_frame._debug_get_cache_entry_list
+    model, x = Breaks().eval(), torch.randn(4, 16)
+    fake_timing(monkeypatch, lambda a: 1.0 if a.kind is not ArmKind.ORIGINAL else 2.0)
+    with torch.no_grad():
+        torch_htam.optimize(model, (x,), _cfg())
+        assert on_compile(model), model.htam_report.format()
+        assert len(get(Breaks.forward.__code__)) <= 1       # the trials' entries are gone
+        model(x)
+        other, counter = Breaks().eval(), CompileCounter()
+        torch.compile(other, backend=counter)(x)             # the user's own compile still compiles
+        assert counter.frame_count >= 1
+
+
+@pytest.mark.parametrize("mode", [GradMode.NO_GRAD, GradMode.INFERENCE])
+def test_the_callers_grad_mode_is_the_one_compiled_and_timed(monkeypatch, mode):
+    """A model compiled under inference_mode recompiles on its first no_grad call: optimize
+    compiles and times in the caller's mode, so the user's calls hit what was compiled."""
+    from torch._dynamo.utils import counters
+    seen = []
+
+    def time(self, arms):
+        seen.append(GradMode.current())
+        for a in arms:
+            a.times = _times(1.0 if a.kind is not ArmKind.ORIGINAL else 2.0)
+        return True
+    monkeypatch.setattr(decide.Trials, "time", time)
+    model, x = Block().eval(), torch.randn(4, 8, 32)
+    with mode.enter():
+        torch_htam.optimize(model, (x,), _cfg())
+    assert model.htam_report.decision.grad is mode and on_compile(model)
+    frames = counters["stats"]["unique_graphs"]
+    with mode.enter():
+        model(x)
+    assert counters["stats"]["unique_graphs"] == frames     # no recompile on the user's first call
+
+
+def test_a_producer_layout_unlike_the_consumers_spec_is_constrained(stand_ins):
+    """A kernel verified on NCHW input handed a channels-last tensor (its producer swapped to a
+    kernel writing channels-last) raised HTAM_ERR_SHAPE inside the compiled model. Every dense
+    input is now constrained to its spec's strides: the stand-in (which raises on other strides,
+    as a real kernel does) runs without a single failure, replayed and compiled."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 8, 3, padding=1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return torch.sigmoid(y.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)) * 2.0
+
+    model, x = Net().eval(), torch.randn(2, 4, 8, 8)
+    found = extract(model, (x,))
+    kernels = {t.signature: StandIn(t) for t in found.tasks}
+    with torch.no_grad():
+        ref = model(x)
+        gm, swapped = runtime.swap(found.capture.graphs[0], found.sites_of(0), kernels, PROVIDER,
+                                   force_layouts=True)
+        before = sum(fallback.failures(set(gm.htam_handles.values())).values())
+        out = gm(x)[0]
+        compiled = torch.compile(gm)
+        out_c = compiled(x)[0]
+    assert swapped
+    assert sum(fallback.failures(set(gm.htam_handles.values())).values()) == before
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out_c, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_restore_gives_back_the_users_own_compile():
+    """A user who called model.compile() before optimize gets that compile back on restore (it
+    used to be cleared)."""
+    model = Block().eval()
+    model.compile()
+    users = model._compiled_call_impl
+    from torch_htam import attach
+    attach.compiled(model, lambda *a: None, runtime.Report())
+    assert model._compiled_call_impl is not users
+    torch_htam.restore(model)
+    assert model._compiled_call_impl is users and "htam_report" in model.__dict__
+
+
+def test_the_deadline_skips_what_does_not_fit_and_says_so(monkeypatch):
+    """With no time left after the floor, nothing else is compiled or timed: the floor stays,
+    untimed, and the report names what was skipped."""
+    model, x = Block().eval(), torch.randn(4, 8, 32)
+    with torch.no_grad():
+        torch_htam.optimize(model, (x,), _cfg(time_budget_s=1e-3))
+    rep = model.htam_report
+    assert on_compile(model) and rep.outcome is Outcome.NOT_TIMED, rep.format()
+    assert rep.skipped and any("time budget" in s for s in rep.skipped)
+    assert set(rep.phases) >= {"capture", "decide: compile"}
+
+
+def test_better_needs_a_gain_beyond_noise_and_no_loss_either_way():
+    base = _times(1.0)
+    assert decide.better(base, ArmTimes(ArmTime(0.9, 0.89, 0.91), ArmTime(1.0, 0.99, 1.01)))
+    assert not decide.better(base, ArmTimes(ArmTime(0.9, 0.89, 0.91), ArmTime(1.1, 1.09, 1.11)))
+    assert not decide.better(base, _times(0.99))                 # inside the noise
+    assert decide.better(base, ArmTimes(ArmTime(1.01, 1.0, 1.02), ArmTime(0.8, 0.79, 0.81)))
