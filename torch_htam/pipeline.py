@@ -181,6 +181,11 @@ def optimize(model: nn.Module, example_inputs: tuple, config: OptimizeConfig | N
     return run.go()
 
 
+# The most of the time left after capture and the floor that is kept from the search for the
+# decision's trials (compiles and timings).
+RESERVE_SHARE = 0.4
+
+
 @dataclass
 class _Run:
     """One optimize() call: what it found, searched and decided, phase by phase (see optimize)."""
@@ -216,7 +221,8 @@ class _Run:
                                      if not self.trials.arms[0].error else decide.Outcome.COMPILE_FAILED,
                                      f"{self.trials.arms[0].name}: the decision failed")
         try:
-            d = self.trials.settle(d)
+            with self.deadline.phase("settle"):
+                d = self.trials.settle(d)
         except Exception as e:  # noqa: BLE001 -- its dropped frames compile again on the next call
             self.failed("re-warming the chosen arm", e)
         return self.install(d)
@@ -261,13 +267,14 @@ class _Run:
             return
         tasks = self.found.tasks
         cache = KernelCache(gpu.arch)
-        install_shipped(cache, gpu.arch)
+        with self.deadline.phase("shipped kernels"):
+            install_shipped(cache, gpu.arch, only={t.signature for t in tasks})
         self.searched = SearchedLog(paths.arch_dir(gpu.arch) / "searched.json")
         misses = [t for t in tasks if admitted(cache.get(t.signature), t) is None
                   and not self.searched.covers(t.signature, self.cfg, policy_for(t).name)]
         if self.cfg.max_tasks is not None:
             misses = misses[: self.cfg.max_tasks]
-        budget = self.deadline.left(self.trials.reserve_s(len(tasks)))
+        budget = self.deadline.left(self.reserve_s(len(tasks)))
         if self.cfg.search and misses:
             if budget is not None and budget <= 0:
                 self.deadline.skip(f"the search of {len(misses)} task(s): the time budget went to "
@@ -280,7 +287,15 @@ class _Run:
         if self.cfg.compile and self.kernels:
             with self.deadline.phase("inductor times"):
                 self.kernels = _with_inductor_times(tasks, self.kernels, cache, self.cfg, self.deadline,
-                                                    self.trials.reserve_s(len(self.kernels)))
+                                                    self.reserve_s(len(self.kernels)))
+
+    def reserve_s(self, n_tasks: int) -> float:
+        """Seconds kept from the search for the decision: what its trials are expected to take
+        (decide.Trials.reserve_s), but at most RESERVE_SHARE of the time left, so that a small
+        budget still searches (the decision skips the trials that no longer fit, and says so)."""
+        left = self.deadline.remaining()
+        want = self.trials.reserve_s(n_tasks)
+        return want if left is None else min(want, RESERVE_SHARE * max(left, 0.0))
 
     def ranked(self) -> tuple[list[str], list[str]]:
         """(the kernels that beat Inductor's code for their region, every kernel), each by

@@ -65,14 +65,17 @@ def list_shipped(directory: str | Path | None = None) -> list[ShippedKernel]:
 
 
 def install_shipped(cache: KernelCache, arch: str | None = None,
-                    directory: str | Path | None = None) -> dict[str, str]:
+                    directory: str | Path | None = None, only: set[str] | None = None) -> dict[str, str]:
     """Build, re-verify and cache the shipped kernels this cache lacks; {name: outcome}.
+    only: the task signatures wanted (a model's): the others are not built (each costs a build
+    and a verification, seconds, out of optimize's budget).
 
     Needs nvcc and a GPU (verification runs here); without them nothing is cached.
     """
     from torch_htam import gpu, paths
     arch = arch or cache.arch
-    todo = [s for s in list_shipped(directory) if cache.get(s.task.signature) is None]
+    todo = [s for s in list_shipped(directory) if cache.get(s.task.signature) is None
+            and (only is None or s.task.signature in only)]
     memo_path = cache.root / "shipped.json"
     memo = _read_memo(memo_path)
     todo = [s for s in todo if memo.get(s.name, {}).get("source_sha") != s.source_sha]
