@@ -163,9 +163,10 @@ def test_load_detects_truncated_library_and_flipped_source(made, tmp_path, caplo
     cu.write_bytes(bytes(data))
     fresh = _fresh_model()
     bundle.load(fresh, out, (x,), provider=provider, arch="sm_fake")
-    status = {t.signature: t.status for t in fresh.htam_report.tasks}
-    assert status[sig_so] == "needs rebuild + re-verification"
-    assert status[sig_cu] == "no kernel"   # a tampered source is never loaded nor rebuilt
+    report = {t.signature: t for t in fresh.htam_report.tasks}
+    assert report[sig_so].status == runtime.TaskStatus.UNUSABLE
+    assert report[sig_so].detail == "needs rebuild + re-verification"
+    assert report[sig_cu].status == "no kernel"   # a tampered source is never loaded nor rebuilt
     assert fresh.htam_report.swapped == len(tasks) - 2
     assert "kernel.so" in caplog.text and "kernel.cu" in caplog.text
     with torch.no_grad():

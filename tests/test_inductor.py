@@ -203,8 +203,8 @@ def test_install_on_the_users_model_and_restore(mlp):
 
 
 def _stand_in_kernels(monkeypatch, seen: list | None = None) -> None:
-    """optimize's compiles (backend.compile_with) run the CPU stand-in kernels (PROVIDER); each
-    backend made is appended to `seen`."""
+    """optimize's compiles (backend.compile_with) and replays (runtime.launcher_provider) run the
+    CPU stand-in kernels (PROVIDER); each backend made is appended to `seen`."""
     real = backend.compile_with
 
     def compile_with(m, b, mode="default", options=None):
@@ -214,55 +214,90 @@ def _stand_in_kernels(monkeypatch, seen: list | None = None) -> None:
                 seen.append(b)
         return real(m, b, mode, options)
     monkeypatch.setattr(backend, "compile_with", compile_with)
+    monkeypatch.setattr(runtime, "launcher_provider", lambda: PROVIDER)
+
+
+def _times(latency_ms, throughput_ms=None):
+    """ArmTimes with these medians (ms) and a 1% spread either side."""
+    from torch_htam.timing import ArmTime, ArmTimes
+    t = latency_ms if throughput_ms is None else throughput_ms
+    return ArmTimes(ArmTime(latency_ms, latency_ms * 0.99, latency_ms * 1.01), ArmTime(t, t * 0.99, t * 1.01))
+
+
+def _label(arm) -> str:
+    """'compile', 'reexport', 'original', 'kernels3', 'replay1': an arm's kind and kernel count."""
+    return arm.kind.name.lower() + (str(len(arm.kernels)) if arm.kind.name in ("KERNELS", "REPLAY") else "")
+
+
+def _fake_timing(monkeypatch, ms, timed: list | None = None) -> None:
+    """decide's timing (timing.time_arms) gives each arm ms[_label(arm)] ms both ways, or ms["*"]
+    for a label not listed; each call's arms (labels) are appended to `timed`."""
+    from torch_htam import decide, timing
+    arms, build = {}, decide.Trials.build
+
+    def built(self, arm):
+        call = build(self, arm)
+        arms[id(call)] = (call, arm)       # the call kept alive: its id stays its own
+        return call
+
+    def time_arms(fns, inputs, iters, rounds, grad):
+        labels = {k: _label(arms[id(f)][1]) for k, f in fns.items()}
+        if timed is not None:
+            timed.append(list(labels.values()))
+        return {k: _times(ms.get(lab, ms.get("*"))) for k, lab in labels.items()}
+    monkeypatch.setattr(decide.Trials, "build", built)
+    monkeypatch.setattr(timing, "time_arms", time_arms)
+
+
+def _optimize_with(monkeypatch, model, x, kernels, cfg=None):
+    """torch_htam.optimize(model, (x,), cfg) under inference mode, its search replaced by
+    `kernels` ({signature: cache-entry-like}): capture, floor and decision run for real."""
+    import torch_htam
+    from torch_htam import pipeline
+    monkeypatch.setattr(pipeline._Run, "search", lambda self: setattr(self, "kernels", dict(kernels)))
+    with torch.inference_mode():
+        return torch_htam.optimize(model, (x,), cfg or pipeline.OptimizeConfig())
 
 
 def test_compiled_guard_keeps_what_beats_torch_compile(mlp, monkeypatch):
     """All kernels together lose to torch.compile, the better half wins: that half is installed."""
-    from torch_htam import pipeline, timing
+    from torch_htam.decide import Outcome
     model, x, found, kernels = mlp
     entries = {s: _Entry(k, speedup) for (s, k), speedup in zip(kernels.items(), (3.0, 2.0, 1.5))}
-    sizes = []
-
-    def timed(plain, ours, inputs, iters, rounds):
-        with torch.inference_mode():
-            ours(*inputs)   # compiles: the backend's records say how many kernels it swapped
-        n = len(ours_backends[-1].kernels)
-        sizes.append(n)   # 0: the re-exported graph with no kernel, against torch.compile
-        return timing.ArmTime(1.0, 0, 0), timing.ArmTime(1.0 if n == 0 else 0.9 if n == 1 else 1.1, 0, 0)
-    ours_backends = []
-    monkeypatch.setattr(timing, "time_pair", timed)
-    _stand_in_kernels(monkeypatch, ours_backends)
-    cfg = pipeline.OptimizeConfig()
-    model = pipeline._install_compiled(model, found, entries, (x,), cfg)
-    assert sizes == [0, 3, 1]
-    assert not any(b.keep_reexport for b in ours_backends[1:])   # the re-export did not pay alone
+    backends, timed = [], []
+    _stand_in_kernels(monkeypatch, backends)
+    _fake_timing(monkeypatch, {"compile": 1.0, "reexport": 1.0, "kernels3": 1.1, "kernels1": 0.9, "*": 1.2}, timed)
+    model = _optimize_with(monkeypatch, model, x, entries)
+    assert [t[1] for t in timed[:3]] == ["reexport", "kernels3", "kernels1"]
+    assert timed[1][0] == timed[2][0] == "compile"              # the subsets timed against torch.compile
+    assert not any(b.keep_reexport for b in backends[1:])      # the re-export did not pay alone
     rep = model.htam_report
-    assert rep.swapped == 1 and "1 of 3 kernels kept" in rep.note and "torch.compile" in rep.note
-    kept = [t for t in rep.tasks if t.status == "swapped"]
-    assert len(kept) == 1 and entries[kept[0].signature].speedup == 3.0
+    assert rep.outcome is Outcome.KERNELS and rep.note.startswith("1 of 3 kernels")
+    (kept,) = model._htam_backend.kernels
+    assert entries[kept].speedup == 3.0
+    assert rep.swapped == 1 and [t.signature for t in rep.tasks if t.status == "swapped"] == [kept]
+    assert sum(t.status == runtime.TaskStatus.NOT_USED for t in rep.tasks) == 2
     with torch.inference_mode():
         torch.testing.assert_close(model(x), MLP.forward(model, x))
 
 
 def test_no_kernel_beating_inductor_means_torch_compile_alone(mlp, monkeypatch):
-    from torch_htam import pipeline, timing
+    """Every kernel lost to Inductor's code for its region, and all of them together do not make
+    the model faster: torch.compile alone runs, and the report says why each kernel is out."""
+    from torch_htam.decide import Outcome
     model, x, found, kernels = mlp
     entries = {s: _Entry(k, 2.0, vs_inductor=0.5) for s, k in kernels.items()}
-    seen = []
-
-    def timed(plain, ours, inputs, iters, rounds):   # the base, then all kernels together: no gain
-        with torch.inference_mode():
-            ours(*inputs)
-        seen.append(len(backends[-1].kernels) if backends else 0)
-        return timing.ArmTime(1.0, 0, 0), timing.ArmTime(1.0, 0, 0)
-    backends = []
-    monkeypatch.setattr(timing, "time_pair", timed)
-    _stand_in_kernels(monkeypatch, backends)
-    model = pipeline._install_compiled(model, found, entries, (x,), pipeline.OptimizeConfig())
+    timed = []
+    _stand_in_kernels(monkeypatch)
+    _fake_timing(monkeypatch, {"*": 1.0}, timed)
+    model = _optimize_with(monkeypatch, model, x, entries)
+    assert timed == [["compile", "reexport"], ["compile", "kernels3"], ["compile", "original", "replay3"]]
     rep = model.htam_report
-    assert seen == [0, 3] and not model._htam_backend.keep_reexport
-    assert rep.swapped == 0 and "none" not in rep.e2e and "no kernel beat Inductor" in rep.note
-    assert all(t.status == "not used: slower than Inductor's code for the region" for t in rep.tasks)
+    assert rep.outcome is Outcome.COMPILE and rep.note.startswith("torch.compile: no set of our kernels")
+    assert model._compiled_call_impl is not None and model._htam_backend.kernels == {}
+    assert not model._htam_backend.keep_reexport and rep.swapped == 0
+    assert all(t.status == runtime.TaskStatus.NOT_USED and t.detail == "slower than Inductor's code for the region"
+               for t in rep.tasks)
     with torch.inference_mode():
         torch.testing.assert_close(model(x), MLP.forward(model, x))
 
@@ -272,30 +307,25 @@ def test_every_kernel_is_tried_together_and_the_better_paying_set_stays(mlp, mon
     """A kernel that lost to Inductor's region alone can still pay inside the model (host-bound
     models): all verified kernels are timed together first, then those that beat Inductor, and
     of the two the one with the better ratio to the base is installed."""
-    from torch_htam import pipeline, timing
+    from torch_htam.decide import Outcome
     model, x, found, kernels = mlp
     sigs = list(kernels)
     entries = {s: _Entry(kernels[s], 2.0, vs_inductor=0.8 if s == sigs[0] else 1.5) for s in sigs}
-    sizes, backends = [], []
-
-    def timed(base, ours, inputs, iters, rounds):
-        with torch.inference_mode():
-            ours(*inputs)
-        n = len(backends[-1].kernels) if backends else 0
-        sizes.append(n)
-        ms = {0: 1.0, 3: every_ms, 2: winners_ms}.get(n, 1.2)
-        return timing.ArmTime(1.0, 0.95, 1.05), timing.ArmTime(ms, ms * 0.95, ms * 1.02)
-    monkeypatch.setattr(timing, "time_pair", timed)
-    _stand_in_kernels(monkeypatch, backends)
-    model = pipeline._install_compiled(model, found, entries, (x,), pipeline.OptimizeConfig())
-    assert sizes[:3] == [0, 3, 2]
+    timed = []
+    _stand_in_kernels(monkeypatch)
+    _fake_timing(monkeypatch, {"compile": 1.0, "reexport": 1.0, "kernels3": every_ms, "kernels2": winners_ms,
+                               "*": 1.2}, timed)
+    model = _optimize_with(monkeypatch, model, x, entries)
+    assert [t[1] for t in timed[:3]] == ["reexport", "kernels3", "kernels2"]
     rep = model.htam_report
-    assert rep.swapped == kept
+    assert rep.outcome is Outcome.KERNELS and rep.note.startswith(f"{kept} of 3 kernels")
+    assert len(model._htam_backend.kernels) == kept and rep.swapped == kept
+    loser = {t.signature: t for t in rep.tasks}[sigs[0]]
     if kept == 3:
-        assert "all 3 kernels kept, 1 of them slower than Inductor" in rep.note
+        assert loser.status == runtime.TaskStatus.SWAPPED
     else:
-        status = {t.signature: t.status for t in rep.tasks}[sigs[0]]
-        assert status == "not used: slower than Inductor's code for the region"
+        assert loser.status == runtime.TaskStatus.NOT_USED
+        assert loser.detail == "slower than Inductor's code for the region"
     with torch.inference_mode():
         torch.testing.assert_close(model(x), MLP.forward(model, x))
 
@@ -303,22 +333,19 @@ def test_every_kernel_is_tried_together_and_the_better_paying_set_stays(mlp, mon
 def test_a_faster_reexported_graph_becomes_the_base_and_the_bundle_says_so(mlp, monkeypatch):
     """Inductor on our re-exported graph beats torch.compile with no kernel in it: it is the base
     every kernel subset is timed against, and what runs (and what a bundle records) when none pays."""
-    from torch_htam import bundle, pipeline, timing
+    from torch_htam import bundle
+    from torch_htam.decide import Outcome
     model, x, found, kernels = mlp
     entries = {s: _Entry(k, 2.0) for s, k in kernels.items()}
-    seen = []
-
-    def timed(base, ours, inputs, iters, rounds):
-        with torch.inference_mode():
-            ours(*inputs)
-        return timing.ArmTime(1.0, 0, 0), timing.ArmTime(0.8 if not seen[-1].kernels else 1.1, 0, 0)
-    monkeypatch.setattr(timing, "time_pair", timed)
+    seen, timed = [], []
     _stand_in_kernels(monkeypatch, seen)
-    model = pipeline._install_compiled(model, found, entries, (x,), pipeline.OptimizeConfig())
-    assert all(b.keep_reexport for b in seen)          # the subsets ride on the re-exported graph too
+    _fake_timing(monkeypatch, {"compile": 1.0, "reexport": 0.8, "*": 1.1}, timed)
+    model = _optimize_with(monkeypatch, model, x, entries)
+    assert [t[0] for t in timed[1:-1]] == ["reexport"] * (len(timed) - 2)   # the base of every subset
+    assert len(seen) >= 2 and all(b.keep_reexport for b in seen)   # the subsets ride on the re-exported graph too
     rep = model.htam_report
-    assert rep.swapped == 0 and "re-exported graph" in rep.note
-    assert rep.e2e["torch.compile_ms"] == 1.0 and rep.e2e["reexported_ms"] == 0.8
+    assert rep.outcome is Outcome.REEXPORT and rep.swapped == 0 and "re-exported graph" in rep.note
+    assert rep.e2e["torch.compile, synced"] == 1.0 and rep.e2e["Inductor on our re-exported graph, synced"] == 0.8
     assert bundle.run_of(model) == {"compile": True, "mode": "default", "reexport": True}
     with torch.inference_mode():
         torch.testing.assert_close(model(x), MLP.forward(model, x))
@@ -353,6 +380,7 @@ def test_a_model_export_cannot_take_gets_its_kernels_through_dynamo(monkeypatch)
     """extract falls back to Dynamo; optimize's compiled install still swaps kernels into the
     pieces (the replay path leaves such a model on its original forward)."""
     from torch_htam import pipeline
+    from torch_htam.decide import Outcome
     torch.manual_seed(0)
     torch._dynamo.reset()
     model = Branchy().eval()
@@ -361,9 +389,8 @@ def test_a_model_export_cannot_take_gets_its_kernels_through_dynamo(monkeypatch)
     assert found.capture.method == "dynamo" and len(found.capture.graphs) >= 2
     entries = {t.signature: _Entry(CpuKernel(t), 2.0) for t in found.tasks}
     _stand_in_kernels(monkeypatch)
-    model = pipeline._install_compiled(model, found, entries, (x,),
-                                       pipeline.OptimizeConfig(check_end_to_end=False))
-    assert model.htam_report.swapped >= 2
+    model = _optimize_with(monkeypatch, model, x, entries, pipeline.OptimizeConfig(check_end_to_end=False))
+    assert model.htam_report.outcome is Outcome.KERNELS and model.htam_report.swapped >= 2
     with torch.inference_mode():
         torch.testing.assert_close(model(x), Branchy.forward(model, x))
     torch._dynamo.reset()
@@ -444,39 +471,38 @@ def test_the_public_backend_is_a_factory_after_any_import():
 
 @pytest.mark.parametrize("winner", ["replay", "original", "compiled"])
 def test_the_fastest_of_compiled_replay_and_original_is_kept(mlp, monkeypatch, winner):
-    """After the compiled guard, the compiled model, the replay of the captured graph with every
-    usable kernel and the original forward are timed together: the replay or the original forward
-    replaces the compiled model only when it is faster beyond noise."""
-    from torch_htam import pipeline, timing
+    """The compiled choice, the replay of the captured graph with every usable kernel and the
+    original forward are timed together last: the replay or the original forward replaces the
+    compiled model only when it is faster beyond noise."""
+    from torch_htam.decide import Outcome
     model, x, found, kernels = mlp
     entries = {s: _Entry(k, 2.0) for s, k in kernels.items()}
-    _stand_in_kernels(monkeypatch)
-    cfg = pipeline.OptimizeConfig(check_end_to_end=False)
-    model = pipeline._install_compiled(model, found, entries, (x,), cfg)
-    compiled = model._compiled_call_impl
+    label = {"compiled": "kernels3", "replay": "replay3", "original": "original"}
+    ms = {"compile": 1.0, "kernels3": 0.8, "replay3": 0.79, "*": 1.2} | {label[winner]: 0.4}
     timed = []
-    ms = {"compiled": 1.0, "replay": 0.99, "original": 1.2} | {winner: 0.5}
-
-    def time_many(fns, inputs, iters, rounds):
-        with torch.inference_mode():
-            for f in fns.values():
-                torch.testing.assert_close(f(*inputs), MLP.forward(model, *inputs))
-        timed.append(fns)
-        return {k: timing.ArmTime(ms[k], ms[k] * 0.9, ms[k] * 1.1) for k in fns}
-    monkeypatch.setattr(timing, "time_many", time_many)
-    model = pipeline._fastest_path(model, found, entries, (x,), cfg, provider=PROVIDER)
-    assert len(timed) == 1 and set(timed[0]) == {"compiled", "replay", "original"}
-    rep = model.htam_report
+    _stand_in_kernels(monkeypatch)
+    _fake_timing(monkeypatch, ms, timed)
+    model = _optimize_with(monkeypatch, model, x, entries)
+    assert sorted(timed[-1]) == ["kernels3", "original", "replay3"]
+    rep, d = model.htam_report, model.htam_report.decision
+    with torch.inference_mode():                       # every arm timed computes the model
+        for arm in d.arms:
+            torch.testing.assert_close(arm.call(x), MLP.forward(model, x))
     if winner == "replay":
-        assert model._compiled_call_impl is None and hasattr(model.forward, "htam")
-        assert rep.swapped == len(kernels) and "replay" in rep.note and rep.e2e["htam_ms"] == 0.5
+        assert rep.outcome is Outcome.REPLAY and model._compiled_call_impl is None and hasattr(model.forward, "htam")
+        assert rep.swapped == len(kernels) and "replay" in rep.note
+        assert rep.e2e["replay of the captured graph with our kernels (3 kernels), synced"] == 0.4
     elif winner == "original":
+        assert rep.outcome is Outcome.ORIGINAL_FASTER
         assert model._compiled_call_impl is None and "forward" not in model.__dict__
-        assert rep.swapped == 0 and rep.note.startswith("the original forward: 0.500 ms")
-        assert all(t.status.startswith("not used: the original forward") for t in rep.tasks)
+        assert rep.swapped == 0 and rep.note.startswith("the original forward: 0.400 ms")
+        assert all(t.status == runtime.TaskStatus.NOT_USED and t.detail.startswith("the original forward")
+                   for t in rep.tasks)
     else:
-        assert model._compiled_call_impl is compiled and "forward" not in model.__dict__
-        assert rep.e2e["replay_ms"] == 0.99 and rep.e2e["original_ms"] == 1.2
+        assert rep.outcome is Outcome.KERNELS and d.chosen.kind.name == "KERNELS"
+        assert model._compiled_call_impl is d.chosen.call and "forward" not in model.__dict__
+        assert rep.e2e["replay of the captured graph with our kernels (3 kernels), synced"] == 0.79
+        assert rep.e2e["the original forward, synced"] == 1.2
     with torch.inference_mode():
         torch.testing.assert_close(model(x), MLP.forward(model, x))
     runtime.restore(model)
