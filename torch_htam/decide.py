@@ -482,9 +482,7 @@ def install(model: nn.Module, d: Decision, found, kernels: dict, ranked: list[st
             t.status, t.detail = runtime.TaskStatus.FAILED_AT_RUN_TIME, "its region ran instead; dropped"
         elif t.signature in kernels and t.signature not in arm.kernels:
             t.status = runtime.TaskStatus.NOT_USED
-            t.detail = ("the original forward was faster than torch.compile" if arm.kind is ArmKind.ORIGINAL
-                        else "slower than Inductor's code for the region" if t.signature not in ranked
-                        else "the model was not faster with it")
+            t.detail = _unused_why(d.outcome, t.signature in ranked)
     report.outcome, report.decision = d.outcome, d
     report.note = "; ".join(x for x in (d.reason, *(notes or ())) if x)
     report.e2e = _e2e(d)
@@ -499,6 +497,16 @@ def install(model: nn.Module, d: Decision, found, kernels: dict, ranked: list[st
     attach.compiled(model, arm.call, report, arm.backend)
     inductor.sync_report(model)
     return model
+
+
+def _unused_why(outcome: Outcome, beat_inductor: bool) -> str:
+    """Why a verified kernel is not in what the model runs, by the decision's outcome."""
+    return {Outcome.ORIGINAL_FASTER: "the original forward was faster than torch.compile",
+            Outcome.ORIGINAL: "the replay with it was not faster than the original forward",
+            Outcome.COMPILE_FAILED: "torch.compile failed on this model",
+            Outcome.NOT_TIMED: "the time budget ran out before it could be tried"}.get(
+        outcome, "the model was not faster with it" if beat_inductor
+        else "slower than Inductor's code for the region")
 
 
 def _e2e(d: Decision) -> dict[str, float]:

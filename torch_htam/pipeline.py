@@ -217,15 +217,23 @@ class _Run:
                 d = self.trials.finish(self.found, self.kernels, *self.ranked())
             except Exception as e:  # noqa: BLE001
                 self.failed("the decision", e)
-                d = self.trials.done(self.trials.arms[0], decide.Outcome.NOT_TIMED
-                                     if not self.trials.arms[0].error else decide.Outcome.COMPILE_FAILED,
-                                     f"{self.trials.arms[0].name}: the decision failed")
+                d = self.fallback()
         try:
             with self.deadline.phase("settle"):
                 d = self.trials.settle(d)
         except Exception as e:  # noqa: BLE001 -- its dropped frames compile again on the next call
             self.failed("re-warming the chosen arm", e)
         return self.install(d)
+
+    def fallback(self):
+        """The floor where it works, else the original forward, untimed: what stays when the
+        decision itself fails."""
+        from torch_htam import decide
+        floor = self.trials.arms[0]
+        if not floor.error:
+            return self.trials.done(floor, decide.Outcome.NOT_TIMED, f"{floor.name}: the decision failed")
+        return self.trials.done(self.trials.arm(decide.ArmKind.ORIGINAL), decide.Outcome.COMPILE_FAILED,
+                                f"torch.compile failed on this model ({floor.error})")
 
     def capture(self) -> None:
         from torch_htam.extract import extract
