@@ -147,6 +147,10 @@ def timed_fields(times: dict) -> dict:
             out[f"{arm}_ms_{way}"] = times[arm][f"{way}_ms"]
         out[f"vs_compile_{way}"] = ratio(times["compile"][f"{way}_ms"], times["ours"][f"{way}_ms"])
         out[f"vs_eager_{way}"] = ratio(times["eager"][f"{way}_ms"], times["ours"][f"{way}_ms"])
+        # NOTE: the median of each round's own ratio: a round's arms ran next to each other, so a
+        # host disturbance that moves whole rounds (a host-bound model's) cancels out of it
+        pairs = [c / o for c, o in zip(times["compile"][f"{way}_round_ms"], times["ours"][f"{way}_round_ms"]) if o]
+        out[f"vs_compile_{way}_paired"] = statistics.median(pairs) if pairs else None
     out["rounds_ms"] = {arm: {k: v for k, v in times[arm].items() if k.endswith("_round_ms")} for arm in ARMS}
     return out
 
@@ -517,7 +521,7 @@ def parse(argv=None):
     ap.add_argument("--grad-mode", default="inference", choices=GRAD_MODES,
                     help="the caller's grad mode around optimize and every call")
     ap.add_argument("--tf32", action="store_true", help="leave torch's TF32 settings (default: TF32 off)")
-    ap.add_argument("--rounds", type=int, default=10, help="interleaved timing rounds")
+    ap.add_argument("--rounds", type=int, default=20, help="interleaved timing rounds")
     ap.add_argument("--calls", type=int, default=20, help="calls per arm per round, each way")
     ap.add_argument("--warmup", type=int, default=5, help="untimed calls per arm before timing")
     ap.add_argument("--timeout", type=float, default=None,

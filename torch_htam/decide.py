@@ -472,7 +472,9 @@ def install(model: nn.Module, d: Decision, found, kernels: dict, ranked: list[st
     if arm.kind is ArmKind.REPLAY:
         report = arm.replay_report
     else:
-        report = runtime.Report(method=f"{method} + {d.outcome.value}")
+        compiled = arm.kind in (ArmKind.COMPILE, ArmKind.KERNELS, ArmKind.REEXPORT)
+        report = runtime.Report(method=f"{method} + inductor ({getattr(arm.backend, 'mode', 'default')})"
+                                if compiled else f"{method} + {d.outcome.value}")
         report.tasks = runtime._task_reports(tasks, kernels, [], {}, {})
     failed = {s for a in d.arms for s in a.failed_kernels}
     for t in report.tasks:
