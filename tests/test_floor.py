@@ -363,3 +363,43 @@ def test_better_needs_a_gain_beyond_noise_and_no_loss_either_way():
     assert not decide.better(base, ArmTimes(ArmTime(0.9, 0.89, 0.91), ArmTime(1.1, 1.09, 1.11)))
     assert not decide.better(base, _times(0.99))                 # inside the noise
     assert decide.better(base, ArmTimes(ArmTime(1.01, 1.0, 1.02), ArmTime(0.8, 0.79, 0.81)))
+
+
+# ---- on the GPU: the real launcher, inside Inductor's generated code -------------------------------
+
+# A kernel that refuses every call, as one handed a layout it was never verified on does.
+REFUSES_CU = r"""
+#include "htam_abi.h"
+HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t s) {
+  return HTAM_ERR_SHAPE;
+}
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_a_refusing_kernel_inside_the_compiled_model_runs_its_region_and_is_dropped(tmp_path, monkeypatch):
+    """The launcher's failure path through inductor.direct_call (extern_kernels.htam_launch):
+    the region runs in each failing call, the decision drops the kernel, the model ends on
+    torch.compile and is right."""
+    from test_runtime import BiasGelu
+    from torch_htam import launcher
+    from torch_htam.build import build_many
+    torch.manual_seed(0)
+    model, x = BiasGelu().cuda().eval(), torch.randn(16, 256, device="cuda")
+    found = extract(model, (x,))
+    target = [t for t in found.tasks if t.kind == "elementwise" and any("gelu" in op for op in t.ops)]
+    res = build_many([REFUSES_CU], out_dir=tmp_path)[0]
+    assert res.ok, res.log
+    kernel = launcher.Kernel(res.so_path)
+    kernel.record = {"evaluation": {"speedup": 2.0, "compile_speedup": 2.0, "ref_ms": 1.0}}
+    kernels = {target[0].signature: kernel}
+    sigs = list(kernels)
+    fake_timing(monkeypatch, lambda a: {ArmKind.KERNELS: 0.5, ArmKind.ORIGINAL: 2.0}.get(a.kind, 1.0))
+    with torch.no_grad():
+        ref = model(x)
+        d = decide.decide(model, (x,), _cfg(), found, kernels, Deadline(), ranked=sigs, every=sigs)
+        decide.install(model, d, found, kernels, sigs)
+        assert on_compile(model) and d.chosen.kind is ArmKind.COMPILE, model.htam_report.format()
+        assert model.htam_report.kernel_failures.get(sigs[0], 0) >= 1
+        torch.testing.assert_close(model(x), ref, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
