@@ -288,8 +288,12 @@ class _Run:
                 self.deadline.skip(f"the search of {len(misses)} task(s): the time budget went to "
                                    "capture and torch.compile")
             else:
+                # NOTE: the search's own deadline ends its builds and worker jobs in flight where
+                # the decision's reserve begins: a step started near the end once ran on past it
+                # and left the decision no time to try what the search found
+                until = Deadline(budget) if budget is not None else self.deadline
                 with self.deadline.phase("search"), _examples(self.found, misses):
-                    self.results = _search(misses, self.cfg, gpu, cache, self.searched, self.deadline, budget)
+                    self.results = _search(misses, self.cfg, gpu, cache, self.searched, until, budget)
         self.kernels = {t.signature: e for t in tasks
                         if (e := admitted(cache.get(t.signature), t)) is not None and e.usable(self.cfg.min_speedup)}
         if self.cfg.compile and self.kernels:
