@@ -35,7 +35,7 @@ from torch_htam import gpu, inductor  # noqa: E402
 from torch_htam.cache import KernelCache  # noqa: E402
 from torch_htam.extract import extract  # noqa: E402
 from torch_htam.pipeline import OptimizeConfig  # noqa: E402
-from torch_htam.policy import admitted  # noqa: E402
+from torch_htam.policy import why_not  # noqa: E402
 from torch_htam.timing import time_many  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
@@ -77,7 +77,7 @@ def main() -> int:
     found = extract(model, inputs)
     cache = KernelCache(gpu.detect().arch)
     kernels = {t.signature: e for t in found.tasks
-               if (e := admitted(cache.get(t.signature), t)) is not None and e.usable(1.0)}
+               if why_not(e := cache.get(t.signature), t) is None}
     label = {t.signature: f"{t.name} x{t.count} {t.signature[:8]}" for t in found.tasks}
     fns, backends = {"none": inductor.compile_with(model, None, a.mode)}, {}
     each = [] if a.no_each else [(label[s], {s: e}) for s, e in kernels.items()]

@@ -83,3 +83,24 @@ def test_a_cached_tf32_kernel_is_not_admitted_once_tf32_is_off():
     with tf32_switches(False):
         assert admitted(entry, _task("conv")) is None     # optimize: a miss, searched again under fp32
     assert admitted(None, _task("conv")) is None
+
+
+def test_why_not_is_the_one_rule_for_using_a_kernel():
+    """Each reason a kernel may not run, from the one function every swap path asks."""
+    from torch_htam.policy import why_not
+
+    class Entry(SimpleNamespace):
+        def usable(self, min_speedup):
+            return self.so_path is not None and self.speedup >= min_speedup
+    good = Entry(policy="fp32", so_path="k.so", speedup=1.5, needs_rebuild=False,
+                 record={"evaluation": {"compile_speedup": 1.2}})
+    with tf32_switches(False):
+        assert why_not(good, _task("gemm"), 1.03) is None
+        assert why_not(good, _task("gemm"), 1.03, against_inductor=True) is None
+        assert "Inductor" in why_not(good, _task("gemm"), 1.3, against_inductor=True)
+        assert "below 2.0x" in why_not(good, _task("gemm"), 2.0)
+        assert why_not(Entry(**{**vars(good), "so_path": None, "needs_rebuild": True}), None) \
+            == "needs rebuild + re-verification"
+        assert "policy" in why_not(Entry(**{**vars(good), "policy": "tf32"}), _task("conv"))
+    assert why_not(None) == "no kernel"
+    assert why_not(object(), None, 5.0) is None                    # a kernel object: the caller's word

@@ -48,6 +48,7 @@ import torch
 
 from torch_htam import paths, runtime
 from torch_htam.cache import Entry, KernelCache, sha256_file
+from torch_htam.policy import why_not
 
 log = logging.getLogger("torch_htam")
 
@@ -120,7 +121,7 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
     if not tasks:
         raise RuntimeError("nothing to bundle: the model could not be captured ("
                            + "; ".join(cap.problems) + ")")
-    entries = {t.signature: e for t in tasks if (e := cache.get(t.signature)) is not None and e.usable()}
+    entries = {t.signature: e for t in tasks if why_not(e := cache.get(t.signature)) is None}
     chosen = [t for t in tasks if t.signature in entries and (only is None or t.signature in only)]
     # NOTE: where torch.compile alone was the fastest model, a bundle of its Inductor code is still
     # worth deploying: the server skips the cold compile (bench/bench_deploy.py times it).

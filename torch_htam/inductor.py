@@ -28,6 +28,8 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
+from torch_htam import policy
+
 log = logging.getLogger("torch_htam")
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -120,14 +122,12 @@ class HtamBackend:
             return {t.signature: self.kernels[t.signature] for t in tasks if t.signature in self.kernels}
         from torch_htam import gpu
         from torch_htam.cache import KernelCache
-        from torch_htam.policy import admitted
         info = gpu.detect()
         if info is None:
             return {}
         cache = KernelCache(info.arch)
-        return {t.signature: e for t in tasks
-                if (e := admitted(cache.get(t.signature), t)) is not None and e.usable(self.min_speedup)
-                and beats_inductor(e, self.min_speedup)}
+        return {t.signature: e for t in tasks if policy.why_not(e := cache.get(t.signature), t, self.min_speedup,
+                                                                 against_inductor=True) is None}
 
 
 def carry_dynamo_meta(dynamo_gm: fx.GraphModule, new: fx.GraphModule) -> None:
@@ -164,15 +164,8 @@ def carry_dynamo_meta(dynamo_gm: fx.GraphModule, new: fx.GraphModule) -> None:
     new._param_name_to_source = sources
 
 
-def beats_inductor(entry, min_speedup: float = 1.0) -> bool:
-    """The kernel was timed against its region under torch.compile and beat it by min_speedup.
-
-    NOTE: not timed counts as not beaten: a kernel that wins over eager can lose to Inductor
-    (GPT-2 bf16's lm_head: 1.09x over eager, 0.55x of torch.compile for the whole model,
-    bench/results/bench_swaps-20261123-172030.json); optimize() times such kernels first.
-    """
-    ev = entry.record.get("evaluation", {}) if hasattr(entry, "record") else {}
-    return (ev.get("compile_speedup") or 0.0) >= min_speedup
+# The kernel-use rule is policy.why_not's; this name stays for callers.
+beats_inductor = policy.beats_inductor
 
 
 def backend(kernels: dict[str, Any] | None = None, mode: str = "default", **kw) -> HtamBackend:

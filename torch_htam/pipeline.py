@@ -260,7 +260,7 @@ class _Run:
         from torch_htam import gpu as gpu_mod
         from torch_htam import paths
         from torch_htam.cache import KernelCache
-        from torch_htam.policy import admitted, policy_for
+        from torch_htam.policy import admitted, policy_for, why_not
         from torch_htam.shipped_kernels import install_shipped
         gpu = gpu_mod.detect()
         if gpu is None:
@@ -295,7 +295,7 @@ class _Run:
                 with self.deadline.phase("search"), _examples(self.found, misses):
                     self.results = _search(misses, self.cfg, gpu, cache, self.searched, until, budget)
         self.kernels = {t.signature: e for t in tasks
-                        if (e := admitted(cache.get(t.signature), t)) is not None and e.usable(self.cfg.min_speedup)}
+                        if why_not(e := cache.get(t.signature), t, self.cfg.min_speedup) is None}
         if self.cfg.compile and self.kernels:
             with self.deadline.phase("inductor times"):
                 self.kernels = _with_inductor_times(tasks, self.kernels, cache, self.cfg, self.deadline,
@@ -312,10 +312,10 @@ class _Run:
     def ranked(self) -> tuple[list[str], list[str]]:
         """(the kernels that beat Inductor's code for their region, every kernel), each by
         estimated saving (count x reference ms x (1 - 1/speedup)), the largest first."""
-        from torch_htam import inductor
+        from torch_htam.policy import why_not
         saving = {s: _saving_ms(e, _count(self.found, s)) for s, e in self.kernels.items()}
         every = sorted(self.kernels, key=lambda s: -saving[s])
-        beat = [s for s in every if inductor.beats_inductor(self.kernels[s], self.cfg.min_speedup)]
+        beat = [s for s in every if why_not(self.kernels[s], None, self.cfg.min_speedup, against_inductor=True) is None]
         return (beat, every) if self.cfg.compile else (every, every)
 
     def failed(self, what: str, e: Exception) -> None:

@@ -143,9 +143,48 @@ def admits(verified_under: str, wanted: Precision) -> bool:
 
 
 def admitted(entry, task):
-    """A cache/bundle entry for `task` if it may run under the policy the user's settings give the
-    task now (`admits`), else None (e.g. a kernel verified under TF32 once TF32 is turned off).
+    """A cache/bundle entry for `task` if the policy the user's settings give the task now admits
+    it (`admits`), else None (e.g. a kernel verified under TF32 once TF32 is turned off). Whether
+    it may run is why_not's: this is the cache lookup's first filter (an admitted entry that needs
+    a rebuild is rebuilt, not skipped).
 
         >>> admitted(cache.get(task.signature), task)
     """
     return entry if entry is not None and admits(entry.policy, policy_for(task)) else None
+
+
+def why_not(entry, task=None, min_speedup: float = 1.0, against_inductor: bool = False) -> str | None:
+    """The one place that decides whether a kernel may run for a task: None when it may, else why
+    not, in one line. Every path that swaps a kernel in asks here (optimize, the torch.compile
+    backend, the replay, bundles).
+
+    entry: a cache or bundle Entry, or a kernel object (a test's stand-in, a loaded .so: its
+    caller vouches for it, so only what it carries is checked). task: where given, the kernel's
+    precision policy must still admit it under the user's settings now (`admits`).
+    against_inductor: it must also have beaten Inductor's code for its region by min_speedup
+    (inside a compiled model that, not eager, is the bar).
+
+        >>> why_not(cache.get(task.signature), task, 1.03)
+        'needs rebuild + re-verification'
+    """
+    if entry is None:
+        return "no kernel"
+    if task is not None and hasattr(entry, "policy") and not admits(entry.policy, policy_for(task)):
+        return f"verified under {entry.policy}, looser than the task's policy now ({policy_for(task).name})"
+    if hasattr(entry, "usable") and not entry.usable(min_speedup):
+        return ("needs rebuild + re-verification" if getattr(entry, "needs_rebuild", False)
+                else f"not usable (corrupt, unverified or below {min_speedup}x)")
+    if against_inductor and not beats_inductor(entry, min_speedup):
+        return "slower than Inductor's code for the region"
+    return None
+
+
+def beats_inductor(entry, min_speedup: float = 1.0) -> bool:
+    """The kernel was timed against its region under torch.compile and beat it by min_speedup.
+
+    NOTE: not timed counts as not beaten: a kernel that wins over eager can lose to Inductor
+    (GPT-2 bf16's lm_head: 1.09x over eager, 0.55x of torch.compile for the whole model,
+    bench/results/bench_swaps-20261123-172030.json); optimize() times such kernels first.
+    """
+    ev = getattr(entry, "record", None) or {}
+    return ((ev.get("evaluation") or {}).get("compile_speedup") or 0.0) >= min_speedup

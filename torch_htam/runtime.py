@@ -577,14 +577,14 @@ def _task_reports(tasks, kernels: dict[str, Any], swapped: list[Swapped], errors
 
 
 def _split_usable(kernels: dict[str, Any], min_speedup: float) -> tuple[dict, dict[str, str]]:
-    """Cache entries must be intact, verified and faster; kernel objects are the caller's word."""
+    """(the kernels that may run, {signature: why not} of the others), by policy.why_not."""
+    from torch_htam.policy import why_not
     ok, why = {}, {}
     for sig, k in kernels.items():
-        if hasattr(k, "usable") and not k.usable(min_speedup):
-            why[sig] = ("needs rebuild + re-verification" if getattr(k, "needs_rebuild", False)
-                        else f"not usable (corrupt, unverified or below {min_speedup}x)")
-        else:
+        if (w := why_not(k, None, min_speedup)) is None:
             ok[sig] = k
+        else:
+            why[sig] = w
     return ok, why
 
 
