@@ -102,7 +102,7 @@ class Report:
 
     def speedups(self) -> dict[str, float]:
         """{task name: verified speedup} for the swapped tasks."""
-        return {t.name: t.speedup for t in self.tasks if t.status == "swapped" and t.speedup}
+        return {t.name: t.speedup for t in self.tasks if t.status is TaskStatus.SWAPPED and t.speedup}
 
     def format(self) -> str:
         lines = [f"torch_htam: {self.swapped} region(s) swapped, capture: {self.method}"
