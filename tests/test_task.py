@@ -193,3 +193,41 @@ def test_a_region_nothing_reads_is_no_task():
     found = extract(Dead(), (torch.randn(4, 8),))
     assert [t.name for t in found.tasks] == ["elementwise_relu"]
     assert any("nothing reads its result" in p for p in found.problems)
+
+
+# ---- declared size ranges (OptimizeConfig.dynamic) -------------------------------------------
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+
+
+def test_a_static_tasks_signature_is_what_it_was_before_ranges():
+    """Existing caches are keyed by these: computed before ranges joined the signature."""
+    tasks = extract_tasks(_mlp(), (torch.randn(4, 16),))
+    assert [t.signature for t in tasks] == ["108a72a4a5b62f41", "7825b824f31fd309"]
+    assert all("ranges" not in s for t in tasks for s in t.to_json()["inputs"])
+
+
+def test_ranges_round_trip_and_old_json_loads():
+    from torch_htam.task import TensorSpec
+    spec = TensorSpec((64, 32), "float32", (32, 1)).with_ranges({0: (1, 128)})
+    assert (spec.dynamic, spec.ranges, spec.range_of(0), spec.range_of(1)) == ((0,), ((1, 128),), (1, 128), None)
+    assert TensorSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
+    old = {"shape": [64, 32], "dtype": "float32", "stride": [32, 1], "dynamic": [0], "low": None,
+           "high": None, "positive": False}   # written before ranges existed
+    assert TensorSpec.from_json(old) == TensorSpec((64, 32), "float32", (32, 1), (0,))
+    with pytest.raises(ValueError, match="one \\(low, high\\) per dynamic dim"):
+        TensorSpec((64, 32), "float32", (32, 1), (0,), ranges=((1, 64), (1, 64)))
+    with pytest.raises(ValueError, match="must hold its size 64"):
+        TensorSpec((64, 32), "float32", (32, 1)).with_ranges({0: (1, 32)})
+
+
+def test_a_ranged_task_has_its_own_signature():
+    from torch_htam.extract import graph_signature
+    task = extract_tasks(_mlp(), (torch.randn(4, 16),))[0]
+    ranged = [task.inputs[0].with_ranges({0: (1, 64)})] + task.inputs[1:]
+    wider = [task.inputs[0].with_ranges({0: (1, 2048)})] + task.inputs[1:]
+    sigs = {graph_signature(task.graph, task.inputs), graph_signature(task.graph, ranged),
+            graph_signature(task.graph, wider)}
+    assert len(sigs) == 3 and graph_signature(task.graph, task.inputs) == task.signature

@@ -149,11 +149,17 @@ def region_graph(gm: fx.GraphModule, region: Region, channels_last: set[fx.Node]
 def graph_signature(graph: fx.GraphModule, inputs: list[TensorSpec]) -> str:
     """sha256[:16] of op targets, argument structure, constants and input specs (no names/ids).
 
+    Declared size ranges are part of it (a task over batch 1-64 is not the static task at batch
+    64: its kernel must be right at every size); a task without any hashes as it always did, so
+    the caches of static tasks stay valid.
+
         >>> graph_signature(task.graph, task.inputs)
         '3f9c0a1b2d4e5f60'
     """
     index: dict[fx.Node, tuple] = {}
     items: list = [[(s.shape, s.dtype, s.stride) for s in inputs]]
+    if any(s.ranges for s in inputs):
+        items.append(["ranges", [[list(s.dynamic), [list(r) for r in s.ranges]] for s in inputs]])
     for n in graph.graph.nodes:
         if n.op == "placeholder":
             index[n] = ("in", len(index))

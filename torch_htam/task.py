@@ -38,6 +38,9 @@ class TensorSpec:
     verification tries a second size for them. low/high: value range for integer inputs
     (e.g. embedding indices must stay < vocab); None for floating inputs. positive: a floating
     input read as a variance (a batch norm's running_var), drawn as |x| so it is one.
+    ranges: the declared size range (low, high), inclusive, of each dynamic dim, aligned with
+    `dynamic` (OptimizeConfig.dynamic: batch 1-64); () when none was declared, and then
+    verification only tries half and double the size (verify.shape_sets).
     """
     shape: tuple[int, ...]
     dtype: str
@@ -46,6 +49,29 @@ class TensorSpec:
     low: int | None = None
     high: int | None = None
     positive: bool = False
+    ranges: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self):
+        # A range belongs to one dynamic dim: a misaligned one would verify the wrong dim.
+        if self.ranges and len(self.ranges) != len(self.dynamic):
+            raise ValueError(f"TensorSpec.ranges {self.ranges} must give one (low, high) per dynamic "
+                             f"dim {self.dynamic}")
+        for d, (lo, hi) in zip(self.dynamic, self.ranges):
+            if not 1 <= lo <= self.shape[d] <= hi:
+                raise ValueError(f"TensorSpec dim {d}: range ({lo}, {hi}) must hold its size "
+                                 f"{self.shape[d]}, with low >= 1")
+
+    def range_of(self, dim: int) -> tuple[int, int] | None:
+        """The declared (low, high) of `dim`, or None when it has none."""
+        if not self.ranges or dim not in self.dynamic:
+            return None
+        return self.ranges[self.dynamic.index(dim)]
+
+    def with_ranges(self, ranges: dict[int, tuple[int, int]]) -> "TensorSpec":
+        """This spec with `ranges` ({dim: (low, high)}) as its dynamic dims, in dim order."""
+        dims = tuple(sorted(ranges))
+        return dataclasses.replace(self, dynamic=dims,
+                                   ranges=tuple((int(ranges[d][0]), int(ranges[d][1])) for d in dims))
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -113,15 +139,18 @@ class TensorSpec:
         return TensorSpec(tuple(t.shape), DTYPE_NAMES[t.dtype], tuple(t.stride()), dynamic)
 
     def to_json(self) -> dict[str, Any]:
+        # NOTE: "ranges" only when declared, so a static spec's JSON is what it always was.
         return {"shape": list(self.shape), "dtype": self.dtype, "stride": list(self.stride),
                 "dynamic": list(self.dynamic), "low": self.low, "high": self.high,
-                "positive": self.positive}
+                "positive": self.positive,
+                **({"ranges": [list(r) for r in self.ranges]} if self.ranges else {})}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "TensorSpec":
         return TensorSpec(tuple(d["shape"]), d["dtype"], tuple(d["stride"]),
                           tuple(d.get("dynamic", ())), d.get("low"), d.get("high"),
-                          bool(d.get("positive", False)))
+                          bool(d.get("positive", False)),
+                          tuple((int(lo), int(hi)) for lo, hi in d.get("ranges", ())))
 
 
 def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
