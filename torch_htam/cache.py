@@ -235,6 +235,7 @@ class KernelCache:
         which replaces kernels/<signature> under the exclusive lock; the result is read back."""
         self.kernels.mkdir(parents=True, exist_ok=True)
         with self._lock(exclusive=True):
+            _clear_orphans(self.kernels)
             tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{signature[:16]}-", dir=self.kernels))
             try:
                 fill(tmp)
@@ -305,6 +306,20 @@ def write_entry_files(d: Path, source: str, so_path: Path, record: dict[str, Any
     for name in FILES + (MANIFEST,):
         with open(d / name, "rb") as f:
             os.fsync(f.fileno())
+
+
+def _clear_orphans(kernels: Path) -> None:
+    """What a writer killed mid-put left (a killed Ray or pool worker, the OOM killer): writers make
+    and remove .tmp-*/.old-* folders only under the exclusive lock, so any seen while holding it
+    are orphans. A temporary is removed; an entry set aside but not yet replaced goes back."""
+    for p in kernels.glob(".tmp-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    for p in kernels.glob(".old-*"):
+        dest = kernels / p.name[len(".old-"):].rpartition("-")[0]
+        if dest.name and not dest.exists():
+            os.replace(p, dest)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _replace_dir(new: Path, dest: Path) -> None:

@@ -123,7 +123,10 @@ class Evaluator:
         from torch_htam import build
         from torch_htam.policy import policy_for
         pol = (policy or policy_for(task)).to_json()
-        builds = build.build_many(sources, arch=self.arch, timeout_s=self.deadline.cap(BUILD_TIMEOUT_S))
+        # NOTE: a pool with its own build_many (ray_pool.RayPool: CPU tasks across a cluster) builds
+        # too; the default WorkerPool does not, and is not started for it
+        build_many = getattr(self._pool, "build_many", None) or build.build_many
+        builds = build_many(sources, arch=self.arch, timeout_s=self.deadline.cap(BUILD_TIMEOUT_S))
         out: list[Evaluation | None] = [None] * len(sources)
         futures = {}
         for i, b in enumerate(builds):
@@ -132,7 +135,7 @@ class Evaluator:
                 detail = b.error.removeprefix("static check:").strip() if static else b.error
                 out[i] = Evaluation(False, "static_check" if static else "compile_error", detail,
                                     b.source_hash, pol, build_s=b.seconds)
-            elif not torch.cuda.is_available():
+            elif not (torch.cuda.is_available() or getattr(self._pool, "remote_gpus", False)):
                 out[i] = Evaluation(False, "no_gpu", "no CUDA device: built, but cannot verify here",
                                     b.source_hash, pol, build_s=b.seconds, so_path=b.so_path)
             else:
