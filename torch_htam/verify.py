@@ -6,7 +6,7 @@ function in the CPU tests) that fills caller-allocated outputs and returns htam_
 
 - inputs from the task's specs under several value distributions (never uniform [0,1) alone, which
   makes softmax/norm outputs nearly constant), at the task's shape and, when a dim is dynamic, at
-  half and double that size;
+  half and double that size, or across its declared range (range_shapes);
 - every candidate call gets freshly allocated outputs poisoned with a NaN payload (floats) or a
   sentinel (ints), so reading the reference's freed output memory or skipping elements shows up;
 - the candidate runs before AND after the reference, on the same inputs, and both results must be
@@ -20,12 +20,22 @@ function in the CPU tests) that fills caller-allocated outputs and returns htam_
     >>> ok, reason, detail, errs = verify(task, Kernel(so_path), load_reference(task).cuda(), policy_for(task))
     >>> ok, reason, errs["max_abs_err"]
     (True, 'ok', 2.384185791015625e-07)
+
+A task with declared size ranges (TensorSpec.ranges) is verified over them: `verify` demands the
+kernel be right at every size of range_shapes, `verify_range` judges each bucket of sizes apart
+(buckets_for), so a kernel wrong at size 1 can still serve the buckets where it is right.
+
+    >>> v = verify_range(task, Kernel(so_path), load_reference(task).cuda(), policy_for(task))
+    >>> [str(b) for b in v.kept], [(str(w.bucket), w.reason) for w in v.wrong]
+    (['in0 dim 0 in [2, 8]', 'in0 dim 0 in [9, 64]'], [('in0 dim 0 in [1, 1]', 'mismatch')])
 """
 from __future__ import annotations
 
+import collections
 import copy
 import functools
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 
@@ -137,7 +147,7 @@ def _strides_like(spec: TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def shape_sets(task: Task) -> list[tuple[list[tuple[int, ...]], list[tuple[int, ...]]]]:
     """(input shapes, output shapes) to verify: the task's own, then (if any input dim is dynamic)
-    half and double those sizes.
+    half and double those sizes; for a task with declared ranges, range_shapes(task).sets instead.
 
     All dynamic dims, of inputs and outputs alike, scale by the same factor so related dims stay
     consistent (B with B*S). Halving needs every dynamic size even; doubling is skipped past
@@ -146,6 +156,8 @@ def shape_sets(task: Task) -> list[tuple[list[tuple[int, ...]], list[tuple[int, 
         >>> [ins for ins, outs in shape_sets(task)]     # x: [4096, 64], dynamic=(0,)
         [[(4096, 64)], [(2048, 64)], [(8192, 64)]]
     """
+    if leading_dim(task) is not None:
+        return range_shapes(task).sets
     specs = list(task.inputs) + list(task.outputs)
     n_in = len(task.inputs)
     sets = [[tuple(s.shape) for s in specs]]
@@ -160,6 +172,157 @@ def shape_sets(task: Task) -> list[tuple[list[tuple[int, ...]], list[tuple[int, 
 
 def _scaled(specs: list[TensorSpec], f: float) -> list[tuple[int, ...]]:
     return [tuple(int(n * f) if d in s.dynamic else n for d, n in enumerate(s.shape)) for s in specs]
+
+
+# ---------------------------------------------------------------------------------- ranges
+
+MAX_RANGE_SHAPES = 8              # shape sets per range verification, the example's included
+MAX_RANGE_SHAPE_BYTES = 2 << 30   # inputs + outputs of one shape set; larger sizes are skipped
+# Upper ends of the buckets below a range's maximum: [1, 1], [2, 8], [9, 128], [129, 2048], ...
+# Size 1 is its own bucket (a GEMV, not a GEMM; a broadcast the kernel may mishandle); from there
+# each bucket spans 16x, about where a kernel's best tiling changes.
+BUCKET_EDGES = (1, 8, 128, 2048, 32768)
+ODD_SIZES = (7, 127)              # a kernel that handles rows in pairs, or in tiles of 8 or 128
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Sizes low..high (inclusive) of a task's leading dynamic dim: inputs[input].shape[dim].
+
+    What a kernel is kept for, and what the runtime checks on the host before a launch (this
+    kernel if the size is inside a bucket it was kept for, else the original region).
+    """
+    input: int
+    dim: int
+    low: int
+    high: int
+
+    def holds(self, size: int) -> bool:
+        return self.low <= size <= self.high
+
+    def __str__(self) -> str:
+        return f"in{self.input} dim {self.dim} in [{self.low}, {self.high}]"
+
+
+def leading_dim(task: Task) -> tuple[int, int] | None:
+    """(input index, dim) of the task's first dim with a declared range, or None (a static task,
+    or one with dynamic dims but no ranges). Its size names each shape set and bucket; every other
+    dynamic dim scales with it (B with B*S, as in shape_sets)."""
+    for i, s in enumerate(task.inputs):
+        for d in s.dynamic:
+            if s.range_of(d) is not None:
+                return i, d
+    return None
+
+
+def buckets_for(task: Task) -> list[Bucket]:
+    """The task's leading dim's range cut at BUCKET_EDGES; [] for a task without ranges.
+
+        >>> [(b.low, b.high) for b in buckets_for(task)]     # batch declared 1-2048
+        [(1, 1), (2, 8), (9, 128), (129, 2048)]
+    """
+    lead = leading_dim(task)
+    if lead is None:
+        return []
+    i, d = lead
+    low, high = task.inputs[i].range_of(d)
+    out, start = [], low
+    for edge in BUCKET_EDGES:
+        if start <= edge < high:
+            out.append(Bucket(i, d, start, edge))
+            start = edge + 1
+    return out + [Bucket(i, d, start, high)]
+
+
+@dataclass
+class RangeShapes:
+    """What range_shapes picked: sizes[k] is the leading dim's size in sets[k] (the example's
+    first); skipped: the sizes left out and why (over the byte cap, over the shape cap)."""
+    sizes: list[int]
+    sets: list[tuple[list[tuple[int, ...]], list[tuple[int, ...]]]]
+    skipped: list[str] = field(default_factory=list)
+
+
+def range_shapes(task: Task, max_shapes: int = MAX_RANGE_SHAPES,
+                 max_bytes: int = MAX_RANGE_SHAPE_BYTES) -> RangeShapes:
+    """Shape sets spanning the leading dim's declared range: the example size first, then the
+    range's low end (1), the odd sizes 7 and 127, the maximum and powers of two where inside it,
+    at most `max_shapes` in all, the powers of two spread over the buckets. Every dynamic dim
+    scales by size / example size. A size whose inputs and outputs would pass `max_bytes` is
+    skipped and said so (the maximum then gives way to the largest power of two under the cap).
+
+        >>> range_shapes(task).sizes                   # x: [64, 32], batch declared 1-64
+        [64, 1, 2, 4, 7, 8, 16, 32]
+    """
+    i, d = leading_dim(task)
+    example = task.inputs[i].shape[d]
+    low, high = task.inputs[i].range_of(d)
+    specs = list(task.inputs) + list(task.outputs)
+    pows = [1 << k for k in range(high.bit_length()) if low <= 1 << k <= high]
+    wanted = [n for n in dict.fromkeys([low, *(n for n in ODD_SIZES if low <= n <= high), high])
+              if n != example]
+    why = {n: _unfit(specs, n, example, max_bytes) for n in wanted + pows}
+    skipped = [f"size {n}: {why[n]}" for n in wanted if why[n]]
+    big = [p for p in pows if why[p] and p not in wanted]
+    if big:
+        skipped.append(f"powers of two {big[0]}-{big[-1]}: over the cap of {max_bytes} bytes")
+    chosen = [example] + [n for n in wanted if not why[n]]
+    if high != example and why[high]:   # test as near the max as fits
+        chosen += [p for p in reversed(pows) if not why[p] and p not in chosen][:1]
+    chosen += _spread([p for p in pows if not why[p] and p not in chosen], chosen,
+                      buckets_for(task), max_shapes - len(chosen))
+    if len(chosen) > max_shapes:   # only with max_shapes below the 5 sizes always wanted
+        skipped += [f"size {n}: over the cap of {max_shapes} shapes" for n in chosen[max_shapes:]]
+        chosen = chosen[:max_shapes]
+    sizes = [example] + sorted(chosen[1:])
+    n_in = len(task.inputs)
+    sets = [(sh[:n_in], sh[n_in:]) for sh in (_sized(specs, n, example) for n in sizes)]
+    return RangeShapes(sizes, sets, skipped)
+
+
+def _spread(candidates: list[int], chosen: list[int], buckets: list[Bucket], room: int) -> list[int]:
+    """Up to `room` of candidates, each time one from the bucket holding fewest sizes so far (so
+    no bucket is judged on one size where another has five); smaller first among equals."""
+    def bucket(n: int) -> Bucket | None:
+        return next((b for b in buckets if b.holds(n)), None)
+    held = collections.Counter(bucket(n) for n in chosen)
+    out, left = [], sorted(candidates)
+    while left and len(out) < room:
+        n = min(left, key=lambda n: (held[bucket(n)], n))
+        left.remove(n)
+        out.append(n)
+        held[bucket(n)] += 1
+    return out
+
+
+def _unfit(specs: list[TensorSpec], size: int, example: int, max_bytes: int) -> str:
+    """Why the shape set at `size` cannot run ("" when it can)."""
+    shapes = _sized(specs, size, example)
+    if shapes is None:
+        return "a dynamic dim does not scale to an integer size"
+    n = _bytes(specs, shapes)
+    return f"{n} bytes of inputs and outputs, over the cap of {max_bytes}" if n > max_bytes else ""
+
+
+def _sized(specs: list[TensorSpec], size: int, example: int) -> list[tuple[int, ...]] | None:
+    """The specs' shapes with every dynamic dim n scaled to n * size / example; None when one
+    does not come out an integer."""
+    out = []
+    for s in specs:
+        shape = []
+        for d, n in enumerate(s.shape):
+            if d in s.dynamic:
+                if n * size % example:
+                    return None
+                n = n * size // example
+            shape.append(n)
+        out.append(tuple(shape))
+    return out
+
+
+def _bytes(specs: list[TensorSpec], shapes: list[tuple[int, ...]]) -> int:
+    size = lambda s: torch.empty((), dtype=s.torch_dtype).element_size()   # noqa: E731
+    return sum(math.prod(sh) * size(s) for s, sh in zip(specs, shapes))
 
 
 # ---------------------------------------------------------------------------------- poison
@@ -493,32 +656,150 @@ def verify(task: Task, kernel, reference, policy, device="cuda", seeds=(0, 1, 2)
     trials += [(sh, 1000 + j, DISTRIBUTIONS[(j + 2) % len(DISTRIBUTIONS)]) for j, sh in enumerate(sets[1:])]
     errs: dict = {"shapes": []}
     bufs: dict[tuple, list[torch.Tensor]] = {}
+
+    def run_all() -> None:
+        for shapes, seed, dist in trials:
+            _seeded_trial(task, kernel, reference, policy, device, shapes, seed, dist, errs, bufs)
+        _own_trial(task, kernel, reference, policy, device, errs)
+    failed = _failure(run_all)
+    if failed:
+        return False, failed.reason, failed.detail, errs
+    return True, "ok", "", errs
+
+
+def _failure(run) -> Failure | None:
+    """run() under the protocol: None when every check passed, else the Failure."""
     try:
-        for (in_shapes, out_shapes), seed, dist in trials:
-            gen = torch.Generator().manual_seed(seed)
-            fresh = [make_input(s, sh, dist, gen, device) for s, sh in zip(task.inputs, in_shapes)]
-            # NOTE: new values go into the SAME buffers as the previous trial of these shapes, so a
-            # kernel caching its result by input pointer returns stale data and fails.
-            inputs = bufs.setdefault(tuple(in_shapes), fresh)
-            if inputs is not fresh:
-                for x, f in zip(inputs, fresh):
-                    x.copy_(f)
-            del fresh
-            errs["shapes"].append([list(s) for s in in_shapes])
-            where = f"seed {seed} ({dist}), input shapes {[list(s) for s in in_shapes]}"
-            _trial(task, kernel, reference, policy, device, inputs, out_shapes, where, errs)
-        own = example_inputs(task, device)
-        if own is not None:
-            errs["shapes"].append([list(s.shape) for s in task.inputs])
-            _trial(task, kernel, reference, policy, device, own, [s.shape for s in task.outputs],
-                   "the model's own inputs and weights", errs)
+        run()
     except Failure as f:
-        return False, f.reason, f.detail, errs
+        return f
     except Exception as e:   # the reference tripped over a context the candidate broke
         if not is_crash_message(str(e)):
             raise
-        return False, "crash", f"{type(e).__name__}: {str(e).strip()[:300]}", errs
-    return True, "ok", "", errs
+        return Failure("crash", f"{type(e).__name__}: {str(e).strip()[:300]}")
+    return None
+
+
+def _seeded_trial(task, kernel, reference, policy, device, shapes, seed, dist, errs, bufs) -> None:
+    """One trial on random inputs of `shapes` ((input shapes, output shapes)) drawn from `seed`."""
+    in_shapes, out_shapes = shapes
+    gen = torch.Generator().manual_seed(seed)
+    fresh = [make_input(s, sh, dist, gen, device) for s, sh in zip(task.inputs, in_shapes)]
+    # NOTE: new values go into the SAME buffers as the previous trial of these shapes, so a
+    # kernel caching its result by input pointer returns stale data and fails.
+    inputs = bufs.setdefault(tuple(in_shapes), fresh)
+    if inputs is not fresh:
+        for x, f in zip(inputs, fresh):
+            x.copy_(f)
+    del fresh
+    errs["shapes"].append([list(s) for s in in_shapes])
+    where = f"seed {seed} ({dist}), input shapes {[list(s) for s in in_shapes]}"
+    _trial(task, kernel, reference, policy, device, inputs, out_shapes, where, errs)
+
+
+def _own_trial(task, kernel, reference, policy, device, errs) -> None:
+    """One more trial on the model's own inputs and weights, when the task has them."""
+    own = example_inputs(task, device)
+    if own is not None:
+        errs["shapes"].append([list(s.shape) for s in task.inputs])
+        _trial(task, kernel, reference, policy, device, own, [s.shape for s in task.outputs],
+               "the model's own inputs and weights", errs)
+
+
+# ---------------------------------------------------------------------------------- range verdicts
+
+@dataclass
+class BucketVerdict:
+    """How a kernel did in one bucket. sizes: the leading dim's sizes verified in it. reason: "ok",
+    the first failure's evaluation.REASONS entry, or "untested" (no size of the bucket could run:
+    over the byte cap, or verification stopped before it)."""
+    bucket: Bucket
+    sizes: list[int]
+    ok: bool
+    reason: str = "ok"
+    detail: str = ""
+
+
+@dataclass
+class RangeVerdict:
+    """verify_range's answer. ok: the kernel is kept for at least one bucket (`kept`); reason and
+    detail say why not otherwise ("crash": the CUDA context is dead, as for verify). skipped:
+    range_shapes' sizes left out and why. errs: as verify's, over every trial run."""
+    ok: bool
+    reason: str
+    detail: str
+    buckets: list[BucketVerdict]
+    skipped: list[str]
+    errs: dict
+
+    @property
+    def kept(self) -> list[Bucket]:
+        return [v.bucket for v in self.buckets if v.ok]
+
+    @property
+    def wrong(self) -> list[BucketVerdict]:
+        return [v for v in self.buckets if not v.ok]
+
+
+def verify_range(task: Task, kernel, reference, policy, device="cuda", seeds=(0, 1, 2)) -> RangeVerdict:
+    """The protocol over a task's declared range, judged per bucket (buckets_for).
+
+    First every seed at the example shape (and the model's own inputs): a kernel wrong there is
+    rejected outright, in every bucket. Then one trial per other size of range_shapes, smallest
+    first: a bucket is kept when every size verified in it passed, and not when one failed or none
+    ran. A crash stops verification (nothing more may launch in this process) and rejects the
+    kernel in every bucket: the ones after it went unverified, and a kernel that kills the context
+    at a size inside the range is one host-side size check away from killing the model. A task
+    without ranges gets verify's verdict and no buckets.
+
+        >>> v = verify_range(task, kernel, reference, make("fp32"), device="cpu")
+        >>> v.ok, [str(b) for b in v.kept], [(w.sizes, w.reason) for w in v.wrong]
+        (True, ['in0 dim 0 in [2, 8]', 'in0 dim 0 in [9, 64]'], [([1], 'mismatch')])
+    """
+    if leading_dim(task) is None:
+        ok, reason, detail, errs = verify(task, kernel, reference, policy, device, seeds)
+        return RangeVerdict(ok, reason, detail, [], [], errs)
+    rs = range_shapes(task)
+    buckets = buckets_for(task)
+    errs: dict = {"shapes": []}
+    bufs: dict[tuple, list[torch.Tensor]] = {}
+
+    def at_example() -> None:
+        for i, seed in enumerate(seeds):
+            _seeded_trial(task, kernel, reference, policy, device, rs.sets[0], seed,
+                          DISTRIBUTIONS[i % len(DISTRIBUTIONS)], errs, bufs)
+        _own_trial(task, kernel, reference, policy, device, errs)
+    failed = _failure(at_example)
+    if failed:
+        why = f"wrong at the example size {rs.sizes[0]}: {failed.detail}"
+        return RangeVerdict(False, failed.reason, why,
+                            [BucketVerdict(b, [], False, failed.reason, why) for b in buckets], rs.skipped, errs)
+    results: dict[int, Failure | None] = {rs.sizes[0]: None}
+    for j, (size, shapes) in enumerate(zip(rs.sizes[1:], rs.sets[1:])):
+        dist = DISTRIBUTIONS[(j + 2) % len(DISTRIBUTIONS)]
+        results[size] = _failure(lambda: _seeded_trial(task, kernel, reference, policy, device, shapes,
+                                                       1000 + j, dist, errs, bufs))
+        if results[size] and results[size].reason == "crash":   # rejected outright, as below
+            why = f"crashed at size {size}: {results[size].detail}"
+            return RangeVerdict(False, "crash", why, [BucketVerdict(b, [], False, "crash", why) for b in buckets],
+                                rs.skipped, errs)
+    verdicts = [_bucket_verdict(b, results) for b in buckets]
+    if any(v.ok for v in verdicts):
+        return RangeVerdict(True, "ok", "", verdicts, rs.skipped, errs)
+    worst = next((v for v in verdicts if v.reason != "untested"), verdicts[0])
+    return RangeVerdict(False, worst.reason, f"kept in no bucket; {worst.bucket}: {worst.detail}",
+                        verdicts, rs.skipped, errs)
+
+
+def _bucket_verdict(bucket: Bucket, results: dict[int, Failure | None]) -> BucketVerdict:
+    """The bucket's verdict from the sizes verified in it (results: size -> its Failure or None)."""
+    sizes = sorted(n for n in results if bucket.holds(n))
+    bad = next(((n, results[n]) for n in sizes if results[n] is not None), None)
+    if bad:
+        return BucketVerdict(bucket, sizes, False, bad[1].reason, f"size {bad[0]}: {bad[1].detail}")
+    if not sizes:
+        return BucketVerdict(bucket, sizes, False, "untested", "no size of this bucket was verified")
+    return BucketVerdict(bucket, sizes, True)
 
 
 def _trial(task, kernel, reference, policy, device, inputs, out_shapes, where, errs) -> None:

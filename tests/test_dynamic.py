@@ -1,0 +1,176 @@
+"""Kernels over a declared size range, on CPU: the shape set spans the range (1, odd sizes, powers
+of two, the max) and a kernel is judged per bucket of sizes, so one wrong at size 1 or at odd sizes
+is kept only where it is right. Python 'kernels' stand in for CUDA ones (as in test_verify.py)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_htam import verify as V
+from torch_htam.policy import make
+from torch_htam.task import Task, load_reference
+
+from test_verify import GELU_SRC, spec
+
+
+def ranged_task(rows=64, cols=32, low=1, high=64):
+    """gelu(x) * w + b with x's rows (and the output's) declared dynamic over [low, high]."""
+    x = spec((rows, cols)).with_ranges({0: (low, high)})
+    out = spec((rows, cols)).with_ranges({0: (low, high)})
+    return Task("gelu_affine", "elementwise", GELU_SRC, [x, spec((cols,)), spec((cols,))], [out],
+                "sig", ["aten.gelu.default"])
+
+
+def honest(inputs, outputs):
+    x, w, b = inputs
+    outputs[0].copy_(F.gelu(x) * w + b)
+    return 0
+
+
+def wrong_at_one(inputs, outputs):
+    """A GEMV-style special case for one row that forgets the bias."""
+    x, w, b = inputs
+    outputs[0].copy_(F.gelu(x) * w if x.shape[0] == 1 else F.gelu(x) * w + b)
+    return 0
+
+
+def pairs_of_rows(inputs, outputs):
+    """Processes rows two at a time and drops the last row of an odd count (1, 7, 127)."""
+    x, w, b = inputs
+    n = x.shape[0] // 2 * 2
+    outputs[0][:n].copy_(F.gelu(x[:n]) * w + b)
+    return 0
+
+
+def wrong_at_example(inputs, outputs):
+    honest(inputs, outputs)
+    if inputs[0].shape[0] == 64:
+        outputs[0][0, 0] += 1.0
+    return 0
+
+
+def run(kernel, task=None):
+    task = task or ranged_task()
+    return V.verify_range(task, kernel, load_reference(task), make("fp32"), device="cpu")
+
+
+def spans(verdicts):
+    return [(v.bucket.low, v.bucket.high) for v in verdicts]
+
+
+# ------------------------------------------------------------------------------ the shape set
+
+def test_the_shape_set_spans_the_range_under_the_cap():
+    task = ranged_task(high=2048)
+    rs = V.range_shapes(task)
+    assert rs.sizes[0] == 64                                    # the example first
+    assert {1, 7, 127, 2048} <= set(rs.sizes) and len(rs.sizes) <= V.MAX_RANGE_SHAPES
+    assert any(n & (n - 1) == 0 and n > 1 for n in rs.sizes)   # a power of two
+    assert len(set(rs.sizes)) == len(rs.sizes) and rs.skipped == []
+    assert rs.sets[rs.sizes.index(7)] == ([(7, 32), (32,), (32,)], [(7, 32)])
+    assert V.shape_sets(task) == rs.sets                        # verify() runs the same set
+    # every bucket gets a size
+    assert all(any(b.holds(n) for n in rs.sizes) for b in V.buckets_for(task))
+
+
+def test_only_sizes_inside_the_range():
+    rs = V.range_shapes(ranged_task(high=64))
+    assert 127 not in rs.sizes and max(rs.sizes) == 64 and {1, 7} <= set(rs.sizes)
+    rs = V.range_shapes(ranged_task(rows=16, low=4, high=100))
+    assert min(rs.sizes) == 4 and 100 in rs.sizes and 1 not in rs.sizes
+
+
+def test_sizes_over_the_byte_cap_are_skipped_and_said():
+    task = ranged_task(high=4096)
+    per_row = 2 * 32 * 4                                        # x and the output, fp32
+    rs = V.range_shapes(task, max_bytes=per_row * 1000)
+    assert max(rs.sizes) == 512                                 # as near the max as fits
+    assert any("size 4096" in s and "over the cap" in s for s in rs.skipped)
+    assert any("powers of two 1024-2048" in s for s in rs.skipped)
+    rs = V.range_shapes(task, max_shapes=3)
+    assert len(rs.sizes) == 3 and any("over the cap of 3 shapes" in s for s in rs.skipped)
+
+
+def test_related_dims_scale_together():
+    """B and B*S: the flattened output's size follows the batch (as shape_sets' half/double)."""
+    x = spec((64, 8)).with_ranges({0: (1, 128)})
+    out = spec((512,)).with_ranges({0: (8, 1024)})
+    task = Task("t", "other", "", [x, spec((8,))], [out], "s", [])
+    rs = V.range_shapes(task)
+    assert rs.sets[rs.sizes.index(7)] == ([(7, 8), (8,)], [(56,)])
+    assert rs.sets[rs.sizes.index(1)] == ([(1, 8), (8,)], [(8,)])
+
+
+def test_buckets_cut_the_range():
+    assert spans(V.BucketVerdict(b, [], True) for b in V.buckets_for(ranged_task(high=2048))) == \
+        [(1, 1), (2, 8), (9, 128), (129, 2048)]
+    assert [(b.low, b.high) for b in V.buckets_for(ranged_task(rows=16, low=4, high=100))] == [(4, 8), (9, 100)]
+    b = V.buckets_for(ranged_task())[1]
+    assert (b.input, b.dim, b.holds(2), b.holds(9), str(b)) == (0, 0, True, False, "in0 dim 0 in [2, 8]")
+    static = Task("t", "other", "", [spec((64, 32), dynamic=(0,))], [spec((64, 32))], "s", [])
+    assert V.buckets_for(static) == [] and V.leading_dim(static) is None
+
+
+# ------------------------------------------------------------------------------ verdicts per bucket
+
+def test_an_honest_kernel_is_kept_in_every_bucket():
+    v = run(honest)
+    assert (v.ok, v.reason, v.wrong) == (True, "ok", [])
+    assert spans(v.buckets) == [(1, 1), (2, 8), (9, 64)]
+    assert sorted(s[0][0] for s in v.errs["shapes"]) == sorted([64] * 2 + V.range_shapes(ranged_task()).sizes)
+
+
+def test_a_kernel_wrong_at_size_one_is_kept_for_the_other_buckets():
+    v = run(wrong_at_one)
+    assert v.ok and [(b.low, b.high) for b in v.kept] == [(2, 8), (9, 64)]
+    (w,) = v.wrong
+    assert (w.bucket.low, w.bucket.high, w.sizes, w.reason) == (1, 1, [1], "mismatch")
+    assert w.detail.startswith("size 1: ")
+    # the strict protocol (every size must pass) rejects it
+    task = ranged_task()
+    assert V.verify(task, wrong_at_one, load_reference(task), make("fp32"), device="cpu")[:2] == (False, "mismatch")
+
+
+def test_a_kernel_wrong_at_odd_sizes_is_kept_only_where_every_size_is_even():
+    v = run(pairs_of_rows, ranged_task(high=2048))
+    assert [(b.low, b.high) for b in v.kept] == [(129, 2048)]
+    assert spans(v.wrong) == [(1, 1), (2, 8), (9, 128)]
+    assert {w.reason for w in v.wrong} == {"partial_write"}
+    assert [w.detail.split(":")[0] for w in v.wrong] == ["size 1", "size 7", "size 127"]
+
+
+def test_a_kernel_wrong_at_the_example_shape_is_rejected_outright():
+    v = run(wrong_at_example)
+    assert (v.ok, v.reason, v.kept) == (False, "mismatch", [])
+    assert "example size 64" in v.detail and len(v.wrong) == 3
+    assert v.errs["shapes"] == [[[64, 32], [32], [32]]]         # nothing ran past the first seed
+
+
+def test_a_kernel_declining_small_sizes_keeps_the_rest():
+    """HTAM_ERR_SHAPE is how a kernel says a size is not its: those buckets fall back."""
+    v = run(lambda i, o: V.HTAM_ERR_SHAPE if i[0].shape[0] < 8 else honest(i, o))
+    assert [(b.low, b.high) for b in v.kept] == [(9, 64)]
+    assert {w.reason for w in v.wrong} == {"launch_error"} and "HTAM_ERR_SHAPE" in v.wrong[0].detail
+
+
+def test_a_kernel_right_only_at_the_example_is_kept_nowhere():
+    v = run(lambda i, o: honest(i, o) if i[0].shape[0] == 64 else (o[0].zero_(), 0)[1])
+    assert (v.ok, v.kept) == (False, []) and v.reason == "mismatch" and "kept in no bucket" in v.detail
+
+
+def test_a_crash_stops_verification_and_rejects():
+    def crash_at_seven(i, o):
+        if i[0].shape[0] == 7:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return honest(i, o)
+    v = run(crash_at_seven)
+    assert (v.ok, v.reason, v.kept) == (False, "crash", [])
+    assert {w.reason for w in v.wrong} == {"crash"} and "crashed at size 7" in v.detail
+    assert [s[0][0] for s in v.errs["shapes"]][-1] == 7        # nothing launched after it
+
+
+def test_a_task_without_ranges_gets_verifys_verdict():
+    from test_verify import gelu_task
+    task = gelu_task()
+    v = V.verify_range(task, honest, load_reference(task), make("fp32"), device="cpu")
+    assert (v.ok, v.reason, v.buckets) == (True, "ok", [])
+    assert [s[0] for s in v.errs["shapes"]] == [[64, 32]] * 3 + [[32, 32], [128, 32]]
