@@ -1,4 +1,5 @@
-"""Shared test setup: the `gpu` marker skips cleanly where CUDA is absent, and every test writes its
+"""Shared test setup: the `gpu` marker skips cleanly where CUDA is absent, the default run says how
+many `build` tests it left out (pyproject addopts: -m "not build"), and every test writes its
 kernels, HTG and logs under a temporary cache root, never into the user's ~/.cache."""
 import os
 import tempfile
@@ -19,6 +20,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+_deselected_builds: list = []
+
+
+def pytest_deselected(items):
+    """Counts the `build` tests that pyproject's addopts (-m "not build") left out of this run."""
+    _deselected_builds.extend(i for i in items if i.get_closest_marker("build"))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if _deselected_builds and config.option.markexpr == "not build":
+        terminalreporter.write_line(
+            f"{len(_deselected_builds)} build tests deselected (nvcc builds, Inductor in subprocesses: about "
+            f"11 min on 2 CPU cores); CI runs them: python3 -m pytest -q -m build")
 
 
 def pytest_unconfigure(config):

@@ -274,6 +274,7 @@ def _compile_set() -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None, reason="needs nvcc")
 def test_attention_sources_compile_for_sm90a():
     todo = _compile_set()

@@ -103,6 +103,7 @@ def test_nchw_input_keeps_the_nchw_paths():
     assert not conv.match(task.graph, policy_for(task)).channels_last
 
 
+@pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn() is None, reason="needs nvcc + cuDNN")
 def test_channels_last_sources_compile_for_sm90a():
     todo = []
@@ -194,6 +195,7 @@ def test_the_defaults_split_the_epilogue_under_16_bytes_of_channels_a_pixel():
         assert conv.grid(cp, base)[0]["fused"] is fused      # the grid starts with the defaults' form
 
 
+@pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn() is None, reason="needs nvcc + cuDNN")
 def test_split_epilogue_sources_compile_for_sm90a():
     todo = []

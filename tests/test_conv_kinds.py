@@ -199,6 +199,7 @@ def _compile_set() -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn() is None, reason="needs nvcc + cuDNN")
 def test_conv_kind_sources_compile_for_sm90a():
     todo = _compile_set()

@@ -303,6 +303,7 @@ def _first_sources(tasks) -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.build
 @NVCC
 def test_new_paths_compile_for_sm90a():
     have_cublas, have_cudnn = build.find_cublas() is not None, build.find_cudnn() is not None

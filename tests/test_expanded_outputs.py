@@ -152,6 +152,7 @@ def test_the_runtime_swaps_a_region_with_an_expanded_output():
     assert torch.equal(y, model(x)) and y.stride() == (1, 0)
 
 
+@pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None, reason="needs nvcc")
 def test_expanded_output_sources_compile_for_sm90a():
     todo = []

@@ -28,6 +28,9 @@ from torch_htam.verify import poison_
 from compile_check import assert_compiles
 
 TASKS = sorted((Path(__file__).parents[1] / "bench" / "tasks").glob("*.py"))
+# CPU tests over the suite: the bf16 twin of an fp32 task runs with -m build (CI), one of each in the default run
+TASK_PARAMS = [pytest.param(p, marks=pytest.mark.build) if p.stem.endswith("_bf16")
+               and p.with_name(p.stem[:-5] + "_fp32.py").exists() else p for p in TASKS]
 DIRECTIONS = {
     "seed": [],
     "memory_access": ["vectorized_16b_access", "read_only_cache_loads"],
@@ -88,7 +91,7 @@ KIND_OF_PREFIX = {"ew": "elementwise", "rw": "rowwise", "gemm": "gemm", "conv": 
                   "pool": "rowwise", "loss": "rowwise"}
 
 
-@pytest.mark.parametrize("path", TASKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", TASK_PARAMS, ids=lambda p: p.stem)
 def test_bench_task_is_its_kind_and_takes_what_the_gpu_test_feeds(path):
     """Each bench file is one task of the kind its name says, which the expert and the search take
     (MinGPT's hand-written attention read as a GEMM had no eligible strategy), whose inputs are
@@ -110,7 +113,7 @@ def test_bench_task_is_its_kind_and_takes_what_the_gpu_test_feeds(path):
     assert len(inspect.signature(load_reference(task).forward).parameters) == len(fed)
 
 
-@pytest.mark.parametrize("path", TASKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", TASK_PARAMS, ids=lambda p: p.stem)
 def test_candidates_distinct_tagged_deterministic(path):
     task = bench_task(path.stem)
     seen_any = False
@@ -317,6 +320,7 @@ def _compile_set() -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None, reason="needs nvcc")
 def test_sources_compile_for_sm90a(tmp_path_factory):
     have_cublas, have_cudnn = build.find_cublas() is not None, build.find_cudnn() is not None
@@ -546,6 +550,7 @@ def _conv_compile_set() -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn() is None, reason="needs nvcc + cuDNN")
 def test_conv_sources_compile_for_sm90a():
     todo = _conv_compile_set()
@@ -765,6 +770,7 @@ def _graph_compile_set() -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn() is None, reason="needs nvcc + cuDNN")
 def test_conv_graph_sources_compile_for_sm90a():
     todo = _graph_compile_set()
@@ -876,6 +882,7 @@ def test_nhwc_path_renders_for_ungrouped_convs_only():
         conv.render(grouped, dict(conv.defaults(grouped), nhwc=True))
 
 
+@pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn() is None, reason="needs nvcc + cuDNN")
 def test_nhwc_path_sources_compile_for_sm90a():
     srcs = []

@@ -218,6 +218,7 @@ def test_candidates_pass_the_static_check():
         assert build.check_source(s) == [], name
 
 
+@pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None or build.find_cublas() is None, reason="needs nvcc and cuBLAS")
 def test_layout_sources_compile_for_sm90a():
     srcs = _sources(torch.float32)[::2] + _sources(torch.bfloat16)[1::2]

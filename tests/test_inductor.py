@@ -542,6 +542,7 @@ print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"], "miss": coun
 '''
 
 
+@pytest.mark.build
 def test_inductor_code_saved_in_one_process_is_read_not_compiled_in_a_fresh_one(tmp_path):
     """What a bundle's Inductor code buys a server: a fresh process, with an empty Inductor cache,
     that loads the artifacts compiles the swapped graph from them (an FX graph cache hit)."""

@@ -123,6 +123,7 @@ def test_payload_is_the_raw_rows_and_renders_as_a_table():
     assert "| a | elementwise | fp32 | 2 | 1.25 | 3.0 | 1 | 2.00x | 1.25x | 80% | 80% |" in text
 
 
+@pytest.mark.build
 def test_load_tasks_on_bench_tasks():
     loaded = kb.load_tasks(ROOT / "bench" / "tasks")
     assert len(loaded) == len(list((ROOT / "bench" / "tasks").glob("*.py"))) >= 20

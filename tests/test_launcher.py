@@ -115,6 +115,7 @@ for args in [(0, [1], [0, 1, 4]), (0, [], "x"), (0,), (0, [], [0, 1, 4])]:
 """
 
 
+@pytest.mark.build
 @pytest.mark.skipif(torch.version.cuda is None or shutil.which(os.environ.get("CXX", "c++")) is None
                     or launcher._cuda_toolkit() is None, reason="needs a CUDA build of torch, c++ and CUDA headers")
 def test_launcher_compiles_and_checks_its_arguments_without_a_gpu(tmp_path):
@@ -154,6 +155,7 @@ print(*(launcher.Kernel(p).handle for p in sys.argv[1:]))
 """
 
 
+@pytest.mark.build
 @pytest.mark.skipif(torch.version.cuda is None or shutil.which(os.environ.get("CXX", "c++")) is None
                     or launcher._cuda_toolkit() is None or shutil.which("nvcc") is None,
                     reason="needs a CUDA build of torch, c++, nvcc and CUDA headers")

@@ -400,6 +400,7 @@ def test_candidates_pass_the_static_check():
         assert build.check_source(s) == [], name
 
 
+@pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None, reason="needs nvcc")
 def test_layout_read_sources_compile_for_sm90a():
     assert_compiles(_sources(torch.float32)[::2] + _sources(torch.bfloat16)[1::2])

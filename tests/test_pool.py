@@ -210,6 +210,7 @@ def _compile_set():
     return out
 
 
+@pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None, reason="needs nvcc")
 def test_pool_sources_compile_for_sm90a():
     todo = _compile_set()

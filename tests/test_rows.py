@@ -205,6 +205,7 @@ def _sources() -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None, reason="needs nvcc")
 def test_row_sources_compile_for_sm90a():
     todo = _sources()
@@ -368,6 +369,7 @@ def _knob_sources(dtype=torch.float32) -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None, reason="needs nvcc")
 def test_knob_settings_compile_for_sm90a():
     assert_compiles(_knob_sources(torch.bfloat16)[::2] + _knob_sources()[1::2], timeout_s=1200)

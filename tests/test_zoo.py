@@ -105,7 +105,7 @@ def test_builtin_proposer_covers_the_model(name):
         f"{100 * cov['flops']:.1f}% FLOPs, {100 * cov['bytes']:.1f}% bytes; no path: {missing}")
 
 
-@pytest.mark.slow
+@pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None, reason="needs nvcc")
 def test_first_candidates_compile_for_sm90a():
     """The expert's first candidate (seed proposal, step 0) of every task with a path, over the
