@@ -15,6 +15,9 @@ from torch_htam.config import OptimizeConfig
     dict(progress="yes"), dict(check_end_to_end=0), dict(min_speedup=math.nan),
     dict(min_speedup=0.9), dict(min_speedup="1.1"), dict(mode="fast"), dict(memory="graph"),
     dict(trajectory_dir=3), dict(extra=None),
+    dict(dynamic={0: {0: (0, 64)}}), dict(dynamic={0: {0: (65, 64)}}), dict(dynamic={0: {0: (1.0, 64)}}),
+    dict(dynamic={0: (1, 64)}), dict(dynamic={-1: {0: (1, 64)}}), dict(dynamic={"x": {0: (1, 64)}}),
+    dict(dynamic={0: {0: (1, 64, 2)}}), dict(dynamic=[(1, 64)]),
 ], ids=lambda kw: "{}={!r}".format(*next(iter(kw.items()))))
 def test_a_bad_value_is_one_line_naming_field_value_and_what_is_allowed(kw):
     (name, value), = kw.items()
@@ -36,6 +39,7 @@ def test_the_allowed_mode_list_is_torch_compiles():
     dict(), dict(steps=0), dict(time_budget_s=300), dict(time_budget_s=0.5), dict(task_time_s=None),
     dict(max_tasks=1), dict(min_speedup=1), dict(mode="reduce-overhead"), dict(memory="none"),
     dict(trajectory_dir="/tmp/t"), dict(compile=False, search=False, use_llm=True),
+    dict(dynamic=None), dict(dynamic={0: {0: (1, 64), 1: [1, 2048]}, 2: {0: (8, 8)}}),
 ])
 def test_good_values_pass(kw):
     cfg = OptimizeConfig(**kw)

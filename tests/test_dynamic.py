@@ -174,3 +174,131 @@ def test_a_task_without_ranges_gets_verifys_verdict():
     v = V.verify_range(task, honest, load_reference(task), make("fp32"), device="cpu")
     assert (v.ok, v.reason, v.buckets) == (True, "ok", [])
     assert [s[0] for s in v.errs["shapes"]] == [[64, 32]] * 3 + [[32, 32], [128, 32]]
+
+
+# ------------------------------------------------------------------------------ declared in the model
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+
+
+def test_declared_batch_reaches_every_region_it_flows_to():
+    from torch_htam.extract import extract
+    found = extract(_mlp(), (torch.randn(4, 16),), dynamic={0: {0: (1, 64)}})
+    assert found.problems == [] and len(found.tasks) == 2
+    for t in found.tasks:
+        x, w, b = t.inputs
+        assert (x.dynamic, x.ranges, w.dynamic, b.dynamic) == ((0,), ((1, 64),), (), ())
+        assert (t.outputs[0].dynamic, t.outputs[0].ranges) == ((0,), ((1, 64),))
+    # not the static tasks (tests/test_task.py pins their signatures)
+    assert not {t.signature for t in found.tasks} & {"108a72a4a5b62f41", "7825b824f31fd309"}
+
+
+def test_an_extracted_ranged_task_is_verified_per_bucket():
+    from torch_htam.extract import extract
+    task = extract(_mlp(), (torch.randn(4, 16),), dynamic={0: {0: (1, 64)}}).tasks[0]
+    ref = load_reference(task)
+
+    def kernel(inputs, outputs, one_row_bug=False):
+        out = ref(*inputs)
+        outputs[0].copy_(out + (1.0 if one_row_bug and inputs[0].shape[0] == 1 else 0.0))
+        return 0
+    v = V.verify_range(task, kernel, ref, make("fp32"), device="cpu")
+    assert v.ok and len(v.kept) == 3 and {1, 4, 7, 64} <= {n for b in v.buckets for n in b.sizes}
+    v = V.verify_range(task, lambda i, o: kernel(i, o, True), ref, make("fp32"), device="cpu")
+    assert [(b.low, b.high) for b in v.kept] == [(2, 8), (9, 64)]
+
+
+def test_flattened_dims_scale_with_the_batch():
+    class Flat(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x.flatten(0, 1)) * 2   # [B, 8, 4] -> [B * 8, 4]
+
+    from torch_htam.extract import extract
+    found = extract(Flat(), (torch.randn(4, 8, 4),), dynamic={0: {0: (1, 64)}})
+    outs = [s for t in found.tasks for s in t.outputs if s.shape[0] == 32]
+    assert outs and all((s.dynamic, s.ranges) == ((0,), ((8, 512),)) for s in outs)
+
+
+def test_a_literal_size_keeps_its_region_static_and_says_so():
+    class View(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return torch.softmax(y.view(4, 2, 4), -1)   # the batch written into the graph
+
+    from torch_htam.extract import extract
+    found = extract(View().eval(), (torch.randn(4, 8),), dynamic={0: {0: (1, 64)}})
+    # the view is in the linear's region: that region, and the softmax after it, stay static
+    assert [t.ops for t in found.tasks] == [["aten.linear.default", "aten.view.default"], ["aten.softmax.int"]]
+    assert all(not s.ranges for t in found.tasks for s in t.inputs + t.outputs)
+    assert found.problems == ["region ['linear', 'view']: stays static: its ops do not run at other sizes "
+                              "of input 0 dim 0 in [1, 64] (a literal size in a view, a slice or a strided window)"]
+
+
+def test_a_strided_window_is_not_linear_in_its_size():
+    """A dim through a stride-2 conv halves (H // 2 + ...): not k * H, so H stays static; the batch
+    does scale through it."""
+    from torch_htam.extract import extract
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, 2, 1), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 3, 16, 16)
+    found = extract(model, (x,), dynamic={0: {2: (8, 64)}})
+    assert all(not s.ranges for t in found.tasks for s in t.inputs)
+    assert any("stays static" in p for p in found.problems)
+    found = extract(model, (x,), dynamic={0: {0: (1, 32)}})
+    (t,) = found.tasks
+    assert t.inputs[0].ranges == ((1, 32),) and t.outputs[0].ranges == ((1, 32),)
+
+
+def test_a_second_declared_size_is_kept_at_the_example():
+    """A task's sizes scale by one factor (verify.range_shapes): x's rows here, not y's too."""
+    class Two(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.relu(x @ y.t())
+
+    from torch_htam.extract import extract
+    found = extract(Two(), (torch.randn(4, 8), torch.randn(3, 8)), dynamic={0: {0: (1, 64)}, 1: {0: (1, 16)}})
+    (t,) = found.tasks
+    y, x = t.inputs                                           # the region reads y.t() first
+    assert (x.ranges, y.ranges, t.outputs[0].dynamic, t.outputs[0].ranges) == (((1, 64),), (), (0,), ((1, 64),))
+    assert found.problems == ["region ['t', 'matmul', 'relu']: it also varies with input 1 dim 0 in [1, 16], "
+                              "which its task keeps at the example's size"]
+
+
+def test_dynamo_graphs_take_the_declared_inputs_they_are_given():
+    """A model torch.export cannot take (a data-dependent branch) is captured by Dynamo: the
+    declared input is the first graph's input, so its regions are ranged too."""
+    class Branchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = self.lin(x)
+            if y.sum() > 0:
+                return torch.relu(y)
+            return -y
+
+    from torch_htam.extract import extract
+    torch.manual_seed(0)
+    found = extract(Branchy().eval(), (torch.randn(4, 8),), dynamic={0: {0: (1, 64)}})
+    assert found.capture.method == "dynamo"
+    gemm = next(t for t in found.tasks if t.kind == "gemm")
+    assert gemm.inputs[0].ranges == ((1, 64),)
+
+
+@pytest.mark.parametrize("dynamic, words", [
+    ({0: {0: (8, 64)}}, "holding the example's size"), ({0: {2: (1, 64)}}, "holding the example's size"),
+    ({1: {0: (1, 64)}}, "positional tensor input"),
+])
+def test_a_range_that_misses_the_example_is_a_config_error(dynamic, words):
+    from torch_htam.config import ConfigError
+    from torch_htam.extract import extract
+    with pytest.raises(ConfigError, match=words) as info:
+        extract(_mlp(), (torch.randn(4, 16),), dynamic=dynamic)
+    assert info.value.field == "dynamic" and "\n" not in str(info.value)

@@ -17,6 +17,7 @@ twins (functionalize), so they join regions exactly as the out-of-place ops do.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import operator
@@ -304,3 +305,152 @@ def record_values(gm: fx.GraphModule, flat_inputs: tuple) -> dict[fx.Node, Any]:
     with torch.no_grad():
         rec.run(*flat_inputs, enable_io_processing=False)
     return rec.values
+
+
+# ---- declared dynamic dims -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Symbol:
+    """One declared dynamic size of a captured graph: the placeholder dims that are it (the batch
+    dim of x and of its mask), their size in the example call and the declared range. names: the
+    model's own words for those dims ("input 0 dim 0"), for messages."""
+    dims: tuple[tuple[int, int], ...]   # (placeholder index, dim)
+    example: int
+    low: int
+    high: int
+    names: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return " = ".join(self.names or [f"placeholder {p} dim {d}" for p, d in self.dims]) \
+            + f" in [{self.low}, {self.high}]"
+
+
+@dataclass
+class DynamicDims:
+    """Which dims of a captured graph's nodes follow one Symbol, found by running the graph at other
+    sizes of it (dynamic_dims). dims: node -> {dim: (low, high)}, a dim of size k * example spanning
+    k * the symbol's range (B, or B * S flattened). broken: the nodes that do not run at another
+    size (a view with the example's size written into it) or whose sizes do not follow it linearly
+    (a strided conv's output, a slice to a literal end): a region holding one stays static.
+    downstream: the nodes that read a broken one (directly or not), whose sizes say nothing."""
+    symbol: Symbol
+    dims: dict[fx.Node, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    broken: set[fx.Node] = field(default_factory=set)
+    downstream: set[fx.Node] = field(default_factory=set)
+
+
+def symbols(declared: dict[int, tuple[int, dict[int, tuple[int, int]]]], flat_inputs: tuple) -> list[Symbol]:
+    """The Symbols of a graph's declared placeholder dims: {placeholder index: (the model input
+    it is, {dim: (low, high)})} (extract.declared_dims).
+
+    NOTE: dims with the same example size and the same range are taken for one size (x and its
+    mask share the batch); run apart, each would meet the other at a broadcast and fail there.
+    """
+    groups: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
+    for p, (i, dims) in sorted(declared.items()):
+        for d, (low, high) in sorted(dims.items()):
+            groups.setdefault((int(flat_inputs[p].shape[d]), int(low), int(high)), []).append((p, d, i))
+    return [Symbol(tuple((p, d) for p, d, _ in dims), e, lo, hi,
+                   tuple(f"input {i} dim {d}" for _, d, i in dims)) for (e, lo, hi), dims in groups.items()]
+
+
+def dynamic_dims(gm: fx.GraphModule, flat_inputs: tuple, symbol: Symbol) -> DynamicDims:
+    """Which node dims follow `symbol`: the graph runs on meta tensors (no memory, no compute) with
+    the symbol's dims at two other sizes, and a dim of size n (n = k * example) follows it when it
+    is k * size at both; a dim whose size stays is static. Sizes above the example, since a slice
+    to the example's length clamps there and shows.
+
+        >>> dd = dynamic_dims(gm, flat, Symbol(((0, 0),), 64, 1, 2048))
+        >>> dd.dims[x_node], dd.dims[linear_node]
+        ({0: (1, 2048)}, {0: (1, 2048)})
+    """
+    e = symbol.example
+    base = _ShapeProbe(gm, flat_inputs, symbol, e).run_all()
+    probes = [_ShapeProbe(gm, flat_inputs, symbol, p) for p in (2 * e + 1, 3 * e + 2)]
+    runs = [p.run_all() for p in probes]
+    out = DynamicDims(symbol, broken=set().union(*(p.failed for p in probes)),
+                      downstream=set().union(*(p.downstream for p in probes)))
+    for n, v in base.items():
+        if n in out.downstream:
+            continue
+        shapes = [_shapes(v)] + [_shapes(r.get(n)) for r in runs]
+        follow = _following(shapes, e, [p.size for p in probes])
+        if follow is None:
+            out.broken.add(n)
+        elif follow and isinstance(v, torch.Tensor):
+            out.dims[n] = {d: (k * symbol.low, k * symbol.high) for d, k in follow.items()}
+    return out
+
+
+def _following(shapes: list[list[tuple]], example: int, sizes: list[int]) -> dict[int, int] | None:
+    """{dim: k} of the dims that are k * size in every probe (first tensor of a node's value);
+    None when some dim changes otherwise, or the tensors change in number or rank."""
+    base, *probed = shapes
+    if any(len(p) != len(base) or any(len(a) != len(b) for a, b in zip(p, base)) for p in probed):
+        return None
+    follow: dict[int, int] = {}
+    for t, shape in enumerate(base):
+        for d, n in enumerate(shape):
+            got = [p[t][d] for p in probed]
+            if all(g == n for g in got):
+                continue
+            if n % example or any(g != n // example * s for g, s in zip(got, sizes)):
+                return None
+            if t == 0:
+                follow[d] = n // example
+    return follow
+
+
+def _shapes(v) -> list[tuple]:
+    return [tuple(t.shape) for t in _tensor_leaves(v)]
+
+
+class _ShapeProbe(fx.Interpreter):
+    """Runs a graph on meta tensors with a Symbol's placeholder dims at `size`. A node that fails
+    there is recorded in `failed` and gives its example-shaped meta value, so the run goes on.
+
+    NOTE: every node reading a failed one is recorded in `downstream`: its value mixes the
+    example's size (the stand-in) with the probe's, which may still broadcast (a [1, 16] stand-in
+    against [129, 16]) and look like a dim that follows the size where the real one would not.
+    """
+
+    def __init__(self, gm, flat_inputs, symbol: Symbol, size: int):
+        super().__init__(gm)
+        self.size, self.failed, self.downstream = size, set(), set()
+        resized = {p: {} for p, _ in symbol.dims}
+        for p, d in symbol.dims:
+            resized[p][d] = size
+        self.args = [_meta(x, resized.get(p, {})) if isinstance(x, torch.Tensor) else x
+                     for p, x in enumerate(flat_inputs)]
+        self.values: dict[fx.Node, Any] = {}
+
+    def run_all(self) -> dict[fx.Node, Any]:
+        with torch.no_grad():
+            self.run(*self.args, enable_io_processing=False)
+        return self.values
+
+    def run_node(self, n):
+        as_meta = functools.partial(pytree.tree_map, lambda v: _meta(v) if isinstance(v, torch.Tensor) else v)
+        if any(a in self.failed or a in self.downstream for a in n.all_input_nodes):
+            self.downstream.add(n)
+        try:
+            out = as_meta(super().run_node(n))
+        except Exception:   # noqa: BLE001 -- a node that cannot run at this size: recorded
+            if n not in self.downstream:   # else the stand-in's fault, not its own
+                self.failed.add(n)
+            out = as_meta(n.meta.get("val"))
+        self.values[n] = out
+        return out
+
+
+def _meta(t: torch.Tensor, sizes: dict[int, int] | None = None) -> torch.Tensor:
+    """A meta tensor like t (dense, in t's dim order) with the dims in `sizes` resized."""
+    if t.device.type == "meta" and not sizes:
+        return t
+    shape = [sizes.get(d, n) for d, n in enumerate(t.shape)] if sizes else list(t.shape)
+    order = sorted(range(t.dim()), key=lambda d: (t.stride(d), -d))
+    strides, acc = [0] * t.dim(), 1
+    for d in order:
+        strides[d] = acc
+        acc *= max(shape[d], 1)
+    return torch.empty_strided(shape, strides, dtype=t.dtype, device="meta")

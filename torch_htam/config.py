@@ -32,6 +32,16 @@ def _modes() -> tuple[str, ...]:
 
 MEMORIES = ("htg", "flat", "none")
 
+
+def _ranges(v) -> bool:
+    """{input index: {dim: (low, high)}} of ints, 1 <= low <= high (that the example's size lies
+    inside is checked where the inputs are seen: extract.check_dynamic)."""
+    def dims_ok(dims) -> bool:
+        return isinstance(dims, dict) and all(
+            _int(d) and d >= 0 and isinstance(r, (tuple, list)) and len(r) == 2
+            and all(_int(n) for n in r) and 1 <= r[0] <= r[1] for d, r in dims.items())
+    return isinstance(v, dict) and all(_int(i) and i >= 0 and dims_ok(dims) for i, dims in v.items())
+
 # One row per field: (test of the value, what is allowed (text, or a function giving it), None
 # allowed too). A new field adds a row here (tests/test_config.py checks that every field has one).
 RULES: dict[str, tuple] = {
@@ -53,6 +63,7 @@ RULES: dict[str, tuple] = {
              lambda: "a torch.compile mode: " + ", ".join(map(repr, _modes())), False),
     "trajectory_dir": (lambda v: isinstance(v, (str, os.PathLike)), "a path", True),
     "extra": (lambda v: isinstance(v, dict), "a dict", False),
+    "dynamic": (_ranges, "a dict {input index: {dim: (low, high)}} of ints with 1 <= low <= high", True),
 }
 
 
@@ -74,6 +85,10 @@ class OptimizeConfig:
     op by op with the kernels swapped in (the alternative: the original forward).
     mode: torch.compile's mode for compile=True ("default", "reduce-overhead", ...).
     time_budget_s: wall time for the whole search (None = steps bound it).
+    dynamic: the sizes real traffic brings, {input index: {dim: (low, high)}} (batch 1-64:
+    {0: {0: (1, 64)}}), as torch.export.Dim declares them; the regions those dims reach get tasks
+    over the range, verified per bucket of sizes (verify.verify_range). None: every task is
+    specialized to the example's shapes.
     """
     steps: int = 3
     candidates_per_step: int = 4
@@ -91,6 +106,7 @@ class OptimizeConfig:
     mode: str = "default"              # torch.compile mode when compile=True
     trajectory_dir: str | None = None  # default: <arch cache dir>/trajectories
     extra: dict = field(default_factory=dict)
+    dynamic: dict | None = None        # {input index: {dim: (low, high)}}
 
     def __post_init__(self):
         # A config mistake is the caller's: say so at once, before any capture or search.

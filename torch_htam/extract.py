@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 
 from torch_htam import attn_pattern, ops
-from torch_htam.capture import Capture, capture, record_values
+from torch_htam.capture import Capture, capture, dynamic_dims, record_values, symbols
 from torch_htam.ops import ANCHOR, COMPUTE, ELEMENTWISE, ROWWISE
 from torch_htam.partition import Region, category, op_name, partition
 from torch_htam.task import DTYPE_NAMES, Task, TensorSpec, exec_source, kernelbench_source, target_name
@@ -52,43 +52,60 @@ class Extraction:
         return [s for s in self.sites if s.graph == graph]
 
 
-def extract(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None = None) -> Extraction:
+def extract(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None = None,
+            dynamic: dict | None = None) -> Extraction:
     """Capture `model` and make its tasks. Never raises for a model it cannot capture: `.tasks` is
     then empty and `.problems` says why.
 
+    dynamic: OptimizeConfig.dynamic, {input index: {dim: (low, high)}}: the regions those dims
+    reach get tasks over the range (declared_dims, region_dynamic); a ConfigError when a range
+    does not hold the example's size.
+
         >>> found = extract(model.eval(), (idx,))
+        >>> found = extract(model.eval(), (x,), dynamic={0: {0: (1, 64)}})    # batch 1-64
     """
-    return from_capture(capture(model, tuple(example_inputs), example_kwargs))
+    args = tuple(example_inputs)
+    declared = check_dynamic(dynamic, args) if dynamic else None
+    cap = capture(model, args, example_kwargs)
+    return from_capture(cap, declared_dims(cap, args, declared) if declared else None)
 
 
-def extract_tasks(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None = None) -> list[Task]:
+def extract_tasks(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None = None,
+                  dynamic: dict | None = None) -> list[Task]:
     """The model's distinct tasks, costliest first (see extract).
 
         >>> tasks = torch_htam.extract_tasks(model.eval(), (idx,))
         >>> [(t.kind, t.count) for t in tasks][:2]
         [('gemm', 12), ('attention', 12)]
     """
-    return extract(model, example_inputs, example_kwargs).tasks
+    return extract(model, example_inputs, example_kwargs, dynamic).tasks
 
 
-def from_capture(cap: Capture) -> Extraction:
+def from_capture(cap: Capture, declared: list[dict] | None = None) -> Extraction:
     """Partition every captured graph, make one task per region and merge identical ones.
 
     The example call is replayed once per graph (capture.record_values) so integer inputs get
     their true value range (embedding indices stay below the vocabulary) and each task keeps its
     real input values. A region whose boundary is not a plain tensor is skipped and said so.
+    declared: per graph, its placeholders' declared dynamic dims (declared_dims); None: static.
     """
     found = Extraction(cap, problems=list(cap.problems))
     by_sig: dict[str, Task] = {}
     for gi, (gm, flat) in enumerate(zip(cap.graphs, cap.inputs)):
         values = record_values(gm, flat)
+        # the dims each declared size reaches in this graph (none: every region stays static)
+        dyns = [dynamic_dims(gm, flat, sym) for sym in symbols(declared[gi] if declared else {}, flat)]
         for region in partition(gm):
             if not region.outputs:   # dead code the capture kept (HF mask arithmetic): no task
                 found.problems.append(f"region {[n.name for n in region.nodes]} skipped: nothing "
                                       "reads its result")
                 continue
+            dims, why = region_dynamic(region, dyns)
+            if why:
+                found.problems.append(f"region {[n.name for n in region.nodes]}: {why}")
             try:
-                task = region_to_task(gm, region, values, channels_last=channels_last_boundary(region))
+                task = region_to_task(gm, region, values, channels_last=channels_last_boundary(region),
+                                      dynamic=dims)
             except ValueError as e:
                 found.problems.append(f"region {[n.name for n in region.nodes]} skipped: {e}")
                 continue
@@ -102,6 +119,69 @@ def from_capture(cap: Capture) -> Extraction:
             found.sites.append(Site(gi, region, seen))
     found.tasks = sorted(by_sig.values(), key=lambda t: (-cost(t), t.signature))
     return found
+
+
+# ---- declared dynamic dims (OptimizeConfig.dynamic) -----------------------------------------
+
+def check_dynamic(dynamic: dict, args: tuple) -> dict[int, dict[int, tuple[int, int]]]:
+    """OptimizeConfig.dynamic checked against the example inputs (the config alone cannot see
+    them): each index a positional tensor input, each dim one of its dims, each range holding the
+    example's size. Returns it with plain int keys and (low, high) tuples; a ConfigError if not.
+
+        >>> check_dynamic({0: {0: (1, 64)}}, (torch.randn(8, 16),))
+        {0: {0: (1, 64)}}
+    """
+    from torch_htam.config import ConfigError
+    out: dict[int, dict[int, tuple[int, int]]] = {}
+    for i, dims in dynamic.items():
+        x = args[i] if isinstance(i, int) and 0 <= i < len(args) else None
+        if not isinstance(x, torch.Tensor):
+            raise ConfigError("dynamic", dynamic, f"keyed by the index of a positional tensor input "
+                                                  f"(input {i!r} is not one of the {len(args)})")
+        for d, (low, high) in dims.items():
+            if not 0 <= d < x.dim() or not low <= x.shape[d] <= high:
+                raise ConfigError("dynamic", dynamic, f"ranges holding the example's size (input {i} "
+                                                      f"has shape {list(x.shape)}; dim {d}: ({low}, {high}))")
+            out.setdefault(int(i), {})[int(d)] = (int(low), int(high))
+    return out
+
+
+def declared_dims(cap: Capture, args: tuple, dynamic: dict[int, dict[int, tuple[int, int]]]) -> list[dict]:
+    """Per captured graph, {placeholder index: (model input index, {dim: (low, high)})} of the
+    model inputs in `dynamic` that the graph takes as they are (the same tensor: export's one
+    graph, or the Dynamo graph the input reaches before any graph break).
+
+    NOTE: a declared input that reaches a graph only through ops of an earlier graph (after a
+    graph break) is not followed there: that graph's regions stay static.
+    """
+    out = []
+    for flat in cap.inputs:
+        out.append({p: (i, dynamic[i]) for p, v in enumerate(flat) for i in dynamic if v is args[i]})
+    return out
+
+
+def region_dynamic(region: Region, dyns: list) -> tuple[dict[fx.Node, dict[int, tuple[int, int]]] | None, str]:
+    """(the dynamic dims of the region's inputs and outputs, or None; a problem line, or "").
+
+    The region follows the first declared size (capture.DynamicDims) that reaches one of its
+    inputs, when every op of it runs at other sizes of that size and follows it linearly; else it
+    stays static and says why. A region that a second declared size reaches too is verified over
+    the first only (the task's sizes scale by one factor: verify.range_shapes).
+    """
+    reaching = [dd for dd in dyns if any(a in dd.dims for a in region.inputs)]
+    if not reaching:
+        return None, ""
+    dd = reaching[0]
+    if any(n in dd.broken for n in region.nodes):
+        return None, (f"stays static: its ops do not run at other sizes of {dd.symbol} (a literal "
+                      "size in a view, a slice or a strided window)")
+    if any(n in dd.downstream for n in list(region.nodes) + list(region.inputs)):
+        return None, (f"stays static: it reads results of ops that do not run at other sizes of "
+                      f"{dd.symbol}")
+    dims = {n: dd.dims[n] for n in list(region.inputs) + list(region.outputs) if n in dd.dims}
+    why = "".join(f"; it also varies with {other.symbol}, which its task keeps at the example's size"
+                  for other in reaching[1:])
+    return dims, why.lstrip("; ")
 
 
 def cost(task: Task, gpu=None) -> float:
@@ -186,13 +266,15 @@ def _normalize(x):
 
 
 def region_to_task(gm: fx.GraphModule, region: Region, values: dict | None = None,
-                   name: str | None = None, channels_last: set[fx.Node] = frozenset()) -> Task:
+                   name: str | None = None, channels_last: set[fx.Node] = frozenset(),
+                   dynamic: dict[fx.Node, dict[int, tuple[int, int]]] | None = None) -> Task:
     """Build the Task of one region of a captured graph.
 
     values: real node values (capture.record_values) give integer inputs their true range
     [low, high); without them integer inputs get [0, 2). channels_last: boundary nodes the task
     takes or gives channels-last (a captured model's conv regions: channels_last_boundary);
-    the others keep the graph's layouts.
+    the others keep the graph's layouts. dynamic: {boundary node: {dim: (low, high)}}, the
+    declared size ranges its specs carry (region_dynamic); part of the signature.
 
         >>> task = region_to_task(gm, partition(gm)[0], record_values(gm, flat_inputs))
         >>> task.signature, [s.shape for s in task.inputs]
@@ -200,8 +282,9 @@ def region_to_task(gm: fx.GraphModule, region: Region, values: dict | None = Non
     cl = channels_last
     graph = region_graph(gm, region, cl)
     positive = _positive_inputs(region)
-    inputs = [_spec(a, values, a in positive, a in cl) for a in region.inputs]
-    outputs = [_spec(o, None, channels_last=o in cl) for o in region.outputs]
+    dyn = dynamic or {}
+    inputs = [_ranged(_spec(a, values, a in positive, a in cl), dyn.get(a)) for a in region.inputs]
+    outputs = [_ranged(_spec(o, None, channels_last=o in cl), dyn.get(o)) for o in region.outputs]
     op_names = [str(n.target) for n in region.nodes if n.op == "call_function"
                 and n.target is not operator.getitem]
     sig = graph_signature(graph, inputs)
@@ -281,6 +364,10 @@ def _spec(n: fx.Node, values: dict | None, positive: bool = False, channels_last
     if isinstance(real, torch.Tensor) and real.numel() and val.dtype != torch.bool:
         low, high = int(real.min()), int(real.max()) + 1
     return TensorSpec(spec.shape, spec.dtype, spec.stride, (), low, high)
+
+
+def _ranged(spec: TensorSpec, ranges: dict[int, tuple[int, int]] | None) -> TensorSpec:
+    return spec.with_ranges(ranges) if ranges else spec
 
 
 def _short_ops(region: Region) -> str:
