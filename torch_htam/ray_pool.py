@@ -29,6 +29,7 @@ jobs carry the library's bytes when the cluster has more than one node (ship_so)
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import queue
 import sys
@@ -93,16 +94,17 @@ class _RunnerActor:
     def ready(self) -> dict[str, Any]:
         """Where this actor runs: pid, node, CUDA_VISIBLE_DEVICES, and its GPU's arch (None without)."""
         import ray
-        arch = None
+        info = None
         try:
             import torch
             if torch.cuda.is_available():
                 from torch_htam import gpu
-                arch = gpu.detect().arch
+                info = gpu.detect().to_json()
         except Exception:   # noqa: BLE001 -- the first job reports a broken GPU
             pass
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
-                "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "arch": arch}
+                "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "arch": info["arch"] if info else None, "gpu": info}
 
     def ping(self) -> int:
         return os.getpid()
@@ -116,17 +118,28 @@ class _RunnerActor:
 
 
 def _localize(job: dict) -> dict:
-    """A job whose library came as bytes (another host built it): written here under its content
-    hash name, and so_path pointed at it."""
-    blob = job.get("so_bytes")
-    if blob is None:
+    """A job whose files came from another host: the library (bytes) and the task's real inputs
+    (an object ref) written here under content-hash names, and the job pointed at them."""
+    if "so_bytes" not in job and "example_ref" not in job:
         return job
-    d = Path(tempfile.gettempdir()) / f"htam_ray_so_{os.getuid()}"
+    import ray
+    d = Path(tempfile.gettempdir()) / f"htam_ray_{os.getuid()}"
     d.mkdir(exist_ok=True)
-    path = d / Path(job["so_path"]).name
-    if not path.exists():
-        _write_atomic(path, blob)
-    return {k: v for k, v in job.items() if k != "so_bytes"} | {"so_path": str(path)}
+    job = dict(job)
+    blob = job.pop("so_bytes", None)
+    if blob is not None:
+        path = d / Path(job["so_path"]).name   # <source hash>.so
+        if not path.exists():
+            _write_atomic(path, blob)
+        job["so_path"] = str(path)
+    ref = job.pop("example_ref", None)
+    if ref is not None:
+        ref, name = ref
+        path = d / name
+        if not path.exists():
+            _write_atomic(path, ray.get(ref))
+        job["task"] = {**job["task"], "example": str(path)}
+    return job
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -277,13 +290,25 @@ class RayPool:
         self._actor_cls = self.ray.remote(max_restarts=0)(_RunnerActor)
         self._build_fn = self.ray.remote(_build_chunk)
         self._closed = False
+        self._lock = threading.Lock()
+        self._examples: dict[str, tuple] = {}   # example file -> (object ref, file name)
         self._jobs: queue.Queue = queue.Queue()
-        self._slots = [_Slot(self, node) for node in self._placement(n)]
+        try:
+            placement = self._placement(n)
+        except BaseException:
+            if self._owns_ray:   # a pool that could not be made leaves no Ray running behind it
+                self.ray.shutdown()
+            raise
+        self._slots = [_Slot(self, node) for node in placement]
         self._threads = [threading.Thread(target=self._serve, args=(s,), daemon=True) for s in self._slots]
         for t in self._threads:
             t.start()
 
     # ---- placement ---------------------------------------------------------------------------
+
+    def _max_node_cpus(self) -> int:
+        cpus = [n.get("Resources", {}).get("CPU", 0) for n in self.ray.nodes() if n.get("Alive")]
+        return int(max(cpus, default=1))
 
     def _multi_node(self) -> bool:
         return sum(1 for node in self.ray.nodes() if node.get("Alive")) > 1
@@ -294,19 +319,22 @@ class RayPool:
             if n is None:
                 raise ValueError("RayPool(num_gpus=0) runs CPU workers: say how many with n=")
             return [None] * n
-        gpus = gpus_by_node(self.ray, self.arch)
-        if self.arch and not gpus:
+        # NOTE: resources= names the nodes (e.g. a custom resource their operators gave them), so
+        # the arch then only checks each actor's GPU as it starts
+        pinned = bool(self.arch) and not self.resources
+        gpus = gpus_by_node(self.ray, self.arch if pinned else None)
+        if pinned and not gpus:
             seen = sorted({a for a, _ in _node_accelerators(self.ray)})
             raise RuntimeError(f"no node of the Ray cluster has GPUs of arch {self.arch} (the cluster "
                                f"reports accelerator types: {', '.join(seen) or 'none'}); pass "
                                "arch=None to use any GPU, or resources= to name the nodes")
-        slots = [node if self.arch else None for node, k in gpus.items() for _ in range(int(k))]
+        slots = [node if pinned else None for node, k in gpus.items() for _ in range(int(k))]
         if n is None:
             if not slots:
                 raise RuntimeError("the Ray cluster has no GPU: pass num_gpus=0 and n= for CPU jobs")
             return slots
         # n given: round-robin over the matching GPUs (or anywhere, without an arch)
-        return [slots[i % len(slots)] if slots and self.arch else None for i in range(n)]
+        return [slots[i % len(slots)] if slots else None for i in range(n)]
 
     # ---- jobs --------------------------------------------------------------------------------
 
@@ -339,15 +367,35 @@ class RayPool:
 
     def _outgoing(self, job: dict) -> dict:
         """The job as the actor gets it. NOTE: "deadline" is this host's time.monotonic(), which
-        means nothing on another host, so the driver enforces it (timeout above) and drops it;
-        with ship_so the library's bytes travel with the job."""
+        means nothing on another host, so the driver enforces it (Slot.run) and drops it. With
+        ship_so the library's bytes travel with the job, and the task's real inputs (a file of the
+        model's weights and activations, possibly large) as one object ref per file."""
         out = {k: v for k, v in job.items() if k != "deadline"}
-        if self.ship_so and out.get("so_path") and "so_bytes" not in out:
+        if not self.ship_so:
+            return out
+        if out.get("so_path") and "so_bytes" not in out:
             try:
                 out["so_bytes"] = Path(out["so_path"]).read_bytes()
             except OSError:
                 pass   # the runner reports load_error for the missing library
+        example = (out.get("task") or {}).get("example")
+        if example:
+            ref = self._example_ref(example)
+            if ref is not None:
+                out["example_ref"] = ref
         return out
+
+    def _example_ref(self, path: str):
+        """(object ref, content-named file name) of an example file, put into Ray once."""
+        with self._lock:
+            if path not in self._examples:
+                try:
+                    data = Path(path).read_bytes()
+                except OSError:
+                    return None   # verification then runs on random inputs only, as without a file
+                name = hashlib.sha256(data).hexdigest()[:20] + ".safetensors"
+                self._examples[path] = (self.ray.put(data), name)
+            return self._examples[path]
 
     def submit(self, job: dict) -> Future:
         """Queue one job; the Future's result is the runner's dict, or {"reason": "timeout"|"crash"|
@@ -364,8 +412,16 @@ class RayPool:
 
     @property
     def workers(self) -> list[dict[str, Any] | None]:
-        """Each slot's live actor (pid, node, cuda_visible, arch), None where none runs now."""
+        """Each slot's live actor (pid, node, cuda_visible, arch, gpu), None where none runs now."""
         return [s.info for s in self._slots]
+
+    @property
+    def gpu(self):
+        """The GpuInfo of a started actor's GPU (the search's state when the driver has no GPU),
+        None before any started or on CPU workers."""
+        from torch_htam.gpu import GpuInfo
+        info = next((w["gpu"] for w in self.workers if w and w.get("gpu")), None)
+        return GpuInfo(**info) if info else None
 
     # ---- builds ------------------------------------------------------------------------------
 
@@ -376,7 +432,8 @@ class RayPool:
         from torch_htam import build
         arch = arch or self.arch or build.default_arch()
         unique = list(dict.fromkeys(sources))   # the same source twice builds once
-        per = jobs or self.build_cpus
+        # NOTE: a task asking for more CPUs than any node has would wait forever (infeasible)
+        per = max(1, min(jobs or self.build_cpus, self._max_node_cpus()))
         chunks = [unique[i:i + per] for i in range(0, len(unique), per)]
         here = self.ray.get_runtime_context().get_node_id()
         refs = [self._build_fn.options(num_cpus=min(per, len(c))).remote(
