@@ -1,9 +1,11 @@
 """The Ray backend on a local Ray instance, CPU only: RayPool's job protocol with a stand-in runner
 (order, hang -> timeout, death -> crash, deadline), builds as Ray tasks, the Evaluator through
-RayPool, and two Ray workers writing one KernelCache. Skipped where Ray is not installed."""
+RayPool, two Ray workers writing one KernelCache and one HTG memory, and fleet precompile (tasks
+shared by models searched once, progress, resume). Skipped where Ray is not installed."""
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -11,9 +13,10 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from torch_htam import build, paths  # noqa: E402
+from torch_htam import build, fleet, paths  # noqa: E402
 from torch_htam.cache import KernelCache  # noqa: E402
 from torch_htam.evaluation import Evaluation, Evaluator  # noqa: E402
+from torch_htam.fleet import TaskOutcome, precompile_fleet  # noqa: E402
 from torch_htam.ray_pool import RayPool  # noqa: E402
 from torch_htam.task import Task, TensorSpec  # noqa: E402
 
@@ -322,9 +325,6 @@ def test_an_entry_set_aside_by_a_dead_writer_comes_back(tmp_path):
 
 # ------------------------------------------------------------------------------ fleet precompile
 
-from torch_htam import fleet  # noqa: E402
-from torch_htam.fleet import TaskOutcome, precompile_fleet  # noqa: E402
-
 
 def tasks(*sigs: str) -> list[Task]:
     return [make_task(s * 32) for s in sigs]
@@ -336,7 +336,7 @@ class Recorder:
     def __init__(self, fail: set[str] = frozenset(), sleep: float = 0.0, stop_after: int | None = None):
         self.searched, self.fail, self.sleep, self.stop_after = [], set(fail), sleep, stop_after
         self.running = self.most = 0
-        self.lock = __import__("threading").Lock()
+        self.lock = threading.Lock()
 
     def __call__(self, task) -> TaskOutcome:
         with self.lock:
