@@ -417,11 +417,15 @@ class RayPool:
 
     @property
     def gpu(self):
-        """The GpuInfo of a started actor's GPU (the search's state when the driver has no GPU),
-        None before any started or on CPU workers."""
+        """The GpuInfo of an actor's GPU (the search's state when the driver has no GPU); waits for
+        the first actor to start (they start as the pool is made). None on CPU workers."""
         from torch_htam.gpu import GpuInfo
-        info = next((w["gpu"] for w in self.workers if w and w.get("gpu")), None)
-        return GpuInfo(**info) if info else None
+        end = time.monotonic() + (START_TIMEOUT_S if self.num_gpus > 0 else 0)
+        while True:
+            info = next((w["gpu"] for w in self.workers if w and w.get("gpu")), None)
+            if info or time.monotonic() >= end or self._closed:
+                return GpuInfo(**info) if info else None
+            time.sleep(0.1)
 
     # ---- builds ------------------------------------------------------------------------------
 
