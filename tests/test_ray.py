@@ -66,9 +66,17 @@ def local_ray():
     runtime_env."""
     env = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path]),
            "HTAM_CACHE_DIR": os.environ["HTAM_CACHE_DIR"]}
+    # NOTE: a new local cluster otherwise writes a token to ~/.ray/auth_token; tests write only
+    # under temporary folders (Ray's own session files go to its temp dir, /tmp/ray)
+    auth = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
     yield
     ray.shutdown()
+    if auth is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = auth
 
 
 @pytest.fixture(scope="module")
