@@ -348,6 +348,73 @@ def test_expert_search_credits_only_applied_supported_strategies(tmp_path):
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     zero = [x for x in lines if x["event"] == "candidate" and x["step"] == 0]
     assert zero[0]["strategies"] == [] and all(len(x["strategies"]) >= 1 for x in zero[1:])
-    assert htg.edge_stats(START, res.directions[0]).attempts == len(zero)
+    # the defaults are the starting point step 0's moves are measured against, not a move
+    assert htg.edge_stats(START, res.directions[0]).attempts == len(zero) - 1
     credited = {s for s in htg.strategies if htg.strategy_stats(s).attempts}
     assert credited and credited <= expert.supports(task)
+
+
+class WithDefaults(FakeProposer):
+    """Step 0 (no parent) brings the proposer's defaults first, untagged, as the expert does."""
+
+    def propose(self, req):
+        prop = super().propose(req)
+        if req.parent is None:
+            meta = {"d": "defaults", "prev": None, "parent": 1.0, "i": 0, "broken": False}
+            prop.candidates[0] = Candidate(f"// {json.dumps(meta)}\n", [], {}, "fake")
+        return prop
+
+
+def test_step_zero_is_rewarded_against_the_defaults_not_eager():
+    """The defaults run 2x eager and the chosen direction's moves add nothing to them: the start
+    edge learns ~0 (its moves did not pay), not log 2 (the defaults' speedup, whatever the
+    direction), and the defaults themselves are not recorded as a move."""
+    world = FakeEvaluator(gains={"defaults": 2.0}, default=1.0)
+
+    class Moves(WithDefaults):   # every tagged step-0 move: the defaults' 2x, as a move that changes nothing
+        def propose(self, req):
+            prop = super().propose(req)
+            for i, c in enumerate(prop.candidates[1:], 1):
+                m = json.loads(c.source[3:])
+                m.update(parent=2.0 if req.parent is None else m["parent"])
+                prop.candidates[i] = Candidate(f"// {json.dumps(m)}\n", c.tags, c.params, c.origin)
+            return prop
+
+    htg = HTG.from_prior()
+    res = search(make_task(), Moves(), world, htg, SearchConfig(steps=0))
+    edge = htg.edge_stats(START, res.directions[0])
+    assert edge.attempts == 3                        # 4 candidates, less the defaults
+    assert edge.failures == {"mismatch": 1, "compile_error": 1}   # failures by kind, on the edge
+    assert edge.correct == 1 and edge.successes == 0       # i == 2: the defaults' 2x, nothing more
+    assert abs(edge.log_gain) < 0.05 and edge.reward < 0   # eager-relative: log 2 = 0.69
+
+
+def test_step_zero_without_defaults_is_rewarded_against_the_reference():
+    """A proposer with no defaults (every candidate applies a strategy, as an LLM's do): the
+    starting point is the reference, speedup 1.0."""
+    htg = HTG.from_prior()
+    res = search(make_task(), FakeProposer(fail_last=False), FakeEvaluator(default=1.5), htg,
+                 SearchConfig(steps=0))
+    edge = htg.edge_stats(START, res.directions[0])
+    assert edge.attempts == 4 and edge.successes == 3        # i = 0, 2, 3 correct, about 1.5x
+    assert edge.log_gain > 3 * 0.35                         # log 1.5 = 0.41, less 1% per i
+
+
+def test_failed_sources_and_inductor_s_bar_reach_the_next_request():
+    class Timed(FakeEvaluator):      # Inductor timed for the region: 0.5 ms
+        def evaluate_many(self, task, sources):
+            out = super().evaluate_many(task, sources)
+            for e in out:
+                if e.correct:
+                    e.compile_ms = 0.5
+            return out
+
+    prop = FakeProposer()
+    search(make_task(), prop, Timed(default=1.25), HTG.from_prior(), SearchConfig(steps=1))
+    first = prop.requests[1]
+    failed = [a for a in first.feedback if a.outcome != "ok"]
+    assert failed and all(a.source.startswith("// {") for a in failed)   # the code that broke
+    assert all(not a.source for a in first.feedback if a.outcome == "ok")
+    assert first.parent.compile_ms == 0.5
+    assert first.parent.compile_speedup == pytest.approx(0.5 / first.parent.kernel_ms)
+    assert prop.requests[0].parent is None                             # nothing measured yet

@@ -14,7 +14,7 @@ is saved apart from the prior text, so a prior upgrade keeps every recorded atte
     >>> htg = HTG.load(paths.memory_path("sm_90a", "expert"))   # prior + recorded experience
     >>> trail = Trail("gelu_bias")
     >>> choice = htg.select(state, trail, supported=proposer.supports(task))   # best first
-    >>> htg.record(state, "start", choice.direction, tags, outcome_of(ev, parent_speedup=1.0))
+    >>> htg.record(state, "start", choice.direction, tags, outcome_of(ev, parent_speedup=defaults))
     >>> htg.save(paths.memory_path("sm_90a", "expert"))
 
 Every step, the first included, is a transition: the first leaves the "start" node (no kernel yet,
@@ -24,7 +24,10 @@ and never credits, a move the proposer cannot make.
 
 Reward of one evaluated candidate (the unit of all values below):
     r = clip(log(speedup / parent_speedup), -1, 1)   if the candidate is correct
-    r = -FAIL_PENALTY (0.2)                          otherwise
+    r = -FAIL_PENALTY (0.2)                          otherwise (Stats.failures counts each reason)
+parent_speedup is what the candidate was made from: the best kernel so far, and at step 0 the best
+known starting point (the proposer's defaults, else the reference: search.starting_point), so the
+start edge learns what its direction's first moves add to the defaults, not the defaults' speedup.
 A log ratio makes 2x then 2x worth the same as 4x once (gains compose multiplicatively); the clip
 keeps one freak timing from owning an edge; a failure costs about what a 0.82x slowdown costs, so a
 risky direction that sometimes wins big still beats a safe one that never wins.
@@ -108,6 +111,11 @@ DYNAMIC = ("bound", "headroom", "last_failure")
 KINDS = ("elementwise", "rowwise", "gemm", "conv", "attention")   # "other" sees every strategy
 MEMORY_FORMAT = "htg-memory"
 MEMORY_VERSION = 1
+# What step-0 rewards were measured against. Files without this mark were written when step 0 was
+# rewarded against eager: their start edges hold the defaults' speedup, whatever the direction, and
+# are dropped on load (every other record is kept; the format is otherwise unchanged, so older code
+# still reads files written here).
+REWARD_BASIS = "step0-vs-defaults"
 
 
 # --- records ------------------------------------------------------------------------------------
@@ -208,7 +216,8 @@ class Outcome:
 
 
 def outcome_of(evaluation, parent_speedup: float | None, min_gain: float = 0.01) -> Outcome:
-    """Outcome of an Evaluation relative to the parent (speedup 1.0 = eager when there is none).
+    """Outcome of an Evaluation relative to what it was made from (parent_speedup; None = 1.0,
+    the reference).
 
     >>> outcome_of(Evaluation(True, "ok", speedup=1.5), parent_speedup=1.2).gain
     1.25
@@ -400,7 +409,8 @@ class HTG:
             exp = self.graph.nodes[sid]["exp"]
             if exp:
                 strategies[sid] = {k: s.to_json() for k, s in exp.items()}
-        return {"format": MEMORY_FORMAT, "version": MEMORY_VERSION, "prior": self.prior_hash,
+        return {"format": MEMORY_FORMAT, "version": MEMORY_VERSION, "reward": REWARD_BASIS,
+                "prior": self.prior_hash,
                 "saved": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "edges": edges, "strategies": strategies}
 
@@ -409,9 +419,14 @@ class HTG:
             raise ValueError(f"not an HTG memory file (format={data.get('format')!r})")
         if data.get("version") != MEMORY_VERSION:
             raise ValueError(f"memory version {data.get('version')!r}, this code reads {MEMORY_VERSION}")
+        eager_based = data.get("reward") != REWARD_BASIS
+        dropped = 0
         for name, per_key in data["edges"].items():
             a, _, b = name.partition("->")
-            exp = {k: Stats.from_json(s) for k, s in per_key.items()}
+            exp = {k: Stats.from_json(s) for k, s in per_key.items()}   # validated even if dropped
+            if eager_based and a == START:   # NOTE: REWARD_BASIS says why
+                dropped += 1
+                continue
             if a in self.graph and b in self.directions:
                 self._edge(a, b)["exp"] = exp
             else:
@@ -422,6 +437,9 @@ class HTG:
                 self.graph.nodes[sid]["exp"] = exp
             else:
                 self._orphans["strategies"][sid] = per_key
+        if dropped:
+            log.info("HTG memory: %d start edge(s) recorded against eager (before %s) dropped",
+                     dropped, REWARD_BASIS)
 
     # --- reading ---
 

@@ -10,8 +10,18 @@ lets the HTG pick a direction and retrieve its strategies among those the propos
 (Proposer.supports), asks for `candidates_per_step` kernels that start from the best so far (step 0:
 from none), evaluates them in one batch, and records every candidate in memory: the transition
 previous -> direction under the state (step 0 leaves htg.START), and the strategies it applied
-(Candidate.tags). The expert's defaults, which its step 0 brings whatever the direction, count on
-the start transition alike for every direction and credit no strategy.
+(Candidate.tags).
+
+Every candidate is rewarded against the kernel it was made from. Once a kernel is correct: the best
+so far (the parent). Before (step 0): the best known starting point, the fastest correct untagged
+candidate of the batch (the expert's defaults, which step 0 brings whatever the direction: no
+strategy applied), else the reference (speedup 1.0: PyTorch's own kernels, cuBLAS/cuDNN where the
+region calls them). The starting point is not a move of the direction: memory records nothing for
+it. Failures are recorded by kind (Evaluation.reason) on the transition and the strategies. A
+failed candidate's source stays in the feedback (SearchAttempt) for the proposer's next request.
+NOTE: step 0 used to be rewarded against eager alone, which credited the start edge with the
+defaults' whole speedup whatever direction was chosen, and every later edge averaged below zero:
+memory learned "the first direction tried" and "nothing after the defaults pays".
 
 A step whose proposal is empty is "unrealized": memory records nothing for it (an endpoint down, a
 reply without code, moves that are no-ops on this parent say nothing about the direction); only
@@ -100,10 +110,31 @@ class Best:
     def speedup(self) -> float:
         return self.evaluation.speedup or 0.0
 
-    def parent(self) -> Parent:
+    def parent(self, bar_ms: float | None = None) -> Parent:
+        """The kernel the next step starts from; bar_ms: Inductor's time for the region when some
+        evaluation of the task measured it (the parent's own measurement first)."""
         ev = self.evaluation
-        return Parent(self.source, list(self.tags), ev.speedup, ev.kernel_ms, ev.roofline_fraction,
-                      dict(self.params))
+        bar = getattr(ev, "compile_ms", None) or bar_ms
+        return MeasuredParent(self.source, list(self.tags), ev.speedup, ev.kernel_ms,
+                              ev.roofline_fraction, dict(self.params), compile_ms=bar,
+                              compile_speedup=bar / ev.kernel_ms if bar and ev.kernel_ms else None)
+
+
+@dataclass
+class MeasuredParent(Parent):
+    """A Parent with Inductor's time for the region, the bar a kernel must beat to be used inside a
+    compiled model (policy.why_not): the prompt shows it when known. compile_speedup: compile_ms /
+    the parent's kernel_ms."""
+    compile_ms: float | None = None
+    compile_speedup: float | None = None
+
+
+@dataclass
+class SearchAttempt(Attempt):
+    """An Attempt that keeps the source of a failed candidate (Attempt keeps only its hash), so a
+    prompt can show the code that broke next to the compiler error or the mismatch; a correct
+    candidate keeps none (the parent's source is shown apart)."""
+    source: str = ""
 
 
 @dataclass
@@ -199,6 +230,7 @@ class _Loop:
     trail: Trail = None
     feedback: list[Attempt] = field(default_factory=list)
     tried: set[str] = field(default_factory=set)   # source_key of every evaluated candidate
+    bar_ms: float | None = None   # Inductor's time for the region, once an evaluation measured it
     last_failure: str | None = None
     stale: int = 0     # steps since the best last improved by more than min_gain
     empty: int = 0     # consecutive steps with an empty proposal
@@ -254,7 +286,8 @@ class _Loop:
         direction, previous, strategies, scores = c.direction, c.previous, c.strategies, c.scores
         request = ProposalRequest(
             task=self.task, direction=direction, strategies=strategies, n=cfg.candidates_per_step,
-            parent=res.best.parent() if res.best else None, feedback=self.feedback[-cfg.feedback:],
+            parent=res.best.parent(self.bar_ms) if res.best else None,
+            feedback=self.feedback[-cfg.feedback:],
             transition=(previous, direction), gpu=self.gpu, policy=self.policy, tried=set(self.tried))
         proposal = proposer.propose(request)
         add_usage(res.usage, proposal.usage)
@@ -262,10 +295,14 @@ class _Loop:
         evals = evaluator.evaluate_many(self.task, [c.source for c in cands]) if cands else []
         if len(evals) != len(cands):
             raise RuntimeError(f"evaluator returned {len(evals)} evaluations for {len(cands)} sources")
-        parent_speedup = res.best.speedup if res.best else 1.0
+        self.bar_ms = next((ev.compile_ms for ev in evals if getattr(ev, "compile_ms", None)), self.bar_ms)
+        # what every candidate is rewarded against (module docstring)
+        parent_speedup = res.best.speedup if res.best else starting_point(cands, evals)
         improved = False
         for cand, ev in zip(cands, evals):
-            improved |= self.absorb(step, state, previous, direction, cand, ev, parent_speedup)
+            start = res.best is None and not cand.tags   # step 0's starting point: not a move
+            improved |= self.absorb(step, state, previous, direction, cand, ev, parent_speedup,
+                                    learn=not start)
         reasons = [ev.reason for ev in evals]
         # NOTE: a step with no correct candidate says why in the next state (boundary handling etc.)
         self.last_failure = None if "ok" in reasons else _most_common(reasons)
@@ -280,13 +317,16 @@ class _Loop:
         top = sorted(scores.items(), key=lambda x: -x[1])[:5]
         self.traj.write("step", step=step, direction=direction, previous=previous, state=state.key(),
                         strategies=[s.id for s in strategies], candidates=len(cands),
+                        rewarded_against=_r(parent_speedup),
                         unrealized=not cands, improved=improved, best_speedup=_r(res.speedup),
                         note=proposal.note[:DETAIL_CHARS], scores={d: round(v, 4) for d, v in top})
 
-    def absorb(self, step, state, previous, direction, cand, ev, parent_speedup) -> bool:
-        """Record one evaluated candidate everywhere; True if it became a best with a real gain."""
+    def absorb(self, step, state, previous, direction, cand, ev, parent_speedup, learn=True) -> bool:
+        """Record one evaluated candidate everywhere (memory only when `learn`); True if it became
+        a best with a real gain over parent_speedup."""
         outcome = outcome_of(ev, parent_speedup, self.cfg.min_gain)
-        self.memory.record(state, previous, direction, cand.tags, outcome, self.cfg.memory)
+        if learn:
+            self.memory.record(state, previous, direction, cand.tags, outcome, self.cfg.memory)
         self.trail.note_strategies(cand.tags, outcome)
         self.feedback.append(_attempt(cand, ev))
         self.tried.add(source_key(cand.source))
@@ -351,9 +391,17 @@ def _offer(res: SearchResult, cand: Best) -> bool:
     return False
 
 
+def starting_point(cands, evals) -> float:
+    """Step 0's reward baseline: the fastest correct candidate that applies no strategy (the
+    proposer's defaults), else 1.0, the reference."""
+    start = [ev.speedup for c, ev in zip(cands, evals) if not c.tags and ev.correct and ev.speedup]
+    return max(start, default=1.0)
+
+
 def _attempt(cand, ev) -> Attempt:
-    return Attempt(ev.source_hash or source_key(cand.source), list(cand.tags), ev.reason,
-                   ev.detail or "", ev.speedup, ev.kernel_ms)
+    return SearchAttempt(ev.source_hash or source_key(cand.source), list(cand.tags), ev.reason,
+                         ev.detail or "", ev.speedup, ev.kernel_ms,
+                         source="" if ev.correct else cand.source)
 
 
 def add_usage(total: dict[str, float], usage: dict[str, float]) -> None:
