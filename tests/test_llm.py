@@ -458,3 +458,60 @@ def test_llm_supports_every_strategy_for_the_kind_and_the_fallback_its_union():
     assert fb.supports(make_task()) == ew | {"not_in_the_prior"}
     fb.switched = "endpoint gone"
     assert fb.supports(make_task()) == {"ilp_unroll", "not_in_the_prior"}   # the expert's alone
+
+
+# --- what the prompt carries besides the task ---------------------------------------------------
+
+def test_the_newest_failed_sources_reach_the_prompt_cut_to_their_head():
+    from torch_htam.proposers.prompts import render_step
+    from torch_htam.search import SearchAttempt
+    long = "\n".join(f"// line {i} of the broken kernel" for i in range(300))
+    failed = [SearchAttempt(f"h{i}", ["vec_loads"], "mismatch", "max abs err 1", source=f"// FAILED_{i}\n" + long)
+              for i in range(3)]
+    ok = SearchAttempt("h9", ["grid_stride"], "ok", speedup=1.2, kernel_ms=0.1)   # keeps no source
+    text = render_step(request(feedback=failed + [ok]))
+    feedback = text.split("## Feedback")[1]
+    assert "FAILED_2" in feedback and "FAILED_1" in feedback     # the newest failures' code
+    assert "FAILED_0" not in feedback                            # bounded: older ones left out
+    assert "line 10 of the broken kernel" in feedback and "line 250 of the broken kernel" not in feedback
+    assert len(feedback.splitlines()) < 2 * 100 + 40
+
+
+def test_a_failed_candidate_s_source_reaches_the_next_prompt_in_the_search():
+    from torch_htam.evaluation import Evaluation
+    from torch_htam.htg import HTG
+    from torch_htam.search import SearchConfig, search
+
+    class Judge:                       # the first kernel is wrong, the fix is right
+        gpu = H100
+
+        def evaluate_many(self, task, sources):
+            return [Evaluation(False, "mismatch", "out[0] max abs err 3e-2") if s == KERNEL else
+                    Evaluation(True, "ok", speedup=1.3, ref_ms=1.3, kernel_ms=1.0, roofline_fraction=0.5)
+                    for s in sources]
+
+    cfg = SearchConfig(steps=1, candidates_per_step=1, stagnation=0, roofline_stop=None)
+    with ScriptedServer([answer(tags="vectorized_16b_access"), answer(FIXED)]) as srv:
+        search(make_task(), LLMProposer(config(srv)), Judge(), HTG.from_prior(), cfg)
+    feedback = user_prompt(srv, 1).split("## Feedback")[1]
+    assert "erff(v * 0.70710678f)" in feedback      # the code that failed, not only its hash
+
+
+def test_inductor_s_time_is_the_bar_in_the_prompt_when_known():
+    from torch_htam.proposers.prompts import render_step
+    from torch_htam.search import MeasuredParent
+    timed = MeasuredParent(KERNEL, ["vec_loads"], 1.42, 0.0213, 0.71, compile_ms=0.0187,
+                           compile_speedup=0.0187 / 0.0213)
+    text = render_step(request(parent=timed))
+    assert "0.0187 ms" in text and "Inductor" in text and "0.88x" in text
+    plain = render_step(request(parent=Parent(KERNEL, ["vec_loads"], 1.42, 0.0213, 0.71)))
+    assert "Inductor" not in plain                  # not measured: no bar made up
+
+
+def test_the_prior_s_strategy_fields_reach_the_prompt():
+    from torch_htam.htg import HTG
+    from torch_htam.proposers.prompts import render_step
+    s = HTG.from_prior().strategies["online_softmax"]
+    text = render_step(request(strategies=[s]))
+    for value in (s.intent, s.example, s.expected, *s.forbidden):
+        assert " ".join(value.split()) in text, value

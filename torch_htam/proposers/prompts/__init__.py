@@ -25,6 +25,13 @@ DIRECTIONS = HERE.parent.parent / "prior" / "directions.json"   # the HTG prior:
 MAX_FEEDBACK = 6          # newest attempts shown; older ones are in the parent's history already
 MAX_DETAIL_LINES = 25     # compiler output is long; the first errors are the useful ones
 MAX_DETAIL_CHARS = 2000
+# The code of the newest failed attempts, so the model sees what broke next to the compiler error
+# or the mismatch (a hash says nothing). Two, cut to their head, bound the prompt's growth.
+MAX_FAILED_SOURCES = 2
+MAX_SOURCE_LINES = 80
+# The prior's KernelSkill fields shown under each strategy, with their labels.
+STRATEGY_FIELDS = (("intent", "Intent"), ("example", "Example"), ("expected", "Expected"),
+                   ("forbidden", "Forbidden"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -151,11 +158,25 @@ def _title(ident: str) -> str:
 
 def _strategy(s: Any) -> str:
     if isinstance(s, str):
-        return template("strategy.md").format(id=s, title=_words(s), text="", stats="no record yet")
+        return template("strategy.md").format(id=s, title=_words(s), text="", fields="",
+                                              stats="no record yet")
     text = _field(s, "text", "description") or ""
     return template("strategy.md").format(
         id=strategy_id(s), title=_field(s, "title", "name") or _words(strategy_id(s)),
-        text=" ".join(text.split()), stats=_stats(_field(s, "stats")))
+        text=" ".join(text.split()), fields=_strategy_fields(s), stats=_stats(_field(s, "stats")))
+
+
+def _strategy_fields(s: Any) -> str:
+    """The prior's intent / example / expected / forbidden of a strategy, one indented line each
+    (the ones it has): what to aim for and the known ways to get it wrong."""
+    out = []
+    for name, label in STRATEGY_FIELDS:
+        v = _field(s, name)
+        if isinstance(v, (list, tuple)):
+            v = "; ".join(str(x) for x in v)
+        if v:
+            out.append(f"\n  {label}: {' '.join(str(v).split())}")
+    return "".join(out)
 
 
 def _stats(stats: Any) -> str:
@@ -176,8 +197,19 @@ def _parent(parent) -> str:
     roof = parent.roofline_fraction
     return template("parent.md").format(
         speedup=_measured(parent.speedup, "{:.2f}x"), kernel_ms=_measured(parent.kernel_ms, "{:.4f} ms"),
-        roofline=_measured(roof, "{:.0%}"), tags=", ".join(parent.tags) or "none",
+        roofline=_measured(roof, "{:.0%}"), bar=_bar(parent), tags=", ".join(parent.tags) or "none",
         source=parent.source.strip("\n"))
+
+
+def _bar(parent) -> str:
+    """Inductor's time for the region when an evaluation measured it (search.MeasuredParent), as
+    a line after the parent's figures: the time a kernel must beat to be used in a compiled model."""
+    bar = getattr(parent, "compile_ms", None)
+    if not bar:
+        return ""
+    ratio = getattr(parent, "compile_speedup", None)
+    return "\n" + template("bar.md").format(compile_ms=f"{bar:.4f} ms",
+                                            compile_speedup=_measured(ratio, "{:.2f}x"))
 
 
 def _feedback(attempts) -> str:
@@ -190,7 +222,22 @@ def _feedback(attempts) -> str:
             outcome=a.outcome, tags=", ".join(a.tags) or "none",
             speedup=_measured(a.speedup, "{:.2f}x"), kernel_ms=_measured(a.kernel_ms, "{:.4f} ms"),
             detail=("\n" + _indent(detail)) if detail else ""))
-    return "\n".join(lines)
+    return "\n".join(lines + _failed_sources(attempts))
+
+
+def _failed_sources(attempts) -> list[str]:
+    """The newest MAX_FAILED_SOURCES failed attempts that kept their source (search.SearchAttempt),
+    oldest first, each cut to its first MAX_SOURCE_LINES lines."""
+    failed = [a for a in attempts if a.outcome != "ok" and getattr(a, "source", "")]
+    out = []
+    for a in failed[-MAX_FAILED_SOURCES:]:
+        lines = a.source.strip("\n").splitlines()
+        cut = (f", first {MAX_SOURCE_LINES} of {len(lines)} lines" if len(lines) > MAX_SOURCE_LINES
+               else "")
+        out.append("\n" + template("failed_source.md").format(
+            outcome=a.outcome, tags=", ".join(a.tags) or "none", cut=cut,
+            source="\n".join(lines[:MAX_SOURCE_LINES])))
+    return out
 
 
 # --- formatting ---------------------------------------------------------------------------------
