@@ -72,7 +72,7 @@ def leave(model: nn.Module, reason: str, tasks: list | None = None, report=None)
         >>> leave(model, "no CUDA GPU").htam_report.note
         'no CUDA GPU'
     """
-    from torch_htam.runtime import Report, TaskReport
+    from torch_htam.report import Report, TaskReport
     detach(model)
     report = report or Report()
     report.note = reason

@@ -25,8 +25,11 @@ def _num(v) -> bool:   # an int where a float is wanted is fine (time_budget_s=3
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
+# torch.compile's modes (torch.compile(mode=...)); inductor.py reads them here
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 def _modes() -> tuple[str, ...]:
-    from torch_htam.inductor import MODES   # NOTE: lazy: inductor imports torch
     return MODES
 
 

@@ -21,6 +21,9 @@ from typing import Any, Callable
 
 import torch
 
+from torch_htam import launcher
+from torch_htam.errors import is_crash_message
+
 log = logging.getLogger("torch_htam")
 
 
@@ -69,7 +72,6 @@ def run_or_fallback(handle: int, inputs: list[torch.Tensor], out_meta: list[int]
     try:
         return launch(handle, inputs, out_meta)
     except RuntimeError as e:
-        from torch_htam.verify import is_crash_message
         region = next((r for r in _REGIONS.get(int(handle), ()) if r.matches(inputs)), None)
         if region is None or is_crash_message(str(e)):
             raise
@@ -82,11 +84,25 @@ def run_or_fallback(handle: int, inputs: list[torch.Tensor], out_meta: list[int]
             return _as_launched(region.run(inputs), out_meta)
 
 
+def checked_launch(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
+    """The launcher extension's launch, where a kernel that fails runs its region instead: what
+    Inductor's generated code calls (inductor.direct_call)."""
+    return run_or_fallback(handle, inputs, out_meta, launcher.extension().launch)
+
+
+def fast_launch(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
+    """launcher.fast_launch for swapped regions: checked_launch in plain eager (the replay), the
+    htam::launch op for anything traced. NOTE: verification calls launcher.fast_launch itself,
+    where a failing kernel must fail, not run its region."""
+    if launcher.plain_eager(inputs):
+        return checked_launch(handle, inputs, out_meta)
+    return torch.ops.htam.launch.default(handle, inputs, out_meta)
+
+
 def _as_launched(outs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
     """Reference outputs as the launch returns them: fresh tensors of out_meta's dtype, shape (an
     expanded output narrowed to the kernel's shape) and memory format."""
-    from torch_htam.launcher import decode_out_meta
-    metas = decode_out_meta(out_meta)
+    metas = launcher.decode_out_meta(out_meta)
     if len(outs) != len(metas):
         raise RuntimeError(f"torch_htam fallback: the region gave {len(outs)} outputs, the launch "
                            f"expects {len(metas)}")

@@ -29,10 +29,10 @@ import torch
 import torch.fx as fx
 
 from torch_htam import policy
+from torch_htam.config import MODES  # torch.compile's modes, validated in config
 
 log = logging.getLogger("torch_htam")
 
-MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass
@@ -196,9 +196,9 @@ def direct_call() -> bool:
     docs/RESULTS_LOG.md, probe_overhead), and Inductor's compiled code needs nothing the
     dispatcher adds: it runs real CUDA tensors, outside tracing.
     """
-    from torch_htam import launcher
+    from torch_htam import fallback, launcher
     launcher.extension()   # registers the op
-    return emit_direct(torch.ops.htam.launch.default, launcher.checked_launch, "htam_launch")
+    return emit_direct(torch.ops.htam.launch.default, fallback.checked_launch, "htam_launch")
 
 
 def emit_direct(op, fn: Callable, name: str) -> bool:

@@ -272,15 +272,8 @@ def fast_launch(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) ->
         >>> y, = launcher.fast_launch(k.handle, [x], launcher.encode_out_meta([TensorSpec.of(x)]))
     """
     if plain_eager(inputs):
-        return checked_launch(handle, inputs, out_meta)
+        return extension().launch(handle, inputs, out_meta)
     return torch.ops.htam.launch.default(handle, inputs, out_meta)
-
-
-def checked_launch(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
-    """The extension's launch, where a kernel that fails runs its region instead (fallback.py):
-    what the eager path and Inductor's generated code (inductor.direct_call) call."""
-    from torch_htam import fallback
-    return fallback.run_or_fallback(handle, inputs, out_meta, extension().launch)
 
 
 def plain_eager(inputs: list[torch.Tensor]) -> bool:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from torch_htam.errors import is_crash_message  # noqa: F401 -- verify's callers read it here too
 from torch_htam.launcher import task_outputs
 from torch_htam.policy import tf32_switches
 from torch_htam.task import Task, TensorSpec
@@ -53,9 +54,6 @@ STICKY_CUDA_ERRORS = {700: "cudaErrorIllegalAddress", 710: "cudaErrorAssert",
                       714: "cudaErrorHardwareStackError", 715: "cudaErrorIllegalInstruction",
                       716: "cudaErrorMisalignedAddress", 717: "cudaErrorInvalidAddressSpace",
                       718: "cudaErrorInvalidPc", 719: "cudaErrorLaunchFailure"}
-_CRASH_WORDS = ("illegal memory access", "illegal address", "misaligned address",
-                "illegal instruction", "unspecified launch failure", "device-side assert",
-                "hardware stack error", "invalid program counter")
 
 # A secondary (doubled) shape is skipped when it would need more than this many bytes of inputs.
 MAX_SECOND_SHAPE_BYTES = 2 << 30
@@ -516,11 +514,6 @@ def cuda_error_name(code: int) -> str:
         return f"{name} ({code}): {torch.cuda.CudaError(code)}"
     except Exception:   # no CUDA runtime in this torch build
         return f"{name} ({code})"
-
-
-def is_crash_message(msg: str) -> bool:
-    m = msg.lower()
-    return any(w in m for w in _CRASH_WORDS)
 
 
 def _sync(device) -> None:
