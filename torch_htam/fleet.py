@@ -28,14 +28,14 @@ import datetime
 import fcntl
 import json
 import logging
-import os
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from torch_htam import paths
 
 log = logging.getLogger("torch_htam")
 
@@ -138,18 +138,7 @@ class FleetProgress:
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
-    """tmp file beside it, fsync, os.replace: a reader (or a crash) sees the old file or the new."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    paths.write_json_atomic(path, data)
 
 
 @contextlib.contextmanager

@@ -79,7 +79,6 @@ Ablation modes (MODES):
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -88,7 +87,6 @@ import logging
 import math
 import os
 import random
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -382,20 +380,9 @@ class HTG:
 
         >>> htg.save(paths.memory_path("sm_90a", "expert"))
         """
+        from torch_htam.paths import write_json_atomic
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = self.experience_json()
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_json_atomic(path, self.experience_json())
         return path
 
     def experience_json(self) -> dict[str, Any]:

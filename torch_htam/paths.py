@@ -101,3 +101,22 @@ def memory_path(arch: str, proposer: str) -> Path:
             os.replace(tmp, path)   # NOTE: never a half-copied memory at the final name
     return path
 
+
+
+def write_json_atomic(path: Path, data) -> None:
+    """JSON to a tmp file beside `path`, fsync, os.replace: a reader (or a crash) sees the old
+    file or the new one, never half of one."""
+    import json
+    import tempfile
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -41,7 +41,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from torch_htam.worker import DEFAULT_RUNNER, START_TIMEOUT_S, _resolve
+from torch_htam.worker import DEFAULT_RUNNER, START_TIMEOUT_S, _resolve, cancel_queued
 
 INSTALL_HINT = "pip install torch_htam[ray]  (or: pip install ray)"
 
@@ -478,13 +478,7 @@ class RayPool:
         if self._closed:
             return
         self._closed = True
-        while True:
-            try:
-                item = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                item[1].cancel()
+        cancel_queued(self._jobs)
         for _ in self._threads:
             self._jobs.put(None)
         for s in self._slots:

@@ -130,6 +130,18 @@ class _Worker:
             pass
 
 
+def cancel_queued(jobs: queue.Queue) -> None:
+    """Cancel every (job, Future) still waiting in a pool's queue (the stop markers, None, stay
+    out of it: they are put after this)."""
+    while True:
+        try:
+            item = jobs.get_nowait()
+        except queue.Empty:
+            return
+        if item is not None:
+            item[1].cancel()
+
+
 class WorkerPool:
     """n worker processes (default: one per visible GPU), each fed by its own thread from one queue.
 
@@ -197,13 +209,7 @@ class WorkerPool:
 
     def close(self) -> None:
         """Cancel queued jobs, kill running ones (close must not wait on a hang), stop the workers."""
-        while True:
-            try:
-                item = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                item[1].cancel()
+        cancel_queued(self._jobs)
         for _ in self._threads:
             self._jobs.put(None)
         for w in self._workers:
