@@ -403,3 +403,26 @@ def test_gpu_a_refusing_kernel_inside_the_compiled_model_runs_its_region_and_is_
         assert model.htam_report.kernel_failures.get(sigs[0], 0) >= 1
         torch.testing.assert_close(model(x), ref, rtol=1e-5, atol=1e-5)
     torch._dynamo.reset()
+
+
+def test_an_arm_whose_output_differs_from_the_original_is_dropped(stand_ins, monkeypatch):
+    """Kernels verified one region at a time can still compose wrongly in the model: an arm is
+    checked whole against the original forward before it can be chosen, however fast it is."""
+    model, x = Block().eval(), torch.randn(4, 8, 32)
+    found = extract(model, (x,))
+    kernels = {t.signature: StandIn(t) for t in found.tasks}
+    sigs = list(kernels)
+    real = _launch
+
+    def off_by_one(handle, inputs, out_meta):      # right shapes, wrong values
+        return [o + 1.0 for o in real(handle, inputs, out_meta)]
+    monkeypatch.setattr(sys.modules[__name__], "_launch", off_by_one)
+    fake_timing(monkeypatch, lambda a: {ArmKind.KERNELS: 0.5, ArmKind.REPLAY: 0.5, ArmKind.ORIGINAL: 2.0}.get(a.kind, 1.0))
+    with torch.no_grad():
+        ref = model(x)
+        d = decide.decide(model, (x,), _cfg(), found, kernels, Deadline(), ranked=sigs, every=sigs)
+        decide.install(model, d, found, kernels, sigs)
+        tried = [a for a in d.arms if a.kind in (ArmKind.KERNELS, ArmKind.REPLAY)]
+        assert tried and all(a.error and "wrong output" in a.error for a in tried), [a.error for a in tried]
+        assert on_compile(model) and d.chosen.kind is ArmKind.COMPILE
+        torch.testing.assert_close(model(x), ref, rtol=1e-5, atol=1e-5)

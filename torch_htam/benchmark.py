@@ -9,7 +9,6 @@ the same process on the same inputs, never against a figure from another run.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from torch_htam.policy import end_to_end_tolerance, rel_err  # noqa: F401 -- bench scripts import them here
 from torch_htam.timing import ArmTime, paired_ratio, time_many
 
 
@@ -38,12 +38,6 @@ class BenchResult:
     def swapped(self) -> int:
         """Distinct tasks whose kernel runs in the optimized model (0: it runs the original forward)."""
         return sum(1 for t in self.tasks if t["status"] == "swapped")
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in float64 (METHOD.md: fp32 lands far under 1e-3)."""
-    out, ref = out.double(), ref.double()
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def fresh_inputs(inputs: tuple, batch: int | None = None) -> tuple:
@@ -70,21 +64,6 @@ def second_batch(inputs: tuple) -> int:
     """A batch size other than the example's: half of it, or 2 for a batch of 1."""
     b = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0), 1)
     return b // 2 if b > 1 else 2
-
-
-def end_to_end_tolerance(model: torch.nn.Module) -> float:
-    """The norm-relative error against eager that a whole model's output is held to: the precision
-    policy's tolerance for its dtype (policy.TOLERANCES). An fp32 model takes TF32's where PyTorch
-    itself runs TF32: its convs when cuDNN runs them TF32 (the default), its GEMMs when fp32
-    matmuls run TF32 (policy.conv_tf32, policy.matmul_tf32).
-    """
-    from torch_htam.policy import TOLERANCES, conv_tf32, matmul_tf32
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    if dtype in (torch.bfloat16, torch.float16):
-        return TOLERANCES["bf16" if dtype == torch.bfloat16 else "fp16"]
-    convs = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
-    tf32 = (convs and conv_tf32()) or matmul_tf32()
-    return TOLERANCES["tf32" if tf32 else "fp32"]
 
 
 def check_outputs(model, inputs: tuple, fns: dict) -> dict[str, dict[str, float]]:

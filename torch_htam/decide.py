@@ -169,6 +169,7 @@ class Trials:
     compile_s: float = 0.0      # the floor's first call: what one more compile is expected to cost
     call_s: float = 0.0         # the floor's second call, synchronized: what one timed call costs
     grown: list = field(default_factory=list)   # the user's frames the trials compiled (limits())
+    expected: list | None = None   # the original forward's float outputs on the example inputs
 
     # -- the phases ------------------------------------------------------------------------------
 
@@ -299,7 +300,7 @@ class Trials:
         """Build the arm's callable and make its first calls in the caller's grad mode (where
         torch.compile compiles); any exception becomes arm.error. A kernel that failed at run time
         in those calls (fallback.py) fails the arm too: its region ran instead, so its time is not
-        the kernel's."""
+        the kernel's; so does an output unlike the original forward's (wrong_output)."""
         from torch_htam import fallback
         from torch_htam.timing import _sync_for
         self.arms.append(arm)
@@ -313,17 +314,42 @@ class Trials:
                 t1 = time.perf_counter()
                 arm.call(*self.inputs)
                 sync()
+                t2 = time.perf_counter()
+                out = _float_leaves(arm.call(*self.inputs))
             if arm.kind is ArmKind.COMPILE:
-                self.compile_s, self.call_s = t1 - t0, time.perf_counter() - t1
+                self.compile_s, self.call_s = t1 - t0, t2 - t1
+            if arm.kind is ArmKind.ORIGINAL:
+                self.expected = out
             failed = self.newly_failed(arm, before)
             if failed:
                 arm.failed_kernels = failed
                 arm.error = f"{len(failed)} kernel(s) failed at run time (their regions ran instead)"
+            elif arm.kind in CHECKED:
+                arm.error = self.wrong_output(out)
         except Exception as e:  # noqa: BLE001 -- an arm that fails is dropped, not the run
             log.warning("torch_htam: %s failed: %s: %s", arm.name, type(e).__name__, e, exc_info=True)
             arm.error = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         arm.setup_s = time.perf_counter() - t0
         return arm
+
+    def wrong_output(self, out: list) -> str | None:
+        """Why the arm's outputs on the example inputs are not the original forward's within the
+        model's end-to-end tolerance (policy.end_to_end_tolerance, norm-relative), or None.
+
+        NOTE: every kernel was verified on its region, but regions compose inside the model
+        (layouts between them, a re-exported graph's folded masks): an arm is checked whole
+        before it can be chosen, as the user will run it."""
+        from torch_htam.policy import end_to_end_tolerance, rel_err
+        if self.expected is None:
+            return None
+        if len(out) != len(self.expected):
+            return f"wrong output: {len(out)} tensors against {len(self.expected)} from the original forward"
+        tol = end_to_end_tolerance(self.model)
+        for i, (o, e) in enumerate(zip(out, self.expected)):
+            err = rel_err(o, e) if o.shape == e.shape else float("inf")
+            if not err <= tol:
+                return f"wrong output {i}: relative error {err:.2e} against the original forward (tolerance {tol:g})"
+        return None
 
     def build(self, arm: Arm) -> Callable:
         from torch_htam import inductor, runtime
@@ -420,6 +446,20 @@ class Trials:
             yield
         self.grown = [c for c, n in _cache_sizes().items() if n > before.get(c, 0)
                       and not c.co_name.startswith("htam_call_")]
+
+
+# The arms whose outputs must match the original forward's before they can be chosen (the floor
+# is torch.compile's own answer; the original is the reference).
+CHECKED = (ArmKind.REEXPORT, ArmKind.KERNELS, ArmKind.REPLAY)
+
+
+def _float_leaves(out) -> list:
+    """The floating-point tensors of a model's output (any pytree: tuples, dicts, HF outputs),
+    detached and cloned at once (a CUDA-graph arm's next replay overwrites its outputs)."""
+    import torch
+    from torch.utils import _pytree as pytree
+    return [x.detach().clone() for x in pytree.tree_leaves(out)
+            if isinstance(x, torch.Tensor) and x.is_floating_point()]
 
 
 def _trials(ranked: list[str], every: list[str]):

@@ -188,3 +188,23 @@ def beats_inductor(entry, min_speedup: float = 1.0) -> bool:
     """
     ev = getattr(entry, "record", None) or {}
     return ((ev.get("evaluation") or {}).get("compile_speedup") or 0.0) >= min_speedup
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64 (METHOD.md: fp32 lands far under 1e-3)."""
+    out, ref = out.double(), ref.double()
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def end_to_end_tolerance(model: torch.nn.Module) -> float:
+    """The norm-relative error against eager that a whole model's output is held to: the precision
+    policy's tolerance for its dtype (policy.TOLERANCES). An fp32 model takes TF32's where PyTorch
+    itself runs TF32: its convs when cuDNN runs them TF32 (the default), its GEMMs when fp32
+    matmuls run TF32 (policy.conv_tf32, policy.matmul_tf32).
+    """
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    if dtype in (torch.bfloat16, torch.float16):
+        return TOLERANCES["bf16" if dtype == torch.bfloat16 else "fp16"]
+    convs = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+    tf32 = (convs and conv_tf32()) or matmul_tf32()
+    return TOLERANCES["tf32" if tf32 else "fp32"]
