@@ -251,8 +251,9 @@ class _Run:
         """torch.compile (or, with compile=False, the original forward), compiled and installed
         before anything else runs: what the model keeps if nothing after it works."""
         from torch_htam import attach, runtime
+        from torch_htam.decide import ArmKind
         floor = self.trials.start()
-        if floor.kind is not self.trials.arms[-1].kind and not floor.error:
+        if floor.kind is ArmKind.COMPILE and not floor.error:   # the original forward needs no install
             attach.compiled(self.model, floor.call, runtime.Report(note="the floor, while optimize runs"),
                             floor.backend)
 
