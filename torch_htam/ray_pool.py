@@ -41,7 +41,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from torch_htam.worker import DEFAULT_RUNNER, START_TIMEOUT_S, _resolve, cancel_queued
+from torch_htam.worker import (DEFAULT_RUNNER, PAST_DEADLINE, START_TIMEOUT_S, _resolve, cancel_queued,
+                               job_timeout)
 
 INSTALL_HINT = "pip install torch_htam[ray]  (or: pip install ray)"
 
@@ -201,7 +202,7 @@ class _Slot:
             if deadline is not None:   # counted after any start-up: the deadline does not move
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return {"reason": "deadline", "detail": "optimize's time budget ran out first"}
+                    return dict(PAST_DEADLINE)
                 timeout = min(timeout, left)
             # NOTE: a ping queued just before the job tells an actor that died idle (node lost, killed
             # from outside) from one the job killed: both fail only if it was dead before the job
@@ -352,10 +353,10 @@ class RayPool:
             if not fut.set_running_or_notify_cancel():
                 continue
             t0 = time.perf_counter()
-            timeout = float(job.get("timeout", self.timeout))
+            timeout = job_timeout(job, self.timeout)
             deadline = job.get("deadline")   # time.monotonic() of optimize's deadline, here
-            if deadline is not None and float(deadline) <= time.monotonic():
-                fut.set_result({"reason": "deadline", "detail": "optimize's time budget ran out first"})
+            if timeout is None:
+                fut.set_result(dict(PAST_DEADLINE))
                 continue
             try:
                 res = slot.run(self._outgoing(job), timeout, None if deadline is None else float(deadline))

@@ -130,6 +130,20 @@ class _Worker:
             pass
 
 
+# A job that reached a worker after optimize's deadline: never run.
+PAST_DEADLINE = {"reason": "deadline", "detail": "optimize's time budget ran out first"}
+
+
+def job_timeout(job: dict, default: float) -> float | None:
+    """The seconds a job may run: its "timeout" (else `default`), cut at its "deadline" (a
+    time.monotonic() of this host, optimize's); None where the deadline has passed."""
+    timeout = float(job.get("timeout", default))
+    if job.get("deadline") is None:
+        return timeout
+    left = float(job["deadline"]) - time.monotonic()
+    return None if left <= 0 else min(timeout, left)
+
+
 def cancel_queued(jobs: queue.Queue) -> None:
     """Cancel every (job, Future) still waiting in a pool's queue (the stop markers, None, stay
     out of it: they are put after this)."""
@@ -182,13 +196,10 @@ class WorkerPool:
             if not fut.set_running_or_notify_cancel():
                 continue
             t0 = time.perf_counter()
-            timeout = float(job.get("timeout", self.timeout))
-            if job.get("deadline") is not None:   # time.monotonic() of optimize's deadline
-                left = float(job["deadline"]) - time.monotonic()
-                if left <= 0:
-                    fut.set_result({"reason": "deadline", "detail": "optimize's time budget ran out first"})
-                    continue
-                timeout = min(timeout, left)
+            timeout = job_timeout(job, self.timeout)
+            if timeout is None:
+                fut.set_result(dict(PAST_DEADLINE))
+                continue
             try:
                 res = w.run(job, timeout)
             except Exception as e:   # the worker could not even start: report, keep serving
