@@ -19,10 +19,6 @@ import time
 from dataclasses import dataclass, field
 
 
-class DeadlineExceeded(Exception):
-    """Raised inside optimize() where a phase finds no time left; the floor is installed."""
-
-
 @dataclass
 class Deadline:
     """budget_s: seconds from now (None: no deadline; every query then answers 'plenty').
@@ -75,7 +71,3 @@ class Deadline:
             yield
         finally:
             self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - t0
-
-    def summary(self) -> str:
-        """'capture 2.1 s, search 40.3 s, decide 9.8 s' (the order run)."""
-        return ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items())

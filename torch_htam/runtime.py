@@ -507,14 +507,6 @@ def install(model: torch.nn.Module, found, kernels: dict[str, Any], provider: Pr
     forward, report = replay(model, found, kernels, provider, min_speedup)
     if forward is None:
         return leave(model, report.note, found.tasks, report)
-    return use(model, forward, report)
-
-
-def use(model: torch.nn.Module, forward: Callable, report: Report) -> torch.nn.Module:
-    """Make a forward from replay() the model's own, with its report (attach.forward).
-
-        >>> fwd, report = replay(model, found, kernels); use(model, fwd, report)
-    """
     return attach.forward(model, forward, report)
 
 
