@@ -85,6 +85,14 @@ class Arm:
         return self.kind.value + (f" ({n} kernel{'s' * (n != 1)})" if self.kind in
                                   (ArmKind.KERNELS, ArmKind.REPLAY) else "")
 
+    def handles(self) -> dict[str, int]:
+        """{task signature: kernel handle} of our kernels this arm loaded (its compiled graphs'
+        or its replayed graph's)."""
+        handles = dict(getattr(self.backend, "handles", None) or {})
+        if self.replay_report is not None and self.call is not None:
+            handles |= getattr(self.call.htam.gm, "htam_handles", {})
+        return handles
+
     def ms(self) -> str:
         t = self.times
         return (f"{t.latency.median_ms:.3f} ms synced / {t.throughput.median_ms:.3f} ms back to back"
@@ -400,9 +408,7 @@ class Trials:
 
     def newly_failed(self, arm: Arm, before: dict) -> tuple[str, ...]:
         from torch_htam import fallback
-        handles = dict(getattr(arm.backend, "handles", {}) or {})
-        if arm.replay_report is not None:
-            handles |= getattr(arm.call.htam.gm, "htam_handles", {})
+        handles = arm.handles()
         now = fallback.failures(set(handles.values()))
         return tuple(s for s, h in handles.items() if now.get(h, 0) > before.get(h, 0))
 
@@ -566,8 +572,6 @@ def _failures(d: Decision) -> dict[str, int]:
     from torch_htam import fallback
     handles = {}
     for a in d.arms:
-        handles |= getattr(a.backend, "handles", None) or {}
-        if a.replay_report is not None and a.call is not None:
-            handles |= getattr(a.call.htam.gm, "htam_handles", {})
+        handles |= a.handles()
     failures = fallback.failures(set(handles.values()))
     return {s: failures[h] for s, h in handles.items() if h in failures}
