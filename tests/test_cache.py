@@ -31,11 +31,11 @@ def make_eval(speedup: float = 1.5) -> Evaluation:
                       ref_ms=0.03, kernel_ms=0.03 / speedup, speedup=speedup, max_abs_err=1e-7)
 
 
-def put(cache: KernelCache, tmp_path, sig: str, speedup: float = 1.5, so=SO_BYTES):
+def put(cache: KernelCache, tmp_path, sig: str, speedup: float = 1.5, so=SO_BYTES, proposer="expert"):
     so_path = tmp_path / f"{sig}.so"
     so_path.write_bytes(so)
     return cache.put(make_task(sig), f"// kernel {sig}\n", so_path, make_eval(speedup),
-                     {"proposer": "expert", "tags": ["vec16"], "params": {"block": 256},
+                     {"proposer": proposer, "tags": ["vec16"], "params": {"block": 256},
                       "steps": 3, "gpu": "test"})
 
 
@@ -202,8 +202,9 @@ def test_install_shipped(cache, tmp_path, monkeypatch):
     seeds = tmp_path / "shipped"
     seeds.mkdir()
     assert install_shipped(cache, "sm_test", seeds) == {}            # an empty folder installs nothing
-    good = put(KernelCache("sm_src", root=tmp_path / "src"), tmp_path, "a" * 32)
-    bad = put(KernelCache("sm_src", root=tmp_path / "src"), tmp_path, "b" * 32)
+    # an LLM's kernels ship as source (the expert's as params: the next test)
+    good = put(KernelCache("sm_src", root=tmp_path / "src"), tmp_path, "a" * 32, proposer="llm")
+    bad = put(KernelCache("sm_src", root=tmp_path / "src"), tmp_path, "b" * 32, proposer="llm")
     write_shipped(seeds, "good", good)
     write_shipped(seeds, "bad", bad)
     (seeds / "incomplete").mkdir()
@@ -224,6 +225,36 @@ def test_install_shipped(cache, tmp_path, monkeypatch):
     assert install_shipped(cache, "sm_test", seeds) == {} and len(built) == 2   # nothing is redone
     (seeds / "bad" / "kernel.cu").write_text("// fixed\n")
     assert list(install_shipped(cache, "sm_test", seeds)) == ["bad"] and len(built) == 3
+
+
+def test_an_expert_kernel_ships_as_its_configuration(cache, tmp_path, monkeypatch):
+    # rendered at install by today's templates: a template fix reaches shipped kernels
+    from torch_htam.extract import task_from_source
+    from torch_htam.policy import policy_for
+    from torch_htam.proposers.expert.proposer import match_task
+    from torch_htam.shipped_kernels import install_shipped, list_shipped, write_shipped
+    path = Path(__file__).parents[1] / "bench" / "tasks" / "rw_layernorm_fp32.py"
+    task = task_from_source(path.read_text(), path.stem)
+    target = match_task(task, policy_for(task))
+    params = dict(target.defaults)
+    source = target.render(params)
+    so = tmp_path / "k.so"
+    so.write_bytes(SO_BYTES)
+    entry = KernelCache("sm_src", root=tmp_path / "src").put(
+        task, source, so, make_eval(1.2), {"proposer": "expert", "params": params, "tags": []})
+    seeds = tmp_path / "shipped"
+    out = write_shipped(seeds, "ln", entry)
+    assert not (out / "kernel.cu").exists()
+    [k] = list_shipped(seeds)
+    assert k.source == source
+
+    # a configuration today's expert no longer takes is reported, not installed, not raised
+    record = json.loads((out / "record.json").read_text())
+    record["params"] = {"no_such_knob": 1}
+    (out / "record.json").write_text(json.dumps(record))
+    monkeypatch.setattr("torch_htam.gpu.detect", lambda device=0: None)
+    [why] = install_shipped(cache, "sm_test", seeds).values()
+    assert why.startswith("not installed: the expert no longer renders"), why
 
 
 def test_the_test_session_never_writes_the_users_cache():

@@ -1,9 +1,14 @@
-"""Shipped kernels: verified sources in torch_htam/shipped/, built and re-verified on the user's GPU.
+"""Shipped kernels: verified kernels in torch_htam/shipped/, rendered, built and re-verified on the
+user's GPU.
 
     shipped/<name>/
-      kernel.cu       the kernel source (torch_htam/csrc/htam_abi.h ABI)
       task.json       Task.to_json() of the region it implements (its signature is the cache key)
-      record.json     the record it had where it was found (evaluation, provenance), for reference
+      record.json     the record it had where it was found (evaluation, params, provenance)
+      kernel.cu       only for a kernel the expert cannot render (an LLM's): its source
+
+A kernel the expert found is shipped as its task and configuration (record.json's params) and
+rendered here by today's generators, so a fix to a kernel template reaches it; the configuration
+is what the search found, the code is what the templates are now.
 
 A shipped kernel never enters the cache on its shipped record: `install_shipped` builds it for this arch and runs
 evaluation.evaluate here, and only a correct kernel is cached, with the evaluation measured here.
@@ -15,6 +20,7 @@ and re-timed on every optimize() call.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -37,14 +43,38 @@ def shipped_dir() -> Path:
 
 @dataclass
 class ShippedKernel:
+    """folder's kernel. source: kernel.cu's text, else the expert's rendering of record["params"]
+    for the task (ValueError when today's expert no longer takes that configuration)."""
     name: str
     task: Task
-    source: str
     record: dict[str, Any]
+    folder: Path
+
+    @functools.cached_property
+    def source(self) -> str:
+        own = self.folder / "kernel.cu"
+        if own.exists():
+            return own.read_text()
+        return render_expert(self.task, self.record.get("params"))
 
     @property
     def source_sha(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()
+
+
+def render_expert(task: Task, params: dict[str, Any] | None) -> str:
+    """The expert's source for `task` at `params` (the task's graph rebuilt from its source)."""
+    from torch_htam.extract import task_from_source
+    from torch_htam.policy import policy_for
+    from torch_htam.proposers.expert.ir import Unsupported
+    from torch_htam.proposers.expert.proposer import match_task
+    if not params:
+        raise ValueError("no kernel.cu and no params to render")
+    region = task_from_source(task.source, task.name)
+    try:
+        return match_task(region, policy_for(region)).render(dict(params))
+    except (Unsupported, KeyError, TypeError) as e:
+        raise ValueError(f"the expert no longer renders these params: {e}") from e
 
 
 def list_shipped(directory: str | Path | None = None) -> list[ShippedKernel]:
@@ -56,11 +86,9 @@ def list_shipped(directory: str | Path | None = None) -> list[ShippedKernel]:
     for sub in sorted(p for p in d.iterdir() if p.is_dir()):
         try:
             found.append(ShippedKernel(sub.name, Task.from_json(json.loads((sub / "task.json").read_text())),
-                              (sub / "kernel.cu").read_text(),
-                              json.loads((sub / "record.json").read_text())))
+                                       json.loads((sub / "record.json").read_text()), sub))
         except (OSError, ValueError, KeyError) as e:
-            log.warning("torch_htam: shipped kernel %s skipped: needs kernel.cu, task.json, record.json (%s)",
-                        sub, e)
+            log.warning("torch_htam: shipped kernel %s skipped: needs task.json and record.json (%s)", sub, e)
     return found
 
 
@@ -78,15 +106,16 @@ def install_shipped(cache: KernelCache, arch: str | None = None,
             and (only is None or s.task.signature in only)]
     memo_path = cache.root / "shipped.json"
     memo = _read_memo(memo_path)
+    outcomes = {}
+    todo = [s for s in todo if _renders(s, outcomes)]
     todo = [s for s in todo if memo.get(s.name, {}).get("source_sha") != s.source_sha]
     if not todo:
-        return {}
+        return outcomes
     if gpu.detect() is None or paths.nvcc_path() is None:
         why = "no GPU to re-verify on" if gpu.detect() is None else "no nvcc"
-        return {s.name: f"not installed: {why}" for s in todo}
+        return {**outcomes, **{s.name: f"not installed: {why}" for s in todo}}
     from torch_htam.build import build_many
     from torch_htam.evaluation import evaluate
-    outcomes = {}
     for k, res in zip(todo, build_many([s.source for s in todo], arch=arch)):
         if not res.ok:
             outcomes[k.name] = f"build failed: {res.error}"
@@ -109,6 +138,17 @@ def install_shipped(cache: KernelCache, arch: str | None = None,
     return outcomes
 
 
+def _renders(k: ShippedKernel, outcomes: dict[str, str]) -> bool:
+    """Whether k has a source; where it has none, why goes into outcomes (and the log)."""
+    try:
+        k.source
+        return True
+    except ValueError as e:
+        outcomes[k.name] = f"not installed: {e}"
+        log.info("torch_htam: shipped kernel %s: %s", k.name, outcomes[k.name])
+        return False
+
+
 def _read_memo(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
@@ -117,7 +157,9 @@ def _read_memo(path: Path) -> dict[str, Any]:
 
 
 def write_shipped(directory: str | Path, name: str, entry) -> Path:
-    """Copy a verified cache entry into a shipped-kernel folder (how torch_htam/shipped/ entries are added).
+    """Copy a verified cache entry into a shipped-kernel folder (how torch_htam/shipped/ entries are
+    added). The expert's kernels are written as their configuration (rendered at install); any other
+    proposer's as their source.
 
         >>> write_shipped("torch_htam/shipped", "gelu_tanh_f32_8x4096", KernelCache("sm_90a").get(sig))
     """
@@ -125,7 +167,9 @@ def write_shipped(directory: str | Path, name: str, entry) -> Path:
         raise ValueError(f"entry {entry.signature[:16]} is not intact: {entry.problem}")
     out = Path(directory) / name
     out.mkdir(parents=True, exist_ok=True)
-    (out / "kernel.cu").write_text(entry.source)
+    prov = entry.record.get("provenance", {})
+    if (prov.get("found_by") or prov.get("proposer")) != "expert" or not entry.record.get("params"):
+        (out / "kernel.cu").write_text(entry.source)
     (out / "task.json").write_text(json.dumps(entry.record["task"], indent=1))
     (out / "record.json").write_text(json.dumps(
         {k: v for k, v in entry.record.items() if k != "task"}, indent=1, sort_keys=True))
