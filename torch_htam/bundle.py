@@ -112,7 +112,6 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
         PosixPath('bundle')
         >>> precompile(model_on_cpu, (x,), "bundle/", arch="sm_90a")   # no GPU: what is cached
     """
-    from torch_htam import golden
     from torch_htam.errors import EmptyBundleError
     if ensure_kernels is not None:
         ensure_kernels(model, example_inputs, config)
@@ -136,9 +135,37 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
     target = KernelCache(cache.arch, root=out)
     target.clear()
     device = _device(model, example_inputs)
+    goldens, failed = _write_goldens(target, [(t, entries[t.signature]) for t in chosen], device)
+    if chosen and not goldens and not compiled:
+        target.clear()
+        raise EmptyBundleError(f"no kernel to bundle for {cache.arch}: the golden record of every "
+                               f"kernel failed on {device} ("
+                               + "; ".join(failed.values()) + ")")
+    listed = [_task_row(t, entries.get(t.signature), goldens, failed) for t in tasks]
+    _copy_memory(cache, out)
+    from torch_htam import launcher
+    launcher.ship(out / "launcher")
+    from torch_htam.version import __version__
+    manifest = {"format": BUNDLE_FORMAT, "arch": cache.arch, "toolchain": paths.toolchain_key(),
+                "torch_htam": __version__, "torch": torch.__version__,
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "capture": cap.capture.method, "run": run or dict(REPLAY),
+                "inductor": _write_inductor(out, inductor_code) if compiled else None, "tasks": listed}
+    tmp = out / ".manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, out / "manifest.json")   # last: its presence means the bundle is whole
+    log.info("torch_htam: bundle %s: %d of %d tasks have kernels for %s", out, len(goldens), len(listed),
+             cache.arch)
+    return out
+
+
+def _write_goldens(target: KernelCache, chosen: list, device) -> tuple[dict[str, dict], dict[str, str]]:
+    """Copy each (task, entry) into the bundle with its golden record, made on `device`; a kernel
+    whose record fails is left out, with why. ({signature: manifest golden}, {signature: why})."""
+    from torch_htam import golden
     goldens, failed = {}, {}
-    for t in chosen:
-        entry = target.put_entry(entries[t.signature])
+    for t, source_entry in chosen:
+        entry = target.put_entry(source_entry)
         policy = golden.policy_of(entry)
         try:
             golden.save(entry.path / golden.FILE, golden.record(t, policy, device), t, policy, device)
@@ -152,42 +179,32 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
                                 "sha256": sha256_file(entry.path / golden.FILE),
                                 "seed": golden.GOLDEN_SEED, "dist": golden.GOLDEN_DIST,
                                 "device": torch.device(device).type, "policy": policy.to_json()}
-    if chosen and not goldens and not compiled:
-        target.clear()
-        raise EmptyBundleError(f"no kernel to bundle for {cache.arch}: the golden record of every "
-                               f"kernel failed on {device} (" + "; ".join(failed.values()) + ")")
-    listed = []
-    for t in tasks:
-        ok = t.signature in goldens
-        listed.append({"name": t.name, "signature": t.signature, "kind": t.kind, "count": t.count,
-                       "kernel": ok, "speedup": entries[t.signature].speedup if ok else None,
-                       "golden": goldens.get(t.signature)}
-                      | ({"left_out": failed[t.signature]} if t.signature in failed else {}))
+    return goldens, failed
+
+
+def _task_row(t, entry: Entry | None, goldens: dict[str, dict], failed: dict[str, str]) -> dict:
+    """The manifest's row for one of the model's tasks."""
+    ok = t.signature in goldens
+    return ({"name": t.name, "signature": t.signature, "kind": t.kind, "count": t.count,
+             "kernel": ok, "speedup": entry.speedup if ok else None, "golden": goldens.get(t.signature)}
+            | ({"left_out": failed[t.signature]} if t.signature in failed else {}))
+
+
+def _copy_memory(cache: KernelCache, out: Path) -> None:
+    """The expert's HTG memory (else an older cache-level one) travels with the bundle."""
     htg = next((p for p in (paths.memory_path(cache.arch, "expert"), cache.root / "htg.json")
-                if p.is_file()), cache.root / "htg.json")   # the expert's memory, else the old one
-    if htg.is_file():
+                if p.is_file()), None)
+    if htg is not None:
         shutil.copyfile(htg, out / "htg.json")
-    from torch_htam import launcher
-    launcher.ship(out / "launcher")
-    code = None
-    if compiled:
-        from torch_htam import inductor
-        path = out / INDUCTOR_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(inductor_code)
-        code = {"file": INDUCTOR_FILE, "sha256": sha256_file(path), "stack": inductor.stack()}
-    from torch_htam.version import __version__
-    manifest = {"format": BUNDLE_FORMAT, "arch": cache.arch, "toolchain": paths.toolchain_key(),
-                "torch_htam": __version__, "torch": torch.__version__,
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "capture": cap.capture.method, "run": run or dict(REPLAY), "inductor": code,
-                "tasks": listed}
-    tmp = out / ".manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, out / "manifest.json")   # last: its presence means the bundle is whole
-    log.info("torch_htam: bundle %s: %d of %d tasks have kernels for %s", out, len(goldens), len(listed),
-             cache.arch)
-    return out
+
+
+def _write_inductor(out: Path, inductor_code: bytes) -> dict:
+    """Inductor's cache artifacts into the bundle; the manifest's record of them."""
+    from torch_htam import inductor
+    path = out / INDUCTOR_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(inductor_code)
+    return {"file": INDUCTOR_FILE, "sha256": sha256_file(path), "stack": inductor.stack()}
 
 
 def bundle_arch(arch: str | None = None) -> str:

@@ -501,34 +501,12 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
     order = sorted(tasks, key=lambda t: -weight[t.signature])
     show = progress if isinstance(progress, Progress) else (
         Progress(len(order), cfg.steps, time_budget_s) if progress else None)
+    passes = _Passes(cfg, evaluator, weight, show, on_result, time_budget_s,
+                     {t.signature: i for i, t in enumerate(order)})
     cover = time_budget_s is not None and cfg.steps > 0
-    index = {t.signature: i for i, t in enumerate(order)}
-    t0, results, open_ = time.monotonic(), {}, []
-
-    def remaining() -> float | None:
-        return None if time_budget_s is None else time_budget_s - (time.monotonic() - t0)
-
-    def run(task, loop, proposer, last, left) -> None:
-        """One pass of one task: advance its loop to step `last`, hand the result on."""
-        if show is not None:
-            show.task_started(index[task.signature])
-        try:
-            loop.cfg = _task_config(cfg, remaining(), weight, left, task)
-            loop.advance(proposer, evaluator, last, show)
-        except Exception as e:   # NOTE: one bad task must not end a model-wide search
-            log.exception("search of task %s failed", task.name)
-            loop.halt(f"error: {type(e).__name__}: {e}")
-        if loop.stopped:
-            loop.close()
-        else:
-            loop.res.partial = True
-            open_.append((task, loop, proposer))
-        if on_result is not None:
-            on_result(task, loop.res)
-
+    results = {}
     for i, task in enumerate(order):
-        left = remaining()
-        if left is not None and left <= 0:
+        if passes.out_of_time():
             results[task.signature] = SearchResult(task.name, task.signature, stop="time_budget")
             continue
         traj = (Path(trajectory_dir) / f"{_safe(task.name)}-{task.signature[:12]}.jsonl"
@@ -542,17 +520,55 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
                                                    stop=f"error: {type(e).__name__}: {e}")
             continue
         results[task.signature] = loop.res
-        run(task, loop, proposer, 0 if cover else cfg.steps, order[i:])
+        passes.run(task, loop, proposer, 0 if cover else cfg.steps, order[i:])
 
-    deepen, open_ = open_, []
+    deepen, passes.open = passes.open, []
     for i, (task, loop, proposer) in enumerate(deepen):
-        left = remaining()
-        if left is not None and left <= 0:
+        if passes.out_of_time():
             loop.halt("time_budget")    # its step-0 result was already handed on
             loop.close()
             continue
-        run(task, loop, proposer, cfg.steps, [t for t, _, _ in deepen[i:]])
+        passes.run(task, loop, proposer, cfg.steps, [t for t, _, _ in deepen[i:]])
     return results
+
+
+@dataclass
+class _Passes:
+    """search_many's state across its passes: the clock, and the tasks still open after a pass."""
+    cfg: SearchConfig
+    evaluator: Any
+    weight: dict[str, float]
+    show: Progress | None
+    on_result: Callable | None
+    budget_s: float | None
+    index: dict[str, int]                    # signature -> place in the costliest-first order
+    t0: float = field(default_factory=lambda: time.monotonic())   # read late: tests stand in a clock
+    open: list = field(default_factory=list)    # (task, loop, proposer) a later pass may resume
+
+    def remaining(self) -> float | None:
+        return None if self.budget_s is None else self.budget_s - (time.monotonic() - self.t0)
+
+    def out_of_time(self) -> bool:
+        left = self.remaining()
+        return left is not None and left <= 0
+
+    def run(self, task, loop, proposer, last: int, left: list) -> None:
+        """One pass of one task: advance its loop to step `last`, hand the result on."""
+        if self.show is not None:
+            self.show.task_started(self.index[task.signature])
+        try:
+            loop.cfg = _task_config(self.cfg, self.remaining(), self.weight, left, task)
+            loop.advance(proposer, self.evaluator, last, self.show)
+        except Exception as e:   # NOTE: one bad task must not end a model-wide search
+            log.exception("search of task %s failed", task.name)
+            loop.halt(f"error: {type(e).__name__}: {e}")
+        if loop.stopped:
+            loop.close()
+        else:
+            loop.res.partial = True
+            self.open.append((task, loop, proposer))
+        if self.on_result is not None:
+            self.on_result(task, loop.res)
 
 
 def _task_config(cfg: SearchConfig, remaining: float | None, weight: dict[str, float], left, task):
