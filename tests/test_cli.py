@@ -423,3 +423,31 @@ def test_precompile_on_cpu_writes_a_bundle(tmp_path, monkeypatch, capsys):
     _cached_model_on_cpu(tmp_path, monkeypatch)
     assert main(["precompile", "m.py", "--out", str(tmp_path / "b"), "--arch", "sm_90a"]) == 0
     assert (tmp_path / "b" / "manifest.json").is_file()
+
+
+def test_precompile_of_several_models_runs_the_fleet(monkeypatch, capsys):
+    # several specs (or --ray): fleet.precompile_specs, one bundle per model; a model whose bundle
+    # failed makes the exit code 1 and says why
+    from types import SimpleNamespace
+    _no_gpu(monkeypatch)
+    seen, closed = {}, []
+
+    class Pool:
+        def close(self):
+            closed.append(True)
+
+    def fake_fleet(specs, out_dir, arch, cfg=None, address=None, pool=None, device=None):
+        seen.update(specs=specs, out_dir=out_dir, arch=arch, address=address, pool=pool)
+        return SimpleNamespace(line=lambda: "fleet: 3/3 tasks done",
+                               data={"bundles": {"a": {"path": "b/a"}, "b": {"error": "no kernel"}}})
+    monkeypatch.setattr("torch_htam.worker.WorkerPool", Pool)
+    monkeypatch.setattr("torch_htam.fleet.precompile_specs", fake_fleet)
+    assert main(["precompile", "a.py", "b.py", "--out", "b", "--arch", "sm_90a"]) == 1
+    assert seen["specs"] == ["a.py", "b.py"] and seen["arch"] == "sm_90a" and seen["address"] is None
+    assert isinstance(seen["pool"], Pool) and closed == [True]    # this host's GPUs, pool closed
+    out = capsys.readouterr().out
+    assert "fleet: 3/3 tasks done" in out and "b/a" in out and "no bundle: no kernel" in out
+
+    monkeypatch.setattr("torch_htam.ray_pool.import_ray", lambda: None)
+    assert main(["precompile", "a.py", "--out", "b", "--arch", "sm_90a", "--ray", "auto"]) == 1
+    assert seen["address"] == "auto" and seen["pool"] is None     # the fleet makes the Ray pool

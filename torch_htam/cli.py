@@ -3,6 +3,7 @@
     torch-htam plan examples/gpt_block.py [--export DIR]      regions of a model, as tasks
     torch-htam optimize examples/gpt_block.py [--llm]         search kernels, fill the cache, report
     torch-htam precompile examples/gpt_block.py --out DIR     a deployable bundle for a GPU arch
+    torch-htam precompile A.py B.py --out DIR --ray auto      one bundle per model, searched on Ray
     torch-htam bench examples/gpt_block.py                    eager vs torch.compile vs torch_htam
     torch-htam cache ls|show SIG|rm SIG|clear|verify          the per-arch kernel cache
 
@@ -118,10 +119,44 @@ def _cmd_precompile(args) -> int:
             paths.check_arch(arch, "--arch" if args.arch else "$HTAM_ARCH")
         except ValueError as e:
             raise CliError(str(e)) from None
+    if len(args.model) > 1 or args.ray:
+        return _precompile_fleet(args, cfg, arch)
+    args.model = args.model[0]
     model, inputs = _load_model(args)
     out = precompile(model, inputs, args.out, cfg, arch=args.arch)
     print(f"bundle written to {out}")
     return OK
+
+
+def _precompile_fleet(args, cfg, arch: str | None) -> int:
+    """Several models (each shared task searched once) and/or a Ray cluster's GPUs: one bundle per
+    model under --out, progress in --out/fleet-progress.json (run again to resume)."""
+    from torch_htam import fleet, gpu
+    info = gpu.detect()
+    arch = arch or (info.arch if info else None)
+    if arch is None:
+        raise CliError("precompile over several models or --ray needs --arch without a local GPU")
+    pool = None
+    if args.ray:
+        from torch_htam.ray_pool import import_ray
+        try:
+            import_ray()
+        except ImportError as e:
+            raise CliError(str(e)) from None
+    else:               # no cluster: this host's GPUs, one worker process each
+        from torch_htam.worker import WorkerPool
+        pool = WorkerPool()
+    try:
+        prog = fleet.precompile_specs(args.model, args.out, arch, cfg, address=args.ray,
+                                      pool=pool, device=args.device)
+    finally:
+        if pool is not None:
+            pool.close()
+    print(prog.line())
+    bundles = prog.data["bundles"]
+    for model, b in sorted(bundles.items()):
+        print(f"  {model}: {b.get('path') or 'no bundle: ' + b.get('error', '?')}")
+    return OK if all("path" in b for b in bundles.values()) else ERROR
 
 
 def _cmd_bench(args) -> int:
@@ -176,8 +211,13 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_cmd_optimize)
     p = sub.add_parser("precompile", help="write a deployable kernel bundle for a GPU arch",
                        epilog=EXIT_CODES, formatter_class=fmt)
-    p.add_argument("model", metavar="MODEL_SPEC", help="FILE.py, FILE.py:FUNCTION or module:FUNCTION")
+    p.add_argument("model", metavar="MODEL_SPEC", nargs="+",
+                   help="FILE.py, FILE.py:FUNCTION or module:FUNCTION; several: one bundle each in "
+                        "DIR/<model>/, every task they share searched once")
     p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="search on a Ray cluster's GPUs of the arch (auto, or ray://HEAD:10001); "
+                        "needs pip install torch_htam[ray]")
     p.add_argument("--arch", default=None, metavar="ARCH",
                    help="GPU arch to bundle for, e.g. sm_90a (default: this GPU's, else $HTAM_ARCH); "
                         "without a GPU, kernels already cached for that arch are bundled")
