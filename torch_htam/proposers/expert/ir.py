@@ -190,6 +190,12 @@ VIEWS = {
     aten.contiguous.default, aten.detach.default, aten.dropout.default, aten.lift_fresh_copy.default,
 }
 CASTS = {aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.type_as.default}
+# x ** constant (pow.Tensor_Tensor is BINARY's)
+POWS = {aten.pow.Tensor_Scalar}
+# min(max(x, lo), hi), either bound optional (relu6: [0, 6]; hardtanh: [-1, 1] unless given)
+CLAMPS = {aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
+          aten.clamp_min.Tensor, aten.clamp_max.Tensor, aten.hardtanh.default, aten.hardtanh_.default,
+          aten.relu6.default}
 ROW_REDUCE = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "max",
               aten.amin.default: "min", aten.sum.default: "sum", aten.mean.default: "mean",
               aten.prod.dim_int: "prod", aten.prod.default: "prod", aten.max.default: "max",
@@ -201,8 +207,8 @@ ROW_REDUCE = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.defa
 ROW_PAIRS = {aten.max.dim: "argmax", aten.min.dim: "argmin"}
 NORMS = {aten.layer_norm.default, aten.rms_norm.default, aten.instance_norm.default,
          aten.group_norm.default}
-ROW_OPS = {aten.softmax.int, aten._softmax.default, aten.log_softmax.int,
-           aten._log_softmax.default, *NORMS}
+SOFTMAXES = {aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten._log_softmax.default}
+ROW_OPS = SOFTMAXES | NORMS
 IGNORED = {aten._assert_tensor_metadata.default}
 TRANSCENDENTAL = {"gelu", "gelu_tanh", "gelu_erf", "silu", "sigmoid", "tanh", "exp", "log", "erf", "sin",
                   "cos", "log1p", "expm1", "pow", "powc", "exp2", "log2", "tan", "erfc", "xlogy"}
@@ -254,7 +260,7 @@ def reduced_dims(node) -> tuple[int, ...]:
     """
     t, nd = node.target, len(shape_of(node.args[0]))
     args = list(node.args) + [None] * 4
-    if t in (aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten._log_softmax.default):
+    if t in SOFTMAXES:
         dims = [args[1]]
     elif t in (aten.layer_norm.default, aten.rms_norm.default):
         dims = list(range(nd - len(args[1]), nd))
@@ -376,7 +382,8 @@ COMPOSITE = {
 class Lowerer:
     """Walks from the outputs back to the inputs, carrying how each value is indexed (an amap):
     ("dims", t) with t[k] = iteration dim of the value's dim k (-1: broadcast size-1 dim),
-    ("flat", shape) value in iteration linear order, ("suffix", shape) repeating contiguous block."""
+    ("flat", shape) value in iteration linear order, ("suffix", shape) repeating contiguous block.
+    An op node is lowered by its family's method (HANDLERS: permute, view, unary, row, ...)."""
 
     def __init__(self, gm, shape: tuple[int, ...], kind: str, simplify: bool = True, leaves=None,
                  strided: bool = False, perm: tuple[int, ...] | None = None, nred: int = 1,
@@ -500,62 +507,31 @@ class Lowerer:
             raise Unsupported(f"node kind {node.op} ({node.target})")
         t = node.target
         self.ops_seen.add(str(t))
-        if t is operator.getitem and getattr(node.args[0], "target", None) in ROW_PAIRS:
-            return self.row_pair(node, amap)
-        if t is operator.getitem and getattr(node.args[0], "target", None) is aten.broadcast_tensors.default:
-            # broadcast_tensors(a, b)[i]: operand i expanded to the common shape (a loss's inputs)
-            src = node.args[0].args[0][node.args[1]]
-            return self.val(src, self.operand_map(amap, shape_of(node), shape_of(src)))
+        if t is operator.getitem:
+            pair = getattr(node.args[0], "target", None)
+            if pair in ROW_PAIRS:
+                return self.row_pair(node, amap)
+            if pair is aten.broadcast_tensors.default:
+                # broadcast_tensors(a, b)[i]: operand i expanded to the common shape (a loss's inputs)
+                src = node.args[0].args[0][node.args[1]]
+                return self.val(src, self.operand_map(amap, shape_of(node), shape_of(src)))
         out_dt = value_dtype_of(node)
-        vt = VT[out_dt]
-        if t in simp.PERMUTES:
-            src = simp.permute_source(node) if self.simplify else None
-            if src is not None:
-                self.dropped.append(f"{t} chain (identity)")
-                e = self.val(src, amap)
-            else:
-                e = self.permute(node, amap)
-        elif t in VIEWS:
-            e = self.view(node, amap)
-        elif t is aten.slice.Tensor:
-            e = self.slice(node, amap)
-        elif t is aten.cat.default:
-            e = self.cat(node, amap)
-        elif t in CASTS:
-            e = self.coerce(self.val(node.args[0], amap), vt)
-        elif t in UNARY:
-            e = self.unary(node, amap, vt)
-        elif t in BINARY:
-            e = self.binary(node, amap, vt)
-        elif t in TERNARY:
-            e = self.ternary(node, amap, vt)
-        elif t in BATCH_NORMS:
-            e = self.batch_norm(node, amap)
-        elif t in FILLS:
-            e = self.coerce(self.val(FILLS[t](node), amap), vt)
-        elif t in (aten.pow.Tensor_Scalar,):
-            x = self.coerce(self.val(node.args[0], self.operand_map(amap, shape_of(node), shape_of(node.args[0]))), "f")
-            p = float(node.args[1])
-            e = ("sq", x) if p == 2.0 else ("sqrt", x) if p == 0.5 else ("mul", x, ("const", 1.0)) \
-                if p == 1.0 else ("powc", x, ("const", p))
-        elif t in (aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
-                   aten.clamp_min.Tensor, aten.clamp_max.Tensor, aten.hardtanh.default,
-                   aten.hardtanh_.default, aten.relu6.default):
-            e = self.clamp(node, amap, vt)
-        elif t in ROW_REDUCE or t in ROW_OPS:
-            e = self.row(node, amap)
-        elif t is aten.gather.default:
-            e = self.gather(node, amap)
-        else:
+        handler = HANDLERS.get(t)
+        if handler is None:
             raise Unsupported(f"op {t} is not in the expert generator's vocabulary")
-        if self.vt(e) != vt:      # every op's value has its node's type (casts coerce)
+        return self.typed(t, handler(self, node, amap, VT[out_dt]), out_dt)
+
+    def typed(self, t, e: tuple, out_dt: str) -> tuple:
+        """e, the value of an op t whose node holds out_dt values, rounded to out_dt as torch
+        stores it."""
+        if self.vt(e) != VT[out_dt]:      # every op's value has its node's type (casts coerce)
             raise Unsupported(f"{t} on {out_dt} values")
         # NOTE: torch rounds every intermediate to its dtype; doing the same keeps us within the
         # bf16 tolerance even where a fused fp32 chain would drift from the eager reference.
         if out_dt in ("bfloat16", "float16") and not self.representable(e, out_dt):
-            e = ("round", out_dt, e)
-        elif out_dt == "int32" and not (e[0] == "in" and self.stored_as(e) == "int32"):
-            e = ("round", out_dt, e)          # int32 arithmetic wraps at 32 bits, as torch's does
+            return ("round", out_dt, e)
+        if out_dt == "int32" and not (e[0] == "in" and self.stored_as(e) == "int32"):
+            return ("round", out_dt, e)          # int32 arithmetic wraps at 32 bits, as torch's does
         return e
 
     # -- value types
@@ -606,7 +582,7 @@ class Lowerer:
             return dt == "bfloat16" and _bf16_exact(e[1])
         return False
 
-    def view(self, node, amap) -> tuple:
+    def view(self, node, amap, vt: str) -> tuple:
         src = node.args[0]
         if node.target is aten.dropout.default:
             if (node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False)):
@@ -634,6 +610,23 @@ class Lowerer:
                 # binds it with the reshape's shape (the graph fixes that shape)
                 return self.access(self.placeholders.index(base), "dims", amap[1], view=vs)
         raise Unsupported(f"reshape {us} -> {vs} of a broadcast value")
+
+    def cast(self, node, amap, vt: str) -> tuple:
+        return self.coerce(self.val(node.args[0], amap), vt)
+
+    def fill(self, node, amap, vt: str) -> tuple:
+        """A constant of the input's shape (full_like, zeros_like...)."""
+        return self.coerce(self.val(FILLS[node.target](node), amap), vt)
+
+    def pow_scalar(self, node, amap, vt: str) -> tuple:
+        """x ** p for a constant p, as the cheapest op that computes it."""
+        x = self.coerce(self.operand(node, node.args[0], amap), "f")
+        p = float(node.args[1])
+        if p == 2.0:
+            return ("sq", x)
+        if p == 0.5:
+            return ("sqrt", x)
+        return ("mul", x, ("const", 1.0)) if p == 1.0 else ("powc", x, ("const", p))
 
     def unary(self, node, amap, vt: str) -> tuple:
         name = UNARY[node.target]
@@ -703,7 +696,7 @@ class Lowerer:
         prod = ("mul", t1, t2) if name == "addcmul" else ("div", t1, t2)
         return ("add", x, ("mul", value, prod))
 
-    def batch_norm(self, node, amap) -> tuple:
+    def batch_norm(self, node, amap, vt: str) -> tuple:
         """Eval-mode batch norm over dim 1: (x - mean[c]) * rsqrt(var[c] + eps) * w[c] + b[c]."""
         x, w, b, mean, var, training = node.args[:6]
         eps = float(node.args[7] if len(node.args) > 7 else node.kwargs.get("eps", 1e-5))
@@ -725,7 +718,7 @@ class Lowerer:
             y = ("add", y, vec(b))
         return y
 
-    def slice(self, node, amap) -> tuple:
+    def slice(self, node, amap, vt: str) -> tuple:
         """A chain of slices of a task input, read in place (start and step per dim; the count is
         the iteration's, which the host checks fits in the input)."""
         if not (self.strided or self.kind == "rowwise"):
@@ -753,7 +746,7 @@ class Lowerer:
             self.accesses.append(acc)
         return ("in", self.accesses.index(acc))
 
-    def cat(self, node, amap) -> tuple:
+    def cat(self, node, amap, vt: str) -> tuple:
         """cat along dim k: each element from the operand whose range along k's iteration dim d
         holds it, ("select", i_d < hi, operand, rest); each operand is read at i_d - lo and only
         inside its range (Access.window: no load outside the tensor). Empty operands (HF's empty
@@ -784,9 +777,14 @@ class Lowerer:
             e = ("select", ("lt", ("coord", d), ("iconst", hi)), x, e)
         return e
 
-    def permute(self, node, amap) -> tuple:
+    def permute(self, node, amap, vt: str) -> tuple:
         """A permute/transpose read in iteration order: the source's dim p[k] is the value's dim
-        k, so it takes that dim's iteration dim (a strided read; the host binds the strides)."""
+        k, so it takes that dim's iteration dim (a strided read; the host binds the strides). A
+        chain of them that composes to the identity is dropped (simplify)."""
+        src = simp.permute_source(node) if self.simplify else None
+        if src is not None:
+            self.dropped.append(f"{node.target} chain (identity)")
+            return self.val(src, amap)
         # NOTE: row programs bind every "dims" access through the input's real strides
         # (rowwise.py), so a permuted read is theirs too (layer_norm after a permute)
         if amap[0] != "dims" or not (self.strided or self.kind == "rowwise"):
@@ -801,7 +799,7 @@ class Lowerer:
             dims[p[k]] = amap[1][k]
         return self.val(node.args[0], ("dims", tuple(dims)))
 
-    def clamp(self, node, amap, vt: str = "f") -> tuple:
+    def clamp(self, node, amap, vt: str) -> tuple:
         x = self.val(node.args[0], amap)
         t = node.target
         if t in (aten.hardtanh.default, aten.hardtanh_.default):
@@ -857,55 +855,77 @@ class Lowerer:
             return ("idx", r[1])
         return r
 
-    def row(self, node, amap) -> tuple:
-        t = node.target
+    def row(self, node, amap, vt: str) -> tuple:
+        """A row op: a reduction (one value per row), a softmax or a norm (one per element)."""
         if self.is_outer(node):
             return self.outer_sum(node)
         x_row = self.row_source(node)
-        args = list(node.args) + [None] * 8
-        if t in ROW_REDUCE:
+        if node.target in ROW_REDUCE:
             self.check_row_use(node, amap)
-            kind = ROW_REDUCE[t]
-            if kind in ("var", "std"):
-                if t in (aten.var.dim, aten.std.dim):
-                    unbiased = args[2] if args[2] is not None else node.kwargs.get("unbiased", True)
-                    corr = 1.0 if unbiased else 0.0
-                else:
-                    c = node.kwargs.get("correction")
-                    corr = 1.0 if c is None else float(c)
-                mean = ("div", self.red("sum", x_row, ("welford", 0)), NCOL)
-                m2 = self.red("sum", ("sq", ("sub", x_row, mean)), ("welford", 1))
-                var = ("div", m2, ("max", ("sub", NCOL, ("const", corr)), ("const", 0.0)))
-                return ("sqrt", var) if kind == "std" else var
-            if kind in ("argmax", "argmin"):
-                return ("idx", self.red(kind, x_row)[1])
-            if kind == "logsumexp":     # log(sum(exp(x - max))) + max, as softmax's statistics
-                m = self.red("max", x_row, ("softmax", 0))
-                s = self.red("sum", ("exp", ("sub", x_row, m)), ("softmax", 1))
-                return ("add", ("log", s), m)
-            if kind == "norm":
-                o = args[1] if args[1] is not None else node.kwargs.get("ord", 2)
-                o = float(o)
-                if o == 2.0:
-                    return ("sqrt", self.red("sum", ("sq", x_row)))
-                if o == 1.0:
-                    return self.red("sum", ("abs", x_row))
-                if o == math.inf:
-                    return self.red("max", ("abs", x_row))
-                raise Unsupported(f"vector norm of order {o}")
-            r = self.red("sum" if kind == "mean" else kind, x_row)
-            return ("div", r, NCOL) if kind == "mean" else r
+            return self.reduce(node, x_row)
         self.check_full_use(node, amap)
-        if t in (aten.softmax.int, aten._softmax.default, aten.log_softmax.int,
-                 aten._log_softmax.default):
-            if t in (aten._softmax.default, aten._log_softmax.default) and node.args[2]:
-                raise Unsupported("_softmax with half_to_float=True")
+        if node.target in SOFTMAXES:
+            return self.softmax(node, x_row)
+        return self.norm(node, x_row)
+
+    def reduce(self, node, x_row: tuple) -> tuple:
+        """The per-row value of a ROW_REDUCE op over x_row."""
+        kind = ROW_REDUCE[node.target]
+        if kind in ("var", "std"):
+            var = self.variance(node, x_row)
+            return ("sqrt", var) if kind == "std" else var
+        if kind in ("argmax", "argmin"):
+            return ("idx", self.red(kind, x_row)[1])
+        if kind == "logsumexp":     # log(sum(exp(x - max))) + max, as softmax's statistics
             m = self.red("max", x_row, ("softmax", 0))
             s = self.red("sum", ("exp", ("sub", x_row, m)), ("softmax", 1))
-            if t in (aten.log_softmax.int, aten._log_softmax.default):
-                return ("sub", ("sub", x_row, m), ("log", s))
-            return ("div", ("exp", ("sub", x_row, m)), s)
-        xs = shape_of(node.args[0])
+            return ("add", ("log", s), m)
+        if kind == "norm":
+            return self.vector_norm(node, x_row)
+        r = self.red("sum" if kind == "mean" else kind, x_row)
+        return ("div", r, NCOL) if kind == "mean" else r
+
+    def variance(self, node, x_row: tuple) -> tuple:
+        """var / std's variance: Welford's mean and M2, M2 / max(n - correction, 0)."""
+        args = list(node.args) + [None] * 3
+        if node.target in (aten.var.dim, aten.std.dim):
+            unbiased = args[2] if args[2] is not None else node.kwargs.get("unbiased", True)
+            corr = 1.0 if unbiased else 0.0
+        else:
+            c = node.kwargs.get("correction")
+            corr = 1.0 if c is None else float(c)
+        mean = ("div", self.red("sum", x_row, ("welford", 0)), NCOL)
+        m2 = self.red("sum", ("sq", ("sub", x_row, mean)), ("welford", 1))
+        return ("div", m2, ("max", ("sub", NCOL, ("const", corr)), ("const", 0.0)))
+
+    def vector_norm(self, node, x_row: tuple) -> tuple:
+        """linalg_vector_norm of order 2, 1 or inf."""
+        o = node.args[1] if len(node.args) > 1 and node.args[1] is not None else node.kwargs.get("ord", 2)
+        o = float(o)
+        if o == 2.0:
+            return ("sqrt", self.red("sum", ("sq", x_row)))
+        if o == 1.0:
+            return self.red("sum", ("abs", x_row))
+        if o == math.inf:
+            return self.red("max", ("abs", x_row))
+        raise Unsupported(f"vector norm of order {o}")
+
+    def softmax(self, node, x_row: tuple) -> tuple:
+        """softmax / log_softmax from the online-softmax pair (row max, sum of exp(x - max))."""
+        t = node.target
+        if t in (aten._softmax.default, aten._log_softmax.default) and node.args[2]:
+            raise Unsupported("_softmax with half_to_float=True")
+        m = self.red("max", x_row, ("softmax", 0))
+        s = self.red("sum", ("exp", ("sub", x_row, m)), ("softmax", 1))
+        if t in (aten.log_softmax.int, aten._log_softmax.default):
+            return ("sub", ("sub", x_row, m), ("log", s))
+        return ("div", ("exp", ("sub", x_row, m)), s)
+
+    def norm(self, node, x_row: tuple) -> tuple:
+        """layer / rms / instance / group norm of x_row, times the weight plus the bias (affine: how
+        they line up with the iteration dims)."""
+        t, xs = node.target, shape_of(node.args[0])
+        args = list(node.args) + [None] * 8
         if t is aten.group_norm.default:
             # (x, num_groups, weight, bias, eps, cudnn): weight [C] runs over (group, channel)
             w, b, eps = args[2], args[3], args[4] if args[4] is not None else 1e-5
@@ -969,7 +989,7 @@ class Lowerer:
             e = ("div", e, NROWS)
         return e
 
-    def gather(self, node, amap) -> tuple:
+    def gather(self, node, amap, vt: str) -> tuple:
         """gather(src, row dim, index) with one index per row (nll_loss's pick of the target's
         log-probability): ("gather", src over its row, the index). The row kernel reads src's
         expression at that column once per row (a per-row epilogue)."""
@@ -993,6 +1013,39 @@ class Lowerer:
         lead = [d for d in amap[1] if d != -1] if amap[0] == "dims" else None
         if lead != list(range(self.D - self.nred)):
             raise Unsupported(f"{node.target} result used with layout {amap}; need one per row")
+
+
+def _handlers(families) -> dict:
+    """aten overload -> the Lowerer method that lowers it, from (overloads, method) rows."""
+    table: dict = {}
+    for overloads, handler in families:
+        for t in overloads:
+            if t in table:
+                raise ValueError(f"{t} is lowered by both {table[t].__name__} and {handler.__name__}")
+            table[t] = handler
+    return table
+
+
+# One row per op family: its aten overloads and the Lowerer method that lowers them, called as
+# handler(lowerer, node, amap, vt) -> expression (vt: the node's value type; Lowerer.typed then
+# checks and rounds the result). Most elementwise ops reach UNARY / BINARY / TERNARY from the op
+# registry (torch_htam/ops.py: OpInfo.expr); an op of a new family is a new row and method.
+HANDLERS = _handlers((
+    (simp.PERMUTES, Lowerer.permute),
+    (VIEWS, Lowerer.view),
+    ({aten.slice.Tensor}, Lowerer.slice),
+    ({aten.cat.default}, Lowerer.cat),
+    (CASTS, Lowerer.cast),
+    (UNARY, Lowerer.unary),
+    (BINARY, Lowerer.binary),
+    (TERNARY, Lowerer.ternary),
+    (BATCH_NORMS, Lowerer.batch_norm),
+    (FILLS, Lowerer.fill),
+    (POWS, Lowerer.pow_scalar),
+    (CLAMPS, Lowerer.clamp),
+    (ROW_REDUCE.keys() | ROW_OPS, Lowerer.row),
+    ({aten.gather.default}, Lowerer.gather),
+))
 
 
 def _keeps_order(n) -> bool:
