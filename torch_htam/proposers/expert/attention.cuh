@@ -1,5 +1,5 @@
 // ---- torch_htam expert: flash attention main loops (online softmax; the [L, S] scores never
-// leave the chip) ----
+// leave the chip) and their host entry (fa::run) ----
 // O[b, h, i, :] = sum_j softmax_j(score(q_i . k_j)) v_j over keys j < S (and j <= i when CAUSAL,
 // top-left aligned as torch's is_causal). score() is the generated SC::at: scale, masks and fills
 // as the region writes them, returned in the units SC::ex exponentiates (log2 units for the half
@@ -22,6 +22,9 @@
 //   256 threads as 16 x 16; thread (ty, tx) owns score rows ty + 16 r and key columns tx + 16 c of
 //   each BM x BN tile, and O columns tx + 16 c; P goes through shared memory between the two
 //   products. Q and K rows are padded by one float (the 16 tx read 16 different K rows per d).
+// fa::run (host): binds the region's tensors, checks their shapes and launches the kernel of the
+//   dtype; attention.py's htam_run instantiates it with the generated SC (score function) and
+//   Region (the tensors and their bindings) at the tile shape of the candidate.
 #include <type_traits>
 namespace fa {
 
@@ -433,5 +436,116 @@ __global__ void __launch_bounds__(256) fa_fma(const Params p, int D, int DV) {
     }
   }
 }
+
+// ---- host side: bind the operands, check the shapes, launch ----
+
+// A task tensor the kernel reads or writes: in[index] (out[0] for the output), its HtamDtype and
+// bytes per element, and how its 4 kernel dims are bound (Bind).
+struct Operand {
+  int index;
+  int dtype;
+  int esz;
+  Bind bind;
+};
+
+// 16-byte cp.async chunks of a (batch, head, row, col) operand at base are whole: unit column
+// stride, the other strides multiples of 8 two-byte elements, base 16-byte aligned.
+static inline bool vec16(const int64_t* st, const void* base) {
+  return st[3] == 1 && st[0] % 8 == 0 && st[1] % 8 == 0 && st[2] % 8 == 0 && htam_aligned(base, 16);
+}
+
+// The kernel of a dtype and its launch: fa_mma (bf16 / fp16: BM / 16 warps, BM * 2 threads) or,
+// specialized below, fa_fma (fp32: 256 threads). SMEM: its dynamic shared memory in bytes.
+template <class DT, class SC, int BM, int BN, int DP, int DVP, int STAGES>
+struct Kernel {
+  static constexpr size_t SMEM = mma_smem<BM, BN, DP, DVP, STAGES>();
+  static cudaError_t allow_smem() {
+    return cudaFuncSetAttribute(fa_mma<DT, SC, BM, BN, DP, DVP, STAGES>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM);
+  }
+  static void launch(dim3 grid, cudaStream_t stream, const Params& p, int D, int DV, bool vec, bool ovec) {
+    fa_mma<DT, SC, BM, BN, DP, DVP, STAGES><<<grid, BM * 2, SMEM, stream>>>(p, D, DV, vec, ovec);
+  }
+};
+template <class SC, int BM, int BN, int DP, int DVP, int STAGES>
+struct Kernel<F32, SC, BM, BN, DP, DVP, STAGES> {
+  static constexpr size_t SMEM = fma_smem<BM, BN, DP, DVP>();
+  static cudaError_t allow_smem() {
+    return cudaFuncSetAttribute(fa_fma<SC, BM, BN, DP, DVP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)SMEM);
+  }
+  static void launch(dim3 grid, cudaStream_t stream, const Params& p, int D, int DV, bool, bool) {
+    fa_fma<SC, BM, BN, DP, DVP><<<grid, 256, SMEM, stream>>>(p, D, DV);
+  }
+};
+
+// The entry point's body. Region (generated per region): N_IN task inputs; D, DV: q/k's and v's
+// head dims; GQA: any H % Hk == 0 query heads per kv head (else Hk == H, or 1 broadcast kv head);
+// q, k, v, o: Operand; m[NMASK]: the masks SC::at reads (p.m[i], p.ms[i]), NMASK <= 2.
+// Returns HTAM_ERR_SHAPE for tensors the bindings do not fit (torch runs the region).
+template <class DT, class SC, class Region, int BM, int BN, int DP, int DVP, int STAGES>
+static int run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {
+  typedef Region R;
+  typedef Kernel<DT, SC, BM, BN, DP, DVP, STAGES> K;
+  if (n_in != R::N_IN || n_out != 1) return HTAM_ERR_SHAPE;
+  if (in[R::q.index].dtype != R::q.dtype || in[R::k.index].dtype != R::k.dtype ||
+      in[R::v.index].dtype != R::v.dtype || out[0].dtype != R::o.dtype) return HTAM_ERR_SHAPE;
+  for (int i = 0; i < R::NMASK; ++i)
+    if (in[R::m[i].index].dtype != R::m[i].dtype) return HTAM_ERR_SHAPE;
+  int64_t st_q[4], sz_q[4], off_q, st_k[4], sz_k[4], off_k, st_v[4], sz_v[4], off_v;
+  if (!bind(in[R::q.index], R::q.bind, st_q, sz_q, &off_q)) return HTAM_ERR_SHAPE;
+  if (!bind(in[R::k.index], R::k.bind, st_k, sz_k, &off_k)) return HTAM_ERR_SHAPE;
+  if (!bind(in[R::v.index], R::v.bind, st_v, sz_v, &off_v)) return HTAM_ERR_SHAPE;
+  int64_t st_m[2][4], sz_m[2][4], off_m[2];
+  for (int i = 0; i < R::NMASK; ++i)
+    if (!bind(in[R::m[i].index], R::m[i].bind, st_m[i], sz_m[i], &off_m[i])) return HTAM_ERR_SHAPE;
+  int64_t st_o[4], sz_o[4], off_o;
+  if (!bind(out[0], R::o.bind, st_o, sz_o, &off_o)) return HTAM_ERR_SHAPE;
+  // q (B, H, L, E), k (Bk, Hk, S, E), v (Bk, Hk, S, Ev), out (B, H, L, Ev); kv batch 1 broadcasts
+  const int64_t B = sz_q[0], H = sz_q[1], L = sz_q[2], S = sz_k[2], Hk = sz_k[1];
+  const int D = R::D, DV = R::DV;
+  if (sz_q[3] != D || sz_k[3] != D || sz_v[3] != DV || sz_v[2] != S || sz_v[1] != Hk) return HTAM_ERR_SHAPE;
+  if ((sz_k[0] != B && sz_k[0] != 1) || sz_v[0] != sz_k[0] || Hk < 1 ||
+      !(R::GQA ? H % Hk == 0 : (Hk == H || Hk == 1))) return HTAM_ERR_SHAPE;
+  if (sz_o[0] != B || sz_o[1] != H || sz_o[2] != L || sz_o[3] != DV) return HTAM_ERR_SHAPE;
+  if (B * H > 2147483647LL || L > 2147483647LL || S > 2147483647LL) return HTAM_ERR_SHAPE;
+  if (B == 0 || H == 0 || L == 0) return HTAM_OK;
+  if (S == 0) return HTAM_ERR_SHAPE;   // torch's empty softmax: left to torch
+  const int64_t want[4] = {B, H, L, S};
+  Params p = {};
+  p.q = static_cast<const char*>(in[R::q.index].data) + off_q * R::q.esz;
+  p.k = static_cast<const char*>(in[R::k.index].data) + off_k * R::k.esz;
+  p.v = static_cast<const char*>(in[R::v.index].data) + off_v * R::v.esz;
+  p.o = static_cast<char*>(out[0].data) + off_o * R::o.esz;
+  for (int d = 0; d < 4; ++d) { p.qs[d] = st_q[d]; p.ks[d] = st_k[d]; p.vs[d] = st_v[d]; p.os[d] = st_o[d]; }
+  for (int i = 0; i < R::NMASK; ++i) {
+    p.m[i] = static_cast<const char*>(in[R::m[i].index].data) + off_m[i] * R::m[i].esz;
+    for (int d = 0; d < 4; ++d) {
+      if (sz_m[i][d] != 1 && sz_m[i][d] != want[d]) return HTAM_ERR_SHAPE;   // broadcasts to (B, H, L, S)
+      p.ms[i][d] = sz_m[i][d] == 1 ? 0 : st_m[i][d];
+    }
+  }
+  p.B = (int)B; p.H = (int)H; p.L = (int)L; p.S = (int)S; p.group = (int)(H / Hk);
+  // fp32 reads element by element (fa_fma takes no vec / ovec)
+  const bool vec = !std::is_same<DT, F32>::value && D % 8 == 0 && DV % 8 == 0 && vec16(st_q, p.q) &&
+                   vec16(st_k, p.k) && vec16(st_v, p.v);
+  const bool ovec = st_o[3] == 1 && st_o[0] % 2 == 0 && st_o[1] % 2 == 0 && st_o[2] % 2 == 0 &&
+                    htam_aligned(p.o, 4);
+  static bool ready[64] = {};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return (int)e;
+  if (dev < 0 || dev >= 64) return HTAM_ERR_SHAPE;
+  if (!ready[dev]) {
+    e = K::allow_smem();
+    if (e != cudaSuccess) return (int)e;
+    ready[dev] = true;
+  }
+  const int64_t mtiles = (L + BM - 1) / BM;
+  if (mtiles > 65535) return HTAM_ERR_SHAPE;
+  K::launch(dim3((unsigned)(B * H), (unsigned)mtiles), stream, p, D, DV, vec, ovec);
+  HTAM_CHECK_LAUNCH();
+  return HTAM_OK;
+}
 }  // namespace fa
-// ---- end flash attention main loops ----
+// ---- end flash attention ----

@@ -38,7 +38,7 @@ from torch_htam.proposers.expert.target import Target
 
 aten = torch.ops.aten
 SDPA = aten.scaled_dot_product_attention.default
-MAIN_LOOPS = cuh("attention.cuh")
+FLASH = cuh("attention.cuh")
 MAX_HEAD_DIM = 256
 SMEM_LIMIT = 227 * 1024
 LOG2E = 1.4426950408889634
@@ -405,92 +405,42 @@ def _mask_expr(am: AttnMatch, m: Mask) -> str:
     return f"!{cond}" if m.negate else cond
 
 
-def render(am: AttnMatch, params: dict) -> str:
+def _operand_cxx(b: Bind, dtype: str, code: str) -> str:
+    """b as an fa::Operand initializer: the tensor, its HtamDtype and bytes per element, the binding."""
+    esz = 1 if dtype == "bool" else DT[dtype][2]
+    return f"{{{b.index}, {code}, {esz}, {b.cxx()}}}"
+
+
+def _region(am: AttnMatch) -> str:
+    """struct Region: fa::run's per-region constants (the tensors q, k, v, o and the masks read)."""
     dt = DT[am.dtype]
+    ops = [f"  static constexpr fa::Operand {n} = {_operand_cxx(b, am.dtype, dt[1])};"
+           for n, b in (("q", am.q), ("k", am.k), ("v", am.v), ("o", am.o))]
+    masks = ", ".join(_operand_cxx(m.bind, m.dtype, m.code) for m in am.masks)
+    return "\n".join([
+        "struct Region {",
+        f"  static constexpr int N_IN = {am.n_inputs}, D = {am.head_dim}, DV = {am.v_dim}, NMASK = {len(am.masks)};",
+        f"  static constexpr bool GQA = {str(am.gqa).lower()};",
+        *ops,
+        f"  static constexpr fa::Operand m[2] = {{{masks}}};",
+        "};"])
+
+
+def render(am: AttnMatch, params: dict) -> str:
+    """The region's source: the score function SC and the Region tensors around attention.cuh's
+    kernels, and an htam_run that instantiates fa::run at the tile shape params choose."""
     bm, bn, stages = params["bm"], params["bn"], params.get("stages", 2)
-    dp, dvp = _pad16(am.head_dim), _pad16(am.v_dim)
     smem = smem_bytes(am, params)
     if smem > SMEM_LIMIT:
         raise Unsupported(f"attention tiles {bm}x{bn} need {smem} bytes of shared memory")
-    if am.dtype == "float32":
-        kernel = f"fa::fa_fma<SC, {bm}, {bn}, {dp}, {dvp}>"
-        threads, args = 256, "p, D, DV"
-    else:
-        kernel = f"fa::fa_mma<{dt[0]}, SC, {bm}, {bn}, {dp}, {dvp}, {stages}>"
-        threads, args = bm * 2, "p, D, DV, vec, ovec"
-    binds = [("q", am.q), ("k", am.k), ("v", am.v)] + [(f"m{i}", m.bind) for i, m in enumerate(am.masks)]
-    bind_code = []
-    for name, b in binds:
-        bind_code.append(f"  static const fa::Bind b_{name} = {b.cxx()};\n"
-                         f"  int64_t st_{name}[4], sz_{name}[4], off_{name};\n"
-                         f"  if (!fa::bind(in[{b.index}], b_{name}, st_{name}, sz_{name}, &off_{name})) return HTAM_ERR_SHAPE;")
-    dtype_checks = [f"in[{am.q.index}].dtype != {dt[1]}", f"in[{am.k.index}].dtype != {dt[1]}",
-                    f"in[{am.v.index}].dtype != {dt[1]}", f"out[0].dtype != {dt[1]}"]
-    dtype_checks += [f"in[{m.bind.index}].dtype != {m.code}" for m in am.masks]
-    mask_set = "\n".join(
-        f"  p.m[{i}] = static_cast<const char*>(in[{m.bind.index}].data) + off_m{i} * {1 if m.dtype == 'bool' else DT[m.dtype][2]};\n"
-        f"  for (int d = 0; d < 4; ++d) {{\n"
-        f"    if (sz_m{i}[d] != 1 && sz_m{i}[d] != want[d]) return HTAM_ERR_SHAPE;   // broadcasts to (B, H, L, S)\n"
-        f"    p.ms[{i}][d] = sz_m{i}[d] == 1 ? 0 : st_m{i}[d];\n  }}" for i, m in enumerate(am.masks))
-    esz = dt[2]
-    vec_parts = ["D % 8 == 0 && DV % 8 == 0"] + [
-        f"st_{n}[3] == 1 && st_{n}[0] % 8 == 0 && st_{n}[1] % 8 == 0 && st_{n}[2] % 8 == 0 && "
-        f"htam_aligned(static_cast<const char*>(in[{b.index}].data) + off_{n} * {esz}, 16)"
-        for n, b in (("q", am.q), ("k", am.k), ("v", am.v))] if am.dtype != "float32" else ["false"]
-    gqa_rule = "H % Hk == 0" if am.gqa else "(Hk == H || Hk == 1)"
-    return f"""// torch_htam expert: flash attention {'causal ' if am.causal else ''}dtype={am.dtype} E={am.head_dim} Ev={am.v_dim} params={sorted(params.items())}
-{PRELUDE}
-{MAIN_LOOPS}
-{_score_fn(am)}
-
-HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
-  if (n_in != {am.n_inputs} || n_out != 1) return HTAM_ERR_SHAPE;
-  if ({' || '.join(dtype_checks)}) return HTAM_ERR_SHAPE;
-{chr(10).join(bind_code)}
-  static const fa::Bind b_o = {am.o.cxx()};
-  int64_t st_o[4], sz_o[4], off_o;
-  if (!fa::bind(out[0], b_o, st_o, sz_o, &off_o)) return HTAM_ERR_SHAPE;
-  // q (B, H, L, E), k (Bk, Hk, S, E), v (Bk, Hk, S, Ev), out (B, H, L, Ev); kv batch 1 broadcasts
-  const int64_t B = sz_q[0], H = sz_q[1], L = sz_q[2], S = sz_k[2], Hk = sz_k[1];
-  const int D = {am.head_dim}, DV = {am.v_dim};
-  if (sz_q[3] != D || sz_k[3] != D || sz_v[3] != DV || sz_v[2] != S || sz_v[1] != Hk) return HTAM_ERR_SHAPE;
-  if ((sz_k[0] != B && sz_k[0] != 1) || sz_v[0] != sz_k[0] || Hk < 1 || !({gqa_rule})) return HTAM_ERR_SHAPE;
-  if (sz_o[0] != B || sz_o[1] != H || sz_o[2] != L || sz_o[3] != DV) return HTAM_ERR_SHAPE;
-  if (B * H > 2147483647LL || L > 2147483647LL || S > 2147483647LL) return HTAM_ERR_SHAPE;
-  if (B == 0 || H == 0 || L == 0) return HTAM_OK;
-  if (S == 0) return HTAM_ERR_SHAPE;   // torch's empty softmax: left to torch
-  const int64_t want[4] = {{B, H, L, S}};
-  fa::Params p = {{}};
-  p.q = static_cast<const char*>(in[{am.q.index}].data) + off_q * {esz};
-  p.k = static_cast<const char*>(in[{am.k.index}].data) + off_k * {esz};
-  p.v = static_cast<const char*>(in[{am.v.index}].data) + off_v * {esz};
-  p.o = static_cast<char*>(out[0].data) + off_o * {esz};
-  for (int d = 0; d < 4; ++d) {{ p.qs[d] = st_q[d]; p.ks[d] = st_k[d]; p.vs[d] = st_v[d]; p.os[d] = st_o[d]; }}
-{mask_set}
-  p.B = (int)B; p.H = (int)H; p.L = (int)L; p.S = (int)S; p.group = (int)(H / Hk);
-  const bool vec = {' && '.join(vec_parts)};
-  const bool ovec = st_o[3] == 1 && st_o[0] % 2 == 0 && st_o[1] % 2 == 0 && st_o[2] % 2 == 0 &&
-                    htam_aligned(p.o, 4);
-  (void)vec; (void)ovec;
-  const size_t smem = {smem};
-  static bool ready[64] = {{}};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return (int)e;
-  if (dev < 0 || dev >= 64) return HTAM_ERR_SHAPE;
-  if (!ready[dev]) {{
-    e = cudaFuncSetAttribute({kernel}, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return (int)e;
-    ready[dev] = true;
-  }}
-  const int64_t mtiles = (L + {bm} - 1) / {bm};
-  if (mtiles > 65535) return HTAM_ERR_SHAPE;
-  dim3 grid((unsigned)(B * H), (unsigned)mtiles);
-  {kernel}<<<grid, {threads}, smem, stream>>>({args});
-  HTAM_CHECK_LAUNCH();
-  return HTAM_OK;
-}}
-"""
+    run = f"fa::run<{DT[am.dtype][0]}, SC, Region, {bm}, {bn}, {_pad16(am.head_dim)}, {_pad16(am.v_dim)}, {stages}>"
+    return "\n".join([
+        f"// torch_htam expert: flash attention {'causal ' if am.causal else ''}dtype={am.dtype} "
+        f"E={am.head_dim} Ev={am.v_dim} params={sorted(params.items())}",
+        PRELUDE, FLASH, _score_fn(am), _region(am), "",
+        "HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {",
+        f"  return {run}(in, n_in, out, n_out, stream);",
+        "}", ""])
 
 
 # ---- the target --------------------------------------------------------------------------------
