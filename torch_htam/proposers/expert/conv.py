@@ -56,15 +56,22 @@ are created lazily on the first call per device/shape (cudnnCreate, cudaMalloc):
 for a shape outside CUDA-graph capture (verification always does). Buffers only grow, and an outgrown
 one is never freed because a captured graph may still point at it.
 
+C++: the kernels' skeletons are .cuh templates, conv_fold.cuh (the batch-norm fold), conv_epi_cl.cuh
+(render_cl's split epilogue), conv_nhwc.cuh (the NHWC copies) and the cuDNN ones cudnn_conv.py
+pastes; this module emits what a region changes (the fold kernels' parameter lists and expressions,
+the channels-last epilogue's Epi) and htam_run.
+
     >>> cp = match(task.graph, policy); src = render(cp, defaults(cp))
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from torch_htam.proposers.expert import conv_geom, elementwise, host, pwconv
 from torch_htam.proposers.expert.conv_match import BatchNorm, ConvMatch, Fold, g_only
-from torch_htam.proposers.expert.cudnn_conv import CUDNN_TYPES, graph_entry, graph_run, legacy_entry, legacy_run
+from torch_htam.proposers.expert.cudnn_conv import CUDNN_TYPES, graph_entry, legacy_entry, legacy_run
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float, cuh
 from torch_htam.proposers.expert.ir import (
     VT, ExprProgram, Unsupported, channels_last, check_single_output, dense_row_major, dtype_of, lower, shape_of,
@@ -219,9 +226,18 @@ def match(gm, policy) -> ConvMatch:
 
 # ---- CUDA text ------------------------------------------------------------------------------------
 
-def _fold_kernel(cp: ConvMatch, shift_t: str, center: bool) -> str:
-    """scale[k] / shift[k] per output channel (center: mean - bias for our epilogue, else cuDNN's
-    bias for the fused call), and w2 = w * scale[k] when w2 != nullptr."""
+# the fold kernels' bodies (fold_channels, fold_cl_channels): conv.py emits their parameter lists
+FOLD = cuh("conv_fold.cuh")
+# epi_cl_kernel and launch_epi_cl: render_cl's split epilogue over the Epi struct _epi_cl emits
+EPI_CL = cuh("conv_epi_cl.cuh")
+# to_nhwc and nhwc_copies: the NHWC path's copies of x and w (after CUDNN_STATE)
+NHWC = cuh("conv_nhwc.cuh")
+
+
+def _fold_kernel(cp: ConvMatch, shift_t: str, center: bool) -> tuple[str, list[tuple[str, int]]]:
+    """fold_kernel (conv_fold.cuh's fold_channels on this region's vectors): scale[k] / shift[k] per
+    output channel (center: mean - bias for our epilogue, else cuDNN's bias for the fused call), and
+    w2 = w * scale[k] when w2 != nullptr; with the (name, input index) vectors it takes."""
     f, wt = Fold(cp), DT[cp.dtype][0]
     if cp.bn is None:
         shift = f.ld("bias", "i")
@@ -236,16 +252,10 @@ def _fold_kernel(cp: ConvMatch, shift_t: str, center: bool) -> str:
 __global__ void fold_kernel({f.params()}float eps, int64_t K, int64_t per, int64_t n,
     float* __restrict__ scale, {shift_t}::raw* __restrict__ shift, const {wt}::raw* __restrict__ w,
     {wt}::raw* __restrict__ w2) {{
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {{
-    if (i < K) {{
-      const float s = {f.scale('i')};
-      if (scale != nullptr) scale[i] = s;
-      shift[i] = {shift_t}::from_f({shift});
-    }}
-    if (w2 != nullptr) w2[i] = {wt}::from_f({wt}::to_f(w[i]) * ({f.scale('i / per')}));
-  }}
+  fold_channels<{wt}>(K, per, n, scale, w, w2, [=](int64_t i) {{ return {f.scale("i")}; }},
+                      [=](int64_t i, float s) {{ shift[i] = {shift_t}::from_f({shift}); }});
 }}
-""", [(n, i) for n, i in f.present.items()]
+""", list(f.present.items())
 
 
 def _math(cp: ConvMatch, params: dict) -> tuple[str, bool]:
@@ -255,37 +265,6 @@ def _math(cp: ConvMatch, params: dict) -> tuple[str, bool]:
     if params.get("tf32") and cp.allow_tf32:
         return "CUDNN_DEFAULT_MATH", False       # NOTE: DEFAULT permits TF32 tensor cores on sm_80+
     return "CUDNN_FMA_MATH", True
-
-
-# [B][C][L] -> [B][L][C] through a padded shared-memory tile, both global sides coalesced (x to NHWC:
-# B images, C channels, L pixels; w to KRSC: B = K, L = R * S).
-TO_NHWC = r"""
-template <typename T>
-__global__ void __launch_bounds__(256) to_nhwc(const T* __restrict__ in, T* __restrict__ out, int64_t C, int64_t L) {
-  __shared__ T tile[32][33];
-  const int64_t b = blockIdx.z, c0 = (int64_t)blockIdx.y * 32, l0 = (int64_t)blockIdx.x * 32;
-  const T* src = in + b * C * L;
-  T* dst = out + b * C * L;
-  for (int i = threadIdx.y; i < 32; i += 8) {
-    const int64_t c = c0 + i, l = l0 + threadIdx.x;
-    if (c < C && l < L) tile[i][threadIdx.x] = src[c * L + l];
-  }
-  __syncthreads();
-  for (int i = threadIdx.y; i < 32; i += 8) {
-    const int64_t l = l0 + i, c = c0 + threadIdx.x;
-    if (c < C && l < L) dst[l * C + c] = tile[threadIdx.x][i];
-  }
-}
-
-template <typename T>
-static int launch_to_nhwc(const void* in, void* out, int64_t B, int64_t C, int64_t L, cudaStream_t stream) {
-  if (B > 65535 || (C + 31) / 32 > 65535 || (L + 31) / 32 > INT32_MAX) return HTAM_ERR_SHAPE;
-  const dim3 grid((unsigned)((L + 31) / 32), (unsigned)((C + 31) / 32), (unsigned)B);
-  to_nhwc<T><<<grid, dim3(32, 8), 0, stream>>>((const T*)in, (T*)out, C, L);
-  HTAM_CHECK_LAUNCH();
-  return HTAM_OK;
-}
-"""
 
 
 def legacy_reason(kind: conv_geom.ConvKind) -> str | None:
@@ -309,11 +288,21 @@ def nhwc_reason(cp: ConvMatch, params: dict) -> str | None:
     return None
 
 
-def render(cp: ConvMatch, params: dict) -> str:
-    if cp.channels_last:
-        return render_cl(cp, params)
-    if params.get("tiled"):
-        return pwconv.render(cp, params)
+@dataclass(frozen=True)
+class _Path:
+    """How render runs an NCHW conv (the module docstring's ways) and what that implies."""
+    fused: bool       # cudnnConvolutionBiasActivationForward: the whole region in one legacy call
+    graph: bool       # the backend API, else the legacy one
+    nhwc: bool        # NHWC copies, cuDNN's conv in NHWC, pwconv's epilogue kernel writing NCHW
+    epilogue: bool    # an elementwise epilogue kernel runs in place after the conv
+    fold: bool        # fold_kernel runs (nhwc: pwconv's epilogue kernel folds batch norm itself)
+    scale_w: bool     # the fused call on weights pre-scaled into scratch, w2 = w * scale[k]
+    math: str         # cuDNN's math type
+    strict: bool      # fp32 without TF32
+
+
+def _path(cp: ConvMatch, params: dict) -> _Path:
+    """params' path for an NCHW conv (Unsupported: one this conv cannot take)."""
     nhwc = bool(params.get("nhwc"))
     if nhwc and (why := nhwc_reason(cp, params)):
         raise Unsupported(why)
@@ -322,101 +311,62 @@ def render(cp: ConvMatch, params: dict) -> str:
     if not graph and (why := legacy_reason(cp.kind)):
         raise Unsupported(why)
     math, strict = _math(cp, params)
-    dt, dtc = DT[cp.dtype][0], DT[cp.dtype][1]
-    prog, g = cp.epilogue, cp.g
-    epi_needed = not fused and not g_only(prog, g)
-    epi_src = ""
-    if nhwc:     # the tiled kernel's epilogue reads the NHWC conv result and writes NCHW
-        epi_src = TO_NHWC + pwconv.nhwc_epilogue(cp, params)
-    elif epi_needed:
-        ew = {k: v for k, v in params.items() if k in elementwise.EwParams.__dataclass_fields__}
-        ew["nc"] = False         # NOTE: the epilogue overwrites the conv result in place
-        epi_src = elementwise.generate(prog, elementwise.EwParams(**ew), cp.facts.low_precision,
-                                       entry="static int epilogue_run", restrict=False, prelude=False)
-    fold = (fused or cp.bn is not None) and not nhwc    # (nhwc: the epilogue kernel folds batch norm)
-    shift_t = dt if fused else "F32"   # cuDNN's bias has the output dtype; our epilogue reads fp32
-    fold_src, present = _fold_kernel(cp, shift_t, center=not fused) if fold else ("", [])
-    G = cp.groups
-    scale_w = fused and cp.bn is not None
-    vectors = {i for _, i in present} | set(Fold(cp).present.values() if nhwc else ())
-    checks = "\n".join(
-        f"  if (in[{i}].ndim != 1 || in[{i}].sizes[0] != K || !htam_contiguous(in[{i}]) || "
-        f"in[{i}].dtype != {DT[prog.inputs[i][1]][1]} || in[{i}].data == nullptr) return HTAM_ERR_SHAPE;"
-        for i in sorted(vectors | ({cp.bias} if cp.bias is not None else set())))
-    if cp.residual is not None and fused:
-        r = cp.residual
-        rank = cp.kind.rank
-        checks += (f"\n  if (in[{r}].dtype != {dtc} || in[{r}].ndim != {rank} || !htam_contiguous(in[{r}]) ||"
-                   f" in[{r}].data == nullptr) return HTAM_ERR_SHAPE;"
-                   f"\n  for (int i = 0; i < {rank}; ++i) if (in[{r}].sizes[i] != Y.sizes[i]) return HTAM_ERR_SHAPE;")
-    if not graph:
-        checks += ("\n  // the legacy cuDNN API takes int sizes and indexes with 32 bits\n  if (htam_numel(&X) > INT32_MAX"
-                   " || htam_numel(&Y) > INT32_MAX || htam_numel(&Wt) > INT32_MAX) return HTAM_ERR_SHAPE;")
-    fold_launch = ""
-    if fold:
-        ptrs = "".join(f"(const {DT[prog.inputs[i][1]][0]}::raw*)in[{i}].data, " for _, i in present)
-        fold_launch = f"""  {{
-    const int64_t per = htam_numel(&Wt) / K, n = {"htam_numel(&Wt)" if scale_w else "K"};
-    const int blocks = (int)std::min<int64_t>((n + 255) / 256, 4096);
-    fold_kernel<<<blocks, 256, 0, stream>>>({ptrs}{c_float(cp.bn.eps if cp.bn else 0.0)}, K, per, n,
-        {"nullptr" if fused else "scale"}, ({shift_t}::raw*)shift, (const {dt}::raw*)Wt.data,
-        {"(" + dt + "::raw*)w2" if scale_w else "nullptr"});
-    HTAM_CHECK_LAUNCH();
-  }}"""
-    algo = int(params.get("algo", 0))
-    if graph and nhwc:     # x and w to NHWC / KRSC in `lay`, cuDNN's conv writes y there NHWC
-        e = DT[cp.dtype][2]
-        entry_src = graph_entry(cp, strict, algo, nhwc=True)
-        run_conv = f"""  const size_t xb = ((size_t)htam_numel(&X) * {e} + 255) / 256 * 256;
-  const size_t wb = ((size_t)htam_numel(&Wt) * {e} + 255) / 256 * 256;
-  if ((rc = grow(&st->lay, &st->lay_bytes, xb + wb + (size_t)htam_numel(&Y) * {e}))) return rc;
-  void* xl = st->lay;
-  void* wl = (char*)st->lay + xb;
-  void* yl = (char*)st->lay + xb + wb;
-  if ((rc = launch_to_nhwc<{dt}::raw>(X.data, xl, d[0], d[1], d[2] * d[3], stream))) return rc;
-  if ((rc = launch_to_nhwc<{dt}::raw>(Wt.data, wl, K, Wt.sizes[1], d[5] * d[6], stream))) return rc;
-{graph_run("xl", "wl", "yl")}"""
-    elif graph:
-        entry_src, run_conv = graph_entry(cp, strict, algo), graph_run()
-    else:
-        entry_src, run_conv = legacy_entry(cp, math, strict, fused, algo), legacy_run(cp, fused, scale_w)
-    n_ext = len(prog.inputs)
-    if nhwc:
-        vec = 16 // DT[cp.dtype][2]
-        ext = host.extend_inputs(n_ext, pwconv.UNREAD_BN if cp.bn is not None else None, "    ")
-        tail = (f"  {{\n{ext}\n    return pw_launch(ext, {n_ext}, out, n_out, stream, (const {dt}::raw*)yl, nullptr,"
-                f" 0, K, d[0], P * Q, K % {vec} == 0);\n  }}")
-    elif epi_needed:
-        ext = host.extend_inputs(n_ext, ("scale", "shift") if cp.bn is not None else None, "    ")
-        tail = f"  {{\n{ext}\n    return epilogue_run(ext, {n_ext}, out, n_out, stream);\n  }}"
-    else:
-        tail = "  return HTAM_OK;"
-    w2_bytes = f"((size_t)htam_numel(&Wt) * {DT[cp.dtype][2]} + 255) / 256 * 256" if scale_w else "0"
-    scratch_ptrs = "\n".join(line for line, used in (
-        ("  float* scale = (float*)st->scratch;", fold and not fused),
-        ("  void* shift = (char*)st->scratch + vec_bytes;", fold),
-        ("  void* w2 = (char*)st->scratch + 2 * vec_bytes;", scale_w)) if used)
-    mode = ("cudnnConvolutionBiasActivationForward" if fused else
-            "NHWC copies + cudnnBackendExecute + tiled epilogue to NCHW" if nhwc else
-            ("cudnnBackendExecute" if graph else "cudnnConvolutionForward")
-            + (" + epilogue kernel" if epi_needed else ""))
-    align = ("256" if nhwc else "(uintptr_t)X.data | (uintptr_t)Wt.data | (uintptr_t)Y.data" if graph else "0")
-    dims = conv_geom.host_dims(cp.kind, cp.stride, cp.padding, cp.dilation, G, dtc, align)
-    return f"""// torch_htam expert: cuDNN {cp.kind.name} ({mode}) params={sorted(params.items())}
-{PRELUDE}
-#include <algorithm>
-#include <cudnn.h>
+    return _Path(fused, graph, nhwc, epilogue=not fused and not g_only(cp.epilogue, cp.g),
+                 fold=(fused or cp.bn is not None) and not nhwc, scale_w=fused and cp.bn is not None,
+                 math=math, strict=strict)
 
-{epi_src}
-{fold_src}
-{CUDNN_STATE}
-{host.EPILOGUE_INPUTS}
-{entry_src}
-{ENTRY_CACHE}
-{_run_head(cp)}
-{dims}
-{checks}
-  if (htam_numel(&Y) == 0) return HTAM_OK;
+
+def _mode(p: _Path) -> str:
+    """The path in words, for the source's first line."""
+    if p.fused:
+        return "cudnnConvolutionBiasActivationForward"
+    if p.nhwc:
+        return "NHWC copies + cudnnBackendExecute + tiled epilogue to NCHW"
+    return ("cudnnBackendExecute" if p.graph else "cudnnConvolutionForward") + (" + epilogue kernel" * p.epilogue)
+
+
+def _epilogue_src(cp: ConvMatch, params: dict, p: _Path) -> str:
+    """The kernel after the conv: pwconv's NHWC epilogue (to NCHW), else the in-place elementwise one."""
+    if p.nhwc:
+        return pwconv.nhwc_epilogue(cp, params)
+    if not p.epilogue:
+        return ""
+    ew = {k: v for k, v in params.items() if k in elementwise.EwParams.__dataclass_fields__}
+    ew["nc"] = False         # NOTE: the epilogue overwrites the conv result in place
+    return elementwise.generate(cp.epilogue, elementwise.EwParams(**ew), cp.facts.low_precision,
+                                entry="static int epilogue_run", restrict=False, prelude=False)
+
+
+def _vector_checks(cp: ConvMatch, inputs) -> list[str]:
+    """htam_run's checks of the [K] per-channel inputs (batch norm, bias) among `inputs`."""
+    return [f"  if (in[{i}].ndim != 1 || in[{i}].sizes[0] != K || !htam_contiguous(in[{i}]) || "
+            f"in[{i}].dtype != {DT[cp.epilogue.inputs[i][1]][1]} || in[{i}].data == nullptr) return HTAM_ERR_SHAPE;"
+            for i in sorted(inputs)]
+
+
+def _checks(cp: ConvMatch, p: _Path, vectors: set[int]) -> str:
+    """htam_run's checks of the inputs besides x and w (conv_geom.host_dims checks those)."""
+    lines = _vector_checks(cp, vectors | ({cp.bias} if cp.bias is not None else set()))
+    if cp.residual is not None and p.fused:
+        r, rank = cp.residual, cp.kind.rank
+        lines += [f"  if (in[{r}].dtype != {DT[cp.dtype][1]} || in[{r}].ndim != {rank} || !htam_contiguous(in[{r}]) ||"
+                  f" in[{r}].data == nullptr) return HTAM_ERR_SHAPE;",
+                  f"  for (int i = 0; i < {rank}; ++i) if (in[{r}].sizes[i] != Y.sizes[i]) return HTAM_ERR_SHAPE;"]
+    if not p.graph:
+        lines += ["  // the legacy cuDNN API takes int sizes and indexes with 32 bits",
+                  "  if (htam_numel(&X) > INT32_MAX || htam_numel(&Y) > INT32_MAX || htam_numel(&Wt) > INT32_MAX) "
+                  "return HTAM_ERR_SHAPE;"]
+    return "\n".join(lines)
+
+
+def _scratch(cp: ConvMatch, p: _Path) -> str:
+    """htam_run from the checks to the fold: cuDNN's state and entry, the scratch and its pointers."""
+    w2_bytes = f"((size_t)htam_numel(&Wt) * {DT[cp.dtype][2]} + 255) / 256 * 256" if p.scale_w else "0"
+    ptrs = "\n".join(line for line, used in (
+        ("  float* scale = (float*)st->scratch;", p.fold and not p.fused),
+        ("  void* shift = (char*)st->scratch + vec_bytes;", p.fold),
+        ("  void* w2 = (char*)st->scratch + 2 * vec_bytes;", p.scale_w)) if used)
+    return f"""  if (htam_numel(&Y) == 0) return HTAM_OK;
   DnnState* st = nullptr;
   int rc = dnn_state(&st);
   if (rc) return rc;
@@ -426,12 +376,79 @@ def render(cp: ConvMatch, params: dict) -> str:
   // scratch: scale[K] fp32 | shift[K] (fp32 center, or cuDNN's bias in the output dtype) | scaled weights
   const size_t vec_bytes = ((size_t)K * 4 + 255) / 256 * 256;
   if ((rc = grow(&st->scratch, &st->scratch_bytes, 2 * vec_bytes + {w2_bytes}))) return rc;
-{scratch_ptrs}
-{fold_launch}
-{run_conv}
-{tail}
-}}
-"""
+{ptrs}"""
+
+
+def _fold_launch(cp: ConvMatch, p: _Path, present: list[tuple[str, int]], shift_t: str) -> str:
+    """fold_kernel's launch: K threads, or one a weight when it also scales them."""
+    if not p.fold:
+        return ""
+    dt = DT[cp.dtype][0]
+    ptrs = "".join(f"(const {DT[cp.epilogue.inputs[i][1]][0]}::raw*)in[{i}].data, " for _, i in present)
+    return f"""  {{
+    const int64_t per = htam_numel(&Wt) / K, n = {"htam_numel(&Wt)" if p.scale_w else "K"};
+    const int blocks = (int)std::min<int64_t>((n + 255) / 256, 4096);
+    fold_kernel<<<blocks, 256, 0, stream>>>({ptrs}{c_float(cp.bn.eps if cp.bn else 0.0)}, K, per, n,
+        {"nullptr" if p.fused else "scale"}, ({shift_t}::raw*)shift, (const {dt}::raw*)Wt.data,
+        {"(" + dt + "::raw*)w2" if p.scale_w else "nullptr"});
+    HTAM_CHECK_LAUNCH();
+  }}"""
+
+
+def _conv_call(cp: ConvMatch, params: dict, p: _Path) -> tuple[str, str]:
+    """(the per-shape entry and its planning, htam_run's conv call) on the path's cuDNN API."""
+    algo = int(params.get("algo", 0))
+    if p.nhwc:     # x and w to NHWC / KRSC in `lay`, cuDNN's conv writes y there NHWC
+        run = f"""  void *xl = nullptr, *wl = nullptr, *yl = nullptr;
+  if ((rc = nhwc_copies<{DT[cp.dtype][0]}::raw>(st, X, Wt, Y, d, K, stream, &xl, &wl, &yl))) return rc;
+  if ((rc = graph_conv(st, e, xl, wl, yl, nullptr))) return rc;"""
+        return graph_entry(cp, p.strict, algo, nhwc=True), run
+    if p.graph:
+        return graph_entry(cp, p.strict, algo), "  if ((rc = graph_conv(st, e, X.data, Wt.data, Y.data, nullptr))) return rc;"
+    return legacy_entry(cp, p.math, p.strict, p.fused, algo), legacy_run(cp, p.fused, p.scale_w)
+
+
+def _tail(cp: ConvMatch, params: dict, p: _Path) -> str:
+    """htam_run's end: the epilogue kernel's launch on the task's inputs + the conv result."""
+    n_ext, dt = len(cp.epilogue.inputs), DT[cp.dtype][0]
+    if p.nhwc:
+        vec = 16 // DT[cp.dtype][2]
+        ext = host.extend_inputs(n_ext, pwconv.UNREAD_BN if cp.bn is not None else None, "    ")
+        return (f"  {{\n{ext}\n    return pw_launch(ext, {n_ext}, out, n_out, stream, (const {dt}::raw*)yl, nullptr,"
+                f" 0, K, d[0], P * Q, K % {vec} == 0);\n  }}")
+    if p.epilogue:
+        ext = host.extend_inputs(n_ext, ("scale", "shift") if cp.bn is not None else None, "    ")
+        return f"  {{\n{ext}\n    return epilogue_run(ext, {n_ext}, out, n_out, stream);\n  }}"
+    return "  return HTAM_OK;"
+
+
+def render(cp: ConvMatch, params: dict) -> str:
+    """The kernel source for params: render_cl (channels-last), pwconv's tiled kernel, else a cuDNN
+    path (_Path): the fold and epilogue kernels, the cuDNN skeletons, and htam_run."""
+    if cp.channels_last:
+        return render_cl(cp, params)
+    if params.get("tiled"):
+        return pwconv.render(cp, params)
+    p = _path(cp, params)
+    shift_t = DT[cp.dtype][0] if p.fused else "F32"   # cuDNN's bias has the output dtype; our epilogue reads fp32
+    fold_src, present = _fold_kernel(cp, shift_t, center=not p.fused) if p.fold else ("", [])
+    vectors = {i for _, i in present} | set(Fold(cp).present.values() if p.nhwc else ())
+    entry_src, run_conv = _conv_call(cp, params, p)
+    align = "256" if p.nhwc else "(uintptr_t)X.data | (uintptr_t)Wt.data | (uintptr_t)Y.data" if p.graph else "0"
+    dims = conv_geom.host_dims(cp.kind, cp.stride, cp.padding, cp.dilation, cp.groups, DT[cp.dtype][1], align)
+    head = f"""// torch_htam expert: cuDNN {cp.kind.name} ({_mode(p)}) params={sorted(params.items())}
+{PRELUDE}
+#include <algorithm>
+#include <cudnn.h>
+{_epilogue_src(cp, params, p)}
+{FOLD if p.fold else ""}{fold_src}
+{CUDNN_STATE}
+{NHWC if p.nhwc else ""}{host.EPILOGUE_INPUTS}
+{entry_src}
+{ENTRY_CACHE}"""
+    body = (_run_head(cp), dims, _checks(cp, p, vectors), _scratch(cp, p), _fold_launch(cp, p, present, shift_t),
+            run_conv, _tail(cp, params, p))
+    return "\n".join((head,) + body) + "\n}\n"
 
 
 def _run_head(cp: ConvMatch) -> str:
@@ -454,35 +471,107 @@ def _cl_ops(cp: ConvMatch) -> list[tuple[str, str]]:
     return ops + [("add", "z")] * (cp.residual is not None) + [("relu", "")] * cp.relu
 
 
-def _epi_cl_kernel(ops: list[tuple[str, str]], dt: str, vt: str) -> str:
-    """y = epilogue(y) in place over a channels-last y (element i is channel i % K), V elements a
-    thread (V = 16 bytes of them when V divides K and the pointers are 16-byte aligned, else 1)."""
+def _cl_words(ops: list[tuple[str, str]]) -> str:
+    """The channels-last epilogue in words: 'sub(c) mul(s) add(b) relu'."""
+    return " ".join(f"{m}{'(' + a + ')' if a else ''}" for m, a in ops) or "none"
+
+
+def _epi_cl(ops: list[tuple[str, str]], dt: str, vt: str) -> str:
+    """conv_epi_cl.cuh after its Epi: the channels-last ops on one element v of channel k (z: the
+    residual's element; cen, scl, bet: the [K] vectors in vt)."""
     step = {"sub": "v -= {vt}::to_f({a}[k]);", "mul": "v *= {vt}::to_f({a}[k]);", "add": "v += {vt}::to_f({a}[k]);",
             "relu": "v = v < 0.f ? 0.f : v;"}
     name = {"c": "cen", "s": "scl", "b": "bet"}
-    body = "\n".join("      " + ("v += " + dt + "::to_f(q.r[j]);" if a == "z" else step[m].format(vt=vt, a=name.get(a)))
+    body = "\n".join("    " + (f"v += {dt}::to_f(z);" if a == "z" else step[m].format(vt=vt, a=name.get(a)))
                      for m, a in ops)
     return f"""
-// The epilogue after a conv-only cuDNN graph (params fused=False): y = {" ".join(m + (f"({a})" if a else "") for m, a in ops)}
-template <int V>
-__global__ void epi_cl_kernel({dt}::raw* __restrict__ y, const {dt}::raw* __restrict__ z, const {vt}::raw* __restrict__ cen,
-    const {vt}::raw* __restrict__ scl, const {vt}::raw* __restrict__ bet, int64_t n, int64_t K) {{
-  struct alignas(sizeof({dt}::raw) * V) Pack {{ {dt}::raw r[V]; }};
-  for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * V; i < n; i += (int64_t)gridDim.x * blockDim.x * V) {{
-    Pack p = *reinterpret_cast<const Pack*>(y + i);
-    {"Pack q = *reinterpret_cast<const Pack*>(z + i);" if any(a == "z" for _, a in ops) else ""}
-    const int64_t k0 = i % K;   // V divides K: the V elements are channels k0 .. k0 + V - 1 of one pixel
-#pragma unroll
-    for (int j = 0; j < V; ++j) {{
-      const int64_t k = k0 + j;
-      float v = {dt}::to_f(p.r[j]);
+// The epilogue after a conv-only cuDNN graph (params fused=False): y = {_cl_words(ops)}
+struct Epi {{
+  static constexpr bool kResidual = {"true" if any(a == "z" for _, a in ops) else "false"};
+  __device__ __forceinline__ float operator()(float v, int64_t k, {dt}::raw z, const {vt}::raw* cen,
+                                              const {vt}::raw* scl, const {vt}::raw* bet) const {{
 {body}
-      p.r[j] = {dt}::from_f(v);
-    }}
-    *reinterpret_cast<Pack*>(y + i) = p;
+    return v;
   }}
+}};
+{EPI_CL}"""
+
+
+def _fold_cl_kernel(cp: ConvMatch, dt: str, vt: str, used: set[str]) -> str:
+    """fold_cl_kernel (conv_fold.cuh's fold_cl_channels on this region's vectors); used: the
+    operands among 'c', 's', 'b' the epilogue reads."""
+    f = Fold(cp)
+    beta = f.ld("beta", "i") if cp.bn is not None else f.ld("bias", "i") if cp.bias is not None else "0.f"
+    return f"""
+// The per-channel vectors of the epilogue (center = mean - bias, scale = gamma * rsqrt(var + eps),
+// beta; a null one is not written) and, when w2 != nullptr, w (KCRS) copied to KRSC.
+__global__ void fold_cl_kernel({f.params()}float eps, int64_t K, int64_t C, int64_t RS,
+    {vt}::raw* __restrict__ cen, {vt}::raw* __restrict__ scl, {vt}::raw* __restrict__ bet,
+    const {dt}::raw* __restrict__ w, {dt}::raw* __restrict__ w2) {{
+  fold_cl_channels<{vt}, {dt}>(K, C, RS, cen, scl, bet, w, w2, [=](int64_t i) {{ return {f.center("i")}; }},
+                               [=](int64_t i) {{ return {f.scale("i")}; }},
+                               [=](int64_t i) {{ return {beta if "b" in used else "0.f"}; }});
 }}
 """
+
+
+def _cl_checks(cp: ConvMatch, f: Fold) -> str:
+    """render_cl's htam_run: the checks of the vectors and the residual (channels-last, y's sizes)."""
+    lines = _vector_checks(cp, f.present.values())
+    if (r := cp.residual) is not None:
+        lines += [f"  if (in[{r}].dtype != {DT[cp.dtype][1]} || !htam_channels_last(in[{r}]) || in[{r}].data == nullptr) "
+                  "return HTAM_ERR_SHAPE;",
+                  f"  for (int i = 0; i < 4; ++i) if (in[{r}].sizes[i] != Y.sizes[i]) return HTAM_ERR_SHAPE;"]
+    return "\n".join(lines)
+
+
+def _cl_scratch(cp: ConvMatch, vt: str, vsz: int, used: set[str]) -> str:
+    """render_cl's htam_run from the checks to the fold: cuDNN's state, the scratch (the vectors the
+    epilogue reads, w's KRSC copy), the entry."""
+    vecs = "\n".join(f"  void* {v} = " + (f"(char*)st->scratch + {j} * vec_bytes;" if a in used else "nullptr;")
+                     for j, (a, v) in enumerate((("c", "cen"), ("s", "scl"), ("b", "bet"))))
+    return f"""  if (htam_numel(&Y) == 0) return HTAM_OK;
+  DnnState* st = nullptr;
+  int rc = dnn_state(&st);
+  if (rc) return rc;
+  // scratch: center, scale, beta [K] ({vt}) | the KRSC copy of w
+  const int64_t RS = Wt.sizes[2] * Wt.sizes[3];
+  const size_t vec_bytes = ((size_t)K * {vsz} + 255) / 256 * 256;
+  if ((rc = grow(&st->scratch, &st->scratch_bytes, 3 * vec_bytes + (w_krsc ? 0 : (size_t)htam_numel(&Wt) * {DT[cp.dtype][2]}))))
+    return rc;
+  void* w2 = w_krsc ? nullptr : (char*)st->scratch + 3 * vec_bytes;
+  const void* w = w_krsc ? Wt.data : w2;
+  CD(cudnnSetStream(st->handle, stream));
+  ConvEntry* e = nullptr;
+  if ((rc = conv_entry(st, d, P, Q, &e))) return rc;
+{vecs}"""
+
+
+def _cl_fold_launch(cp: ConvMatch, f: Fold, vt: str) -> str:
+    """fold_cl_kernel's launch (when it has a vector or w's copy to write): K threads, or one a weight."""
+    dt = DT[cp.dtype][0]
+    ptrs = "".join(f"(const {DT[cp.epilogue.inputs[i][1]][0]}::raw*)in[{i}].data, " for i in f.present.values())
+    return f"""  if (cen != nullptr || scl != nullptr || bet != nullptr || w2 != nullptr) {{
+    const int64_t n = w2 != nullptr ? std::max(K * RS * Wt.sizes[1], K) : K;
+    const int blocks = (int)std::min<int64_t>((n + 255) / 256, 4096);
+    fold_cl_kernel<<<blocks, 256, 0, stream>>>({ptrs}{c_float(cp.bn.eps if cp.bn else 0.0)}, K, Wt.sizes[1], RS,
+        ({vt}::raw*)cen, ({vt}::raw*)scl, ({vt}::raw*)bet, (const {dt}::raw*)Wt.data, ({dt}::raw*)w2);
+    HTAM_CHECK_LAUNCH();
+  }}"""
+
+
+def _cl_conv(cp: ConvMatch, ops: list[tuple[str, str]], fused: bool, vt: str) -> str:
+    """render_cl's htam_run from the conv to its end: the graph (with the epilogue's operands when
+    fused), else the conv and then the epilogue kernel in place."""
+    r = cp.residual
+    arg = {"c": "cen", "s": "scl", "b": "bet", "z": f"in[{r}].data" if r is not None else "nullptr", "": "nullptr"}
+    args = ", ".join(arg[a] for _, a in ops) if fused and ops else "nullptr"
+    run = f"""  const void* args[] = {{{args}}};
+  if ((rc = graph_conv(st, e, X.data, w, Y.data, args))) return rc;"""
+    if not fused:
+        run += (f"\n  if ((rc = launch_epi_cl<{DT[cp.dtype][0]}, {vt}, Epi>(Y, {arg['z']}, cen, scl, bet, K, stream)))"
+                " return rc;")
+    return run + "\n  return HTAM_OK;\n}\n"
 
 
 def render_cl(cp: ConvMatch, params: dict) -> str:
@@ -504,108 +593,31 @@ def render_cl(cp: ConvMatch, params: dict) -> str:
     conv-only graph, then epi_cl_kernel in place, as Inductor splits it: cuDNN's precompiled conv
     engines, where its runtime-fusion ones are slow, e.g. a stem's 3 channels)."""
     _, strict = _math(cp, params)
-    dt, dtc, esz = DT[cp.dtype][0], DT[cp.dtype][1], DT[cp.dtype][2]
+    dt, dtc, esz = DT[cp.dtype]
     vec32 = bool(params.get("vec32", True)) or cp.dtype == "float32"
     vt, vsz = ("F32", 4) if vec32 else (dt, esz)
-    f = Fold(cp)
-    ops = _cl_ops(cp)
+    f, ops = Fold(cp), _cl_ops(cp)
     fused = bool(params.get("fused", True)) or not ops
-    beta = f.ld("beta", "i") if cp.bn is not None else f.ld("bias", "i") if cp.bias is not None else "0.f"
-    r = cp.residual
     used = {a for _, a in ops}
-    fold_src = f"""
-// The per-channel vectors of the epilogue (center = mean - bias, scale = gamma * rsqrt(var + eps),
-// beta; a null one is not written) and, when w2 != nullptr, w (KCRS) copied to KRSC.
-__global__ void fold_cl_kernel({f.params()}float eps, int64_t K, int64_t C, int64_t RS,
-    {vt}::raw* __restrict__ cen, {vt}::raw* __restrict__ scl, {vt}::raw* __restrict__ bet,
-    const {dt}::raw* __restrict__ w, {dt}::raw* __restrict__ w2) {{
-  const int64_t n = w2 != nullptr ? std::max(K * RS * C, K) : K;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {{
-    if (i < K) {{
-      if (cen != nullptr) cen[i] = {vt}::from_f({f.center("i")});
-      if (scl != nullptr) scl[i] = {vt}::from_f({f.scale("i")});
-      if (bet != nullptr) bet[i] = {vt}::from_f({beta if "b" in used else "0.f"});
-    }}
-    if (w2 != nullptr && i < K * RS * C) {{
-      const int64_t k = i / (RS * C), rem = i - k * RS * C, rs = rem / C, c = rem - rs * C;
-      w2[i] = w[(k * C + c) * RS + rs];
-    }}
-  }}
-}}
-{"" if fused else _epi_cl_kernel(ops, dt, vt)}"""
-    ptrs = "".join(f"(const {DT[cp.epilogue.inputs[i][1]][0]}::raw*)in[{i}].data, " for i in f.present.values())
-    checks = "\n".join(
-        f"  if (in[{i}].ndim != 1 || in[{i}].sizes[0] != K || !htam_contiguous(in[{i}]) || "
-        f"in[{i}].dtype != {DT[cp.epilogue.inputs[i][1]][1]} || in[{i}].data == nullptr) return HTAM_ERR_SHAPE;"
-        for i in sorted(f.present.values()))
-    if r is not None:
-        checks += (f"\n  if (in[{r}].dtype != {dtc} || !htam_channels_last(in[{r}]) || in[{r}].data == nullptr) "
-                   f"return HTAM_ERR_SHAPE;\n  for (int i = 0; i < 4; ++i) if (in[{r}].sizes[i] != Y.sizes[i]) "
-                   "return HTAM_ERR_SHAPE;")
     # the KRSC copy of w starts 256-aligned in the scratch
     align = ("(uintptr_t)X.data | (uintptr_t)(w_krsc ? Wt.data : nullptr) | (uintptr_t)Y.data | 256"
-             + (f" | (uintptr_t)in[{r}].data" if r is not None else ""))
+             + (f" | (uintptr_t)in[{cp.residual}].data" if cp.residual is not None else ""))
     dims = conv_geom.host_dims(cp.kind, cp.stride, cp.padding, cp.dilation, 1, dtc, align, channels_last=True)
     entry = graph_entry(cp, strict, int(params.get("algo", 0)), nhwc=True, epilogue=tuple(ops) if fused else (),
                         vec_type="CUDNN_DATA_FLOAT" if vec32 else CUDNN_TYPES[cp.dtype])
-    arg = {"c": "cen", "s": "scl", "b": "bet", "z": f"in[{r}].data" if r is not None else "nullptr", "": "nullptr"}
-    args = ", ".join(arg[a] for _, a in ops) if fused and ops else "nullptr"
-    vecs = "\n".join(f"  void* {arg[a]} = " + (f"(char*)st->scratch + {j} * vec_bytes;" if a in used else "nullptr;")
-                     for j, a in enumerate("csb"))
-    epi = " ".join(f"{m}{'(' + a + ')' if a else ''}" for m, a in ops) or "none"
-    zptr = f"(const {dt}::raw*)in[{r}].data" if r is not None else "nullptr"
-    epi_call = "" if fused else f"""
-  {{   // the epilogue in place: 16 bytes a thread where they make whole channels of one pixel
-    constexpr int V = 16 / {esz};
-    const int64_t n = htam_numel(&Y);
-    const bool wide = K % V == 0 && (((uintptr_t)Y.data | (uintptr_t){zptr}) & 15) == 0;
-    const int blocks = (int)std::min<int64_t>((n / (wide ? V : 1) + 255) / 256, 1 << 16);
-    auto run = wide ? epi_cl_kernel<V> : epi_cl_kernel<1>;
-    run<<<blocks, 256, 0, stream>>>(({dt}::raw*)Y.data, {zptr}, (const {vt}::raw*)cen, (const {vt}::raw*)scl,
-                                    (const {vt}::raw*)bet, n, K);
-    HTAM_CHECK_LAUNCH();
-  }}"""
     how = "epilogue fused" if fused else "conv, then the epilogue kernel"
-    return f"""// torch_htam expert: cuDNN {cp.kind.name}, channels-last, {how}: {epi} params={sorted(params.items())}
+    head = f"""// torch_htam expert: cuDNN {cp.kind.name}, channels-last, {how}: {_cl_words(ops)} params={sorted(params.items())}
 {PRELUDE}
 #include <algorithm>
 #include <cudnn.h>
-{fold_src}
+{FOLD}{_fold_cl_kernel(cp, dt, vt, used)}{"" if fused else _epi_cl(ops, dt, vt)}
 {CUDNN_STATE}
 {entry}
-{ENTRY_CACHE}
-{_run_head(cp)}
-  // cuDNN's NHWC engines take the weight KRSC: a channels-last (or 1x1) one as it is, else a copy
-  const bool w_krsc = htam_channels_last(Wt);
-{dims}
-{checks}
-  if (htam_numel(&Y) == 0) return HTAM_OK;
-  DnnState* st = nullptr;
-  int rc = dnn_state(&st);
-  if (rc) return rc;
-  // scratch: center, scale, beta [K] ({vt}) | the KRSC copy of w
-  const int64_t RS = Wt.sizes[2] * Wt.sizes[3];
-  const size_t vec_bytes = ((size_t)K * {vsz} + 255) / 256 * 256;
-  if ((rc = grow(&st->scratch, &st->scratch_bytes, 3 * vec_bytes + (w_krsc ? 0 : (size_t)htam_numel(&Wt) * {esz}))))
-    return rc;
-  void* w2 = w_krsc ? nullptr : (char*)st->scratch + 3 * vec_bytes;
-  const void* w = w_krsc ? Wt.data : w2;
-  CD(cudnnSetStream(st->handle, stream));
-  ConvEntry* e = nullptr;
-  if ((rc = conv_entry(st, d, P, Q, &e))) return rc;
-{vecs}
-  if (cen != nullptr || scl != nullptr || bet != nullptr || w2 != nullptr) {{
-    const int64_t n = w2 != nullptr ? std::max(K * RS * Wt.sizes[1], K) : K;
-    const int blocks = (int)std::min<int64_t>((n + 255) / 256, 4096);
-    fold_cl_kernel<<<blocks, 256, 0, stream>>>({ptrs}{c_float(cp.bn.eps if cp.bn else 0.0)}, K, Wt.sizes[1], RS,
-        ({vt}::raw*)cen, ({vt}::raw*)scl, ({vt}::raw*)bet, (const {dt}::raw*)Wt.data, ({dt}::raw*)w2);
-    HTAM_CHECK_LAUNCH();
-  }}
-  const void* args[] = {{{args}}};
-{graph_run("X.data", "w", "Y.data", "args")}{epi_call}
-  return HTAM_OK;
-}}
-"""
+{ENTRY_CACHE}"""
+    w_krsc = """  // cuDNN's NHWC engines take the weight KRSC: a channels-last (or 1x1) one as it is, else a copy
+  const bool w_krsc = htam_channels_last(Wt);"""
+    return "\n".join((head, _run_head(cp), w_krsc, dims, _cl_checks(cp, f), _cl_scratch(cp, vt, vsz, used),
+                      _cl_fold_launch(cp, f, vt), _cl_conv(cp, ops, fused, vt)))
 
 
 # ---- the conv target (target.Target) ---------------------------------------------------------------

@@ -168,7 +168,7 @@ def host_dims(kind: ConvKind, stride, padding, dilation, groups: int, dtype: str
             sizes.append(f"{nm} = out_size({n_in}, {p}, {dl}, {kk}, {st})")
     ysp = {1: "Y.sizes[2] != Q", 2: "Y.sizes[2] != P || Y.sizes[3] != Q",
            3: "Y.sizes[2] != O || Y.sizes[3] != P || Y.sizes[4] != Q"}[s]
-    return f"""  for (const HtamTensor* t : {{&X, &Wt, (const HtamTensor*)&Y}})
+    key = f"""  for (const HtamTensor* t : {{&X, &Wt, (const HtamTensor*)&Y}})
     if (t->dtype != {dtype} || t->ndim != {r} || {layout} || t->data == nullptr) return HTAM_ERR_SHAPE;
   // d[7]: the data's alignment in bytes, which a backend plan is built for (a view 2 bytes past
   // its allocation gets a plan of its own, not a refusal); 0 on the legacy API, which needs none
@@ -177,10 +177,12 @@ def host_dims(kind: ConvKind, stride, padding, dilation, groups: int, dtype: str
   // {kind.name}: N, C, H, W of x; K, R, S; alignment; D of x, T of w, O of y (set below)
   int64_t d[kConvDims] = {{X.sizes[0], X.sizes[1], xs[1], xs[2], {k}, ws[1], ws[2],
                           bits == 0 ? 0 : bits % 16 == 0 ? 16 : bits % 8 == 0 ? 8 : bits % 4 == 0 ? 4 : 2,
-                          xs[0], ws[0], 0}};
+                          xs[0], ws[0], 0}};"""
+    outputs = f"""
   const int64_t K = d[4];
   if ({chan_ok} || d[1] == 0 || K == 0) return HTAM_ERR_SHAPE;
   const int64_t {", ".join(sizes)};
   if (O <= 0 || P <= 0 || Q <= 0) return HTAM_ERR_SHAPE;
   d[10] = O;
   if (Y.sizes[0] != d[0] || Y.sizes[1] != K || {ysp}) return HTAM_ERR_SHAPE;"""
+    return key + outputs

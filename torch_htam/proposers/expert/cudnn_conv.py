@@ -1,6 +1,8 @@
 """The cuDNN calls of a conv kernel, as C text for conv.render: the legacy API and the backend
-("graph") API. Each gives the per-shape cache entry with its planning (`*_entry`) and the per-call
-conv (`legacy_run`, `graph_run`); conv.py holds the matching, the BN fold and the epilogue.
+("graph") API. Each gives the per-shape cache entry with its planning (`*_entry`: this conv's
+constants and descriptors, then the planning skeleton of cudnn_legacy.cuh + conv_legacy_plan.cuh or
+cudnn_graph.cuh); the legacy API's per-call conv is `legacy_run`, the backend API's the skeleton's
+graph_conv(). conv.py holds the matching, the BN fold and the epilogue.
 
     >>> src = graph_entry(cp, strict=True, algo=0)     # cp: conv.match(...)     # C: struct ConvEntry, plan_entry, bind
 """
@@ -11,7 +13,13 @@ from torch_htam.proposers.expert.cuda import cuh
 
 # ConvEntry, release(), use_algo(): the legacy path's cache entry, no params in it
 LEGACY_ENTRY = cuh("cudnn_legacy.cuh")
+# plan_entry(): the legacy path's ranking, after this conv's constants and set_descriptors()
+LEGACY_PLAN = cuh("conv_legacy_plan.cuh")
 CUDNN_TYPES = {"float32": "CUDNN_DATA_FLOAT", "bfloat16": "CUDNN_DATA_BFLOAT16", "float16": "CUDNN_DATA_HALF"}
+
+
+def _c_bool(v: bool) -> str:
+    return "true" if v else "false"
 
 
 def legacy_entry(cp: ConvMatch, math: str, strict: bool, fused: bool, algo: int) -> str:
@@ -19,22 +27,24 @@ def legacy_entry(cp: ConvMatch, math: str, strict: bool, fused: bool, algo: int)
     2-D forward convs only (a conv1d is one of height 1, conv_geom.py)."""
     cudnn_t = CUDNN_TYPES[cp.dtype]
     (sh, sw), (ph_, pw), (dh, dw), G = cp.stride, cp.padding, cp.dilation, cp.groups
-    identity_only = fused and not cp.relu   # cuDNN: IDENTITY activation only with IMPLICIT_PRECOMP_GEMM
     fused_descs = ""
     if fused:
+        act = "CUDNN_ACTIVATION_RELU" if cp.relu else "CUDNN_ACTIVATION_IDENTITY"
         fused_descs = f"""
   CD(cudnnCreateTensorDescriptor(&e->b));
   CD(cudnnSetTensor4dDescriptor(e->b, CUDNN_TENSOR_NCHW, {cudnn_t}, 1, K, 1, 1));
   CD(cudnnCreateActivationDescriptor(&e->act));
-  CD(cudnnSetActivationDescriptor(e->act, {"CUDNN_ACTIVATION_RELU" if cp.relu else "CUDNN_ACTIVATION_IDENTITY"}, CUDNN_NOT_PROPAGATE_NAN, 0.0));"""
-    return f"""
-{LEGACY_ENTRY}
-static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, int64_t Q) {{
+  CD(cudnnSetActivationDescriptor(e->act, {act}, CUDNN_NOT_PROPAGATE_NAN, 0.0));"""
+    consts = f"""
+// this conv on the legacy API: how plan_entry ranks its algorithms
+static const bool kStrictFp32 = {_c_bool(strict)};   // fp32 without TF32: FMA math, each algorithm once
+static const bool kIdentityOnly = {_c_bool(fused and not cp.relu)};   // the fused call without ReLU
+static const cudnnMathType_t kMath = {math};
+static const int kAlgo = {algo};   // run the kAlgo-th usable algorithm of cuDNN's ranking"""
+    descriptors = f"""
+// x, y, the filter and the conv (created by plan_entry) for problem d; pads, strides, dilations H, W
+static int set_descriptors(ConvEntry* e, const int64_t* d, int64_t P, int64_t Q) {{
   const int K = (int)d[4];
-  CD(cudnnCreateTensorDescriptor(&e->x));
-  CD(cudnnCreateTensorDescriptor(&e->y));
-  CD(cudnnCreateFilterDescriptor(&e->f));
-  CD(cudnnCreateConvolutionDescriptor(&e->conv));
   CD(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, {cudnn_t}, (int)d[0], (int)d[1], (int)d[2], (int)d[3]));
   CD(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, {cudnn_t}, (int)d[0], K, (int)P, (int)Q));
   CD(cudnnSetFilter4dDescriptor(e->f, {cudnn_t}, CUDNN_TENSOR_NCHW, K, (int)(d[1] / {G}), (int)d[5], (int)d[6]));
@@ -42,30 +52,10 @@ static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, i
   CD(cudnnSetConvolutionGroupCount(e->conv, {G}));
   // NOTE: set before ranking so the heuristic only proposes algorithms valid under this math type.
   CD(cudnnSetConvolutionMathType(e->conv, {math}));{fused_descs}
-  cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-  int found = 0;
-  CD(cudnnGetConvolutionForwardAlgorithm_v7(st->handle, e->x, e->f, e->conv, e->y,
-                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf));
-  for (int i = 0; i < found; ++i) {{
-    const cudnnConvolutionFwdAlgoPerf_t& p = perf[i];
-    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > kMaxWorkspace) continue;
-    if ({"true" if identity_only else "false"} && p.algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) continue;
-    bool dup = false;
-    for (int j = 0; j < e->n_algo; ++j) dup |= e->algo[j] == p.algo;
-    if (dup && {"true" if strict else "false"}) continue;
-    e->algo[e->n_algo] = p.algo;
-    e->math[e->n_algo] = {"CUDNN_FMA_MATH" if strict else "p.mathType"};   // strict fp32: never TF32
-    e->mem[e->n_algo] = p.memory;
-    ++e->n_algo;
-  }}
-  if (e->n_algo == 0 && {"true" if identity_only else "false"}) {{
-    e->algo[0] = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM; e->math[0] = {math}; e->mem[0] = 0;
-    e->n_algo = 1;
-  }}
-  if (e->n_algo == 0) return HTAM_ERR_SHAPE;   // no algorithm under this precision: the original region runs
-  return use_algo(st, e, std::min({algo}, e->n_algo - 1));
+  return 0;
 }}
 """
+    return "\n" + LEGACY_ENTRY + consts + descriptors + LEGACY_PLAN
 
 
 def legacy_run(cp: ConvMatch, fused: bool, scale_w: bool) -> str:
@@ -93,19 +83,6 @@ def legacy_run(cp: ConvMatch, fused: bool, scale_w: bool) -> str:
 GRAPH_ENTRY = cuh("cudnn_graph.cuh")
 
 
-def graph_run(x: str = "X.data", w: str = "Wt.data", y: str = "Y.data", args: str = "nullptr") -> str:
-    """The per-call conv on the backend API (after the fold kernel, before the epilogue), on the
-    buffers named x, w, y and the fused epilogue's operands `args` (C expressions)."""
-    return f"""  for (;;) {{
-    cudnnBackendDescriptor_t pack = nullptr;
-    if ((rc = bind(e, {x}, {w}, {y}, st->ws, {args}, &pack))) return rc;
-    const cudnnStatus_t s = cudnnBackendExecute(st->handle, e->plan, pack);
-    if (s == CUDNN_STATUS_SUCCESS) break;
-    // an engine cuDNN declines only at run time: plan the next usable one
-    if (!not_supported(s) || next_plan(st, e, e->pick + 1, 0)) return 3000 + (int)s;
-  }}"""
-
-
 def graph_entry(cp: ConvMatch, strict: bool, algo: int, nhwc: bool = False,
                 epilogue: tuple[tuple[str, str], ...] = (), vec_type: str = "CUDNN_DATA_FLOAT") -> str:
     """Backend API: the per-shape cache entry (descriptors, execution plan, variant pack) and planning:
@@ -117,20 +94,22 @@ def graph_entry(cp: ConvMatch, strict: bool, algo: int, nhwc: bool = False,
     mode_list = ", ".join([modes[m] for m, _ in epilogue] + ["CUDNN_POINTWISE_ADD"])   # + one: never empty
     arg_list = ", ".join([f"'{a}'" if a else "0" for _, a in epilogue] + ["0"])
     n, ints = len(cp.stride), lambda v: ", ".join(map(str, v))    # noqa: E731
-    return f"""
+    geometry = f"""
 // this kernel's {cp.kind.name} on the backend API (pads, strides, dilations in pixels, [D,] H, W;
 // conv_geom.py: a conv1d is a 2-D conv of height 1, a transposed conv cuDNN's backward data)
-static const bool kStrictFp32 = {"true" if strict else "false"};   // fp32 without TF32: no tensor-core engines
-static const bool kNhwc = {"true" if nhwc else "false"};   // x, w, y in NHWC (conv.py transposes around the conv)
+static const bool kStrictFp32 = {_c_bool(strict)};   // fp32 without TF32: no tensor-core engines
+static const bool kNhwc = {_c_bool(nhwc)};   // x, w, y in NHWC (conv.py transposes around the conv)
 static const cudnnDataType_t kDataType = {CUDNN_TYPES[cp.dtype]};
 static const int kSpatial = {n};
-static const bool kTransposed = {"true" if cp.kind.transposed else "false"};
+static const bool kTransposed = {_c_bool(cp.kind.transposed)};
 static const int64_t kPad[{n}] = {{{ints(cp.padding)}}}, kStride[{n}] = {{{ints(cp.stride)}}}, kDilation[{n}] = {{{ints(cp.dilation)}}};
 static const int64_t kGroups = {cp.groups};   // implied by the tensors: w is [K, C / kGroups, R, S]
-static const int kAlgo = {algo};   // plan the kAlgo-th usable engine (0: the one PyTorch runs)
+static const int kAlgo = {algo};   // plan the kAlgo-th usable engine (0: the one PyTorch runs)"""
+    fused = f"""
 // the fused epilogue, in fp32 inside cuDNN's kernel: op i = kEpiMode[i](previous, operand kEpiArg[i])
 static const int kEpiOps = {len(epilogue)};
 static const cudnnPointwiseMode_t kEpiMode[] = {{{mode_list}}};
 static const int64_t kEpiArg[] = {{{arg_list}}};
 static const cudnnDataType_t kVecType = {vec_type};
-{GRAPH_ENTRY}"""
+"""
+    return geometry + fused + GRAPH_ENTRY

@@ -291,3 +291,17 @@ static int bind(ConvEntry* e, const void* x, const void* w, const void* y, const
   *pack = e->pack[k];
   return 0;
 }
+
+// The conv x * w -> y on this entry's plan (args: the fused epilogue's operands, as bind() takes
+// them); an engine cuDNN declines only at run time gives way to the next usable one.
+static int graph_conv(DnnState* st, ConvEntry* e, const void* x, const void* w, const void* y,
+                      const void* const* args) {
+  for (;;) {
+    cudnnBackendDescriptor_t pack = nullptr;
+    const int rc = bind(e, x, w, y, st->ws, args, &pack);
+    if (rc) return rc;
+    const cudnnStatus_t s = cudnnBackendExecute(st->handle, e->plan, pack);
+    if (s == CUDNN_STATUS_SUCCESS) return 0;
+    if (!not_supported(s) || next_plan(st, e, e->pick + 1, 0)) return 3000 + (int)s;
+  }
+}

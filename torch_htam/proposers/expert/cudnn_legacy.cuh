@@ -1,5 +1,5 @@
 // ---- torch_htam expert: a conv on cuDNN's legacy API, its cache entry (cudnn_conv.py pastes it) --
-// plan_entry(), which cudnn_conv.legacy_entry writes after this, fills an entry for one shape.
+// plan_entry() (conv_legacy_plan.cuh, after legacy_entry's constants) fills an entry for one shape.
 // Descriptors + the ranked algorithms for one problem, cached (a few shapes per kernel in practice).
 struct ConvEntry {
   bool used = false; int dev = -1; int64_t dims[kConvDims] = {0};   // the problem key (conv_geom.py)
