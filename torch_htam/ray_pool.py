@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import queue
 import sys
@@ -308,8 +309,11 @@ class RayPool:
     # ---- placement ---------------------------------------------------------------------------
 
     def _max_node_cpus(self) -> int:
+        """The CPUs one build task may ask for: the largest node's, less what this pool's actors
+        hold on a node (spread evenly): a task asking for more would wait forever (infeasible)."""
         cpus = [n.get("Resources", {}).get("CPU", 0) for n in self.ray.nodes() if n.get("Alive")]
-        return int(max(cpus, default=1))
+        held = self.cpus_per_worker * math.ceil(len(self.workers) / max(len(cpus), 1))
+        return max(1, int(max(cpus, default=1) - held))
 
     def _multi_node(self) -> bool:
         return sum(1 for node in self.ray.nodes() if node.get("Alive")) > 1
