@@ -74,7 +74,7 @@ from torch_htam.proposers.expert.conv_match import BatchNorm, ConvMatch, Fold, g
 from torch_htam.proposers.expert.cudnn_conv import CUDNN_TYPES, graph_entry, legacy_entry, legacy_run
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float, cuh
 from torch_htam.proposers.expert.ir import (
-    VT, ExprProgram, Unsupported, channels_last, check_single_output, dense_row_major, dtype_of, lower, shape_of,
+    VT, Unsupported, channels_last, check_single_output, dense_row_major, dtype_of, lower, shape_of,
 )
 from torch_htam.proposers.expert.strategies import TaskFacts
 from torch_htam.proposers.expert.target import Target
@@ -404,7 +404,8 @@ def _conv_call(cp: ConvMatch, params: dict, p: _Path) -> tuple[str, str]:
   if ((rc = graph_conv(st, e, xl, wl, yl, nullptr))) return rc;"""
         return graph_entry(cp, p.strict, algo, nhwc=True), run
     if p.graph:
-        return graph_entry(cp, p.strict, algo), "  if ((rc = graph_conv(st, e, X.data, Wt.data, Y.data, nullptr))) return rc;"
+        return graph_entry(cp, p.strict, algo), ("  if ((rc = graph_conv(st, e, X.data, Wt.data, Y.data, nullptr)))"
+                                                 " return rc;")
     return legacy_entry(cp, p.math, p.strict, p.fused, algo), legacy_run(cp, p.fused, p.scale_w)
 
 
@@ -519,8 +520,8 @@ def _cl_checks(cp: ConvMatch, f: Fold) -> str:
     """render_cl's htam_run: the checks of the vectors and the residual (channels-last, y's sizes)."""
     lines = _vector_checks(cp, f.present.values())
     if (r := cp.residual) is not None:
-        lines += [f"  if (in[{r}].dtype != {DT[cp.dtype][1]} || !htam_channels_last(in[{r}]) || in[{r}].data == nullptr) "
-                  "return HTAM_ERR_SHAPE;",
+        lines += [f"  if (in[{r}].dtype != {DT[cp.dtype][1]} || !htam_channels_last(in[{r}]) || "
+                  f"in[{r}].data == nullptr) return HTAM_ERR_SHAPE;",
                   f"  for (int i = 0; i < 4; ++i) if (in[{r}].sizes[i] != Y.sizes[i]) return HTAM_ERR_SHAPE;"]
     return "\n".join(lines)
 
