@@ -119,7 +119,8 @@ def main() -> int:
     if a.arm is not None:
         Path(a.arm_out).write_text(json.dumps(arm(a)))
         return 0
-    arms = []
+    arms, path = [], None
+    payload = {"models": a.models, "steps": a.steps, "candidates": a.candidates, "max_tasks": a.max_tasks}
     with tempfile.TemporaryDirectory(prefix="bench_ray_") as tmp:
         for n in a.gpus:
             out = Path(tmp) / f"arm{n}.json"
@@ -133,9 +134,9 @@ def main() -> int:
             arms.append(json.loads(out.read_text()))
             print(json.dumps({k: arms[-1][k] for k in ("gpus", "workers", "wall_s", "ray_start_s",
                                                        "tasks", "kept")}), flush=True)
-    summary = compare(arms) if len(arms) >= 2 else {}
-    record.write(SUITE, {"models": a.models, "steps": a.steps, "candidates": a.candidates,
-                         "max_tasks": a.max_tasks, **summary, "arms": arms}, results_dir=a.out)
+            summary = compare(arms) if len(arms) >= 2 else {}
+            # after every arm: a run cut short keeps the arms it measured
+            path = record.write(SUITE, {**payload, **summary, "arms": arms}, results_dir=a.out, path=path)
     print(json.dumps(summary))
     return 0
 
