@@ -65,6 +65,10 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("max rel err", "max_rel_err", "{:.1e}"), ("fresh err", "fresh_rel_err", "{:.1e}"),
         ("batch/2 err", "batch2_rel_err", "{:.1e}"), ("within policy", "within_policy", None),
         ("note", "note", None)],
+    "bench_ray": [("GPUs", "gpus", None), ("Ray actors", "workers", None), ("tasks", "tasks", None),
+                  ("kernels kept", "kept", None), ("search wall s", "wall_s", "{:.1f}"),
+                  ("vs 1st arm", "speedup", "{:.2f}x"), ("verdicts unlike 1st arm", "kept_differs", None),
+                  ("Ray start s", "ray_start_s", "{:.1f}"), ("capture s", "capture_s", "{:.1f}")],
     "bench_floor": [
         ("model", "model", None), ("mode", "mode", None), ("eager ms", "eager_ms_latency", "{:.3f}"),
         ("compile ms", "compile_ms_latency", "{:.3f}"), ("ours ms", "ours_ms_latency", "{:.3f}"),
@@ -206,8 +210,19 @@ def _bench_models_overlay(prev: dict | None, row: dict) -> dict:
 # suite -> how a key's newer row goes over its older one in a MERGED table (default: replaces it)
 OVERLAY = {"bench_models": _bench_models_overlay}
 
+def _bench_ray_rows(data: dict) -> list[dict]:
+    """One row per arm (GPU count), its wall time against the first arm's, and the kept-kernel
+    verdicts that differ from the first arm's."""
+    arms = data.get("arms", [])
+    first = arms[0]["wall_s"] if arms else None
+    differ = len(data.get("kept_differs", []))
+    return [{k: a.get(k) for k in ("gpus", "workers", "tasks", "kept", "wall_s", "ray_start_s", "capture_s")}
+            | {"speedup": first / a["wall_s"] if first and a.get("wall_s") else None,
+               "kept_differs": differ if i else None} for i, a in enumerate(arms)]
+
+
 # suite -> its table's rows, where they are derived from the raw file rather than its "rows"
-ROWS = {"bench_models": _bench_models_rows, "optimize_time": _optimize_time_rows, "sweep": _sweep_rows, "anytime": _anytime_rows,
+ROWS = {"bench_ray": _bench_ray_rows, "bench_models": _bench_models_rows, "optimize_time": _optimize_time_rows, "sweep": _sweep_rows, "anytime": _anytime_rows,
         "anytime_table": _anytime_table_rows}
 
 
