@@ -28,9 +28,22 @@ static int align_of(const void* p) {
   return a;
 }
 
-// Descriptors + chosen algorithm for one problem, cached (a few shapes per kernel in practice).
-struct LtEntry {
-  bool used = false; int dev; int64_t M, N, K, batch; int al[3];
-  cublasLtMatmulDesc_t op = nullptr; cublasLtMatrixLayout_t A = nullptr, B = nullptr, C = nullptr;
-  cublasLtMatmulAlgo_t algo;
+// The cuBLASLt data type and the kernel ABI's dtype code of a dtype trait (prelude.cuh).
+template <class T> struct LtType;
+template <> struct LtType<F32> { static constexpr cudaDataType_t kType = CUDA_R_32F; static constexpr int kCode = HTAM_FLOAT32; };
+template <> struct LtType<BF16> { static constexpr cudaDataType_t kType = CUDA_R_16BF; static constexpr int kCode = HTAM_BFLOAT16; };
+template <> struct LtType<F16> { static constexpr cudaDataType_t kType = CUDA_R_16F; static constexpr int kCode = HTAM_FLOAT16; };
+
+// A kernel's GEMM as compile-time knobs: the A/B/D dtype trait, the compute type (fp32, or tf32
+// tensor cores where the policy allows), cuBLASLt's fused epilogue, and which of the heuristic's
+// ranked algorithms runs.
+template <class T, cublasComputeType_t kCompute_, cublasLtEpilogue_t kEpi_, int kAlgo_>
+struct LtGemm {
+  typedef T Type;
+  typedef typename T::raw raw;
+  static constexpr cudaDataType_t kType = LtType<T>::kType;
+  static constexpr int kCode = LtType<T>::kCode;
+  static constexpr cublasComputeType_t kCompute = kCompute_;
+  static constexpr cublasLtEpilogue_t kEpi = kEpi_;
+  static constexpr int kAlgo = kAlgo_;
 };

@@ -7,6 +7,12 @@ what cuBLASLt's BIAS epilogues add. cuBLASLt writes the GEMM result straight int
 the Lt epilogue can't express (erf GELU, residual adds, scales) runs as one fused elementwise kernel
 that reads and overwrites the output in place.
 
+The C++ is templates in .cuh files: cublaslt.cuh (the handle, the dtype traits, LtGemm: the knobs
+as one type), lt_call.cuh (one matmul described by value), gemm_plain.cuh (the plain path: sizes
+read at run time) and gemm_layout.cuh (the layout path: direct calls, scratch, the store kernels).
+Python emits the LtGemm typedef, the layout path's constant tables, the epilogue (elementwise.py's
+kernel; EpiStore for the layout path's store) and a short htam_run.
+
 NOTE: the cuBLASLt handle and a 32 MiB workspace are created lazily on the first call per device
 (cudaMalloc): make the first call outside CUDA-graph capture (verification always does).
 
@@ -32,9 +38,12 @@ from torch_htam.proposers.expert.target import Target
 
 aten = torch.ops.aten
 GEMMS = {aten.linear.default, aten.addmm.default, aten.mm.default, aten.matmul.default, aten.bmm.default}
-CUDA_TYPES = {"float32": "CUDA_R_32F", "bfloat16": "CUDA_R_16BF", "float16": "CUDA_R_16F"}
-CUBLASLT = cuh("cublaslt.cuh")     # the handle, workspace and descriptor cache: no params in it
-LT_CALL = cuh("lt_call.cuh")       # lt_call (a matmul described by value), the layout store, scratch
+CUBLASLT = cuh("cublaslt.cuh")        # the handle, workspace, dtype traits, LtGemm (the knobs as a type)
+LT_CALL = cuh("lt_call.cuh")          # lt_call: a matmul described by value, its descriptors cached
+GEMM_PLAIN = cuh("gemm_plain.cuh")    # gemm_plain: the plain path (sizes read at run time)
+GEMM_LAYOUT = cuh("gemm_layout.cuh")  # the layout path: direct calls, scratch, layout_store, epi_store
+GEMM_OPS = {"linear": "kGemmLinear", "mm": "kGemmMm", "bmm": "kGemmBmm"}
+ENTRY = "HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {"
 LT_EPI = {None: "CUBLASLT_EPILOGUE_DEFAULT", "bias": "CUBLASLT_EPILOGUE_BIAS",
           "relu": "CUBLASLT_EPILOGUE_RELU", "relu_bias": "CUBLASLT_EPILOGUE_RELU_BIAS",
           "gelu": "CUBLASLT_EPILOGUE_GELU", "gelu_bias": "CUBLASLT_EPILOGUE_GELU_BIAS"}
@@ -354,13 +363,6 @@ def _prune(prog: ExprProgram) -> ExprProgram:
     return dataclasses.replace(prog, accesses=[prog.accesses[i] for i in used], outputs=[out])
 
 
-def _layouts(op: str) -> dict:
-    """cuBLASLt operand roles for row-major torch tensors (see module docstring)."""
-    if op == "linear":   # A = W (stored K x N, ld K, op T), B = X (stored K x M, ld K)
-        return {"transa": "CUBLAS_OP_T", "a_rows": "K", "a_cols": "N", "lda": "K"}
-    return {"transa": "CUBLAS_OP_N", "a_rows": "N", "a_cols": "K", "lda": "N"}   # A = B^T
-
-
 def _split_epilogue(gp: GemmMatch, params: dict) -> tuple:
     """What cuBLASLt's own epilogue takes (its kind, the bias input, alpha) and what is left for
     our epilogue kernel: (kind, bias, alpha, epilogue program or None, its EwParams, its source)."""
@@ -382,130 +384,38 @@ def _split_epilogue(gp: GemmMatch, params: dict) -> tuple:
     return kind, bias, alpha, epi_prog, ew_params, epi_src
 
 
+def _lt_gemm(gp: GemmMatch, params: dict, kind) -> str:
+    """C++ typedef Gemm: the GEMM's knobs as cublaslt.cuh's LtGemm<dtype, compute type, Lt epilogue,
+    algorithm>."""
+    tf32 = bool(params.get("tf32")) and gp.allow_tf32 and gp.dtype == "float32"
+    compute = "CUBLAS_COMPUTE_32F_FAST_TF32" if tf32 else "CUBLAS_COMPUTE_32F"
+    return f"typedef LtGemm<{DT[gp.dtype][0]}, {compute}, {LT_EPI[kind]}, {int(params.get('algo', 0))}> Gemm;"
+
+
+def _head(gp: GemmMatch, what: str, kind, params: dict) -> list[str]:
+    return [f"// torch_htam expert: cuBLASLt {gp.op}{what} epilogue={kind} params={sorted(params.items())}",
+            PRELUDE, "#include <algorithm>", "#include <cublasLt.h>", "", CUBLASLT, LT_CALL]
+
+
 def render(gp: GemmMatch, params: dict) -> str:
+    """CUDA source of a GEMM region: gemm_plain (gemm_plain.cuh, sizes read at run time) writes Y,
+    then the epilogue kernel runs in place on it where cuBLASLt's epilogue leaves some; the layout
+    path (render_layout) where gp.lay is set."""
     if gp.lay is not None:
         return render_layout(gp, params)
     prog = gp.epilogue
-    kind, bias, alpha, epi_prog, ew_params, epi_src = _split_epilogue(gp, params)
-    epi_needed = epi_prog is not None
-    lay = _layouts(gp.op)
-    ctype = CUDA_TYPES[gp.dtype]
-    tf32 = bool(params.get("tf32")) and gp.allow_tf32 and gp.dtype == "float32"
-    compute = "CUBLAS_COMPUTE_32F_FAST_TF32" if tf32 else "CUBLAS_COMPUTE_32F"
-    epi_call = (f"  {{\n{host.extend_inputs(len(prog.inputs), None, '    ', y='out[0]')}\n"
-                f"    return epilogue_run(ext, n_in + 1, out, n_out, stream);\n  }}") if epi_needed else "  return HTAM_OK;"
-    bias_set = ""
-    if kind and kind.endswith("bias"):
-        bias_set = (f"    const void* bias = in[{bias}].data;\n"
-                    f"    if (in[{bias}].ndim != 1 || in[{bias}].sizes[0] != N || in[{bias}].dtype != {DT[gp.dtype][1]}) return HTAM_ERR_SHAPE;\n"
-                    "    CK(cublasLtMatmulDescSetAttribute(E.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));")
-    a, b = gp.a, gp.b
-    algo = int(params.get("algo", 0))
-    if gp.op == "linear":
-        shape_code = f"""  const HtamTensor& X = in[{a}]; const HtamTensor& W = in[{b}];
-  if (X.ndim < 1 || W.ndim != 2 || !htam_contiguous(X) || !htam_contiguous(W)) return HTAM_ERR_SHAPE;
-  const int64_t K = X.sizes[X.ndim - 1], N = W.sizes[0];
-  if (W.sizes[1] != K || K == 0) return HTAM_ERR_SHAPE;
-  const int64_t M = htam_numel(&X) / K, batch = 1;
-  const void* Aptr = W.data; const void* Bptr = X.data;
-  const int64_t sA = 0, sB = 0;"""
-    elif gp.op == "bmm":
-        shape_code = f"""  const HtamTensor& X = in[{a}]; const HtamTensor& W = in[{b}];
-  if (X.ndim != 3 || W.ndim != 3 || !htam_contiguous(X) || !htam_contiguous(W)) return HTAM_ERR_SHAPE;
-  const int64_t batch = X.sizes[0], M = X.sizes[1], K = X.sizes[2], N = W.sizes[2];
-  if (W.sizes[0] != batch || W.sizes[1] != K || K == 0) return HTAM_ERR_SHAPE;
-  const void* Aptr = W.data; const void* Bptr = X.data;
-  const int64_t sA = K * N, sB = M * K;"""
-    else:
-        shape_code = f"""  const HtamTensor& X = in[{a}]; const HtamTensor& W = in[{b}];
-  if (X.ndim < 2 || W.ndim != 2 || !htam_contiguous(X) || !htam_contiguous(W)) return HTAM_ERR_SHAPE;
-  const int64_t K = X.sizes[X.ndim - 1], N = W.sizes[1];
-  if (W.sizes[0] != K || K == 0) return HTAM_ERR_SHAPE;
-  const int64_t M = htam_numel(&X) / K, batch = 1;
-  const void* Aptr = W.data; const void* Bptr = X.data;
-  const int64_t sA = 0, sB = 0;"""
-    return f"""// torch_htam expert: cuBLASLt {gp.op} epilogue={kind} params={sorted(params.items())}
-{PRELUDE}
-#include <algorithm>
-#include <cublasLt.h>
-
-{epi_src}
-
-{CUBLASLT}
-HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
-  if (n_in != {len(prog.inputs) - 1} || n_out != 1) return HTAM_ERR_SHAPE;
-  if (in[{a}].dtype != {DT[gp.dtype][1]} || in[{b}].dtype != {DT[gp.dtype][1]} || out[0].dtype != {DT[gp.dtype][1]}) return HTAM_ERR_SHAPE;
-{shape_code}
-  if (!htam_contiguous(out[0]) || htam_numel(&out[0]) != batch * M * N) return HTAM_ERR_SHAPE;
-  if (M == 0 || N == 0) return HTAM_OK;
-  LtState* st = nullptr;
-  int rc = lt_state(&st);
-  if (rc) return rc;
-  int dev = 0; cudaGetDevice(&dev);
-  const int al[3] = {{align_of(Aptr), align_of(Bptr), align_of(out[0].data)}};
-  static LtEntry cache[4];
-  static int next_slot = 0;
-  LtEntry* e = nullptr;
-  for (auto& c : cache)
-    if (c.used && c.dev == dev && c.M == M && c.N == N && c.K == K && c.batch == batch &&
-        c.al[0] == al[0] && c.al[1] == al[1] && c.al[2] == al[2]) e = &c;
-  if (!e) {{
-    e = &cache[next_slot]; next_slot = (next_slot + 1) % 4;
-    if (e->used) {{
-      cublasLtMatmulDescDestroy(e->op); cublasLtMatrixLayoutDestroy(e->A);
-      cublasLtMatrixLayoutDestroy(e->B); cublasLtMatrixLayoutDestroy(e->C);
-      e->used = false;
-    }}
-    CK(cublasLtMatmulDescCreate(&e->op, {compute}, CUDA_R_32F));
-    cublasOperation_t ta = {lay["transa"]}, tb = CUBLAS_OP_N;
-    CK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    CK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    cublasLtEpilogue_t epi = {LT_EPI[kind]};
-    CK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    CK(cublasLtMatrixLayoutCreate(&e->A, {ctype}, {lay["a_rows"]}, {lay["a_cols"]}, {lay["lda"]}));
-    CK(cublasLtMatrixLayoutCreate(&e->B, {ctype}, K, M, K));
-    CK(cublasLtMatrixLayoutCreate(&e->C, {ctype}, N, M, N));
-    if (batch > 1) {{
-      const int32_t bc = (int32_t)batch; const int64_t sC = M * N;
-      CK(cublasLtMatrixLayoutSetAttribute(e->A, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof(bc)));
-      CK(cublasLtMatrixLayoutSetAttribute(e->B, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof(bc)));
-      CK(cublasLtMatrixLayoutSetAttribute(e->C, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof(bc)));
-      CK(cublasLtMatrixLayoutSetAttribute(e->A, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sA, sizeof(sA)));
-      CK(cublasLtMatrixLayoutSetAttribute(e->B, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sB, sizeof(sB)));
-      CK(cublasLtMatrixLayoutSetAttribute(e->C, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sC, sizeof(sC)));
-    }}
-    cublasLtMatmulPreference_t pref;
-    CK(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t wsb = kWorkspace;
-    const uint32_t ua = al[0], ub = al[1], uc = al[2];
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &ua, sizeof(ua));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ub, sizeof(ub));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &uc, sizeof(uc));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &uc, sizeof(uc));
-    cublasLtMatmulHeuristicResult_t res[4];
-    int found = 0;
-    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(st->handle, e->op, e->A, e->B, e->C, e->C, pref, 4, res, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {{
-      cublasLtMatmulDescDestroy(e->op); cublasLtMatrixLayoutDestroy(e->A);
-      cublasLtMatrixLayoutDestroy(e->B); cublasLtMatrixLayoutDestroy(e->C);
-      return HTAM_ERR_SHAPE;   // no algorithm for this problem: the original region runs
-    }}
-    e->algo = res[std::min({algo}, found - 1)].algo;
-    e->used = true; e->dev = dev; e->M = M; e->N = N; e->K = K; e->batch = batch;
-    e->al[0] = al[0]; e->al[1] = al[1]; e->al[2] = al[2];
-  }}
-  {{
-    auto& E = *e;
-    {bias_set}
-    const float alpha = {c_float(alpha)}, beta = 0.f;
-    CK(cublasLtMatmul(st->handle, E.op, &alpha, Aptr, E.A, Bptr, E.B, &beta, out[0].data, E.C,
-                      out[0].data, E.C, &E.algo, st->ws, kWorkspace, stream));
-  }}
-{epi_call}
-}}
-"""
+    kind, bias, alpha, epi_prog, _, epi_src = _split_epilogue(gp, params)
+    bias_in = bias if kind and kind.endswith("bias") else -1
+    tail = ["  return HTAM_OK;"]
+    if epi_prog is not None:
+        tail = ["  {", host.extend_inputs(len(prog.inputs), None, "    ", y="out[0]"),
+                "    return epilogue_run(ext, n_in + 1, out, n_out, stream);", "  }"]
+    return "\n".join(_head(gp, "", kind, params) + [GEMM_PLAIN, epi_src, _lt_gemm(gp, params, kind), "", ENTRY] + [
+        f"  if (n_in != {len(prog.inputs) - 1} || n_out != 1) return HTAM_ERR_SHAPE;",
+        "  bool empty = false;",
+        f"  const int rc = gemm_plain<Gemm, {GEMM_OPS[gp.op]}>(in, {gp.a}, {gp.b}, {bias_in}, out[0], "
+        f"{c_float(alpha)}, &empty, stream);",
+        "  if (rc || empty) return rc;"] + tail + ["}", ""])
 
 
 # ---- the layout path: operands that are views, outputs that are layouts -----------------------
@@ -530,235 +440,127 @@ def _lt_operands(L: LayoutGemm) -> dict:
     return {"ta": ta, "lda": lda, "tb": tb, "ldb": ldb}
 
 
-def _direct_checks(k: int, o: gl.OutLayout, inner: int) -> list[str]:
-    """C++ setting ds{k}[3] (the output's b/m/n strides; b: cuBLASLt's batch of `inner` matrices)
-    and dso{k} (the stride of the kernel's outer batch loop), and clearing `direct` unless output k
-    is a (batched) column-major matrix cuBLASLt can write: one stride per axis, unit along n."""
-    lines = [f"  int64_t ds{k}[3] = {{0, 0, 0}};"]
-    dst = [f"out[{k}].strides[{j}] * {mult}" for j, mult in o.fine_dst()]
-    for f, (axis, step) in enumerate(o.box.dims):
-        if axis >= 0 and step == 1:
-            lines.append(f"  ds{k}[{axis}] = {dst[f]};")
-    lines.append(f"  int64_t dso{k} = ds{k}[0] * {inner};")
-    for f, (axis, step) in enumerate(o.box.dims):
-        if axis == 0 and step == inner:
-            lines.append(f"  dso{k} = {dst[f]};")
-    for f, (axis, step) in enumerate(o.box.dims):
-        size = o.view.sizes[f]
-        if axis == 0 and step % inner == 0:
-            lines.append(f"  if ({dst[f]} != dso{k} * {step // inner}) direct = false;")
-        elif axis >= 0:
-            lines.append(f"  if ({dst[f]} != ds{k}[{axis}] * {step}) direct = false;")
-            if axis == 0 and step * size > inner:     # one dim across the loop's boundary
-                lines.append(f"  if (dso{k} != ds{k}[0] * {inner}) direct = false;")
-    ext = o.box.extent
-    ld = f"ds{k}[1]" if ext[1] > 1 else str(ext[2])
-    if ext[2] > 1:
-        lines.append(f"  if (ds{k}[2] != 1) direct = false;")
-    lines.append(f"  const int64_t ldd{k} = {ld};")
-    lines.append(f"  if (ldd{k} < {ext[2]}) direct = false;")
+def _braced(values) -> str:
+    return "{" + ", ".join(map(str, values)) + "}"
+
+
+def _layout_tables(L: LayoutGemm) -> str:
+    """C++ constants kGemm (LayGemm) and kOut[] (LayOut per output), gemm_layout.cuh's structs."""
+    r, A, B = _lt_operands(L), L.A, L.B
+    gemm = [L.batch, L.M, L.N, L.K, L.outer, r["ta"], r["tb"], r["lda"], r["ldb"],
+            B.s_batch if B.batch > 1 else 0, A.s_batch if A.batch > 1 else 0, B.s_col, A.s_row, B.s_outer, A.s_outer]
+    outs = []
+    for o in L.outs:
+        v = o.view
+        fine = [_braced([s, st, j, mult, axis, step]) for s, st, (j, mult), (axis, step)
+                in zip(v.sizes, v.strides, o.fine_dst(), o.box.dims)]
+        outs.append("  " + _braced([v.base, _braced(o.box.lo), _braced(o.box.extent), len(fine), _braced(fine)]))
+    return "\n".join([
+        "// {batch, M, N, K, outer, ta, tb, lda, ldb, sa, sb, a_col, b_row, a_outer, b_outer}",
+        f"static const LayGemm kGemm = {_braced(gemm)};",
+        "// per output: {base, lo (b, m, n), extent, fine dims: {size, src, dim, mult, axis, step}}",
+        f"static const LayOut kOut[{len(L.outs)}] = {{", ",\n".join(outs), "};"])
+
+
+def _sizes_check(t: str, shape, *extra: str) -> str:
+    conds = [f"{t}.ndim != {len(shape)}", *extra, *(f"{t}.sizes[{d}] != {s}" for d, s in enumerate(shape))]
+    return f"  if ({' || '.join(conds)}) return HTAM_ERR_SHAPE;"
+
+
+def _layout_checks(gp: GemmMatch, bias) -> list[str]:
+    """C++ refusing (HTAM_ERR_SHAPE) inputs and outputs other than the captured ones: layouts bake
+    the captured sizes. bias: the input cuBLASLt's BIAS epilogue reads, or None."""
+    L, code = gp.lay, DT[gp.dtype][1]
+    lines = [f"  if (n_in != {len(L.in_shapes)} || n_out != {len(L.outs)}) return HTAM_ERR_SHAPE;"]
+    lines += [_sizes_check(f"in[{i}]", shape) for i, shape in enumerate(L.in_shapes)]
+    lines += [f"  if (in[{i}].dtype != {code} || !htam_contiguous(in[{i}])) return HTAM_ERR_SHAPE;"
+              for i in sorted({L.A.input, L.B.input})]
+    lines += [_sizes_check(f"out[{k}]", o.shape, f"out[{k}].dtype != {code}") for k, o in enumerate(L.outs)]
+    if bias is not None:
+        lines.append(f"  if (in[{bias}].dtype != {code} || in[{bias}].ndim != 1 || in[{bias}].sizes[0] != {L.N}) "
+                     "return HTAM_ERR_SHAPE;")
     return lines
 
 
-def _epilogue_store(epi_prog: ExprProgram, dtype: str, fast: bool, low_precision: bool) -> str:
-    """C++ kernel epi_store<I>: the epilogue program over Y (read from scratch and the task's inputs
-    through its accesses, Space sp over Y's dims, not collapsed) computed for each output element
-    and stored through the output's layout (StoreMap): the permuted store is the epilogue's."""
-    nacc = len(epi_prog.accesses)
+def _epilogue_functor(epi_prog: ExprProgram, dtype: str, fast: bool, low_precision: bool) -> str:
+    """C++ struct EpiStore, epi_store's Epi (gemm_layout.cuh): the epilogue program over Y, its value
+    from its accesses' pointers p{i} at offsets off[kAcc] (Y read from scratch)."""
     em = Emitter(load=lambda a: f"x{a}", red=None, fast=fast, low_precision=low_precision)
     y = em.emit(stored(epi_prog.outputs[0].expr, dtype))
-    params = "".join(f", const {DT[epi_prog.inputs[a.input][1]][0]}::raw* p{i}" for i, a in enumerate(epi_prog.accesses))
-    loads = "\n".join(f"    const float x{i} = ld1<{DT[epi_prog.inputs[a.input][1]][0]}, false>(p{i} + off[{i}]);"
-                      for i, a in enumerate(epi_prog.accesses))
-    body = "\n".join("    " + ln for ln in em.lines)
-    t = DT[dtype][0]
-    return f"""
-template <typename I>
-__global__ void __launch_bounds__(256) epi_store(Space<NACC> sp, StoreMap mp, I n, {t}::raw* __restrict__ o{params}) {{
-  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {{
-    I rem = i, g = (I)mp.base, d = 0;
-    for (int k = mp.ndim - 1; k >= 0; --k) {{
-      const I sz = (I)mp.size[k], j = rem % sz;
-      rem /= sz;
-      g += j * (I)mp.src[k];
-      d += j * (I)mp.dst[k];
-    }}
-    I off[{max(nacc, 1)}] = {{}};
-    for (int k = sp.ndim - 1; k >= 0; --k) {{     // Y's index -> each access's offset
-      const I sz = (I)sp.size[k], j = g % sz;
-      g /= sz;
-#pragma unroll
-      for (int a = 0; a < {nacc}; ++a) off[a] += j * (I)sp.st[a][k];
-    }}
-{loads}
-{body}
-    o[d] = {t}::from_f({y});
-  }}
-}}
-"""
+    types = [DT[epi_prog.inputs[a.input][1]][0] for a in epi_prog.accesses]
+    args = ", ".join(["const I* off"] + [f"const {t}::raw* p{i}" for i, t in enumerate(types)])
+    return "\n".join(["struct EpiStore {", f"  static constexpr int kAcc = {len(types)};",
+                      f"  template <typename I> static __device__ __forceinline__ float at({args}) {{",
+                      *(f"    const float x{i} = ld1<{t}, false>(p{i} + off[{i}]);" for i, t in enumerate(types)),
+                      *("    " + ln for ln in em.lines), f"    return {y};", "  }", "};"])
 
 
-def _fused_stores(gp: GemmMatch, epi_prog: ExprProgram, y_numel: int) -> str:
-    """C++ launching epi_store once per output: Y (scratch `scr`, the GEMM's shape) and the task's
-    inputs bound as the epilogue program's accesses, the output written through its layout."""
-    L, raw = gp.lay, f"{DT[gp.dtype][0]}::raw"
-    gshape = epi_prog.shape
-    ys = ("    HtamTensor ys = {};\n    ys.data = scr; ys.dtype = " + DT[gp.dtype][1] + f"; ys.ndim = {len(gshape)};\n"
-          + "".join(f"    ys.sizes[{d}] = {s};\n" for d, s in enumerate(gshape))
-          + f"    {{ int64_t acc = 1; for (int d = {len(gshape) - 1}; d >= 0; --d) {{ ys.strides[d] = acc; acc *= ys.sizes[d]; }} }}\n")
-    ptrs = "".join(f", (const {DT[epi_prog.inputs[a.input][1]][0]}::raw*)in[{a.input}].data" for a in epi_prog.accesses)
-    lines = ["  {", ys, host.extend_inputs(len(epi_prog.inputs), None, "    ", y="ys"),
-             "    const HtamTensor* in = ext;   // NOTE: the epilogue's inputs: the task's, then Y",
-             "    int64_t it[HTAM_MAX_DIMS];",
-             f"    for (int d = 0; d < {len(gshape)}; ++d) it[d] = ys.sizes[d];",
-             "    Space<NACC> sp;", host.bind_accesses(epi_prog)]
-    for k, o in enumerate(L.outs):
-        v = o.view
-        lines.append(
-            f"    {{ StoreMap mp{{}}; mp.ndim = {len(v.sizes)}; mp.base = {v.base};\n"
-            + "".join(f"      mp.size[{f}] = {sz}; mp.src[{f}] = {st}; mp.dst[{f}] = out[{k}].strides[{j}] * {mult};\n"
-                      for f, (sz, st, (j, mult)) in enumerate(zip(v.sizes, v.strides, o.fine_dst())))
-            + f"      int64_t n = 1, last = 0;\n"
-            f"      for (int q = 0; q < mp.ndim; ++q) {{ n *= mp.size[q]; last += (mp.size[q] - 1) * mp.dst[q]; }}\n"
-            f"      const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, (int64_t)htam_sm_count() * 16));\n"
-            f"      if ({y_numel} < (int64_t(1) << 31) && max_off < (int64_t(1) << 31) && last < (int64_t(1) << 31))\n"
-            f"        epi_store<int32_t><<<blocks, 256, 0, stream>>>(sp, mp, (int32_t)n, ({raw}*)out[{k}].data{ptrs});\n"
-            f"      else\n"
-            f"        epi_store<int64_t><<<blocks, 256, 0, stream>>>(sp, mp, n, ({raw}*)out[{k}].data{ptrs});\n"
-            f"      HTAM_CHECK_LAUNCH(); }}")
-    lines.append("  }")
-    return "\n".join(lines)
+def _epilogue_y(gp: GemmMatch, epi_prog: ExprProgram, ptr: str) -> list[str]:
+    """C++ declaring ys (Y at ptr, contiguous in the region's dims) and ext (the epilogue's inputs:
+    the task's, then Y)."""
+    return [f"    HtamTensor ys = lay_y({ptr}, {DT[gp.dtype][1]}, kY, {len(epi_prog.shape)});",
+            host.extend_inputs(len(gp.epilogue.inputs), None, "    ", y="ys")]
+
+
+def _fused_stores(gp: GemmMatch, epi_prog: ExprProgram) -> list[str]:
+    """C++ launching epi_store once per output: Y (scratch `scr`) and the task's inputs bound as the
+    epilogue program's accesses, the output written through its layout."""
+    ptrs = "".join(f", (const {DT[epi_prog.inputs[a.input][1]][0]}::raw*)in[{a.input}].data"
+                   for a in epi_prog.accesses)
+    return ["  {", *_epilogue_y(gp, epi_prog, "scr"),
+            "    const HtamTensor* in = ext;   // NOTE: the epilogue's inputs: the task's, then Y",
+            "    int64_t it[HTAM_MAX_DIMS];",
+            f"    for (int d = 0; d < {len(epi_prog.shape)}; ++d) it[d] = ys.sizes[d];",
+            "    Space<NACC> sp;", host.bind_accesses(epi_prog),
+            "    for (int k = 0; k < n_out; ++k) {",
+            "      const int rc = lay_epi_store<Gemm, EpiStore>(sp, kGemm, kOut[k], max_off, out[k], stream"
+            f"{ptrs});",
+            "      if (rc) return rc;", "    }", "  }", "  return HTAM_OK;"]
+
+
+def _direct(gp: GemmMatch, epi_prog) -> list[str]:
+    """C++ writing every output with cuBLASLt straight into it where the outputs' strides allow
+    (lay_direct), then the in-place epilogue where Y is the one output itself; else on to scratch."""
+    L = gp.lay
+    # NOTE: the in-place epilogue needs Y contiguous: direct only when Y is the one output itself
+    in_place = len(L.outs) == 1 and L.outs[0].identity(L.batch * L.M * L.N)
+    # a repeated output is written by the store kernel only
+    direct = (epi_prog is None or in_place) and not any(o.box.repeats for o in L.outs)
+    lines = [f"  bool direct = {'true' if direct else 'false'};"]
+    epi = []
+    if epi_prog is not None and in_place:
+        lines.append("  if (!htam_contiguous(out[0])) direct = false;")
+        epi = ["    {", *_epilogue_y(gp, epi_prog, "out[0].data"),
+               "    const int rc = epilogue_run(ext, n_in + 1, &ys, 1, stream); if (rc) return rc; }"]
+    return lines + ["  if (direct) {",
+                    "    const int drc = lay_direct<Gemm>(kGemm, x, kOut, out, n_out, stream);",
+                    "    if (drc != 0 && drc != HTAM_ERR_SHAPE) return drc;",
+                    "    if (drc == 0) {", *epi, "      return HTAM_OK;", "    }", "  }"]
 
 
 def render_layout(gp: GemmMatch, params: dict) -> str:
-    """GEMM with layout operands/outputs. Each output that is a (batched) column-major matrix box of
-    Y at run time (its strides decide) is one cuBLASLt call straight into it (a split's q, k, v:
-    three calls over their column ranges; heads of a batch, one call per outer index); otherwise
-    cuBLASLt writes Y into scratch and one kernel per output writes it through its layout: the
-    epilogue kernel where an epilogue remains (epi_store), else a plain store (layout_store)."""
+    """GEMM with layout operands/outputs (gemm_layout.cuh). Each output that is a (batched)
+    column-major matrix box of Y at run time (its strides decide) is one cuBLASLt call straight into
+    it (a split's q, k, v: three calls over their column ranges; heads of a batch, one call per outer
+    index); otherwise cuBLASLt writes Y into scratch and one kernel per output writes it through its
+    layout: the epilogue kernel where an epilogue remains (epi_store), else a plain store (layout_store)."""
     L = gp.lay
-    prog = gp.epilogue
     kind, bias, alpha, epi_prog, ew_params, epi_src = _split_epilogue(gp, params)
-    epi_needed = epi_prog is not None
-    if epi_needed:
-        epi_src += _epilogue_store(epi_prog, gp.dtype, bool(ew_params.get("fast")), gp.facts.low_precision)
-    ctype, code, esize = CUDA_TYPES[gp.dtype], DT[gp.dtype][1], DT[gp.dtype][2]
-    raw = f"{DT[gp.dtype][0]}::raw"
-    tf32 = bool(params.get("tf32")) and gp.allow_tf32 and gp.dtype == "float32"
-    compute = "CUBLAS_COMPUTE_32F_FAST_TF32" if tf32 else "CUBLAS_COMPUTE_32F"
-    algo = int(params.get("algo", 0))
-    roles = _lt_operands(L)
-    n_in, n_out = len(L.in_shapes), len(L.outs)
-    A, B = L.A, L.B
-    checks = [f"  if (n_in != {n_in} || n_out != {n_out}) return HTAM_ERR_SHAPE;"]
-    for i, shape in enumerate(L.in_shapes):     # NOTE: layouts bake the captured sizes; others are refused
-        dims = " || ".join([f"in[{i}].ndim != {len(shape)}"] +
-                           [f"in[{i}].sizes[{d}] != {s}" for d, s in enumerate(shape)])
-        checks.append(f"  if ({dims}) return HTAM_ERR_SHAPE;")
-    for i in sorted({A.input, B.input}):
-        checks.append(f"  if (in[{i}].dtype != {code} || !htam_contiguous(in[{i}])) return HTAM_ERR_SHAPE;")
-    for k, o in enumerate(L.outs):
-        dims = " || ".join([f"out[{k}].ndim != {len(o.shape)}", f"out[{k}].dtype != {code}"] +
-                           [f"out[{k}].sizes[{d}] != {s}" for d, s in enumerate(o.shape)])
-        checks.append(f"  if ({dims}) return HTAM_ERR_SHAPE;")
-    bias_ptr = "nullptr"
-    if kind and kind.endswith("bias"):
-        checks.append(f"  if (in[{bias}].dtype != {code} || in[{bias}].ndim != 1 || in[{bias}].sizes[0] != {L.N}) "
-                      "return HTAM_ERR_SHAPE;")
-        bias_ptr = f"(const char*)in[{bias}].data"
-    # NOTE: the in-place epilogue needs Y contiguous: direct only when Y is the one output itself
-    in_place = len(L.outs) == 1 and L.outs[0].identity(L.batch * L.M * L.N)
-    direct = ["  bool direct = " + ("false" if epi_needed and not in_place else "true") + ";"]
-    if epi_needed and in_place:
-        direct.append("  if (!htam_contiguous(out[0])) direct = false;")
-    for k, o in enumerate(L.outs):
-        direct += _direct_checks(k, o, L.batch // L.outer)
-    if any(o.box.repeats for o in L.outs):     # a repeated output is written by the store kernel only
-        direct.append("  direct = false;")
-
-    inner = L.batch // L.outer
-
-    def call(M, N, batch, a_off, b_off, d_ptr, ldd, sd, n0, d_outer, direct=False):
-        # one lt_call for Y's box: rows m0.., columns n0.. (offsets folded into a_off / b_off); with
-        # an outer batch, one per outer index zo, D stepping d_outer elements. direct: an error
-        # leaves the direct calls (drc) instead of returning
-        bptr = f"{bias_ptr} + {n0} * {esize}" if bias_ptr != "nullptr" else "nullptr"
-        if L.outer > 1:
-            batch, a_off, b_off = inner, f"{a_off} + zo * {B.s_outer}", f"{b_off} + zo * {A.s_outer}"
-            d_ptr = f"(char*){d_ptr} + zo * {d_outer} * {esize}"
-        text = (f"    {{ LtCall c{{}}; c.m = {N}; c.n = {M}; c.k = {L.K}; c.lda = {roles['lda']}; "
-                f"c.ldb = {roles['ldb']}; c.ldd = {ldd};\n"
-                f"      c.batch = {batch}; c.sa = {B.s_batch if B.batch > 1 else 0}; "
-                f"c.sb = {A.s_batch if A.batch > 1 else 0}; c.sd = {sd};\n"
-                f"      c.ta = {roles['ta']}; c.tb = {roles['tb']}; c.epi = {LT_EPI[kind]};\n"
-                f"      const int rc = lt_call(c, {compute}, {ctype}, {algo}, {c_float(alpha)}, Ab + ({a_off}) * {esize}, "
-                f"Bb + ({b_off}) * {esize}, {d_ptr}, {bptr}, stream);\n"
-                + ("      if (rc) { drc = rc; break; } }" if direct else "      if (rc) return rc; }"))
-        if L.outer > 1:
-            text = f"    for (int64_t zo = 0; zo < {L.outer}; ++zo)\n" + text
-            if direct:
-                text += "\n    if (drc) break;"
-        return text
-    direct_calls = []
-    for k, o in enumerate(L.outs):
-        (b0, m0, n0), (nb, nm, nn) = o.box.lo, o.box.extent
-        a_off = f"{b0} * {B.s_batch if B.batch > 1 else 0} + {n0} * {B.s_col}"
-        b_off = f"{b0} * {A.s_batch if A.batch > 1 else 0} + {m0} * {A.s_row}"
-        direct_calls.append(call(nm, nn, nb, a_off, b_off, f"out[{k}].data", f"ldd{k}", f"ds{k}[0]", n0, f"dso{k}", direct=True))
-    y_numel = L.batch * L.M * L.N
-    stores = []
-    for k, o in enumerate(L.outs):
-        v = o.view
-        stores.append(
-            f"    {{ StoreMap mp{{}}; mp.ndim = {len(v.sizes)}; mp.base = {v.base};\n"
-            + "".join(f"      mp.size[{f}] = {s}; mp.src[{f}] = {st}; mp.dst[{f}] = out[{k}].strides[{j}] * {mult};\n"
-                      for f, (s, st, (j, mult)) in enumerate(zip(v.sizes, v.strides, o.fine_dst())))
-            + f"      const int rc = store_layout<{raw}>(scr, out[{k}], mp, {y_numel}, stream);\n"
-              f"      if (rc) return rc; }}")
-    def epilogue_on(ptr: str) -> str:
-        # the in-place epilogue kernel over Y (the GEMM's shape, contiguous) at ptr
-        gshape = prog.shape
-        return ("    { HtamTensor ys = {};\n    ys.data = " + ptr + "; ys.dtype = " + code + f"; ys.ndim = {len(gshape)};\n"
-                + "".join(f"    ys.sizes[{d}] = {s};\n" for d, s in enumerate(gshape))
-                + f"    {{ int64_t acc = 1; for (int d = {len(gshape) - 1}; d >= 0; --d) {{ ys.strides[d] = acc; acc *= ys.sizes[d]; }} }}\n"
-                + host.extend_inputs(len(prog.inputs), None, "    ", y="ys") + "\n"
-                + "    const int rc = epilogue_run(ext, n_in + 1, &ys, 1, stream); if (rc) return rc; }\n")
-    direct_epi = epilogue_on("out[0].data") if epi_needed and in_place else ""
-    if epi_needed:      # the epilogue kernel stores every output through its layout (no copy kernel)
-        stores = [_fused_stores(gp, epi_prog, y_numel)]
-    return f"""// torch_htam expert: cuBLASLt {gp.op} with layouts epilogue={kind} params={sorted(params.items())}
-{PRELUDE}
-#include <algorithm>
-#include <cublasLt.h>
-
-{CUBLASLT}
-{LT_CALL}
-{epi_src}
-HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
-{chr(10).join(checks)}
-  const char* Ab = (const char*)in[{B.input}].data;   // cuBLASLt's A: our B operand
-  const char* Bb = (const char*)in[{A.input}].data;   // cuBLASLt's B: our A operand
-{chr(10).join(direct)}
-  if (direct) {{
-    // NOTE: cuBLASLt may have no algorithm for an output's strides (HTAM_ERR_SHAPE): the scratch
-    // path below then writes every output, those written here included
-    int drc = 0;
-    do {{
-{chr(10).join(direct_calls)}
-    }} while (0);
-    if (drc != 0 && drc != HTAM_ERR_SHAPE) return drc;
-    if (drc == 0) {{
-{direct_epi}
-      return HTAM_OK;
-    }}
-  }}
-  void* scr = nullptr;
-  {{ const int rc = lt_scratch((size_t){y_numel} * {esize}, &scr); if (rc) return rc; }}
-{call(L.M, L.N, L.batch, "0", "0", "scr", str(L.N), str(L.M * L.N), 0, inner * L.M * L.N)}
-{chr(10).join(stores)}
-  return HTAM_OK;
-}}
-"""
+    if not (kind and kind.endswith("bias")):
+        bias = None
+    consts = [_lt_gemm(gp, params, kind), _layout_tables(L)]
+    if epi_prog is not None:
+        epi_src += "\n" + _epilogue_functor(epi_prog, gp.dtype, bool(ew_params.get("fast")), gp.facts.low_precision)
+        consts.append(f"static const int64_t kY[{len(epi_prog.shape)}] = {_braced(epi_prog.shape)};   // Y's shape")
+    operands = (f"  const LtOperands x = {{(const char*)in[{L.B.input}].data, (const char*)in[{L.A.input}].data, "
+                f"{'nullptr' if bias is None else f'(const char*)in[{bias}].data'}, {c_float(alpha)}}};")
+    stores = (_fused_stores(gp, epi_prog) if epi_prog is not None else
+              ["  return lay_store<Gemm>(kGemm, kOut, scr, out, n_out, stream);"])
+    return "\n".join(_head(gp, " with layouts", kind, params) + [GEMM_LAYOUT, epi_src, *consts, "", ENTRY] +
+                     _layout_checks(gp, bias) + [operands] + _direct(gp, epi_prog) + [
+                         "  void* scr = nullptr;",
+                         "  { const int rc = lay_scratch<Gemm>(kGemm, x, &scr, stream); if (rc) return rc; }"]
+                     + stores + ["}", ""])
 
 
 # ---- the GEMM target (target.Target) ---------------------------------------------------------------
