@@ -59,7 +59,8 @@ print(json.dumps(out))
 
 
 def generate(tree: Path, words: list[str], which: str) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    # the tree first: its torch_htam, then whatever the caller's path holds (its dependencies)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
     run = subprocess.run([sys.executable, "-c", _GENERATE, json.dumps(words), which,
                           str(ROOT / "bench" / "tasks")], cwd=tree, env=env,
                          capture_output=True, text=True, check=False)
