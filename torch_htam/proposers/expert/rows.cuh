@@ -1,4 +1,4 @@
-// ---- row kernels' extra reductions: product, arg max / min, and the column mapping's reduce ----
+// ---- row kernels (rowwise.py): reductions, a thread's running states, row offsets, host launch shapes ----
 struct ProdOp { __device__ __forceinline__ float operator()(float a, float b) const { return a * b; } };
 
 // value and the column it came from; i < 0: empty (no column seen yet)
@@ -19,6 +19,31 @@ __device__ __forceinline__ ArgState arg_merge(ArgState a, ArgState b) {
 }
 struct ArgMaxOp { __device__ __forceinline__ ArgState operator()(ArgState a, ArgState b) const { return arg_merge<true>(a, b); } };
 struct ArgMinOp { __device__ __forceinline__ ArgState operator()(ArgState a, ArgState b) const { return arg_merge<false>(a, b); } };
+
+// online softmax: running max m and sum s of exp(v - m), rescaled when the max grows
+template <bool FAST>
+__device__ __forceinline__ void softmax_add(SoftmaxState& st, float v) {
+  if (v > st.m) { st.s = st.s * (FAST ? __expf(st.m - v) : expf(st.m - v)) + 1.f; st.m = v; }
+  else if (v > -INFINITY) st.s += FAST ? __expf(v - st.m) : expf(v - st.m);
+}
+
+// Sums over rows (rowwise.py, ExprProgram.outer): sum J's partials, one 8-byte slot per thread
+// group of the row kernel, added in a fixed order by one block of 1024 threads (a strided pass per
+// thread, then a tree). Every thread gets the total. (J: a shared buffer per sum.)
+template <class T, int J>
+__device__ __forceinline__ T outer_total(const void* ows, int64_t slots) {
+  __shared__ T sm[1024];
+  T acc = 0;
+  for (int64_t s = threadIdx.x; s < slots; s += 1024) acc += ((const T*)((const char*)ows + J * slots * 8))[s];
+  __syncthreads();
+  sm[threadIdx.x] = acc;
+  __syncthreads();
+  for (int h = 512; h > 0; h >>= 1) {
+    if ((int)threadIdx.x < h) sm[threadIdx.x] += sm[threadIdx.x + h];
+    __syncthreads();
+  }
+  return sm[0];
+}
 
 // Column mapping: a block is 32 rows (threadIdx.x % 32) x CK column lanes (threadIdx.x / 32, CK a
 // power of two); combine the CK partial values of each row in a fixed tree order (deterministic).
@@ -68,4 +93,44 @@ static void* htam_split_ws(cudaStream_t stream) {
   if (cudaMalloc(&ws, kSplitWs) != cudaSuccess) { cudaGetLastError(); return nullptr; }
   entries[used++] = Entry{dev, stream, ws};
   return ws;
+}
+
+// ---- host: which mapping a launch takes, from the real sizes and strides ----
+// Access m steps along the row by more than one element and by one between rows: the column
+// mapping. The row is the last row_nd dims of sp (row_nd 2: a two-dim row, inner its last size).
+template <int N>
+static inline bool htam_col_strided(const Space<N>& sp, int m, int row_nd, int64_t inner) {
+  const int d = sp.ndim - 1;
+  return sp.ndim - row_nd >= 1 && !(sp.st[m][d] == 1 && (row_nd == 1 || sp.st[m][d - 1] == inner))
+         && sp.st[m][d - row_nd] == 1;
+}
+// The column mapping's launch: blocks of 32 rows x ck lanes along the row (a power of two) until
+// 2048 resident threads per SM are busy. staged: full-row outputs go through a [steps * ck][33]
+// float tile, at most 128 columns (17 KB): with col_reduce's static buffers (4-12 KB per state
+// type) a block stays within 48 KB.
+struct HtamColLaunch { int64_t blocks; int threads; size_t smem; };
+static inline HtamColLaunch htam_col_launch(int64_t rows, int64_t ncol, bool staged, int steps) {
+  int64_t cblocks = (rows + 31) / 32;
+  const int64_t target = (int64_t)htam_sm_count() * 2048;    // resident threads to fill
+  int ck = 1;
+  while (ck < 32 && cblocks * 32 * ck * 2 <= target && ck * 2 <= ncol) ck *= 2;
+  cblocks = std::max<int64_t>(1, std::min<int64_t>(cblocks, (int64_t)1 << 30));
+  while (staged && ck > 1 && steps * ck > 128) ck /= 2;
+  const size_t smem = staged ? (size_t)steps * ck * 33 * sizeof(float) : 0;
+  return HtamColLaunch{cblocks, 32 * ck, smem};
+}
+// Split rows: blocks per row (8 blocks per SM over all rows, >= 4096 columns each, the partials
+// of every row within the workspace); < 2: the one-block-per-row path
+static inline int htam_split_count(int64_t rows, int64_t ncol, size_t state_bytes) {
+  if (rows > 65535) return 0;
+  const int64_t sms = htam_sm_count();
+  return (int)std::min<int64_t>(std::min<int64_t>(sms * 8 / rows, ncol / 4096),
+                                (int64_t)(kSplitWs / state_bytes) / rows);
+}
+// The row mapping: thread groups of TPR threads, rows_per_trip rows a block per grid-stride trip;
+// waves > 0 caps the grid at waves blocks per SM.
+static inline int64_t htam_row_blocks(int64_t rows, int64_t rows_per_trip, int waves) {
+  int64_t blocks = (rows + rows_per_trip - 1) / rows_per_trip;
+  if (waves > 0) blocks = std::min<int64_t>(blocks, (int64_t)htam_sm_count() * waves);
+  return std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t)1 << 30));
 }

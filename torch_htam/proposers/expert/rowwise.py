@@ -36,21 +36,17 @@ import math
 from dataclasses import dataclass
 
 from torch_htam.proposers.expert import host
-from torch_htam.proposers.expert.cuda import CTYPE, DT, PRELUDE, Emitter, cuh
-from torch_htam.proposers.expert.ir import (
-    TRANSCENDENTAL, ExprProgram, Unsupported, lower, program_value_type, stored, walk,
-)
+from torch_htam.proposers.expert.cuda import DT, PRELUDE, cuh
+from torch_htam.proposers.expert.ir import ExprProgram, Unsupported, lower, walk
+from torch_htam.proposers.expert.rowwise_col import ColGen, split_kernels, split_state
+from torch_htam.proposers.expert.rowwise_kernel import RowGen, memo_values  # noqa: F401 (rowwise.memo_values)
 from torch_htam.proposers.expert.strategies import TaskFacts
 from torch_htam.proposers.expert.target import (
     ProgramMatch, Target, access_tags, drop_scalar_tag, pow2_vec, program_facts,
 )
 
-INIT = {"sum": "0.f", "max": "(-INFINITY)", "min": "INFINITY", "prod": "1.f"}
-COMBINE = {"sum": "acc + {v}", "max": "htam_max(acc, {v})", "min": "htam_min(acc, {v})", "prod": "acc * {v}"}
-OPS = {"sum": "SumOp", "max": "MaxOp", "min": "MinOp", "prod": "ProdOp"}
-# argmax / argmin: (value, first column) states; NaN counts as the largest value, as in torch
-ARG = {"argmax": ("ArgMaxOp", ">"), "argmin": ("ArgMinOp", "<")}
 ROWS_CUH = cuh("rows.cuh")
+ROWS_HOST_CUH = cuh("rows_host.cuh")
 
 
 @dataclass(frozen=True)
@@ -82,766 +78,6 @@ class RowParams:
     @property
     def block(self) -> int:
         return self.tpr * self.rows_per_block if self.tpr <= 32 else self.tpr
-
-
-class _Gen:
-    def __init__(self, prog: ExprProgram, p: RowParams, low_precision: bool):
-        self.prog, self.p, self.lowp = prog, p, low_precision
-        self.vt = program_value_type(prog)      # expression -> "f" | "b" | "i" (ir.value_type)
-        D, nr = prog.ndim, prog.nred
-        self.varying = [i for i, a in enumerate(prog.accesses) if a.column_varying(D, nr)]
-        self.fixed = [i for i, a in enumerate(prog.accesses) if not a.column_varying(D, nr)]
-        # Space entry of each output stored through strides (after the accesses')
-        self.ostride = {k: len(prog.accesses) + j for j, k in enumerate(prog.strided_outputs)}
-        reduced = {x[1] for r in prog.reductions for x in walk(r.expr) if x[0] == "in"}
-        # held: loaded once into registers (register path); late: loaded per chunk in the final pass
-        self.held = [i for i in self.varying if i in reduced or not p.lazy]
-        self.late = [i for i in self.varying if i not in self.held]
-        # memo[k]: (expression, first pass) kept in m{k}[q][e] on the register path
-        self.memo = memo_values(self.passes()) if p.memo else []
-
-    # ---- a row of two dims (prog.nred > 1 whose dims do not merge at run time: a GroupNorm's
-    # weight steps per channel inside its group's row): `inner` > 0 is the last dim's size, cso[a]
-    # the stride of the dim before it, cm[a] whether access a steps through both as one dim.
-    @property
-    def row2(self) -> bool:
-        return self.prog.nred > 1
-
-    def coff(self, i: int, x: str) -> str:
-        """Element offset of column x along the row for Space entry i."""
-        if not self.row2:
-            return f"(int64_t)({x}) * cs[{i}]"
-        return (f"(cm[{i}] ? (int64_t)({x}) * cs[{i}] : "
-                f"(int64_t)(({x}) / inner) * cso[{i}] + (int64_t)(({x}) % inner) * cs[{i}])")
-
-    def unit(self, i: int) -> str:
-        """Entry i steps by one element along the whole row (vector access is possible)."""
-        return f"cs[{i}] == 1 && cm[{i}]" if self.row2 else f"cs[{i}] == 1"
-
-    def setup(self, indent: str = "  ") -> str:
-        """Declares cs (and cso, cm for two-dim rows) from sp."""
-        if not self.row2:
-            return (f"{indent}int64_t cs[NACC];\n#pragma unroll\n"
-                    f"{indent}for (int a = 0; a < NACC; ++a) cs[a] = sp.st[a][sp.ndim - 1];")
-        return (f"{indent}int64_t cs[NACC], cso[NACC]; bool cm[NACC];\n#pragma unroll\n"
-                f"{indent}for (int a = 0; a < NACC; ++a) {{\n"
-                f"{indent}  cs[a] = sp.st[a][sp.ndim - 1];\n"
-                f"{indent}  cso[a] = inner > 0 ? sp.st[a][sp.ndim - 2] : 0;\n"
-                f"{indent}  cm[a] = inner == 0 || cso[a] == cs[a] * inner;\n{indent}}}")
-
-    @property
-    def kept_top(self) -> str:
-        """The last kept dim of sp (the dims after it are the row)."""
-        return "sp.ndim - 2 - (inner > 0)" if self.row2 else "sp.ndim - 2"
-
-    @property
-    def ncol_params(self) -> str:
-        return "int ncol, int inner" if self.row2 else "int ncol"
-
-    def dt(self, i: int) -> str:
-        return DT[self.prog.inputs[self.prog.accesses[i].input][1]][0]
-
-    def words(self, i: int) -> str:
-        """C size of input i's packed chunk: VEC values in 32-bit words."""
-        return f"(VEC + {self.dt(i)}::PER_WORD - 1) / {self.dt(i)}::PER_WORD"
-
-    def packed_late(self, i: int) -> bool:
-        """Late (final-pass) loads of 2-byte inputs stay raw words too when packed."""
-        return self.p.packed and self.dt(i) != "F32"
-
-    def passes(self) -> list[list[tuple]]:
-        """The expressions each pass over the row evaluates per column, in order (a merged
-        online-softmax / Welford pair is one pass; the final pass computes the full-row outputs)."""
-        out, k, reds, p = [], 0, self.prog.reductions, self.p
-        while k < len(reds):
-            nxt = reds[k + 1] if k + 1 < len(reds) else None
-            merged = (reds[k].pair and nxt is not None and nxt.pair == (reds[k].pair[0], 1)
-                      and reds[k].pair[1] == 0 and (p.online if reds[k].pair[0] == "softmax" else p.welford))
-            out.append([reds[k].expr])    # a merged pair's second value needs the first's result
-            k += 2 if merged else 1
-        return out + [[stored(o.expr, o.dtype) for o in self.prog.outputs if not o.row and not o.total]]
-
-    def emitter(self, regs: bool, at: int | None = None) -> Emitter:
-        """at: the pass being emitted; memoized values computed in an earlier pass are read back."""
-        em = self._emitter(regs)
-        if regs and at is not None:
-            for k, (e, first) in enumerate(self.memo):
-                if first < at:
-                    em.names[e] = f"m{k}[q][e]"
-        return em
-
-    def memo_stores(self, em: Emitter, at: int) -> str:
-        return "".join(f"\n          m{k}[q][e] = {em.emit(e)};" for k, (e, first) in enumerate(self.memo)
-                       if first == at)
-
-    def _emitter(self, regs: bool) -> Emitter:
-        def load(a):
-            if a in self.fixed:
-                return f"s{a}"
-            if regs and a in self.late and self.packed_late(a):
-                t = self.dt(a)
-                return f"{t}::from_word(x{a}[e / {t}::PER_WORD], e % {t}::PER_WORD)"
-            if not regs or a in self.late:
-                return f"x{a}[e]"
-            t = self.dt(a)
-            return (f"{t}::from_word(x{a}[g][q][e / {t}::PER_WORD], e % {t}::PER_WORD)" if self.p.packed
-                    else f"x{a}[g][q][e]")
-        # NOTE: bool values (masks, comparisons) are declared bool; a bool input's float-lane load
-        # (0.f / 1.f) converts to the same bool where one is used
-        return Emitter(load, red=lambda k: f"R{k}", fast=self.p.fast, low_precision=self.lowp,
-                       vt=self.vt)
-
-    def loop(self, regs: bool, body: str, after: str = "", late: bool = False) -> str:
-        """Runs body for every column c owned by this thread (x*[..][e] hold the inputs at c), then
-        `after` once per chunk of VEC columns starting at c0. late: load the late inputs per chunk."""
-        nc = "true" if self.p.nc else "false"
-        if regs:
-            late_loads = ""
-            if late and self.late:
-                late_loads = " ".join((f"unsigned x{i}[{self.words(i)}];" if self.packed_late(i) else f"float x{i}[VEC];")
-                                      for i in self.late) + "\n" + "\n".join(
-                    self.load_chunk(i, f"x{i}", "c0", nc, self.packed_late(i)) for i in self.late)
-            return f"""
-#pragma unroll
-    for (int q = 0; q < NV; ++q) {{
-      const int c0 = (q * TPR + lane) * VEC;
-      if (c0 < ncol) {{
-{late_loads}
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {{
-          // NOTE: no bounds test per element: VEC > 1 only where the host saw ncol % VEC == 0
-          const int c = c0 + e;
-          (void)c;
-{body}
-        }}
-{after}
-      }}
-    }}"""
-        if self.p.su > 1:
-            return self._stream_loop(body, after, nc)
-        loads = "\n".join(self.load_chunk(i, f"x{i}", "c0", nc) for i in self.varying)
-        decl = " ".join(f"float x{i}[VEC];" for i in self.varying)
-        return f"""
-    for (int c0 = lane * VEC; c0 < ncol; c0 += TPR * VEC) {{
-      {decl}
-{loads}
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {{
-        // (VEC > 1 only where ncol % VEC == 0: a chunk is all in or all out)
-        const int c = c0 + e;
-        (void)c;
-{body}
-      }}
-{after}
-    }}"""
-
-    def _stream_loop(self, body: str, after: str, nc: str) -> str:
-        """The streaming loop with SU chunks per step: a thread's SU chunks (columns c0, c0 + TPR *
-        VEC, ..) are all loaded before the first is reduced, so SU loads are in flight where the
-        one-chunk loop has one (its next load waits for the reduction of the current chunk).
-        Chunks are still reduced in column order."""
-        su = self.p.su
-        loads = "\n".join(self.load_chunk(i, f"x{i}_[s_]", "c0", nc) for i in self.varying)
-        decl = " ".join(f"float x{i}_[{su}][VEC];" for i in self.varying)
-        alias = " ".join(f"float (&x{i})[VEC] = x{i}_[s_];" for i in self.varying)
-        return f"""
-    for (int cb_ = lane * VEC; cb_ < ncol; cb_ += TPR * VEC * {su}) {{
-      {decl}
-#pragma unroll
-      for (int s_ = 0; s_ < {su}; ++s_) {{
-        const int c0 = cb_ + s_ * TPR * VEC;
-        if (c0 < ncol) {{
-{loads}
-        }}
-      }}
-#pragma unroll
-      for (int s_ = 0; s_ < {su}; ++s_) {{
-        const int c0 = cb_ + s_ * TPR * VEC;
-        if (c0 < ncol) {{
-          {alias}
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) {{
-            // (VEC > 1 only where ncol % VEC == 0: a chunk is all in or all out)
-            const int c = c0 + e;
-            (void)c;
-{body}
-          }}
-{after}
-        }}
-      }}
-    }}"""
-
-    def load_chunk(self, i: int, dst: str, c0: str, nc: str, packed: bool = False, ro: str = "ro") -> str:
-        """VEC values of access i at columns c0.. into dst: floats, or 32-bit words of raw bits
-        (PER_WORD values each) when packed. ro: the row's element offsets (one per access)."""
-        t = self.dt(i)
-        if packed:
-            return (f"      if (VEC > 1 && {self.unit(i)}) ldw<{t}, VEC, {nc}>(p{i} + {ro}[{i}] + {c0}, {dst});\n"
-                    f"      else for (int e = 0; e < VEC; ++e) {{\n"
-                    f"        const unsigned b = (VEC == 1 || {c0} + e < ncol) ? "
-                    f"{t}::bits(p{i}[{ro}[{i}] + {self.coff(i, c0 + ' + e')}]) : 0u;\n"
-                    f"        if (e % {t}::PER_WORD == 0) {dst}[e / {t}::PER_WORD] = b;\n"
-                    f"        else {dst}[e / {t}::PER_WORD] |= b << {'(8 * (e % 4))' if t == 'B8' else 16}; }}")
-        return (f"      if (VEC > 1 && {self.unit(i)}) ldv<{t}, VEC, {nc}>(p{i} + {ro}[{i}] + {c0}, {dst});\n"
-                f"      else for (int e = 0; e < VEC; ++e) {dst}[e] = (VEC == 1 || {c0} + e < ncol) ? "
-                f"ld1<{t}, {nc}>(p{i} + {ro}[{i}] + {self.coff(i, c0 + ' + e')}) : 0.f;")
-
-    def reduction_pass(self, k: int, regs: bool, at: int) -> tuple[str, int]:
-        """Code computing R{k} (and R{k+1} for merged pairs) as pass `at`; returns (code,
-        reductions consumed)."""
-        prog, p = self.prog, self.p
-        red = prog.reductions[k]
-        nxt = prog.reductions[k + 1] if k + 1 < len(prog.reductions) else None
-        em = self.emitter(regs, at)
-        v = em.emit(red.expr)
-        lines = "\n".join("          " + ln for ln in em.lines) + (self.memo_stores(em, at) if regs else "")
-        pair = red.pair and nxt is not None and nxt.pair == (red.pair[0], 1) and red.pair[1] == 0
-        if pair and red.pair[0] == "softmax" and p.online:
-            exp = "__expf" if p.fast else "expf"
-            body = f"""{lines}
-          if ({v} > st.m) {{ st.s = st.s * {exp}(st.m - {v}) + 1.f; st.m = {v}; }}
-          else if ({v} > -INFINITY) st.s += {exp}({v} - st.m);"""
-            code = f"""
-    float R{k}, R{k + 1};
-    {{
-      SoftmaxState st; st.m = -INFINITY; st.s = 0.f;
-{self.loop(regs, body)}
-      SoftmaxState id; id.m = -INFINITY; id.s = 0.f;
-      st = group_reduce<TPR>(st, SmOp(), id);
-      R{k} = st.m; R{k + 1} = st.s;
-    }}"""
-            return code, 2
-        if pair and red.pair[0] == "welford" and p.welford:
-            body = f"""{lines}
-          w.n += 1.f;
-          const float d_ = {v} - w.mean;
-          w.mean += d_ / w.n;
-          w.m2 += d_ * ({v} - w.mean);"""
-            code = f"""
-    float R{k}, R{k + 1};
-    {{
-      WelfordState w; w.n = 0.f; w.mean = 0.f; w.m2 = 0.f;
-{self.loop(regs, body)}
-      WelfordState id; id.n = 0.f; id.mean = 0.f; id.m2 = 0.f;
-      w = group_reduce<TPR>(w, WfOp(), id);
-      R{k} = w.mean * w.n; R{k + 1} = w.m2;   // sum and sum of squared deviations
-    }}"""
-            return code, 2
-        if red.kind in ARG:
-            op, cmp = ARG[red.kind]
-            body = (f"{lines}\n          if (acc.i < 0 || {v} {cmp} acc.v || ({v} != {v} && acc.v == acc.v)) "
-                    f"{{ acc.v = {v}; acc.i = c; }}")
-            code = f"""
-    float R{k}; int RI{k};
-    {{
-      ArgState acc; acc.v = 0.f; acc.i = -1;     // columns come in increasing order: ties keep the first
-{self.loop(regs, body)}
-      ArgState id; id.v = 0.f; id.i = -1;
-      acc = group_reduce<TPR>(acc, {op}(), id);
-      R{k} = acc.v; RI{k} = acc.i;
-    }}"""
-            return code, 1
-        body = f"{lines}\n          acc = {COMBINE[red.kind].format(v=v)};"
-        code = f"""
-    float R{k};
-    {{
-      float acc = {INIT[red.kind]};
-{self.loop(regs, body)}
-      R{k} = group_reduce<TPR>(acc, {OPS[red.kind]}(), {INIT[red.kind]});
-    }}"""
-        return code, 1
-
-    def final_pass(self, regs: bool, at: int) -> str:
-        em = self.emitter(regs, at)
-        full = [(k, o) for k, o in enumerate(self.prog.outputs) if not o.row and not o.total]
-        names = [em.emit(stored(o.expr, o.dtype)) for _, o in full]
-        lines = "\n".join("          " + ln for ln in em.lines)
-        sets = "\n".join(f"          y{k}[e] = {n};" for (k, _), n in zip(full, names))
-        # outputs are contiguous: row r starts at r * ncol; VEC > 1 only when the host checked
-        # ncol % VEC == 0 and 16-byte alignment of every output.
-        stores = "\n".join(self.store(k, o) for k, o in full)
-        decl = " ".join(f"float y{k}[VEC];" for k, _ in full)
-        if not full:
-            return ""
-        return f"    {{\n    {decl}\n{self.loop(regs, lines + chr(10) + sets, stores, late=True)}\n    }}"
-
-    def store(self, k: int, o) -> str:
-        """Store y{k}[0..VEC) at columns c0.. of row r: contiguous in iteration order, or through the
-        output's strides (Output.dims)."""
-        t = DT[o.dtype][0]
-        if k not in self.ostride:
-            return (f"        if (valid) {{ if (VEC > 1) stv<{t}, VEC>(o{k} + r * ncol + c0, y{k});\n"
-                    f"          else o{k}[r * ncol + c0] = {t}::from_f(y{k}[0]); }}")
-        j = self.ostride[k]
-        return (f"        if (valid) {{ if (VEC > 1 && {self.unit(j)}) stv<{t}, VEC>(o{k} + ro[{j}] + c0, y{k});\n"
-                f"          else for (int e = 0; e < VEC; ++e) o{k}[ro[{j}] + {self.coff(j, 'c0 + e')}] = "
-                f"{t}::from_f(y{k}[e]); }}")
-
-    def fixed_type(self, i: int) -> str:
-        """C++ type of a per-row load of access i: integers (a per-row index) stay long long."""
-        return "long long" if self.dt(i) in ("I64", "I32") else "float"
-
-    def fixed_load(self, i: int, ptr: str, nc: str = "false") -> str:
-        if self.dt(i) in ("I64", "I32"):
-            return f"{self.dt(i)}::to_v(*({ptr}))"
-        return f"ld1<{self.dt(i)}, {nc}>({ptr})"
-
-    def load_at(self, i: int, col: str) -> str:
-        """Access i of this row at column `col` (a gather's index): NaN outside the row, where torch
-        raises (an index out of range)."""
-        return (f"(({col}) >= 0 && ({col}) < ncol ? ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + "
-                f"{self.coff(i, f'({col})')}) : NAN)")
-
-    def row_outputs(self) -> str:
-        em = Emitter(lambda a: f"s{a}", red=lambda k: f"R{k}", fast=self.p.fast,
-                     low_precision=self.lowp, prefix="u", vt=self.vt, load_at=self.load_at)
-        rows = [(k, o) for k, o in enumerate(self.prog.outputs) if o.row]
-        # an arg reduction's index ("idx", j) is stored as the int it is, never through a float
-        names = [f"(long long)RI{o.expr[1]}" if o.expr[0] == "idx" else em.emit(stored(o.expr, o.dtype))
-                 for _, o in rows]
-        # sums over rows: this group's running partial (lane 0's), written out after the last row
-        adds = "".join(f"\n      oacc{j} += {em.emit(r.expr)};" for j, r in enumerate(self.prog.outer))
-        if not rows and not adds:
-            return ""
-        lines = "\n".join("      " + ln for ln in em.lines)
-        stores = "\n".join(f"      o{k}[r] = {n};" if o.expr[0] == "idx" else
-                           f"      o{k}[r] = {DT[o.dtype][0]}::from_v({n});" if DT[o.dtype][0] in ("I64", "I32") else
-                           f"      o{k}[r] = {DT[o.dtype][0]}::from_f({n});" for (k, o), n in zip(rows, names))
-        return f"""
-    if (valid && lane == 0) {{
-{lines}
-{stores}{adds}
-    }}"""
-
-    def body(self, regs: bool) -> str:
-        out, k, at = [], 0, 0
-        if regs:
-            out += [f"    float m{j}[NV > 0 ? NV : 1][VEC];" for j in range(len(self.memo))]
-        while k < len(self.prog.reductions):
-            code, used = self.reduction_pass(k, regs, at)
-            out.append(code)
-            k, at = k + used, at + 1
-        out.append(self.final_pass(regs, at))
-        out.append(self.row_outputs())
-        return "\n".join(out)
-
-    def kernel(self) -> str:
-        prog, p = self.prog, self.p
-        nc = "true" if p.nc else "false"
-        params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(len(prog.accesses))]
-        params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
-        params += ["void* __restrict__ ows"] * bool(prog.outer)
-        fixed = "\n".join(f"      s{i}_[g] = {self.fixed_load(i, f'p{i} + ro_[g][{i}]', nc)};" for i in self.fixed)
-        fixed_decl = " ".join(f"{self.fixed_type(i)} s{i}_[RPG];" for i in self.fixed)
-        fixed_alias = " ".join(f"const {self.fixed_type(i)} s{i} = s{i}_[g];" for i in self.fixed)
-        reg_loads = "\n".join(self.load_chunk(i, f"x{i}[g][q]", "c0", nc, p.packed, ro="ro_[g]")
-                              .replace("\n", "\n    ") for i in self.held)
-        reg_decl = " ".join((f"unsigned x{i}[RPG][NV > 0 ? NV : 1][{self.words(i)}];" if p.packed
-                             else f"float x{i}[RPG][NV > 0 ? NV : 1][VEC];") for i in self.held)
-        bounds = f"BLOCK, {max(1, p.occ // p.block)}" if p.occ > 0 else "BLOCK"
-        # NOTE: each row of the group runs the single-row body under the names it was written with
-        # (r, valid, ro, s*); g is a compile-time index after unrolling, so nothing leaves registers.
-        alias = ("const int64_t r = r_[g]; const bool valid = valid_[g]; int64_t ro[NACC];\n"
-                 "#pragma unroll\n      for (int a = 0; a < NACC; ++a) ro[a] = ro_[g][a];\n      " + fixed_alias)
-        return f"""
-#define NACC {len(prog.accesses) + len(self.ostride)}
-#define TPR {p.tpr}
-#define BLOCK {p.block}
-#define RPG {p.rpg}
-template <int VEC, int NV>
-__global__ void __launch_bounds__({bounds}) row_kernel(Space<NACC> sp, int64_t rows, {self.ncol_params},
-    {", ".join(params)}) {{
-  const int lane = threadIdx.x % TPR, group = threadIdx.x / TPR;
-  const int64_t rpb = BLOCK / TPR * RPG;     // rows per block and trip
-{self.setup()}{self.outer_decl()}
-  // NOTE: the trip count is uniform over the block (rows past the end are clamped to the last row
-  // and store nothing), so every thread reaches every shuffle and __syncthreads.
-  for (int64_t rb = (int64_t)blockIdx.x * rpb; rb < rows; rb += (int64_t)gridDim.x * rpb) {{
-    int64_t r_[RPG], ro_[RPG][NACC];
-    bool valid_[RPG];
-    {fixed_decl}
-#pragma unroll
-    for (int g = 0; g < RPG; ++g) {{
-      valid_[g] = rb + group * RPG + g < rows;
-      r_[g] = valid_[g] ? rb + group * RPG + g : rows - 1;
-      if ({"sp.ndim - (inner > 0) == 2" if self.row2 else "sp.ndim == 2"}) {{    // rows x columns after collapsing: no 64-bit division (a call) per row
-#pragma unroll
-        for (int a = 0; a < NACC; ++a) ro_[g][a] = r_[g] * sp.st[a][0];
-      }} else {{
-        int64_t rem = r_[g];
-#pragma unroll
-        for (int a = 0; a < NACC; ++a) ro_[g][a] = 0;
-        for (int d = {self.kept_top}; d >= 0; --d) {{
-          const int64_t i = rem % sp.size[d];
-          rem /= sp.size[d];
-#pragma unroll
-          for (int a = 0; a < NACC; ++a) ro_[g][a] += i * sp.st[a][d];
-        }}
-      }}
-{fixed}
-    }}
-    if (NV > 0) {{
-      {reg_decl}
-#pragma unroll
-      for (int g = 0; g < RPG; ++g) {{
-#pragma unroll
-        for (int q = 0; q < NV; ++q) {{
-          const int c0 = (q * TPR + lane) * VEC;
-          if (c0 < ncol) {{
-    {reg_loads}
-          }}
-        }}
-      }}
-#pragma unroll
-      for (int g = 0; g < RPG; ++g) {{
-      {alias}
-{self.body(True)}
-      }}
-    }} else {{
-#pragma unroll
-      for (int g = 0; g < RPG; ++g) {{
-      {alias}
-{self.body(False)}
-      }}
-    }}
-  }}{self.outer_store()}
-}}
-"""
-
-    # ---- sums over rows (ir.ExprProgram.outer): each thread group's lane 0 adds its rows' values in
-    # row order; after its last row it writes the partial to slot (block, group) of the workspace
-    # (8 bytes a slot, one run of slots per sum); outer_finish adds the slots in order.
-    def _outer_vt(self, j: int) -> str:
-        return "f" if self.vt(self.prog.outer[j].expr) == "f" else "i"
-
-    def outer_decl(self) -> str:
-        return "".join(f"\n  {CTYPE[self._outer_vt(j)]} oacc{j} = 0;" for j in range(len(self.prog.outer)))
-
-    def outer_store(self) -> str:
-        if not self.prog.outer:
-            return ""
-        st = "".join(f"\n    (({CTYPE[self._outer_vt(j)]}*)((char*)ows + {j} * slots * 8))[slot] = oacc{j};"
-                     for j in range(len(self.prog.outer)))
-        return (f"\n  {{\n    const int64_t slots = (int64_t)gridDim.x * (BLOCK / TPR);\n"
-                f"    const int64_t slot = (int64_t)blockIdx.x * (BLOCK / TPR) + group;\n"
-                f"    if (lane == 0) {{{st}\n    }}\n  }}")
-
-    def outer_finish(self) -> str:
-        """One block of 1024 threads: each sum's slots added in a fixed order (a strided pass per
-        thread, then a tree), then the total outputs, computed and stored by thread 0."""
-        prog = self.prog
-        params = [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
-        sums = []
-        for j in range(len(prog.outer)):
-            ct = CTYPE[self._outer_vt(j)]
-            sums.append(f"""
-  {ct} T{j};
-  {{
-    __shared__ {ct} sm[1024];
-    {ct} acc = 0;
-    for (int64_t s = threadIdx.x; s < slots; s += 1024) acc += ((const {ct}*)((const char*)ows + {j} * slots * 8))[s];
-    __syncthreads();
-    sm[threadIdx.x] = acc;
-    __syncthreads();
-    for (int h = 512; h > 0; h >>= 1) {{
-      if ((int)threadIdx.x < h) sm[threadIdx.x] += sm[threadIdx.x + h];
-      __syncthreads();
-    }}
-    T{j} = sm[0];
-  }}""")
-        em = Emitter(lambda a: "0.f", red=lambda k: "0.f", prefix="v", vt=self.vt, outer=lambda j: f"T{j}")
-        totals = [(k, o) for k, o in enumerate(prog.outputs) if o.total]
-        names = [em.emit(stored(o.expr, o.dtype)) for _, o in totals]
-        lines = "\n".join("    " + ln for ln in em.lines)
-        stores = "\n".join(f"    o{k}[0] = {DT[o.dtype][0]}::from_v({n});" if DT[o.dtype][0] in ("I64", "I32") else
-                           f"    o{k}[0] = {DT[o.dtype][0]}::from_f({n});" for (k, o), n in zip(totals, names))
-        return f"""
-__global__ void __launch_bounds__(1024) outer_finish(int64_t slots, int64_t rows, const void* __restrict__ ows,
-    {", ".join(params)}) {{{"".join(sums)}
-  if (threadIdx.x == 0) {{
-{lines}
-{stores}
-  }}
-}}
-"""
-
-    def col_kernel(self) -> str:
-        """The column mapping of the same program: a block is 32 consecutive rows (threadIdx.x %
-        32) times CK lanes along the row (threadIdx.x / 32); lane ty walks columns ty, ty + CK, ..
-        and col_reduce combines the CK lanes. For rows whose columns are strided and whose rows are
-        adjacent (sum over dim 1 of [B, C, HW]): a warp reads 32 adjacent elements per step where
-        the row mapping reads one per row.
-
-        Bandwidth (NOTE: one 2-4 byte load per lane per step is 64-128 bytes a warp, too few bytes
-        in flight to cover DRAM latency): each lane issues col_unroll steps' loads before it
-        combines them (in column order, so results do not depend on col_unroll). Welford and
-        online-softmax pairs are one pass (col_onepass): each pass is one more read of the
-        block's [32 x ncol] tile.
-        Full-row outputs stored contiguously ([rows, ncol], the row mapping's layout, a permuted
-        LayerNorm's) would be written one element per row by a warp (a 2-byte store per 768-byte
-        row): they go through a shared [steps * CK columns x 32 rows] tile instead (steps:
-        _col_final_unroll), written back along the row (the tiled transpose), so a block stores
-        steps * CK contiguous values a row."""
-        prog, p, na = self.prog, self.p, len(self.prog.accesses)
-        U = p.col_unroll
-        params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(na)]
-        params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
-        fixed = "\n".join(f"    const {self.fixed_type(i)} s{i} = {self.fixed_load(i, f'p{i} + ro[{i}]')};"
-                          for i in self.fixed)
-
-        def ld(i: int, c: str) -> str:
-            return f"ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + {self.coff(i, c)})"
-
-        def step(body: str) -> str:
-            """body at column c = c0 + u * ck, its inputs read from the u-th loaded values."""
-            bind = " ".join(f"float x{i}[1] = {{xu{i}[u]}};" for i in self.varying)
-            return (f"#pragma unroll\n        for (int u = 0; u < {U}; ++u) {{\n"
-                    f"          const int c = c0 + u * ck; (void)c; const int e = 0; (void)e;\n"
-                    f"          {bind}\n{body}\n        }}")
-
-        def loop(body: str, tail_body: str | None = None, pre: str = "", post: str = "") -> str:
-            """body over this lane's columns in increasing order: col_unroll loads in flight, then a
-            tail (tail_body, default body); pre / post: code around each group of col_unroll steps."""
-            decl = " ".join(f"float xu{i}[{U}];" for i in self.varying)
-            loads = "\n".join(f"#pragma unroll\n        for (int u = 0; u < {U}; ++u) xu{i}[u] = {ld(i, 'c0 + u * ck')};"
-                              for i in self.varying)
-            tail = "\n".join(f"        x{i}[0] = {ld(i, 'c')};" for i in self.varying)
-            return (f"      int c0 = ty;\n"
-                    f"      for (; c0 + {U - 1} * ck < ncol; c0 += {U} * ck) {{\n        {decl}\n{loads}\n{pre}{step(body)}\n{post}      }}\n"
-                    f"      for (int c = c0; c < ncol; c += ck) {{\n"
-                    f"        {' '.join(f'float x{i}[1];' for i in self.varying)}\n        const int e = 0; (void)e;\n"
-                    f"{tail}\n{tail_body or body}\n      }}")
-        passes, k = [], 0
-        reds = prog.reductions
-        while k < len(reds):
-            red, nxt = reds[k], (reds[k + 1] if k + 1 < len(reds) else None)
-            pair = (p.col_onepass and red.pair and nxt is not None and nxt.pair == (red.pair[0], 1)
-                    and red.pair[1] == 0 and red.pair[0] in ("welford", "softmax"))
-            em = self.emitter(False)
-            v = em.emit(red.expr)
-            lines = "\n".join("          " + ln for ln in em.lines)
-            if pair and red.pair[0] == "welford":
-                # NOTE: each group of col_unroll values is reduced two-pass (its mean, then its
-                # squared deviations) and merged into the lane's Welford state (Chan et al.): one
-                # division per group, where Welford's update divides per value. Summing shifted
-                # by the lane's first value instead lost digits when that value sat far from the
-                # mean: var over dim 1 of [64, 512, 1024] fp32 missed rtol 1e-4 on 3 of 65536
-                # values (H100, scripts/stress_verify.py rw_var_dim1_fp32).
-                body = f"{lines}\n          cv_[u] = {v};"
-                pre = f"        float cv_[{U}];\n"
-                post = (f"        {{\n          float cs_ = 0.f, cq_ = 0.f;\n#pragma unroll\n"
-                        f"          for (int u = 0; u < {U}; ++u) cs_ += cv_[u];\n"
-                        f"          const float cm_ = cs_ * (1.f / {U}.f);\n#pragma unroll\n"
-                        f"          for (int u = 0; u < {U}; ++u) {{ const float d_ = cv_[u] - cm_; cq_ += d_ * d_; }}\n"
-                        f"          const float nn_ = n_ + {U}.f, dm_ = cm_ - m_;\n"
-                        f"          m_ += dm_ * ({U}.f / nn_); q_ += cq_ + dm_ * dm_ * (n_ * ({U}.f / nn_)); n_ = nn_;\n"
-                        f"        }}\n")
-                tail_body = (f"{lines}\n          n_ += 1.f;\n          const float d_ = {v} - m_;\n"
-                             f"          m_ += d_ / n_; q_ += d_ * ({v} - m_);")
-                passes.append(f"    float R{k}, R{k + 1};\n    {{\n      float n_ = 0.f, m_ = 0.f, q_ = 0.f;\n"
-                              f"{loop(body, tail_body, pre, post)}\n      WelfordState w; w.n = n_; w.mean = m_; w.m2 = q_;\n"
-                              f"      w = col_reduce(w, WfOp());\n"
-                              f"      R{k} = w.mean * w.n; R{k + 1} = w.m2;   // sum and sum of squared deviations\n    }}")
-                k += 2
-                continue
-            if pair:        # online softmax: max and sum of exp(x - max) in one pass
-                exp = "__expf" if p.fast else "expf"
-                body = (f"{lines}\n          if ({v} > st.m) {{ st.s = st.s * {exp}(st.m - {v}) + 1.f; st.m = {v}; }}\n"
-                        f"          else if ({v} > -INFINITY) st.s += {exp}({v} - st.m);")
-                passes.append(f"    float R{k}, R{k + 1};\n    {{\n      SoftmaxState st; st.m = -INFINITY; st.s = 0.f;\n"
-                              f"{loop(body)}\n      st = col_reduce(st, SmOp());\n      R{k} = st.m; R{k + 1} = st.s;\n    }}")
-                k += 2
-                continue
-            if red.kind in ARG:
-                op, cmp = ARG[red.kind]
-                body = (f"{lines}\n          if (acc.i < 0 || {v} {cmp} acc.v || ({v} != {v} && acc.v == acc.v)) "
-                        f"{{ acc.v = {v}; acc.i = c; }}")
-                passes.append(f"    float R{k}; int RI{k};\n    {{\n      ArgState acc; acc.v = 0.f; acc.i = -1;\n"
-                              f"{loop(body)}\n      acc = col_reduce(acc, {op}());\n      R{k} = acc.v; RI{k} = acc.i;\n    }}")
-            else:
-                body = f"{lines}\n          acc = {COMBINE[red.kind].format(v=v)};"
-                passes.append(f"    float R{k};\n    {{\n      float acc = {INIT[red.kind]};\n{loop(body)}\n"
-                              f"      R{k} = col_reduce(acc, {OPS[red.kind]}());\n    }}")
-            k += 1
-        full = [(k, o) for k, o in enumerate(prog.outputs) if not o.row and not o.total]
-        if full:
-            passes.append(self._col_final(full, _col_final_unroll(prog, U), ld))
-        rows = self.row_outputs().replace("lane == 0", "ty == 0")
-        return f"""
-__global__ void __launch_bounds__(1024) col_kernel(Space<NACC> sp, int64_t rows, {self.ncol_params},
-    {", ".join(params)}) {{
-  const int lane = threadIdx.x & 31, ty = threadIdx.x >> 5, ck = blockDim.x >> 5;
-  extern __shared__ float stg[];    // staged outputs: [steps * ck columns][33] (_col_final_unroll)
-  (void)stg;
-{self.setup()}
-  // NOTE: block-uniform trip count (rows past the end are clamped and store nothing): col_reduce syncs
-  for (int64_t rb = (int64_t)blockIdx.x * 32; rb < rows; rb += (int64_t)gridDim.x * 32) {{
-    const bool valid = rb + lane < rows;
-    const int64_t r = valid ? rb + lane : rows - 1;
-    int64_t ro[NACC];
-    {{
-      int64_t rem = r;
-#pragma unroll
-      for (int a = 0; a < NACC; ++a) ro[a] = 0;
-      for (int d = {self.kept_top}; d >= 0; --d) {{
-        const int64_t i = rem % sp.size[d];
-        rem /= sp.size[d];
-#pragma unroll
-        for (int a = 0; a < NACC; ++a) ro[a] += i * sp.st[a][d];
-      }}
-    }}
-{fixed}
-{chr(10).join(passes)}
-{rows}
-  }}
-}}
-"""
-
-    def _col_final(self, full: list, U: int, ld) -> str:
-        """The column mapping's output pass over tiles of U * ck columns (block-uniform trips:
-        the staged stores sync). Outputs with their own strides (Output.dims) are stored where
-        they are computed; contiguous ones ([rows, ncol]) are staged in stg, then stored along
-        the row: thread j of the block writes row j / W, column j % W of the W-column tile."""
-        em = self.emitter(False)
-        names = [em.emit(stored(o.expr, o.dtype)) for _, o in full]
-        lines = "\n".join("          " + ln for ln in em.lines)
-        direct, staged = [], []
-        for (k, o), n in zip(full, names):
-            t = DT[o.dtype][0]
-            if k in self.ostride:
-                direct.append(f"          if (valid) o{k}[ro[{self.ostride[k]}] + {self.coff(self.ostride[k], 'c')}] = {t}::from_f({n});")
-            else:
-                staged.append((k, t, n))
-        decl = " ".join(f"float xu{i}[{U}];" for i in self.varying)
-        loads = "\n".join(f"#pragma unroll\n      for (int u = 0; u < {U}; ++u) xu{i}[u] = cb + u * ck + ty < ncol ? "
-                          f"{ld(i, 'cb + u * ck + ty')} : 0.f;" for i in self.varying)
-        ydecl = " ".join(f"float y{k}_[{U}];" for k, _, _ in staged)
-        sets = "\n".join(f"          y{k}_[u] = {n};" for k, _, n in staged)
-        bind = " ".join(f"float x{i}[1] = {{xu{i}[u]}};" for i in self.varying)
-        writes = "".join(f"""
-      __syncthreads();                 // the previous tile's stores have read stg
-#pragma unroll
-      for (int u = 0; u < {U}; ++u) stg[(u * ck + ty) * 33 + lane] = y{k}_[u];
-      __syncthreads();
-      for (int j = threadIdx.x; j < 32 * W; j += blockDim.x) {{
-        const int rr = j / W, cc = j % W;
-        if (rb + rr < rows && cb + cc < ncol) o{k}[(rb + rr) * ncol + cb + cc] = {t}::from_f(stg[cc * 33 + rr]);
-      }}""" for k, t, _ in staged)
-        return f"""    {{
-      const int W = {U} * ck;          // columns per tile
-      for (int cb = 0; cb < ncol; cb += W) {{
-        {decl} {ydecl}
-{loads}
-#pragma unroll
-        for (int u = 0; u < {U}; ++u) {{
-          const int c = cb + u * ck + ty; const int e = 0; (void)e;
-          {bind}
-{lines}
-{sets}
-          if (c < ncol) {{
-{chr(10).join(direct)}
-          }}
-        }}{writes}
-      }}
-    }}"""
-
-    def split_kernels(self) -> str:
-        """A one-reduction program with per-row outputs only, for a few very long rows: blocks of
-        256 threads reduce chunks of a row (split_kernel, a grid of splits x rows), split_finish
-        combines each row's partials in order and writes the row's outputs."""
-        prog, na = self.prog, len(self.prog.accesses)
-        red = prog.reductions[0]
-        arg = red.kind in ARG
-        params = [f"const {self.dt(i)}::raw* __restrict__ p{i}" for i in range(na)]
-        params += [f"{DT[o.dtype][0]}::raw* __restrict__ o{k}" for k, o in enumerate(prog.outputs)]
-        fixed = "\n".join(f"  const {self.fixed_type(i)} s{i} = {self.fixed_load(i, f'p{i} + ro[{i}]')};"
-                          for i in self.fixed)
-        decl = " ".join(f"float x{i}[1];" for i in self.varying)
-        loads = "\n".join(f"    x{i}[0] = ld1<{self.dt(i)}, false>(p{i} + ro[{i}] + {self.coff(i, 'c')});"
-                          for i in self.varying)
-        em = self.emitter(False)
-        v = em.emit(red.expr)
-        lines = "\n".join("    " + ln for ln in em.lines)
-        if arg:
-            op, cmp = ARG[red.kind]
-            state, init = "ArgState", "ArgState acc; acc.v = 0.f; acc.i = -1;"
-            combine = f"if (acc.i < 0 || {v} {cmp} acc.v || ({v} != {v} && acc.v == acc.v)) {{ acc.v = {v}; acc.i = c; }}"
-            ident, result = "ArgState id; id.v = 0.f; id.i = -1;", "const float R0 = acc.v; const int RI0 = acc.i;"
-        else:
-            op, state, init = OPS[red.kind], "float", f"float acc = {INIT[red.kind]};"
-            combine = f"acc = {COMBINE[red.kind].format(v=v)};"
-            ident, result = f"const float id = {INIT[red.kind]};", "const float R0 = acc;"
-        head = self.setup() + f"""
-  int64_t ro[NACC];
-#pragma unroll
-  for (int a = 0; a < NACC; ++a) ro[a] = 0;
-  int64_t rem = r;
-  for (int d = {self.kept_top}; d >= 0; --d) {{
-    const int64_t i = rem % sp.size[d];
-    rem /= sp.size[d];
-#pragma unroll
-    for (int a = 0; a < NACC; ++a) ro[a] += i * sp.st[a][d];
-  }}"""
-        rows = self.row_outputs().replace("valid && lane == 0", "lane == 0")
-        return f"""
-__global__ void __launch_bounds__(256) split_kernel(Space<NACC> sp, {self.ncol_params}, int splits, {state}* ws,
-    {", ".join(params)}) {{
-  const int lane = threadIdx.x;
-  const int64_t r = blockIdx.y;
-{head}
-{fixed}
-  const int chunk = (ncol + splits - 1) / splits, c_lo = (int)blockIdx.x * chunk;
-  const int c_hi = min(ncol, c_lo + chunk);
-  {init}
-  for (int c = c_lo + lane; c < c_hi; c += 256) {{
-    {decl}
-    const int e = 0; (void)e;
-{loads}
-{lines}
-    {combine}
-  }}
-  {ident}
-  acc = group_reduce<256>(acc, {op}(), id);
-  if (lane == 0) ws[r * splits + blockIdx.x] = acc;
-}}
-__global__ void __launch_bounds__(256) split_finish(Space<NACC> sp, {self.ncol_params}, int splits, const {state}* ws,
-    {", ".join(params)}) {{
-  const int lane = threadIdx.x;
-  const int64_t r = blockIdx.x;
-{head}
-{fixed}
-  {ident}
-  {state} acc = id;
-  for (int j = lane; j < splits; j += 256) acc = {op}()(acc, ws[r * splits + j]);   // fixed order
-  acc = group_reduce<256>(acc, {op}(), id);
-  {result}
-{rows}
-}}
-"""
-
-
-def memo_values(passes: list[list[tuple]]) -> list[tuple[tuple, int]]:
-    """(expression, first pass) of the values worth keeping per column between passes: a
-    transcendental sub-expression that reads the row and that a later pass evaluates again, the
-    largest such (what it contains comes with it). Softmax: exp(x - max) from the sum pass, read
-    back by the output pass, instead of a second expf per element.
-
-        >>> memo_values([[x], [exp(x - R0)], [exp(x - R0) / R1]])
-        [(exp(x - R0), 1)]
-    """
-    subs = [{x for e in es for x in walk(e)} for es in passes]
-    found: dict[tuple, int] = {}
-    for a in range(len(passes)):
-        for b in range(a + 1, len(passes)):
-            for x in subs[a] & subs[b]:
-                if x not in found and _transcendental(x) and any(y[0] == "in" for y in walk(x)):
-                    found[x] = a
-    return [(x, a) for x, a in found.items()
-            if not any(y != x and x in set(walk(y)) for y in found)]
-
-
-def _transcendental(e: tuple) -> bool:
-    return any(x[0] in TRANSCENDENTAL for x in walk(e))
 
 
 def _main_access(prog: ExprProgram) -> int:
@@ -890,85 +126,90 @@ def has_split_rows(prog: ExprProgram) -> bool:
             and bool(prog.accesses) and not prog.outer)
 
 
-def _host(prog: ExprProgram, p: RowParams) -> str:
-    na = len(prog.accesses)
-    nacc = na + len(prog.strided_outputs)
-    outs = [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)]
+def _host(g: RowGen) -> str:
+    """htam_run: checks and binds the program's tensors, then launches the mapping the real sizes
+    and strides call for (column mapping, split rows, else the row mapping)."""
+    prog = g.prog
     args = ", ".join([host.access_ptr(prog, i) for i in range(len(prog.accesses))]
-                     + outs + ["ows"] * bool(prog.outer))
+                     + _outs(prog) + ["ows"] * bool(prog.outer))
     ncol = "(int)ncol, inner" if prog.nred > 1 else "(int)ncol"
+    binds = "\n" + host.bind_outputs(prog) if prog.strided_outputs else ""
+    head = f"""
+HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
+{host.prologue(prog)}
+{_host_sizes(prog)}
+  Space<NACC> sp;
+{host.bind_accesses(prog)}{binds}
+  (void)max_off;
+{_out_checks(prog)}
+  if (rows == 0) return {"HTAM_ERR_SHAPE" if prog.outer else "HTAM_OK"};
+{_host_collapse(prog)}"""
+    mappings = _split_launch(g, ncol, args) * has_split_rows(prog) + _col_launch(g, ncol, args)
+    return head + mappings + _row_launch(g, ncol, args) + "\n  return HTAM_OK;\n}\n"
 
-    def launch(V: int, NV: int) -> str:     # the kernel instantiation for vector width V, NV chunks
-        return f"row_kernel<{V}, {NV}><<<blocks, BLOCK, 0, stream>>>(sp, rows, {ncol}, {args});"
-    out_checks = "\n".join(
+
+def _outs(prog: ExprProgram) -> list[str]:
+    return [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)]
+
+
+def _out_checks(prog: ExprProgram) -> str:
+    """Sizes of the outputs: one value (totals), one a row, or the iteration's (contiguous unless
+    stored through their own strides)."""
+    return "\n".join(
         f"  if (htam_numel(&out[{k}]) != 1) return HTAM_ERR_SHAPE;" if o.total else
         ("" if o.broadcast else f"  if (htam_numel(&out[{k}]) != n) return HTAM_ERR_SHAPE;") if o.dims is not None else
         f"  if (!htam_contiguous(out[{k}]) || htam_numel(&out[{k}]) != {'rows' if o.row else 'n'}) return HTAM_ERR_SHAPE;"
         for k, o in enumerate(prog.outputs))
-    cap = p.tpr * p.vec * p.nv
+
+
+def _host_sizes(prog: ExprProgram) -> str:
+    """ncol (one-dim rows) or rowlen (the product of the row's dims), and rows."""
     D, nr = prog.ndim, prog.nred
     if nr == 1:
-        sizes = f"""  const int64_t ncol = it[{D - 1}];
-  if (ncol <= 0 || ncol > (int64_t(1) << 30)) return HTAM_ERR_SHAPE;
-  const int64_t rows = n / ncol;"""
-        collapse = f"  htam_collapse<NACC>(sp, {nacc}, true);"
-    else:   # the row is several dims: they must merge into one (contiguous along the row)
-        sizes = f"""  int64_t rowlen = 1;
-  for (int d = {D - nr}; d < {D}; ++d) rowlen *= it[d];
-  if (rowlen <= 0 || rowlen > (int64_t(1) << 30)) return HTAM_ERR_SHAPE;
-  const int64_t rows = n / rowlen;"""
-        # NOTE: a row that stays two dims after merging (a GroupNorm's channels x pixels, its
-        # weight stepping per channel) is walked as one: `inner` is its last dim's size
-        collapse = (f"  const int row_nd = htam_collapse<NACC>(sp, {nacc}, true, {nr});\n"
-                    f"  if (row_nd > 2) return HTAM_ERR_SHAPE;\n"
-                    f"  const int inner = row_nd == 2 ? (int)sp.size[sp.ndim - 1] : 0;\n"
-                    f"  const int64_t ncol = row_nd == 2 ? sp.size[sp.ndim - 2] * sp.size[sp.ndim - 1] : sp.size[sp.ndim - 1];")
-    binds = "\n" + host.bind_outputs(prog) if prog.strided_outputs else ""
-    outer_setup = outer_launch = ""
-    if prog.outer:
-        # NOTE: every thread group's partial sums take one 8-byte slot per sum in the split-rows
-        # workspace: the grid is capped to fit it (the row loop is grid-stride, so every row is
-        # still visited)
-        outer_setup = f"""
-  void* ows = htam_split_ws(stream);
-  if (ows == nullptr) return HTAM_ERR_SHAPE;
-  blocks = std::min<int64_t>(blocks, (int64_t)(kSplitWs / (8 * {len(prog.outer)} * (BLOCK / TPR))));"""
-        outer_launch = f"""
-  outer_finish<<<1, 1024, 0, stream>>>(blocks * (BLOCK / TPR), rows, ows, {", ".join(outs)});
-  HTAM_CHECK_LAUNCH();"""
-    col = ""
-    if has_column_mapping(prog):
-        m = _main_access(prog)
-        # the main input steps along the row by more than one element, and by one between rows
-        col_cond = (f"sp.ndim >= 2 && sp.st[{m}][sp.ndim - 1] != 1 && sp.st[{m}][sp.ndim - 2] == 1" if nr == 1 else
-                    f"sp.ndim - row_nd >= 1 && !(sp.st[{m}][sp.ndim - 1] == 1 && (row_nd == 1 || "
-                    f"sp.st[{m}][sp.ndim - 2] == inner)) && sp.st[{m}][sp.ndim - 1 - row_nd] == 1")
-        col = f"""
-  // strided columns, adjacent rows: the column mapping (32 rows a block, ck lanes along the row)
-  if ({col_cond}) {{
-    int64_t cblocks = (rows + 31) / 32;
-    const int64_t target = (int64_t)htam_sm_count() * 2048;    // resident threads to fill
-    int ck = 1;
-    while (ck < 32 && cblocks * 32 * ck * 2 <= target && ck * 2 <= ncol) ck *= 2;
-    cblocks = std::max<int64_t>(1, std::min<int64_t>(cblocks, (int64_t)1 << 30));
-    // staged full-row outputs: a [steps * ck][33] float tile (_col_final_unroll), at most 128 columns (17 KB): with
-    // col_reduce's static buffers (4-12 KB per state type) a block stays within 48 KB
-    const bool staged = {"true" if _col_staged(prog) else "false"};
-    while (staged && ck > 1 && {_col_final_unroll(prog, p.col_unroll)} * ck > 128) ck /= 2;
-    const size_t smem = staged ? (size_t){_col_final_unroll(prog, p.col_unroll)} * ck * 33 * sizeof(float) : 0;
-    col_kernel<<<cblocks, 32 * ck, smem, stream>>>(sp, rows, {ncol}, {args});
+        return (f"  const int64_t ncol = it[{D - 1}];\n"
+                f"  if (ncol <= 0 || ncol > (int64_t(1) << 30)) return HTAM_ERR_SHAPE;\n"
+                f"  const int64_t rows = n / ncol;")
+    return (f"  int64_t rowlen = 1;\n  for (int d = {D - nr}; d < {D}; ++d) rowlen *= it[d];\n"
+            f"  if (rowlen <= 0 || rowlen > (int64_t(1) << 30)) return HTAM_ERR_SHAPE;\n"
+            f"  const int64_t rows = n / rowlen;")
+
+
+def _host_collapse(prog: ExprProgram) -> str:
+    """Merges sp's dims; a row of several dims must merge into one or two (row_nd)."""
+    nacc = len(prog.accesses) + len(prog.strided_outputs)
+    if prog.nred == 1:
+        return f"  htam_collapse<NACC>(sp, {nacc}, true);"
+    # NOTE: a row that stays two dims after merging (a GroupNorm's channels x pixels, its weight
+    # stepping per channel) is walked as one: `inner` is its last dim's size
+    return (f"  const int row_nd = htam_collapse<NACC>(sp, {nacc}, true, {prog.nred});\n"
+            f"  if (row_nd > 2) return HTAM_ERR_SHAPE;\n"
+            f"  const int inner = row_nd == 2 ? (int)sp.size[sp.ndim - 1] : 0;\n"
+            f"  const int64_t ncol = row_nd == 2 ? sp.size[sp.ndim - 2] * sp.size[sp.ndim - 1] : sp.size[sp.ndim - 1];")
+
+
+def _col_launch(g: RowGen, ncol: str, args: str) -> str:
+    """Strided columns, adjacent rows (the main input steps along the row by more than one
+    element, by one between rows): the column mapping."""
+    prog = g.prog
+    if not has_column_mapping(prog):
+        return ""
+    staged = "true" if _col_staged(prog) else "false"
+    return f"""
+  if (htam_col_strided(sp, {_main_access(prog)}, {"row_nd, inner" if prog.nred > 1 else "1, 0"})) {{
+    const HtamColLaunch cl = htam_col_launch(rows, ncol, {staged}, {_col_final_unroll(prog, g.p.col_unroll)});
+    col_kernel<<<cl.blocks, cl.threads, cl.smem, stream>>>(sp, rows, {ncol}, {args});
     HTAM_CHECK_LAUNCH();
     return HTAM_OK;
   }}"""
-    if has_split_rows(prog):
-        state = "ArgState" if prog.reductions[0].kind in ARG else "float"
-        col = f"""
-  // a few long rows: split each over many blocks, then combine the partials in order
+
+
+def _split_launch(g: RowGen, ncol: str, args: str) -> str:
+    """A few long rows: each split over many blocks, the partials combined in order."""
+    state = split_state(g)
+    return f"""
   {{
-    const int64_t sms = htam_sm_count();
-    const int splits = (int)std::min<int64_t>(std::min<int64_t>(sms * 8 / rows, ncol / 4096),
-                                             (int64_t)(kSplitWs / sizeof({state})) / rows);
-    void* ws = (rows <= 65535 && splits >= 2) ? htam_split_ws(stream) : nullptr;
+    const int splits = htam_split_count(rows, ncol, sizeof({state}));
+    void* ws = splits >= 2 ? htam_split_ws(stream) : nullptr;
     if (ws != nullptr) {{
       split_kernel<<<dim3(splits, (unsigned)rows), 256, 0, stream>>>(sp, {ncol}, splits, ({state}*)ws, {args});
       HTAM_CHECK_LAUNCH();
@@ -976,44 +217,49 @@ def _host(prog: ExprProgram, p: RowParams) -> str:
       HTAM_CHECK_LAUNCH();
       return HTAM_OK;
     }}
-  }}""" + col
-    return f"""
-HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
-{host.prologue(prog)}
-{sizes}
-  Space<NACC> sp;
-{host.bind_accesses(prog)}{binds}
-  (void)max_off;
-{out_checks}
-  if (rows == 0) return {"HTAM_ERR_SHAPE" if prog.outer else "HTAM_OK"};
-{collapse}{col}
-  const int V = {p.vec};
-  bool vec_ok = V > 1 && ncol % V == 0;
-{host.vector_checks(prog, "V", full_outputs_only=True)}
-  int64_t blocks = (rows + BLOCK / TPR * RPG - 1) / (BLOCK / TPR * RPG);
-  if ({p.waves} > 0) blocks = std::min<int64_t>(blocks, (int64_t)htam_sm_count() * {p.waves});
-  blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t)1 << 30));{outer_setup}
-  const bool regs = {p.nv} > 0 && ncol <= {cap};
-  if (regs && vec_ok) {launch(p.vec, max(p.nv, 1))}
-  else if (regs) {launch(1, max(p.nv * p.vec, 1))}
-  else if (vec_ok) {launch(p.vec, 0)}
-  else {launch(1, 0)}
-  HTAM_CHECK_LAUNCH();{outer_launch}
-  return HTAM_OK;
-}}
-"""
+  }}"""
+
+
+def _row_launch(g: RowGen, ncol: str, args: str) -> str:
+    """The row mapping: register-held while the row fits NV chunks a thread (rows_host.cuh)."""
+    prog, p = g.prog, g.p
+    launch = (f"  row_launch<{p.vec}, {max(p.nv, 1)}, {max(p.nv * p.vec, 1)}>(regs, vec_ok, blocks, stream, "
+              f"sp, rows, {ncol}, {args});\n  HTAM_CHECK_LAUNCH();")
+    return (f"\n  const int V = {p.vec};\n  bool vec_ok = V > 1 && ncol % V == 0;\n"
+            f"{host.vector_checks(prog, 'V', full_outputs_only=True)}\n"
+            f"  int64_t blocks = htam_row_blocks(rows, BLOCK / TPR * RPG, {p.waves});{_outer_setup(prog)}\n"
+            f"  const bool regs = {p.nv} > 0 && ncol <= {p.tpr * p.vec * p.nv};\n{launch}{_outer_launch(prog)}")
+
+
+def _outer_setup(prog: ExprProgram) -> str:
+    # NOTE: every thread group's partial sums take one 8-byte slot per sum in the split-rows
+    # workspace: the grid is capped to fit it (the row loop is grid-stride, so every row is still
+    # visited)
+    if not prog.outer:
+        return ""
+    return (f"\n  void* ows = htam_split_ws(stream);\n  if (ows == nullptr) return HTAM_ERR_SHAPE;\n"
+            f"  blocks = std::min<int64_t>(blocks, (int64_t)(kSplitWs / (8 * {len(prog.outer)} * (BLOCK / TPR))));")
+
+
+def _outer_launch(prog: ExprProgram) -> str:
+    if not prog.outer:
+        return ""
+    return (f"\n  outer_finish<<<1, 1024, 0, stream>>>(blocks * (BLOCK / TPR), rows, ows, {', '.join(_outs(prog))});\n"
+            f"  HTAM_CHECK_LAUNCH();")
 
 
 def generate(prog: ExprProgram, p: RowParams, low_precision: bool = False) -> str:
     """CUDA source (kernel ABI) for a row prog."""
     assert prog.kind == "rowwise", prog.kind
-    g = _Gen(prog, p, low_precision)
-    col, split = has_column_mapping(prog), has_split_rows(prog)
-    ext = (col or split or bool(prog.outer) or any(r.kind in ("prod", *ARG) for r in prog.reductions)
-           or any(a.mode == "span" for a in prog.accesses))
-    return "\n".join([f"// torch_htam expert: rowwise {p}", PRELUDE] + [ROWS_CUH] * ext + ["#include <algorithm>",
-                      g.kernel()] + [g.col_kernel()] * col + [g.split_kernels()] * split
-                     + [g.outer_finish()] * bool(prog.outer) + [_host(prog, p)])
+    g = RowGen(prog, p, low_precision)
+    parts = [f"// torch_htam expert: rowwise {p}", PRELUDE, "#include <algorithm>", ROWS_CUH, g.kernel()]
+    if has_column_mapping(prog):
+        parts.append(ColGen(g, _col_final_unroll(prog, p.col_unroll)).kernel())
+    if has_split_rows(prog):
+        parts.append(split_kernels(g))
+    if prog.outer:
+        parts.append(g.outer_finish())
+    return "\n".join(parts + [ROWS_HOST_CUH, _host(g)])
 
 
 # ---- the rowwise target (target.Target) ------------------------------------------------------------
