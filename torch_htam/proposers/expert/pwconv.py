@@ -117,8 +117,7 @@ class EpiInput:
     index: int           # the epilogue input it reads (in[index] of pw_launch)
     trait: str           # its dtype trait (F32, BF16, ...)
     size: int            # bytes per element
-    staged: bool         # per-channel: staged in sC[slot] once per tile (channel_only)
-    slot: int            # its row of sC when staged
+    staged: bool         # per-channel: staged in shared memory (sC{j}()) once per tile (channel_only)
     prefetched: bool     # pixel-varying: its tile is prefetched into shared memory under PRE
 
 
@@ -136,9 +135,9 @@ def epilogue_inputs(cp: ConvMatch) -> tuple[dict[int, str], list[EpiInput]]:
             names[i] = "sT[r]"
         else:      # read by the thread per row (x), or staged per tile when per-channel (sC)
             t, _, size = DT[prog.inputs[a.input][1]]
-            j, slot = len(ins), sum(e.staged for e in ins)
-            ins.append(EpiInput(j, i, a.input, t, size, channel_only(prog, i), slot, pixel_varying(prog, i)))
-            names[i] = f"sC[{slot}][r]" if ins[-1].staged else f"x.x{j}[u][e]"
+            j = len(ins)
+            ins.append(EpiInput(j, i, a.input, t, size, channel_only(prog, i), pixel_varying(prog, i)))
+            names[i] = f"sC{j}()[r]" if ins[-1].staged else f"x.x{j}[u][e]"
     return names, ins
 
 
@@ -187,15 +186,18 @@ def _prefetch(ins: list[EpiInput]) -> list[str]:
 
 
 def _stage(cp: ConvMatch, ins: list[EpiInput]) -> list[str]:
-    """Epi::stage: channel i's batch norm folded as torch orders it, and its per-channel inputs."""
+    """Epi::stage: channel i's batch norm folded as torch orders it, and its per-channel inputs, each
+    into its tile row sC{j}() (pw::channel_row)."""
     fold = Fold(cp)
-    lines = ["    static __device__ __forceinline__ void stage(const Args& ea, int64_t i, float* sS, float* sT,",
-             "                                                 float (*sC)[BM]) {"]
+    lines = [f"    static __device__ __forceinline__ float* sC{e.j}() {{"
+             f" return pw::channel_row<Epi, BM, {2 + e.j}>(); }}"
+             for e in ins if e.staged]
+    lines.append("    static __device__ __forceinline__ void stage(const Args& ea, int64_t i, float* sS, float* sT) {")
     if cp.bn is not None:
         lines += [f"      const auto* {n} = ea.{n};" for n in fold.present]
         lines += ["      const float eps = ea.eps;", f"      sS[threadIdx.x] = {fold.scale('i')};",
                   f"      sT[threadIdx.x] = {fold.center('i')};"]
-    lines += [f"      sC[{e.slot}][threadIdx.x] = ld1<{e.trait}, false>(ea.p{e.j} + i * ea.st[{e.j}][1]);"
+    lines += [f"      sC{e.j}()[threadIdx.x] = ld1<{e.trait}, false>(ea.p{e.j} + i * ea.st[{e.j}][1]);"
               for e in ins if e.staged]
     return lines + ["    }"]
 
@@ -215,7 +217,7 @@ def _rows(ins: list[EpiInput]) -> list[str]:
                  if e.prefetched else [f"      {direct}"])
     return [*decl, "    static __device__ __forceinline__ Cols column(const Args& ea, IDX n, IDX p) {",
             f"      return {value};", "    }",
-            f"    struct Rows {{ {' '.join(f'float x{e.j}[JJ][EV];' for e in rows)} }};",
+            "    struct Rows {" + "".join(f" float x{e.j}[JJ][EV];" for e in rows) + (" };" if rows else "};"),
             "    static __device__ __forceinline__ void load(const Args& ea, Rows& x, int u, int r, IDX kc, int col,",
             "                                                Pre pre, Cols cols) {", *load, "    }"]
 
@@ -228,15 +230,14 @@ def _value(cp: ConvMatch, params: dict, names: dict[int, str]) -> list[str]:
     y = em.emit(stored(out.expr, out.dtype))
     # NOTE: the staged conv result is already rounded to the conv's dtype, as torch's is
     return ["    static __device__ __forceinline__ float value(const Rows& x, const float (&cvs)[EV], int u, int e,",
-            "                                                  int r, const float* sS, const float* sT,",
-            "                                                  const float (*sC)[BM]) {",
+            "                                                  int r, const float* sS, const float* sT) {",
             "      const float cv = cvs[e];", *("      " + ln for ln in em.lines), f"      return {y};", "    }"]
 
 
 def _region(cp: ConvMatch, params: dict, names: dict[int, str], ins: list[EpiInput], nhwc: bool) -> str:
     """struct Region, pw_kernel's R (pwconv_kernel.cuh says what each member does)."""
     prog, dt = cp.epilogue, DT[cp.dtype][0]
-    nc, pre = sum(e.staged for e in ins), [e for e in ins if e.prefetched]
+    pre = [e for e in ins if e.prefetched]
     # the result tile's storage type: the conv's dtype (half types: torch rounds the conv result to
     # it) or fp32
     st = dt if cp.dtype != "float32" else "F32"
@@ -245,8 +246,8 @@ def _region(cp: ConvMatch, params: dict, names: dict[int, str], ins: list[EpiInp
         f"// pw_kernel's R: the epilogue of a conv whose tiles {tiles}", "struct Region {",
         f"  typedef {dt} DT;", f"  typedef {DT[prog.outputs[0].dtype][0]} OT;", f"  typedef {st} STG;",
         _args(cp, ins),
-        f"  static constexpr int NC = {nc}, NPRE = {len(pre)};",
-        f"  static constexpr bool STAGED = {_cpp(cp.bn is not None or nc > 0)};",
+        f"  static constexpr int NPRE = {len(pre)};",
+        f"  static constexpr bool STAGED = {_cpp(cp.bn is not None or any(e.staged for e in ins))};",
         f"  static constexpr size_t PRE_BYTES = {sum(e.size for e in pre)};",
         "  template <int BM, int BN, int EV, int JJ, bool PRE, bool PERSIST, typename IDX>", "  struct Epi {",
         *_prefetch(ins), *_stage(cp, ins), *_rows(ins), *_value(cp, params, names), "  };", "};"])

@@ -7,18 +7,18 @@
 //   DT, OT, STG       the conv's dtype, the output's, and the result tile's storage type (DT for
 //                     half types: torch rounds the conv result to it; F32 for fp32)
 //   Args              the epilogue's global inputs (pointers and strides), a kernel argument
-//   NC                per-channel inputs staged per tile in sC[NC][BM]
-//   STAGED            whether a tile stages anything (batch norm's scale / center, or NC > 0)
+//   STAGED            whether a tile stages anything (batch norm's scale / center, or per-channel
+//                     inputs, each in a channel_row of its own)
 //   NPRE, PRE_BYTES   pixel-varying inputs (a residual) and the bytes of one element of each, summed
 //   Epi<BM, BN, EV, JJ, PRE, PERSIST, IDX>   the epilogue's code, static functions called below:
 //     issue(ea, d, tail, buf, m0, q0)  cp.async of the pixel-varying inputs' tile (m0, q0) into
 //                                      their buffers buf (tail: dynamic shared memory after the
 //                                      result tile, where the PRE buffers are)
-//     stage(ea, i, sS, sT, sC)         channel i's per-tile values (thread i - m0)
+//     stage(ea, i, sS, sT)             channel i's per-tile values (thread i - m0)
 //     Pre select(tail, it)             the PRE buffers tile it reads
 //     Cols column(ea, n, p)            the per-row inputs' offsets at channel 0 of pixel p of image n
 //     Rows, load(ea, x, u, r, kc, col, pre, cols)   row u's global inputs (tile row r, channel kc)
-//     value(x, cvs, u, e, r, sS, sT, sC)            the output at row u, pixel e; cvs: conv values
+//     value(x, cvs, u, e, r, sS, sT)                the output at row u, pixel e; cvs: conv values
 //   Pre and Cols are the per-tile state: a scalar for one input, else a struct (the kernel keeps
 //   them as locals: per-tile values in registers, no object the hooks write to).
 namespace pw {
@@ -39,6 +39,15 @@ template <class R, bool PERSIST, bool NHWC, int BM, int BN, int STAGES> constexp
 template <class R, bool PERSIST, bool NHWC, int BM, int BN, int STAGES, bool PRE> constexpr size_t smem_bytes() {
   constexpr size_t tail = tail_off<R, PERSIST, NHWC, BM, BN, STAGES>();
   return PRE ? tail + (size_t)(PERSIST ? 2 : 1) * BM * BN * R::PRE_BYTES : tail;
+}
+
+// The block's [BM] shared-memory row of per-channel values K of epilogue E (K = 0: batch norm's
+// scale, 1: its center, 2 + j: E's staged input j), staged once per tile. Each is an array of its
+// own, as the kernel's own __shared__ arrays were (one array [K][BM] addresses them differently).
+template <class E, int BM, int K>
+__device__ __forceinline__ float* channel_row() {
+  __shared__ float v[BM];
+  return v;
 }
 
 // x = EV consecutive pixels of one epilogue input row from p + o: pixel stride sp 1 (a vector when
@@ -72,12 +81,12 @@ __global__ void __launch_bounds__(pw::THREADS, MINB) pw_kernel(const typename R:
   constexpr int LDC = TL::LDC, TPR = BN / EV, RPP = pw::THREADS / TPR;
   constexpr int JJ = JU < BM / RPP ? JU : BM / RPP;    // tile rows per thread in flight
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ float sS[BM], sT[BM];        // batch norm scale / center of the tile's channels
-  __shared__ float sC[R::NC > 0 ? R::NC : 1][BM];     // per-channel inputs of the tile's rows
   raw* pipe = reinterpret_cast<raw*>(smem);
   typename STG::raw* stg = reinterpret_cast<typename STG::raw*>(smem + pw::stg_off<R, PERSIST, NHWC, BM, BN, STAGES>());
   unsigned char* tail = smem + pw::tail_off<R, PERSIST, NHWC, BM, BN, STAGES>();
   typedef typename R::template Epi<BM, BN, EV, JJ, PRE, PERSIST, IDX> E;
+  float* const sS = pw::channel_row<E, BM, 0>();      // batch norm scale / center of the tile's channels
+  float* const sT = pw::channel_row<E, BM, 1>();
   auto issue_pre = [&](int buf, int m0n, int64_t q0n) {
     if constexpr (PRE && R::NPRE > 0) {
       E::issue(ea, d, tail, buf, m0n, q0n);
@@ -105,7 +114,7 @@ __global__ void __launch_bounds__(pw::THREADS, MINB) pw_kernel(const typename R:
   const int col = (threadIdx.x % TPR) * EV, row0 = threadIdx.x / TPR;
   for (int it = 0; t < T; t += gridDim.x, ++it) {
     if constexpr (R::STAGED) {       // (read by every thread after the main loop's sync)
-      if (threadIdx.x < BM && m0 + (int64_t)threadIdx.x < d.K) E::stage(ea, m0 + threadIdx.x, sS, sT, sC);
+      if (threadIdx.x < BM && m0 + (int64_t)threadIdx.x < d.K) E::stage(ea, m0 + threadIdx.x, sS, sT);
     }
     if constexpr (NHWC) {
       pw::load_nhwc_tile<DT, BM, BN, VB>(X, d, m0, q0, reinterpret_cast<raw*>(stg));
@@ -150,7 +159,7 @@ __global__ void __launch_bounds__(pw::THREADS, MINB) pw_kernel(const typename R:
         float cvs[EV];
         ldv<STG, EV, false>(stg + r * LDC + col, cvs);
 #pragma unroll
-        for (int e = 0; e < EV; ++e) y[u][e] = E::value(x, cvs, u, e, r, sS, sT, sC);
+        for (int e = 0; e < EV; ++e) y[u][e] = E::value(x, cvs, u, e, r, sS, sT);
       }
 #pragma unroll
       for (int u = 0; u < JJ; ++u) {
