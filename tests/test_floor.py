@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_htam
+from torch_htam.evaluation import Evaluation
 from torch_htam import decide, fallback, inductor, runtime
 from torch_htam.config import OptimizeConfig
 from torch_htam.deadline import Deadline
@@ -61,7 +62,7 @@ class StandIn:
         self.task, self.fails, self.calls = task, fails, 0
         self.handle = next(_ids)
         self.speedup = 2.0
-        self.record = {"evaluation": {"speedup": 2.0, "compile_speedup": vs_inductor, "ref_ms": 1.0}}
+        self.evaluation = Evaluation(True, "ok", speedup=2.0, compile_speedup=vs_inductor, ref_ms=1.0)
         _KERNELS[self.handle] = self
 
 
@@ -391,7 +392,7 @@ def test_gpu_a_refusing_kernel_inside_the_compiled_model_runs_its_region_and_is_
     res = build_many([REFUSES_CU], out_dir=tmp_path)[0]
     assert res.ok, res.log
     kernel = launcher.Kernel(res.so_path)
-    kernel.record = {"evaluation": {"speedup": 2.0, "compile_speedup": 2.0, "ref_ms": 1.0}}
+    kernel.evaluation = Evaluation(True, "ok", speedup=2.0, compile_speedup=2.0, ref_ms=1.0)
     kernels = {target[0].signature: kernel}
     sigs = list(kernels)
     fake_timing(monkeypatch, lambda a: {ArmKind.KERNELS: 0.5, ArmKind.ORIGINAL: 2.0}.get(a.kind, 1.0))

@@ -397,23 +397,26 @@ def test_a_model_export_cannot_take_gets_its_kernels_through_dynamo(monkeypatch)
 
 
 def test_a_kernel_slower_than_inductors_region_is_left_out():
+    from torch_htam.evaluation import Evaluation
+
     class E:
-        record = {"evaluation": {"speedup": 2.0, "compile_speedup": 0.8}}
+        evaluation = Evaluation(True, "ok", speedup=2.0, compile_speedup=0.8)
     assert not backend.beats_inductor(E(), 1.0)
-    E.record = {"evaluation": {"speedup": 2.0, "compile_speedup": 1.2}}
+    E.evaluation = Evaluation(True, "ok", speedup=2.0, compile_speedup=1.2)
     assert backend.beats_inductor(E(), 1.0)
-    E.record = {"evaluation": {"speedup": 2.0}}     # never timed against Inductor: not beaten
+    E.evaluation = Evaluation(True, "ok", speedup=2.0)     # never timed against Inductor: not beaten
     assert not backend.beats_inductor(E(), 1.0)
 
 
 class _Entry:
-    """A cache-entry-like wrapper of a stand-in kernel: record, speedup, usable(), handle."""
+    """A cache-entry-like wrapper of a stand-in kernel: evaluation, speedup, usable(), handle."""
 
     def __init__(self, kernel, speedup, vs_inductor=None):
+        from torch_htam.evaluation import Evaluation
         self.kernel, self.speedup = kernel, speedup
         self.handle = kernel.handle
-        self.record = {"evaluation": {"speedup": speedup, "ref_ms": 1.0, "policy": {"name": "fp32"},
-                                      "compile_speedup": speedup if vs_inductor is None else vs_inductor}}
+        self.evaluation = Evaluation(True, "ok", policy={"name": "fp32"}, ref_ms=1.0, speedup=speedup,
+                                     compile_speedup=speedup if vs_inductor is None else vs_inductor)
 
     def usable(self, min_speedup=1.0):
         return self.speedup >= min_speedup

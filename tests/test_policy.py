@@ -87,13 +87,14 @@ def test_a_cached_tf32_kernel_is_not_admitted_once_tf32_is_off():
 
 def test_why_not_is_the_one_rule_for_using_a_kernel():
     """Each reason a kernel may not run, from the one function every swap path asks."""
+    from torch_htam.evaluation import Evaluation
     from torch_htam.policy import why_not
 
     class Entry(SimpleNamespace):
         def usable(self, min_speedup):
             return self.so_path is not None and self.speedup >= min_speedup
     good = Entry(policy="fp32", so_path="k.so", speedup=1.5, needs_rebuild=False,
-                 record={"evaluation": {"compile_speedup": 1.2}})
+                 evaluation=Evaluation(True, "ok", speedup=1.5, compile_speedup=1.2))
     with tf32_switches(False):
         assert why_not(good, _task("gemm"), 1.03) is None
         assert why_not(good, _task("gemm"), 1.03, against_inductor=True) is None

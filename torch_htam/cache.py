@@ -20,6 +20,7 @@ the same layout, so `KernelCache(root=bundle_dir)` reads it with the same checks
 from __future__ import annotations
 
 import contextlib
+import functools
 import datetime
 import fcntl
 import hashlib
@@ -76,9 +77,11 @@ class Entry:
     def task(self) -> Task:
         return Task.from_json(self.record["task"])
 
-    @property
+    @functools.cached_property
     def evaluation(self) -> Evaluation:
-        return Evaluation.from_json(self.record["evaluation"])
+        """The verdict recorded with the kernel; a record without one reads as never verified."""
+        ev = self.record.get("evaluation")
+        return Evaluation.from_json(ev) if ev else Evaluation(False, "unverified", "the record has no evaluation")
 
     @property
     def name(self) -> str:
@@ -86,11 +89,11 @@ class Entry:
 
     @property
     def speedup(self) -> float | None:
-        return self.record.get("evaluation", {}).get("speedup")
+        return self.evaluation.speedup
 
     @property
     def policy(self) -> str:
-        return self.record.get("evaluation", {}).get("policy", {}).get("name", "?")
+        return self.evaluation.policy.get("name", "?")
 
     @property
     def date(self) -> str:
@@ -102,9 +105,8 @@ class Entry:
 
     def usable(self, min_speedup: float = 1.0) -> bool:
         """Intact, verified correct, and at least `min_speedup` times faster than the original."""
-        ev = self.record.get("evaluation", {})
-        return (self.so_path is not None and bool(ev.get("correct"))
-                and (ev.get("speedup") or 0.0) >= min_speedup)
+        ev = self.evaluation
+        return self.so_path is not None and ev.correct and (ev.speedup or 0.0) >= min_speedup
 
 
 def default_arch() -> str:

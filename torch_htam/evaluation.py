@@ -30,6 +30,7 @@ REASONS = (
     "above_roofline",    # faster than the hardware allows: the timer was fooled
     "no_gpu",
     "deadline",          # optimize's time budget ran out before the job could run
+    "unverified",        # a cache record that carries no verdict (written by hand, or torn)
 )
 
 

@@ -47,7 +47,7 @@ FILE = "golden.safetensors"
 
 def policy_of(entry) -> Precision:
     """The policy a cache/bundle entry was verified under (its record), as a Precision."""
-    d = entry.record.get("evaluation", {}).get("policy") or {}
+    d = entry.evaluation.policy
     try:
         return Precision.from_json(d)
     except TypeError:

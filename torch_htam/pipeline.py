@@ -418,7 +418,7 @@ def _with_inductor_times(tasks: list, kernels: dict, cache, cfg: OptimizeConfig,
     """
     from torch_htam.evaluation import INDUCTOR_COMPILE_S, Evaluator
     todo = [t for t in tasks if t.signature in kernels
-            and kernels[t.signature].record.get("evaluation", {}).get("compile_speedup") is None]
+            and kernels[t.signature].evaluation.compile_speedup is None]
     if not todo:
         return kernels
     out = dict(kernels)
@@ -446,8 +446,8 @@ def _count(found, signature: str) -> int:
 
 
 def _saving_ms(entry, count: int) -> float:
-    ev = entry.record.get("evaluation", {})
-    ref, sp = ev.get("ref_ms") or 0.0, ev.get("speedup") or 1.0
+    ev = entry.evaluation
+    ref, sp = ev.ref_ms or 0.0, ev.speedup or 1.0
     return count * ref * (1.0 - 1.0 / sp)
 
 

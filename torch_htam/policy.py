@@ -186,8 +186,8 @@ def beats_inductor(entry, min_speedup: float = 1.0) -> bool:
     (GPT-2 bf16's lm_head: 1.09x over eager, 0.55x of torch.compile for the whole model,
     bench/results/bench_swaps-20261123-172030.json); optimize() times such kernels first.
     """
-    ev = getattr(entry, "record", None) or {}
-    return ((ev.get("evaluation") or {}).get("compile_speedup") or 0.0) >= min_speedup
+    ev = getattr(entry, "evaluation", None)    # a kernel object without a verdict has not beaten it
+    return ev is not None and (ev.compile_speedup or 0.0) >= min_speedup
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -467,14 +467,13 @@ def _task_reports(tasks, kernels: dict[str, Any], swapped: list[Swapped], errors
     out = []
     for t in tasks:
         k = kernels.get(t.signature)
-        rec = getattr(k, "record", None) or {}
-        ev = rec.get("evaluation", {}) if rec else {}
+        ev = getattr(k, "evaluation", None)
         status, detail = ((TaskStatus.SWAPPED, "") if count[t.signature]
                           else (TaskStatus.NOT_LOADED, errors[t.signature]) if t.signature in errors
                           else (TaskStatus.UNUSABLE, unusable[t.signature]) if t.signature in unusable
                           else (TaskStatus.NO_KERNEL if k is None else TaskStatus.NOT_FOUND, ""))
-        out.append(TaskReport(t.name, t.signature, t.count, ev.get("speedup") or getattr(k, "speedup", None),
-                              (ev.get("policy") or {}).get("name", ""), status, ev.get("compile_speedup"),
+        out.append(TaskReport(t.name, t.signature, t.count, (ev and ev.speedup) or getattr(k, "speedup", None),
+                              ev.policy.get("name", "") if ev else "", status, ev and ev.compile_speedup,
                               detail))
     return out
 
