@@ -11,6 +11,11 @@ input's [tile x tile] patch through shared memory, reading along its contiguous 
 along the output's, so neither side strides across rows. The host picks the two dims from the
 run-time strides and runs the flat kernel when they do not call for a tile.
 
+The kernels are C++ templates over the knobs: ew_flat, the flat kernel's loop (elementwise.cuh),
+and ew_tiled (ew_tiled.cuh). Per region this module emits the structs they are instantiated with
+(EwFlat: one vector's loads, expression program and stores; EwTiled: one element's), the flat
+kernel's __global__ stub (its pointers and arrays) and the host entry.
+
     >>> src = generate(prog, EwParams(block=256, vec=4, unroll=2))
     >>> m = TARGET.match(task.graph, policy); src = TARGET.render(m, TARGET.defaults(m))
 """
@@ -20,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from torch_htam.proposers.expert import host
-from torch_htam.proposers.expert.cuda import CTYPE, DT, PRELUDE, Emitter
+from torch_htam.proposers.expert.cuda import CTYPE, DT, PRELUDE, Emitter, cuh
 from torch_htam.proposers.expert.ir import VT, ExprProgram, Unsupported, lower, program_value_type, stored
 from torch_htam.proposers.expert.target import (ProgramMatch, Target, access_tags, drop_scalar_tag, pow2_vec,
                                                program_facts)
@@ -39,107 +44,119 @@ class EwParams:
     tile: int = 0
 
 
-def _kernel(prog: ExprProgram, p: EwParams, low_precision: bool, restrict: bool) -> str:
-    # Space entries: the accesses, the coordinates (host.bind_accesses), then the outputs stored
-    # through strides (an expanded output, ir.Output.broadcast), whose element offsets are kept in
-    # so[u][j] for the stores
-    nacc, ncoord, nso = len(prog.accesses), len(prog.coords), len(prog.strided_outputs)
-    so_base = nacc + ncoord
-    rs = "__restrict__ " if restrict else ""
-    params = [f"const {DT[prog.inputs[a.input][1]][0]}::raw* {rs}p{i}"
-              for i, a in enumerate(prog.accesses)]
-    params += [f"{DT[o.dtype][0]}::raw* {rs}o{k}" for k, o in enumerate(prog.outputs)]
-    nc = "true" if p.nc else "false"
-    # NOTE: Space rows nacc.. are the coordinates (host.bind_accesses): off[nacc + c] is the index
-    # along iteration dim prog.coords[c] of the vector's first element, + e * its inner step
-    loads = [f"#pragma unroll\n        for (int e = 0; e < VEC; ++e) k{c}[u][e] = (long long)(off[{nacc + c}] + "
-             f"(IDX)e * (IDX)sp.st[{nacc + c}][sp.ndim - 1]);" for c in range(ncoord)]
-    for i, a in enumerate(prog.accesses):
-        dt = prog.inputs[a.input][1]
-        t = DT[dt][0]
-        if a.window:      # a cat operand: element loads inside its window only (outside it: 0)
-            c, lo, hi = prog.coords.index(a.window[0]), a.window[1], a.window[2]
-            ld = f"ld1<{t}, {nc}>(p{i} + off[{i}] + (IDX)e * inner)" if VT[dt] == "f" else \
-                f"{t}::to_v(p{i}[off[{i}] + (IDX)e * inner])"
-            loads.append(
-                f"{{ const IDX inner = (IDX)sp.st[{i}][sp.ndim - 1];\n"
-                f"#pragma unroll\n          for (int e = 0; e < VEC; ++e) x{i}[u][e] = "
+FLAT = cuh("elementwise.cuh")         # ew_flat: the flat kernel's loop; ew_blocks: its grid
+TILED = cuh("ew_tiled.cuh")           # ew_tiled: the transposing kernel; ew_tile_plan, ew_tiled_launch
+TILE_DIMS = cuh("ew_tile_dims.cuh")   # htam_tile_dims: the (r, w) dims of a tiled launch
+
+
+def _pointers(prog: ExprProgram) -> list[tuple[str, str]]:
+    """(C++ type, name) of the kernels' pointers, in the order the host passes them: p<i> per
+    access, then o<k> per output."""
+    ptrs = [(f"const {DT[prog.inputs[a.input][1]][0]}::raw*", f"p{i}") for i, a in enumerate(prog.accesses)]
+    return ptrs + [(f"{DT[o.dtype][0]}::raw*", f"o{k}") for k, o in enumerate(prog.outputs)]
+
+
+def _region(name: str, template: str, prog: ExprProgram, members: list[str]) -> str:
+    """A per-region struct the kernels are instantiated with: the kernel's pointers, then members."""
+    fields = [f"  {t} {n};" for t, n in _pointers(prog)]
+    return "\n".join([f"template <{template}>", f"struct {name} {{"] + fields + members + ["};"])
+
+
+def _method(signature: str, lines: list[str]) -> str:
+    """A const, inlined member function of a region struct."""
+    return "\n".join([f"  __device__ __forceinline__ {signature} const {{"] + ["    " + ln for ln in lines] + ["  }"])
+
+
+def _flat_load(prog: ExprProgram, i: int, nc: str) -> str:
+    """Access i's VEC values of vector u into x<i>[u]."""
+    a = prog.accesses[i]
+    dt = prog.inputs[a.input][1]
+    t = DT[dt][0]
+    inner = f"const IDX inner = (IDX)sp.st[{i}][sp.ndim - 1];"
+    if a.window:      # a cat operand: element loads inside its window only (outside it: 0)
+        c, lo, hi = prog.coords.index(a.window[0]), a.window[1], a.window[2]
+        ld = f"ld1<{t}, {nc}>(p{i} + off[{i}] + (IDX)e * inner)" if VT[dt] == "f" else \
+            f"{t}::to_v(p{i}[off[{i}] + (IDX)e * inner])"
+        return (f"{{ {inner}\n#pragma unroll\n      for (int e = 0; e < VEC; ++e) x{i}[u][e] = "
                 f"(k{c}[u][e] >= {lo}LL && k{c}[u][e] < {hi}LL) ? {ld} : 0; }}")
-            continue
-        if VT[dt] != "f":     # integers and bools: element loads in their own type (no float trip)
-            loads.append(
-                f"{{ const IDX inner = (IDX)sp.st[{i}][sp.ndim - 1];\n"
-                f"#pragma unroll\n          for (int e = 0; e < VEC; ++e) x{i}[u][e] = {t}::to_v(p{i}[off[{i}] + e * inner]); }}")
-            continue
-        loads.append(
-            f"if (VEC > 1 && sp.st[{i}][sp.ndim - 1] == 1) ldv<{t}, VEC, {nc}>(p{i} + off[{i}], x{i}[u]);\n"
-            f"        else {{ const float v = ld1<{t}, {nc}>(p{i} + off[{i}]);\n"
-            f"#pragma unroll\n          for (int e = 0; e < VEC; ++e) x{i}[u][e] = v; }}")
+    if VT[dt] != "f":     # integers and bools: element loads in their own type (no float trip)
+        return (f"{{ {inner}\n#pragma unroll\n      for (int e = 0; e < VEC; ++e) "
+                f"x{i}[u][e] = {t}::to_v(p{i}[off[{i}] + e * inner]); }}")
+    return (f"if (VEC > 1 && sp.st[{i}][sp.ndim - 1] == 1) ldv<{t}, VEC, {nc}>(p{i} + off[{i}], x{i}[u]);\n"
+            f"    else {{ const float s = ld1<{t}, {nc}>(p{i} + off[{i}]);\n"
+            f"#pragma unroll\n      for (int e = 0; e < VEC; ++e) x{i}[u][e] = s; }}")
+
+
+def _store(k: int, dtype: str) -> str:
+    """Contiguous output k's VEC values of vector u at element lin."""
+    t = DT[dtype][0]
+    if VT[dtype] != "f":      # int64 / int32 / bool (one byte) outputs, element by element
+        return f"#pragma unroll\n    for (int e = 0; e < VEC; ++e) o{k}[lin + e] = {t}::from_v(y{k}[u][e]);"
+    return f"if (VEC > 1) stv<{t}, VEC>(o{k} + lin, y{k}[u]);\n    else o{k}[lin] = {t}::from_f(y{k}[u][0]);"
+
+
+def _store_strided(k: int, j: int, entry: int, dtype: str) -> str:
+    """Output k stored at its own offsets so[u][j] (Space entry `entry`): vector stores where it
+    steps by one along the last dim (the host checked alignment), else element by element (an
+    expanded dim steps 0: the values, all equal, land on one element)."""
+    t = DT[dtype][0]
+    conv = f"{t}::from_v" if VT[dtype] != "f" else f"{t}::from_f"
+    vec = f"if (VEC > 1 && inner == 1) stv<{t}, VEC>(o{k} + so[u][{j}], y{k}[u]);\n      else " \
+        if VT[dtype] == "f" else ""
+    return (f"{{ const IDX inner = (IDX)sp.st[{entry}][sp.ndim - 1];\n      {vec}"
+            f"for (int e = 0; e < VEC; ++e) o{k}[so[u][{j}] + e * inner] = {conv}(y{k}[u][e]); }}")
+
+
+def _flat_regs(prog: ExprProgram) -> list[tuple[str, str, str]]:
+    """One loop trip's arrays, (C++ type, name, inner extent) each [UNROLL][extent]: x<i> per
+    access, y<k> per output, k<c> per coordinate, so: the strided outputs' element offsets."""
+    x = [(CTYPE[VT[prog.inputs[a.input][1]]], f"x{i}", "VEC") for i, a in enumerate(prog.accesses)]
+    y = [(CTYPE[VT[o.dtype]], f"y{k}", "VEC") for k, o in enumerate(prog.outputs)]
+    k = [("long long", f"k{c}", "VEC") for c in range(len(prog.coords))]
+    return x + y + k + ([("IDX", "so", str(len(prog.strided_outputs)))] if prog.strided_outputs else [])
+
+
+def _flat_kernel(prog: ExprProgram, p: EwParams, restrict: bool) -> str:
+    """ew_kernel<VEC, IDX>: its pointers as parameters (__restrict__ there, where the read-only
+    path and alias analysis see them), the trip's arrays in the order ew_flat's NOTE asks for, and
+    one ew_flat call with EwFlat over them."""
+    rs = "__restrict__ " if restrict else ""
+    params = [f"{t} {rs}{n}" for t, n in _pointers(prog)]
+    regs, U = _flat_regs(prog), p.unroll
+    decls = [f"{t} {n}[{U}][{e}];" for t, n, e in regs if n != "so"] + [f"IDX lin[{U}];", f"bool ok[{U}];"]
+    decls += [f"{t} {n}[{U}][{e}];" for t, n, e in regs if n == "so"] + ["IDX off[NACC];"]
+    names = [n for _, n in _pointers(prog)] + [n for _, n, _ in regs]
+    return "\n".join([
+        "template <int VEC, typename IDX>",
+        f"__global__ void __launch_bounds__({p.block}) ew_kernel(Space<NACC> sp, IDX nvec, {', '.join(params)}) {{",
+        "  " + " ".join(decls),
+        f"  ew_flat<VEC, {U}>(sp, nvec, lin, ok, off, EwFlat<VEC, {U}, IDX>{{{', '.join(names)}}});",
+        "}"])
+
+
+def _flat_region(prog: ExprProgram, p: EwParams, low_precision: bool) -> str:
+    """EwFlat<VEC, UNROLL, IDX>, ew_flat's region (elementwise.cuh). Space entries: the accesses,
+    the coordinates (host.bind_accesses), then the outputs stored through strides (an expanded
+    output, ir.Output.broadcast)."""
+    nacc, ncoord = len(prog.accesses), len(prog.coords)
+    so_base, nc = nacc + ncoord, "true" if p.nc else "false"
+    # off[nacc + c]: the index along iteration dim prog.coords[c] of the vector's first element
+    loads = [f"#pragma unroll\n    for (int e = 0; e < VEC; ++e) k{c}[u][e] = (long long)(off[{nacc + c}] + "
+             f"(IDX)e * (IDX)sp.st[{nacc + c}][sp.ndim - 1]);" for c in range(ncoord)]
+    loads += [_flat_load(prog, i, nc) for i in range(nacc)]
+    loads += [f"so[u][{j}] = off[{so_base + j}];" for j in range(len(prog.strided_outputs))]
     em = Emitter(load=lambda a: f"x{a}[u][e]", red=None, fast=p.fast, low_precision=low_precision,
                  vt=program_value_type(prog), coord=lambda d: f"k{prog.coords.index(d)}[u][e]")
     outs = [em.emit(stored(o.expr, o.dtype)) for o in prog.outputs]
-    body = "\n".join("          " + ln for ln in em.lines)
-    sets = "\n".join(f"          y{k}[u][e] = {v};" for k, v in enumerate(outs))
     so = {k: j for j, k in enumerate(prog.strided_outputs)}
-    stores = "\n".join(_store(k, o.dtype) if k not in so else _store_strided(k, so[k], so_base + so[k], o.dtype)
-                       for k, o in enumerate(prog.outputs))
-    keep_so = "".join(f"\n      so[u][{j}] = off[{so_base + j}];" for j in range(nso))
-    decl_x = " ".join(f"{CTYPE[VT[prog.inputs[a.input][1]]]} x{i}[UNROLL][VEC];"
-                      for i, a in enumerate(prog.accesses))
-    decl_y = " ".join(f"{CTYPE[VT[o.dtype]]} y{k}[UNROLL][VEC];" for k, o in enumerate(prog.outputs))
-    decl_y += "".join(f" long long k{c}[UNROLL][VEC];" for c in range(ncoord))
-    return f"""
-#define NACC {so_base + nso}
-#define UNROLL {p.unroll}
-template <int VEC, typename IDX>
-__global__ void __launch_bounds__({p.block}) ew_kernel(Space<NACC> sp, IDX nvec,
-    {", ".join(params)}) {{
-  const IDX step = (IDX)gridDim.x * blockDim.x;
-  for (IDX g0 = (IDX)blockIdx.x * blockDim.x + threadIdx.x; g0 < nvec; g0 += step * UNROLL) {{
-    {decl_x}
-    {decl_y}
-    IDX lin[UNROLL];
-    bool ok[UNROLL];{f"{chr(10)}    IDX so[UNROLL][{nso}];" if nso else ""}
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {{
-      const IDX g = g0 + (IDX)u * step;
-      ok[u] = g < nvec;
-      lin[u] = (ok[u] ? g : (IDX)0) * VEC;   // out-of-range lanes read element 0 and store nothing
-      IDX off[NACC];
-      if (sp.ndim == 1) {{
-#pragma unroll
-        for (int a = 0; a < NACC; ++a) off[a] = lin[u] * (IDX)sp.st[a][0];
-      }} else {{
-        IDX rem = lin[u];
-#pragma unroll
-        for (int a = 0; a < NACC; ++a) off[a] = 0;
-        for (int d = sp.ndim - 1; d > 0; --d) {{
-          const IDX sz = (IDX)sp.size[d], i = rem % sz;
-          rem /= sz;
-#pragma unroll
-          for (int a = 0; a < NACC; ++a) off[a] += i * (IDX)sp.st[a][d];
-        }}
-#pragma unroll
-        for (int a = 0; a < NACC; ++a) off[a] += rem * (IDX)sp.st[a][0];
-      }}
-      {chr(10).join("      " + ln for ln in loads).strip()}{keep_so}
-    }}
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {{
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {{
-{body}
-{sets}
-      }}
-    }}
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {{
-      if (!ok[u]) continue;
-{stores}
-    }}
-  }}
-}}
-"""
+    stores = [_store(k, o.dtype) if k not in so else _store_strided(k, so[k], so_base + so[k], o.dtype)
+              for k, o in enumerate(prog.outputs)]
+    region = _region("EwFlat", "int VEC, int UNROLL, class IDX", prog, [
+        *[f"  {t} (&{n})[UNROLL][{e}];" for t, n, e in _flat_regs(prog)],
+        _method("void load(const Space<NACC>& sp, int u, const IDX* off)", loads),
+        _method("void compute(int u, int e)", em.lines + [f"y{k}[u][e] = {v};" for k, v in enumerate(outs)]),
+        _method("void store(const Space<NACC>& sp, int u, IDX lin)", stores)])
+    return f"#define NACC {so_base + len(so)}\n{region}\n"
 
 
 def epilogue_params(vec: int) -> dict:
@@ -156,32 +173,32 @@ def stageable(prog: ExprProgram) -> list[int]:
     return [i for i, a in enumerate(prog.accesses) if VT[prog.inputs[a.input][1]] == "f" and not a.window]
 
 
-def _tiled_kernel(prog: ExprProgram, p: EwParams, low_precision: bool, restrict: bool) -> str:
-    """The transposing kernel: a block takes a [tile x tile] patch of (r, w), two iteration dims,
-    at one index of the others. The accesses in `staged` step by one along r: the block reads their
-    patch with lanes walking r (coalesced) into shared memory; then lanes walk w, along which the
-    first output steps by one, reading the staged values transposed from shared memory and the
-    rest from global memory, and store. Space entries: accesses, coordinates, then every output
-    (a contiguous one with its row-major strides over the iteration dims)."""
-    nacc, ncoord, nout = len(prog.accesses), len(prog.coords), len(prog.outputs)
-    T, rows = p.tile, p.block // p.tile
-    rs = "__restrict__ " if restrict else ""
-    params = [f"const {DT[prog.inputs[a.input][1]][0]}::raw* {rs}p{i}" for i, a in enumerate(prog.accesses)]
-    params += [f"{DT[o.dtype][0]}::raw* {rs}o{k}" for k, o in enumerate(prog.outputs)]
+def _tiled_stage(prog: ExprProgram, p: EwParams) -> str:
+    """EW_TILED_STAGE (ew_tiled.cuh): per stageable access, when staged, the loop reading its
+    patch into shared memory."""
     nc = "true" if p.nc else "false"
-    stage, loads = [], []
+    lines = ["#define EW_TILED_STAGE"]
     for i in stageable(prog):
         t = DT[prog.inputs[prog.accesses[i].input][1]][0]
-        stage.append(
-            f"if (staged >> {i} & 1u) {{\n"
-            f"    float* tl = tile + __popc(staged & ((1u << {i}) - 1u)) * (EW_TILE * (EW_TILE + 1));\n"
-            f"#pragma unroll\n"
-            f"    for (int q = 0; q < EW_TILE / EW_TROWS; ++q) {{\n"
-            f"      const int j = ty + q * EW_TROWS;\n"
-            f"      if (rr < nR && w0 + j < nW) tl[j * (EW_TILE + 1) + tx] = "
-            f"ld1<{t}, {nc}>(p{i} + base[{i}] + rr * stR[{i}] + (w0 + j) * stW[{i}]);\n"
-            f"    }}\n"
-            f"  }}")
+        lines += [f"  if (staged >> {i} & 1u) {{",
+                  f"    float* tl = tile + __popc(staged & ((1u << {i}) - 1u)) * (TILE * (TILE + 1));",
+                  '    _Pragma("unroll")',
+                  "    for (int q = 0; q < TILE / ROWS; ++q) {",
+                  "      const int j = ty + q * ROWS;",
+                  f"      if (rr < nR && w0 + j < nW) tl[j * (TILE + 1) + tx] = ld1<{t}, {nc}>(reg.p{i} + base[{i}] + "
+                  f"rr * stR[{i}] + (w0 + j) * stW[{i}]);",
+                  "    }",
+                  "  }"]
+    return " \\\n".join(lines) + "\n"
+
+
+def _tiled_region(prog: ExprProgram, p: EwParams, low_precision: bool) -> str:
+    """EwTiled<TILE, ROWS, IDX>, ew_tiled's region (ew_tiled.cuh). Space entries: accesses,
+    coordinates, then every output (a contiguous one with its row-major strides over the
+    iteration dims)."""
+    nacc, ncoord = len(prog.accesses), len(prog.coords)
+    nc = "true" if p.nc else "false"
+    loads = [f"const long long k{c} = (long long)off[{nacc + c}];" for c in range(ncoord)]
     for i, a in enumerate(prog.accesses):
         dt = prog.inputs[a.input][1]
         t, ct = DT[dt][0], CTYPE[VT[dt]]
@@ -190,75 +207,31 @@ def _tiled_kernel(prog: ExprProgram, p: EwParams, low_precision: bool, restrict:
             c, lo, hi = prog.coords.index(a.window[0]), a.window[1], a.window[2]
             loads.append(f"const {ct} x{i} = (k{c} >= {lo}LL && k{c} < {hi}LL) ? {ld} : 0;")
         elif i in stageable(prog):
-            loads.append(f"const float x{i} = (staged >> {i} & 1u) ? tile[__popc(staged & ((1u << {i}) - 1u)) * "
-                         f"(EW_TILE * (EW_TILE + 1)) + tx * (EW_TILE + 1) + j] : {ld};")
+            loads.append(f"const float x{i} = (staged >> {i} & 1u) ? ew_staged<TILE, {i}>(tile, staged, tx, j) : {ld};")
         else:
             loads.append(f"const {ct} x{i} = {ld};")
-    coords = [f"const long long k{c} = (long long)off[{nacc + c}];" for c in range(ncoord)]
     em = Emitter(load=lambda a: f"x{a}", red=None, fast=p.fast, low_precision=low_precision,
                  vt=program_value_type(prog), coord=lambda d: f"k{prog.coords.index(d)}")
     outs = [em.emit(stored(o.expr, o.dtype)) for o in prog.outputs]
-    stores = []
-    for k, o in enumerate(prog.outputs):
-        t = DT[o.dtype][0]
-        conv = f"{t}::from_v" if VT[o.dtype] != "f" else f"{t}::from_f"
-        stores.append(f"o{k}[off[{nacc + ncoord + k}]] = {conv}({outs[k]});")
-    body = "\n      ".join(coords + loads + em.lines + stores)
-    return f"""
-#define EW_NT {nacc + ncoord + nout}
-#define EW_TILE {T}
-#define EW_TROWS {rows}
-template <typename IDX>
-__global__ void __launch_bounds__({p.block}) ew_tiled(Space<EW_NT> sp, int r_dim, int w_dim, unsigned staged,
-    IDX n_wt, IDX n_rt, {", ".join(params)}) {{
-  // one [EW_TILE][EW_TILE + 1] float patch per staged access, indexed [w][r]: the +1 keeps the
-  // transposed reads (lanes stepping w) on 32 distinct banks
-  extern __shared__ float tile[];
-  IDX b = (IDX)blockIdx.x;
-  const IDX w0 = (b % n_wt) * EW_TILE; b /= n_wt;
-  const IDX r0 = (b % n_rt) * EW_TILE; b /= n_rt;
-  const IDX nR = (IDX)sp.size[r_dim], nW = (IDX)sp.size[w_dim];
-  IDX base[EW_NT], stR[EW_NT], stW[EW_NT];
-#pragma unroll
-  for (int a = 0; a < EW_NT; ++a) {{ base[a] = 0; stR[a] = (IDX)sp.st[a][r_dim]; stW[a] = (IDX)sp.st[a][w_dim]; }}
-  for (int d = sp.ndim - 1; d >= 0; --d) {{     // b: the index over the other dims
-    if (d == r_dim || d == w_dim) continue;
-    const IDX sz = (IDX)sp.size[d], i = b % sz;
-    b /= sz;
-#pragma unroll
-    for (int a = 0; a < EW_NT; ++a) base[a] += i * (IDX)sp.st[a][d];
-  }}
-  const int tx = threadIdx.x % EW_TILE, ty = threadIdx.x / EW_TILE;
-  {{
-    const IDX rr = r0 + tx;
-  {chr(10).join("  " + ln for ln in stage).strip()}
-  }}
-  __syncthreads();
-#pragma unroll
-  for (int q = 0; q < EW_TILE / EW_TROWS; ++q) {{
-    const int j = ty + q * EW_TROWS;
-    const IDX r = r0 + j, w = w0 + tx;
-    if (r < nR && w < nW) {{
-      IDX off[EW_NT];
-#pragma unroll
-      for (int a = 0; a < EW_NT; ++a) off[a] = base[a] + r * stR[a] + w * stW[a];
-      {body}
-    }}
-  }}
-}}
-"""
+    stores = [f"o{k}[off[{nacc + ncoord + k}]] = {DT[o.dtype][0]}::{'from_v' if VT[o.dtype] != 'f' else 'from_f'}"
+              f"({outs[k]});" for k, o in enumerate(prog.outputs)]
+    return _region("EwTiled", "int TILE, int ROWS, class IDX", prog, [
+        _method("void element(const float* tile, unsigned staged, const IDX* off, int tx, int j)",
+                loads + em.lines + stores)]) + "\n"
 
 
-def _tiled_host(prog: ExprProgram, p: EwParams) -> str:
-    """Host lines that run the tiled kernel and return when the run-time layouts call for it:
-    after collapsing, a dim w where output 0 steps by one and another dim r where a stageable
-    access does (htam_tile_dims), both at least 16 long, the staged patches within 48 KB of
-    shared memory; otherwise they fall through to the flat kernel."""
-    nacc, ncoord = len(prog.accesses), len(prog.coords)
-    so = {k: j for j, k in enumerate(prog.strided_outputs)}
-    args = ", ".join([host.access_ptr(prog, i) for i in range(nacc)] +
+def _args(prog: ExprProgram) -> str:
+    """The kernels' pointer arguments from the host's in[] / out[], typed as the region's."""
+    return ", ".join([host.access_ptr(prog, i, const=True) for i in range(len(prog.accesses))] +
                      [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)])
-    mask = sum(1 << i for i in stageable(prog))
+
+
+def _tiled_host(prog: ExprProgram, p: EwParams, restrict: bool) -> str:
+    """Host lines that run the tiled kernel and return where the run-time layouts call for it
+    (ew_tile_plan); otherwise they fall through to the flat kernel."""
+    nacc, ncoord = len(prog.accesses), len(prog.coords)
+    nt = nacc + ncoord + len(prog.outputs)
+    so = {k: j for j, k in enumerate(prog.strided_outputs)}
     outs = []
     for k in range(len(prog.outputs)):
         e = nacc + ncoord + k
@@ -268,87 +241,26 @@ def _tiled_host(prog: ExprProgram, p: EwParams) -> str:
             outs.append(f"    {{ int64_t acc = 1; for (int d = {prog.ndim} - 1; d >= 0; --d) "
                         f"{{ ts.st[{e}][d] = acc; acc *= it[d]; }} }}")
     def launch(I: str) -> str:
-        return (f"ew_tiled<{I}><<<(unsigned)blocks, {p.block}, smem, stream>>>(ts, r_dim, w_dim, staged, "
-                f"({I})n_wt, ({I})n_rt, {args});")
+        return (f"ew_tiled_launch<{p.tile}, {p.block // p.tile}, {I}, EwTiled, {str(restrict).lower()}>"
+                f"(pl, stream, ts, {_args(prog)});")
     return f"""  {{   // the transposing kernel (EwParams.tile)
-    Space<EW_NT> ts;
-    ts.ndim = sp.ndim;
-    for (int d = 0; d < sp.ndim; ++d) ts.size[d] = sp.size[d];
-    for (int a = 0; a < {nacc + ncoord}; ++a)
-      for (int d = 0; d < sp.ndim; ++d) ts.st[a][d] = sp.st[a][d];
+    Space<{nt}> ts;
+    ew_tile_space(sp, {nacc + ncoord}, ts);
 {chr(10).join(outs)}
-    htam_collapse<EW_NT>(ts, EW_NT, false);
-    int r_dim = -1, w_dim = -1;
-    unsigned staged = 0;
-    if (htam_tile_dims<EW_NT>(ts, {nacc + ncoord}, {mask}u, {nacc}, &r_dim, &w_dim, &staged)) {{
-      const int64_t n_wt = (ts.size[w_dim] + EW_TILE - 1) / EW_TILE, n_rt = (ts.size[r_dim] + EW_TILE - 1) / EW_TILE;
-      const int64_t blocks = n_wt * n_rt * (n / (ts.size[w_dim] * ts.size[r_dim]));
-      const size_t smem = (size_t)__builtin_popcount(staged) * EW_TILE * (EW_TILE + 1) * sizeof(float);
-      // NOTE: a dim shorter than 16 leaves most lanes of a tile idle: the flat kernel runs
-      if (blocks < ((int64_t)1 << 31) && smem <= 48 * 1024 && ts.size[r_dim] >= 16 && ts.size[w_dim] >= 16) {{
-        if (n < ((int64_t)1 << 30) && htam_max_off<EW_NT>(ts, EW_NT) < ((int64_t)1 << 30)) {launch("int32_t")}
-        else {launch("int64_t")}
-        HTAM_CHECK_LAUNCH();
-        return HTAM_OK;
-      }}
+    htam_collapse<{nt}>(ts, {nt}, false);
+    EwTilePlan pl;
+    if (ew_tile_plan<{p.tile}>(ts, n, {sum(1 << i for i in stageable(prog))}u, {nacc}, {nacc + ncoord}, &pl)) {{
+      if (pl.idx32) {launch("int32_t")}
+      else {launch("int64_t")}
+      HTAM_CHECK_LAUNCH();
+      return HTAM_OK;
     }}
   }}"""
 
 
-# Picks the tiled kernel's dims from a collapsed Space (entries: accesses, coordinates, outputs).
-TILE_DIMS = """
-// w: the last dim where output 0 (entry out0) steps by one; r: a dim other than w where a
-// stageable access (bit a of `stageable`) steps by one and along w neither by one nor by zero (a
-// read broadcast along w is one address per warp). staged: those accesses.
-// false: no such pair, the flat kernel runs.
-template <int N>
-static inline bool htam_tile_dims(const Space<N>& s, int out0, unsigned stageable, int nacc, int* r,
-                                  int* w, unsigned* staged) {
-  *w = -1; *r = -1; *staged = 0;
-  for (int d = s.ndim - 1; d >= 0 && *w < 0; --d) if (s.size[d] > 1 && s.st[out0][d] == 1) *w = d;
-  if (*w < 0) return false;
-  for (int a = 0; a < nacc; ++a) {
-    if (!(stageable >> a & 1u) || s.st[a][*w] == 1 || s.st[a][*w] == 0) continue;
-    for (int d = s.ndim - 1; d >= 0; --d) {
-      if (d == *w || s.size[d] <= 1 || s.st[a][d] != 1) continue;
-      if (*r < 0) *r = d;
-      if (d == *r) *staged |= 1u << a;
-      break;
-    }
-  }
-  return *r >= 0;
-}
-"""
-
-
-def _store(k: int, dtype: str) -> str:
-    t = DT[dtype][0]
-    if VT[dtype] != "f":      # int64 / int32 / bool (one byte) outputs, element by element
-        return (f"#pragma unroll\n      for (int e = 0; e < VEC; ++e) o{k}[lin[u] + e] = {t}::from_v(y{k}[u][e]);")
-    return (f"      if (VEC > 1) stv<{t}, VEC>(o{k} + lin[u], y{k}[u]);\n"
-            f"      else o{k}[lin[u]] = {t}::from_f(y{k}[u][0]);")
-
-
-def _store_strided(k: int, j: int, entry: int, dtype: str) -> str:
-    """Output k stored at its own offsets so[u][j] (Space entry `entry`): vector stores where it
-    steps by one along the last dim (the host checked alignment), else element by element (an
-    expanded dim steps 0: the values, all equal, land on one element)."""
-    t = DT[dtype][0]
-    conv = f"{t}::from_v" if VT[dtype] != "f" else f"{t}::from_f"
-    vec = f"if (VEC > 1 && inner == 1) stv<{t}, VEC>(o{k} + so[u][{j}], y{k}[u]);\n        else " \
-        if VT[dtype] == "f" else ""
-    return (f"      {{ const IDX inner = (IDX)sp.st[{entry}][sp.ndim - 1];\n        {vec}"
-            f"for (int e = 0; e < VEC; ++e) o{k}[so[u][{j}] + e * inner] = {conv}(y{k}[u][e]); }}")
-
-
-def _host(prog: ExprProgram, p: EwParams, entry: str) -> str:
+def _host(prog: ExprProgram, p: EwParams, entry: str, restrict: bool) -> str:
     nacc = len(prog.accesses)
-    nall = nacc + len(prog.coords) + len(prog.strided_outputs)   # Space entries (_kernel)
-    args = ", ".join([host.access_ptr(prog, i) for i in range(nacc)] +
-                     [f"({DT[o.dtype][0]}::raw*)out[{k}].data" for k, o in enumerate(prog.outputs)])
-    def launch(V: int, I: str) -> str:      # the kernel instantiation for vector width V, index type I
-        return f"ew_kernel<{V}, {I}><<<blocks, {p.block}, 0, stream>>>(sp, ({I})(n / {V}), {args});"
-    waves = f"if ({p.waves} > 0) blocks = std::min<int64_t>(blocks, (int64_t)htam_sm_count() * {p.waves});"
+    nall = nacc + len(prog.coords) + len(prog.strided_outputs)   # Space entries (_flat_region)
     outputs = """  for (int k = 0; k < n_out; ++k)
     if (!htam_contiguous(out[k]) || htam_numel(&out[k]) != n) return HTAM_ERR_SHAPE;"""
     idx32 = "max_off < (int64_t(1) << 30)"
@@ -357,23 +269,23 @@ def _host(prog: ExprProgram, p: EwParams, entry: str) -> str:
             f"  if (!htam_contiguous(out[{k}]) || htam_numel(&out[{k}]) != n) return HTAM_ERR_SHAPE;"
             for k, o in enumerate(prog.outputs) if o.dims is None)
         idx32 = f"std::max<int64_t>(max_off, htam_max_off<NACC>(sp, {nall})) < (int64_t(1) << 30)"
-    return f"""
+    def launch(V: int, I: str) -> str:      # the kernel instantiation for vector width V, index type I
+        return f"ew_kernel<{V}, {I}><<<blocks, {p.block}, 0, stream>>>(sp, ({I})(n / {V}), {_args(prog)});"
+    head = f"""
 {entry}(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
 {host.prologue(prog)}
   Space<NACC> sp;
 {host.bind_accesses(prog)}
 {outputs}
   if (n == 0) return HTAM_OK;
-{_tiled_host(prog, p) if p.tile else ""}
+{_tiled_host(prog, p, restrict) if p.tile else ""}
   htam_collapse<NACC>(sp, {nall}, false);
   const int V = {p.vec};
   bool vec_ok = V > 1 && sp.size[sp.ndim - 1] % V == 0;
-{host.vector_checks(prog, "V")}
+{host.vector_checks(prog, "V")}"""
+    return head + f"""
   const bool idx32 = n < (int64_t(1) << 29) && {idx32};   // g0 + step * UNROLL stays < 2^31
-  const int64_t per_block = (int64_t){p.block} * {p.unroll} * (vec_ok ? V : 1);
-  int64_t blocks = (n + per_block - 1) / per_block;
-  {waves}
-  blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t)1 << 30));
+  const int64_t blocks = ew_blocks<{p.block}, {p.unroll}, {p.waves}>(n, vec_ok ? V : 1);
   if (vec_ok && idx32) {launch(p.vec, "int32_t")}
   else if (vec_ok) {launch(p.vec, "int64_t")}
   else if (idx32) {launch(1, "int32_t")}
@@ -386,12 +298,15 @@ def _host(prog: ExprProgram, p: EwParams, entry: str) -> str:
 
 def generate(prog: ExprProgram, p: EwParams, low_precision: bool = False, entry: str = "HTAM_ENTRY htam_run",
              restrict: bool = True, prelude: bool = True) -> str:
-    """CUDA source (kernel ABI) for an elementwise prog. entry/restrict/prelude let gemm.py embed
-    it as an in-place epilogue (no __restrict__: the GEMM result is read and overwritten)."""
+    """CUDA source (kernel ABI) for an elementwise prog: the kernels (elementwise.cuh, and
+    ew_tiled.cuh with EwParams.tile), the region structs they are instantiated with, and the host
+    entry. entry/restrict/prelude let gemm.py and conv.py embed it as an in-place epilogue (no
+    __restrict__: the result is read and overwritten)."""
     assert prog.kind == "elementwise", prog.kind
     head = [f"// torch_htam expert: elementwise {p}", PRELUDE, "#include <algorithm>"] if prelude else []
-    tiled = [TILE_DIMS, _tiled_kernel(prog, p, low_precision, restrict)] if p.tile else []
-    return "\n".join(head + tiled + [_kernel(prog, p, low_precision, restrict), _host(prog, p, entry)])
+    tiled = [TILE_DIMS, _tiled_stage(prog, p), TILED, _tiled_region(prog, p, low_precision)] if p.tile else []
+    flat = [_flat_region(prog, p, low_precision), _flat_kernel(prog, p, restrict)]
+    return "\n".join(head + [FLAT] + tiled + flat + [_host(prog, p, entry, restrict)])
 
 
 # ---- the elementwise target (target.Target) --------------------------------------------------------

@@ -14,6 +14,10 @@ round to the pool's dtype, apply the epilogue and store. max_pool*_with_indices 
 Geometry (kernel_size, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override,
 adaptive output_size) is baked in; N, C and the input's spatial sizes are read at run time.
 
+The kernel's loop is pool_body (pool.cuh), a template over the pool kind, dtype and threads per
+window; this module emits per region the struct it is instantiated with (PoolRegion: the prologue
+at one tap, the epilogue and stores), the __global__ stub holding the pointers, and the host entry.
+
     >>> pm = match(task.graph, policy); src = render(pm, defaults(pm))
 """
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 
 from torch_htam import ops
 from torch_htam.partition import op_name
-from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter, c_float
+from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter, cuh
 from torch_htam.proposers.expert.ir import (
     Access, Lowerer, Unsupported, dtype_of, shape_of, stored, TRANSCENDENTAL,
 )
@@ -233,198 +237,113 @@ def _walk(e):
 
 # ---- CUDA text ------------------------------------------------------------------------------------
 
+POOL = cuh("pool.cuh")     # PoolShape, pool_body (the kernel's loop), the host's helpers
+_OPS = {"max": "POOL_MAX", "avg": "POOL_AVG", "adaptive_avg": "POOL_ADAPTIVE_AVG"}
+
+
 def _c3(v) -> str:
     return "{" + ", ".join(str(int(a)) for a in v) + "}"
 
 
-def _kernel(pm: PoolMatch, params: dict) -> str:
-    w, nacc = pm.window, len(pm.pro_accesses)
-    t_of = lambda i: DT[pm.inputs[pm.pro_accesses[i].input][1]][0]          # noqa: E731
-    args = [f"const {t_of(i)}::raw* __restrict__ p{i}" for i in range(nacc)]
-    args += [f"int64_t* __restrict__ o{k}" if dt == "int64" else f"{DT[dt][0]}::raw* __restrict__ o{k}"
-             for k, (dt, _) in enumerate(pm.outputs)]
+def _pointers(pm: PoolMatch) -> list[tuple[str, str]]:
+    """(C++ type, name) of the kernel's pointers: p<i> per prologue access, then o<k> per output
+    (int64 for max pooling's indices)."""
+    ptrs = [(f"const {DT[pm.inputs[a.input][1]][0]}::raw*", f"p{i}") for i, a in enumerate(pm.pro_accesses)]
+    return ptrs + [("int64_t*" if dt == "int64" else f"{DT[dt][0]}::raw*", f"o{k}")
+                   for k, (dt, _) in enumerate(pm.outputs)]
+
+
+def _region(pm: PoolMatch, params: dict) -> str:
+    """PoolRegion<IDX>, pool_body's R: the prologue at one tap, the epilogue and stores."""
+    nacc = len(pm.pro_accesses)
     nc = "true" if params.get("nc") else "false"
-    loads = "\n".join(
-        f"        const float x{i} = ld1<{t_of(i)}, {nc}>(p{i} + b{i} + (IDX)id * (IDX)s.st[{i}][2] + "
-        f"(IDX)ih * (IDX)s.st[{i}][3] + (IDX)iw * (IDX)s.st[{i}][4]);" for i in range(nacc))
+    taps = [f"const float x{i} = ld1<{DT[pm.inputs[a.input][1]][0]}, {nc}>(p{i} + b[{i}] + "
+            f"(IDX)id * (IDX)s.st[{i}][2] + (IDX)ih * (IDX)s.st[{i}][3] + (IDX)iw * (IDX)s.st[{i}][4]);"
+            for i, a in enumerate(pm.pro_accesses)]
     pro = Emitter(load=lambda a: f"x{a}", red=None, prefix="u")
     v = pro.emit(pm.pro_expr)
-    pro_lines = "\n".join("        " + ln for ln in pro.lines)
     epi = Emitter(load=lambda a: "pv", red=None, prefix="t")
-    stores = []
-    for k, (dt, e) in enumerate(pm.outputs):
-        if e is None:
-            stores.append(f"      o{k}[o] = arg;")
-        else:
-            stores.append(f"      o{k}[o] = {DT[dt][0]}::from_f({epi.emit(e)});")
-    epi_lines = "\n".join("      " + ln for ln in epi.lines)
-    is_max = w.op == "max"
-    with_index = any(e is None for _, e in pm.outputs)
-    if is_max and not with_index:      # values only: NaN wins, no index to carry
-        take, merge = "if (v > acc || v != v) acc = v;", "if (ov > acc || ov != ov) acc = ov;"
-    elif is_max:
-        # NOTE: torch keeps the first maximum (strict >), NaN wins, and a window of -inf values
-        # still has an index (its first tap): arg < 0 means no tap seen yet
-        take = ("if (arg < 0 || v > acc || v != v) "
-                "{ acc = v; arg = ((int64_t)id * s.I[1] + ih) * s.I[2] + iw; }")
-        merge = ("if (oa >= 0 && (arg < 0 || ov > acc || (ov == acc && oa < arg) || (ov != ov && acc == acc)))"
-                 " { acc = ov; arg = oa; }")
-    else:
-        take, merge = "acc += v;", "acc += ov;"
-    # window bounds per dim: taps j = 0..cnt-1 at lo + j * dil (adaptive: [start, end) step 1)
-    if w.op == "adaptive_avg":
-        bounds = """      for (int q = 0; q < 3; ++q) {
-        lo[q] = (int)(((int64_t)oc[q] * s.I[q]) / s.O[q]);
-        cnt[q] = (int)((((int64_t)oc[q] + 1) * s.I[q] + s.O[q] - 1) / s.O[q]) - lo[q];
-        div *= cnt[q];
-      }"""
-    else:
-        avg_div = "" if is_max else f"""
-        {{   // torch's divisor: the window clipped to the padded input, or to the input itself
-          const int end = min(lo[q] + s.K[q], s.I[q] + s.P[q]);
-          const int a = max(lo[q], 0), b = min(end, s.I[q]);
-          div *= {"end - lo[q]" if w.count_include_pad else "b - a"};
-        }}"""
-        bounds = f"""      for (int q = 0; q < 3; ++q) {{
-        lo[q] = (int)oc[q] * s.S[q] - s.P[q];
-        cnt[q] = s.K[q];{avg_div}
-      }}"""
-    final = "acc" if is_max else (f"acc / {c_float(float(w.divisor))}" if w.divisor else "acc / (float)div")
-    bases = "\n".join(f"    const IDX b{i} = n * (IDX)s.st[{i}][0] + c * (IDX)s.st[{i}][1];" for i in range(nacc))
-    tpr = params["tpr"]
-    return f"""
-// {w.op} pooling, {w.spatial}-D, geometry padded to (D, H, W)
-static const int64_t kK[3] = {_c3(w.kernel)}, kS[3] = {_c3(w.stride)}, kP[3] = {_c3(w.padding)}, kDil[3] = {_c3(w.dilation)};
-#define NACC {nacc}
-#define TPR {tpr}
-// N, C and sizes in int64 on the host; spatial sizes and window math in int (the host checks
-// every spatial size < 2^30), element offsets in IDX (int32 where they fit: no int64 division)
-struct PoolShape {{
-  int64_t N, C;
-  int I[3], O[3];                           // x's spatial sizes; y's spatial sizes
-  int K[3], S[3], P[3], Dl[3];              // kK .. kDil (device code cannot read host constants)
-  int64_t st[NACC > 0 ? NACC : 1][5];       // per prologue access: elements per step of n, c, d, h, w
-}};
+    stores = [f"o{k}[o] = arg;" if e is None else f"o{k}[o] = {DT[dt][0]}::from_f({epi.emit(e)});"
+              for k, (dt, e) in enumerate(pm.outputs)]
+    lines = ["template <class IDX>", "struct PoolRegion {"] + [f"  {t} {n};" for t, n in _pointers(pm)]
+    lines.append(f"  __device__ __forceinline__ float tap(const PoolShape<{nacc}>& s, const IDX* b, int id, "
+                 "int ih, int iw) const {")
+    lines += ["    " + ln for ln in taps + pro.lines + [f"return {v};"]] + ["  }"]
+    lines.append("  __device__ __forceinline__ void store(IDX o, float pv, int64_t arg) const {")
+    lines += ["    " + ln for ln in epi.lines + stores] + ["  }", "};"]
+    return "\n".join(lines)
 
+
+def _kernel(pm: PoolMatch, params: dict) -> str:
+    """The region struct and the kernel instantiating pool_body: its pointers as __restrict__
+    parameters (where the read-only path and alias analysis see them)."""
+    w, nacc = pm.window, len(pm.pro_accesses)
+    ptrs = _pointers(pm)
+    index = any(e is None for _, e in pm.outputs)
+    cfg = (f"{DT[pm.dtype][0]}, {_OPS[w.op]}, {str(index).lower()}, {str(w.count_include_pad).lower()}, "
+           f"{w.divisor}, {params['tpr']}")
+    return f"""
+{_region(pm, params)}
+
+// {w.op} pooling, {w.spatial}-D
 template <typename IDX>
-__global__ void __launch_bounds__({tpr * params["rows_per_block"]}) pool_kernel(PoolShape s, IDX total,
-    {", ".join(args)}) {{
-  const int lane = threadIdx.x % TPR;
-  // the TPR lanes of one window (a sub-warp) shuffle among themselves
-  const unsigned mask = TPR == 32 ? 0xffffffffu : ((1u << TPR) - 1u) << ((threadIdx.x % 32) / TPR * TPR);
-  (void)mask; (void)lane;
-  const IDX step = (IDX)gridDim.x * (blockDim.x / TPR);
-  for (IDX o = ((IDX)blockIdx.x * blockDim.x + threadIdx.x) / TPR; o < total; o += step) {{
-    IDX r = o, oc[3];
-    for (int q = 2; q >= 0; --q) {{ oc[q] = r % (IDX)s.O[q]; r /= (IDX)s.O[q]; }}
-    const IDX c = r % (IDX)s.C, n = r / (IDX)s.C;
-    int lo[3], cnt[3];
-    int64_t div = 1;
-{bounds}
-    (void)div;
-{bases}
-    float acc = {"-INFINITY" if is_max else "0.f"};
-    int64_t arg = -1;
-    // this lane's taps: lane, lane + TPR, ... of the window in (d, h, w) order, stepped without
-    // division (a 3x3 window costs no index division per tap)
-    int td = 0, th = 0, tw = lane;
-    for (;;) {{
-      while (tw >= cnt[2]) {{ tw -= cnt[2]; if (++th >= cnt[1]) {{ th = 0; ++td; }} }}
-      if (td >= cnt[0]) break;
-      const int id = lo[0] + td * s.Dl[0], ih = lo[1] + th * s.Dl[1], iw = lo[2] + tw * s.Dl[2];
-      tw += TPR;
-      if (id < 0 || id >= s.I[0] || ih < 0 || ih >= s.I[1] || iw < 0 || iw >= s.I[2]) continue;
-      {{
-{loads}
-{pro_lines}
-        const float v = {v};
-        {take}
-      }}
-    }}
-    (void)arg;
-#pragma unroll
-    for (int m = TPR / 2; m > 0; m /= 2) {{
-      const float ov = __shfl_down_sync(mask, acc, m, TPR);
-      {"const int64_t oa = __shfl_down_sync(mask, arg, m, TPR);" if with_index else ""}
-      {merge}
-    }}
-    if (lane == 0) {{
-      const float pv = {DT[pm.dtype][0]}::round({final});
-{epi_lines}
-{chr(10).join(stores)}
-    }}
-  }}
+__global__ void __launch_bounds__({params["tpr"] * params["rows_per_block"]})
+pool_kernel(PoolShape<{nacc}> s, IDX total, {", ".join(f"{t} __restrict__ {n}" for t, n in ptrs)}) {{
+  pool_body<{cfg}>(s, total, PoolRegion<IDX>{{{", ".join(n for _, n in ptrs)}}});
 }}
 """
 
 
+def _checks(pm: PoolMatch) -> list[str]:
+    """Host lines: the inputs' and outputs' dtypes, the outputs contiguous with `total` elements,
+    then every prologue access bound (its strides into s)."""
+    out = [f"  if (n_out != {len(pm.outputs)}) return HTAM_ERR_SHAPE;"]
+    out += [f"  if (in[{i}].dtype != {DT[dt][1]} || in[{i}].data == nullptr) return HTAM_ERR_SHAPE;"
+            for i, (_, dt) in enumerate(pm.inputs)]
+    out += [f"  if (out[{k}].dtype != {'HTAM_INT64' if dt == 'int64' else DT[dt][1]} || out[{k}].data == nullptr "
+            f"|| !htam_contiguous(out[{k}]) || htam_numel(&out[{k}]) != total) return HTAM_ERR_SHAPE;"
+            for k, (dt, _) in enumerate(pm.outputs)]
+    for i, a in enumerate(pm.pro_accesses):
+        out.append(f"  {{ static const int dm[] = {{{', '.join(str(d) for d in a.dims) or '0'}}};\n"
+                   f"    if (!pool_bind<{pm.window.spatial}>(s, {i}, in[{a.input}], dm, {len(a.dims)}, it)) "
+                   "return HTAM_ERR_SHAPE; }")
+    return out
+
+
 def _host(pm: PoolMatch, params: dict) -> str:
     w, r = pm.window, pm.rank
-    checks = [f"  if (n_in != {len(pm.inputs)} || n_out != {len(pm.outputs)}) return HTAM_ERR_SHAPE;"]
-    for i, (_, dt) in enumerate(pm.inputs):
-        checks.append(f"  if (in[{i}].dtype != {DT[dt][1]} || in[{i}].data == nullptr) return HTAM_ERR_SHAPE;")
-    for k, (dt, _) in enumerate(pm.outputs):
-        code = "HTAM_INT64" if dt == "int64" else DT[dt][1]
-        checks.append(f"  if (out[{k}].dtype != {code} || out[{k}].data == nullptr || !htam_contiguous(out[{k}]) "
-                      f"|| htam_numel(&out[{k}]) != total) return HTAM_ERR_SHAPE;")
-    binds = []
-    for i, a in enumerate(pm.pro_accesses):
-        dims = ", ".join(str(d) for d in a.dims) or "0"
-        binds.append(f"  {{ static const int dm[] = {{{dims}}};\n    int64_t st[HTAM_MAX_DIMS];\n"
-                     f"    if (!htam_bind_dims(in[{a.input}], dm, {len(a.dims)}, it, {r}, st)) return HTAM_ERR_SHAPE;\n"
-                     f"    s.st[{i}][0] = st[0]; s.st[{i}][1] = st[1];\n"
-                     f"    for (int q = 0; q < 3; ++q) s.st[{i}][q + 2] = q < {3 - w.spatial} ? 0 : st[q - {3 - w.spatial} + 2]; }}")
-    if w.op == "adaptive_avg":
-        osz = f"  {{ static const int64_t out3[3] = {_c3(w.out)};\n    for (int q = 0; q < 3; ++q) s.O[q] = (int)out3[q]; }}"
-    else:   # torch's pooling_output_shape, ceil_mode included
-        osz = f"""  for (int q = 0; q < 3; ++q) {{
-    const int64_t span = s.I[q] + 2 * kP[q] - kDil[q] * (kK[q] - 1) - 1 + ({"kS[q] - 1" if w.ceil_mode else "0"});
-    if (span < 0) return HTAM_ERR_SHAPE;
-    int64_t o = span / kS[q] + 1;
-    if ({"true" if w.ceil_mode else "false"} && (o - 1) * kS[q] >= s.I[q] + kP[q]) --o;   // the last window starts inside
-    s.O[q] = (int)o;
-  }}"""
     tpr, rpb = params["tpr"], params["rows_per_block"]
-    waves = params.get("waves", 0)
+    geom = "kK, kS, kP, kDil"
+    osz = (f"  {{ static const int64_t out3[3] = {_c3(w.out)};\n"
+           "    for (int q = 0; q < 3; ++q) s.O[q] = (int)out3[q]; }"
+           if w.op == "adaptive_avg" else
+           f"  if (!pool_out_sizes<{str(w.ceil_mode).lower()}>(s, {geom})) return HTAM_ERR_SHAPE;")
     ptrs = [f"({DT[pm.inputs[a.input][1]][0]}::raw*)in[{a.input}].data" for a in pm.pro_accesses]
     ptrs += [f"(int64_t*)out[{k}].data" if dt == "int64" else f"({DT[dt][0]}::raw*)out[{k}].data"
              for k, (dt, _) in enumerate(pm.outputs)]
-    return f"""
+    def launch(I: str) -> str:
+        return f"pool_kernel<{I}><<<(unsigned)blocks, {tpr * rpb}, 0, stream>>>(s, ({I})total, {', '.join(ptrs)});"
+    head = f"""
+// {w.op} pooling geometry, padded to (D, H, W)
+static const int64_t kK[3] = {_c3(w.kernel)}, kS[3] = {_c3(w.stride)}, kP[3] = {_c3(w.padding)},
+                     kDil[3] = {_c3(w.dilation)};
+
 HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
   if (n_in != {len(pm.inputs)}) return HTAM_ERR_SHAPE;
   const HtamTensor& szt = in[{pm.size_src}];    // the pool input's sizes
   if (szt.ndim != {r}) return HTAM_ERR_SHAPE;
   int64_t it[HTAM_MAX_DIMS];
   for (int d = 0; d < {r}; ++d) it[d] = szt.sizes[d];
-  PoolShape s;
-  s.N = it[0]; s.C = it[1];
-  for (int q = 0; q < 3; ++q) {{ s.K[q] = (int)kK[q]; s.S[q] = (int)kS[q]; s.P[q] = (int)kP[q]; s.Dl[q] = (int)kDil[q]; }}
-  for (int q = 0; q < {3 - w.spatial}; ++q) s.I[q] = 1;
-  for (int d = 2; d < {r}; ++d) {{
-    if (it[d] >= (int64_t(1) << 30)) return HTAM_ERR_SHAPE;     // window math in int
-    s.I[d - {r} + 3] = (int)it[d];
-  }}
+  PoolShape<{len(pm.pro_accesses)}> s;
+  if (!pool_shape<{w.spatial}>(s, it, {geom})) return HTAM_ERR_SHAPE;
 {osz}
-  const int64_t total = s.N * s.C * s.O[0] * s.O[1] * s.O[2];
-{chr(10).join(checks)}
-{chr(10).join(binds)}
+  const int64_t total = s.N * s.C * s.O[0] * s.O[1] * s.O[2];"""
+    return head + "\n" + "\n".join(_checks(pm)) + f"""
   if (total == 0) return HTAM_OK;
   for (int q = 0; q < 3; ++q) if (s.I[q] == 0) return HTAM_ERR_SHAPE;    // an empty window
-  int64_t blocks = (total + {rpb} - 1) / {rpb};
-  if ({waves} > 0) blocks = std::min<int64_t>(blocks, (int64_t)htam_sm_count() * {waves});
-  blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t)1 << 30));
-  // int32 offsets where every element index fits (the largest offset of each access, the output's)
-  int64_t max_off = total;
-  for (int i = 0; i < NACC; ++i) {{
-    const int64_t ext[5] = {{s.N, s.C, s.I[0], s.I[1], s.I[2]}};
-    int64_t off = 0;
-    for (int d = 0; d < 5; ++d) off += (ext[d] - 1) * (s.st[i][d] < 0 ? -s.st[i][d] : s.st[i][d]);
-    max_off = std::max(max_off, off);
-  }}
-  if (max_off + (int64_t){tpr * rpb} * blocks < (int64_t(1) << 31))
-    pool_kernel<int32_t><<<(unsigned)blocks, {tpr * rpb}, 0, stream>>>(s, (int32_t)total, {", ".join(ptrs)});
-  else
-    pool_kernel<int64_t><<<(unsigned)blocks, {tpr * rpb}, 0, stream>>>(s, total, {", ".join(ptrs)});
+  const int64_t blocks = pool_blocks<{rpb}, {params.get("waves", 0)}>(total);
+  if (pool_idx32(s, total, (int64_t){tpr * rpb} * blocks)) {launch("int32_t")}
+  else {launch("int64_t")}
   HTAM_CHECK_LAUNCH();
   return HTAM_OK;
 }}
@@ -435,7 +354,7 @@ def render(pm: PoolMatch, params: dict) -> str:
     if not valid(params):
         raise Unsupported(f"pool params {params} (tpr a power of two <= {MAX_TPR}, <= 1024 threads)")
     return "\n".join([f"// torch_htam expert: {pm.window.op} pool params={sorted(params.items())}", PRELUDE,
-                      "#include <algorithm>", _kernel(pm, params), _host(pm, params)])
+                      "#include <algorithm>", POOL, _kernel(pm, params), _host(pm, params)])
 
 
 # ---- the pool target (target.Target) ---------------------------------------------------------------
