@@ -393,6 +393,7 @@ def _lt_gemm(gp: GemmMatch, params: dict, kind) -> str:
 
 
 def _head(gp: GemmMatch, what: str, kind, params: dict) -> list[str]:
+    """A source's first parts: the line naming the candidate, the prelude, cuBLASLt and lt_call."""
     return [f"// torch_htam expert: cuBLASLt {gp.op}{what} epilogue={kind} params={sorted(params.items())}",
             PRELUDE, "#include <algorithm>", "#include <cublasLt.h>", "", CUBLASLT, LT_CALL]
 
