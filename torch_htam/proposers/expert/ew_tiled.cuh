@@ -19,8 +19,8 @@ template <class P> struct EwPtr<P, true> { typedef P __restrict__ type; };
 //                            program; the stores at off[outputs' entries]
 // EW_TILED_STAGE, emitted per region before this file: per stageable access a, when staged, the
 // loop that reads its patch (tl[j][tx] = access a at r = rr, w = w0 + j, j = ty + q * ROWS).
-// NOTE: a macro, not a member function: the loops inside a callee are optimized before it is
-// inlined, and the kernel's SASS was another.
+// NOTE: a macro expanded in the kernel, not a member function: a callee's loops are optimized
+// before it is inlined, which moves hoisting and scheduling (other SASS).
 // Patches: one [TILE][TILE + 1] float patch per staged access, in the order of the staged bits,
 // indexed [w][r]: the +1 keeps the transposed reads (lanes stepping w) on 32 distinct banks.
 template <int TILE, int ROWS, int N, class IDX, template <int, int, class> class R, bool RESTRICT, class... P>
