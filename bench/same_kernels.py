@@ -46,18 +46,10 @@ def candidates(base: Path, words: list[str], n: int) -> dict[str, list[tuple[str
     return {t: sorted(c, key=lambda c: order[f"{t} {c[0]}"])[:n] for t, c in sorted(out.items())}
 
 
-def verify(loaded: dict, cands: dict) -> dict[tuple[str, str], tuple]:
-    """(task, params) -> (old Evaluation, new Evaluation), by the product's evaluator."""
-    from torch_htam.evaluation import Evaluator
-    verdicts = {}
-    with Evaluator() as ev:
-        for name, pairs in cands.items():
-            sources = [s for _, old, new in pairs for s in (old, new)]
-            evs = ev.evaluate_many(loaded[name], sources)
-            for i, (params, _, _) in enumerate(pairs):
-                verdicts[(name, params)] = (evs[2 * i], evs[2 * i + 1])
-            print(f"[verify] {name}: " + " ".join(f"{e.reason}" for e in evs), file=sys.stderr, flush=True)
-    return verdicts
+def verify(ev, task, pairs: list[tuple[str, str, str]]) -> list[tuple]:
+    """[(old Evaluation, new Evaluation)] per pair, by the product's evaluator `ev`."""
+    evs = ev.evaluate_many(task, [s for _, old, new in pairs for s in (old, new)])
+    return [(evs[2 * i], evs[2 * i + 1]) for i in range(len(pairs))]
 
 
 def time_pair(task, old_so: str, new_so: str, rounds: int) -> tuple[float, float, float]:
@@ -112,29 +104,43 @@ def main() -> int:
     import torch
     if not torch.cuda.is_available():
         sys.exit("bench/same_kernels.py needs a CUDA GPU; scripts/same_sass.py is its CPU half")
+    from torch_htam.evaluation import Evaluator
+    from torch_htam.extract import task_from_source
+    from torch_htam import build
     cands = candidates(a.base_tree, a.words, a.n)
-    loaded = {r.name: t for r, t in kernelbench.load_tasks(HERE / "tasks") if t is not None and r.name in cands}
-    verdicts = verify(loaded, cands)
+    # every source in one parallel batch up front; the evaluator then finds them built (by hash)
+    built = build.build_many([s for pairs in cands.values() for _, old, new in pairs for s in (old, new)],
+                             timeout_s=900)
+    print(f"[build] {sum(r.ok for r in built)} of {len(built)} built", file=sys.stderr, flush=True)
     rows, path = [], None
-    for name, pairs in cands.items():
-        for params, old, new in pairs:
-            old_ev, new_ev = verdicts[(name, params)]
-            r = row(name, params, old == new, old_ev, new_ev)
-            if old_ev.correct and new_ev.correct:
-                try:
-                    old_ms, new_ms, eager = time_pair(loaded[name], old_ev.so_path, new_ev.so_path, a.rounds)
-                    r.update(old_ms=old_ms, new_ms=new_ms, eager_ms=eager, new_over_old=new_ms / old_ms,
-                             old_speedup=eager / old_ms, new_speedup=eager / new_ms)
-                except Exception as e:   # noqa: BLE001 -- one task's failure is its row's, not the run's
-                    r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            rows.append(r)
-            print(json.dumps({k: r.get(k) for k in ("task", "old_verdict", "new_verdict", "new_over_old")}),
-                  flush=True)
-        torch.cuda.empty_cache()
-        path = record.write(SUITE, {"base": a.base, "summary": summarize(rows, a.noise), "rows": rows},
-                            results_dir=a.out, path=path)
+    with Evaluator() as ev:
+        for name, pairs in cands.items():
+            task = task_from_source((HERE / "tasks" / f"{name}.py").read_text(), name)
+            rows += measure(ev, task, pairs, a.rounds)
+            torch.cuda.empty_cache()
+            # after every task: a run cut short keeps what it measured
+            path = record.write(SUITE, {"base": a.base, "summary": summarize(rows, a.noise), "rows": rows},
+                                results_dir=a.out, path=path)
     print(json.dumps(summarize(rows, a.noise)))
     return 0
+
+
+def measure(ev, task, pairs: list[tuple[str, str, str]], rounds: int) -> list[dict]:
+    """One task's rows: each pair verified on both sides, then timed where both verified."""
+    out = []
+    for (params, old, new), (old_ev, new_ev) in zip(pairs, verify(ev, task, pairs)):
+        r = row(task.name, params, old == new, old_ev, new_ev)
+        if old_ev.correct and new_ev.correct:
+            try:
+                old_ms, new_ms, eager = time_pair(task, old_ev.so_path, new_ev.so_path, rounds)
+                r.update(old_ms=old_ms, new_ms=new_ms, eager_ms=eager, new_over_old=new_ms / old_ms,
+                         old_speedup=eager / old_ms, new_speedup=eager / new_ms)
+            except Exception as e:   # noqa: BLE001 -- one task's failure is its row's, not the run's
+                r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        print(json.dumps({k: r.get(k) for k in ("task", "old_verdict", "new_verdict", "new_over_old")}),
+              flush=True)
+        out.append(r)
+    return out
 
 
 if __name__ == "__main__":
