@@ -19,7 +19,7 @@ VARIANTS = {
 }
 for stem in sys.argv[1:] or VARIANTS:
     task = task_from_source(Path(f"bench/tasks/{stem}.py").read_text(), stem)
-    tg = match_task(task, policy_for(task, conv_tf32=True))
+    tg = match_task(task, policy_for(task, conv=True))
     g = torch.Generator().manual_seed(0)
     ins = [make_input(s, s.shape, "normal", g, "cuda") for s in task.inputs]
     outs = _fresh_outputs(task.outputs, [s.shape for s in task.outputs], 0, "cuda")

@@ -146,7 +146,7 @@ def test_tiled_kernel_verifies_on_the_suite_task():
     from torch_htam.launcher import Kernel
     from torch_htam.task import load_reference
     task = bench_task("conv_bn_add_relu_fp32")
-    policy = policy_for(task, conv_tf32=True)
+    policy = policy_for(task, conv=True)
     cp = conv.match(task.graph, policy)
     res = build.build(conv.render(cp, dict(conv.defaults(cp), tiled=True)))
     assert res.ok, res.error
