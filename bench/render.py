@@ -65,6 +65,11 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("max rel err", "max_rel_err", "{:.1e}"), ("fresh err", "fresh_rel_err", "{:.1e}"),
         ("batch/2 err", "batch2_rel_err", "{:.1e}"), ("within policy", "within_policy", None),
         ("note", "note", None)],
+    "same_kernels": [("task", "task", None), ("verdict at base", "old_verdict", None),
+                     ("verdict now", "new_verdict", None), ("same source", "same_source", None),
+                     ("base ms", "old_ms", "{:.4f}"), ("now ms", "new_ms", "{:.4f}"),
+                     ("now / base", "new_over_old", "{:.3f}"), ("base vs eager", "old_speedup", "{:.2f}x"),
+                     ("now vs eager", "new_speedup", "{:.2f}x")],
     "bench_ray": [("GPUs", "gpus", None), ("Ray actors", "workers", None), ("tasks", "tasks", None),
                   ("kernels kept", "kept", None), ("search wall s", "wall_s", "{:.1f}"),
                   ("vs 1st arm", "speedup", "{:.2f}x"), ("verdicts unlike 1st arm", "kept_differs", None),
@@ -156,7 +161,7 @@ def _anytime_table_rows(data: dict) -> list[dict]:
 # suite -> (the row field that names what a row measured, what to call it): the latest row of each
 # across all of the suite's runs is shown
 MERGED = {"kernelbench": ("name", "task"), "bench_models": ("model", "model and dtype"),
-          "bench_floor": ("model", "model and dtype")}
+          "bench_floor": ("model", "model and dtype"), "same_kernels": ("task", "task")}
 
 def _optimize_time_rows(data: dict) -> list[dict]:
     """Each model's row with the end-to-end guard's last timing pulled out of "e2e_ms" (whose
