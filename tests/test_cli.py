@@ -436,15 +436,21 @@ def test_precompile_of_several_models_runs_the_fleet(monkeypatch, capsys):
         def close(self):
             closed.append(True)
 
-    def fake_fleet(specs, out_dir, arch, cfg=None, address=None, pool=None, device=None):
-        seen.update(specs=specs, out_dir=out_dir, arch=arch, address=address, pool=pool)
+    def fake_fleet(specs, out_dir, arch, cfg=None, address=None, pool=None, device=None, search=None):
+        seen.update(specs=specs, out_dir=out_dir, arch=arch, address=address, pool=pool, search=search)
         return SimpleNamespace(line=lambda: "fleet: 3/3 tasks done",
                                data={"bundles": {"a": {"path": "b/a"}, "b": {"error": "no kernel"}}})
     monkeypatch.setattr("torch_htam.worker.WorkerPool", Pool)
     monkeypatch.setattr("torch_htam.fleet.precompile_specs", fake_fleet)
+    # no GPU here: nothing is searched, what the cache holds for the arch is bundled
+    assert main(["precompile", "a.py", "b.py", "--out", "b", "--arch", "sm_90a"]) == 1
+    assert seen["pool"] is None and seen["search"] is not None
+    capsys.readouterr()
+    monkeypatch.setattr("torch_htam.gpu.detect", lambda device=0: SimpleNamespace(arch="sm_90a"))
     assert main(["precompile", "a.py", "b.py", "--out", "b", "--arch", "sm_90a"]) == 1
     assert seen["specs"] == ["a.py", "b.py"] and seen["arch"] == "sm_90a" and seen["address"] is None
     assert isinstance(seen["pool"], Pool) and closed == [True]    # this host's GPUs, pool closed
+    assert seen["search"] is None
     out = capsys.readouterr().out
     assert "fleet: 3/3 tasks done" in out and "b/a" in out and "no bundle: no kernel" in out
 

@@ -136,19 +136,21 @@ def _precompile_fleet(args, cfg, arch: str | None) -> int:
     arch = arch or (info.arch if info else None)
     if arch is None:
         raise CliError("precompile over several models or --ray needs --arch without a local GPU")
-    pool = None
+    pool = search = None
     if args.ray:
         from torch_htam.ray_pool import import_ray
         try:
             import_ray()
         except ImportError as e:
             raise CliError(str(e)) from None
+    elif info is None or not cfg.search:   # nothing to search on: bundle what the cache has
+        search = fleet.cached_only(arch, "no GPU here: not searched" if info is None else "--no-search")
     else:               # no cluster: this host's GPUs, one worker process each
         from torch_htam.worker import WorkerPool
         pool = WorkerPool()
     try:
         prog = fleet.precompile_specs(args.model, args.out, arch, cfg, address=args.ray,
-                                      pool=pool, device=args.device)
+                                      pool=pool, device=args.device, search=search)
     finally:
         if pool is not None:
             pool.close()

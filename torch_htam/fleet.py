@@ -341,6 +341,24 @@ def searcher(arch: str, cfg=None, pool=None, gpu=None, trajectory_dir: str | Pat
     return search
 
 
+def cached_only(arch: str, why: str):
+    """search(task) -> TaskOutcome for precompile_fleet where nothing can be searched (no GPU here,
+    or --no-search): a task is kept when the cache of `arch` has a usable kernel for it; else its
+    stop says `why`."""
+    from torch_htam.cache import KernelCache
+    from torch_htam.config import OptimizeConfig
+    from torch_htam.policy import admitted
+    cache, min_speedup = KernelCache(arch), OptimizeConfig().min_speedup
+
+    def search(task) -> TaskOutcome:
+        entry = admitted(cache.get(task.signature), task)
+        if entry is not None and entry.usable(min_speedup):
+            return TaskOutcome(True, entry.speedup, "cached")
+        return TaskOutcome(False, None, why)
+
+    return search
+
+
 def _search_one(task, arch, cfg, scfg, cache, searched, evaluator, gpu, traj) -> TaskOutcome:
     from torch_htam import paths
     from torch_htam.htg import HTG
