@@ -302,3 +302,13 @@ def test_a_range_that_misses_the_example_is_a_config_error(dynamic, words):
     with pytest.raises(ConfigError, match=words) as info:
         extract(_mlp(), (torch.randn(4, 16),), dynamic=dynamic)
     assert info.value.field == "dynamic" and "\n" not in str(info.value)
+
+
+def test_the_buckets_a_kernel_verified_in_travel_in_its_evaluation():
+    # the worker's verdict (run_job: verify_range) reaches the cache record and back; a record
+    # written before buckets existed reads as a static task's kernel (no buckets)
+    from torch_htam.evaluation import Evaluation
+    ev = Evaluation(True, "ok", buckets=[[0, 0, 2, 8], [0, 0, 9, 64]])
+    assert Evaluation.from_json(ev.to_json()).buckets == [[0, 0, 2, 8], [0, 0, 9, 64]]
+    old = {k: v for k, v in ev.to_json().items() if k != "buckets"}
+    assert Evaluation.from_json(old).buckets == []

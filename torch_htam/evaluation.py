@@ -61,6 +61,9 @@ class Evaluation:
     max_rel_err: float | None = None
     shapes_checked: list[list[list[int]]] = field(default_factory=list)
     so_path: str | None = None       # the built library this verdict is about (None if not built)
+    # a task with a declared range: the buckets [input, dim, low, high] the kernel verified in
+    # (verify.verify_range; what the runtime may launch it for); [] for a static task
+    buckets: list[list[int]] = field(default_factory=list)
 
     @property
     def faster(self) -> bool:
@@ -221,7 +224,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     import torch
     from torch_htam.policy import Precision
     from torch_htam.task import Task
-    from torch_htam.verify import verify
+    from torch_htam.verify import verify_range
     if job.get("kind") != "evaluate":
         raise ValueError(f"unknown job kind {job.get('kind')!r}; this runner handles 'evaluate'")
     if not torch.cuda.is_available():
@@ -233,9 +236,12 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     except Exception as e:
         return {"reason": "load_error", "detail": f"{type(e).__name__}: {str(e)[:500]}"}
     ref = _reference_model(task.source, task.name)
-    ok, reason, detail, errs = verify(task, kernel, ref, policy, seeds=tuple(job.get("seeds", (0, 1, 2))))
+    # a static task gets verify's verdict; a ranged one is judged per bucket over its range
+    v = verify_range(task, kernel, ref, policy, seeds=tuple(job.get("seeds", (0, 1, 2))))
+    ok, reason, detail, errs = v.ok, v.reason, v.detail, v.errs
     res = {"correct": ok, "reason": reason, "detail": detail, "max_abs_err": errs.get("max_abs_err"),
-           "max_rel_err": errs.get("max_rel_err"), "shapes_checked": errs.get("shapes", [])}
+           "max_rel_err": errs.get("max_rel_err"), "shapes_checked": errs.get("shapes", []),
+           "buckets": [[b.input, b.dim, b.low, b.high] for b in v.kept]}
     if reason == "crash":
         return {**res, "exit": True}
     if ok and job.get("time", True):
