@@ -328,12 +328,12 @@ def searcher(arch: str, cfg=None, pool=None, gpu=None, trajectory_dir: str | Pat
     scfg = SearchConfig(steps=cfg.steps, candidates_per_step=cfg.candidates_per_step,
                         memory=cfg.memory, max_wall_s=cfg.task_time_s)
     traj = Path(trajectory_dir) if trajectory_dir else paths.arch_dir(arch) / "trajectories"
+    cached = cached_only(arch, "", cfg.min_speedup)
 
     def search(task) -> TaskOutcome:
-        from torch_htam.policy import admitted, policy_for
-        entry = admitted(cache.get(task.signature), task)
-        if entry is not None and entry.usable(cfg.min_speedup):
-            return TaskOutcome(True, entry.speedup, "cached")
+        from torch_htam.policy import policy_for
+        if (hit := cached(task)).kept:
+            return hit
         if searched.covers(task.signature, cfg, policy_for(task).name):
             return TaskOutcome(False, None, "searched before")
         return _search_one(task, arch, cfg, scfg, cache, searched, evaluator, gpu, traj)
@@ -341,14 +341,16 @@ def searcher(arch: str, cfg=None, pool=None, gpu=None, trajectory_dir: str | Pat
     return search
 
 
-def cached_only(arch: str, why: str):
-    """search(task) -> TaskOutcome for precompile_fleet where nothing can be searched (no GPU here,
-    or --no-search): a task is kept when the cache of `arch` has a usable kernel for it; else its
-    stop says `why`."""
+def cached_only(arch: str, why: str, min_speedup: float | None = None):
+    """search(task) -> TaskOutcome from the cache of `arch` alone: kept when it has a usable kernel
+    for the task (at least min_speedup, default OptimizeConfig's), else not, its stop saying `why`.
+    What precompile_fleet runs where nothing can be searched (no GPU here, or --no-search), and
+    the first look of searcher()'s search."""
     from torch_htam.cache import KernelCache
     from torch_htam.config import OptimizeConfig
     from torch_htam.policy import admitted
-    cache, min_speedup = KernelCache(arch), OptimizeConfig().min_speedup
+    cache = KernelCache(arch)
+    min_speedup = OptimizeConfig().min_speedup if min_speedup is None else min_speedup
 
     def search(task) -> TaskOutcome:
         entry = admitted(cache.get(task.signature), task)
