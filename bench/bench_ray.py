@@ -36,7 +36,6 @@ def arm(a) -> dict:
     from torch_htam import fleet, gpu as gpu_mod
     from torch_htam.config import OptimizeConfig
     from torch_htam.extract import extract
-    from torch_htam.pipeline import _examples
     cpu = a.cpu_workers > 0
     t0 = time.monotonic()
     models = {}

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from torch_htam.htg import HTG, MODES, START, Trail, outcome_of
+from torch_htam.htg import HTG, MODES, Trail, outcome_of
 from torch_htam.proposers.base import Attempt, Parent, ProposalRequest, source_key
 from torch_htam.state import ridge_point, state_of
 

@@ -95,7 +95,7 @@ def channel_only(prog, i: int) -> bool:
 
 def smem_bytes(cp: ConvMatch, params: dict) -> int:
     """Shared memory of one block, as the kernel lays it out (pw::smem_bytes, pwconv_kernel.cuh)."""
-    prog, e = cp.epilogue, DT[cp.dtype][2]
+    e = DT[cp.dtype][2]
     bm, bn = params["bm"], params["bn"]
     up = lambda b: -(-b // 128) * 128      # noqa: E731
     pipe = up(params["stages"] * (bm * (32 + 16 // e) + 32 * (bn + 8)) * e)
