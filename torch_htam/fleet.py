@@ -134,11 +134,7 @@ class FleetProgress:
         with self._lock:
             self.data["counts"] = self.counts()
             self.data["updated"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            _write_json_atomic(self.path, self.data)
-
-
-def _write_json_atomic(path: Path, data: Any) -> None:
-    paths.write_json_atomic(path, data)
+            paths.write_json_atomic(self.path, self.data)
 
 
 @contextlib.contextmanager
@@ -271,7 +267,7 @@ def merge_experience(path: str | Path, before: dict[str, Any], after: dict[str, 
             current = _added(current, before)   # the base it started from
         current = _added(current, after, minus=before)
         current["saved"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        _write_json_atomic(path, current)
+        paths.write_json_atomic(path, current)
 
 
 def _added(current: dict, new: dict, minus: dict | None = None) -> dict:
