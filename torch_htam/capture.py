@@ -17,7 +17,6 @@ twins (functionalize), so they join regions exactly as the out-of-place ops do.
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import logging
 import operator
@@ -41,15 +40,31 @@ class Capture:
     problems: list[str] = field(default_factory=list)   # human-readable, one line each
     exported: Any = None                                # the ExportedProgram (export path only)
     inputs: list[tuple] = field(default_factory=list)   # real flat placeholder values per graph
+    dynamic: bool = False                               # graphs with the declared dims symbolic
 
 
-def capture(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None = None) -> Capture:
+def capture(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None = None,
+            dynamic: dict[int, dict[int, tuple[int, int]]] | None = None) -> Capture:
     """Capture `model` at aten level. Never raises for a model it cannot capture: see .problems.
+
+    dynamic: the declared dynamic dims (extract.check_dynamic): the model is captured through
+    Dynamo with those dims marked dynamic, as torch.compile will run it, so the graphs' sizes are
+    symbols over the declared ranges (export_graph) and the tasks the runtime finds in the
+    compiled model are the ones searched here.
 
         >>> cap = capture(model.eval(), (torch.randint(0, 128, (2, 16)),))
         >>> gm = cap.graphs[0]        # fx.GraphModule, every node has meta['val']
     """
     args, kwargs = tuple(example_inputs), dict(example_kwargs or {})
+    if dynamic:
+        cap = _capture_dynamo(model, marked(args, dynamic), kwargs, dynamic=True)
+        if cap.graphs and not cap.problems:
+            cap.dynamic = True
+            return cap
+        static = capture(model, args, kwargs)
+        static.problems.insert(0, "the declared dynamic sizes could not be kept (" + "; ".join(cap.problems)
+                               + "): every task is at the example's sizes")
+        return static
     try:
         with _quiet_torch():
             ep = torch.export.export(model, args, kwargs, strict=False)
@@ -66,6 +81,20 @@ def capture(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict 
                                "inputs took is captured, and code on other branches is neither "
                                "planned nor optimized (it runs on PyTorch)")
     return cap
+
+
+def marked(args: tuple, dynamic: dict[int, dict[int, tuple[int, int]]]) -> tuple:
+    """The example inputs with their declared dims marked dynamic over their ranges, for Dynamo:
+    the first torch.compile call with them makes graphs that serve the range (no recompile per
+    size). Each marked input is an alias (x.detach(): same storage), so the user's own tensors
+    carry no mark (a mark makes every later compile of them dynamic, or fail where the model
+    fixes that size)."""
+    out = list(args)
+    for i, dims in dynamic.items():
+        out[i] = args[i] if args[i].requires_grad else args[i].detach()
+        for d, (low, high) in dims.items():
+            torch._dynamo.mark_dynamic(out[i], d, min=low, max=high)
+    return tuple(out)
 
 
 def _prepare(gm: fx.GraphModule) -> None:
@@ -92,22 +121,25 @@ def _quiet_torch():
         quiet.setLevel(level)
 
 
-def _capture_dynamo(model, args, kwargs) -> Capture:
-    """Run the model once under a Dynamo backend that re-exports every graph it is handed."""
+def _capture_dynamo(model, args, kwargs, dynamic: bool = False) -> Capture:
+    """Run the model once under a Dynamo backend that re-exports every graph it is handed.
+    dynamic: the dims marked dynamic on the inputs (mark_dynamic) stay so; else every size is
+    static."""
     cap = Capture(method="dynamo")
 
     def backend(gm: fx.GraphModule, example_inputs):
         sub, problem = export_graph(gm, example_inputs)
         if sub is not None:
             cap.graphs.append(sub)
-            cap.inputs.append(tuple(example_inputs))
+            plan = sub.htam_plan
+            cap.inputs.append(plan.tensors(example_inputs) if plan is not None else tuple(example_inputs))
         elif problem:
             cap.problems.append(f"graph {len(cap.graphs)} of Dynamo: {problem}")
         return gm.forward
 
     try:
         with torch.no_grad(), _quiet_torch():
-            torch.compile(model, backend=backend, dynamic=False)(*args, **kwargs)
+            torch.compile(model, backend=backend, dynamic=None if dynamic else False)(*args, **kwargs)
     except Exception as e:  # noqa: BLE001
         cap.problems.append(f"the model could not be run under Dynamo ({type(e).__name__}: {_first_line(e)})")
     finally:
@@ -121,13 +153,28 @@ def _capture_dynamo(model, args, kwargs) -> Capture:
 def export_graph(gm: fx.GraphModule, example_inputs) -> tuple[fx.GraphModule | None, str]:
     """A graph Dynamo made, re-exported to the aten IR partition reads: (graph, "") or (None, why).
 
+    A graph with symbolic sizes (dynamic shapes) is exported with those dims dynamic over their
+    ranges and takes its tensor inputs only (symbolic.SizedCall: a size input is read off a tensor
+    that carries it); `graph.htam_plan` is then the symbolic.ExportPlan, else None.
+
     NOTE: Dynamo graphs take parameters as inputs (inlined nn modules), so the re-export sees them
     as user inputs; partition treats placeholders and get_attr alike. A graph of no ops gives
     (None, "").
     """
+    from torch_htam import symbolic
+    plan = symbolic.export_plan(gm, example_inputs)
+    if isinstance(plan, str):
+        return None, f"could not be exported with dynamic sizes: {plan}"
     try:
         with _quiet_torch():
-            ep = torch.export.export(gm, tuple(example_inputs), strict=False)
+            if plan is None:
+                ep = torch.export.export(gm, tuple(example_inputs), strict=False)
+            else:
+                # NOTE: in a tracing context of its own: inside Dynamo's, export's guards on
+                # its own inputs land in the calling frame's and fail there
+                with torch._guards.tracing(None):
+                    ep = torch.export.export(symbolic.SizedCall(gm, plan), plan.tensors(example_inputs),
+                                             dynamic_shapes=plan.dynamic_shapes(), strict=False)
     except Exception as e:  # noqa: BLE001 -- the caller keeps the graph as it is
         return None, f"could not be exported ({type(e).__name__}: {_first_line(e)})"
     if not any(n.op == "call_function" for n in ep.graph.nodes):
@@ -135,6 +182,7 @@ def export_graph(gm: fx.GraphModule, example_inputs) -> tuple[fx.GraphModule | N
     sub = ep.module()
     _restore_module_names(sub, gm)
     _prepare(sub)
+    sub.htam_plan = plan
     return sub, ""
 
 
@@ -305,152 +353,3 @@ def record_values(gm: fx.GraphModule, flat_inputs: tuple) -> dict[fx.Node, Any]:
     with torch.no_grad():
         rec.run(*flat_inputs, enable_io_processing=False)
     return rec.values
-
-
-# ---- declared dynamic dims -------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Symbol:
-    """One declared dynamic size of a captured graph: the placeholder dims that are it (the batch
-    dim of x and of its mask), their size in the example call and the declared range. names: the
-    model's own words for those dims ("input 0 dim 0"), for messages."""
-    dims: tuple[tuple[int, int], ...]   # (placeholder index, dim)
-    example: int
-    low: int
-    high: int
-    names: tuple[str, ...] = ()
-
-    def __str__(self) -> str:
-        return " = ".join(self.names or [f"placeholder {p} dim {d}" for p, d in self.dims]) \
-            + f" in [{self.low}, {self.high}]"
-
-
-@dataclass
-class DynamicDims:
-    """Which dims of a captured graph's nodes follow one Symbol, found by running the graph at other
-    sizes of it (dynamic_dims). dims: node -> {dim: (low, high)}, a dim of size k * example spanning
-    k * the symbol's range (B, or B * S flattened). broken: the nodes that do not run at another
-    size (a view with the example's size written into it) or whose sizes do not follow it linearly
-    (a strided conv's output, a slice to a literal end): a region holding one stays static.
-    downstream: the nodes that read a broken one (directly or not), whose sizes say nothing."""
-    symbol: Symbol
-    dims: dict[fx.Node, dict[int, tuple[int, int]]] = field(default_factory=dict)
-    broken: set[fx.Node] = field(default_factory=set)
-    downstream: set[fx.Node] = field(default_factory=set)
-
-
-def symbols(declared: dict[int, tuple[int, dict[int, tuple[int, int]]]], flat_inputs: tuple) -> list[Symbol]:
-    """The Symbols of a graph's declared placeholder dims: {placeholder index: (the model input
-    it is, {dim: (low, high)})} (extract.declared_dims).
-
-    NOTE: dims with the same example size and the same range are taken for one size (x and its
-    mask share the batch); run apart, each would meet the other at a broadcast and fail there.
-    """
-    groups: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
-    for p, (i, dims) in sorted(declared.items()):
-        for d, (low, high) in sorted(dims.items()):
-            groups.setdefault((int(flat_inputs[p].shape[d]), int(low), int(high)), []).append((p, d, i))
-    return [Symbol(tuple((p, d) for p, d, _ in dims), e, lo, hi,
-                   tuple(f"input {i} dim {d}" for _, d, i in dims)) for (e, lo, hi), dims in groups.items()]
-
-
-def dynamic_dims(gm: fx.GraphModule, flat_inputs: tuple, symbol: Symbol) -> DynamicDims:
-    """Which node dims follow `symbol`: the graph runs on meta tensors (no memory, no compute) with
-    the symbol's dims at two other sizes, and a dim of size n (n = k * example) follows it when it
-    is k * size at both; a dim whose size stays is static. Sizes above the example, since a slice
-    to the example's length clamps there and shows.
-
-        >>> dd = dynamic_dims(gm, flat, Symbol(((0, 0),), 64, 1, 2048))
-        >>> dd.dims[x_node], dd.dims[linear_node]
-        ({0: (1, 2048)}, {0: (1, 2048)})
-    """
-    e = symbol.example
-    base = _ShapeProbe(gm, flat_inputs, symbol, e).run_all()
-    probes = [_ShapeProbe(gm, flat_inputs, symbol, p) for p in (2 * e + 1, 3 * e + 2)]
-    runs = [p.run_all() for p in probes]
-    out = DynamicDims(symbol, broken=set().union(*(p.failed for p in probes)),
-                      downstream=set().union(*(p.downstream for p in probes)))
-    for n, v in base.items():
-        if n in out.downstream:
-            continue
-        shapes = [_shapes(v)] + [_shapes(r.get(n)) for r in runs]
-        follow = _following(shapes, e, [p.size for p in probes])
-        if follow is None:
-            out.broken.add(n)
-        elif follow and isinstance(v, torch.Tensor):
-            out.dims[n] = {d: (k * symbol.low, k * symbol.high) for d, k in follow.items()}
-    return out
-
-
-def _following(shapes: list[list[tuple]], example: int, sizes: list[int]) -> dict[int, int] | None:
-    """{dim: k} of the dims that are k * size in every probe (first tensor of a node's value);
-    None when some dim changes otherwise, or the tensors change in number or rank."""
-    base, *probed = shapes
-    if any(len(p) != len(base) or any(len(a) != len(b) for a, b in zip(p, base)) for p in probed):
-        return None
-    follow: dict[int, int] = {}
-    for t, shape in enumerate(base):
-        for d, n in enumerate(shape):
-            got = [p[t][d] for p in probed]
-            if all(g == n for g in got):
-                continue
-            if n % example or any(g != n // example * s for g, s in zip(got, sizes)):
-                return None
-            if t == 0:
-                follow[d] = n // example
-    return follow
-
-
-def _shapes(v) -> list[tuple]:
-    return [tuple(t.shape) for t in _tensor_leaves(v)]
-
-
-class _ShapeProbe(fx.Interpreter):
-    """Runs a graph on meta tensors with a Symbol's placeholder dims at `size`. A node that fails
-    there is recorded in `failed` and gives its example-shaped meta value, so the run goes on.
-
-    NOTE: every node reading a failed one is recorded in `downstream`: its value mixes the
-    example's size (the stand-in) with the probe's, which may still broadcast (a [1, 16] stand-in
-    against [129, 16]) and look like a dim that follows the size where the real one would not.
-    """
-
-    def __init__(self, gm, flat_inputs, symbol: Symbol, size: int):
-        super().__init__(gm)
-        self.size, self.failed, self.downstream = size, set(), set()
-        resized = {p: {} for p, _ in symbol.dims}
-        for p, d in symbol.dims:
-            resized[p][d] = size
-        self.args = [_meta(x, resized.get(p, {})) if isinstance(x, torch.Tensor) else x
-                     for p, x in enumerate(flat_inputs)]
-        self.values: dict[fx.Node, Any] = {}
-
-    def run_all(self) -> dict[fx.Node, Any]:
-        with torch.no_grad():
-            self.run(*self.args, enable_io_processing=False)
-        return self.values
-
-    def run_node(self, n):
-        as_meta = functools.partial(pytree.tree_map, lambda v: _meta(v) if isinstance(v, torch.Tensor) else v)
-        if any(a in self.failed or a in self.downstream for a in n.all_input_nodes):
-            self.downstream.add(n)
-        try:
-            out = as_meta(super().run_node(n))
-        except Exception:   # noqa: BLE001 -- a node that cannot run at this size: recorded
-            if n not in self.downstream:   # else the stand-in's fault, not its own
-                self.failed.add(n)
-            out = as_meta(n.meta.get("val"))
-        self.values[n] = out
-        return out
-
-
-def _meta(t: torch.Tensor, sizes: dict[int, int] | None = None) -> torch.Tensor:
-    """A meta tensor like t (dense, in t's dim order) with the dims in `sizes` resized."""
-    if t.device.type == "meta" and not sizes:
-        return t
-    shape = [sizes.get(d, n) for d, n in enumerate(t.shape)] if sizes else list(t.shape)
-    order = sorted(range(t.dim()), key=lambda d: (t.stride(d), -d))
-    strides, acc = [0] * t.dim(), 1
-    for d in order:
-        strides[d] = acc
-        acc *= max(shape[d], 1)
-    return torch.empty_strided(shape, strides, dtype=t.dtype, device="meta")

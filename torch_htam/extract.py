@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from torch_htam import attn_pattern, ops
-from torch_htam.capture import Capture, capture, dynamic_dims, record_values, symbols
+from torch_htam import attn_pattern, ops, symbolic
+from torch_htam.capture import Capture, capture, record_values
 from torch_htam.ops import ANCHOR, COMPUTE, ELEMENTWISE, ROWWISE
 from torch_htam.partition import Region, category, op_name, partition
 from torch_htam.task import DTYPE_NAMES, Task, TensorSpec, exec_source, kernelbench_source, target_name
@@ -58,7 +58,7 @@ def extract(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict 
     then empty and `.problems` says why.
 
     dynamic: OptimizeConfig.dynamic, {input index: {dim: (low, high)}}: the regions those dims
-    reach get tasks over the range (declared_dims, region_dynamic); a ConfigError when a range
+    reach get tasks over the range (capture's symbolic sizes, symbolic_region); a ConfigError when a range
     does not hold the example's size.
 
         >>> found = extract(model.eval(), (idx,))
@@ -66,8 +66,7 @@ def extract(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict 
     """
     args = tuple(example_inputs)
     declared = check_dynamic(dynamic, args) if dynamic else None
-    cap = capture(model, args, example_kwargs)
-    return from_capture(cap, declared_dims(cap, args, declared) if declared else None)
+    return from_capture(capture(model, args, example_kwargs, declared))
 
 
 def extract_tasks(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None = None,
@@ -81,33 +80,32 @@ def extract_tasks(model: torch.nn.Module, example_inputs: tuple, example_kwargs:
     return extract(model, example_inputs, example_kwargs, dynamic).tasks
 
 
-def from_capture(cap: Capture, declared: list[dict] | None = None) -> Extraction:
+def from_capture(cap: Capture) -> Extraction:
     """Partition every captured graph, make one task per region and merge identical ones.
 
     The example call is replayed once per graph (capture.record_values) so integer inputs get
     their true value range (embedding indices stay below the vocabulary) and each task keeps its
-    real input values. A region whose boundary is not a plain tensor is skipped and said so.
-    declared: per graph, its placeholders' declared dynamic dims (declared_dims); None: static.
+    real input values. A region whose boundary is not a plain tensor is skipped and said so. In a
+    graph with symbolic sizes (dynamic shapes) a region's task is ranged over the dims that follow
+    a dynamic size (symbolic_region); one that cannot be is skipped and said so.
     """
     found = Extraction(cap, problems=list(cap.problems))
     by_sig: dict[str, Task] = {}
     for gi, (gm, flat) in enumerate(zip(cap.graphs, cap.inputs)):
         values = record_values(gm, flat)
-        # the dims each declared size reaches in this graph (none: every region stays static)
-        dyns = [dynamic_dims(gm, flat, sym) for sym in symbols(declared[gi] if declared else {}, flat)]
         for region in partition(gm):
+            where = f"region {[n.name for n in region.nodes]}"
             if not region.outputs:   # dead code the capture kept (HF mask arithmetic): no task
-                found.problems.append(f"region {[n.name for n in region.nodes]} skipped: nothing "
-                                      "reads its result")
+                found.problems.append(f"{where} skipped: nothing reads its result")
                 continue
-            dims, why = region_dynamic(region, dyns)
-            if why:
-                found.problems.append(f"region {[n.name for n in region.nodes]}: {why}")
+            region, sizes, dims, why = symbolic_region(region)
             try:
+                if why:
+                    raise ValueError(why)
                 task = region_to_task(gm, region, values, channels_last=channels_last_boundary(region),
-                                      dynamic=dims)
+                                      dynamic=dims, sizes=sizes)
             except ValueError as e:
-                found.problems.append(f"region {[n.name for n in region.nodes]} skipped: {e}")
+                found.problems.append(f"{where} skipped: {e}")
                 continue
             seen = by_sig.get(task.signature)
             if seen is None:
@@ -146,42 +144,16 @@ def check_dynamic(dynamic: dict, args: tuple) -> dict[int, dict[int, tuple[int, 
     return out
 
 
-def declared_dims(cap: Capture, args: tuple, dynamic: dict[int, dict[int, tuple[int, int]]]) -> list[dict]:
-    """Per captured graph, {placeholder index: (model input index, {dim: (low, high)})} of the
-    model inputs in `dynamic` that the graph takes as they are (the same tensor: export's one
-    graph, or the Dynamo graph the input reaches before any graph break).
-
-    NOTE: a declared input that reaches a graph only through ops of an earlier graph (after a
-    graph break) is not followed there: that graph's regions stay static.
-    """
-    out = []
-    for flat in cap.inputs:
-        out.append({p: (i, dynamic[i]) for p, v in enumerate(flat) for i in dynamic if v is args[i]})
-    return out
-
-
-def region_dynamic(region: Region, dyns: list) -> tuple[dict[fx.Node, dict[int, tuple[int, int]]] | None, str]:
-    """(the dynamic dims of the region's inputs and outputs, or None; a problem line, or "").
-
-    The region follows the first declared size (capture.DynamicDims) that reaches one of its
-    inputs, when every op of it runs at other sizes of that size and follows it linearly; else it
-    stays static and says why. A region that a second declared size reaches too is verified over
-    the first only (the task's sizes scale by one factor: verify.range_shapes).
-    """
-    reaching = [dd for dd in dyns if any(a in dd.dims for a in region.inputs)]
-    if not reaching:
-        return None, ""
-    dd = reaching[0]
-    if any(n in dd.broken for n in region.nodes):
-        return None, (f"stays static: its ops do not run at other sizes of {dd.symbol} (a literal "
-                      "size in a view, a slice or a strided window)")
-    if any(n in dd.downstream for n in list(region.nodes) + list(region.inputs)):
-        return None, (f"stays static: it reads results of ops that do not run at other sizes of "
-                      f"{dd.symbol}")
-    dims = {n: dd.dims[n] for n in list(region.inputs) + list(region.outputs) if n in dd.dims}
-    why = "".join(f"; it also varies with {other.symbol}, which its task keeps at the example's size"
-                  for other in reaching[1:])
-    return dims, why.lstrip("; ")
+def symbolic_region(region: Region) -> tuple[Region, dict, dict, str]:
+    """(the region over its tensor inputs only, its size inputs as sizes of those
+    (symbolic.region_sizes), its ranged boundary dims (symbolic.region_dims), why it cannot be a
+    task or ""). A region of a static graph comes back as it is, with no sizes and no dims."""
+    sizes, why = symbolic.region_sizes(region.inputs)
+    if not why and sizes:
+        region = Region(region.nodes, [a for a in region.inputs if a not in sizes], region.outputs,
+                        region.kind, region.anchor)
+    dims, why2 = symbolic.region_dims(list(region.inputs) + list(region.outputs)) if not why else ({}, "")
+    return region, sizes, dims, why or why2
 
 
 def cost(task: Task, gpu=None) -> float:
@@ -204,9 +176,16 @@ def estimated_seconds(task: Task, gpu=None) -> float:
 
 # ---- region -> task ------------------------------------------------------------------------
 
-def region_graph(gm: fx.GraphModule, region: Region, channels_last: set[fx.Node] = frozenset()) -> fx.GraphModule:
+def region_graph(gm: fx.GraphModule, region: Region, channels_last: set[fx.Node] = frozenset(),
+                 sizes: dict | None = None, values: dict | None = None) -> fx.GraphModule:
     """The region as its own GraphModule: placeholders in region.inputs order, one output tuple.
     The inputs in `channels_last` get channels-last meta values (what proposers read layouts from).
+
+    sizes: a symbolic region's size inputs as sizes of its tensor inputs (symbolic.region_sizes):
+    with `values` (the example call's, capture.record_values), each is the example's int and
+    every node's meta value is recomputed at the example's sizes (the graph proposers read and
+    signatures hash); without, each becomes `in_j.size(d)` in the graph (what the task's source
+    runs, at any size).
 
         >>> g = region_graph(gm, region); g(*inputs)   # -> tuple of region.outputs values
     """
@@ -219,11 +198,26 @@ def region_graph(gm: fx.GraphModule, region: Region, channels_last: set[fx.Node]
             val = val.contiguous(memory_format=torch.channels_last)
         p.meta["val"] = val
         env[a] = p
+    for s, (j, d, k) in (sizes or {}).items():
+        env[s] = values[s] if values is not None else symbolic.size_node(g, env[region.inputs[j]], d, k)
     for n in region.nodes:
         env[n] = g.node_copy(n, lambda a: env[a])
     g.output(tuple(env[o] for o in region.outputs))
     g.lint()
-    return fx.GraphModule(torch.nn.Module(), g)
+    out = fx.GraphModule(torch.nn.Module(), g)
+    if sizes is not None and values is not None:
+        _at_example(out, [values[a] for a in region.inputs], [a in channels_last for a in region.inputs])
+    return out
+
+
+def _at_example(g: fx.GraphModule, inputs: list, channels_last: list[bool]) -> None:
+    """Every node's meta value recomputed from the example's input values (static sizes)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [mode.from_tensor(x.contiguous(memory_format=torch.channels_last) if cl else x)
+             if isinstance(x, torch.Tensor) else x for x, cl in zip(inputs, channels_last)]
+    FakeTensorProp(g, mode).propagate(*fakes)
 
 
 def graph_signature(graph: fx.GraphModule, inputs: list[TensorSpec]) -> str:
@@ -267,33 +261,38 @@ def _normalize(x):
 
 def region_to_task(gm: fx.GraphModule, region: Region, values: dict | None = None,
                    name: str | None = None, channels_last: set[fx.Node] = frozenset(),
-                   dynamic: dict[fx.Node, dict[int, tuple[int, int]]] | None = None) -> Task:
+                   dynamic: dict[fx.Node, dict[int, tuple[int, int]]] | None = None,
+                   sizes: dict | None = None) -> Task:
     """Build the Task of one region of a captured graph.
 
     values: real node values (capture.record_values) give integer inputs their true range
     [low, high); without them integer inputs get [0, 2). channels_last: boundary nodes the task
     takes or gives channels-last (a captured model's conv regions: channels_last_boundary);
     the others keep the graph's layouts. dynamic: {boundary node: {dim: (low, high)}}, the
-    declared size ranges its specs carry (region_dynamic); part of the signature.
+    declared size ranges its specs carry (symbolic.region_dims); part of the signature. sizes:
+    a symbolic region's size inputs (symbolic.region_sizes): its specs and graph are at the
+    example's sizes (from `values`), its source takes the sizes from its inputs.
 
         >>> task = region_to_task(gm, partition(gm)[0], record_values(gm, flat_inputs))
         >>> task.signature, [s.shape for s in task.inputs]
     """
     cl = channels_last
-    graph = region_graph(gm, region, cl)
-    positive = _positive_inputs(region)
     dyn = dynamic or {}
-    inputs = [_ranged(_spec(a, values, a in positive, a in cl), dyn.get(a)) for a in region.inputs]
-    outputs = [_ranged(_spec(o, None, channels_last=o in cl), dyn.get(o)) for o in region.outputs]
+    at = values if dyn or sizes else None   # a symbolic region: specs from the example's values
+    graph = region_graph(gm, region, cl, sizes or {}, values) if at else region_graph(gm, region, cl)
+    positive = _positive_inputs(region)
+    inputs = [_ranged(_spec(a, values, a in positive, a in cl, at), dyn.get(a)) for a in region.inputs]
+    outputs = [_ranged(_spec(o, None, channels_last=o in cl, at=at), dyn.get(o)) for o in region.outputs]
     op_names = [str(n.target) for n in region.nodes if n.op == "call_function"
                 and n.target is not operator.getitem]
     sig = graph_signature(graph, inputs)
     task = Task(name or f"{region.kind}_{_short_ops(region)}", region.kind, "", inputs, outputs,
                 sig, op_names, 1, _modules(region.nodes))
-    task.flops = float(sum(node_flops(n) for n in region.nodes))
+    task.flops = float(sum(node_flops(n) for n in graph.graph.nodes if n.op == "call_function"))
     task.bytes = float(sum(_distinct_bytes(s) for s in inputs + outputs))
     task.graph = graph
-    task.source = kernelbench_source(graph, inputs, title=f"{task.name}: {' -> '.join(op_names)}")
+    source_graph = region_graph(gm, region, cl, sizes) if sizes else graph
+    task.source = kernelbench_source(source_graph, inputs, title=f"{task.name}: {' -> '.join(op_names)}")
     return task
 
 
@@ -339,17 +338,20 @@ def channels_last_boundary(region: Region) -> set[fx.Node]:
     x, y = conv.args[0], conv.meta.get("val")
     if transposed or groups != 1 or not isinstance(y, torch.Tensor) or y.dim() != 4:
         return set()
-    shapes = {tuple(y.shape), tuple(_shape(x))}
+    # NOTE: sizes as text: a symbolic size (s0) is not hashable, and equal symbols print alike
+    shapes = {tuple(map(str, y.shape)), tuple(map(str, _shape(x)))}
 
     def activation(n) -> bool:
         v = n.meta.get("val")
-        return isinstance(v, torch.Tensor) and v.is_floating_point() and tuple(v.shape) in shapes
+        return isinstance(v, torch.Tensor) and v.is_floating_point() and tuple(map(str, v.shape)) in shapes
     return ({a for a in region.inputs if a is not conv.args[1] and activation(a)}
             | {o for o in region.outputs if activation(o)})
 
 
-def _spec(n: fx.Node, values: dict | None, positive: bool = False, channels_last: bool = False) -> TensorSpec:
-    val = n.meta.get("val")
+def _spec(n: fx.Node, values: dict | None, positive: bool = False, channels_last: bool = False,
+          at: dict | None = None) -> TensorSpec:
+    """n's spec from its meta value, or from its value in `at` (a symbolic region: the example's)."""
+    val = at[n] if at is not None else n.meta.get("val")
     if not isinstance(val, torch.Tensor):
         raise ValueError(f"region boundary {n.name} is not a tensor ({type(val).__name__})")
     if val.dtype not in DTYPE_NAMES:

@@ -274,6 +274,8 @@ def kernelbench_source(graph: fx.GraphModule, inputs: list[TensorSpec], title: s
             kwargs = fx.node.map_arg(n.kwargs, lambda a: _Ref(names[a]))
             if n.target is operator.getitem:
                 body.append(f"{names[n]} = {_lit(args[0])}[{_lit(args[1])}]")
+            elif n.target is operator.mul:   # a size: k * in0.size(d) (symbolic.size_node)
+                body.append(f"{names[n]} = {_lit(args[0])} * {_lit(args[1])}")
             else:
                 parts = [_lit(a) for a in args] + [f"{k}={_lit(v)}" for k, v in kwargs.items()]
                 body.append(f"{names[n]} = torch.ops.{target_name(n.target)}({', '.join(parts)})")
