@@ -84,6 +84,17 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("within budget", "within_budget", None), ("floor ok", "floor_ok", None),
         ("max abs err", "max_abs_err", "{:.1e}"), ("ok", "correct", None), ("swapped", "swapped", None),
         ("note", "report_note", None), ("skipped", "skipped", None), ("error", "error", None)],
+    "bench_serve": [
+        ("model", "model", None), ("kernels kept", "kernels_kept", None), ("kernel share", "kernel_share", _pct),
+        ("throughput vs compile", "throughput_vs_compile", "{:.3f}x"), ("p99 vs compile", "p99_vs_compile", "{:.3f}x"),
+        ("cold throughput vs compile", "cold_throughput_vs_compile", "{:.3f}x"),
+        ("cold p99 vs compile", "cold_p99_vs_compile", "{:.3f}x"),
+        ("ours req/s", "arms.ours.warm.requests_per_s", "{:.1f}"), ("ours p99 ms", "arms.ours.warm.p99_ms", "{:.2f}"),
+        ("recompiles dynamic", "recompiles.compile_dynamic", None),
+        ("recompiles default", "recompiles.compile_default", None), ("recompiles ours", "recompiles.ours", None),
+        ("optimize s", "optimize_s", "{:.0f}"), ("within budget", "within_budget", None),
+        ("floor ok", "floor_ok", None), ("ours max rel err", "max_rel_err.ours", "{:.1e}"),
+        ("requests", "requests", None), ("error", "error", None)],
     "bench_swaps": [
         ("variant (kernels swapped)", "variant", None), ("sites", "swapped", None), ("ms", "ms", "{:.3f}"),
         ("p20 ms", "p20_ms", "{:.3f}"), ("p80 ms", "p80_ms", "{:.3f}"), ("vs torch.compile", "vs_compile", _x),
@@ -161,7 +172,8 @@ def _anytime_table_rows(data: dict) -> list[dict]:
 # suite -> (the row field that names what a row measured, what to call it): the latest row of each
 # across all of the suite's runs is shown
 MERGED = {"kernelbench": ("name", "task"), "bench_models": ("model", "model and dtype"),
-          "bench_floor": ("model", "model and dtype"), "same_kernels": ("task", "task")}
+          "bench_floor": ("model", "model and dtype"), "same_kernels": ("task", "task"),
+          "bench_serve": ("model", "model and dtype")}
 
 def _optimize_time_rows(data: dict) -> list[dict]:
     """Each model's row with the end-to-end guard's last timing pulled out of "e2e_ms" (whose

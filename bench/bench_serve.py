@@ -1,0 +1,712 @@
+"""Serving a request mix with changing shapes: optimize() against torch.compile, dynamic and
+default, on the sizes real traffic brings.
+
+    python3 bench/bench_serve.py --list
+    python3 bench/bench_serve.py decoder:bf16 --budget 120        # one row (about one 10-minute call)
+    python3 bench/bench_serve.py --dtype bf16 --requests 200 --seed 0
+
+Rows are the models of bench/serve_models.py ("decoder", "encoder", "vision", each ":bf16" and
+":fp32"; fp32 rows run with TF32 allowed for matmuls and cuDNN, "tf32": true in the row). Each
+declares one dynamic dim (the decoder's sequence length, the others' batch) as OptimizeConfig.dynamic
+does. Each row runs in a process of its own (this script with --one NAME), under a time limit
+(--timeout, default 1.1 x budget + 30 s + 420 s). In that process, in this order:
+
+  1. build the model (seeded, eval mode, on cuda) and the request mix: --requests sizes of the
+     dynamic dim, random.Random(--seed): EXAMPLE_SHARE of them (exactly, at random places) the
+     example's size, the rest log-uniform over the declared (low, high), rounded to ints (a batch
+     of 1 may occur). The row's "mix" says so in words, "mix_sizes" lists them;
+  2. the arms, all from copy.deepcopy()s of the model made BEFORE optimize: "eager" (the model
+     itself, reported, not a baseline), "compile_dynamic" (torch.compile(copy, dynamic=True)),
+     "compile_default" (torch.compile(copy): specialized on the first shape; Dynamo's automatic
+     dynamic shapes recompile after a new size) and "ours" (torch_htam.optimize(copy, example,
+     OptimizeConfig(dynamic=..., time_budget_s=--budget)), its wall time "optimize_s");
+  3. warm-up: every arm called once on the example inputs (what a server does at start-up; its
+     seconds are "warmup_s");
+  4. the mix served twice, "cold" (whatever recompiles the mix triggers happen here) and "warm"
+     (the same mix again: steady state). Request r runs every arm on the same inputs, in the order
+     rotated by r; each call is timed alone (torch.cuda.synchronize before and after, perf_counter);
+  5. outputs of both compile arms and ours against eager's at a few of the mix's sizes.
+Steps 2-5 run under torch.inference_mode().
+
+Recompiles: Dynamo graphs compiled during a call, torch._dynamo.utils.counters["stats"]
+["unique_graphs"] read before and after it (the counter Dynamo bumps once per graph it compiles,
+graph breaks and recompiles included; it is process-global, so the delta goes to the arm whose call
+it was: the arms run one at a time). "recompiles" is the cold pass's count per arm (the warm pass's
+is "warm_recompiles", expected 0). NOTE: Dynamo keeps compiled code per code object, so every arm's
+graphs sit on the model class's one forward (each entry guarded by its backend): the recompile
+limit is raised to RECOMPILE_LIMIT in the row's process, or arms would crowd each other out of the
+default 8 and fall back to eager unnoticed. Dynamo's automatic-dynamic state is per code object too:
+a size change one arm's compile saw makes the next compile of any arm on that forward dynamic (each
+arm still recompiles on its own guard failure, counted as its own); the state a previous process
+left in torch's cache folder (local PGO) is not read.
+
+Kernel share (ours): the fraction of ours' requests during which torch_htam.fallback.counts().kernel
+(calls that ran one of our kernels) grew; "outside_share" likewise for .outside (calls outside a
+kernel's verified size buckets, which ran the original region). Null where torch_htam.fallback has
+no counts(). "kernels_kept": ours' tasks whose status is "swapped" in model.htam_report (after
+inductor.sync_report, which marks the tasks Dynamo's compiles swapped in).
+
+Figures per arm and pass ("arms"): requests/s = n / sum of latencies, items/s = sum of sizes / sum
+of latencies (items: serve_models.UNITS), p50 / p99 latency (ms, linear interpolation). The row's
+verdict figures, both "higher is better for ours", 0.98 meaning as good within noise:
+throughput_vs_compile = ours' requests/s / the better compile arm's; p99_vs_compile = the lower of
+the compile arms' p99 / ours' p99 (warm pass; "cold_..." the cold pass's). The results file,
+bench/results/bench_serve-<date>.json (bench/record.py: suite "bench_serve", requests, seed,
+budget_s, summary, rows), is rewritten after every row; a failing row records "error" and the run
+goes on.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+import bench_floor  # noqa: E402  (the child-process machinery: _end_group, _write_json, last_line)
+import record  # noqa: E402
+import serve_models  # noqa: E402
+
+SUITE = "bench_serve"
+ARMS = ("eager", "compile_dynamic", "compile_default", "ours")
+COMPILE_ARMS = ("compile_dynamic", "compile_default")
+CHECKED = (*COMPILE_ARMS, "ours")          # the arms whose outputs are checked against eager's
+FLOOR = 0.98
+EXAMPLE_SHARE = 0.2                        # of requests at the example's size: real traffic has a mode
+RECOMPILE_LIMIT = 64                       # torch._dynamo.config.recompile_limit in a row's process
+# max |out - eager| / max |eager| allowed, by the row's dtype (fp32 runs with TF32 on)
+TOLERANCE = {"bf16": 5e-2, "fp32": 1e-2}
+MIX_RULE = (f"log-uniform over the declared (low, high), rounded to ints; {EXAMPLE_SHARE:.0%} of requests "
+            "(exactly, at random places) forced to the example's size; random.Random(seed)")
+
+
+def budget_limit(budget_s: float) -> float:
+    return bench_floor.budget_limit(budget_s)
+
+
+def default_timeout(budget_s: float) -> float:
+    """A row's process limit: optimize's limit plus 420 s for building, the arms' compiles and
+    recompiles, and two passes of the mix over four arms."""
+    return budget_limit(budget_s) + 420.0
+
+
+# ---- the request mix -------------------------------------------------------------------------------
+
+@dataclass
+class Mix:
+    """The sizes of the dynamic dim, one per request, and how they were drawn."""
+    sizes: list[int]
+    low: int
+    high: int
+    example: int
+    seed: int
+
+    def describe(self) -> str:
+        return (f"log-uniform over [{self.low}, {self.high}] rounded to ints, {EXAMPLE_SHARE:.0%} of "
+                f"{len(self.sizes)} requests forced to the example size {self.example}; "
+                f"random.Random({self.seed})")
+
+    def summary(self) -> dict:
+        s = self.sizes
+        return {"distinct": len(set(s)), "min": min(s), "max": max(s), "median": statistics.median(s),
+                "at_example": sum(x == self.example for x in s), "ones": s.count(1)}
+
+
+def request_mix(low: int, high: int, example: int, n: int, seed: int = 0) -> Mix:
+    """n sizes in [low, high]: round(n * EXAMPLE_SHARE) of them, at places the seed picks, the
+    example's size; the rest exp(uniform(log low, log high)) rounded (clamped into the range)."""
+    rng = random.Random(seed)
+    forced = set(rng.sample(range(n), round(n * EXAMPLE_SHARE)))
+    sizes = []
+    for r in range(n):
+        x = example if r in forced else round(math.exp(rng.uniform(math.log(low), math.log(high))))
+        sizes.append(min(high, max(low, x)))
+    return Mix(sizes, low, high, example, seed)
+
+
+# ---- serving a pass: arms interleaved per request --------------------------------------------------
+
+@dataclass
+class Calls:
+    """One arm's requests of one pass: each request's size, its synced latency (ms), and how much
+    each probe's counter grew during it."""
+    sizes: list[int] = field(default_factory=list)
+    ms: list[float] = field(default_factory=list)
+    deltas: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, size: int, ms: float, deltas: dict[str, int]) -> None:
+        self.sizes.append(size)
+        self.ms.append(ms)
+        for k, v in deltas.items():
+            self.deltas.setdefault(k, []).append(v)
+
+
+def timed_call(fn: Callable, inputs: tuple, sync: Callable, probe: Callable[[], dict] | None = None,
+               clock=time.perf_counter) -> tuple[float, dict[str, int]]:
+    """(ms of fn(*inputs) with the device idle before it and synchronized after, the growth of each
+    of probe()'s counters over the call). The probe is read outside the timed span."""
+    before = probe() if probe else {}
+    sync()
+    t0 = clock()
+    fn(*inputs)
+    sync()
+    ms = (clock() - t0) * 1e3
+    after = probe() if probe else {}
+    return ms, {k: after.get(k, 0) - v for k, v in before.items()}
+
+
+def serve_pass(arms: dict[str, Callable], sizes: list[int], inputs_for: Callable[[int], tuple],
+               sync: Callable, probes: dict[str, Callable] | None = None, clock=time.perf_counter) -> dict[str, Calls]:
+    """Every request of `sizes` served by every arm, on the same inputs (inputs_for(size), built
+    outside timing); request r runs the arms in their order rotated by r, so no arm always runs
+    first or right after the same one."""
+    names, probes = list(arms), probes or {}
+    calls = {n: Calls() for n in names}
+    for r, size in enumerate(sizes):
+        inputs = inputs_for(size)
+        for j in range(len(names)):
+            n = names[(r + j) % len(names)]
+            calls[n].add(size, *timed_call(arms[n], inputs, sync, probes.get(n), clock))
+    return calls
+
+
+# ---- figures -------------------------------------------------------------------------------------
+
+def percentile(xs: list[float], q: float) -> float | None:
+    """The q-quantile (0..1) of xs, linear between the two nearest ranks (numpy's default)."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    pos = (len(s) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _share(deltas: list[int] | None) -> float | None:
+    """The fraction of requests during which a counter grew; None where it was not probed."""
+    return sum(d > 0 for d in deltas) / len(deltas) if deltas else None
+
+
+def arm_stats(calls: Calls) -> dict:
+    """One arm's figures for one pass: throughput (requests/s, items/s), latency (ms: p50, p99,
+    mean, max), graphs compiled, and where our kernels were probed, their shares."""
+    total_s = sum(calls.ms) / 1e3
+    d = calls.deltas
+    return {
+        "requests": len(calls.ms), "items": sum(calls.sizes), "total_s": total_s,
+        "requests_per_s": len(calls.ms) / total_s if total_s > 0 else None,
+        "items_per_s": sum(calls.sizes) / total_s if total_s > 0 else None,
+        "p50_ms": percentile(calls.ms, 0.5), "p99_ms": percentile(calls.ms, 0.99),
+        "mean_ms": statistics.fmean(calls.ms) if calls.ms else None, "max_ms": max(calls.ms, default=None),
+        "graphs": sum(d["graphs"]) if "graphs" in d else None,
+        "kernel_share": _share(d.get("kernel")), "outside_share": _share(d.get("outside")),
+        "kernel_failed": sum(d["failed"]) if "failed" in d else None}
+
+
+def vs_compile(stats: dict[str, dict]) -> dict:
+    """ours against the better torch.compile arm of one pass, both "higher is better for ours":
+    throughput = ours' requests/s / the higher compile requests/s; p99 = the lower compile p99 /
+    ours' p99. None where a figure is missing."""
+    thr = {a: stats[a]["requests_per_s"] for a in COMPILE_ARMS if stats.get(a, {}).get("requests_per_s")}
+    p99 = {a: stats[a]["p99_ms"] for a in COMPILE_ARMS if stats.get(a, {}).get("p99_ms")}
+    ours = stats.get("ours", {})
+    best_thr = max(thr, key=thr.get) if thr else None
+    best_p99 = min(p99, key=p99.get) if p99 else None
+    return {"throughput_vs_compile": ours["requests_per_s"] / thr[best_thr]
+            if best_thr and ours.get("requests_per_s") else None,
+            "p99_vs_compile": p99[best_p99] / ours["p99_ms"] if best_p99 and ours.get("p99_ms") else None,
+            "best_compile_throughput": best_thr, "best_compile_p99": best_p99}
+
+
+def pass_fields(passes: dict[str, dict[str, Calls]]) -> dict:
+    """A row's figures from its passes ({"cold": {arm: Calls}, "warm": ...}): per arm and pass,
+    the ratios of each pass (the warm pass's unprefixed), recompiles, ours' kernel shares."""
+    stats = {p: {a: arm_stats(c) for a, c in arms.items()} for p, arms in passes.items()}
+    out: dict[str, Any] = {"arms": {a: {p: stats[p][a] for p in stats if a in stats[p]} for a in ARMS}}
+    for p, prefix in (("warm", ""), ("cold", "cold_")):
+        if p in stats:
+            out.update({prefix + k: v for k, v in vs_compile(stats[p]).items()})
+            out[prefix + "kernel_share"] = stats[p].get("ours", {}).get("kernel_share")
+    out["recompiles"] = {a: s["graphs"] for a, s in stats.get("cold", {}).items()}
+    out["warm_recompiles"] = {a: s["graphs"] for a, s in stats.get("warm", {}).items()}
+    out["outside_share"] = stats.get("warm", {}).get("ours", {}).get("outside_share")
+    return out
+
+
+def verdicts(row: dict) -> dict:
+    """floor_ok: both warm ratios >= FLOOR (None where either is unmeasured); within_budget:
+    optimize_s <= 1.1 x budget + 30 s (False too when cut off in optimize past that)."""
+    thr, p99 = row.get("throughput_vs_compile"), row.get("p99_vs_compile")
+    floor_ok = None if thr is None or p99 is None else (thr >= FLOOR and p99 >= FLOOR)
+    limit = budget_limit(row["budget_s"])
+    if row.get("optimize_s") is not None:
+        within = row["optimize_s"] <= limit
+    elif (row.get("optimize_s_at_least") or 0) > limit:
+        within = False
+    else:
+        within = None
+    return {"floor_ok": floor_ok, "within_budget": within}
+
+
+# ---- a row: its fields -----------------------------------------------------------------------------
+
+def empty_row(model: str, budget_s: float = 120.0, requests: int = 200, seed: int = 0) -> dict:
+    """Every field of a row, unmeasured (None): a failed row keeps the same schema."""
+    return {"model": model, "dtype": model.split(":")[-1], "tf32": None, "unit": None, "dynamic": None,
+            "example_size": None, "requests": requests, "seed": seed, "mix": None, "mix_sizes": None,
+            "mix_summary": None, "budget_s": budget_s, "budget_limit_s": budget_limit(budget_s),
+            "optimize_s": None, "warmup_s": None, "warmup_graphs": None, "arms": None,
+            "throughput_vs_compile": None, "p99_vs_compile": None, "cold_throughput_vs_compile": None,
+            "cold_p99_vs_compile": None, "best_compile_throughput": None, "best_compile_p99": None,
+            "kernel_share": None, "cold_kernel_share": None, "outside_share": None, "kernels_kept": None,
+            "tasks": None, "task_status": None, "swapped": None, "report_note": None, "outcome": None,
+            "recompiles": None, "warm_recompiles": None, "max_err": None, "correct": None,
+            "tolerance": None, "check_sizes": None, "floor_ok": None, "within_budget": None}
+
+
+def build_row(model: str, passes: dict, optimize_s: float | None, budget_s: float, **extra) -> dict:
+    """A measured row from its passes (pass_fields), optimize's wall time and any other fields."""
+    row = empty_row(model, budget_s)
+    row.update(pass_fields(passes))
+    row["optimize_s"] = optimize_s
+    row.update(extra)
+    row.update(verdicts(row))
+    return row
+
+
+def report_fields(model) -> dict:
+    """What optimize says it did (model.htam_report): tasks by status, the kept (swapped) ones,
+    regions swapped, its note and outcome. inductor.sync_report first: a task in the compiled
+    call is marked swapped only once Dynamo's compiles have swapped it in."""
+    report = getattr(model, "htam_report", None)
+    if report is None:
+        return {}
+    with contextlib.suppress(Exception):        # an older or replay model has no backend to sync
+        from torch_htam import inductor
+        inductor.sync_report(model)
+    tasks = list(getattr(report, "tasks", None) or [])
+    status = Counter(str(getattr(t.status, "value", t.status)) for t in tasks)
+    outcome = getattr(report, "outcome", None)
+    return {"kernels_kept": status.get("swapped", 0), "tasks": len(tasks), "task_status": dict(status),
+            "swapped": getattr(report, "swapped", None), "report_note": getattr(report, "note", None),
+            "outcome": getattr(outcome, "value", outcome),
+            "kernel_failures": dict(getattr(report, "kernel_failures", None) or {})}
+
+
+# ---- probes: Dynamo's graph count, our kernels' call counts ----------------------------------------
+
+def graphs_compiled() -> int:
+    """Graphs Dynamo has compiled in this process (recompiles and graph breaks each count)."""
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+def kernel_counts() -> dict[str, int] | None:
+    """torch_htam.fallback.counts() as {field: int} (kernel, outside, failed), or None where this
+    torch_htam has no counts() yet."""
+    try:
+        from torch_htam import fallback
+    except ImportError:
+        return None
+    counts = getattr(fallback, "counts", None)
+    if counts is None:
+        return None
+    c = counts()
+    items = ({f.name: getattr(c, f.name) for f in dataclasses.fields(c)} if dataclasses.is_dataclass(c)
+             else dict(c) if isinstance(c, dict) else vars(c))
+    return {k: int(v) for k, v in items.items() if isinstance(v, int)}
+
+
+def probes_for(arms) -> dict[str, Callable[[], dict]]:
+    """Per arm, what to read around each of its calls: the graph count for every arm; ours also
+    our kernels' counts, where torch_htam has them."""
+    with_kernels = kernel_counts() is not None
+    out = {a: (lambda: {"graphs": graphs_compiled()}) for a in arms}
+    if with_kernels and "ours" in arms:
+        out["ours"] = lambda: {"graphs": graphs_compiled(), **(kernel_counts() or {})}
+    return out
+
+
+# ---- the output check ----------------------------------------------------------------------------
+
+def error(out, ref) -> tuple[float | None, float | None]:
+    """(max |out - ref|, that / max |ref|) over every float tensor of the outputs; (None, None)
+    where they differ in structure or shape or are not finite."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+    a, b = tree_leaves(out), tree_leaves(ref)
+    if len(a) != len(b):
+        return None, None
+    worst, scale = 0.0, 0.0
+    for x, y in zip(a, b):
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)) or not y.is_floating_point():
+            continue
+        if x.shape != y.shape:
+            return None, None
+        d = (x.detach().float() - y.detach().float()).abs()
+        if d.numel() and not bool(torch.isfinite(d).all()):
+            return None, None
+        worst = max(worst, float(d.max()) if d.numel() else 0.0)
+        scale = max(scale, float(y.detach().float().abs().max()) if y.numel() else 0.0)
+    return worst, (worst / scale if scale > 0 else worst)
+
+
+def check_sizes(mix: Mix) -> list[int]:
+    """A few of the mix's sizes to check outputs at: its smallest, median, example and largest."""
+    s = sorted(mix.sizes)
+    return sorted({s[0], s[len(s) // 2], mix.example, s[-1]})
+
+
+def check_outputs(arms: dict, sizes: list[int], inputs_for: Callable, tol: float) -> dict:
+    """Each checked arm's output against eager's at `sizes`: the worst max abs error ("max_err")
+    and relative one ("max_rel_err": over eager's max abs), and correct (relative within tol)."""
+    abs_err = {a: 0.0 for a in CHECKED if a in arms}
+    rel_err = dict(abs_err)
+    for size in sizes:
+        inputs = inputs_for(size)
+        ref = _clone(arms["eager"](*inputs))
+        for a in abs_err:
+            e, r = error(_clone(arms[a](*inputs)), ref)
+            abs_err[a] = None if e is None or abs_err[a] is None else max(abs_err[a], e)
+            rel_err[a] = None if r is None or rel_err[a] is None else max(rel_err[a], r)
+    return {"max_err": abs_err, "max_rel_err": rel_err, "tolerance": tol, "check_sizes": sizes,
+            "correct": {a: r is not None and r <= tol for a, r in rel_err.items()}}
+
+
+def _clone(out):
+    """A copy of an output (a cudagraph arm overwrites its own on the next call)."""
+    import torch
+    from torch.utils._pytree import tree_map
+    return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, out)
+
+
+# ---- one row, in this process (the --one child) ----------------------------------------------------
+
+@dataclass
+class Setup:
+    """A row's arms and what they serve: the mix, the example inputs, the declared dynamic dim,
+    and inputs per size (built once per size, kept on the device: every arm gets the same)."""
+    arms: dict[str, Callable]
+    example: tuple
+    dynamic: dict
+    make_inputs: Callable[[int], tuple]
+    mix: Mix
+    cache: dict = field(default_factory=dict)
+
+    def inputs_for(self, size: int) -> tuple:
+        """Inputs at `size`, made outside inference mode as the example was: an inference tensor
+        lacks the ADInplaceOrView dispatch key, and Dynamo's guard on that would recompile every
+        arm on its first request."""
+        import torch
+        if size not in self.cache:
+            with torch.inference_mode(False):
+                self.cache[size] = self.make_inputs(size)
+        return self.cache[size]
+
+
+def _torch_compile(model, dynamic: bool | None):
+    import torch
+    return torch.compile(model, dynamic=dynamic)
+
+
+def _optimize(model, inputs: tuple, dynamic: dict, budget_s: float):
+    import torch_htam
+    return torch_htam.optimize(model, inputs, torch_htam.OptimizeConfig(dynamic=dynamic, time_budget_s=budget_s))
+
+
+def _precision(dtype: str):
+    """fp32 rows: TF32 on for matmuls and cuDNN (both of torch's APIs; torch's settings back
+    after); bf16 rows: torch's settings as they are."""
+    if dtype != "fp32":
+        return contextlib.nullcontext()
+    from torch_htam.policy import tf32_switches
+    return tf32_switches(True)
+
+
+def _dynamo_limits():
+    """The recompile limit raised (see the module's docstring), and Dynamo's local profile-guided
+    automatic dynamic off (sizes a previous run saw, read back from torch's cache folder, would
+    make compile_default start out dynamic and hide its recompiles); torch's settings back after."""
+    import torch._dynamo
+    return torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, automatic_dynamic_local_pgo=False)
+
+
+def setup(name: str, opts, device: str, compile_fn=_torch_compile) -> tuple[Setup, Any]:
+    """Row `name`'s Setup with every arm but ours, and the copy that optimize gets (all copies
+    made here, before optimize)."""
+    model, example, dynamic, make_inputs = serve_models.make(name, small=opts.small, device=device)
+    index, dim, low, high = serve_models.dynamic_dim(dynamic)
+    mix = request_mix(low, high, example[index].shape[dim], opts.requests, opts.seed)
+    arms = {"eager": model,
+            "compile_dynamic": compile_fn(copy.deepcopy(model), True),
+            "compile_default": compile_fn(copy.deepcopy(model), None)}
+    return Setup(arms, example, dynamic, make_inputs, mix), copy.deepcopy(model)
+
+
+def mix_fields(s: Setup, name: str) -> dict:
+    index, dim, _, _ = serve_models.dynamic_dim(s.dynamic)
+    return {"unit": serve_models.UNITS[name.split(":")[0]], "dynamic": s.dynamic, "example_size": s.mix.example,
+            "dynamic_input": index, "dynamic_dim": dim, "mix": s.mix.describe(), "mix_sizes": s.mix.sizes,
+            "mix_summary": s.mix.summary()}
+
+
+def warm_up(s: Setup, sync: Callable) -> dict:
+    """Every arm called once on the example inputs: its seconds and the graphs it compiled."""
+    secs, graphs = {}, {}
+    for a in ARMS:
+        before, t0 = graphs_compiled(), time.perf_counter()
+        s.arms[a](*s.example)
+        sync()
+        secs[a], graphs[a] = time.perf_counter() - t0, graphs_compiled() - before
+    return {"warmup_s": secs, "warmup_graphs": graphs}
+
+
+def serve(row: dict, s: Setup, sync: Callable, stage: Callable[[str], None]) -> None:
+    """Warm-up, the cold pass and the warm pass into `row` (the figures after each pass, so a row
+    cut off in the warm pass keeps the cold one)."""
+    stage("warmup")
+    row.update(warm_up(s, sync))
+    probes, passes = probes_for(s.arms), {}
+    for p in ("cold", "warm"):
+        stage(p)
+        passes[p] = serve_pass(s.arms, s.mix.sizes, s.inputs_for, sync, probes)
+        row.update(pass_fields(passes))
+
+
+def measure(name: str, opts, device: str = "cuda", optimize=_optimize, compile_fn=_torch_compile,
+            progress=lambda row: None) -> dict:
+    """Row `name` measured in this process (the steps in the module's docstring). progress(row) is
+    called with the row so far at each stage ("stage" names it). Any failure ends the row with
+    "error"."""
+    import torch
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    row = empty_row(name, opts.budget, opts.requests, opts.seed)
+    row.update(tf32=row["dtype"] == "fp32", recompile_limit=RECOMPILE_LIMIT, tolerance=TOLERANCE[row["dtype"]])
+    start = time.perf_counter()
+
+    def stage(st: str) -> None:
+        row["stage"], row["row_s"] = st, time.perf_counter() - start
+        print(f"[bench_serve] {name}: {st} (at {row['row_s']:.0f} s)", file=sys.stderr, flush=True)
+        progress(row)
+
+    try:
+        with _precision(row["dtype"]), _dynamo_limits():
+            stage("build")
+            s, for_ours = setup(name, opts, device, compile_fn)
+            row.update(mix_fields(s, name))
+            with torch.inference_mode():
+                row["optimize_started"] = time.time()
+                stage("optimize")
+                t0 = time.perf_counter()
+                s.arms["ours"] = optimize(for_ours, s.example, s.dynamic, opts.budget)
+                sync()
+                row["optimize_s"] = time.perf_counter() - t0
+                serve(row, s, sync, stage)
+                stage("check")
+                row.update(check_outputs(s.arms, check_sizes(s.mix), s.inputs_for, row["tolerance"]))
+            row.update(report_fields(s.arms["ours"]))
+            row["stage"] = "done"
+    except Exception:  # noqa: BLE001 - one row's failure is its row's, never the run's
+        text = traceback.format_exc()
+        print(text, file=sys.stderr, flush=True)
+        row["error"] = bench_floor.last_line(text)
+    row["row_s"] = time.perf_counter() - start
+    row.update(verdicts(row))
+    return row
+
+
+# ---- the run: each row in a child process ----------------------------------------------------------
+
+def child_command(name: str, opts, row_out: Path) -> list[str]:
+    """This script, to measure row `name` alone and write it to row_out."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--row-out", str(row_out),
+           "--budget", str(opts.budget), "--requests", str(opts.requests), "--seed", str(opts.seed)]
+    if opts.small:
+        cmd.append("--small")
+    if opts.device != "cuda":
+        cmd += ["--device", opts.device]
+    return cmd
+
+
+def run_child(name: str, opts, timeout: float, command=child_command) -> dict:
+    """Row `name` measured by a child process, cut off (with whatever it left running) after
+    `timeout` s. A child that crashed or was cut off gives the row as far as it got, with "error"
+    saying where; cut off in optimize, "optimize_s_at_least" says how long optimize had run."""
+    with tempfile.TemporaryDirectory(prefix="bench_serve-") as d:
+        row_out = Path(d) / "row.json"
+        proc = subprocess.Popen(command(name, opts, row_out), start_new_session=True)
+        why = None
+        try:
+            rc = proc.wait(timeout=timeout)
+            why = f"the row's process exited with status {rc}" if rc != 0 else None
+        except subprocess.TimeoutExpired:
+            why = f"timed out after {timeout:.0f} s"
+        finally:
+            bench_floor._end_group(proc)
+        try:
+            row = json.loads(row_out.read_text())
+        except (OSError, ValueError):
+            row = None
+    if row is None:
+        row, why = empty_row(name, opts.budget, opts.requests, opts.seed), why or "the row's process wrote no row"
+    if why is not None and row.get("stage") != "done":
+        st = row.get("stage")
+        row["error"] = why + (f" in stage {st!r}" if st else "")
+        if st == "optimize" and row.get("optimize_started"):
+            row["optimize_s_at_least"] = time.time() - row["optimize_started"]
+        row.update(verdicts(row))
+    return row
+
+
+def run_rows(names: list[str], opts, run_one, keep=lambda rows: None) -> list[dict]:
+    """run_one(name) -> row for each name; a row that raises is recorded with "error" and the run
+    goes on. keep(rows) gets every row so far after each one (the results file is rewritten)."""
+    rows = []
+    for name in names:
+        try:
+            row = run_one(name)
+        except Exception:  # noqa: BLE001
+            row = dict(empty_row(name, opts.budget, opts.requests, opts.seed),
+                       error=bench_floor.last_line(traceback.format_exc()))
+        rows.append(row)
+        keep(rows)
+        print(f"ROW {format_row(row)}", flush=True)
+    return rows
+
+
+# ---- summary and table -----------------------------------------------------------------------------
+
+def summarize(rows: list[dict]) -> dict:
+    """The run's figures: rows, errors, floor_ok count, the worst and geomean ratios (warm and
+    cold), ours' kernel share per row, the longest optimize."""
+    out = {"rows": len(rows), "errors": sum(1 for r in rows if r.get("error")),
+           "floor_ok": sum(1 for r in rows if r.get("floor_ok") is True)}
+    for k in ("throughput_vs_compile", "p99_vs_compile", "cold_throughput_vs_compile", "cold_p99_vs_compile"):
+        vals = [r[k] for r in rows if r.get(k) is not None]
+        out[f"min_{k}"] = min(vals) if vals else None
+        out[f"geomean_{k}"] = bench_floor.geomean(vals)
+    out["kernel_share"] = {r["model"]: r.get("kernel_share") for r in rows}
+    spent = [r["optimize_s"] for r in rows if r.get("optimize_s") is not None]
+    out["max_optimize_s"] = max(spent) if spent else None
+    out["all_ok"] = bool(rows) and all(r.get("floor_ok") is True and r.get("within_budget") is True for r in rows)
+    return out
+
+
+def _f(v, fmt: str) -> str:
+    return "-" if v is None else ("y" if v else "n") if isinstance(v, bool) else format(v, fmt)
+
+
+COLUMNS = [("model", "model", "s", 14), ("kept", "kernels_kept", "d", 4), ("share", "kernel_share", ".2f", 5),
+           ("thr vsC", "throughput_vs_compile", ".3f", 7), ("p99 vsC", "p99_vs_compile", ".3f", 7),
+           ("cold thr", "cold_throughput_vs_compile", ".3f", 8), ("cold p99", "cold_p99_vs_compile", ".3f", 8),
+           ("rc dyn", "recompiles.compile_dynamic", "d", 6), ("rc def", "recompiles.compile_default", "d", 6),
+           ("rc ours", "recompiles.ours", "d", 7), ("opt s", "optimize_s", ".1f", 6), ("floor", "floor_ok", "", 5)]
+
+
+def _get(row: dict, key: str):
+    for part in key.split("."):
+        row = row.get(part) if isinstance(row, dict) else None
+    return row
+
+
+def format_row(row: dict) -> str:
+    cells = [str(row.get(k)).ljust(w) if k == "model" else _f(_get(row, k), fmt).rjust(w)
+             for _, k, fmt, w in COLUMNS]
+    return " ".join(cells) + (f"  {row['error']}" if row.get("error") else "")
+
+
+def format_table(rows: list[dict], summary: dict) -> str:
+    head = " ".join(h.ljust(w) if k == "model" else h.rjust(w) for h, k, _, w in COLUMNS)
+    g = lambda k: _f(summary.get(k), ".3f")  # noqa: E731
+    return "\n".join([head, "-" * len(head), *map(format_row, rows), "",
+                      f"{summary['rows']} rows ({summary['errors']} with errors): floor_ok {summary['floor_ok']}; "
+                      f"worst vs torch.compile (warm): throughput {g('min_throughput_vs_compile')}x, "
+                      f"p99 {g('min_p99_vs_compile')}x; all ok: {_f(summary['all_ok'], '')}"])
+
+
+# ---- command line ----------------------------------------------------------------------------------
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="*", help="row names (default: all; see --list)")
+    ap.add_argument("--list", action="store_true", help="print the row names and exit")
+    ap.add_argument("--dtype", choices=tuple(serve_models.DTYPES), default=None, help="only rows of this dtype")
+    ap.add_argument("--requests", type=int, default=200, help="requests in the mix (each pass serves them all)")
+    ap.add_argument("--seed", type=int, default=0, help="the mix's seed (random.Random)")
+    ap.add_argument("--budget", type=float, default=120.0, help="OptimizeConfig.time_budget_s (s)")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds per row's process (default 1.1 x budget + 30 + 420)")
+    ap.add_argument("--out", type=Path, default=record.RESULTS_DIR, help="results folder")
+    ap.add_argument("--no-record", action="store_true", help="write no results file")
+    # the child's (--one) and the CPU tests' flags
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--row-out", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    ap.add_argument("--small", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    unknown = [n for n in a.models + ([a.one] if a.one else []) if n not in serve_models.ROWS]
+    if unknown:
+        ap.error(f"unknown row(s) {', '.join(unknown)}; see --list")
+    if a.requests < 1:
+        ap.error("--requests must be at least 1")
+    return a
+
+
+def selected(a) -> list[str]:
+    """The rows named (default all), of --dtype where given."""
+    names = a.models or list(serve_models.ROWS)
+    return [n for n in names if a.dtype is None or n.endswith(f":{a.dtype}")]
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    if a.list:
+        for name in serve_models.ROWS:
+            print(f"{name:14} {serve_models.describe(name)}")
+        return 0
+    if a.one is not None:                                      # the child: one row, to --row-out
+        keep = (lambda row: bench_floor._write_json(a.row_out, row)) if a.row_out else (lambda row: None)
+        row = measure(a.one, a, device=a.device, progress=keep)
+        keep(row)
+        if a.row_out is None:                                  # run by hand: the row on stdout
+            print(json.dumps(row, default=str), flush=True)
+        return 0
+    import torch
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("bench_serve needs a CUDA GPU (torch sees none)", file=sys.stderr)
+        return 2
+    timeout = a.timeout if a.timeout is not None else default_timeout(a.budget)
+    path = None
+
+    def keep(rows: list) -> None:
+        nonlocal path
+        if not a.no_record:
+            path = record.write(SUITE, {
+                "requests": a.requests, "seed": a.seed, "budget_s": a.budget, "budget_limit_s": budget_limit(a.budget),
+                "mix_rule": MIX_RULE, "example_share": EXAMPLE_SHARE, "arms": list(ARMS), "floor": FLOOR,
+                "recompile_limit": RECOMPILE_LIMIT, "tolerance": TOLERANCE, "row_timeout_s": timeout,
+                "tf32": "fp32 rows: on (matmul and cuDNN); bf16 rows: torch's defaults",
+                "summary": summarize(rows), "rows": rows}, results_dir=a.out, path=path)
+
+    rows = run_rows(selected(a), a, lambda name: run_child(name, a, timeout), keep)
+    print("\n" + format_table(rows, summarize(rows)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
