@@ -115,6 +115,31 @@ for args in [(0, [1], [0, 1, 4]), (0, [], "x"), (0,), (0, [], [0, 1, 4])]:
 """
 
 
+# The C++ decoding of out_meta's size references against launcher.decode_out_meta's (CPU tensors:
+# out_shapes only reads sizes), then its errors for a reference to a missing input or dim.
+REF_CHECKS = """
+import random
+import torch
+from torch_htam.launcher import decode_out_meta, size_ref
+xs = [torch.empty(3, 5), torch.empty(7)]
+rng = random.Random(0)
+metas = [[0, 2, size_ref(0, 0, 4), 5, 256, 4, 1, size_ref(1, 0), 2, size_ref(0, 1, 3)], [4, 0]]
+for _ in range(50):
+    i = rng.randrange(2)
+    metas.append([2, 2, size_ref(i, rng.randrange(xs[i].dim()), rng.randrange(1, 1 << 20)), rng.randrange(9)])
+print(all(m.out_shapes(xs, meta) == [list(s) for _, s, _ in decode_out_meta(meta, xs)] for meta in metas))
+for args in [(xs, [0, 1, size_ref(2, 0)]), (xs, [0, 1, size_ref(1, 1, 2)])]:
+    try:
+        m.out_shapes(*args)
+    except RuntimeError as e:
+        print(str(e).splitlines()[0])
+try:
+    m.launch(0, xs, [0, 1, size_ref(5, 0)])
+except RuntimeError as e:
+    print(str(e).splitlines()[0])
+"""
+
+
 @pytest.mark.build
 @pytest.mark.skipif(torch.version.cuda is None or shutil.which(os.environ.get("CXX", "c++")) is None
                     or launcher._cuda_toolkit() is None, reason="needs a CUDA build of torch, c++ and CUDA headers")
@@ -125,15 +150,19 @@ def test_launcher_compiles_and_checks_its_arguments_without_a_gpu(tmp_path):
     # wrapper (this CI image). The arch list only matters to cpp_extension without a visible GPU.
     env = {**os.environ, "HTAM_CACHE_DIR": str(tmp_path),
            "TORCH_CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0")}
-    r = subprocess.run([sys.executable, "-c", "from torch_htam import launcher" + ARG_CHECKS], env=env,
-                       capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", "from torch_htam import launcher" + ARG_CHECKS + REF_CHECKS],
+                       env=env, capture_output=True, text=True,
                        timeout=600, cwd=Path(__file__).parents[1])
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.splitlines() == [
         "TypeError launch: inputs[0] is a int, not a torch.Tensor",
         "TypeError launch: out_meta must be a list or tuple of ints",
         "TypeError launch(handle, inputs, out_meta) takes exactly 3 arguments",
-        "RuntimeError htam: no kernel with handle 0 (0 loaded); get one from htam::load(path)"]
+        "RuntimeError htam: no kernel with handle 0 (0 loaded); get one from htam::load(path)",
+        "True",
+        "htam: out_meta output 0's size -3 is 1 * inputs[2].shape[0], but the launch has 2 inputs",
+        "htam: out_meta output 0's size -66562 is 2 * inputs[1].shape[1], but that input has 1 dims",
+        "htam: out_meta output 0's size -6 is 1 * inputs[5].shape[0], but the launch has 2 inputs"]
     # A deployment box with no compiler imports the launcher a bundle carried (bundle.load adopts it).
     box = {**env, "HTAM_CACHE_DIR": str(tmp_path / "box"), "CXX": "no-such-compiler"}
     adopt = ("import sys; from pathlib import Path; from torch_htam import launcher\n"

@@ -1,13 +1,19 @@
-"""A kernel that fails at run time costs that call one region, not the model.
+"""A kernel that fails at run time costs that call one region, not the model; a kernel kept only
+for some sizes runs only at those.
 
-Every swapped region's kernel is registered here with its task when it is loaded (runtime.swap).
+Every swapped region's kernel is registered here with its task when it is loaded (runtime.swap),
+and, for a task with a declared size range, the buckets of sizes it was kept for (verify.Bucket).
+Before each launch of such a kernel the inputs are checked on the host (a few integer compares): a
+size outside its buckets runs the task's reference region instead, by design, not as a failure.
 A launch that raises (a nonzero return code: HTAM_ERR_SHAPE for inputs it was not verified on, a
-cuDNN status) runs the task's reference region on the same inputs instead, returns outputs laid out
-as the launch would have (out_meta), counts the call against the kernel and logs it once. The
-end-to-end decision reads the counts and drops a kernel that failed during its trial.
+cuDNN status) runs the region on the same inputs too, counts the call against the kernel and logs
+it once. Either way the outputs are laid out as the launch's would be (out_meta). The end-to-end
+decision reads the counts and drops a kernel that failed during its trial.
 
+    >>> register(handle, task, entry.evaluation.buckets)      # buckets: [] / None for a static task
     >>> outs = run_or_fallback(handle, inputs, out_meta, launcher.extension().launch)
-    >>> failures()            # {handle: calls that ran the region instead}
+    >>> counts([handle])      # Counts(kernel=..., outside=..., failed=...)
+    >>> failures()            # {handle: calls that failed and ran the region instead}
 
 A failure that leaves the CUDA context unusable (an illegal address) is raised as it is: nothing
 can run on that device after it.
@@ -15,7 +21,6 @@ can run on that device after it.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -27,16 +32,96 @@ from torch_htam.errors import is_crash_message
 log = logging.getLogger("torch_htam")
 
 
+@dataclass(frozen=True)
+class _Fit:
+    """Which inputs a region takes, as plain ints and tuples: holds() runs before every launch, so
+    nothing here calls a TensorSpec method then.
+
+    dtypes: each input's dtype. shapes: (input, shape) of each input without dynamic dims (all of
+    a static task's). dyn: (input, ndim, ((dim, size), ...) of its static dims) of each input with
+    dynamic dims. lead: (slot in dyn, dim) of the task's leading dynamic dim (verify.leading_dim),
+    None for a static task; example: its size in the specs; spans: the (low, high) its size may
+    take. scaled: (slot in dyn, dim, n) of every other dynamic dim, whose size must be
+    n * lead / example, as verify._sized scales it (k * lead where n = k * example).
+    """
+    dtypes: tuple[torch.dtype, ...]
+    shapes: tuple[tuple[int, tuple[int, ...]], ...]
+    dyn: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...] = ()
+    lead: tuple[int, int] | None = None
+    example: int = 0
+    spans: tuple[tuple[int, int], ...] = ()
+    scaled: tuple[tuple[int, int, int], ...] = ()
+
+    def holds(self, inputs: list[torch.Tensor]) -> bool:
+        # NOTE: plain loops and one .shape per input (no all(genexpr)): 3 inputs cost ~1 us of host
+        # time (2-core dev CPU), and this runs per launch.
+        if len(inputs) != len(self.dtypes):
+            return False
+        for x, dt in zip(inputs, self.dtypes):
+            if x.dtype is not dt:   # dtypes are singletons
+                return False
+        for i, shape in self.shapes:
+            if inputs[i].shape != shape:
+                return False
+        if self.lead is None:
+            return True
+        sizes = []
+        for i, nd, static in self.dyn:
+            s = inputs[i].shape
+            if len(s) != nd:
+                return False
+            for d, n in static:
+                if s[d] != n:
+                    return False
+            sizes.append(s)
+        lead = sizes[self.lead[0]][self.lead[1]]
+        for lo, hi in self.spans:
+            if lo <= lead <= hi:
+                break
+        else:
+            return False
+        for j, d, n in self.scaled:
+            if sizes[j][d] * self.example != n * lead:
+                return False
+        return True
+
+
+def _fit(task, spans: tuple[tuple[int, int], ...]) -> _Fit:
+    """task's inputs with the leading size in `spans`; a static task's: exactly its specs'."""
+    from torch_htam.verify import leading_dim
+    specs, lead = task.inputs, leading_dim(task)
+    dtypes = tuple(s.torch_dtype for s in specs)
+    if lead is None:
+        return _Fit(dtypes, tuple((i, tuple(s.shape)) for i, s in enumerate(specs)))
+    ranged = [(i, s) for i, s in enumerate(specs) if s.dynamic]
+    slot = {i: j for j, (i, _) in enumerate(ranged)}
+    return _Fit(dtypes, tuple((i, tuple(s.shape)) for i, s in enumerate(specs) if not s.dynamic),
+                dyn=tuple((i, len(s.shape), tuple((d, n) for d, n in enumerate(s.shape) if d not in s.dynamic))
+                          for i, s in ranged),
+                lead=(slot[lead[0]], lead[1]), example=specs[lead[0]].shape[lead[1]], spans=tuple(spans),
+                scaled=tuple((slot[i], d, s.shape[d]) for i, s in ranged for d in s.dynamic if (i, d) != lead))
+
+
 @dataclass
 class _Region:
-    """The region a kernel handle stands for: its task, and the reference built on first need."""
+    """The region a kernel handle stands for: its task, the buckets its kernel was kept for (() for
+    a static task), and the reference built on first need. span: the inputs the region stands for
+    (its specs' shapes, or any size in the declared range); fit: where the kernel may run (a kept
+    bucket), None for a static task (launched as it comes; a kernel refuses what it cannot run)."""
     task: Any
+    buckets: tuple = ()
     ref: Any = field(default=None, repr=False)
+    span: _Fit = field(init=False, repr=False)
+    fit: _Fit | None = field(init=False, repr=False)
+
+    def __post_init__(self):
+        from torch_htam.verify import leading_dim
+        lead = leading_dim(self.task)
+        self.span = _fit(self.task, (self.task.inputs[lead[0]].range_of(lead[1]),) if lead else ())
+        self.fit = _fit(self.task, tuple((b.low, b.high) for b in self.buckets)) if self.buckets else None
 
     def matches(self, inputs: list[torch.Tensor]) -> bool:
-        specs = self.task.inputs
-        return len(specs) == len(inputs) and all(
-            tuple(x.shape) == tuple(s.shape) and x.dtype == s.torch_dtype for x, s in zip(inputs, specs))
+        return self.span.holds(inputs)
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         if self.ref is None:
@@ -46,63 +131,142 @@ class _Region:
         return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-# NOTE: caches keyed by the launcher's kernel handle, as the launcher's own table is: a process
-# loads each kernel library once and graphs compiled from it name it by handle.
-_REGIONS: dict[int, list[_Region]] = {}
-_FAILED: Counter = Counter()
+@dataclass
+class Counts:
+    """Calls of kernel handles: `kernel` ran the kernel, `outside` ran the region because the size
+    was outside the kernel's buckets (by design), `failed` ran it because the launch raised."""
+    kernel: int = 0
+    outside: int = 0
+    failed: int = 0
 
 
-def register(handle: int, task) -> None:
-    """Let `handle`'s failures run `task`'s reference region (one handle may serve several tasks
-    with one source; the inputs' shapes pick the task)."""
-    regions = _REGIONS.setdefault(int(handle), [])
-    if all(r.task.signature != task.signature for r in regions):
-        regions.append(_Region(task))
+@dataclass
+class _Handle:
+    """One kernel handle: its regions, what to check before a launch (fits: None for a handle of
+    static tasks only: launch directly) and its call counts."""
+    regions: list[_Region] = field(default_factory=list)
+    fits: tuple[_Fit, ...] | None = None
+    counts: Counts = field(default_factory=Counts)
+
+
+# NOTE: keyed by the launcher's kernel handle, as the launcher's own table is: a process loads each
+# kernel library once and graphs compiled from it name it by handle.
+_HANDLES: dict[int, _Handle] = {}
+
+
+def register(handle: int, task, buckets=None) -> None:
+    """Let `handle` run `task`'s reference region where its kernel fails or, given `buckets` (the
+    verify.Bucket list, or [input, dim, low, high] lists as in Evaluation.buckets, the kernel was
+    kept for), where the size lies outside them. One handle may serve several tasks with one
+    source; the inputs' shapes pick the task. None or []: a static task, launched as it comes."""
+    h = _HANDLES.setdefault(int(handle), _Handle())
+    region = _Region(task, _buckets(task, buckets))
+    at = next((j for j, r in enumerate(h.regions) if r.task.signature == task.signature), None)
+    if at is None:
+        h.regions.append(region)
+    elif buckets:   # a newer verdict for the same task
+        h.regions[at] = region
+    ranged = any(r.fit is not None for r in h.regions)
+    h.fits = tuple(r.fit or r.span for r in h.regions) if ranged else None
+
+
+def _buckets(task, buckets) -> tuple:
+    """buckets as verify.Bucket, each checked to be of task's leading dim."""
+    from torch_htam.verify import Bucket, leading_dim
+    out = tuple(b if isinstance(b, Bucket) else Bucket(*b) for b in buckets or ())
+    lead = leading_dim(task)
+    bad = [str(b) for b in out if (b.input, b.dim) != lead]
+    if bad:
+        raise ValueError(f"buckets {bad} for {task.name}, whose leading dynamic dim is "
+                         f"{'none (a static task)' if lead is None else f'in{lead[0]} dim {lead[1]}'}")
+    return out
+
+
+def counts(handles=None) -> Counts:
+    """Calls of `handles` (default all registered), summed: Counts(kernel, outside, failed)."""
+    total = Counts()
+    for h, rec in _HANDLES.items():
+        if handles is None or h in handles:
+            total.kernel += rec.counts.kernel
+            total.outside += rec.counts.outside
+            total.failed += rec.counts.failed
+    return total
 
 
 def failures(handles=None) -> dict[int, int]:
     """{handle: calls that ran the region instead}, for `handles` (default all) that failed."""
-    return {h: n for h, n in _FAILED.items() if n and (handles is None or h in handles)}
+    return {h: rec.counts.failed for h, rec in _HANDLES.items()
+            if rec.counts.failed and (handles is None or h in handles)}
 
 
 def run_or_fallback(handle: int, inputs: list[torch.Tensor], out_meta: list[int],
                     launch: Callable) -> list[torch.Tensor]:
-    """launch(handle, inputs, out_meta), or where it raises, the registered region's reference on
-    the same inputs, in out_meta's dtypes, shapes and layouts."""
+    """launch(handle, inputs, out_meta), or the registered region's reference on the same inputs,
+    in out_meta's dtypes, shapes and layouts: where the inputs lie outside the kernel's buckets (a
+    ranged task), or where the launch raises."""
+    h = _HANDLES.get(handle)
+    if h is not None and h.fits is not None and not _fits(h.fits, inputs):
+        h.counts.outside += 1
+        return _run_region(next((r for r in h.regions if r.matches(inputs)), h.regions[0]), inputs, out_meta)
     try:
-        return launch(handle, inputs, out_meta)
+        outs = launch(handle, inputs, out_meta)
     except RuntimeError as e:
-        region = next((r for r in _REGIONS.get(int(handle), ()) if r.matches(inputs)), None)
-        if region is None or is_crash_message(str(e)):
+        region = _failed(h, inputs, e)
+        if region is None:
             raise
-        if not _FAILED[handle]:
-            log.warning("torch_htam: kernel for %s (%s) failed at run time, its region runs instead "
-                        "(logged once; the report counts the calls): %s", region.task.name,
-                        region.task.signature[:12], str(e).splitlines()[0][:300])
-        _FAILED[handle] += 1
-        with torch.no_grad():
-            return _as_launched(region.run(inputs), out_meta)
+        return _run_region(region, inputs, out_meta)
+    if h is not None:
+        h.counts.kernel += 1
+    return outs
+
+
+def _fits(fits: tuple[_Fit, ...], inputs: list[torch.Tensor]) -> bool:
+    for f in fits:
+        if f.holds(inputs):
+            return True
+    return False
+
+
+def _failed(h: _Handle | None, inputs: list[torch.Tensor], e: RuntimeError) -> _Region | None:
+    """The region to run for a launch that raised `e` (counted, logged once), or None: re-raise (no
+    region for these inputs, or a crash that left the device unusable)."""
+    region = next((r for r in h.regions if r.matches(inputs)), None) if h is not None else None
+    if region is None or is_crash_message(str(e)):
+        return None
+    if not h.counts.failed:
+        log.warning("torch_htam: kernel for %s (%s) failed at run time, its region runs instead "
+                    "(logged once; the report counts the calls): %s", region.task.name,
+                    region.task.signature[:12], str(e).splitlines()[0][:300])
+    h.counts.failed += 1
+    return region
+
+
+def _run_region(region: _Region, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return _as_launched(region.run(inputs), out_meta, inputs)
 
 
 def checked_launch(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
-    """The launcher extension's launch, where a kernel that fails runs its region instead: what
-    Inductor's generated code calls (inductor.direct_call)."""
+    """The launcher extension's launch, where a kernel that fails, or inputs outside its buckets,
+    run its region instead: what Inductor's generated code calls (inductor.direct_call)."""
     return run_or_fallback(handle, inputs, out_meta, launcher.extension().launch)
 
 
 def fast_launch(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
     """launcher.fast_launch for swapped regions: checked_launch in plain eager (the replay), the
     htam::launch op for anything traced. NOTE: verification calls launcher.fast_launch itself,
-    where a failing kernel must fail, not run its region."""
+    where a failing kernel must fail, not run its region (and is not counted here)."""
     if launcher.plain_eager(inputs):
         return checked_launch(handle, inputs, out_meta)
     return torch.ops.htam.launch.default(handle, inputs, out_meta)
 
 
-def _as_launched(outs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
+def _as_launched(outs: list[torch.Tensor], out_meta: list[int],
+                 inputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Reference outputs as the launch returns them: fresh tensors of out_meta's dtype, shape (an
-    expanded output narrowed to the kernel's shape) and memory format."""
-    metas = launcher.decode_out_meta(out_meta)
+    expanded output narrowed to the kernel's shape; size references resolved against `inputs`)
+    and memory format."""
+    metas = launcher.decode_out_meta(out_meta, inputs)
     if len(outs) != len(metas):
         raise RuntimeError(f"torch_htam fallback: the region gave {len(outs)} outputs, the launch "
                            f"expects {len(metas)}")

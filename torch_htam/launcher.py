@@ -13,6 +13,10 @@ a native op, H100 measurement in csrc/launcher.cpp); anything traced gets torch.
     >>> k = launcher.Kernel(build.build(src).so_path)
     >>> y, = k.launch([a, b], launcher.encode_out_meta([TensorSpec.of(a)]))
     >>> launcher.fast_launch(k.handle, [a, b], meta)        # the same, what the runtime calls
+
+out_meta ([dtype_code, ndim, d0, ..., dn-1] per output) may name an output size by an input's:
+size_ref(i, d, k) is a negative int meaning k * inputs[i].shape[d] (a ranged task's batch dim), so
+one graph serves every size without a recompile; the fake impl and the C++ launch resolve it.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -210,24 +215,103 @@ def _put_ninja_on_path() -> None:
 CHANNELS_LAST = 256
 
 
-def encode_out_meta(specs: list[TensorSpec]) -> list[int]:
+# ---- out_meta size references ------------------------------------------------------------------
+# A size entry of out_meta (never a dtype code or ndim) may be a reference instead of a size:
+#     size_ref(i, d, k) = -1 - ((k - 1) << 16 | d << 10 | i)        (always < 0)
+# meaning k * inputs[i].shape[d]: input index i < 1024 (10 bits), dim d < 64 (6 bits), factor k >= 1
+# in the bits above. Real sizes are >= 0, so the two never clash. csrc/launcher.cpp (resolve_size)
+# decodes the same bits; tests/test_launcher.py checks that the two agree.
+REF_INPUT_BITS, REF_DIM_BITS = 10, 6
+
+
+class SizeRef(NamedTuple):
+    """An output size that is k * inputs[input].shape[dim] (k >= 1)."""
+    input: int
+    dim: int
+    k: int = 1
+
+
+def size_ref(i: int, d: int, k: int = 1) -> int:
+    """The out_meta size entry meaning k * inputs[i].shape[d].
+
+        >>> launcher.size_ref(0, 0), launcher.size_ref(2, 1, 8)
+        (-1, -459779)
+    """
+    if not (0 <= i < 1 << REF_INPUT_BITS and 0 <= d < 1 << REF_DIM_BITS and k >= 1):
+        raise ValueError(f"size_ref({i}, {d}, {k}): needs 0 <= input < {1 << REF_INPUT_BITS}, "
+                         f"0 <= dim < {1 << REF_DIM_BITS} and k >= 1")
+    return -1 - ((k - 1) << (REF_INPUT_BITS + REF_DIM_BITS) | d << REF_INPUT_BITS | i)
+
+
+def size_ref_of(entry: int) -> SizeRef | None:
+    """Inverse of size_ref: the SizeRef an out_meta size entry stands for, None for a plain size."""
+    if entry >= 0:
+        return None
+    v = -1 - entry
+    return SizeRef(v & ((1 << REF_INPUT_BITS) - 1), (v >> REF_INPUT_BITS) & ((1 << REF_DIM_BITS) - 1),
+                   (v >> (REF_INPUT_BITS + REF_DIM_BITS)) + 1)
+
+
+def encode_out_meta(specs: list[TensorSpec], refs: list[dict[int, tuple[int, int, int]] | None] | None = None
+                    ) -> list[int]:
     """Output specs -> htam::launch's out_meta: [dtype_code, ndim, d0, ..., dn-1] per output, the
     shape the kernel writes (TensorSpec.kernel_shape: an expanded output without its expand, which
     task_outputs puts back). A channels-last 4-D spec (a conv region's output) adds CHANNELS_LAST
-    to its dtype code: the launcher allocates it in that memory format.
+    to its dtype code: the launcher allocates it in that memory format. refs: per output, None or
+    {dim: (input index, input dim, k)}; those dims are written as size_ref (k * that input's size),
+    for a graph whose sizes vary (out_refs(task) derives them from a ranged task).
 
         >>> launcher.encode_out_meta([TensorSpec((4, 8), "float32", (8, 1))])
         [0, 2, 4, 8]
+        >>> launcher.encode_out_meta([TensorSpec((4, 8), "float32", (8, 1))], [{0: (0, 0, 1)}])
+        [0, 2, -1, 8]
     """
+    if refs is not None and len(refs) != len(specs):
+        raise ValueError(f"encode_out_meta: {len(refs)} refs for {len(specs)} outputs (one per output)")
     meta = []
-    for s in specs:
+    for j, s in enumerate(specs):
         flag = CHANNELS_LAST if s.channels_last else 0
         if not flag and not _dense_but_broadcast(s):
             raise ValueError(f"htam::launch allocates contiguous or channels-last outputs, but this spec has "
                              f"strides {s.stride} for shape {s.shape}: preallocate it and call "
                              "Kernel(...)(inputs, outputs)")
-        meta += [DTYPE_CODES[s.dtype] + flag, len(s.shape), *s.kernel_shape()]
+        meta += [DTYPE_CODES[s.dtype] + flag, len(s.shape), *_sizes(s, refs[j] if refs else None)]
     return meta
+
+
+def _sizes(spec: TensorSpec, refs: dict[int, tuple[int, int, int]] | None) -> list[int]:
+    """spec.kernel_shape() with the dims in refs written as size_ref."""
+    shape = list(spec.kernel_shape())
+    for d, ref in (refs or {}).items():
+        if not 0 <= d < len(shape):
+            raise ValueError(f"encode_out_meta: a reference for dim {d} of a {len(shape)}-D output")
+        shape[d] = size_ref(*ref)
+    return shape
+
+
+def out_refs(task) -> list[dict[int, SizeRef]]:
+    """encode_out_meta's refs for a task whose sizes vary: each dynamic dim of each output as the
+    input dynamic dim it is a multiple of (smallest k). Every dynamic dim scales by one factor
+    (verify._sized), so an output dim of example size n is k * an input dim of example size n / k.
+
+        >>> launcher.out_refs(task)          # x [B*8, 4] -> out [B*8, 4]
+        [{0: SizeRef(input=0, dim=0, k=1)}]
+    """
+    dyn = [(s.shape[d], i, d) for i, s in enumerate(task.inputs) for d in s.dynamic if s.shape[d] > 0]
+    out = []
+    for j, o in enumerate(task.outputs):
+        refs = {}
+        for d in o.dynamic:
+            if d in o.broadcast_dims:   # the kernel writes size 1 there (kernel_shape)
+                continue
+            n = o.shape[d]
+            k, i, dd = min(((n // m, i, dd) for m, i, dd in dyn if n % m == 0), default=(0, -1, -1))
+            if not k:
+                raise ValueError(f"{task.name} output {j} dim {d} (size {n}) is no multiple of a dynamic "
+                                 "input dim: its size cannot follow the inputs'")
+            refs[d] = SizeRef(i, dd, k)
+        out.append(refs)
+    return out
 
 
 def _dense_but_broadcast(s: TensorSpec) -> bool:
@@ -253,15 +337,37 @@ def task_outputs(outs: list[torch.Tensor], specs: list[TensorSpec],
     return [o.expand(sh) if s.broadcast_dims else o for o, s, sh in zip(outs, specs, shapes)]
 
 
-def decode_out_meta(meta: list[int]) -> list[tuple[torch.dtype, tuple[int, ...], torch.memory_format]]:
-    """Inverse of encode_out_meta: [(dtype, shape, memory_format), ...]."""
+def decode_out_meta(meta: list[int], inputs: list[torch.Tensor] | None = None
+                    ) -> list[tuple[torch.dtype, tuple[int, ...], torch.memory_format]]:
+    """Inverse of encode_out_meta: [(dtype, shape, memory_format), ...], each size reference
+    resolved against `inputs`' sizes (ints, or SymInts under FakeTensor: they just multiply).
+
+        >>> launcher.decode_out_meta([0, 2, launcher.size_ref(0, 0, 2), 8], [torch.empty(3, 8)])
+        [(torch.float32, (6, 8), torch.contiguous_format)]
+    """
     out, i = [], 0
     while i < len(meta):
         ndim, code = meta[i + 1], meta[i]
         fmt = torch.channels_last if code >= CHANNELS_LAST else torch.contiguous_format
-        out.append((CODE_DTYPES[code % CHANNELS_LAST], tuple(meta[i + 2:i + 2 + ndim]), fmt))
+        shape = tuple(_resolve(n, inputs, len(out)) for n in meta[i + 2:i + 2 + ndim])
+        out.append((CODE_DTYPES[code % CHANNELS_LAST], shape, fmt))
         i += 2 + ndim
     return out
+
+
+def _resolve(entry: int, inputs: list[torch.Tensor] | None, output: int):
+    """A size entry of output `output`: the size itself, or what its reference names in inputs."""
+    ref = size_ref_of(entry)
+    if ref is None:
+        return entry
+    where = f"out_meta: output {output}'s size {entry} is {ref.k} * inputs[{ref.input}].shape[{ref.dim}]"
+    if inputs is None:
+        raise ValueError(f"{where}, but no inputs were given to resolve it (decode_out_meta(meta, inputs))")
+    if ref.input >= len(inputs):
+        raise ValueError(f"{where}, but the launch has {len(inputs)} inputs")
+    if ref.dim >= inputs[ref.input].dim():
+        raise ValueError(f"{where}, but that input has {inputs[ref.input].dim()} dims")
+    return ref.k * inputs[ref.input].shape[ref.dim]
 
 
 def fast_launch(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
@@ -295,10 +401,11 @@ _EAGER_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def _launch_fake(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
-    # Shapes come from out_meta alone; the device from the inputs (all on one device).
+    # Shapes come from out_meta, its size references from the inputs' (symbolic) sizes; the device
+    # from the inputs (all on one device).
     device = inputs[0].device if inputs else torch.device("cuda", torch.cuda.current_device())
     return [torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
-            for dtype, shape, fmt in decode_out_meta(out_meta)]
+            for dtype, shape, fmt in decode_out_meta(out_meta, inputs)]
 
 
 class Kernel:

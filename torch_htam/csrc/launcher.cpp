@@ -6,8 +6,10 @@
 //   htam::run(int handle, Tensor[] inputs, Tensor(a!)[] outputs) -> int   raw return code
 //   htam::launch(int handle, Tensor[] inputs, int[] out_meta) -> Tensor[]  allocates outputs
 // out_meta encodes each output as [dtype_code, ndim, d0, ..., d(ndim-1)], concatenated; a dtype
-// code plus kChannelsLast (256) asks for a 4-D output in channels-last memory format. A kernel's
-// handle is a hash of its library's bytes, not a load counter (see load()).
+// code plus kChannelsLast (256) asks for a 4-D output in channels-last memory format. A size below 0
+// is a reference to an input's size, k * inputs[i].size(d) (resolve_size; launcher.size_ref), so a
+// graph with symbolic sizes allocates outputs that follow its inputs. A kernel's handle is a hash of
+// its library's bytes, not a load counter (see load()).
 //
 // The same library is also a Python module whose launch(handle, inputs, out_meta) calls the same
 // C++ launch() directly: the eager fast path (launcher.fast_launch). Measured on an H100, torch
@@ -142,6 +144,50 @@ at::ScalarType scalar_type(int64_t code) {
   return types[code];
 }
 
+// out_meta size references (launcher.py size_ref, the one definition; tests check both agree):
+//   entry = -1 - ((k - 1) << 16 | d << 10 | i) < 0   means   k * inputs[i].size(d)
+// input index i: 10 bits, dim d: 6 bits, factor k - 1: the bits above. Real sizes are >= 0.
+const int kRefInputBits = 10, kRefDimBits = 6;
+
+int64_t resolve_size(int64_t entry, at::TensorList inputs, size_t output) {
+  if (entry >= 0) return entry;
+  const int64_t ref = -1 - entry;
+  const int64_t i = ref & ((int64_t(1) << kRefInputBits) - 1);
+  const int64_t d = (ref >> kRefInputBits) & ((int64_t(1) << kRefDimBits) - 1);
+  const int64_t k = (ref >> (kRefInputBits + kRefDimBits)) + 1;
+  if (i < (int64_t)inputs.size() && inputs[i].defined() && d < inputs[i].dim()) return k * inputs[i].size(d);
+  const std::string what = "htam: out_meta output " + num(output) + "'s size " + num(entry) + " is " + num(k) +
+                           " * inputs[" + num(i) + "].shape[" + num(d) + "]";
+  TORCH_CHECK(i < (int64_t)inputs.size(), what, ", but the launch has ", num(inputs.size()), " inputs");
+  TORCH_CHECK(inputs[i].defined(), what, ", but that input is undefined");
+  TORCH_CHECK(false, what, ", but that input has ", num(inputs[i].dim()), " dims");
+  return -1;  // unreachable
+}
+
+// One output as out_meta describes it, its size references resolved.
+struct OutSpec {
+  c10::SmallVector<int64_t, HTAM_MAX_DIMS> sizes;
+  at::ScalarType dtype;
+  bool channels_last;
+};
+
+c10::SmallVector<OutSpec, 4> out_specs(at::TensorList inputs, at::IntArrayRef out_meta) {
+  c10::SmallVector<OutSpec, 4> specs;
+  for (size_t i = 0; i < out_meta.size();) {
+    TORCH_CHECK(i + 1 < out_meta.size() && out_meta[i + 1] >= 0 && i + 2 + out_meta[i + 1] <= out_meta.size(),
+                "htam: out_meta is truncated at position ", num(i), "; expected [dtype, ndim, sizes...] per output");
+    const int64_t ndim = out_meta[i + 1], code = out_meta[i];
+    const bool channels_last = code >= kChannelsLast;
+    TORCH_CHECK(!channels_last || ndim == 4, "htam: out_meta asks for a channels-last output of ", num(ndim),
+                " dims; channels-last needs 4");
+    OutSpec spec{{}, scalar_type(channels_last ? code - kChannelsLast : code), channels_last};
+    for (int64_t j = 0; j < ndim; ++j) spec.sizes.push_back(resolve_size(out_meta[i + 2 + j], inputs, specs.size()));
+    specs.push_back(std::move(spec));
+    i += 2 + ndim;
+  }
+  return specs;
+}
+
 HtamTensor describe(const at::Tensor& t, c10::DeviceIndex device, const char* role, size_t i) {
   TORCH_CHECK(t.defined(), "htam: ", role, "[", num(i), "] is undefined");
   TORCH_CHECK(t.is_cuda() && t.get_device() == device, "htam: ", role, "[", num(i), "] is on ",
@@ -185,22 +231,18 @@ std::string reason(int64_t code) {
 }
 
 std::vector<at::Tensor> launch(int64_t handle, at::TensorList inputs, at::IntArrayRef out_meta) {
+  // NOTE: out_meta first: a malformed one (or a size reference to a missing input) is reported
+  // before anything touches the GPU.
+  const c10::SmallVector<OutSpec, 4> specs = out_specs(inputs, out_meta);
   const Kernel& k = kernel_at(handle);
   const c10::DeviceIndex device = c10::cuda::current_device();
   const at::Device where(at::kCUDA, device);
   std::vector<at::Tensor> outputs;
-  for (size_t i = 0; i < out_meta.size();) {
-    TORCH_CHECK(i + 1 < out_meta.size() && i + 2 + out_meta[i + 1] <= out_meta.size(),
-                "htam: out_meta is truncated at position ", num(i), "; expected [dtype, ndim, sizes...] per output");
-    const int64_t ndim = out_meta[i + 1], code = out_meta[i];
-    const bool channels_last = code >= kChannelsLast;
-    TORCH_CHECK(!channels_last || ndim == 4, "htam: out_meta asks for a channels-last output of ", num(ndim),
-                " dims; channels-last needs 4");
+  outputs.reserve(specs.size());
+  for (const OutSpec& s : specs)
     outputs.emplace_back(at::detail::empty_cuda(
-        out_meta.slice(i + 2, ndim), scalar_type(channels_last ? code - kChannelsLast : code), where,
-        channels_last ? std::optional<c10::MemoryFormat>(c10::MemoryFormat::ChannelsLast) : std::nullopt));
-    i += 2 + ndim;
-  }
+        s.sizes, s.dtype, where,
+        s.channels_last ? std::optional<c10::MemoryFormat>(c10::MemoryFormat::ChannelsLast) : std::nullopt));
   int64_t code = call(k, inputs, outputs, device);
   TORCH_CHECK(code == 0, "htam kernel ", k.path, " returned ", num(code), ": ", reason(code));
   return outputs;
@@ -266,6 +308,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // NOTE: the GIL stays held: the call enqueues a kernel and never waits on the GPU, and a
   // release + reacquire would be paid on every call.
   if (PyModule_AddFunctions(m.ptr(), g_methods) != 0) throw pybind11::error_already_set();
+  // For tests (CPU tensors will do): the sizes launch would allocate, so the C++ decoding of out_meta
+  // is checked against launcher.decode_out_meta without a GPU.
+  m.def("out_shapes", [](const std::vector<at::Tensor>& inputs, const std::vector<int64_t>& out_meta) {
+    std::vector<std::vector<int64_t>> shapes;
+    for (const OutSpec& s : out_specs(inputs, out_meta)) shapes.emplace_back(s.sizes.begin(), s.sizes.end());
+    return shapes;
+  }, "out_shapes(inputs, out_meta) -> list[list[int]]: the output sizes launch allocates");
 }
 
 TORCH_LIBRARY(htam, m) {
