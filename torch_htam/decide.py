@@ -283,7 +283,9 @@ class Trials:
         than eager: BERT-base bf16 on an H100 ran 11.4 ms compiled against 7.6 ms eager)."""
         rivals = [original]
         usable = tuple(s for s in kernels if s not in self.failed())
-        if usable and self.single_graph() and self.affords(1):
+        # NOTE: the replay runs the graph captured at the example's sizes; with declared dynamic
+        # sizes it would run every other size on the original forward
+        if usable and self.single_graph() and not self.found.capture.dynamic and self.affords(1):
             replay = self.ready(Arm(ArmKind.REPLAY, usable))
             if not replay.error:
                 rivals.append(replay)

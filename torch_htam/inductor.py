@@ -14,7 +14,10 @@ Inductor as it is: the backend is never less than torch.compile, only more where
 (`torch_htam.backend` is this module's `backend()`; the module is named for what it plugs into.)
 Graph breaks, recompiles on new shapes, training (autograd) and no_grad / inference_mode behave as
 they do under torch.compile: Dynamo decides what to compile and when; a graph whose inputs need
-gradients is handed to Inductor unswapped (our kernels have no backward).
+gradients is handed to Inductor unswapped (our kernels have no backward). A graph with symbolic
+sizes (dynamic shapes) is re-exported with them (capture.export_graph), its regions' tasks ranged
+over them; a kernel verified over that range runs where the size falls in a bucket it was kept
+for, and its region elsewhere (fallback.py), with no recompile.
 """
 from __future__ import annotations
 
@@ -88,34 +91,45 @@ class HtamBackend:
         from torch_htam import runtime
         from torch_htam.capture import Capture, export_graph
         from torch_htam.extract import from_capture
-        if not all(isinstance(x, torch.Tensor) for x in example_inputs):
-            record.note = "symbolic sizes (dynamic shapes): left to Inductor"
+        if not all(isinstance(x, (torch.Tensor, torch.SymInt)) for x in example_inputs):
+            record.note = "inputs other than tensors and sizes: left to Inductor"
             return gm
-        if torch.is_grad_enabled() and any(x.requires_grad for x in example_inputs):
+        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
             record.note = "inputs need gradients (kernels have no backward): left to Inductor"
             return gm
         sub, problem = export_graph(gm, example_inputs)
         if sub is None:
             record.note = problem
             return gm
-        found = from_capture(Capture([sub], "dynamo", inputs=[tuple(example_inputs)]))
+        plan = sub.htam_plan   # symbolic sizes: the re-export takes the tensors only
+        tensors = plan.tensors(example_inputs) if plan is not None else tuple(example_inputs)
+        found = from_capture(Capture([sub], "dynamo", inputs=[tensors]))
         record.sites = len(found.sites)
         kernels = self._kernels_for(found.tasks)
         if not kernels:
-            record.note = record.note or "no site has a verified kernel"
+            record.note = record.note or (found.problems[0] if found.problems and not found.sites
+                                          else "no site has a verified kernel")
             if self.keep_reexport:
-                carry_dynamo_meta(gm, sub)
-                return sub
+                return self._as_dynamo(gm, sub, example_inputs)
             return gm
         new, swapped = runtime.swap(sub, found.sites, kernels, self.provider or op_provider(),
                                     force_layouts=self.inductor)
-        carry_dynamo_meta(gm, new)
         self._alive.append(new.htam_kernels)
         self.handles.update(new.htam_handles)
         record.swapped = [s.signature for s in swapped]
         if new.htam_load_errors:
             record.note = "; ".join(f"{sig[:12]}: {e}" for sig, e in new.htam_load_errors.items())
-        return new if swapped or self.keep_reexport else gm
+        return self._as_dynamo(gm, new, example_inputs) if swapped or self.keep_reexport else gm
+
+    @staticmethod
+    def _as_dynamo(gm: fx.GraphModule, new: fx.GraphModule, example_inputs: list) -> fx.GraphModule:
+        """`new` taking Dynamo's inputs as `gm` does (its size inputs back, where it has them),
+        with what AOTAutograd reads off Dynamo's graph."""
+        from torch_htam import symbolic
+        if new.htam_plan is not None:
+            new = symbolic.with_size_inputs(new, example_inputs)
+        carry_dynamo_meta(gm, new)
+        return new
 
     def _kernels_for(self, tasks: list) -> dict[str, Any]:
         if self.kernels is not None:

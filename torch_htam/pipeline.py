@@ -236,16 +236,24 @@ class _Run:
                                 f"torch.compile failed on this model ({floor.error})")
 
     def capture(self) -> None:
-        from torch_htam.extract import extract
+        from torch_htam.capture import marked
+        from torch_htam.config import ConfigError
+        from torch_htam.extract import check_dynamic, extract
         with self.deadline.phase("capture"):
             try:
-                self.found = extract(self.model, self.inputs)
+                self.found = extract(self.model, self.inputs, dynamic=self.cfg.dynamic)
+            except ConfigError:
+                raise
             except Exception as e:  # noqa: BLE001
                 self.failed("capture", e)
                 return
         if not self.found.capture.graphs:
             self.notes.append("could not capture the model: " + "; ".join(self.found.problems))
             self.found = None
+        elif self.found.capture.dynamic:
+            # every arm's first call compiles with the declared dims dynamic, as the capture did,
+            # so the compiled model serves their ranges without a recompile per size
+            self.trials.inputs = marked(self.inputs, check_dynamic(self.cfg.dynamic, self.inputs))
 
     def floor(self) -> None:
         """torch.compile (or, with compile=False, the original forward), compiled and installed

@@ -114,12 +114,12 @@ def swap(gm: fx.GraphModule, sites: list, kernels: dict[str, Any],
         task, sig = site.task, site.task.signature
         if sig not in kernels:
             continue
+        region = _moved(site.region, copied)
         try:
-            out_meta = encode_out_meta(task.outputs)
+            out_meta = encode_out_meta(task.outputs, _size_refs(region, task))
         except ValueError as e:   # a strided output: the launcher allocates contiguous ones
             errors.setdefault(sig, f"stays on PyTorch: {e}")
             continue
-        region = _moved(site.region, copied)
         if sig not in loaded and sig not in errors:
             try:
                 loaded[sig] = provider.load(kernels[sig])
@@ -129,7 +129,7 @@ def swap(gm: fx.GraphModule, sites: list, kernels: dict[str, Any],
                             sig[:16], task.name, errors[sig])
         if sig in loaded:
             handle = int(loaded[sig].handle)
-            fallback.register(handle, task)
+            fallback.register(handle, task, _buckets(kernels[sig]))
             _replace_region(new.graph, region, replaced, provider.op, handle, out_meta, task, force_layouts)
             swapped.append(Swapped(sig, task.name, len(region.nodes)))
     _stable_toposort(new.graph)
@@ -138,7 +138,29 @@ def swap(gm: fx.GraphModule, sites: list, kernels: dict[str, Any],
     new.htam_kernels = list(loaded.values())   # the kernels the graph's handles name, kept with it
     new.htam_load_errors = errors
     new.htam_handles = {sig: int(k.handle) for sig, k in loaded.items()}
+    new.htam_plan = getattr(gm, "htam_plan", None)   # capture.export_graph's, for the backend
     return new, swapped
+
+
+def _size_refs(region, task) -> list[dict] | None:
+    """out_meta's references to input sizes for a region of a graph with symbolic sizes (each
+    output's dynamic dims, symbolic.size_refs), None for a static region. An expanded output
+    of a symbolic region is not allocated from references: a ValueError (it stays on PyTorch)."""
+    from torch_htam import symbolic
+    refs = symbolic.size_refs(region.inputs, region.outputs)
+    if not any(refs):
+        return None
+    if any(s.broadcast_dims for s in task.outputs):
+        raise ValueError("an expanded output of dynamic size")
+    return refs
+
+
+def _buckets(kernel) -> list:
+    """The buckets of sizes a cache entry's kernel was verified in (verify.Bucket); [] for a
+    static task's kernel or a kernel object without a verdict."""
+    from torch_htam.verify import Bucket
+    ev = getattr(kernel, "evaluation", None)
+    return [Bucket(*b) for b in getattr(ev, "buckets", None) or []]
 
 
 def _flat_copy(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict[fx.Node, fx.Node]]:
@@ -219,9 +241,12 @@ def _needs_strides(x, spec, always: bool) -> bool:
 def _force_strides(graph: fx.Graph, x: fx.Node, spec) -> fx.Node:
     """x laid out with the spec's strides: prims.inductor_force_stride_order, a no-op on a tensor
     that has them and a copy otherwise in eager; inside Inductor it fixes the producer's layout
-    to those strides where the producer's layout is still free (no copy), else copies."""
+    to those strides where the producer's layout is still free (no copy), else copies. Where x's
+    sizes are symbolic, the strides are the spec's layout over x's own sizes (symbolic.strides)."""
     import torch._inductor.inductor_prims  # noqa: F401 -- registers torch.ops.prims.inductor_force_stride_order
-    node = graph.call_function(torch.ops.prims.inductor_force_stride_order.default, (x, list(spec.stride)))
+    from torch_htam import symbolic
+    node = graph.call_function(torch.ops.prims.inductor_force_stride_order.default,
+                               (x, symbolic.strides(graph, x, spec.stride)))
     val = x.meta.get("val")
     if isinstance(val, torch.Tensor):
         node.meta["val"] = val.contiguous(memory_format=torch.channels_last if spec.channels_last

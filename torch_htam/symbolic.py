@@ -44,8 +44,9 @@ def _sym(v) -> sympy.Expr | None:
 
 
 def _range_of(v: torch.SymInt, symbol: sympy.Symbol) -> tuple[int, int]:
+    from torch.utils._sympy.numbers import int_oo
     r = v.node.shape_env.var_to_range[symbol]
-    high = int(r.upper) if r.upper.is_finite else None
+    high = None if r.upper in (int_oo, sympy.oo) else int(r.upper)   # Dynamo's own dynamic dims: [2, oo]
     return served_range(int(r.lower), high)
 
 
@@ -203,7 +204,8 @@ def region_dims(nodes: list[fx.Node]) -> tuple[dict[fx.Node, dict[int, tuple[int
                 return {}, f"it varies with two dynamic sizes ({', '.join(sorted(map(str, seen)))})"
             low, high = _range_of(size, next(iter(free)))
             if high is None:
-                return {}, f"the dynamic size {e} has no upper bound: declare one"
+                return {}, (f"the dynamic size {e} has no upper bound (a size torch.compile made dynamic "
+                            "after a recompile): declare its range, OptimizeConfig(dynamic=...)")
             dims.setdefault(n, {})[d] = (int(k) * low, int(k) * high)
     return dims, ""
 
@@ -231,3 +233,23 @@ def size_node(graph: fx.Graph, tensor: fx.Node, dim: int, k: int) -> fx.Node:
     """k * tensor.size(dim) as graph nodes (inserted at the graph's insertion point)."""
     n = graph.call_function(torch.ops.aten.sym_size.int, (tensor, dim))
     return n if k == 1 else graph.call_function(operator.mul, (n, k))
+
+
+def strides(graph: fx.Graph, x: fx.Node, example_strides: tuple[int, ...]) -> list:
+    """Strides laying x out in the order of `example_strides` (a spec's: contiguous, or
+    channels-last), over x's own sizes: ints where they are static (the example's strides as
+    they are), k * x.size(d) nodes where a size is symbolic (S * H for a [B, S, H] tensor's
+    first dim)."""
+    v = x.meta.get("val")
+    if not isinstance(v, torch.Tensor) or not any(_sym(n) is not None for n in v.shape):
+        return list(example_strides)
+    order = sorted(range(v.dim()), key=lambda d: (example_strides[d], -d))   # innermost first
+    out: list = [0] * v.dim()
+    acc = 1   # the next stride: an int, or a node once a symbolic size is in it
+    for d in order:
+        out[d] = acc
+        size = int(v.shape[d]) if _sym(v.shape[d]) is None else \
+            graph.call_function(torch.ops.aten.sym_size.int, (x, d))
+        both_int = isinstance(acc, int) and isinstance(size, int)
+        acc = acc * size if both_int else graph.call_function(operator.mul, (acc, size))
+    return out

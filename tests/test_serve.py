@@ -1,0 +1,107 @@
+"""Serving changing sizes on CPU: with declared dynamic dims the compiled model's graph has symbolic
+sizes, the backend swaps ranged kernels into it, and new sizes run without a recompile. Stand-in
+kernels (a custom op running the task's own reference, which takes its sizes from its inputs)
+check the plumbing; tests/test_dispatch.py checks the per-bucket dispatch of real launches."""
+import itertools
+
+import pytest
+import torch
+import torch.nn as nn
+
+from torch_htam import inductor, runtime
+from torch_htam.capture import marked
+from torch_htam.evaluation import Evaluation
+from torch_htam.extract import extract
+from torch_htam.launcher import decode_out_meta
+from torch_htam.task import load_reference
+
+_KERNELS: dict[int, "RangedKernel"] = {}
+_ids = itertools.count(1)
+
+
+@torch.library.custom_op("htam_serve_test::run", mutates_args=())
+def run_op(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
+    outs = _KERNELS[handle](inputs)
+    metas = decode_out_meta(out_meta, inputs)
+    assert [(o.dtype, tuple(o.shape)) for o in outs] == [m[:2] for m in metas]
+    return [o.clone() for o in outs]
+
+
+@run_op.register_fake
+def _(handle, inputs, out_meta):
+    return [torch.empty(shape, dtype=dt, device=inputs[0].device, memory_format=fmt)
+            for dt, shape, fmt in decode_out_meta(out_meta, inputs)]
+
+
+PROVIDER = runtime.Provider(torch.ops.htam_serve_test.run.default, lambda k: k)
+
+
+class RangedKernel:
+    """Kernel-like, verified over its task's range: runs the task's reference at whatever sizes
+    it is given, and records them."""
+
+    def __init__(self, task):
+        self.task, self.ref = task, load_reference(task)
+        self.handle = next(_ids)
+        self.evaluation = Evaluation(True, "ok", buckets=[[0, 0, 2, 8], [0, 0, 9, 64]])
+        self.sizes: list[tuple] = []
+        _KERNELS[self.handle] = self
+
+    def __call__(self, inputs):
+        self.sizes.append(tuple(inputs[0].shape))
+        out = self.ref(*inputs)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+class Block(nn.Module):
+    """Heads split by x's own batch (a view with a symbolic size), a GEMM, a row-wise op."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.norm = nn.Linear(16, 48), nn.LayerNorm(16)
+
+    def forward(self, x):
+        h = self.qkv(self.norm(x)).view(x.shape[0], 3, 16)
+        return torch.softmax(h, -1).sum(1)
+
+
+@pytest.fixture
+def block():
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model, x, dynamic = Block().eval(), torch.randn(4, 16), {0: {0: (1, 64)}}
+    found = extract(model, (x,), dynamic=dynamic)
+    yield model, x, dynamic, found
+    torch._dynamo.reset()
+
+
+def test_new_sizes_run_the_kernels_without_a_recompile(block):
+    model, x, dynamic, found = block
+    assert found.capture.dynamic and found.tasks
+    kernels = {t.signature: RangedKernel(t) for t in found.tasks}
+    b = inductor.HtamBackend(kernels, provider=PROVIDER)
+    compiled = torch.compile(model, backend=b)
+    with torch.no_grad():
+        compiled(*marked((x,), dynamic))            # the first call: the dims marked dynamic
+        for n in (3, 17, 50, 9):
+            y = torch.randn(n, 16)
+            torch.testing.assert_close(compiled(y), model(y))
+    assert len(b.records) == 1                      # one graph served every size
+    assert sorted(b.records[0].swapped) == sorted(kernels)
+    for k in kernels.values():
+        assert [s[0] for s in k.sizes[-4:]] == [3, 17, 50, 9]
+
+
+def test_a_static_task_is_not_swapped_into_a_graph_of_dynamic_size(block):
+    """The kernels of the static tasks (found at the example size alone) do not match the ranged
+    tasks of the dynamic graph: nothing is swapped, the model is right at every size."""
+    model, x, dynamic, _ = block
+    static = extract(model, (x,))
+    kernels = {t.signature: RangedKernel(t) for t in static.tasks}
+    b = inductor.HtamBackend(kernels, provider=PROVIDER)
+    compiled = torch.compile(model, backend=b)
+    with torch.no_grad():
+        compiled(*marked((x,), dynamic))
+        y = torch.randn(11, 16)
+        torch.testing.assert_close(compiled(y), model(y))
+    assert [r.swapped for r in b.records] == [[]]
