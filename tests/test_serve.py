@@ -105,3 +105,17 @@ def test_a_static_task_is_not_swapped_into_a_graph_of_dynamic_size(block):
         y = torch.randn(11, 16)
         torch.testing.assert_close(compiled(y), model(y))
     assert [r.swapped for r in b.records] == [[]]
+
+
+def test_the_marks_outlive_a_compile(block):
+    """Each arm of optimize's decision compiles with the same marked inputs: the re-export inside
+    the backend must leave their marks (torch.export strips the marks of what it is given)."""
+    model, x, dynamic, found = block
+    kernels = {t.signature: RangedKernel(t) for t in found.tasks}
+    inputs = marked((x,), dynamic)
+    with torch.no_grad():
+        for _ in range(2):
+            b = inductor.HtamBackend(kernels, provider=PROVIDER)
+            inductor.compile_with(model, b)(*inputs)
+            assert sorted(b.records[0].swapped) == sorted(kernels)
+    assert hasattr(inputs[0], "_dynamo_dynamic_indices")

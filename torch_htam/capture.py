@@ -171,9 +171,12 @@ def export_graph(gm: fx.GraphModule, example_inputs) -> tuple[fx.GraphModule | N
                 ep = torch.export.export(gm, tuple(example_inputs), strict=False)
             else:
                 # NOTE: in a tracing context of its own: inside Dynamo's, export's guards on
-                # its own inputs land in the calling frame's and fail there
+                # its own inputs land in the calling frame's and fail there. And on aliases of
+                # the inputs: Dynamo hands over the caller's own tensors, and export strips their
+                # dynamic marks when it is done (the next compile of them would be static).
+                tensors = tuple(x.detach() for x in plan.tensors(example_inputs))
                 with torch._guards.tracing(None):
-                    ep = torch.export.export(symbolic.SizedCall(gm, plan), plan.tensors(example_inputs),
+                    ep = torch.export.export(symbolic.SizedCall(gm, plan), tensors,
                                              dynamic_shapes=plan.dynamic_shapes(), strict=False)
     except Exception as e:  # noqa: BLE001 -- the caller keeps the graph as it is
         return None, f"could not be exported ({type(e).__name__}: {_first_line(e)})"
