@@ -220,6 +220,33 @@ def _resnet(width: int, classes: int) -> nn.Sequential:
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes))
 
 
+class Bottleneck(nn.Module):
+    """ResNet-50's block: 1x1 down to w, 3x3 (strided), 1x1 up to 4w, each with BN; ReLU after
+    the first two and after the residual add (shortcut: a strided 1x1 conv + BN where the shape
+    changes)."""
+
+    def __init__(self, cin: int, width: int, stride: int):
+        super().__init__()
+        cout = 4 * width
+        self.a, self.b, self.c = _conv_bn(cin, width, 1), _conv_bn(width, width, 3, stride), _conv_bn(width, cout, 1)
+        self.short = _conv_bn(cin, cout, 1, stride) if stride != 1 or cin != cout else nn.Identity()
+
+    def forward(self, x):
+        return F.relu(self.c(F.relu(self.b(F.relu(self.a(x))))) + self.short(x))
+
+
+def _resnet50(width: int, classes: int, blocks=(3, 4, 6, 3)) -> nn.Sequential:
+    """ResNet-50's layout: the stem of _resnet, stages of 3, 4, 6, 3 bottlenecks (widths w, 2w,
+    4w, 8w; stages 2-4 halve the size), global average pool, linear head."""
+    layers, cin = [_conv_bn(3, width, 7, 2), nn.ReLU(), nn.MaxPool2d(3, 2, 1)], width
+    for i, n in enumerate(blocks):
+        w = width << i
+        for j in range(n):
+            layers.append(Bottleneck(cin, w, 2 if i > 0 and j == 0 else 1))
+            cin = 4 * w
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes))
+
+
 def _randomize_bn(model: nn.Module) -> nn.Module:
     """BatchNorm with non-trivial affine weights and running statistics (fresh BN in eval mode is
     nearly the identity, which a fused kernel could get wrong unnoticed)."""
@@ -245,6 +272,19 @@ def vision(device: str = "cuda", dtype: torch.dtype = torch.bfloat16, small: boo
     return model, make_inputs(batch), {0: {0: (low, high)}}, make_inputs
 
 
+def resnet50(device: str = "cuda", dtype: torch.dtype = torch.bfloat16, small: bool = False):
+    """ResNet-50 (bottleneck blocks, BN + ReLU, 1000 classes); images (B, 3, 224, 224), example B
+    32 (where its conv kernels beat torch.compile's at a fixed size), B 1-64."""
+    (width, classes, size, blocks), batch, (low, high) = (((8, 10, 32, (1, 1, 1, 1)), 2, (1, 4)) if small
+                                                          else ((64, 1000, 224, (3, 4, 6, 3)), 32, (1, 64)))
+    model = _finish(_randomize_bn(_resnet50(width, classes, blocks)), device, dtype)
+
+    def make_inputs(n: int) -> tuple:
+        return (torch.randn(n, 3, size, size, generator=_gen(n)).to(device, dtype),)   # (n, 3, size, size)
+
+    return model, make_inputs(batch), {0: {0: (low, high)}}, make_inputs
+
+
 # ---- shared ----------------------------------------------------------------------------------------
 
 def _finish(model: nn.Module, device: str, dtype: torch.dtype) -> nn.Module:
@@ -257,7 +297,7 @@ def _gen(size: int, seed: int = 1234) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 100003 + size)
 
 
-MODELS: dict[str, Callable] = {"decoder": decoder, "encoder": encoder, "vision": vision}
+MODELS: dict[str, Callable] = {"decoder": decoder, "encoder": encoder, "vision": vision, "resnet50": resnet50}
 ROWS = [f"{m}:{d}" for m in MODELS for d in DTYPES]
 
 

@@ -233,7 +233,8 @@ def test_measure_on_cpu_with_stand_in_arms(monkeypatch):
     assert row["correct"] == {"compile_dynamic": True, "compile_default": True, "ours": True}
     assert row["max_err"]["ours"] == 0.0 and row["tf32"] is True and row["tolerance"] == 1e-2
     assert row["recompiles"] == {a: 0 for a in bs.ARMS} and row["unit"] == "sequences"
-    assert all(row["arms"][a][p]["requests"] == 12 for a in bs.ARMS for p in ("cold", "warm"))
+    assert all(row["arms"][a]["cold"]["requests"] == 12 for a in bs.ARMS)
+    assert all(row["arms"][a]["warm"]["requests"] == 12 * bs.WARM_PASSES for a in bs.ARMS)
     json.dumps(row, allow_nan=False)
 
 
@@ -298,14 +299,14 @@ def test_main_writes_results_after_each_row_and_render_shows_them(tmp_path, monk
 
     monkeypatch.setattr(bs, "run_child", fake_child)
     rc = bs.main(["--dtype", "fp32", "--budget", "10", "--device", "cpu", "--out", str(tmp_path)])
-    assert rc == 0 and calls == [(n, 461.0) for n in ("decoder:fp32", "encoder:fp32", "vision:fp32")]
+    assert rc == 0 and calls == [(n, 461.0) for n in ("decoder:fp32", "encoder:fp32", "vision:fp32", "resnet50:fp32")]
     (path,) = tmp_path.glob("bench_serve-*.json")
     data = json.loads(path.read_text())
     assert data["suite"] == "bench_serve" and data["requests"] == 200 and data["seed"] == 0
     assert {"command", "device", "date", "commit"} <= set(data) and "log-uniform" in data["mix_rule"]
-    assert [r["model"] for r in data["rows"]] == ["decoder:fp32", "encoder:fp32", "vision:fp32"]
+    assert [r["model"] for r in data["rows"]] == ["decoder:fp32", "encoder:fp32", "vision:fp32", "resnet50:fp32"]
     assert data["summary"]["errors"] == 1 and data["summary"]["min_p99_vs_compile"] == pytest.approx(1.0 / 0.95)
-    assert "floor_ok 2" in capsys.readouterr().out
+    assert "floor_ok 3" in capsys.readouterr().out
     text = render.render(tmp_path, findings=None)
     assert "## bench_serve: the latest row of each model and dtype" in text
     line = next(x for x in text.splitlines() if x.startswith("| decoder:fp32"))
@@ -329,8 +330,9 @@ def test_list_and_row_selection(capsys):
     assert bs.main(["--list"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert names == sm.ROWS == ["decoder:bf16", "decoder:fp32", "encoder:bf16", "encoder:fp32",
-                                "vision:bf16", "vision:fp32"]
-    assert bs.selected(bs.parse(["--dtype", "bf16"])) == ["decoder:bf16", "encoder:bf16", "vision:bf16"]
+                                "vision:bf16", "vision:fp32", "resnet50:bf16", "resnet50:fp32"]
+    assert bs.selected(bs.parse(["--dtype", "bf16"])) == ["decoder:bf16", "encoder:bf16", "vision:bf16",
+                                                          "resnet50:bf16"]
     assert bs.selected(bs.parse(["vision:fp32", "decoder:bf16", "--dtype", "fp32"])) == ["vision:fp32"]
     a = bs.parse([])
     assert (a.requests, a.seed, a.budget, a.timeout) == (200, 0, 120.0, None)
@@ -364,7 +366,8 @@ def test_model_builds_small_on_cpu_and_make_inputs_shapes(name):
 @pytest.mark.parametrize("name,example,dynamic,out", [
     ("decoder:bf16", (1, 512), {0: {1: (16, 1024)}}, (1, 512, 1024)),
     ("encoder:bf16", (8, 128, 768), {0: {0: (1, 64)}}, (8, 128, 768)),
-    ("vision:bf16", (16, 3, 224, 224), {0: {0: (1, 64)}}, (16, 1000))])
+    ("vision:bf16", (16, 3, 224, 224), {0: {0: (1, 64)}}, (16, 1000)),
+    ("resnet50:bf16", (32, 3, 224, 224), {0: {0: (1, 64)}}, (32, 1000))])
 def test_full_size_models_on_meta(name, example, dynamic, out):
     """The full-size configs (meta tensors: no memory, no compute)."""
     model, inputs, dyn, make_inputs = sm.make(name, device="meta")
@@ -372,4 +375,4 @@ def test_full_size_models_on_meta(name, example, dynamic, out):
     assert tuple(model(*inputs).shape) == out
     assert tuple(make_inputs(3)[0].shape)[:2] == ((1, 3) if name.startswith("decoder") else (3, example[1]))
     assert math.isclose(sum(p.numel() for p in model.parameters()) / 1e6,
-                        {"decoder": 77.9, "encoder": 28.4, "vision": 11.7}[name.split(":")[0]], rel_tol=0.01)
+                        {"decoder": 77.9, "encoder": 28.4, "vision": 11.7, "resnet50": 25.6}[name.split(":")[0]], rel_tol=0.01)
