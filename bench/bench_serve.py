@@ -5,7 +5,7 @@ default, on the sizes real traffic brings.
     python3 bench/bench_serve.py decoder:bf16 --budget 120        # one row (about one 10-minute call)
     python3 bench/bench_serve.py --dtype bf16 --requests 200 --seed 0
 
-Rows are the models of bench/serve_models.py ("decoder", "encoder", "vision", each ":bf16" and
+Rows are the models of bench/serve_models.py ("decoder", "encoder", "vision", "resnet50", each ":bf16" and
 ":fp32"; fp32 rows run with TF32 allowed for matmuls and cuDNN, "tf32": true in the row). Each
 declares one dynamic dim (the decoder's sequence length, the others' batch) as OptimizeConfig.dynamic
 does. Each row runs in a process of its own (this script with --one NAME), under a time limit

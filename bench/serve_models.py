@@ -30,7 +30,7 @@ from torch import nn
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # what one unit of a request's size is: a decoder request of size 300 is 300 tokens
-UNITS = {"decoder": "tokens", "encoder": "sequences", "vision": "images"}
+UNITS = {"decoder": "tokens", "encoder": "sequences", "vision": "images", "resnet50": "images"}
 
 
 # ---- decoder: GQA + SwiGLU + RMSNorm, prefill ----------------------------------------------------

@@ -376,3 +376,7 @@ def test_full_size_models_on_meta(name, example, dynamic, out):
     assert tuple(make_inputs(3)[0].shape)[:2] == ((1, 3) if name.startswith("decoder") else (3, example[1]))
     assert math.isclose(sum(p.numel() for p in model.parameters()) / 1e6,
                         {"decoder": 77.9, "encoder": 28.4, "vision": 11.7, "resnet50": 25.6}[name.split(":")[0]], rel_tol=0.01)
+
+
+def test_every_model_names_its_unit():
+    assert set(sm.UNITS) == set(sm.MODELS)
