@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from floor_models import SwiGLU   # the floor suite's: down(silu(gate(x)) * up(x)), no biases
+
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # what one unit of a request's size is: a decoder request of size 300 is 300 tokens
 UNITS = {"decoder": "tokens", "encoder": "sequences", "vision": "images", "resnet50": "images"}
@@ -98,17 +100,6 @@ class GQAttention(nn.Module):
         q, k = self.rotary(q, k)
         y = F.scaled_dot_product_attention(q, self._repeat_kv(k), self._repeat_kv(v), is_causal=True)
         return self.o(y.transpose(1, 2).reshape(b, s, -1))
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, d: int, hidden: int):
-        super().__init__()
-        self.gate = nn.Linear(d, hidden, bias=False)
-        self.up = nn.Linear(d, hidden, bias=False)
-        self.down = nn.Linear(hidden, d, bias=False)
-
-    def forward(self, x):
-        return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
 class DecoderLayer(nn.Module):
