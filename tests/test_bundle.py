@@ -555,3 +555,38 @@ def test_gpu_compiled_bundle_serves_its_first_call_from_its_inductor_code(tmp_pa
     assert got["swapped"] == 1 and got["err"] < 1e-4 and "Inductor code loaded" in got["note"]
     assert got["hit"] >= 1 and got["miss"] == 0, got
     torch._dynamo.reset()
+
+
+def test_a_bundle_for_declared_sizes_serves_them_without_a_recompile(tmp_path, monkeypatch):
+    """precompile with OptimizeConfig.dynamic records the sizes in the manifest's run; its tasks are
+    the ranged ones, and load() compiles the model with those dims dynamic: new batch sizes run the
+    kernels in the one graph."""
+    from torch_htam import inductor
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path / "user_cache"))
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model, x, dynamic = MLP().eval(), torch.randn(4, 8, 32), {0: {0: (1, 16)}}
+    tasks = {t.signature: t for t in extract_tasks(model, (x,), dynamic=dynamic)}
+    assert tasks and all(t.inputs[0].ranges == ((2, 16),) for t in tasks.values())
+    cache = KernelCache("sm_fake", root=tmp_path / "cache")
+    for t in tasks.values():
+        so = tmp_path / f"{t.signature}.so"
+        so.write_bytes(b"\x7fELF fake library for " + t.signature.encode() * 50)
+        ev = _ev()
+        ev.buckets = [[0, 0, 2, 8], [0, 0, 9, 16]]
+        cache.put(t, f"// kernel for {t.name}\n", so, ev, {"proposer": "expert"})
+    stand_ins = {sig: CpuKernel(t) for sig, t in tasks.items()}   # MLP's graphs take any batch
+    provider = runtime.Provider(PROVIDER.op, lambda entry: stand_ins[entry.signature])
+    run = bundle.with_dynamic({"compile": True, "mode": "default"}, dynamic)
+    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache, run=run)
+    assert json.loads((out / "manifest.json").read_text())["run"]["dynamic"] == {"0": {"0": [1, 16]}}
+    with torch.no_grad():
+        fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
+        for n in (3, 11, 16):
+            y = torch.randn(n, 8, 32)
+            assert torch.allclose(fresh(y), model(y), atol=1e-6)
+    assert len(fresh._htam_backend.records) == 1
+    inductor.sync_report(fresh)
+    assert fresh.htam_report.swapped == len(tasks)
+    assert all(k.calls >= 4 for k in stand_ins.values())   # the load's own call, then 3 sizes
+    torch._dynamo.reset()

@@ -248,6 +248,8 @@ def test_cache_without_gpu_or_arch_asks_for_arch(monkeypatch, tmp_path, capsys):
     (["--max-tasks", "-3"], "--max-tasks -3: must be an int >= 1"),
     (["--llm-timeout", "-1"], "--llm-timeout -1.0: must be a finite number of seconds > 0"),
     (["--llm-timeout", "inf"], "--llm-timeout inf: "),
+    (["--dynamic", "0:0=64"], "--dynamic 0:0=64: must be IN:DIM=LOW-HIGH"),
+    (["--dynamic", "0:0=9-4"], "--dynamic {0: {0: (9, 4)}}: must be a dict"),
 ])
 @pytest.mark.parametrize("cmd", [["optimize"], ["precompile", "--out", "b", "--arch", "sm_90a"], ["bench"]])
 def test_bad_option_values_are_one_line_and_exit_1(monkeypatch, capsys, cmd, flags, named):
@@ -267,9 +269,11 @@ def test_good_option_values_reach_the_config(monkeypatch):
     monkeypatch.setattr("torch_htam.pipeline.optimize", lambda m, x, cfg: seen.update(cfg=cfg) or (_ for _ in ()).throw(SystemExit(0)))
     with pytest.raises(SystemExit):
         cli.main(["optimize", "m.py", "--steps", "0", "--candidates", "2", "--time-budget", "30",
-                  "--max-tasks", "1", "--llm-timeout", "300", "--device", "cpu"])
+                  "--max-tasks", "1", "--llm-timeout", "300", "--device", "cpu",
+                  "--dynamic", "0:0=1-64", "--dynamic", "0:1=2-8"])
     cfg = seen["cfg"]
     assert (cfg.steps, cfg.candidates_per_step, cfg.time_budget_s, cfg.max_tasks) == (0, 2, 30.0, 1)
+    assert cfg.dynamic == {0: {0: (1, 64), 1: (2, 8)}}
     assert cfg.llm.timeout_s == 300.0
 
 

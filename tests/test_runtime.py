@@ -25,7 +25,7 @@ _ids = itertools.count(1)
 @torch.library.custom_op("htam_test::run", mutates_args=())
 def run_op(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
     outs = _KERNELS[handle](inputs)
-    metas = decode_out_meta(out_meta)
+    metas = decode_out_meta(out_meta, inputs)
     assert [(o.dtype, tuple(o.shape)) for o in outs] == [m[:2] for m in metas]
     return [o.clone(memory_format=fmt) for o, (_, _, fmt) in zip(outs, metas)]
 
@@ -33,7 +33,8 @@ def run_op(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list
 @run_op.register_fake
 def _(handle, inputs, out_meta):
     dev = inputs[0].device
-    return [torch.empty(shape, dtype=dt, device=dev, memory_format=fmt) for dt, shape, fmt in decode_out_meta(out_meta)]
+    return [torch.empty(shape, dtype=dt, device=dev, memory_format=fmt)
+            for dt, shape, fmt in decode_out_meta(out_meta, inputs)]
 
 
 class CpuKernel:

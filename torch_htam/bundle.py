@@ -67,10 +67,25 @@ def run_of(model: torch.nn.Module) -> dict[str, Any]:
     return {"compile": True, "mode": b.mode, "reexport": b.keep_reexport} if b is not None else dict(REPLAY)
 
 
-def _tasks(model, example_inputs):
+def with_dynamic(run: dict[str, Any], dynamic: dict | None) -> dict[str, Any]:
+    """`run` recording the declared dynamic sizes (OptimizeConfig.dynamic) the bundle serves, as
+    JSON ({"0": {"0": [1, 64]}}): its tasks are the ranged ones, and load() compiles the model
+    with those dims dynamic."""
+    if not dynamic:
+        return run
+    return run | {"dynamic": {str(i): {str(d): list(r) for d, r in dims.items()} for i, dims in dynamic.items()}}
+
+
+def dynamic_of(run: dict[str, Any]) -> dict[int, dict[int, tuple[int, int]]] | None:
+    """The declared dynamic sizes a manifest's run records (with_dynamic), or None."""
+    d = run.get("dynamic")
+    return {int(i): {int(k): tuple(r) for k, r in dims.items()} for i, dims in d.items()} if d else None
+
+
+def _tasks(model, example_inputs, dynamic: dict | None = None):
     from torch_htam.extract import extract
     runtime.restore(model)   # an optimized model is captured through its original forward
-    found = extract(model, tuple(example_inputs))
+    found = extract(model, tuple(example_inputs), dynamic=dynamic)
     return found, found.tasks
 
 
@@ -116,7 +131,7 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
     if ensure_kernels is not None:
         ensure_kernels(model, example_inputs, config)
     cache = cache or KernelCache(bundle_arch(arch))
-    cap, tasks = _tasks(model, example_inputs)
+    cap, tasks = _tasks(model, example_inputs, dynamic_of(run or {}))
     if not tasks:
         raise RuntimeError("nothing to bundle: the model could not be captured ("
                            + "; ".join(cap.problems) + ")")
@@ -269,7 +284,7 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
     here = arch or _gpu_arch()
     if here is None:
         return runtime.leave(model, "no CUDA GPU: the bundle is not applied, the model runs as is")
-    cap, tasks = _tasks(model, example_inputs)
+    cap, tasks = _tasks(model, example_inputs, dynamic_of(manifest.get("run", REPLAY)))
     if not tasks:
         return runtime.leave(model, "could not capture the model: " + "; ".join(cap.problems))
     bundle = KernelCache(manifest["arch"], root=bundle_dir)
@@ -286,7 +301,7 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
             model = runtime.leave(model, note + "; nothing swapped: the CUDA context is lost, "
                                   "restart the process", tasks)
         else:
-            model = _install(model, cap, passed, manifest, provider, bundle_dir)
+            model = _install(model, cap, passed, manifest, provider, bundle_dir, example_inputs)
             model.htam_report.note = "; ".join(x for x in (note, model.htam_report.note) if x)
         for t in model.htam_report.tasks:
             if t.signature in failed:
@@ -297,17 +312,19 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
         return runtime.leave(model, f"bundle built for {built_for}, this machine is {here} / "
                              f"{paths.toolchain_key()}, and there is no nvcc to rebuild it", tasks)
     kernels, note = rebuild(bundle, tasks, here)
-    model = _install(model, cap, kernels, manifest, provider, bundle_dir)
+    model = _install(model, cap, kernels, manifest, provider, bundle_dir, example_inputs)
     model.htam_report.note = "; ".join(x for x in (f"bundle built for {built_for}: {note}",
                                                     model.htam_report.note) if x)
     return model
 
 
 def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
-             provider: runtime.Provider | None, bundle_dir: str | Path) -> torch.nn.Module:
+             provider: runtime.Provider | None, bundle_dir: str | Path, example_inputs: tuple) -> torch.nn.Module:
     """The kernels on the model's path the bundle records: inside torch.compile (compiled on the
-    first call, as torch.compile does) or in the replay of the captured graph. provider: None is
-    each path's own (the launcher op inside Inductor's graph, its cheaper binding in the replay)."""
+    first call, as torch.compile does; with declared dynamic sizes, here, on the example inputs
+    with those dims marked, in the caller's grad mode, so that the graph serves their ranges) or
+    in the replay of the captured graph. provider: None is each path's own (the launcher op
+    inside Inductor's graph, its cheaper binding in the replay)."""
     run = manifest.get("run", REPLAY)
     if not run.get("compile"):
         return runtime.install(model, cap, kernels, provider=provider)
@@ -319,6 +336,10 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
     model = inductor.install(model, cap, kernels, run.get("mode", "default"), provider=provider,
                              keep_reexport=run.get("reexport", False))
     model.htam_report.note = "; ".join(x for x in (model.htam_report.note, note) if x)
+    dynamic = dynamic_of(run)
+    if dynamic and cap.capture.dynamic:
+        from torch_htam.capture import marked
+        model(*marked(tuple(example_inputs), dynamic))
     return model
 
 

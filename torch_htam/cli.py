@@ -32,11 +32,27 @@ def _add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-search", action="store_true", help="use cached kernels only")
     p.add_argument("--llm-timeout", type=float, default=None,
                    help="seconds per LLM request (reasoning models may need more than 120)")
+    p.add_argument("--dynamic", action="append", default=None, metavar="IN:DIM=LOW-HIGH",
+                   help="a size that changes between calls, served without a recompile: input IN's "
+                        "dim DIM over LOW..HIGH (0:0=1-64: a batch of 1 to 64); repeat for more")
 
 
 # The OptimizeConfig field each search flag sets, so a bad value is named as the user typed it.
 FLAGS = {"steps": "--steps", "candidates_per_step": "--candidates", "time_budget_s": "--time-budget",
-         "max_tasks": "--max-tasks", "memory": "--memory"}
+         "max_tasks": "--max-tasks", "memory": "--memory", "dynamic": "--dynamic"}
+
+
+def _dynamic(values: list[str] | None) -> dict | None:
+    """--dynamic IN:DIM=LOW-HIGH values as OptimizeConfig.dynamic ({IN: {DIM: (LOW, HIGH)}})."""
+    import re
+    out: dict[int, dict[int, tuple[int, int]]] = {}
+    for v in values or ():
+        m = re.fullmatch(r"\s*(\d+):(\d+)=(\d+)-(\d+)\s*", v)
+        if m is None:
+            raise CliError(f"--dynamic {v}: must be IN:DIM=LOW-HIGH, e.g. 0:0=1-64 (input 0's dim 0, 1 to 64)")
+        i, d, low, high = map(int, m.groups())
+        out.setdefault(i, {})[d] = (low, high)
+    return out or None
 
 
 def _config(args):
@@ -47,6 +63,7 @@ def _config(args):
     try:
         cfg = OptimizeConfig(memory=args.memory, use_llm=args.llm, search=not args.no_search,
                              max_tasks=args.max_tasks, time_budget_s=args.time_budget,
+                             dynamic=_dynamic(getattr(args, "dynamic", None)),
                              **{k: v for k, v in given.items() if v is not None})
     except ConfigError as e:
         raise CliError(f"{FLAGS[e.field]} {e.value}: must be {e.allowed}" if e.field in FLAGS

@@ -478,7 +478,7 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
     >>> torch_htam.precompile(model, (x,), "bundle/", arch="sm_90a")   # no GPU here
     """
     from torch_htam import inductor, runtime
-    from torch_htam.bundle import _gpu_arch, bundle_arch, run_of
+    from torch_htam.bundle import _gpu_arch, bundle_arch, run_of, with_dynamic
     from torch_htam.bundle import precompile as write_bundle
     cfg = config or OptimizeConfig()
     if arch is not None or _gpu_arch() is None:
@@ -487,11 +487,13 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
         # whole model faster) needs that GPU too, and load's golden check still runs on the server.
         runtime.restore(model)
         return write_bundle(model, example_inputs, out_dir, arch=bundle_arch(arch),
-                            run={"compile": True, "mode": cfg.mode})
+                            run=with_dynamic({"compile": True, "mode": cfg.mode}, cfg.dynamic))
     optimize(model, example_inputs, cfg)
     # Only what the optimized model really uses: a kernel that won alone but that the end-to-end
     # guard turned down stays out, so load() never swaps in what optimize() rejected.
     used, run = _swapped(model), run_of(model)
+    if run["compile"]:   # the replay serves the example's sizes only
+        run = with_dynamic(run, cfg.dynamic)
     # Inductor's code for the compiled model (optimize compiled it and called it once), so that a
     # server on the same stack loads it instead of compiling on its first call.
     code = inductor.save_artifacts() if run["compile"] else None
