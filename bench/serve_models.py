@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from floor_models import SwiGLU   # the floor suite's: down(silu(gate(x)) * up(x)), no biases
+from floor_models import RMSNorm, SwiGLU   # the floor suite's (Llama's RMSNorm; down(silu(gate(x)) * up(x)))
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # what one unit of a request's size is: a decoder request of size 300 is 300 tokens
@@ -36,19 +36,6 @@ UNITS = {"decoder": "tokens", "encoder": "sequences", "vision": "images", "resne
 
 
 # ---- decoder: GQA + SwiGLU + RMSNorm, prefill ----------------------------------------------------
-
-class RMSNorm(nn.Module):
-    """Llama's RMSNorm, computed in fp32 and cast back (as HF's LlamaRMSNorm)."""
-
-    def __init__(self, d: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(d)), eps
-
-    def forward(self, x):
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
 
 def _rotate_half(x):
     a, b = x.chunk(2, dim=-1)

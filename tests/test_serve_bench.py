@@ -3,7 +3,6 @@ interleaved server loop with a fake clock and probes, the vs-compile arithmetic 
 latencies, the row schema from a CPU run with stand-in arms, a failing or crashed row recorded with
 "error" while the run goes on, --list, the results file and its RESULTS.md table (temp folders
 only), and every model at a tiny size (and at full size on the meta device). No GPU, no optimize()."""
-import importlib.util
 import json
 import math
 import sys
@@ -16,12 +15,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from test_floor_bench import _load   # a bench/ script as a module (bench/ is no package)
 
 
 bs = _load("bench_serve", ROOT / "bench" / "bench_serve.py")
