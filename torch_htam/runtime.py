@@ -116,7 +116,7 @@ def swap(gm: fx.GraphModule, sites: list, kernels: dict[str, Any],
             continue
         region = _moved(site.region, copied)
         try:
-            out_meta = encode_out_meta(task.outputs, _size_refs(region, task))
+            out_meta = encode_out_meta(task.outputs, _size_refs(task))
         except ValueError as e:   # a strided output: the launcher allocates contiguous ones
             errors.setdefault(sig, f"stays on PyTorch: {e}")
             continue
@@ -142,12 +142,12 @@ def swap(gm: fx.GraphModule, sites: list, kernels: dict[str, Any],
     return new, swapped
 
 
-def _size_refs(region, task) -> list[dict] | None:
-    """out_meta's references to input sizes for a region of a graph with symbolic sizes (each
-    output's dynamic dims, symbolic.size_refs), None for a static region. An expanded output
-    of a symbolic region is not allocated from references: a ValueError (it stays on PyTorch)."""
-    from torch_htam import symbolic
-    refs = symbolic.size_refs(region.inputs, region.outputs)
+def _size_refs(task) -> list[dict] | None:
+    """out_meta's references to input sizes for a ranged task (launcher.out_refs: each output's
+    dynamic dims as multiples of an input's), None for a static task. An expanded output of
+    dynamic size is not allocated from references: a ValueError (it stays on PyTorch)."""
+    from torch_htam.launcher import out_refs
+    refs = out_refs(task)
     if not any(refs):
         return None
     if any(s.broadcast_dims for s in task.outputs):
@@ -155,12 +155,10 @@ def _size_refs(region, task) -> list[dict] | None:
     return refs
 
 
-def _buckets(kernel) -> list:
-    """The buckets of sizes a cache entry's kernel was verified in (verify.Bucket); [] for a
+def _buckets(kernel) -> list | None:
+    """The buckets ([input, dim, low, high]) a cache entry's kernel was verified in; None for a
     static task's kernel or a kernel object without a verdict."""
-    from torch_htam.verify import Bucket
-    ev = getattr(kernel, "evaluation", None)
-    return [Bucket(*b) for b in getattr(ev, "buckets", None) or []]
+    return getattr(getattr(kernel, "evaluation", None), "buckets", None)
 
 
 def _flat_copy(gm: fx.GraphModule) -> tuple[fx.GraphModule, dict[fx.Node, fx.Node]]:

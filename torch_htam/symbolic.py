@@ -12,8 +12,6 @@ as int inputs. This module is the one place that reads them:
 - `region_dims`: which dims of a region's boundary follow a symbol, and over what range (k * the
   symbol's range: B, or B * S flattened with S static); a region that follows two symbols, or a
   size that is not k * one symbol (s0 + 1, s0 // 2), gets no task.
-- `size_refs`: for out_meta, each dynamic output dim as k * an input's dim (launcher.size_ref),
-  so the launch allocates outputs from the sizes it is given.
 
     >>> plan = export_plan(gm, example_inputs)          # None: static
     >>> ep = torch.export.export(SizedCall(gm, plan), plan.tensors(example_inputs),
@@ -208,25 +206,6 @@ def region_dims(nodes: list[fx.Node]) -> tuple[dict[fx.Node, dict[int, tuple[int
                             "after a recompile): declare its range, OptimizeConfig(dynamic=...)")
             dims.setdefault(n, {})[d] = (int(k) * low, int(k) * high)
     return dims, ""
-
-
-def size_refs(inputs: list[fx.Node], outputs: list[fx.Node]) -> list[dict[int, tuple[int, int, int]]]:
-    """Per output, {dim: (input index, input dim, k)} for each symbolic dim: what out_meta
-    references (launcher.encode_out_meta). Raises ValueError for a dim no input carries."""
-    tensors = [a for a in inputs if not is_size(a)]
-    refs = []
-    for o in outputs:
-        v = o.meta.get("val")
-        mine = {}
-        for d, n in enumerate(v.shape if isinstance(v, torch.Tensor) else ()):
-            if _sym(n) is None:
-                continue
-            found = _as_multiple(_sym(n), tensors)
-            if found is None:
-                raise ValueError(f"output {o.name}'s size {n} in dim {d} is no multiple of an input's size")
-            mine[d] = found
-        refs.append(mine)
-    return refs
 
 
 def size_node(graph: fx.Graph, tensor: fx.Node, dim: int, k: int) -> fx.Node:
