@@ -119,3 +119,22 @@ def test_the_marks_outlive_a_compile(block):
             inductor.compile_with(model, b)(*inputs)
             assert sorted(b.records[0].swapped) == sorted(kernels)
     assert hasattr(inputs[0], "_dynamo_dynamic_indices")
+
+
+def test_a_static_graph_beside_the_dynamic_one_skips_the_re_export(block, monkeypatch):
+    """Size 1 gets a graph of its own from torch.compile (static sizes): with only ranged kernels
+    given, the backend hands it to Inductor without re-exporting it, and the answer is right."""
+    from torch_htam import capture
+    model, x, dynamic, found = block
+    kernels = {t.signature: RangedKernel(t) for t in found.tasks}
+    b = inductor.HtamBackend(kernels, provider=PROVIDER)
+    compiled = torch.compile(model, backend=b)
+    exports = []
+    real = capture.export_graph
+    monkeypatch.setattr(capture, "export_graph", lambda *a: exports.append(a) or real(*a))
+    with torch.no_grad():
+        compiled(*marked((x,), dynamic))
+        one = torch.randn(1, 16)
+        torch.testing.assert_close(compiled(one), model(one))
+    assert len(b.records) == 2 and len(exports) == 1
+    assert b.records[1].swapped == [] and "every kernel given serves a declared range" in b.records[1].note

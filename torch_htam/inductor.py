@@ -88,7 +88,7 @@ class HtamBackend:
         return mode_options(self.mode) | self.options
 
     def _swap(self, gm: fx.GraphModule, example_inputs: list, record: GraphRecord) -> fx.GraphModule:
-        from torch_htam import runtime
+        from torch_htam import runtime, symbolic
         from torch_htam.capture import Capture, export_graph
         from torch_htam.extract import from_capture
         if not all(isinstance(x, (torch.Tensor, torch.SymInt)) for x in example_inputs):
@@ -96,6 +96,12 @@ class HtamBackend:
             return gm
         if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
             record.note = "inputs need gradients (kernels have no backward): left to Inductor"
+            return gm
+        if self._only_ranged() and symbolic.export_plan(gm, example_inputs) is None:
+            # NOTE: a static graph beside a dynamic one (torch.compile's own graph for size 1)
+            # has only static tasks, and a ranged task's signature holds its ranges: no kernel
+            # given here can match, so the re-export and extraction would be spent for nothing
+            record.note = "static sizes, and every kernel given serves a declared range: left to Inductor"
             return gm
         sub, problem = export_graph(gm, example_inputs)
         if sub is None:
@@ -120,6 +126,14 @@ class HtamBackend:
         if new.htam_load_errors:
             record.note = "; ".join(f"{sig[:12]}: {e}" for sig, e in new.htam_load_errors.items())
         return self._as_dynamo(gm, new, example_inputs) if swapped or self.keep_reexport else gm
+
+    def _only_ranged(self) -> bool:
+        """Every kernel given is a ranged task's (verified per bucket of sizes); False where the
+        kernels come from the cache or one is not (a static task's, an object without a verdict),
+        and where the re-export is kept even without a kernel."""
+        from torch_htam.runtime import _buckets
+        return (not self.keep_reexport and bool(self.kernels)
+                and all(_buckets(k) for k in self.kernels.values()))
 
     @staticmethod
     def _as_dynamo(gm: fx.GraphModule, new: fx.GraphModule, example_inputs: list) -> fx.GraphModule:
