@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from floor_models import RMSNorm, SwiGLU   # the floor suite's (Llama's RMSNorm; down(silu(gate(x)) * up(x)))
+from floor_models import RMSNorm, SwiGLU, _randomize_bn   # the floor suite's (Llama's RMSNorm;
+                                                            # down(silu(gate(x)) * up(x)); BN stats)
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # what one unit of a request's size is: a decoder request of size 300 is 300 tokens
@@ -223,19 +224,6 @@ def _resnet50(width: int, classes: int, blocks=(3, 4, 6, 3)) -> nn.Sequential:
             layers.append(Bottleneck(cin, w, 2 if i > 0 and j == 0 else 1))
             cin = 4 * w
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes))
-
-
-def _randomize_bn(model: nn.Module) -> nn.Module:
-    """BatchNorm with non-trivial affine weights and running statistics (fresh BN in eval mode is
-    nearly the identity, which a fused kernel could get wrong unnoticed)."""
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            with torch.no_grad():
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.2, 0.2)
-                m.running_mean.uniform_(-0.2, 0.2)
-                m.running_var.uniform_(0.5, 1.5)
-    return model
 
 
 def vision(device: str = "cuda", dtype: torch.dtype = torch.bfloat16, small: bool = False):

@@ -336,10 +336,9 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
     model = inductor.install(model, cap, kernels, run.get("mode", "default"), provider=provider,
                              keep_reexport=run.get("reexport", False))
     model.htam_report.note = "; ".join(x for x in (model.htam_report.note, note) if x)
-    dynamic = dynamic_of(run)
-    if dynamic and cap.capture.dynamic:
+    if cap.capture.dynamic:
         from torch_htam.capture import marked
-        model(*marked(tuple(example_inputs), dynamic))
+        model(*marked(tuple(example_inputs), cap.capture.dynamic))
     return model
 
 

@@ -40,7 +40,8 @@ class Capture:
     problems: list[str] = field(default_factory=list)   # human-readable, one line each
     exported: Any = None                                # the ExportedProgram (export path only)
     inputs: list[tuple] = field(default_factory=list)   # real flat placeholder values per graph
-    dynamic: bool = False                               # graphs with the declared dims symbolic
+    dynamic: dict | None = None                         # the declared dims the graphs have symbolic
+                                                        # (extract.check_dynamic's); None: static
 
 
 def capture(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict | None = None,
@@ -59,7 +60,7 @@ def capture(model: torch.nn.Module, example_inputs: tuple, example_kwargs: dict 
     if dynamic:
         cap = _capture_dynamo(model, marked(args, dynamic), kwargs, dynamic=True)
         if cap.graphs and not cap.problems:
-            cap.dynamic = True
+            cap.dynamic = dynamic
             return cap
         static = capture(model, args, kwargs)
         static.problems.insert(0, "the declared dynamic sizes could not be kept (" + "; ".join(cap.problems)

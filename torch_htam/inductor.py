@@ -131,9 +131,9 @@ class HtamBackend:
         """Every kernel given is a ranged task's (verified per bucket of sizes); False where the
         kernels come from the cache or one is not (a static task's, an object without a verdict),
         and where the re-export is kept even without a kernel."""
-        from torch_htam.runtime import _buckets
+        from torch_htam.runtime import kept_buckets
         return (not self.keep_reexport and bool(self.kernels)
-                and all(_buckets(k) for k in self.kernels.values()))
+                and all(kept_buckets(k) for k in self.kernels.values()))
 
     @staticmethod
     def _as_dynamo(gm: fx.GraphModule, new: fx.GraphModule, example_inputs: list) -> fx.GraphModule:

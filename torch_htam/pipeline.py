@@ -238,7 +238,7 @@ class _Run:
     def capture(self) -> None:
         from torch_htam.capture import marked
         from torch_htam.config import ConfigError
-        from torch_htam.extract import check_dynamic, extract
+        from torch_htam.extract import extract
         with self.deadline.phase("capture"):
             try:
                 self.found = extract(self.model, self.inputs, dynamic=self.cfg.dynamic)
@@ -253,7 +253,7 @@ class _Run:
         elif self.found.capture.dynamic:
             # every arm's first call compiles with the declared dims dynamic, as the capture did,
             # so the compiled model serves their ranges without a recompile per size
-            self.trials.inputs = marked(self.inputs, check_dynamic(self.cfg.dynamic, self.inputs))
+            self.trials.inputs = marked(self.inputs, self.found.capture.dynamic)
 
     def floor(self) -> None:
         """torch.compile (or, with compile=False, the original forward), compiled and installed

@@ -129,7 +129,7 @@ def swap(gm: fx.GraphModule, sites: list, kernels: dict[str, Any],
                             sig[:16], task.name, errors[sig])
         if sig in loaded:
             handle = int(loaded[sig].handle)
-            fallback.register(handle, task, _buckets(kernels[sig]))
+            fallback.register(handle, task, kept_buckets(kernels[sig]))
             _replace_region(new.graph, region, replaced, provider.op, handle, out_meta, task, force_layouts)
             swapped.append(Swapped(sig, task.name, len(region.nodes)))
     _stable_toposort(new.graph)
@@ -155,7 +155,7 @@ def _size_refs(task) -> list[dict] | None:
     return refs
 
 
-def _buckets(kernel) -> list | None:
+def kept_buckets(kernel) -> list | None:
     """The buckets ([input, dim, low, high]) a cache entry's kernel was verified in; None for a
     static task's kernel or a kernel object without a verdict."""
     return getattr(getattr(kernel, "evaluation", None), "buckets", None)

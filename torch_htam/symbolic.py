@@ -15,7 +15,7 @@ as int inputs. This module is the one place that reads them:
 
     >>> plan = export_plan(gm, example_inputs)          # None: static
     >>> ep = torch.export.export(SizedCall(gm, plan), plan.tensors(example_inputs),
-    ...                          dynamic_shapes=(plan.dynamic_shapes(),))
+    ...                          dynamic_shapes=plan.dynamic_shapes())
 """
 from __future__ import annotations
 
@@ -220,15 +220,14 @@ def strides(graph: fx.Graph, x: fx.Node, example_strides: tuple[int, ...]) -> li
     they are), k * x.size(d) nodes where a size is symbolic (S * H for a [B, S, H] tensor's
     first dim)."""
     v = x.meta.get("val")
-    if not isinstance(v, torch.Tensor) or not any(_sym(n) is not None for n in v.shape):
+    if not isinstance(v, torch.Tensor) or not _symbolic(v):
         return list(example_strides)
     order = sorted(range(v.dim()), key=lambda d: (example_strides[d], -d))   # innermost first
     out: list = [0] * v.dim()
     acc = 1   # the next stride: an int, or a node once a symbolic size is in it
     for d in order:
         out[d] = acc
-        size = int(v.shape[d]) if _sym(v.shape[d]) is None else \
-            graph.call_function(torch.ops.aten.sym_size.int, (x, d))
+        size = int(v.shape[d]) if _sym(v.shape[d]) is None else size_node(graph, x, d, 1)
         both_int = isinstance(acc, int) and isinstance(size, int)
         acc = acc * size if both_int else graph.call_function(operator.mul, (acc, size))
     return out
