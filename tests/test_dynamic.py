@@ -339,3 +339,139 @@ def test_the_buckets_a_kernel_verified_in_travel_in_its_evaluation():
     assert Evaluation.from_json(ev.to_json()).buckets == [[0, 0, 2, 8], [0, 0, 9, 64]]
     old = {k: v for k, v in ev.to_json().items() if k != "buckets"}
     assert Evaluation.from_json(old).buckets == []
+
+
+# ------------------------------------------------------------------------------ timed per bucket
+
+def _kept(task=None):
+    """The buckets of ranged_task() (batch 1-64, example 64): [1, 1], [2, 8], [9, 64]."""
+    return V.buckets_for(task or ranged_task())
+
+
+def spans_of(buckets):
+    return [(b.low, b.high) for b in buckets]
+
+
+def test_a_bucket_slower_beyond_noise_is_dropped_one_within_noise_kept():
+    from torch_htam.evaluation import BUCKET_NOISE, BucketTime, winning_buckets
+    kept = _kept()
+    times = [BucketTime(1, 1, 1, 0.0105, 0.0100),     # 5% slower: lost
+             BucketTime(2, 8, 4, 0.0101, 0.0100)]     # 1% slower: a tie, inside time_fn's noise
+    assert BUCKET_NOISE == 0.02
+    assert spans_of(winning_buckets(kept, 64, times)) == [(2, 8), (9, 64)]
+    assert spans_of(winning_buckets(kept, 64, times, noise=0.1)) == [(1, 1), (2, 8), (9, 64)]
+
+
+def test_the_examples_bucket_is_always_kept_and_an_untimed_one_dropped():
+    from torch_htam.evaluation import BucketTime, winning_buckets
+    kept = _kept()
+    slow_everywhere = [BucketTime(b.low, b.high, b.low, 2.0, 1.0) for b in kept]
+    assert spans_of(winning_buckets(kept, 64, slow_everywhere)) == [(9, 64)]
+    # the bucket [2, 8] has no time (its timing launch was refused): no evidence of a win
+    assert spans_of(winning_buckets(kept, 64, [BucketTime(1, 1, 1, 0.5, 1.0)])) == [(1, 1), (9, 64)]
+
+
+def test_a_static_task_keeps_no_buckets_and_is_not_timed_per_bucket():
+    """run_job times buckets only for a verdict with kept buckets; a static task's has none."""
+    from test_verify import gelu_task
+    from torch_htam.evaluation import winning_buckets
+    task = gelu_task()
+    v = V.verify_range(task, honest, load_reference(task), make("fp32"), device="cpu")
+    assert v.kept == [] and winning_buckets(v.kept, 64, []) == []
+
+
+def test_a_bucket_is_timed_at_its_verified_size_nearest_its_geometric_middle():
+    from torch_htam.evaluation import representative_size
+    b = V.Bucket(0, 0, 9, 128)                               # middle sqrt(9 * 128) = 33.9
+    assert representative_size(V.BucketVerdict(b, [16, 32, 127], True)) == 32
+    assert representative_size(V.BucketVerdict(V.Bucket(0, 0, 2, 8), [2, 4, 7, 8], True)) == 4
+    assert representative_size(V.BucketVerdict(V.Bucket(0, 0, 1, 1), [1], True)) == 1
+
+
+class _FakeTiming:
+    def __init__(self, ms):
+        self.median_ms = ms
+
+
+def test_kept_buckets_are_timed_at_the_shapes_verify_ran(monkeypatch):
+    """_time_buckets on CPU: _time_at (time_fn on the GPU) stands in, slower than the baseline at
+    size 1 only; the compiled reference is the baseline when it was timed."""
+    from torch_htam import evaluation as E
+    task = ranged_task()
+    v = run(honest, task)
+    seen = []
+
+    def fake_time_at(task, kernel, ref, policy, shapes, inductor=False, retime=False):
+        seen.append(shapes)
+        n = shapes[0][0][0]
+        return E._Times(_FakeTiming(2.0 if n == 1 else 1.0), _FakeTiming(0.5),
+                        _FakeTiming(1.5) if inductor else None)
+    monkeypatch.setattr(E, "_time_at", fake_time_at)
+    res = E._time_buckets(task, honest, None, make("fp32"), True, v)
+    rs = V.range_shapes(task)
+    assert [s[0][0][0] for s in seen] == [1, 4] and seen == [rs.sets[rs.sizes.index(n)] for n in (1, 4)]
+    assert res["bucket_times"] == [[1, 1, 1, 2.0, 1.5], [2, 8, 4, 1.0, 1.5]]
+    assert res["buckets"] == [[0, 0, 2, 8], [0, 0, 9, 64]]
+    # against the eager reference (0.5 ms) the kernel loses both: the example's bucket stays
+    seen.clear()
+    res = E._time_buckets(task, honest, None, make("fp32"), False, v)
+    assert res["buckets"] == [[0, 0, 9, 64]] and [t[4] for t in res["bucket_times"]] == [0.5, 0.5]
+
+
+def test_a_refused_timing_launch_drops_its_bucket(monkeypatch):
+    from torch_htam import evaluation as E
+    task = ranged_task()
+
+    def fake_time_at(task, kernel, ref, policy, shapes, inductor=False, retime=False):
+        if shapes[0][0][0] == 1:
+            raise E._Refused(V.HTAM_ERR_SHAPE)
+        return E._Times(_FakeTiming(1.0), _FakeTiming(2.0))
+    monkeypatch.setattr(E, "_time_at", fake_time_at)
+    res = E._time_buckets(task, honest, None, make("fp32"), False, run(honest, task))
+    assert res["buckets"] == [[0, 0, 2, 8], [0, 0, 9, 64]] and res["bucket_times"] == [[2, 8, 4, 1.0, 2.0]]
+
+
+def test_bucket_times_travel_in_the_evaluation():
+    from torch_htam.evaluation import Evaluation
+    ev = Evaluation(True, "ok", buckets=[[0, 0, 9, 64]], bucket_times=[[2, 8, 4, 0.02, 0.01]])
+    assert Evaluation.from_json(ev.to_json()).bucket_times == [[2, 8, 4, 0.02, 0.01]]
+    old = {k: v for k, v in ev.to_json().items() if k != "bucket_times"}
+    assert Evaluation.from_json(old).bucket_times == [] and Evaluation.from_json(old).buckets == [[0, 0, 9, 64]]
+
+
+ADD_SRC = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return a + b
+
+def get_inputs():
+    return [torch.randn(64, 4096), torch.randn(64, 4096)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.gpu
+def test_run_job_times_a_ranged_kernel_per_bucket():
+    """tests/kernels/add_f32.cu over batch 1-64 (example 64): the buckets away from the example are
+    timed at a verified size each, and kept exactly where the kernel is no slower than torch."""
+    from pathlib import Path
+    from torch_htam import build
+    from torch_htam.evaluation import BUCKET_NOISE, Evaluation, run_job
+    from torch_htam.policy import policy_for
+    rows = [spec((64, 4096)).with_ranges({0: (1, 64)}) for _ in range(3)]
+    task = Task("add_ranged", "elementwise", ADD_SRC, rows[:2], rows[2:], "sig-add", ["aten.add.Tensor"])
+    res = build.build((Path(__file__).parent / "kernels" / "add_f32.cu").read_text())
+    assert res.ok, res.error
+    out = run_job({"kind": "evaluate", "task": task.to_json(), "so_path": res.so_path,
+                   "policy": policy_for(task).to_json(), "time": True})
+    assert (out["correct"], out["reason"]) == (True, "ok"), out["detail"]
+    times = out["bucket_times"]
+    assert [(t[0], t[1], t[2]) for t in times] == [(1, 1, 1), (2, 8, 4)]
+    won = [[0, 0, lo, hi] for lo, hi, _, k, b in times if k <= b * (1 + BUCKET_NOISE)]
+    assert out["buckets"] == won + [[0, 0, 9, 64]]
+    assert Evaluation(**{k: out[k] for k in ("correct", "reason", "buckets", "bucket_times")}).bucket_times == times

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,6 +38,10 @@ REASONS = (
 # Wall seconds a worker job may add to compile the reference with Inductor (one region: seconds).
 INDUCTOR_COMPILE_S = 240.0
 BUILD_TIMEOUT_S = 300.0   # one ninja run of a batch of candidates
+# A ranged kernel keeps a bucket only if its time there is at most its baseline's * (1 + this):
+# time_fn's median moves by about 2% from one run to the next on the same shape, so a bucket
+# within it is a tie (kept), not a loss.
+BUCKET_NOISE = 0.02
 
 
 @dataclass
@@ -64,6 +69,10 @@ class Evaluation:
     # a task with a declared range: the buckets [input, dim, low, high] the kernel verified in
     # (verify.verify_range; what the runtime may launch it for); [] for a static task
     buckets: list[list[int]] = field(default_factory=list)
+    # per kept bucket away from the example size: [low, high, size, kernel_ms, base_ms], both
+    # timed at one size verified in it (the baseline: the compiled reference when it was timed,
+    # else the eager one); a bucket whose kernel lost there is not in `buckets`
+    bucket_times: list[list[float]] = field(default_factory=list)
 
     @property
     def faster(self) -> bool:
@@ -247,6 +256,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     if ok and job.get("time", True):
         try:
             res.update(_time(task, kernel, ref, policy, job.get("inductor", False), job.get("retime", False)))
+            if res["correct"] and v.kept:   # a ranged task: its kept buckets must also be won
+                res.update(_time_buckets(task, kernel, ref, policy, job.get("inductor", False), v))
         except Exception as e:   # torch.AcceleratorError on recent torch, RuntimeError before
             from torch_htam.verify import is_crash_message
             if not is_crash_message(str(e)):
@@ -263,28 +274,108 @@ def _compiled_reference(source: str, name: str):
     return torch.compile(_reference_model(source, name))
 
 
-def _time(task, kernel, ref, policy, inductor: bool = False, retime: bool = False) -> dict[str, Any]:
-    """Candidate and reference (and with `inductor` the compiled reference) timed in this process
-    on the same inputs; roofline check. retime: the candidate timed once more, after the reference
-    (an independent second figure: retime_ms)."""
+@dataclass
+class BucketTime:
+    """A kept bucket's kernel and baseline medians (ms) at one size verified in it."""
+    low: int
+    high: int
+    size: int
+    kernel_ms: float
+    base_ms: float
+
+    def to_json(self) -> list:
+        return [self.low, self.high, self.size, self.kernel_ms, self.base_ms]
+
+
+def winning_buckets(kept: list, example_size: int, times: list[BucketTime],
+                    noise: float = BUCKET_NOISE) -> list:
+    """The buckets of `kept` (verify.Bucket) the kernel is launched for: the one holding the example
+    size (the example timing judged it, and the kernel as a whole), and each other one whose
+    kernel_ms is at most base_ms * (1 + noise). A bucket without a time has no evidence of a win
+    (its timing launch was refused) and is dropped. A static task keeps none, as before: [].
+
+        >>> [str(b) for b in winning_buckets(kept, 32, [BucketTime(2, 8, 4, 0.011, 0.009)])]
+        ['in0 dim 0 in [9, 64]']
+    """
+    by_span = {(t.low, t.high): t for t in times}
+
+    def won(b) -> bool:
+        t = by_span.get((b.low, b.high))
+        return b.holds(example_size) or (t is not None and t.kernel_ms <= t.base_ms * (1 + noise))
+    return [b for b in kept if won(b)]
+
+
+def representative_size(verdict) -> int:
+    """The size verified in a bucket (verify.BucketVerdict.sizes) nearest its geometric middle
+    sqrt(low * high), by ratio: in [9, 128] both ends are 3.8x from its middle 34 (the arithmetic
+    middle, 68, would lean to the large sizes of a bucket spanning 16x)."""
+    mid = math.log(verdict.bucket.low * verdict.bucket.high) / 2
+    return min(verdict.sizes, key=lambda n: (abs(math.log(n) - mid), n))
+
+
+def _time_buckets(task, kernel, ref, policy, inductor: bool, verdict) -> dict[str, Any]:
+    """"buckets" and "bucket_times" for a ranged task's verdict (verify.RangeVerdict): each kept
+    bucket away from the example size timed at its representative size against the baseline,
+    the ones the kernel loses dropped (winning_buckets)."""
+    from torch_htam.verify import leading_dim, range_shapes
+    i, d = leading_dim(task)
+    example = task.inputs[i].shape[d]
+    rs = range_shapes(task)   # the sets verify_range ran: every verified size has one
+    times = []
+    for bv in verdict.buckets:
+        if not bv.ok or bv.bucket.holds(example):
+            continue
+        size = representative_size(bv)
+        try:
+            t = _time_at(task, kernel, ref, policy, rs.sets[rs.sizes.index(size)], inductor)
+        except _Refused:
+            continue   # no time: dropped
+        base = t.compiled if t.compiled is not None else t.ref
+        times.append(BucketTime(bv.bucket.low, bv.bucket.high, size, t.kernel.median_ms, base.median_ms))
+    kept = winning_buckets(verdict.kept, example, times)
+    return {"buckets": [[b.input, b.dim, b.low, b.high] for b in kept],
+            "bucket_times": [t.to_json() for t in times]}
+
+
+class _Refused(Exception):
+    """The kernel returned a nonzero htam_run code on the timing inputs."""
+
+    def __init__(self, code: int):
+        super().__init__(f"htam_run returned {code} on the timing inputs")
+        self.code = code
+
+
+@dataclass
+class _Times:
+    """time_fn's Timings of one input shape set: candidate, reference, compiled reference (with
+    inductor) and the candidate's second timing (with retime)."""
+    kernel: Any
+    ref: Any
+    compiled: Any = None
+    retime: Any = None
+
+
+def _time_at(task, kernel, ref, policy, shapes, inductor: bool = False, retime: bool = False) -> _Times:
+    """Candidate and references timed in this process on the same inputs of `shapes` ((input
+    shapes, output shapes), as verify's shape sets); raises _Refused if the kernel declines them."""
     import torch
     from torch_htam import timing
     from torch_htam.policy import tf32_switches
-    from torch_htam.verify import make_input
-    from torch_htam.verify import _strides_like
+    from torch_htam.verify import _strides_like, make_input
     gen = torch.Generator().manual_seed(7)
+    in_shapes, out_shapes = shapes
 
     def make_set():
         # outputs laid out as the specs say (a conv region's are channels-last), as launch does
-        ins = [make_input(s, s.shape, "normal", gen, "cuda") for s in task.inputs]
-        outs = [torch.empty_strided(s.kernel_shape(), _strides_like(s, s.kernel_shape()), dtype=s.torch_dtype,
-                                    device="cuda") for s in task.outputs]
+        ins = [make_input(s, sh, "normal", gen, "cuda") for s, sh in zip(task.inputs, in_shapes)]
+        outs = [torch.empty_strided(s.kernel_shape(sh), _strides_like(s, s.kernel_shape(sh)),
+                                    dtype=s.torch_dtype, device="cuda") for s, sh in zip(task.outputs, out_shapes)]
         return ins, outs
 
     # NOTE: timing discards return codes, so a kernel that refuses these inputs would time as
     # nothing at all: one checked call first
     if (code := kernel(*make_set())) != 0:
-        return {"correct": False, "reason": "launch_error", "detail": f"htam_run returned {code} on the timing inputs"}
+        raise _Refused(code)
     k = timing.time_fn(lambda s: kernel(s[0], s[1]), make_set)
     # NOTE: the reference runs as the user would run it: TF32 exactly when the policy allows it.
     with tf32_switches(policy.allow_tf32), torch.no_grad():
@@ -294,6 +385,20 @@ def _time(task, kernel, ref, policy, inductor: bool = False, retime: bool = Fals
             compiled = _compiled_reference(task.source, task.name)
             c = timing.time_fn(lambda s: compiled(*s[0]), make_set)
     k2 = timing.time_fn(lambda s: kernel(s[0], s[1]), make_set) if retime else None
+    return _Times(k, r, c, k2)
+
+
+def _time(task, kernel, ref, policy, inductor: bool = False, retime: bool = False) -> dict[str, Any]:
+    """Candidate and reference (and with `inductor` the compiled reference) timed in this process
+    on the same inputs at the task's shapes; roofline check. retime: the candidate timed once more,
+    after the reference (an independent second figure: retime_ms)."""
+    from torch_htam import timing
+    shapes = ([s.shape for s in task.inputs], [s.shape for s in task.outputs])
+    try:
+        t = _time_at(task, kernel, ref, policy, shapes, inductor, retime)
+    except _Refused as e:
+        return {"correct": False, "reason": "launch_error", "detail": str(e)}
+    k, r, c, k2 = t.kernel, t.ref, t.compiled, t.retime
     roof = timing.roofline_ms(task, timing.measure_ceilings(), policy.name)
     res = {"ref_ms": r.median_ms, "kernel_ms": k.median_ms, "spread": k.spread,
            "speedup": r.median_ms / k.median_ms if k.median_ms > 0 else None,
