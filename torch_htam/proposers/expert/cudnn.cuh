@@ -7,8 +7,7 @@ static const size_t kMaxWorkspace = size_t(1) << 30;   // skip algorithms wantin
 
 struct DnnState { cudnnHandle_t handle = nullptr; void* ws = nullptr; size_t ws_bytes = 0;
                   void* scratch = nullptr; size_t scratch_bytes = 0;
-                  void* lay = nullptr; size_t lay_bytes = 0;    // lay: NHWC copies (nhwc)
-                  cudnnBackendDescriptor_t kernels = nullptr; bool kernels_tried = false; };   // cudnn_graph.cuh
+                  void* lay = nullptr; size_t lay_bytes = 0; };   // lay: NHWC copies (nhwc)
 
 // Lazily per device: the handle (cudnnSetStream is called on every run).
 static int dnn_state(DnnState** out) {

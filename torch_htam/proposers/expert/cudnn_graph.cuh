@@ -27,7 +27,6 @@ struct ConvEntry {
   cudnnBackendDescriptor_t conv = nullptr, op = nullptr, graph = nullptr, heur = nullptr;
   cudnnBackendDescriptor_t cfg[kMaxConfigs] = {};   // engine configs, heuristic rank order
   int n_cfg = 0, pick = -1;                         // the plan runs cfg[pick]
-  bool dynamic = false;                             // graph is dynamic-shape (kernel_cache())
   cudnnBackendDescriptor_t plan = nullptr;
   // variant packs by the pointers they bind (x, w, y, workspace, the epilogue's operands): every
   // site of a model that runs this shape keeps its own, where one pack was rebuilt on every call
@@ -137,9 +136,8 @@ static int make_epilogue(ConvEntry* e, const int64_t* ydims, int64_t align) {
 
 // The one-operation graph y = 1 * conv(x, w) + 0 * y (with kEpilogue: the conv writes v[0] and the
 // epilogue's ops follow); for a transposed conv (kTransposed) the backward-data pass of the conv it
-// transposes, y = dx = conv^T(dy = x, w), as PyTorch runs it. dynamic: a dynamic-shape graph, whose
-// plans may bind kernels the device's kernel cache already holds (kernel_cache()).
-static int make_graph(cudnnHandle_t handle, ConvEntry* e, bool dynamic) {
+// transposes, y = dx = conv^T(dy = x, w), as PyTorch runs it.
+static int make_graph(cudnnHandle_t handle, ConvEntry* e) {
   const float alpha = 1.f, beta = 0.f;
   cudnnBackendDescriptor_t conv_y = kEpilogue ? e->v[0] : e->y;
   if (kTransposed) {
@@ -165,9 +163,6 @@ static int make_graph(cudnnHandle_t handle, ConvEntry* e, bool dynamic) {
   CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &e->graph));
   SET(e->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1 + kEpiOps, ops);
   SET(e->graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-#if CUDNN_VERSION >= 90500
-  if (dynamic) SET(e->graph, CUDNN_ATTR_OPERATIONGRAPH_IS_DYNAMIC_SHAPE_ENABLED, CUDNN_TYPE_BOOLEAN, 1, &dynamic);
-#endif
   const cudnnStatus_t s = cudnnBackendFinalize(e->graph);
   if (s != CUDNN_STATUS_SUCCESS) return not_supported(s) ? HTAM_ERR_SHAPE : 3000 + (int)s;
   return 0;
@@ -208,47 +203,9 @@ static bool usable(cudnnBackendDescriptor_t cfg) {
   return ok;
 }
 
-// ---- cuDNN's kernel cache: a new size of a problem reuses the kernel compiled for an earlier one ---
-// Why: cuDNN's runtime-fusion engines compile their kernel when a plan is finalized, so every new batch
-// size a server brings cost each conv a compile on its first call (8.2 s p99 on the first pass of a
-// ResNet-50 mix, H100 bf16: bench_serve). A dynamic-shape graph's plan binds a kernel the cache
-// already holds instead (cuDNN >= 9.5). One cache per device and library, built from the first graph
-// planned and kept for the process. NOTE: the backend header documents no lifetime tie between the
-// cache and that graph; cuDNN's frontend builds its cache from one graph and shares it with later ones.
-static bool dynamic_shapes() {
-#if CUDNN_VERSION >= 90500
-  return cudnnGetVersion() >= 90500;
-#else
-  return false;
-#endif
-}
-
-// The device's kernel cache, built from `graph` on first use; nullptr where cuDNN cannot make one
-// (plans are then finalized without it, as before).
-static cudnnBackendDescriptor_t kernel_cache(DnnState* st, cudnnBackendDescriptor_t graph) {
-#if CUDNN_VERSION >= 90500
-  if (st->kernels_tried) return st->kernels;
-  st->kernels_tried = true;
-  cudnnBackendDescriptor_t c = nullptr;
-  if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR, &c) != CUDNN_STATUS_SUCCESS) return nullptr;
-  if (cudnnBackendSetAttribute(c, CUDNN_ATTR_KERNEL_CACHE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                               &graph) != CUDNN_STATUS_SUCCESS ||
-      cudnnBackendFinalize(c) != CUDNN_STATUS_SUCCESS) {
-    drop(&c);
-    return nullptr;
-  }
-  st->kernels = c;
-  return c;
-#else
-  (void)graph;
-  return st->kernels;
-#endif
-}
-
 // An execution plan for the config, or nullptr when it does not finalize or its workspace (bytes,
-// *ws) exceeds kMaxWorkspace. cache: the kernel cache it may bind from and adds to (or nullptr).
-static cudnnBackendDescriptor_t make_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg,
-                                          cudnnBackendDescriptor_t cache, int64_t* ws) {
+// *ws) exceeds kMaxWorkspace.
+static cudnnBackendDescriptor_t make_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, int64_t* ws) {
   cudnnBackendDescriptor_t plan = nullptr;
   if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
     return nullptr;
@@ -257,8 +214,6 @@ static cudnnBackendDescriptor_t make_plan(cudnnHandle_t handle, cudnnBackendDesc
   const bool ok =
       cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle) == CUDNN_STATUS_SUCCESS &&
       cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg) == CUDNN_STATUS_SUCCESS &&
-      (!cache || cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_KERNEL_CACHE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                                          &cache) == CUDNN_STATUS_SUCCESS) &&
       cudnnBackendFinalize(plan) == CUDNN_STATUS_SUCCESS &&
       cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, ws) == CUDNN_STATUS_SUCCESS &&
       *ws >= 0 && (size_t)*ws <= kMaxWorkspace;
@@ -269,12 +224,12 @@ static cudnnBackendDescriptor_t make_plan(cudnnHandle_t handle, cudnnBackendDesc
 // Plans the usable configs from cfg[from] on, in rank order, and keeps the skip-th that plans (the
 // last that plans when fewer do); grows the shared workspace for it. HTAM_ERR_SHAPE when none plans.
 static int next_plan(DnnState* st, ConvEntry* e, int from, int skip) {
-  cudnnBackendDescriptor_t best = nullptr, cache = e->dynamic ? kernel_cache(st, e->graph) : nullptr;
+  cudnnBackendDescriptor_t best = nullptr;
   int64_t best_ws = 0;
   int best_i = -1;
   for (int i = from, found = 0; i < e->n_cfg && found <= skip; ++i) {
     int64_t ws = 0;
-    cudnnBackendDescriptor_t p = usable(e->cfg[i]) ? make_plan(st->handle, e->cfg[i], cache, &ws) : nullptr;
+    cudnnBackendDescriptor_t p = usable(e->cfg[i]) ? make_plan(st->handle, e->cfg[i], &ws) : nullptr;
     if (!p) continue;
     drop(&best);
     best = p; best_ws = ws; best_i = i; ++found;
@@ -299,21 +254,11 @@ static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, i
       (rc = make_tensor(&e->y, 'y', s ? y2 : yd, d[7])) || (rc = make_conv(e)))
     return rc;
   if (kEpilogue && (rc = make_epilogue(e, y2, d[7]))) return rc;   // 2-D only (conv.py)
-  // a dynamic-shape graph first (kernel_cache()); the static graph where cuDNN plans no engine for it
-  for (bool dynamic : {true, false}) {
-    if (dynamic && !dynamic_shapes()) continue;
-    drop_configs(e);
-    drop(&e->graph);
-    e->dynamic = dynamic;
-    if ((rc = make_graph(st->handle, e, dynamic))) {
-      if (dynamic && rc == HTAM_ERR_SHAPE) continue;
-      return rc;
-    }
-    // PyTorch's order: the heuristic's ranking, then cuDNN's fallback list when nothing in it is usable
-    for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-      if (rank_engines(e, mode)) continue;   // this mode cannot rank the graph
-      if ((rc = next_plan(st, e, 0, kAlgo)) != HTAM_ERR_SHAPE) return rc;
-    }
+  if ((rc = make_graph(st->handle, e))) return rc;
+  // PyTorch's order: the heuristic's ranking, then cuDNN's fallback list when nothing in it is usable
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    if (rank_engines(e, mode)) continue;   // this mode cannot rank the graph
+    if ((rc = next_plan(st, e, 0, kAlgo)) != HTAM_ERR_SHAPE) return rc;
   }
   return HTAM_ERR_SHAPE;   // no usable engine under this precision: the original region runs
 }
