@@ -20,8 +20,9 @@ does. Each row runs in a process of its own (this script with --one NAME), under
      "compile_default" (torch.compile(copy): specialized on the first shape; Dynamo's automatic
      dynamic shapes recompile after a new size) and "ours" (torch_htam.optimize(copy, example,
      OptimizeConfig(dynamic=..., time_budget_s=--budget)), its wall time "optimize_s");
-  3. warm-up: every arm called once on the example inputs (what a server does at start-up; its
-     seconds are "warmup_s");
+  3. warm-up: every arm called once on the example inputs, then at the declared range's lowest and
+     highest sizes (what a server does at start-up, so compiles for them happen there, not on a
+     user's request; "warmup_sizes"; the seconds per arm are "warmup_s", its graphs "warmup_graphs");
   4. the mix served once "cold" (whatever recompiles the mix triggers happen here), then WARM_PASSES
      times "warm" (the same mix again: steady state; its figures over all those passes, so p99 is
      not one request's latency). Request r runs every arm on the same inputs, in the order
@@ -272,7 +273,7 @@ def empty_row(model: str, budget_s: float = 120.0, requests: int = 200, seed: in
     return {"model": model, "dtype": model.split(":")[-1], "tf32": None, "unit": None, "dynamic": None,
             "example_size": None, "requests": requests, "seed": seed, "mix": None, "mix_sizes": None,
             "mix_summary": None, "budget_s": budget_s, "budget_limit_s": budget_limit(budget_s),
-            "optimize_s": None, "warmup_s": None, "warmup_graphs": None, "arms": None,
+            "optimize_s": None, "warmup_s": None, "warmup_graphs": None, "warmup_sizes": None, "arms": None,
             "throughput_vs_compile": None, "p99_vs_compile": None, "cold_throughput_vs_compile": None,
             "cold_p99_vs_compile": None, "best_compile_throughput": None, "best_compile_p99": None,
             "kernel_share": None, "cold_kernel_share": None, "outside_share": None, "kernels_kept": None,
@@ -467,15 +468,31 @@ def mix_fields(s: Setup, name: str) -> dict:
             "mix_summary": s.mix.summary()}
 
 
+def warmup_sizes(s: Setup) -> list[int]:
+    """The sizes a server warms up on at start-up: the example's, then the declared range's ends."""
+    _, _, low, high = serve_models.dynamic_dim(s.dynamic)
+    return list(dict.fromkeys([s.mix.example, low, high]))
+
+
 def warm_up(s: Setup, sync: Callable) -> dict:
-    """Every arm called once on the example inputs: its seconds and the graphs it compiled."""
-    secs, graphs = {}, {}
-    for a in ARMS:
-        before, t0 = graphs_compiled(), time.perf_counter()
-        s.arms[a](*s.example)
-        sync()
-        secs[a], graphs[a] = time.perf_counter() - t0, graphs_compiled() - before
-    return {"warmup_s": secs, "warmup_graphs": graphs}
+    """Every arm called once at each warmup_sizes() size (the example's own inputs first): its
+    seconds and the graphs it compiled, summed over the sizes. Each size's first arm is rotated
+    as serve_pass rotates requests.
+    NOTE: the arms share one process, so Inductor's caches (FX graph, Triton kernels) are shared:
+    the first arm to compile a graph pays for it and an arm compiling the same graph after it pays
+    less. Without the range's ends here, that first compile fell on user requests in the cold pass,
+    always to the same arm for a given mix (ours, on the first size-1 request of seed 0's mix)."""
+    secs, graphs = dict.fromkeys(ARMS, 0.0), dict.fromkeys(ARMS, 0)
+    for k, size in enumerate(warmup_sizes(s)):
+        inputs = s.example if k == 0 else s.inputs_for(size)
+        for j in range(len(ARMS)):
+            a = ARMS[(k + j) % len(ARMS)]
+            before, t0 = graphs_compiled(), time.perf_counter()
+            s.arms[a](*inputs)
+            sync()
+            secs[a] += time.perf_counter() - t0
+            graphs[a] += graphs_compiled() - before
+    return {"warmup_s": secs, "warmup_graphs": graphs, "warmup_sizes": warmup_sizes(s)}
 
 
 def serve(row: dict, s: Setup, sync: Callable, stage: Callable[[str], None]) -> None:

@@ -227,6 +227,9 @@ def test_measure_on_cpu_with_stand_in_arms(monkeypatch):
     assert row["correct"] == {"compile_dynamic": True, "compile_default": True, "ours": True}
     assert row["max_err"]["ours"] == 0.0 and row["tf32"] is True and row["tolerance"] == 1e-2
     assert row["recompiles"] == {a: 0 for a in bs.ARMS} and row["unit"] == "sequences"
+    # start-up warms every arm at the example (4) and the declared range's ends (1, 8): 3 calls each,
+    # so ours ran its "kernel" 3 times before the passes' requests
+    assert row["warmup_sizes"] == [4, 1, 8] and set(row["warmup_s"]) == set(bs.ARMS)
     assert all(row["arms"][a]["cold"]["requests"] == 12 for a in bs.ARMS)
     assert all(row["arms"][a]["warm"]["requests"] == 12 * bs.WARM_PASSES for a in bs.ARMS)
     json.dumps(row, allow_nan=False)
