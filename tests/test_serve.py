@@ -138,3 +138,41 @@ def test_a_static_graph_beside_the_dynamic_one_skips_the_re_export(block, monkey
         torch.testing.assert_close(compiled(one), model(one))
     assert len(b.records) == 2 and len(exports) == 1
     assert b.records[1].swapped == [] and "every kernel given serves a declared range" in b.records[1].note
+
+
+# ---- re-export of a Dynamo graph whose code is narrower than the declared range --------------------
+
+class _AtMost64(torch.nn.Module):
+    """A graph whose code allows batch <= 64 only (as a CUDA attention kernel may bound a length
+    Dynamo's graph does not show), exported with a declared 2-128."""
+
+    def forward(self, x):
+        torch._check(x.shape[0] <= 64)
+        return x * 2
+
+
+class _Only8(torch.nn.Module):
+    """A graph whose code serves batch 8 only."""
+
+    def forward(self, x):
+        torch._check(x.shape[0] == 8)
+        return x + 1
+
+
+def _plan(low: int, high: int):
+    from torch_htam.symbolic import ExportPlan
+    return ExportPlan([("t", 0)], [{0: "s0"}], {"s0": (low, high)})
+
+
+def test_an_export_narrower_than_the_range_is_kept_with_the_narrower_range():
+    from torch_htam.capture import _export_sized
+    ep = _export_sized(_AtMost64(), _plan(2, 128), [torch.randn(8, 4)])
+    (val,) = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"]
+    r = ep.range_constraints[val.shape[0].node.expr]
+    assert (int(r.lower), int(r.upper)) == (2, 64)
+
+
+def test_an_export_that_fixes_a_declared_size_is_refused():
+    from torch_htam.capture import _export_sized
+    with pytest.raises(torch._dynamo.exc.UserError, match="specialized"):
+        _export_sized(_Only8(), _plan(2, 128), [torch.randn(8, 4)])

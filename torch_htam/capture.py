@@ -171,14 +171,7 @@ def export_graph(gm: fx.GraphModule, example_inputs) -> tuple[fx.GraphModule | N
             if plan is None:
                 ep = torch.export.export(gm, tuple(example_inputs), strict=False)
             else:
-                # NOTE: in a tracing context of its own: inside Dynamo's, export's guards on
-                # its own inputs land in the calling frame's and fail there. And on aliases of
-                # the inputs: Dynamo hands over the caller's own tensors, and export strips their
-                # dynamic marks when it is done (the next compile of them would be static).
-                tensors = tuple(x.detach() for x in plan.tensors(example_inputs))
-                with torch._guards.tracing(None):
-                    ep = torch.export.export(symbolic.SizedCall(gm, plan), tensors,
-                                             dynamic_shapes=plan.dynamic_shapes(), strict=False)
+                ep = _export_sized(gm, plan, example_inputs)
     except Exception as e:  # noqa: BLE001 -- the caller keeps the graph as it is
         return None, f"could not be exported ({type(e).__name__}: {_first_line(e)})"
     if not any(n.op == "call_function" for n in ep.graph.nodes):
@@ -188,6 +181,28 @@ def export_graph(gm: fx.GraphModule, example_inputs) -> tuple[fx.GraphModule | N
     _prepare(sub)
     sub.htam_plan = plan
     return sub, ""
+
+
+def _export_sized(gm: fx.GraphModule, plan, example_inputs):
+    """gm exported with the plan's dims dynamic over their ranges. Where export finds the graph's
+    code narrower than a range (a CUDA attention kernel's constraint on the sequence length, which
+    Dynamo's own graph does not trace), it is exported again letting export narrow the range: the
+    tasks then carry the narrower range and sizes outside it run the original region.
+    NOTE: in a tracing context of its own: inside Dynamo's, export's guards on its own inputs land
+    in the calling frame's and fail there. And on aliases of the inputs: Dynamo hands over the
+    caller's own tensors, and export strips their dynamic marks when it is done (the next compile
+    of them would be static)."""
+    from torch_htam import symbolic
+    tensors = tuple(x.detach() for x in plan.tensors(example_inputs))
+    with torch._guards.tracing(None):
+        try:
+            return torch.export.export(symbolic.SizedCall(gm, plan), tensors,
+                                       dynamic_shapes=plan.dynamic_shapes(), strict=False)
+        except torch._dynamo.exc.UserError as e:
+            if "Constraints violated" not in str(e):
+                raise
+        return torch.export.export(symbolic.SizedCall(gm, plan), tensors,
+                                   dynamic_shapes=plan.dynamic_shapes(refinable=True), strict=False)
 
 
 def _restore_module_names(sub: fx.GraphModule, dynamo_gm: fx.GraphModule) -> None:

@@ -62,10 +62,17 @@ class ExportPlan:
     def tensors(self, example_inputs) -> tuple:
         return tuple(x for x in example_inputs if isinstance(x, torch.Tensor))
 
-    def dynamic_shapes(self) -> tuple:
+    def dynamic_shapes(self, refinable: bool = False) -> tuple:
+        """export's dynamic_shapes: a named Dim per symbol over its range, so export fails where the
+        graph's code narrows a range; refinable: Dim.DYNAMIC over the same range instead, which
+        lets export narrow it (it still fails where the code fixes the size)."""
         from torch.export import Dim
-        made = {name: Dim(name, min=lo, max=hi) if hi is not None else Dim(name, min=lo)
-                for name, (lo, hi) in self.ranges.items()}
+
+        def dim(name: str, lo: int, hi: int | None):
+            if refinable:
+                return Dim.DYNAMIC(min=lo, max=hi) if hi is not None else Dim.DYNAMIC(min=lo)
+            return Dim(name, min=lo, max=hi) if hi is not None else Dim(name, min=lo)
+        made = {name: dim(name, lo, hi) for name, (lo, hi) in self.ranges.items()}
         # one entry: SizedCall.forward takes the tensors as one *args
         return (tuple({d: made[name] for d, name in dims.items()} or None for dims in self.dims),)
 
