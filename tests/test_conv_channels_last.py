@@ -115,9 +115,8 @@ def test_channels_last_sources_compile_for_sm90a():
 
 
 def _matches_torch(name, dtype, sources) -> list[bool]:
-    """Each source built and run against eager torch at the captured batch (2), then at 3 and 7 (more
-    cached cuDNN plans, whose runtime-fusion kernels come from the kernel cache the first filled),
-    its output written channels-last; judged as verification judges: within
+    """Each source built and run against eager torch at the captured batch (2) and at 3 (a second
+    cached cuDNN plan), its output written channels-last; judged as verification judges: within
     the policy of torch's result, or about as close to the float64 result as torch's is (a tiny
     var amplifies torch's own bf16 rounding)."""
     from torch_htam.launcher import Kernel
@@ -130,7 +129,7 @@ def _matches_torch(name, dtype, sources) -> list[bool]:
     for res in results:
         kernel = Kernel(res.so_path)
         ok = True
-        for batch in (2, 3, 7):
+        for batch in (2, 3):
             torch.manual_seed(batch)
             _, xs = _case(name, dtype, "cuda", n=batch)
             with torch.no_grad():
