@@ -27,6 +27,7 @@ does. Each row runs in a process of its own (this script with --one NAME), under
      times "warm" (the same mix again: steady state; its figures over all those passes, so p99 is
      not one request's latency). Request r runs every arm on the same inputs, in the order
      rotated by r; each call is timed alone (torch.cuda.synchronize before and after, perf_counter);
+     Python's cyclic GC is off during a pass and runs between passes (collected_between);
   5. outputs of both compile arms and ours against eager's at a few of the mix's sizes.
 Steps 2-5 run under torch.inference_mode().
 
@@ -63,6 +64,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import gc
 import json
 import math
 import random
@@ -504,9 +506,24 @@ def serve(row: dict, s: Setup, sync: Callable, stage: Callable[[str], None]) -> 
     for p, times in (("cold", 1), ("warm", WARM_PASSES)):
         stage(p)
         for _ in range(times):   # the warm figures over WARM_PASSES passes: a p99 of 200 requests is
-            calls = serve_pass(s.arms, s.mix.sizes, s.inputs_for, sync, probes)   # its 2nd-slowest
+            with collected_between():                                            # its 2nd-slowest
+                calls = serve_pass(s.arms, s.mix.sizes, s.inputs_for, sync, probes)
             passes[p] = merged(passes[p], calls) if p in passes else calls
         row.update(pass_fields(passes))
+
+
+@contextlib.contextmanager
+def collected_between():
+    """Python's cyclic GC off during a pass and run before and after it, as timeit does: a
+    collection lands on whichever arm's request happens to be running (tens of ms on a process
+    holding several compiled models), a tail figure of the process, not of the arm."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect()
 
 
 def merged(a: dict[str, "Calls"], b: dict[str, "Calls"]) -> dict[str, "Calls"]:

@@ -377,3 +377,12 @@ def test_full_size_models_on_meta(name, example, dynamic, out):
 
 def test_every_model_names_its_unit():
     assert set(sm.UNITS) == set(sm.MODELS)
+
+
+def test_a_pass_runs_with_the_cyclic_gc_off_and_collects_around_it(monkeypatch):
+    import gc
+    seen, collected = [], []
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(gc.isenabled()) or 0)
+    with bs.collected_between():
+        seen.append(gc.isenabled())
+    assert seen == [False] and gc.isenabled() and collected == [True, True]
