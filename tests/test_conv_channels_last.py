@@ -9,6 +9,8 @@ NCHW or channels-last, and the output channels-last.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn as nn
@@ -111,6 +113,28 @@ def test_channels_last_sources_compile_for_sm90a():
                         ("1x1_s2_bn", torch.float16), ("3x3_plain", torch.float32)):
         task, _ = _task(*_case(name, dtype))
         todo.append((f"{name}/{dtype}", propose(task, n=1).candidates[0].source))
+    assert_compiles(todo)
+
+
+def _ranged(task):
+    """The task serving batch 2-16 (its x's dim 0), as an optimize with a declared range makes it."""
+    return dataclasses.replace(task, inputs=[task.inputs[0].with_ranges({0: (2, 16)}), *task.inputs[1:]])
+
+
+@pytest.mark.build
+@pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn() is None, reason="needs nvcc + cuDNN")
+def test_a_ranged_tasks_conv_plans_dynamic_shape_graphs_and_compiles():
+    """A ranged task's conv is matched as ranged (its cuDNN graphs share the kernel cache across
+    sizes); a static task's is not. Both paths that plan cuDNN graphs (channels-last, NCHW) build."""
+    from torch_htam.proposers.expert.proposer import match_task
+    todo = []
+    for name, dtype, cl in (("1x1_bn_add_relu", torch.bfloat16, True), ("3x3_bn_relu", torch.float32, False)):
+        block, inputs = _case(name, dtype)
+        inputs[0] = inputs[0] if cl else inputs[0].contiguous()
+        task, _ = _task(block, inputs)
+        assert not match_task(task, policy_for(task)).region.ranged
+        assert match_task(_ranged(task), policy_for(task)).region.ranged
+        todo.append((f"{name}/{dtype}/ranged", propose(_ranged(task), n=1).candidates[0].source))
     assert_compiles(todo)
 
 

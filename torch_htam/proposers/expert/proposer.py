@@ -18,14 +18,16 @@ setting of the space applies to the defaults.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch_htam.proposers.base import Candidate, Proposal, ProposalRequest, source_key
 from torch_htam.proposers.expert import attention, conv, elementwise, gemm, pool, rowwise
+from torch_htam.proposers.expert.conv_match import ConvMatch
 from torch_htam.proposers.expert.ir import Unsupported
 from torch_htam.proposers.expert.strategies import TABLE, TaskFacts, moves_for, strategy_id
 from torch_htam.proposers.expert.target import Target
+from torch_htam.verify import leading_dim
 
 # tried in this order; the first whose match succeeds takes the task
 TARGETS: tuple[Target, ...] = (elementwise.TARGET, rowwise.TARGET, pool.TARGET, conv.TARGET, gemm.TARGET,
@@ -66,6 +68,9 @@ def match_task(task, policy, targets: tuple[Target, ...] = TARGETS) -> TaskMatch
         except Unsupported as e:
             why.setdefault(str(e), []).append(t.kind)
             continue
+        if isinstance(region, ConvMatch) and leading_dim(task) is not None:
+            # the graph is the example's; its sizes' range is the task's (cudnn_graph.cuh plans for it)
+            region = replace(region, ranged=True)
         return TaskMatch(t, region, t.defaults(region))
     raise Unsupported("; ".join(f"{'/'.join(kinds)}: {msg}" for msg, kinds in why.items()))
 
