@@ -4,6 +4,7 @@
     python3 bench/anytime.py bench/tasks/rw_*.py --limit 24 --budget 24 --table-only --out t.json
     python3 bench/anytime.py --replay t1.json t2.json         # CPU: the arms from measured tables
     python3 bench/anytime.py --replay t.json --seeds 5 --jobs 8   # 5 runs per arm and task, 8 processes
+    python3 bench/anytime.py --replay test.json --train train.json  # htg_warm learns from train only
 
 Measure (GPU): every setting of each task's search space (the expert's tuning_grid: the defaults,
 every strategy move from them, the kind's knob grid; the first --limit settings) is built, verified
@@ -13,8 +14,9 @@ and timed like a search's candidate, and each verified one timed a second time
 Replay (CPU, deterministic): four arms walk the same tables, through the real search loop
 (search.search) and proposer (ExpertProposer limited to the measured settings), each candidate's
 verdict read from the table (TableEvaluator), so arms differ only in the order they try settings:
-  htg_warm  the HTG, after searching every other task first (leave one task out: the task is held
-            out of the experience it is searched with), the others in a seeded order
+  htg_warm  the HTG with experience first: without --train, from searching every other task
+            (leave one task out: the task is held out of the experience it is searched with); with
+            --train, from searching every train task (none of them a test task); in a seeded order
   htg_cold  the HTG fresh from the shipped prior
   flat      flat memory (the same prior, no transitions), fresh
   none      no memory: the search loop with memory="none", as optimize runs it: the defaults
@@ -34,6 +36,12 @@ fewest candidates at which the geomean share reaches 95%; these are over each ta
 median curve across seeds.
 
 Held-out figures (the question: does memory save candidates over a fair no-memory search?):
+  every arm is measured on the test tables (the positional/--replay ones). What htg_warm has seen:
+  without --train, every other test task (leave one out: the figures' tasks also taught it, each
+  once, just not the one measured); with --train, only the train tables' tasks (the issue's
+  held-out protocol: memory trained on the regions of one set of models, measured on the regions
+  of models it never saw; a train task also in the test set is refused). "train" in the results
+  lists the train tasks (empty: leave one out).
   rows[i]["to99"][arm]  per seed, the candidates until the arm's curve reaches 99% of "best", the
                         best point any arm and seed reached on the task (budget + 1: never)
   savings[arm]          1 - sum(arm's to99) / sum(none's to99) over every task and seed: the
@@ -42,11 +50,12 @@ Held-out figures (the question: does memory save candidates over a fair no-memor
                         together; BOOTSTRAP resamples, seeded)
   saving_vs_none, ci_low, ci_high   savings["htg_warm"]'s, at the top level
 Writes bench/results/anytime-<date>.json (bench/record.py): suite "anytime", limit, budget, seeds,
-arms, rows, savings, saving_vs_none, ci_low, ci_high, tables.
+arms, rows, savings, saving_vs_none, ci_low, ci_high, train, train_measured, tables.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import random
@@ -190,16 +199,19 @@ def search_log(task, by_key: dict, memory, mode: str, budget: int, limit: int, g
 
 
 def replay(tables: list[dict], budget: int, seeds: int = 1, gpu=None, arms=ARMS, progress=None,
-           jobs: int = 1) -> dict:
+           jobs: int = 1, train: list[dict] | None = None) -> dict:
     """Every arm's runs over the tables, `seeds` per task; the per-arm summary, the held-out rows
-    and savings (module docstring). jobs > 1: the (seed, task) runs in that many processes (the
+    and savings (module docstring). train: tables htg_warm learns from instead of the other test
+    tasks (none may be a test task). jobs > 1: the (seed, task) runs in that many processes (the
     leave-one-out arm searches every other task first, so the work grows with tasks squared:
     85 tasks took 11 minutes a seed on 2 cores); the result does not depend on it."""
     names = [t["task"] for t in tables]
+    train = list(train or [])
+    held_out(names, train)
     oracle = {t["task"]: kept(t["rows"]) for t in tables}
     work = [(seed, i) for seed in range(seeds) for i in range(len(tables))]
     runs: dict[str, dict[str, list]] = {a: {t: [] for t in names} for a in arms}
-    for n, ((seed, i), curves) in enumerate(zip(work, _map_runs(work, (tables, budget, gpu, arms), jobs))):
+    for n, ((seed, i), curves) in enumerate(zip(work, _map_runs(work, (tables, budget, gpu, arms, train), jobs))):
         if progress:
             progress(f"[{n + 1}/{len(work)}] seed {seed}, {names[i]}")
         for arm in arms:    # work is seed-major: each task's list is in seed order
@@ -207,7 +219,7 @@ def replay(tables: list[dict], budget: int, seeds: int = 1, gpu=None, arms=ARMS,
     summary = {a: dict(summarize({t: median_curve(cs) for t, cs in runs[a].items()}, oracle, budget),
                        runs=runs[a]) for a in arms}
     rows = held_out_rows(runs, budget)
-    out = {"arms": summary, "oracle": oracle, "seeds": seeds, "rows": rows}
+    out = {"arms": summary, "oracle": oracle, "seeds": seeds, "rows": rows, "train": [t["task"] for t in train]}
     if "none" in arms:
         out["savings"] = {a: saving(rows, a, "none") for a in arms if a != "none"}
         if "htg_warm" in arms:
@@ -216,17 +228,34 @@ def replay(tables: list[dict], budget: int, seeds: int = 1, gpu=None, arms=ARMS,
     return out
 
 
+def held_out(test: list[str], train: list[dict]) -> None:
+    """Refuses train tables whose task is also tested: its experience would not be held out."""
+    both = sorted({t["task"] for t in train} & set(test))
+    if both:
+        raise ValueError(f"train tables include test tasks {both}: the train set must be held out "
+                         "of the test set (drop them from one of the two)")
+
+
 _REPLAY: dict = {}    # one process's replay inputs (_prepare), read by _one_run
 
 
-def _prepare(tables: list[dict], budget: int, gpu, arms) -> None:
-    """Tasks built and tables rendered once per process (table_keys is the slow part)."""
+def _task(table: dict):
     from torch_htam.extract import task_from_source
-    tasks = [task_from_source(Path(t["path"]).read_text() if Path(t["path"]).exists()
-                              else (HERE / "tasks" / f"{t['task']}.py").read_text(), t["task"]) for t in tables]
-    _REPLAY.update(tasks=tasks, budget=budget, gpu=gpu, arms=arms,
-                   limit={t["task"]: t["limit"] for t in tables},
-                   keys={task.name: table_keys(task, table) for task, table in zip(tasks, tables)})
+    path = Path(table["path"])
+    src = path.read_text() if path.exists() else (HERE / "tasks" / f"{table['task']}.py").read_text()
+    return task_from_source(src, table["task"])
+
+
+def _prepare(tables: list[dict], budget: int, gpu, arms, train: list[dict] = ()) -> None:
+    """Tasks built and tables rendered once per process (table_keys is the slow part); the train
+    tables only where htg_warm, their one reader, runs."""
+    train = list(train) if "htg_warm" in arms else []
+    tasks, train_tasks = [_task(t) for t in tables], [_task(t) for t in train]
+    _REPLAY.update(tasks=tasks, train=train_tasks, budget=budget, gpu=gpu, arms=arms,
+                   limit={t["task"]: t["limit"] for t in tables + train},
+                   keys={task.name: table_keys(task, table)
+                         for task, table in zip(tasks + train_tasks, tables + train)},
+                   trained={})
 
 
 def _worker(*inputs) -> None:
@@ -243,8 +272,22 @@ def _one_run(work: tuple[int, int]) -> dict[str, list]:
     seed, i = work
     r = _REPLAY
     task = r["tasks"][i]
-    return {arm: curve(arm_log(arm, task, r["tasks"], r["keys"], r["limit"], r["budget"], r["gpu"], seed),
+    memory = _trained(seed) if r["train"] else None
+    return {arm: curve(arm_log(arm, task, r["tasks"], r["keys"], r["limit"], r["budget"], r["gpu"], seed,
+                               trained=memory),
                        r["budget"]) for arm in r["arms"]}
+
+
+def _trained(seed: int):
+    """The HTG after the train tasks, once per seed and process: with a train set the experience
+    does not depend on the test task, so searching it again per test task would only cost time."""
+    r = _REPLAY
+    if seed not in r["trained"]:
+        from torch_htam.htg import HTG
+        memory = HTG.from_prior()
+        learn(memory, r["train"], r["keys"], r["limit"], r["budget"], r["gpu"], seed)
+        r["trained"][seed] = memory
+    return r["trained"][seed]
 
 
 def _map_runs(work: list, inputs: tuple, jobs: int):
@@ -265,15 +308,25 @@ def _map_runs(work: list, inputs: tuple, jobs: int):
     return results()
 
 
-def arm_log(arm: str, task, tasks: list, keys: dict, limit: dict, budget: int, gpu, seed: int) -> list[dict]:
-    """The rows one arm's search of `task` evaluated, in order."""
+def learn(memory, tasks: list, keys: dict, limit: dict, budget: int, gpu, seed: int) -> None:
+    """Experience into `memory`: every one of `tasks` searched once, in an order seeded by `seed`."""
+    order = list(tasks)
+    random.Random(seed).shuffle(order)
+    for o in order:
+        search_log(o, keys[o.name], memory, "htg", budget, limit[o.name], gpu, seed)
+
+
+def arm_log(arm: str, task, tasks: list, keys: dict, limit: dict, budget: int, gpu, seed: int,
+            trained=None) -> list[dict]:
+    """The rows one arm's search of `task` evaluated, in order. trained: htg_warm's memory after
+    the train tasks (searched on a copy, so one test task's search never teaches another's);
+    None: htg_warm learns leave one out, from every other task of `tasks`."""
     from torch_htam.htg import HTG
     memory = HTG.from_prior()
-    if arm == "htg_warm":   # leave one out: experience from every other task, then this one
-        others = [o for o in tasks if o is not task]
-        random.Random(seed).shuffle(others)
-        for o in others:
-            search_log(o, keys[o.name], memory, "htg", budget, limit[o.name], gpu, seed)
+    if arm == "htg_warm" and trained is not None:
+        memory = copy.deepcopy(trained)
+    elif arm == "htg_warm":
+        learn(memory, [o for o in tasks if o is not task], keys, limit, budget, gpu, seed)
     return search_log(task, keys[task.name], memory, MODE[arm], budget, limit[task.name], gpu, seed)
 
 
@@ -388,6 +441,18 @@ def _n(v) -> str:
     return ">budget" if v is None else f"{v:g}"
 
 
+def load_tables(files: list[str]) -> tuple[list[dict], list[dict]]:
+    """The tables in `files` (a JSON list of tables, or a results file with "tables"), and where the
+    results files' tables were measured."""
+    tables, sources = [], []
+    for f in files:
+        d = json.loads(Path(f).read_text())
+        tables += d["tables"] if isinstance(d, dict) else d
+        if isinstance(d, dict):
+            sources.append({k: d.get(k) for k in ("date", "commit", "device", "command")} | {"file": f})
+    return tables, sources
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("paths", nargs="*", default=[str(HERE / "tasks")])
@@ -398,16 +463,16 @@ def main(argv=None) -> int:
     ap.add_argument("--table-only", action="store_true", help="measure and write the tables only")
     ap.add_argument("--out", help="also write the tables (JSON list) here, after every task")
     ap.add_argument("--replay", nargs="*", help="tables written by --out or a results file: no GPU")
+    ap.add_argument("--train", nargs="+", metavar="TABLES",
+                    help="tables (as --replay reads) htg_warm learns from; the others are the test set")
     ap.add_argument("--no-record", action="store_true", help="do not write a file to bench/results/")
     args = ap.parse_args(argv)
     from torch_htam.gpu import GpuInfo
+    train, train_sources = load_tables(args.train or [])
+    if args.train and not train:    # an empty train set would fall back to leave one out unnoticed
+        ap.error("--train: no tables in " + " ".join(args.train))
     if args.replay:
-        tables, sources = [], []
-        for f in args.replay:
-            d = json.loads(Path(f).read_text())
-            tables += d["tables"] if isinstance(d, dict) else d
-            if isinstance(d, dict):     # a results file: where its tables were measured
-                sources.append({k: d.get(k) for k in ("date", "commit", "device", "command")} | {"file": f})
+        tables, sources = load_tables(args.replay)
         gpu = GpuInfo(**tables[0]["gpu"]) if tables and tables[0].get("gpu") else None
     else:
         import torch
@@ -435,11 +500,12 @@ def main(argv=None) -> int:
         if args.table_only:
             return 0
     res = replay(tables, args.budget, args.seeds, gpu, progress=lambda m: print(m, file=sys.stderr),
-                 jobs=args.jobs)
+                 jobs=args.jobs, train=train)
     print("\n".join(table_lines(res) + [""] + held_out_lines(res)))
     if not args.no_record:
         record.write("anytime", {"limit": tables[0]["limit"] if tables else args.limit, "budget": args.budget,
-                                 "to_oracle": TO_ORACLE, "measured": sources, **res,
+                                 "to_oracle": TO_ORACLE, "measured": sources, "train_measured": train_sources,
+                                 **res,
                                  "tables": tables})
     return 0
 

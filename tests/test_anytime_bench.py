@@ -168,3 +168,83 @@ def test_saving_leaves_out_tasks_no_arm_solved():
     s = anytime.saving(rows, "htg_warm", "none", resamples=100)
     assert s["saving"] == pytest.approx(0.5) and s["tasks"] == 1 and s["runs"] == 2
     assert (s["ci_low"], s["ci_high"]) == (pytest.approx(0.5), pytest.approx(0.5))
+
+
+# --- held-out protocol: htg_warm learns from train tables only -----------------------------------
+
+def _record_searches(monkeypatch) -> list[tuple[str, int, str]]:
+    """Each search_log call as (task, seed, the memory's experience when the search starts)."""
+    calls, real = [], anytime.search_log
+
+    def spy(task, by_key, memory, mode, budget, limit, gpu, seed=0):
+        exp = memory.experience_json() if memory is not None else {}
+        calls.append((task.name, seed, json.dumps({k: exp.get(k) for k in ("edges", "strategies")},
+                                                  sort_keys=True)))
+        return real(task, by_key, memory, mode, budget, limit, gpu, seed)
+    monkeypatch.setattr(anytime, "search_log", spy)
+    return calls
+
+
+def test_warm_learns_from_the_train_tasks_only_and_every_test_task_starts_from_them(monkeypatch):
+    import random
+    train = [_table("ew_bias_gelu_bf16", 6), _table("rw_rmsnorm_bf16", 6)]
+    test = [_table("rw_softmax_fp32", 6), _table("ew_bias_gelu_fp32", 6)]
+    calls = _record_searches(monkeypatch)
+    res = anytime.replay(test, budget=6, seeds=2, arms=("htg_warm",), train=train)
+    assert res["train"] == ["ew_bias_gelu_bf16", "rw_rmsnorm_bf16"]
+    assert set(res["arms"]["htg_warm"]["runs"]) == {"rw_softmax_fp32", "ew_bias_gelu_fp32"}
+    test_names = {t["task"] for t in test}
+    for seed in range(2):
+        seen = [c for c in calls if c[1] == seed]
+        order = [t["task"] for t in train]
+        random.Random(seed).shuffle(order)
+        # the train tasks first, in the seed's order; then each test task once, never as experience
+        assert [c[0] for c in seen[:2]] == order
+        assert sorted(c[0] for c in seen[2:]) == sorted(test_names)
+        # every test search starts from the same trained memory: no test task taught another
+        starts = {c[2] for c in seen[2:]}
+        assert len(starts) == 1 and starts != {seen[0][2]}
+
+
+def test_warm_with_train_gives_the_same_result_in_processes():
+    train = [_table("ew_bias_gelu_bf16", 6)]
+    test = [_table("rw_softmax_fp32", 6), _table("ew_bias_gelu_fp32", 6)]
+    one = anytime.replay(test, budget=6, seeds=2, arms=("htg_warm", "none"), train=train)
+    two = anytime.replay(test, budget=6, seeds=2, arms=("htg_warm", "none"), train=train, jobs=2)
+    assert one == two
+
+
+def test_a_train_task_that_is_also_tested_is_refused():
+    tables = [_table("ew_bias_gelu_bf16", 6), _table("rw_softmax_fp32", 6)]
+    with pytest.raises(ValueError, match=r"include test tasks \['ew_bias_gelu_bf16'\].*held out"):
+        anytime.replay(tables[:1], budget=6, train=tables[1:] + tables[:1])
+
+
+def test_without_train_warm_learns_leave_one_out(monkeypatch):
+    tables = [_table("ew_bias_gelu_bf16", 6), _table("rw_softmax_fp32", 6)]
+    calls = _record_searches(monkeypatch)
+    res = anytime.replay(tables, budget=6, seeds=1, arms=("htg_warm",))
+    assert res["train"] == []
+    # per test task: the other task, then the task itself
+    assert [c[0] for c in calls] == ["rw_softmax_fp32", "ew_bias_gelu_bf16", "ew_bias_gelu_bf16", "rw_softmax_fp32"]
+
+
+def test_cli_train_loads_table_files_and_records_the_train_tasks(tmp_path, monkeypatch):
+    test = tmp_path / "test.json"
+    test.write_text(json.dumps([_table("rw_softmax_fp32", 6)]))
+    train = tmp_path / "train.json"       # a results file: its tables, and where they were measured
+    train.write_text(json.dumps({"date": "d", "commit": "c", "tables": [_table("ew_bias_gelu_bf16", 6)]}))
+    seen, written = {}, {}
+    real = anytime.replay
+
+    def spy(tables, *a, **kw):
+        seen.update(test=[t["task"] for t in tables], train=[t["task"] for t in kw["train"]])
+        return real(tables, *a, **kw)
+    monkeypatch.setattr(anytime, "replay", spy)
+    monkeypatch.setattr(anytime.record, "write", lambda suite, payload, **kw: written.update(payload))
+    assert anytime.main(["--replay", str(test), "--train", str(train), "--budget", "6", "--seeds", "1"]) == 0
+    assert seen == {"test": ["rw_softmax_fp32"], "train": ["ew_bias_gelu_bf16"]}
+    assert written["train"] == ["ew_bias_gelu_bf16"]
+    assert [t["task"] for t in written["tables"]] == ["rw_softmax_fp32"]
+    assert written["train_measured"] == [{"date": "d", "commit": "c", "device": None, "command": None,
+                                          "file": str(train)}]
