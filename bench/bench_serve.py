@@ -484,8 +484,8 @@ def warm_up(s: Setup, sync: Callable) -> dict:
     the first arm to compile a graph pays for it and an arm compiling the same graph after it pays
     less. Without the range's ends here, that first compile fell on user requests in the cold pass,
     always to the same arm for a given mix (ours, on the first size-1 request of seed 0's mix)."""
-    secs, graphs = dict.fromkeys(ARMS, 0.0), dict.fromkeys(ARMS, 0)
-    for k, size in enumerate(warmup_sizes(s)):
+    secs, graphs, sizes = dict.fromkeys(ARMS, 0.0), dict.fromkeys(ARMS, 0), warmup_sizes(s)
+    for k, size in enumerate(sizes):
         inputs = s.example if k == 0 else s.inputs_for(size)
         for j in range(len(ARMS)):
             a = ARMS[(k + j) % len(ARMS)]
@@ -494,7 +494,7 @@ def warm_up(s: Setup, sync: Callable) -> dict:
             sync()
             secs[a] += time.perf_counter() - t0
             graphs[a] += graphs_compiled() - before
-    return {"warmup_s": secs, "warmup_graphs": graphs, "warmup_sizes": warmup_sizes(s)}
+    return {"warmup_s": secs, "warmup_graphs": graphs, "warmup_sizes": sizes}
 
 
 def serve(row: dict, s: Setup, sync: Callable, stage: Callable[[str], None]) -> None:

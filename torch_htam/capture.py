@@ -184,10 +184,10 @@ def export_graph(gm: fx.GraphModule, example_inputs) -> tuple[fx.GraphModule | N
 
 
 def _export_sized(gm: fx.GraphModule, plan, example_inputs):
-    """gm exported with the plan's dims dynamic over their ranges. Where export finds the graph's
-    code narrower than a range (a CUDA attention kernel's constraint on the sequence length, which
-    Dynamo's own graph does not trace), it is exported again letting export narrow the range: the
-    tasks then carry the narrower range and sizes outside it run the original region.
+    """gm exported with the plan's dims dynamic over their ranges. Where export reports a range
+    violated (on CUDA, the serve bench's decoder did, over a range its Dynamo graph holds; the CPU
+    export did not), it is exported again letting export narrow the range: the tasks then carry
+    the range export kept and sizes outside it run the original region.
     NOTE: in a tracing context of its own: inside Dynamo's, export's guards on its own inputs land
     in the calling frame's and fail there. And on aliases of the inputs: Dynamo hands over the
     caller's own tensors, and export strips their dynamic marks when it is done (the next compile
