@@ -115,7 +115,8 @@ class PreLNBlock(nn.Module):
     def __init__(self, d: int, heads: int, hidden: int, eps: float = 1e-5):
         super().__init__()
         self.ln1, self.attn = nn.LayerNorm(d, eps=eps), MHA(d, heads)
-        self.ln2, self.mlp = nn.LayerNorm(d, eps=eps), nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d))
+        self.ln2 = nn.LayerNorm(d, eps=eps)
+        self.mlp = nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d))
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -159,7 +160,8 @@ class T5Layer(nn.Module):
         self.n1, self.attn = RMSNorm(d), MHA(d, heads, d_kv, qkv_bias=False, scale=1.0)
         if cross:
             self.n_x, self.xattn = RMSNorm(d), MHA(d, heads, d_kv, qkv_bias=False, scale=1.0)
-        self.n2, self.ff = RMSNorm(d), nn.Sequential(nn.Linear(d, ff, bias=False), nn.ReLU(), nn.Linear(ff, d, bias=False))
+        self.n2 = RMSNorm(d)
+        self.ff = nn.Sequential(nn.Linear(d, ff, bias=False), nn.ReLU(), nn.Linear(ff, d, bias=False))
 
     def forward(self, x, bias, memory=None):
         x = x + self.attn(self.n1(x), bias=bias)
@@ -473,7 +475,8 @@ class UNet(nn.Module):
                                             UAttn(c, groups) if i else nn.Identity(),
                                             nn.Conv2d(c, c, 3, 2, 1) if i < len(ch) - 1 else nn.Identity()]))
             cin = c
-        self.mid = nn.ModuleList([UResBlock(cin, cin, temb, groups), UAttn(cin, groups), UResBlock(cin, cin, temb, groups)])
+        self.mid = nn.ModuleList([UResBlock(cin, cin, temb, groups), UAttn(cin, groups),
+                                  UResBlock(cin, cin, temb, groups)])
         self.up = nn.ModuleList()
         for i, c in reversed(list(enumerate(ch))):
             self.up.append(nn.ModuleList([UResBlock(cin + c, c, temb, groups),
@@ -501,7 +504,7 @@ class UNet(nn.Module):
 
 
 def unet(dtype: torch.dtype, small: bool, device: str):
-    """Diffusion UNet (SD-style GN + SiLU ResBlocks, timestep emb, attention, 3 levels 128/256/512); latents (8, 4, 64, 64) + t (8,)."""
+    """SD-style diffusion UNet (GN + SiLU ResBlocks, t-emb, attention, 128/256/512); latents (8, 4, 64, 64) + t (8,)."""
     (ch, groups), batch, size = (((8, 16, 32), 4), 2, 16) if small else (((128, 256, 512), 32), 8, 64)
     model = UNet(ch, groups)
     inputs = (torch.randn(batch, 4, size, size), torch.randint(0, 1000, (batch,)))   # t: int64
