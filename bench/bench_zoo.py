@@ -1,0 +1,384 @@
+"""The zoo (issue #34): optimize() against torch.compile in three modes, on real model families at
+realistic inference shapes.
+
+    python3 bench/bench_zoo.py --list
+    python3 bench/bench_zoo.py resnet50:bf16 convnext:fp32 --budget 120
+    python3 bench/bench_zoo.py --budget 120                 # every row (many 10-minute calls)
+
+Rows are the models of bench/zoo_models.py ("<family>:<dtype>", dtype fp32 or bf16; fp32 rows run
+with TF32 allowed for matmuls and cuDNN, as bench_serve's fp32 rows do, "tf32": true in the row).
+Each row runs in a process of its own (this script with --one NAME; bench_floor.run_child), so
+Dynamo/Inductor state and GPU memory do not leak between rows, under a time limit (--timeout,
+default 2 x (1.1 x budget + 30 s) + 600 s: two optimizes, three compiles, timing). In that
+process, in this order:
+
+  1. build the model and inputs (zoo_models.make: seeded, eval mode, on cuda);
+  2. five copy.deepcopy()s of it, all made BEFORE any optimize: "eager", "compile"
+     (torch.compile(copy)), "compile_ro" (mode="reduce-overhead"), "compile_ma"
+     (mode="max-autotune"), and the copy that "ours_ro" optimizes;
+  3. "ours": torch_htam.optimize(model, inputs, OptimizeConfig(time_budget_s=--budget)), then
+     "ours_ro": the same with mode="reduce-overhead", each's wall time "optimize_s" /
+     "ours_ro_optimize_s". NOTE: ours_ro runs second in the process, so it may reuse kernels the
+     first optimize put in torch_htam's cache: the cold figure is "optimize_s". An optimize that
+     fails records "<arm>_error" (and the row's "error") and the other arms are still measured;
+  4. every arm warmed (--warmup calls; the first call's seconds are "first_call_s", where
+     torch.compile compiles), each arm's output checked against eager's (bench_floor.compare: max
+     abs error, allclose at bf16 2e-2, fp32-with-TF32 5e-3: "<arm>_max_abs_err", "<arm>_correct");
+     an arm whose warm-up fails records "<arm>_error" and is left out of timing;
+  5. the arms timed interleaved (bench_floor.time_interleaved), --rounds rounds, each round every
+     arm in a rotated order, two ways: latency (a synchronize before and after each call, median
+     over all calls) and back-to-back throughput (--calls calls then one synchronize, time / calls,
+     median over rounds).
+Steps 3-5 run under torch.inference_mode() (--grad-mode), with Dynamo's recompile limit raised
+(bench_serve._dynamo_limits: every arm's graphs sit on the model class's one forward).
+
+Fields (a row has every one; null where unmeasured): "<arm>_ms_latency" / "<arm>_ms_throughput"
+for arm in ARMS; "vs_compile" = compile ms / ours ms, "vs_max_autotune" = compile_ma ms / ours ms,
+"vs_compile_ro" = compile_ro ms / ours_ro ms (each pair in the same mode), "vs_eager" = eager ms /
+ours ms, all from latency, and the same from throughput as "..._b2b"; "kernels_kept" / "ours_ro_
+kernels_kept" (tasks with status swapped in model.htam_report, bench_serve.report_fields),
+"outcome" / "ours_ro_outcome" (report.outcome), "report_note" / "ours_ro_report_note",
+"decision_reason", "decision" (the decision, as JSON); "optimize_s", "ours_ro_optimize_s",
+"first_call_s" per arm, "tf32", "<arm>_max_abs_err" / "<arm>_correct". bench_floor's names
+("vs_compile_latency", "vs_compile_throughput", "floor_ok", "within_budget") are kept too.
+
+The results file, bench/results/zoo-<date>.json (bench/record.py: suite "zoo", budget_s, summary,
+rows), is rewritten after every row; a failing row records "error" and the run goes on. Its summary:
+geomean and minimum of vs_compile, vs_compile_ro, vs_max_autotune (and their _b2b) over the rows
+that measured them, the rows with kernels kept, and the rows whose optimize took over 600 s (the
+issue: a cold optimize within 10 minutes).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+import bench_floor as bf  # noqa: E402  (timing, checks, the child process, rows' run, geomean)
+import bench_serve as bs  # noqa: E402  (report_fields, TF32 policy, Dynamo's limits)
+import record  # noqa: E402
+import zoo_models  # noqa: E402
+
+SUITE = "zoo"
+# arm -> torch.compile mode (ours: OptimizeConfig.mode); eager has none
+ARMS = {"eager": None, "compile": "default", "compile_ro": "reduce-overhead", "compile_ma": "max-autotune",
+        "ours": "default", "ours_ro": "reduce-overhead"}
+COMPILE_ARMS = ("compile", "compile_ro", "compile_ma")
+OURS_ARMS = ("ours", "ours_ro")
+# ratio field -> (baseline arm, ours arm); "_b2b" the same from back-to-back throughput
+RATIOS = {"vs_compile": ("compile", "ours"), "vs_compile_ro": ("compile_ro", "ours_ro"),
+          "vs_max_autotune": ("compile_ma", "ours"), "vs_eager": ("eager", "ours")}
+HEADLINE = ("vs_compile", "vs_compile_ro", "vs_max_autotune")
+REQUIRED = ("model", "vs_compile", "vs_compile_ro", "vs_max_autotune", "kernels_kept", "optimize_s")
+COLD_LIMIT_S = 600.0      # the issue: a cold optimize within 10 minutes
+WAYS = {"latency": "", "throughput": "_b2b"}
+
+
+def default_timeout(budget_s: float) -> float:
+    """A row's process limit: two optimizes' limits plus 600 s for start-up, three compiles
+    (max-autotune's among them) and timing."""
+    return 2 * bf.budget_limit(budget_s) + 600.0
+
+
+def _prefix(arm: str) -> str:
+    """The prefix of an ours arm's report fields: none for ours (bench_serve's names), ours_ro_."""
+    return "" if arm == "ours" else f"{arm}_"
+
+
+def empty_row(model: str, budget_s: float = 120.0, grad_mode: str = "inference") -> dict:
+    """Every field of a row, unmeasured (None); bench_floor's row underneath (its verdicts and
+    table read it)."""
+    row = bf.empty_row(model, "default", budget_s, grad_mode)
+    row["dtype"] = model.split(":")[-1]
+    row["tf32"] = row["dtype"] == "fp32"
+    for arm in ARMS:
+        row.update({f"{arm}_ms_latency": None, f"{arm}_ms_throughput": None,
+                    f"{arm}_max_abs_err": None, f"{arm}_correct": None})
+    for name in RATIOS:
+        row.update({name: None, f"{name}_b2b": None})
+    for arm in OURS_ARMS:
+        p = _prefix(arm)
+        row.update({f"{p}kernels_kept": None, f"{p}outcome": None, f"{p}report_note": None,
+                    f"{p}tasks": None, f"{p}task_status": None})
+    row.update({"ours_ro_optimize_s": None, "ours_ro_swapped": None, "decision_reason": None,
+                "ours_ro_decision_reason": None, "first_call_s": {}})
+    return row
+
+
+def ratio_fields(times: dict) -> dict:
+    """A row's ms and ratio fields from time_interleaved()'s result over the arms it timed (an
+    arm that failed is missing: its fields stay None)."""
+    out = {}
+    for way, suffix in WAYS.items():
+        ms = {arm: times[arm][f"{way}_ms"] for arm in times}
+        out.update({f"{arm}_ms_{way}": v for arm, v in ms.items()})
+        for name, (base, ours) in RATIOS.items():
+            out[f"{name}{suffix}"] = bf.ratio(ms.get(base), ms.get(ours))
+    # bench_floor's names, for its verdicts and table (ours-default vs compile-default)
+    out["vs_compile_latency"], out["vs_compile_throughput"] = out["vs_compile"], out["vs_compile_b2b"]
+    out["vs_eager_latency"], out["vs_eager_throughput"] = out["vs_eager"], out["vs_eager_b2b"]
+    out["rounds_ms"] = {arm: {k: v for k, v in t.items() if k.endswith("_round_ms")} for arm, t in times.items()}
+    return out
+
+
+def ours_fields(arm: str, model) -> dict:
+    """What optimize said it did for ours arm `arm` (bench_serve.report_fields: kernels kept,
+    tasks by status, outcome, note), its decision's reason, and its decision (ours only)."""
+    p, report = _prefix(arm), getattr(model, "htam_report", None)
+    out = {f"{p}{k}": v for k, v in bs.report_fields(model).items()}
+    decision = getattr(report, "decision", None)
+    out[f"{p}decision_reason"] = getattr(decision, "reason", None)
+    if arm == "ours":
+        out["decision"] = bf.report_fields(report)["decision"]
+    return out
+
+
+# ---- one row, in this process (the --one child) ------------------------------------------------
+
+def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compile_fn=bf._torch_compile,
+            progress=lambda row: None, sync=None, time_fn=bf.time_interleaved) -> dict:
+    """Row `name` measured in this process (the steps in the module's docstring).
+    optimize(model, inputs, budget_s, mode) and compile_fn(model, mode) as bench_floor's; sync
+    (default: torch.cuda.synchronize on cuda) and time_fn(arms, sync, rounds, calls) (default:
+    bench_floor.time_interleaved) for stand-in timing. progress(row) gets the row at
+    each stage ("stage"). A failing optimize or arm records "<arm>_error" and the row's "error";
+    the other arms are still measured. A failure outside an arm ends the row with "error"."""
+    import torch
+    if sync is None:
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    row = empty_row(name, opts.budget, opts.grad_mode)
+    start = time.perf_counter()
+    errors = []
+
+    def stage(s: str) -> None:
+        row["stage"], row["row_s"] = s, time.perf_counter() - start
+        print(f"[bench_zoo] {name}: {s} (at {row['row_s']:.0f} s)", file=sys.stderr, flush=True)
+        progress(row)
+
+    def failed(arm: str) -> None:
+        text = traceback.format_exc()
+        print(text, file=sys.stderr, flush=True)
+        row[f"{arm}_error"] = bf.last_line(text)
+        errors.append(f"{arm}: {row[f'{arm}_error']}")
+        row["error"] = "; ".join(errors)
+
+    try:
+        with bs._precision(row["dtype"]), bs._dynamo_limits():
+            stage("build")
+            model, inputs = zoo_models.make(name, small=opts.small, device=device)
+            models = {"eager": copy.deepcopy(model)}          # every copy BEFORE any optimize
+            for arm in COMPILE_ARMS:
+                models[arm] = compile_fn(copy.deepcopy(model), ARMS[arm])
+            pending = {"ours_ro": copy.deepcopy(model), "ours": model}
+            with bf._grad_mode(opts.grad_mode):
+                for arm in OURS_ARMS:
+                    row["optimize_started"] = time.time()     # run_child: how long a cut-off one ran
+                    row["optimizing"] = arm
+                    stage("optimize")                         # run_child reads this stage's name
+                    t0 = time.perf_counter()
+                    try:
+                        models[arm] = optimize(pending.pop(arm), inputs, opts.budget, ARMS[arm])
+                        sync()
+                    except Exception:  # noqa: BLE001 - this arm's failure, not the row's
+                        failed(arm)
+                        continue
+                    finally:
+                        row["optimize_s" if arm == "ours" else f"{arm}_optimize_s"] = time.perf_counter() - t0
+                    row.update(ours_fields(arm, models[arm]))
+                row.pop("optimize_started", None)
+                row.pop("optimizing", None)
+                del pending
+                stage("warm")
+                calls = {arm: (lambda m=m: m(*inputs)) for arm, m in models.items()}
+                for arm in list(calls):
+                    t0 = time.perf_counter()
+                    try:
+                        calls[arm]()
+                        sync()
+                        row["first_call_s"][arm] = time.perf_counter() - t0
+                        for _ in range(max(opts.warmup - 1, 0)):
+                            calls[arm]()
+                        sync()
+                    except Exception:  # noqa: BLE001
+                        failed(arm)
+                        del calls[arm]
+                stage("check")
+                if "eager" in calls:
+                    ref = bf._clone(calls["eager"]())
+                    for arm in calls:
+                        c = bf.compare(bf._clone(calls[arm]()), ref, row["tf32"])
+                        row[f"{arm}_max_abs_err"], row[f"{arm}_correct"] = c["max_abs_err"], c["correct"]
+                        row["tolerance"] = c["tolerance"]
+                    del ref
+                # bench_floor's names for ours-default
+                row["max_abs_err"], row["correct"] = row["ours_max_abs_err"], row["ours_correct"]
+                stage("time")
+                row.update(ratio_fields(time_fn(calls, sync, opts.rounds, opts.calls)))
+                row["stage"] = "done"
+    except Exception:  # noqa: BLE001 - one row's failure is its row's, never the run's
+        text = traceback.format_exc()
+        print(text, file=sys.stderr, flush=True)
+        errors.append(bf.last_line(text))
+        row["error"] = "; ".join(errors)
+    row["row_s"] = time.perf_counter() - start
+    row.update(bf.verdicts(row))
+    return row
+
+
+# ---- the run: each row in a child process (bench_floor.run_child) ------------------------------
+
+def child_command(name: str, opts, row_out: Path) -> list[str]:
+    """This script, to measure row `name` alone and write it to row_out."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--row-out", str(row_out),
+           "--budget", str(opts.budget), "--grad-mode", opts.grad_mode, "--rounds", str(opts.rounds),
+           "--calls", str(opts.calls), "--warmup", str(opts.warmup)]
+    if opts.small:
+        cmd.append("--small")
+    if opts.device != "cuda":
+        cmd += ["--device", opts.device]
+    return cmd
+
+
+def run_child(name: str, opts, timeout: float, command=child_command) -> dict:
+    """bench_floor.run_child with this script's child; a row the child never wrote gets this
+    suite's empty fields under bench_floor's."""
+    row = bf.run_child(name, opts, timeout, command=command)
+    return {**empty_row(name, opts.budget, opts.grad_mode), **row}
+
+
+# ---- summary and table -------------------------------------------------------------------------
+
+def summarize(rows: list[dict]) -> dict:
+    """The run's figures: rows, errors, correct; per ratio (HEADLINE, latency and _b2b) the
+    geomean and minimum over the rows that measured it and how many did; rows with kernels kept
+    (either ours arm); rows whose optimize took (or was cut off after) more than COLD_LIMIT_S."""
+    out = {"rows": len(rows), "errors": sum(1 for r in rows if r.get("error")),
+           "correct": sum(1 for r in rows if r.get("ours_correct") is True),
+           "ours_ro_correct": sum(1 for r in rows if r.get("ours_ro_correct") is True)}
+    for name in HEADLINE + ("vs_eager",):
+        for suffix in WAYS.values():
+            vals = [r[f"{name}{suffix}"] for r in rows if r.get(f"{name}{suffix}") is not None]
+            out[f"geomean_{name}{suffix}"] = bf.geomean(vals)
+            out[f"min_{name}{suffix}"] = min(vals) if vals else None
+            out[f"n_{name}{suffix}"] = len(vals)
+    out["kernels_kept_rows"] = [r["model"] for r in rows
+                                if (r.get("kernels_kept") or 0) > 0 or (r.get("ours_ro_kernels_kept") or 0) > 0]
+    out["over_600_s"] = [r["model"] for r in rows if any(
+        (r.get(k) or 0) > COLD_LIMIT_S for k in ("optimize_s", "ours_ro_optimize_s", "optimize_s_at_least"))]
+    spent = [r[k] for r in rows for k in ("optimize_s", "ours_ro_optimize_s") if r.get(k) is not None]
+    out["max_optimize_s"] = max(spent) if spent else None
+    return out
+
+
+COLUMNS = [("model", "model", "s", 18), ("eager", "eager_ms_latency", ".3f", 8),
+           ("compile", "compile_ms_latency", ".3f", 8), ("ours", "ours_ms_latency", ".3f", 8),
+           ("vsC", "vs_compile", ".3f", 6), ("vsRO", "vs_compile_ro", ".3f", 6),
+           ("vsMA", "vs_max_autotune", ".3f", 6), ("vsC b2b", "vs_compile_b2b", ".3f", 7),
+           ("kept", "kernels_kept", "d", 4), ("keptRO", "ours_ro_kernels_kept", "d", 6),
+           ("opt s", "optimize_s", ".1f", 6), ("optRO s", "ours_ro_optimize_s", ".1f", 7),
+           ("ok", "ours_correct", "", 3)]
+
+
+def format_row(row: dict) -> str:
+    cells = [bf._f(row.get(k), fmt).rjust(w) if k != "model" else str(row.get(k)).ljust(w)
+             for _, k, fmt, w in COLUMNS]
+    tail = row.get("error") or row.get("outcome") or ""
+    return " ".join(cells) + (f"  {tail}" if tail else "")
+
+
+def format_table(rows: list[dict], summary: dict) -> str:
+    head = " ".join(h.ljust(w) if k == "model" else h.rjust(w) for h, k, _, w in COLUMNS)
+    lines = [head, "-" * len(head)] + [format_row(r) for r in rows]
+    g = lambda k: bf._f(summary.get(k), ".3f")  # noqa: E731
+    lines += ["", f"{summary['rows']} rows ({summary['errors']} with errors), ours correct {summary['correct']}; "
+              f"geomean (min) latency: vs compile {g('geomean_vs_compile')}x ({g('min_vs_compile')}), "
+              f"vs compile reduce-overhead {g('geomean_vs_compile_ro')}x ({g('min_vs_compile_ro')}), "
+              f"vs max-autotune {g('geomean_vs_max_autotune')}x ({g('min_vs_max_autotune')}); "
+              f"back-to-back: {g('geomean_vs_compile_b2b')}x, {g('geomean_vs_compile_ro_b2b')}x, "
+              f"{g('geomean_vs_max_autotune_b2b')}x",
+              f"kernels kept in: {', '.join(summary['kernels_kept_rows']) or 'none'}; "
+              f"optimize over {COLD_LIMIT_S:.0f} s: {', '.join(summary['over_600_s']) or 'none'}"]
+    return "\n".join(lines)
+
+
+# ---- command line ------------------------------------------------------------------------------
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="*", help="row names (default: all; see --list)")
+    ap.add_argument("--list", action="store_true", help="print the row names and exit")
+    ap.add_argument("--budget", type=float, default=120.0, help="OptimizeConfig.time_budget_s (s), both ours arms")
+    ap.add_argument("--grad-mode", default="inference", choices=bf.GRAD_MODES,
+                    help="the caller's grad mode around optimize and every call")
+    ap.add_argument("--rounds", type=int, default=10, help="interleaved timing rounds")
+    ap.add_argument("--calls", type=int, default=20, help="calls per arm per round, each way")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed calls per arm before timing")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds per row's process (default 2 x (1.1 x budget + 30) + 600)")
+    ap.add_argument("--out", type=Path, default=record.RESULTS_DIR, help="results folder")
+    ap.add_argument("--no-record", action="store_true", help="write no results file")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--row-out", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    ap.add_argument("--small", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    a.mode, a.tf32 = "default", False          # bench_floor.run_child's empty row and failed rows read them
+    unknown = [n for n in a.models + ([a.one] if a.one else []) if n not in zoo_models.ROWS]
+    if unknown:
+        ap.error(f"unknown model(s) {', '.join(unknown)}; see --list")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    if a.list:
+        for name in zoo_models.ROWS:
+            print(f"{name:18} {zoo_models.describe(name)}")
+        return 0
+    if a.one is not None:                                      # the child: one row, to --row-out
+        keep = (lambda row: bf._write_json(a.row_out, row)) if a.row_out else (lambda row: None)
+        row = measure(a.one, a, device=a.device, progress=keep)
+        keep(row)
+        if a.row_out is None:
+            print(json.dumps(bf.jsonable(row)), flush=True)
+        return 0
+    import torch
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("bench_zoo needs a CUDA GPU (torch sees none)", file=sys.stderr)
+        return 2
+    names = a.models or list(zoo_models.ROWS)
+    timeout = a.timeout if a.timeout is not None else default_timeout(a.budget)
+    path = None
+
+    def keep(rows: list) -> None:
+        nonlocal path
+        if not a.no_record:
+            path = record.write(SUITE, {
+                "budget_s": a.budget, "budget_limit_s": bf.budget_limit(a.budget), "grad_mode": a.grad_mode,
+                "tf32": "fp32 rows: on (matmul and cuDNN); bf16 rows: torch's defaults",
+                "arms": ARMS, "rounds": a.rounds, "calls": a.calls, "warmup": a.warmup,
+                "row_timeout_s": timeout, "summary": summarize(rows), "rows": rows},
+                results_dir=a.out, path=path)
+
+    def one(name: str) -> dict:
+        try:
+            row = run_child(name, a, timeout)
+        except Exception:  # noqa: BLE001 - recorded with this suite's fields, the run goes on
+            row = dict(empty_row(name, a.budget, a.grad_mode), error=bf.last_line(traceback.format_exc()))
+        print(f"ZOO {format_row(row)}", flush=True)
+        return row
+
+    rows = bf.run_rows(names, a, one, keep)
+    print("\n" + format_table(rows, summarize(rows)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

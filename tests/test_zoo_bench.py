@@ -1,0 +1,192 @@
+"""bench/bench_zoo.py on the CPU: one small zoo row measured with stand-in optimize and compile
+functions (every field present, the ratios from the timings given, kernels kept from the report),
+a failing optimize recorded as the row's error while the other arms are measured, the summary's
+geomeans, a crashed row process, and main() writing the results file after each row. No GPU, no
+optimize()."""
+import enum
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str, path: Path):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+bf = _load("bench_floor", ROOT / "bench" / "bench_floor.py")
+bz = _load("bench_zoo", ROOT / "bench" / "bench_zoo.py")
+from torch_htam.report import Report, TaskReport, TaskStatus  # noqa: E402
+
+ROW = "gpt2:fp32"          # the cheapest small zoo row on the CPU
+FIELDS = bz.REQUIRED + ("vs_compile_b2b", "vs_compile_ro_b2b", "vs_max_autotune_b2b", "ours_ro_optimize_s",
+                        "ours_ro_kernels_kept", "outcome", "ours_ro_outcome", "report_note", "tf32",
+                        "decision_reason") + tuple(f"{a}_max_abs_err" for a in bz.ARMS) + tuple(
+                            f"{a}_ms_{w}" for a in bz.ARMS for w in ("latency", "throughput"))
+# the timings the stand-in timer gives: arm -> (latency ms, back-to-back ms)
+MS = {"eager": (8.0, 6.0), "compile": (4.0, 3.0), "compile_ro": (3.0, 2.0), "compile_ma": (3.6, 2.7),
+      "ours": (2.0, 2.0), "ours_ro": (2.0, 1.0)}
+
+
+def _opts(*extra):
+    return bz.parse(["--device", "cpu", "--small", "--rounds", "1", "--calls", "1", "--warmup", "1", *extra])
+
+
+class Outcome(enum.Enum):
+    KERNELS = "kernels"
+
+
+class Decision:
+    reason = "2 of 3 kernels: 1.4 ms against 1.6 ms"
+    outcome = Outcome.KERNELS
+
+
+def _report(kept: int, mode: str) -> Report:
+    tasks = [TaskReport(f"t{i}", f"sig{i}", status=TaskStatus.SWAPPED) for i in range(kept)]
+    tasks.append(TaskReport("other", "sigx", status=TaskStatus.NOT_USED))
+    return Report(note=f"kept {kept} ({mode})", tasks=tasks, swapped=kept, outcome=Outcome.KERNELS,
+                  decision=Decision())
+
+
+def _stand_ins(calls, fail_mode=None):
+    def optimize(model, inputs, budget, mode):
+        calls.append(("optimize", budget, mode, torch.is_inference_mode_enabled()))
+        if mode == fail_mode:
+            raise ValueError(f"no kernels in {mode}")
+        model.htam_report = _report(2 if mode == "default" else 1, mode)
+        return model
+
+    def compile_fn(model, mode):
+        calls.append(("compile", mode))
+        return model
+
+    def time_fn(arms, sync, rounds, calls_):
+        real = bf.time_interleaved(arms, sync, rounds, calls_)   # the real timer runs every arm
+        assert set(real) == set(arms)
+        return {a: {"latency_ms": MS[a][0], "throughput_ms": MS[a][1], "latency_round_ms": [MS[a][0]],
+                    "throughput_round_ms": [MS[a][1]]} for a in arms}
+
+    return optimize, compile_fn, time_fn
+
+
+def test_row_fields_ratios_and_kernels_kept():
+    calls, stages = [], []
+    optimize, compile_fn, time_fn = _stand_ins(calls)
+    row = bz.measure(ROW, _opts("--budget", "7"), device="cpu", optimize=optimize, compile_fn=compile_fn,
+                     time_fn=time_fn, progress=lambda r: stages.append(r["stage"]))
+    assert "error" not in row and row["stage"] == "done", row.get("error")
+    assert set(FIELDS) <= set(row)
+    # every copy before any optimize; ours in the default mode first, then reduce-overhead
+    assert calls == [("compile", "default"), ("compile", "reduce-overhead"), ("compile", "max-autotune"),
+                     ("optimize", 7.0, "default", True), ("optimize", 7.0, "reduce-overhead", True)]
+    assert stages == ["build", "optimize", "optimize", "warm", "check", "time"]
+    assert row["vs_compile"] == pytest.approx(2.0)            # compile 4 ms / ours 2 ms
+    assert row["vs_compile_ro"] == pytest.approx(1.5)         # compile_ro 3 / ours_ro 2
+    assert row["vs_max_autotune"] == pytest.approx(1.8)       # compile_ma 3.6 / ours 2
+    assert row["vs_compile_b2b"] == pytest.approx(1.5)
+    assert row["vs_compile_ro_b2b"] == pytest.approx(2.0)
+    assert row["vs_max_autotune_b2b"] == pytest.approx(1.35)
+    assert row["vs_eager"] == pytest.approx(4.0)
+    assert row["vs_compile_latency"] == row["vs_compile"] and row["floor_ok"] is True
+    assert row["ours_ms_latency"] == 2.0 and row["compile_ro_ms_throughput"] == 2.0
+    assert row["kernels_kept"] == 2 and row["ours_ro_kernels_kept"] == 1
+    assert row["outcome"] == "kernels" and row["report_note"] == "kept 2 (default)"
+    assert row["ours_ro_report_note"] == "kept 1 (reduce-overhead)"
+    assert row["decision_reason"] == Decision.reason
+    assert row["optimize_s"] >= 0 and row["ours_ro_optimize_s"] >= 0 and row["within_budget"] is True
+    assert row["tf32"] is True and row["dtype"] == "fp32"
+    assert all(row[f"{a}_max_abs_err"] == 0.0 and row[f"{a}_correct"] is True for a in bz.ARMS)
+    assert set(row["first_call_s"]) == set(bz.ARMS)
+    json.loads(json.dumps(row))                                # JSON as it is
+
+
+def test_failing_optimize_is_the_rows_error_and_the_rest_is_measured():
+    calls = []
+    optimize, compile_fn, time_fn = _stand_ins(calls, fail_mode="reduce-overhead")
+    row = bz.measure(ROW, _opts(), device="cpu", optimize=optimize, compile_fn=compile_fn, time_fn=time_fn)
+    assert row["error"] == "ours_ro: ValueError: no kernels in reduce-overhead"
+    assert row["ours_ro_error"] == "ValueError: no kernels in reduce-overhead" and row["stage"] == "done"
+    assert row["vs_compile"] == pytest.approx(2.0) and row["vs_compile_ro"] is None
+    assert row["ours_ro_ms_latency"] is None and row["ours_ro_kernels_kept"] is None
+    assert row["kernels_kept"] == 2
+    json.dumps(row)
+    # a failure outside any arm (the model cannot be built) ends the row
+
+    def broken_compile(model, mode):
+        raise RuntimeError("inductor down")
+
+    row = bz.measure(ROW, _opts(), device="cpu", optimize=optimize, compile_fn=broken_compile, time_fn=time_fn)
+    assert row["error"] == "RuntimeError: inductor down" and row["stage"] == "build"
+    assert set(bz.REQUIRED) <= set(row) and row["vs_compile"] is None
+
+
+def test_summary_geomeans_minimums_kept_and_slow_rows():
+    rows = [dict(bz.empty_row("a:fp32"), vs_compile=2.0, vs_compile_ro=1.0, vs_max_autotune=0.5,
+                 vs_compile_b2b=1.0, kernels_kept=1, optimize_s=100.0),
+            dict(bz.empty_row("b:bf16"), vs_compile=0.5, vs_compile_ro=4.0, vs_max_autotune=2.0,
+                 kernels_kept=0, ours_ro_kernels_kept=0, optimize_s=30.0, ours_ro_optimize_s=700.0),
+            dict(bz.empty_row("c:bf16"), error="timed out", optimize_s_at_least=650.0)]
+    s = bz.summarize(rows)
+    assert s["rows"] == 3 and s["errors"] == 1
+    assert s["geomean_vs_compile"] == pytest.approx(1.0) and s["min_vs_compile"] == 0.5
+    assert s["geomean_vs_compile_ro"] == pytest.approx(2.0) and s["min_vs_compile_ro"] == 1.0
+    assert s["geomean_vs_max_autotune"] == pytest.approx(1.0) and s["n_vs_max_autotune"] == 2
+    assert s["geomean_vs_compile_b2b"] == pytest.approx(1.0) and s["n_vs_compile_b2b"] == 1
+    assert s["geomean_vs_compile_ro_b2b"] is None and s["min_vs_compile_ro_b2b"] is None
+    assert s["kernels_kept_rows"] == ["a:fp32"]
+    assert s["over_600_s"] == ["b:bf16", "c:bf16"] and s["max_optimize_s"] == 700.0
+    json.dumps(s)
+    assert "vs compile 1.000x (0.500)" in bz.format_table(rows, s)
+
+
+def test_crashed_child_row_keeps_the_zoo_schema(tmp_path):
+    path = tmp_path / "child.py"
+    path.write_text("import sys; sys.exit(3)")
+    row = bz.run_child(ROW, _opts(), 20, command=lambda name, opts, row_out: [sys.executable, str(path)])
+    assert row["error"] == "the row's process exited with status 3" and set(FIELDS) <= set(row)
+    cmd = bz.child_command(ROW, _opts("--budget", "9"), tmp_path / "row.json")
+    assert cmd[2:4] == ["--one", ROW] and "--small" in cmd and cmd[cmd.index("--budget") + 1] == "9.0"
+
+
+def test_main_writes_results_after_each_row(tmp_path, monkeypatch, capsys):
+    seen = []
+
+    def fake_child(name, opts, timeout):
+        seen.append((name, timeout, len(list(tmp_path.glob("zoo-*.json")))))
+        if name == "vit:bf16":
+            raise RuntimeError("no row process")
+        return dict(bz.empty_row(name, opts.budget), vs_compile=1.25, kernels_kept=3, optimize_s=40.0, stage="done")
+
+    monkeypatch.setattr(bz, "run_child", fake_child)
+    assert bz.main([ROW, "vit:bf16", "--budget", "10", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    assert seen == [(ROW, 682.0, 0), ("vit:bf16", 682.0, 1)]            # 2 x (1.1 x 10 + 30) + 600; one file
+    (path,) = tmp_path.glob("zoo-*.json")
+    data = json.loads(path.read_text())
+    assert data["suite"] == "zoo" and data["budget_s"] == 10.0
+    assert [r["model"] for r in data["rows"]] == [ROW, "vit:bf16"]
+    for r in data["rows"]:
+        assert set(bz.REQUIRED) <= set(r)
+    assert data["rows"][1]["error"] == "RuntimeError: no row process"
+    assert data["summary"]["geomean_vs_compile"] == 1.25 and data["summary"]["kernels_kept_rows"] == [ROW]
+    assert "kernels kept in: gpt2:fp32" in capsys.readouterr().out
+
+
+def test_list_and_unknown_rows(capsys):
+    assert bz.main(["--list"]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert names == list(bz.zoo_models.ROWS)
+    with pytest.raises(SystemExit):
+        bz.parse(["no_such_model:fp32"])
+    assert math.isclose(bz.default_timeout(120.0), 2 * 162.0 + 600.0)
