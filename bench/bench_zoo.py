@@ -18,13 +18,15 @@ process, in this order:
      (mode="max-autotune"), and the copy that "ours_ro" optimizes;
   3. "ours": torch_htam.optimize(model, inputs, OptimizeConfig(time_budget_s=--budget)), then
      "ours_ro": the same with mode="reduce-overhead", each's wall time "optimize_s" /
-     "ours_ro_optimize_s". NOTE: ours_ro runs second in the process, so it may reuse kernels the
-     first optimize put in torch_htam's cache: the cold figure is "optimize_s". An optimize that
-     fails records "<arm>_error" (and the row's "error") and the other arms are still measured;
+     "ours_ro_optimize_s" ("optimizing" names the one running). NOTE: ours_ro runs second in the
+     process, so it may reuse kernels the first optimize put in torch_htam's cache: the cold figure
+     is "optimize_s". An optimize that fails records "<arm>_error" (and the row's "error") and
+     "<arm>_failed_after_s", and the other arms are still measured;
   4. every arm warmed (--warmup calls; the first call's seconds are "first_call_s", where
      torch.compile compiles), each arm's output checked against eager's (bench_floor.compare: max
      abs error, allclose at bf16 2e-2, fp32-with-TF32 5e-3: "<arm>_max_abs_err", "<arm>_correct");
-     an arm whose warm-up fails records "<arm>_error" and is left out of timing;
+     an arm whose warm-up fails records "<arm>_error" and is left out of timing; the ours arms'
+     reports are read after their first calls (bench_serve.report_fields syncs Inductor's swaps);
   5. the arms timed interleaved (bench_floor.time_interleaved), --rounds rounds, each round every
      arm in a rotated order, two ways: latency (a synchronize before and after each call, median
      over all calls) and back-to-back throughput (--calls calls then one synchronize, time / calls,
@@ -186,12 +188,10 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
                     try:
                         models[arm] = optimize(pending.pop(arm), inputs, opts.budget, ARMS[arm])
                         sync()
-                    except Exception:  # noqa: BLE001 - this arm's failure, not the row's
-                        failed(arm)
-                        continue
-                    finally:
                         row["optimize_s" if arm == "ours" else f"{arm}_optimize_s"] = time.perf_counter() - t0
-                    row.update(ours_fields(arm, models[arm]))
+                    except Exception:  # noqa: BLE001 - this arm's failure, not the row's
+                        row[f"{arm}_failed_after_s"] = time.perf_counter() - t0
+                        failed(arm)
                 row.pop("optimize_started", None)
                 row.pop("optimizing", None)
                 del pending
@@ -209,6 +209,9 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
                     except Exception:  # noqa: BLE001
                         failed(arm)
                         del calls[arm]
+                for arm in OURS_ARMS:       # after the first calls: Dynamo's compiles swap the kernels in
+                    if arm in models:
+                        row.update(ours_fields(arm, models[arm]))
                 stage("check")
                 if "eager" in calls:
                     ref = bf._clone(calls["eager"]())

@@ -54,7 +54,8 @@ class Decision:
 
 
 def _report(kept: int, mode: str) -> Report:
-    tasks = [TaskReport(f"t{i}", f"sig{i}", status=TaskStatus.SWAPPED) for i in range(kept)]
+    """kept tasks READY: the stand-in's first call marks them SWAPPED (as Dynamo's compile does)."""
+    tasks = [TaskReport(f"t{i}", f"sig{i}", status=TaskStatus.READY) for i in range(kept)]
     tasks.append(TaskReport("other", "sigx", status=TaskStatus.NOT_USED))
     return Report(note=f"kept {kept} ({mode})", tasks=tasks, swapped=kept, outcome=Outcome.KERNELS,
                   decision=Decision())
@@ -65,7 +66,14 @@ def _stand_ins(calls, fail_mode=None):
         calls.append(("optimize", budget, mode, torch.is_inference_mode_enabled()))
         if mode == fail_mode:
             raise ValueError(f"no kernels in {mode}")
-        model.htam_report = _report(2 if mode == "default" else 1, mode)
+        report = model.htam_report = _report(2 if mode == "default" else 1, mode)
+
+        def swap_in(module, args):
+            for t in report.tasks:
+                if t.status is TaskStatus.READY:
+                    t.status = TaskStatus.SWAPPED
+
+        model.register_forward_pre_hook(swap_in)
         return model
 
     def compile_fn(model, mode):
@@ -101,7 +109,8 @@ def test_row_fields_ratios_and_kernels_kept():
     assert row["vs_eager"] == pytest.approx(4.0)
     assert row["vs_compile_latency"] == row["vs_compile"] and row["floor_ok"] is True
     assert row["ours_ms_latency"] == 2.0 and row["compile_ro_ms_throughput"] == 2.0
-    assert row["kernels_kept"] == 2 and row["ours_ro_kernels_kept"] == 1
+    assert row["kernels_kept"] == 2 and row["ours_ro_kernels_kept"] == 1     # read after the first calls
+    assert row["task_status"] == {"swapped": 2, "not used": 1}
     assert row["outcome"] == "kernels" and row["report_note"] == "kept 2 (default)"
     assert row["ours_ro_report_note"] == "kept 1 (reduce-overhead)"
     assert row["decision_reason"] == Decision.reason
@@ -120,6 +129,7 @@ def test_failing_optimize_is_the_rows_error_and_the_rest_is_measured():
     assert row["ours_ro_error"] == "ValueError: no kernels in reduce-overhead" and row["stage"] == "done"
     assert row["vs_compile"] == pytest.approx(2.0) and row["vs_compile_ro"] is None
     assert row["ours_ro_ms_latency"] is None and row["ours_ro_kernels_kept"] is None
+    assert row["ours_ro_optimize_s"] is None and row["ours_ro_failed_after_s"] >= 0
     assert row["kernels_kept"] == 2
     json.dumps(row)
     # a failure outside any arm (the model cannot be built) ends the row
