@@ -528,16 +528,26 @@ def parse(argv=None):
                     help="seconds per row's process (default 1.1 x budget + 30 + 240)")
     ap.add_argument("--out", type=Path, default=record.RESULTS_DIR, help="results folder")
     ap.add_argument("--no-record", action="store_true", help="write no results file")
-    # the child's (--one) and the CPU tests' flags
+    add_child_flags(ap)
+    a = ap.parse_args(argv)
+    check_rows(ap, a, floor_models.ROWS)
+    return a
+
+
+def add_child_flags(ap: argparse.ArgumentParser) -> None:
+    """The child's (--one NAME --row-out FILE) and the CPU tests' flags, for every bench that
+    measures each row in a process of its own (bench_floor, bench_serve, bench_zoo)."""
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--row-out", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     ap.add_argument("--small", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
-    unknown = [n for n in a.models + ([a.one] if a.one else []) if n not in floor_models.ROWS]
+
+
+def check_rows(ap: argparse.ArgumentParser, a, rows) -> None:
+    """An argparse error naming each row asked for (positional or --one) that `rows` lacks."""
+    unknown = [n for n in a.models + ([a.one] if a.one else []) if n not in rows]
     if unknown:
-        ap.error(f"unknown model(s) {', '.join(unknown)}; see --list")
-    return a
+        ap.error(f"unknown row(s) {', '.join(unknown)}; see --list")
 
 
 def main(argv=None) -> int:

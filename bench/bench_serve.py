@@ -702,15 +702,9 @@ def parse(argv=None):
                     help="seconds per row's process (default 1.1 x budget + 30 + 420)")
     ap.add_argument("--out", type=Path, default=record.RESULTS_DIR, help="results folder")
     ap.add_argument("--no-record", action="store_true", help="write no results file")
-    # the child's (--one) and the CPU tests' flags
-    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--row-out", type=Path, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
-    ap.add_argument("--small", action="store_true", help=argparse.SUPPRESS)
+    bench_floor.add_child_flags(ap)
     a = ap.parse_args(argv)
-    unknown = [n for n in a.models + ([a.one] if a.one else []) if n not in serve_models.ROWS]
-    if unknown:
-        ap.error(f"unknown row(s) {', '.join(unknown)}; see --list")
+    bench_floor.check_rows(ap, a, serve_models.ROWS)
     if a.requests < 1:
         ap.error("--requests must be at least 1")
     return a

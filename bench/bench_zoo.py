@@ -327,15 +327,10 @@ def parse(argv=None):
                     help="seconds per row's process (default 2 x (1.1 x budget + 30) + 600)")
     ap.add_argument("--out", type=Path, default=record.RESULTS_DIR, help="results folder")
     ap.add_argument("--no-record", action="store_true", help="write no results file")
-    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--row-out", type=Path, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
-    ap.add_argument("--small", action="store_true", help=argparse.SUPPRESS)
+    bf.add_child_flags(ap)
     a = ap.parse_args(argv)
     a.mode, a.tf32 = "default", False          # bench_floor.run_child's empty row and failed rows read them
-    unknown = [n for n in a.models + ([a.one] if a.one else []) if n not in zoo_models.ROWS]
-    if unknown:
-        ap.error(f"unknown model(s) {', '.join(unknown)}; see --list")
+    bf.check_rows(ap, a, zoo_models.ROWS)
     return a
 
 
