@@ -543,6 +543,18 @@ def add_child_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--small", action="store_true", help=argparse.SUPPRESS)
 
 
+def run_one(a, measure) -> int:
+    """The child's work (--one NAME): measure(name, opts, device=, progress=) of that row, written to
+    --row-out at every stage (a child killed by its time limit leaves its row so far) or, run by
+    hand without --row-out, printed."""
+    keep = (lambda row: _write_json(a.row_out, row)) if a.row_out else (lambda row: None)
+    row = measure(a.one, a, device=a.device, progress=keep)
+    keep(row)
+    if a.row_out is None:
+        print(json.dumps(jsonable(row)), flush=True)
+    return 0
+
+
 def check_rows(ap: argparse.ArgumentParser, a, rows) -> None:
     """An argparse error naming each row asked for (positional or --one) that `rows` lacks."""
     unknown = [n for n in a.models + ([a.one] if a.one else []) if n not in rows]
@@ -556,13 +568,8 @@ def main(argv=None) -> int:
         for name in floor_models.ROWS:
             print(f"{name:24} {floor_models.describe(name)}")
         return 0
-    if a.one is not None:                                      # the child: one row, to --row-out
-        keep = (lambda row: _write_json(a.row_out, row)) if a.row_out else (lambda row: None)
-        row = measure(a.one, a, device=a.device, progress=keep)
-        keep(row)
-        if a.row_out is None:                                  # run by hand: the row on stdout
-            print(json.dumps(row, default=str), flush=True)
-        return 0
+    if a.one is not None:
+        return run_one(a, measure)
     import torch
     if a.device == "cuda" and not torch.cuda.is_available():
         print("bench_floor needs a CUDA GPU (torch sees none)", file=sys.stderr)

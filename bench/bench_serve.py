@@ -722,13 +722,8 @@ def main(argv=None) -> int:
         for name in serve_models.ROWS:
             print(f"{name:14} {serve_models.describe(name)}")
         return 0
-    if a.one is not None:                                      # the child: one row, to --row-out
-        keep = (lambda row: bench_floor._write_json(a.row_out, row)) if a.row_out else (lambda row: None)
-        row = measure(a.one, a, device=a.device, progress=keep)
-        keep(row)
-        if a.row_out is None:                                  # run by hand: the row on stdout
-            print(json.dumps(row, default=str), flush=True)
-        return 0
+    if a.one is not None:
+        return bench_floor.run_one(a, measure)
     import torch
     if a.device == "cuda" and not torch.cuda.is_available():
         print("bench_serve needs a CUDA GPU (torch sees none)", file=sys.stderr)

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import time
 import traceback
@@ -340,13 +339,8 @@ def main(argv=None) -> int:
         for name in zoo_models.ROWS:
             print(f"{name:18} {zoo_models.describe(name)}")
         return 0
-    if a.one is not None:                                      # the child: one row, to --row-out
-        keep = (lambda row: bf._write_json(a.row_out, row)) if a.row_out else (lambda row: None)
-        row = measure(a.one, a, device=a.device, progress=keep)
-        keep(row)
-        if a.row_out is None:
-            print(json.dumps(bf.jsonable(row)), flush=True)
-        return 0
+    if a.one is not None:
+        return bf.run_one(a, measure)
     import torch
     if a.device == "cuda" and not torch.cuda.is_available():
         print("bench_zoo needs a CUDA GPU (torch sees none)", file=sys.stderr)
