@@ -4,7 +4,6 @@ a failing optimize recorded as the row's error while the other arms are measured
 geomeans, a crashed row process, and main() writing the results file after each row. No GPU, no
 optimize()."""
 import enum
-import importlib.util
 import json
 import math
 import sys
@@ -13,20 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from test_floor_bench import _load, bf   # a bench/ script as a module (bench/ is no package)
+
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def _load(name: str, path: Path):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bf = _load("bench_floor", ROOT / "bench" / "bench_floor.py")
 bz = _load("bench_zoo", ROOT / "bench" / "bench_zoo.py")
 from torch_htam.report import Report, TaskReport, TaskStatus  # noqa: E402
 
