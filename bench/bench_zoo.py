@@ -5,14 +5,14 @@ realistic inference shapes.
     python3 bench/bench_zoo.py resnet50:bf16 convnext:fp32 --budget 120
     python3 bench/bench_zoo.py --budget 120                 # every row (many 10-minute calls)
 
-Rows are the models of bench/zoo_models.py ("<family>:<dtype>", dtype fp32 or bf16; fp32 rows run
+Rows are the models of bench/model_zoo.py ("<family>:<dtype>", dtype fp32 or bf16; fp32 rows run
 with TF32 allowed for matmuls and cuDNN, as bench_serve's fp32 rows do, "tf32": true in the row).
 Each row runs in a process of its own (this script with --one NAME; bench_floor.run_child), so
 Dynamo/Inductor state and GPU memory do not leak between rows, under a time limit (--timeout,
 default 2 x (1.1 x budget + 30 s) + 600 s: two optimizes, three compiles, timing). In that
 process, in this order:
 
-  1. build the model and inputs (zoo_models.make: seeded, eval mode, on cuda);
+  1. build the model and inputs (model_zoo.make: seeded, eval mode, on cuda);
   2. five copy.deepcopy()s of it, all made BEFORE any optimize: "eager", "compile"
      (torch.compile(copy)), "compile_ro" (mode="reduce-overhead"), "compile_ma"
      (mode="max-autotune"), and the copy that "ours_ro" optimizes;
@@ -65,7 +65,7 @@ sys.path.insert(0, str(HERE))
 import bench_floor as bf  # noqa: E402  (timing, checks, the child process, rows' run, geomean)
 import bench_serve as bs  # noqa: E402  (report_fields, TF32 policy, Dynamo's limits)
 import record  # noqa: E402
-import zoo_models  # noqa: E402
+import model_zoo  # noqa: E402
 
 SUITE = "zoo"
 # arm -> torch.compile mode (ours: OptimizeConfig.mode); eager has none
@@ -173,7 +173,7 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
     try:
         with bs._precision(row["dtype"]), bs._dynamo_limits():
             stage("build")
-            model, inputs = zoo_models.make(name, small=opts.small, device=device)
+            model, inputs = model_zoo.make(name, small=opts.small, device=device)
             models = {"eager": copy.deepcopy(model)}          # every copy BEFORE any optimize
             for arm in COMPILE_ARMS:
                 models[arm] = compile_fn(copy.deepcopy(model), ARMS[arm])
@@ -329,15 +329,15 @@ def parse(argv=None):
     bf.add_child_flags(ap)
     a = ap.parse_args(argv)
     a.mode, a.tf32 = "default", False          # bench_floor.run_child's empty row and failed rows read them
-    bf.check_rows(ap, a, zoo_models.ROWS)
+    bf.check_rows(ap, a, model_zoo.ROWS)
     return a
 
 
 def main(argv=None) -> int:
     a = parse(argv)
     if a.list:
-        for name in zoo_models.ROWS:
-            print(f"{name:18} {zoo_models.describe(name)}")
+        for name in model_zoo.ROWS:
+            print(f"{name:18} {model_zoo.describe(name)}")
         return 0
     if a.one is not None:
         return bf.run_one(a, measure)
@@ -345,7 +345,7 @@ def main(argv=None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("bench_zoo needs a CUDA GPU (torch sees none)", file=sys.stderr)
         return 2
-    names = a.models or list(zoo_models.ROWS)
+    names = a.models or list(model_zoo.ROWS)
     timeout = a.timeout if a.timeout is not None else default_timeout(a.budget)
     path = None
 

@@ -185,7 +185,7 @@ def test_main_writes_results_after_each_row(tmp_path, monkeypatch, capsys):
 def test_list_and_unknown_rows(capsys):
     assert bz.main(["--list"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()]
-    assert names == list(bz.zoo_models.ROWS)
+    assert names == list(bz.model_zoo.ROWS)
     with pytest.raises(SystemExit):
         bz.parse(["no_such_model:fp32"])
     assert math.isclose(bz.default_timeout(120.0), 2 * 162.0 + 600.0)

@@ -1,4 +1,4 @@
-"""bench/zoo_models.py on the CPU: every row builds tiny (small=True) in fp32 and bf16 and runs a
+"""bench/model_zoo.py on the CPU: every row builds tiny (small=True) in fp32 and bf16 and runs a
 finite forward of the expected leading dims, seeded (the same name twice: identical weights and
 inputs); the table holds the issue's families; an unknown name raises KeyError naming the known
 ones; and every family at full size builds and runs on the meta device with the shapes its
@@ -8,8 +8,7 @@ import torch
 
 from test_floor_bench import ROOT, _load   # a bench/ script as a module (bench/ is no package)
 
-# NOTE: loaded under its own name: tests/zoo_models.py is importable as `zoo_models` here
-zm = _load("bench_zoo_models", ROOT / "bench" / "zoo_models.py")
+zm = _load("model_zoo", ROOT / "bench" / "model_zoo.py")
 
 # the issue's families (#34): today's five bench families, and the seven written in plain torch
 REUSED = ("llama", "gpt2", "resnet50", "bert", "mlp_mixer")
