@@ -432,18 +432,22 @@ def failed_row(name: str, opts, exc_text: str) -> dict:
     return row
 
 
-def run_rows(names: list[str], opts, run_one, keep=lambda rows: None) -> list[dict]:
+def run_rows(names: list[str], opts, run_one, keep=lambda rows: None, failed=None, fmt=None) -> list[dict]:
     """run_one(name) -> row for each name; a row that raises is recorded with "error" and the run
-    goes on. keep(rows) gets every row so far after each one (the results file is rewritten)."""
+    goes on. keep(rows) gets every row so far after each one (the results file is rewritten).
+    failed(name, traceback text) -> row and fmt(row) -> its ROW line are the suite's (default this
+    one's: failed_row, format_row); bench_serve and bench_zoo pass theirs."""
+    failed = failed or (lambda name, text: failed_row(name, opts, text))
+    fmt = fmt or format_row
     rows = []
     for name in names:
         try:
             row = run_one(name)
         except Exception:  # noqa: BLE001
-            row = failed_row(name, opts, traceback.format_exc())
+            row = failed(name, traceback.format_exc())
         rows.append(row)
         keep(rows)
-        print(f"ROW {format_row(row)}", flush=True)
+        print(f"ROW {fmt(row)}", flush=True)
     return rows
 
 
@@ -543,16 +547,28 @@ def add_child_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--small", action="store_true", help=argparse.SUPPRESS)
 
 
-def run_one(a, measure) -> int:
-    """The child's work (--one NAME): measure(name, opts, device=, progress=) of that row, written to
-    --row-out at every stage (a child killed by its time limit leaves its row so far) or, run by
-    hand without --row-out, printed."""
-    keep = (lambda row: _write_json(a.row_out, row)) if a.row_out else (lambda row: None)
-    row = measure(a.one, a, device=a.device, progress=keep)
-    keep(row)
-    if a.row_out is None:
-        print(json.dumps(jsonable(row)), flush=True)
-    return 0
+def handled(a, models, measure, bench: str) -> int | None:
+    """What every row-per-process bench does before its rows: --list (models.ROWS with
+    models.describe), the child's --one NAME (measure(name, opts, device=, progress=) of that row,
+    written to --row-out at every stage, so a child killed by its time limit leaves its row so far,
+    or printed when run by hand), or no CUDA GPU. The exit code, or None: measure the rows."""
+    if a.list:
+        width = max(map(len, models.ROWS)) + 2
+        for name in models.ROWS:
+            print(f"{name:{width}} {models.describe(name)}")
+        return 0
+    if a.one is not None:
+        keep = (lambda row: _write_json(a.row_out, row)) if a.row_out else (lambda row: None)
+        row = measure(a.one, a, device=a.device, progress=keep)
+        keep(row)
+        if a.row_out is None:
+            print(json.dumps(jsonable(row)), flush=True)
+        return 0
+    import torch
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print(f"{bench} needs a CUDA GPU (torch sees none)", file=sys.stderr)
+        return 2
+    return None
 
 
 def check_rows(ap: argparse.ArgumentParser, a, rows) -> None:
@@ -564,16 +580,8 @@ def check_rows(ap: argparse.ArgumentParser, a, rows) -> None:
 
 def main(argv=None) -> int:
     a = parse(argv)
-    if a.list:
-        for name in floor_models.ROWS:
-            print(f"{name:24} {floor_models.describe(name)}")
-        return 0
-    if a.one is not None:
-        return run_one(a, measure)
-    import torch
-    if a.device == "cuda" and not torch.cuda.is_available():
-        print("bench_floor needs a CUDA GPU (torch sees none)", file=sys.stderr)
-        return 2
+    if (code := handled(a, floor_models, measure, "bench_floor")) is not None:
+        return code
     names = a.models or list(floor_models.ROWS)
     timeout = a.timeout if a.timeout is not None else default_timeout(a.budget)
     path = None

@@ -623,19 +623,10 @@ def run_child(name: str, opts, timeout: float, command=child_command) -> dict:
 
 
 def run_rows(names: list[str], opts, run_one, keep=lambda rows: None) -> list[dict]:
-    """run_one(name) -> row for each name; a row that raises is recorded with "error" and the run
-    goes on. keep(rows) gets every row so far after each one (the results file is rewritten)."""
-    rows = []
-    for name in names:
-        try:
-            row = run_one(name)
-        except Exception:  # noqa: BLE001
-            row = dict(empty_row(name, opts.budget, opts.requests, opts.seed),
-                       error=bench_floor.last_line(traceback.format_exc()))
-        rows.append(row)
-        keep(rows)
-        print(f"ROW {format_row(row)}", flush=True)
-    return rows
+    """bench_floor.run_rows with this suite's failed rows and ROW lines."""
+    def failed(name: str, exc_text: str) -> dict:
+        return dict(empty_row(name, opts.budget, opts.requests, opts.seed), error=bench_floor.last_line(exc_text))
+    return bench_floor.run_rows(names, opts, run_one, keep, failed=failed, fmt=format_row)
 
 
 # ---- summary and table -----------------------------------------------------------------------------
@@ -718,16 +709,8 @@ def selected(a) -> list[str]:
 
 def main(argv=None) -> int:
     a = parse(argv)
-    if a.list:
-        for name in serve_models.ROWS:
-            print(f"{name:14} {serve_models.describe(name)}")
-        return 0
-    if a.one is not None:
-        return bench_floor.run_one(a, measure)
-    import torch
-    if a.device == "cuda" and not torch.cuda.is_available():
-        print("bench_serve needs a CUDA GPU (torch sees none)", file=sys.stderr)
-        return 2
+    if (code := bench_floor.handled(a, serve_models, measure, "bench_serve")) is not None:
+        return code
     timeout = a.timeout if a.timeout is not None else default_timeout(a.budget)
     path = None
 

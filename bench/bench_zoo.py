@@ -335,16 +335,8 @@ def parse(argv=None):
 
 def main(argv=None) -> int:
     a = parse(argv)
-    if a.list:
-        for name in model_zoo.ROWS:
-            print(f"{name:18} {model_zoo.describe(name)}")
-        return 0
-    if a.one is not None:
-        return bf.run_one(a, measure)
-    import torch
-    if a.device == "cuda" and not torch.cuda.is_available():
-        print("bench_zoo needs a CUDA GPU (torch sees none)", file=sys.stderr)
-        return 2
+    if (code := bf.handled(a, model_zoo, measure, "bench_zoo")) is not None:
+        return code
     names = a.models or list(model_zoo.ROWS)
     timeout = a.timeout if a.timeout is not None else default_timeout(a.budget)
     path = None
@@ -359,15 +351,10 @@ def main(argv=None) -> int:
                 "row_timeout_s": timeout, "summary": summarize(rows), "rows": rows},
                 results_dir=a.out, path=path)
 
-    def one(name: str) -> dict:
-        try:
-            row = run_child(name, a, timeout)
-        except Exception:  # noqa: BLE001 - recorded with this suite's fields, the run goes on
-            row = dict(empty_row(name, a.budget, a.grad_mode), error=bf.last_line(traceback.format_exc()))
-        print(f"ZOO {format_row(row)}", flush=True)
-        return row
+    def failed(name: str, exc_text: str) -> dict:   # this suite's fields
+        return dict(empty_row(name, a.budget, a.grad_mode), error=bf.last_line(exc_text))
 
-    rows = bf.run_rows(names, a, one, keep)
+    rows = bf.run_rows(names, a, lambda name: run_child(name, a, timeout), keep, failed=failed, fmt=format_row)
     print("\n" + format_table(rows, summarize(rows)), flush=True)
     return 0
 
