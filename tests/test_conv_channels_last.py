@@ -123,24 +123,54 @@ def _ranged(task):
 
 @pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn() is None, reason="needs nvcc + cuDNN")
-def test_a_ranged_tasks_conv_plans_dynamic_shape_graphs_and_compiles():
-    """A ranged task's conv is matched as ranged (its cuDNN graphs share the kernel cache across
-    sizes); a static task's is not. Both paths that plan cuDNN graphs (channels-last, NCHW) build."""
+def test_a_ranged_batch_is_matched_as_sliced_and_compiles():
+    """A task whose batch is a served range is matched batch-ranged (render_cl runs the batch in
+    slices of planned sizes, batch_slice.cuh); a static task's is not. Both cuDNN paths build."""
     from torch_htam.proposers.expert.proposer import match_task
     todo = []
     for name, dtype, cl in (("1x1_bn_add_relu", torch.bfloat16, True), ("3x3_bn_relu", torch.float32, False)):
         block, inputs = _case(name, dtype)
         inputs[0] = inputs[0] if cl else inputs[0].contiguous()
         task, _ = _task(block, inputs)
-        assert not match_task(task, policy_for(task)).region.ranged
-        assert match_task(_ranged(task), policy_for(task)).region.ranged
-        todo.append((f"{name}/{dtype}/ranged", propose(_ranged(task), n=1).candidates[0].source))
+        assert not match_task(task, policy_for(task)).region.batch_ranged
+        assert match_task(_ranged(task), policy_for(task)).region.batch_ranged
+        todo += [(f"{name}/{dtype}/ranged/{c.params.get('fused')}", c.source)
+                 for c in propose(_ranged(task), n=4).candidates]
     assert_compiles(todo)
 
 
-def _matches_torch(name, dtype, sources) -> list[bool]:
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ("1x1_bn_add_relu", "3x3_bn_relu", "3x3_c5_bias"))
+def test_a_sliced_batch_matches_torch(name):
+    """A ranged task's candidates (the epilogue fused into cuDNN's graph and split after it) at
+    batches cut into several slices (5 = 4 + 1, 7 = 6 + 1, 11 = 8 + 3, 13 = 12 + 1), with the
+    residual and the output offset per slice."""
+    block, inputs = _case(name, torch.bfloat16, "cuda")
+    task, _ = _task(block, inputs)
+    sources = [c.source for c in propose(_ranged(task), n=4).candidates]
+    assert all(_matches_torch(name, torch.bfloat16, sources, batches=(2, 5, 7, 11, 13, 16)))
+
+
+@pytest.mark.gpu
+def test_preplan_launches_a_ranged_conv_at_every_planned_size_once():
+    from torch_htam import runtime
+    from torch_htam.launcher import Kernel
+    from torch_htam.verify import Bucket
+    block, inputs = _case("1x1_bn_add_relu", torch.bfloat16, "cuda")
+    task, _ = _task(block, inputs)
+    task = _ranged(task)
+    (res,) = build.build_many([propose(task, n=1).candidates[0].source])
+    kernel = Kernel(res.so_path)
+    buckets = [Bucket(0, 0, 2, 8), Bucket(0, 0, 9, 16)]
+    assert runtime.preplan(kernel, task, buckets) == [1, 2, 3, 4, 6, 8, 12, 16]
+    assert runtime.preplan(kernel, task, buckets) == [1, 2, 3, 4, 6, 8, 12, 16]   # cached: no launch
+    static, _ = _task(block, inputs)
+    assert runtime.preplan(kernel, static, []) == []
+
+
+def _matches_torch(name, dtype, sources, batches=(2, 3)) -> list[bool]:
     """Each source built and run against eager torch at the captured batch (2) and at 3 (a second
-    cached cuDNN plan), its output written channels-last; judged as verification judges: within
+    cached cuDNN plan) or at `batches`, its output written channels-last; judged as verification judges: within
     the policy of torch's result, or about as close to the float64 result as torch's is (a tiny
     var amplifies torch's own bf16 rounding)."""
     from torch_htam.launcher import Kernel
@@ -153,7 +183,7 @@ def _matches_torch(name, dtype, sources) -> list[bool]:
     for res in results:
         kernel = Kernel(res.so_path)
         ok = True
-        for batch in (2, 3):
+        for batch in batches:
             torch.manual_seed(batch)
             _, xs = _case(name, dtype, "cuda", n=batch)
             with torch.no_grad():

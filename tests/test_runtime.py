@@ -5,8 +5,12 @@ the test checks the rewiring (which nodes go, input/output order, getitem wiring
 kernel's numerics.
 """
 import copy
+import dataclasses
 import itertools
+import math
 import operator
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -17,6 +21,7 @@ from torch_htam import runtime
 from torch_htam.extract import extract
 from torch_htam.partition import partition
 from torch_htam.launcher import decode_out_meta
+from torch_htam.task import Task, TensorSpec
 
 _KERNELS: dict[int, "CpuKernel"] = {}   # handle -> stand-in, as the launcher maps handle -> .so symbol
 _ids = itertools.count(1)
@@ -434,3 +439,49 @@ def test_conv_regions_take_and_give_channels_last():
     assert out.is_contiguous(memory_format=torch.channels_last)
     cl = torch.empty(2, 8, 6, 6).to(memory_format=torch.channels_last).stride()
     assert all(k.seen[0] == cl for k in kernels.values())
+
+
+# ---- pre-planning: the batch slices of a ranged conv ------------------------------------------------
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_planned_sizes_are_every_slice_batch_slice_cuts(tmp_path):
+    """batch_slice.cuh (C++, in the kernel) and runtime.planned_sizes (Python, at load) name the
+    same sizes: every slice of every batch up to 300 is a planned size, the slices add up to the
+    batch, and there are at most 2 log2(batch) + 1 of them."""
+    from torch_htam.proposers.expert.cuda import cuh
+    from torch_htam.runtime import planned_sizes
+    (tmp_path / "s.cpp").write_text(cuh("batch_slice.cuh") + """
+#include <cstdio>
+int main() {
+  for (int64_t n = 1; n <= 300; ++n) {
+    for (int64_t left = n; left > 0; left -= batch_slice(left)) std::printf("%lld ", (long long)batch_slice(left));
+    std::printf("\\n");
+  }
+}
+""")
+    subprocess.run(["g++", "-std=c++17", "-O1", str(tmp_path / "s.cpp"), "-o", str(tmp_path / "s")], check=True)
+    out = subprocess.run([str(tmp_path / "s")], check=True, capture_output=True, text=True).stdout
+    for n, line in enumerate(out.splitlines(), start=1):
+        slices = [int(v) for v in line.split()]
+        assert sum(slices) == n and slices == sorted(slices, reverse=True)
+        assert set(slices) <= set(planned_sizes(n)), n
+        assert len(slices) <= 2 * math.log2(n) + 1
+    assert planned_sizes(64) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    assert len(planned_sizes(2048)) == 22      # a range to 2048 plans 22 sizes, not 2048
+
+
+def test_preplan_leaves_static_tasks_and_other_kinds_alone(monkeypatch):
+    """Only a conv task with kept buckets is launched at load (checked as if on a GPU)."""
+    from torch_htam.runtime import preplan
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+    class Kernel:                       # a stand-in that fails the test if launched
+        so_path = "/nonexistent.so"
+
+        def __call__(self, *a):
+            raise AssertionError("launched")
+    x = TensorSpec.of(torch.zeros(4, 8)).with_ranges({0: (1, 8)})
+    gemm = Task("g", "gemm", "", [x], [TensorSpec.of(torch.zeros(4, 8))], "sig", [])
+    assert preplan(Kernel(), gemm, [[0, 0, 1, 8]]) == []
+    assert preplan(Kernel(), dataclasses.replace(gemm, kind="conv"), []) == []

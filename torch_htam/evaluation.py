@@ -361,16 +361,11 @@ def _time_at(task, kernel, ref, policy, shapes, inductor: bool = False, retime: 
     import torch
     from torch_htam import timing
     from torch_htam.policy import tf32_switches
-    from torch_htam.verify import _strides_like, make_input
+    from torch_htam import verify
     gen = torch.Generator().manual_seed(7)
-    in_shapes, out_shapes = shapes
 
     def make_set():
-        # outputs laid out as the specs say (a conv region's are channels-last), as launch does
-        ins = [make_input(s, sh, "normal", gen, "cuda") for s, sh in zip(task.inputs, in_shapes)]
-        outs = [torch.empty_strided(s.kernel_shape(sh), _strides_like(s, s.kernel_shape(sh)),
-                                    dtype=s.torch_dtype, device="cuda") for s, sh in zip(task.outputs, out_shapes)]
-        return ins, outs
+        return verify.make_set(task, shapes, gen, "cuda")
 
     # NOTE: timing discards return codes, so a kernel that refuses these inputs would time as
     # nothing at all: one checked call first

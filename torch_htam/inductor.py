@@ -209,7 +209,7 @@ def op_provider():
     from torch_htam.runtime import Provider, launcher_provider
     replay = launcher_provider()   # loads the launcher, which registers torch.ops.htam.launch
     direct_call()
-    return Provider(torch.ops.htam.launch.default, replay.load)
+    return Provider(torch.ops.htam.launch.default, replay.load, replay.prepare)
 
 
 @functools.cache

@@ -57,6 +57,8 @@ class Provider:
     """
     op: Callable
     load: Callable[[Any], Any]
+    # (loaded kernel, task, kept buckets) -> None: readies a ranged kernel for its sizes (preplan)
+    prepare: Callable[[Any, Any, list], None] | None = None
 
 
 def launcher_provider() -> Provider:
@@ -73,7 +75,54 @@ def launcher_provider() -> Provider:
         return launcher.Kernel(str(kernel.so_path))
 
     launcher.get()   # builds/loads the C++ launcher once, registering torch.ops.htam.launch
-    return Provider(fallback.fast_launch, load)
+    return Provider(fallback.fast_launch, load, preplan)
+
+
+# ---- pre-planning -----------------------------------------------------------------------------
+
+def planned_sizes(high: int) -> list[int]:
+    """The batch sizes a ranged conv kernel plans for a batch of up to `high`: 2^k and 3 * 2^k,
+    the slices batch_slice.cuh cuts every batch into.
+
+        >>> planned_sizes(64)
+        [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    """
+    out, p = [], 1
+    while p <= high:
+        out += [p] + ([p + p // 2] if p >= 2 and p + p // 2 <= high else [])
+        p *= 2
+    return out
+
+
+_PREPLANNED: dict[tuple[str, str], list[int]] = {}   # a cache: {(library, task): sizes readied in this process}
+
+
+def preplan(kernel, task, buckets) -> list[int]:
+    """Launch a ranged conv task's kernel once at every batch size it plans (planned_sizes, up to
+    its buckets' top) on throw-away inputs, so cuDNN's plans (a kernel compile each, 37-57 ms on
+    ResNet-50's convs, H100) are made at load, not on a served request; the sizes launched (none
+    for other tasks, without CUDA, or while a CUDA graph is captured). Once per library and task
+    per process; a size the kernel refuses is left to the fallback at run time."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch_htam import verify
+    so_path = getattr(kernel, "so_path", None)
+    if (task.kind != "conv" or not buckets or so_path is None or not torch.cuda.is_available()
+            or verify.leading_dim(task) is None or torch.cuda.is_current_stream_capturing()):
+        return []
+    key = (str(so_path), task.signature)
+    if key in _PREPLANNED:
+        return _PREPLANNED[key]
+    top = max(b.high if hasattr(b, "high") else b[3] for b in buckets)
+    gen, done = torch.Generator().manual_seed(0), []
+    with unset_fake_temporarily(), torch.no_grad():
+        for n in planned_sizes(top):
+            shapes = verify.shapes_at(task, n)
+            if shapes is not None:
+                kernel(*verify.make_set(task, shapes, gen, "cuda"))
+                done.append(n)
+    torch.cuda.synchronize()
+    _PREPLANNED[key] = done
+    return done
 
 
 # ---- swap ------------------------------------------------------------------------------------
@@ -130,6 +179,8 @@ def swap(gm: fx.GraphModule, sites: list, kernels: dict[str, Any],
         if sig in loaded:
             handle = int(loaded[sig].handle)
             fallback.register(handle, task, kept_buckets(kernels[sig]))
+            if provider.prepare is not None:
+                provider.prepare(loaded[sig], task, kept_buckets(kernels[sig]))
             _replace_region(new.graph, region, replaced, provider.op, handle, out_meta, task, force_layouts)
             swapped.append(Swapped(sig, task.name, len(region.nodes)))
     _stable_toposort(new.graph)

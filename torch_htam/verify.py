@@ -302,6 +302,28 @@ def _unfit(specs: list[TensorSpec], size: int, example: int, max_bytes: int) -> 
     return f"{n} bytes of inputs and outputs, over the cap of {max_bytes}" if n > max_bytes else ""
 
 
+def shapes_at(task: Task, size: int, max_bytes: int = MAX_RANGE_SHAPE_BYTES) -> tuple[list, list] | None:
+    """(input shapes, output shapes) of a ranged task with its leading dim at `size` (every other
+    dynamic dim scaled with it, as range_shapes does); None where one does not come out whole or
+    the set passes max_bytes, as range_shapes skips it."""
+    i, d = leading_dim(task)
+    specs, example = list(task.inputs) + list(task.outputs), task.inputs[i].shape[d]
+    if _unfit(specs, size, example, max_bytes):
+        return None
+    sh = _sized(specs, size, example)
+    return sh[:len(task.inputs)], sh[len(task.inputs):]
+
+
+def make_set(task: Task, shapes: tuple[list, list], gen: torch.Generator,
+             device: str | torch.device = "cuda") -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Normal inputs of shapes[0] and empty outputs of shapes[1], laid out as the task's specs say
+    (a conv region's are channels-last), as a launch gets them."""
+    ins = [make_input(s, sh, "normal", gen, device) for s, sh in zip(task.inputs, shapes[0])]
+    outs = [torch.empty_strided(s.kernel_shape(sh), _strides_like(s, s.kernel_shape(sh)), dtype=s.torch_dtype,
+                                device=device) for s, sh in zip(task.outputs, shapes[1])]
+    return ins, outs
+
+
 def _sized(specs: list[TensorSpec], size: int, example: int) -> list[tuple[int, ...]] | None:
     """The specs' shapes with every dynamic dim n scaled to n * size / example; None when one
     does not come out an integer."""

@@ -83,6 +83,7 @@ aten = torch.ops.aten
 # the handle, workspace and scratch buffers, grow(), out_size(), not_supported(): no params in them
 CUDNN_STATE = cuh("cudnn.cuh")
 ENTRY_CACHE = cuh("conv_entry_cache.cuh")     # after the API path's ConvEntry and plan_entry
+BATCH_SLICE = cuh("batch_slice.cuh")          # a ranged batch's slices (render_cl)
 RELUS = (aten.relu.default, aten.relu_.default)
 # the tiled pointwise kernel's own params (pwconv.py), and those only cuDNN's paths read
 TILE_KEYS = {"bm", "bn", "stages", "ju", "split", "minb", "pre", "persist"}
@@ -528,7 +529,10 @@ def _cl_checks(cp: ConvMatch, f: Fold) -> str:
 
 def _cl_scratch(cp: ConvMatch, vt: str, vsz: int, used: set[str]) -> str:
     """render_cl's htam_run from the checks to the fold: cuDNN's state, the scratch (the vectors the
-    epilogue reads, w's KRSC copy), the entry."""
+    epilogue reads, w's KRSC copy), the entry (a sliced batch's are _cl_conv's, one per slice)."""
+    entry = "" if cp.batch_ranged else """  ConvEntry* e = nullptr;
+  if ((rc = conv_entry(st, d, P, Q, &e))) return rc;
+"""
     vecs = "\n".join(f"  void* {v} = " + (f"(char*)st->scratch + {j} * vec_bytes;" if a in used else "nullptr;")
                      for j, (a, v) in enumerate((("c", "cen"), ("s", "scl"), ("b", "bet"))))
     return f"""  if (htam_numel(&Y) == 0) return HTAM_OK;
@@ -543,9 +547,7 @@ def _cl_scratch(cp: ConvMatch, vt: str, vsz: int, used: set[str]) -> str:
   void* w2 = w_krsc ? nullptr : (char*)st->scratch + 3 * vec_bytes;
   const void* w = w_krsc ? Wt.data : w2;
   CD(cudnnSetStream(st->handle, stream));
-  ConvEntry* e = nullptr;
-  if ((rc = conv_entry(st, d, P, Q, &e))) return rc;
-{vecs}"""
+{entry}{vecs}"""
 
 
 def _cl_fold_launch(cp: ConvMatch, f: Fold, vt: str) -> str:
@@ -565,12 +567,32 @@ def _cl_conv(cp: ConvMatch, ops: list[tuple[str, str]], fused: bool, vt: str) ->
     """render_cl's htam_run from the conv to its end: the graph (with the epilogue's operands when
     fused), else the conv and then the epilogue kernel in place."""
     r = cp.residual
-    arg = {"c": "cen", "s": "scl", "b": "bet", "z": f"in[{r}].data" if r is not None else "nullptr", "": "nullptr"}
+    z = f"in[{r}].data" if r is not None else "nullptr"
+    arg = {"c": "cen", "s": "scl", "b": "bet", "z": z, "": "nullptr"}
     args = ", ".join(arg[a] for _, a in ops) if fused and ops else "nullptr"
     run = f"""  const void* args[] = {{{args}}};
   if ((rc = graph_conv(st, e, X.data, w, Y.data, args))) return rc;"""
+    if cp.batch_ranged:   # x, y and the residual are N, H, W, C: a slice of images is a pointer offset
+        arg["z"] = f"(const char*)in[{r}].data + n0 * y_img" if r is not None else "nullptr"
+        args = ", ".join(arg[a] for _, a in ops) if fused and ops else "nullptr"
+        esz = DT[cp.dtype][2]
+        run = f"""  // the batch, a served range, runs in slices of the sizes batch_slice() plans (batch_slice.cuh)
+  const size_t x_img = (size_t)(htam_numel(&X) / d[0]) * {esz}, y_img = (size_t)(htam_numel(&Y) / d[0]) * {esz};
+  for (int64_t n0 = 0; n0 < d[0];) {{
+    int64_t ds[kConvDims];
+    std::copy(d, d + kConvDims, ds);
+    ds[0] = batch_slice(d[0] - n0);
+    // the slice's alignment, as host_dims gives d[7]: its pointers are n0 images past the tensors'
+    const uintptr_t sb = bits | (uintptr_t)(n0 * x_img) | (uintptr_t)(n0 * y_img);
+    ds[7] = sb % 16 == 0 ? 16 : sb % 8 == 0 ? 8 : sb % 4 == 0 ? 4 : 2;
+    ConvEntry* e = nullptr;
+    if ((rc = conv_entry(st, ds, P, Q, &e))) return rc;
+    const void* args[] = {{{args}}};
+    if ((rc = graph_conv(st, e, (const char*)X.data + n0 * x_img, w, (char*)Y.data + n0 * y_img, args))) return rc;
+    n0 += ds[0];
+  }}"""
     if not fused:
-        run += (f"\n  if ((rc = launch_epi_cl<{DT[cp.dtype][0]}, {vt}, Epi>(Y, {arg['z']}, cen, scl, bet, K, stream)))"
+        run += (f"\n  if ((rc = launch_epi_cl<{DT[cp.dtype][0]}, {vt}, Epi>(Y, {z}, cen, scl, bet, K, stream)))"
                 " return rc;")
     return run + "\n  return HTAM_OK;\n}\n"
 
@@ -614,7 +636,7 @@ def render_cl(cp: ConvMatch, params: dict) -> str:
 {FOLD}{_fold_cl_kernel(cp, dt, vt, used)}{"" if fused else _epi_cl(ops, dt, vt)}
 {CUDNN_STATE}
 {entry}
-{ENTRY_CACHE}"""
+{ENTRY_CACHE}{BATCH_SLICE if cp.batch_ranged else ""}"""
     w_krsc = """  // cuDNN's NHWC engines take the weight KRSC: a channels-last (or 1x1) one as it is, else a copy
   const bool w_krsc = htam_channels_last(Wt);"""
     return "\n".join((head, _run_head(cp), w_krsc, dims, _cl_checks(cp, f), _cl_scratch(cp, vt, vsz, used),

@@ -47,7 +47,7 @@ class ConvMatch:
     kind: ConvKind = ConvKind()      # 1-/2-/3-D, transposed (conv_geom.py); geometry in its cuDNN dims
     channels_last: bool = False      # x, the residual and y channels-last (conv.render_cl; extract.py says when)
     in_channels: int = 0             # x's C at capture
-    ranged: bool = False             # the task serves a declared size range (proposer.match_task says)
+    batch_ranged: bool = False       # x's batch is the task's served range (render_cl slices it; match_task says)
 
     @property
     def n_inputs(self) -> int:

@@ -88,8 +88,7 @@ def graph_entry(cp: ConvMatch, strict: bool, algo: int, nhwc: bool = False,
     """Backend API: the per-shape cache entry (descriptors, execution plan, variant pack) and planning:
     this conv's constants, then cudnn_graph.cuh. epilogue: pointwise ops fused into the conv's
     graph (NHWC, 2-D only), each (mode, operand): mode "sub", "mul", "add" or "relu"; operand a
-    vector 'c', 's', 'b' ([1, K, 1, 1] of vec_type), 'z' (the residual) or "" (unary). A ranged
-    task's conv (cp.ranged) plans dynamic-shape graphs that share cuDNN's kernel cache."""
+    vector 'c', 's', 'b' ([1, K, 1, 1] of vec_type), 'z' (the residual) or "" (unary)."""
     modes = {"sub": "CUDNN_POINTWISE_SUB", "mul": "CUDNN_POINTWISE_MUL", "add": "CUDNN_POINTWISE_ADD",
              "relu": "CUDNN_POINTWISE_RELU_FWD"}
     mode_list = ", ".join([modes[m] for m, _ in epilogue] + ["CUDNN_POINTWISE_ADD"])   # + one: never empty
@@ -105,8 +104,7 @@ static const int kSpatial = {n};
 static const bool kTransposed = {_c_bool(cp.kind.transposed)};
 static const int64_t kPad[{n}] = {{{ints(cp.padding)}}}, kStride[{n}] = {{{ints(cp.stride)}}}, kDilation[{n}] = {{{ints(cp.dilation)}}};
 static const int64_t kGroups = {cp.groups};   // implied by the tensors: w is [K, C / kGroups, R, S]
-static const int kAlgo = {algo};   // plan the kAlgo-th usable engine (0: the one PyTorch runs)
-static const bool kDynamicShape = {_c_bool(cp.ranged)};   // a ranged task's: new sizes reuse compiled kernels"""
+static const int kAlgo = {algo};   // plan the kAlgo-th usable engine (0: the one PyTorch runs)"""
     fused = f"""
 // the fused epilogue, in fp32 inside cuDNN's kernel: op i = kEpiMode[i](previous, operand kEpiArg[i])
 static const int kEpiOps = {len(epilogue)};

@@ -1,6 +1,6 @@
 // ---- torch_htam expert: a conv on cuDNN's backend ("graph") API (cudnn_conv.py pastes it) -------
 // Reads the constants graph_entry() writes before it: kStrictFp32, kNhwc, kDataType, kSpatial,
-// kTransposed, kPad, kStride, kDilation (pixels, [D,] H, W), kGroups, kAlgo, kDynamicShape and the fused epilogue
+// kTransposed, kPad, kStride, kDilation (pixels, [D,] H, W), kGroups, kAlgo and the fused epilogue
 // kEpiOps, kEpiMode, kEpiArg, kVecType; and cudnn.cuh's
 // DnnState, grow(), not_supported(), kConvDims. Attribute names and value types follow
 // cudnn_graph.h (cuDNN 9).
@@ -27,7 +27,6 @@ struct ConvEntry {
   cudnnBackendDescriptor_t conv = nullptr, op = nullptr, graph = nullptr, heur = nullptr;
   cudnnBackendDescriptor_t cfg[kMaxConfigs] = {};   // engine configs, heuristic rank order
   int n_cfg = 0, pick = -1;                         // the plan runs cfg[pick]
-  bool dynamic = false;                             // graph is dynamic-shape (kernel_cache())
   cudnnBackendDescriptor_t plan = nullptr;
   // variant packs by the pointers they bind (x, w, y, workspace, the epilogue's operands): every
   // site of a model that runs this shape keeps its own, where one pack was rebuilt on every call
@@ -137,9 +136,8 @@ static int make_epilogue(ConvEntry* e, const int64_t* ydims, int64_t align) {
 
 // The one-operation graph y = 1 * conv(x, w) + 0 * y (with kEpilogue: the conv writes v[0] and the
 // epilogue's ops follow); for a transposed conv (kTransposed) the backward-data pass of the conv it
-// transposes, y = dx = conv^T(dy = x, w), as PyTorch runs it. dynamic: a dynamic-shape graph, whose
-// plans may bind kernels the device's kernel cache already holds (kernel_cache()).
-static int make_graph(cudnnHandle_t handle, ConvEntry* e, bool dynamic) {
+// transposes, y = dx = conv^T(dy = x, w), as PyTorch runs it.
+static int make_graph(cudnnHandle_t handle, ConvEntry* e) {
   const float alpha = 1.f, beta = 0.f;
   cudnnBackendDescriptor_t conv_y = kEpilogue ? e->v[0] : e->y;
   if (kTransposed) {
@@ -165,9 +163,6 @@ static int make_graph(cudnnHandle_t handle, ConvEntry* e, bool dynamic) {
   CD(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &e->graph));
   SET(e->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1 + kEpiOps, ops);
   SET(e->graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-#if CUDNN_VERSION >= 90500
-  if (dynamic) SET(e->graph, CUDNN_ATTR_OPERATIONGRAPH_IS_DYNAMIC_SHAPE_ENABLED, CUDNN_TYPE_BOOLEAN, 1, &dynamic);
-#endif
   const cudnnStatus_t s = cudnnBackendFinalize(e->graph);
   if (s != CUDNN_STATUS_SUCCESS) return not_supported(s) ? HTAM_ERR_SHAPE : 3000 + (int)s;
   return 0;
@@ -208,55 +203,9 @@ static bool usable(cudnnBackendDescriptor_t cfg) {
   return ok;
 }
 
-// ---- cuDNN's kernel cache: a new size of a problem reuses the kernel compiled for an earlier one ---
-// Why: cuDNN's runtime-fusion engines compile their kernel when a plan is finalized, and a served
-// model brings new batch sizes all the time: ResNet-50 bf16 with one ranged conv kernel kept paid
-// 761 ms p99 (1.01 s max) on the first pass of a mix against 62 ms for torch.compile (bench_serve,
-// H100). A dynamic-shape graph's plan binds a kernel the cache already holds instead (cuDNN >= 9.5).
-// Only a ranged task's kernel (kDynamicShape) plans this way: on three static bench tasks the
-// dynamic-shape graph made the library's first plan 680-749 ms against 100-163 ms
-// (bench/first_call.py), for new sizes no static task sees. One cache per device and library,
-// built from the first graph planned and kept for the process. NOTE: the backend header documents
-// no lifetime tie between the cache and that graph; cuDNN's frontend builds its cache from one
-// graph and shares it with later ones.
-static bool dynamic_shapes() {
-#if CUDNN_VERSION >= 90500
-  return kDynamicShape && cudnnGetVersion() >= 90500;
-#else
-  return false;
-#endif
-}
-
-// The device's kernel cache, built from `graph` on first use; nullptr where cuDNN cannot make one
-// (plans are then finalized without it).
-static cudnnBackendDescriptor_t kernel_cache(cudnnBackendDescriptor_t graph) {
-#if CUDNN_VERSION >= 90500
-  static cudnnBackendDescriptor_t caches[64] = {};
-  static bool tried[64] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return nullptr;
-  if (tried[dev]) return caches[dev];
-  tried[dev] = true;
-  cudnnBackendDescriptor_t c = nullptr;
-  if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_KERNEL_CACHE_DESCRIPTOR, &c) != CUDNN_STATUS_SUCCESS) return nullptr;
-  if (cudnnBackendSetAttribute(c, CUDNN_ATTR_KERNEL_CACHE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                               &graph) != CUDNN_STATUS_SUCCESS ||
-      cudnnBackendFinalize(c) != CUDNN_STATUS_SUCCESS) {
-    drop(&c);
-    return nullptr;
-  }
-  caches[dev] = c;
-  return c;
-#else
-  (void)graph;
-  return nullptr;
-#endif
-}
-
 // An execution plan for the config, or nullptr when it does not finalize or its workspace (bytes,
-// *ws) exceeds kMaxWorkspace. cache: the kernel cache it may bind from and adds to (or nullptr).
-static cudnnBackendDescriptor_t make_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg,
-                                          cudnnBackendDescriptor_t cache, int64_t* ws) {
+// *ws) exceeds kMaxWorkspace.
+static cudnnBackendDescriptor_t make_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, int64_t* ws) {
   cudnnBackendDescriptor_t plan = nullptr;
   if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
     return nullptr;
@@ -265,8 +214,6 @@ static cudnnBackendDescriptor_t make_plan(cudnnHandle_t handle, cudnnBackendDesc
   const bool ok =
       cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle) == CUDNN_STATUS_SUCCESS &&
       cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg) == CUDNN_STATUS_SUCCESS &&
-      (!cache || cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_KERNEL_CACHE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                                          &cache) == CUDNN_STATUS_SUCCESS) &&
       cudnnBackendFinalize(plan) == CUDNN_STATUS_SUCCESS &&
       cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, ws) == CUDNN_STATUS_SUCCESS &&
       *ws >= 0 && (size_t)*ws <= kMaxWorkspace;
@@ -277,12 +224,12 @@ static cudnnBackendDescriptor_t make_plan(cudnnHandle_t handle, cudnnBackendDesc
 // Plans the usable configs from cfg[from] on, in rank order, and keeps the skip-th that plans (the
 // last that plans when fewer do); grows the shared workspace for it. HTAM_ERR_SHAPE when none plans.
 static int next_plan(DnnState* st, ConvEntry* e, int from, int skip) {
-  cudnnBackendDescriptor_t best = nullptr, cache = e->dynamic ? kernel_cache(e->graph) : nullptr;
+  cudnnBackendDescriptor_t best = nullptr;
   int64_t best_ws = 0;
   int best_i = -1;
   for (int i = from, found = 0; i < e->n_cfg && found <= skip; ++i) {
     int64_t ws = 0;
-    cudnnBackendDescriptor_t p = usable(e->cfg[i]) ? make_plan(st->handle, e->cfg[i], cache, &ws) : nullptr;
+    cudnnBackendDescriptor_t p = usable(e->cfg[i]) ? make_plan(st->handle, e->cfg[i], &ws) : nullptr;
     if (!p) continue;
     drop(&best);
     best = p; best_ws = ws; best_i = i; ++found;
@@ -307,21 +254,11 @@ static int plan_entry(DnnState* st, ConvEntry* e, const int64_t* d, int64_t P, i
       (rc = make_tensor(&e->y, 'y', s ? y2 : yd, d[7])) || (rc = make_conv(e)))
     return rc;
   if (kEpilogue && (rc = make_epilogue(e, y2, d[7]))) return rc;   // 2-D only (conv.py)
-  // a dynamic-shape graph first (kernel_cache()); the static graph where cuDNN plans no engine for it
-  for (bool dynamic : {true, false}) {
-    if (dynamic && !dynamic_shapes()) continue;
-    drop_configs(e);
-    drop(&e->graph);
-    e->dynamic = dynamic;
-    if ((rc = make_graph(st->handle, e, dynamic))) {
-      if (dynamic) continue;   // whatever cuDNN refuses of a dynamic-shape graph, the static one may plan
-      return rc;
-    }
-    // PyTorch's order: the heuristic's ranking, then cuDNN's fallback list when nothing in it is usable
-    for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-      if (rank_engines(e, mode)) continue;   // this mode cannot rank the graph
-      if ((rc = next_plan(st, e, 0, kAlgo)) != HTAM_ERR_SHAPE) return rc;
-    }
+  if ((rc = make_graph(st->handle, e))) return rc;
+  // PyTorch's order: the heuristic's ranking, then cuDNN's fallback list when nothing in it is usable
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    if (rank_engines(e, mode)) continue;   // this mode cannot rank the graph
+    if ((rc = next_plan(st, e, 0, kAlgo)) != HTAM_ERR_SHAPE) return rc;
   }
   return HTAM_ERR_SHAPE;   // no usable engine under this precision: the original region runs
 }

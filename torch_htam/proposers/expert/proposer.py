@@ -68,9 +68,9 @@ def match_task(task, policy, targets: tuple[Target, ...] = TARGETS) -> TaskMatch
         except Unsupported as e:
             why.setdefault(str(e), []).append(t.kind)
             continue
-        if isinstance(region, ConvMatch) and leading_dim(task) is not None:
-            # the graph is the example's; its sizes' range is the task's (cudnn_graph.cuh plans for it)
-            region = replace(region, ranged=True)
+        if isinstance(region, ConvMatch) and leading_dim(task) == (region.x, 0):
+            # the graph is the example's; its batch's range is the task's (batch_slice.cuh)
+            region = replace(region, batch_ranged=True)
         return TaskMatch(t, region, t.defaults(region))
     raise Unsupported("; ".join(f"{'/'.join(kinds)}: {msg}" for msg, kinds in why.items()))
 
