@@ -279,7 +279,7 @@ def empty_row(model: str, budget_s: float = 120.0, requests: int = 200, seed: in
             "throughput_vs_compile": None, "p99_vs_compile": None, "cold_throughput_vs_compile": None,
             "cold_p99_vs_compile": None, "best_compile_throughput": None, "best_compile_p99": None,
             "kernel_share": None, "cold_kernel_share": None, "outside_share": None, "kernels_kept": None,
-            "tasks": None, "task_status": None, "task_details": None, "phases": None, "swapped": None,
+            "tasks": None, "task_status": None, "task_details": None, "phases": None, "decision": None, "swapped": None,
             "report_note": None, "outcome": None, "recompiles": None, "warm_recompiles": None, "max_err": None, "correct": None,
             "tolerance": None, "check_sizes": None, "floor_ok": None, "within_budget": None}
 
@@ -312,6 +312,7 @@ def report_fields(model) -> dict:
             # none, the budget ran out or the end-to-end decision left them out
             "task_details": {t.name: t.describe() for t in tasks},
             "phases": dict(getattr(report, "phases", None) or {}),
+            "decision": report.decision.to_json() if getattr(report, "decision", None) is not None else None,
             "swapped": getattr(report, "swapped", None), "report_note": getattr(report, "note", None),
             "outcome": getattr(outcome, "value", outcome),
             "kernel_failures": dict(getattr(report, "kernel_failures", None) or {})}

@@ -103,7 +103,10 @@ class Arm:
         return {"kind": self.kind.name, "kernels": len(self.kernels), "error": self.error,
                 "setup_s": round(self.setup_s, 3),
                 "latency_ms": t.latency.median_ms if t else None,
-                "throughput_ms": t.throughput.median_ms if t else None}
+                "throughput_ms": t.throughput.median_ms if t else None,
+                # better() also asks the 80th percentile: a wide spread is refused however low the median
+                "latency_p80_ms": t.latency.p80_ms if t else None,
+                "throughput_p80_ms": t.throughput.p80_ms if t else None}
 
 
 @dataclass
