@@ -3,8 +3,8 @@
 ResNet-50's costliest conv regions (bf16, batch declared 1-64, example 32, bench/serve_models.py)
 each get the expert's default kernel built twice: for the static task (cuDNN plans one entry per
 batch size it meets) and for the ranged task (the batch runs in slices of planned sizes,
-batch_slice.cuh, and runtime.preplan plans those when the kernel is swapped in). In one process,
-after an eager warm-up conv (cuDNN's own start-up is nobody's first call):
+batch_slice.cuh, and runtime.preplan plans those when the kernel is swapped in). Each kind in a
+process of its own, after an eager warm-up conv (cuDNN's own start-up is nobody's first call):
 
   first_ms   each batch 1..64's first call (ms, synced): the static kernel's, and the ranged
              kernel's after preplan (preplan_ms: what preplan took, once, at load)
@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -65,53 +67,73 @@ def kernel_ms(kernel, sets: dict) -> dict[int, float]:
     return res
 
 
-def measure(task, ranged, proposer) -> dict:
+def probe(kind: str, n_tasks: int) -> list[dict]:
+    """In this process: the costliest n_tasks conv tasks' default kernels of one kind ("static"
+    or "ranged") built, then each one's first calls and kernel times."""
     import torch
     from torch_htam import build, runtime, verify
+    from torch_htam.extract import extract
     from torch_htam.launcher import Kernel
     from torch_htam.policy import policy_for
     from torch_htam.proposers.base import ProposalRequest
+    from torch_htam.proposers.expert import ExpertProposer
     from torch_htam.verify import Bucket
+    model, example, dynamic, _ = serve_models.make("resnet50:bf16")
+    with torch.inference_mode():
+        tasks = [t for t in extract(model, example, dynamic=dynamic).tasks if t.kind == "conv"][:n_tasks]
+        torch.nn.functional.conv2d(example[0], torch.randn(8, 3, 3, 3, device="cuda", dtype=example[0].dtype))
+    rows = []
+    for ranged in tasks:
+        task = ranged if kind == "ranged" else static_of(ranged)
+        req = ProposalRequest(task, "seed", [], n=1, policy=policy_for(task))
+        (b,) = build.build_many([ExpertProposer().propose(req).candidates[0].source])
+        gen = torch.Generator().manual_seed(0)
+        sets = {n: verify.make_set(ranged, verify.shapes_at(ranged, n), gen, "cuda") for n in SIZES}
+        kernel, row = Kernel(b.so_path), {"task": task.name, "signature": ranged.signature, "x": list(task.inputs[0].shape)}
+        if kind == "ranged":
+            t0 = time.perf_counter()
+            row["preplan_sizes"] = runtime.preplan(kernel, ranged, [Bucket(0, 0, 1, 64)])
+            row["preplan_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
+        row.update(first_ms=first_calls(kernel, sets), kernel_ms=kernel_ms(kernel, sets))
+        rows.append(row)
+    return rows
 
-    def default(t):
-        return proposer.propose(ProposalRequest(t, "seed", [], n=1, policy=policy_for(t))).candidates[0].source
-    b_static, b_ranged = build.build_many([default(task), default(ranged)])
-    gen = torch.Generator().manual_seed(0)
-    sets = {n: verify.make_set(ranged, verify.shapes_at(ranged, n), gen, "cuda") for n in SIZES}
-    row = {"task": task.name, "signature": ranged.signature, "x": list(task.inputs[0].shape)}
-    static, sliced = Kernel(b_static.so_path), Kernel(b_ranged.so_path)
-    row["static"] = {"first_ms": first_calls(static, sets), "kernel_ms": kernel_ms(static, sets)}
-    t0 = time.perf_counter()
-    planned = runtime.preplan(sliced, ranged, [Bucket(0, 0, 1, 64)])
-    row["ranged"] = {"preplan_ms": round((time.perf_counter() - t0) * 1e3, 1), "preplan_sizes": planned,
-                     "first_ms": first_calls(sliced, sets), "kernel_ms": kernel_ms(sliced, sets)}
-    return row
+
+def static_of(task):
+    """The task at its example's sizes alone (no dynamic dims, no ranges)."""
+    def fixed(specs):
+        return [dataclasses.replace(s, dynamic=(), ranges=()) for s in specs]
+    return dataclasses.replace(task, inputs=fixed(task.inputs), outputs=fixed(task.outputs))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, default=3, help="the costliest conv tasks of ResNet-50 measured")
+    ap.add_argument("--probe", choices=("static", "ranged"), help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=record.RESULTS_DIR)
     a = ap.parse_args()
-    import torch
-    from torch_htam.extract import extract
-    from torch_htam.proposers.expert import ExpertProposer
-    model, example, dynamic, _ = serve_models.make("resnet50:bf16")
-    with torch.inference_mode():
-        ranged = [t for t in extract(model, example, dynamic=dynamic).tasks if t.kind == "conv"][:a.tasks]
-        torch.nn.functional.conv2d(example[0], torch.randn(8, 3, 3, 3, device="cuda", dtype=example[0].dtype))
-    rows, path = [], None
-    for t in ranged:
-        static = dataclasses.replace(t, inputs=[dataclasses.replace(s, dynamic=(), ranges=()) for s in t.inputs],
-                                     outputs=[dataclasses.replace(s, dynamic=(), ranges=()) for s in t.outputs])
-        rows.append(measure(static, t, ExpertProposer()))
-        r = rows[-1]
+    if a.probe:
+        print(json.dumps(probe(a.probe, a.tasks)))
+        return 0
+    # NOTE: each kind in a fresh process: cuDNN keeps the kernels its runtime-fusion engines
+    # compiled for the process, so a second library planning the same conv would reuse them
+    runs = {}
+    for kind in ("static", "ranged"):
+        run = subprocess.run([sys.executable, __file__, "--probe", kind, "--tasks", str(a.tasks)],
+                             capture_output=True, text=True, check=False)
+        if run.returncode != 0:
+            print(run.stderr[-3000:], file=sys.stderr)
+            return 1
+        runs[kind] = json.loads(run.stdout.strip().splitlines()[-1])
+    rows = [{"task": s["task"], "signature": s["signature"], "x": s["x"], "static": s, "ranged": r}
+            for s, r in zip(runs["static"], runs["ranged"])]
+    for r in rows:
         firsts = {k: [v for v in r[k]["first_ms"] if v is not None] for k in ("static", "ranged")}
         print(r["task"], r["x"], "| first call ms (median, max): static",
               statistics.median(firsts["static"]), max(firsts["static"]), "ranged", statistics.median(firsts["ranged"]),
               max(firsts["ranged"]), "after a preplan of", r["ranged"]["preplan_ms"], "ms | kernel ms static",
               r["static"]["kernel_ms"], "ranged", r["ranged"]["kernel_ms"], flush=True)
-        path = record.write(SUITE, {"rows": rows}, results_dir=a.out, path=path)
+    record.write(SUITE, {"rows": rows}, results_dir=a.out)
     return 0
 
 
