@@ -99,8 +99,9 @@ _PREPLANNED: dict[tuple[str, str], list[int]] = {}   # a cache: {(library, task)
 
 def preplan(kernel, task, buckets) -> list[int]:
     """Launch a ranged conv task's kernel once at every batch size it plans (planned_sizes, up to
-    its buckets' top) on throw-away inputs, so cuDNN's plans (a kernel compile each, 37-57 ms on
-    ResNet-50's convs, H100) are made at load, not on a served request; the sizes launched (none
+    its buckets' top) on throw-away inputs, so cuDNN's plans are made at load, not on a served
+    request (ResNet-50's convs: 0.68-0.97 s per kernel here, then 0.06-0.08 ms for any new batch
+    size, where one plan per size cost 348-454 ms: bench/slice_plans.py, H100); the sizes launched (none
     for other tasks, without CUDA, or while a CUDA graph is captured). Once per library and task
     per process; a size the kernel refuses is left to the fallback at run time."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily

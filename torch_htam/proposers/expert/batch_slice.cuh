@@ -2,10 +2,13 @@
 // A conv whose batch is a served range runs a batch of n as slices of sizes 2^k and 3 * 2^k, the
 // largest first: 63 = 48 + 12 + 3, 37 = 32 + 4 + 1, at most 2 log2(n) of them. So a range up to 64
 // plans 12 cuDNN entries per shape, where one entry per batch size planned up to 64: cuDNN's
-// runtime-fusion engines compile a kernel per plan, 37-57 ms each for ResNet-50's convs (H100, bf16),
-// which put 0.6-1 s on the first request of every new batch size. Fewer, bigger slices than powers
-// of two alone (63 = 32 + 16 + 8 + 4 + 2 + 1): each slice is a launch, and a small one runs the
-// tensor cores below their rate. runtime.planned_sizes lists the same sizes to plan them at load.
+// runtime-fusion engines compile a kernel per plan, and ResNet-50's costliest convs paid 348-454 ms
+// (median) on the first call of each new batch size, against 0.06-0.08 ms sliced once
+// runtime.preplan has planned the 12 sizes (0.68-0.97 s per kernel, at load): bench/slice_plans.py,
+// H100, bf16. The price: a batch of several slices is several launches, measured up to 1.2-1.9x the
+// one-plan kernel at 37 and 63 there (a noisy run: 0.041 against 0.055 ms at 32, one slice either
+// way); per-bucket timing drops a bucket where that loses to Inductor. Slices of 2^k and 3 * 2^k
+// rather than powers of two alone (63 = 32 + 16 + 8 + 4 + 2 + 1): fewer, bigger launches.
 #include <cstdint>
 
 // The largest slice size (2^k or 3 * 2^k) that is at most n; n >= 1.
