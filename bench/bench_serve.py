@@ -312,10 +312,16 @@ def report_fields(model) -> dict:
             # none, the budget ran out or the end-to-end decision left them out
             "task_details": {t.name: t.describe() for t in tasks},
             "phases": dict(getattr(report, "phases", None) or {}),
-            "decision": report.decision.to_json() if getattr(report, "decision", None) is not None else None,
+            "decision": _decision_json(getattr(report, "decision", None)),
             "swapped": getattr(report, "swapped", None), "report_note": getattr(report, "note", None),
             "outcome": getattr(outcome, "value", outcome),
             "kernel_failures": dict(getattr(report, "kernel_failures", None) or {})}
+
+
+def _decision_json(decision) -> dict | None:
+    """decide.Decision.to_json(); None without a decision (a replay, an older report)."""
+    to_json = getattr(decision, "to_json", None)
+    return to_json() if callable(to_json) else None
 
 
 # ---- probes: Dynamo's graph count, our kernels' call counts ----------------------------------------
