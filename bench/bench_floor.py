@@ -517,25 +517,43 @@ def format_table(rows: list[dict], summary: dict) -> str:
 # ---- command line ------------------------------------------------------------------------------
 
 def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("models", nargs="*", help="row names (default: all; see --list)")
-    ap.add_argument("--list", action="store_true", help="print the row names and exit")
+    ap = row_parser(__doc__)
     ap.add_argument("--budget", type=float, default=30.0, help="OptimizeConfig.time_budget_s (s)")
     ap.add_argument("--mode", default="default", choices=MODES, help="torch.compile mode, both arms")
     ap.add_argument("--grad-mode", default="inference", choices=GRAD_MODES,
                     help="the caller's grad mode around optimize and every call")
     ap.add_argument("--tf32", action="store_true", help="leave torch's TF32 settings (default: TF32 off)")
-    ap.add_argument("--rounds", type=int, default=20, help="interleaved timing rounds")
-    ap.add_argument("--calls", type=int, default=20, help="calls per arm per round, each way")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed calls per arm before timing")
-    ap.add_argument("--timeout", type=float, default=None,
-                    help="seconds per row's process (default 1.1 x budget + 30 + 240)")
-    ap.add_argument("--out", type=Path, default=record.RESULTS_DIR, help="results folder")
-    ap.add_argument("--no-record", action="store_true", help="write no results file")
-    add_child_flags(ap)
+    add_timing_flags(ap, rounds=20)
+    add_run_flags(ap, "1.1 x budget + 30 + 240")
     a = ap.parse_args(argv)
     check_rows(ap, a, floor_models.ROWS)
     return a
+
+
+def row_parser(doc: str) -> argparse.ArgumentParser:
+    """The parser every row-per-process bench (bench_floor, bench_serve, bench_zoo) starts from:
+    its rows and --list."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("models", nargs="*", help="row names (default: all; see --list)")
+    ap.add_argument("--list", action="store_true", help="print the row names and exit")
+    return ap
+
+
+def add_timing_flags(ap: argparse.ArgumentParser, rounds: int) -> None:
+    """The interleaved timing's rounds, calls and warm-up (bench_floor, bench_zoo)."""
+    ap.add_argument("--rounds", type=int, default=rounds, help="interleaved timing rounds")
+    ap.add_argument("--calls", type=int, default=20, help="calls per arm per round, each way")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed calls per arm before timing")
+
+
+def add_run_flags(ap: argparse.ArgumentParser, timeout_default: str) -> None:
+    """--timeout (per row's process; timeout_default: its default in words), --out, --no-record,
+    and the child's flags (add_child_flags)."""
+    ap.add_argument("--timeout", type=float, default=None,
+                    help=f"seconds per row's process (default {timeout_default})")
+    ap.add_argument("--out", type=Path, default=record.RESULTS_DIR, help="results folder")
+    ap.add_argument("--no-record", action="store_true", help="write no results file")
+    add_child_flags(ap)
 
 
 def add_child_flags(ap: argparse.ArgumentParser) -> None:

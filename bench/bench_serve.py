@@ -60,7 +60,6 @@ goes on.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import dataclasses
@@ -693,18 +692,12 @@ def format_table(rows: list[dict], summary: dict) -> str:
 # ---- command line ----------------------------------------------------------------------------------
 
 def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("models", nargs="*", help="row names (default: all; see --list)")
-    ap.add_argument("--list", action="store_true", help="print the row names and exit")
+    ap = bench_floor.row_parser(__doc__)
     ap.add_argument("--dtype", choices=tuple(serve_models.DTYPES), default=None, help="only rows of this dtype")
     ap.add_argument("--requests", type=int, default=200, help="requests in the mix (each pass serves them all)")
     ap.add_argument("--seed", type=int, default=0, help="the mix's seed (random.Random)")
     ap.add_argument("--budget", type=float, default=120.0, help="OptimizeConfig.time_budget_s (s)")
-    ap.add_argument("--timeout", type=float, default=None,
-                    help="seconds per row's process (default 1.1 x budget + 30 + 420)")
-    ap.add_argument("--out", type=Path, default=record.RESULTS_DIR, help="results folder")
-    ap.add_argument("--no-record", action="store_true", help="write no results file")
-    bench_floor.add_child_flags(ap)
+    bench_floor.add_run_flags(ap, "1.1 x budget + 30 + 420")
     a = ap.parse_args(argv)
     bench_floor.check_rows(ap, a, serve_models.ROWS)
     if a.requests < 1:

@@ -52,7 +52,6 @@ issue: a cold optimize within 10 minutes).
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 import time
@@ -313,20 +312,12 @@ def format_table(rows: list[dict], summary: dict) -> str:
 # ---- command line ------------------------------------------------------------------------------
 
 def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("models", nargs="*", help="row names (default: all; see --list)")
-    ap.add_argument("--list", action="store_true", help="print the row names and exit")
+    ap = bf.row_parser(__doc__)
     ap.add_argument("--budget", type=float, default=120.0, help="OptimizeConfig.time_budget_s (s), both ours arms")
     ap.add_argument("--grad-mode", default="inference", choices=bf.GRAD_MODES,
                     help="the caller's grad mode around optimize and every call")
-    ap.add_argument("--rounds", type=int, default=10, help="interleaved timing rounds")
-    ap.add_argument("--calls", type=int, default=20, help="calls per arm per round, each way")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed calls per arm before timing")
-    ap.add_argument("--timeout", type=float, default=None,
-                    help="seconds per row's process (default 2 x (1.1 x budget + 30) + 600)")
-    ap.add_argument("--out", type=Path, default=record.RESULTS_DIR, help="results folder")
-    ap.add_argument("--no-record", action="store_true", help="write no results file")
-    bf.add_child_flags(ap)
+    bf.add_timing_flags(ap, rounds=10)
+    bf.add_run_flags(ap, "2 x (1.1 x budget + 30) + 600")
     a = ap.parse_args(argv)
     a.mode, a.tf32 = "default", False          # bench_floor.run_child's empty row and failed rows read them
     bf.check_rows(ap, a, model_zoo.ROWS)
