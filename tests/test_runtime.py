@@ -485,3 +485,5 @@ def test_preplan_leaves_static_tasks_and_other_kinds_alone(monkeypatch):
     gemm = Task("g", "gemm", "", [x], [TensorSpec.of(torch.zeros(4, 8))], "sig", [])
     assert preplan(Kernel(), gemm, [[0, 0, 1, 8]]) == []
     assert preplan(Kernel(), dataclasses.replace(gemm, kind="conv"), []) == []
+    over_length = TensorSpec.of(torch.zeros(2, 8, 16)).with_ranges({2: (1, 32)})    # conv1d over L
+    assert preplan(Kernel(), dataclasses.replace(gemm, kind="conv", inputs=[over_length]), [[0, 2, 1, 32]]) == []

@@ -106,9 +106,11 @@ def preplan(kernel, task, buckets) -> list[int]:
     per process; a size the kernel refuses is left to the fallback at run time."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch_htam import verify
-    so_path = getattr(kernel, "so_path", None)
-    if (task.kind != "conv" or not buckets or so_path is None or not torch.cuda.is_available()
-            or verify.leading_dim(task) is None or torch.cuda.is_current_stream_capturing()):
+    so_path, lead = getattr(kernel, "so_path", None), verify.leading_dim(task)
+    # NOTE: a conv kernel slices its batch only where the served range is the batch (dim 0,
+    # proposer.match_task's batch_ranged); over any other dim it plans the sizes it meets
+    if (task.kind != "conv" or not buckets or so_path is None or lead is None or lead[1] != 0
+            or not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing()):
         return []
     key = (str(so_path), task.signature)
     if key in _PREPLANNED:

@@ -569,12 +569,12 @@ def _cl_conv(cp: ConvMatch, ops: list[tuple[str, str]], fused: bool, vt: str) ->
     r = cp.residual
     z = f"in[{r}].data" if r is not None else "nullptr"
     arg = {"c": "cen", "s": "scl", "b": "bet", "z": z, "": "nullptr"}
+    if cp.batch_ranged:   # x, y and the residual are N, H, W, C: a slice of images is a pointer offset
+        arg["z"] = f"(const char*)in[{r}].data + n0 * y_img" if r is not None else "nullptr"
     args = ", ".join(arg[a] for _, a in ops) if fused and ops else "nullptr"
     run = f"""  const void* args[] = {{{args}}};
   if ((rc = graph_conv(st, e, X.data, w, Y.data, args))) return rc;"""
-    if cp.batch_ranged:   # x, y and the residual are N, H, W, C: a slice of images is a pointer offset
-        arg["z"] = f"(const char*)in[{r}].data + n0 * y_img" if r is not None else "nullptr"
-        args = ", ".join(arg[a] for _, a in ops) if fused and ops else "nullptr"
+    if cp.batch_ranged:
         esz = DT[cp.dtype][2]
         run = f"""  // the batch, a served range, runs in slices of the sizes batch_slice() plans (batch_slice.cuh)
   const size_t x_img = (size_t)(htam_numel(&X) / d[0]) * {esz}, y_img = (size_t)(htam_numel(&Y) / d[0]) * {esz};
