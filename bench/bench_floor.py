@@ -359,11 +359,15 @@ def _write_json(path: Path, data: dict) -> None:
 
 def child_command(name: str, opts, row_out: Path) -> list[str]:
     """This script, to measure row `name` alone and write it to row_out."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--row-out", str(row_out),
-           "--budget", str(opts.budget), "--mode", opts.mode, "--grad-mode", opts.grad_mode,
+    own = ["--budget", str(opts.budget), "--mode", opts.mode, "--grad-mode", opts.grad_mode,
            "--rounds", str(opts.rounds), "--calls", str(opts.calls), "--warmup", str(opts.warmup)]
-    if opts.tf32:
-        cmd.append("--tf32")
+    return child_args(__file__, name, opts, row_out, own + ["--tf32"] * bool(opts.tf32))
+
+
+def child_args(script: str, name: str, opts, row_out: Path, own: list[str]) -> list[str]:
+    """A row-per-process bench's child command line: `script` --one name --row-out row_out, the
+    bench's own flags, then the CPU tests' --small and --device where set (add_child_flags)."""
+    cmd = [sys.executable, str(Path(script).resolve()), "--one", name, "--row-out", str(row_out), *own]
     if opts.small:
         cmd.append("--small")
     if opts.device != "cuda":

@@ -593,13 +593,8 @@ def measure(name: str, opts, device: str = "cuda", optimize=_optimize, compile_f
 
 def child_command(name: str, opts, row_out: Path) -> list[str]:
     """This script, to measure row `name` alone and write it to row_out."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--row-out", str(row_out),
-           "--budget", str(opts.budget), "--requests", str(opts.requests), "--seed", str(opts.seed)]
-    if opts.small:
-        cmd.append("--small")
-    if opts.device != "cuda":
-        cmd += ["--device", opts.device]
-    return cmd
+    return bench_floor.child_args(__file__, name, opts, row_out, [
+        "--budget", str(opts.budget), "--requests", str(opts.requests), "--seed", str(opts.seed)])
 
 
 def run_child(name: str, opts, timeout: float, command=child_command) -> dict:

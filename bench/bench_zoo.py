@@ -237,14 +237,9 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
 
 def child_command(name: str, opts, row_out: Path) -> list[str]:
     """This script, to measure row `name` alone and write it to row_out."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", name, "--row-out", str(row_out),
-           "--budget", str(opts.budget), "--grad-mode", opts.grad_mode, "--rounds", str(opts.rounds),
-           "--calls", str(opts.calls), "--warmup", str(opts.warmup)]
-    if opts.small:
-        cmd.append("--small")
-    if opts.device != "cuda":
-        cmd += ["--device", opts.device]
-    return cmd
+    return bf.child_args(__file__, name, opts, row_out, [
+        "--budget", str(opts.budget), "--grad-mode", opts.grad_mode, "--rounds", str(opts.rounds),
+        "--calls", str(opts.calls), "--warmup", str(opts.warmup)])
 
 
 def run_child(name: str, opts, timeout: float, command=child_command) -> dict:
