@@ -240,3 +240,28 @@ def test_cublas_source_builds_when_cublas_is_installed(tmp_path):
         pytest.skip("no cuBLAS headers/libraries here ($CUDA_HOME or nvidia pip packages)")
     res = build.build(sample("gemm_cublas.cu"), arch="sm_90a", out_dir=tmp_path)
     assert res.ok, res.log
+
+
+def _running(marker: str) -> list[str]:
+    """Command lines of live processes that contain marker."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker in cmd and state != "Z":
+            out.append(cmd)
+    return out
+
+
+@pytest.mark.skipif(build._ninja() is None or not Path("/proc").is_dir(), reason="needs ninja and /proc")
+def test_a_timed_out_build_leaves_no_command_running(tmp_path):
+    # ninja runs each command in a process group of its own: its compilers must not outlive the timeout
+    marker = f"{os.getpid()}.{tmp_path.name[-6:].replace('-', '')}"
+    (tmp_path / "build.ninja").write_text(
+        f"rule s\n  command = sleep 30 # {marker}\nbuild a: s\nbuild b: s\n")
+    timed_out, _ = build._run_ninja(build._ninja(), tmp_path / "build.ninja", 2, 1.0)
+    assert timed_out
+    assert _running(marker) == []

@@ -427,3 +427,19 @@ def test_an_arm_whose_output_differs_from_the_original_is_dropped(stand_ins, mon
         assert tried and all(a.error and "wrong output" in a.error for a in tried), [a.error for a in tried]
         assert on_compile(model) and d.chosen.kind is ArmKind.COMPILE
         torch.testing.assert_close(model(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_decision_timed_on_a_busy_host_says_so(monkeypatch):
+    """Timing waits for other processes to leave the host's cores; where they don't within the
+    wait, the decision and the report say the figures carry their load."""
+    from torch_htam import timing
+    model, x = Block().eval(), torch.randn(4, 8, 32)
+    waits = []
+    monkeypatch.setattr(timing, "on_cuda", lambda inputs: True)         # as if the model ran on a GPU
+    monkeypatch.setattr(timing, "_sync_for", lambda inputs: lambda: None)
+    monkeypatch.setattr(timing, "wait_for_quiet_host",
+                        lambda max_s: waits.append(max_s) or timing.HostLoad(3.2, max_s))
+    with torch.no_grad():
+        d = decide.decide(model, (x,), _cfg(), None, {}, Deadline())
+    assert waits and all(w == timing.QUIET_MAX_S for w in waits)
+    assert d.host_notes and "3.2 CPU cores" in d.host_notes[0] and d.to_json()["host"] == d.host_notes

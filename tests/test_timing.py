@@ -66,3 +66,34 @@ def test_paired_ratio_is_the_median_of_per_round_ratios():
     assert paired_ratio([4.0, 9.0, 6.0], [4.0, 6.0, 6.0]) == 1.0
     assert paired_ratio([2.0, 2.0], [1.0, 1.0]) == 2.0
     assert paired_ratio([], []) is None and paired_ratio([1.0], [0.0]) is None
+
+
+def test_wait_for_quiet_host_waits_until_other_processes_leave_the_cores():
+    loads, clock = iter([3.0, 2.0, 0.4, 0.1]), iter(range(100))
+    load = timing.wait_for_quiet_host(10.0, sample=lambda: next(loads), clock=lambda: next(clock))
+    assert load.quiet and load.others_cores == 0.4 and load.waited_s == 3
+
+
+def test_wait_for_quiet_host_gives_up_at_its_limit_and_says_the_host_is_busy():
+    clock = iter(range(100))
+    load = timing.wait_for_quiet_host(5.0, sample=lambda: 4.0, clock=lambda: next(clock))
+    assert not load.quiet and load.waited_s == 5 and load.others_cores == 4.0
+
+
+def test_others_cores_sees_a_busy_process_and_not_this_one():
+    import subprocess
+    import sys
+    import time
+    import pytest
+    if timing.others_cores(0.05) is None:
+        pytest.skip("no /proc/stat here")
+    end = time.perf_counter() + 0.5
+    while time.perf_counter() < end:   # this process busy: not counted
+        pass
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert timing.others_cores(0.5) >= 0.6
+    finally:
+        busy.kill()
+        busy.wait()

@@ -261,8 +261,8 @@ def _edge_seconds(ninja_log: Path) -> dict[str, float]:
 
 
 def _run_ninja(ninja: str, build_file: Path, jobs: int, timeout_s: float) -> tuple[bool, str]:
-    """Runs ninja -k 0; returns (timed_out, ninja's own output). The whole process group is killed
-    on timeout so no nvcc outlives the call."""
+    """Runs ninja -k 0; returns (timed_out, ninja's own output). On timeout (or an interrupt)
+    no nvcc outlives the call: see _stop_ninja."""
     proc = subprocess.Popen([ninja, "-C", str(build_file.parent), "-f", build_file.name, "-k", "0",
                              "-j", str(jobs)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -271,9 +271,32 @@ def _run_ninja(ninja: str, build_file: Path, jobs: int, timeout_s: float) -> tup
         out, _ = proc.communicate(timeout=timeout_s)
         return False, out
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _stop_ninja(proc)
         out, _ = proc.communicate()
         return True, out
+    except BaseException:
+        _stop_ninja(proc)
+        raise
+
+
+# Seconds ninja gets to stop its commands after SIGTERM before it is killed outright.
+NINJA_STOP_S = 5.0
+
+
+def _stop_ninja(proc: subprocess.Popen) -> None:
+    """SIGTERM to ninja, which kills each running command's process group, then SIGKILL.
+    NOTE: ninja starts every command in a process group of its own, so killing ninja's group
+    leaves its nvcc (and their cicc, cc1plus, ptxas) running as orphans: a search cut at its
+    deadline left nvcc compiling through optimize's decision timing, where a host-bound model's
+    torch.compile (ResNet-50 bf16, b32, H100) measured 3.6-3.7 ms against 3.0 ms on a quiet host."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=NINJA_STOP_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def build_many(sources: list[str], arch: str | None = None, out_dir: str | Path | None = None,

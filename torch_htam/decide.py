@@ -117,10 +117,11 @@ class Decision:
     reason: str
     arms: list[Arm] = field(default_factory=list)
     grad: GradMode = GradMode.INFERENCE
+    host_notes: list[str] = field(default_factory=list)   # timings that began on a busy host
 
     def to_json(self) -> dict:
         return {"outcome": self.outcome.value, "chosen": self.chosen.kind.name, "reason": self.reason,
-                "grad": self.grad.value, "arms": [a.to_json() for a in self.arms]}
+                "grad": self.grad.value, "arms": [a.to_json() for a in self.arms], "host": self.host_notes}
 
 
 def better(base: ArmTimes, ours: ArmTimes, margin: float = MARGIN) -> bool:
@@ -181,6 +182,7 @@ class Trials:
     call_s: float = 0.0         # the floor's second call, synchronized: what one timed call costs
     grown: list = field(default_factory=list)   # the user's frames the trials compiled (limits())
     expected: list | None = None   # the original forward's float outputs on the example inputs
+    host_notes: list[str] = field(default_factory=list)   # timings that began on a busy host
 
     # -- the phases ------------------------------------------------------------------------------
 
@@ -390,14 +392,31 @@ class Trials:
         if not self.deadline.allows(self.timing_s(len(arms))):
             self.out_of_time("timing " + ", ".join(a.name for a in arms))
             return False
+        self.quiet_host(self.timing_s(len(arms)))
         with self.deadline.phase("decide: timing"):
             times = time_arms({i: a.call for i, a in enumerate(arms)}, self.inputs, ITERS, ROUNDS, self.grad)
         for i, a in enumerate(arms):
             a.times = times[i]
         return True
 
+    def quiet_host(self, timing_s: float) -> None:
+        """Wait (within the deadline, at most timing.QUIET_MAX_S) until other processes leave the
+        host's cores alone: a host-bound model's timing would carry their load (timing.py). A
+        timing that had to start on a busy host is noted in the decision."""
+        from torch_htam.timing import QUIET_MAX_S, on_cuda, wait_for_quiet_host
+        if not on_cuda(self.inputs):    # a CPU model's timing is the host's own work
+            return
+        left = self.deadline.remaining()
+        with self.deadline.phase("decide: waiting for a quiet host"):
+            load = wait_for_quiet_host(QUIET_MAX_S if left is None else min(QUIET_MAX_S, max(0.0, left - timing_s)))
+        if not load.quiet:
+            note = (f"timed while other processes used {load.others_cores:.1f} CPU cores "
+                    f"(after waiting {load.waited_s:.0f} s for them to finish)")
+            log.warning("torch_htam: %s", note)
+            self.host_notes.append(note)
+
     def done(self, arm: Arm, outcome: Outcome, reason: str) -> Decision:
-        return Decision(arm, outcome, reason, self.arms, self.grad)
+        return Decision(arm, outcome, reason, self.arms, self.grad, list(self.host_notes))
 
     # -- bookkeeping -----------------------------------------------------------------------------
 

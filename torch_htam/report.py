@@ -81,6 +81,8 @@ class Report:
             lines.append("  time: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items()))
         for s in self.skipped:
             lines.append(f"  skipped: {s}")
+        for s in getattr(self.decision, "host_notes", None) or ():
+            lines.append(f"  host: {s}")
         for sig, n in self.kernel_failures.items():
             lines.append(f"  kernel {sig[:12]} failed at run time in {n} call(s); its region ran instead")
         for t in self.tasks:
