@@ -366,6 +366,29 @@ def test_better_needs_a_gain_beyond_noise_and_no_loss_either_way():
     assert decide.better(base, ArmTimes(ArmTime(1.01, 1.0, 1.02), ArmTime(0.8, 0.79, 0.81)))
 
 
+def _rounds(rounds: list[float]) -> ArmTimes:
+    """An arm timed in these rounds (round medians, ms), both ways alike."""
+    import statistics
+    q = statistics.quantiles(rounds, n=5)
+    t = ArmTime(statistics.median(rounds), q[0], q[-1], round_ms=list(rounds))
+    return ArmTimes(t, t)
+
+
+def test_better_compares_arms_round_by_round_where_they_shared_rounds():
+    # a host-bound process drifting between 2.6 and 3.8 ms: ours 5% faster in every round, though
+    # its 80th percentile is above base's median (the medians alone would refuse it)
+    drift = [2.6, 2.7, 2.6, 3.8, 3.7, 3.8, 2.7, 3.8, 2.6, 3.7, 2.7, 3.8, 2.6, 3.7, 2.7]
+    base, ours = _rounds(drift), _rounds([x * 0.95 for x in drift])
+    assert ours.latency.p80_ms > base.latency.median_ms and decide.better(base, ours)
+    # the same medians, but ours the slower in 4 of 15 rounds: not beyond noise
+    mixed = [x * (1.03 if i % 4 == 0 else 0.9) for i, x in enumerate(drift)]
+    assert not decide.better(base, _rounds(mixed))
+    # faster in every round, by less than the margin
+    assert not decide.better(base, _rounds([x * 0.99 for x in drift]))
+    # rounds of different timings are not paired: the medians decide
+    assert not decide.better(base, _rounds([x * 0.95 for x in drift[:10]]))
+
+
 # ---- on the GPU: the real launcher, inside Inductor's generated code -------------------------------
 
 # A kernel that refuses every call, as one handed a layout it was never verified on does.

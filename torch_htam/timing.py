@@ -51,7 +51,7 @@ class Timing:
         return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms > 0 else 0.0
 
 
-def _quantile(xs: list[float], q: float) -> float:
+def quantile(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
@@ -87,7 +87,7 @@ def time_fn(fn: Callable[[Any], Any], make_inputs: Callable[[], Any], warmup: in
     ev, drain = statistics.median(events), statistics.median(drains)
     # NOTE: quantiles come from whichever series decided the median, so spread stays meaningful.
     series = events if ev >= drain else drains
-    return Timing(max(ev, drain), _quantile(series, 0.2), _quantile(series, 0.8), reps, ev, drain)
+    return Timing(max(ev, drain), quantile(series, 0.2), quantile(series, 0.8), reps, ev, drain)
 
 
 def _time_reps(fn, sets, flush, sleep: int, latency: float, reps: int, start, end):
