@@ -17,7 +17,8 @@ the paths where the floor broke before). Each row runs in a process of its own (
      its wall time (time.perf_counter) is "optimize_s";
   4. every arm warmed (--warmup calls: compiling happens outside timing), ours' and torch.compile's
      outputs checked against eager's (max abs error; allclose at fp32 1e-3 with TF32 off, bf16 2e-2);
-  5. the three arms timed interleaved, in --rounds rounds, each round every arm in a rotated order,
+  5. once other processes leave the host's cores (quiet_host, "host_cores_before"), the three
+     arms timed interleaved, in --rounds rounds, each round every arm in a rotated order,
      two ways: "latency", per call with a synchronize before and after it (median over all calls),
      and "throughput", --calls back-to-back calls then one synchronize, time / calls (median over
      rounds).
@@ -97,6 +98,16 @@ def time_throughput(fn, sync, calls: int, clock=time.perf_counter) -> float:
         fn()
     sync()
     return (clock() - t0) * 1e3 / calls
+
+
+def quiet_host() -> float | None:
+    """Wait (up to timing.QUIET_MAX_S) for other processes to leave the host's cores before a
+    timing: Inductor's compile workers start up after a compile (they quiesce after 60 s idle),
+    and a host-bound arm's calls carry their load (torch_htam/timing.py). The CPU cores they
+    still used, None where /proc/stat is not readable; rows keep it as "host_cores_before"."""
+    from torch_htam.timing import wait_for_quiet_host
+    load = wait_for_quiet_host()
+    return None if load.others_cores is None else round(load.others_cores, 2)
 
 
 def time_interleaved(arms: dict, sync, rounds: int = 10, calls: int = 20, clock=time.perf_counter) -> dict:
@@ -335,6 +346,7 @@ def measure(name: str, opts, device: str = "cuda", optimize=_optimize, compile_f
                             if k in ("max_abs_err", "correct")})
                 del ref
                 stage("time")
+                row["host_cores_before"] = quiet_host()
                 row.update(timed_fields(time_interleaved(arms, sync, opts.rounds, opts.calls)))
                 row["stage"] = "done"
     except floor_models.Unavailable as e:

@@ -28,8 +28,8 @@ does. Each row runs in a process of its own (this script with --one NAME), under
      not one request's latency). Request r runs every arm on the same inputs, in the order
      rotated by r; each call is timed alone (torch.cuda.synchronize before and after, perf_counter);
      Python's cyclic GC is off during a pass and runs between passes (collected_between); each
-     pass starts once other processes leave the host's cores ("host_cores_before": what they
-     still used, per pass, after waiting up to timing.QUIET_MAX_S);
+     pass starts once other processes leave the host's cores (bench_floor.quiet_host;
+     "host_cores_before": what they still used, per pass);
   5. outputs of both compile arms and ours against eager's at a few of the mix's sizes.
 Steps 2-5 run under torch.inference_mode().
 
@@ -517,21 +517,13 @@ def serve(row: dict, s: Setup, sync: Callable, stage: Callable[[str], None]) -> 
     probes, passes = probes_for(s.arms), {}
     for p, times in (("cold", 1), ("warm", WARM_PASSES)):
         stage(p)
-        for _ in range(times):   # the warm figures over WARM_PASSES passes: a p99 of 200 requests is
-            row.setdefault("host_cores_before", {}).setdefault(p, []).append(quiet_host())   # its 2nd-slowest
+        # the warm figures over WARM_PASSES passes: a p99 of 200 requests is its 2nd-slowest
+        for _ in range(times):
+            row.setdefault("host_cores_before", {}).setdefault(p, []).append(bench_floor.quiet_host())
             with collected_between():
                 calls = serve_pass(s.arms, s.mix.sizes, s.inputs_for, sync, probes)
             passes[p] = merged(passes[p], calls) if p in passes else calls
         row.update(pass_fields(passes))
-
-
-def quiet_host() -> float | None:
-    """Wait (up to timing.QUIET_MAX_S) for other processes to leave the host's cores before a
-    pass (Inductor's compile workers start up after the warm-up's compiles); the CPU cores they
-    still used, None where /proc/stat is not readable."""
-    from torch_htam.timing import wait_for_quiet_host
-    load = wait_for_quiet_host()
-    return None if load.others_cores is None else round(load.others_cores, 2)
 
 
 @contextlib.contextmanager

@@ -27,7 +27,8 @@ process, in this order:
      abs error, allclose at bf16 2e-2, fp32-with-TF32 5e-3: "<arm>_max_abs_err", "<arm>_correct");
      an arm whose warm-up fails records "<arm>_error" and is left out of timing; the ours arms'
      reports are read after their first calls (bench_serve.report_fields syncs Inductor's swaps);
-  5. the arms timed interleaved (bench_floor.time_interleaved), --rounds rounds, each round every
+  5. once other processes leave the host's cores (bench_floor.quiet_host, "host_cores_before"),
+     the arms timed interleaved (bench_floor.time_interleaved), --rounds rounds, each round every
      arm in a rotated order, two ways: latency (a synchronize before and after each call, median
      over all calls) and back-to-back throughput (--calls calls then one synchronize, time / calls,
      median over rounds).
@@ -221,6 +222,7 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
                 # bench_floor's names for ours-default
                 row["max_abs_err"], row["correct"] = row["ours_max_abs_err"], row["ours_correct"]
                 stage("time")
+                row["host_cores_before"] = bf.quiet_host()
                 row.update(ratio_fields(time_fn(calls, sync, opts.rounds, opts.calls)))
                 row["stage"] = "done"
     except Exception:  # noqa: BLE001 - one row's failure is its row's, never the run's
