@@ -131,11 +131,11 @@ def better(base: ArmTimes, ours: ArmTimes, margin: float = MARGIN) -> bool:
     Arms timed in the same rounds (time_arms: each round times every arm, one after the other)
     are compared round by round: ours pays where the median of the rounds' ratios clears the
     margin and ours was the faster in at least 80% of the rounds. NOTE: a host-bound model's
-    rounds move together (ResNet-50 bf16 under torch.compile, dynamic batch: one process timed it
-    at 2.6-2.7 ms, then at 3.8 ms with a p80 of 4.4 ms, seconds apart on an idle H200 host), so
-    medians from the whole timing refused a kernel arm 1.3x faster in its own rounds. Arms
-    without common rounds fall back to the medians, and ours' 80th percentile must be under
-    base's median.
+    calls drift during a timing (ResNet-50 bf16 under torch.compile with a dynamic batch, on an
+    idle H200 host: a median of 3.78 ms and a p80 of 4.44 ms in one timing, 2.6-3.0 ms in
+    others), and the arms of one round share that drift: the medians' rule (ours' 80th
+    percentile under base's median) refuses every gain smaller than the spread, where a round's
+    ratio cancels what the arms share. Arms without common rounds fall back to that rule.
 
         >>> better(_t(1.0, 1.0), _t(0.9, 1.0)), better(_t(1.0, 1.0), _t(0.9, 1.1))
         (True, False)
