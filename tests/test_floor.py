@@ -464,5 +464,6 @@ def test_a_decision_timed_on_a_busy_host_says_so(monkeypatch):
                         lambda max_s: waits.append(max_s) or timing.HostLoad(3.2, max_s))
     with torch.no_grad():
         d = decide.decide(model, (x,), _cfg(), None, {}, Deadline())
-    assert waits and all(w == timing.QUIET_MAX_S for w in waits)
+    # the first timing waits its whole limit; later ones, on a host that stayed busy, do not
+    assert len(waits) >= 2 and waits[0] == timing.QUIET_MAX_S and set(waits[1:]) == {0.0}
     assert d.host_notes and "3.2 CPU cores" in d.host_notes[0] and d.to_json()["host"] == d.host_notes

@@ -431,13 +431,15 @@ class Trials:
     def quiet_host(self, timing_s: float) -> None:
         """Wait (within the deadline, at most timing.QUIET_MAX_S) until other processes leave the
         host's cores alone: a host-bound model's timing would carry their load (timing.py). A
-        timing that had to start on a busy host is noted in the decision."""
+        timing that had to start on a busy host is noted in the decision, and later timings of
+        this decision do not wait again (a host busy for that long is the user's host as it is)."""
         from torch_htam.timing import QUIET_MAX_S, on_cuda, wait_for_quiet_host
         if not on_cuda(self.inputs):    # a CPU model's timing is the host's own work
             return
         left = self.deadline.remaining()
+        max_s = 0.0 if self.host_notes else QUIET_MAX_S
         with self.deadline.phase("decide: waiting for a quiet host"):
-            load = wait_for_quiet_host(QUIET_MAX_S if left is None else min(QUIET_MAX_S, max(0.0, left - timing_s)))
+            load = wait_for_quiet_host(max_s if left is None else min(max_s, max(0.0, left - timing_s)))
         if not load.quiet:
             note = (f"timed while other processes used {load.others_cores:.1f} CPU cores "
                     f"(after waiting {load.waited_s:.0f} s for them to finish)")
