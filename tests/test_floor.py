@@ -460,6 +460,7 @@ def test_a_decision_timed_on_a_busy_host_says_so(monkeypatch):
     waits = []
     monkeypatch.setattr(timing, "on_cuda", lambda inputs: True)         # as if the model ran on a GPU
     monkeypatch.setattr(timing, "_sync_for", lambda inputs: lambda: None)
+    monkeypatch.setattr(timing, "_device_ms", lambda fn, inputs, cover_ms: 1.0)
     monkeypatch.setattr(timing, "wait_for_quiet_host",
                         lambda max_s: waits.append(max_s) or timing.HostLoad(3.2, max_s))
     with torch.no_grad():

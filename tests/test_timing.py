@@ -1,5 +1,7 @@
 """timing's side-by-side model timing: what every arm of a comparison gets (CPU: the CUDA-event
 timer itself is replaced by a recorder)."""
+import pytest
+
 from torch_htam import timing
 
 
@@ -84,7 +86,6 @@ def test_others_cores_sees_a_busy_process_and_not_this_one():
     import subprocess
     import sys
     import time
-    import pytest
     if timing.others_cores(0.05) is None:
         pytest.skip("no /proc/stat here")
     end = time.perf_counter() + 0.5
@@ -97,3 +98,43 @@ def test_others_cores_sees_a_busy_process_and_not_this_one():
     finally:
         busy.kill()
         busy.wait()
+
+
+def test_time_arms_times_each_arms_gpu_share_behind_a_sleep_on_a_gpu(monkeypatch):
+    import torch
+    sleeps = []
+    monkeypatch.setattr(timing, "on_cuda", lambda inputs: True)
+    monkeypatch.setattr(timing, "_sync_for", lambda inputs: lambda: None)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", sleeps.append)
+    monkeypatch.setattr(timing, "_sleep_cycles", lambda ms: ms)     # cycles = the ms asked for
+    out = timing.time_arms({"a": lambda: None, "b": lambda: None}, (), iters=6, rounds=3)
+    for t in out.values():
+        assert t.device.median_ms == 1.0 and t.device.round_ms == [1.0] * 3
+    # one sleep per arm and round, covering 1.5x the round's slowest synced call
+    assert len(sleeps) == 6 and all(s > 0 for s in sleeps)
+
+
+def test_time_arms_on_the_cpu_has_no_gpu_share():
+    out = timing.time_arms({"a": lambda: None}, (), iters=4, rounds=2)
+    assert out["a"].device is None and out["a"].latency.median_ms >= 0
+
+
+@pytest.mark.gpu
+def test_time_arms_device_time_leaves_out_the_hosts_share():
+    """An arm that spends 3 ms on the host per call around a short kernel: its latency carries
+    the host's 3 ms, its device time does not; a GPU-heavy arm's device time is most of its latency."""
+    import time
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x = torch.randn(4096, 4096, device="cuda")
+
+    def host_bound(x):
+        time.sleep(0.003)
+        return x[:8] + 1
+
+    out = timing.time_arms({"host": host_bound, "gpu": lambda x: x @ x}, (x,), iters=10, rounds=5)
+    assert out["host"].latency.median_ms > 3.0 and out["host"].device.median_ms < 1.0
+    assert 0.5 * out["gpu"].latency.median_ms < out["gpu"].device.median_ms <= 1.05 * out["gpu"].latency.median_ms

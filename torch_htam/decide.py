@@ -107,7 +107,9 @@ class Arm:
                 "throughput_ms": t.throughput.median_ms if t else None,
                 # better() also asks the 80th percentile: a wide spread is refused however low the median
                 "latency_p80_ms": t.latency.p80_ms if t else None,
-                "throughput_p80_ms": t.throughput.p80_ms if t else None}
+                "throughput_p80_ms": t.throughput.p80_ms if t else None,
+                # the GPU's share: latency well above it means the arm is bound by its host time
+                "device_ms": t.device.median_ms if t and t.device else None}
 
 
 @dataclass
@@ -473,12 +475,13 @@ class Trials:
 
     def timing_s(self, n_arms: int) -> float:
         """Expected seconds to time n arms: per arm ITERS synced calls, plus per round 2 untimed
-        and THROUGHPUT_CALLS back-to-back calls, at the floor's last known call time."""
+        calls, THROUGHPUT_CALLS back-to-back calls and the device-time call behind its sleep
+        (1.5 calls long), at the floor's last known call time."""
         from torch_htam.timing import THROUGHPUT_CALLS
         ms = max((a.times.latency.median_ms for a in self.arms if a.times), default=None)
         if ms is None:   # not timed yet: the floor's second call stands for it
             ms = 1e3 * self.call_s
-        return n_arms * (ITERS + ROUNDS * (2 + THROUGHPUT_CALLS)) * ms / 1e3
+        return n_arms * (ITERS + ROUNDS * (2 + THROUGHPUT_CALLS + 2.5)) * ms / 1e3
 
     def affords(self, n_arms: int) -> bool:
         """One more arm: a compile like the floor's, then timing n_arms arms."""

@@ -432,6 +432,7 @@ class ArmTimes:
     """
     latency: ArmTime
     throughput: ArmTime
+    device: ArmTime | None = None   # GPU time of one call, host issue hidden (inputs on a GPU)
 
 
 THROUGHPUT_CALLS = 8
@@ -451,22 +452,44 @@ def time_arms(fns: dict, inputs: tuple, iters: int = 45, rounds: int = 15,
     """
     lat: dict[str, list[list[float]]] = {k: [] for k in fns}
     thr: dict[str, list[float]] = {k: [] for k in fns}
+    dev: dict[str, list[float]] = {k: [] for k in fns}
     per, order = max(1, iters // rounds), list(fns)
-    sync = _sync_for(inputs)
+    sync, cuda = _sync_for(inputs), on_cuda(inputs)
     with grad.enter(), gc_paused():
         for r in range(rounds):
             turn = order[r % len(order):] + order[: r % len(order)]
             for k in (turn if r % 2 == 0 else turn[::-1]):
                 lat[k].append(_synced(fns[k], inputs, per, sync))
                 thr[k].append(_back_to_back(fns[k], inputs, THROUGHPUT_CALLS, sync))
+                if cuda:
+                    dev[k].append(_device_ms(fns[k], inputs, 1.5 * max(lat[k][-1])))
     out = {}
     for k in fns:
         latency = _arm([t for rnd in lat[k] for t in rnd])
         latency.round_ms = [statistics.median(rnd) for rnd in lat[k]]
         throughput = _arm(thr[k])
         throughput.round_ms = list(thr[k])
-        out[k] = ArmTimes(latency, throughput)
+        device = _arm(dev[k]) if dev[k] else None
+        if device is not None:
+            device.round_ms = list(dev[k])
+        out[k] = ArmTimes(latency, throughput, device)
     return out
+
+
+def _device_ms(fn, inputs: tuple, cover_ms: float) -> float:
+    """GPU ms of one call of fn: CUDA events around it on the current stream, behind a sleep
+    kernel of cover_ms (capped at 20 ms) so that the GPU runs the call's work back to back
+    while the host issues it. Where latency exceeds it, the host is the bound (host time per
+    call is latency less this)."""
+    import torch
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(_sleep_cycles(cover_ms))
+    start.record()
+    fn(*inputs)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
 
 
 # ---- a quiet host before timing a host-bound model ----------------------------------------------
