@@ -26,6 +26,7 @@ import enum
 import functools
 import gc
 import json
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -479,8 +480,8 @@ def time_arms(fns: dict, inputs: tuple, iters: int = 45, rounds: int = 15,
 def _device_ms(fn, inputs: tuple, cover_ms: float) -> float:
     """GPU ms of one call of fn: CUDA events around it on the current stream, behind a sleep
     kernel of cover_ms (capped at 20 ms) so that the GPU runs the call's work back to back
-    while the host issues it. Where latency exceeds it, the host is the bound (host time per
-    call is latency less this)."""
+    while the host issues it. Where the synced latency is well above it, the call is bound by
+    its host time."""
     import torch
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
@@ -498,7 +499,7 @@ def _device_ms(fn, inputs: tuple, cover_ms: float) -> float:
 # whose rounds it overlaps. NOTE: on an H100 host, ResNet-50 bf16's torch.compile (b32) timed
 # 3.0 ms on a quiet host, 3.6-3.7 ms while nvcc builds ran, and 4.4 ms (p80 4.8) while Inductor's
 # 16 compile workers started up after a trial's compile (they quiesce after 60 s idle and restart
-# on the next compile): optimize then refused a kernel arm whose gain was inside that noise.
+# on the next compile): a kernel arm's gain smaller than that goes unseen.
 QUIET_CORES = 1.0      # other processes' CPU use (cores) under which the host counts as quiet
 QUIET_WINDOW_S = 0.25  # one sample of /proc/stat
 QUIET_MAX_S = 20.0     # the longest wait for quiet before timing anyway
@@ -538,7 +539,6 @@ def others_cores(window_s: float = QUIET_WINDOW_S, sleep=time.sleep) -> float | 
     b = _cpu_ticks()
     if a is None or b is None or b[1] <= a[1]:
         return None
-    import os
     cpus = os.cpu_count() or 1
     return max(0.0, (b[0] - a[0]) - (b[2] - a[2])) * cpus / (b[1] - a[1])
 
