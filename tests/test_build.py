@@ -265,3 +265,70 @@ def test_a_timed_out_build_leaves_no_command_running(tmp_path):
     timed_out, _ = build._run_ninja(build._ninja(), tmp_path / "build.ninja", 2, 1.0)
     assert timed_out
     assert _running(marker) == []
+
+
+# nvcc 13's ptxas -v report for two kernels (build.REPORT_FLAGS), as a build log keeps it
+PTXAS_LOG = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z3bigILi300EEvPf' for 'sm_90a'
+ptxas info    : Function properties for _Z3bigILi300EEvPf
+    1200 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 32 registers, used 1 barriers, 1200 bytes cumulative stack size, 4096 bytes smem
+ptxas info    : Compile time = 31.373 ms
+ptxas info    : Compiling entry function '_Z3addPfPKfi' for 'sm_90a'
+ptxas info    : Function properties for _Z3addPfPKfi
+    0 bytes stack frame, 848 bytes spill stores, 852 bytes spill loads
+ptxas info    : Used 10 registers, used 0 barriers
+"""
+
+
+def test_parse_ptxas_sums_up_the_kernels_resources():
+    r = build.parse_ptxas(PTXAS_LOG)
+    assert (r.kernels, r.registers, r.spill_bytes, r.smem_bytes, r.stack_bytes) == (2, 32, 1700, 4096, 1200)
+    assert build.parse_ptxas("nvcc warning : something") is None
+
+
+def test_the_ptxas_report_is_not_taken_for_an_error():
+    log = PTXAS_LOG + "/usr/bin/ld: cannot find -lfoo\n"
+    assert build.compile_feedback(log, "") == "ld: cannot find -lfoo"
+    assert "ptxas info" not in build.compile_feedback(PTXAS_LOG.replace("Compile time", "x"), "")
+
+
+SPILLS = """
+// 96 live accumulators in a thread that __launch_bounds__ holds to 32 registers: ptxas spills
+__global__ void __launch_bounds__(1024, 2) spill(const float* __restrict__ a, float* out, int n) {
+  float acc[96];
+#pragma unroll
+  for (int j = 0; j < 96; ++j) acc[j] = a[threadIdx.x + j * n];
+  for (int i = 0; i < n; ++i) {
+#pragma unroll
+    for (int j = 0; j < 96; ++j) acc[j] = acc[j] * acc[(j + 1) % 96] + a[i * 96 + j];
+  }
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < 96; ++j) s += acc[j];
+  out[threadIdx.x] = s;
+}
+"""
+
+
+@needs_nvcc
+def test_a_build_reports_its_kernels_registers_and_spills_built_or_cached(tmp_path):
+    src = sample("add_f32.cu") + SPILLS
+    first = build.build(src, arch="sm_90a", out_dir=tmp_path)
+    assert first.ok and first.resources is not None, first.log
+    assert first.resources.kernels == 2 and first.resources.spill_bytes > 0 and first.resources.registers <= 32
+    again = build.build(src, arch="sm_90a", out_dir=tmp_path)
+    assert again.cached and again.resources == first.resources
+
+
+@needs_nvcc
+def test_an_evaluation_carries_the_registers_and_spills_of_its_build():
+    import torch
+    from test_search import make_task
+    from torch_htam.evaluation import Evaluator
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the candidate would be verified against a task it does not implement")
+    with Evaluator(arch="sm_90a") as ev:
+        (res,) = ev.evaluate_many(make_task(), [sample("add_f32.cu") + SPILLS])
+    assert res.reason == "no_gpu" and res.registers is not None and res.registers <= 32 and res.spill_bytes > 0
+    assert "bytes spilled" in res.ptxas()

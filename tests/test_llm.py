@@ -515,3 +515,20 @@ def test_the_prior_s_strategy_fields_reach_the_prompt():
     text = render_step(request(strategies=[s]))
     for value in (s.intent, s.example, s.expected, *s.forbidden):
         assert " ".join(value.split()) in text, value
+
+
+def test_ptxas_resources_of_the_parent_and_the_attempts_reach_the_prompt():
+    """The registers and spills ptxas reported for the parent's and each attempt's build
+    (Evaluation.ptxas) are in the prompt; unknown ones are not made up."""
+    from torch_htam.evaluation import Evaluation
+    from torch_htam.proposers.prompts import render_step
+    spilled = Evaluation(True, "ok", registers=255, spill_bytes=1700)
+    assert spilled.ptxas() == "255 registers, 1700 bytes spilled"
+    assert Evaluation(True, "ok").ptxas() == ""
+    parent = Parent(KERNEL, ["vec_loads"], 1.42, 0.0213, 0.71, ptxas=spilled.ptxas())
+    slow = Attempt("def456", ["register_blocking"], "ok", speedup=0.9, kernel_ms=0.03,
+                   ptxas=Evaluation(True, "ok", registers=40, spill_bytes=0).ptxas())
+    text = render_step(request(parent=parent, feedback=[slow]))
+    assert "ptxas: 255 registers, 1700 bytes spilled" in text and "ptxas: 40 registers, no spills" in text
+    plain = render_step(request(parent=Parent(KERNEL, ["vec_loads"], 1.42, 0.0213, 0.71)))
+    assert "ptxas" not in plain

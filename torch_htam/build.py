@@ -41,6 +41,9 @@ from torch_htam.static_check import RULES, Rule, check_source  # noqa: E402,F401
 
 BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
               "-lineinfo")
+# Flags that change what nvcc prints, not the binary (so not hashed): ptxas's resource usage per
+# kernel, which the build log keeps and parse_ptxas reads (registers, spills, shared memory).
+REPORT_FLAGS = ("-Xptxas", "-v")
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,8 @@ def default_arch() -> str:
 @dataclass
 class BuildResult:
     """ok: the .so exists at so_path. error: short feedback for the proposer ("" when ok);
-    log: the full compiler output; seconds: this source's compile time (0 when cached)."""
+    log: the full compiler output; seconds: this source's compile time (0 when cached);
+    resources: ptxas's account of the kernels (None where the log has none)."""
     ok: bool
     so_path: str | None
     source_hash: str
@@ -206,6 +210,44 @@ class BuildResult:
     log: str = ""
     seconds: float = 0.0
     cached: bool = False
+    resources: "Resources | None" = None
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What ptxas reports for a library's kernels (-Xptxas -v), summed up over its entry
+    functions: the most registers a thread of one of them uses, the bytes all of them spill to
+    local memory (stores + loads), the most static shared memory and stack a block or thread of
+    one of them takes. Spills and a register count that caps occupancy are what a next candidate
+    can act on (smaller tiles, fewer live values, __launch_bounds__)."""
+    kernels: int
+    registers: int
+    spill_bytes: int
+    smem_bytes: int
+    stack_bytes: int
+
+
+_PTXAS_ENTRY = re.compile(r"ptxas info\s*: Compiling entry function '([^']+)'")
+_PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_USED = re.compile(r"ptxas info\s*: Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def parse_ptxas(log: str) -> Resources | None:
+    """Resources from ptxas -v lines in a build log, None if it has none. Per entry function
+    ptxas prints, in this order:
+        ptxas info    : Compiling entry function '_Z3addPfPKfi' for 'sm_90a'
+            0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+        ptxas info    : Used 10 registers, used 0 barriers, 4096 bytes smem
+    """
+    kernels, regs, spill, smem, stack = 0, 0, 0, 0, 0
+    for line in log.splitlines():
+        if _PTXAS_ENTRY.search(line):
+            kernels += 1
+        elif m := _PTXAS_FRAME.search(line):
+            stack, spill = max(stack, int(m[1])), spill + int(m[2]) + int(m[3])
+        elif m := _PTXAS_USED.search(line):
+            regs, smem = max(regs, int(m[1])), max(smem, int(m[2] or 0))
+    return Resources(kernels, regs, spill, smem, stack) if kernels else None
 
 
 @dataclass
@@ -322,7 +364,9 @@ def build_many(sources: list[str], arch: str | None = None, out_dir: str | Path 
         if problems:
             results[i] = BuildResult(False, None, h, "static check: " + "; ".join(problems))
         elif so.exists():
-            results[i] = BuildResult(True, str(so), h, cached=True)
+            log = out_dir / f"{h}.log"
+            results[i] = BuildResult(True, str(so), h, cached=True,
+                                     resources=parse_ptxas(log.read_text(errors="replace")) if log.exists() else None)
         elif nvcc is None:
             results[i] = BuildResult(False, None, h, "nvcc not found: install the CUDA toolkit or set CUDA_HOME")
         else:
@@ -330,7 +374,7 @@ def build_many(sources: list[str], arch: str | None = None, out_dir: str | Path 
             if err:
                 results[i] = BuildResult(False, None, h, err)
                 continue
-            todo.setdefault(h, _Job(i, src, h, _flags(src, arch) + search))
+            todo.setdefault(h, _Job(i, src, h, _flags(src, arch) + search + list(REPORT_FLAGS)))
             waiting.setdefault(h, []).append(i)
     if todo:
         built = _compile(list(todo.values()), out_dir, nvcc, jobs or os.cpu_count() or 1, timeout_s)
@@ -384,7 +428,7 @@ def _collect(job: _Job, tmp: Path, out_dir: Path, finished: dict[str, float], wa
         final = out_dir / f"{job.hash}.so"
         os.replace(built, final)              # atomic: readers see no .so or a whole one
         (out_dir / f"{job.hash}.log").write_text(log)
-        return BuildResult(True, str(final), job.hash, "", log, finished[job.hash])
+        return BuildResult(True, str(final), job.hash, "", log, finished[job.hash], resources=parse_ptxas(log))
     (out_dir / f"{job.hash}.cu").write_text(job.source)     # kept next to its log for debugging
     if timed_out and not _LOCATED.search(log):
         err = f"build timed out after {timeout_s:g} s"
@@ -439,7 +483,7 @@ def compile_feedback(log: str, source: str, limit: int = 1500) -> str:
             seen.add(raw.strip())
             items.append(re.sub(r"(?:/[^\s/]+)+/", "", raw.strip()))   # drop directories
     if not items:
-        tail = [ln for ln in lines if ln.strip() and "errors detected" not in ln][-10:]
+        tail = [ln for ln in lines if ln.strip() and "errors detected" not in ln and not _ptxas_info(ln)][-10:]
         items = ["\n".join(tail)] if tail else ["build failed with no compiler output"]
     out, used = [], 0
     for n, item in enumerate(items):
@@ -449,6 +493,11 @@ def compile_feedback(log: str, source: str, limit: int = 1500) -> str:
         out.append(item[:limit])
         used += len(item) + 1
     return "\n".join(out)
+
+
+def _ptxas_info(line: str) -> bool:
+    """A line of ptxas -v's resource report (REPORT_FLAGS), not a diagnostic."""
+    return line.startswith("ptxas info") or bool(_PTXAS_FRAME.search(line))
 
 
 def _context(following: list[str]) -> list[str]:

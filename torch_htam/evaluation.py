@@ -73,10 +73,22 @@ class Evaluation:
     # timed at one size verified in it (the baseline: the compiled reference when it was timed,
     # else the eager one); a bucket whose kernel lost there is not in `buckets`
     bucket_times: list[list[float]] = field(default_factory=list)
+    # ptxas's account of the built kernels (build.Resources): the most registers a thread of one
+    # uses, and the bytes they spill (None where the build log had no ptxas report)
+    registers: int | None = None
+    spill_bytes: int | None = None
 
     @property
     def faster(self) -> bool:
         return self.correct and (self.speedup or 0.0) > 1.0
+
+    def ptxas(self) -> str:
+        """The resources in words for a proposer ("" when unknown), e.g. '168 registers, no spills'."""
+        if self.registers is None:
+            return ""
+        return f"{self.registers} registers, " + (f"{self.spill_bytes} bytes spilled" if self.spill_bytes
+                                                   else "no spills")
+
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -162,6 +174,9 @@ class Evaluator:
         for i, fut in futures.items():
             b = builds[i]
             out[i] = _from_result(fut.result(), b.source_hash, pol, b.seconds, b.so_path)
+        for ev, b in zip(out, builds):
+            if b.resources is not None:
+                ev.registers, ev.spill_bytes = b.resources.registers, b.resources.spill_bytes
         return out
 
     def evaluate(self, task, source: str, policy=None) -> Evaluation:

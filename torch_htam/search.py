@@ -116,7 +116,7 @@ class Best:
         ev = self.evaluation
         bar = getattr(ev, "compile_ms", None) or bar_ms
         return MeasuredParent(self.source, list(self.tags), ev.speedup, ev.kernel_ms,
-                              ev.roofline_fraction, dict(self.params), compile_ms=bar,
+                              ev.roofline_fraction, dict(self.params), ev.ptxas(), compile_ms=bar,
                               compile_speedup=bar / ev.kernel_ms if bar and ev.kernel_ms else None)
 
 
@@ -400,7 +400,7 @@ def starting_point(cands, evals) -> float:
 
 def _attempt(cand, ev) -> Attempt:
     return SearchAttempt(ev.source_hash or source_key(cand.source), list(cand.tags), ev.reason,
-                         ev.detail or "", ev.speedup, ev.kernel_ms,
+                         ev.detail or "", ev.speedup, ev.kernel_ms, ev.ptxas(),
                          source="" if ev.correct else cand.source)
 
 

@@ -39,6 +39,7 @@ class Attempt:
     detail: str = ""
     speedup: float | None = None
     kernel_ms: float | None = None
+    ptxas: str = ""     # its kernels' registers and spills, in words (Evaluation.ptxas); "" unknown
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Parent:
     kernel_ms: float
     roofline_fraction: float | None
     params: dict[str, Any] = field(default_factory=dict)
+    ptxas: str = ""     # its kernels' registers and spills, in words (Evaluation.ptxas); "" unknown
 
 
 @dataclass

@@ -198,7 +198,14 @@ def _parent(parent) -> str:
     return template("parent.md").format(
         speedup=_measured(parent.speedup, "{:.2f}x"), kernel_ms=_measured(parent.kernel_ms, "{:.4f} ms"),
         roofline=_measured(roof, "{:.0%}"), bar=_bar(parent), tags=", ".join(parent.tags) or "none",
-        source=parent.source.strip("\n"))
+        ptxas=_ptxas(parent), source=parent.source.strip("\n"))
+
+
+def _ptxas(item) -> str:
+    """ptxas's resources of a parent or an attempt as a clause ("; ptxas: 168 registers, no
+    spills"), "" when unknown."""
+    text = getattr(item, "ptxas", "")
+    return f"; ptxas: {text}" if text else ""
 
 
 def _bar(parent) -> str:
@@ -221,7 +228,7 @@ def _feedback(attempts) -> str:
         lines.append(template("attempt.md").format(
             outcome=a.outcome, tags=", ".join(a.tags) or "none",
             speedup=_measured(a.speedup, "{:.2f}x"), kernel_ms=_measured(a.kernel_ms, "{:.4f} ms"),
-            detail=("\n" + _indent(detail)) if detail else ""))
+            ptxas=_ptxas(a), detail=("\n" + _indent(detail)) if detail else ""))
     return "\n".join(lines + _failed_sources(attempts))
 
 
