@@ -280,7 +280,7 @@ def empty_row(model: str, budget_s: float = 120.0, requests: int = 200, seed: in
             "throughput_vs_compile": None, "p99_vs_compile": None, "cold_throughput_vs_compile": None,
             "cold_p99_vs_compile": None, "best_compile_throughput": None, "best_compile_p99": None,
             "kernel_share": None, "cold_kernel_share": None, "outside_share": None, "kernels_kept": None,
-            "tasks": None, "task_status": None, "task_details": None, "phases": None, "decision": None, "swapped": None,
+            "tasks": None, "task_status": None, "regions": None, "phases": None, "decision": None, "swapped": None,
             "report_note": None, "outcome": None, "recompiles": None, "warm_recompiles": None, "max_err": None, "correct": None,
             "tolerance": None, "check_sizes": None, "floor_ok": None, "within_budget": None}
 
@@ -309,14 +309,23 @@ def report_fields(model) -> dict:
     status = Counter(str(getattr(t.status, "value", t.status)) for t in tasks)
     outcome = getattr(report, "outcome", None)
     return {"kernels_kept": status.get("swapped", 0), "tasks": len(tasks), "task_status": dict(status),
-            # {task: "status: why"}: where a row keeps no kernel, this says whether the search found
-            # none, the budget ran out or the end-to-end decision left them out
-            "task_details": {t.name: t.describe() for t in tasks},
+            # per task: where a row keeps no kernel, "detail" says whether the search found none,
+            # the budget ran out or the end-to-end decision left them out
+            "regions": [region(t) for t in tasks],
             "phases": dict(getattr(report, "phases", None) or {}),
             "decision": _decision_json(getattr(report, "decision", None)),
             "swapped": getattr(report, "swapped", None), "report_note": getattr(report, "note", None),
             "outcome": getattr(outcome, "value", outcome),
             "kernel_failures": dict(getattr(report, "kernel_failures", None) or {})}
+
+
+def region(t) -> dict:
+    """One task of a report (report.TaskReport) as a row's record: what it is, what became of it
+    and why, its kernel's speedup over the region in eager and under Inductor, and the region's
+    eager ms per call (count: how many times the model runs it)."""
+    return {"task": t.name, "signature": t.signature[:12], "kind": getattr(t, "kind", ""), "count": t.count,
+            "status": str(getattr(t.status, "value", t.status)), "detail": t.detail, "speedup": t.speedup,
+            "vs_inductor": t.vs_inductor, "ref_ms": getattr(t, "ref_ms", None)}
 
 
 def _decision_json(decision) -> dict | None:

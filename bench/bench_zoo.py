@@ -41,15 +41,18 @@ for arm in ARMS; "vs_compile" = compile ms / ours ms, "vs_max_autotune" = compil
 ours ms, all from latency, and the same from throughput as "..._b2b"; "kernels_kept" / "ours_ro_
 kernels_kept" (tasks with status swapped in model.htam_report, bench_serve.report_fields),
 "outcome" / "ours_ro_outcome" (report.outcome), "report_note" / "ours_ro_report_note",
-"decision_reason", "decision" (the decision, as JSON); "optimize_s", "ours_ro_optimize_s",
+"decision_reason", "decision" (the decision, as JSON); "regions" / "ours_ro_regions" (per task:
+kind, count, status and why, speedup over eager and over Inductor's code for the region, its eager
+ms, and "share_of_eager", add_shares); "optimize_s", "ours_ro_optimize_s",
 "first_call_s" per arm, "tf32", "<arm>_max_abs_err" / "<arm>_correct". bench_floor's names
 ("vs_compile_latency", "vs_compile_throughput", "floor_ok", "within_budget") are kept too.
 
 The results file, bench/results/zoo-<date>.json (bench/record.py: suite "zoo", budget_s, summary,
 rows), is rewritten after every row; a failing row records "error" and the run goes on. Its summary:
 geomean and minimum of vs_compile, vs_compile_ro, vs_max_autotune (and their _b2b) over the rows
-that measured them, the rows with kernels kept, and the rows whose optimize took over 600 s (the
-issue: a cold optimize within 10 minutes).
+that measured them, the rows with kernels kept, the rows whose optimize took over 600 s (the
+issue: a cold optimize within 10 minutes), and "beat_inductor": per region kind, the kernels that
+ran and beat Inductor's code for their region, with their share of the model's eager time.
 """
 from __future__ import annotations
 
@@ -107,7 +110,7 @@ def empty_row(model: str, budget_s: float = 120.0, grad_mode: str = "inference")
     for arm in OURS_ARMS:
         p = _prefix(arm)
         row.update({f"{p}kernels_kept": None, f"{p}outcome": None, f"{p}report_note": None,
-                    f"{p}tasks": None, f"{p}task_status": None})
+                    f"{p}tasks": None, f"{p}task_status": None, f"{p}regions": None})
     row.update({"ours_ro_optimize_s": None, "ours_ro_swapped": None, "decision_reason": None,
                 "ours_ro_decision_reason": None, "first_call_s": {}})
     return row
@@ -126,6 +129,31 @@ def ratio_fields(times: dict) -> dict:
     out["vs_compile_latency"], out["vs_compile_throughput"] = out["vs_compile"], out["vs_compile_b2b"]
     out["vs_eager_latency"], out["vs_eager_throughput"] = out["vs_eager"], out["vs_eager_b2b"]
     out["rounds_ms"] = {arm: {k: v for k, v in t.items() if k.endswith("_round_ms")} for arm, t in times.items()}
+    return out
+
+
+def add_shares(regions: list[dict] | None, eager_ms: float | None) -> None:
+    """Each region's "share_of_eager": count x its eager ms per call (from its verification, the
+    region alone) / the eager model's synced ms: about how much of the model's time its kernel
+    can act on (the model's own time includes the host's; the regions' do not)."""
+    for r in regions or ():
+        r["share_of_eager"] = (r["count"] * r["ref_ms"] / eager_ms
+                               if r.get("ref_ms") and eager_ms and eager_ms > 0 else None)
+
+
+def beat_inductor(rows: list[dict]) -> dict[str, list[dict]]:
+    """{region kind: [its regions whose kernel ran in a row's ours arm and beat Inductor's code
+    for the region (vs_inductor > 1)]}, each as {model, arm, task, vs_inductor, share_of_eager}:
+    the issue's per-region table of which kernel families beat Inductor, by how much, and how
+    much of the model's time they cover."""
+    out: dict[str, list[dict]] = {}
+    for row in rows:
+        for arm in OURS_ARMS:
+            for r in row.get(f"{_prefix(arm)}regions") or ():
+                if r.get("status") == "swapped" and (r.get("vs_inductor") or 0) > 1.0:
+                    out.setdefault(r.get("kind") or "other", []).append(
+                        {"model": row["model"], "arm": arm, "task": r["task"], "vs_inductor": r["vs_inductor"],
+                         "share_of_eager": r.get("share_of_eager")})
     return out
 
 
@@ -224,6 +252,8 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
                 stage("time")
                 row["host_cores_before"] = bf.quiet_host()
                 row.update(ratio_fields(time_fn(calls, sync, opts.rounds, opts.calls)))
+                for arm in OURS_ARMS:
+                    add_shares(row.get(f"{_prefix(arm)}regions"), row.get("eager_ms_latency"))
                 row["stage"] = "done"
     except Exception:  # noqa: BLE001 - one row's failure is its row's, never the run's
         text = traceback.format_exc()
@@ -270,6 +300,7 @@ def summarize(rows: list[dict]) -> dict:
                                 if (r.get("kernels_kept") or 0) > 0 or (r.get("ours_ro_kernels_kept") or 0) > 0]
     out["over_600_s"] = [r["model"] for r in rows if any(
         (r.get(k) or 0) > COLD_LIMIT_S for k in ("optimize_s", "ours_ro_optimize_s", "optimize_s_at_least"))]
+    out["beat_inductor"] = beat_inductor(rows)
     spent = [r[k] for r in rows for k in ("optimize_s", "ours_ro_optimize_s") if r.get(k) is not None]
     out["max_optimize_s"] = max(spent) if spent else None
     return out

@@ -224,7 +224,9 @@ def test_measure_on_cpu_with_stand_in_arms(monkeypatch):
     assert seen == [(True, {0: {0: (1, 8)}}, 7.0, [(4, 8, 32)])]
     assert set(FIELDS) <= set(row) and row["requests"] == 12 and len(row["mix_sizes"]) == 12
     assert row["kernels_kept"] == 1 and row["task_status"] == {"swapped": 1, "not used": 1} and row["swapped"] == 3
-    assert row["task_details"] == {"a": "swapped", "b": "not used: slower"} and row["phases"] == {"search": 1.5}
+    assert [(r["task"], r["status"], r["detail"]) for r in row["regions"]] == [("a", "swapped", ""),
+                                                                              ("b", "not used", "slower")]
+    assert row["phases"] == {"search": 1.5}
     assert row["kernel_share"] == 1.0 and row["cold_kernel_share"] == 1.0
     assert row["correct"] == {"compile_dynamic": True, "compile_default": True, "ours": True}
     assert row["max_err"]["ours"] == 0.0 and row["tf32"] is True and row["tolerance"] == 1e-2

@@ -44,8 +44,10 @@ class Decision:
 
 def _report(kept: int, mode: str) -> Report:
     """kept tasks READY: the stand-in's first call marks them SWAPPED (as Dynamo's compile does)."""
-    tasks = [TaskReport(f"t{i}", f"sig{i}", status=TaskStatus.READY) for i in range(kept)]
-    tasks.append(TaskReport("other", "sigx", status=TaskStatus.NOT_USED))
+    # t0 beats Inductor's code for its region (1.3x), the others do not; 2 calls of 0.5 ms each
+    tasks = [TaskReport(f"t{i}", f"sig{i}", 2, 1.8, status=TaskStatus.READY, vs_inductor=1.3 if i == 0 else 0.9,
+                        kind="attention" if i == 0 else "gemm", ref_ms=0.5) for i in range(kept)]
+    tasks.append(TaskReport("other", "sigx", status=TaskStatus.NOT_USED, kind="conv"))
     return Report(note=f"kept {kept} ({mode})", tasks=tasks, swapped=kept, outcome=Outcome.KERNELS,
                   decision=Decision())
 
@@ -103,6 +105,14 @@ def test_row_fields_ratios_and_kernels_kept():
     assert row["outcome"] == "kernels" and row["report_note"] == "kept 2 (default)"
     assert row["ours_ro_report_note"] == "kept 1 (reduce-overhead)"
     assert row["decision_reason"] == Decision.reason
+    # the per-region records: 2 calls x 0.5 ms of an 8 ms eager model is 12.5% of its time
+    t0 = row["regions"][0]
+    assert (t0["task"], t0["kind"], t0["status"], t0["vs_inductor"]) == ("t0", "attention", "swapped", 1.3)
+    assert t0["share_of_eager"] == pytest.approx(2 * 0.5 / MS["eager"][0])
+    assert row["regions"][-1]["share_of_eager"] is None                       # never timed alone
+    beat = bz.beat_inductor([row])
+    assert list(beat) == ["attention"] and [(b["arm"], b["task"]) for b in beat["attention"]] == [
+        ("ours", "t0"), ("ours_ro", "t0")]
     assert row["optimize_s"] >= 0 and row["ours_ro_optimize_s"] >= 0 and row["within_budget"] is True
     assert row["tf32"] is True and row["dtype"] == "fp32"
     assert all(row[f"{a}_max_abs_err"] == 0.0 and row[f"{a}_correct"] is True for a in bz.ARMS)

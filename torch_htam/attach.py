@@ -77,7 +77,7 @@ def leave(model: nn.Module, reason: str, tasks: list | None = None, report=None)
     report = report or Report()
     report.note = reason
     if tasks and not report.tasks:
-        report.tasks = [TaskReport(t.name, t.signature, t.count) for t in tasks]
+        report.tasks = [TaskReport(t.name, t.signature, t.count, kind=t.kind) for t in tasks]
     model.htam_report = report
     log.info("torch_htam: %s", reason)
     return model

@@ -34,6 +34,8 @@ class TaskReport:
     status: TaskStatus = TaskStatus.NO_KERNEL
     vs_inductor: float | None = None  # kernel vs the region under torch.compile, when timed
     detail: str = ""
+    kind: str = ""                   # Task.kind: "conv", "gemm", "attention", "rowwise", ...
+    ref_ms: float | None = None      # the region's eager time per call, from its verification
 
     def describe(self) -> str:
         return f"{self.status.value}: {self.detail}" if self.detail else self.status.value

@@ -551,7 +551,7 @@ def _task_reports(tasks, kernels: dict[str, Any], swapped: list[Swapped], errors
                           else (TaskStatus.NO_KERNEL if k is None else TaskStatus.NOT_FOUND, ""))
         out.append(TaskReport(t.name, t.signature, t.count, (ev and ev.speedup) or getattr(k, "speedup", None),
                               ev.policy.get("name", "") if ev else "", status, ev and ev.compile_speedup,
-                              detail))
+                              detail, t.kind, ev and ev.ref_ms))
     return out
 
 
