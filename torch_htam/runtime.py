@@ -549,9 +549,11 @@ def _task_reports(tasks, kernels: dict[str, Any], swapped: list[Swapped], errors
                           else (TaskStatus.NOT_LOADED, errors[t.signature]) if t.signature in errors
                           else (TaskStatus.UNUSABLE, unusable[t.signature]) if t.signature in unusable
                           else (TaskStatus.NO_KERNEL if k is None else TaskStatus.NOT_FOUND, ""))
-        out.append(TaskReport(t.name, t.signature, t.count, (ev and ev.speedup) or getattr(k, "speedup", None),
-                              ev.policy.get("name", "") if ev else "", status, ev and ev.compile_speedup,
-                              detail, t.kind, ev and ev.ref_ms))
+        out.append(TaskReport(t.name, t.signature, t.count,
+                              speedup=(ev and ev.speedup) or getattr(k, "speedup", None),
+                              policy=ev.policy.get("name", "") if ev else "", status=status,
+                              vs_inductor=ev and ev.compile_speedup, detail=detail, kind=t.kind,
+                              ref_ms=ev and ev.ref_ms))
     return out
 
 
