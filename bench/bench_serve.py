@@ -323,9 +323,9 @@ def region(t) -> dict:
     """One task of a report (report.TaskReport) as a row's record: what it is, what became of it
     and why, its kernel's speedup over the region in eager and under Inductor, and the region's
     eager ms per call (count: how many times the model runs it)."""
-    return {"task": t.name, "signature": t.signature[:12], "kind": getattr(t, "kind", ""), "count": t.count,
-            "status": str(getattr(t.status, "value", t.status)), "detail": t.detail, "speedup": t.speedup,
-            "vs_inductor": t.vs_inductor, "ref_ms": getattr(t, "ref_ms", None)}
+    return {"task": t.name, "signature": t.signature[:12], "kind": t.kind, "count": t.count,
+            "status": str(t.status), "detail": t.detail, "speedup": t.speedup,
+            "vs_inductor": t.vs_inductor, "ref_ms": t.ref_ms}
 
 
 def _decision_json(decision) -> dict | None:
