@@ -280,8 +280,9 @@ def empty_row(model: str, budget_s: float = 120.0, requests: int = 200, seed: in
             "throughput_vs_compile": None, "p99_vs_compile": None, "cold_throughput_vs_compile": None,
             "cold_p99_vs_compile": None, "best_compile_throughput": None, "best_compile_p99": None,
             "kernel_share": None, "cold_kernel_share": None, "outside_share": None, "kernels_kept": None,
-            "tasks": None, "task_status": None, "regions": None, "phases": None, "decision": None, "swapped": None,
-            "report_note": None, "outcome": None, "recompiles": None, "warm_recompiles": None, "max_err": None, "correct": None,
+            "tasks": None, "task_status": None, "regions": None, "phases": None, "decision": None,
+            "swapped": None, "report_note": None, "outcome": None, "recompiles": None, "warm_recompiles": None,
+            "max_err": None, "correct": None,
             "tolerance": None, "check_sizes": None, "floor_ok": None, "within_budget": None}
 
 

@@ -77,7 +77,6 @@ def probe(kind: str, n_tasks: int) -> list[dict]:
     from torch_htam.policy import policy_for
     from torch_htam.proposers.base import ProposalRequest
     from torch_htam.proposers.expert import ExpertProposer
-    from torch_htam.verify import Bucket
     model, example, dynamic, _ = serve_models.make("resnet50:bf16")
     with torch.inference_mode():
         tasks = [t for t in extract(model, example, dynamic=dynamic).tasks if t.kind == "conv"][:n_tasks]
@@ -89,10 +88,11 @@ def probe(kind: str, n_tasks: int) -> list[dict]:
         (b,) = build.build_many([ExpertProposer().propose(req).candidates[0].source])
         gen = torch.Generator().manual_seed(0)
         sets = {n: verify.make_set(ranged, verify.shapes_at(ranged, n), gen, "cuda") for n in SIZES}
-        kernel, row = Kernel(b.so_path), {"task": task.name, "signature": ranged.signature, "x": list(task.inputs[0].shape)}
+        kernel = Kernel(b.so_path)
+        row = {"task": task.name, "signature": ranged.signature, "x": list(task.inputs[0].shape)}
         if kind == "ranged":
-            t0 = time.perf_counter()
-            row["preplan_sizes"] = runtime.preplan(kernel, ranged, [Bucket(0, 0, 1, 64)])
+            t0 = time.perf_counter()   # the bucket as a kept one reads: [input, dim, low, high]
+            row["preplan_sizes"] = runtime.preplan(kernel, ranged, [[0, 0, 1, 64]])
             row["preplan_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
         row.update(first_ms=first_calls(kernel, sets), kernel_ms=kernel_ms(kernel, sets))
         rows.append(row)

@@ -155,13 +155,12 @@ def test_a_sliced_batch_matches_torch(name):
 def test_preplan_launches_a_ranged_conv_at_every_planned_size_once():
     from torch_htam import runtime
     from torch_htam.launcher import Kernel
-    from torch_htam.verify import Bucket
     block, inputs = _case("1x1_bn_add_relu", torch.bfloat16, "cuda")
     task, _ = _task(block, inputs)
     task = dataclasses.replace(_ranged(task), kind="conv")   # as extract names a conv region's task
     (res,) = build.build_many([propose(task, n=1).candidates[0].source])
     kernel = Kernel(res.so_path)
-    buckets = [Bucket(0, 0, 2, 8), Bucket(0, 0, 9, 16)]
+    buckets = [[0, 0, 2, 8], [0, 0, 9, 16]]   # as kept_buckets gives them: [input, dim, low, high]
     assert runtime.preplan(kernel, task, buckets) == [1, 2, 3, 4, 6, 8, 12, 16]
     assert runtime.preplan(kernel, task, buckets) == [1, 2, 3, 4, 6, 8, 12, 16]   # cached: no launch
     assert runtime.preplan(kernel, dataclasses.replace(task, signature="other"), []) == []   # no buckets

@@ -89,7 +89,6 @@ class Evaluation:
         return f"{self.registers} registers, " + (f"{self.spill_bytes} bytes spilled" if self.spill_bytes
                                                    else "no spills")
 
-
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -115,7 +115,7 @@ def preplan(kernel, task, buckets) -> list[int]:
     key = (str(so_path), task.signature)
     if key in _PREPLANNED:
         return _PREPLANNED[key]
-    top = max(b.high if hasattr(b, "high") else b[3] for b in buckets)
+    top = max(high for _, _, _, high in buckets)   # buckets: [input, dim, low, high] (kept_buckets)
     gen, done = torch.Generator().manual_seed(0), []
     with unset_fake_temporarily(), torch.no_grad():
         for n in planned_sizes(top):
@@ -181,9 +181,10 @@ def swap(gm: fx.GraphModule, sites: list, kernels: dict[str, Any],
                             sig[:16], task.name, errors[sig])
         if sig in loaded:
             handle = int(loaded[sig].handle)
-            fallback.register(handle, task, kept_buckets(kernels[sig]))
+            buckets = kept_buckets(kernels[sig])
+            fallback.register(handle, task, buckets)
             if provider.prepare is not None:
-                provider.prepare(loaded[sig], task, kept_buckets(kernels[sig]))
+                provider.prepare(loaded[sig], task, buckets)
             _replace_region(new.graph, region, replaced, provider.op, handle, out_meta, task, force_layouts)
             swapped.append(Swapped(sig, task.name, len(region.nodes)))
     _stable_toposort(new.graph)
