@@ -26,7 +26,8 @@ does. Each row runs in a process of its own (this script with --one NAME), under
   4. the mix served once "cold" (whatever recompiles the mix triggers happen here), then WARM_PASSES
      times "warm" (the same mix again: steady state; its figures over all those passes, so p99 is
      not one request's latency). Request r runs every arm on the same inputs, in the order
-     rotated by r; each call is timed alone (torch.cuda.synchronize before and after, perf_counter);
+     rotated by r (a size's first request: by its rank among the new sizes, so each arm pays an
+     equal share of the shared per-shape caches' first calls); each call is timed alone (torch.cuda.synchronize before and after, perf_counter);
      Python's cyclic GC is off during a pass and runs between passes (collected_between); each
      pass starts once other processes leave the host's cores (bench_floor.quiet_host;
      "host_cores_before": what they still used, per pass);
@@ -180,13 +181,22 @@ def serve_pass(arms: dict[str, Callable], sizes: list[int], inputs_for: Callable
                sync: Callable, probes: dict[str, Callable] | None = None, clock=time.perf_counter) -> dict[str, Calls]:
     """Every request of `sizes` served by every arm, on the same inputs (inputs_for(size), built
     outside timing); request r runs the arms in their order rotated by r, so no arm always runs
-    first or right after the same one."""
+    first or right after the same one; a size's first request is rotated by the number of sizes
+    new before it instead, so each arm runs first on an equal share of the new sizes.
+
+    NOTE: the arms share one process, and with it the per-shape caches under them: cuDNN's plans
+    for aten's convs cost 60-90 ms on the first call of a new batch size of ResNet-50 (bf16,
+    H100), paid by whichever arm runs that size first and then by none (a profiled diagnostic).
+    Rotated by r alone, which arm went first on a new size was left to where the mix's new
+    sizes fell: seed 0's mix put 3.6 s of first calls on ours against 1.4 s on compile_default."""
     names, probes = list(arms), probes or {}
     calls = {n: Calls() for n in names}
+    first: dict[int, int] = {}          # {size: rotation of its first request}
     for r, size in enumerate(sizes):
         inputs = inputs_for(size)
+        turn = r if size in first else first.setdefault(size, len(first))
         for j in range(len(names)):
-            n = names[(r + j) % len(names)]
+            n = names[(turn + j) % len(names)]
             calls[n].add(size, *timed_call(arms[n], inputs, sync, probes.get(n), clock))
     return calls
 

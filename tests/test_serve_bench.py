@@ -94,6 +94,17 @@ def test_serve_pass_rotates_arms_per_request_and_reads_probes_around_each_call()
     assert calls["eager"].deltas == {}
 
 
+def test_serve_pass_puts_each_arm_first_on_an_equal_share_of_new_sizes():
+    # a size's first call pays the process's shared per-shape caches, whichever arm makes it
+    clock, log = FakeClock(), []
+    arms = {n: clock.arm(1.0, log, n) for n in ("a", "b", "c")}
+    sizes = [5, 5, 5, 7, 7, 7, 9, 9, 9]          # rotated by r, all three new sizes would start with "a"
+    bs.serve_pass(arms, sizes, lambda size: (size,), lambda: None, clock=clock)
+    firsts = [log[3 * r] for r in range(len(sizes)) if sizes[r] not in sizes[:r]]
+    assert sorted(firsts) == ["a", "b", "c"]
+    assert [log[3 * r] for r in (1, 2)] == ["b", "c"]             # repeats still rotate by r
+
+
 def test_timed_call_syncs_around_the_call_and_probes_outside_it():
     clock, events = FakeClock(), []
 
