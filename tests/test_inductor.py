@@ -351,6 +351,64 @@ def test_a_faster_reexported_graph_becomes_the_base_and_the_bundle_says_so(mlp, 
         torch.testing.assert_close(model(x), MLP.forward(model, x))
 
 
+class _ConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x)) + 1
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_convs_of_symbolic_size_get_a_channels_last_arm_that_runs_where_it_pays(dynamic, monkeypatch):
+    """Inductor turns its layout optimization off where conv sizes are symbolic: on a dynamic
+    capture holding a conv the decision times torch.compile with it forced on (LAYOUT_OPTIONS),
+    which runs the model, and goes into its bundle, where it wins; a static capture has no such arm.
+    NOTE: a CPU conv's batch does not stay symbolic under Dynamo, so the capture here is a stand-in."""
+    from types import SimpleNamespace
+    from torch_htam import bundle, decide
+    from torch_htam.config import OptimizeConfig
+    from torch_htam.deadline import Deadline
+    from torch_htam.timing import GradMode
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, x = _ConvNet().eval(), torch.randn(4, 3, 8, 8)
+    want = _ConvNet.forward(model, x)
+    timed = []
+    _fake_timing(monkeypatch, {"compile": 1.0, "layout": 0.8, "*": 1.1}, timed)
+    capture = SimpleNamespace(dynamic={0: {0: (1, 16)}} if dynamic else None, exported=None,
+                              graphs=[torch.fx.symbolic_trace(model)], method="dynamo")
+    found = SimpleNamespace(capture=capture, tasks=[])
+    cfg = OptimizeConfig(dynamic=capture.dynamic)
+    with torch.inference_mode():
+        t = decide.Trials(model, (x,), cfg, GradMode.current(), Deadline(None))
+        t.start()
+        d = t.finish(found, {}, [], [])
+        decide.install(model, d, found, {})
+        got = model(x)
+    labels = {lab for r in timed for lab in r}
+    if not dynamic:
+        assert "layout" not in labels and d.outcome is decide.Outcome.COMPILE
+        return
+    assert "layout" in labels and d.outcome is decide.Outcome.LAYOUT, d.reason
+    assert d.chosen.options == decide.LAYOUT_OPTIONS == model._htam_backend.options
+    assert bundle.run_of(model)["options"] == decide.LAYOUT_OPTIONS
+    torch.testing.assert_close(got, want)
+    torch._dynamo.reset()
+
+
+def test_a_conv_is_told_from_other_calls():
+    from torch_htam.decide import _is_conv
+    gm = torch.fx.symbolic_trace(_ConvNet())
+    assert [n.name for n in gm.graph.nodes if _is_conv(gm, n)] == ["conv"]       # the module call
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    calls = [g.call_function(f, (x,)) for f in (torch.ops.aten.convolution.default, torch.conv2d,
+                                                torch.ops.prims.convert_element_type.default, torch.relu)]
+    assert [_is_conv(gm, n) for n in calls] == [True, True, False, False]
+
+
 def test_keep_reexport_hands_inductor_the_reexported_graph_with_no_kernel(mlp):
     model, x, found, kernels = mlp
     gm = torch.fx.symbolic_trace(model)                 # module calls, as Dynamo's graphs hold

@@ -62,9 +62,12 @@ INDUCTOR_FILE = "inductor/artifacts.bin"
 def run_of(model: torch.nn.Module) -> dict[str, Any]:
     """How an optimized model runs, as the manifest's "run" records it: {"compile": True, "mode":
     torch.compile's mode, "reexport": Inductor takes our re-exported graph even with no kernel in
-    it} (our kernels inside Inductor's graph) or REPLAY (the captured graph)."""
+    it, "options": Inductor config on top of the mode's (decide.LAYOUT_OPTIONS), where any} (our
+    kernels inside Inductor's graph) or REPLAY (the captured graph)."""
     b = model.__dict__.get("_htam_backend")
-    return {"compile": True, "mode": b.mode, "reexport": b.keep_reexport} if b is not None else dict(REPLAY)
+    if b is None:
+        return dict(REPLAY)
+    return {"compile": True, "mode": b.mode, "reexport": b.keep_reexport} | ({"options": b.options} if b.options else {})
 
 
 def with_dynamic(run: dict[str, Any], dynamic: dict | None) -> dict[str, Any]:
@@ -334,7 +337,7 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
     from torch_htam import inductor
     note = _load_inductor_code(bundle_dir, manifest)
     model = inductor.install(model, cap, kernels, run.get("mode", "default"), provider=provider,
-                             keep_reexport=run.get("reexport", False))
+                             keep_reexport=run.get("reexport", False), options=run.get("options"))
     model.htam_report.note = "; ".join(x for x in (model.htam_report.note, note) if x)
     if cap.capture.dynamic:
         from torch_htam.capture import marked

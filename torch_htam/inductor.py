@@ -314,11 +314,12 @@ def fresh_call(model: torch.nn.Module) -> Callable:
 
 def install(model: torch.nn.Module, found, kernels: dict[str, Any], mode: str = "default",
             provider=None, min_speedup: float = 1.0, compiled: Callable | None = None,
-            backend_obj: HtamBackend | None = None, keep_reexport: bool = False) -> torch.nn.Module:
+            backend_obj: HtamBackend | None = None, keep_reexport: bool = False,
+            options: dict[str, Any] | None = None) -> torch.nn.Module:
     """Make `model(...)` run torch.compile with our kernels, on the user's own object (what
     nn.Module.compile does), and report it. compiled / backend_obj: a compile made already
     (optimize's end-to-end guard timed it), reused so the model is not compiled again.
-    keep_reexport: HtamBackend's, where backend_obj is not given.
+    keep_reexport, options: HtamBackend's, where backend_obj is not given.
 
         >>> model = install(model, extract(model, (x,)), {sig: entry}, mode="reduce-overhead")
         >>> model(x); model.htam_report.format()
@@ -326,7 +327,7 @@ def install(model: torch.nn.Module, found, kernels: dict[str, Any], mode: str = 
     from torch_htam import attach, runtime
     attach.detach(model)
     usable, unusable = runtime._split_usable(kernels, min_speedup)
-    b = backend_obj or HtamBackend(usable, mode, provider=provider, keep_reexport=keep_reexport)
+    b = backend_obj or HtamBackend(usable, mode, provider=provider, keep_reexport=keep_reexport, options=options)
     report = runtime.Report(method=f"{found.capture.method} + inductor ({b.mode})")
     report.tasks = runtime._task_reports(found.tasks, kernels, [], {}, unusable)
     for t in report.tasks:
