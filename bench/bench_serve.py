@@ -188,7 +188,10 @@ def serve_pass(arms: dict[str, Callable], sizes: list[int], inputs_for: Callable
     for aten's convs cost 60-90 ms on the first call of a new batch size of ResNet-50 (bf16,
     H100), paid by whichever arm runs that size first and then by none (a profiled diagnostic).
     Rotated by r alone, which arm went first on a new size was left to where the mix's new
-    sizes fell: seed 0's mix put 3.6 s of first calls on ours against 1.4 s on compile_default."""
+    sizes fell. Only arms whose convs have the same parameters share those plans: ours with a
+    conv kernel swapped in paid them on every new size whichever arm went first (a profiled
+    diagnostic), so the cold pass compares the sharing there, not the arms (README, Known
+    limits)."""
     names, probes = list(arms), probes or {}
     calls = {n: Calls() for n in names}
     first: dict[int, int] = {}          # {size: rotation of its first request}
