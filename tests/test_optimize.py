@@ -431,3 +431,25 @@ def test_search_usage_reaches_the_report():
     text = runtime.Report(usage=total).format()
     assert "3 requests, 1350 tokens, cost unknown" in text
     assert "LLM" not in runtime.Report().format()
+
+
+@pytest.mark.gpu
+def test_a_served_convnet_has_its_channels_last_arm_timed_and_stays_right_across_the_range():
+    """A convnet with a declared dynamic batch: Inductor's layout optimization is off for its
+    symbolic convs, so the decision times torch.compile with it forced on (decide.LAYOUT_OPTIONS)
+    beside the floor; whichever runs, outputs match eager at sizes across the range."""
+    from torch_htam.decide import ArmKind
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 64, 3, stride=2, padding=1), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10)).cuda().eval()
+    ref = copy.deepcopy(model)
+    x = torch.randn(8, 3, 32, 32, device="cuda")
+    with torch.inference_mode():
+        model = torch_htam.optimize(model, (x,), OptimizeConfig(dynamic={0: {0: (1, 32)}}, search=False))
+        d = model.htam_report.decision
+        assert ArmKind.LAYOUT in [a.kind for a in d.arms], model.htam_report.format()
+        for n in (1, 5, 8, 32):
+            y = torch.randn(n, 3, 32, 32, device="cuda")
+            assert rel_err(model(y), ref(y)) < 1e-4
