@@ -26,8 +26,9 @@ does. Each row runs in a process of its own (this script with --one NAME), under
   4. the mix served once "cold" (whatever recompiles the mix triggers happen here), then WARM_PASSES
      times "warm" (the same mix again: steady state; its figures over all those passes, so p99 is
      not one request's latency). Request r runs every arm on the same inputs, in the order
-     rotated by r (a size's first request: by its rank among the new sizes, so each arm pays an
-     equal share of the shared per-shape caches' first calls); each call is timed alone (torch.cuda.synchronize before and after, perf_counter);
+     rotated by r (a size's first request: by its rank among the new sizes, so the arms that
+     share per-shape caches pay their first calls in equal shares; serve_pass); each call is
+     timed alone (torch.cuda.synchronize before and after, perf_counter);
      Python's cyclic GC is off during a pass and runs between passes (collected_between); each
      pass starts once other processes leave the host's cores (bench_floor.quiet_host;
      "host_cores_before": what they still used, per pass);
@@ -185,13 +186,12 @@ def serve_pass(arms: dict[str, Callable], sizes: list[int], inputs_for: Callable
     new before it instead, so each arm runs first on an equal share of the new sizes.
 
     NOTE: the arms share one process, and with it the per-shape caches under them: cuDNN's plans
-    for aten's convs cost 60-90 ms on the first call of a new batch size of ResNet-50 (bf16,
-    H100), paid by whichever arm runs that size first and then by none (a profiled diagnostic).
-    Rotated by r alone, which arm went first on a new size was left to where the mix's new
-    sizes fell. Only arms whose convs have the same parameters share those plans: ours with a
-    conv kernel swapped in paid them on every new size whichever arm went first (a profiled
-    diagnostic), so the cold pass compares the sharing there, not the arms (README, Known
-    limits)."""
+    for aten's convs cost 60-100 ms on the first call of a new batch size of ResNet-50 (bf16,
+    H100, profiled diagnostics), paid by the first arm that runs that size with those conv
+    parameters. Rotated by r alone, which arm went first on a new size was left to where the
+    mix's new sizes fell. Arms whose convs differ share nothing: ours with a conv kernel swapped
+    in paid the plans on every new size whichever arm went first, so there the cold pass
+    compares the sharing, not the arms (README, Known limits)."""
     names, probes = list(arms), probes or {}
     calls = {n: Calls() for n in names}
     first: dict[int, int] = {}          # {size: rotation of its first request}

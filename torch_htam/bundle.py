@@ -67,7 +67,8 @@ def run_of(model: torch.nn.Module) -> dict[str, Any]:
     b = model.__dict__.get("_htam_backend")
     if b is None:
         return dict(REPLAY)
-    return {"compile": True, "mode": b.mode, "reexport": b.keep_reexport} | ({"options": b.options} if b.options else {})
+    run = {"compile": True, "mode": b.mode, "reexport": b.keep_reexport}
+    return run | {"options": b.options} if b.options else run
 
 
 def with_dynamic(run: dict[str, Any], dynamic: dict | None) -> dict[str, Any]:
