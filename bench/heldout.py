@@ -10,6 +10,11 @@ Then, on a GPU: measure both sets and replay test with memory learned from train
     python3 bench/anytime.py bench/heldout/test --table-only --out test.json
     python3 bench/anytime.py --replay test.json --train train.json
 
+A GPU hour buys about 90 tables (about 40 s each at --limit 24 on an H100), so a run may measure a
+sample, split over GPUs: --sample prints a set's files, drawn per kind in proportion to the set
+(each kind at least once, seeded), in an order that alternates kinds so shards are alike:
+    python3 bench/heldout.py --sample test 56 --shard 0/4     # every 4th file of the sample
+
 Each row of bench/model_zoo.py ("convnext:bf16") is built full size (model_zoo.make, seeded) on
 CPU and cut into its tasks (extract.extract, as `torch-htam plan` does). The rules, in order:
   - one task per signature in a set: the first row (in the given order) that has it keeps it,
@@ -242,6 +247,41 @@ def build(train_rows: list[str], test_rows: list[str], out: Path, exclude: Path,
     return manifest
 
 
+def sample(manifest: dict, which: str, n: int, seed: int = 0) -> list[str]:
+    """n task files of set `which` (paths relative to the manifest's folder): per kind, in
+    proportion to the set by largest remainder, each kind at least once, drawn by
+    random.Random(seed); listed one kind after another in turn, so any every-k-th shard gets a
+    like mix of kinds (a conv table takes longer than an elementwise one)."""
+    import random
+    entries = manifest["sets"][which]
+    by_kind: dict[str, list[str]] = {}
+    for e in entries:
+        by_kind.setdefault(e["kind"], []).append(e["file"])
+    n = min(n, len(entries))
+    share = {k: n * len(v) / len(entries) for k, v in by_kind.items()}
+    take = {k: max(1, int(q)) for k, q in share.items()}
+    for k in sorted(share, key=lambda k: share[k] - int(share[k]), reverse=True):
+        if sum(take.values()) >= n:
+            break
+        take[k] += take[k] < len(by_kind[k])
+    rng = random.Random(seed)
+    drawn = {k: rng.sample(sorted(v), min(take[k], len(v))) for k, v in sorted(by_kind.items())}
+    out: list[str] = []
+    while any(drawn.values()):
+        for k in sorted(drawn):
+            if drawn[k]:
+                out.append(drawn[k].pop(0))
+    return out
+
+
+def shard(files: list[str], spec: str) -> list[str]:
+    """The i-th of k shards ("i/k", 0-based): every k-th file from the i-th."""
+    i, k = (int(x) for x in spec.split("/"))
+    if not 0 <= i < k:
+        raise ValueError(f"--shard {spec}: want i/k with 0 <= i < k")
+    return files[i::k]
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--train", nargs="+", default=TRAIN, metavar="ROW", help="model_zoo rows")
@@ -250,7 +290,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--exclude", default=str(HERE / "tasks"),
                     help="KernelBench files no task of either set may be")
     ap.add_argument("--small", action="store_true", help="tiny models (model_zoo small=True)")
+    ap.add_argument("--sample", nargs=2, metavar=("SET", "N"),
+                    help="print N files of SET (train or test) of --out's manifest, builds nothing")
+    ap.add_argument("--seed", type=int, default=0, help="the sample's draw")
+    ap.add_argument("--shard", help="with --sample: i/k, print the i-th of k shards")
     args = ap.parse_args(argv)
+    if args.sample and args.sample[0] not in ("train", "test"):
+        ap.error("--sample SET: train or test")
     unknown = [r for r in args.train + args.test if r not in model_zoo.ROWS]
     if unknown:
         ap.error(f"unknown rows {unknown}; known: {' '.join(model_zoo.ROWS)}")
@@ -259,6 +305,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.sample:
+        folder = Path(args.out)
+        files = sample(json.loads((folder / "manifest.json").read_text()), args.sample[0],
+                       int(args.sample[1]), args.seed)
+        print("\n".join(str(folder / f) for f in (shard(files, args.shard) if args.shard else files)))
+        return 0
     command = " ".join(["python3", "bench/heldout.py", *(sys.argv[1:] if argv is None else argv)])
     m = build(args.train, args.test, Path(args.out), Path(args.exclude), args.small, command)
     for name in ("train", "test"):

@@ -118,3 +118,22 @@ def test_a_failing_family_is_skipped(built):
 def test_a_row_in_both_sets_is_refused(tmp_path):
     with pytest.raises(ValueError, match="both sets"):
         heldout.build(["t5:bf16"], ["t5:bf16"], tmp_path, tmp_path, small=True, command="")
+
+
+def test_a_sample_keeps_every_kind_in_proportion_and_its_shards_partition_it():
+    kinds = {"conv": 40, "gemm": 30, "rowwise": 20, "attention": 2, "elementwise": 8}
+    manifest = {"sets": {"test": [{"file": f"test/{k}_{i}.py", "kind": k}
+                                  for k, n in kinds.items() for i in range(n)]}}
+    got = heldout.sample(manifest, "test", 25, seed=3)
+    assert len(got) == len(set(got)) == 25
+    drawn = {k: sum(f.startswith(f"test/{k}_") for f in got) for k in kinds}
+    assert drawn == {"conv": 10, "gemm": 7, "rowwise": 5, "attention": 1, "elementwise": 2}
+    assert got == heldout.sample(manifest, "test", 25, seed=3)
+    assert got != heldout.sample(manifest, "test", 25, seed=4)
+    parts = [heldout.shard(got, f"{i}/4") for i in range(4)]
+    assert sorted(sum(parts, [])) == sorted(got)
+    # kinds alternate, so each shard of four gets at least three kinds
+    assert all(len({f.split("/")[1].split("_")[0] for f in p}) >= 3 for p in parts)
+    assert len(heldout.sample(manifest, "test", 500)) == 100
+    with pytest.raises(ValueError):
+        heldout.shard(got, "4/4")
