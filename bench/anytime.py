@@ -239,11 +239,23 @@ def held_out(test: list[str], train: list[dict]) -> None:
 _REPLAY: dict = {}    # one process's replay inputs (_prepare), read by _one_run
 
 
+def task_path(table: dict) -> Path:
+    """A table's task file here: its recorded path; else, where it was measured in another
+    checkout (a GPU machine's), the same path under this repository's bench/; else bench/tasks/."""
+    path = Path(table["path"])
+    if path.exists():
+        return path
+    parts = path.parts
+    if "bench" in parts:
+        here = HERE.joinpath(*parts[len(parts) - parts[::-1].index("bench"):])
+        if here.exists():
+            return here
+    return HERE / "tasks" / f"{table['task']}.py"
+
+
 def _task(table: dict):
     from torch_htam.extract import task_from_source
-    path = Path(table["path"])
-    src = path.read_text() if path.exists() else (HERE / "tasks" / f"{table['task']}.py").read_text()
-    return task_from_source(src, table["task"])
+    return task_from_source(task_path(table).read_text(), table["task"])
 
 
 def _prepare(tables: list[dict], budget: int, gpu, arms, train: list[dict] = ()) -> None:

@@ -248,3 +248,12 @@ def test_cli_train_loads_table_files_and_records_the_train_tasks(tmp_path, monke
     assert [t["task"] for t in written["tables"]] == ["rw_softmax_fp32"]
     assert written["train_measured"] == [{"date": "d", "commit": "c", "device": None, "command": None,
                                           "file": str(train)}]
+
+
+def test_a_table_measured_in_another_checkout_finds_its_task_file_here():
+    here = anytime.HERE / "heldout" / "test"
+    name = sorted(here.glob("*.py"))[0]
+    elsewhere = {"path": f"/tmp/new/bench/heldout/test/{name.name}", "task": name.stem}
+    assert anytime.task_path(elsewhere) == name
+    moved = {"path": "/nowhere/rw_softmax_fp32.py", "task": "rw_softmax_fp32"}
+    assert anytime.task_path(moved) == anytime.HERE / "tasks" / "rw_softmax_fp32.py"
