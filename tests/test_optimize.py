@@ -452,4 +452,7 @@ def test_a_served_convnet_has_its_channels_last_arm_timed_and_stays_right_across
         assert ArmKind.LAYOUT in [a.kind for a in d.arms], model.htam_report.format()
         for n in (1, 5, 8, 32):
             y = torch.randn(n, 3, 32, 32, device="cuda")
-            assert rel_err(model(y), ref(y)) < 1e-4
+            # cuDNN runs fp32 convs in TF32 by default (torch.backends.cudnn.allow_tf32) and the
+            # channels-last arm's convs take other algorithms than eager's: on an H100 the two
+            # differed by 1.09e-4 (norm-relative) at batch 1; a layout bug would be O(1)
+            assert rel_err(model(y), ref(y)) < 1e-3
