@@ -123,17 +123,21 @@ def table_keys(task, table: dict) -> dict[str, dict]:
     had rowwise knobs the table's lacked, and the two rendered different sources. The row's
     verdict is read as that of the completed setting: the replay measures the order in which arms
     try a space, and a table measured at this commit (--table-only) refreshes the timings.
-    A row this commit's expert declines to render is left out: the proposer cannot propose it."""
+    A row this commit's expert declines to render is left out: the proposer cannot propose it.
+    Each row comes with its "setting" (proposer.setting_key of the completed setting): the replay's
+    proposer walks only those (ExpertProposer within=), so a setting this commit's space has and
+    the table lacks is never asked for, and two rows this commit makes one setting are one."""
     from torch_htam.policy import policy_for
     from torch_htam.proposers.base import source_key
     from torch_htam.proposers.expert.ir import Unsupported
-    from torch_htam.proposers.expert.proposer import match_task
+    from torch_htam.proposers.expert.proposer import match_task, setting_key
     tm = match_task(task, policy_for(task))
     t, region = tm.target, tm.region
     out = {}
     for r in table["rows"]:
+        p = t.canonical(region, dict(tm.defaults, **r["params"]))
         try:
-            out[source_key(t.render(region, t.canonical(region, dict(tm.defaults, **r["params"]))))] = r
+            out[source_key(t.render(region, p))] = dict(r, setting=setting_key(p))
         except Unsupported:
             continue
     return out
@@ -194,7 +198,8 @@ def search_log(task, by_key: dict, memory, mode: str, budget: int, limit: int, g
     ev = TableEvaluator(by_key, gpu)
     cfg = SearchConfig(steps=budget, candidates_per_step=4, stagnation=0, roofline_stop=None,
                        memory=mode, seed=seed)
-    search(task, ExpertProposer(space_limit=limit), ev, memory, cfg, gpu=gpu)
+    within = {r["setting"] for r in by_key.values()}
+    search(task, ExpertProposer(space_limit=limit, within=within), ev, memory, cfg, gpu=gpu)
     return ev.log[:budget]
 
 

@@ -965,15 +965,21 @@ def test_the_generic_loop_drives_any_target(monkeypatch):
                   render=lambda m, p: f"HTAM_ENTRY htam_run /* x={p['x']} algo={p['algo']} */")
     task = bench_task("ew_bias_gelu_bf16")
     prop = proposer.ExpertProposer(targets=(fake,)).propose(ProposalRequest(task, "seed", [], n=8))
-    # the defaults (untagged), then the space's settings that apply the start order's strategy;
-    # x=9 (the grid's own) applies none, so no step proposes it unasked
-    assert [c.params for c in prop.candidates] == [{"x": 1, "algo": 0}, {"x": 2, "algo": 0}, {"x": 3, "algo": 0}]
-    assert [c.tags for c in prop.candidates] == [[]] + [["fake_move"]] * 2   # applied, not embodied
+    # the defaults (untagged), then the space's settings that apply the start order's strategy,
+    # then x=9 (the grid's own): it applies no move, but changes the knob fake_move sets
+    assert [c.params for c in prop.candidates] == [{"x": 1, "algo": 0}, {"x": 2, "algo": 0}, {"x": 3, "algo": 0},
+                                                   {"x": 9, "algo": 0}]
+    assert [c.tags for c in prop.candidates] == [[]] + [["fake_move"]] * 3   # applied, not embodied
     assert prop.note.startswith("expert: fake kernel")
     assert proposer.tuning_grid(task, targets=(fake,)) == [{"x": 1, "algo": 0}, {"x": 2, "algo": 0},
                                                            {"x": 3, "algo": 0}, {"x": 9, "algo": 0}]
     src = Path(proposer.__file__).read_text()
     assert "kind ==" not in src and not any(f'"{k}"' in src for k in ("elementwise", "rowwise", "gemm", "conv"))
+    # a strategy that sets another knob does not reach it
+    monkeypatch.setitem(strategies.TABLE, "fake_move",
+                        StrategyMoves(frozenset({"fake"}), lambda f: [{"algo": 1}]))
+    prop = proposer.ExpertProposer(targets=(fake,)).propose(ProposalRequest(task, "seed", [], n=8))
+    assert {"x": 9, "algo": 0} not in [c.params for c in prop.candidates]
 
 
 def import_graph(root: Path, pkg: str = "torch_htam") -> dict[str, set[str]]:

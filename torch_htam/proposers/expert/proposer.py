@@ -81,8 +81,9 @@ class ExpertProposer:
     (bench/anytime.py measures exactly those; None: all of it)."""
     name = "expert"
 
-    def __init__(self, targets: tuple[Target, ...] = TARGETS, space_limit: int | None = None):
-        self.targets, self.space_limit = targets, space_limit
+    def __init__(self, targets: tuple[Target, ...] = TARGETS, space_limit: int | None = None,
+                 within: set[tuple] | None = None):
+        self.targets, self.space_limit, self.within = targets, space_limit, within
 
     def supports(self, task, policy=None) -> set[str]:
         """Strategy ids this proposer can apply to `task` (empty when no target matches it): those
@@ -99,7 +100,8 @@ class ExpertProposer:
         except Exception:   # NOTE: as in propose: an odd graph is just unsupported
             return set()
         start = tm.target.canonical(tm.region, dict(tm.defaults))
-        return {s for p in search_space(tm, self.space_limit) for s in applied(tm, p, start, list(TABLE))}
+        return {s for p in search_space(tm, self.space_limit, self.within)
+                for s in tags_of(tm, p, start, list(TABLE))}
 
     def propose(self, request: ProposalRequest) -> Proposal:
         task = request.task
@@ -121,7 +123,7 @@ class ExpertProposer:
         if parent is None and not sids:
             sids = list(t.start_order)
         out, skipped, repeats = [], [], 0
-        for params, tags in _ordered(tm, start, sids, parent is None, self.space_limit):
+        for params, tags in _ordered(tm, start, sids, parent is None, self.space_limit, self.within):
             try:
                 src = t.render(region, params)
             except Unsupported as e:
@@ -144,16 +146,19 @@ class ExpertProposer:
         return Proposal(out, note)
 
 
-def _key(params: dict) -> tuple:
+def setting_key(params: dict) -> tuple:
+    """A setting's identity (its canonical params, as search_space writes them)."""
     return tuple(sorted(params.items()))
 
 
-def search_space(tm: TaskMatch, limit: int | None = None) -> list[dict]:
+
+def search_space(tm: TaskMatch, limit: int | None = None, within: set[tuple] | None = None) -> list[dict]:
     """The expert's search space on a task, defaults first: the defaults, every strategy move
     applied to them (refit), then the kind's knob grid (Target.grid); canonical, valid, distinct.
 
     A step walks this finite space: which part of it comes first is what the HTG's choice of
-    strategies decides (`_ordered`), so memory has something to steer.
+    strategies decides (`_ordered`), so memory has something to steer. within: only the settings
+    whose setting_key is in it (bench/anytime.py's replay: the ones its table measured).
     """
     t, region, facts = tm.target, tm.region, tm.facts
     base = dict(tm.defaults)
@@ -166,8 +171,8 @@ def search_space(tm: TaskMatch, limit: int | None = None) -> list[dict]:
     out, seen = [], set()
     for p in raw:
         p = t.canonical(region, dict(p))
-        if _key(p) not in seen and t.valid(p):
-            seen.add(_key(p))
+        if setting_key(p) not in seen and t.valid(p) and (within is None or setting_key(p) in within):
+            seen.add(setting_key(p))
             out.append(p)
     return out[:limit]
 
@@ -184,18 +189,38 @@ def applied(tm: TaskMatch, params: dict, start: dict, sids: list[str]) -> list[s
     return [s for s in ids if s in kept]
 
 
-def _ordered(tm: TaskMatch, start: dict, sids: list[str], first: bool, limit: int | None = None
-             ) -> list[tuple[dict, list[str]]]:
+def touched(tm: TaskMatch, params: dict, start: dict, sids: list[str]) -> list[str]:
+    """The strategies among `sids` one of whose moves sets a knob that `params` changes from
+    `start`: the family of a grid setting that applies no strategy's move exactly (a pool's
+    tpr 8 where warp_shuffle_reduction's moves try 32 and 16)."""
+    changed = {k for k in set(params) | set(start) if params.get(k) != start.get(k)}
+    return [s for s in sids if any(v and changed & set(v) for v in moves_for(s, tm.facts))]
+
+
+def tags_of(tm: TaskMatch, params: dict, start: dict, sids: list[str]) -> list[str]:
+    """What a setting is credited to: the strategies it applies to `start` (applied), else those
+    whose knobs it changes (touched). NOTE: tagged by exact moves alone, a grid setting off every
+    move was never proposed: on 13 of 48 held-out tasks (bench/heldout, H100 tables in
+    bench/results/anytime_table-20261126-23*.json) every search stopped short of its space's best,
+    up to 1.6x short (a conv at 2.63x of eager where its grid held 4.29x)."""
+    return applied(tm, params, start, sids) or touched(tm, params, start, sids)
+
+
+def _ordered(tm: TaskMatch, start: dict, sids: list[str], first: bool, limit: int | None = None,
+             within: set[tuple] | None = None) -> list[tuple[dict, list[str]]]:
     """(params, tags) in the order a step proposes them: the start itself when it is the first
     step (the defaults, the baseline, untagged), then round-robin over the requested strategies,
     each one's settings nearest the start first (fewest params changed); tags are every strategy
     the setting applies to the start. Settings that apply none of the requested strategies are
     not proposed: the step is the HTG's choice, not a sweep."""
-    space = [p for p in search_space(tm, limit) if _key(p) != _key(start)]
+    space = [p for p in search_space(tm, limit, within) if setting_key(p) != setting_key(start)]
     everything = list(TABLE)
-    tags = [applied(tm, p, start, everything) for p in space]
+    exact = [applied(tm, p, start, everything) for p in space]
+    tags = [e or touched(tm, p, start, everything) for e, p in zip(exact, space)]
     dist = [sum(p.get(k) != start.get(k) for k in set(p) | set(start)) for p in space]
-    queues = [[i for i in sorted(range(len(space)), key=lambda i: dist[i]) if s in tags[i]] for s in sids]
+    # a strategy's exact moves first, then the settings that only change its knobs, nearest first
+    queues = [[i for i in sorted(range(len(space)), key=lambda i: (s not in exact[i], dist[i])) if s in tags[i]]
+              for s in sids]
     out: list[tuple[dict, list[str]]] = [(dict(start), [])] if first else []
     taken: set[int] = set()
     while any(queues):
