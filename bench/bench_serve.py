@@ -2,14 +2,16 @@
 default, on the sizes real traffic brings.
 
     python3 bench/bench_serve.py --list
-    python3 bench/bench_serve.py decoder:bf16 --budget 120        # one row (about one 10-minute call)
+    python3 bench/bench_serve.py decoder:bf16 --budget 120 --timeout 570   # one row, one 10-minute call
     python3 bench/bench_serve.py --dtype bf16 --requests 200 --seed 0
+    python3 bench/bench_serve.py resnet50:bf16 --no-cold-isolated    # without step 6
 
 Rows are the models of bench/serve_models.py ("decoder", "encoder", "vision", "resnet50", each ":bf16" and
 ":fp32"; fp32 rows run with TF32 allowed for matmuls and cuDNN, "tf32": true in the row). Each
 declares one dynamic dim (the decoder's sequence length, the others' batch) as OptimizeConfig.dynamic
 does. Each row runs in a process of its own (this script with --one NAME), under a time limit
-(--timeout, default 1.1 x budget + 30 s + 420 s). In that process, in this order:
+(--timeout, default 1.1 x budget + 30 s + 420 s + 180 s for step 6; default_timeout). In that
+process, in this order:
 
   1. build the model (seeded, eval mode, on cuda) and the request mix: --requests sizes of the
      dynamic dim, random.Random(--seed): EXAMPLE_SHARE of them (exactly, at random places) the
@@ -19,7 +21,9 @@ does. Each row runs in a process of its own (this script with --one NAME), under
      itself, reported, not a baseline), "compile_dynamic" (torch.compile(copy, dynamic=True)),
      "compile_default" (torch.compile(copy): specialized on the first shape; Dynamo's automatic
      dynamic shapes recompile after a new size) and "ours" (torch_htam.optimize(copy, example,
-     OptimizeConfig(dynamic=..., time_budget_s=--budget)), its wall time "optimize_s");
+     OptimizeConfig(dynamic=..., time_budget_s=--budget)), its wall time "optimize_s"); then,
+     for step 6, ours saved as a deployment would load it: a bundle (save_ours; "bundle_s", and
+     "cold_isolated_ours" says whether step 6 loads it or runs optimize again, and why);
   3. warm-up: every arm called once on the example inputs, then at the declared range's lowest and
      highest sizes (what a server does at start-up, so compiles for them happen there, not on a
      user's request; "warmup_sizes"; the seconds per arm are "warmup_s", its graphs "warmup_graphs");
@@ -32,8 +36,43 @@ does. Each row runs in a process of its own (this script with --one NAME), under
      Python's cyclic GC is off during a pass and runs between passes (collected_between); each
      pass starts once other processes leave the host's cores (bench_floor.quiet_host;
      "host_cores_before": what they still used, per pass);
-  5. outputs of both compile arms and ours against eager's at a few of the mix's sizes.
-Steps 2-5 run under torch.inference_mode().
+  5. outputs of both compile arms and ours against eager's at a few of the mix's sizes;
+  6. the isolated cold pass (on by default; --no-cold-isolated skips it and step 2's bundle): each
+     checked arm (both compile arms and ours; eager is not needed cold) in a process of its own,
+     as a deployment runs one arm per process, one after the other and after steps 3-5, so no
+     GPU work overlaps (this process waits, holding its memory: a few GB at most for these models).
+     Each child (this script with --cold-arm ARM --one NAME; measure_cold) builds the model and
+     the mix as step 1 does (same seed, sizes and inputs), builds that arm alone (a compile arm
+     as step 2 does; ours: torch_htam.load of the bundle into the model it built, else optimize
+     again), warms it up as step 3 does, serves the mix once as step 4 does and writes its calls.
+     Each child runs under COLD_ARM_TIMEOUT_S and within what is left of the row's limit; one that
+     fails, is cut off or is skipped for want of time is named in "cold_isolated_error" and never
+     ends the row (its warm figures stay).
+Steps 2-5 (and a child's arm, warm-up and pass) run under torch.inference_mode().
+
+The cold figures, two of them (the warm ones are step 4's, unprefixed):
+  "cold_..."           step 4's cold pass: the four arms interleaved in one process, which share its
+                       per-shape caches. cuDNN plans a new batch size of ResNet-50's convs in 60-100
+                       ms, paid by the first arm that runs that size with those conv parameters: the
+                       compile arms run the same convs and split the cost, ours with a conv kernel
+                       swapped in shares none and pays every new size. Where the arms' convs differ,
+                       this ratio compares the sharing, not the arms (0.38-0.40 on ResNet-50,
+                       bench_serve-20261126-212722.json, -214003.json).
+  "cold_isolated_..."  step 6's: each arm's first serving of the mix in a process of its own, so the
+                       process's own caches (cuDNN's plans, cuBLAS's workspaces, Dynamo's compiled
+                       code, loaded CUDA modules) start empty for every arm alike. Inductor's caches on
+                       disk (FX graph, AOTAutograd, Triton; $TORCHINDUCTOR_CACHE_DIR) are the host's,
+                       as a server restarted on the same host finds them: the row's process filled
+                       them for every arm's graphs, so a child's compiles read code where the row
+                       compiled the same graph; ours also starts from the Inductor code its bundle
+                       ships. Per arm: "arms"[arm]["cold_isolated"] (arm_stats), the ratios
+                       "cold_isolated_throughput_vs_compile" and "cold_isolated_p99_vs_compile"
+                       (vs_compile, as for the other passes; None unless all three children served
+                       the mix), "cold_isolated_recompiles", "cold_isolated_kernel_share",
+                       "cold_isolated_runs" (per child: wall and limit seconds, its warm-up, how ours
+                       was built, the kernels ours kept), "cold_isolated_s" (the children's wall
+                       seconds, all together) and "cold_isolated_error" ({arm: why} or None).
+
 
 Recompiles: Dynamo graphs compiled during a call, torch._dynamo.utils.counters["stats"]
 ["unique_graphs"] read before and after it (the counter Dynamo bumps once per graph it compiles,
@@ -64,12 +103,14 @@ goes on.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import dataclasses
 import gc
 import json
 import math
+import os
 import random
 import statistics
 import subprocess
@@ -99,6 +140,16 @@ RECOMPILE_LIMIT = 64                       # torch._dynamo.config.recompile_limi
 WARM_PASSES = 3                            # the warm pass, served this many times (p99 over all)
 # max |out - eager| / max |eager| allowed, by the row's dtype (fp32 runs with TF32 on)
 TOLERANCE = {"bf16": 5e-2, "fp32": 1e-2}
+# The isolated cold pass: one child process per checked arm (module docstring, step 6).
+# COLD_ARM_S, a child's expected wall time, is an estimate, not a measurement: process start and
+# imports (~10 s), the model's build (seconds), the warm-up's compiles reading Inductor's on-disk
+# code for graphs the row's process compiled (Dynamo and AOTAutograd trace again, Inductor
+# generates nothing: ~20-40 s for ResNet-50; the in-process warm-up, which generated code, took
+# 26-40 s for compile_default and 59-92 s for compile_dynamic, bench_serve-20261126-*.json), ours'
+# bundle load (capture and golden check: seconds), and one pass of the mix (1-4 s an arm).
+COLD_ARM_S = 60.0
+COLD_ARM_TIMEOUT_S = 180.0                 # a child's own limit: 3 x the estimate
+ROW_MARGIN_S = 30.0                        # a child ends this long before the row's limit
 MIX_RULE = (f"log-uniform over the declared (low, high), rounded to ints; {EXAMPLE_SHARE:.0%} of requests "
             "(exactly, at random places) forced to the example's size; random.Random(seed)")
 
@@ -107,10 +158,11 @@ def budget_limit(budget_s: float) -> float:
     return bench_floor.budget_limit(budget_s)
 
 
-def default_timeout(budget_s: float) -> float:
+def default_timeout(budget_s: float, cold_isolated: bool = True) -> float:
     """A row's process limit: optimize's limit plus 420 s for building, the arms' compiles and
-    recompiles, and two passes of the mix over four arms."""
-    return budget_limit(budget_s) + 420.0
+    recompiles, and two passes of the mix over four arms; plus, with the isolated cold pass, its
+    children's estimate (COLD_ARM_S per checked arm)."""
+    return budget_limit(budget_s) + 420.0 + (len(CHECKED) * COLD_ARM_S if cold_isolated else 0.0)
 
 
 # ---- the request mix -------------------------------------------------------------------------------
@@ -252,17 +304,25 @@ def vs_compile(stats: dict[str, dict]) -> dict:
             "best_compile_throughput": best_thr, "best_compile_p99": best_p99}
 
 
+# Each pass's prefix on the row's ratio and share fields, and its field of graphs compiled per arm.
+PASSES = {"warm": ("", "warm_recompiles"), "cold": ("cold_", "recompiles"),
+          "cold_isolated": ("cold_isolated_", "cold_isolated_recompiles")}
+
+
 def pass_fields(passes: dict[str, dict[str, Calls]]) -> dict:
-    """A row's figures from its passes ({"cold": {arm: Calls}, "warm": ...}): per arm and pass,
-    the ratios of each pass (the warm pass's unprefixed), recompiles, ours' kernel shares."""
+    """A row's figures from its passes ({"cold": {arm: Calls}, "warm": ..., "cold_isolated": ...}):
+    per arm and pass, the ratios of each pass (the warm pass's unprefixed; None where a checked
+    arm is missing from the pass, as a failed isolated child leaves it: the better compile arm
+    cannot be told from one), graphs compiled per arm, ours' kernel shares."""
     stats = {p: {a: arm_stats(c) for a, c in arms.items()} for p, arms in passes.items()}
     out: dict[str, Any] = {"arms": {a: {p: stats[p][a] for p in stats if a in stats[p]} for a in ARMS}}
-    for p, prefix in (("warm", ""), ("cold", "cold_")):
-        if p in stats:
-            out.update({prefix + k: v for k, v in vs_compile(stats[p]).items()})
-            out[prefix + "kernel_share"] = stats[p].get("ours", {}).get("kernel_share")
-    out["recompiles"] = {a: s["graphs"] for a, s in stats.get("cold", {}).items()}
-    out["warm_recompiles"] = {a: s["graphs"] for a, s in stats.get("warm", {}).items()}
+    for p, (prefix, graphs_key) in PASSES.items():
+        if p not in stats:
+            continue
+        ratios = vs_compile(stats[p] if all(a in stats[p] for a in CHECKED) else {})   # {}: all None
+        out.update({prefix + k: v for k, v in ratios.items()})
+        out[prefix + "kernel_share"] = stats[p].get("ours", {}).get("kernel_share")
+        out[graphs_key] = {a: s["graphs"] for a, s in stats[p].items()}
     out["outside_share"] = stats.get("warm", {}).get("ours", {}).get("outside_share")
     return out
 
@@ -296,7 +356,13 @@ def empty_row(model: str, budget_s: float = 120.0, requests: int = 200, seed: in
             "tasks": None, "task_status": None, "regions": None, "phases": None, "decision": None,
             "swapped": None, "report_note": None, "outcome": None, "recompiles": None, "warm_recompiles": None,
             "max_err": None, "correct": None,
-            "tolerance": None, "check_sizes": None, "floor_ok": None, "within_budget": None}
+            "tolerance": None, "check_sizes": None, "floor_ok": None, "within_budget": None,
+            # the isolated cold pass (step 6), None where it did not run
+            "bundle_s": None, "cold_isolated_ours": None, "cold_isolated_throughput_vs_compile": None,
+            "cold_isolated_p99_vs_compile": None, "cold_isolated_best_compile_throughput": None,
+            "cold_isolated_best_compile_p99": None, "cold_isolated_kernel_share": None,
+            "cold_isolated_recompiles": None, "cold_isolated_runs": None, "cold_isolated_s": None,
+            "cold_isolated_error": None}
 
 
 def build_row(model: str, passes: dict, optimize_s: float | None, budget_s: float, **extra) -> dict:
@@ -486,16 +552,30 @@ def _dynamo_limits():
     return torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, automatic_dynamic_local_pgo=False)
 
 
-def setup(name: str, opts, device: str, compile_fn=_torch_compile) -> tuple[Setup, Any]:
-    """Row `name`'s Setup with every arm but ours, and the copy that optimize gets (all copies
-    made here, before optimize)."""
+def _load_bundle(model, bundle_dir: Path, inputs: tuple):
+    import torch_htam
+    return torch_htam.load(model, bundle_dir, inputs)
+
+
+# torch.compile's dynamic= for each compile arm
+DYNAMIC_ARG = {"compile_dynamic": True, "compile_default": None}
+
+
+def build(name: str, opts, device: str) -> tuple[Any, Setup]:
+    """Row `name`'s model and its Setup with no arm yet: the example, the declared dim, inputs per
+    size and the request mix. Seeded: every process that builds a row builds the same ones."""
     model, example, dynamic, make_inputs = serve_models.make(name, small=opts.small, device=device)
     index, dim, low, high = serve_models.dynamic_dim(dynamic)
     mix = request_mix(low, high, example[index].shape[dim], opts.requests, opts.seed)
-    arms = {"eager": model,
-            "compile_dynamic": compile_fn(copy.deepcopy(model), True),
-            "compile_default": compile_fn(copy.deepcopy(model), None)}
-    return Setup(arms, example, dynamic, make_inputs, mix), copy.deepcopy(model)
+    return model, Setup({}, example, dynamic, make_inputs, mix)
+
+
+def setup(name: str, opts, device: str, compile_fn=_torch_compile) -> tuple[Setup, Any]:
+    """Row `name`'s Setup with every arm but ours, and the copy that optimize gets (all copies
+    made here, before optimize)."""
+    model, s = build(name, opts, device)
+    s.arms = {"eager": model, **{a: compile_fn(copy.deepcopy(model), DYNAMIC_ARG[a]) for a in COMPILE_ARMS}}
+    return s, copy.deepcopy(model)
 
 
 def mix_fields(s: Setup, name: str) -> dict:
@@ -519,11 +599,12 @@ def warm_up(s: Setup, sync: Callable) -> dict:
     the first arm to compile a graph pays for it and an arm compiling the same graph after it pays
     less. Without the range's ends here, that first compile fell on user requests in the cold pass,
     always to the same arm for a given mix (ours, on the first size-1 request of seed 0's mix)."""
-    secs, graphs, sizes = dict.fromkeys(ARMS, 0.0), dict.fromkeys(ARMS, 0), warmup_sizes(s)
+    names = [a for a in ARMS if a in s.arms]          # all four in a row; one in a cold child
+    secs, graphs, sizes = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0), warmup_sizes(s)
     for k, size in enumerate(sizes):
         inputs = s.example if k == 0 else s.inputs_for(size)
-        for j in range(len(ARMS)):
-            a = ARMS[(k + j) % len(ARMS)]
+        for j in range(len(names)):
+            a = names[(k + j) % len(names)]
             before, t0 = graphs_compiled(), time.perf_counter()
             s.arms[a](*inputs)
             sync()
@@ -532,9 +613,9 @@ def warm_up(s: Setup, sync: Callable) -> dict:
     return {"warmup_s": secs, "warmup_graphs": graphs, "warmup_sizes": sizes}
 
 
-def serve(row: dict, s: Setup, sync: Callable, stage: Callable[[str], None]) -> None:
+def serve(row: dict, s: Setup, sync: Callable, stage: Callable[[str], None]) -> dict[str, dict[str, Calls]]:
     """Warm-up, the cold pass and the warm pass into `row` (the figures after each pass, so a row
-    cut off in the warm pass keeps the cold one)."""
+    cut off in the warm pass keeps the cold one); the passes' calls ({pass: {arm: Calls}})."""
     stage("warmup")
     row.update(warm_up(s, sync))
     probes, passes = probes_for(s.arms), {}
@@ -547,6 +628,7 @@ def serve(row: dict, s: Setup, sync: Callable, stage: Callable[[str], None]) -> 
                 calls = serve_pass(s.arms, s.mix.sizes, s.inputs_for, sync, probes)
             passes[p] = merged(passes[p], calls) if p in passes else calls
         row.update(pass_fields(passes))
+    return passes
 
 
 @contextlib.contextmanager
@@ -574,16 +656,243 @@ def merged(a: dict[str, "Calls"], b: dict[str, "Calls"]) -> dict[str, "Calls"]:
     return out
 
 
+# ---- the isolated cold pass (step 6): ours saved, each checked arm in a child of its own ----------
+
+@dataclass
+class Saved:
+    """How the ours child rebuilds ours: from the bundle at `path`, or (path None) by running
+    optimize again, `how` saying why; `seconds` spent saving it in the row's process."""
+    path: Path | None
+    how: str
+    seconds: float
+
+
+def _write_bundle(ours, original, example: tuple, dynamic: dict, out_dir: Path) -> None:
+    """A bundle of what optimize chose for `ours`, written from the model optimize returned:
+    torch_htam.precompile's tail without its optimize. precompile optimizes first (its search
+    reads the cache, but its decision compiles and times every arm again, then it optimizes a
+    third time to put the model back), so this costs a capture of a fresh copy of the original
+    model, a golden record per kept kernel and Inductor's code serialized: seconds, nothing new
+    measured. Called right after optimize, before any arm is served, so the bundle carries the
+    Inductor code optimize compiled (as precompile's does) and none of what the mix makes the row
+    compile. Raises where a bundle cannot hold what ours runs."""
+    from torch_htam import bundle, inductor
+    from torch_htam.report import TaskStatus
+    run = bundle.run_of(ours)
+    if not run["compile"]:
+        outcome = getattr(getattr(getattr(ours, "htam_report", None), "outcome", None), "value", None)
+        raise ValueError(f"ours runs {outcome or 'without torch.compile'}: a bundle would load as the replay "
+                         "of the captured graph, which serves the example's sizes only")
+    inductor.sync_report(ours)       # as precompile: the kernels the compiled graphs swapped in
+    used = {t.signature for t in ours.htam_report.tasks if t.status == TaskStatus.SWAPPED}
+    # NOTE: the tasks of the ORIGINAL graph (a copy never optimized), as precompile lists them
+    bundle.precompile(copy.deepcopy(original), example, out_dir, only=used,
+                      run=bundle.with_dynamic(run, dynamic), inductor_code=inductor.save_artifacts())
+
+
+def save_ours(ours, original, s: Setup, out_dir: Path, write=_write_bundle) -> Saved:
+    """Ours saved as a deployment would load it (write(ours, original, example, dynamic, out_dir)),
+    or, where that fails, why the ours child optimizes again."""
+    t0 = time.perf_counter()
+    try:
+        write(ours, original, s.example, s.dynamic, out_dir)
+        return Saved(out_dir, "bundle", time.perf_counter() - t0)
+    except Exception as e:  # noqa: BLE001 - the child optimizes again instead
+        why = bench_floor.last_line(traceback.format_exc()) or type(e).__name__
+        return Saved(None, f"optimize again (same kernel cache): no bundle: {why}", time.perf_counter() - t0)
+
+
+@dataclass
+class ColdRun:
+    """One checked arm's isolated cold pass, as the row records it: its calls (None where the
+    child failed: `error` says why), the child's wall and limit seconds, and what else it wrote
+    (its warm-up, how the arm was built, ours' kernels)."""
+    arm: str
+    calls: Calls | None = None
+    wall_s: float = 0.0
+    limit_s: float | None = None
+    error: str | None = None
+    info: dict = field(default_factory=dict)
+
+
+def cold_command(name: str, opts, arm: str, out: Path, bundle: Path | None) -> list[str]:
+    """This script, to serve row `name`'s mix cold with `arm` alone and write its calls to `out`."""
+    return child_command(name, opts, out) + ["--cold-arm", arm] + (["--bundle", str(bundle)] if bundle else [])
+
+
+def cold_env() -> dict[str, str]:
+    """The child's environment: this one, with the kernel cache named (HTAM_CACHE_DIR), so an ours
+    child that optimizes again reads the cache this row's optimize filled."""
+    from torch_htam import paths
+    return {**os.environ, "HTAM_CACHE_DIR": str(paths.cache_root())}
+
+
+def run_cold_arm(name: str, opts, arm: str, limit_s: float, bundle: Path | None, command=cold_command) -> ColdRun:
+    """`arm`'s isolated cold pass, by a child process (command(name, opts, arm, out, bundle)) cut
+    off, with whatever it left running, after limit_s."""
+    with tempfile.TemporaryDirectory(prefix="bench_serve-cold-") as d:
+        out = Path(d) / "calls.json"
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(command(name, opts, arm, out, bundle), start_new_session=True, env=cold_env())
+        why = None
+        try:
+            rc = proc.wait(timeout=limit_s)
+            why = f"the child exited with status {rc}" if rc != 0 else None
+        except subprocess.TimeoutExpired:
+            why = f"timed out after {limit_s:.0f} s"
+        finally:
+            bench_floor._end_group(proc)
+        wall = time.perf_counter() - t0
+        try:
+            got = json.loads(out.read_text())
+        except (OSError, ValueError):
+            got = {}
+    return cold_run_of(arm, got, wall, limit_s, why)
+
+
+def cold_run_of(arm: str, got: dict, wall_s: float, limit_s: float, why: str | None) -> ColdRun:
+    """A ColdRun from what a child wrote (measure_cold's dict, {} for nothing) and why it ended
+    early. Calls it wrote whole count even where it then exited badly (a crash at interpreter
+    exit costs no figure; "exit" keeps why)."""
+    info = {k: v for k, v in got.items() if k not in ("model", "arm", "calls", "error")}
+    if got.get("calls") and not got.get("error"):
+        return ColdRun(arm, Calls(**got["calls"]), wall_s, limit_s, None, info | ({"exit": why} if why else {}))
+    st = got.get("stage")
+    error = got.get("error") or (why or "the child wrote no calls") + (f" in stage {st!r}" if st else "")
+    return ColdRun(arm, None, wall_s, limit_s, error, info)
+
+
+def cold_limit(arm: str, opts, bundle: Path | None, deadline: float) -> float:
+    """A child's time limit: COLD_ARM_TIMEOUT_S (an ours child that optimizes again, plus
+    optimize's limit), but no later than `deadline` (time.monotonic()), so the child has ended
+    before the row's own limit ends the row's process."""
+    own = COLD_ARM_TIMEOUT_S + (budget_limit(opts.budget) if arm == "ours" and bundle is None else 0.0)
+    return min(own, deadline - time.monotonic())
+
+
+def cold_isolated(row: dict, passes: dict, name: str, opts, saved: Saved, deadline: float,
+                  stage: Callable[[str], None], run_cold=run_cold_arm) -> None:
+    """Step 6 into `row`: each checked arm's child in turn (run_cold(name, opts, arm, limit_s,
+    bundle) -> ColdRun), the row's fields after each. A child that fails, or that the row's limit
+    leaves under 10 s for, is recorded; it never ends the row."""
+    runs = []
+    for arm in CHECKED:
+        stage(f"cold_isolated {arm}")
+        limit = cold_limit(arm, opts, saved.path, deadline)
+        if limit < 10.0:
+            run = ColdRun(arm, limit_s=limit, error=f"skipped: {max(limit, 0):.0f} s left of the row's time limit")
+        else:
+            try:
+                run = run_cold(name, opts, arm, limit, saved.path)
+            except Exception:  # noqa: BLE001 - a child that cannot start is its arm's failure
+                run = ColdRun(arm, limit_s=limit, error=bench_floor.last_line(traceback.format_exc()))
+        runs.append(run)
+        passes["cold_isolated"] = {r.arm: r.calls for r in runs if r.calls is not None}
+        row.update(pass_fields(passes))
+        row.update(cold_isolated_fields(runs))
+
+
+def cold_isolated_fields(runs: list[ColdRun]) -> dict:
+    """The row's record of the children: per arm its wall and limit seconds and what it wrote
+    ("cold_isolated_runs"), their wall seconds together ("cold_isolated_s"), and {arm: why} for
+    those that served no mix ("cold_isolated_error", None where every one did)."""
+    errors = {r.arm: r.error for r in runs if r.error}
+    return {"cold_isolated_runs": {r.arm: {"wall_s": r.wall_s, "limit_s": r.limit_s, **r.info} for r in runs},
+            "cold_isolated_s": sum(r.wall_s for r in runs), "cold_isolated_error": errors or None}
+
+
+# ---- a cold child (--cold-arm ARM --one NAME) --------------------------------------------------------
+
+def build_arm(arm: str, model, s: Setup, opts, bundle: Path | None, compile_fn=_torch_compile,
+              optimize=_optimize, load=_load_bundle) -> tuple[Callable, str]:
+    """The one arm a cold child serves, from the model it built, and how it was built: a compile
+    arm as setup() compiles it; ours from the row's bundle (load(model, bundle, example)), else
+    by optimize again (its search reads the row's kernel cache; its decision is made again, so it
+    may keep other kernels than the row's ours: compare "kernels_kept")."""
+    if arm in COMPILE_ARMS:
+        return compile_fn(model, DYNAMIC_ARG[arm]), f"torch.compile(dynamic={DYNAMIC_ARG[arm]})"
+    if bundle is not None:
+        return load(model, bundle, s.example), "bundle"
+    return optimize(model, s.example, s.dynamic, opts.budget), "optimize again"
+
+
+def measure_cold(name: str, arm: str, opts, device: str = "cuda", bundle: Path | None = None,
+                 compile_fn=_torch_compile, optimize=_optimize, load=_load_bundle,
+                 progress=lambda out: None) -> dict:
+    """Step 6's child: row `name`'s model and mix built as the row builds them, `arm` alone built
+    (build_arm), warmed up as warm_up does, the mix served once (serve_pass, timed_call, with the
+    row's probes). Returns {"model", "arm", "stage", "calls": the arm's Calls as a dict (sizes in
+    the mix's order, ms, deltas), "built", "build_s", "warmup_s", "warmup_graphs", "warmup_sizes",
+    "host_cores_before", ours' "kernels_kept", "report_note", "outcome", "child_s", "error"};
+    progress(out) at each stage. Any failure is recorded in "error"."""
+    import torch
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out: dict[str, Any] = {"model": name, "arm": arm, "stage": None, "calls": None, "error": None}
+    start = time.perf_counter()
+
+    def stage(st: str) -> None:
+        out["stage"] = st
+        print(f"[bench_serve] {name} {arm} cold child: {st} (at {time.perf_counter() - start:.0f} s)",
+              file=sys.stderr, flush=True)
+        progress(out)
+
+    try:
+        with _precision(name.split(":")[-1]), _dynamo_limits():
+            stage("build")
+            model, s = build(name, opts, device)
+            with torch.inference_mode():
+                s.arms[arm], out["built"] = build_arm(arm, model, s, opts, bundle, compile_fn, optimize, load)
+                out["build_s"] = time.perf_counter() - start
+                stage("warmup")
+                w = warm_up(s, sync)
+                out.update(warmup_s=w["warmup_s"][arm], warmup_graphs=w["warmup_graphs"][arm],
+                           warmup_sizes=w["warmup_sizes"])
+                stage("cold")
+                out["host_cores_before"] = bench_floor.quiet_host()
+                with collected_between():
+                    calls = serve_pass(s.arms, s.mix.sizes, s.inputs_for, sync, probes_for(s.arms))
+            out["calls"] = dataclasses.asdict(calls[arm])
+            if arm == "ours":
+                rf = report_fields(s.arms["ours"])
+                out.update({k: rf.get(k) for k in ("kernels_kept", "report_note", "outcome")})
+            out["stage"] = "done"
+    except Exception:  # noqa: BLE001 - recorded; the row records the arm's failure
+        text = traceback.format_exc()
+        print(text, file=sys.stderr, flush=True)
+        out["error"] = bench_floor.last_line(text)
+    out["child_s"] = time.perf_counter() - start
+    return out
+
+
+def cold_main(a) -> int:
+    """The cold child's command line: measure_cold of --one's row and --cold-arm's arm, written to
+    --row-out at each stage (or printed when run by hand); 1 where it failed."""
+    keep = (lambda out: bench_floor._write_json(a.row_out, out)) if a.row_out else (lambda out: None)
+    out = measure_cold(a.one, a.cold_arm, a, device=a.device, bundle=a.bundle, compile_fn=_torch_compile,
+                       optimize=_optimize, load=_load_bundle, progress=keep)
+    keep(out)
+    if a.row_out is None:
+        print(json.dumps(out), flush=True)
+    return 0 if out["error"] is None else 1
+
+
+# ---- a row, measured in its process (the --one child) ----------------------------------------------
+
 def measure(name: str, opts, device: str = "cuda", optimize=_optimize, compile_fn=_torch_compile,
-            progress=lambda row: None) -> dict:
+            progress=lambda row: None, write_bundle=_write_bundle, run_cold=run_cold_arm) -> dict:
     """Row `name` measured in this process (the steps in the module's docstring). progress(row) is
-    called with the row so far at each stage ("stage" names it). Any failure ends the row with
-    "error"."""
+    called with the row so far at each stage ("stage" names it). Any failure in steps 1-5 ends the
+    row with "error"; step 6's children (run_cold, unless opts.no_cold_isolated) run after them,
+    each within what is left of the row's limit (--timeout, else default_timeout, counted from
+    here: ROW_MARGIN_S covers this process's start-up before it and the end of a child cut off)."""
     import torch
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     row = empty_row(name, opts.budget, opts.requests, opts.seed)
     row.update(tf32=row["dtype"] == "fp32", recompile_limit=RECOMPILE_LIMIT, tolerance=TOLERANCE[row["dtype"]])
     start = time.perf_counter()
+    isolated = not opts.no_cold_isolated
+    limit = opts.timeout if opts.timeout is not None else default_timeout(opts.budget, isolated)
+    deadline = time.monotonic() + limit - ROW_MARGIN_S
 
     def stage(st: str) -> None:
         row["stage"], row["row_s"] = st, time.perf_counter() - start
@@ -591,7 +900,8 @@ def measure(name: str, opts, device: str = "cuda", optimize=_optimize, compile_f
         progress(row)
 
     try:
-        with _precision(row["dtype"]), _dynamo_limits():
+        # the bundle's folder lives until the children have loaded it
+        with _precision(row["dtype"]), _dynamo_limits(), tempfile.TemporaryDirectory(prefix="bench_serve-row-") as tmp:
             stage("build")
             s, for_ours = setup(name, opts, device, compile_fn)
             row.update(mix_fields(s, name))
@@ -602,10 +912,16 @@ def measure(name: str, opts, device: str = "cuda", optimize=_optimize, compile_f
                 s.arms["ours"] = optimize(for_ours, s.example, s.dynamic, opts.budget)
                 sync()
                 row["optimize_s"] = time.perf_counter() - t0
-                serve(row, s, sync, stage)
+                if isolated:
+                    stage("bundle")     # in optimize's grad mode: its capture gives the same tasks
+                    saved = save_ours(s.arms["ours"], s.arms["eager"], s, Path(tmp) / "bundle", write_bundle)
+                    row.update(bundle_s=saved.seconds, cold_isolated_ours=saved.how)
+                passes = serve(row, s, sync, stage)
                 stage("check")
                 row.update(check_outputs(s.arms, check_sizes(s.mix), s.inputs_for, row["tolerance"]))
             row.update(report_fields(s.arms["ours"]))
+            if isolated:
+                cold_isolated(row, passes, name, opts, saved, deadline, stage, run_cold)
             row["stage"] = "done"
     except Exception:  # noqa: BLE001 - one row's failure is its row's, never the run's
         text = traceback.format_exc()
@@ -619,9 +935,12 @@ def measure(name: str, opts, device: str = "cuda", optimize=_optimize, compile_f
 # ---- the run: each row in a child process ----------------------------------------------------------
 
 def child_command(name: str, opts, row_out: Path) -> list[str]:
-    """This script, to measure row `name` alone and write it to row_out."""
-    return bench_floor.child_args(__file__, name, opts, row_out, [
-        "--budget", str(opts.budget), "--requests", str(opts.requests), "--seed", str(opts.seed)])
+    """This script, to measure row `name` alone and write it to row_out (with the row's limit, which
+    its cold children keep within, and --no-cold-isolated where given)."""
+    own = ["--budget", str(opts.budget), "--requests", str(opts.requests), "--seed", str(opts.seed)]
+    own += ["--timeout", str(opts.timeout)] if opts.timeout is not None else []
+    own += ["--no-cold-isolated"] if opts.no_cold_isolated else []
+    return bench_floor.child_args(__file__, name, opts, row_out, own)
 
 
 def run_child(name: str, opts, timeout: float, command=child_command) -> dict:
@@ -668,7 +987,8 @@ def summarize(rows: list[dict]) -> dict:
     cold), ours' kernel share per row, the longest optimize."""
     out = {"rows": len(rows), "errors": sum(1 for r in rows if r.get("error")),
            "floor_ok": sum(1 for r in rows if r.get("floor_ok") is True)}
-    for k in ("throughput_vs_compile", "p99_vs_compile", "cold_throughput_vs_compile", "cold_p99_vs_compile"):
+    for k in ("throughput_vs_compile", "p99_vs_compile", "cold_throughput_vs_compile", "cold_p99_vs_compile",
+              "cold_isolated_throughput_vs_compile", "cold_isolated_p99_vs_compile"):
         vals = [r[k] for r in rows if r.get(k) is not None]
         out[f"min_{k}"] = min(vals) if vals else None
         out[f"geomean_{k}"] = bench_floor.geomean(vals)
@@ -686,6 +1006,8 @@ def _f(v, fmt: str) -> str:
 COLUMNS = [("model", "model", "s", 14), ("kept", "kernels_kept", "d", 4), ("share", "kernel_share", ".2f", 5),
            ("thr vsC", "throughput_vs_compile", ".3f", 7), ("p99 vsC", "p99_vs_compile", ".3f", 7),
            ("cold thr", "cold_throughput_vs_compile", ".3f", 8), ("cold p99", "cold_p99_vs_compile", ".3f", 8),
+           ("iso thr", "cold_isolated_throughput_vs_compile", ".3f", 7),     # each arm cold in its own process
+           ("iso p99", "cold_isolated_p99_vs_compile", ".3f", 7),
            ("rc dyn", "recompiles.compile_dynamic", "d", 6), ("rc def", "recompiles.compile_default", "d", 6),
            ("rc ours", "recompiles.ours", "d", 7), ("opt s", "optimize_s", ".1f", 6), ("floor", "floor_ok", "", 5)]
 
@@ -708,7 +1030,9 @@ def format_table(rows: list[dict], summary: dict) -> str:
     return "\n".join([head, "-" * len(head), *map(format_row, rows), "",
                       f"{summary['rows']} rows ({summary['errors']} with errors): floor_ok {summary['floor_ok']}; "
                       f"worst vs torch.compile (warm): throughput {g('min_throughput_vs_compile')}x, "
-                      f"p99 {g('min_p99_vs_compile')}x; all ok: {_f(summary['all_ok'], '')}"])
+                      f"p99 {g('min_p99_vs_compile')}x; cold, each arm in its own process (iso): "
+                      f"throughput {g('min_cold_isolated_throughput_vs_compile')}x, "
+                      f"p99 {g('min_cold_isolated_p99_vs_compile')}x; all ok: {_f(summary['all_ok'], '')}"])
 
 
 # ---- command line ----------------------------------------------------------------------------------
@@ -719,11 +1043,17 @@ def parse(argv=None):
     ap.add_argument("--requests", type=int, default=200, help="requests in the mix (each pass serves them all)")
     ap.add_argument("--seed", type=int, default=0, help="the mix's seed (random.Random)")
     ap.add_argument("--budget", type=float, default=120.0, help="OptimizeConfig.time_budget_s (s)")
-    bench_floor.add_run_flags(ap, "1.1 x budget + 30 + 420")
+    ap.add_argument("--no-cold-isolated", action="store_true",
+                    help="skip the isolated cold pass (each checked arm cold in a process of its own)")
+    bench_floor.add_run_flags(ap, f"1.1 x budget + 30 + 420 + {len(CHECKED) * COLD_ARM_S:.0f} (isolated cold pass)")
+    ap.add_argument("--cold-arm", choices=CHECKED, default=None, help=argparse.SUPPRESS)   # a cold child's arm
+    ap.add_argument("--bundle", type=Path, default=None, help=argparse.SUPPRESS)          # ... ours' bundle
     a = ap.parse_args(argv)
     bench_floor.check_rows(ap, a, serve_models.ROWS)
     if a.requests < 1:
         ap.error("--requests must be at least 1")
+    if a.cold_arm is not None and a.one is None:
+        ap.error("--cold-arm needs --one NAME")
     return a
 
 
@@ -735,9 +1065,11 @@ def selected(a) -> list[str]:
 
 def main(argv=None) -> int:
     a = parse(argv)
+    if a.cold_arm is not None:
+        return cold_main(a)
     if (code := bench_floor.handled(a, serve_models, measure, "bench_serve")) is not None:
         return code
-    timeout = a.timeout if a.timeout is not None else default_timeout(a.budget)
+    timeout = a.timeout if a.timeout is not None else default_timeout(a.budget, not a.no_cold_isolated)
     path = None
 
     def keep(rows: list) -> None:
@@ -747,6 +1079,7 @@ def main(argv=None) -> int:
                 "requests": a.requests, "seed": a.seed, "budget_s": a.budget, "budget_limit_s": budget_limit(a.budget),
                 "mix_rule": MIX_RULE, "example_share": EXAMPLE_SHARE, "arms": list(ARMS), "floor": FLOOR,
                 "recompile_limit": RECOMPILE_LIMIT, "tolerance": TOLERANCE, "row_timeout_s": timeout,
+                "cold_isolated": not a.no_cold_isolated, "cold_arm_timeout_s": COLD_ARM_TIMEOUT_S,
                 "tf32": "fp32 rows: on (matmul and cuDNN); bf16 rows: torch's defaults",
                 "summary": summarize(rows), "rows": rows}, results_dir=a.out, path=path)
 

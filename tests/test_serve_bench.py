@@ -3,6 +3,7 @@ interleaved server loop with a fake clock and probes, the vs-compile arithmetic 
 latencies, the row schema from a CPU run with stand-in arms, a failing or crashed row recorded with
 "error" while the run goes on, --list, the results file and its RESULTS.md table (temp folders
 only), and every model at a tiny size (and at full size on the meta device). No GPU, no optimize()."""
+import copy
 import json
 import math
 import sys
@@ -25,6 +26,13 @@ render = _load("bench_render", ROOT / "bench" / "render.py")
 FIELDS = ("model", "throughput_vs_compile", "p99_vs_compile", "cold_throughput_vs_compile", "cold_p99_vs_compile",
           "kernel_share", "kernels_kept", "optimize_s", "recompiles", "requests", "mix", "arms", "max_err",
           "correct", "floor_ok", "within_budget", "tf32")
+
+
+@pytest.fixture(autouse=True)
+def _no_wait_for_a_quiet_host(monkeypatch):
+    """A pass here starts at once: bench_floor.quiet_host waits up to 20 s a pass for other processes
+    to leave the cores, which on a busy test box is every pass."""
+    monkeypatch.setattr(bs.bench_floor, "quiet_host", lambda: 0.0)
 
 
 def _opts(*extra):
@@ -228,10 +236,23 @@ def test_measure_on_cpu_with_stand_in_arms(monkeypatch):
         return model
 
     monkeypatch.setattr(bs, "kernel_counts", lambda: dict(kernel_calls))
+    children = []
+
+    def run_cold(name, opts, arm, limit_s, bundle):
+        children.append((arm, bundle, limit_s))
+        return bs.ColdRun(arm, _calls([1.0] * 12), wall_s=2.0, limit_s=limit_s)
+
     row = bs.measure("encoder:fp32", _opts("--budget", "7"), device="cpu", optimize=optimize,
-                     compile_fn=lambda m, dynamic: m, progress=lambda r: stages.append(r["stage"]))
+                     compile_fn=lambda m, dynamic: m, progress=lambda r: stages.append(r["stage"]), run_cold=run_cold)
     assert "error" not in row and row["stage"] == "done"
-    assert stages == ["build", "optimize", "warmup", "cold", "warm", "check"]
+    assert stages == ["build", "optimize", "bundle", "warmup", "cold", "warm", "check", "cold_isolated compile_dynamic",
+                      "cold_isolated compile_default", "cold_isolated ours"]
+    # the stand-in ours runs no torch.compile (no backend): no bundle, its child optimizes again, with
+    # optimize's limit on top of its own
+    assert row["cold_isolated_ours"].startswith("optimize again") and "replay" in row["cold_isolated_ours"]
+    assert [(a, b) for a, b, _ in children] == [(a, None) for a in bs.CHECKED]
+    assert [lim for _, _, lim in children] == [bs.COLD_ARM_TIMEOUT_S] * 2 + [bs.COLD_ARM_TIMEOUT_S + 37.7]
+    assert row["cold_isolated_s"] == 6.0 and row["cold_isolated_error"] is None
     assert seen == [(True, {0: {0: (1, 8)}}, 7.0, [(4, 8, 32)])]
     assert set(FIELDS) <= set(row) and row["requests"] == 12 and len(row["mix_sizes"]) == 12
     assert row["kernels_kept"] == 1 and row["task_status"] == {"swapped": 1, "not used": 1} and row["swapped"] == 3
@@ -311,7 +332,8 @@ def test_main_writes_results_after_each_row_and_render_shows_them(tmp_path, monk
 
     monkeypatch.setattr(bs, "run_child", fake_child)
     rc = bs.main(["--dtype", "fp32", "--budget", "10", "--device", "cpu", "--out", str(tmp_path)])
-    assert rc == 0 and calls == [(n, 461.0) for n in ("decoder:fp32", "encoder:fp32", "vision:fp32", "resnet50:fp32")]
+    # 1.1 x 10 + 30 + 420, plus 3 x 60 for the isolated cold pass's children
+    assert rc == 0 and calls == [(n, 641.0) for n in ("decoder:fp32", "encoder:fp32", "vision:fp32", "resnet50:fp32")]
     (path,) = tmp_path.glob("bench_serve-*.json")
     data = json.loads(path.read_text())
     assert data["suite"] == "bench_serve" and data["requests"] == 200 and data["seed"] == 0
@@ -401,3 +423,261 @@ def test_a_pass_runs_with_the_cyclic_gc_off_and_collects_around_it(monkeypatch):
     with bs.collected_between():
         seen.append(gc.isenabled())
     assert seen == [False] and gc.isenabled() and collected == [True, True]
+
+
+# ---- the isolated cold pass: each checked arm cold in a child process of its own -------------------
+
+def _cold_child(tmp_path, arm, *extra):
+    """The cold child's command line run in this process; what it wrote to --row-out."""
+    out = tmp_path / f"{arm}.json"
+    rc = bs.main(["--one", "encoder:bf16", "--cold-arm", arm, "--row-out", str(out), "--device", "cpu", "--small",
+                  "--requests", "12", "--seed", "3", *extra])
+    return rc, json.loads(out.read_text())
+
+
+def test_cold_child_serves_the_mix_in_order_with_its_arm_alone(tmp_path, monkeypatch):
+    compiled = []
+
+    def compile_fn(model, dynamic):
+        compiled.append(dynamic)
+        return model
+
+    monkeypatch.setattr(bs, "_torch_compile", compile_fn)
+    monkeypatch.setattr(bs, "_optimize", lambda *a: pytest.fail("a compile arm's child optimizes nothing"))
+    rc, got = _cold_child(tmp_path, "compile_default")
+    mix = bs.request_mix(1, 8, 4, 12, seed=3)                           # encoder small: B 1-8, example 4
+    assert rc == 0 and got["error"] is None and got["stage"] == "done" and got["arm"] == "compile_default"
+    assert compiled == [None]                                           # that arm alone, as setup() compiles it
+    assert got["calls"]["sizes"] == mix.sizes and len(got["calls"]["ms"]) == 12   # the mix, in its order
+    assert got["calls"]["deltas"]["graphs"] == [0] * 12 and "kernel" not in got["calls"]["deltas"]
+    assert got["warmup_sizes"] == [4, 1, 8] and isinstance(got["warmup_s"], float)
+    assert got["built"] == "torch.compile(dynamic=None)"
+    run = bs.cold_run_of("compile_default", got, 1.0, 180.0, None)
+    assert run.error is None and run.calls.sizes == mix.sizes and run.info["warmup_graphs"] == 0
+
+
+def test_cold_child_loads_ours_from_the_bundle_and_counts_its_kernels(tmp_path, monkeypatch):
+    counter, loaded = {"kernel": 0, "outside": 0, "failed": 0}, []
+
+    def load(model, bundle, inputs):
+        loaded.append((bundle, tuple(inputs[0].shape), torch.is_inference_mode_enabled()))
+        forward = model.forward
+
+        def with_kernel(*args):
+            counter["kernel"] += args[0].shape[0] > 1                   # "our kernel" on batches above 1
+            return forward(*args)
+        model.forward = with_kernel
+        return model
+
+    monkeypatch.setattr(bs, "_load_bundle", load)
+    monkeypatch.setattr(bs, "_torch_compile", lambda *a: pytest.fail("ours' child compiles no other arm"))
+    monkeypatch.setattr(bs, "kernel_counts", lambda: dict(counter))
+    rc, got = _cold_child(tmp_path, "ours", "--bundle", str(tmp_path / "bundle"))
+    sizes = bs.request_mix(1, 8, 4, 12, seed=3).sizes
+    assert rc == 0 and got["built"] == "bundle" and loaded == [(tmp_path / "bundle", (4, 8, 32), True)]
+    assert got["calls"]["sizes"] == sizes and got["calls"]["deltas"]["kernel"] == [int(x > 1) for x in sizes]
+
+
+def test_cold_child_without_a_bundle_optimizes_ours_again_and_records_a_failure(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(bs, "_optimize", lambda model, inputs, dynamic, budget: seen.append((dynamic, budget)) or model)
+    rc, got = _cold_child(tmp_path, "ours", "--budget", "9")
+    assert rc == 0 and got["built"] == "optimize again" and seen == [({0: {0: (1, 8)}}, 9.0)]
+    monkeypatch.setattr(bs, "_optimize", lambda *a: (_ for _ in ()).throw(RuntimeError("no GPU today")))
+    rc, got = _cold_child(tmp_path, "ours")
+    assert rc == 1 and got["error"] == "RuntimeError: no GPU today" and got["stage"] == "build" and got["calls"] is None
+    run = bs.cold_run_of("ours", got, 2.0, 180.0, "the child exited with status 1")
+    assert run.calls is None and run.error == "RuntimeError: no GPU today"
+    with pytest.raises(SystemExit):
+        bs.parse(["--cold-arm", "ours"])                                # needs --one
+    with pytest.raises(SystemExit):
+        bs.parse(["--one", "encoder:bf16", "--cold-arm", "eager"])      # eager is not served cold
+
+
+def _cold_script(tmp_path: Path, body: str):
+    path = tmp_path / "cold_child.py"
+    path.write_text(textwrap.dedent(body))
+    return lambda name, opts, arm, out, bundle: [sys.executable, str(path), str(out), arm]
+
+
+def test_run_cold_arm_reads_the_childs_calls_or_says_why_not(tmp_path):
+    done = _cold_script(tmp_path, """
+        import json, sys
+        calls = {"sizes": [2, 5], "ms": [1.5, 2.5], "deltas": {"graphs": [1, 0]}}
+        json.dump({"arm": sys.argv[2], "stage": "done", "calls": calls, "error": None, "warmup_s": 3.0},
+                  open(sys.argv[1], "w"))
+        sys.exit(int(sys.argv[2] == "ours"))          # ours' child crashes at exit, after writing
+    """)
+    run = bs.run_cold_arm("encoder:bf16", _opts(), "compile_dynamic", 20, None, command=done)
+    assert run.error is None and run.calls.ms == [1.5, 2.5] and run.calls.deltas == {"graphs": [1, 0]}
+    assert run.info == {"stage": "done", "warmup_s": 3.0} and run.limit_s == 20 and run.wall_s > 0
+    ours = bs.run_cold_arm("encoder:bf16", _opts(), "ours", 20, None, command=done)
+    assert ours.calls is not None and ours.info["exit"] == "the child exited with status 1"
+    crash = _cold_script(tmp_path, "import sys; sys.exit(3)")
+    run = bs.run_cold_arm("encoder:bf16", _opts(), "ours", 20, None, command=crash)
+    assert run.calls is None and run.error == "the child exited with status 3"
+    stuck = _cold_script(tmp_path, """
+        import json, sys, time
+        json.dump({"stage": "warmup", "calls": None, "error": None}, open(sys.argv[1], "w"))
+        time.sleep(60)
+    """)
+    run = bs.run_cold_arm("encoder:bf16", _opts(), "compile_default", 1, None, command=stuck)
+    assert run.error == "timed out after 1 s in stage 'warmup'" and run.wall_s < 30
+
+
+def test_cold_command_names_the_arm_and_the_bundle():
+    cmd = bs.cold_command("resnet50:bf16", _opts("--timeout", "500"), "ours", Path("/t/calls.json"), Path("/t/b"))
+    assert cmd[cmd.index("--one") + 1] == "resnet50:bf16" and cmd[cmd.index("--row-out") + 1] == "/t/calls.json"
+    assert cmd[-4:] == ["--cold-arm", "ours", "--bundle", "/t/b"] and "--small" in cmd
+    assert "--bundle" not in bs.cold_command("resnet50:bf16", _opts(), "compile_dynamic", Path("/t/c"), None)
+    row_cmd = bs.child_command("resnet50:bf16", _opts("--timeout", "500", "--no-cold-isolated"), Path("/t/r"))
+    assert row_cmd[row_cmd.index("--timeout") + 1] == "500.0" and "--no-cold-isolated" in row_cmd
+
+
+def _stand_in_ours(model, inputs, dynamic, budget):
+    return model
+
+
+def _measure_with_children(run_cold, *extra, **kw):
+    return bs.measure("encoder:bf16", _opts(*extra), device="cpu", optimize=_stand_in_ours,
+                      compile_fn=lambda m, dynamic: m, run_cold=run_cold, **kw)
+
+
+def test_isolated_ratios_come_from_the_childrens_calls(tmp_path):
+    # each child's latencies made up: compile_dynamic 2 ms, compile_default 1 ms with a 9 ms first call
+    # (a recompile), ours 0.5 ms but 4 ms on its first call
+    made = {"compile_dynamic": [2.0] * 12, "compile_default": [9.0] + [1.0] * 11, "ours": [4.0] + [0.5] * 11}
+    bundles = []
+
+    def run_cold(name, opts, arm, limit_s, bundle):
+        bundles.append(bundle)
+        graphs = [1] + [0] * 11 if arm == "compile_default" else [0] * 12
+        return bs.ColdRun(arm, _calls(made[arm], graphs=graphs), wall_s=5.0, limit_s=limit_s, info={"built": arm})
+
+    def write_bundle(ours, original, example, dynamic, out_dir):
+        assert original is not ours and dynamic == {0: {0: (1, 8)}}
+        out_dir.mkdir()
+        (out_dir / "manifest.json").write_text("{}")
+
+    row = _measure_with_children(run_cold, write_bundle=write_bundle)
+    assert "error" not in row and row["cold_isolated_ours"] == "bundle" and row["bundle_s"] >= 0
+    assert len(bundles) == 3 and bundles[0].name == "bundle" and len(set(bundles)) == 1
+    stats = {a: bs.arm_stats(_calls(ms)) for a, ms in made.items()}
+    best_thr = max(stats[a]["requests_per_s"] for a in bs.COMPILE_ARMS)          # compile_default's
+    best_p99 = min(stats[a]["p99_ms"] for a in bs.COMPILE_ARMS)
+    assert row["cold_isolated_throughput_vs_compile"] == pytest.approx(stats["ours"]["requests_per_s"] / best_thr)
+    assert row["cold_isolated_p99_vs_compile"] == pytest.approx(best_p99 / stats["ours"]["p99_ms"])
+    assert row["cold_isolated_best_compile_throughput"] == "compile_default"
+    assert row["cold_isolated_best_compile_p99"] == "compile_dynamic"
+    assert row["cold_isolated_p99_vs_compile"] != row["cold_p99_vs_compile"]    # not the in-process pass
+    assert row["arms"]["ours"]["cold_isolated"]["p99_ms"] == pytest.approx(stats["ours"]["p99_ms"])
+    assert "cold_isolated" not in row["arms"]["eager"]                          # eager is not served cold
+    assert row["cold_isolated_recompiles"] == {"compile_dynamic": 0, "compile_default": 1, "ours": 0}
+    assert row["cold_isolated_runs"]["ours"] == {"wall_s": 5.0, "limit_s": bs.COLD_ARM_TIMEOUT_S, "built": "ours"}
+    assert row["cold_isolated_s"] == 15.0 and row["cold_isolated_error"] is None
+    json.dumps(row, allow_nan=False)
+    assert "iso thr" in bs.format_table([row], bs.summarize([row]))
+    assert bs.summarize([row])["min_cold_isolated_p99_vs_compile"] == pytest.approx(row["cold_isolated_p99_vs_compile"])
+
+
+def test_a_failing_child_is_recorded_and_the_row_keeps_its_warm_figures():
+    def run_cold(name, opts, arm, limit_s, bundle):
+        if arm == "compile_default":
+            return bs.ColdRun(arm, wall_s=1.0, limit_s=limit_s, error="timed out after 180 s in stage 'warmup'")
+        if arm == "ours":
+            raise OSError("cannot start the child")
+        return bs.ColdRun(arm, _calls([1.0] * 12), wall_s=3.0, limit_s=limit_s)
+
+    row = _measure_with_children(run_cold)
+    assert "error" not in row and row["stage"] == "done"
+    assert row["throughput_vs_compile"] is not None and row["cold_p99_vs_compile"] is not None
+    assert row["arms"]["ours"]["warm"]["requests"] == 12 * bs.WARM_PASSES
+    assert row["cold_isolated_error"] == {"compile_default": "timed out after 180 s in stage 'warmup'",
+                                          "ours": "OSError: cannot start the child"}
+    # with a checked arm missing, no ratio: the better compile arm cannot be told from one
+    assert row["cold_isolated_throughput_vs_compile"] is None and row["cold_isolated_p99_vs_compile"] is None
+    assert row["arms"]["compile_dynamic"]["cold_isolated"]["requests"] == 12
+    assert row["cold_isolated_s"] == 4.0 and row["floor_ok"] is not None
+
+
+def test_children_stay_within_the_rows_limit_and_can_be_skipped():
+    ran = []
+    run_cold = lambda name, opts, arm, limit_s, bundle: ran.append(arm)    # noqa: E731
+    row = _measure_with_children(run_cold, "--timeout", "35")              # 35 - ROW_MARGIN_S: 5 s left
+    assert ran == [] and row["stage"] == "done" and "error" not in row
+    assert set(row["cold_isolated_error"]) == set(bs.CHECKED)
+    assert all(e.startswith("skipped:") and "row's time limit" in e for e in row["cold_isolated_error"].values())
+    assert row["throughput_vs_compile"] is not None
+    off = _measure_with_children(run_cold, "--no-cold-isolated")
+    assert ran == [] and off["stage"] == "done" and off["bundle_s"] is None and off["cold_isolated_s"] is None
+    assert set(bs.empty_row("x:bf16")) >= {"cold_isolated_throughput_vs_compile", "cold_isolated_p99_vs_compile",
+                                          "cold_isolated_s", "cold_isolated_error", "cold_isolated_runs"}
+    assert bs.default_timeout(10.0, cold_isolated=False) == 461.0
+
+
+def test_save_ours_falls_back_to_optimize_again_where_no_bundle_is_written(tmp_path):
+    s = bs.Setup({}, (torch.zeros(4, 2),), {0: {0: (1, 8)}}, lambda n: (torch.zeros(n, 2),), bs.Mix([4], 1, 8, 4, 0))
+    plain = torch.nn.Linear(2, 2)
+    saved = bs.save_ours(plain, plain, s, tmp_path / "b")             # the real writer: ours runs no compile
+    assert saved.path is None and saved.how.startswith("optimize again") and "replay" in saved.how
+    assert not (tmp_path / "b").exists()
+    ok = bs.save_ours(plain, plain, s, tmp_path / "b", write=lambda *a: None)
+    assert ok.path == tmp_path / "b" and ok.how == "bundle" and ok.seconds >= 0
+
+
+def test_the_bundle_of_ours_loads_back_what_optimize_kept(tmp_path, monkeypatch):
+    """_write_bundle on a model run under torch.compile with one of its two kernels (stand-ins on the
+    CPU, tests/test_bundle.py's way): the bundle records that run with the declared sizes and that
+    kernel alone, and load() puts the same kernel back on a fresh copy, computing the same."""
+    from torch_htam import bundle, inductor, runtime
+    from torch_htam.cache import KernelCache
+    from torch_htam.capture import marked
+    from torch_htam.extract import extract
+    from test_bundle import _ev
+    from test_runtime import MLP, CpuKernel, PROVIDER
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HTAM_ARCH", "sm_fake")
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    original, x, dynamic = MLP().eval(), torch.randn(4, 8, 32), {0: {0: (1, 16)}}
+    found = extract(original, (x,), dynamic=dynamic)
+    cache = KernelCache("sm_fake")                       # the default cache, as optimize fills it
+    for t in found.tasks:
+        so = tmp_path / f"{t.signature}.so"
+        so.write_bytes(b"\x7fELF fake library for " + t.signature.encode() * 50)
+        ev = _ev()
+        ev.buckets = [[0, 0, 2, 8], [0, 0, 9, 16]]
+        cache.put(t, f"// kernel for {t.name}\n", so, ev, {"proposer": "expert"})
+    stand_ins = {t.signature: CpuKernel(t) for t in found.tasks}
+    provider = runtime.Provider(PROVIDER.op, lambda entry: stand_ins[entry.signature])
+    kept = found.tasks[0].signature
+    ours = inductor.install(copy.deepcopy(original), found, {kept: cache.get(kept)}, provider=provider)
+    with torch.inference_mode():
+        ours(*marked((x,), found.capture.dynamic))       # compiled dynamic, as optimize's: the kernel in
+        bs._write_bundle(ours, original, (x,), dynamic, tmp_path / "b")
+    man = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert man["run"] == {"compile": True, "mode": "default", "reexport": False, "dynamic": {"0": {"0": [1, 16]}}}
+    assert {t["signature"] for t in man["tasks"] if t["kernel"]} == {kept} and len(man["tasks"]) == len(found.tasks)
+    assert "forward" not in original.__dict__ and "_htam_backend" not in original.__dict__   # left as it was
+    torch._dynamo.reset()
+    y = torch.randn(11, 8, 32)                           # made outside inference mode, as the row's inputs
+    with torch.inference_mode():
+        torch.manual_seed(0)                             # the same weights, as serve_models builds them
+        fresh = bundle.load(MLP().eval(), tmp_path / "b", (x,), provider=provider, arch="sm_fake")
+        before = stand_ins[kept].calls
+        assert torch.allclose(fresh(y), original(y), atol=1e-5)
+        assert stand_ins[kept].calls == before + 1       # a new size, served by the kernel in the one graph
+    inductor.sync_report(fresh)
+    assert [t.signature for t in fresh.htam_report.tasks if t.status == "swapped"] == [kept]
+    torch._dynamo.reset()
+
+
+@pytest.mark.build
+def test_a_real_cold_child_on_cpu(tmp_path):
+    """The child process as step 6 starts it (this script, --cold-arm), with torch.compile on the CPU
+    (Inductor's C++ code: several seconds)."""
+    opts = _opts("--seed", "5")
+    run = bs.run_cold_arm("encoder:fp32", opts, "compile_dynamic", 300, None)
+    assert run.error is None, run
+    assert run.calls.sizes == bs.request_mix(1, 8, 4, 12, seed=5).sizes and all(ms > 0 for ms in run.calls.ms)
+    assert run.info["built"] == "torch.compile(dynamic=True)" and run.info["warmup_graphs"] >= 1
