@@ -229,9 +229,10 @@ def _label(arm) -> str:
     return arm.kind.name.lower() + (str(len(arm.kernels)) if arm.kind.name in ("KERNELS", "REPLAY") else "")
 
 
-def _fake_timing(monkeypatch, ms, timed: list | None = None) -> None:
+def _fake_timing(monkeypatch, ms, timed: list | None = None, by_batch: dict | None = None) -> None:
     """decide's timing (timing.time_arms) gives each arm ms[_label(arm)] ms both ways, or ms["*"]
-    for a label not listed; each call's arms (labels) are appended to `timed`."""
+    for a label not listed (by_batch: {batch: such a dict} where the inputs' first dim is that
+    batch); each call's arms (labels) are appended to `timed`."""
     from torch_htam import decide, timing
     arms, build = {}, decide.Trials.build
 
@@ -244,7 +245,8 @@ def _fake_timing(monkeypatch, ms, timed: list | None = None) -> None:
         labels = {k: _label(arms[id(f)][1]) for k, f in fns.items()}
         if timed is not None:
             timed.append(list(labels.values()))
-        return {k: _times(ms.get(lab, ms.get("*"))) for k, lab in labels.items()}
+        table = (by_batch or {}).get(inputs[0].shape[0], ms)
+        return {k: _times(table.get(lab, table.get("*"))) for k, lab in labels.items()}
     monkeypatch.setattr(decide.Trials, "build", built)
     monkeypatch.setattr(timing, "time_arms", time_arms)
 
@@ -396,6 +398,45 @@ def test_convs_of_symbolic_size_get_a_channels_last_arm_that_runs_where_it_pays(
     assert bundle.run_of(model)["options"] == decide.LAYOUT_OPTIONS
     torch.testing.assert_close(got, want)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("at_example", [1.0, 1.1])
+def test_the_channels_last_arm_is_also_timed_at_the_ranges_high_end(at_example, monkeypatch):
+    """Level with torch.compile at the example's batch (a host-bound call hides the GPU time it
+    saves), faster at the declared range's high end: the layout arm runs the model; slower at the
+    example, it does not, whatever it does at the high end."""
+    from types import SimpleNamespace
+    from torch_htam import decide
+    from torch_htam.config import OptimizeConfig
+    from torch_htam.deadline import Deadline
+    from torch_htam.timing import GradMode
+    torch._dynamo.reset()
+    model, x = _ConvNet().eval(), torch.randn(4, 3, 8, 8)
+    timed = []
+    _fake_timing(monkeypatch, {"compile": 1.0, "layout": at_example, "*": 1.1}, timed,
+                 by_batch={16: {"compile": 2.0, "layout": 1.5, "*": 2.2}})
+    capture = SimpleNamespace(dynamic={0: {0: (1, 16)}}, exported=None,
+                              graphs=[torch.fx.symbolic_trace(model)], method="dynamo")
+    with torch.inference_mode():
+        t = decide.Trials(model, (x,), OptimizeConfig(dynamic=capture.dynamic), GradMode.current(), Deadline(None))
+        t.start()
+        d = t.finish(SimpleNamespace(capture=capture, tasks=[]), {}, [], [])
+    layout = next(a for a in d.arms if a.kind is decide.ArmKind.LAYOUT)
+    if at_example > 1.0:
+        assert d.outcome is decide.Outcome.COMPILE and layout.high is None
+        return
+    assert d.outcome is decide.Outcome.LAYOUT and "high end" in d.reason, d.reason
+    assert layout.to_json()["high_latency_ms"] == pytest.approx(1.5)
+    torch._dynamo.reset()
+
+
+def test_high_end_inputs_tile_the_example_along_each_declared_dim():
+    from torch_htam.decide import high_end_inputs
+    ids, mask = torch.arange(6).view(2, 3), torch.ones(2, 3)
+    big = high_end_inputs((ids, mask), {0: {0: (1, 5), 1: (1, 4)}, 1: {0: (1, 5), 1: (1, 4)}})
+    assert big[0].tolist() == [[0, 1, 2, 0], [3, 4, 5, 3], [0, 1, 2, 0], [3, 4, 5, 3], [0, 1, 2, 0]]
+    assert big[1].shape == (5, 4)
+    assert high_end_inputs((ids,), {0: {0: (1, 2)}}) is None and high_end_inputs((ids,), None) is None
 
 
 def test_a_conv_is_told_from_other_calls():
