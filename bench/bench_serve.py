@@ -733,15 +733,7 @@ def run_cold_arm(name: str, opts, arm: str, limit_s: float, bundle: Path | None,
     with tempfile.TemporaryDirectory(prefix="bench_serve-cold-") as d:
         out = Path(d) / "calls.json"
         t0 = time.perf_counter()
-        proc = subprocess.Popen(command(name, opts, arm, out, bundle), start_new_session=True, env=cold_env())
-        why = None
-        try:
-            rc = proc.wait(timeout=limit_s)
-            why = f"the child exited with status {rc}" if rc != 0 else None
-        except subprocess.TimeoutExpired:
-            why = f"timed out after {limit_s:.0f} s"
-        finally:
-            bench_floor._end_group(proc)
+        why = run_group(command(name, opts, arm, out, bundle), limit_s, "the child", env=cold_env())
         wall = time.perf_counter() - t0
         try:
             got = json.loads(out.read_text())
@@ -943,21 +935,26 @@ def child_command(name: str, opts, row_out: Path) -> list[str]:
     return bench_floor.child_args(__file__, name, opts, row_out, own)
 
 
+def run_group(cmd: list[str], timeout: float, who: str, env: dict | None = None) -> str | None:
+    """Run cmd in a process group of its own, ended with whatever it left running after it exits
+    or after `timeout` s; None where it exited with status 0, else why not."""
+    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
+    try:
+        rc = proc.wait(timeout=timeout)
+        return f"{who} exited with status {rc}" if rc != 0 else None
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:.0f} s"
+    finally:
+        bench_floor._end_group(proc)
+
+
 def run_child(name: str, opts, timeout: float, command=child_command) -> dict:
     """Row `name` measured by a child process, cut off (with whatever it left running) after
     `timeout` s. A child that crashed or was cut off gives the row as far as it got, with "error"
     saying where; cut off in optimize, "optimize_s_at_least" says how long optimize had run."""
     with tempfile.TemporaryDirectory(prefix="bench_serve-") as d:
         row_out = Path(d) / "row.json"
-        proc = subprocess.Popen(command(name, opts, row_out), start_new_session=True)
-        why = None
-        try:
-            rc = proc.wait(timeout=timeout)
-            why = f"the row's process exited with status {rc}" if rc != 0 else None
-        except subprocess.TimeoutExpired:
-            why = f"timed out after {timeout:.0f} s"
-        finally:
-            bench_floor._end_group(proc)
+        why = run_group(command(name, opts, row_out), timeout, "the row's process")
         try:
             row = json.loads(row_out.read_text())
         except (OSError, ValueError):
