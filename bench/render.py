@@ -89,6 +89,8 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("throughput vs compile", "throughput_vs_compile", "{:.3f}x"), ("p99 vs compile", "p99_vs_compile", "{:.3f}x"),
         ("cold throughput vs compile", "cold_throughput_vs_compile", "{:.3f}x"),
         ("cold p99 vs compile", "cold_p99_vs_compile", "{:.3f}x"),
+        ("cold alone: throughput vs compile", "cold_isolated_throughput_vs_compile", "{:.3f}x"),
+        ("cold alone: p99 vs compile", "cold_isolated_p99_vs_compile", "{:.3f}x"),
         ("ours req/s", "arms.ours.warm.requests_per_s", "{:.1f}"), ("ours p99 ms", "arms.ours.warm.p99_ms", "{:.2f}"),
         ("recompiles dynamic", "recompiles.compile_dynamic", None),
         ("recompiles default", "recompiles.compile_default", None), ("recompiles ours", "recompiles.ours", None),
