@@ -684,9 +684,8 @@ def canonical(cp: ConvMatch, params: dict) -> dict:
     keys = CUDNN_KEYS if tiled(cp, params) else TILE_KEYS
     if cp.channels_last:    # render_cl reads algo, tf32, vec32 and fused (where there is an epilogue) alone
         keys = (CUDNN_KEYS | TILE_KEYS | {"tiled"}) - {"algo", "tf32"} - ({"fused"} if _cl_ops(cp) else set())
-        return dict(params, **{k: d[k] for k in keys if k in params})
     out = dict(params, **{k: d[k] for k in keys if k in params})
-    if out.get("fused") and not cp.fusable:   # _path runs these unfused: the same kernel as fused=False
+    if not cp.channels_last and out.get("fused") and not cp.fusable:   # _path runs it unfused: the same kernel
         out["fused"] = False
     return out
 

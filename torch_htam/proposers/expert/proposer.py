@@ -151,7 +151,6 @@ def setting_key(params: dict) -> tuple:
     return tuple(sorted(params.items()))
 
 
-
 def search_space(tm: TaskMatch, limit: int | None = None, within: set[tuple] | None = None) -> list[dict]:
     """The expert's search space on a task, defaults first: the defaults, every strategy move
     applied to them (refit), then the kind's knob grid (Target.grid); canonical, valid, distinct.
