@@ -49,8 +49,10 @@ Held-out figures (the question: does memory save candidates over a fair no-memor
                         bootstrap 95% interval (tasks resampled with their seeds, both arms
                         together; BOOTSTRAP resamples, seeded)
   saving_vs_none, ci_low, ci_high   savings["htg_warm"]'s, at the top level
+space (space_facts: the defaults' share of each table's best, ties within 1%, timing noise):
+  what an order has to find, the same for every arm.
 Writes bench/results/anytime-<date>.json (bench/record.py): suite "anytime", limit, budget, seeds,
-arms, rows, savings, saving_vs_none, ci_low, ci_high, train, train_measured, tables.
+arms, rows, savings, saving_vs_none, ci_low, ci_high, space, train, train_measured, tables.
 """
 from __future__ import annotations
 
@@ -442,6 +444,42 @@ def table_lines(res: dict) -> list[str]:
     return lines
 
 
+def space_facts(tables: list[dict]) -> dict:
+    """What the tables say of their spaces, whatever order walks them (speedups by second timing;
+    a task with no verified setting is left out): on how many tasks the defaults (each table's
+    first row) reach 95% and 99% of the table's best; the median share of a task's verified
+    settings within 1% of its best (many such: 99% is reached by luck); the median and 90th
+    percentile of |second timing / first - 1| over every verified setting (the timing's noise)."""
+    def second(r):
+        return r["ref_ms"] / r["retime_ms"] if r["correct"] and r["retime_ms"] else None
+    near, noise, defaults = [], [], []
+    for t in tables:
+        sp = [x for x in map(second, t["rows"]) if x]
+        if not sp:
+            continue
+        best = max(sp)
+        near.append(sum(x >= NEAR_ORACLE * best for x in sp) / len(sp))
+        defaults.append((second(t["rows"][0]) or 0.0) / best)
+        noise += [abs(r["kernel_ms"] / r["retime_ms"] - 1) for r in t["rows"] if second(r) and r["kernel_ms"]]
+    noise.sort()
+    return {"tasks": len(defaults), "defaults_95": sum(d >= TO_ORACLE for d in defaults),
+            "defaults_99": sum(d >= NEAR_ORACLE for d in defaults),
+            "median_share_within_1pct": statistics.median(near) if near else None,
+            "retime_noise_median": statistics.median(noise) if noise else None,
+            "retime_noise_p90": noise[int(0.9 * (len(noise) - 1))] if noise else None}
+
+
+def space_lines(f: dict) -> list[str]:
+    return [f"defaults at 95% / 99% of the table's best: {f['defaults_95']} / {f['defaults_99']} of {f['tasks']} "
+            f"tasks; median share of settings within 1% of the best: {_pct(f['median_share_within_1pct'])}; "
+            f"second timing vs first: median {_pct(f['retime_noise_median'], 2)}, "
+            f"90th percentile {_pct(f['retime_noise_p90'], 2)}"]
+
+
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}%}"
+
+
 def held_out_lines(res: dict) -> list[str]:
     """Mean candidates to 99% of the best any arm found, and each memory arm's saving over none."""
     lines = ["| arm | mean candidates to 99% of the best found | saving vs none [95% CI] |", "|---|---|---|"]
@@ -518,7 +556,8 @@ def main(argv=None) -> int:
             return 0
     res = replay(tables, args.budget, args.seeds, gpu, progress=lambda m: print(m, file=sys.stderr),
                  jobs=args.jobs, train=train)
-    print("\n".join(table_lines(res) + [""] + held_out_lines(res)))
+    res["space"] = space_facts(tables)
+    print("\n".join(table_lines(res) + [""] + held_out_lines(res) + [""] + space_lines(res["space"])))
     if not args.no_record:
         record.write("anytime", {"limit": tables[0]["limit"] if tables else args.limit, "budget": args.budget,
                                  "to_oracle": TO_ORACLE, "measured": sources, "train_measured": train_sources,

@@ -259,3 +259,14 @@ def test_a_table_measured_in_another_checkout_finds_its_task_file_here():
     assert anytime.task_path(elsewhere) == name
     moved = {"path": "/nowhere/rw_softmax_fp32.py", "task": "rw_softmax_fp32"}
     assert anytime.task_path(moved) == anytime.HERE / "tasks" / "rw_softmax_fp32.py"
+
+
+def test_space_facts_count_the_defaults_ties_and_timing_noise():
+    a = [_row(1.0), _row(0.5), _row(0.498), _row(None)]          # best 0.2x: defaults at 50%
+    b = [_row(0.5, retime=0.51), _row(0.6, retime=0.612)]          # defaults are the best
+    f = anytime.space_facts([{"rows": a}, {"rows": b}, {"rows": [_row(None)]}])
+    assert (f["tasks"], f["defaults_95"], f["defaults_99"]) == (2, 1, 1)
+    # a: 2 of its 3 verified settings within 1% of its best; b: 1 of 2
+    assert f["median_share_within_1pct"] == pytest.approx((2 / 3 + 1 / 2) / 2)
+    assert f["retime_noise_median"] == 0.0 and f["retime_noise_p90"] == pytest.approx(abs(0.5 / 0.51 - 1))
+    assert "1 / 1 of 2 tasks" in anytime.space_lines(f)[0]
