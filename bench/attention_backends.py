@@ -10,9 +10,12 @@ faster one already exists on Hopper. Each shape is the attention of a bench/mode
 its example inputs: (batch, q heads, kv heads, q len, kv len, head dim, causal, additive bias).
 A backend that refuses a shape (GQA, a bias, a head dim) is recorded with its error.
 
-Timing: device time by CUDA events around `calls` back-to-back calls, median of `reps`; the arms
-interleaved per rep so clock drift hits them alike. "compile" is torch.compile(sdpa) in default
-mode, as a user's model runs it.
+Timing: device time. Each arm's `calls` calls are captured in one CUDA graph and its replay timed
+by CUDA events, median of `reps`, the arms interleaved per rep: most of these attentions run in
+tens of microseconds, under the host's issue time per call, so plain back-to-back calls would time
+the host. "compile" is torch.compile(sdpa) in default mode, as a user's model runs it (Inductor
+lowers SDPA to the fused op the dispatcher picks); "default" is eager's own pick, named in
+"default_backend" (torch._fused_sdp_choice).
 """
 from __future__ import annotations
 
@@ -70,11 +73,19 @@ def sdpa(q, k, v, bias, causal: bool):
                                           enable_gqa=q.shape[1] != k.shape[1])
 
 
-def events_ms(fn, calls: int) -> float:
+def graphed(fn, calls: int) -> torch.cuda.CUDAGraph:
+    """`calls` calls of fn (warmed up already) captured as one CUDA graph."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return g
+
+
+def events_ms(g: torch.cuda.CUDAGraph, calls: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(calls):
-        fn()
+    g.replay()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / calls
@@ -93,19 +104,24 @@ def measure(s: Shape, dtype: torch.dtype, compiled, reps: int, calls: int) -> di
             arms[name] = run
         except RuntimeError as e:                     # the backend refuses this shape
             errors[name] = str(e).splitlines()[0][:200]
+    arms["default"] = lambda: sdpa(q, k, v, bias, s.causal)
     arms["compile"] = lambda: compiled(q, k, v, bias, s.causal)
-    err["compile"] = (arms["compile"]().float() - ref).abs().max().item()
+    for n in ("default", "compile"):
+        err[n] = (arms[n]().float() - ref).abs().max().item()
     for fn in arms.values():                          # warm-up: plans, autotuning, compiles
         for _ in range(3):
             fn()
+    torch.cuda.synchronize()
+    graphs = {n: graphed(fn, calls) for n, fn in arms.items()}
     times = {n: [] for n in arms}
     for _ in range(reps):
-        for n, fn in arms.items():
-            times[n].append(events_ms(fn, calls))
+        for n, g in graphs.items():
+            times[n].append(events_ms(g, calls))
     ms = {n: statistics.median(t) for n, t in times.items()}
-    fastest = min((n for n in ms if n != "compile"), key=ms.get)
-    return {**asdict(s), "ms": ms, "max_abs_err": err, "refused": errors, "fastest": fastest,
-            "fastest_vs_compile": ms["compile"] / ms[fastest]}
+    fastest = min(BACKENDS.keys() & ms.keys(), key=ms.get)
+    choice = torch._fused_sdp_choice(q, k, v, bias, 0.0, s.causal, enable_gqa=s.hq != s.hkv)
+    return {**asdict(s), "ms": ms, "max_abs_err": err, "refused": errors, "default_backend": SDPBackend(choice).name,
+            "fastest": fastest, "fastest_vs_compile": ms["compile"] / ms[fastest]}
 
 
 def main(argv=None) -> int:
@@ -124,7 +140,8 @@ def main(argv=None) -> int:
             r = measure(s, dtype, compiled, a.reps, a.calls)
             rows.append(r)
             cells = " ".join(f"{n} {t:.4f}" for n, t in r["ms"].items())
-            print(f"{s.model:18s} {cells}  fastest {r['fastest']} {r['fastest_vs_compile']:.2f}x compile"
+            print(f"{s.model:18s} {cells}  default {r['default_backend']}, fastest {r['fastest']}"
+                  f" {r['fastest_vs_compile']:.2f}x compile"
                   f"{'  refused: ' + ','.join(r['refused']) if r['refused'] else ''}", flush=True)
     record.write("attention_backends", {"dtype": a.dtype, "reps": a.reps, "calls": a.calls, "rows": rows},
                  results_dir=a.out)

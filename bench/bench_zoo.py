@@ -23,7 +23,8 @@ process, in this order:
      is "optimize_s". An optimize that fails records "<arm>_error" (and the row's "error") and
      "<arm>_failed_after_s", and the other arms are still measured;
   4. every arm warmed (--warmup calls; the first call's seconds are "first_call_s", where
-     torch.compile compiles), each arm's output checked against eager's (bench_floor.compare: max
+     torch.compile compiles; ours first, whose reports are read then, max-autotune last; --skip
+     leaves compile arms out, "skipped_arms"), each arm's output checked against eager's (bench_floor.compare: max
      abs error, allclose at bf16 2e-2, fp32-with-TF32 5e-3: "<arm>_max_abs_err", "<arm>_correct");
      an arm whose warm-up fails records "<arm>_error" and is left out of timing; the ours arms'
      reports are read after their first calls (bench_serve.report_fields syncs Inductor's swaps);
@@ -76,6 +77,7 @@ ARMS = {"eager": None, "compile": "default", "compile_ro": "reduce-overhead", "c
         "ours": "default", "ours_ro": "reduce-overhead"}
 COMPILE_ARMS = ("compile", "compile_ro", "compile_ma")
 OURS_ARMS = ("ours", "ours_ro")
+WARM_ORDER = OURS_ARMS + ("eager",) + COMPILE_ARMS   # max-autotune's compile (the longest) last
 # ratio field -> (baseline arm, ours arm); "_b2b" the same from back-to-back throughput
 RATIOS = {"vs_compile": ("compile", "ours"), "vs_compile_ro": ("compile_ro", "ours_ro"),
           "vs_max_autotune": ("compile_ma", "ours"), "vs_eager": ("eager", "ours")}
@@ -112,7 +114,7 @@ def empty_row(model: str, budget_s: float = 120.0, grad_mode: str = "inference")
         row.update({f"{p}kernels_kept": None, f"{p}outcome": None, f"{p}report_note": None,
                     f"{p}tasks": None, f"{p}task_status": None, f"{p}regions": None})
     row.update({"ours_ro_optimize_s": None, "ours_ro_swapped": None, "decision_reason": None,
-                "ours_ro_decision_reason": None, "first_call_s": {}})
+                "ours_ro_decision_reason": None, "first_call_s": {}, "skipped_arms": []})
     return row
 
 
@@ -203,8 +205,10 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
             stage("build")
             model, inputs = model_zoo.make(name, small=opts.small, device=device)
             models = {"eager": copy.deepcopy(model)}          # every copy BEFORE any optimize
+            row["skipped_arms"] = list(opts.skip)
             for arm in COMPILE_ARMS:
-                models[arm] = compile_fn(copy.deepcopy(model), ARMS[arm])
+                if arm not in opts.skip:
+                    models[arm] = compile_fn(copy.deepcopy(model), ARMS[arm])
             pending = {"ours_ro": copy.deepcopy(model), "ours": model}
             with bf._grad_mode(opts.grad_mode):
                 for arm in OURS_ARMS:
@@ -222,9 +226,12 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
                 row.pop("optimize_started", None)
                 row.pop("optimizing", None)
                 del pending
-                stage("warm")
-                calls = {arm: (lambda m=m: m(*inputs)) for arm, m in models.items()}
+                # ours first, each report read after its first calls (Dynamo's compiles swap the
+                # kernels in) and the row passed on: a row cut off while max-autotune compiles
+                # (minutes on a model of many GEMM shapes) still says what ours kept
+                calls = {arm: (lambda m=models[arm]: m(*inputs)) for arm in WARM_ORDER if arm in models}
                 for arm in list(calls):
+                    stage(f"warm {arm}")
                     t0 = time.perf_counter()
                     try:
                         calls[arm]()
@@ -236,8 +243,7 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
                     except Exception:  # noqa: BLE001
                         failed(arm)
                         del calls[arm]
-                for arm in OURS_ARMS:       # after the first calls: Dynamo's compiles swap the kernels in
-                    if arm in models:
+                    if arm in OURS_ARMS:
                         row.update(ours_fields(arm, models[arm]))
                 stage("check")
                 if "eager" in calls:
@@ -271,7 +277,7 @@ def child_command(name: str, opts, row_out: Path) -> list[str]:
     """This script, to measure row `name` alone and write it to row_out."""
     return bf.child_args(__file__, name, opts, row_out, [
         "--budget", str(opts.budget), "--grad-mode", opts.grad_mode, "--rounds", str(opts.rounds),
-        "--calls", str(opts.calls), "--warmup", str(opts.warmup)])
+        "--calls", str(opts.calls), "--warmup", str(opts.warmup), *(("--skip", ",".join(opts.skip)) if opts.skip else ())])
 
 
 def run_child(name: str, opts, timeout: float, command=child_command) -> dict:
@@ -344,11 +350,16 @@ def parse(argv=None):
     ap.add_argument("--budget", type=float, default=120.0, help="OptimizeConfig.time_budget_s (s), both ours arms")
     ap.add_argument("--grad-mode", default="inference", choices=bf.GRAD_MODES,
                     help="the caller's grad mode around optimize and every call")
+    ap.add_argument("--skip", type=lambda v: tuple(x for x in v.split(",") if x), default=(),
+                    help="compile arms left out (e.g. compile_ma where its autotuning would not fit the "
+                         "row's limit); their ratios stay null and the row's skipped_arms names them")
     bf.add_timing_flags(ap, rounds=10)
     bf.add_run_flags(ap, "2 x (1.1 x budget + 30) + 600")
     a = ap.parse_args(argv)
     a.mode, a.tf32 = "default", False          # bench_floor.run_child's empty row and failed rows read them
     bf.check_rows(ap, a, model_zoo.ROWS)
+    if unknown := set(a.skip) - set(COMPILE_ARMS):
+        ap.error(f"--skip takes compile arms ({', '.join(COMPILE_ARMS)}), not {', '.join(sorted(unknown))}")
     return a
 
 

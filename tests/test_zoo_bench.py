@@ -90,7 +90,8 @@ def test_row_fields_ratios_and_kernels_kept():
     # every copy before any optimize; ours in the default mode first, then reduce-overhead
     assert calls == [("compile", "default"), ("compile", "reduce-overhead"), ("compile", "max-autotune"),
                      ("optimize", 7.0, "default", True), ("optimize", 7.0, "reduce-overhead", True)]
-    assert stages == ["build", "optimize", "optimize", "warm", "check", "time"]
+    assert stages == ["build", "optimize", "optimize", "warm ours", "warm ours_ro", "warm eager", "warm compile",
+                      "warm compile_ro", "warm compile_ma", "check", "time"]
     assert row["vs_compile"] == pytest.approx(2.0)            # compile 4 ms / ours 2 ms
     assert row["vs_compile_ro"] == pytest.approx(1.5)         # compile_ro 3 / ours_ro 2
     assert row["vs_max_autotune"] == pytest.approx(1.8)       # compile_ma 3.6 / ours 2
@@ -118,6 +119,20 @@ def test_row_fields_ratios_and_kernels_kept():
     assert all(row[f"{a}_max_abs_err"] == 0.0 and row[f"{a}_correct"] is True for a in bz.ARMS)
     assert set(row["first_call_s"]) == set(bz.ARMS)
     json.loads(json.dumps(row))                                # JSON as it is
+
+
+def test_skipped_compile_arm_and_ours_reports_before_the_compile_arms_warm():
+    calls, seen = [], []
+    optimize, compile_fn, time_fn = _stand_ins(calls)
+    row = bz.measure(ROW, _opts("--skip", "compile_ma"), device="cpu", optimize=optimize, compile_fn=compile_fn,
+                     time_fn=time_fn, progress=lambda r: seen.append((r["stage"], r["kernels_kept"])))
+    assert ("compile", "max-autotune") not in calls and row["skipped_arms"] == ["compile_ma"]
+    assert row["vs_max_autotune"] is None and row["vs_compile"] == pytest.approx(2.0)
+    assert "compile_ma" not in row["first_call_s"]
+    # a row cut off while a compile arm warms already holds what ours kept
+    assert ("warm compile", 2) in seen
+    with pytest.raises(SystemExit):
+        bz.parse(["--skip", "ours"])
 
 
 def test_failing_optimize_is_the_rows_error_and_the_rest_is_measured():
