@@ -2,6 +2,11 @@
 default budget (OptimizeConfig(): 16 candidates per task), and what it keeps.
 
     python3 bench/optimize_time.py gpt2:bf16 resnet50:bf16
+    python3 bench/optimize_time.py swin:bf16 --budget 90     # a zoo row (bench/model_zoo.py), a budget
+
+Rows: bench/models.py's, else bench/model_zoo.py's. Per task search (searches()): when it started
+and ended, in seconds from the first search's start, and its candidates' build seconds, so a
+budget that reached few tasks shows where its time went.
 
 Each model gets a fresh kernel cache and HTG memory (HTAM_CACHE_DIR: a new temp dir per model),
 then one optimize(model, inputs) call, timed by wall clock: capture, the search of every task,
@@ -14,6 +19,7 @@ bench/results/optimize_time-<date>.json (bench/record.py).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -26,29 +32,43 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import model_zoo  # noqa: E402
 import models  # noqa: E402
 import record  # noqa: E402
 
 
 def searches(cache_root: Path) -> list[dict]:
-    """The "summary" line of every task search under a cache root's trajectory files."""
-    rows = []
+    """One row per task search under a cache root's trajectory files: its "summary" line, when its
+    first and last events were written (seconds since the first search's first event: where the
+    search's time went, task after task), and its candidates' build seconds (summed; a build the
+    cache already held reads 0)."""
+    rows, t0 = [], None
     for f in sorted(cache_root.rglob("trajectories/*.jsonl")):
-        for line in f.read_text().splitlines():
-            ev = json.loads(line)
-            if ev.get("event") == "summary":
-                rows.append({k: ev.get(k) for k in ("task", "stop", "candidates", "correct",
-                                                    "best_speedup", "wall_s")})
-    return rows
+        events = [json.loads(line) for line in f.read_text().splitlines()]
+        if not events:
+            continue
+        stamps = [datetime.datetime.fromisoformat(e["time"]).timestamp() for e in events if e.get("time")]
+        row = {"task": events[0].get("task"), "started": min(stamps, default=None), "ended": max(stamps, default=None),
+               "build_s": sum(e.get("build_s") or 0.0 for e in events if e.get("event") == "candidate")}
+        for e in events:
+            if e.get("event") == "summary":
+                row.update({k: e.get(k) for k in ("stop", "candidates", "correct", "best_speedup", "wall_s")})
+        rows.append(row)
+        t0 = min(t0 or row["started"], row["started"] or t0)
+    for row in rows:
+        for k in ("started", "ended"):
+            row[k] = None if row[k] is None or t0 is None else round(row[k] - t0, 2)
+    return sorted(rows, key=lambda r: (r["started"] is None, r["started"]))
 
 
-def one(spec: str) -> dict:
+def one(spec: str, budget_s: float | None = None) -> dict:
     import torch_htam
     from torch_htam.pipeline import OptimizeConfig
     from torch_htam.benchmark import rel_err
     name, dtype = spec.split(":")
-    cfg = OptimizeConfig()
-    model, inputs = models.MODELS[name](dtype)
+    cfg = OptimizeConfig() if budget_s is None else OptimizeConfig(time_budget_s=budget_s)
+    # bench/models.py's rows, else the zoo's (bench/model_zoo.py)
+    model, inputs = models.MODELS[name](dtype) if name in models.MODELS else model_zoo.make(spec)
     fresh = tuple(torch.randn_like(x) if x.is_floating_point() else x.clone() for x in inputs)
     with tempfile.TemporaryDirectory(prefix="htam-cold-") as d:
         os.environ["HTAM_CACHE_DIR"] = d
@@ -62,7 +82,7 @@ def one(spec: str) -> dict:
         report = model.htam_report
         row = {"model": spec, "optimize_s": optimize_s, "config": asdict(cfg),
                "tasks": len(report.tasks), "swapped": report.swapped, "method": report.method,
-               "note": report.note, "e2e_ms": dict(report.e2e),
+               "note": report.note, "e2e_ms": dict(report.e2e), "phases": dict(report.phases),
                "rel_err": rel_err(got, want),
                "searches": searches(Path(d)),
                "task_rows": [{"name": t.name, "count": t.count, "vs_eager": t.speedup,
@@ -75,6 +95,8 @@ def one(spec: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="*", default=["gpt2:bf16", "resnet50:bf16"])
+    ap.add_argument("--budget", type=float, default=None,
+                    help="OptimizeConfig.time_budget_s (s); default: OptimizeConfig's own")
     ap.add_argument("--no-record", action="store_true", help="do not write a file to bench/results/")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -82,11 +104,15 @@ def main() -> int:
         return 2
     rows, path = [], None
     for spec in a.models:
-        rows.append(one(spec))
+        rows.append(one(spec, a.budget))
         r = rows[-1]
         print(f"ROW {spec} optimize_s={r['optimize_s']:.1f} tasks={r['tasks']} "
               f"candidates={r['candidates']} swapped={r['swapped']} rel_err={r['rel_err']:.2e}",
               flush=True)
+        for s in r["searches"]:
+            print(f"  {s['started']:>7}-{s['ended']:<7} s  {str(s['task'])[:48]:48} {s.get('stop')} "
+                  f"cands {s.get('candidates')} ok {s.get('correct')} best {s.get('best_speedup')} "
+                  f"build {s['build_s']:.1f} s", flush=True)
         if not a.no_record:   # NOTE: written after every model, so a cut run keeps what it measured
             path = record.write("optimize_time", {"rows": rows}, path=path)
         torch.cuda.empty_cache()

@@ -338,7 +338,8 @@ class _Loop:
                         hash=ev.source_hash or source_key(cand.source), reason=ev.reason,
                         detail=(ev.detail or "")[:DETAIL_CHARS], speedup=_r(ev.speedup),
                         kernel_ms=_r(ev.kernel_ms), roofline=_r(ev.roofline_fraction),
-                        gain=_r(outcome.gain), best=became, origin=cand.origin)
+                        gain=_r(outcome.gain), best=became, origin=cand.origin,
+                        build_s=_r(getattr(ev, "build_s", None)))
         return became and outcome.success
 
     def stop_reason(self) -> str | None:

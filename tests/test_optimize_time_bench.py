@@ -1,0 +1,32 @@
+"""bench/optimize_time.py's reading of trajectory files on the CPU: per task search, when it
+started and ended relative to the first search, its summary, and its candidates' build seconds."""
+import json
+from pathlib import Path
+
+from test_floor_bench import _load   # a bench/ script as a module (bench/ is no package)
+
+ROOT = Path(__file__).resolve().parents[1]
+ot = _load("optimize_time", ROOT / "bench" / "optimize_time.py")
+
+
+def _write(path: Path, task: str, events: list[tuple[str, str, dict]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"event": e, "task": task, "time": t, **f}) + "\n" for e, t, f in events))
+
+
+def test_searches_in_start_order_with_their_build_seconds(tmp_path):
+    traj = tmp_path / "sm_90a" / "trajectories"
+    _write(traj / "a.jsonl", "late", [
+        ("start", "2026-11-27T02:00:10+00:00", {}),
+        ("candidate", "2026-11-27T02:00:14+00:00", {"build_s": 2.5}),
+        ("candidate", "2026-11-27T02:00:15+00:00", {"build_s": None}),     # a cache hit
+        ("summary", "2026-11-27T02:00:16+00:00", {"stop": "steps", "candidates": 2, "correct": 1,
+                                                  "best_speedup": 1.5, "wall_s": 6.0})])
+    _write(traj / "b.jsonl", "early", [
+        ("start", "2026-11-27T02:00:00+00:00", {}),
+        ("candidate", "2026-11-27T02:00:09+00:00", {"build_s": 4.0})])     # cut before its summary
+    rows = ot.searches(tmp_path)
+    assert [r["task"] for r in rows] == ["early", "late"]
+    assert (rows[0]["started"], rows[0]["ended"], rows[0]["build_s"], rows[0].get("stop")) == (0.0, 9.0, 4.0, None)
+    assert (rows[1]["started"], rows[1]["ended"], rows[1]["build_s"]) == (10.0, 16.0, 2.5)
+    assert rows[1]["stop"] == "steps" and rows[1]["best_speedup"] == 1.5
