@@ -52,6 +52,50 @@ def test_a_model_left_on_the_cpu_is_refused_before_any_search(monkeypatch):
     assert pipeline._off_gpu_tensors(model, ()).startswith("parameter ")
 
 
+def test_gpu_workers_start_before_the_floor_compiles_and_stop_before_the_decision(monkeypatch):
+    """The evaluator's workers (their start-up builds the launcher on a new machine: 20-60 s)
+    start right after capture, so that start-up overlaps torch.compile of the floor; the search
+    runs on that one evaluator, under its own deadline, and the workers are gone before the
+    decision times anything. GPU faked; the search stood in."""
+    from torch_htam import decide, evaluation, gpu, pipeline
+    events = []
+
+    class FakeEvaluator:
+        def __init__(self, deadline=None, **kw):
+            self.deadline = deadline
+
+        def start(self):
+            events.append("workers start")
+            return self
+
+        def until(self, deadline):
+            events.append("search deadline" if deadline is not self.deadline else "same deadline")
+            return pipeline.contextlib.nullcontext(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            events.append("workers stop")
+
+    def search(tasks, cfg, gpu_, cache, searched, evaluator, budget_s):
+        events.append(("search", isinstance(evaluator, FakeEvaluator), len(tasks) > 0))
+        return {}
+
+    start, finish = decide.Trials.start, decide.Trials.finish
+    monkeypatch.setattr(decide.Trials, "start", lambda self: events.append("floor") or start(self))
+    monkeypatch.setattr(decide.Trials, "finish", lambda self, *a: events.append("decision") or finish(self, *a))
+    fake = gpu.GpuInfo("fake GPU", "sm_90a", 132, 50 << 20, 227 << 10, 3.35e12, 67e12, 989e12)
+    monkeypatch.setattr(gpu, "detect", lambda device=0: fake)
+    monkeypatch.setattr(pipeline, "_off_gpu_tensors", lambda model, inputs: None)
+    monkeypatch.setattr(evaluation, "Evaluator", FakeEvaluator)
+    monkeypatch.setattr(pipeline, "_search", search)
+    model, inputs = gpt_block.get_model()
+    torch_htam.optimize(model, inputs, OptimizeConfig(time_budget_s=600))
+    assert events[:5] == ["workers start", "floor", "search deadline", ("search", True, True), "workers stop"], events
+    assert events[5] == "decision"
+
+
 def test_searched_log_skips_a_task_until_the_budget_grows(tmp_path):
     from torch_htam.pipeline import SearchedLog
     log = SearchedLog(tmp_path / "searched.json")

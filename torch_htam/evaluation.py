@@ -9,6 +9,7 @@ Every rejection has a reason from REASONS, so the search and the HTG can learn f
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import math
 from dataclasses import asdict, dataclass, field
@@ -130,6 +131,23 @@ class Evaluator:
         # NOTE: builds and worker jobs end at the deadline (a job past it is cut like a hang)
         self.deadline = deadline or Deadline()
         self._pool, self._n = pool, n_workers
+
+    def start(self) -> "Evaluator":
+        """Start the GPU workers now, in the background (each builds or loads the launcher and
+        opens its CUDA context: 20-60 s on a machine that never built the launcher, a few s
+        after), so that time overlaps the caller's own work (optimize: torch.compile of the
+        model) instead of the first candidate's."""
+        self.pool
+        return self
+
+    @contextlib.contextmanager
+    def until(self, deadline):
+        """Builds and worker jobs end at `deadline` inside the block (a search's own, shorter one)."""
+        was, self.deadline = self.deadline, deadline
+        try:
+            yield self
+        finally:
+            self.deadline = was
 
     @property
     def pool(self):

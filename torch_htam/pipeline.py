@@ -132,13 +132,12 @@ class _Keeper:
         self.save_memory()   # experience persists task by task
 
 
-def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog, deadline: Deadline,
+def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog, evaluator,
             budget_s: float | None) -> dict:
     """Search kernels for the cache misses within budget_s; returns {signature: SearchResult}.
     Found kernels that verify and win are written to the cache as each task finishes (nothing
-    lost on interruption); builds and worker jobs in flight end at the deadline."""
+    lost on interruption); builds and worker jobs in flight end at the evaluator's deadline."""
     from torch_htam import paths
-    from torch_htam.evaluation import Evaluator
     from torch_htam.htg import HTG
     from torch_htam.proposers.expert import ExpertProposer
     from torch_htam.search import SearchConfig, search_many
@@ -155,10 +154,9 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog, deadl
                         memory=cfg.memory, max_wall_s=cfg.task_time_s)
     traj = Path(cfg.trajectory_dir) if cfg.trajectory_dir else paths.arch_dir(gpu.arch) / "trajectories"
 
-    with Evaluator(deadline=deadline) as evaluator:
-        keep = _Keeper(evaluator, cache, searched, cfg, gpu.name, lambda: memory.save(memory_path))
-        return search_many(tasks, lambda: proposer, evaluator, memory, scfg, trajectory_dir=traj,
-                           progress=cfg.progress, time_budget_s=budget_s, on_result=keep)
+    keep = _Keeper(evaluator, cache, searched, cfg, gpu.name, lambda: memory.save(memory_path))
+    return search_many(tasks, lambda: proposer, evaluator, memory, scfg, trajectory_dir=traj,
+                       progress=cfg.progress, time_budget_s=budget_s, on_result=keep)
 
 
 def optimize(model: nn.Module, example_inputs: tuple, config: OptimizeConfig | None = None) -> nn.Module:
@@ -200,6 +198,10 @@ class _Run:
     searched: SearchedLog | None = None
     notes: list[str] = field(default_factory=list)
     trials: Any = None
+    gpu: Any = None                                  # GpuInfo, None: no search
+    cache: Any = None                                # KernelCache of the GPU's arch
+    misses: list = field(default_factory=list)       # tasks the cache has no usable kernel for
+    evaluator: Any = None                            # started by look() where GPU work is ahead
 
     def go(self) -> nn.Module:
         from torch_htam import attach, decide
@@ -208,11 +210,17 @@ class _Run:
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.trials.limits())
             self.capture()
-            self.floor()
-            try:
-                self.search()
-            except Exception as e:  # noqa: BLE001 -- the floor stays; the report says what failed
-                self.failed("the search", e)
+            with contextlib.ExitStack() as workers:   # the evaluator's GPU workers, look() to search()
+                try:
+                    self.look(workers)
+                except Exception as e:  # noqa: BLE001 -- no search; the report says what failed
+                    self.gpu = None
+                    self.failed("the search", e)
+                self.floor()
+                try:
+                    self.search()
+                except Exception as e:  # noqa: BLE001 -- the floor stays; the report says what failed
+                    self.failed("the search", e)
             try:
                 d = self.trials.finish(self.found, self.kernels, *self.ranked())
             except Exception as e:  # noqa: BLE001
@@ -265,14 +273,20 @@ class _Run:
             attach.compiled(self.model, floor.call, runtime.Report(note="the floor, while optimize runs"),
                             floor.backend)
 
-    def search(self) -> None:
+    def look(self, stack: contextlib.ExitStack) -> None:
+        """What the search will face, known right after capture: the GPU, the cache (with the
+        kernels torch_htam ships) and the tasks it misses. Where there is GPU work ahead (a miss to
+        search, a cached kernel not yet timed against Inductor), the evaluator's GPU workers start
+        now, in the background, so their start-up (the launcher's first build: 20-60 s) overlaps
+        the floor's torch.compile instead of the first candidate's evaluation."""
         from torch_htam import gpu as gpu_mod
         from torch_htam import paths
         from torch_htam.cache import KernelCache
-        from torch_htam.policy import admitted, policy_for, why_not
+        from torch_htam.evaluation import Evaluator
+        from torch_htam.policy import admitted, policy_for
         from torch_htam.shipped_kernels import install_shipped
-        gpu = gpu_mod.detect()
-        if gpu is None:
+        self.gpu = gpu_mod.detect()
+        if self.gpu is None:
             self.notes.append("no CUDA GPU: no kernel search")
             return
         if self.found is None:
@@ -281,16 +295,27 @@ class _Run:
         if off_gpu:
             self.notes.append(f"{off_gpu} is on the CPU: torch_htam's kernels run on a CUDA device; move "
                               "the model and the example inputs there first (model.cuda(), x.cuda())")
+            self.gpu = None
             return
         tasks = self.found.tasks
-        cache = KernelCache(gpu.arch)
+        self.cache = KernelCache(self.gpu.arch)
         with self.deadline.phase("shipped kernels"):
-            install_shipped(cache, gpu.arch, only={t.signature for t in tasks})
-        self.searched = SearchedLog(paths.arch_dir(gpu.arch) / "searched.json")
-        misses = [t for t in tasks if admitted(cache.get(t.signature), t) is None
-                  and not self.searched.covers(t.signature, self.cfg, policy_for(t).name)]
+            install_shipped(self.cache, self.gpu.arch, only={t.signature for t in tasks})
+        self.searched = SearchedLog(paths.arch_dir(self.gpu.arch) / "searched.json")
+        self.misses = [t for t in tasks if admitted(self.cache.get(t.signature), t) is None
+                       and not self.searched.covers(t.signature, self.cfg, policy_for(t).name)]
         if self.cfg.max_tasks is not None:
-            misses = misses[: self.cfg.max_tasks]
+            self.misses = self.misses[: self.cfg.max_tasks]
+        untimed = self.cfg.compile and any(
+            (e := self.cache.get(t.signature)) is not None and e.evaluation.compile_speedup is None for t in tasks)
+        if (self.cfg.search and self.misses) or untimed:
+            self.evaluator = stack.enter_context(Evaluator(deadline=self.deadline)).start()
+
+    def search(self) -> None:
+        from torch_htam.policy import why_not
+        if self.gpu is None or self.found is None:
+            return
+        tasks, misses = self.found.tasks, self.misses
         budget = self.deadline.left(self.reserve_s(len(tasks)))
         if self.cfg.search and misses:
             if budget is not None and budget <= 0:
@@ -301,14 +326,15 @@ class _Run:
                 # the decision's reserve begins: a step started near the end once ran on past it
                 # and left the decision no time to try what the search found
                 until = Deadline(budget) if budget is not None else self.deadline
-                with self.deadline.phase("search"), _examples(self.found, misses):
-                    self.results = _search(misses, self.cfg, gpu, cache, self.searched, until, budget)
+                with self.deadline.phase("search"), _examples(self.found, misses), self.evaluator.until(until):
+                    self.results = _search(misses, self.cfg, self.gpu, self.cache, self.searched,
+                                           self.evaluator, budget)
         self.kernels = {t.signature: e for t in tasks
-                        if why_not(e := cache.get(t.signature), t, self.cfg.min_speedup) is None}
+                        if why_not(e := self.cache.get(t.signature), t, self.cfg.min_speedup) is None}
         if self.cfg.compile and self.kernels:
             with self.deadline.phase("inductor times"):
-                self.kernels = _with_inductor_times(tasks, self.kernels, cache, self.cfg, self.deadline,
-                                                    self.reserve_s(len(self.kernels)))
+                self.kernels = _with_inductor_times(tasks, self.kernels, self.cache, self.evaluator,
+                                                    self.deadline, self.reserve_s(len(self.kernels)))
 
     def reserve_s(self, n_tasks: int) -> float:
         """Seconds kept from the search for the decision: what its trials are expected to take
@@ -410,7 +436,7 @@ def _total_usage(results) -> dict[str, float]:
     return total
 
 
-def _with_inductor_times(tasks: list, kernels: dict, cache, cfg: OptimizeConfig, deadline: Deadline,
+def _with_inductor_times(tasks: list, kernels: dict, cache, evaluator, deadline: Deadline,
                          reserve_s: float) -> dict:
     """The kernels, each with its region's time under torch.compile in its record: those cached
     without it (found by a replay-mode search, shipped with torch_htam) are verified and timed
@@ -424,13 +450,13 @@ def _with_inductor_times(tasks: list, kernels: dict, cache, cfg: OptimizeConfig,
     (bench/bench_swaps.py; bench/results/bench_swaps-*.json). The bar inside a compiled model is
     Inductor's code for the region, not eager's.
     """
-    from torch_htam.evaluation import INDUCTOR_COMPILE_S, Evaluator
+    from torch_htam.evaluation import INDUCTOR_COMPILE_S
     todo = [t for t in tasks if t.signature in kernels
             and kernels[t.signature].evaluation.compile_speedup is None]
     if not todo:
         return kernels
     out = dict(kernels)
-    with Evaluator(deadline=deadline) as evaluator:
+    with evaluator.until(deadline):
         for i, t in enumerate(todo):
             if not deadline.allows(min(INDUCTOR_COMPILE_S, 30.0), reserve_s):
                 deadline.skip(f"timing {len(todo) - i} kernel(s) against Inductor's code: no time left")
