@@ -55,8 +55,8 @@ def test_a_model_left_on_the_cpu_is_refused_before_any_search(monkeypatch):
 def test_gpu_workers_start_before_the_floor_compiles_and_stop_before_the_decision(monkeypatch):
     """The evaluator's workers (their start-up builds the launcher on a new machine: 20-60 s)
     start right after capture, so that start-up overlaps torch.compile of the floor; the search
-    runs on that one evaluator, under its own deadline, and the workers are gone before the
-    decision times anything. GPU faked; the search stood in."""
+    runs on that one evaluator, under its own deadline, with every task weighed, and the workers
+    are gone before the decision times anything. GPU faked; the search stood in."""
     from torch_htam import decide, evaluation, gpu, pipeline
     events = []
 
@@ -78,8 +78,8 @@ def test_gpu_workers_start_before_the_floor_compiles_and_stop_before_the_decisio
         def __exit__(self, *exc):
             events.append("workers stop")
 
-    def search(tasks, cfg, gpu_, cache, searched, evaluator, budget_s):
-        events.append(("search", isinstance(evaluator, FakeEvaluator), len(tasks) > 0))
+    def search(tasks, cfg, gpu_, cache, searched, evaluator, budget_s, weights):
+        events.append(("search", isinstance(evaluator, FakeEvaluator), set(weights) == {t.signature for t in tasks}))
         return {}
 
     start, finish = decide.Trials.start, decide.Trials.finish

@@ -418,3 +418,34 @@ def test_failed_sources_and_inductor_s_bar_reach_the_next_request():
     assert first.parent.compile_ms == 0.5
     assert first.parent.compile_speedup == pytest.approx(0.5 / first.parent.kernel_ms)
     assert prop.requests[0].parent is None                             # nothing measured yet
+
+
+def test_headroom_weights_follow_measured_eager_time_over_the_roofline():
+    """A task far above its roofline outweighs a larger one already at it; a task whose timing
+    fails, or that the time limit leaves out, gets its roofline times the typical ratio."""
+    from types import SimpleNamespace
+    from torch_htam.search import HEADROOM_FLOOR, headroom_weights, roofline_weight_ms
+    gpu = SimpleNamespace(mem_bandwidth=1e12, fp32_flops=1e13, tensor_flops=1e15)
+    t = lambda sig, nbytes, count=1: SimpleNamespace(  # noqa: E731
+        signature=sig, name=sig, count=count, bytes=nbytes, flops=0.0, dtypes=("float32",),
+        inputs=[], outputs=[], kind="x")
+    big, small, broken = t("big", 4e9, 1), t("small", 1e8, 2), t("broken", 1e9, 1)
+    roof = {x.signature: roofline_weight_ms(x, gpu) for x in (big, small, broken)}
+    assert roof["big"] == 4.0 and roof["small"] == 0.1           # bytes / 1e12 B/s, in ms
+    eager = {"big": 4.2, "small": 0.9}
+
+    def time_ms(task):
+        if task.signature == "broken":
+            raise RuntimeError("no inputs")
+        return eager[task.signature]
+
+    w = headroom_weights([big, small, broken], gpu, time_ms, max_s=60)
+    assert w["small"] == 2 * (0.9 - 0.1)                          # count x (eager - roofline)
+    assert w["big"] == max(4.2 - 4.0, HEADROOM_FLOOR * 4.2)       # at its roofline: the floor
+    assert w["small"] > w["big"]
+    ratios = sorted([4.2 / 4.0, 0.9 / 0.1])
+    typical = ratios[len(ratios) // 2]
+    assert w["broken"] == max(typical * 1.0 - 1.0, HEADROOM_FLOOR * typical * 1.0)
+    # no time to time anything: every task by its roofline, in the same units
+    w0 = headroom_weights([big, small], gpu, time_ms, max_s=-1)
+    assert w0["big"] > w0["small"]

@@ -133,7 +133,7 @@ class _Keeper:
 
 
 def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog, evaluator,
-            budget_s: float | None) -> dict:
+            budget_s: float | None, weights: dict[str, float] | None = None) -> dict:
     """Search kernels for the cache misses within budget_s; returns {signature: SearchResult}.
     Found kernels that verify and win are written to the cache as each task finishes (nothing
     lost on interruption); builds and worker jobs in flight end at the evaluator's deadline."""
@@ -156,7 +156,7 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog, evalu
 
     keep = _Keeper(evaluator, cache, searched, cfg, gpu.name, lambda: memory.save(memory_path))
     return search_many(tasks, lambda: proposer, evaluator, memory, scfg, trajectory_dir=traj,
-                       progress=cfg.progress, time_budget_s=budget_s, on_result=keep)
+                       progress=cfg.progress, time_budget_s=budget_s, on_result=keep, weights=weights)
 
 
 def optimize(model: nn.Module, example_inputs: tuple, config: OptimizeConfig | None = None) -> nn.Module:
@@ -182,6 +182,10 @@ def optimize(model: nn.Module, example_inputs: tuple, config: OptimizeConfig | N
 # The most of the time left after capture and the floor that is kept from the search for the
 # decision's trials (compiles and timings).
 RESERVE_SHARE = 0.4
+# Timing the tasks' references for the search's weights: at most this share of the time left, and
+# at most WEIGHING_MAX_S seconds (a few ms a task: tens of tasks in a second or two).
+WEIGHING_SHARE = 0.05
+WEIGHING_MAX_S = 10.0
 
 
 @dataclass
@@ -202,6 +206,7 @@ class _Run:
     cache: Any = None                                # KernelCache of the GPU's arch
     misses: list = field(default_factory=list)       # tasks the cache has no usable kernel for
     evaluator: Any = None                            # started by look() where GPU work is ahead
+    weights: dict | None = None                      # {signature: headroom ms}, the search's order
 
     def go(self) -> nn.Module:
         from torch_htam import attach, decide
@@ -310,6 +315,20 @@ class _Run:
             (e := self.cache.get(t.signature)) is not None and e.evaluation.compile_speedup is None for t in tasks)
         if (self.cfg.search and self.misses) or untimed:
             self.evaluator = stack.enter_context(Evaluator(deadline=self.deadline)).start()
+        if self.cfg.search and self.misses:
+            self.weights = self.headroom()
+
+    def headroom(self) -> dict[str, float]:
+        """The misses' weights for the search's order and shares (search.headroom_weights): their
+        references timed here, on the GPU, for at most WEIGHING_SHARE of the budget (10 s
+        without one), while the workers start."""
+        import torch
+        from torch_htam.plan import time_reference
+        from torch_htam.search import headroom_weights
+        left = self.deadline.remaining()
+        max_s = WEIGHING_MAX_S if left is None else min(WEIGHING_MAX_S, WEIGHING_SHARE * left)
+        with self.deadline.phase("weighing tasks"), torch.no_grad():
+            return headroom_weights(self.misses, self.gpu, lambda t: time_reference(t, "cuda", iters=10), max_s)
 
     def search(self) -> None:
         from torch_htam.policy import why_not
@@ -328,7 +347,7 @@ class _Run:
                 until = Deadline(budget) if budget is not None else self.deadline
                 with self.deadline.phase("search"), _examples(self.found, misses), self.evaluator.until(until):
                     self.results = _search(misses, self.cfg, self.gpu, self.cache, self.searched,
-                                           self.evaluator, budget)
+                                           self.evaluator, budget, self.weights)
         self.kernels = {t.signature: e for t in tasks
                         if why_not(e := self.cache.get(t.signature), t, self.cfg.min_speedup) is None}
         if self.cfg.compile and self.kernels:

@@ -444,6 +444,53 @@ def eager_weight(task, gpu=None) -> float:
     return max(task.count, 1) * max(task.bytes, task.flops / ridge, 1.0)
 
 
+def roofline_weight_ms(task, gpu) -> float:
+    """The task's least possible time in ms at the GPU's nominal rates (max of bytes over
+    bandwidth and FLOPs over the policy's peak), per call; eager_weight in milliseconds."""
+    from torch_htam.policy import policy_for
+    bandwidth = gpu.mem_bandwidth if gpu is not None and gpu.mem_bandwidth else 3.35e12
+    ridge = ridge_point(gpu, policy_for(task).name) or DEFAULT_RIDGE
+    return 1e3 * max(task.bytes, task.flops / ridge) / bandwidth
+
+
+# A task whose eager time is at its roofline keeps this share of it as weight: a kernel can still
+# pay there (a fused epilogue, the host's time), and no task's search is starved to nothing.
+HEADROOM_FLOOR = 0.1
+
+
+def headroom_weights(tasks, gpu, time_ms: Callable[[Any], float], max_s: float) -> dict[str, float]:
+    """{signature: count x (measured eager ms - roofline ms)}: the time a kernel could save on the
+    task across the model, which search_many's order and budget shares follow (the estimate by
+    roofline alone, eager_weight, ranks by size: on a Swin-T it spent a 90 s budget on 3 of 43 tasks,
+    GEMMs where its kernels reached 0.99-1.06x of eager, and never reached the windowed attention,
+    where PyTorch's SDPA pick ran 4-7x slower than our kernel; H100,
+    bench/results/optimize_time-20261127-015725.json, anytime_table-20261126-232123.json).
+
+    time_ms(task): one call of the task's reference, ms (plan.time_reference). Tasks are timed
+    largest roofline first until max_s seconds have gone; a task not timed (out of time, or its
+    timing failed) gets its roofline times the median eager/roofline ratio of those that were.
+    """
+    roof = {t.signature: roofline_weight_ms(t, gpu) for t in tasks}
+    eager: dict[str, float] = {}
+    t0 = time.monotonic()
+    for t in sorted(tasks, key=lambda t: -max(t.count, 1) * roof[t.signature]):
+        if time.monotonic() - t0 > max_s:
+            break
+        try:
+            eager[t.signature] = time_ms(t)
+        except Exception as e:  # noqa: BLE001 - a weight, not a verdict: the estimate stands in
+            log.info("timing the reference of %s failed (%s: %s); its roofline estimate stands in",
+                     t.name, type(e).__name__, e)
+    ratios = sorted(eager[s] / roof[s] for s in eager if roof[s] > 0)
+    typical = ratios[len(ratios) // 2] if ratios else 1.0 / HEADROOM_FLOOR
+    out = {}
+    for t in tasks:
+        s, r = t.signature, roof[t.signature]
+        ms = eager.get(s, typical * r)
+        out[s] = max(t.count, 1) * max(ms - r, HEADROOM_FLOOR * ms)
+    return out
+
+
 class Progress:
     """One line per update on stderr: task i/n, step, best speedup so far, ETA."""
 
