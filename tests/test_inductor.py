@@ -283,6 +283,25 @@ def test_compiled_guard_keeps_what_beats_torch_compile(mlp, monkeypatch):
         torch.testing.assert_close(model(x), MLP.forward(model, x))
 
 
+def test_kernels_the_budget_left_untried_are_reported_as_such(mlp, monkeypatch):
+    """Kernels that beat Inductor's code, with no time left for a trial after the base arms: the
+    report says the budget ran out before a trial, not that nothing beat Inductor (a Swin-T's
+    attention kernel at 2.87x of Inductor's code read so once)."""
+    from torch_htam import decide
+    from torch_htam.decide import Outcome
+    model, x, found, kernels = mlp
+    entries = {s: _Entry(k, speedup) for (s, k), speedup in zip(kernels.items(), (3.0, 2.0, 1.5))}
+    _stand_in_kernels(monkeypatch, [])
+    _fake_timing(monkeypatch, {"compile": 1.0, "*": 1.2})
+    affords = decide.Trials.affords
+    monkeypatch.setattr(decide.Trials, "affords", lambda self, n: not self.base_why and affords(self, n))
+    model = _optimize_with(monkeypatch, model, x, entries)
+    rep = model.htam_report
+    assert rep.outcome is Outcome.COMPILE and "the time budget ran out before a trial of 3 kernel(s)" in rep.note, rep.note
+    assert {t.detail for t in rep.tasks if t.status == runtime.TaskStatus.NOT_USED} == {
+        "the time budget ran out before a trial with it"}
+
+
 def test_no_kernel_beating_inductor_means_torch_compile_alone(mlp, monkeypatch):
     """Every kernel lost to Inductor's code for its region, and all of them together do not make
     the model faster: torch.compile alone runs, and the report says why each kernel is out."""
@@ -427,6 +446,37 @@ def test_the_channels_last_arm_is_also_timed_at_the_ranges_high_end(at_example, 
         return
     assert d.outcome is decide.Outcome.LAYOUT and "high end" in d.reason, d.reason
     assert layout.to_json()["high_latency_ms"] == pytest.approx(1.5)
+    torch._dynamo.reset()
+
+
+def test_the_layout_arms_reason_gives_the_timing_that_chose_it(monkeypatch):
+    """A host-bound model's later timings drift (a served ViT's layout arm read 2.46 ms against the
+    floor's 1.32 in its last timing, after winning the one that chose it): the reason cites the
+    timing that made the choice, both arms from that timing."""
+    from types import SimpleNamespace
+    from torch_htam import decide
+    from torch_htam.config import OptimizeConfig
+    from torch_htam.deadline import Deadline
+    from torch_htam.timing import GradMode
+    torch._dynamo.reset()
+    model, x = _ConvNet().eval(), torch.randn(4, 3, 8, 8)
+    ms = {"compile": 1.0, "layout": 0.8, "*": 2.0}
+
+    class Drift(list):                     # every timing after the first: the layout arm at 1.3 ms
+        def append(self, labels):
+            super().append(labels)
+            if len(self) > 1:
+                ms["layout"] = 1.3
+    timed = Drift()
+    _fake_timing(monkeypatch, ms, timed)
+    capture = SimpleNamespace(dynamic={0: {0: (1, 16)}}, exported=None,
+                              graphs=[torch.fx.symbolic_trace(model)], method="dynamo")
+    with torch.inference_mode():
+        t = decide.Trials(model, (x,), OptimizeConfig(dynamic=capture.dynamic), GradMode.current(), Deadline(None))
+        t.start()
+        d = t.finish(SimpleNamespace(capture=capture, tasks=[]), {}, [], [])
+    assert len(timed) > 1 and d.outcome is decide.Outcome.LAYOUT, (timed, d.reason)
+    assert "0.800 ms synced" in d.reason and "1.000 ms synced" in d.reason and "1.300" not in d.reason, d.reason
     torch._dynamo.reset()
 
 

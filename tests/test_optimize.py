@@ -52,11 +52,11 @@ def test_a_model_left_on_the_cpu_is_refused_before_any_search(monkeypatch):
     assert pipeline._off_gpu_tensors(model, ()).startswith("parameter ")
 
 
-def test_gpu_workers_start_before_the_floor_compiles_and_stop_before_the_decision(monkeypatch):
-    """The evaluator's workers (their start-up builds the launcher on a new machine: 20-60 s)
-    start right after capture, so that start-up overlaps torch.compile of the floor; the search
-    runs on that one evaluator, under its own deadline, with every task weighed, and the workers
-    are gone before the decision times anything. GPU faked; the search stood in."""
+def test_one_evaluator_from_the_floor_to_the_search_and_gone_before_the_decision(monkeypatch):
+    """The evaluator's workers start after the floor's torch.compile (their start-up builds the
+    launcher on a new machine, which slowed that compile by a quarter beside it), the misses are weighed
+    while they start, the search runs on that one evaluator under its own deadline, and the
+    workers are gone before the decision times anything. GPU faked; the search stood in."""
     from torch_htam import decide, evaluation, gpu, pipeline
     events = []
 
@@ -92,7 +92,7 @@ def test_gpu_workers_start_before_the_floor_compiles_and_stop_before_the_decisio
     monkeypatch.setattr(pipeline, "_search", search)
     model, inputs = gpt_block.get_model()
     torch_htam.optimize(model, inputs, OptimizeConfig(time_budget_s=600))
-    assert events[:5] == ["workers start", "floor", "search deadline", ("search", True, True), "workers stop"], events
+    assert events[:5] == ["floor", "workers start", "search deadline", ("search", True, True), "workers stop"], events
     assert events[5] == "decision"
 
 

@@ -236,6 +236,8 @@ class Trials:
     grown: list = field(default_factory=list)   # the user's frames the trials compiled (limits())
     expected: list | None = None   # the original forward's float outputs on the example inputs
     host_notes: list[str] = field(default_factory=list)   # timings that began on a busy host
+    base_why: str = ""          # base()'s choice, in the figures of the timing that made it
+    untried: int = 0            # kernels that beat Inductor's code, left out of every trial for time
 
     # -- the phases ------------------------------------------------------------------------------
 
@@ -288,7 +290,10 @@ class Trials:
         best, why, compared = base, "", ""
         for subset in _trials(ranked, every):
             subset = tuple(s for s in subset if s not in self.failed())
-            if not subset or not self.affords(2):
+            if not subset:
+                break
+            if not self.affords(2):
+                self.untried = self.untried or len(subset)
                 break
             arm = self.ready(Arm(ArmKind.KERNELS, subset, keep_reexport=base.kind is ArmKind.REEXPORT,
                                  options=dict(base.options)))
@@ -343,7 +348,12 @@ class Trials:
         layout = next((a for a in arms if a.kind is ArmKind.LAYOUT and a not in wins), None)
         if layout is not None and self.wins_at_high_end(floor, layout):
             wins.append(layout)
-        return max(wins, key=lambda a: ratio(floor, a)) if wins else floor
+        best = max(wins, key=lambda a: ratio(floor, a)) if wins else floor
+        # the figures that chose it: the kernel trials time `best` again, the floor not
+        high = (f"; at the declared ranges' high end {best.ms(high=True)} against {floor.ms(high=True)}"
+                if best.high and floor.high else "")
+        self.base_why = f"{best.name}: {best.ms()} against {floor.ms()} for torch.compile{high}"
+        return best
 
     def wins_at_high_end(self, floor: Arm, arm: Arm) -> bool:
         """Whether `arm`, no slower than the floor at the example's sizes, beats it at the declared
@@ -380,12 +390,11 @@ class Trials:
         if best.kind is ArmKind.KERNELS:
             return self.done(best, Outcome.KERNELS, why)
         if best.kind in (ArmKind.REEXPORT, ArmKind.LAYOUT):
-            high = (f"; at the declared ranges' high end {best.ms(high=True)} against {floor.ms(high=True)}"
-                    if best.high and floor.high else "")
-            return self.done(best, Outcome[best.kind.name], f"{best.name}: {best.ms()} against "
-                             f"{floor.ms()} for torch.compile{high}")
+            return self.done(best, Outcome[best.kind.name], self.base_why)
         tried = [a for a in self.arms if a.kind is ArmKind.KERNELS]
         why = (f"no set of our kernels beat it ({compared})" if compared else "no kernel to try" if not kernels else
+               f"the time budget ran out before a trial of {self.untried} kernel(s) that beat Inductor's code "
+               "for their regions" if self.untried and not tried else
                "no kernel beat Inductor's code for its region" if not tried else "no trial could be timed")
         return self.done(floor, Outcome.COMPILE, f"torch.compile: {why}")
 
@@ -642,6 +651,7 @@ def install(model: nn.Module, d: Decision, found, kernels: dict, ranked: list[st
                                 if compiled else f"{method} + {d.outcome.value}")
         report.tasks = runtime._task_reports(tasks, kernels, [], {}, {})
     failed = {s for a in d.arms for s in a.failed_kernels}
+    tried = {s for a in d.arms if a.kind is ArmKind.KERNELS for s in a.kernels}
     for t in report.tasks:
         if t.signature in arm.kernels and arm.kind is ArmKind.KERNELS:
             t.status = runtime.TaskStatus.READY
@@ -649,7 +659,7 @@ def install(model: nn.Module, d: Decision, found, kernels: dict, ranked: list[st
             t.status, t.detail = runtime.TaskStatus.FAILED_AT_RUN_TIME, "its region ran instead; dropped"
         elif t.signature in kernels and t.signature not in arm.kernels:
             t.status = runtime.TaskStatus.NOT_USED
-            t.detail = _unused_why(d.outcome, t.signature in ranked)
+            t.detail = _unused_why(d.outcome, t.signature in ranked, t.signature in tried)
     report.outcome, report.decision = d.outcome, d
     report.note = "; ".join(x for x in (d.reason, *(notes or ())) if x)
     report.e2e = _e2e(d)
@@ -693,14 +703,16 @@ def _is_conv(gm, n) -> bool:
     return n.op == "call_function" and bool(_CONV.search(getattr(n.target, "__name__", str(n.target))))
 
 
-def _unused_why(outcome: Outcome, beat_inductor: bool) -> str:
-    """Why a verified kernel is not in what the model runs, by the decision's outcome."""
+def _unused_why(outcome: Outcome, beat_inductor: bool, tried: bool = True) -> str:
+    """Why a verified kernel is not in what the model runs, by the decision's outcome (tried:
+    whether any trial ran the model with it)."""
     return {Outcome.ORIGINAL_FASTER: "the original forward was faster than torch.compile",
             Outcome.ORIGINAL: "the replay with it was not faster than the original forward",
             Outcome.COMPILE_FAILED: "torch.compile failed on this model",
             Outcome.NOT_TIMED: "the time budget ran out before it could be tried"}.get(
-        outcome, "the model was not faster with it" if beat_inductor
-        else "slower than Inductor's code for the region")
+        outcome, "slower than Inductor's code for the region" if not beat_inductor
+        else "the model was not faster with it" if tried
+        else "the time budget ran out before a trial with it")
 
 
 def _e2e(d: Decision) -> dict[str, float]:

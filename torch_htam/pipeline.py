@@ -215,14 +215,15 @@ class _Run:
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.trials.limits())
             self.capture()
-            with contextlib.ExitStack() as workers:   # the evaluator's GPU workers, look() to search()
+            try:
+                self.look()
+            except Exception as e:  # noqa: BLE001 -- no search; the report says what failed
+                self.gpu = None
+                self.failed("the search", e)
+            self.floor()
+            with contextlib.ExitStack() as workers:   # the evaluator's GPU workers, for the search only
                 try:
-                    self.look(workers)
-                except Exception as e:  # noqa: BLE001 -- no search; the report says what failed
-                    self.gpu = None
-                    self.failed("the search", e)
-                self.floor()
-                try:
+                    self.prepare(workers)
                     self.search()
                 except Exception as e:  # noqa: BLE001 -- the floor stays; the report says what failed
                     self.failed("the search", e)
@@ -278,16 +279,12 @@ class _Run:
             attach.compiled(self.model, floor.call, runtime.Report(note="the floor, while optimize runs"),
                             floor.backend)
 
-    def look(self, stack: contextlib.ExitStack) -> None:
+    def look(self) -> None:
         """What the search will face, known right after capture: the GPU, the cache (with the
-        kernels torch_htam ships) and the tasks it misses. Where there is GPU work ahead (a miss to
-        search, a cached kernel not yet timed against Inductor), the evaluator's GPU workers start
-        now, in the background, so their start-up (the launcher's first build: 20-60 s) overlaps
-        the floor's torch.compile instead of the first candidate's evaluation."""
+        kernels torch_htam ships) and the tasks it misses."""
         from torch_htam import gpu as gpu_mod
         from torch_htam import paths
         from torch_htam.cache import KernelCache
-        from torch_htam.evaluation import Evaluator
         from torch_htam.policy import admitted, policy_for
         from torch_htam.shipped_kernels import install_shipped
         self.gpu = gpu_mod.detect()
@@ -311,8 +308,21 @@ class _Run:
                        and not self.searched.covers(t.signature, self.cfg, policy_for(t).name)]
         if self.cfg.max_tasks is not None:
             self.misses = self.misses[: self.cfg.max_tasks]
+
+    def prepare(self, stack: contextlib.ExitStack) -> None:
+        """After the floor: where there is GPU work ahead (a miss to search, a cached kernel not yet
+        timed against Inductor), one evaluator for all of it, its GPU workers started now, in the
+        background, while the misses are weighed here. NOTE: started before the floor instead,
+        their start-up (the launcher's first build on a new machine) saved the first task 9-14 s
+        but slowed a Swin-T's torch.compile from 28.5 to 34.7-37.5 s (H100,
+        optimize_time-20261127-015725 / -020344 / -021534), which the decision takes as what each
+        trial's compile costs: it then had no time left to try the kernel the search found."""
+        from torch_htam.evaluation import Evaluator
+        if self.gpu is None or self.found is None:
+            return
         untimed = self.cfg.compile and any(
-            (e := self.cache.get(t.signature)) is not None and e.evaluation.compile_speedup is None for t in tasks)
+            (e := self.cache.get(t.signature)) is not None and e.evaluation.compile_speedup is None
+            for t in self.found.tasks)
         if (self.cfg.search and self.misses) or untimed:
             self.evaluator = stack.enter_context(Evaluator(deadline=self.deadline)).start()
         if self.cfg.search and self.misses:
