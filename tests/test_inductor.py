@@ -5,6 +5,7 @@ graph), so they check the plumbing (which sites are swapped, what Inductor sees,
 graph breaks, new shapes and autograd), not kernel speed; the gpu tests run real kernels.
 """
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -294,7 +295,7 @@ def test_kernels_the_budget_left_untried_are_reported_as_such(mlp, monkeypatch):
     _stand_in_kernels(monkeypatch, [])
     _fake_timing(monkeypatch, {"compile": 1.0, "*": 1.2})
     affords = decide.Trials.affords
-    monkeypatch.setattr(decide.Trials, "affords", lambda self, n: not self.base_why and affords(self, n))
+    monkeypatch.setattr(decide.Trials, "affords", lambda self, n, keep_s=0.0: not self.base_why and affords(self, n, keep_s))
     model = _optimize_with(monkeypatch, model, x, entries)
     rep = model.htam_report
     assert rep.outcome is Outcome.COMPILE and "the time budget ran out before a trial of 3 kernel(s)" in rep.note, rep.note
@@ -478,6 +479,30 @@ def test_the_layout_arms_reason_gives_the_timing_that_chose_it(monkeypatch):
     assert len(timed) > 1 and d.outcome is decide.Outcome.LAYOUT, (timed, d.reason)
     assert "0.800 ms synced" in d.reason and "1.000 ms synced" in d.reason and "1.300" not in d.reason, d.reason
     torch._dynamo.reset()
+
+
+def test_the_optional_arms_leave_time_for_one_kernel_trial(monkeypatch):
+    """With kernels that beat Inductor's code and time for one compile only, the re-export arm is
+    skipped and the time goes to the kernel trial; without such kernels the re-export is built."""
+    from types import SimpleNamespace
+    from torch_htam import decide
+    from torch_htam.config import OptimizeConfig
+    from torch_htam.deadline import Deadline
+    from torch_htam.timing import GradMode
+    model, x = MLP().eval(), torch.randn(4, 64)
+    built = []
+    monkeypatch.setattr(decide.Trials, "ready", lambda self, arm: built.append(arm.kind) or
+                        dataclasses.replace(arm, error="not built in this test"))
+    monkeypatch.setattr(decide.Trials, "timing_s", lambda self, n: 1.0 * n)
+    monkeypatch.setattr(decide.Trials, "time", lambda self, arms, high=None: True)
+    capture = SimpleNamespace(dynamic=None, exported=object(), graphs=[torch.fx.symbolic_trace(model)])
+    for keep_s, expect in ((decide.Trials.first_trial_s, []), (lambda self: 0.0, [decide.ArmKind.REEXPORT])):
+        built.clear()
+        t = decide.Trials(model, (x,), OptimizeConfig(), GradMode.current(), Deadline(25.0))
+        t.found, t.compile_s = SimpleNamespace(capture=capture), 10.0
+        floor = decide.Arm(decide.ArmKind.COMPILE)
+        t.base(floor, keep_s=keep_s(t))       # one trial: 10 s + 3 arms timed; the re-export 12 s more
+        assert built == expect, (keep_s, built)
 
 
 def test_high_end_inputs_tile_the_example_along_each_declared_dim():

@@ -500,3 +500,24 @@ def test_a_served_convnet_has_its_channels_last_arm_timed_and_stays_right_across
             # channels-last arm's convs take other algorithms than eager's: on an H100 the two
             # differed by 1.09e-4 (norm-relative) at batch 1; a layout bug would be O(1)
             assert rel_err(model(y), ref(y)) < 1e-3
+
+
+def test_the_decisions_reserve_keeps_one_kernel_trial_where_the_search_still_gets_time():
+    """At most RESERVE_SHARE of the time left is kept from the search, but at least one kernel
+    trial where that leaves the search MIN_SEARCH_S (a Swin-T's 30 s compile found its kernel and
+    had no time to try it); where it would not, the share rule stands."""
+    from types import SimpleNamespace
+    from torch_htam import pipeline
+    from torch_htam.deadline import Deadline
+
+    def run(budget, first=50.0, want=200.0):
+        r = pipeline._Run(None, (), OptimizeConfig(), Deadline(budget), None)
+        r.trials = SimpleNamespace(reserve_s=lambda n: want, first_trial_s=lambda: first)
+        return r
+
+    assert run(100).reserve_s(5) == pytest.approx(50.0, abs=0.1)          # one trial over 0.4 x 100
+    assert run(60).reserve_s(5) == pytest.approx(24.0, abs=0.1)           # 60 - 50 < 20: the share
+    assert run(200).reserve_s(5) == pytest.approx(80.0, abs=0.1)          # the share is more
+    assert run(100, want=30.0).reserve_s(5) == 30.0                       # never more than wanted
+    assert run(100).reserve_s(0) == pytest.approx(40.0, abs=0.1)          # no kernel: no trial to keep
+    assert run(None).reserve_s(5) == 200.0

@@ -260,6 +260,11 @@ class Trials:
         high_end = 2 if self.cfg.dynamic else 0                # base()'s layout arm at the high end
         return trials * self.compile_s + self.timing_s(2 + 2 * (trials - 1) + 3 + high_end)
 
+    def first_trial_s(self) -> float:
+        """Seconds for the one trial that can keep a kernel: the floor timed, then a kernels arm
+        compiled like the floor and timed against it."""
+        return self.compile_s + self.timing_s(3)
+
     def finish(self, found, kernels: dict, ranked: list[str], every: list[str]) -> Decision:
         self.found, self.kernels = found, kernels
         with self.deadline.phase("decide: trials"):
@@ -284,7 +289,7 @@ class Trials:
             arm = self.ready(Arm(ArmKind.KERNELS, tuple(ranked))) if ranked else None
             return (self.done(arm, Outcome.KERNELS, "end-to-end check off: every kernel that beat Inductor")
                     if arm is not None and not arm.error else self.done(floor, Outcome.COMPILE, "torch.compile"))
-        base = self.base(floor)
+        base = self.base(floor, keep_s=self.first_trial_s() if ranked else 0.0)
         if base is None:
             return self.done(floor, Outcome.NOT_TIMED, self.out_of_time("the decision"))
         best, why, compared = base, "", ""
@@ -330,16 +335,19 @@ class Trials:
 
     # -- steps -----------------------------------------------------------------------------------
 
-    def base(self, floor: Arm) -> Arm | None:
+    def base(self, floor: Arm, keep_s: float = 0.0) -> Arm | None:
         """The fastest of torch.compile, Inductor on our re-exported graph and, where the graphs
         hold convs of symbolic sizes, torch.compile with channels-last convs (LAYOUT_OPTIONS),
         timed together: an arm replaces the floor where it beats it beyond noise. The re-export
         folds constant attention masks; on an H100 it alone made a Llama-style model 1.10x faster
-        than torch.compile in reduce-overhead mode (scripts/probe_graph.py)."""
+        than torch.compile in reduce-overhead mode (scripts/probe_graph.py). keep_s: seconds the
+        optional arms leave for what comes after (one kernel trial, where kernels beat Inductor's
+        code: an arm with kernels measured faster than Inductor's code for their regions comes
+        before arms not measured at all)."""
         arms = [floor]
-        if self.single_graph() and self.affords(2):
+        if self.single_graph() and self.affords(2, keep_s):
             arms.append(self.ready(Arm(ArmKind.REEXPORT, keep_reexport=True)))
-        if self.symbolic_convs() and self.affords(len(arms) + 1):
+        if self.symbolic_convs() and self.affords(len(arms) + 1, keep_s):
             arms.append(self.ready(Arm(ArmKind.LAYOUT, options=dict(LAYOUT_OPTIONS))))
         arms = [a for a in arms if not a.error]
         if not self.time(arms):
@@ -552,9 +560,10 @@ class Trials:
             ms = 1e3 * self.call_s
         return n_arms * (ITERS + ROUNDS * (2 + THROUGHPUT_CALLS + 2.5)) * ms / 1e3
 
-    def affords(self, n_arms: int) -> bool:
-        """One more arm: a compile like the floor's, then timing n_arms arms."""
-        need = self.compile_s + self.timing_s(n_arms)
+    def affords(self, n_arms: int, keep_s: float = 0.0) -> bool:
+        """One more arm: a compile like the floor's, then timing n_arms arms, with keep_s seconds
+        left after them."""
+        need = self.compile_s + self.timing_s(n_arms) + keep_s
         if self.deadline.allows(need):
             return True
         self.out_of_time(f"further trials (each about {need:.0f} s)")

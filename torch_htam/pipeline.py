@@ -182,6 +182,8 @@ def optimize(model: nn.Module, example_inputs: tuple, config: OptimizeConfig | N
 # The most of the time left after capture and the floor that is kept from the search for the
 # decision's trials (compiles and timings).
 RESERVE_SHARE = 0.4
+# The least search time worth keeping one kernel trial's time back for (reserve_s).
+MIN_SEARCH_S = 20.0
 # Timing the tasks' references for the search's weights: at most this share of the time left, and
 # at most WEIGHING_MAX_S seconds (a few ms a task: tens of tasks in a second or two).
 WEIGHING_SHARE = 0.05
@@ -368,10 +370,18 @@ class _Run:
     def reserve_s(self, n_tasks: int) -> float:
         """Seconds kept from the search for the decision: what its trials are expected to take
         (decide.Trials.reserve_s), but at most RESERVE_SHARE of the time left, so that a small
-        budget still searches (the decision skips the trials that no longer fit, and says so)."""
+        budget still searches (the decision skips the trials that no longer fit, and says so) --
+        and at least one kernel trial (decide.Trials.first_trial_s) where that still leaves the
+        search MIN_SEARCH_S. NOTE: a model whose torch.compile takes a third of the budget (a
+        Swin-T: 28-37 s of 90) otherwise finds a kernel and has no time to try it."""
         left = self.deadline.remaining()
         want = self.trials.reserve_s(n_tasks)
-        return want if left is None else min(want, RESERVE_SHARE * max(left, 0.0))
+        if left is None:
+            return want
+        left = max(left, 0.0)
+        first = self.trials.first_trial_s() if n_tasks else 0.0
+        floor = first if left - first >= MIN_SEARCH_S else 0.0
+        return min(want, max(RESERVE_SHARE * left, floor))
 
     def ranked(self) -> tuple[list[str], list[str]]:
         """(the kernels that beat Inductor's code for their region, every kernel), each by
