@@ -487,3 +487,32 @@ def test_preplan_leaves_static_tasks_and_other_kinds_alone(monkeypatch):
     assert preplan(Kernel(), dataclasses.replace(gemm, kind="conv"), []) == []
     over_length = TensorSpec.of(torch.zeros(2, 8, 16)).with_ranges({2: (1, 32)})    # conv1d over L
     assert preplan(Kernel(), dataclasses.replace(gemm, kind="conv", inputs=[over_length]), [[0, 2, 1, 32]]) == []
+
+
+def test_suspended_runs_the_original_and_puts_everything_back():
+    """attach.suspended: inside, the original forward (and the user's own compile, if any); after,
+    the same compiled call, report and copy rule as before, nothing rebuilt."""
+    import copy
+    from torch_htam import attach
+    model, x = MLP().eval(), torch.randn(3, 32)
+    calls = []
+
+    def call(*a, **k):
+        calls.append("ours")
+        return MLP.forward(model, *a, **k)
+
+    report = runtime.Report(note="ours")
+    attach.compiled(model, call, report)
+    with attach.suspended(model) as m:
+        assert m is model and model._compiled_call_impl is None
+        model(x)
+        assert calls == []
+    model(x)
+    assert calls == ["ours"] and model._compiled_call_impl is call and model.htam_report is report
+    assert copy.deepcopy(model)._compiled_call_impl is None          # the copy rule is back too
+    fwd = lambda *a: MLP.forward(model, *a)  # noqa: E731
+    fwd.htam = True
+    attach.forward(model, fwd, report)
+    with attach.suspended(model):
+        assert "forward" not in model.__dict__
+    assert model.forward is fwd

@@ -5,6 +5,8 @@
     forward(model, fwd, report)     model.forward is `fwd` (the replay of the captured graph)
     detach(model)                   what torch_htam set is gone; a compile the user installed
                                     before (model.compile()) is back
+    suspended(model)                a block in which the model runs as detach leaves it, and
+                                    after which everything torch_htam set is back
     leave(model, reason)            the model on its original path, with a report saying why
 
 The attributes: `_compiled_call_impl` (what nn.Module.__call__ runs when set), `forward` (an
@@ -13,6 +15,7 @@ and our bookkeeping, each named `_htam_*`.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from typing import Callable
@@ -64,6 +67,24 @@ def detach(model: nn.Module) -> nn.Module:
         if prev is not None:
             model.forward = prev
     return model
+
+
+@contextlib.contextmanager
+def suspended(model: nn.Module):
+    """Inside the block the model runs its original forward (detach); after it, everything
+    torch_htam had set is back as it was, the same compiled call included, so nothing is
+    compiled or decided again (precompile reads the original graph this way)."""
+    d = model.__dict__
+    keys = ("_compiled_call_impl", "forward", "htam_report", "__getstate__", *_OURS)
+    saved = {k: d[k] for k in keys if k in d}
+    detach(model)
+    try:
+        yield model
+    finally:
+        for k in keys:
+            if k not in saved:
+                d.pop(k, None)
+        d.update(saved)
 
 
 def leave(model: nn.Module, reason: str, tasks: list | None = None, report=None) -> nn.Module:

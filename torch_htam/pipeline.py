@@ -10,7 +10,6 @@ PyTorch path and the report says why.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -542,7 +541,7 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
     >>> torch_htam.precompile(model, (x,), "bundle/")   # later: torch_htam.load(model, "bundle/", (x,))
     >>> torch_htam.precompile(model, (x,), "bundle/", arch="sm_90a")   # no GPU here
     """
-    from torch_htam import inductor, runtime
+    from torch_htam import attach, inductor, runtime
     from torch_htam.bundle import _gpu_arch, bundle_arch, run_of, with_dynamic
     from torch_htam.bundle import precompile as write_bundle
     cfg = config or OptimizeConfig()
@@ -563,9 +562,7 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
     # server on the same stack loads it instead of compiling on its first call.
     code = inductor.save_artifacts() if run["compile"] else None
     # NOTE: the bundle lists the tasks of the ORIGINAL graph; captured through the swapped
-    # forward, the swapped regions would be launcher calls and their kernels left out.
-    runtime.restore(model)
-    try:
+    # forward, the swapped regions would be launcher calls and their kernels left out. The
+    # optimized model is put back as it was after (attach.suspended), not optimized a second time.
+    with attach.suspended(model):
         return write_bundle(model, example_inputs, out_dir, only=used, run=run, inductor_code=code)
-    finally:
-        optimize(model, example_inputs, dataclasses.replace(cfg, search=False))   # from the cache
