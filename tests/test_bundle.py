@@ -5,7 +5,6 @@ that runs the task's own graph (tests/test_runtime.py), so what is checked is wh
 bundle lets through, and that the model computes the same thing.
 """
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -592,30 +591,3 @@ def test_a_bundle_for_declared_sizes_serves_them_without_a_recompile(tmp_path, m
     assert all(k.calls >= 4 for k in stand_ins.values())   # the load's own call, then 3 sizes
     torch._dynamo.reset()
 
-
-def test_precompile_optimizes_once_and_leaves_the_model_optimized(monkeypatch, tmp_path):
-    """With a GPU: optimize once, write the bundle from the original graph, and the model keeps
-    the very call optimize installed (it was optimized a second time, from the cache, before)."""
-    from torch_htam import attach, inductor, pipeline
-    model, x = _fresh_model(), torch.randn(4, 8, 32)
-    optimized, seen = [], {}
-
-    def optimize(m, inputs, cfg=None):
-        optimized.append(cfg)
-        return attach.compiled(m, lambda *a: MLP.forward(m, *a), runtime.Report(note="ours"))
-
-    def write(m, inputs, out_dir, **kw):
-        seen["call inside"] = m._compiled_call_impl
-        return Path(out_dir)
-
-    monkeypatch.setattr(bundle, "_gpu_arch", lambda: "sm_fake")
-    monkeypatch.setattr(bundle, "precompile", write)
-    monkeypatch.setattr(bundle, "run_of", lambda m: {"compile": True, "mode": "default"})
-    monkeypatch.setattr(pipeline, "optimize", optimize)
-    monkeypatch.setattr(pipeline, "_swapped", lambda m: set())
-    monkeypatch.setattr(inductor, "save_artifacts", lambda: None)
-    out = pipeline.precompile(model, (x,), tmp_path / "b")
-    assert out == tmp_path / "b" and len(optimized) == 1
-    assert seen["call inside"] is None                      # the bundle read the original forward
-    assert model._compiled_call_impl is not None and model.htam_report.note == "ours"
-    torch.testing.assert_close(model(x), MLP.forward(model, x))

@@ -430,16 +430,17 @@ def test_a_failure_inside_optimize_keeps_the_floor(monkeypatch, where):
     torch.testing.assert_close(model(*inputs), ref, rtol=1e-5, atol=1e-5)
 
 
-def test_precompile_bundles_the_original_graph_then_reoptimizes(monkeypatch, tmp_path):
+def test_precompile_bundles_the_original_graph_then_puts_the_optimized_model_back(monkeypatch, tmp_path):
     from torch_htam import bundle, pipeline, runtime
     model, inputs = gpt_block.get_model()
-    calls = []
+    calls, installed = [], []
 
     def fake_optimize(m, x, cfg=None):               # installs a swapped forward, like optimize()
         calls.append(cfg.search)
         fwd = lambda *a: None                         # noqa: E731
         fwd.htam = object.__new__(runtime.HtamForward)
         m.forward = fwd
+        installed.append(fwd)
         m.htam_report = runtime.Report(tasks=[
             runtime.TaskReport("a", "sig_a", status=runtime.TaskStatus.SWAPPED),
             runtime.TaskReport("b", "sig_b", status=runtime.TaskStatus.NOT_USED,
@@ -456,9 +457,9 @@ def test_precompile_bundles_the_original_graph_then_reoptimizes(monkeypatch, tmp
     monkeypatch.setattr(bundle, "precompile", fake_bundle)
     monkeypatch.setattr(bundle, "_gpu_arch", lambda: "sm_90a")   # without a GPU precompile does no search
     assert pipeline.precompile(model, inputs, tmp_path) == tmp_path
-    # search, bundle unswapped (the replay it ran), re-apply from cache
-    assert calls == [True, False, {"sig_a"}, {"compile": False}, False]
-    assert "forward" in model.__dict__
+    # one search, the bundle from the original forward (the replay it ran), no second optimize
+    assert calls == [True, False, {"sig_a"}, {"compile": False}]
+    assert len(installed) == 1 and model.__dict__["forward"] is installed[0]
 
 
 def test_search_usage_reaches_the_report():
