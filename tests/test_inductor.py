@@ -420,27 +420,34 @@ def test_convs_of_symbolic_size_get_a_channels_last_arm_that_runs_where_it_pays(
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("at_example", [1.0, 1.1])
-def test_the_channels_last_arm_is_also_timed_at_the_ranges_high_end(at_example, monkeypatch):
-    """Level with torch.compile at the example's batch (a host-bound call hides the GPU time it
-    saves), faster at the declared range's high end: the layout arm runs the model; slower at the
-    example, it does not, whatever it does at the high end."""
+def _decide_dynamic_convnet(model, x):
+    """decide.Trials on `model` captured (by Dynamo) with the batch declared dynamic (1-16), no
+    kernels: the decision between torch.compile and its channels-last variant."""
     from types import SimpleNamespace
     from torch_htam import decide
     from torch_htam.config import OptimizeConfig
     from torch_htam.deadline import Deadline
     from torch_htam.timing import GradMode
-    torch._dynamo.reset()
-    model, x = _ConvNet().eval(), torch.randn(4, 3, 8, 8)
-    timed = []
-    _fake_timing(monkeypatch, {"compile": 1.0, "layout": at_example, "*": 1.1}, timed,
-                 by_batch={16: {"compile": 2.0, "layout": 1.5, "*": 2.2}})
     capture = SimpleNamespace(dynamic={0: {0: (1, 16)}}, exported=None,
                               graphs=[torch.fx.symbolic_trace(model)], method="dynamo")
     with torch.inference_mode():
         t = decide.Trials(model, (x,), OptimizeConfig(dynamic=capture.dynamic), GradMode.current(), Deadline(None))
         t.start()
-        d = t.finish(SimpleNamespace(capture=capture, tasks=[]), {}, [], [])
+        return t.finish(SimpleNamespace(capture=capture, tasks=[]), {}, [], [])
+
+
+@pytest.mark.parametrize("at_example", [1.0, 1.1])
+def test_the_channels_last_arm_is_also_timed_at_the_ranges_high_end(at_example, monkeypatch):
+    """Level with torch.compile at the example's batch (a host-bound call hides the GPU time it
+    saves), faster at the declared range's high end: the layout arm runs the model; slower at the
+    example, it does not, whatever it does at the high end."""
+    from torch_htam import decide
+    torch._dynamo.reset()
+    model, x = _ConvNet().eval(), torch.randn(4, 3, 8, 8)
+    timed = []
+    _fake_timing(monkeypatch, {"compile": 1.0, "layout": at_example, "*": 1.1}, timed,
+                 by_batch={16: {"compile": 2.0, "layout": 1.5, "*": 2.2}})
+    d = _decide_dynamic_convnet(model, x)
     layout = next(a for a in d.arms if a.kind is decide.ArmKind.LAYOUT)
     if at_example > 1.0:
         assert d.outcome is decide.Outcome.COMPILE and layout.high is None
@@ -454,11 +461,7 @@ def test_the_layout_arms_reason_gives_the_timing_that_chose_it(monkeypatch):
     """A host-bound model's later timings drift (a served ViT's layout arm read 2.46 ms against the
     floor's 1.32 in its last timing, after winning the one that chose it): the reason cites the
     timing that made the choice, both arms from that timing."""
-    from types import SimpleNamespace
     from torch_htam import decide
-    from torch_htam.config import OptimizeConfig
-    from torch_htam.deadline import Deadline
-    from torch_htam.timing import GradMode
     torch._dynamo.reset()
     model, x = _ConvNet().eval(), torch.randn(4, 3, 8, 8)
     ms = {"compile": 1.0, "layout": 0.8, "*": 2.0}
@@ -470,12 +473,7 @@ def test_the_layout_arms_reason_gives_the_timing_that_chose_it(monkeypatch):
                 ms["layout"] = 1.3
     timed = Drift()
     _fake_timing(monkeypatch, ms, timed)
-    capture = SimpleNamespace(dynamic={0: {0: (1, 16)}}, exported=None,
-                              graphs=[torch.fx.symbolic_trace(model)], method="dynamo")
-    with torch.inference_mode():
-        t = decide.Trials(model, (x,), OptimizeConfig(dynamic=capture.dynamic), GradMode.current(), Deadline(None))
-        t.start()
-        d = t.finish(SimpleNamespace(capture=capture, tasks=[]), {}, [], [])
+    d = _decide_dynamic_convnet(model, x)
     assert len(timed) > 1 and d.outcome is decide.Outcome.LAYOUT, (timed, d.reason)
     assert "0.800 ms synced" in d.reason and "1.000 ms synced" in d.reason and "1.300" not in d.reason, d.reason
     torch._dynamo.reset()
