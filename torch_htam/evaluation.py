@@ -135,8 +135,8 @@ class Evaluator:
     def start(self) -> "Evaluator":
         """Start the GPU workers now, in the background (each builds or loads the launcher and
         opens its CUDA context: 20-60 s on a machine that never built the launcher, a few s
-        after), so that time overlaps the caller's own work (optimize: torch.compile of the
-        model) instead of the first candidate's."""
+        after), so that time overlaps the caller's own work (optimize: weighing the tasks)
+        instead of the first candidate's."""
         self.pool
         return self
 

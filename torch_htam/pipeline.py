@@ -206,7 +206,7 @@ class _Run:
     gpu: Any = None                                  # GpuInfo, None: no search
     cache: Any = None                                # KernelCache of the GPU's arch
     misses: list = field(default_factory=list)       # tasks the cache has no usable kernel for
-    evaluator: Any = None                            # started by look() where GPU work is ahead
+    evaluator: Any = None                            # started by prepare() where GPU work is ahead
     weights: dict | None = None                      # {signature: headroom ms}, the search's order
 
     def go(self) -> nn.Module:

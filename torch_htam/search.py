@@ -437,16 +437,14 @@ def _jsonable(x):
 # --- many tasks ---------------------------------------------------------------------------------
 
 def eager_weight(task, gpu=None) -> float:
-    """Relative eager time of a task across the model: count * max(bytes, flops / ridge), in bytes
-    of equivalent traffic (a roofline estimate; only ratios between tasks matter)."""
-    from torch_htam.policy import policy_for
-    ridge = ridge_point(gpu, policy_for(task).name) or DEFAULT_RIDGE
-    return max(task.count, 1) * max(task.bytes, task.flops / ridge, 1.0)
+    """Relative eager time of a task across the model, estimated by its roofline: count x
+    roofline_ms (only ratios between tasks matter; headroom_weights measures instead)."""
+    return max(task.count, 1) * max(roofline_weight_ms(task, gpu), 1e-9)
 
 
 def roofline_weight_ms(task, gpu) -> float:
     """The task's least possible time in ms at the GPU's nominal rates (max of bytes over
-    bandwidth and FLOPs over the policy's peak), per call; eager_weight in milliseconds."""
+    bandwidth and FLOPs over the policy's peak), per call (H100 rates where no GPU is known)."""
     from torch_htam.policy import policy_for
     bandwidth = gpu.mem_bandwidth if gpu is not None and gpu.mem_bandwidth else 3.35e12
     ridge = ridge_point(gpu, policy_for(task).name) or DEFAULT_RIDGE
@@ -461,7 +459,7 @@ HEADROOM_FLOOR = 0.1
 def headroom_weights(tasks, gpu, time_ms: Callable[[Any], float], max_s: float) -> dict[str, float]:
     """{signature: count x (measured eager ms - roofline ms)}: the time a kernel could save on the
     task across the model, which search_many's order and budget shares follow (the estimate by
-    roofline alone, eager_weight, ranks by size: on a Swin-T it spent a 90 s budget on 3 of 43 tasks,
+    roofline alone, eager_weight, ranks by size: on a Swin-T it spent a 90 s budget on 2-3 of 43 tasks,
     GEMMs where its kernels reached 0.99-1.06x of eager, and never reached the windowed attention,
     where PyTorch's SDPA pick ran 4-7x slower than our kernel; H100,
     bench/results/optimize_time-20261127-015725.json, anytime_table-20261126-232123.json).
