@@ -321,9 +321,7 @@ class _Run:
         from torch_htam.evaluation import Evaluator
         if self.gpu is None or self.found is None:
             return
-        untimed = self.cfg.compile and any(
-            (e := self.cache.get(t.signature)) is not None and e.evaluation.compile_speedup is None
-            for t in self.found.tasks)
+        untimed = self.cfg.compile and any(_untimed(self.cache.get(t.signature)) for t in self.found.tasks)
         if (self.cfg.search and self.misses) or untimed:
             self.evaluator = stack.enter_context(Evaluator(deadline=self.deadline)).start()
         if self.cfg.search and self.misses:
@@ -474,6 +472,11 @@ def _total_usage(results) -> dict[str, float]:
     return total
 
 
+def _untimed(entry) -> bool:
+    """A cached kernel not yet timed against Inductor's code for its region (_with_inductor_times)."""
+    return entry is not None and entry.evaluation.compile_speedup is None
+
+
 def _with_inductor_times(tasks: list, kernels: dict, cache, evaluator, deadline: Deadline,
                          reserve_s: float) -> dict:
     """The kernels, each with its region's time under torch.compile in its record: those cached
@@ -489,8 +492,7 @@ def _with_inductor_times(tasks: list, kernels: dict, cache, evaluator, deadline:
     Inductor's code for the region, not eager's.
     """
     from torch_htam.evaluation import INDUCTOR_COMPILE_S
-    todo = [t for t in tasks if t.signature in kernels
-            and kernels[t.signature].evaluation.compile_speedup is None]
+    todo = [t for t in tasks if _untimed(kernels.get(t.signature))]
     if not todo:
         return kernels
     out = dict(kernels)

@@ -519,9 +519,10 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
                 trajectory_dir: str | Path | None = None, time_budget_s: float | None = None,
                 on_result: Callable | None = None, weights: dict[str, float] | None = None,
                 gpu=None) -> dict[str, SearchResult]:
-    """Search every task, costliest share of eager time first; {signature: SearchResult}.
+    """Search every task, the heaviest weight first; {signature: SearchResult}.
 
-    weights: {signature: relative eager time} (default eager_weight). time_budget_s is shared out
+    weights: {signature: relative weight}: what a kernel could save on the task (optimize passes
+    headroom_weights), by default its roofline estimate (eager_weight). time_budget_s is shared out
     by weight: each task may use remaining * max(its share of the remaining weight, 1/(2 * tasks
     left)), capped by config.max_wall_s, so a dominant GEMM gets most of the time and a tiny
     elementwise task still gets a fair slice.
