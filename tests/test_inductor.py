@@ -503,6 +503,25 @@ def test_the_optional_arms_leave_time_for_one_kernel_trial(monkeypatch):
         assert built == expect, (keep_s, built)
 
 
+def test_a_wait_for_a_quiet_host_leaves_the_kernel_trial_its_time(monkeypatch):
+    """The wait before the floor's timing takes at most what the deadline has beyond that timing
+    and the kernel trial kept for (keep_s), so a busy host cannot eat the trial's compile."""
+    from torch_htam import decide, timing
+    from torch_htam.config import OptimizeConfig
+    from torch_htam.deadline import Deadline
+    from torch_htam.timing import GradMode
+    waits = []
+    monkeypatch.setattr(timing, "on_cuda", lambda inputs: True)
+    monkeypatch.setattr(timing, "wait_for_quiet_host",
+                        lambda max_s: waits.append(max_s) or timing.HostLoad(0.0, 0.0))
+    t = decide.Trials(MLP().eval(), (torch.randn(4, 64),), OptimizeConfig(), GradMode.current(), Deadline(30.0))
+    t.keep_s = 20.0
+    t.quiet_host(timing_s=2.0)
+    t.keep_s = 0.0
+    t.quiet_host(timing_s=2.0)
+    assert waits[0] == pytest.approx(8.0, abs=0.5) and waits[1] == timing.QUIET_MAX_S, waits
+
+
 def test_high_end_inputs_tile_the_example_along_each_declared_dim():
     from torch_htam.decide import high_end_inputs
     ids, mask = torch.arange(6).view(2, 3), torch.ones(2, 3)
