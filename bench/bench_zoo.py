@@ -25,7 +25,9 @@ process, in this order:
   4. every arm warmed (--warmup calls; the first call's seconds are "first_call_s", where
      torch.compile compiles; ours first, whose reports are read then, max-autotune last; --skip
      leaves compile arms out, "skipped_arms"), each arm's output checked against eager's (bench_floor.compare: max
-     abs error, allclose at bf16 2e-2, fp32-with-TF32 5e-3: "<arm>_max_abs_err", "<arm>_correct");
+     abs error, allclose at bf16 2e-2, fp32-with-TF32 5e-3: "<arm>_max_abs_err", "<arm>_correct";
+     an ours arm outside it but as close to eager as its mode's torch.compile arm:
+     "<arm>_close_as_compile", close_as_compile);
      an arm whose warm-up fails records "<arm>_error" and is left out of timing; the ours arms'
      reports are read after their first calls (bench_serve.report_fields syncs Inductor's swaps);
   5. once other processes leave the host's cores (bench_floor.quiet_host, "host_cores_before"),
@@ -253,6 +255,7 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
                         row[f"{arm}_max_abs_err"], row[f"{arm}_correct"] = c["max_abs_err"], c["correct"]
                         row["tolerance"] = c["tolerance"]
                     del ref
+                    row.update(close_as_compile(row))
                 # bench_floor's names for ours-default
                 row["max_abs_err"], row["correct"] = row["ours_max_abs_err"], row["ours_correct"]
                 stage("time")
@@ -287,6 +290,30 @@ def run_child(name: str, opts, timeout: float, command=child_command) -> dict:
     return {**empty_row(name, opts.budget, opts.grad_mode), **row}
 
 
+# An ours arm outside the dtype's tolerance is still as close to eager as torch.compile is where
+# its largest error is at most this many times that of the torch.compile arm of its mode, itself
+# outside the tolerance. NOTE: T5-small bf16 differs from eager by up to 0.035 under torch.compile
+# (tolerance 0.02), and by 0.039 with our kernels (zoo-20261127-035914): 12 layers of bf16
+# rounding in another order, about one bf16 step at the outputs' largest values.
+CLOSE_AS_COMPILE = 1.5
+
+
+def close_as_compile(row: dict) -> dict:
+    """"<arm>_close_as_compile" for each ours arm: correct at the tolerance, or no further from
+    eager than CLOSE_AS_COMPILE x its mode's torch.compile arm (None where either was not checked)."""
+    out = {}
+    for arm, base in (("ours", "compile"), ("ours_ro", "compile_ro")):
+        err, base_err = row.get(f"{arm}_max_abs_err"), row.get(f"{base}_max_abs_err")
+        if row.get(f"{arm}_correct") is True:
+            out[f"{arm}_close_as_compile"] = True
+        elif err is None or base_err is None:
+            out[f"{arm}_close_as_compile"] = None
+        else:
+            out[f"{arm}_close_as_compile"] = (row.get(f"{base}_correct") is False
+                                              and err <= CLOSE_AS_COMPILE * base_err)
+    return out
+
+
 # ---- summary and table -------------------------------------------------------------------------
 
 def summarize(rows: list[dict]) -> dict:
@@ -295,7 +322,9 @@ def summarize(rows: list[dict]) -> dict:
     (either ours arm); rows whose optimize took (or was cut off after) more than COLD_LIMIT_S."""
     out = {"rows": len(rows), "errors": sum(1 for r in rows if r.get("error")),
            "correct": sum(1 for r in rows if r.get("ours_correct") is True),
-           "ours_ro_correct": sum(1 for r in rows if r.get("ours_ro_correct") is True)}
+           "ours_ro_correct": sum(1 for r in rows if r.get("ours_ro_correct") is True),
+           "close_as_compile": sum(1 for r in rows if r.get("ours_close_as_compile") is True
+                                   and r.get("ours_ro_close_as_compile") is not False)}
     for name in HEADLINE + ("vs_eager",):
         for suffix in WAYS.values():
             vals = [r[f"{name}{suffix}"] for r in rows if r.get(f"{name}{suffix}") is not None]
@@ -318,7 +347,7 @@ COLUMNS = [("model", "model", "s", 18), ("eager", "eager_ms_latency", ".3f", 8),
            ("vsMA", "vs_max_autotune", ".3f", 6), ("vsC b2b", "vs_compile_b2b", ".3f", 7),
            ("kept", "kernels_kept", "d", 4), ("keptRO", "ours_ro_kernels_kept", "d", 6),
            ("opt s", "optimize_s", ".1f", 6), ("optRO s", "ours_ro_optimize_s", ".1f", 7),
-           ("ok", "ours_correct", "", 3)]
+           ("ok", "ours_correct", "", 3), ("~C", "ours_close_as_compile", "", 3)]
 
 
 def format_row(row: dict) -> str:
@@ -332,7 +361,8 @@ def format_table(rows: list[dict], summary: dict) -> str:
     head = " ".join(h.ljust(w) if k == "model" else h.rjust(w) for h, k, _, w in COLUMNS)
     lines = [head, "-" * len(head)] + [format_row(r) for r in rows]
     g = lambda k: bf._f(summary.get(k), ".3f")  # noqa: E731
-    lines += ["", f"{summary['rows']} rows ({summary['errors']} with errors), ours correct {summary['correct']}; "
+    lines += ["", f"{summary['rows']} rows ({summary['errors']} with errors), ours correct {summary['correct']} "
+              f"(as close to eager as torch.compile: {summary.get('close_as_compile', '-')}); "
               f"geomean (min) latency: vs compile {g('geomean_vs_compile')}x ({g('min_vs_compile')}), "
               f"vs compile reduce-overhead {g('geomean_vs_compile_ro')}x ({g('min_vs_compile_ro')}), "
               f"vs max-autotune {g('geomean_vs_max_autotune')}x ({g('min_vs_max_autotune')}); "

@@ -214,3 +214,15 @@ def test_list_and_unknown_rows(capsys):
     with pytest.raises(SystemExit):
         bz.parse(["no_such_model:fp32"])
     assert math.isclose(bz.default_timeout(120.0), 2 * 162.0 + 600.0)
+
+
+def test_an_ours_arm_is_as_close_as_compile_only_where_compile_is_off_by_as_much():
+    row = {"ours_correct": False, "ours_max_abs_err": 0.039, "compile_correct": False, "compile_max_abs_err": 0.035,
+           "ours_ro_correct": False, "ours_ro_max_abs_err": 0.06, "compile_ro_correct": False,
+           "compile_ro_max_abs_err": 0.035}
+    assert bz.close_as_compile(row) == {"ours_close_as_compile": True, "ours_ro_close_as_compile": False}
+    row.update(compile_correct=True, compile_max_abs_err=0.01)        # torch.compile within the tolerance
+    assert bz.close_as_compile(row)["ours_close_as_compile"] is False
+    row.update(ours_correct=True)
+    assert bz.close_as_compile(row)["ours_close_as_compile"] is True
+    assert bz.close_as_compile({"ours_correct": False})["ours_close_as_compile"] is None

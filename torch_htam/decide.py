@@ -672,11 +672,13 @@ def install(model: nn.Module, d: Decision, found, kernels: dict, ranked: list[st
         report.tasks = runtime._task_reports(tasks, kernels, [], {}, {})
     failed = {s for a in d.arms for s in a.failed_kernels}
     tried = {s for a in d.arms if a.kind is ArmKind.KERNELS for s in a.kernels}
+    errors = _failure_messages(d)
     for t in report.tasks:
         if t.signature in arm.kernels and arm.kind is ArmKind.KERNELS:
             t.status = runtime.TaskStatus.READY
         elif t.signature in failed:
-            t.status, t.detail = runtime.TaskStatus.FAILED_AT_RUN_TIME, "its region ran instead; dropped"
+            why = f" ({errors[t.signature]})" if errors.get(t.signature) else ""
+            t.status, t.detail = runtime.TaskStatus.FAILED_AT_RUN_TIME, f"its region ran instead{why}; dropped"
         elif t.signature in kernels and t.signature not in arm.kernels:
             t.status = runtime.TaskStatus.NOT_USED
             t.detail = _unused_why(d.outcome, t.signature in ranked, t.signature in tried)
@@ -745,11 +747,25 @@ def _e2e(d: Decision) -> dict[str, float]:
     return out
 
 
-def _failures(d: Decision) -> dict[str, int]:
-    """{signature: calls in which its kernel failed and its region ran}, over every arm tried."""
-    from torch_htam import fallback
+def _arm_handles(d: Decision) -> dict[str, int]:
+    """{signature: kernel handle}, over every arm tried."""
     handles = {}
     for a in d.arms:
         handles |= a.handles()
+    return handles
+
+
+def _failure_messages(d: Decision) -> dict[str, str]:
+    """{signature: the first message of its kernel's failed launch}, over every arm tried."""
+    from torch_htam import fallback
+    handles = _arm_handles(d)
+    errors = fallback.failure_messages(set(handles.values()))
+    return {s: errors[h] for s, h in handles.items() if h in errors}
+
+
+def _failures(d: Decision) -> dict[str, int]:
+    """{signature: calls in which its kernel failed and its region ran}, over every arm tried."""
+    from torch_htam import fallback
+    handles = _arm_handles(d)
     failures = fallback.failures(set(handles.values()))
     return {s: failures[h] for s, h in handles.items() if h in failures}

@@ -138,6 +138,7 @@ class Counts:
     kernel: int = 0
     outside: int = 0
     failed: int = 0
+    error: str = ""     # the first failed launch's message (what the report says went wrong)
 
 
 @dataclass
@@ -199,6 +200,11 @@ def failures(handles=None) -> dict[int, int]:
             if rec.counts.failed and (handles is None or h in handles)}
 
 
+def failure_messages(handles) -> dict[int, str]:
+    """{handle: its first failed launch's message}, for `handles` that failed."""
+    return {h: rec.counts.error for h, rec in _HANDLES.items() if rec.counts.failed and h in handles}
+
+
 def run_or_fallback(handle: int, inputs: list[torch.Tensor], out_meta: list[int],
                     launch: Callable) -> list[torch.Tensor]:
     """launch(handle, inputs, out_meta), or the registered region's reference on the same inputs,
@@ -234,9 +240,10 @@ def _failed(h: _Handle | None, inputs: list[torch.Tensor], e: RuntimeError) -> _
     if region is None or is_crash_message(str(e)):
         return None
     if not h.counts.failed:
+        h.counts.error = str(e).splitlines()[0][:300]
         log.warning("torch_htam: kernel for %s (%s) failed at run time, its region runs instead "
                     "(logged once; the report counts the calls): %s", region.task.name,
-                    region.task.signature[:12], str(e).splitlines()[0][:300])
+                    region.task.signature[:12], h.counts.error)
     h.counts.failed += 1
     return region
 
