@@ -383,7 +383,7 @@ def parse(argv=None):
     ap.add_argument("--skip", type=lambda v: tuple(x for x in v.split(",") if x), default=(),
                     help="compile arms left out (e.g. compile_ma where its autotuning would not fit the "
                          "row's limit); their ratios stay null and the row's skipped_arms names them")
-    bf.add_timing_flags(ap, rounds=10)
+    bf.add_timing_flags(ap, rounds=30)   # 30 x 20 calls a way: host-bound rows swing 2x between rounds
     bf.add_run_flags(ap, "2 x (1.1 x budget + 30) + 600")
     a = ap.parse_args(argv)
     a.mode, a.tf32 = "default", False          # bench_floor.run_child's empty row and failed rows read them

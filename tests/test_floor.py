@@ -183,7 +183,8 @@ def test_a_kernel_that_fails_at_run_time_costs_its_region_not_the_model(stand_in
         assert rep.kernel_failures and set(rep.kernel_failures) <= set(sigs), rep.format()
         assert all(t.status is runtime.TaskStatus.FAILED_AT_RUN_TIME for t in rep.tasks if t.signature in sigs)
         # and why, in the launch's own words
-        assert all("HTAM_ERR_SHAPE" in t.detail for t in rep.tasks if t.signature in sigs), rep.format()
+        assert all("HTAM_ERR_SHAPE" in t.detail and "strides" in t.detail for t in rep.tasks
+                   if t.signature in sigs), rep.format()
         # each task says what kind of region it is and its eager time (the kernel's verification)
         kinds = {t.signature: t.kind for t in found.tasks}
         assert all(t.kind == kinds[t.signature] and t.ref_ms == 1.0 for t in rep.tasks

@@ -240,12 +240,28 @@ def _failed(h: _Handle | None, inputs: list[torch.Tensor], e: RuntimeError) -> _
     if region is None or is_crash_message(str(e)):
         return None
     if not h.counts.failed:
-        h.counts.error = str(e).splitlines()[0][:300]
+        h.counts.error = f"{str(e).splitlines()[0][:300]}; inputs {_layouts(inputs)}"
         log.warning("torch_htam: kernel for %s (%s) failed at run time, its region runs instead "
                     "(logged once; the report counts the calls): %s", region.task.name,
                     region.task.signature[:12], h.counts.error)
     h.counts.failed += 1
     return region
+
+
+def _layouts(inputs: list[torch.Tensor]) -> str:
+    """What a kernel checks of its inputs, for a failed launch's message: "bf16 (16, 384, 14, 14)
+    strides (75264, 1, 5376, 384) aligned 256; ..." (the data pointer's largest power-of-two
+    divisor up to 256 bytes: cuDNN plans per alignment)."""
+    parts = []
+    for x in inputs[:6]:
+        if not isinstance(x, torch.Tensor):
+            parts.append(repr(x))
+            continue
+        ptr = x.data_ptr()
+        align = 256 if ptr % 256 == 0 else ptr & -ptr
+        parts.append(f"{str(x.dtype).removeprefix('torch.')} {tuple(x.shape)} strides {tuple(x.stride())} "
+                     f"aligned {align}")
+    return "; ".join(parts) + ("; ..." if len(inputs) > 6 else "")
 
 
 def _run_region(region: _Region, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
