@@ -191,6 +191,24 @@ def test_a_failing_launch_at_another_size_still_finds_its_region(caplog):
     assert len([r for r in caplog.records if "failed at run time" in r.message]) == 1
 
 
+def test_a_launch_refusing_an_input_layout_runs_on_a_copy_laid_out_as_its_spec():
+    """A kernel verified on contiguous x is handed a transposed-layout x (the replay lays out no
+    input): it runs on a contiguous copy, not the region, and no failure is counted."""
+    task = ranged_task()
+    handle, honest, meta = registered(task, [(1, 64)])
+
+    def kernel(h, inputs, out_meta):
+        if not inputs[0].is_contiguous():
+            raise RuntimeError(f"htam kernel {h} returned 1000: {ERR_SHAPE}")
+        return honest(h, inputs, out_meta)
+    inputs = gelu_inputs(16)
+    inputs[0] = inputs[0].t().contiguous().t()
+    out, = fallback.run_or_fallback(handle, inputs, meta, kernel)
+    torch.testing.assert_close(out, gelu_affine(*inputs))
+    assert fallback.counts([handle]) == fallback.Counts(kernel=1, relaid=1)
+    assert honest.calls == [16] and fallback.failures([handle]) == {}
+
+
 def test_one_handle_serves_the_first_task_whose_buckets_fit():
     small, large = ranged_task(), ranged_task()
     large.signature = "another"

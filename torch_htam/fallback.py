@@ -5,8 +5,9 @@ Every swapped region's kernel is registered here with its task when it is loaded
 and, for a task with a declared size range, the buckets of sizes it was kept for (verify.Bucket).
 Before each launch of such a kernel the inputs are checked on the host (a few integer compares): a
 size outside its buckets runs the task's reference region instead, by design, not as a failure.
-A launch that raises (a nonzero return code: HTAM_ERR_SHAPE for inputs it was not verified on, a
-cuDNN status) runs the region on the same inputs too, counts the call against the kernel and logs
+A launch that raises on inputs laid out otherwise than its specs is tried once more on copies laid
+out as they say. A launch that still raises (a nonzero return code: HTAM_ERR_SHAPE for inputs it
+was not verified on, a cuDNN status) runs the region on the same inputs too, counts the call against the kernel and logs
 it once. Either way the outputs are laid out as the launch's would be (out_meta). The end-to-end
 decision reads the counts and drops a kernel that failed during its trial.
 
@@ -134,10 +135,12 @@ class _Region:
 @dataclass
 class Counts:
     """Calls of kernel handles: `kernel` ran the kernel, `outside` ran the region because the size
-    was outside the kernel's buckets (by design), `failed` ran it because the launch raised."""
+    was outside the kernel's buckets (by design), `failed` ran it because the launch raised;
+    `relaid` of the `kernel` calls ran it on copies of inputs laid out as its specs."""
     kernel: int = 0
     outside: int = 0
     failed: int = 0
+    relaid: int = 0     # ran the kernel on copies of inputs laid out as its specs (_relaid)
     error: str = ""     # the first failed launch's message (what the report says went wrong)
 
 
@@ -191,6 +194,7 @@ def counts(handles=None) -> Counts:
             total.kernel += rec.counts.kernel
             total.outside += rec.counts.outside
             total.failed += rec.counts.failed
+            total.relaid += rec.counts.relaid
     return total
 
 
@@ -217,6 +221,15 @@ def run_or_fallback(handle: int, inputs: list[torch.Tensor], out_meta: list[int]
     try:
         outs = launch(handle, inputs, out_meta)
     except RuntimeError as e:
+        relaid = _relaid(h, inputs) if not is_crash_message(str(e)) else None
+        if relaid is not None:
+            try:
+                outs = launch(handle, relaid, out_meta)
+                h.counts.kernel += 1
+                h.counts.relaid += 1
+                return outs
+            except RuntimeError:
+                pass
         region = _failed(h, inputs, e)
         if region is None:
             raise
@@ -224,6 +237,27 @@ def run_or_fallback(handle: int, inputs: list[torch.Tensor], out_meta: list[int]
     if h is not None:
         h.counts.kernel += 1
     return outs
+
+
+def _relaid(h: _Handle | None, inputs: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """The inputs, each dense one whose layout differs from its spec's copied into that layout,
+    or None where none differs (or no region matches). NOTE: a kernel is verified on its specs'
+    layouts, and the graph replay lays out no input (each constraint costs a call): ConvNeXt's
+    depthwise convs, verified on NCHW input (eager's layout on an H100), were handed
+    channels-last input in the replay and ran their regions instead (zoo-20261127-041945)."""
+    from torch_htam.verify import _strides_like
+    region = next((r for r in h.regions if r.matches(inputs)), None) if h is not None else None
+    if region is None:
+        return None
+    out, changed = list(inputs), False
+    for i, (x, spec) in enumerate(zip(inputs, region.task.inputs)):
+        if not isinstance(x, torch.Tensor) or not (spec.contiguous or spec.channels_last):
+            continue
+        want = _strides_like(spec, tuple(x.shape))
+        if any(n > 1 and a != b for n, a, b in zip(x.shape, x.stride(), want)):
+            out[i] = torch.empty_strided(x.shape, want, dtype=x.dtype, device=x.device).copy_(x)
+            changed = True
+    return out if changed else None
 
 
 def _fits(fits: tuple[_Fit, ...], inputs: list[torch.Tensor]) -> bool:
