@@ -277,6 +277,23 @@ def test_good_option_values_reach_the_config(monkeypatch):
     assert cfg.llm.timeout_s == 300.0
 
 
+def test_the_time_budget_is_bounded_unless_the_user_says_0(monkeypatch):
+    """No --time-budget: optimize's default deadline (a model of 40 tasks would otherwise search
+    for most of an hour); --time-budget 0: only the steps bound it."""
+    from torch_htam import cli
+    from torch_htam.config import DEFAULT_TIME_BUDGET_S, OptimizeConfig
+    seen = []
+    monkeypatch.setattr("torch_htam.modelspec.load_model_spec",
+                        lambda spec, device=None, dtype=None: (torch.nn.Linear(2, 2), (torch.randn(1, 2),)))
+    monkeypatch.setattr("torch_htam.pipeline.optimize",
+                        lambda m, x, cfg: seen.append(cfg.time_budget_s) or (_ for _ in ()).throw(SystemExit(0)))
+    for extra in ([], ["--time-budget", "0"]):
+        with pytest.raises(SystemExit):
+            cli.main(["optimize", "m.py", "--device", "cpu", *extra])
+    assert seen == [DEFAULT_TIME_BUDGET_S, None]
+    assert OptimizeConfig().time_budget_s == DEFAULT_TIME_BUDGET_S
+
+
 # ---- exit codes: the README and --help say what the code does --------------------------------------
 
 def _readme_exit_codes() -> dict[int, str]:

@@ -25,7 +25,7 @@ def _add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--candidates", type=int, default=None, help="candidates per step (default 4)")
     p.add_argument("--memory", choices=("htg", "flat", "none"), default="htg",
                    help="experience memory (ablation switch)")
-    p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole search")
+    p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole call (default 300; 0: no limit but the steps)")
     p.add_argument("--max-tasks", type=int, default=None, help="search only the N costliest tasks")
     p.add_argument("--llm", action="store_true",
                    help="use an OpenAI-compatible endpoint (OPENAI_API_KEY / OPENAI_BASE_URL / HTAM_MODEL)")
@@ -58,11 +58,13 @@ def _dynamic(values: list[str] | None) -> dict | None:
 def _config(args):
     """The OptimizeConfig of the search flags, validated by OptimizeConfig itself (CliError)."""
     import math
-    from torch_htam.config import ConfigError, OptimizeConfig
+    from torch_htam.config import DEFAULT_TIME_BUDGET_S, ConfigError, OptimizeConfig
     given = {"steps": args.steps, "candidates_per_step": args.candidates}
+    budget = (DEFAULT_TIME_BUDGET_S if args.time_budget is None else
+              None if args.time_budget == 0 else args.time_budget)
     try:
         cfg = OptimizeConfig(memory=args.memory, use_llm=args.llm, search=not args.no_search,
-                             max_tasks=args.max_tasks, time_budget_s=args.time_budget,
+                             max_tasks=args.max_tasks, time_budget_s=budget,
                              dynamic=_dynamic(getattr(args, "dynamic", None)),
                              **{k: v for k, v in given.items() if v is not None})
     except ConfigError as e:

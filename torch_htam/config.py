@@ -70,6 +70,13 @@ RULES: dict[str, tuple] = {
 }
 
 
+# optimize's wall time when the caller names none. NOTE: at 120 s on an H100 a Swin-T (43 tasks)
+# and a T5-small kept their attention kernels, 1.17x and 1.23x of torch.compile, in 112 s and 105 s
+# (bench/results/zoo-20261127-043427.json, -035914.json); without a deadline the search runs each
+# task's 16 candidates, about 25 s a task for ResNet-50's convs (bench/findings.md).
+DEFAULT_TIME_BUDGET_S = 300.0
+
+
 @dataclass
 class OptimizeConfig:
     """What optimize may spend and use.
@@ -87,7 +94,8 @@ class OptimizeConfig:
     replay below replaces it where that is faster beyond noise. False replays the captured graph
     op by op with the kernels swapped in (the alternative: the original forward).
     mode: torch.compile's mode for compile=True ("default", "reduce-overhead", ...).
-    time_budget_s: wall time for the whole search (None = steps bound it).
+    time_budget_s: wall time for the whole call, capture to decision (DEFAULT_TIME_BUDGET_S; None:
+    only the steps and task_time_s bound it, which on a model of 40 tasks is most of an hour).
     dynamic: the sizes real traffic brings, {input index: {dim: (low, high)}} (batch 1-64:
     {0: {0: (1, 64)}}), as torch.export.Dim declares them; the regions those dims reach get tasks
     over the range, verified per bucket of sizes (verify.verify_range). None: every task is
@@ -100,7 +108,7 @@ class OptimizeConfig:
     llm: Any = None                    # proposers.llm.LLMConfig; None = from the environment
     search: bool = True                # False: cached kernels only
     max_tasks: int | None = None       # search only the N costliest tasks
-    time_budget_s: float | None = None
+    time_budget_s: float | None = DEFAULT_TIME_BUDGET_S
     task_time_s: float | None = 300.0  # per-task wall limit
     min_speedup: float = 1.03
     progress: bool = True
