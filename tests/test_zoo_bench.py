@@ -226,3 +226,14 @@ def test_an_ours_arm_is_as_close_as_compile_only_where_compile_is_off_by_as_much
     row.update(ours_correct=True)
     assert bz.close_as_compile(row)["ours_close_as_compile"] is True
     assert bz.close_as_compile({"ours_correct": False})["ours_close_as_compile"] is None
+
+
+def test_the_low_ratios_read_each_arms_lower_rounds_so_a_slow_round_does_not_count():
+    """Median and 20th-percentile-round ratios from the same rounds: ours lost 6 of 10 rounds to a
+    busy host; its median moves, its low round does not."""
+    rounds = {"compile": [2.0] * 10, "ours": [2.0] * 4 + [4.0] * 6}
+    times = {a: {"latency_ms": sorted(r)[len(r) // 2], "throughput_ms": sorted(r)[len(r) // 2],
+                 "latency_round_ms": r, "throughput_round_ms": r} for a, r in rounds.items()}
+    out = bz.ratio_fields(times)
+    assert out["vs_compile"] == pytest.approx(0.5) and out["vs_compile_low"] == pytest.approx(1.0)
+    assert out["vs_compile_low_b2b"] == pytest.approx(1.0) and out["vs_compile_ro_low"] is None
