@@ -71,7 +71,7 @@ RULES: dict[str, tuple] = {
 
 
 # optimize's wall time when the caller names none. NOTE: at 120 s on an H100 a Swin-T (43 tasks)
-# and a T5-small kept their attention kernels, 1.17x and 1.23x of torch.compile, in 112 s and 105 s
+# and a T5-small kept their attention kernels, 1.09-1.17x and 1.23x of torch.compile, in 112 and 105 s
 # (bench/results/zoo-20261127-043427.json, -035914.json); without a deadline the search runs each
 # task's 16 candidates, about 25 s a task for ResNet-50's convs (bench/findings.md).
 DEFAULT_TIME_BUDGET_S = 300.0
