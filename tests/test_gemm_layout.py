@@ -232,7 +232,7 @@ def test_layout_sources_compile_for_sm90a():
 @pytest.mark.parametrize("name", list(_cases()))
 def test_layout_gemms_match_torch(name, dtype):
     from torch_htam.launcher import Kernel
-    from torch_htam.verify import _strides_like
+    from torch_htam.verify import strides_like
     model, args = _cases(dtype)[name]
     task = _task(model, args)
     policy = policy_for(task)
@@ -247,7 +247,7 @@ def test_layout_gemms_match_torch(name, dtype):
         kernel = Kernel(res.so_path)
         # contiguous outputs (the runtime's) and outputs laid out as the specs say (verification's)
         for strided in (False, True):
-            outs = [torch.empty_strided(r.shape, _strides_like(s, r.shape) if strided else
+            outs = [torch.empty_strided(r.shape, strides_like(s, r.shape) if strided else
                                         torch.empty(r.shape).stride(), dtype=r.dtype, device="cuda")
                     .fill_(float("nan")) for r, s in zip(ref, task.outputs)]
             assert kernel(inputs, outs) == 0, (cand.params, strided)

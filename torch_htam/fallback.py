@@ -245,7 +245,7 @@ def _relaid(h: _Handle | None, inputs: list[torch.Tensor]) -> list[torch.Tensor]
     layouts, and the graph replay lays out no input (each constraint costs a call): ConvNeXt's
     depthwise convs, verified on NCHW input (eager's layout on an H100), were handed
     channels-last input in the replay and ran their regions instead (zoo-20261127-041945)."""
-    from torch_htam.verify import _strides_like
+    from torch_htam.verify import strides_like
     region = next((r for r in h.regions if r.matches(inputs)), None) if h is not None else None
     if region is None:
         return None
@@ -253,7 +253,7 @@ def _relaid(h: _Handle | None, inputs: list[torch.Tensor]) -> list[torch.Tensor]
     for i, (x, spec) in enumerate(zip(inputs, region.task.inputs)):
         if not isinstance(x, torch.Tensor) or not (spec.contiguous or spec.channels_last):
             continue
-        want = _strides_like(spec, tuple(x.shape))
+        want = strides_like(spec, tuple(x.shape))
         if any(n > 1 and a != b for n, a, b in zip(x.shape, x.stride(), want)):
             out[i] = torch.empty_strided(x.shape, want, dtype=x.dtype, device=x.device).copy_(x)
             changed = True

@@ -111,7 +111,7 @@ def read(path: str | Path, task: Task, device) -> Golden:
 
     Raises ValueError when the file does not hold what the task needs."""
     from safetensors.torch import load_file
-    from torch_htam.verify import _strides_like
+    from torch_htam.verify import strides_like
     t = {k: v.to(device) for k, v in load_file(str(path)).items()}
     n_in, n_out = len(task.inputs), len(task.outputs)
     missing = [k for k in [f"in{i}" for i in range(n_in)] + [f"out{k}" for k in range(n_out)] if k not in t]
@@ -123,7 +123,7 @@ def read(path: str | Path, task: Task, device) -> Golden:
         if tuple(x.shape) != tuple(s.shape) or x.dtype != s.torch_dtype:
             raise ValueError(f"golden in{i} is {x.dtype} {list(x.shape)}, the task wants "
                              f"{s.torch_dtype} {list(s.shape)}")
-        inputs.append(torch.empty_strided(x.shape, _strides_like(s, tuple(s.shape)), dtype=x.dtype,
+        inputs.append(torch.empty_strided(x.shape, strides_like(s, tuple(s.shape)), dtype=x.dtype,
                                           device=x.device).copy_(x))
 
     def listed(prefix):

@@ -109,7 +109,7 @@ def make_input(spec: TensorSpec, shape: tuple[int, ...], dist: str, gen: torch.G
     else:
         raise ValueError(f"unknown distribution {dist!r}; use one of {DISTRIBUTIONS}")
     x = x.to(dt)
-    out = torch.empty_strided(shape, _strides_like(spec, shape), dtype=dt, device=device)
+    out = torch.empty_strided(shape, strides_like(spec, shape), dtype=dt, device=device)
     return out.copy_(x.to(device))
 
 
@@ -133,7 +133,7 @@ def example_inputs(task: Task, device) -> list[torch.Tensor] | None:
     return out
 
 
-def _strides_like(spec: TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
+def strides_like(spec: TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
     """Dense strides for `shape` in the spec's dim order (contiguous, or e.g. a transposed layout)."""
     order = sorted(range(len(shape)), key=lambda d: (spec.stride[d], -d)) if spec.stride else []
     strides, acc = [0] * len(shape), 1
@@ -319,7 +319,7 @@ def make_set(task: Task, shapes: tuple[list, list], gen: torch.Generator,
     """Normal inputs of shapes[0] and empty outputs of shapes[1], laid out as the task's specs say
     (a conv region's are channels-last), as a launch gets them."""
     ins = [make_input(s, sh, "normal", gen, device) for s, sh in zip(task.inputs, shapes[0])]
-    outs = [torch.empty_strided(s.kernel_shape(sh), _strides_like(s, s.kernel_shape(sh)), dtype=s.torch_dtype,
+    outs = [torch.empty_strided(s.kernel_shape(sh), strides_like(s, s.kernel_shape(sh)), dtype=s.torch_dtype,
                                 device=device) for s, sh in zip(task.outputs, shapes[1])]
     return ins, outs
 
@@ -589,7 +589,7 @@ def _fresh_outputs(specs: list[TensorSpec], shapes, variant: int, device) -> lis
     out = []
     for s, sh in zip(specs, shapes):
         ks = s.kernel_shape(sh)
-        out.append(poison_(torch.empty_strided(ks, _strides_like(s, ks), dtype=s.torch_dtype, device=device),
+        out.append(poison_(torch.empty_strided(ks, strides_like(s, ks), dtype=s.torch_dtype, device=device),
                            variant))
     return out
 
