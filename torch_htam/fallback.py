@@ -7,8 +7,8 @@ Before each launch of such a kernel the inputs are checked on the host (a few in
 size outside its buckets runs the task's reference region instead, by design, not as a failure.
 A launch that raises on inputs laid out otherwise than its specs is tried once more on copies laid
 out as they say. A launch that still raises (a nonzero return code: HTAM_ERR_SHAPE for inputs it
-was not verified on, a cuDNN status) runs the region on the same inputs too, counts the call against the kernel and logs
-it once. Either way the outputs are laid out as the launch's would be (out_meta). The end-to-end
+was not verified on, a cuDNN status) runs the region on the same inputs too, counts the call
+against the kernel and logs it once. Either way the outputs are laid out as the launch's would be (out_meta). The end-to-end
 decision reads the counts and drops a kernel that failed during its trial.
 
     >>> register(handle, task, entry.evaluation.buckets)      # buckets: [] / None for a static task
@@ -217,7 +217,7 @@ def run_or_fallback(handle: int, inputs: list[torch.Tensor], out_meta: list[int]
     h = _HANDLES.get(handle)
     if h is not None and h.fits is not None and not _fits(h.fits, inputs):
         h.counts.outside += 1
-        return _run_region(next((r for r in h.regions if r.matches(inputs)), h.regions[0]), inputs, out_meta)
+        return _run_region(_matching(h, inputs) or h.regions[0], inputs, out_meta)
     try:
         outs = launch(handle, inputs, out_meta)
     except RuntimeError as e:
@@ -228,8 +228,9 @@ def run_or_fallback(handle: int, inputs: list[torch.Tensor], out_meta: list[int]
                 h.counts.kernel += 1
                 h.counts.relaid += 1
                 return outs
-            except RuntimeError:
-                pass
+            except RuntimeError as again:
+                if is_crash_message(str(again)):
+                    raise
         region = _failed(h, inputs, e)
         if region is None:
             raise
@@ -246,7 +247,7 @@ def _relaid(h: _Handle | None, inputs: list[torch.Tensor]) -> list[torch.Tensor]
     depthwise convs, verified on NCHW input (eager's layout on an H100), were handed
     channels-last input in the replay and ran their regions instead (zoo-20261127-041945)."""
     from torch_htam.verify import strides_like
-    region = next((r for r in h.regions if r.matches(inputs)), None) if h is not None else None
+    region = _matching(h, inputs)
     if region is None:
         return None
     out, changed = list(inputs), False
@@ -260,6 +261,11 @@ def _relaid(h: _Handle | None, inputs: list[torch.Tensor]) -> list[torch.Tensor]
     return out if changed else None
 
 
+def _matching(h: _Handle | None, inputs: list[torch.Tensor]) -> _Region | None:
+    """The first of the handle's regions that takes these inputs, or None."""
+    return next((r for r in h.regions if r.matches(inputs)), None) if h is not None else None
+
+
 def _fits(fits: tuple[_Fit, ...], inputs: list[torch.Tensor]) -> bool:
     for f in fits:
         if f.holds(inputs):
@@ -270,7 +276,7 @@ def _fits(fits: tuple[_Fit, ...], inputs: list[torch.Tensor]) -> bool:
 def _failed(h: _Handle | None, inputs: list[torch.Tensor], e: RuntimeError) -> _Region | None:
     """The region to run for a launch that raised `e` (counted, logged once), or None: re-raise (no
     region for these inputs, or a crash that left the device unusable)."""
-    region = next((r for r in h.regions if r.matches(inputs)), None) if h is not None else None
+    region = _matching(h, inputs)
     if region is None or is_crash_message(str(e)):
         return None
     if not h.counts.failed:
