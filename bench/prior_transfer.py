@@ -28,7 +28,7 @@ NOTE: a full-table walk is not the search (which moves from the defaults by stra
 what ordering the same settings can save, and the search's replay (bench/anytime.py) measures it.
 
 Writes bench/results/prior_transfer-<date>.json: rows (per protocol and rule: saving, per kind
-the mean to99 of both orders and the task count), the tables read, seeds.
+the mean to99 of both orders and the task count, per model its saving), the tables read, seeds.
 """
 from __future__ import annotations
 
@@ -124,19 +124,28 @@ def load(patterns: list[str]) -> tuple[list[dict], list[str]]:
     return [t for f in files for t in json.loads(Path(f).read_text())["tables"]], files
 
 
+def by_model(tables: list[dict], models: dict[str, str]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for t in tables:
+        out.setdefault(models.get(Path(t["path"]).name, "?"), []).append(t)
+    return out
+
+
 def run(test: list[dict], train: list[dict], models: dict[str, str], seeds: int) -> list[dict]:
     rows = []
     for rule in RULES:
-        rows.append({"protocol": "held out", "rule": rule, **measure(test, train, rule, seeds)})
-        by_model: dict[str, list[dict]] = {}
-        for t in train:
-            by_model.setdefault(models.get(Path(t["path"]).name, "?"), []).append(t)
-        parts = [measure(ts, [u for m2, us in by_model.items() if m2 != m for u in us], rule, seeds)
-                 for m, ts in by_model.items()]
+        held = measure(test, train, rule, seeds)
+        held["models"] = {m: measure(ts, train, rule, seeds)["saving"]
+                          for m, ts in sorted(by_model(test, models).items())}
+        rows.append({"protocol": "held out", "rule": rule, **held})
+        split = by_model(train, models)
+        parts = [measure(ts, [u for m2, us in split.items() if m2 != m for u in us], rule, seeds)
+                 for m, ts in split.items()]
         a = sum(k["prior_to99"] * k["tasks"] for p in parts for k in p["kinds"].values())
         b = sum(k["random_to99"] * k["tasks"] for p in parts for k in p["kinds"].values())
         rows.append({"protocol": "train LOMO", "rule": rule, "saving": 1 - a / b if b else None,
-                     "tasks": sum(p["tasks"] for p in parts), "models": sorted(by_model)})
+                     "tasks": sum(p["tasks"] for p in parts),
+                     "models": {m: p["saving"] for m, p in zip(split, parts)}})
     return rows
 
 
