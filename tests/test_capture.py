@@ -117,3 +117,23 @@ def test_a_data_dependent_branch_is_said_and_torch_dumps_nothing(capfd):
     out, err = capfd.readouterr()
     assert cap.method == "dynamo" and any("branches on tensor values" in p for p in cap.problems)
     assert "def forward" not in out + err     # torch's partial-graph dump stays off the terminal
+
+
+def test_a_reexported_graph_pickles_for_inductors_graph_cache():
+    """export_graph's module carries no local functions (export's hooks, train / eval overrides,
+    guards submodule): Inductor's FX graph cache can key it, instead of warning and recompiling."""
+    import torch._inductor.codecache as cc
+    from torch_htam.capture import export_graph
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.relu(self.lin(x))
+    m, x = M(), torch.randn(2, 4)
+    sub, why = export_graph(torch.fx.symbolic_trace(m), [x])
+    assert sub is not None, why
+    assert cc.FxGraphCachePickler(sub).dumps(sub)
+    torch.testing.assert_close(sub(x), m(x))     # still the model's computation

@@ -100,9 +100,27 @@ def marked(args: tuple, dynamic: dict[int, dict[int, tuple[int, int]]]) -> tuple
 
 def _prepare(gm: fx.GraphModule) -> None:
     """What every captured graph goes through before partition."""
+    _drop_local_hooks(gm)
     simplify_attention_masks(gm)
     decompose_losses(gm)
     functionalize(gm)
+
+
+def _drop_local_hooks(gm: fx.GraphModule) -> None:
+    """Drop what ExportedProgram.module() sets on the graph module as local functions: hooks that
+    switch nn.Module graph inputs on and off around each call (nothing for our graphs: tensor
+    inputs only), and train() / eval() overrides that raise. NOTE: Inductor's FX graph cache
+    pickles the graph module's __dict__ and hooks, and a local function does not pickle: every
+    compile of a re-exported graph warned "Failed to pickle cache key" and missed that cache.
+    Export's input-constraint check (a module-level function) stays."""
+    for hooks in (gm._forward_pre_hooks, gm._forward_hooks):
+        for key, fn in list(hooks.items()):
+            if "<locals>" in getattr(fn, "__qualname__", ""):
+                del hooks[key]
+                gm._forward_hooks_always_called.pop(key, None)
+    for name in ("train", "eval"):
+        if "<locals>" in getattr(gm.__dict__.get(name), "__qualname__", ""):
+            del gm.__dict__[name]
 
 
 @contextlib.contextmanager
@@ -176,11 +194,21 @@ def export_graph(gm: fx.GraphModule, example_inputs) -> tuple[fx.GraphModule | N
         return None, f"could not be exported ({type(e).__name__}: {_first_line(e)})"
     if not any(n.op == "call_function" for n in ep.graph.nodes):
         return None, ""
-    sub = ep.module()
+    sub = _unguarded_module(ep)
     _restore_module_names(sub, gm)
     _prepare(sub)
     sub.htam_plan = plan
     return sub, ""
+
+
+def _unguarded_module(ep) -> fx.GraphModule:
+    """ep.module() without the `_guards_fn` submodule that checks its inputs on each call (Dynamo
+    guards the graph this re-export compiles into; export's pre-hook still checks the inputs). Its
+    forward is a local function, which Inductor's FX graph cache cannot pickle (_drop_local_hooks)."""
+    try:
+        return ep.module(check_guards=False)
+    except TypeError:    # a torch whose module() has no check_guards generates no such submodule
+        return ep.module()
 
 
 def _export_sized(gm: fx.GraphModule, plan, example_inputs):
