@@ -90,12 +90,13 @@ def walk(table: dict, prior: dict, seeds: int) -> tuple[float, float] | None:
     keys = [_key(r["params"]) for r in table["rows"]]
     first, rest = keys[0], keys[1:]
     known = sorted((k for k in rest if (table["kind"], k) in prior), key=lambda k: -prior[(table["kind"], k)])
+    unknown = set(rest) - set(known)
     a, b = [], []
     for s in range(seeds):
         shuffled = rest[:]
         random.Random(s).shuffle(shuffled)
         b.append(to99([first, *shuffled], sh))
-        a.append(to99([first, *known, *(k for k in shuffled if k not in set(known))], sh))
+        a.append(to99([first, *known, *(k for k in shuffled if k in unknown)], sh))
     return statistics.mean(a), statistics.mean(b)
 
 
