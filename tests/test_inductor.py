@@ -499,7 +499,8 @@ def test_the_optional_arms_leave_time_for_one_kernel_trial(monkeypatch):
         t = decide.Trials(model, (x,), OptimizeConfig(), GradMode.current(), Deadline(25.0))
         t.found, t.compile_s = SimpleNamespace(capture=capture), 10.0
         floor = decide.Arm(decide.ArmKind.COMPILE)
-        t.base(floor, keep_s=keep_s(t))       # one trial: 10 s + 3 arms timed; the re-export 12 s more
+        t.keep_s = keep_s(t)
+        t.base(floor)                          # one trial: 10 s + 3 arms timed; the re-export 12 s more
         assert built == expect, (keep_s, built)
 
 

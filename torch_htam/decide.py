@@ -245,7 +245,8 @@ class Trials:
     host_notes: list[str] = field(default_factory=list)   # timings that began on a busy host
     base_why: str = ""          # base()'s choice, in the figures of the timing that made it
     untried: int = 0            # kernels that beat Inductor's code, left out of every trial for time
-    keep_s: float = 0.0         # seconds a wait for a quiet host leaves for the kernel trial to come
+    keep_s: float = 0.0         # seconds the optional arms and a wait for a quiet host leave for
+                                # the kernel trial to come
 
     # -- the phases ------------------------------------------------------------------------------
 
@@ -298,7 +299,7 @@ class Trials:
             return (self.done(arm, Outcome.KERNELS, "end-to-end check off: every kernel that beat Inductor")
                     if arm is not None and not arm.error else self.done(floor, Outcome.COMPILE, "torch.compile"))
         self.keep_s = self.first_trial_s() if ranked else 0.0
-        base = self.base(floor, keep_s=self.keep_s)
+        base = self.base(floor)
         if base is None:
             return self.done(floor, Outcome.NOT_TIMED, self.out_of_time("the decision"))
         best, why, compared = base, "", ""
@@ -345,19 +346,19 @@ class Trials:
 
     # -- steps -----------------------------------------------------------------------------------
 
-    def base(self, floor: Arm, keep_s: float = 0.0) -> Arm | None:
+    def base(self, floor: Arm) -> Arm | None:
         """The fastest of torch.compile, Inductor on our re-exported graph and, where the graphs
         hold convs of symbolic sizes, torch.compile with channels-last convs (LAYOUT_OPTIONS),
         timed together: an arm replaces the floor where it beats it beyond noise. The re-export
         folds constant attention masks; on an H100 it alone made a Llama-style model 1.10x faster
-        than torch.compile in reduce-overhead mode (scripts/probe_graph.py). keep_s: seconds the
-        optional arms leave for what comes after (one kernel trial, where kernels beat Inductor's
-        code: an arm with kernels measured faster than Inductor's code for their regions comes
-        before arms not measured at all)."""
+        than torch.compile in reduce-overhead mode (scripts/probe_graph.py). The optional arms
+        leave self.keep_s seconds for what comes after (one kernel trial, where kernels beat
+        Inductor's code: an arm with kernels measured faster than Inductor's code for their
+        regions comes before arms not measured at all)."""
         arms = [floor]
-        if self.single_graph() and self.affords(2, keep_s):
+        if self.single_graph() and self.affords(2, self.keep_s):
             arms.append(self.ready(Arm(ArmKind.REEXPORT, keep_reexport=True)))
-        if self.symbolic_convs() and self.affords(len(arms) + 1, keep_s):
+        if self.symbolic_convs() and self.affords(len(arms) + 1, self.keep_s):
             arms.append(self.ready(Arm(ArmKind.LAYOUT, options=dict(LAYOUT_OPTIONS))))
         arms = [a for a in arms if not a.error]
         if not self.time(arms):
