@@ -52,7 +52,8 @@ ms, and "share_of_eager", add_shares); "optimize_s", "ours_ro_optimize_s",
 ("vs_compile_latency", "vs_compile_throughput", "floor_ok", "within_budget") are kept too.
 
 The results file, bench/results/zoo-<date>.json (bench/record.py: suite "zoo", budget_s, summary,
-rows), is rewritten after every row; a failing row records "error" and the run goes on. Its summary:
+rows), is rewritten after every row; a failing row records "error" and the run goes on. Its summary
+(zoo_figures.summarize; RESULTS.md gives the same over each model's latest row):
 geomean and minimum of vs_compile, vs_compile_ro, vs_max_autotune (and their _b2b) over the rows
 that measured them, the rows with kernels kept, the rows whose optimize took over 600 s (the
 issue: a cold optimize within 10 minutes), and "beat_inductor": per region kind, the kernels that
@@ -73,21 +74,19 @@ import bench_floor as bf  # noqa: E402  (timing, checks, the child process, rows
 import bench_serve as bs  # noqa: E402  (report_fields, TF32 policy, Dynamo's limits)
 import record  # noqa: E402
 import model_zoo  # noqa: E402
+from zoo_figures import (COLD_LIMIT_S, HEADLINE, OURS_ARMS, WAYS, beat_inductor,  # noqa: E402,F401
+                         summarize, prefix as _prefix)
 
 SUITE = "zoo"
 # arm -> torch.compile mode (ours: OptimizeConfig.mode); eager has none
 ARMS = {"eager": None, "compile": "default", "compile_ro": "reduce-overhead", "compile_ma": "max-autotune",
         "ours": "default", "ours_ro": "reduce-overhead"}
 COMPILE_ARMS = ("compile", "compile_ro", "compile_ma")
-OURS_ARMS = ("ours", "ours_ro")
 WARM_ORDER = OURS_ARMS + ("eager",) + COMPILE_ARMS   # max-autotune's compile (the longest) last
 # ratio field -> (baseline arm, ours arm); "_b2b" the same from back-to-back throughput
 RATIOS = {"vs_compile": ("compile", "ours"), "vs_compile_ro": ("compile_ro", "ours_ro"),
           "vs_max_autotune": ("compile_ma", "ours"), "vs_eager": ("eager", "ours")}
-HEADLINE = ("vs_compile", "vs_compile_ro", "vs_max_autotune")
 REQUIRED = ("model", "vs_compile", "vs_compile_ro", "vs_max_autotune", "kernels_kept", "optimize_s")
-COLD_LIMIT_S = 600.0      # the issue: a cold optimize within 10 minutes
-WAYS = {"latency": "", "throughput": "_b2b"}
 # "<ratio>_low" / "<ratio>_low_b2b": the ratio of each arm's 20th-percentile round. NOTE: on
 # host-bound rows whole rounds swing (ConvNeXt and ViT bf16, H100: 2.1-2.7 ms a call, rounds up to
 # 3.5-5 ms), and two compiles of one program read 0.936-1.016x by their medians
@@ -99,11 +98,6 @@ def default_timeout(budget_s: float) -> float:
     """A row's process limit: two optimizes' limits plus 600 s for start-up, three compiles
     (max-autotune's among them) and timing."""
     return 2 * bf.budget_limit(budget_s) + 600.0
-
-
-def _prefix(arm: str) -> str:
-    """The prefix of an ours arm's report fields: none for ours (bench_serve's names), ours_ro_."""
-    return "" if arm == "ours" else f"{arm}_"
 
 
 def empty_row(model: str, budget_s: float = 120.0, grad_mode: str = "inference") -> dict:
@@ -155,22 +149,6 @@ def add_shares(regions: list[dict] | None, eager_ms: float | None) -> None:
     for r in regions or ():
         r["share_of_eager"] = (r["count"] * r["ref_ms"] / eager_ms
                                if r.get("ref_ms") and eager_ms and eager_ms > 0 else None)
-
-
-def beat_inductor(rows: list[dict]) -> dict[str, list[dict]]:
-    """{region kind: [its regions whose kernel ran in a row's ours arm and beat Inductor's code
-    for the region (vs_inductor > 1)]}, each as {model, arm, task, vs_inductor, share_of_eager}:
-    the issue's per-region table of which kernel families beat Inductor, by how much, and how
-    much of the model's time they cover."""
-    out: dict[str, list[dict]] = {}
-    for row in rows:
-        for arm in OURS_ARMS:
-            for r in row.get(f"{_prefix(arm)}regions") or ():
-                if r.get("status") == "swapped" and (r.get("vs_inductor") or 0) > 1.0:
-                    out.setdefault(r.get("kind") or "other", []).append(
-                        {"model": row["model"], "arm": arm, "task": r["task"], "vs_inductor": r["vs_inductor"],
-                         "share_of_eager": r.get("share_of_eager")})
-    return out
 
 
 def ours_fields(arm: str, model) -> dict:
@@ -327,30 +305,6 @@ def close_as_compile(row: dict) -> dict:
 
 
 # ---- summary and table -------------------------------------------------------------------------
-
-def summarize(rows: list[dict]) -> dict:
-    """The run's figures: rows, errors, correct; per ratio (HEADLINE, latency and _b2b) the
-    geomean and minimum over the rows that measured it and how many did; rows with kernels kept
-    (either ours arm); rows whose optimize took (or was cut off after) more than COLD_LIMIT_S."""
-    out = {"rows": len(rows), "errors": sum(1 for r in rows if r.get("error")),
-           "correct": sum(1 for r in rows if r.get("ours_correct") is True),
-           "ours_ro_correct": sum(1 for r in rows if r.get("ours_ro_correct") is True),
-           "close_as_compile": sum(1 for r in rows if r.get("ours_close_as_compile") is True)}
-    for name in HEADLINE + ("vs_eager",) + tuple(f"{h}_low" for h in HEADLINE):
-        for suffix in WAYS.values():
-            vals = [r[f"{name}{suffix}"] for r in rows if r.get(f"{name}{suffix}") is not None]
-            out[f"geomean_{name}{suffix}"] = bf.geomean(vals)
-            out[f"min_{name}{suffix}"] = min(vals) if vals else None
-            out[f"n_{name}{suffix}"] = len(vals)
-    out["kernels_kept_rows"] = [r["model"] for r in rows
-                                if (r.get("kernels_kept") or 0) > 0 or (r.get("ours_ro_kernels_kept") or 0) > 0]
-    out["over_600_s"] = [r["model"] for r in rows if any(
-        (r.get(k) or 0) > COLD_LIMIT_S for k in ("optimize_s", "ours_ro_optimize_s", "optimize_s_at_least"))]
-    out["beat_inductor"] = beat_inductor(rows)
-    spent = [r[k] for r in rows for k in ("optimize_s", "ours_ro_optimize_s") if r.get(k) is not None]
-    out["max_optimize_s"] = max(spent) if spent else None
-    return out
-
 
 COLUMNS = [("model", "model", "s", 18), ("eager", "eager_ms_latency", ".3f", 8),
            ("compile", "compile_ms_latency", ".3f", 8), ("ours", "ours_ms_latency", ".3f", 8),

@@ -7,7 +7,8 @@ For each suite (and each model a run names), the latest run (by its "date") gets
 device, date, commit, the command and the results file, its summary (if any), then one table of its
 rows. A suite in MERGED (kernelbench: runs over different task folders; bench_models and
 bench_floor: runs over different models) gets one table of every row key's latest row instead, each
-row naming its run, under the list of those runs. Each known suite declares its columns in COLUMNS (header, key,
+row naming its run, under the list of those runs; a suite in LATEST adds lines under that table
+(zoo: the latest rows' figures together, zoo_figures). Each known suite declares its columns in COLUMNS (header, key,
 format); an unknown suite gets a table of its rows' scalar fields.
 The prose write-ups in bench/findings.md (hand-written; edit that file) are appended as they are.
 RESULTS.md itself is never edited by hand. Only the standard library is used (CI runs --check).
@@ -20,6 +21,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import zoo_figures  # noqa: E402  (standard library only)
+
 RESULTS_DIR = HERE / "results"
 OUT = HERE / "RESULTS.md"
 FINDINGS = HERE / "findings.md"
@@ -97,6 +101,15 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("optimize s", "optimize_s", "{:.0f}"), ("within budget", "within_budget", None),
         ("floor ok", "floor_ok", None), ("ours max rel err", "max_rel_err.ours", "{:.1e}"),
         ("requests", "requests", None), ("error", "error", None)],
+    "zoo": [
+        ("model", "model", None), ("vs compile", "vs_compile", "{:.3f}x"), ("b2b", "vs_compile_b2b", "{:.3f}x"),
+        ("low", "vs_compile_low", "{:.3f}x"), ("vs reduce-overhead", "vs_compile_ro", "{:.3f}x"),
+        ("ro b2b", "vs_compile_ro_b2b", "{:.3f}x"), ("vs max-autotune", "vs_max_autotune", "{:.3f}x"),
+        ("vs eager", "vs_eager", "{:.3f}x"), ("compile ms", "compile_ms_latency", "{:.3f}"),
+        ("kept", "kernels_kept", None), ("kept ro", "ours_ro_kernels_kept", None),
+        ("optimize s", "optimize_s", "{:.0f}"), ("ro optimize s", "ours_ro_optimize_s", "{:.0f}"),
+        ("ok", "ours_correct", None), ("as close as compile", "ours_close_as_compile", None),
+        ("budget s", "budget_s", "{:.0f}"), ("error", "error", None)],
     "bench_swaps": [
         ("variant (kernels swapped)", "variant", None), ("sites", "swapped", None), ("ms", "ms", "{:.3f}"),
         ("p20 ms", "p20_ms", "{:.3f}"), ("p80 ms", "p80_ms", "{:.3f}"), ("vs torch.compile", "vs_compile", _x),
@@ -175,7 +188,7 @@ def _anytime_table_rows(data: dict) -> list[dict]:
 # across all of the suite's runs is shown
 MERGED = {"kernelbench": ("name", "task"), "bench_models": ("model", "model and dtype"),
           "bench_floor": ("model", "model and dtype"), "same_kernels": ("task", "task"),
-          "bench_serve": ("model", "model and dtype")}
+          "bench_serve": ("model", "model and dtype"), "zoo": ("model", "model and dtype")}
 
 def _optimize_time_rows(data: dict) -> list[dict]:
     """Each model's row with the end-to-end guard's last timing pulled out of "e2e_ms" (whose
@@ -306,7 +319,35 @@ def merged(results_dir: Path, suite: str) -> list[str]:
                 overlay = OVERLAY.get(suite, lambda prev, new: new)
                 latest[row[key]] = overlay(latest.get(row[key]), dict(row, run=i))
     rows = [latest[k] for k in sorted(latest)]
-    return lines + [""] + table(rows, [*COLUMNS[suite], ("run", "run", None)]) + [""]
+    lines += [""] + table(rows, [*COLUMNS[suite], ("run", "run", None)]) + [""]
+    return lines + (LATEST[suite](rows) if suite in LATEST else [])
+
+
+def _zoo_latest(rows: list[dict]) -> list[str]:
+    """Under the zoo's latest rows: their figures together (zoo_figures.summarize), then the
+    regions whose kernel beat Inductor's code for the region, by kind."""
+    s = zoo_figures.summarize(rows)
+    kept, every = zoo_figures.models([r for r in rows if zoo_figures.kept_any(r)]), zoo_figures.models(rows)
+    figures = [{"figure": "models (rows)", "value": f"{len(every)} ({len(rows)})"},
+               {"figure": "models keeping a kernel (either mode)", "value": f"{len(kept)}: {', '.join(kept)}"}]
+    for name in zoo_figures.HEADLINE:
+        for suffix in ("", "_b2b", "_low"):
+            n, g, lo = s.get(f"n_{name}{suffix}"), s.get(f"geomean_{name}{suffix}"), s.get(f"min_{name}{suffix}")
+            figures.append({"figure": f"{name}{suffix}: geomean (min) over rows",
+                            "value": f"{g:.3f}x ({lo:.3f}x) over {n}" if n else "not measured"})
+    figures += [{"figure": "rows with errors", "value": s["errors"]},
+                {"figure": f"optimize over {zoo_figures.COLD_LIMIT_S:.0f} s", "value": ", ".join(s["over_600_s"]) or "none"}]
+    lines = ["The latest rows together:", ""] + table(figures, [("figure", "figure", None), ("value", "value", None)])
+    beat = zoo_figures.families_table(s["beat_inductor"])
+    lines += ["", "Regions whose kernel ran and beat Inductor's code for the region, in those rows:", ""]
+    lines += table(beat, [("kind", "kind", None), ("model", "model", None), ("arm", "arm", None),
+                          ("task", "task", None), ("vs Inductor", "vs_inductor", "{:.2f}x"),
+                          ("share of eager", "share_of_eager", _pct)]) if beat else ["none"]
+    return lines + [""]
+
+
+# suite -> lines under a MERGED suite's table of latest rows
+LATEST = {"zoo": _zoo_latest}
 
 
 def load(results_dir: Path) -> dict[str, tuple[Path, dict]]:

@@ -237,3 +237,31 @@ def test_the_low_ratios_read_each_arms_lower_rounds_so_a_slow_round_does_not_cou
     out = bz.ratio_fields(times)
     assert out["vs_compile"] == pytest.approx(0.5) and out["vs_compile_low"] == pytest.approx(1.0)
     assert out["vs_compile_low_b2b"] == pytest.approx(1.0) and out["vs_compile_ro_low"] is None
+
+
+def test_results_md_shows_each_models_latest_zoo_row_with_the_zoo_figures(tmp_path):
+    render = _load("bench_render", ROOT / "bench" / "render.py")
+
+    def region(kind, status, vs_inductor):
+        return {"task": f"{kind}_t", "kind": kind, "count": 2, "status": status, "vs_inductor": vs_inductor,
+                "share_of_eager": 0.25}
+
+    def run(stamp, rows):
+        data = {"suite": "zoo", "date": f"2026-01-0{stamp}T00:00:00", "commit": f"c{stamp}", "device": "H100",
+                "command": f"python3 bench/bench_zoo.py run{stamp}", "rows": rows}
+        (tmp_path / f"zoo-2026010{stamp}-000000.json").write_text(json.dumps(data))
+
+    old_a = dict(bz.empty_row("a:bf16"), vs_compile=0.5, kernels_kept=1)
+    run(1, [old_a, dict(bz.empty_row("b:bf16"), vs_compile=2.0, vs_compile_ro=1.21, ours_ro_kernels_kept=2,
+                        ours_ro_regions=[region("attention", "swapped", 3.0), region("gemm", "not used", 1.5)])])
+    run(2, [dict(bz.empty_row("a:bf16"), vs_compile=1.125, kernels_kept=0, ours_ro_kernels_kept=0,
+                 regions=[region("conv", "swapped", 0.9)])])
+    text = render.render(tmp_path, findings=None)
+    assert "## zoo: the latest row of each model and dtype" in text
+    assert "| a:bf16 | 1.125x |" in text and "0.500x" not in text         # run 2's row replaces run 1's
+    assert "| models keeping a kernel (either mode) | 1: b |" in text
+    assert "| vs_compile: geomean (min) over rows | 1.500x (1.125x) over 2 |" in text
+    assert "| vs_max_autotune: geomean (min) over rows | not measured |" in text
+    # only a kernel that ran and beat Inductor's code is a family's win
+    assert "| attention | b:bf16 | ours_ro | attention_t | 3.00x | 25% |" in text
+    assert "gemm_t" not in text and "conv_t" not in text
