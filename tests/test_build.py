@@ -267,6 +267,59 @@ def test_a_timed_out_build_leaves_no_command_running(tmp_path):
     assert _running(marker) == []
 
 
+@pytest.mark.skipif(build._ninja() is None or not Path("/proc").is_dir(), reason="needs ninja and /proc")
+def test_a_cancelled_background_build_stops_at_once_and_runs_niced(tmp_path):
+    import threading
+    import time
+    marker = f"{os.getpid()}.c{tmp_path.name[-6:].replace('-', '')}"
+    # each command prints its niceness, then sleeps: a background build's commands run niced
+    (tmp_path / "build.ninja").write_text(
+        f"rule s\n  command = nice > $out.nice; sleep 30 # {marker}\nbuild a: s\n")
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    t0 = time.monotonic()
+    stopped, _ = build._run_ninja(build._ninja(), tmp_path / "build.ninja", 1, 60.0, cancel, nice=build.BACKGROUND_NICE)
+    assert stopped and time.monotonic() - t0 < 10.0
+    assert _running(marker) == []
+    base = os.nice(0)
+    assert int((tmp_path / "a.nice").read_text()) == min(base + build.BACKGROUND_NICE, 19)
+
+
+def test_a_source_another_call_is_building_is_waited_for_not_built_twice(tmp_path, monkeypatch):
+    import threading
+    import time
+    monkeypatch.setattr(build.paths, "nvcc_path", lambda: "/usr/bin/nvcc-stand-in")
+    monkeypatch.setattr(build.paths, "nvcc_version", lambda: "13.0")
+    compiled, started = [], threading.Event()
+
+    def fake_compile(jobs, out_dir, nvcc, n_jobs, timeout_s, cancel=None, nice=0):
+        compiled.append(sorted(j.hash for j in jobs))
+        started.set()
+        time.sleep(0.3)                        # the other call asks for the same source meanwhile
+        out = {}
+        for j in jobs:
+            so = out_dir / f"{j.hash}.so"
+            so.write_bytes(b"lib")
+            out[j.hash] = build.BuildResult(True, str(so), j.hash, seconds=0.3)
+        return out
+
+    monkeypatch.setattr(build, "_compile", fake_compile)
+    monkeypatch.setattr(build, "_search_flags", lambda src: ([], ""))
+    a, b = sample("add_f32.cu"), sample("scale_extern_c.cu")
+    first = []
+    t = threading.Thread(target=lambda: first.extend(build.build_many([a], arch="sm_90a", out_dir=tmp_path)))
+    t.start()
+    started.wait(5)
+    second = build.build_many([a, b], arch="sm_90a", out_dir=tmp_path)
+    t.join()
+    ha, hb = build.source_hash(a, "sm_90a"), build.source_hash(b, "sm_90a")
+    assert compiled == [[ha], [hb]]                         # a once, by the first call
+    assert first[0].ok and not first[0].cached
+    assert second[0].ok and second[0].cached and second[0].so_path == first[0].so_path
+    assert second[1].ok and not second[1].cached
+    assert build._BUILDING == {}
+
+
 # nvcc 13's ptxas -v report for two kernels (build.REPORT_FLAGS), as a build log keeps it
 PTXAS_LOG = """ptxas info    : 0 bytes gmem
 ptxas info    : Compiling entry function '_Z3bigILi300EEvPf' for 'sm_90a'

@@ -449,3 +449,57 @@ def test_headroom_weights_follow_measured_eager_time_over_the_roofline():
     # no time to time anything: every task by its roofline, in the same units
     w0 = headroom_weights([big, small], gpu, time_ms, max_s=-1)
     assert w0["big"] > w0["small"]
+
+
+class Speculative(FakeProposer):
+    speculative = True
+
+
+class Building(FakeEvaluator):
+    """A FakeEvaluator with a background builder that records what it was handed; each
+    evaluate_many takes 50 ms of real time, as a GPU's verification would, so the builder's thread
+    runs while the cover pass waits."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.events, self.ahead = [], []
+
+    def background_builder(self):
+        from types import SimpleNamespace
+
+        def build_many(sources, cancel=None):
+            self.ahead += sources
+            self.events.append("prebuild")
+            return [SimpleNamespace(ok=True, cached=False) for _ in sources]
+        return build_many
+
+    def evaluate_many(self, task, sources):
+        import time
+        time.sleep(0.05)
+        self.events.append(("evaluate", task.name, tuple(sources)))
+        return super().evaluate_many(task, sources)
+
+
+def test_the_cover_pass_s_coming_step_zero_candidates_are_built_ahead_and_only_then():
+    tasks = [make_task(f"t{i}", nbytes=10 ** (9 - i)) for i in range(4)]
+    cfg = SearchConfig(steps=1, stagnation=0, roofline_stop=None, memory="none")
+    ev = Building(default=1.1)
+    results = search_many(tasks, Speculative, ev, HTG.from_prior(), cfg, progress=False, time_budget_s=1e6)
+    evaluated = [e for e in ev.events if e != "prebuild"]
+    assert [e[1] for e in evaluated] == ["t0", "t1", "t2", "t3"] * 2      # cover pass, then deepening
+    # the guess is each later task's step 0 exactly: the first task's builds in the search itself
+    assert ev.ahead == [s for e in evaluated[1:4] for s in e[2]]
+    # nothing is built ahead once the cover pass is over
+    assert max(i for i, e in enumerate(ev.events) if e == "prebuild") < ev.events.index(evaluated[4])
+    # and the search is the same search
+    plain = search_many(tasks, FakeProposer, FakeEvaluator(default=1.1), HTG.from_prior(), cfg,
+                        progress=False, time_budget_s=1e6)
+    assert {k: (r.speedup, r.steps) for k, r in results.items()} == {k: (r.speedup, r.steps) for k, r in plain.items()}
+
+
+def test_nothing_is_built_ahead_for_a_proposer_that_is_not_speculative_or_without_a_budget():
+    tasks = [make_task(f"t{i}", nbytes=10 ** (9 - i)) for i in range(3)]
+    ev = Building(default=1.1)
+    search_many(tasks, FakeProposer, ev, HTG.from_prior(), SearchConfig(steps=1), progress=False, time_budget_s=1e6)
+    search_many(tasks, Speculative, ev, HTG.from_prior(), SearchConfig(steps=1), progress=False)
+    assert ev.ahead == [] and "prebuild" not in ev.events

@@ -21,6 +21,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -302,17 +303,35 @@ def _edge_seconds(ninja_log: Path) -> dict[str, float]:
     return out
 
 
-def _run_ninja(ninja: str, build_file: Path, jobs: int, timeout_s: float) -> tuple[bool, str]:
-    """Runs ninja -k 0; returns (timed_out, ninja's own output). On timeout (or an interrupt)
+# How often a build that can be cancelled looks at its cancel event, seconds.
+CANCEL_POLL_S = 0.25
+# The niceness of background builds (build_many(background=True)): their nvcc take only the cores
+# the search's own builds, its GPU worker and the host's timing leave idle.
+BACKGROUND_NICE = 15
+
+
+def _run_ninja(ninja: str, build_file: Path, jobs: int, timeout_s: float,
+               cancel: threading.Event | None = None, nice: int = 0) -> tuple[bool, str]:
+    """Runs ninja -k 0 (under `nice -n NICE` where nice > 0); returns (stopped, ninja's own
+    output): stopped when timeout_s passed or `cancel` was set first. On a stop (or an interrupt)
     no nvcc outlives the call: see _stop_ninja."""
-    proc = subprocess.Popen([ninja, "-C", str(build_file.parent), "-f", build_file.name, "-k", "0",
-                             "-j", str(jobs)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    cmd = [ninja, "-C", str(build_file.parent), "-f", build_file.name, "-k", "0", "-j", str(jobs)]
+    if nice > 0 and (nice_exe := shutil.which("nice")):
+        cmd = [nice_exe, "-n", str(nice), *cmd]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    end = time.monotonic() + timeout_s
     try:
-        out, _ = proc.communicate(timeout=timeout_s)
-        return False, out
-    except subprocess.TimeoutExpired:
+        while True:
+            wait = end - time.monotonic()
+            if cancel is not None:
+                wait = min(wait, CANCEL_POLL_S)
+            try:
+                out, _ = proc.communicate(timeout=max(wait, 0.0))
+                return False, out
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= end or (cancel is not None and cancel.is_set()):
+                    break
         _stop_ninja(proc)
         out, _ = proc.communicate()
         return True, out
@@ -341,12 +360,44 @@ def _stop_ninja(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+# .so paths a build_many of this process is compiling now -> set when that call is done with them.
+# A second call asked for one waits for the first instead of running a second nvcc on it (the
+# search's builds and a Prebuild's background builds of the same candidates).
+_BUILDING: dict[Path, threading.Event] = {}
+_BUILDING_LOCK = threading.Lock()
+
+
+def _claim(sos: list[Path]) -> tuple[list[Path], dict[Path, threading.Event]]:
+    """(the .so paths this call compiles, {path: event} of those another call compiles now)."""
+    mine, theirs = [], {}
+    with _BUILDING_LOCK:
+        for so in sos:
+            if so in _BUILDING:
+                theirs[so] = _BUILDING[so]
+            else:
+                _BUILDING[so] = threading.Event()
+                mine.append(so)
+    return mine, theirs
+
+
+def _release(sos: list[Path]) -> None:
+    with _BUILDING_LOCK:
+        for so in sos:
+            event = _BUILDING.pop(so, None)
+            if event is not None:
+                event.set()
+
+
 def build_many(sources: list[str], arch: str | None = None, out_dir: str | Path | None = None,
-               jobs: int | None = None, timeout_s: float = 300) -> list[BuildResult]:
+               jobs: int | None = None, timeout_s: float = 300, background: bool = False,
+               cancel: threading.Event | None = None) -> list[BuildResult]:
     """Build candidates to .so files in parallel; results in the order of `sources`.
 
     Static-check failures never compile (error "static check: ..."); sources already built (same
-    content hash in out_dir) come back cached=True.
+    content hash in out_dir) come back cached=True, and so do those another call of this process
+    was compiling, once it has (a source that call failed on is compiled here again).
+    background: run nvcc niced (BACKGROUND_NICE); cancel: an event that stops the build when set
+    (its unfinished sources fail as timed out).
 
         >>> results = build.build_many([src_a, src_b], jobs=16)
         >>> [r.ok for r in results], results[1].error
@@ -376,11 +427,26 @@ def build_many(sources: list[str], arch: str | None = None, out_dir: str | Path 
                 continue
             todo.setdefault(h, _Job(i, src, h, _flags(src, arch) + search + list(REPORT_FLAGS)))
             waiting.setdefault(h, []).append(i)
-    if todo:
-        built = _compile(list(todo.values()), out_dir, nvcc, jobs or os.cpu_count() or 1, timeout_s)
-        for h, res in built.items():
-            for i in waiting[h]:
-                results[i] = res
+    if not todo:
+        return results  # type: ignore[return-value]
+    t0, n_jobs, nice = time.monotonic(), jobs or os.cpu_count() or 1, BACKGROUND_NICE if background else 0
+    mine, theirs = _claim([out_dir / f"{h}.so" for h in todo])
+    try:
+        built = _compile([todo[so.stem] for so in mine], out_dir, nvcc, n_jobs, timeout_s, cancel, nice) if mine else {}
+    finally:
+        _release(mine)
+    for so, event in theirs.items():
+        event.wait(max(timeout_s - (time.monotonic() - t0), 0.0))
+        if so.exists():
+            log = out_dir / f"{so.stem}.log"
+            built[so.stem] = BuildResult(True, str(so), so.stem, cached=True,
+                                         resources=parse_ptxas(log.read_text(errors="replace")) if log.exists() else None)
+    if again := [todo[so.stem] for so in theirs if so.stem not in built]:
+        left = max(timeout_s - (time.monotonic() - t0), 1.0)
+        built.update(_compile(again, out_dir, nvcc, n_jobs, left, cancel, nice))
+    for h, res in built.items():
+        for i in waiting[h]:
+            results[i] = res
     return results  # type: ignore[return-value]
 
 
@@ -393,7 +459,8 @@ def build(source: str, **kw) -> BuildResult:
     return build_many([source], **kw)[0]
 
 
-def _compile(jobs: list[_Job], out_dir: Path, nvcc: str, n_jobs: int, timeout_s: float) -> dict[str, BuildResult]:
+def _compile(jobs: list[_Job], out_dir: Path, nvcc: str, n_jobs: int, timeout_s: float,
+             cancel: threading.Event | None = None, nice: int = 0) -> dict[str, BuildResult]:
     ninja = _ninja()
     if ninja is None:
         return {j.hash: BuildResult(False, None, j.hash, "ninja not found: pip install ninja") for j in jobs}
@@ -408,7 +475,7 @@ def _compile(jobs: list[_Job], out_dir: Path, nvcc: str, n_jobs: int, timeout_s:
         build_file = tmp / "build.ninja"
         build_file.write_text(_ninja_file(jobs, nvcc))
         t0 = time.perf_counter()
-        timed_out, ninja_out = _run_ninja(ninja, build_file, n_jobs, timeout_s)
+        timed_out, ninja_out = _run_ninja(ninja, build_file, n_jobs, timeout_s, cancel, nice)
         wall = time.perf_counter() - t0
         seconds = _edge_seconds(tmp / ".ninja_log")
         return {j.hash: _collect(j, tmp, out_dir, seconds, wall, timed_out, timeout_s, ninja_out)

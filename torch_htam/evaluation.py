@@ -149,6 +149,16 @@ class Evaluator:
         finally:
             self.deadline = was
 
+    def background_builder(self):
+        """build_many(sources, cancel=event) into the cache evaluate_many reads, niced, for
+        candidates it may be asked for later (prebuild.py); None where its pool builds elsewhere
+        (ray_pool.RayPool)."""
+        from torch_htam import build
+        if getattr(self._pool, "build_many", None) is not None:
+            return None
+        return functools.partial(build.build_many, arch=self.arch, background=True,
+                                 timeout_s=BUILD_TIMEOUT_S)
+
     @property
     def pool(self):
         if self._pool is None:   # started on first use: building never waits for it

@@ -284,11 +284,9 @@ class _Loop:
         c = self.memory.select(state, self.trail, cfg.memory, step, cfg.strategies_per_step,
                                self.supported)
         direction, previous, strategies, scores = c.direction, c.previous, c.strategies, c.scores
-        request = ProposalRequest(
-            task=self.task, direction=direction, strategies=strategies, n=cfg.candidates_per_step,
-            parent=res.best.parent(self.bar_ms) if res.best else None,
-            feedback=self.feedback[-cfg.feedback:],
-            transition=(previous, direction), gpu=self.gpu, policy=self.policy, tried=set(self.tried))
+        request = _request(self.task, c, cfg, self.gpu, self.policy,
+                           parent=res.best.parent(self.bar_ms) if res.best else None,
+                           feedback=self.feedback[-cfg.feedback:], tried=self.tried)
         proposal = proposer.propose(request)
         add_usage(res.usage, proposal.usage)
         cands = proposal.candidates
@@ -352,6 +350,40 @@ class _Loop:
         if self.empty >= EMPTY_STEPS:   # NOTE: e.g. the expert cannot express this graph at all
             return "no_candidates"
         return None
+
+
+def _request(task, choice, cfg: SearchConfig, gpu, policy, parent=None, feedback=(), tried=()) -> ProposalRequest:
+    """What a step asks the proposer for: cfg.candidates_per_step kernels of the HTG's choice."""
+    return ProposalRequest(task=task, direction=choice.direction, strategies=choice.strategies,
+                           n=cfg.candidates_per_step, parent=parent, feedback=list(feedback),
+                           transition=(choice.previous, choice.direction), gpu=gpu, policy=policy,
+                           tried=set(tried))
+
+
+def _step0_request(task, proposer, memory: HTG, cfg: SearchConfig, gpu) -> ProposalRequest | None:
+    """The request a fresh search of `task` makes at step 0 with this memory (None: it asks
+    nothing, _open's no_candidates), for a Prebuild's guess: the same choice, taken on its own
+    trail, leaves memory as it was."""
+    from torch_htam.policy import policy_for
+    supported = _supported(proposer, task)
+    state = state_of(task, None, gpu)
+    if not memory.eligible(state, supported):
+        return None
+    choice = memory.select(state, Trail(task.name, cfg.seed), cfg.memory, 0, cfg.strategies_per_step, supported)
+    return _request(task, choice, cfg, gpu, policy_for(task))
+
+
+def _prebuild(tasks, proposer_factory, evaluator, memory: HTG, cfg: SearchConfig, gpu):
+    """A started Prebuild of the cover pass's step-0 candidates, or None where there is nothing to
+    gain: one task, an evaluator that builds elsewhere or offers no background builder, or a
+    proposer whose proposals are not cheap to guess (Proposer.speculative)."""
+    from torch_htam.prebuild import Prebuild, step0_guesser
+    builder = getattr(evaluator, "background_builder", lambda: None)()
+    if len(tasks) < 2 or builder is None or not getattr(proposer_factory(), "speculative", False):
+        return None
+    guess = step0_guesser(proposer_factory, memory, lambda t, p, m: _step0_request(t, p, m, cfg, gpu))
+    # the first task's step 0 builds at once in the search itself
+    return Prebuild(tasks[1:], guess, builder).start()
 
 
 def _supported(proposer, task) -> set[str] | None:
@@ -534,6 +566,10 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
     bench/results/bench_models-20261124-140953.json), while the expert's step-0 defaults held 95%
     of the oracle on 20 of 22 tasks (bench/results/anytime-20261123-202559.json).
 
+    The cover pass's coming step-0 candidates are built ahead, niced, on a thread of their own
+    (prebuild.py), where the proposer is speculative and the evaluator builds here
+    (Evaluator.background_builder); that thread ends with the cover pass.
+
     on_result(task, result) runs after each task's pass (save memory and cache there, so an
     interruption loses at most one task); result.partial is True after the cover pass when the
     deepening pass may still improve it. A task whose proposer or evaluator raises is logged and
@@ -551,23 +587,29 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
     passes = _Passes(cfg, evaluator, weight, show, on_result, time_budget_s,
                      {t.signature: i for i, t in enumerate(order)})
     cover = time_budget_s is not None and cfg.steps > 0
+    prebuild = _prebuild(order, proposer_factory, evaluator, memory, cfg, gpu) if cover else None
     results = {}
-    for i, task in enumerate(order):
-        if passes.out_of_time():
-            results[task.signature] = SearchResult(task.name, task.signature, stop="time_budget")
-            continue
-        traj = (Path(trajectory_dir) / f"{_safe(task.name)}-{task.signature[:12]}.jsonl"
-                if trajectory_dir else None)
-        try:
-            proposer = proposer_factory()
-            loop = _open(task, proposer, memory, cfg, traj, gpu)
-        except Exception as e:
-            log.exception("search of task %s failed", task.name)
-            results[task.signature] = SearchResult(task.name, task.signature,
-                                                   stop=f"error: {type(e).__name__}: {e}")
-            continue
-        results[task.signature] = loop.res
-        passes.run(task, loop, proposer, 0 if cover else cfg.steps, order[i:])
+    try:
+        for i, task in enumerate(order):
+            if passes.out_of_time():
+                results[task.signature] = SearchResult(task.name, task.signature, stop="time_budget")
+                continue
+            traj = (Path(trajectory_dir) / f"{_safe(task.name)}-{task.signature[:12]}.jsonl"
+                    if trajectory_dir else None)
+            try:
+                proposer = proposer_factory()
+                loop = _open(task, proposer, memory, cfg, traj, gpu)
+            except Exception as e:
+                log.exception("search of task %s failed", task.name)
+                results[task.signature] = SearchResult(task.name, task.signature,
+                                                       stop=f"error: {type(e).__name__}: {e}")
+                continue
+            results[task.signature] = loop.res
+            passes.run(task, loop, proposer, 0 if cover else cfg.steps, order[i:])
+    finally:
+        if prebuild is not None:   # NOTE: its nvcc must not run on into the decision's timing
+            prebuild.stop()
+            log.info("prebuild: %d step-0 candidates built ahead of the cover pass", prebuild.built)
 
     deepen, passes.open = passes.open, []
     for i, (task, loop, proposer) in enumerate(deepen):

@@ -89,8 +89,11 @@ class Proposal:
 class Proposer(Protocol):
     """name keys the proposer's HTG memory (paths.memory_path). supports(task): the strategy ids it
     can realize on the task; the HTG chooses only among them (search treats a proposer without the
-    method as realizing every strategy)."""
+    method as realizing every strategy). speculative: its proposals are cheap, offline and depend
+    only on the request, so a search may ask ahead to build them early (prebuild.py; search
+    treats a proposer without the attribute as not speculative)."""
     name: str
+    speculative: bool
 
     def supports(self, task: Task) -> set[str]: ...
 

@@ -80,6 +80,7 @@ class ExpertProposer:
     knows, tried in order; space_limit: only the first N settings of each task's search space
     (bench/anytime.py measures exactly those; None: all of it)."""
     name = "expert"
+    speculative = True    # rendering templates: milliseconds, no network (prebuild.py)
 
     def __init__(self, targets: tuple[Target, ...] = TARGETS, space_limit: int | None = None,
                  within: set[tuple] | None = None):
