@@ -4,9 +4,11 @@ default budget (OptimizeConfig(): 16 candidates per task), and what it keeps.
     python3 bench/optimize_time.py gpt2:bf16 resnet50:bf16
     python3 bench/optimize_time.py swin:bf16 --budget 90     # a zoo row (bench/model_zoo.py), a budget
 
+    python3 bench/optimize_time.py unet:bf16 --budget 90 --prebuild both   # cold with and without prebuild.py
+
 Rows: bench/models.py's, else bench/model_zoo.py's. Per task search (searches()): when it started
 and ended, in seconds from the first search's start, and its candidates' build seconds, so a
-budget that reached few tasks shows where its time went.
+budget that reached few tasks shows where its time went; "searched": how many tasks it reached.
 
 Each model gets a fresh kernel cache and HTG memory (HTAM_CACHE_DIR: a new temp dir per model),
 then one optimize(model, inputs) call, timed by wall clock: capture, the search of every task,
@@ -61,12 +63,12 @@ def searches(cache_root: Path) -> list[dict]:
     return sorted(rows, key=lambda r: (r["started"] is None, r["started"]))
 
 
-def one(spec: str, budget_s: float | None = None) -> dict:
+def one(spec: str, budget_s: float | None = None, prebuild: bool = True) -> dict:
     import torch_htam
     from torch_htam.pipeline import OptimizeConfig
     from torch_htam.benchmark import rel_err
     name, dtype = spec.split(":")
-    cfg = OptimizeConfig() if budget_s is None else OptimizeConfig(time_budget_s=budget_s)
+    cfg = OptimizeConfig(prebuild=prebuild, **({} if budget_s is None else {"time_budget_s": budget_s}))
     # bench/models.py's rows, else the zoo's (bench/model_zoo.py)
     model, inputs = models.MODELS[name](dtype) if name in models.MODELS else model_zoo.make(spec)
     fresh = tuple(torch.randn_like(x) if x.is_floating_point() else x.clone() for x in inputs)
@@ -80,7 +82,7 @@ def one(spec: str, budget_s: float | None = None) -> dict:
         with torch.inference_mode():
             got = model(*fresh)
         report = model.htam_report
-        row = {"model": spec, "optimize_s": optimize_s, "config": asdict(cfg),
+        row = {"model": spec, "prebuild": prebuild, "optimize_s": optimize_s, "config": asdict(cfg),
                "tasks": len(report.tasks), "swapped": report.swapped, "method": report.method,
                "note": report.note, "e2e_ms": dict(report.e2e), "phases": dict(report.phases),
                "rel_err": rel_err(got, want),
@@ -88,8 +90,13 @@ def one(spec: str, budget_s: float | None = None) -> dict:
                "task_rows": [{"name": t.name, "count": t.count, "vs_eager": t.speedup,
                               "vs_inductor": t.vs_inductor, "status": t.status} for t in report.tasks]}
     row["candidates"] = sum(s["candidates"] or 0 for s in row["searches"])
+    row["searched"] = len(row["searches"])      # tasks whose search ran before the budget ended
     print(report.format(), flush=True)
     return row
+
+
+# --prebuild -> the OptimizeConfig.prebuild values each model runs with, in order
+PREBUILD = {"on": (True,), "off": (False,), "both": (False, True)}
 
 
 def main() -> int:
@@ -97,16 +104,18 @@ def main() -> int:
     ap.add_argument("models", nargs="*", default=["gpt2:bf16", "resnet50:bf16"])
     ap.add_argument("--budget", type=float, default=None,
                     help="OptimizeConfig.time_budget_s (s); default: OptimizeConfig's own")
+    ap.add_argument("--prebuild", choices=PREBUILD, default="on",
+                    help="OptimizeConfig.prebuild: on, off, or both (each model cold twice, off first)")
     ap.add_argument("--no-record", action="store_true", help="do not write a file to bench/results/")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("optimize_time needs a CUDA GPU", file=sys.stderr)
         return 2
     rows, path = [], None
-    for spec in a.models:
-        rows.append(one(spec, a.budget))
+    for spec, prebuild in [(s, p) for s in a.models for p in PREBUILD[a.prebuild]]:
+        rows.append(one(spec, a.budget, prebuild))
         r = rows[-1]
-        print(f"ROW {spec} optimize_s={r['optimize_s']:.1f} tasks={r['tasks']} "
+        print(f"ROW {spec} prebuild={prebuild} optimize_s={r['optimize_s']:.1f} tasks={r['tasks']} searched={r['searched']} "
               f"candidates={r['candidates']} swapped={r['swapped']} rel_err={r['rel_err']:.2e}",
               flush=True)
         for s in r["searches"]:

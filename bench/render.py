@@ -116,7 +116,8 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("device ms", "device_ms", "{:.3f}"), ("cudagraph skips", "cudagraph_skips", None),
         ("kernel vs eager (cached)", "eager_speedup", _x), ("kernel vs Inductor (cached)", "inductor_speedup", _x)],
     "optimize_time": [
-        ("model", "model", None), ("optimize s (cold)", "optimize_s", "{:.0f}"), ("tasks", "tasks", None),
+        ("model", "model", None), ("prebuild", "prebuild", None), ("optimize s (cold)", "optimize_s", "{:.0f}"),
+        ("tasks", "tasks", None), ("tasks searched", "searched", None),
         ("candidates", "candidates", None), ("regions swapped", "swapped", None),
         ("guard: torch.compile ms", "compile_ms", "{:.3f}"), ("guard: htam ms", "htam_ms", "{:.3f}"),
         ("rel err", "rel_err", "{:.1e}"), ("max abs err / max abs", "max_rel_err", "{:.1e}"),

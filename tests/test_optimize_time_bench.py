@@ -30,3 +30,20 @@ def test_searches_in_start_order_with_their_build_seconds(tmp_path):
     assert (rows[0]["started"], rows[0]["ended"], rows[0]["build_s"], rows[0].get("stop")) == (0.0, 9.0, 4.0, None)
     assert (rows[1]["started"], rows[1]["ended"], rows[1]["build_s"]) == (10.0, 16.0, 2.5)
     assert rows[1]["stop"] == "steps" and rows[1]["best_speedup"] == 1.5
+
+
+def test_prebuild_both_runs_each_model_cold_without_then_with(monkeypatch, tmp_path):
+    seen = []
+
+    def one(spec, budget_s=None, prebuild=True):
+        seen.append((spec, budget_s, prebuild))
+        return {"model": spec, "prebuild": prebuild, "optimize_s": 1.0, "tasks": 2, "searched": 1,
+                "candidates": 4, "swapped": 0, "rel_err": 0.0, "searches": []}
+
+    monkeypatch.setattr(ot, "one", one)
+    monkeypatch.setattr(ot.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ot.torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr("sys.argv", ["optimize_time.py", "a:bf16", "b:bf16", "--budget", "9", "--prebuild", "both",
+                                     "--no-record"])
+    assert ot.main() == 0
+    assert seen == [("a:bf16", 9.0, False), ("a:bf16", 9.0, True), ("b:bf16", 9.0, False), ("b:bf16", 9.0, True)]

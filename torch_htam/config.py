@@ -60,6 +60,7 @@ RULES: dict[str, tuple] = {
     # below 1.0 a kernel slower than the original would be swapped in
     "min_speedup": (lambda v: _num(v) and v >= 1.0, "a finite number >= 1.0", False),
     "progress": (lambda v: isinstance(v, bool), "True or False", False),
+    "prebuild": (lambda v: isinstance(v, bool), "True or False", False),
     "check_end_to_end": (lambda v: isinstance(v, bool), "True or False", False),
     "compile": (lambda v: isinstance(v, bool), "True or False", False),
     "mode": (lambda v: isinstance(v, str) and v in _modes(),
@@ -112,6 +113,7 @@ class OptimizeConfig:
     task_time_s: float | None = 300.0  # per-task wall limit
     min_speedup: float = 1.03
     progress: bool = True
+    prebuild: bool = True              # build the search's coming candidates ahead (prebuild.py)
     check_end_to_end: bool = True      # keep the swap only if the whole model got faster
     compile: bool = True               # kernels inside torch.compile (else: graph replay)
     mode: str = "default"              # torch.compile mode when compile=True

@@ -322,7 +322,7 @@ def searcher(arch: str, cfg=None, pool=None, gpu=None, trajectory_dir: str | Pat
     evaluator = Evaluator(arch=arch, pool=pool)
     gpu = gpu or evaluator.gpu or getattr(pool, "gpu", None)
     scfg = SearchConfig(steps=cfg.steps, candidates_per_step=cfg.candidates_per_step,
-                        memory=cfg.memory, max_wall_s=cfg.task_time_s)
+                        memory=cfg.memory, max_wall_s=cfg.task_time_s, prebuild=cfg.prebuild)
     traj = Path(trajectory_dir) if trajectory_dir else paths.arch_dir(arch) / "trajectories"
     cached = cached_only(arch, "", cfg.min_speedup)
 

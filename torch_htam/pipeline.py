@@ -150,7 +150,7 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog, evalu
     memory_path = paths.memory_path(gpu.arch, proposer.name)   # kept across toolchain upgrades
     memory = HTG.load(memory_path)
     scfg = SearchConfig(steps=cfg.steps, candidates_per_step=cfg.candidates_per_step,
-                        memory=cfg.memory, max_wall_s=cfg.task_time_s)
+                        memory=cfg.memory, max_wall_s=cfg.task_time_s, prebuild=cfg.prebuild)
     traj = Path(cfg.trajectory_dir) if cfg.trajectory_dir else paths.arch_dir(gpu.arch) / "trajectories"
 
     keep = _Keeper(evaluator, cache, searched, cfg, gpu.name, lambda: memory.save(memory_path))

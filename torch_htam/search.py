@@ -66,6 +66,8 @@ class SearchConfig:
     steps without a gain over min_gain (0 = never). roofline_stop: stop once the best reaches this
     fraction of the roofline (None = never). max_tokens / max_cost_usd: LLM budget, read from
     Proposal.usage (prompt + completion tokens, cost_usd). memory: "htg" | "flat" | "none".
+    prebuild: search_many's cover pass builds the coming tasks' step-0 candidates ahead, in the
+    background (prebuild.py).
     """
     steps: int = 6
     candidates_per_step: int = 4
@@ -79,6 +81,7 @@ class SearchConfig:
     memory: str = "htg"
     seed: int = 0
     feedback: int = 6
+    prebuild: bool = True    # search_many's cover pass builds coming tasks' step 0 ahead (prebuild.py)
 
     def __post_init__(self):
         if self.memory not in MODES:
@@ -587,7 +590,7 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
     passes = _Passes(cfg, evaluator, weight, show, on_result, time_budget_s,
                      {t.signature: i for i, t in enumerate(order)})
     cover = time_budget_s is not None and cfg.steps > 0
-    prebuild = _prebuild(order, proposer_factory, evaluator, memory, cfg, gpu) if cover else None
+    prebuild = _prebuild(order, proposer_factory, evaluator, memory, cfg, gpu) if cover and cfg.prebuild else None
     results = {}
     try:
         for i, task in enumerate(order):
