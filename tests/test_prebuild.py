@@ -84,3 +84,20 @@ def test_the_search_finds_the_later_tasks_step_zero_built_and_builds_nothing_twi
     # first task) were built ahead: the search found them, and built nothing for them
     later = list(seen.values())[1:]
     assert len(later) == 2 and all(out[0].build_s == 0 for out in later)
+
+
+def test_tasks_the_search_has_reached_are_not_built_ahead():
+    go, inside, batches = threading.Event(), threading.Event(), []
+
+    def sources_of(task):
+        inside.set()
+        go.wait(10)                                # the search moves on while the thread guesses t0
+        return [task]
+
+    p = Prebuild(["t0", "t1", "t2", "t3"], sources_of, lambda s, cancel=None: batches.append(s) or [])
+    p.start()
+    assert inside.wait(10)
+    p.reached(1)
+    go.set()
+    p._thread.join(10)                             # the thread's own end, not stop()'s cancel
+    assert batches == [["t0"], ["t2"], ["t3"]]     # t0 was in hand already; t1 is skipped

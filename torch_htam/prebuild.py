@@ -28,13 +28,15 @@ log = logging.getLogger("torch_htam")
 @dataclass
 class Prebuild:
     """sources_of(task) -> the task's step-0 sources (guessed; [] where none); build_many(sources,
-    cancel=event) builds them (an Evaluator.background_builder). Start with start(), end with
-    stop() (idempotent); `built` counts the sources built, `failed` the tasks whose guess raised."""
+    cancel=event) builds them (an Evaluator.background_builder). Start with start(), tell it where
+    the search is with reached(), end with stop() (idempotent); `built` counts the sources built,
+    `failed` the tasks whose guess raised."""
     tasks: list
     sources_of: Callable[[Any], list[str]]
     build_many: Callable[..., list]
     built: int = 0
     failed: int = 0
+    _reached: int = -1       # the search's place in `tasks`: tasks up to it need no build ahead
     _cancel: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -42,6 +44,11 @@ class Prebuild:
         self._thread = threading.Thread(target=self._run, name="htam-prebuild", daemon=True)
         self._thread.start()
         return self
+
+    def reached(self, index: int) -> None:
+        """The search is at tasks[index] now: the thread skips it and every task before it (the
+        search builds those itself, and a guess that missed would be built for nothing)."""
+        self._reached = max(self._reached, index)
 
     def stop(self) -> None:
         """Cancel what is left and wait for the thread (its running nvcc are stopped)."""
@@ -53,9 +60,11 @@ class Prebuild:
     def _run(self) -> None:
         # NOTE: one build_many per task: the search waits for a source the Prebuild is building
         # until that whole build_many is done, so a batch of several tasks would hold up the first
-        for task in self.tasks:
+        for i, task in enumerate(self.tasks):
             if self._cancel.is_set():
                 return
+            if i <= self._reached:
+                continue
             try:
                 sources = self.sources_of(task)
             except Exception as e:  # noqa: BLE001 - a guess: the task's step 0 builds for itself

@@ -608,6 +608,8 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
                                                        stop=f"error: {type(e).__name__}: {e}")
                 continue
             results[task.signature] = loop.res
+            if prebuild is not None:
+                prebuild.reached(i - 1)          # its tasks are order[1:]
             passes.run(task, loop, proposer, 0 if cover else cfg.steps, order[i:])
     finally:
         if prebuild is not None:   # NOTE: its nvcc must not run on into the decision's timing
