@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 log = logging.getLogger("torch_htam")
 
+
 @dataclass
 class Prebuild:
     """sources_of(task) -> the task's step-0 sources (guessed; [] where none); build_many(sources,
