@@ -430,3 +430,105 @@ def test_conv_epilogue_with_a_bool_mask_is_refused_clearly():
     task = small_task(M(), torch.randn(2, 4, 6, 6), torch.randn(8, 4, 3, 3), torch.rand(2, 8, 6, 6) > 0.5)
     with pytest.raises(Unsupported, match="integer/bool inputs in a conv epilogue"):
         conv.match(task.graph, policy_for(task))
+
+
+# ---- memory order: outputs stored through their strides walk the first output's layout ----
+
+HARNESS = r"""
+#include <cstdio>
+int main() {
+  // a channels-last [16, 96, 56, 56] add: two inputs and the output at strides [301056, 1, 5376, 96]
+  Space<3> s;
+  s.ndim = 4;
+  const int64_t size[4] = {16, 96, 56, 56}, st[4] = {301056, 1, 5376, 96};
+  for (int d = 0; d < 4; ++d) { s.size[d] = size[d]; for (int a = 0; a < 3; ++a) s.st[a][d] = st[d]; }
+  Space<3> logical = s;
+  htam_collapse<3>(logical, 3, false);
+  htam_order_by<3>(s, 2);
+  htam_collapse<3>(s, 3, false);
+  // an SE multiply: x channels-last [32, 480, 14, 14], the scale [32, 480, 1, 1], the output as x
+  Space<3> se;
+  se.ndim = 4;
+  const int64_t ss[4] = {32, 480, 14, 14}, xs[4] = {94080, 1, 6720, 480}, gs[4] = {480, 1, 0, 0};
+  for (int d = 0; d < 4; ++d) { se.size[d] = ss[d]; se.st[0][d] = xs[d]; se.st[1][d] = gs[d]; se.st[2][d] = xs[d]; }
+  htam_order_by<3>(se, 2);
+  htam_collapse<3>(se, 3, false);
+  // an expanded output (stride 0 along a dim of size > 1): the order is left alone
+  Space<1> ex;
+  ex.ndim = 2; ex.size[0] = 4; ex.size[1] = 8; ex.st[0][0] = 0; ex.st[0][1] = 1;
+  Space<1> ex2 = ex;
+  ex2.st[0][0] = 1; ex2.st[0][1] = 4;
+  htam_order_by<1>(ex, 0);
+  htam_order_by<1>(ex2, 0);
+  printf("%d %d %lld %lld | %d %lld %lld %lld %lld %lld %lld | %lld %lld | %lld %lld %lld %lld\n",
+         logical.ndim, s.ndim, (long long)s.size[0], (long long)s.st[2][0],
+         se.ndim, (long long)se.size[0], (long long)se.size[1], (long long)se.size[2],
+         (long long)se.st[0][2], (long long)se.st[1][2], (long long)se.st[1][1],
+         (long long)ex.st[0][0], (long long)ex.st[0][1],
+         (long long)ex2.size[0], (long long)ex2.size[1], (long long)ex2.st[0][0], (long long)ex2.st[0][1]);
+  return 0;
+}
+"""
+
+
+@pytest.mark.build
+@NVCC
+def test_a_space_walks_its_first_outputs_memory_order(tmp_path):
+    # host code only: nvcc builds it, the CPU runs it
+    import subprocess
+    from torch_htam.proposers.expert.cuda import PRELUDE
+    (tmp_path / "h.cu").write_text(PRELUDE + HARNESS)
+    exe = tmp_path / "h"
+    subprocess.run([paths.nvcc_path(), "-std=c++17", f"-I{build.CSRC}", str(tmp_path / "h.cu"), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
+    logical, flat, n, inner = got[0:4]
+    # walked in logical order the add keeps 3 dims (h and w merge), the innermost 96 elements
+    # apart; in the output's memory order it is one unit-stride dim over all 16 x 96 x 56 x 56
+    assert (logical, flat, n, inner) == ("3", "1", str(16 * 96 * 56 * 56), "1")
+    # the SE multiply: [32, 196, 480], x unit-stride along the channels, the scale too (0 along h*w)
+    assert got[5:12] == ["3", "32", "196", "480", "1", "1", "0"]
+    assert got[13:15] == ["0", "1"]                      # expanded output: order kept
+    assert got[16:20] == ["8", "4", "4", "1"]             # a transposed output: its order
+
+
+class _ClAdd(nn.Module):
+    def forward(self, a, b):
+        return a + b
+
+
+class _SeMul(nn.Module):
+    def forward(self, x, g):
+        return x * torch.sigmoid(g)
+
+
+def _cl_cases():
+    cl = dict(memory_format=torch.channels_last)
+    return {"cl_add": (_ClAdd(), torch.randn(2, 24, 7, 9, dtype=torch.bfloat16).to(**cl),
+                       torch.randn(2, 24, 7, 9, dtype=torch.bfloat16).to(**cl)),
+            "cl_se_mul": (_SeMul(), torch.randn(2, 40, 5, 6).to(**cl), torch.randn(2, 40, 1, 1))}
+
+
+@pytest.mark.build
+@NVCC
+def test_channels_last_elementwise_kernels_compile_for_sm90a():
+    assert_compiles(_first_sources([(n, small_task(m, *a)) for n, (m, *a) in _cl_cases().items()]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["cl_add", "cl_se_mul"])
+def test_channels_last_elementwise_kernels_match_torch_on_gpu(case):
+    from torch_htam.launcher import Kernel
+    from torch_htam.verify import poison_
+    model, *args = _cl_cases()[case]
+    src = _first_sources([(case, small_task(model, *args))])[0][1]
+    res = build.build_many([src])[0]
+    assert res.ok, res.error
+    inputs = [a.cuda() for a in args]
+    with torch.no_grad():
+        ref = model(*inputs)
+    out = poison_(torch.empty_like(ref))          # channels-last, as the task's output spec
+    assert out.stride() == ref.stride() and not out.is_contiguous()
+    assert Kernel(res.so_path)(inputs, [out]) == 0
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, ref, atol=1e-2, rtol=1e-2)

@@ -258,6 +258,17 @@ def _tiled_host(prog: ExprProgram, p: EwParams, restrict: bool) -> str:
   }}"""
 
 
+def _memory_order(prog: ExprProgram) -> str:
+    """The host line that walks the flat kernel in the first output's memory order
+    (htam_order_by), where every output is stored through its strides (Output.dims) and none
+    repeats elements (broadcast); "" where some output is stored at its index in iteration order,
+    which fixes the order."""
+    if not prog.outputs or len(prog.strided_outputs) != len(prog.outputs) or any(o.broadcast for o in prog.outputs):
+        return ""
+    first = len(prog.accesses) + len(prog.coords) + prog.strided_outputs.index(0)
+    return f"\n  htam_order_by<NACC>(sp, {first});   // the first output's memory order"
+
+
 def _host(prog: ExprProgram, p: EwParams, entry: str, restrict: bool) -> str:
     nacc = len(prog.accesses)
     nall = nacc + len(prog.coords) + len(prog.strided_outputs)   # Space entries (_flat_region)
@@ -278,7 +289,7 @@ def _host(prog: ExprProgram, p: EwParams, entry: str, restrict: bool) -> str:
 {host.bind_accesses(prog)}
 {outputs}
   if (n == 0) return HTAM_OK;
-{_tiled_host(prog, p, restrict) if p.tile else ""}
+{_tiled_host(prog, p, restrict) if p.tile else ""}{_memory_order(prog)}
   htam_collapse<NACC>(sp, {nall}, false);
   const int V = {p.vec};
   bool vec_ok = V > 1 && sp.size[sp.ndim - 1] % V == 0;
