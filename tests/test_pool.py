@@ -58,7 +58,11 @@ CASES = {
     "adaptive3d": (lambda x: F.adaptive_avg_pool3d(x, 2), [(2, 4, 5, 6, 7)]),
     "bn_relu_max2d": (_bn_relu_pool, [(2, 4, 10, 10), (4,), (4,), (4,), (4,)]),
     "avg2d_relu_epilogue": (lambda x: F.relu(F.avg_pool2d(x, 2)) * 2.0, [(2, 4, 10, 10)]),
+    # channels-last inputs (CHANNELS_LAST): global pools, whose [N, C, 1, 1] outputs are contiguous
+    "global_avg_cl": (lambda x: F.adaptive_avg_pool2d(x, 1), [(2, 64, 7, 7)]),
+    "global_avg_cl_odd": (lambda x: torch.flatten(F.relu(F.adaptive_avg_pool2d(x, 1)), 1), [(3, 36, 5, 6)]),
 }
+CHANNELS_LAST = {"global_avg_cl", "global_avg_cl_odd"}     # their first input is channels-last
 
 
 def _inputs(name, dtype=torch.float32, device="cpu", spatial=None):
@@ -68,6 +72,8 @@ def _inputs(name, dtype=torch.float32, device="cpu", spatial=None):
         if i == 0 and spatial is not None:
             s = s[:2] + spatial
         t = torch.randn(*s, dtype=dtype, device=device)
+        if i == 0 and name in CHANNELS_LAST:
+            t = t.to(memory_format=torch.channels_last)
         xs.append(t.abs() + 0.5 if i == 2 else t)      # the batch norm's running var: positive
     return xs
 
@@ -132,6 +138,26 @@ def test_warp_per_window_for_global_pooling():
     assert {p["tpr"] for p in grid} >= {1, 8, 32} and all(pool.valid(p) for p in grid)
     with pytest.raises(Unsupported, match="tpr"):
         pool.render(small, dict(pool.defaults(small), tpr=3))
+
+
+def test_an_average_over_a_channels_last_input_maps_lanes_to_channels():
+    """Channels-last averages default to pool_body_cl (8 warps sharing a 49-tap window, one warp
+    walking a 30-tap one); a contiguous input, or a max pool, keeps a window per lane."""
+    big = pool.match(_task("global_avg_cl").graph, None)
+    small = pool.match(_task("global_avg_cl_odd").graph, None)
+    assert big.channels_last and pool.defaults(big)["cl"] == 8 and pool.defaults(small)["cl"] == 1
+    assert "coalesced_layout_access" in pool.tags(big, pool.defaults(big))
+    assert not pool.match(_task("global_avg_flatten").graph, None).channels_last
+    assert pool.defaults(pool.match(_task("global_avg_flatten").graph, None))["cl"] == 0
+    cl_max = small_task(Fn(lambda x: F.max_pool2d(x, 3, 2, 1)),
+                        torch.randn(2, 8, 9, 9).to(memory_format=torch.channels_last))
+    pm = pool.match(cl_max.graph, None)
+    assert pm.channels_last and pool.defaults(pm)["cl"] == 0
+    assert not any(p.get("cl") for p in tuning_grid(cl_max))
+    with pytest.raises(Unsupported, match="averages only"):
+        pool.render(pm, dict(pool.defaults(pm), cl=4))
+    cl_grid = tuning_grid(_task("global_avg_cl"))
+    assert {p["cl"] for p in cl_grid} >= {0, 1, 2, 4, 8, 16} and all(pool.valid(p) for p in cl_grid)
 
 
 def test_unsupported_pools_say_why():
@@ -204,7 +230,8 @@ def _compile_set():
     cases in bf16 and fp16 (prologue rounding, indices, the flatten epilogue)."""
     out = []
     for name in CASES:
-        half = (torch.bfloat16, torch.float16) if name in ("bn_relu_max2d", "max2d_indices", "global_avg_flatten") else ()
+        half = (torch.bfloat16, torch.float16) if name in ("bn_relu_max2d", "max2d_indices", "global_avg_flatten",
+                                                            "global_avg_cl") else ()
         for dtype in (torch.float32,) + half:
             out += [(f"{name}/{dtype}/{i}", c.source) for i, c in enumerate(propose(_task(name, dtype), n=2).candidates)]
     return out

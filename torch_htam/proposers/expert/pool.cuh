@@ -12,6 +12,52 @@ struct PoolShape {
 
 enum { POOL_MAX, POOL_AVG, POOL_ADAPTIVE_AVG };
 
+// Window oc's taps per dim: cnt[q] of them at lo[q] + j * dilation (adaptive: [start, end) step
+// 1); returns the average's divisor (torch's: the window clipped to the padded input, or to the
+// input itself; the adaptive window's size).
+template <int OP, bool INCLUDE_PAD, int NACC, class IDX>
+__device__ __forceinline__ int64_t pool_window(const PoolShape<NACC>& s, const IDX* oc, int* lo, int* cnt) {
+  int64_t div = 1;
+  for (int q = 0; q < 3; ++q) {
+    if (OP == POOL_ADAPTIVE_AVG) {
+      lo[q] = (int)(((int64_t)oc[q] * s.I[q]) / s.O[q]);
+      cnt[q] = (int)((((int64_t)oc[q] + 1) * s.I[q] + s.O[q] - 1) / s.O[q]) - lo[q];
+      div *= cnt[q];
+    } else {
+      lo[q] = (int)oc[q] * s.S[q] - s.P[q];
+      cnt[q] = s.K[q];
+      if (OP == POOL_AVG) {
+        const int end = min(lo[q] + s.K[q], s.I[q] + s.P[q]);
+        const int a = max(lo[q], 0), b = min(end, s.I[q]);
+        div *= INCLUDE_PAD ? end - lo[q] : b - a;
+      }
+    }
+  }
+  return div;
+}
+
+// Taps first, first + step, ... of a window (lo, cnt) in (d, h, w) order, stepped without division
+// (a 3x3 window costs no index division per tap), folded into acc (and arg: max pooling's index);
+// b[a]: access a's (n, c) offset.
+template <int OP, bool INDEX, int NACC, class IDX, class R>
+__device__ __forceinline__ void pool_taps(const PoolShape<NACC>& s, const IDX* b, const int* lo, const int* cnt,
+                                          int first, int step, float& acc, int64_t& arg, const R& r) {
+  int td = 0, th = 0, tw = first;
+  for (;;) {
+    while (tw >= cnt[2]) { tw -= cnt[2]; if (++th >= cnt[1]) { th = 0; ++td; } }
+    if (td >= cnt[0]) break;
+    const int id = lo[0] + td * s.Dl[0], ih = lo[1] + th * s.Dl[1], iw = lo[2] + tw * s.Dl[2];
+    tw += step;
+    if (id < 0 || id >= s.I[0] || ih < 0 || ih >= s.I[1] || iw < 0 || iw >= s.I[2]) continue;
+    const float v = r.tap(s, b, id, ih, iw);
+    // NOTE: torch keeps the first maximum (strict >), NaN wins, and a window of -inf values
+    // still has an index (its first tap): arg < 0 means no tap seen yet
+    if (OP != POOL_MAX) acc += v;
+    else if (!INDEX) { if (v > acc || v != v) acc = v; }
+    else if (arg < 0 || v > acc || v != v) { acc = v; arg = ((int64_t)id * s.I[1] + ih) * s.I[2] + iw; }
+  }
+}
+
 // Output element o is one window: TPR lanes (a sub-warp) walk its taps, reduce in fp32 and
 // shuffle; lane 0 rounds to DT and stores. OP: POOL_*; INDEX: max pooling also returns the first
 // maximum's index (flat within the input plane); INCLUDE_PAD: average pooling counts padding taps;
@@ -31,48 +77,15 @@ __device__ __forceinline__ void pool_body(const PoolShape<NACC>& s, IDX total, c
     IDX rem = o, oc[3];
     for (int q = 2; q >= 0; --q) { oc[q] = rem % (IDX)s.O[q]; rem /= (IDX)s.O[q]; }
     const IDX c = rem % (IDX)s.C, n = rem / (IDX)s.C;
-    // window bounds per dim: taps j = 0..cnt-1 at lo + j * dil (adaptive: [start, end) step 1)
     int lo[3], cnt[3];
-    int64_t div = 1;
-    for (int q = 0; q < 3; ++q) {
-      if (OP == POOL_ADAPTIVE_AVG) {
-        lo[q] = (int)(((int64_t)oc[q] * s.I[q]) / s.O[q]);
-        cnt[q] = (int)((((int64_t)oc[q] + 1) * s.I[q] + s.O[q] - 1) / s.O[q]) - lo[q];
-        div *= cnt[q];
-      } else {
-        lo[q] = (int)oc[q] * s.S[q] - s.P[q];
-        cnt[q] = s.K[q];
-        if (OP == POOL_AVG) {   // torch's divisor: the window clipped to the padded input, or to the input itself
-          const int end = min(lo[q] + s.K[q], s.I[q] + s.P[q]);
-          const int a = max(lo[q], 0), b = min(end, s.I[q]);
-          div *= INCLUDE_PAD ? end - lo[q] : b - a;
-        }
-      }
-    }
+    const int64_t div = pool_window<OP, INCLUDE_PAD>(s, oc, lo, cnt);
     (void)div;
     IDX b[NACC > 0 ? NACC : 1];
 #pragma unroll
     for (int a = 0; a < NACC; ++a) b[a] = n * (IDX)s.st[a][0] + c * (IDX)s.st[a][1];
     float acc = OP == POOL_MAX ? -INFINITY : 0.f;
     int64_t arg = -1;
-    // this lane's taps: lane, lane + TPR, ... of the window in (d, h, w) order, stepped without
-    // division (a 3x3 window costs no index division per tap)
-    int td = 0, th = 0, tw = lane;
-    for (;;) {
-      while (tw >= cnt[2]) { tw -= cnt[2]; if (++th >= cnt[1]) { th = 0; ++td; } }
-      if (td >= cnt[0]) break;
-      const int id = lo[0] + td * s.Dl[0], ih = lo[1] + th * s.Dl[1], iw = lo[2] + tw * s.Dl[2];
-      tw += TPR;
-      if (id < 0 || id >= s.I[0] || ih < 0 || ih >= s.I[1] || iw < 0 || iw >= s.I[2]) continue;
-      {
-        const float v = r.tap(s, b, id, ih, iw);
-        // NOTE: torch keeps the first maximum (strict >), NaN wins, and a window of -inf values
-        // still has an index (its first tap): arg < 0 means no tap seen yet
-        if (OP != POOL_MAX) acc += v;
-        else if (!INDEX) { if (v > acc || v != v) acc = v; }
-        else if (arg < 0 || v > acc || v != v) { acc = v; arg = ((int64_t)id * s.I[1] + ih) * s.I[2] + iw; }
-      }
-    }
+    pool_taps<OP, INDEX>(s, b, lo, cnt, lane, TPR, acc, arg, r);
     (void)arg;
 #pragma unroll
     for (int m = TPR / 2; m > 0; m /= 2) {
@@ -92,6 +105,51 @@ __device__ __forceinline__ void pool_body(const PoolShape<NACC>& s, IDX total, c
       const float pv = DT::round(OP == POOL_MAX ? acc : DIVISOR ? acc / (float)DIVISOR : acc / (float)div);
       r.store(o, pv, arg);
     }
+  }
+}
+
+// Channels-last input (average pooling): a block of WARPS warps takes 32 windows adjacent in
+// (n, d, h, w, c) order, channel fastest. Lane l owns window l of them, and warp k walks its taps
+// k, k + WARPS, ...: per tap the 32 lanes read 32 adjacent channels, one coalesced access, where
+// a warp per window (pool_body) reads taps C elements apart. The warps' partial sums meet in
+// shared memory; warp 0 divides, rounds and stores at the window's (n, c, d, h, w) index.
+// NOTE: a channels-last global pool [32, 960, 7, 7] bf16 took 0.47x of eager a warp per window
+// and 0.61-0.89x at the best sub-warp split tried (H100, bench/results/anytime_table-*).
+template <class DT, int OP, bool INCLUDE_PAD, int DIVISOR, int WARPS, int NACC, class IDX, class R>
+__device__ __forceinline__ void pool_body_cl(const PoolShape<NACC>& s, IDX total, const R& r) {
+  static_assert(OP != POOL_MAX, "channels-last windows: average pooling only");
+  __shared__ float part[WARPS][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // NOTE: base is the same for the whole block: every thread reaches both barriers each trip
+  for (IDX base = (IDX)blockIdx.x * 32; base < total; base += (IDX)gridDim.x * 32) {
+    const IDX p = base + lane;
+    float acc = 0.f;
+    IDX o = 0;
+    int64_t div = 1;
+    if (p < total) {
+      IDX rem = p, oc[3];
+      const IDX c = rem % (IDX)s.C;
+      rem /= (IDX)s.C;
+      for (int q = 2; q >= 0; --q) { oc[q] = rem % (IDX)s.O[q]; rem /= (IDX)s.O[q]; }
+      const IDX n = rem;
+      o = (((n * (IDX)s.C + c) * (IDX)s.O[0] + oc[0]) * (IDX)s.O[1] + oc[1]) * (IDX)s.O[2] + oc[2];
+      int lo[3], cnt[3];
+      div = pool_window<OP, INCLUDE_PAD>(s, oc, lo, cnt);
+      IDX b[NACC > 0 ? NACC : 1];
+#pragma unroll
+      for (int a = 0; a < NACC; ++a) b[a] = n * (IDX)s.st[a][0] + c * (IDX)s.st[a][1];
+      int64_t arg = -1;
+      pool_taps<OP, false>(s, b, lo, cnt, warp, WARPS, acc, arg, r);
+    }
+    part[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0 && p < total) {
+      float sum = 0.f;
+#pragma unroll
+      for (int k = 0; k < WARPS; ++k) sum += part[k][lane];
+      r.store(o, DT::round(DIVISOR ? sum / (float)DIVISOR : sum / (float)div), -1);
+    }
+    __syncthreads();
   }
 }
 

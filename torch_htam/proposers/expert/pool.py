@@ -11,6 +11,10 @@ index, as torch does; average divides by torch's divisor), shuffle-reduce across
 round to the pool's dtype, apply the epilogue and store. max_pool*_with_indices writes the indices
 (flat within the input plane, int64) only where the region outputs them.
 
+An average over a channels-last input (PoolMatch.channels_last) takes another mapping instead
+(params["cl"]: warps per block, pool_body_cl): 32 lanes over 32 adjacent channels' windows, so
+each tap is one coalesced read, and the warps share the taps.
+
 Geometry (kernel_size, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override,
 adaptive output_size) is baked in; N, C and the input's spatial sizes are read at run time.
 
@@ -79,6 +83,7 @@ class PoolMatch:
     in_shape: tuple[int, ...]
     outputs: list[tuple[str, tuple | None]]     # per region output: (dtype, expr) or ("int64", None) = indices
     facts: TaskFacts | None = None
+    channels_last: bool = False                 # the captured pool input steps by one along C
 
     @property
     def rank(self) -> int:
@@ -190,12 +195,21 @@ def match(gm, policy) -> PoolMatch:
             raise Unsupported("pool epilogue reads another tensor besides the pooled value")
         outs.append((dtype_of(o), stored(e, dtype_of(o))))
     inputs = [(shape_of(p), dtype_of(p)) for p in ph]
-    pm = PoolMatch(win, dt, inputs, pro_expr, list(pro.accesses), size_src, in_shape, outs)
+    pm = PoolMatch(win, dt, inputs, pro_expr, list(pro.accesses), size_src, in_shape, outs,
+                   channels_last=_channels_last(ph[size_src]))
     low_p = dt != "float32" or any(d != "float32" for _, d in inputs)
     trans = any(x[0] in TRANSCENDENTAL for e in [pro_expr] + [e for _, e in outs if e] for x in _walk(e))
     pm.facts = TaskFacts("pool", win.taps(in_shape[2:]), 16 // DT[dt][2], has_transcendental=trans,
                          low_precision=low_p, fp32=not low_p, single_pass=True)
     return pm
+
+
+def _channels_last(node) -> bool:
+    """Whether a captured [N, C, ...] tensor steps by one element along C (channels-last memory)."""
+    val = node.meta.get("val")
+    if val is None or val.dim() < 3 or val.shape[1] <= 1:
+        return False
+    return val.stride()[1] == 1
 
 
 def _batch_norm_leaf(low, node, amap) -> tuple:
@@ -280,18 +294,26 @@ def _kernel(pm: PoolMatch, params: dict) -> str:
     w, nacc = pm.window, len(pm.pro_accesses)
     ptrs = _pointers(pm)
     index = any(e is None for _, e in pm.outputs)
-    cfg = (f"{DT[pm.dtype][0]}, {_OPS[w.op]}, {str(index).lower()}, {str(w.count_include_pad).lower()}, "
-           f"{w.divisor}, {params['tpr']}")
+    pad = str(w.count_include_pad).lower()
+    if params.get("cl"):
+        body = f"pool_body_cl<{DT[pm.dtype][0]}, {_OPS[w.op]}, {pad}, {w.divisor}, {params['cl']}>"
+    else:
+        body = f"pool_body<{DT[pm.dtype][0]}, {_OPS[w.op]}, {str(index).lower()}, {pad}, {w.divisor}, {params['tpr']}>"
     return f"""
 {_region(pm, params)}
 
 // {w.op} pooling, {w.spatial}-D
 template <typename IDX>
-__global__ void __launch_bounds__({params["tpr"] * params["rows_per_block"]})
+__global__ void __launch_bounds__({_threads(params)})
 pool_kernel(PoolShape<{nacc}> s, IDX total, {", ".join(f"{t} __restrict__ {n}" for t, n in ptrs)}) {{
-  pool_body<{cfg}>(s, total, PoolRegion<IDX>{{{", ".join(n for _, n in ptrs)}}});
+  {body}(s, total, PoolRegion<IDX>{{{", ".join(n for _, n in ptrs)}}});
 }}
 """
+
+
+def _threads(params: dict) -> int:
+    """Threads per block: 32 per warp of the channels-last mapping, else tpr x rows_per_block."""
+    return 32 * params["cl"] if params.get("cl") else params["tpr"] * params["rows_per_block"]
 
 
 def _checks(pm: PoolMatch) -> list[str]:
@@ -312,7 +334,8 @@ def _checks(pm: PoolMatch) -> list[str]:
 
 def _host(pm: PoolMatch, params: dict) -> str:
     w, r = pm.window, pm.rank
-    tpr, rpb = params["tpr"], params["rows_per_block"]
+    threads = _threads(params)
+    rpb = 32 if params.get("cl") else params["rows_per_block"]     # windows a block takes a trip
     geom = "kK, kS, kP, kDil"
     osz = (f"  {{ static const int64_t out3[3] = {_c3(w.out)};\n"
            "    for (int q = 0; q < 3; ++q) s.O[q] = (int)out3[q]; }"
@@ -322,7 +345,7 @@ def _host(pm: PoolMatch, params: dict) -> str:
     ptrs += [f"(int64_t*)out[{k}].data" if dt == "int64" else f"({DT[dt][0]}::raw*)out[{k}].data"
              for k, (dt, _) in enumerate(pm.outputs)]
     def launch(I: str) -> str:
-        return f"pool_kernel<{I}><<<(unsigned)blocks, {tpr * rpb}, 0, stream>>>(s, ({I})total, {', '.join(ptrs)});"
+        return f"pool_kernel<{I}><<<(unsigned)blocks, {threads}, 0, stream>>>(s, ({I})total, {', '.join(ptrs)});"
     head = f"""
 // {w.op} pooling geometry, padded to (D, H, W)
 static const int64_t kK[3] = {_c3(w.kernel)}, kS[3] = {_c3(w.stride)}, kP[3] = {_c3(w.padding)},
@@ -342,7 +365,7 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
   if (total == 0) return HTAM_OK;
   for (int q = 0; q < 3; ++q) if (s.I[q] == 0) return HTAM_ERR_SHAPE;    // an empty window
   const int64_t blocks = pool_blocks<{rpb}, {params.get("waves", 0)}>(total);
-  if (pool_idx32(s, total, (int64_t){tpr * rpb} * blocks)) {launch("int32_t")}
+  if (pool_idx32(s, total, (int64_t){max(threads, rpb)} * blocks)) {launch("int32_t")}
   else {launch("int64_t")}
   HTAM_CHECK_LAUNCH();
   return HTAM_OK;
@@ -353,6 +376,8 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
 def render(pm: PoolMatch, params: dict) -> str:
     if not valid(params):
         raise Unsupported(f"pool params {params} (tpr a power of two <= {MAX_TPR}, <= 1024 threads)")
+    if params.get("cl") and pm.window.op == "max":
+        raise Unsupported("the channels-last mapping (cl) averages only; max pooling keeps a window per lane")
     return "\n".join([f"// torch_htam expert: {pm.window.op} pool params={sorted(params.items())}", PRELUDE,
                       "#include <algorithm>", POOL, _kernel(pm, params), _host(pm, params)])
 
@@ -361,14 +386,27 @@ def render(pm: PoolMatch, params: dict) -> str:
 
 def defaults(pm: PoolMatch) -> dict:
     # a thread per window for small windows (a 3x3 max pool: 9 taps, neighbours share cache lines);
-    # a warp per window for global pooling (7x7 = 49 taps read coalesced, then shuffled)
+    # a warp per window for global pooling (7x7 = 49 taps read coalesced, then shuffled); an average
+    # over a channels-last input: lanes over the channels (pool_body_cl), 8 warps sharing a large
+    # window's taps, one warp walking a small one's
+    base = {"tpr": 1, "rows_per_block": 256, "nc": False, "waves": 0, "cl": 0}
+    if cl_ok(pm):
+        return dict(base, cl=8 if pm.facts.ncol >= WARP_WINDOW else 1)
     if pm.facts.ncol >= WARP_WINDOW:
-        return {"tpr": 32, "rows_per_block": 8, "nc": False, "waves": 0}
-    return {"tpr": 1, "rows_per_block": 256, "nc": False, "waves": 0}
+        return dict(base, tpr=32, rows_per_block=8)
+    return base
+
+
+def cl_ok(pm: PoolMatch) -> bool:
+    """Whether the channels-last mapping (params "cl": warps per block) applies: an average pool
+    whose captured input is channels-last."""
+    return pm.channels_last and pm.window.op != "max"
 
 
 def valid(params: dict) -> bool:
-    tpr, rpb = params.get("tpr", 1), params.get("rows_per_block", 1)
+    tpr, rpb, cl = params.get("tpr", 1), params.get("rows_per_block", 1), params.get("cl", 0)
+    if cl:      # 32 * cl threads a block; tpr and rows_per_block do not apply
+        return 0 < cl <= 32 and not cl & (cl - 1)
     return 0 < tpr <= MAX_TPR and not tpr & (tpr - 1) and 32 <= tpr * rpb <= 1024
 
 
@@ -383,8 +421,10 @@ def tags(pm: PoolMatch, params: dict) -> list[str]:
     out = ["single_kernel_launch"]
     if any(e is not None and e != ("in", 0) for _, e in pm.outputs) or pm.pro_expr[0] != "in":
         out.append("fuse_row_prologue_epilogue")
-    if params.get("tpr", 1) > 1:
+    if params.get("tpr", 1) > 1 and not params.get("cl"):
         out.append("warp_shuffle_reduction")
+    if params.get("cl"):
+        out.append("coalesced_layout_access")
     if params.get("nc"):
         out.append("read_only_cache_loads")
     if params.get("waves"):
@@ -393,7 +433,10 @@ def tags(pm: PoolMatch, params: dict) -> list[str]:
 
 
 def grid(pm: PoolMatch, base: dict) -> list[dict]:
-    out = [dict(base, tpr=t, rows_per_block=max(1, b // t)) for t in (1, 4, 8, 16, 32) for b in (128, 256, 512)]
+    plain = dict(base, cl=0)
+    out = [dict(plain, tpr=t, rows_per_block=max(1, b // t)) for t in (1, 4, 8, 16, 32) for b in (128, 256, 512)]
+    if cl_ok(pm):
+        out += [dict(base, cl=w) for w in (1, 2, 4, 8, 16) if w != base.get("cl")]
     return out + [dict(base, nc=True), dict(base, waves=8), dict(base, waves=4)]
 
 
