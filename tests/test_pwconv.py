@@ -177,3 +177,19 @@ def test_infinities_and_nan_pass_through_like_torch(dtype):
     assert int(ref.isinf().sum()) >= 128 and int(ref.isnan().sum()) >= 64
     assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf())
     assert torch.equal(out[ref.isinf()], ref[ref.isinf()])
+
+
+def test_a_conv_with_few_output_tiles_starts_on_cudnn_and_can_still_tile():
+    """A squeeze-excite FC as a 1x1 conv on [32, 672, 1, 1] has 3 tiles of output: the tiled
+    kernel would leave most SMs idle, so the defaults take cuDNN; the grid still offers it."""
+    from test_expert import small_task
+    from torch_htam.proposers.expert import pwconv
+    from torch_htam.proposers.expert.proposer import tuning_grid
+    fc = torch.nn.Conv2d(672, 168, 1).to(torch.bfloat16)
+    task = small_task(torch.nn.Sequential(fc, torch.nn.ReLU()), torch.randn(32, 672, 1, 1, dtype=torch.bfloat16))
+    cp = conv.match(task.graph, policy_for(task))
+    d = conv.defaults(cp)
+    assert pwconv.reason(cp) is None and pwconv.tiles(cp, d) == 3 < conv.PW_MIN_TILES and not d["tiled"]
+    assert any(p.get("tiled") for p in tuning_grid(task))
+    big = conv.match(bench_task("conv_bn_add_relu_bf16").graph, make("bf16"))
+    assert pwconv.tiles(big, conv.defaults(big)) >= conv.PW_MIN_TILES and conv.defaults(big)["tiled"]

@@ -669,9 +669,17 @@ def defaults(cp: ConvMatch) -> dict:
         # (TF32) 0.288 against 0.586-0.836
         return dict(p, vec32=True, fused=cp.in_channels * DT[cp.dtype][2] >= 16)
     if pwconv.reason(cp) is None:
-        p.update(tiled=True)
-        p.update(dict(bn=256, ju=8, pre=False, persist=False) if cp.dtype == "float32" else dict(stages=3))
+        tile = dict(bn=256, ju=8, pre=False, persist=False) if cp.dtype == "float32" else dict(stages=3)
+        # the grid still offers the tiled kernel where its tiles would leave most SMs idle
+        p.update(tile, tiled=pwconv.tiles(cp, dict(p, **tile)) >= PW_MIN_TILES)
     return p
+
+
+# The fewest output tiles (pwconv.tiles) for which the tiled 1x1 kernel is the default. NOTE: a
+# squeeze-excite FC as a 1x1 conv ([32, 672 -> 168, 1, 1] bf16: 3 tiles) ran at 0.24x of eager
+# tiled, 1.54-3.57x through cuDNN; [32, 64 -> 256, 56, 56] (3136 tiles) is fastest tiled (H100,
+# bench/results/anytime_table-*, docs/RESULTS_LOG.md). 16 tiles: an H100's 132 SMs mostly idle.
+PW_MIN_TILES = 16
 
 def canonical(cp: ConvMatch, params: dict) -> dict:
     """params with the knobs of the path not taken at their defaults: the tiled kernel reads no

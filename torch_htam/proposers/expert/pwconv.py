@@ -34,6 +34,8 @@ result back to NCHW through shared memory.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from torch_htam.proposers.expert import host
@@ -77,6 +79,14 @@ def tensor_core_reason(cp: ConvMatch) -> str | None:
 def reason(cp: ConvMatch) -> str | None:
     """Why the tiled kernel cannot run this conv under its policy (None: it can)."""
     return unsupported_reason(cp) or tensor_core_reason(cp)
+
+
+def tiles(cp: ConvMatch, params: dict) -> int:
+    """Output tiles of the tiled kernel at the captured shape: ceil(K / bm) x ceil(pixels / bn),
+    the output [N, K, H, W] read from the epilogue's iteration space."""
+    shape = cp.epilogue.shape
+    pixels = math.prod(shape[:1] + shape[2:])
+    return -(-shape[1] // params["bm"]) * -(-pixels // params["bn"])
 
 
 def pixel_varying(prog, i: int) -> bool:
