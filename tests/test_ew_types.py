@@ -460,6 +460,12 @@ int main() {
   ex2.st[0][0] = 1; ex2.st[0][1] = 4;
   htam_order_by<1>(ex, 0);
   htam_order_by<1>(ex2, 0);
+  // gemm_layout's store maps order by htam_memory_order too: ConvNeXt's GEMM result stored
+  // permuted to [16, 96, 56, 56] channels-last; and a dim that repeats an element has no order
+  const int64_t psz[4] = {16, 96, 56, 56}, pst[4] = {301056, 1, 5376, 96}, rst[2] = {0, 1}, rsz[2] = {4, 8};
+  int po[4], ro[2];
+  const bool pok = htam_memory_order(pst, psz, 4, po), rok = htam_memory_order(rst, rsz, 2, ro);
+  printf("%d %d %d %d %d %d | ", (int)pok, po[0], po[1], po[2], po[3], (int)rok);
   printf("%d %d %lld %lld | %d %lld %lld %lld %lld %lld %lld | %lld %lld | %lld %lld %lld %lld\n",
          logical.ndim, s.ndim, (long long)s.size[0], (long long)s.st[2][0],
          se.ndim, (long long)se.size[0], (long long)se.size[1], (long long)se.size[2],
@@ -481,7 +487,9 @@ def test_a_space_walks_its_first_outputs_memory_order(tmp_path):
     exe = tmp_path / "h"
     subprocess.run([paths.nvcc_path(), "-std=c++17", f"-I{build.CSRC}", str(tmp_path / "h.cu"), "-o", str(exe)],
                    check=True, capture_output=True, text=True)
-    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
+    assert out[:7] == ["1", "0", "2", "3", "1", "0", "|"]      # n, h, w, c; the stride-0 dim: none
+    got = out[7:]
     logical, flat, n, inner = got[0:4]
     # walked in logical order the add keeps 3 dims (h and w merge), the innermost 96 elements
     # apart; in the output's memory order it is one unit-stride dim over all 16 x 96 x 56 x 56

@@ -389,6 +389,23 @@ static inline bool htam_bind_flat(const HtamTensor& t, const int64_t* it_sizes, 
   return acc == want;
 }
 
+// order[0, nd): the dims by the magnitude of their strides st, largest first, ties in their order
+// (a stable insertion sort): a tensor's memory order, outer to inner. False (order unset) where a
+// dim of size > 1 has stride 0 (an element repeated along it: no memory order).
+static inline bool htam_memory_order(const int64_t* st, const int64_t* size, int nd, int* order) {
+  for (int d = 0; d < nd; ++d) {
+    if (size[d] > 1 && st[d] == 0) return false;
+    order[d] = d;
+  }
+  for (int i = 1; i < nd; ++i)
+    for (int j = i; j > 0; --j) {
+      const int64_t a = st[order[j - 1]], b = st[order[j]];
+      if ((a < 0 ? -a : a) >= (b < 0 ? -b : b)) break;
+      const int t = order[j - 1]; order[j - 1] = order[j]; order[j] = t;
+    }
+  return true;
+}
+
 // Put the iteration dims in the memory order of entry `ref` (its strides non-increasing, outer to
 // inner; a stable sort, so ties keep their order), as PyTorch's TensorIterator orders a loop by its
 // output. Only for a space whose every output is a Space entry (stored through its strides, none
@@ -399,16 +416,8 @@ static inline bool htam_bind_flat(const HtamTensor& t, const int64_t* it_sizes, 
 // Left alone where `ref` repeats an element along a dim (stride 0, an expanded output).
 template <int NACC>
 static inline void htam_order_by(Space<NACC>& s, int ref) {
-  for (int d = 0; d < s.ndim; ++d)
-    if (s.size[d] > 1 && s.st[ref][d] == 0) return;
   int order[HTAM_MAX_DIMS];
-  for (int d = 0; d < s.ndim; ++d) order[d] = d;
-  for (int i = 1; i < s.ndim; ++i)      // insertion sort: by the stride's magnitude, largest first
-    for (int j = i; j > 0; --j) {
-      const int64_t a = s.st[ref][order[j - 1]], b = s.st[ref][order[j]];
-      if ((a < 0 ? -a : a) >= (b < 0 ? -b : b)) break;
-      const int t = order[j - 1]; order[j - 1] = order[j]; order[j] = t;
-    }
+  if (!htam_memory_order(s.st[ref], s.size, s.ndim, order)) return;
   Space<NACC> was = s;
   for (int d = 0; d < s.ndim; ++d) {
     s.size[d] = was.size[order[d]];
