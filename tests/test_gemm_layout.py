@@ -84,6 +84,13 @@ class ScaledBmmT(nn.Module):
         return torch.bmm(q, k.transpose(1, 2)) * (1.0 / math.sqrt(q.shape[-1]))
 
 
+class ScaledLinearToNCHW(nn.Module):
+    """ConvNeXt's block end: gamma * pwconv2(x) on [B, H, W, C], permuted back to [B, C, H, W]
+    (channels-last memory: the store walks the output's memory order, gemm_layout.cuh lay_order)."""
+    def forward(self, x, w, b, g):
+        return (g * F.linear(x, w, b)).permute(0, 3, 1, 2)
+
+
 def _cases(dtype=torch.float32, device="cpu") -> dict:
     def r(*s, scale=1.0):
         return torch.randn(*s, dtype=dtype, device=device) * scale
@@ -98,6 +105,7 @@ def _cases(dtype=torch.float32, device="cpu") -> dict:
         "attn_times_v_b2": (AttnTimesV(), [r(2, 4, 24, 24), r(2, 24, 64)]),
         "scaled_bmm_t": (ScaledBmmT(), [r(6, 24, 16), r(6, 24, 16)]),
         "repeat_kv": (RepeatKV(), [r(2, 24, 64), r(32, 64, scale=0.1)]),
+        "scaled_linear_to_nchw": (ScaledLinearToNCHW(), [r(2, 7, 9, 48), r(24, 48, scale=0.1), r(24), r(24)]),
     }
 
 
