@@ -415,9 +415,7 @@ def build_many(sources: list[str], arch: str | None = None, out_dir: str | Path 
         if problems:
             results[i] = BuildResult(False, None, h, "static check: " + "; ".join(problems))
         elif so.exists():
-            log = out_dir / f"{h}.log"
-            results[i] = BuildResult(True, str(so), h, cached=True,
-                                     resources=parse_ptxas(log.read_text(errors="replace")) if log.exists() else None)
+            results[i] = _cached(so)
         elif nvcc is None:
             results[i] = BuildResult(False, None, h, "nvcc not found: install the CUDA toolkit or set CUDA_HOME")
         else:
@@ -438,9 +436,7 @@ def build_many(sources: list[str], arch: str | None = None, out_dir: str | Path 
     for so, event in theirs.items():
         event.wait(max(timeout_s - (time.monotonic() - t0), 0.0))
         if so.exists():
-            log = out_dir / f"{so.stem}.log"
-            built[so.stem] = BuildResult(True, str(so), so.stem, cached=True,
-                                         resources=parse_ptxas(log.read_text(errors="replace")) if log.exists() else None)
+            built[so.stem] = _cached(so)
     if again := [todo[so.stem] for so in theirs if so.stem not in built]:
         left = max(timeout_s - (time.monotonic() - t0), 1.0)
         built.update(_compile(again, out_dir, nvcc, n_jobs, left, cancel, nice))
@@ -448,6 +444,13 @@ def build_many(sources: list[str], arch: str | None = None, out_dir: str | Path 
         for i in waiting[h]:
             results[i] = res
     return results  # type: ignore[return-value]
+
+
+def _cached(so: Path) -> BuildResult:
+    """A library already built (<hash>.so): its ptxas report from the log kept beside it."""
+    log = so.with_suffix(".log")
+    return BuildResult(True, str(so), so.stem, cached=True,
+                       resources=parse_ptxas(log.read_text(errors="replace")) if log.exists() else None)
 
 
 def build(source: str, **kw) -> BuildResult:
