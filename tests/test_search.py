@@ -503,3 +503,14 @@ def test_nothing_is_built_ahead_for_a_proposer_that_is_not_speculative_or_withou
     search_many(tasks, FakeProposer, ev, HTG.from_prior(), SearchConfig(steps=1), progress=False, time_budget_s=1e6)
     search_many(tasks, Speculative, ev, HTG.from_prior(), SearchConfig(steps=1), progress=False)
     assert ev.ahead == [] and "prebuild" not in ev.events
+
+
+def test_a_background_builder_that_fails_to_start_costs_the_search_nothing():
+    class Broken(Building):
+        def background_builder(self):
+            raise OSError("no nice here")
+
+    tasks = [make_task(f"t{i}", nbytes=10 ** (9 - i)) for i in range(3)]
+    results = search_many(tasks, Speculative, Broken(default=1.1), HTG.from_prior(), SearchConfig(steps=1),
+                          progress=False, time_budget_s=1e6)
+    assert all(r.best is not None for r in results.values())

@@ -381,10 +381,14 @@ def _prebuild(tasks, proposer_factory, evaluator, memory: HTG, cfg: SearchConfig
     gain: one task, an evaluator that builds elsewhere or offers no background builder, or a
     proposer whose proposals are not cheap to guess (Proposer.speculative)."""
     from torch_htam.prebuild import Prebuild, step0_guesser
-    builder = getattr(evaluator, "background_builder", lambda: None)()
-    if len(tasks) < 2 or builder is None or not getattr(proposer_factory(), "speculative", False):
+    try:
+        builder = getattr(evaluator, "background_builder", lambda: None)()
+        if len(tasks) < 2 or builder is None or not getattr(proposer_factory(), "speculative", False):
+            return None
+        guess = step0_guesser(proposer_factory, memory, lambda t, p, m: _step0_request(t, p, m, cfg, gpu))
+    except Exception as e:  # noqa: BLE001 - builds ahead are a speed-up: the search builds for itself
+        log.info("no builds ahead of the search (%s: %s)", type(e).__name__, e)
         return None
-    guess = step0_guesser(proposer_factory, memory, lambda t, p, m: _step0_request(t, p, m, cfg, gpu))
     # the first task's step 0 builds at once in the search itself
     return Prebuild(tasks[1:], guess, builder).start()
 
