@@ -38,6 +38,7 @@ from torch_htam.proposers.expert.ir import (
 )
 from torch_htam.proposers.expert.strategies import TaskFacts
 from torch_htam.proposers.expert.target import Target
+from torch_htam.task import TensorSpec
 
 aten = torch.ops.aten
 MAX_TPR = 32           # threads per window: at most a warp (the lanes reduce by shuffles)
@@ -83,7 +84,7 @@ class PoolMatch:
     in_shape: tuple[int, ...]
     outputs: list[tuple[str, tuple | None]]     # per region output: (dtype, expr) or ("int64", None) = indices
     facts: TaskFacts | None = None
-    channels_last: bool = False                 # the captured pool input steps by one along C
+    channels_last: bool = False                 # the captured pool input is stored channels-last
 
     @property
     def rank(self) -> int:
@@ -205,11 +206,9 @@ def match(gm, policy) -> PoolMatch:
 
 
 def _channels_last(node) -> bool:
-    """Whether a captured [N, C, ...] tensor steps by one element along C (channels-last memory)."""
+    """Whether a captured [N, C, H, W] tensor is stored channels-last (TensorSpec.channels_last)."""
     val = node.meta.get("val")
-    if val is None or val.dim() < 3 or val.shape[1] <= 1:
-        return False
-    return val.stride()[1] == 1
+    return val is not None and TensorSpec.of(val).channels_last
 
 
 def _batch_norm_leaf(low, node, amap) -> tuple:
