@@ -469,9 +469,7 @@ def run_rows(names: list[str], opts, run_one, keep=lambda rows: None, failed=Non
 
 # ---- summary and table -------------------------------------------------------------------------
 
-def geomean(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x is not None and x > 0]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+geomean = record.geomean    # (bench_serve reads it here)
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import subprocess
 import sys
@@ -19,6 +20,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().with_name("results")
+
+
+def geomean(xs: list[float]) -> float | None:
+    """The geometric mean of the positive values of xs (None and non-positive left out); None
+    where none is left."""
+    xs = [x for x in xs if x is not None and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
 def commit() -> str:

@@ -9,7 +9,7 @@ status, "vs_inductor" and "share_of_eager".
 """
 from __future__ import annotations
 
-import math
+from record import geomean   # (standard library only, as this module)
 
 HEADLINE = ("vs_compile", "vs_compile_ro", "vs_max_autotune")
 WAYS = {"latency": "", "throughput": "_b2b"}       # timing way -> the ratio fields' suffix
@@ -20,11 +20,6 @@ COLD_LIMIT_S = 600.0      # the issue: a cold optimize within 10 minutes
 def prefix(arm: str) -> str:
     """The prefix of an ours arm's report fields: none for ours (bench_serve's names), ours_ro_."""
     return "" if arm == "ours" else f"{arm}_"
-
-
-def geomean(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x is not None and x > 0]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
 def kept_any(row: dict) -> bool:

@@ -265,7 +265,7 @@ def _memory_order(prog: ExprProgram) -> str:
     which fixes the order."""
     if not prog.outputs or len(prog.strided_outputs) != len(prog.outputs) or any(o.broadcast for o in prog.outputs):
         return ""
-    first = len(prog.accesses) + len(prog.coords) + prog.strided_outputs.index(0)
+    first = len(prog.accesses) + len(prog.coords)    # Space entries: accesses, coordinates, outputs
     return f"\n  htam_order_by<NACC>(sp, {first});   // the first output's memory order"
 
 
