@@ -50,8 +50,12 @@ def searches(cache_root: Path) -> list[dict]:
         if not events:
             continue
         stamps = [datetime.datetime.fromisoformat(e["time"]).timestamp() for e in events if e.get("time")]
+        cands = [e for e in events if e.get("event") == "candidate"]
         row = {"task": events[0].get("task"), "started": min(stamps, default=None), "ended": max(stamps, default=None),
-               "build_s": sum(e.get("build_s") or 0.0 for e in events if e.get("event") == "candidate")}
+               "build_s": sum(e.get("build_s") or 0.0 for e in cands),
+               # the worker's seconds by part (evaluation.Evaluation.job_s), summed over candidates
+               "job_s": {k: round(sum((e.get("job_s") or {}).get(k) or 0.0 for e in cands), 2)
+                         for k in sorted({k for e in cands for k in (e.get("job_s") or {})})}}
         for e in events:
             if e.get("event") == "summary":
                 row.update({k: e.get(k) for k in ("stop", "candidates", "correct", "best_speedup", "wall_s")})
@@ -121,7 +125,7 @@ def main() -> int:
         for s in r["searches"]:
             print(f"  {s['started']:>7}-{s['ended']:<7} s  {str(s['task'])[:48]:48} {s.get('stop')} "
                   f"cands {s.get('candidates')} ok {s.get('correct')} best {s.get('best_speedup')} "
-                  f"build {s['build_s']:.1f} s", flush=True)
+                  f"build {s['build_s']:.1f} s job {s['job_s']}", flush=True)
         if not a.no_record:   # NOTE: written after every model, so a cut run keeps what it measured
             path = record.write("optimize_time", {"rows": rows}, path=path)
         torch.cuda.empty_cache()

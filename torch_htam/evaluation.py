@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import functools
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -78,6 +79,10 @@ class Evaluation:
     # uses, and the bytes they spill (None where the build log had no ptxas report)
     registers: int | None = None
     spill_bytes: int | None = None
+    # wall seconds of the worker's job by part: "verify", "time" (candidate and eager reference),
+    # "inductor" (the reference compiled by torch.compile and its first call, where asked) and
+    # "inductor_time"; where a task's search time goes
+    job_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def faster(self) -> bool:
@@ -287,17 +292,20 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     except Exception as e:
         return {"reason": "load_error", "detail": f"{type(e).__name__}: {str(e)[:500]}"}
     ref = _reference_model(task.source, task.name)
+    t0 = time.perf_counter()
     # a static task gets verify's verdict; a ranged one is judged per bucket over its range
     v = verify_range(task, kernel, ref, policy, seeds=tuple(job.get("seeds", (0, 1, 2))))
     ok, reason, detail, errs = v.ok, v.reason, v.detail, v.errs
+    job_s = {"verify": time.perf_counter() - t0}
     res = {"correct": ok, "reason": reason, "detail": detail, "max_abs_err": errs.get("max_abs_err"),
            "max_rel_err": errs.get("max_rel_err"), "shapes_checked": errs.get("shapes", []),
-           "buckets": [[b.input, b.dim, b.low, b.high] for b in v.kept]}
+           "buckets": [[b.input, b.dim, b.low, b.high] for b in v.kept], "job_s": job_s}
     if reason == "crash":
         return {**res, "exit": True}
     if ok and job.get("time", True):
         try:
-            res.update(_time(task, kernel, ref, policy, job.get("inductor", False), job.get("retime", False)))
+            res.update(_time(task, kernel, ref, policy, job.get("inductor", False), job.get("retime", False),
+                             job_s))
             if res["correct"] and v.kept:   # a ranged task: its kept buckets must also be won
                 res.update(_time_buckets(task, kernel, ref, policy, job.get("inductor", False), v))
         except Exception as e:   # torch.AcceleratorError on recent torch, RuntimeError before
@@ -397,9 +405,14 @@ class _Times:
     retime: Any = None
 
 
-def _time_at(task, kernel, ref, policy, shapes, inductor: bool = False, retime: bool = False) -> _Times:
+def _time_at(task, kernel, ref, policy, shapes, inductor: bool = False, retime: bool = False,
+             job_s: dict | None = None) -> _Times:
     """Candidate and references timed in this process on the same inputs of `shapes` ((input
-    shapes, output shapes), as verify's shape sets); raises _Refused if the kernel declines them."""
+    shapes, output shapes), as verify's shape sets); raises _Refused if the kernel declines them.
+    job_s: where given, gets the seconds of "time", "inductor" (compile and first call) and
+    "inductor_time" added."""
+    job_s = {} if job_s is None else job_s
+    t0 = time.perf_counter()
     import torch
     from torch_htam import timing
     from torch_htam.policy import tf32_switches
@@ -417,22 +430,34 @@ def _time_at(task, kernel, ref, policy, shapes, inductor: bool = False, retime: 
     # NOTE: the reference runs as the user would run it: TF32 exactly when the policy allows it.
     with tf32_switches(policy.allow_tf32), torch.no_grad():
         r = timing.time_fn(lambda s: ref(*s[0]), make_set)
-        c = None
+        c, compile_s, compiled_s = None, 0.0, 0.0
         if inductor:
+            t1 = time.perf_counter()
             compiled = _compiled_reference(task.source, task.name)
+            compiled(*make_set()[0])   # compiles here, once per worker and task
+            t2 = time.perf_counter()
             c = timing.time_fn(lambda s: compiled(*s[0]), make_set)
+            compile_s, compiled_s = t2 - t1, time.perf_counter() - t2
+            _add(job_s, "inductor", compile_s)
+            _add(job_s, "inductor_time", compiled_s)
     k2 = timing.time_fn(lambda s: kernel(s[0], s[1]), make_set) if retime else None
+    _add(job_s, "time", time.perf_counter() - t0 - compile_s - compiled_s)
     return _Times(k, r, c, k2)
 
 
-def _time(task, kernel, ref, policy, inductor: bool = False, retime: bool = False) -> dict[str, Any]:
+def _add(d: dict, key: str, seconds: float) -> None:
+    d[key] = d.get(key, 0.0) + seconds
+
+
+def _time(task, kernel, ref, policy, inductor: bool = False, retime: bool = False,
+          job_s: dict | None = None) -> dict[str, Any]:
     """Candidate and reference (and with `inductor` the compiled reference) timed in this process
     on the same inputs at the task's shapes; roofline check. retime: the candidate timed once more,
     after the reference (an independent second figure: retime_ms)."""
     from torch_htam import timing
     shapes = ([s.shape for s in task.inputs], [s.shape for s in task.outputs])
     try:
-        t = _time_at(task, kernel, ref, policy, shapes, inductor, retime)
+        t = _time_at(task, kernel, ref, policy, shapes, inductor, retime, job_s)
     except _Refused as e:
         return {"correct": False, "reason": "launch_error", "detail": str(e)}
     k, r, c, k2 = t.kernel, t.ref, t.compiled, t.retime

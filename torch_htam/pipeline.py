@@ -73,6 +73,10 @@ class SearchedLog:
         return f"no kernel: the best verified one was {best:.2f}x of eager"
 
 
+# The report's phase for confirming the search's winners (inside "search"'s time, not beside it).
+CONFIRM_PHASE = "search: confirming winners"
+
+
 def _confirm(evaluator, task, best, inductor: bool = False):
     """A fresh verification + timing of the search's winner, or None if it fails now. inductor:
     time the region under torch.compile too (the bar inside a compiled model).
@@ -103,6 +107,8 @@ class _Keeper:
     cfg: OptimizeConfig
     gpu_name: str
     save_memory: Any                                        # () -> None
+    # the optimize run's Deadline.phase: a confirmation's wall time is reported as its own phase
+    phase: Any = lambda name: contextlib.nullcontext()
     checked: dict = field(default_factory=dict)             # {signature: sources confirmed}
     confirmed: dict = field(default_factory=dict)           # {signature: best confirmed Evaluation}
     cached: set = field(default_factory=set)                # signatures cached by this run
@@ -112,7 +118,8 @@ class _Keeper:
         sig, best = task.signature, result.best
         if best is not None and best.source not in self.checked.setdefault(sig, set()):
             self.checked[sig].add(best.source)
-            ev = _confirm(self.evaluator, task, best, self.cfg.compile)
+            with self.phase(CONFIRM_PHASE):
+                ev = _confirm(self.evaluator, task, best, self.cfg.compile)
             old = self.confirmed.get(sig)
             if ev is not None and (old is None or ev.speedup > old.speedup):
                 self.confirmed[sig] = ev
@@ -132,7 +139,7 @@ class _Keeper:
 
 
 def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog, evaluator,
-            budget_s: float | None, weights: dict[str, float] | None = None) -> dict:
+            budget_s: float | None, weights: dict[str, float] | None = None, phase=None) -> dict:
     """Search kernels for the cache misses within budget_s; returns {signature: SearchResult}.
     Found kernels that verify and win are written to the cache as each task finishes (nothing
     lost on interruption); builds and worker jobs in flight end at the evaluator's deadline."""
@@ -153,7 +160,8 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog, evalu
                         memory=cfg.memory, max_wall_s=cfg.task_time_s, prebuild=cfg.prebuild)
     traj = Path(cfg.trajectory_dir) if cfg.trajectory_dir else paths.arch_dir(gpu.arch) / "trajectories"
 
-    keep = _Keeper(evaluator, cache, searched, cfg, gpu.name, lambda: memory.save(memory_path))
+    keep = _Keeper(evaluator, cache, searched, cfg, gpu.name, lambda: memory.save(memory_path),
+                   **({"phase": phase} if phase else {}))
     return search_many(tasks, lambda: proposer, evaluator, memory, scfg, trajectory_dir=traj,
                        progress=cfg.progress, time_budget_s=budget_s, on_result=keep, weights=weights)
 
@@ -356,7 +364,7 @@ class _Run:
                 until = Deadline(budget) if budget is not None else self.deadline
                 with self.deadline.phase("search"), _examples(self.found, misses), self.evaluator.until(until):
                     self.results = _search(misses, self.cfg, self.gpu, self.cache, self.searched,
-                                           self.evaluator, budget, self.weights)
+                                           self.evaluator, budget, self.weights, self.deadline.phase)
         self.kernels = {t.signature: e for t in tasks
                         if why_not(e := self.cache.get(t.signature), t, self.cfg.min_speedup) is None}
         if self.cfg.compile and self.kernels:

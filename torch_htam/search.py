@@ -340,7 +340,8 @@ class _Loop:
                         detail=(ev.detail or "")[:DETAIL_CHARS], speedup=_r(ev.speedup),
                         kernel_ms=_r(ev.kernel_ms), roofline=_r(ev.roofline_fraction),
                         gain=_r(outcome.gain), best=became, origin=cand.origin,
-                        build_s=_r(getattr(ev, "build_s", None)))
+                        build_s=_r(getattr(ev, "build_s", None)),
+                        job_s={k: _r(v) for k, v in (getattr(ev, "job_s", None) or {}).items()})
         return became and outcome.success
 
     def stop_reason(self) -> str | None:
