@@ -253,6 +253,33 @@ def test_a_failing_trial_compile_is_dropped_not_the_run(stand_ins, monkeypatch):
     assert on_compile(model) and d.outcome is Outcome.COMPILE and model.htam_report.note
 
 
+@pytest.mark.parametrize("second_ms, kept", [(0.5, True), (1.0, False), (1.3, False)])
+def test_a_kernel_choice_stays_only_if_it_beats_the_floor_when_timed_again(stand_ins, monkeypatch,
+                                                                           second_ms, kept):
+    """The kernels arm wins its trial (0.5 ms against the floor's 1.0); timed again beside the
+    floor it is kept only if it still wins there, else the floor stays and the report says why."""
+    model, x = Block().eval(), torch.randn(4, 8, 32)
+    found = extract(model, (x,))
+    kernels = {t.signature: StandIn(t) for t in found.tasks}
+    sigs = list(kernels)
+    timed = {}
+
+    def ms_of(a):
+        if a.kind is not ArmKind.KERNELS:
+            return {ArmKind.ORIGINAL: 2.0, ArmKind.REPLAY: 2.0}.get(a.kind, 1.0)
+        timed[id(a)] = timed.get(id(a), 0) + 1
+        return 0.5 if timed[id(a)] == 1 else second_ms
+    fake_timing(monkeypatch, ms_of)
+    with torch.no_grad():
+        d = decide.decide(model, (x,), _cfg(), found, kernels, Deadline(), ranked=sigs, every=sigs)
+    assert max(timed.values()) == 2              # the chosen arm was timed a second time
+    if kept:
+        assert d.outcome is Outcome.KERNELS and d.chosen.kind is ArmKind.KERNELS
+    else:
+        assert d.outcome is Outcome.COMPILE and d.chosen.kind is ArmKind.COMPILE
+        assert "not confirmed" in d.reason
+
+
 class Breaks(nn.Module):
     """A forward with a graph break: its frames (forward, its resume) are the user's code objects."""
 
