@@ -127,7 +127,8 @@ def test_the_keeper_confirms_each_winner_once_and_never_caches_a_slower_one(tmp_
     """search_many hands a task on twice under a time budget (cover pass, then deepening): the
     same winner is confirmed once, a partial result logs nothing, a new winner that re-times
     slower than the cached one leaves the cache alone, and a finished task without a kernel is
-    logged with its confirmed speedup."""
+    logged with its confirmed speedup; a winner under min_speedup in the search itself is not
+    confirmed (it could not be cached) and is logged with the search's figure."""
     from torch_htam.evaluation import Evaluation
     from torch_htam.pipeline import SearchedLog, _Keeper
     from torch_htam.search import Best, SearchResult
@@ -151,8 +152,8 @@ def test_the_keeper_confirms_each_winner_once_and_never_caches_a_slower_one(tmp_
         def put(self, task, source, so_path, ev, meta):
             self.put_sources.append((task.name, source, ev.speedup))
 
-    def result(task, source, partial, stop="steps"):
-        best = Best(source, [], {}, Evaluation(True, "ok", speedup=9.9)) if source else None
+    def result(task, source, partial, stop="steps", search_x=9.9):
+        best = Best(source, [], {}, Evaluation(True, "ok", speedup=search_x)) if source else None
         return SearchResult(task.name, task.signature, best=best, stop=stop, partial=partial)
 
     ev, cache, saved = Confirm(), Cache(), []
@@ -166,11 +167,14 @@ def test_the_keeper_confirms_each_winner_once_and_never_caches_a_slower_one(tmp_
     keep(c, result(c, "slow", True))         # below min_speedup; partial: nothing logged yet
     assert searched.why_not("sig-c", 1.03) is None
     keep(c, result(c, "slow", False, stop="stagnation"))
+    d = make_task("d")                       # under min_speedup in the search itself: not confirmed
+    keep(d, result(d, "loser", False, stop="stagnation", search_x=1.02))
     assert ev.sources == ["k1", "k3", "k2", "slow"]
     assert cache.put_sources == [("a", "k1", 1.5), ("b", "k3", 1.6)]
     assert searched.why_not("sig-a", 1.03) is None and searched.why_not("sig-b", 1.03) is None
     assert "1.01x of eager" in searched.why_not("sig-c", 1.03)
-    assert len(saved) == 6
+    assert "1.02x of eager" in searched.why_not("sig-d", 1.03)
+    assert len(saved) == 7
 
 
 def test_the_report_says_when_the_time_budget_left_a_task_without_a_kernel(tmp_path):

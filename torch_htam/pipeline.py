@@ -100,6 +100,11 @@ class _Keeper:
     NOTE: a kernel that beats eager but not Inductor's code for its region is cached too: the
     end-to-end guard tries it inside the compiled model, where host time per call can decide
     (_install_compiled); alone, the backend leaves it out (inductor.beats_inductor).
+
+    NOTE: a winner whose search speedup is under min_speedup is not confirmed: a confirmation only
+    lowers the search's figure (the winner's curse), so it could not be cached, and it costs a
+    compile of the region (torch.compile in the worker): 3.5 s a task of ResNet-18 bf16's search,
+    more than verifying and timing its four candidates (H100, optimize_time-20261127-092724).
     """
     evaluator: Any
     cache: Any
@@ -116,7 +121,8 @@ class _Keeper:
     def __call__(self, task, result) -> None:
         from torch_htam.policy import policy_for
         sig, best = task.signature, result.best
-        if best is not None and best.source not in self.checked.setdefault(sig, set()):
+        if (best is not None and best.speedup >= self.cfg.min_speedup
+                and best.source not in self.checked.setdefault(sig, set())):
             self.checked[sig].add(best.source)
             with self.phase(CONFIRM_PHASE):
                 ev = _confirm(self.evaluator, task, best, self.cfg.compile)
@@ -133,8 +139,10 @@ class _Keeper:
         if (sig not in self.cached and not result.partial and not result.stop.startswith("error")
                 and result.stop != "time_budget"):
             ev = self.confirmed.get(sig)
-            self.searched.add(sig, self.cfg, result.stop, ev.speedup if ev is not None else None,
-                              policy_for(task).name, ev.compile_speedup if ev is not None else None)
+            # unconfirmed (under min_speedup in the search): the search's own figure
+            best_x = ev.speedup if ev is not None else best.speedup if best is not None else None
+            self.searched.add(sig, self.cfg, result.stop, best_x, policy_for(task).name,
+                              ev.compile_speedup if ev is not None else None)
         self.save_memory()   # experience persists task by task
 
 
