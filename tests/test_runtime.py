@@ -516,3 +516,14 @@ def test_suspended_runs_the_original_and_puts_everything_back():
     with attach.suspended(model):
         assert "forward" not in model.__dict__
     assert model.forward is fwd
+
+
+def test_the_report_shows_a_phases_part_inside_its_whole():
+    """'search: confirming winners' is time inside 'search' (a phase within a phase): the report
+    shows it there, not as more time beside it; 'decide: compile' has no 'decide' phase and stays."""
+    from torch_htam.report import Report
+    rep = Report(phases={"capture": 1.5, "decide: compile": 13.0, "search: confirming winners": 20.0,
+                         "search": 60.0})
+    line = next(x for x in rep.format().splitlines() if x.strip().startswith("time:"))
+    assert line.strip() == ("time: capture 1.5 s, decide: compile 13.0 s, "
+                            "search 60.0 s (confirming winners 20.0 s)")

@@ -80,7 +80,7 @@ class Report:
         if self.note:
             lines.append(f"  note: {self.note}")
         if self.phases:
-            lines.append("  time: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.phases.items()))
+            lines.append("  time: " + format_phases(self.phases))
         for s in self.skipped:
             lines.append(f"  skipped: {s}")
         for s in getattr(self.decision, "host_notes", None) or ():
@@ -107,3 +107,24 @@ class Report:
                     else "cost unknown (no prices set)")
             lines.append(f"  LLM: {int(self.usage['requests'])} requests, {int(tokens)} tokens, {cost}")
         return "\n".join(lines)
+
+
+def format_phases(phases: dict[str, float]) -> str:
+    """Phase seconds in order, a part ("search: confirming winners") inside its whole ("search")
+    where the whole is a phase too, its seconds being counted in the whole's:
+
+        >>> format_phases({"capture": 1.6, "search: confirming winners": 21.2, "search": 60.0})
+        'capture 1.6 s, search 60.0 s (confirming winners 21.2 s)'
+    """
+    parts: dict[str, list[str]] = {}
+    for k, v in phases.items():
+        whole, _, part = k.partition(": ")
+        if part and whole in phases:
+            parts.setdefault(whole, []).append(f"{part} {v:.1f} s")
+    out = []
+    for k, v in phases.items():
+        whole, _, part = k.partition(": ")
+        if part and whole in phases:
+            continue
+        out.append(f"{k} {v:.1f} s" + (f" ({', '.join(parts[k])})" if k in parts else ""))
+    return ", ".join(out)
