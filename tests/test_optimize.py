@@ -78,7 +78,7 @@ def test_one_evaluator_from_the_floor_to_the_search_and_gone_before_the_decision
         def __exit__(self, *exc):
             events.append("workers stop")
 
-    def search(tasks, cfg, gpu_, cache, searched, evaluator, budget_s, weights, phase=None):
+    def search(tasks, cfg, gpu_, cache, searched, evaluator, budget_s, weights, phase):
         events.append(("search", isinstance(evaluator, FakeEvaluator), set(weights) == {t.signature for t in tasks}))
         return {}
 

@@ -413,7 +413,7 @@ class Trials:
         chosen = [floor] if best is floor else [floor, *([base] if base not in (floor, best) else []), best]
         if self.time([*chosen, *rivals]):
             best, other_why = self.confirmed(chosen)
-            why = why if other_why is None else other_why
+            why = other_why or why
             faster = [r for r in rivals if better(best.times, r.times)]
             if faster:
                 r = max(faster, key=lambda a: ratio(best, a))

@@ -113,7 +113,7 @@ class _Keeper:
     gpu_name: str
     save_memory: Any                                        # () -> None
     # the optimize run's Deadline.phase: a confirmation's wall time is reported as its own phase
-    phase: Any = lambda name: contextlib.nullcontext()
+    phase: Any = contextlib.nullcontext
     checked: dict = field(default_factory=dict)             # {signature: sources confirmed}
     confirmed: dict = field(default_factory=dict)           # {signature: best confirmed Evaluation}
     cached: set = field(default_factory=set)                # signatures cached by this run
@@ -147,7 +147,8 @@ class _Keeper:
 
 
 def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog, evaluator,
-            budget_s: float | None, weights: dict[str, float] | None = None, phase=None) -> dict:
+            budget_s: float | None, weights: dict[str, float] | None = None,
+            phase=contextlib.nullcontext) -> dict:
     """Search kernels for the cache misses within budget_s; returns {signature: SearchResult}.
     Found kernels that verify and win are written to the cache as each task finishes (nothing
     lost on interruption); builds and worker jobs in flight end at the evaluator's deadline."""
@@ -168,8 +169,7 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog, evalu
                         memory=cfg.memory, max_wall_s=cfg.task_time_s, prebuild=cfg.prebuild)
     traj = Path(cfg.trajectory_dir) if cfg.trajectory_dir else paths.arch_dir(gpu.arch) / "trajectories"
 
-    keep = _Keeper(evaluator, cache, searched, cfg, gpu.name, lambda: memory.save(memory_path),
-                   **({"phase": phase} if phase else {}))
+    keep = _Keeper(evaluator, cache, searched, cfg, gpu.name, lambda: memory.save(memory_path), phase)
     return search_many(tasks, lambda: proposer, evaluator, memory, scfg, trajectory_dir=traj,
                        progress=cfg.progress, time_budget_s=budget_s, on_result=keep, weights=weights)
 
