@@ -559,6 +559,29 @@ def test_keep_reexport_hands_inductor_the_reexported_graph_with_no_kernel(mlp):
         torch.testing.assert_close(ours(x), model(x))
 
 
+@pytest.mark.parametrize("with_kernels", [False, True])
+def test_the_reexported_graph_costs_no_pytree_work_per_call(mlp, monkeypatch, with_kernels):
+    """Inductor runs a graph that keeps torch.export's pytree codegen behind a wrapper that
+    flattens its inputs and rebuilds its outputs on every call (about 1.3 us an input in Python;
+    a model's parameters are inputs). The backend's re-exported graph, kernels swapped in or
+    none, has none of it, and its outputs stay those of the model."""
+    from torch.utils import _pytree as pytree
+    model, x, found, kernels = mlp
+    torch._dynamo.reset()
+    b = (backend.HtamBackend(kernels, provider=PROVIDER) if with_kernels
+         else backend.HtamBackend({}, keep_reexport=True))
+    with torch.inference_mode():
+        compiled = backend.compile_with(model, b)
+        compiled(x)                                    # compiles
+        calls = []
+        real = pytree.arg_tree_leaves
+        monkeypatch.setattr(pytree, "arg_tree_leaves", lambda *a, **k: calls.append(1) or real(*a, **k))
+        out = [compiled(x) for _ in range(3)]
+    assert not calls and (b.handles or not with_kernels)
+    torch.testing.assert_close(out[-1], model(x))
+    torch._dynamo.reset()
+
+
 class Branchy(nn.Module):
     """torch.export cannot take it (a branch on a tensor's value); Dynamo breaks the graph there."""
 
