@@ -320,6 +320,25 @@ def test_a_source_another_call_is_building_is_waited_for_not_built_twice(tmp_pat
     assert build._BUILDING == {}
 
 
+def test_a_library_another_call_finished_after_this_one_looked_is_not_built_again(tmp_path, monkeypatch):
+    """Another call (a background build) finishes a library between this call's look for it and
+    its claim: this call takes it as built instead of compiling the source again."""
+    monkeypatch.setattr(build.paths, "nvcc_path", lambda: "/usr/bin/nvcc-stand-in")
+    monkeypatch.setattr(build.paths, "nvcc_version", lambda: "13.0")
+    compiled = []
+    monkeypatch.setattr(build, "_compile", lambda jobs, *a, **k: compiled.extend(jobs) or {})
+    a = sample("add_f32.cu")
+    so = tmp_path / f"{build.source_hash(a, 'sm_90a')}.so"
+
+    def search_flags(src):             # runs after the look: the other call's library lands now
+        so.write_bytes(b"lib")
+        return [], ""
+    monkeypatch.setattr(build, "_search_flags", search_flags)
+    res = build.build_many([a], arch="sm_90a", out_dir=tmp_path)
+    assert not compiled and res[0].ok and res[0].cached and res[0].so_path == str(so)
+    assert build._BUILDING == {}
+
+
 # nvcc 13's ptxas -v report for two kernels (build.REPORT_FLAGS), as a build log keeps it
 PTXAS_LOG = """ptxas info    : 0 bytes gmem
 ptxas info    : Compiling entry function '_Z3bigILi300EEvPf' for 'sm_90a'

@@ -368,13 +368,16 @@ _BUILDING_LOCK = threading.Lock()
 
 
 def _claim(sos: list[Path]) -> tuple[list[Path], dict[Path, threading.Event]]:
-    """(the .so paths this call compiles, {path: event} of those another call compiles now)."""
+    """(the .so paths this call compiles, {path: event} of those another call compiles now). A
+    path another call finished since the caller looked for it is in neither: it exists now.
+    NOTE: without that look under the lock, a search that looked just before a background build
+    released its claim compiled the same source again (tests/test_prebuild.py, a loaded CI host)."""
     mine, theirs = [], {}
     with _BUILDING_LOCK:
         for so in sos:
             if so in _BUILDING:
                 theirs[so] = _BUILDING[so]
-            else:
+            elif not so.exists():
                 _BUILDING[so] = threading.Event()
                 mine.append(so)
     return mine, theirs
@@ -435,7 +438,8 @@ def build_many(sources: list[str], arch: str | None = None, out_dir: str | Path 
         _release(mine)
     for so, event in theirs.items():
         event.wait(max(timeout_s - (time.monotonic() - t0), 0.0))
-        if so.exists():
+    for so in (out_dir / f"{h}.so" for h in todo):
+        if so.stem not in built and so.exists():   # another call's: waited for, or done before the claim
             built[so.stem] = _cached(so)
     if again := [todo[so.stem] for so in theirs if so.stem not in built]:
         left = max(timeout_s - (time.monotonic() - t0), 1.0)
