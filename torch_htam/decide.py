@@ -1,8 +1,10 @@
 """The one decision: what runs the user's model, chosen from arms timed side by side.
 
-Arms (ArmKind): torch.compile of the model as nn.Module.compile traces it (the floor), Inductor on
-our re-exported graph, torch.compile with a subset of our kernels inside Inductor's graph, the
-replay of the captured graph with our kernels, and the model's original forward. Each arm is
+Arms (ArmKind): torch.compile of the model as nn.Module.compile traces it (the floor), the same
+with Inductor's C++ wrapper (on a GPU, without CUDA graphs), Inductor on our re-exported graph,
+torch.compile with channels-last convs (symbolic conv sizes), torch.compile with a subset of our
+kernels inside Inductor's graph (built on the fastest of those), the replay of the captured graph
+with our kernels, and the model's original forward. Each arm is
 built and warmed in its own try: an arm that fails (a compile error, a kernel that fails at run
 time) is dropped with its reason, never the run.
 
@@ -55,6 +57,16 @@ TRIAL_RECOMPILE_LIMIT = 64
 # bench/results). The decision times it as one more arm: the issue it was turned off for may bite
 # another model.
 LAYOUT_OPTIONS = {"force_layout_optimization": True}
+# Inductor's C++ wrapper: the compiled graph's kernels launched from generated C++ instead of
+# generated Python. Where a model's calls take more host time than GPU time it is most of the call:
+# on an H200, torch.compile default ran ConvNeXt-T / ViT-B / MobileNetV3 bf16 and T5 fp32 at 3.30 /
+# 2.53 / 2.66 / 4.31 ms a call with it off and 2.11 / 2.10 / 1.78 / 2.76 ms with it on, at equal
+# device time (host_wrapper-20261127-124521). Its compile took 1.3-1.9x the Python wrapper's (5x
+# the first time on a machine: its precompiled header). Offered where the mode has no CUDA graphs
+# (they take the host out of the call already).
+WRAPPER_OPTIONS = {"cpp_wrapper": True}
+WRAPPER_COMPILE = 2.0          # its compile against the floor's, for the time it is expected to take
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 # first_trial_s's estimate times this: a compile is not the floor's twin, and a host busy after
 # the search times slower than the floor's second call. NOTE: a Swin-T bf16 (H100, budget 120)
 # kept 33.5 s for its first kernel trial; after the floor's timing 31.5 s were left, against 32.2 s
@@ -68,6 +80,7 @@ class ArmKind(enum.Enum):
     COMPILE = "torch.compile"
     REEXPORT = "Inductor on our re-exported graph"
     LAYOUT = "torch.compile with channels-last convs"   # LAYOUT_OPTIONS on a graph of symbolic convs
+    WRAPPER = "torch.compile with Inductor's C++ wrapper"  # WRAPPER_OPTIONS, modes without CUDA graphs
     KERNELS = "torch.compile with our kernels"
     REPLAY = "replay of the captured graph with our kernels"
     ORIGINAL = "the original forward"
@@ -79,6 +92,7 @@ class Outcome(enum.Enum):
     COMPILE = "torch.compile"            # the floor: no arm beat it
     REEXPORT = "reexport"                # Inductor on our re-exported graph, no kernel
     LAYOUT = "channels-last convs"       # torch.compile with LAYOUT_OPTIONS, no kernel
+    WRAPPER = "C++ wrapper"              # torch.compile with WRAPPER_OPTIONS, no kernel
     REPLAY = "replay"                    # the captured graph with our kernels, op by op
     ORIGINAL_FASTER = "original"         # the original forward beat torch.compile
     ORIGINAL = "original forward"        # compile=False: no replay beat the original forward
@@ -247,6 +261,8 @@ class Trials:
     untried: int = 0            # kernels that beat Inductor's code, left out of every trial for time
     keep_s: float = 0.0         # seconds the optional arms and a wait for a quiet host leave for
                                 # the kernel trial to come
+    trial_compile_s: float = 0.0   # what a kernel arm is expected to compile in: its base's own
+                                   # setup (base()); 0 before, where the floor's compile stands for it
 
     # -- the phases ------------------------------------------------------------------------------
 
@@ -261,20 +277,41 @@ class Trials:
 
     def reserve_s(self, n_tasks: int) -> float:
         """Seconds to keep for finish() after the search: a compile like the floor's per trial
-        arm, and the timing of every arm, for the trials n_tasks kernels could bring."""
+        arm (WRAPPER_COMPILE times it for the C++ wrapper's arm and the kernel arms built on it),
+        and the timing of every arm, for the trials n_tasks kernels could bring."""
         if not self.cfg.compile:
             return self.timing_s(2 * min(n_tasks, 4) + 1)
         trials = 1 + min(n_tasks, 4) + (1 if n_tasks else 0)   # re-export, kernel subsets, replay
         trials += 1 if self.cfg.dynamic else 0                 # channels-last convs (base())
         high_end = 2 if self.cfg.dynamic else 0                # base()'s layout arm at the high end
+        wrapper = self.wrapper_offered()
+        compile_s = trials * self.compile_s * (WRAPPER_COMPILE if wrapper else 1.0)
+        compile_s += WRAPPER_COMPILE * self.compile_s if wrapper else 0.0
         # against_eager's timing: the floor, the base, the choice, the original forward, the replay
-        return trials * self.compile_s + self.timing_s(2 + 2 * (trials - 1) + 5 + high_end)
+        return compile_s + self.timing_s(2 + 2 * (trials - 1 + wrapper) + 5 + high_end)
 
     def first_trial_s(self) -> float:
-        """Seconds for the one trial that can keep a kernel: the floor timed, then a kernels arm
-        compiled like the floor and timed against it, then both timed again beside the original
-        forward (against_eager's confirmation), with TRIAL_MARGIN."""
-        return TRIAL_MARGIN * (self.compile_s + self.timing_s(6))
+        """Seconds for the one trial that can keep a kernel: the floor timed (beside the C++
+        wrapper's arm, compiled for it, where offered), then a kernels arm compiled like the base
+        and timed against it, then both timed again beside the original forward (against_eager's
+        confirmation), with TRIAL_MARGIN."""
+        if not self.wrapper_offered():
+            return self.kernel_trial_s(self.compile_s)
+        return self.kernel_trial_s(WRAPPER_COMPILE * self.compile_s) + \
+            TRIAL_MARGIN * (WRAPPER_COMPILE * self.compile_s + self.timing_s(2))
+
+    def kernel_trial_s(self, compile_s: float) -> float:
+        """One kernel arm compiled in compile_s, timed beside the base, then confirmed beside the
+        floor and the original forward (timing_s(6)), with TRIAL_MARGIN."""
+        return TRIAL_MARGIN * (compile_s + self.timing_s(6))
+
+    def wrapper_offered(self) -> bool:
+        """Whether base() tries Inductor's C++ wrapper: on a GPU (what it saves is the host's time
+        launching GPU kernels), in the modes without CUDA graphs, where the end-to-end check times
+        arms at all."""
+        from torch_htam.timing import on_cuda
+        return (self.cfg.compile and self.cfg.check_end_to_end and self.cfg.mode not in CUDAGRAPH_MODES
+                and on_cuda(self.inputs))
 
     def finish(self, found, kernels: dict, ranked: list[str], every: list[str]) -> Decision:
         self.found, self.kernels = found, kernels
@@ -314,7 +351,7 @@ class Trials:
                 break
             self.keep_s = 0.0   # the trial kept for is this one
             arm = self.ready(Arm(ArmKind.KERNELS, subset, keep_reexport=base.kind is ArmKind.REEXPORT,
-                                 options=dict(base.options)))
+                                 options=self.kernel_options(base)))
             if arm.error or not self.time([base, arm]):
                 continue
             # the first trial's own timing (base is timed again with later arms)
@@ -349,18 +386,27 @@ class Trials:
     # -- steps -----------------------------------------------------------------------------------
 
     def base(self, floor: Arm) -> Arm | None:
-        """The fastest of torch.compile, Inductor on our re-exported graph and, where the graphs
+        """The fastest of torch.compile, torch.compile with Inductor's C++ wrapper
+        (WRAPPER_OPTIONS, wrapper_offered), Inductor on our re-exported graph and, where the graphs
         hold convs of symbolic sizes, torch.compile with channels-last convs (LAYOUT_OPTIONS),
-        timed together: an arm replaces the floor where it beats it beyond noise. The re-export
+        timed together: an arm replaces the floor where it beats it beyond noise, and the kernel
+        arms are built on it (its options, its re-export). The re-export
         folds constant attention masks; on an H100 it alone made a Llama-style model 1.10x faster
         than torch.compile in reduce-overhead mode (scripts/probe_graph.py). The optional arms
         leave self.keep_s seconds for what comes after (one kernel trial, where kernels beat
         Inductor's code: an arm with kernels measured faster than Inductor's code for their
         regions comes before arms not measured at all)."""
         arms = [floor]
-        if self.single_graph() and self.affords(2, self.keep_s):
+        if self.wrapper_offered() and self.keep_s:
+            # the kernel trial to come is built on it, where it wins: one compiled like it
+            keep = self.kernel_trial_s(WRAPPER_COMPILE * self.compile_s)
+        else:
+            keep = self.keep_s
+        if self.wrapper_offered() and self.affords(2, keep, WRAPPER_COMPILE * self.compile_s):
+            arms.append(self.ready(Arm(ArmKind.WRAPPER, options=dict(WRAPPER_OPTIONS))))
+        if self.single_graph() and self.affords(len(arms) + 1, self.keep_s, self.compile_s):
             arms.append(self.ready(Arm(ArmKind.REEXPORT, keep_reexport=True)))
-        if self.symbolic_convs() and self.affords(len(arms) + 1, self.keep_s):
+        if self.symbolic_convs() and self.affords(len(arms) + 1, self.keep_s, self.compile_s):
             arms.append(self.ready(Arm(ArmKind.LAYOUT, options=dict(LAYOUT_OPTIONS))))
         arms = [a for a in arms if not a.error]
         if not self.time(arms):
@@ -370,11 +416,21 @@ class Trials:
         if layout is not None and self.wins_at_high_end(floor, layout):
             wins.append(layout)
         best = max(wins, key=lambda a: ratio(floor, a)) if wins else floor
+        self.trial_compile_s = best.setup_s if best is not floor else self.compile_s
         # the figures that chose it: the kernel trials time `best` again, the floor not
         high = (f"; at the declared ranges' high end {best.ms(high=True)} against {floor.ms(high=True)}"
                 if best.high and floor.high else "")
         self.base_why = f"{best.name}: {best.ms()} against {floor.ms()} for torch.compile{high}"
         return best
+
+    def kernel_options(self, base: Arm) -> dict:
+        """base's Inductor options for a kernel arm built on it, less the C++ wrapper's where sizes
+        are symbolic. NOTE: Inductor's generated Python calls fallback.checked_launch, which runs a
+        ranged kernel's region for sizes outside the buckets it was kept for (and a kernel that
+        fails, its region); the C++ wrapper calls htam::launch itself, which has no buckets."""
+        if self.found is not None and getattr(self.found.capture, "dynamic", None):
+            return {k: v for k, v in base.options.items() if k not in WRAPPER_OPTIONS}
+        return dict(base.options)
 
     def wins_at_high_end(self, floor: Arm, arm: Arm) -> bool:
         """Whether `arm`, no slower than the floor at the example's sizes, beats it at the declared
@@ -423,7 +479,7 @@ class Trials:
             return self.done(floor, Outcome.NOT_TIMED, self.out_of_time(f"confirming {best.name}"))
         if best.kind is ArmKind.KERNELS:
             return self.done(best, Outcome.KERNELS, why)
-        if best.kind in (ArmKind.REEXPORT, ArmKind.LAYOUT):
+        if best.kind in (ArmKind.REEXPORT, ArmKind.LAYOUT, ArmKind.WRAPPER):
             return self.done(best, Outcome[best.kind.name], why or self.base_why)
         tried = [a for a in self.arms if a.kind is ArmKind.KERNELS]
         why = (why if why.startswith("not confirmed") else
@@ -511,7 +567,7 @@ class Trials:
         mode = self.cfg.mode
         if arm.kind is ArmKind.ORIGINAL:
             return self.model._call_impl
-        if arm.kind in (ArmKind.COMPILE, ArmKind.LAYOUT):
+        if arm.kind in (ArmKind.COMPILE, ArmKind.LAYOUT, ArmKind.WRAPPER):
             # the backend names the mode and options for bundles; Inductor compiles without it
             arm.backend = inductor.HtamBackend({}, mode, options=arm.options)
             return inductor.compile_with(self.model, None, mode, arm.options or None)
@@ -606,10 +662,11 @@ class Trials:
             ms = 1e3 * self.call_s
         return n_arms * (ITERS + ROUNDS * (2 + THROUGHPUT_CALLS + 2.5)) * ms / 1e3
 
-    def affords(self, n_arms: int, keep_s: float = 0.0) -> bool:
-        """One more arm: a compile like the floor's, then timing n_arms arms, with keep_s seconds
-        left after them."""
-        need = self.compile_s + self.timing_s(n_arms) + keep_s
+    def affords(self, n_arms: int, keep_s: float = 0.0, compile_s: float | None = None) -> bool:
+        """One more arm: a compile of compile_s seconds (default: a kernel arm's, trial_compile_s,
+        else the floor's), then timing n_arms arms, with keep_s seconds left after them."""
+        compile_s = compile_s if compile_s is not None else (self.trial_compile_s or self.compile_s)
+        need = compile_s + self.timing_s(n_arms) + keep_s
         if self.deadline.allows(need):
             return True
         self.out_of_time(f"further trials (each about {need:.0f} s)")
@@ -639,7 +696,7 @@ class Trials:
 # The arms whose outputs must match the original forward's before they can be chosen (the floor
 # is torch.compile's own answer; the original is the reference; the layout arm is Inductor with an
 # option it turns off on these graphs, so it is checked too).
-CHECKED = (ArmKind.REEXPORT, ArmKind.LAYOUT, ArmKind.KERNELS, ArmKind.REPLAY)
+CHECKED = (ArmKind.REEXPORT, ArmKind.LAYOUT, ArmKind.WRAPPER, ArmKind.KERNELS, ArmKind.REPLAY)
 
 
 def _float_leaves(out) -> list:
@@ -701,7 +758,7 @@ def install(model: nn.Module, d: Decision, found, kernels: dict, ranked: list[st
     if arm.kind is ArmKind.REPLAY:
         report = arm.replay_report
     else:
-        compiled = arm.kind in (ArmKind.COMPILE, ArmKind.KERNELS, ArmKind.REEXPORT, ArmKind.LAYOUT)
+        compiled = arm.kind in (ArmKind.COMPILE, ArmKind.KERNELS, ArmKind.REEXPORT, ArmKind.LAYOUT, ArmKind.WRAPPER)
         report = runtime.Report(method=f"{method} + inductor ({getattr(arm.backend, 'mode', 'default')})"
                                 if compiled else f"{method} + {d.outcome.value}")
         report.tasks = runtime._task_reports(tasks, kernels, [], {}, {})
