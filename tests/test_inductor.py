@@ -904,3 +904,20 @@ def test_channels_last_conv_regions_are_swapped_in_both_modes():
             torch.testing.assert_close(torch.compile(model, backend=b)(x), model(x))
         assert len(b.records[0].swapped) == 2 and not b.records[0].note, mode
         torch._dynamo.reset()
+
+
+def test_the_cpp_wrappers_header_is_warmed_once_per_inductor_cache(tmp_path, monkeypatch):
+    """optimize starts a background process that builds the C++ wrapper's precompiled header; it
+    marks Inductor's cache folder when done, and no process is started for that folder again."""
+    import torch._inductor.runtime.cache_dir_utils as cdu
+    monkeypatch.setattr(cdu, "cache_dir", lambda: str(tmp_path))
+    started = []
+
+    def popen(cmd, **kw):
+        started.append(cmd)
+        return "process"
+    assert backend.warm_cpp_wrapper(popen) == "process"
+    marker = started[0][-1]
+    assert marker.startswith(str(tmp_path)) and "cpp_wrapper" in started[0][2]
+    open(marker, "w").close()                      # what the process does once its compile is done
+    assert backend.warm_cpp_wrapper(popen) is None and len(started) == 1

@@ -334,9 +334,12 @@ class _Run:
         but slowed a Swin-T's torch.compile from 28.5 to 34.7-37.5 s (H100,
         optimize_time-20261127-015725 / -020344 / -021534), which the decision takes as what each
         trial's compile costs: it then had no time left to try the kernel the search found."""
+        from torch_htam import inductor
         from torch_htam.evaluation import Evaluator
         if self.gpu is None or self.found is None:
             return
+        if self.trials.wrapper_offered():   # its header, built while the search runs
+            inductor.warm_cpp_wrapper()
         untimed = self.cfg.compile and any(_untimed(self.cache.get(t.signature)) for t in self.found.tasks)
         if (self.cfg.search and self.misses) or untimed:
             self.evaluator = stack.enter_context(Evaluator(deadline=self.deadline)).start()
