@@ -1,9 +1,9 @@
 """The one decision: what runs the user's model, chosen from arms timed side by side.
 
 Arms (ArmKind): torch.compile of the model as nn.Module.compile traces it (the floor), the same
-with Inductor's C++ wrapper (on a GPU, without CUDA graphs), Inductor on our re-exported graph,
+with Inductor's C++ wrapper (a host-bound call on a GPU, no CUDA graphs), Inductor on our re-exported graph,
 torch.compile with channels-last convs (symbolic conv sizes), torch.compile with a subset of our
-kernels inside Inductor's graph (built on the fastest of those), the replay of the captured graph
+kernels inside Inductor's graph (built on the fastest of those, the C++ wrapper left out), the replay of the captured graph
 with our kernels, and the model's original forward. Each arm is
 built and warmed in its own try: an arm that fails (a compile error, a kernel that fails at run
 time) is dropped with its reason, never the run.
@@ -61,12 +61,16 @@ LAYOUT_OPTIONS = {"force_layout_optimization": True}
 # generated Python. Where a model's calls take more host time than GPU time it is most of the call:
 # on an H200, torch.compile default ran ConvNeXt-T / ViT-B / MobileNetV3 bf16 and T5 fp32 at 3.30 /
 # 2.53 / 2.66 / 4.31 ms a call with it off and 2.11 / 2.10 / 1.78 / 2.76 ms with it on, at equal
-# device time (host_wrapper-20261127-124521). Its compile took 1.3-1.9x the Python wrapper's (5x
-# the first time on a machine: its precompiled header). Offered where the mode has no CUDA graphs
-# (they take the host out of the call already).
+# device time (host_wrapper-20261127-124521). Its compile took 1.3-1.9x the Python wrapper's once
+# its precompiled header was built (inductor.warm_cpp_wrapper). Offered where the mode has no CUDA
+# graphs (they take the host out of the call already) and the floor's call is host-bound.
 WRAPPER_OPTIONS = {"cpp_wrapper": True}
 WRAPPER_COMPILE = 2.0          # its compile against the floor's, for the time it is expected to take
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+# The floor's synced call against its GPU time from which the C++ wrapper is offered: it can save
+# at most the host time beyond the GPU's. ViT-B bf16 at 1.37x of its GPU time gained 1.20x from it
+# (host_wrapper-20261127-124521); a call at its GPU time has nothing for it to save.
+HOST_BOUND = 1.2
 # first_trial_s's estimate times this: a compile is not the floor's twin, and a host busy after
 # the search times slower than the floor's second call. NOTE: a Swin-T bf16 (H100, budget 120)
 # kept 33.5 s for its first kernel trial; after the floor's timing 31.5 s were left, against 32.2 s
@@ -263,6 +267,7 @@ class Trials:
                                 # the kernel trial to come
     trial_compile_s: float = 0.0   # what a kernel arm is expected to compile in: its base's own
                                    # setup (base()); 0 before, where the floor's compile stands for it
+    host_share: float | None = None   # the floor's synced call / its GPU time (start(); None: not on a GPU)
 
     # -- the phases ------------------------------------------------------------------------------
 
@@ -271,13 +276,26 @@ class Trials:
         forward, built and warmed: what the model runs if nothing after this works."""
         with self.deadline.phase("decide: compile"):
             if self.cfg.compile:
-                self.ready(Arm(ArmKind.COMPILE))
+                floor = self.ready(Arm(ArmKind.COMPILE))
+                if not floor.error:
+                    self.host_share = self.measure_host_share(floor)
             self.ready(Arm(ArmKind.ORIGINAL))
         return self.arms[0]
 
+    def measure_host_share(self, arm: Arm) -> float | None:
+        """The arm's synced call (median of 5) over its GPU time (timing._device_ms), on a GPU:
+        above 1, the call waits on its host. None on the CPU."""
+        from torch_htam.timing import _device_ms, _sync_for, _synced, on_cuda
+        if not on_cuda(self.inputs):
+            return None
+        with self.grad.enter():
+            wall = statistics.median(_synced(arm.call, self.inputs, 5, _sync_for(self.inputs)))
+            gpu = _device_ms(arm.call, self.inputs, 1.5 * wall)
+        return wall / gpu if gpu > 0 else None
+
     def reserve_s(self, n_tasks: int) -> float:
         """Seconds to keep for finish() after the search: a compile like the floor's per trial
-        arm (WRAPPER_COMPILE times it for the C++ wrapper's arm and the kernel arms built on it),
+        arm (WRAPPER_COMPILE times it for the C++ wrapper's arm, where offered),
         and the timing of every arm, for the trials n_tasks kernels could bring."""
         if not self.cfg.compile:
             return self.timing_s(2 * min(n_tasks, 4) + 1)
@@ -285,20 +303,17 @@ class Trials:
         trials += 1 if self.cfg.dynamic else 0                 # channels-last convs (base())
         high_end = 2 if self.cfg.dynamic else 0                # base()'s layout arm at the high end
         wrapper = self.wrapper_offered()
-        compile_s = trials * self.compile_s * (WRAPPER_COMPILE if wrapper else 1.0)
-        compile_s += WRAPPER_COMPILE * self.compile_s if wrapper else 0.0
+        compile_s = trials * self.compile_s + (WRAPPER_COMPILE * self.compile_s if wrapper else 0.0)
         # against_eager's timing: the floor, the base, the choice, the original forward, the replay
         return compile_s + self.timing_s(2 + 2 * (trials - 1 + wrapper) + 5 + high_end)
 
     def first_trial_s(self) -> float:
         """Seconds for the one trial that can keep a kernel: the floor timed (beside the C++
-        wrapper's arm, compiled for it, where offered), then a kernels arm compiled like the base
-        and timed against it, then both timed again beside the original forward (against_eager's
-        confirmation), with TRIAL_MARGIN."""
-        if not self.wrapper_offered():
-            return self.kernel_trial_s(self.compile_s)
-        return self.kernel_trial_s(WRAPPER_COMPILE * self.compile_s) + \
-            TRIAL_MARGIN * (WRAPPER_COMPILE * self.compile_s + self.timing_s(2))
+        wrapper's arm, compiled for it, where offered), then a kernels arm compiled like the floor
+        and timed against the faster, then both timed again beside the original forward
+        (against_eager's confirmation), with TRIAL_MARGIN."""
+        wrapper = TRIAL_MARGIN * (WRAPPER_COMPILE * self.compile_s + self.timing_s(2))
+        return self.kernel_trial_s(self.compile_s) + (wrapper if self.wrapper_offered() else 0.0)
 
     def kernel_trial_s(self, compile_s: float) -> float:
         """One kernel arm compiled in compile_s, timed beside the base, then confirmed beside the
@@ -306,12 +321,11 @@ class Trials:
         return TRIAL_MARGIN * (compile_s + self.timing_s(6))
 
     def wrapper_offered(self) -> bool:
-        """Whether base() tries Inductor's C++ wrapper: on a GPU (what it saves is the host's time
-        launching GPU kernels), in the modes without CUDA graphs, where the end-to-end check times
-        arms at all."""
-        from torch_htam.timing import on_cuda
+        """Whether base() tries Inductor's C++ wrapper: where the floor's call is host-bound on a
+        GPU (host_share, HOST_BOUND), in the modes without CUDA graphs, where the end-to-end check
+        times arms at all."""
         return (self.cfg.compile and self.cfg.check_end_to_end and self.cfg.mode not in CUDAGRAPH_MODES
-                and on_cuda(self.inputs))
+                and self.host_share is not None and self.host_share >= HOST_BOUND)
 
     def finish(self, found, kernels: dict, ranked: list[str], every: list[str]) -> Decision:
         self.found, self.kernels = found, kernels
@@ -390,18 +404,16 @@ class Trials:
         (WRAPPER_OPTIONS, wrapper_offered), Inductor on our re-exported graph and, where the graphs
         hold convs of symbolic sizes, torch.compile with channels-last convs (LAYOUT_OPTIONS),
         timed together: an arm replaces the floor where it beats it beyond noise, and the kernel
-        arms are built on it (its options, its re-export). The re-export
+        arms are built on it (its options but the C++ wrapper's, kernel_options; its re-export)
+        and timed against it. The re-export
         folds constant attention masks; on an H100 it alone made a Llama-style model 1.10x faster
         than torch.compile in reduce-overhead mode (scripts/probe_graph.py). The optional arms
         leave self.keep_s seconds for what comes after (one kernel trial, where kernels beat
         Inductor's code: an arm with kernels measured faster than Inductor's code for their
         regions comes before arms not measured at all)."""
         arms = [floor]
-        if self.wrapper_offered() and self.keep_s:
-            # the kernel trial to come is built on it, where it wins: one compiled like it
-            keep = self.kernel_trial_s(WRAPPER_COMPILE * self.compile_s)
-        else:
-            keep = self.keep_s
+        # the kernel trial to come is compiled like the floor (kernel_options): keep time for it
+        keep = self.kernel_trial_s(self.compile_s) if self.keep_s else 0.0
         if self.wrapper_offered() and self.affords(2, keep, WRAPPER_COMPILE * self.compile_s):
             arms.append(self.ready(Arm(ArmKind.WRAPPER, options=dict(WRAPPER_OPTIONS))))
         if self.single_graph() and self.affords(len(arms) + 1, self.keep_s, self.compile_s):
@@ -416,7 +428,7 @@ class Trials:
         if layout is not None and self.wins_at_high_end(floor, layout):
             wins.append(layout)
         best = max(wins, key=lambda a: ratio(floor, a)) if wins else floor
-        self.trial_compile_s = best.setup_s if best is not floor else self.compile_s
+        self.trial_compile_s = best.setup_s if best.kind in (ArmKind.REEXPORT, ArmKind.LAYOUT) else self.compile_s
         # the figures that chose it: the kernel trials time `best` again, the floor not
         high = (f"; at the declared ranges' high end {best.ms(high=True)} against {floor.ms(high=True)}"
                 if best.high and floor.high else "")
@@ -424,13 +436,14 @@ class Trials:
         return best
 
     def kernel_options(self, base: Arm) -> dict:
-        """base's Inductor options for a kernel arm built on it, less the C++ wrapper's where sizes
-        are symbolic. NOTE: Inductor's generated Python calls fallback.checked_launch, which runs a
-        ranged kernel's region for sizes outside the buckets it was kept for (and a kernel that
-        fails, its region); the C++ wrapper calls htam::launch itself, which has no buckets."""
-        if self.found is not None and getattr(self.found.capture, "dynamic", None):
-            return {k: v for k, v in base.options.items() if k not in WRAPPER_OPTIONS}
-        return dict(base.options)
+        """base's Inductor options for a kernel arm built on it, less the C++ wrapper's.
+
+        NOTE: Inductor's C++ wrapper calls htam::launch (int, Tensor[], int[]) -> Tensor[] itself:
+        on an H200 (torch 2.11) such a graph crashed the process (a segmentation fault in its
+        generated C++, tests/test_inductor.py's GPU test), which no arm's try can catch. Inductor's
+        Python wrapper calls fallback.checked_launch instead, which also runs a ranged kernel's
+        region outside the buckets it was kept for, and a failing kernel's region."""
+        return {k: v for k, v in base.options.items() if k not in WRAPPER_OPTIONS}
 
     def wins_at_high_end(self, floor: Arm, arm: Arm) -> bool:
         """Whether `arm`, no slower than the floor at the example's sizes, beats it at the declared
