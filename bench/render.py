@@ -107,6 +107,7 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("ro b2b", "vs_compile_ro_b2b", "{:.3f}x"), ("vs max-autotune", "vs_max_autotune", "{:.3f}x"),
         ("vs eager", "vs_eager", "{:.3f}x"), ("compile ms", "compile_ms_latency", "{:.3f}"),
         ("kept", "kernels_kept", None), ("kept ro", "ours_ro_kernels_kept", None),
+        ("ours runs", "outcome", None), ("ours ro runs", "ours_ro_outcome", None),
         ("optimize s", "optimize_s", "{:.0f}"), ("ro optimize s", "ours_ro_optimize_s", "{:.0f}"),
         ("ok", "ours_correct", None), ("as close as compile", "ours_close_as_compile", None),
         ("budget s", "budget_s", "{:.0f}"), ("error", "error", None)],

@@ -426,8 +426,8 @@ def test_the_cpp_wrapper_arm_runs_the_model_where_it_pays_and_kernel_arms_run_wi
                                                                                           monkeypatch):
     """Where Inductor's C++ wrapper is offered (a host-bound GPU model in a mode without CUDA
     graphs; the CPU stands in here), torch.compile with it is timed beside the floor; faster, the
-    kernel arms are timed against it, built without it (kernel_options). The faster of the two runs
-    the model with the original's outputs, its options in the bundle."""
+    kernel arms are built on it and timed against it. The faster of the two runs the model with the
+    original's outputs, its options in the bundle."""
     from torch_htam import bundle, decide
     from torch_htam.decide import Outcome
     model, x, found, kernels = mlp
@@ -440,13 +440,10 @@ def test_the_cpp_wrapper_arm_runs_the_model_where_it_pays_and_kernel_arms_run_wi
     assert timed[0][:2] == ["compile", "wrapper"], timed
     assert timed[1][:2] == ["wrapper", "kernels3"], timed       # the kernels against the wrapper
     with_kernels = [b for b in backends if b.kernels]          # the re-export's backend has none
-    assert with_kernels and all(b.options == {} for b in with_kernels)
+    assert with_kernels and all(b.options == decide.WRAPPER_OPTIONS for b in with_kernels)
     rep = model.htam_report
-    if kernels_ms < 0.7:
-        assert rep.outcome is Outcome.KERNELS and not model._htam_backend.options, rep.note
-    else:
-        assert rep.outcome is Outcome.WRAPPER, rep.note
-        assert model._htam_backend.options == decide.WRAPPER_OPTIONS == bundle.run_of(model)["options"]
+    assert rep.outcome is (Outcome.KERNELS if kernels_ms < 0.7 else Outcome.WRAPPER), rep.note
+    assert model._htam_backend.options == decide.WRAPPER_OPTIONS == bundle.run_of(model)["options"]
     with torch.inference_mode():
         torch.testing.assert_close(model(x), MLP.forward(model, x))
     torch._dynamo.reset()
@@ -500,11 +497,13 @@ def test_the_cpp_wrapper_arm_leaves_time_for_a_kernel_trial(monkeypatch):
         return dataclasses.replace(arm, setup_s=25.0)
     monkeypatch.setattr(decide.Trials, "ready", ready)
     monkeypatch.setattr(decide.Trials, "wrapper_offered", lambda self: True)
+    monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: True)
     monkeypatch.setattr(decide.Trials, "timing_s", lambda self, n: 1.0 * n)
     monkeypatch.setattr(decide.Trials, "time", lambda self, arms, high=None: all(
         setattr(a, "times", _times(0.5 if a.kind is decide.ArmKind.WRAPPER else 1.0)) or True for a in arms))
-    capture = SimpleNamespace(dynamic=None, exported=None, graphs=[torch.fx.symbolic_trace(model)])
-    # a wrapper compile (20 s) + 2 arms timed + a kernel trial (1.25 x (10 + 6) = 20 s): 42 s
+    capture = SimpleNamespace(dynamic=None, exported=object(), graphs=[torch.fx.symbolic_trace(model)])
+    # a wrapper compile (20 s) + 2 arms timed + a kernel trial (1.25 x (10 + 6) = 20 s): 42 s; one
+    # graph, so the kernel arm compiles like the floor (its graph without the C++ wrapper)
     for budget, expect in ((40.0, []), (45.0, [decide.ArmKind.WRAPPER])):
         built.clear()
         t = decide.Trials(model, (x,), OptimizeConfig(), GradMode.current(), Deadline(budget))
@@ -516,16 +515,24 @@ def test_the_cpp_wrapper_arm_leaves_time_for_a_kernel_trial(monkeypatch):
             assert best.kind is decide.ArmKind.WRAPPER and t.trial_compile_s == 10.0
 
 
-def test_kernel_arms_leave_the_cpp_wrapper_out():
-    """A kernel arm built on the C++ wrapper's arm keeps its other options but not the wrapper:
-    its generated C++ calling htam::launch crashed the process on a GPU (decide.kernel_options)."""
-    from torch_htam import decide
-    from torch_htam.config import OptimizeConfig
-    from torch_htam.deadline import Deadline
-    from torch_htam.timing import GradMode
-    t = decide.Trials(MLP().eval(), (torch.randn(4, 64),), OptimizeConfig(), GradMode.current(), Deadline(None))
-    base = decide.Arm(decide.ArmKind.WRAPPER, options=decide.WRAPPER_OPTIONS | decide.LAYOUT_OPTIONS)
-    assert t.kernel_options(base) == decide.LAYOUT_OPTIONS
+@pytest.mark.parametrize("with_kernels", [True, False])
+def test_a_graph_with_our_kernels_is_compiled_without_the_cpp_wrapper(with_kernels, mlp, monkeypatch):
+    """The backend's options reach Inductor as they are on a graph with no kernel of ours, and
+    without the C++ wrapper on a graph with one: its generated C++ calling htam::launch crashed the
+    process on a GPU (inductor.HtamBackend._inductor_options)."""
+    import torch._inductor.compile_fx as cfx
+    from torch_htam.decide import WRAPPER_OPTIONS
+    model, x, found, kernels = mlp
+    seen, real = [], cfx.compile_fx
+    monkeypatch.setattr(cfx, "compile_fx", lambda gm, inputs, config_patches=None: seen.append(config_patches)
+                        or real(gm, inputs, config_patches={k: v for k, v in config_patches.items()
+                                                            if k not in WRAPPER_OPTIONS}))
+    b = backend.HtamBackend(kernels if with_kernels else {}, provider=PROVIDER, options=WRAPPER_OPTIONS)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend=b)(x), model(x))
+    assert bool(b.records[0].swapped) is with_kernels
+    assert [("cpp_wrapper" in p) for p in seen] == [not with_kernels]
+    torch._dynamo.reset()
 
 
 def _decide_dynamic_convnet(model, x):
@@ -754,7 +761,7 @@ class _Entry:
 def test_gpu_backend_runs_a_real_kernel_in_both_modes(tmp_path, monkeypatch):
     """A real bias+GELU kernel inside Inductor's graph, default and reduce-overhead (CUDA graphs).
     NOTE: under Inductor's C++ wrapper (decide.WRAPPER_OPTIONS) this graph crashed the process on
-    an H200 (torch 2.11): kernel arms leave the wrapper out (decide.kernel_options)."""
+    an H200 (torch 2.11): a graph with our kernels is compiled without it (HtamBackend._inductor_options)."""
     from test_runtime import BIAS_GELU_CU, BiasGelu
     from torch_htam.build import build_many
     from torch_htam.launcher import Kernel
@@ -929,3 +936,26 @@ def test_the_cpp_wrappers_header_is_warmed_once_per_inductor_cache(tmp_path, mon
     assert marker.startswith(str(tmp_path)) and "cpp_wrapper" in started[0][2]
     open(marker, "w").close()                      # what the process does once its compile is done
     assert backend.warm_cpp_wrapper(popen) is None and len(started) == 1
+
+
+@pytest.mark.parametrize("warmed", [True, False])
+def test_the_cpp_wrapper_arm_expects_a_cold_compile_until_its_header_is_built(warmed, monkeypatch):
+    """Before the background process has built the C++ wrapper's header, its arm is expected to
+    compile in WRAPPER_COMPILE_COLD x the floor's compile, and is skipped where that does not fit."""
+    from types import SimpleNamespace
+    from torch_htam import decide
+    from torch_htam.config import OptimizeConfig
+    from torch_htam.deadline import Deadline
+    from torch_htam.timing import GradMode
+    monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: warmed)
+    monkeypatch.setattr(decide.Trials, "wrapper_offered", lambda self: True)
+    monkeypatch.setattr(decide.Trials, "timing_s", lambda self, n: 1.0 * n)
+    monkeypatch.setattr(decide.Trials, "time", lambda self, arms, high=None: False)
+    built = []
+    monkeypatch.setattr(decide.Trials, "ready", lambda self, arm: built.append(arm.kind) or arm)
+    model = MLP().eval()
+    t = decide.Trials(model, (torch.randn(4, 64),), OptimizeConfig(), GradMode.current(), Deadline(40.0))
+    t.found = SimpleNamespace(capture=SimpleNamespace(dynamic=None, exported=None, graphs=[]))
+    t.compile_s = 10.0                     # warm: 20 s + 2 arms timed fits 40 s; cold: 57 s does not
+    t.base(decide.Arm(decide.ArmKind.COMPILE))
+    assert (decide.ArmKind.WRAPPER in built) is warmed

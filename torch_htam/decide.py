@@ -3,7 +3,8 @@
 Arms (ArmKind): torch.compile of the model as nn.Module.compile traces it (the floor), the same
 with Inductor's C++ wrapper (a host-bound call on a GPU, no CUDA graphs), Inductor on our re-exported graph,
 torch.compile with channels-last convs (symbolic conv sizes), torch.compile with a subset of our
-kernels inside Inductor's graph (built on the fastest of those, the C++ wrapper left out), the replay of the captured graph
+kernels inside Inductor's graph (built on the fastest of those; the C++ wrapper only on graphs
+without our kernels), the replay of the captured graph
 with our kernels, and the model's original forward. Each arm is
 built and warmed in its own try: an arm that fails (a compile error, a kernel that fails at run
 time) is dropped with its reason, never the run.
@@ -66,6 +67,9 @@ LAYOUT_OPTIONS = {"force_layout_optimization": True}
 # graphs (they take the host out of the call already) and the floor's call is host-bound.
 WRAPPER_OPTIONS = {"cpp_wrapper": True}
 WRAPPER_COMPILE = 2.0          # its compile against the floor's, for the time it is expected to take
+# the same before its header is built: a fresh H100's first took 64 s against the floor's 11.3 s
+# (zoo-20261127-125906), a fresh H200's 71 s against 13.5 s (host_wrapper-20261127-124521)
+WRAPPER_COMPILE_COLD = 5.7
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 # The floor's synced call against its GPU time from which the C++ wrapper is offered: it can save
 # at most the host time beyond the GPU's. ViT-B bf16 at 1.37x of its GPU time gained 1.20x from it
@@ -303,6 +307,8 @@ class Trials:
         trials += 1 if self.cfg.dynamic else 0                 # channels-last convs (base())
         high_end = 2 if self.cfg.dynamic else 0                # base()'s layout arm at the high end
         wrapper = self.wrapper_offered()
+        # NOTE: the C++ wrapper's compile as with its header built: inductor.warm_cpp_wrapper builds
+        # it while the search runs (base() asks whether it was)
         compile_s = trials * self.compile_s + (WRAPPER_COMPILE * self.compile_s if wrapper else 0.0)
         # against_eager's timing: the floor, the base, the choice, the original forward, the replay
         return compile_s + self.timing_s(2 + 2 * (trials - 1 + wrapper) + 5 + high_end)
@@ -312,8 +318,15 @@ class Trials:
         wrapper's arm, compiled for it, where offered), then a kernels arm compiled like the floor
         and timed against the faster, then both timed again beside the original forward
         (against_eager's confirmation), with TRIAL_MARGIN."""
-        wrapper = TRIAL_MARGIN * (WRAPPER_COMPILE * self.compile_s + self.timing_s(2))
+        wrapper = TRIAL_MARGIN * (WRAPPER_COMPILE * self.compile_s + self.timing_s(2))   # see reserve_s
         return self.kernel_trial_s(self.compile_s) + (wrapper if self.wrapper_offered() else 0.0)
+
+    def wrapper_compile_s(self) -> float:
+        """Seconds the C++ wrapper's arm is expected to compile in: WRAPPER_COMPILE x the floor's
+        where its precompiled header is built (inductor.warm_cpp_wrapper), else
+        WRAPPER_COMPILE_COLD x."""
+        from torch_htam.inductor import cpp_wrapper_warmed
+        return (WRAPPER_COMPILE if cpp_wrapper_warmed() else WRAPPER_COMPILE_COLD) * self.compile_s
 
     def kernel_trial_s(self, compile_s: float) -> float:
         """One kernel arm compiled in compile_s, timed beside the base, then confirmed beside the
@@ -365,7 +378,7 @@ class Trials:
                 break
             self.keep_s = 0.0   # the trial kept for is this one
             arm = self.ready(Arm(ArmKind.KERNELS, subset, keep_reexport=base.kind is ArmKind.REEXPORT,
-                                 options=self.kernel_options(base)))
+                                 options=dict(base.options)))
             if arm.error or not self.time([base, arm]):
                 continue
             # the first trial's own timing (base is timed again with later arms)
@@ -404,17 +417,18 @@ class Trials:
         (WRAPPER_OPTIONS, wrapper_offered), Inductor on our re-exported graph and, where the graphs
         hold convs of symbolic sizes, torch.compile with channels-last convs (LAYOUT_OPTIONS),
         timed together: an arm replaces the floor where it beats it beyond noise, and the kernel
-        arms are built on it (its options but the C++ wrapper's, kernel_options; its re-export)
-        and timed against it. The re-export
+        arms are built on it (its options, its re-export) and timed against it; a graph with our
+        kernels in it is compiled without the C++ wrapper (inductor.HtamBackend). The re-export
         folds constant attention masks; on an H100 it alone made a Llama-style model 1.10x faster
         than torch.compile in reduce-overhead mode (scripts/probe_graph.py). The optional arms
         leave self.keep_s seconds for what comes after (one kernel trial, where kernels beat
         Inductor's code: an arm with kernels measured faster than Inductor's code for their
         regions comes before arms not measured at all)."""
         arms = [floor]
-        # the kernel trial to come is compiled like the floor (kernel_options): keep time for it
+        # the kernel trial to come compiles its graph like the floor (inductor.HtamBackend leaves the
+        # C++ wrapper out of a graph with our kernels): keep time for it
         keep = self.kernel_trial_s(self.compile_s) if self.keep_s else 0.0
-        if self.wrapper_offered() and self.affords(2, keep, WRAPPER_COMPILE * self.compile_s):
+        if self.wrapper_offered() and self.affords(2, keep, self.wrapper_compile_s()):
             arms.append(self.ready(Arm(ArmKind.WRAPPER, options=dict(WRAPPER_OPTIONS))))
         if self.single_graph() and self.affords(len(arms) + 1, self.keep_s, self.compile_s):
             arms.append(self.ready(Arm(ArmKind.REEXPORT, keep_reexport=True)))
@@ -428,22 +442,16 @@ class Trials:
         if layout is not None and self.wins_at_high_end(floor, layout):
             wins.append(layout)
         best = max(wins, key=lambda a: ratio(floor, a)) if wins else floor
-        self.trial_compile_s = best.setup_s if best.kind in (ArmKind.REEXPORT, ArmKind.LAYOUT) else self.compile_s
+        # a kernel arm compiles like its base, but for the C++ wrapper's graphs with our kernels in
+        # them (compiled with Inductor's Python wrapper): a single graph, like the floor
+        like_base = best.kind in (ArmKind.REEXPORT, ArmKind.LAYOUT) or (best.kind is ArmKind.WRAPPER
+                                                                          and not self.single_graph())
+        self.trial_compile_s = best.setup_s if like_base else self.compile_s
         # the figures that chose it: the kernel trials time `best` again, the floor not
         high = (f"; at the declared ranges' high end {best.ms(high=True)} against {floor.ms(high=True)}"
                 if best.high and floor.high else "")
         self.base_why = f"{best.name}: {best.ms()} against {floor.ms()} for torch.compile{high}"
         return best
-
-    def kernel_options(self, base: Arm) -> dict:
-        """base's Inductor options for a kernel arm built on it, less the C++ wrapper's.
-
-        NOTE: Inductor's C++ wrapper calls htam::launch (int, Tensor[], int[]) -> Tensor[] itself:
-        on an H200 (torch 2.11) such a graph crashed the process (a segmentation fault in its
-        generated C++, tests/test_inductor.py's GPU test), which no arm's try can catch. Inductor's
-        Python wrapper calls fallback.checked_launch instead, which also runs a ranged kernel's
-        region outside the buckets it was kept for, and a failing kernel's region."""
-        return {k: v for k, v in base.options.items() if k not in WRAPPER_OPTIONS}
 
     def wins_at_high_end(self, floor: Arm, arm: Arm) -> bool:
         """Whether `arm`, no slower than the floor at the example's sizes, beats it at the declared

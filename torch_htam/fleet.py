@@ -375,9 +375,7 @@ def _search_one(task, arch, cfg, scfg, cache, searched, evaluator, gpu, traj) ->
     keep = _Keeper(evaluator, cache, searched, cfg, gpu.name if gpu else "?", save_memory)
     res = search_many([task], ExpertProposer, evaluator, memory, scfg, progress=False,
                       trajectory_dir=traj, on_result=keep, gpu=gpu)[task.signature]
-    ev = keep.confirmed.get(task.signature)   # none for a winner under min_speedup: its search figure
-    best = ev.speedup if ev else res.best.speedup if res.best else None
-    return TaskOutcome(task.signature in keep.cached, best, res.stop)
+    return TaskOutcome(task.signature in keep.cached, keep.speedup(task.signature, res), res.stop)
 
 
 def _locked_log(path: Path):

@@ -139,11 +139,16 @@ class _Keeper:
         if (sig not in self.cached and not result.partial and not result.stop.startswith("error")
                 and result.stop != "time_budget"):
             ev = self.confirmed.get(sig)
-            # unconfirmed (under min_speedup in the search): the search's own figure
-            best_x = ev.speedup if ev is not None else best.speedup if best is not None else None
-            self.searched.add(sig, self.cfg, result.stop, best_x, policy_for(task).name,
+            self.searched.add(sig, self.cfg, result.stop, self.speedup(sig, result), policy_for(task).name,
                               ev.compile_speedup if ev is not None else None)
         self.save_memory()   # experience persists task by task
+
+    def speedup(self, sig: str, result) -> float | None:
+        """The task's figure: its winner's confirmed speedup, else (a winner under min_speedup is
+        not confirmed) the search's own, else None."""
+        ev = self.confirmed.get(sig)
+        best = result.best
+        return ev.speedup if ev is not None else best.speedup if best is not None else None
 
 
 def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog, evaluator,
