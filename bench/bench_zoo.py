@@ -35,6 +35,9 @@ process, in this order:
      arm in a rotated order, two ways: latency (a synchronize before and after each call, median
      over all calls) and back-to-back throughput (--calls calls then one synchronize, time / calls,
      median over rounds).
+--modes default runs the default mode's arms alone (ours, compile, compile_ma; "modes" in the row):
+a change to the default mode's decision is measured in half the time, and bench/render.py shows the
+model's reduce-overhead figures from its previous row, naming both runs.
 Steps 3-5 run under torch.inference_mode() (--grad-mode), with Dynamo's recompile limit raised
 (bench_serve._dynamo_limits: every arm's graphs sit on the model class's one forward).
 
@@ -82,6 +85,7 @@ SUITE = "zoo"
 ARMS = {"eager": None, "compile": "default", "compile_ro": "reduce-overhead", "compile_ma": "max-autotune",
         "ours": "default", "ours_ro": "reduce-overhead"}
 COMPILE_ARMS = ("compile", "compile_ro", "compile_ma")
+MODES = ("default", "reduce-overhead")   # the modes of the ours arms (--modes)
 WARM_ORDER = OURS_ARMS + ("eager",) + COMPILE_ARMS   # max-autotune's compile (the longest) last
 # ratio field -> (baseline arm, ours arm); "_b2b" the same from back-to-back throughput
 RATIOS = {"vs_compile": ("compile", "ours"), "vs_compile_ro": ("compile_ro", "ours_ro"),
@@ -116,7 +120,7 @@ def empty_row(model: str, budget_s: float = 120.0, grad_mode: str = "inference")
         row.update({f"{p}kernels_kept": None, f"{p}outcome": None, f"{p}report_note": None,
                     f"{p}tasks": None, f"{p}task_status": None, f"{p}regions": None})
     row.update({"ours_ro_optimize_s": None, "ours_ro_swapped": None, "decision_reason": None,
-                "ours_ro_decision_reason": None, "first_call_s": {}, "skipped_arms": []})
+                "ours_ro_decision_reason": None, "first_call_s": {}, "skipped_arms": [], "modes": list(MODES)})
     return row
 
 
@@ -165,6 +169,14 @@ def ours_fields(arm: str, model) -> dict:
 
 # ---- one row, in this process (the --one child) ------------------------------------------------
 
+def arms_for(opts) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the ours arms of the modes asked for, in OURS_ARMS' order; the compile arms left out:
+    --skip's, and those of a mode not asked for, whose ours arm is not run)."""
+    ours = tuple(a for a in OURS_ARMS if ARMS[a] in opts.modes)
+    skip = tuple(dict.fromkeys([*opts.skip, *(a for a in ("compile", "compile_ro") if ARMS[a] not in opts.modes)]))
+    return ours, skip
+
+
 def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compile_fn=bf._torch_compile,
             progress=lambda row: None, sync=None, time_fn=bf.time_interleaved) -> dict:
     """Row `name` measured in this process (the steps in the module's docstring).
@@ -197,13 +209,14 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
             stage("build")
             model, inputs = model_zoo.make(name, small=opts.small, device=device)
             models = {"eager": copy.deepcopy(model)}          # every copy BEFORE any optimize
-            row["skipped_arms"] = list(opts.skip)
+            ours_arms, skip = arms_for(opts)
+            row["skipped_arms"], row["modes"] = list(skip), list(opts.modes)
             for arm in COMPILE_ARMS:
-                if arm not in opts.skip:
+                if arm not in skip:
                     models[arm] = compile_fn(copy.deepcopy(model), ARMS[arm])
             pending = {"ours_ro": copy.deepcopy(model), "ours": model}
             with bf._grad_mode(opts.grad_mode):
-                for arm in OURS_ARMS:
+                for arm in ours_arms:
                     row["optimize_started"] = time.time()     # run_child: how long a cut-off one ran
                     row["optimizing"] = arm
                     stage("optimize")                         # run_child reads this stage's name
@@ -235,7 +248,7 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
                     except Exception:  # noqa: BLE001
                         failed(arm)
                         del calls[arm]
-                    if arm in OURS_ARMS:
+                    if arm in ours_arms:
                         row.update(ours_fields(arm, models[arm]))
                 stage("check")
                 if "eager" in calls:
@@ -251,7 +264,7 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
                 stage("time")
                 row["host_cores_before"] = bf.quiet_host()
                 row.update(ratio_fields(time_fn(calls, sync, opts.rounds, opts.calls)))
-                for arm in OURS_ARMS:
+                for arm in ours_arms:
                     add_shares(row.get(f"{_prefix(arm)}regions"), row.get("eager_ms_latency"))
                 row["stage"] = "done"
     except Exception:  # noqa: BLE001 - one row's failure is its row's, never the run's
@@ -270,7 +283,8 @@ def child_command(name: str, opts, row_out: Path) -> list[str]:
     """This script, to measure row `name` alone and write it to row_out."""
     return bf.child_args(__file__, name, opts, row_out, [
         "--budget", str(opts.budget), "--grad-mode", opts.grad_mode, "--rounds", str(opts.rounds),
-        "--calls", str(opts.calls), "--warmup", str(opts.warmup), *(("--skip", ",".join(opts.skip)) if opts.skip else ())])
+        "--calls", str(opts.calls), "--warmup", str(opts.warmup), "--modes", ",".join(opts.modes),
+        *(("--skip", ",".join(opts.skip)) if opts.skip else ())])
 
 
 def run_child(name: str, opts, timeout: float, command=child_command) -> dict:
@@ -350,11 +364,17 @@ def parse(argv=None):
     ap.add_argument("--skip", type=lambda v: tuple(x for x in v.split(",") if x), default=(),
                     help="compile arms left out (e.g. compile_ma where its autotuning would not fit the "
                          "row's limit); their ratios stay null and the row's skipped_arms names them")
+    ap.add_argument("--modes", type=lambda v: tuple(x for x in v.split(",") if x), default=MODES,
+                    help="the modes whose ours arm runs (default both: default,reduce-overhead); with one,"
+                         " the other's ours and torch.compile arms are left out (bench/render.py then"
+                         " shows that mode's figures from the model's previous row, naming both runs)")
     bf.add_timing_flags(ap, rounds=30)   # 30 x 20 calls a way: host-bound rows swing 2x between rounds
     bf.add_run_flags(ap, "2 x (1.1 x budget + 30) + 600")
     a = ap.parse_args(argv)
     a.mode, a.tf32 = "default", False          # bench_floor.run_child's empty row and failed rows read them
     bf.check_rows(ap, a, model_zoo.ROWS)
+    if not a.modes or set(a.modes) - set(MODES):
+        ap.error(f"--modes takes {', '.join(MODES)}, not {','.join(a.modes)}")
     if unknown := set(a.skip) - set(COMPILE_ARMS):
         ap.error(f"--skip takes compile arms ({', '.join(COMPILE_ARMS)}), not {', '.join(sorted(unknown))}")
     return a

@@ -241,8 +241,27 @@ def _bench_models_overlay(prev: dict | None, row: dict) -> dict:
     return out
 
 
+# a zoo row's reduce-overhead fields: its ours_ro arm, its torch.compile arm, their ratios
+ZOO_RO_PREFIXES = ("ours_ro", "compile_ro", "vs_compile_ro")
+
+
+def _zoo_overlay(prev: dict | None, row: dict) -> dict:
+    """A model's latest zoo row over its previous one: a run of the default mode alone
+    (bench_zoo.py --modes default) keeps the previous row's reduce-overhead figures (every field
+    of ZOO_RO_PREFIXES), and the row names both runs ("default run+reduce-overhead run")."""
+    ro_run = row["run"]
+    if prev is not None and "reduce-overhead" not in (row.get("modes") or ("reduce-overhead",)):
+        ro_run = prev.get("_ro_run", prev["run"])
+        row = dict(row, **{k: v for k, v in prev.items() if k.startswith(ZOO_RO_PREFIXES)})
+        row["first_call_s"] = {**(row.get("first_call_s") or {}),
+                               **{a: t for a, t in (prev.get("first_call_s") or {}).items() if a.startswith(ZOO_RO_PREFIXES)}}
+    out = dict(row, _ro_run=ro_run)
+    out["run"] = row["run"] if ro_run == row["run"] else f"{row['run']}+{ro_run}"
+    return out
+
+
 # suite -> how a key's newer row goes over its older one in a MERGED table (default: replaces it)
-OVERLAY = {"bench_models": _bench_models_overlay}
+OVERLAY = {"bench_models": _bench_models_overlay, "zoo": _zoo_overlay}
 
 def _bench_ray_rows(data: dict) -> list[dict]:
     """One row per arm (GPU count), its wall time against the first arm's, and the kept-kernel

@@ -135,6 +135,23 @@ def test_skipped_compile_arm_and_ours_reports_before_the_compile_arms_warm():
         bz.parse(["--skip", "ours"])
 
 
+def test_a_default_mode_run_leaves_the_reduce_overhead_arms_out():
+    """--modes default: one optimize (default mode), no reduce-overhead arm compiled or timed, the
+    row saying which modes it ran."""
+    calls = []
+    optimize, compile_fn, time_fn = _stand_ins(calls)
+    row = bz.measure(ROW, _opts("--budget", "7", "--modes", "default"), device="cpu", optimize=optimize,
+                     compile_fn=compile_fn, time_fn=time_fn)
+    assert "error" not in row, row.get("error")
+    assert calls == [("compile", "default"), ("compile", "max-autotune"), ("optimize", 7.0, "default", True)]
+    assert row["modes"] == ["default"] and "compile_ro" in row["skipped_arms"]
+    assert row["vs_compile"] == pytest.approx(2.0) and row["vs_compile_ro"] is None
+    assert row["ours_ro_optimize_s"] is None and "ours_ro" not in row["first_call_s"]
+    for bad in ("", "eager", "default,max-autotune"):
+        with pytest.raises(SystemExit):
+            bz.parse(["--modes", bad])
+
+
 def test_failing_optimize_is_the_rows_error_and_the_rest_is_measured():
     calls = []
     optimize, compile_fn, time_fn = _stand_ins(calls, fail_mode="reduce-overhead")
@@ -265,3 +282,24 @@ def test_results_md_shows_each_models_latest_zoo_row_with_the_zoo_figures(tmp_pa
     # only a kernel that ran and beat Inductor's code is a family's win
     assert "| attention | b:bf16 | ours_ro | attention_t | 3.00x | 25% |" in text
     assert "gemm_t" not in text and "conv_t" not in text
+
+
+def test_a_default_mode_row_keeps_the_models_previous_reduce_overhead_figures(tmp_path):
+    """In RESULTS.md a --modes default row shows its own default-mode figures and the model's
+    previous reduce-overhead ones, naming both runs; a row of both modes replaces the previous."""
+    render = _load("bench_render", ROOT / "bench" / "render.py")
+
+    def run(stamp, rows):
+        data = {"suite": "zoo", "date": f"2026-01-0{stamp}T00:00:00", "commit": f"c{stamp}", "device": "H100",
+                "command": f"python3 bench/bench_zoo.py run{stamp}", "rows": rows}
+        (tmp_path / f"zoo-2026010{stamp}-000000.json").write_text(json.dumps(data))
+
+    run(1, [dict(bz.empty_row("a:bf16"), vs_compile=0.5, vs_compile_ro=1.25, ours_ro_kernels_kept=3),
+            dict(bz.empty_row("b:bf16"), vs_compile=0.75, vs_compile_ro=1.5)])
+    run(2, [dict(bz.empty_row("a:bf16"), vs_compile=1.5, modes=["default"]),
+            dict(bz.empty_row("b:bf16"), vs_compile=1.0)])
+    text = render.render(tmp_path, findings=None)
+    row_a = next(line for line in text.splitlines() if line.startswith("| a:bf16 |"))
+    row_b = next(line for line in text.splitlines() if line.startswith("| b:bf16 |"))
+    assert "| 1.500x |" in row_a and "| 1.250x |" in row_a and row_a.endswith("| 2+1 |")
+    assert "| 1.000x |" in row_b and "1.500x" not in row_b and row_b.endswith("| 2 |")
