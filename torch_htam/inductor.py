@@ -90,10 +90,15 @@ class HtamBackend:
 
     def _inductor_options(self, swapped: bool = False) -> dict:
         """The mode's Inductor config and the backend's options, less the C++ wrapper's on a graph
-        with our kernels in it (swapped). NOTE: on an H200 (torch 2.11) Inductor's C++ wrapper
-        calling htam::launch ((int, Tensor[], int[]) -> Tensor[]) crashed the process with a
-        segmentation fault, which no try can catch; the Python wrapper calls
-        fallback.checked_launch, which also runs a ranged kernel's region outside its buckets."""
+        with our kernels in it (swapped).
+
+        NOTE: on an H200 (torch 2.11) Inductor's C++ wrapper calling htam::launch
+        ((int, Tensor[], int[]) -> Tensor[]) for a one-output kernel crashed the process with a
+        segmentation fault, which no try can catch: its C++ took the one-element list it gets back
+        from Python for a bare tensor and read a null handle (pytorch#190551, fixed in later
+        torch). The C++ wrapper would also bypass fallback.checked_launch, which the Python
+        wrapper calls: it runs a ranged kernel's region outside its buckets, and a failing
+        kernel's region."""
         options = mode_options(self.mode) | self.options
         return {k: v for k, v in options.items() if k not in CPP_WRAPPER_KEYS} if swapped else options
 
