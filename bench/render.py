@@ -101,6 +101,13 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("optimize s", "optimize_s", "{:.0f}"), ("within budget", "within_budget", None),
         ("floor ok", "floor_ok", None), ("ours max rel err", "max_rel_err.ours", "{:.1e}"),
         ("requests", "requests", None), ("error", "error", None)],
+    "host_wrapper": [
+        ("model", "model", None), ("compile ms", "compile_ms", "{:.3f}"), ("C++ wrapper ms", "compile_cpp_ms", "{:.3f}"),
+        ("ratio", "cpp_vs_compile", "{:.3f}x"), ("ratio b2b", "cpp_vs_compile_b2b", "{:.3f}x"),
+        ("compile GPU ms", "compile_device_ms", "{:.3f}"), ("C++ wrapper GPU ms", "compile_cpp_device_ms", "{:.3f}"),
+        ("reduce-overhead ms", "compile_ro_ms", "{:.3f}"), ("eager ms", "eager_ms", "{:.3f}"),
+        ("compile s", "compile_compile_s", "{:.1f}"), ("C++ wrapper compile s", "compile_cpp_compile_s", "{:.1f}"),
+        ("error", "error", None)],
     "zoo": [
         ("model", "model", None), ("vs compile", "vs_compile", "{:.3f}x"), ("b2b", "vs_compile_b2b", "{:.3f}x"),
         ("low", "vs_compile_low", "{:.3f}x"), ("vs reduce-overhead", "vs_compile_ro", "{:.3f}x"),
