@@ -507,6 +507,43 @@ def test_a_served_convnet_has_its_channels_last_arm_timed_and_stays_right_across
             assert rel_err(model(y), ref(y)) < 1e-3
 
 
+class _ManySmallOps(torch.nn.Module):
+    """48 LayerNorm + GELU blocks of width 64 on 4 rows: each call is Inductor's launches, a few
+    microseconds of GPU work each, so the host's launch code is the call."""
+
+    def __init__(self, blocks: int = 48, width: int = 64):
+        super().__init__()
+        self.b = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.LayerNorm(width), torch.nn.Linear(width, width),
+                                                         torch.nn.GELU()) for _ in range(blocks))
+
+    def forward(self, x):
+        for m in self.b:
+            x = x + m(x)
+        return x
+
+
+@pytest.mark.gpu
+def test_a_host_bound_model_has_the_cpp_wrapper_arm_timed_and_stays_right():
+    """A model whose torch.compile call waits on its host: the decision measures that (host_share)
+    and times torch.compile with Inductor's C++ wrapper beside the floor; whichever runs, its
+    outputs match eager, and a second shape still runs right."""
+    from torch_htam.decide import ArmKind
+    torch.manual_seed(0)
+    model = _ManySmallOps().cuda().eval()
+    ref = copy.deepcopy(model)
+    x = torch.randn(4, 64, device="cuda")
+    with torch.inference_mode():
+        model = torch_htam.optimize(model, (x,), OptimizeConfig(search=False))
+        d = model.htam_report.decision
+        kinds = [a.kind for a in d.arms]
+        assert ArmKind.WRAPPER in kinds, (model.htam_report.format(), d.to_json())
+        wrapper = d.arms[kinds.index(ArmKind.WRAPPER)]
+        assert wrapper.error is None and wrapper.times is not None, wrapper.error
+        for n in (4, 9):
+            y = torch.randn(n, 64, device="cuda")
+            assert rel_err(model(y), ref(y)) < 1e-3
+
+
 def test_the_decisions_reserve_keeps_one_kernel_trial_where_the_search_still_gets_time():
     """At most RESERVE_SHARE of the time left is kept from the search, but at least one kernel
     trial where that leaves the search MIN_SEARCH_S (a Swin-T's 30 s compile found its kernel and
