@@ -959,3 +959,17 @@ def test_the_cpp_wrapper_arm_expects_a_cold_compile_until_its_header_is_built(wa
     t.compile_s = 10.0                     # warm: 20 s + 2 arms timed fits 40 s; cold: 57 s does not
     t.base(decide.Arm(decide.ArmKind.COMPILE))
     assert (decide.ArmKind.WRAPPER in built) is warmed
+
+
+@pytest.mark.parametrize("share, words", [(2.0, "2.00x its GPU time (host-bound"), (1.05, "1.05x its GPU time (not host"),
+                                          (None, None)])
+def test_the_report_says_how_host_bound_torch_compiles_call_was(share, words):
+    """The report's host line: torch.compile's synced call against its GPU time, and whether the
+    C++ wrapper's arm was offered for it; none off a GPU."""
+    from torch_htam import decide
+    d = decide.Decision(decide.Arm(decide.ArmKind.COMPILE), decide.Outcome.COMPILE, "torch.compile",
+                        host_share=share)
+    text = runtime.Report(outcome=d.outcome, decision=d).format()
+    host = [line for line in text.splitlines() if line.strip().startswith("host:")]
+    assert (host and words in host[0]) if words else not host, text
+    assert d.to_json()["host_share"] == share

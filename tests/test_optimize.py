@@ -539,6 +539,7 @@ def test_a_host_bound_model_has_the_cpp_wrapper_arm_timed_and_stays_right():
         assert ArmKind.WRAPPER in kinds, (model.htam_report.format(), d.to_json())
         wrapper = d.arms[kinds.index(ArmKind.WRAPPER)]
         assert wrapper.error is None and wrapper.times is not None, wrapper.error
+        assert "host-bound" in model.htam_report.format()
         for n in (4, 9):
             y = torch.randn(n, 64, device="cuda")
             assert rel_err(model(y), ref(y)) < 1e-3

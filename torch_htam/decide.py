@@ -170,10 +170,20 @@ class Decision:
     arms: list[Arm] = field(default_factory=list)
     grad: GradMode = GradMode.INFERENCE
     host_notes: list[str] = field(default_factory=list)   # timings that began on a busy host
+    host_share: float | None = None   # torch.compile's synced call / its GPU time (Trials.host_share)
 
     def to_json(self) -> dict:
         return {"outcome": self.outcome.value, "chosen": self.chosen.kind.name, "reason": self.reason,
-                "grad": self.grad.value, "arms": [a.to_json() for a in self.arms], "host": self.host_notes}
+                "grad": self.grad.value, "arms": [a.to_json() for a in self.arms], "host": self.host_notes,
+                "host_share": self.host_share}
+
+    def host_line(self) -> str | None:
+        """How much of torch.compile's call was its host's, for the report; None off a GPU."""
+        if self.host_share is None:
+            return None
+        bound = (f"host-bound at {HOST_BOUND}x or more: the C++ wrapper's arm is offered"
+                 if self.host_share >= HOST_BOUND else "not host-bound")
+        return f"torch.compile's call took {self.host_share:.2f}x its GPU time ({bound})"
 
 
 def better(base: ArmTimes, ours: ArmTimes, margin: float = MARGIN) -> bool:
@@ -642,7 +652,7 @@ class Trials:
             self.host_notes.append(note)
 
     def done(self, arm: Arm, outcome: Outcome, reason: str) -> Decision:
-        return Decision(arm, outcome, reason, self.arms, self.grad, list(self.host_notes))
+        return Decision(arm, outcome, reason, self.arms, self.grad, list(self.host_notes), self.host_share)
 
     # -- bookkeeping -----------------------------------------------------------------------------
 

@@ -83,7 +83,8 @@ class Report:
             lines.append("  time: " + format_phases(self.phases))
         for s in self.skipped:
             lines.append(f"  skipped: {s}")
-        for s in getattr(self.decision, "host_notes", None) or ():
+        host = self.decision.host_line() if hasattr(self.decision, "host_line") else None
+        for s in [*(getattr(self.decision, "host_notes", None) or ()), *([host] if host else [])]:
             lines.append(f"  host: {s}")
         for sig, n in self.kernel_failures.items():
             lines.append(f"  kernel {sig[:12]} failed at run time in {n} call(s); its region ran instead")
