@@ -1,13 +1,12 @@
 """The one decision: what runs the user's model, chosen from arms timed side by side.
 
 Arms (ArmKind): torch.compile of the model as nn.Module.compile traces it (the floor), the same
-with Inductor's C++ wrapper (a host-bound call on a GPU, no CUDA graphs), Inductor on our re-exported graph,
-torch.compile with channels-last convs (symbolic conv sizes), torch.compile with a subset of our
-kernels inside Inductor's graph (built on the fastest of those; the C++ wrapper only on graphs
-without our kernels), the replay of the captured graph
-with our kernels, and the model's original forward. Each arm is
-built and warmed in its own try: an arm that fails (a compile error, a kernel that fails at run
-time) is dropped with its reason, never the run.
+with Inductor's C++ wrapper (a host-bound call on a GPU, no CUDA graphs), Inductor on our
+re-exported graph, torch.compile with channels-last convs (symbolic conv sizes), torch.compile
+with a subset of our kernels inside Inductor's graph (built on the fastest of those; the C++
+wrapper only on graphs without our kernels), the replay of the captured graph with our kernels,
+and the model's original forward. Each arm is built and warmed in its own try: an arm that fails
+(a compile error, a kernel that fails at run time) is dropped with its reason, never the run.
 
 The floor by construction: with compile=True, torch.compile is the first arm and stays the choice
 unless another arm beats it beyond noise on one timing and is no worse beyond noise on the other
