@@ -155,10 +155,11 @@ class HtamBackend:
         """`new` taking Dynamo's inputs as `gm` does (its size inputs back, where it has them),
         with what AOTAutograd reads off Dynamo's graph."""
         from torch_htam import symbolic
-        if new.htam_plan is not None:
+        sizes = new.htam_plan is not None
+        flat_codegen(new, recompile=not sizes)   # with_size_inputs recompiles it once, flat
+        if sizes:
             new = symbolic.with_size_inputs(new, example_inputs)
         carry_dynamo_meta(gm, new)
-        flat_codegen(new)
         return new
 
     def _kernels_for(self, tasks: list) -> dict[str, Any]:
@@ -174,7 +175,7 @@ class HtamBackend:
                                                                  against_inductor=True) is None}
 
 
-def flat_codegen(gm: fx.GraphModule) -> None:
+def flat_codegen(gm: fx.GraphModule, recompile: bool = True) -> None:
     """Drop the pytree handling torch.export gives a graph's calls, where its output is a flat
     tuple or list: Dynamo calls the graph with a flat list of tensors and sizes, which flattening
     leaves as it is, and indexes the outputs, a tuple or a list alike.
@@ -196,7 +197,8 @@ def flat_codegen(gm: fx.GraphModule) -> None:
         if info.out_spec != flat:
             return
     gm.graph._codegen = fx.graph.CodeGen()
-    gm.recompile()
+    if recompile:   # False: the caller recompiles it
+        gm.recompile()
 
 
 def carry_dynamo_meta(dynamo_gm: fx.GraphModule, new: fx.GraphModule) -> None:
