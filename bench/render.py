@@ -363,6 +363,10 @@ def _zoo_latest(rows: list[dict]) -> list[str]:
             n, g, lo = s.get(f"n_{name}{suffix}"), s.get(f"geomean_{name}{suffix}"), s.get(f"min_{name}{suffix}")
             figures.append({"figure": f"{name}{suffix}: geomean (min) over rows",
                             "value": f"{g:.3f}x ({lo:.3f}x) over {n}" if n else "not measured"})
+    for arm, mode in (("ours", "default"), ("ours_ro", "reduce-overhead")):
+        ran = s["outcomes"][arm]
+        figures.append({"figure": f"what ran ours ({mode}), rows", "value": ", ".join(f"{o}: {n}" for o, n in ran.items())
+                        or "none recorded"})
     figures += [{"figure": "rows with errors", "value": s["errors"]},
                 {"figure": f"optimize over {zoo_figures.COLD_LIMIT_S:.0f} s", "value": ", ".join(s["over_600_s"]) or "none"}]
     lines = ["The latest rows together:", ""] + table(figures, [("figure", "figure", None), ("value", "value", None)])

@@ -59,12 +59,24 @@ def summarize(rows: list[dict]) -> dict:
             out[f"min_{name}{suffix}"] = min(vals) if vals else None
             out[f"n_{name}{suffix}"] = len(vals)
     out["kernels_kept_rows"] = [r["model"] for r in rows if kept_any(r)]
+    # what ran each row's ours arm (report.outcome: "kernels", "C++ wrapper", "torch.compile", ...):
+    # a row's gain is a kernel's only where "kernels" ran it
+    out["outcomes"] = {arm: outcomes(rows, arm) for arm in OURS_ARMS}
     out["over_600_s"] = [r["model"] for r in rows if any(
         (r.get(k) or 0) > COLD_LIMIT_S for k in ("optimize_s", "ours_ro_optimize_s", "optimize_s_at_least"))]
     out["beat_inductor"] = beat_inductor(rows)
     spent = [r[k] for r in rows for k in ("optimize_s", "ours_ro_optimize_s") if r.get(k) is not None]
     out["max_optimize_s"] = max(spent) if spent else None
     return out
+
+
+def outcomes(rows: list[dict], arm: str = "ours") -> dict[str, int]:
+    """{what ran the arm (its report's outcome): rows}, over the rows that recorded one."""
+    out: dict[str, int] = {}
+    for r in rows:
+        if (o := r.get(f"{prefix(arm)}outcome")) is not None:
+            out[o] = out.get(o, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def models(rows: list[dict]) -> list[str]:

@@ -270,15 +270,18 @@ def test_results_md_shows_each_models_latest_zoo_row_with_the_zoo_figures(tmp_pa
 
     old_a = dict(bz.empty_row("a:bf16"), vs_compile=0.5, kernels_kept=1)
     run(1, [old_a, dict(bz.empty_row("b:bf16"), vs_compile=2.0, vs_compile_ro=1.21, ours_ro_kernels_kept=2,
+                        outcome="torch.compile", ours_ro_outcome="kernels",
                         ours_ro_regions=[region("attention", "swapped", 3.0), region("gemm", "not used", 1.5)])])
     run(2, [dict(bz.empty_row("a:bf16"), vs_compile=1.125, kernels_kept=0, ours_ro_kernels_kept=0,
-                 regions=[region("conv", "swapped", 0.9)])])
+                 outcome="C++ wrapper", regions=[region("conv", "swapped", 0.9)])])
     text = render.render(tmp_path, findings=None)
     assert "## zoo: the latest row of each model and dtype" in text
     assert "| a:bf16 | 1.125x |" in text and "0.500x" not in text         # run 2's row replaces run 1's
     assert "| models keeping a kernel (either mode) | 1: b |" in text
     assert "| vs_compile: geomean (min) over rows | 1.500x (1.125x) over 2 |" in text
     assert "| vs_max_autotune: geomean (min) over rows | not measured |" in text
+    assert "| what ran ours (default), rows | C++ wrapper: 1, torch.compile: 1 |" in text
+    assert "| what ran ours (reduce-overhead), rows | kernels: 1 |" in text
     # only a kernel that ran and beat Inductor's code is a family's win
     assert "| attention | b:bf16 | ours_ro | attention_t | 3.00x | 25% |" in text
     assert "gemm_t" not in text and "conv_t" not in text
