@@ -973,3 +973,35 @@ def test_the_report_says_how_host_bound_torch_compiles_call_was(share, words):
     host = [line for line in text.splitlines() if line.strip().startswith("host:")]
     assert (host and words in host[0]) if words else not host, text
     assert d.to_json()["host_share"] == share
+
+
+_HAZARD_LIB = torch.library.Library("htamtest", "DEF")
+_HAZARD_LIB.define("one(Tensor x) -> Tensor[]")
+_HAZARD_LIB.impl("one", lambda x: [x + 1], "CPU")
+torch.library.register_fake("htamtest::one")(lambda x: [torch.empty_like(x)])
+
+
+def test_a_graph_with_an_op_returning_one_tensor_in_a_list_gets_no_cpp_wrapper_arm():
+    """An op Inductor runs as a fallback that returns a one-tensor list is what torch 2.11's C++
+    wrapper crashes on (pytorch#190551): the graph is flagged, the arm not offered, and the report
+    says why. An unbind (a list of views Inductor lowers itself) is no hazard."""
+    from types import SimpleNamespace
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch_htam import decide
+    from torch_htam.config import OptimizeConfig
+    from torch_htam.deadline import Deadline
+    from torch_htam.timing import GradMode
+    x = torch.randn(4, 8)
+    custom = make_fx(lambda x: torch.ops.htamtest.one(x)[0] * 2, tracing_mode="fake")(x)
+    # unbind over a dim of one: a list of one view, which Inductor lowers itself
+    split = make_fx(lambda x: torch.unbind(x[:1], 0)[0] * 2, tracing_mode="fake")(x)
+    assert any(n.target is torch.ops.aten.unbind.int and len(n.meta["val"]) == 1 for n in split.graph.nodes)
+    assert backend.cpp_wrapper_hazards([custom]) == ["htamtest.one.default"]
+    assert backend.cpp_wrapper_hazards([split]) == []
+    t = decide.Trials(MLP().eval(), (torch.randn(4, 64),), OptimizeConfig(), GradMode.current(), Deadline(None))
+    t.host_share = 2.0
+    for graphs, offered in (([split], True), ([split, custom], False)):
+        t.found = SimpleNamespace(capture=SimpleNamespace(graphs=graphs))
+        assert t.wrapper_offered() is offered
+    d = t.done(decide.Arm(decide.ArmKind.COMPILE), decide.Outcome.COMPILE, "torch.compile")
+    assert "htamtest.one.default" in d.host_line() and "not offered" in d.host_line()

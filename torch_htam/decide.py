@@ -170,6 +170,7 @@ class Decision:
     grad: GradMode = GradMode.INFERENCE
     host_notes: list[str] = field(default_factory=list)   # timings that began on a busy host
     host_share: float | None = None   # torch.compile's synced call / its GPU time (Trials.host_share)
+    wrapper_hazards: list[str] = field(default_factory=list)   # why the C++ wrapper was not offered
 
     def to_json(self) -> dict:
         return {"outcome": self.outcome.value, "chosen": self.chosen.kind.name, "reason": self.reason,
@@ -180,8 +181,14 @@ class Decision:
         """How much of torch.compile's call was its host's, for the report; None off a GPU."""
         if self.host_share is None:
             return None
-        bound = (f"host-bound at {HOST_BOUND}x or more: the C++ wrapper's arm is offered"
-                 if self.host_share >= HOST_BOUND else "not host-bound")
+        if self.host_share < HOST_BOUND:
+            bound = "not host-bound"
+        elif self.wrapper_hazards:
+            bound = (f"host-bound at {HOST_BOUND}x or more; the C++ wrapper's arm is not offered: "
+                     f"{', '.join(self.wrapper_hazards)} returns a one-tensor list, which its C++ can "
+                     "crash on (pytorch#190551)")
+        else:
+            bound = f"host-bound at {HOST_BOUND}x or more: the C++ wrapper's arm is offered"
         return f"torch.compile's call took {self.host_share:.2f}x its GPU time ({bound})"
 
 
@@ -347,7 +354,15 @@ class Trials:
         GPU (host_share, HOST_BOUND), in the modes without CUDA graphs, where the end-to-end check
         times arms at all."""
         return (self.cfg.compile and self.cfg.check_end_to_end and self.cfg.mode not in CUDAGRAPH_MODES
-                and self.host_share is not None and self.host_share >= HOST_BOUND)
+                and self.host_share is not None and self.host_share >= HOST_BOUND and not self.wrapper_hazards())
+
+    def wrapper_hazards(self) -> list[str]:
+        """The captured graphs' ops that Inductor's C++ wrapper could crash on
+        (inductor.cpp_wrapper_hazards): a crash is no arm error a try can catch, so with any the
+        arm is not offered. None known before the capture is handed over (finish())."""
+        from torch_htam.inductor import cpp_wrapper_hazards
+        graphs = getattr(getattr(self.found, "capture", None), "graphs", None) or []
+        return cpp_wrapper_hazards(graphs)
 
     def finish(self, found, kernels: dict, ranked: list[str], every: list[str]) -> Decision:
         self.found, self.kernels = found, kernels
@@ -651,7 +666,8 @@ class Trials:
             self.host_notes.append(note)
 
     def done(self, arm: Arm, outcome: Outcome, reason: str) -> Decision:
-        return Decision(arm, outcome, reason, self.arms, self.grad, list(self.host_notes), self.host_share)
+        hazards = self.wrapper_hazards() if self.host_share is not None and self.host_share >= HOST_BOUND else []
+        return Decision(arm, outcome, reason, self.arms, self.grad, list(self.host_notes), self.host_share, hazards)
 
     # -- bookkeeping -----------------------------------------------------------------------------
 

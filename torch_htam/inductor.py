@@ -333,6 +333,25 @@ def cpp_wrapper_warmed() -> bool:
     return os.path.exists(_warm_marker())
 
 
+def cpp_wrapper_hazards(graphs: list[fx.GraphModule]) -> list[str]:
+    """The ops of `graphs` that Inductor's C++ wrapper could crash on: a call that returns a list
+    of one tensor and that Inductor runs as a fallback (no lowering of its own), which torch 2.11's
+    C++ wrapper reads as a bare tensor, a null handle (pytorch#190551; htam::launch of a one-output
+    kernel is one, and so may be a user's custom op). Lowered ops (aten.split, unbind: views
+    inside Inductor) are no hazard."""
+    from torch._inductor import lowering
+    out = []
+    for gm in graphs:
+        for n in gm.graph.nodes:
+            op, val = n.target, n.meta.get("val")
+            if (n.op == "call_function" and isinstance(op, torch._ops.OpOverload)
+                    and isinstance(val, (list, tuple)) and len(val) == 1
+                    and any(isinstance(r.type, torch.ListType) for r in op._schema.returns)
+                    and (op not in lowering.lowerings or op in lowering.fallbacks)):
+                out.append(str(op))
+    return list(dict.fromkeys(out))
+
+
 def warm_cpp_wrapper(popen=subprocess.Popen) -> subprocess.Popen | None:
     """Build the C++ wrapper's precompiled header in a background process (a one-line CUDA graph
     compiled with it), unless one did so for this Inductor cache folder already; the process is
