@@ -214,7 +214,8 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
             for arm in COMPILE_ARMS:
                 if arm not in skip:
                     models[arm] = compile_fn(copy.deepcopy(model), ARMS[arm])
-            pending = {"ours_ro": copy.deepcopy(model), "ours": model}
+            pending = {"ours_ro": copy.deepcopy(model)} if "ours_ro" in ours_arms else {}
+            pending["ours"] = model
             with bf._grad_mode(opts.grad_mode):
                 for arm in ours_arms:
                     row["optimize_started"] = time.time()     # run_child: how long a cut-off one ran
@@ -365,16 +366,16 @@ def parse(argv=None):
                     help="compile arms left out (e.g. compile_ma where its autotuning would not fit the "
                          "row's limit); their ratios stay null and the row's skipped_arms names them")
     ap.add_argument("--modes", type=lambda v: tuple(x for x in v.split(",") if x), default=MODES,
-                    help="the modes whose ours arm runs (default both: default,reduce-overhead); with one,"
-                         " the other's ours and torch.compile arms are left out (bench/render.py then"
-                         " shows that mode's figures from the model's previous row, naming both runs)")
+                    help="the modes whose ours arm runs: default,reduce-overhead (the default) or default"
+                         " alone, which leaves out the reduce-overhead arms (bench/render.py then shows"
+                         " their figures from the model's previous row, naming both runs)")
     bf.add_timing_flags(ap, rounds=30)   # 30 x 20 calls a way: host-bound rows swing 2x between rounds
     bf.add_run_flags(ap, "2 x (1.1 x budget + 30) + 600")
     a = ap.parse_args(argv)
     a.mode, a.tf32 = "default", False          # bench_floor.run_child's empty row and failed rows read them
     bf.check_rows(ap, a, model_zoo.ROWS)
-    if not a.modes or set(a.modes) - set(MODES):
-        ap.error(f"--modes takes {', '.join(MODES)}, not {','.join(a.modes)}")
+    if "default" not in a.modes or set(a.modes) - set(MODES):   # render keeps only reduce-overhead figures
+        ap.error(f"--modes takes default or default,reduce-overhead, not {','.join(a.modes)}")
     if unknown := set(a.skip) - set(COMPILE_ARMS):
         ap.error(f"--skip takes compile arms ({', '.join(COMPILE_ARMS)}), not {', '.join(sorted(unknown))}")
     return a

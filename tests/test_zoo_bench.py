@@ -147,7 +147,7 @@ def test_a_default_mode_run_leaves_the_reduce_overhead_arms_out():
     assert row["modes"] == ["default"] and "compile_ro" in row["skipped_arms"]
     assert row["vs_compile"] == pytest.approx(2.0) and row["vs_compile_ro"] is None
     assert row["ours_ro_optimize_s"] is None and "ours_ro" not in row["first_call_s"]
-    for bad in ("", "eager", "default,max-autotune"):
+    for bad in ("", "eager", "default,max-autotune", "reduce-overhead"):
         with pytest.raises(SystemExit):
             bz.parse(["--modes", bad])
 

@@ -317,8 +317,8 @@ f(torch.ones(8, device="cuda"))
 torch.cuda.synchronize()
 pathlib.Path(sys.argv[1]).touch()
 """
-WARM_MARKER = "htam_cpp_wrapper_warm"
-CPP_WRAPPER_KEYS = ("cpp_wrapper",)     # Inductor config that makes its wrapper C++   # in Inductor's cache folder: cleared with its headers
+WARM_MARKER = "htam_cpp_wrapper_warm"   # in Inductor's cache folder: cleared with its headers
+CPP_WRAPPER_KEYS = ("cpp_wrapper",)      # the Inductor config that makes its wrapper C++
 
 
 def _warm_marker() -> str:
@@ -338,8 +338,10 @@ def cpp_wrapper_hazards(graphs: list[fx.GraphModule]) -> list[str]:
     of one tensor and that Inductor runs as a fallback (no lowering of its own), which torch 2.11's
     C++ wrapper reads as a bare tensor, a null handle (pytorch#190551; htam::launch of a one-output
     kernel is one, and so may be a user's custom op). Lowered ops (aten.split, unbind: views
-    inside Inductor) are no hazard."""
+    inside Inductor) are no hazard; where this torch does not say what it lowers, every such op
+    is one."""
     from torch._inductor import lowering
+    lowered, fallbacks = getattr(lowering, "lowerings", {}), getattr(lowering, "fallbacks", ())
     out = []
     for gm in graphs:
         for n in gm.graph.nodes:
@@ -347,7 +349,7 @@ def cpp_wrapper_hazards(graphs: list[fx.GraphModule]) -> list[str]:
             if (n.op == "call_function" and isinstance(op, torch._ops.OpOverload)
                     and isinstance(val, (list, tuple)) and len(val) == 1
                     and any(isinstance(r.type, torch.ListType) for r in op._schema.returns)
-                    and (op not in lowering.lowerings or op in lowering.fallbacks)):
+                    and (op not in lowered or op in fallbacks)):
                 out.append(str(op))
     return list(dict.fromkeys(out))
 
