@@ -74,6 +74,12 @@ CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 # at most the host time beyond the GPU's. ViT-B bf16 at 1.37x of its GPU time gained 1.20x from it
 # (host_wrapper-20261127-124521); a call at its GPU time has nothing for it to save.
 HOST_BOUND = 1.2
+
+
+def host_bound(share: float | None) -> bool:
+    """Whether torch.compile's synced call (share: over its GPU time; None off a GPU) waits on its
+    host enough for the C++ wrapper's arm."""
+    return share is not None and share >= HOST_BOUND
 # first_trial_s's estimate times this: a compile is not the floor's twin, and a host busy after
 # the search times slower than the floor's second call. NOTE: a Swin-T bf16 (H100, budget 120)
 # kept 33.5 s for its first kernel trial; after the floor's timing 31.5 s were left, against 32.2 s
@@ -181,7 +187,7 @@ class Decision:
         """How much of torch.compile's call was its host's, for the report; None off a GPU."""
         if self.host_share is None:
             return None
-        if self.host_share < HOST_BOUND:
+        if not host_bound(self.host_share):
             bound = "not host-bound"
         elif self.wrapper_hazards:
             bound = (f"host-bound at {HOST_BOUND}x or more; the C++ wrapper's arm is not offered: "
@@ -288,6 +294,7 @@ class Trials:
     trial_compile_s: float = 0.0   # what a kernel arm is expected to compile in: its base's own
                                    # setup (base()); 0 before, where the floor's compile stands for it
     host_share: float | None = None   # the floor's synced call / its GPU time (start(); None: not on a GPU)
+    _hazards: tuple | None = None     # (found, wrapper_hazards() of its capture)
 
     # -- the phases ------------------------------------------------------------------------------
 
@@ -354,15 +361,17 @@ class Trials:
         GPU (host_share, HOST_BOUND), in the modes without CUDA graphs, where the end-to-end check
         times arms at all."""
         return (self.cfg.compile and self.cfg.check_end_to_end and self.cfg.mode not in CUDAGRAPH_MODES
-                and self.host_share is not None and self.host_share >= HOST_BOUND and not self.wrapper_hazards())
+                and host_bound(self.host_share) and not self.wrapper_hazards())
 
     def wrapper_hazards(self) -> list[str]:
         """The captured graphs' ops that Inductor's C++ wrapper could crash on
         (inductor.cpp_wrapper_hazards): a crash is no arm error a try can catch, so with any the
         arm is not offered. None known before the capture is handed over (finish())."""
         from torch_htam.inductor import cpp_wrapper_hazards
-        graphs = getattr(getattr(self.found, "capture", None), "graphs", None) or []
-        return cpp_wrapper_hazards(graphs)
+        if self._hazards is None or self._hazards[0] is not self.found:   # one walk per capture
+            graphs = getattr(getattr(self.found, "capture", None), "graphs", None) or []
+            self._hazards = (self.found, cpp_wrapper_hazards(graphs))
+        return self._hazards[1]
 
     def finish(self, found, kernels: dict, ranked: list[str], every: list[str]) -> Decision:
         self.found, self.kernels = found, kernels
@@ -666,7 +675,7 @@ class Trials:
             self.host_notes.append(note)
 
     def done(self, arm: Arm, outcome: Outcome, reason: str) -> Decision:
-        hazards = self.wrapper_hazards() if self.host_share is not None and self.host_share >= HOST_BOUND else []
+        hazards = self.wrapper_hazards() if host_bound(self.host_share) else []
         return Decision(arm, outcome, reason, self.arms, self.grad, list(self.host_notes), self.host_share, hazards)
 
     # -- bookkeeping -----------------------------------------------------------------------------
