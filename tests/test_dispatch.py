@@ -300,3 +300,26 @@ def test_a_compiled_graph_serves_every_size_without_recompiling():
         torch._dynamo.reset()
     assert counter.frame_count == 1
     assert kernel.calls == [4, 16] and fallback.counts([handle]) == fallback.Counts(kernel=2, outside=2)
+
+
+def test_a_failed_launch_in_the_cpp_wrapper_runs_the_region_and_is_counted(monkeypatch):
+    """Inductor's C++ wrapper launches static kernels itself (launch_o<N>) and calls
+    fallback.after_failed_launch where one fails: the region runs on the same inputs, in out_meta's
+    layout, the failure is counted; its successful launches count as kernel calls
+    (launcher.stable_calls). A ranged handle is not static: its size checks are Python's."""
+    from types import SimpleNamespace
+    task = ranged_task()
+    handle, meta = next(_ids), encode_out_meta(task.outputs, out_refs(task))
+    fallback.register(handle, task)
+    kernel = StandIn(gelu_affine)
+    monkeypatch.setattr(launcher, "extension", lambda: SimpleNamespace(launch=kernel))
+    monkeypatch.setattr(launcher, "stable_calls", lambda: {handle: 5})
+    inputs = gelu_inputs(3)
+    out, = fallback.after_failed_launch(handle, inputs, meta, f"htam kernel {handle} returned 1000: {ERR_SHAPE}")
+    torch.testing.assert_close(out, gelu_affine(*inputs))
+    assert kernel.calls == [] and fallback.counts([handle]) == fallback.Counts(kernel=5, failed=1)
+    assert fallback.static(handle) and fallback.static(next(_ids))       # unregistered: launched as it comes
+    ranged, _, _ = registered(ranged_task(), [(1, 64)])
+    assert not fallback.static(ranged)
+    with pytest.raises(RuntimeError, match="illegal memory access"):     # a crash is raised as it is
+        fallback.after_failed_launch(handle, inputs, meta, "CUDA error: an illegal memory access was encountered")

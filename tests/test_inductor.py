@@ -483,7 +483,8 @@ def test_a_host_bound_floor_is_measured_as_such():
 
 def test_the_cpp_wrapper_arm_leaves_time_for_a_kernel_trial(monkeypatch):
     """With kernels to try, the wrapper's arm is built only where the time left also holds a kernel
-    trial, which is compiled like the floor (the wrapper left out of kernel arms)."""
+    trial compiled like the floor; where the wrapper wins, its kernel arms are expected to compile
+    as long as it did (with the wrapper: inductor.stable_launches)."""
     from types import SimpleNamespace
     from torch_htam import decide
     from torch_htam.config import OptimizeConfig
@@ -502,8 +503,7 @@ def test_the_cpp_wrapper_arm_leaves_time_for_a_kernel_trial(monkeypatch):
     monkeypatch.setattr(decide.Trials, "time", lambda self, arms, high=None: all(
         setattr(a, "times", _times(0.5 if a.kind is decide.ArmKind.WRAPPER else 1.0)) or True for a in arms))
     capture = SimpleNamespace(dynamic=None, exported=object(), graphs=[torch.fx.symbolic_trace(model)])
-    # a wrapper compile (20 s) + 2 arms timed + a kernel trial (1.25 x (10 + 6) = 20 s): 42 s; one
-    # graph, so the kernel arm compiles like the floor (its graph without the C++ wrapper)
+    # a wrapper compile (20 s) + 2 arms timed + a kernel trial (1.25 x (10 + 6) = 20 s): 42 s
     for budget, expect in ((40.0, []), (45.0, [decide.ArmKind.WRAPPER])):
         built.clear()
         t = decide.Trials(model, (x,), OptimizeConfig(), GradMode.current(), Deadline(budget))
@@ -512,14 +512,15 @@ def test_the_cpp_wrapper_arm_leaves_time_for_a_kernel_trial(monkeypatch):
         best = t.base(decide.Arm(decide.ArmKind.COMPILE))
         assert built == expect, (budget, built)
         if expect:
-            assert best.kind is decide.ArmKind.WRAPPER and t.trial_compile_s == 10.0
+            assert best.kind is decide.ArmKind.WRAPPER and t.trial_compile_s == 25.0
 
 
 @pytest.mark.parametrize("with_kernels", [True, False])
 def test_a_graph_with_our_kernels_is_compiled_without_the_cpp_wrapper(with_kernels, mlp, monkeypatch):
     """The backend's options reach Inductor as they are on a graph with no kernel of ours, and
-    without the C++ wrapper on a graph with one: its generated C++ calling htam::launch crashed the
-    process on a GPU (inductor.HtamBackend._inductor_options)."""
+    without the C++ wrapper on a graph with a launch that wrapper would call through Python (here a
+    stand-in op; htam::launch's list form crashed the process on a GPU), which only
+    inductor.stable_launches can rewrite (HtamBackend._inductor_options)."""
     import torch._inductor.compile_fx as cfx
     from torch_htam.decide import WRAPPER_OPTIONS
     model, x, found, kernels = mlp
@@ -759,9 +760,12 @@ class _Entry:
 
 @pytest.mark.gpu
 def test_gpu_backend_runs_a_real_kernel_in_both_modes(tmp_path, monkeypatch):
-    """A real bias+GELU kernel inside Inductor's graph, default and reduce-overhead (CUDA graphs).
-    NOTE: under Inductor's C++ wrapper (decide.WRAPPER_OPTIONS) this graph crashed the process on
-    an H200 (torch 2.11): a graph with our kernels is compiled without it (HtamBackend._inductor_options)."""
+    """A real bias+GELU kernel inside Inductor's graph, default and reduce-overhead (CUDA graphs),
+    and default with Inductor's C++ wrapper, which calls it as htam::launch_o1 through the
+    dispatcher (inductor.stable_launches). NOTE: htam::launch's list form under that wrapper crashed
+    the process on an H200 (torch 2.11, pytorch#190551)."""
+    from torch_htam import launcher
+    from torch_htam.decide import WRAPPER_OPTIONS
     from test_runtime import BIAS_GELU_CU, BiasGelu
     from torch_htam.build import build_many
     from torch_htam.launcher import Kernel
@@ -783,10 +787,11 @@ def test_gpu_backend_runs_a_real_kernel_in_both_modes(tmp_path, monkeypatch):
         return binding(*args)
     binding = extern_kernels.htam_launch
     monkeypatch.setattr(extern_kernels, "htam_launch", counted)
-    for mode in ("default", "reduce-overhead"):
+    for mode, options in (("default", {}), ("reduce-overhead", {}), ("default", WRAPPER_OPTIONS)):
         torch._dynamo.reset()
         calls.clear()
-        b = backend.HtamBackend({task.signature: kernel}, mode)
+        stable = launcher.stable_calls().get(kernel.handle, 0)
+        b = backend.HtamBackend({task.signature: kernel}, mode, options=options)
         compiled = torch.compile(model, backend=b)
         with torch.inference_mode(), torch._inductor.config.patch(fx_graph_cache=False):
             for _ in range(3):                       # warm-up, record, replays
@@ -794,6 +799,9 @@ def test_gpu_backend_runs_a_real_kernel_in_both_modes(tmp_path, monkeypatch):
                 got = compiled(fresh).clone()
                 torch.testing.assert_close(got, model(fresh), rtol=1e-4, atol=1e-4)
         assert b.records[0].swapped == [task.signature], b.records
+        if options:     # the C++ wrapper launches it itself, every call
+            assert calls == [] and launcher.stable_calls()[kernel.handle] - stable == 3
+            continue
         # default: every call; reduce-overhead: warm-up and recording, replays run no Python
         assert calls == [kernel.handle] * (3 if mode == "default" else 2), (mode, calls)
     torch._dynamo.reset()
@@ -921,9 +929,11 @@ def test_channels_last_conv_regions_are_swapped_in_both_modes():
         torch._dynamo.reset()
 
 
-def test_the_cpp_wrappers_header_is_warmed_once_per_inductor_cache(tmp_path, monkeypatch):
-    """optimize starts a background process that builds the C++ wrapper's precompiled header; it
-    marks Inductor's cache folder when done, and no process is started for that folder again."""
+def test_the_cpp_wrappers_header_is_warmed_and_our_launches_checked_once_per_inductor_cache(tmp_path, monkeypatch):
+    """optimize starts a background process that builds the C++ wrapper's precompiled header and
+    then checks our launches under that wrapper (inductor.warm_main); each step marks Inductor's
+    cache folder when done, and no process is started once both are. Until the check's marker is
+    there, a graph's launches are not rewritten for the C++ wrapper."""
     import torch._inductor.runtime.cache_dir_utils as cdu
     monkeypatch.setattr(cdu, "cache_dir", lambda: str(tmp_path))
     started = []
@@ -932,10 +942,15 @@ def test_the_cpp_wrappers_header_is_warmed_once_per_inductor_cache(tmp_path, mon
         started.append(cmd)
         return "process"
     assert backend.warm_cpp_wrapper(popen) == "process"
-    marker = started[0][-1]
-    assert marker.startswith(str(tmp_path)) and "cpp_wrapper" in started[0][2]
-    open(marker, "w").close()                      # what the process does once its compile is done
-    assert backend.warm_cpp_wrapper(popen) is None and len(started) == 1
+    header, checked = started[0][-2:]
+    assert header.startswith(str(tmp_path)) and "warm_main" in started[0][2]
+    assert not backend.cpp_wrapper_warmed() and not backend.stable_launches_checked()
+    assert backend.stable_launches(torch.fx.symbolic_trace(MLP())) is False
+    open(header, "w").close()                      # what the process does once its compile is done
+    assert backend.cpp_wrapper_warmed() and backend.warm_cpp_wrapper(popen) == "process"
+    open(checked, "w").close()                     # ... and once the canary ran right
+    assert backend.stable_launches_checked() and backend.warm_cpp_wrapper(popen) is None
+    assert len(started) == 2
 
 
 @pytest.mark.parametrize("warmed", [True, False])

@@ -139,6 +139,42 @@ except RuntimeError as e:
     print(str(e).splitlines()[0])
 """
 
+# launch_o<N>, what Inductor's C++ wrapper calls (inductor.stable_launches): the extension's slot
+# counts are launcher.py's; a graph's launches (one output, two outputs with a size reference) are
+# rewritten into ops Inductor calls through the dispatcher without Python (its own predicate), and
+# the rewritten graph traces to the same outputs; a launch with more inputs than the slots, or a
+# ranged kernel's, leaves the graph as it was, as does any before the canary ran (warm_main).
+STABLE_CHECKS = """
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+from torch_htam import fallback, inductor
+print((m.STABLE_INPUTS, m.STABLE_OUTPUTS, m.STABLE_META_SLOTS) ==
+      (launcher.STABLE_INPUTS, launcher.STABLE_OUTPUTS, launcher.STABLE_META_SLOTS))
+launch = torch.ops.htam.launch.default
+
+def f(x, w):
+    a, = launch(11, [x, w], [0, 2, 4, 8])
+    b, c = launch(12, [a], [2, 2, size_ref(0, 0), 8, 256, 4, 1, 2, 3, 4])
+    return a + 1, b * 2, c
+
+def shapes(gm, *args):
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    return [(v.meta["val"].shape, v.meta["val"].dtype, v.meta["val"].stride()) for v in out]
+x, w = torch.randn(4, 8), torch.randn(8)
+gm = make_fx(f, tracing_mode="fake")(x, w)
+before = shapes(gm)
+print(inductor.stable_launches(gm))       # not yet checked under the C++ wrapper on this torch
+inductor.stable_launches_checked = lambda: True
+print(inductor.stable_launches(gm), shapes(gm) == before == shapes(make_fx(gm, tracing_mode="fake")(x, w)))
+ops = [n.target for n in gm.graph.nodes if n.op == "call_function" and getattr(n.target, "namespace", "") == "htam"]
+print([str(op) for op in ops], all(CppWrapperCpu._compatible_with_stableivalue(op) for op in ops))
+many = make_fx(lambda *xs: launch(13, list(xs), [0, 1, 4])[0], tracing_mode="fake")(*[x[0]] * 17)
+fallback.static = lambda h: h != 14
+ranged = make_fx(lambda x: launch(14, [x], [0, 1, 4])[0], tracing_mode="fake")(x[0])
+print([inductor.stable_launches(g) for g in (many, ranged)],
+      [n.target for g in (many, ranged) for n in g.graph.nodes if n.target is launch] == [launch, launch])
+"""
+
 
 @pytest.mark.build
 @pytest.mark.skipif(torch.version.cuda is None or shutil.which(os.environ.get("CXX", "c++")) is None
@@ -148,9 +184,10 @@ def test_launcher_compiles_and_checks_its_arguments_without_a_gpu(tmp_path):
     with Python errors before touching a GPU (built in a subprocess: its ops stay out of this one)."""
     # NOTE: no CUDA_HOME: launcher._fix_cuda_home finds the toolkit where the nvcc on PATH is a
     # wrapper (this CI image). The arch list only matters to cpp_extension without a visible GPU.
-    env = {**os.environ, "HTAM_CACHE_DIR": str(tmp_path),
+    env = {**os.environ, "HTAM_CACHE_DIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
            "TORCH_CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0")}
-    r = subprocess.run([sys.executable, "-c", "from torch_htam import launcher" + ARG_CHECKS + REF_CHECKS],
+    r = subprocess.run([sys.executable, "-c", "from torch_htam import launcher" + ARG_CHECKS + REF_CHECKS
+                        + STABLE_CHECKS],
                        env=env, capture_output=True, text=True,
                        timeout=600, cwd=Path(__file__).parents[1])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -162,7 +199,9 @@ def test_launcher_compiles_and_checks_its_arguments_without_a_gpu(tmp_path):
         "True",
         "htam: out_meta output 0's size -3 is 1 * inputs[2].shape[0], but the launch has 2 inputs",
         "htam: out_meta output 0's size -66562 is 2 * inputs[1].shape[1], but that input has 1 dims",
-        "htam: out_meta output 0's size -6 is 1 * inputs[5].shape[0], but the launch has 2 inputs"]
+        "htam: out_meta output 0's size -6 is 1 * inputs[5].shape[0], but the launch has 2 inputs",
+        "True", "False", "True True", "['htam.launch_o1.default', 'htam.launch_o2.default'] True",
+        "[False, False] True"]
     # A deployment box with no compiler imports the launcher a bundle carried (bundle.load adopts it).
     box = {**env, "HTAM_CACHE_DIR": str(tmp_path / "box"), "CXX": "no-such-compiler"}
     adopt = ("import sys; from pathlib import Path; from torch_htam import launcher\n"

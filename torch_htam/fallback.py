@@ -187,11 +187,12 @@ def _buckets(task, buckets) -> tuple:
 
 
 def counts(handles=None) -> Counts:
-    """Calls of `handles` (default all registered), summed: Counts(kernel, outside, failed)."""
-    total = Counts()
+    """Calls of `handles` (default all registered), summed: Counts(kernel, outside, failed); kernel
+    counts the C++ wrapper's launches too (launcher.stable_calls)."""
+    total, stable = Counts(), launcher.stable_calls()
     for h, rec in _HANDLES.items():
         if handles is None or h in handles:
-            total.kernel += rec.counts.kernel
+            total.kernel += rec.counts.kernel + stable.get(h, 0)
             total.outside += rec.counts.outside
             total.failed += rec.counts.failed
             total.relaid += rec.counts.relaid
@@ -221,23 +222,45 @@ def run_or_fallback(handle: int, inputs: list[torch.Tensor], out_meta: list[int]
     try:
         outs = launch(handle, inputs, out_meta)
     except RuntimeError as e:
-        relaid = _relaid(h, inputs) if not is_crash_message(str(e)) else None
-        if relaid is not None:
-            try:
-                outs = launch(handle, relaid, out_meta)
-                h.counts.kernel += 1
-                h.counts.relaid += 1
-                return outs
-            except RuntimeError as again:
-                if is_crash_message(str(again)):
-                    raise
-        region = _failed(h, inputs, e)
-        if region is None:
-            raise
-        return _run_region(region, inputs, out_meta)
+        return _recover(h, handle, inputs, out_meta, launch, e)
     if h is not None:
         h.counts.kernel += 1
     return outs
+
+
+def after_failed_launch(handle: int, inputs: list[torch.Tensor], out_meta: list[int],
+                        message: str) -> list[torch.Tensor]:
+    """What a launch_o<N> in Inductor's C++ wrapper calls where its launch raised `message`
+    (launcher.cpp; inductor.stable_launches installs it): as run_or_fallback after the raise."""
+    e = RuntimeError(message)
+    return _recover(_HANDLES.get(handle), handle, inputs, out_meta, launcher.extension().launch, e)
+
+
+def _recover(h: _Handle | None, handle: int, inputs: list[torch.Tensor], out_meta: list[int],
+             launch: Callable, e: RuntimeError) -> list[torch.Tensor]:
+    """After launch(handle, inputs, out_meta) raised e: the launch once more on inputs laid out as
+    the kernel's specs, else the region; e raised where neither can run (a crash, no region)."""
+    relaid = _relaid(h, inputs) if not is_crash_message(str(e)) else None
+    if relaid is not None:
+        try:
+            outs = launch(handle, relaid, out_meta)
+            h.counts.kernel += 1
+            h.counts.relaid += 1
+            return outs
+        except RuntimeError as again:
+            if is_crash_message(str(again)):
+                raise
+    region = _failed(h, inputs, e)
+    if region is None:
+        raise e
+    return _run_region(region, inputs, out_meta)
+
+
+def static(handle: int) -> bool:
+    """Whether `handle` launches as it comes (no size checks before it: no ranged task's buckets),
+    so that the C++ wrapper may call it without fallback's Python (inductor.stable_launches)."""
+    h = _HANDLES.get(handle)
+    return h is None or h.fits is None
 
 
 def _relaid(h: _Handle | None, inputs: list[torch.Tensor]) -> list[torch.Tensor] | None:

@@ -24,7 +24,9 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import operator
 import os
+import re
 import subprocess
 import sys
 import types
@@ -86,21 +88,26 @@ class HtamBackend:
         if not self.inductor:
             return graph.forward
         from torch._inductor.compile_fx import compile_fx
-        return compile_fx(graph, example_inputs, config_patches=self._inductor_options(bool(record.swapped)))
+        options = self._inductor_options(graph if record.swapped else None)
+        return compile_fx(graph, example_inputs, config_patches=options)
 
-    def _inductor_options(self, swapped: bool = False) -> dict:
-        """The mode's Inductor config and the backend's options, less the C++ wrapper's on a graph
-        with our kernels in it (swapped).
+    def _inductor_options(self, swapped: fx.GraphModule | None = None) -> dict:
+        """The mode's Inductor config and the backend's options; on a graph with our kernels in it
+        (swapped), the C++ wrapper's only where every launch in it is rewritten for that wrapper
+        (stable_launches; the graph is changed then), else those options are left out.
 
         NOTE: on an H200 (torch 2.11) Inductor's C++ wrapper calling htam::launch
         ((int, Tensor[], int[]) -> Tensor[]) for a one-output kernel crashed the process with a
         segmentation fault, which no try can catch: its C++ took the one-element list it gets back
         from Python for a bare tensor and read a null handle (pytorch#190551, fixed in later
-        torch). The C++ wrapper would also bypass fallback.checked_launch, which the Python
-        wrapper calls: it runs a ranged kernel's region outside its buckets, and a failing
-        kernel's region."""
+        torch)."""
         options = mode_options(self.mode) | self.options
-        return {k: v for k, v in options.items() if k not in CPP_WRAPPER_KEYS} if swapped else options
+        if swapped is None or not any(options.get(k) for k in CPP_WRAPPER_KEYS):
+            return options
+        schema = getattr(getattr(self.provider, "op", None), "_schema", None)   # None: the launcher's own
+        if (schema is None or schema.name == "htam::launch") and stable_launches(swapped):
+            return options
+        return {k: v for k, v in options.items() if k not in CPP_WRAPPER_KEYS}
 
     def _swap(self, gm: fx.GraphModule, example_inputs: list, record: GraphRecord) -> fx.GraphModule:
         from torch_htam import runtime, symbolic
@@ -303,34 +310,134 @@ def python_kernel_name(op) -> str:
     return f"{op.__module__.replace('._ops.', '.ops.')}.{op.__name__}"
 
 
-# ---- Inductor's C++ wrapper: its header, precompiled ahead --------------------------------------
+# ---- Inductor's C++ wrapper: its header built ahead, our launches checked under it -------------
 
 # A C++-wrapper graph compiles against a precompiled header of torch's C++ API, which Inductor
 # builds in its cache folder the first time (precompiled_headers/). NOTE: on a fresh H100 machine a
 # ResNet-18 bf16's C++-wrapper arm took 64 s to compile against 11 s for its Python-wrapper floor,
 # and the decision then had no time left to time it (zoo-20261127-125906); a warmed header leaves
 # 1.3-1.9x the floor's compile (host_wrapper-20261127-124521).
-_WARM_SRC = """
-import pathlib, sys, torch
-f = torch.compile(lambda x: torch.sin(x) + 1, options={"cpp_wrapper": True})
-f(torch.ones(8, device="cuda"))
-torch.cuda.synchronize()
-pathlib.Path(sys.argv[1]).touch()
-"""
 WARM_MARKER = "htam_cpp_wrapper_warm"   # in Inductor's cache folder: cleared with its headers
 CPP_WRAPPER_KEYS = ("cpp_wrapper",)      # the Inductor config that makes its wrapper C++
+CANARY_CU = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "canary.cu")
 
 
-def _warm_marker() -> str:
+def stable_launches(gm: fx.GraphModule) -> bool:
+    """Every htam::launch in gm as a launch_o<N> (launcher.stable_args), which Inductor's C++
+    wrapper calls through the dispatcher without Python; False, gm untouched, where any launch
+    cannot be: more inputs, outputs or dims than the op's slots, or a ranged kernel, whose size
+    checks before each launch are fallback's Python (fallback.static). A failed launch_o<N> runs its
+    region through fallback.after_failed_launch, as the Python wrapper's checked_launch does.
+    False too until warm_cpp_wrapper's process has run such launches on this torch and launcher
+    (stable_launches_checked): a crash in Inductor's generated C++ is no error a try can catch.
+
+        >>> stable_launches(gm)    # launch(h, [x, w], [2, 2, 64, 256]) + getitem(., 0) -> launch_o1(h, 2, 2, 64, 256, 0, ..., x, w, None, ...)
+        True
+    """
+    from torch_htam import fallback, launcher
+    if not stable_launches_checked():
+        return False
+    sites = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.htam.launch.default]
+    for n in sites:
+        if (not fallback.static(n.args[0]) or launcher.stable_args(*n.args) is None
+                or not all(u.target is operator.getitem for u in n.users)):
+            return False
+    _failure_hook()
+    for n in sites:
+        outputs, args = launcher.stable_args(*n.args)   # read now: an earlier rewrite may replace an input
+        n.target, n.args = launcher.stable_op(outputs), args
+        if outputs == 1:     # a Tensor, not a list: its getitem(., 0) users read it directly
+            for item in list(n.users):
+                n.meta["val"] = item.meta.get("val", n.meta["val"][0])
+                item.replace_all_uses_with(n)
+                gm.graph.erase_node(item)
+        else:
+            n.meta["val"] = tuple(n.meta["val"])
+    gm.recompile()
+    return True
+
+
+@functools.cache
+def _failure_hook() -> None:
+    from torch_htam import fallback, launcher
+    launcher.extension().set_failure_hook(fallback.after_failed_launch)
+
+
+def _markers() -> tuple[str, str]:
+    """(the header's marker, the checked launches' marker) in Inductor's cache folder; the second
+    names this torch and this launcher's sources, which a check holds for."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
-    return os.path.join(cache_dir(), WARM_MARKER)
+    from torch_htam import launcher
+    tag = re.sub(r"[^\w.+-]", "_", f"{torch.__version__}-{launcher.source_hash()[:16]}")
+    return os.path.join(cache_dir(), WARM_MARKER), os.path.join(cache_dir(), f"htam_stable_launch_ok-{tag}")
 
 
 def cpp_wrapper_warmed() -> bool:
     """Whether the C++ wrapper's precompiled header is built for this Inductor cache folder (by
     warm_cpp_wrapper's process): a C++-wrapper compile then costs 1.3-1.9x a Python-wrapper one,
     not 5x."""
-    return os.path.exists(_warm_marker())
+    return os.path.exists(_markers()[0])
+
+
+def stable_launches_checked() -> bool:
+    """Whether warm_cpp_wrapper's process ran launch_o1 and launch_o2 right from a graph compiled
+    with the C++ wrapper, on this torch and launcher (check_stable_launches)."""
+    return os.path.exists(_markers()[1])
+
+
+def warm_cpp_wrapper(popen=subprocess.Popen) -> subprocess.Popen | None:
+    """In a background process (warm_main): build the C++ wrapper's precompiled header (a one-line
+    CUDA graph compiled with it), then check our launches under it (check_stable_launches), each
+    unless done for this Inductor cache folder already. The process is left to finish on its own
+    (a second compile waits on Inductor's lock for the header, then reads it). None where nothing
+    was started."""
+    markers = _markers()
+    if all(os.path.exists(m) for m in markers):
+        return None
+    try:
+        return popen([sys.executable, "-c", "import sys; from torch_htam import inductor; "
+                      "inductor.warm_main(*sys.argv[1:])", *markers], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError as e:
+        log.info("torch_htam: no warm-up of Inductor's C++ wrapper (%s)", e)
+        return None
+
+
+def warm_main(header_marker: str, stable_marker: str) -> None:
+    """warm_cpp_wrapper's process: each step that is not done yet, its marker written when done.
+    A step that crashes the process (as pytorch#190551 did) writes no marker."""
+    if not os.path.exists(header_marker):
+        f = torch.compile(lambda x: torch.sin(x) + 1, options={"cpp_wrapper": True})
+        f(torch.ones(8, device="cuda"))
+        torch.cuda.synchronize()
+        open(header_marker, "w").close()
+    if not os.path.exists(stable_marker) and check_stable_launches():
+        open(stable_marker, "w").close()
+
+
+def check_stable_launches() -> bool:
+    """The canary kernel (csrc/canary.cu: a + b, and a * b given a second output) launched as
+    launch_o1 and launch_o2 from a graph compiled with the C++ wrapper: whether both gave the right
+    outputs. Where Inductor's C++ mishandles them the process crashes here, not in the user's."""
+    from torch_htam import build, launcher
+    res = build.build(open(CANARY_CU).read())
+    if not res.ok:
+        log.info("torch_htam: the canary kernel did not build (%s)", res.error)
+        return False
+    handle = launcher.Kernel(res.so_path).handle
+
+    def slots(out_meta: list[int]) -> list[int]:
+        n, args = launcher.stable_args(handle, [], out_meta)
+        return list(args[1:1 + n * launcher.STABLE_META_SLOTS])
+    one, two = slots([0, 1, 8]), slots([0, 1, 8, 0, 1, 8])    # one and two fp32 outputs of 8
+
+    def canary(a, b):
+        s = launcher.stable_op(1)(handle, *one, a, b)
+        p, q = launcher.stable_op(2)(handle, *two, a, b)
+        return s * 2, p + q
+    a, b = torch.arange(8.0, device="cuda"), torch.full((8,), 3.0, device="cuda")
+    s, pq = torch.compile(canary, options={"cpp_wrapper": True}, fullgraph=True)(a, b)
+    return bool(torch.equal(s, (a + b) * 2) and torch.equal(pq, a + b + a * b))
 
 
 def cpp_wrapper_hazards(graphs: list[fx.GraphModule]) -> list[str]:
@@ -352,22 +459,6 @@ def cpp_wrapper_hazards(graphs: list[fx.GraphModule]) -> list[str]:
                     and (op not in lowered or op in fallbacks)):
                 out.append(str(op))
     return list(dict.fromkeys(out))
-
-
-def warm_cpp_wrapper(popen=subprocess.Popen) -> subprocess.Popen | None:
-    """Build the C++ wrapper's precompiled header in a background process (a one-line CUDA graph
-    compiled with it), unless one did so for this Inductor cache folder already; the process is
-    left to finish on its own (a second compile waits on Inductor's lock for the header, then
-    reads it). None where nothing was started."""
-    marker = _warm_marker()
-    if os.path.exists(marker):
-        return None
-    try:
-        return popen([sys.executable, "-c", _WARM_SRC, marker], stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    except OSError as e:
-        log.info("torch_htam: no warm-up of Inductor's C++ wrapper (%s)", e)
-        return None
 
 
 # ---- on the user's own model ------------------------------------------------------------------

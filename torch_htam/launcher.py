@@ -94,6 +94,8 @@ def extension():
                                "toolkit matching torch.version.cuda (set CUDA_HOME) and a C++17 compiler."
                                ) from e
     torch.library.register_fake("htam::launch")(_launch_fake)
+    for n in range(1, STABLE_OUTPUTS + 1):
+        torch.library.register_fake(f"htam::launch_o{n}")(_stable_fake(n))
     return module
 
 
@@ -368,6 +370,62 @@ def _resolve(entry: int, inputs: list[torch.Tensor] | None, output: int):
     if ref.dim >= inputs[ref.input].dim():
         raise ValueError(f"{where}, but that input has {inputs[ref.input].dim()} dims")
     return ref.k * inputs[ref.input].shape[ref.dim]
+
+
+# ---- launch_o<N>: htam::launch as Inductor's C++ wrapper calls it without Python -----------------
+# csrc/launcher.cpp says why: out_meta in STABLE_META_SLOTS ints per output ([code, ndim, d0..d7],
+# zero padded), the inputs in STABLE_INPUTS optional tensors (the rest None), N tensors back.
+# tests/test_launcher.py checks these against the extension's own.
+STABLE_INPUTS, STABLE_OUTPUTS, STABLE_META_SLOTS = 16, 4, 2 + 8
+
+
+def stable_op(n_outputs: int):
+    """htam::launch_o<n_outputs> (the launcher loaded)."""
+    return getattr(torch.ops.htam, f"launch_o{n_outputs}").default
+
+
+def stable_args(handle: int, inputs: list, out_meta: list[int]) -> tuple[int, tuple] | None:
+    """(outputs, args) to call stable_op(outputs) with what htam::launch(handle, inputs, out_meta)
+    is called with; None where the launch has more inputs, outputs or dims than its slots hold.
+
+        >>> launcher.stable_args(h, [x], [0, 2, 4, 8])
+        (1, (h, 0, 2, 4, 8, 0, 0, 0, 0, 0, 0, x, None, ..., None))
+    """
+    slots, i = [], 0
+    while i < len(out_meta):
+        ndim = out_meta[i + 1]
+        if ndim > STABLE_META_SLOTS - 2:
+            return None
+        slots += [*out_meta[i:i + 2 + ndim], *[0] * (STABLE_META_SLOTS - 2 - ndim)]
+        i += 2 + ndim
+    n = len(slots) // STABLE_META_SLOTS
+    if not 1 <= n <= STABLE_OUTPUTS or len(inputs) > STABLE_INPUTS:
+        return None
+    return n, (handle, *slots, *inputs, *[None] * (STABLE_INPUTS - len(inputs)))
+
+
+def meta_of_slots(slots) -> list[int]:
+    """out_meta back from launch_o<N>'s slots (the C++ launch reads them alike)."""
+    meta = []
+    for o in range(0, len(slots), STABLE_META_SLOTS):
+        meta += slots[o:o + 2 + slots[o + 1]]
+    return meta
+
+
+def _stable_fake(n: int):
+    def fake(handle, *args, **named):
+        # the slots positionally; the optional inputs positionally or by name (in0, in1, ...)
+        args = [*args, *(named[f"in{i}"] for i in range(STABLE_INPUTS) if f"in{i}" in named)]
+        k = n * STABLE_META_SLOTS
+        outs = _launch_fake(handle, [x for x in args[k:] if x is not None], meta_of_slots(args[:k]))
+        return outs[0] if n == 1 else tuple(outs)
+    return fake
+
+
+def stable_calls() -> dict[int, int]:
+    """{handle: successful launch_o<N> calls} (the C++ wrapper's launches, which fallback's Python
+    counts never see); {} where the launcher is not loaded."""
+    return extension().stable_calls() if extension.cache_info().currsize else {}
 
 
 def fast_launch(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:

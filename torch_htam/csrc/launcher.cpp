@@ -5,6 +5,8 @@
 //   htam::load(str path) -> int                                   dlopen + dlsym("htam_run")
 //   htam::run(int handle, Tensor[] inputs, Tensor(a!)[] outputs) -> int   raw return code
 //   htam::launch(int handle, Tensor[] inputs, int[] out_meta) -> Tensor[]  allocates outputs
+//   htam::launch_o<N>(int handle, int m0, ..., Tensor? in0, ...) -> N Tensors   launch for
+//     Inductor's C++ wrapper: out_meta in fixed int slots, the inputs in optional tensor slots
 // out_meta encodes each output as [dtype_code, ndim, d0, ..., d(ndim-1)], concatenated; a dtype
 // code plus kChannelsLast (256) asks for a 4-D output in channels-last memory format. A size below 0
 // is a reference to an input's size, k * inputs[i].size(d) (resolve_size; launcher.size_ref), so a
@@ -20,6 +22,7 @@
 // (Figures: docs/RESULTS_LOG.md.)
 #include <dlfcn.h>
 
+#include <atomic>
 #include <fstream>
 #include <iterator>
 #include <mutex>
@@ -28,6 +31,7 @@
 #include <unordered_map>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/stack.h>
 #include <ATen/cuda/EmptyTensor.h>
 #include <ATen/record_function.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -45,8 +49,10 @@ namespace {
 using HtamFn = int (*)(const HtamTensor*, int, HtamTensor*, int, cudaStream_t);
 
 struct Kernel {
-  HtamFn fn;
+  HtamFn fn = nullptr;
   std::string path;
+  // successful launch_o<N> calls: the C++ wrapper's launches, which Python does not see
+  mutable std::atomic<int64_t> stable_calls{0};
 };
 
 // Loaded kernels by handle, never unloaded: a captured CUDA graph may still point into the .so.
@@ -112,7 +118,9 @@ int64_t load(std::string path) {
     TORCH_CHECK(false, "htam: ", path, " has no `htam_run` symbol (", reason,
                 "); define it with HTAM_ENTRY htam_run(...) from htam_abi.h");
   }
-  g_kernels.emplace(handle, Kernel{fn, path});
+  Kernel& k = g_kernels[handle];   // in place: a Kernel holds an atomic, which cannot move
+  k.fn = fn;
+  k.path = path;
   g_by_path.emplace(path, handle);
   return handle;
 }
@@ -248,6 +256,83 @@ std::vector<at::Tensor> launch(int64_t handle, at::TensorList inputs, at::IntArr
   return outputs;
 }
 
+// ---- launch_o<N>: launch for Inductor's C++ wrapper ---------------------------------------------
+// Inductor's C++ wrapper calls an op it has no C shim for through aoti_torch_call_dispatcher, with
+// no Python, only where every argument and return is an int, float, bool, Tensor or Tensor?
+// (cpp_wrapper_cpu._compatible_with_stableivalue). htam::launch's Tensor[] and int[] send each call
+// back through Python, which in torch 2.11 crashed on a one-tensor list (pytorch#190551). So
+// launch_o<N> takes out_meta in kStableMetaSlots ints per output ([code, ndim, d0..d7], padded with
+// zeros), the inputs in kStableInputs optional tensors (a prefix; the rest None), and returns N
+// tensors. A failed launch calls Python's fallback.after_failed_launch (set_failure_hook), which
+// runs the region instead, as the Python wrapper's fallback.checked_launch does.
+const int kStableInputs = 16, kStableOutputs = 4, kStableMetaSlots = 2 + HTAM_MAX_DIMS;
+
+// a strong reference, never released: compiled graphs may call it until the process ends
+std::atomic<PyObject*> g_failure_hook{nullptr};
+
+// out_meta from its slots: each output's [code, ndim, sizes...] without the padding.
+std::vector<int64_t> meta_of_slots(c10::ArrayRef<int64_t> slots) {
+  TORCH_CHECK(slots.size() % kStableMetaSlots == 0, "htam: ", num(slots.size()), " out_meta slots, not a multiple of ",
+              num(kStableMetaSlots));
+  std::vector<int64_t> meta;
+  for (size_t o = 0; o < slots.size(); o += kStableMetaSlots) {
+    const int64_t ndim = slots[o + 1];
+    TORCH_CHECK(ndim >= 0 && ndim <= HTAM_MAX_DIMS, "htam: out_meta slot ", num(o / kStableMetaSlots), " has ",
+                num(ndim), " dims; the kernel ABI allows ", num(HTAM_MAX_DIMS));
+    meta.insert(meta.end(), slots.begin() + o, slots.begin() + o + 2 + ndim);
+  }
+  return meta;
+}
+
+std::vector<at::Tensor> after_failure(PyObject* fn, int64_t handle, at::TensorList inputs,
+                                      const std::vector<int64_t>& meta, const c10::Error& error) {
+  pybind11::gil_scoped_acquire gil;
+  try {
+    pybind11::object hook = pybind11::reinterpret_borrow<pybind11::object>(fn);
+    pybind11::object outs = hook(handle, inputs.vec(), meta, std::string(error.what_without_backtrace()));
+    return outs.cast<std::vector<at::Tensor>>();
+  } catch (pybind11::error_already_set& e) {
+    TORCH_CHECK(false, "htam: kernel ", num(handle), " failed (", error.what_without_backtrace(),
+                "), and so did running its region instead: ", e.what());
+  }
+  return {};  // unreachable
+}
+
+template <int N>
+void launch_stable(const c10::OperatorHandle& /*op*/, torch::jit::Stack* stack) {
+  const size_t n_args = 1 + N * kStableMetaSlots + kStableInputs;
+  auto args = torch::jit::last(*stack, n_args);
+  const int64_t handle = args[0].toInt();
+  c10::SmallVector<int64_t, N * kStableMetaSlots> slots;
+  for (size_t i = 1; i <= (size_t)N * kStableMetaSlots; ++i) slots.push_back(args[i].toInt());
+  std::vector<at::Tensor> inputs;
+  for (size_t i = 1 + N * kStableMetaSlots; i < n_args && !args[i].isNone(); ++i) inputs.push_back(args[i].toTensor());
+  const std::vector<int64_t> meta = meta_of_slots(slots);
+  std::vector<at::Tensor> outs;
+  try {
+    outs = launch(handle, inputs, meta);
+    kernel_at(handle).stable_calls.fetch_add(1, std::memory_order_relaxed);
+  } catch (const c10::Error& e) {
+    PyObject* hook = g_failure_hook.load();
+    if (hook == nullptr) throw;
+    outs = after_failure(hook, handle, inputs, meta, e);
+  }
+  TORCH_CHECK(outs.size() == (size_t)N, "htam: launch_o", num(N), " got ", num(outs.size()), " outputs");
+  torch::jit::drop(*stack, n_args);
+  for (at::Tensor& t : outs) stack->emplace_back(std::move(t));
+}
+
+std::string stable_schema(int n) {
+  std::string s = "launch_o" + num(n) + "(int handle";
+  for (int i = 0; i < n * kStableMetaSlots; ++i) s += ", int m" + num(i);
+  for (int i = 0; i < kStableInputs; ++i) s += ", Tensor? in" + num(i) + "=None";
+  s += ") -> ";
+  if (n == 1) return s + "Tensor";
+  s += "(";
+  for (int i = 0; i < n; ++i) s += i ? ", Tensor" : "Tensor";
+  return s + ")";
+}
+
 // launch() for Python, without the dispatcher. It skips what the dispatcher adds around a call: no
 // FakeTensor/functionalization/proxy handling, no TorchDispatchMode, no autograd key (the op has
 // none either). So launcher.fast_launch calls it only for plain eager tensors outside any tracing;
@@ -315,15 +400,37 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     for (const OutSpec& s : out_specs(inputs, out_meta)) shapes.emplace_back(s.sizes.begin(), s.sizes.end());
     return shapes;
   }, "out_shapes(inputs, out_meta) -> list[list[int]]: the output sizes launch allocates");
+  m.def("meta_of_slots", [](const std::vector<int64_t>& slots) { return meta_of_slots(slots); },
+        "meta_of_slots(slots) -> out_meta: what launch_o<N> reads out of its int slots (for tests)");
+  m.def("set_failure_hook", [](pybind11::object fn) {
+    fn.inc_ref();   // kept for the process: compiled graphs call it after this call returns
+    g_failure_hook.store(fn.ptr());
+  }, "set_failure_hook(fn): fn(handle, inputs, out_meta, message) -> outputs, called where a launch_o<N> fails");
+  m.def("stable_calls", [] {
+    std::unordered_map<int64_t, int64_t> calls;
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (const auto& [handle, k] : g_kernels)
+      if (int64_t n = k.stable_calls.load(std::memory_order_relaxed)) calls[handle] = n;
+    return calls;
+  }, "stable_calls() -> {handle: successful launch_o<N> calls}");
+  m.attr("STABLE_INPUTS") = kStableInputs;
+  m.attr("STABLE_OUTPUTS") = kStableOutputs;
+  m.attr("STABLE_META_SLOTS") = kStableMetaSlots;
 }
 
 TORCH_LIBRARY(htam, m) {
   m.def("load(str path) -> int", &load);
   m.def("run(int handle, Tensor[] inputs, Tensor(a!)[] outputs) -> int");
   m.def("launch(int handle, Tensor[] inputs, int[] out_meta) -> Tensor[]");
+  for (int n = 1; n <= kStableOutputs; ++n) m.def(stable_schema(n).c_str());
 }
 
 TORCH_LIBRARY_IMPL(htam, CUDA, m) {
   m.impl("run", &run);
   m.impl("launch", &launch);
+  m.impl("launch_o1", torch::CppFunction::makeFromBoxedFunction<&launch_stable<1>>());
+  m.impl("launch_o2", torch::CppFunction::makeFromBoxedFunction<&launch_stable<2>>());
+  m.impl("launch_o3", torch::CppFunction::makeFromBoxedFunction<&launch_stable<3>>());
+  m.impl("launch_o4", torch::CppFunction::makeFromBoxedFunction<&launch_stable<4>>());
+  static_assert(kStableOutputs == 4, "one m.impl per launch_o<N>");
 }
