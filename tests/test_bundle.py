@@ -151,6 +151,34 @@ def test_inductor_code_in_the_bundle_is_loaded_only_on_its_own_stack(made, tmp_p
     assert json.loads((replay / "manifest.json").read_text())["inductor"] is None   # a replay needs none
 
 
+def test_a_bundle_carries_its_check_of_our_launches_under_the_cpp_wrapper_to_its_own_stack(made, tmp_path, monkeypatch):
+    """Where our launches were checked under Inductor's C++ wrapper at precompile (inductor.warm_main),
+    a server of the same stack and launcher sources takes that check (its first compile keeps the
+    wrapper the decision timed); another stack or launcher checks for itself."""
+    import torch._inductor.runtime.cache_dir_utils as cdu
+    from torch_htam import inductor, launcher
+    model, x, tasks, cache, provider = made
+    monkeypatch.setattr(cdu, "cache_dir", lambda: str(tmp_path / "server"))
+    (tmp_path / "server").mkdir()
+    monkeypatch.setattr(inductor, "stable_launches_checked", lambda: True)     # the precompile machine's
+    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache, run={"compile": True, "mode": "default"},
+                            inductor_code=b"compiled code")
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["inductor"]["stable_launches"] == launcher.source_hash()
+    monkeypatch.undo()
+    monkeypatch.setattr(cdu, "cache_dir", lambda: str(tmp_path / "server"))
+    monkeypatch.setattr(inductor, "load_artifacts", lambda data: None)
+    real_stack = inductor.stack
+
+    def load(stack=None):
+        monkeypatch.setattr(inductor, "stack", lambda: {**real_stack(), **(stack or {})})
+        runtime.restore(bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake"))
+        return inductor.stable_launches_checked()
+    assert load({"torch": "9.9"}) is False                     # another stack: not taken
+    assert load() is True
+    assert inductor.adopt_stable_launches("another launcher's sources") is False
+
+
 def test_load_detects_truncated_library_and_flipped_source(made, tmp_path, caplog):
     model, x, tasks, cache, provider = made
     out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache)

@@ -223,7 +223,8 @@ def _write_inductor(out: Path, inductor_code: bytes) -> dict:
     path = out / INDUCTOR_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(inductor_code)
-    return {"file": INDUCTOR_FILE, "sha256": sha256_file(path), "stack": inductor.stack()}
+    return {"file": INDUCTOR_FILE, "sha256": sha256_file(path), "stack": inductor.stack(),
+            "stable_launches": inductor.stable_launches_record()}
 
 
 def bundle_arch(arch: str | None = None) -> str:
@@ -358,6 +359,8 @@ def _load_inductor_code(bundle_dir: str | Path, manifest: dict) -> str:
         theirs = code.get("stack") or {}
         diff = ", ".join(f"{k} {theirs.get(k)} here {v}" for k, v in here.items() if theirs.get(k) != v)
         return f"torch.compile compiles on the first call: the bundle's Inductor code is for another stack ({diff})"
+    # the same stack: our launches checked under the C++ wrapper there hold here (inductor.warm_main)
+    inductor.adopt_stable_launches(code.get("stable_launches"))
     path = Path(bundle_dir) / code["file"]
     if not path.is_file() or sha256_file(path) != code.get("sha256"):
         return "torch.compile compiles on the first call: the bundle's Inductor code is missing or altered"

@@ -385,6 +385,24 @@ def stable_launches_checked() -> bool:
     return os.path.exists(_markers()[1])
 
 
+def stable_launches_record() -> str | None:
+    """For a bundle: the launcher sources' hash where our launches were checked under the C++
+    wrapper here (stable_launches_checked), else None."""
+    from torch_htam import launcher
+    return launcher.source_hash() if stable_launches_checked() else None
+
+
+def adopt_stable_launches(record: str | None) -> bool:
+    """A bundle's stable_launches_record, on a server of the bundle's stack (bundle.load checks
+    it): the check holds here where the launcher's sources are the same, and is marked so; the
+    server's first compile then keeps the C++ wrapper the decision timed."""
+    from torch_htam import launcher
+    if record is None or record != launcher.source_hash():
+        return False
+    open(_markers()[1], "w").close()
+    return True
+
+
 def warm_cpp_wrapper(popen=subprocess.Popen) -> subprocess.Popen | None:
     """In a background process (warm_main): build the C++ wrapper's precompiled header (a one-line
     CUDA graph compiled with it), then check our launches under it (check_stable_launches), each
