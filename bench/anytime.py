@@ -96,6 +96,9 @@ def measure(path: Path, evaluator, limit: int) -> dict:
     from torch_htam.proposers.expert.proposer import match_task, tuning_grid
     task = task_from_source(path.read_text(), path.stem)
     pol = policy_for(task)
+    if task.kind == "attention":    # the whole space: cuDNN's attention too, its library built first
+        from torch_htam import build
+        build.library("cudnn_sdpa", build.default_arch())
     tm = match_task(task, pol)
     t0 = time.time()
     settings, sources = [], []

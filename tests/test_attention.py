@@ -251,6 +251,77 @@ def test_grid_is_valid_and_distinct():
     assert all(attention.smem_bytes(tm.region, p) <= attention.SMEM_LIMIT for p in grid)
 
 
+# ---- cuDNN's fused attention (csrc/cudnn_sdpa.cu) -------------------------------------------------
+
+def test_cudnn_attention_takes_plain_scaled_attention_in_half_types_only():
+    """cuDNN's variant runs a region of one scale and at most a causal mask, q/k/v of one head dim,
+    in bf16 / fp16; the reason says what stops it otherwise."""
+    bf = lambda *ts: tuple(t.to(torch.bfloat16) for t in ts)      # noqa: E731
+    ok = [_one_task(Sdpa(is_causal=True), *bf(*QKV)), _one_task(Sdpa(scale=0.3), *bf(*QKV))]
+    for task in ok:
+        assert attention.cudnn_why_not(match_task(task, policy_for(task)).region) is None
+    assert [attention.cudnn_scale(match_task(t, policy_for(t)).region) for t in ok] == pytest.approx([16 ** -0.5, 0.3])
+    # minGPT's causal mask is a tensor it reads (a tril buffer), not is_causal
+    mingpt = _one_task(MinGPTAttention(4, 32), *bf(torch.randn(2, 16, 96)))
+    assert "causal mask only" in attention.cudnn_why_not(match_task(mingpt, policy_for(mingpt)).region)
+    masked = _one_task(Sdpa(), *bf(*QKV), torch.rand(10, 12) > 0.3)
+    fp32 = _one_task(Sdpa(is_causal=True), *QKV)
+    q, v = torch.randn(1, 2, 8, 16, dtype=torch.bfloat16), torch.randn(1, 2, 8, 24, dtype=torch.bfloat16)
+    for task, words in ((masked, "causal mask only"), (fp32, "bf16 / fp16"), (_one_task(Sdpa(), q, q, v), "head dims")):
+        assert words in attention.cudnn_why_not(match_task(task, policy_for(task)).region)
+
+
+@pytest.mark.parametrize("built", [True, False])
+def test_cudnn_attention_is_in_the_grid_once_its_library_is_built(built, monkeypatch):
+    """The expert offers cuDNN's attention (one setting: it reads no tile knob) only where its
+    library is built, tagged with its own strategy; the HTG's move to it is that setting."""
+    from torch_htam.proposers.expert.strategies import moves_for
+    monkeypatch.setattr(attention, "_cudnn_library", lambda: built)
+    task = _one_task(Sdpa(is_causal=True), *(t.to(torch.bfloat16) for t in QKV))
+    tm = match_task(task, policy_for(task))
+    grid = tuning_grid(task, policy_for(task))
+    cudnn = [p for p in grid if p.get("backend") == "cudnn"]
+    assert cudnn == ([{**tm.defaults, "backend": "cudnn"}] if built else [])
+    assert moves_for("cudnn_fused_attention", tm.region.facts) == ([{"backend": "cudnn"}] if built else [])
+    if built:
+        assert attention.tags(tm.region, cudnn[0]) == ["cudnn_fused_attention"]
+        assert "htam_cudnn_sdpa" in tm.render(cudnn[0])
+
+
+def _cudnn_set() -> list[tuple[str, str]]:
+    """cuDNN-variant sources: causal in place, GPT-2's heads view, GQA, fp16."""
+    bf = torch.bfloat16
+    cases = [(Sdpa(is_causal=True), tuple(t.to(bf) for t in QKV)),
+             (HeadsSdpa(4), (torch.randn(2, 16, 64, dtype=bf), torch.randn(2, 4, 16, 16, dtype=bf),
+                             torch.randn(2, 4, 16, 16, dtype=bf))),
+             (Sdpa(enable_gqa=True), (torch.randn(1, 8, 20, 64, dtype=bf), torch.randn(1, 2, 30, 64, dtype=bf),
+                                      torch.randn(1, 2, 30, 64, dtype=bf))),
+             (Sdpa(), tuple(t.to(torch.float16) for t in QKV))]
+    out = []
+    for i, (model, ins) in enumerate(cases):
+        task = _one_task(model, *ins)
+        out.append((f"cudnn/{i}", attention.render_cudnn(match_task(task, policy_for(task)).region)))
+    return out
+
+
+@pytest.mark.build
+@pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn_frontend() is None or build.find_cudnn() is None,
+                    reason="needs nvcc, cuDNN and its frontend's headers (pip install --no-deps nvidia-cudnn-frontend)")
+def test_cudnn_attention_library_builds_once_and_its_candidates_link_it():
+    """csrc/cudnn_sdpa.cu builds for sm_90a (minutes: the frontend's headers), once; the expert's
+    cuDNN candidates compile in seconds against it and name it as a dependency."""
+    import subprocess
+    so, err = build.library(attention.CUDNN_LIBRARY, "sm_90a")
+    assert so is not None, err
+    assert build.library(attention.CUDNN_LIBRARY, "sm_90a") == (so, "")       # built: found, not rebuilt
+    todo = _cudnn_set()
+    assert all(build.check_source(src) == [] for _, src in todo)
+    results = build.build_many([src for _, src in todo], arch="sm_90a")
+    assert all(r.ok for r in results), [(n, r.error[:800]) for (n, _), r in zip(todo, results) if not r.ok]
+    needed = subprocess.run(["readelf", "-d", results[0].so_path], capture_output=True, text=True).stdout
+    assert so.name in needed
+
+
 # ---- nvcc ----------------------------------------------------------------------------------------
 
 def _compile_set() -> list[tuple[str, str]]:
@@ -406,3 +477,30 @@ def test_gpt_block_example_attention_is_covered():
     assert len(tasks) == 1 and path_of(tasks[0]) is None, path_of(tasks[0])
     am = check_emulation(tasks[0])
     assert am.causal and am.o.mode != 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in GPU_CASES if c[0] != "float32" and c[8] is None and c[6] % 8 == 0],
+                         ids=lambda c: "_".join(map(str, c)))
+def test_cudnn_attention_matches_torch(case):
+    """cuDNN's fused attention on the shapes the flash kernel is checked on (those it takes)."""
+    from torch_htam.launcher import Kernel
+    so, err = build.library(attention.CUDNN_LIBRARY, build.default_arch())
+    if so is None:
+        pytest.skip(err)
+    dt, B, H, Hk, L, S, D, causal, _ = case
+    dtype = getattr(torch, dt)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, h, n, D, dtype=dtype) for h, n in ((H, L), (Hk, S), (Hk, S)))
+    model = Sdpa(is_causal=causal, enable_gqa=Hk != H)
+    task = _one_task(model, q, k, v)
+    policy = policy_for(task)
+    res = build.build(attention.render_cudnn(match_task(task, policy).region))
+    assert res.ok, res.error
+    ins = [t.cuda() for t in (q, k, v)]
+    with torch.no_grad():
+        ref = model(*ins)
+    out = torch.full_like(ref, float("nan"))
+    assert Kernel(res.so_path)(ins, [out]) == 0
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, ref, atol=policy.atol, rtol=policy.rtol)

@@ -304,7 +304,7 @@ def test_a_source_another_call_is_building_is_waited_for_not_built_twice(tmp_pat
         return out
 
     monkeypatch.setattr(build, "_compile", fake_compile)
-    monkeypatch.setattr(build, "_search_flags", lambda src: ([], ""))
+    monkeypatch.setattr(build, "_search_flags", lambda src, arch: ([], ""))
     a, b = sample("add_f32.cu"), sample("scale_extern_c.cu")
     first = []
     t = threading.Thread(target=lambda: first.extend(build.build_many([a], arch="sm_90a", out_dir=tmp_path)))
@@ -330,7 +330,7 @@ def test_a_library_another_call_finished_after_this_one_looked_is_not_built_agai
     a = sample("add_f32.cu")
     so = tmp_path / f"{build.source_hash(a, 'sm_90a')}.so"
 
-    def search_flags(src):             # runs after the look: the other call's library lands now
+    def search_flags(src, arch):       # runs after the look: the other call's library lands now
         so.write_bytes(b"lib")
         return [], ""
     monkeypatch.setattr(build, "_search_flags", search_flags)

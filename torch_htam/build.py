@@ -34,7 +34,7 @@ ABI_HEADER = CSRC / "htam_abi.h"
 DEFAULT_ARCH = "sm_90a"   # H100: the machine the project is measured on
 
 # The static check lives in static_check.py; its names stay reachable here (build.check_source).
-from torch_htam.static_check import RULES, Rule, check_source  # noqa: E402,F401
+from torch_htam.static_check import LIBRARIES, RULES, Rule, check_source  # noqa: E402,F401
 
 # --------------------------------------------------------------------------------------------
 # Toolchain: arch flags, cuBLAS/cuDNN discovery, content hash.
@@ -132,6 +132,24 @@ def find_cudnn() -> Library | None:
     return _find_library("cudnn.h", ("cudnn",), ("nvidia.cudnn", "nvidia.cu13"))
 
 
+def _include_dir(header: str, env: str, modules: tuple[str, ...], parent: bool = False) -> Path | None:
+    """The directory holding `header`: $env/include, $CUDA_HOME/include, or the include/ of a pip
+    package's root (parent: of its parent, where a wheel installs include/ beside the package, as
+    nvidia-cudnn-frontend does into site-packages/include)."""
+    roots = [Path(os.environ[env])] if os.environ.get(env) else []
+    for r in _candidate_roots(modules):
+        roots += [r.parent, r] if parent else [r]
+    return next((r / "include" for r in roots if (r / "include" / header).exists()), None)
+
+
+def find_cudnn_frontend() -> list[str] | None:
+    """Include flags for cuDNN's frontend (cudnn_frontend.h: pip install nvidia-cudnn-frontend, or
+    $CUDNN_FRONTEND_PATH) and the NVRTC header it includes; None where either is missing."""
+    fe = _include_dir("cudnn_frontend.h", "CUDNN_FRONTEND_PATH", ("cudnn",), parent=True)
+    rtc = _include_dir("nvrtc.h", "CUDA_HOME", ("nvidia.cu13", "nvidia.cuda_nvrtc"))
+    return None if fe is None or rtc is None else [f"-I{fe}", f"-I{rtc}"]
+
+
 def _uses(source: str, headers: str) -> bool:
     return re.search(rf"^[ \t]*#[ \t]*include[ \t]*[<\"](?:{headers})\.h[>\"]", source, re.M) is not None
 
@@ -153,15 +171,23 @@ def arch_flags(arch: str) -> list[str]:
 
 
 def _flags(source: str, arch: str) -> list[str]:
-    """The flags that define the binary (hashed); search paths are added at build time."""
+    """The flags that define the binary (hashed); search paths are added at build time. A library
+    of ours the source links (LIBRARIES) is named with its hash: a new build of it is a new binary."""
     # NOTE: no bare -lcublas/-lcudnn here: pip wheels ship only versioned files (libcudnn.so.9),
     # so Library.link names the right file at build time; the source (hashed) says which is used.
-    return [*BASE_FLAGS, *arch_flags(arch)]
+    ours = [f"-DHTAM_LIB_{name.upper()}={library_hash(name, arch)}" for name in _our_libraries(source)]
+    return [*BASE_FLAGS, *arch_flags(arch), *ours]
 
 
-def _search_flags(source: str) -> tuple[list[str], str]:
-    """Include/link flags of the libraries a source uses, or an error if one is missing."""
+def _search_flags(source: str, arch: str) -> tuple[list[str], str]:
+    """Include/link flags of the libraries a source uses, or an error if one is missing (a library
+    of ours is built here the first time: minutes)."""
     flags = [f"-I{CSRC}"]
+    for name in _our_libraries(source):
+        so, err = library(name, arch)
+        if so is None:
+            return flags, err
+        flags += [f"-L{so.parent}", "-Xlinker", f"-rpath={so.parent}", f"-l:{so.name}"]
     for used, find, what in ((_uses_cublas, find_cublas, "cuBLAS"), (_uses_cudnn, find_cudnn, "cuDNN")):
         if used(source):
             lib = find()
@@ -170,6 +196,79 @@ def _search_flags(source: str) -> tuple[list[str], str]:
                                f"nvidia pip packages): install them or write the kernel without {what}")
             flags += lib.flags()
     return flags, ""
+
+
+# ---- libraries of ours that candidates link ------------------------------------------------------
+# A candidate that includes csrc/<name>.h (<name> in LIBRARIES) links the library built once per
+# arch from csrc/<name>.cu.
+# NOTE: cuDNN's frontend headers take minutes to compile (cudnn_sdpa.cu: 232 s on the 2-core CPU
+# machine, beside a CI run); a candidate that calls them compiles in seconds.
+LIBRARY_TIMEOUT_S = 900.0
+_LIBRARY_LOCK = threading.Lock()                         # one build of a library per process
+_BACKGROUND: dict[tuple[str, str], threading.Thread] = {}
+
+
+def _our_libraries(source: str) -> list[str]:
+    return [name for name in LIBRARIES if _uses(source, re.escape(name))]
+
+
+def _library_flags(name: str) -> list[str] | None:
+    """What the library's own build needs beyond a candidate's flags; None where it is missing."""
+    fe, dnn = find_cudnn_frontend(), find_cudnn()
+    return None if fe is None or dnn is None else [*fe, *dnn.flags()]
+
+
+def library_hash(name: str, arch: str) -> str:
+    """Content hash of a library of ours: its sources, the ABI header, arch, nvcc and the cuDNN
+    frontend's version header. 20 hex chars."""
+    h = hashlib.sha256()
+    fe = find_cudnn_frontend()
+    version = Path(fe[0][2:]) / "cudnn_frontend_version.h" if fe else None
+    for part in (CSRC / f"{name}.cu", CSRC / f"{name}.h", ABI_HEADER, version):
+        h.update(part.read_bytes() if part is not None and part.exists() else b"-")
+    h.update(f"{arch}\0{paths.nvcc_version()}".encode())
+    return h.hexdigest()[:20]
+
+
+def library_path(name: str, arch: str) -> Path:
+    return paths.arch_dir(arch) / "lib" / name / f"{library_hash(name, arch)}.so"
+
+
+def library_ready(name: str, arch: str) -> bool:
+    """Whether the library is built: the expert proposes candidates that link it only then."""
+    return library_path(name, arch).exists()
+
+
+def library(name: str, arch: str, timeout_s: float = LIBRARY_TIMEOUT_S, nice: int = 0) -> tuple[Path | None, str]:
+    """(the library's .so, "") built once per arch (minutes the first time), or (None, why)."""
+    so = library_path(name, arch)
+    if so.exists():
+        return so, ""
+    extra, nvcc = _library_flags(name), paths.nvcc_path()
+    if extra is None:
+        return None, (f"the {name} library needs cuDNN and its frontend's headers: pip install "
+                      "nvidia-cudnn-frontend (or set CUDNN_FRONTEND_PATH)")
+    if nvcc is None:
+        return None, "nvcc not found: install the CUDA toolkit or set CUDA_HOME"
+    with _LIBRARY_LOCK:
+        if not so.exists():
+            src = (CSRC / f"{name}.cu").read_text()
+            job = _Job(0, src, so.stem, [*_flags(src, arch), f"-I{CSRC}", *extra])
+            res = _compile([job], so.parent, nvcc, 1, timeout_s, nice=nice)[so.stem]
+            if not res.ok:
+                return None, f"building the {name} library failed: {res.error}"
+    return so, ""
+
+
+def library_in_background(name: str, arch: str) -> None:
+    """Build the library on a thread of its own, niced, once per process, where it is not built."""
+    key = (name, arch)
+    if library_ready(name, arch) or (key in _BACKGROUND and _BACKGROUND[key].is_alive()):
+        return
+    t = threading.Thread(target=library, args=(name, arch), kwargs={"nice": BACKGROUND_NICE},
+                         name=f"htam-library-{name}", daemon=True)
+    _BACKGROUND[key] = t
+    t.start()
 
 
 def source_hash(source: str, arch: str) -> str:
@@ -422,7 +521,7 @@ def build_many(sources: list[str], arch: str | None = None, out_dir: str | Path 
         elif nvcc is None:
             results[i] = BuildResult(False, None, h, "nvcc not found: install the CUDA toolkit or set CUDA_HOME")
         else:
-            search, err = _search_flags(src)
+            search, err = _search_flags(src, arch)
             if err:
                 results[i] = BuildResult(False, None, h, err)
                 continue

@@ -27,6 +27,10 @@ class Rule:
     reason: str
 
 
+# csrc libraries a candidate may link by including their header (build.library builds each once;
+# the candidate's hash covers the library's: build._flags)
+LIBRARIES = ("cudnn_sdpa",)
+
 RULES: tuple[Rule, ...] = (
     Rule("torch_headers", r"^[ \t]*#[ \t]*include[ \t]*[<\"][^>\"\n]*\b(?:torch|ATen|c10|pybind11|caffe2)/",
          "includes a torch/ATen/c10/pybind11 header: use only CUDA headers and \"htam_abi.h\"",
@@ -34,11 +38,11 @@ RULES: tuple[Rule, ...] = (
     Rule("python_header", r"^[ \t]*#[ \t]*include[ \t]*[<\"][^>\"\n]*\bPython\.h",
          "includes Python.h: the kernel is called from C++, never from Python",
          "the ABI is plain C; Python objects have no place in a kernel .so"),
-    Rule("local_include", r"^[ \t]*#[ \t]*include[ \t]*\"(?!htam_abi\.h\")",
-         "#include \"...\" of a file other than htam_abi.h: a candidate is one self-contained source"
-         " (use <...> for CUDA toolkit headers)",
-         "the content hash covers only the source and htam_abi.h; any other local file would be"
-         " compiled without being hashed, and could be anything on disk"),
+    Rule("local_include", r"^[ \t]*#[ \t]*include[ \t]*\"(?!(?:htam_abi|" + "|".join(LIBRARIES) + r")\.h\")",
+         "#include \"...\" of a file other than htam_abi.h or a library's (" + ", ".join(f"{n}.h" for n in LIBRARIES)
+         + "): a candidate is one self-contained source (use <...> for CUDA toolkit headers)",
+         "the content hash covers the source, htam_abi.h and the libraries it links; any other local file"
+         " would be compiled without being hashed, and could be anything on disk"),
     Rule("other_streams", r"\bcu(?:da)?Stream(?:Create\w*|Destroy)\b",
          "creates or destroys a CUDA stream: launch everything on the `stream` argument",
          "work on another stream escapes the caller's stream order, CUDA-graph capture and timing"),

@@ -479,14 +479,16 @@ struct Kernel<F32, SC, BM, BN, DP, DVP, STAGES> {
   }
 };
 
-// The entry point's body. Region (generated per region): N_IN task inputs; D, DV: q/k's and v's
-// head dims; GQA: any H % Hk == 0 query heads per kv head (else Hk == H, or 1 broadcast kv head);
-// q, k, v, o: Operand; m[NMASK]: the masks SC::at reads (p.m[i], p.ms[i]), NMASK <= 2.
-// Returns HTAM_ERR_SHAPE for tensors the bindings do not fit (torch runs the region).
-template <class DT, class SC, class Region, int BM, int BN, int DP, int DVP, int STAGES>
-static int run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {
+// The region's tensors bound to Params (p.B..p.group set). Region (generated per region): N_IN
+// task inputs; D, DV: q/k's and v's head dims; GQA: any H % Hk == 0 query heads per kv head (else
+// Hk == H, or 1 broadcast kv head); q, k, v, o: Operand; m[NMASK]: the masks SC::at reads (p.m[i],
+// p.ms[i]), NMASK <= 2. Returns 0, kEmpty where there is nothing to compute, or HTAM_ERR_SHAPE for
+// tensors the bindings do not fit (torch runs the region).
+static const int kEmpty = -1;
+template <class Region>
+static int operands(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, Params* pp) {
   typedef Region R;
-  typedef Kernel<DT, SC, BM, BN, DP, DVP, STAGES> K;
+  Params& p = *pp;
   if (n_in != R::N_IN || n_out != 1) return HTAM_ERR_SHAPE;
   if (in[R::q.index].dtype != R::q.dtype || in[R::k.index].dtype != R::k.dtype ||
       in[R::v.index].dtype != R::v.dtype || out[0].dtype != R::o.dtype) return HTAM_ERR_SHAPE;
@@ -509,10 +511,10 @@ static int run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaS
       !(R::GQA ? H % Hk == 0 : (Hk == H || Hk == 1))) return HTAM_ERR_SHAPE;
   if (sz_o[0] != B || sz_o[1] != H || sz_o[2] != L || sz_o[3] != DV) return HTAM_ERR_SHAPE;
   if (B * H > 2147483647LL || L > 2147483647LL || S > 2147483647LL) return HTAM_ERR_SHAPE;
-  if (B == 0 || H == 0 || L == 0) return HTAM_OK;
+  if (B == 0 || H == 0 || L == 0) return kEmpty;
   if (S == 0) return HTAM_ERR_SHAPE;   // torch's empty softmax: left to torch
   const int64_t want[4] = {B, H, L, S};
-  Params p = {};
+  p = Params{};
   p.q = static_cast<const char*>(in[R::q.index].data) + off_q * R::q.esz;
   p.k = static_cast<const char*>(in[R::k.index].data) + off_k * R::k.esz;
   p.v = static_cast<const char*>(in[R::v.index].data) + off_v * R::v.esz;
@@ -526,6 +528,19 @@ static int run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaS
     }
   }
   p.B = (int)B; p.H = (int)H; p.L = (int)L; p.S = (int)S; p.group = (int)(H / Hk);
+  return 0;
+}
+
+// The entry point's body: the region bound (operands), then the kernel of the dtype launched.
+template <class DT, class SC, class Region, int BM, int BN, int DP, int DVP, int STAGES>
+static int run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {
+  typedef Kernel<DT, SC, BM, BN, DP, DVP, STAGES> K;
+  Params p;
+  const int bound = operands<Region>(in, n_in, out, n_out, &p);
+  if (bound != 0) return bound == kEmpty ? HTAM_OK : bound;
+  const int D = Region::D, DV = Region::DV;
+  const int64_t L = p.L;
+  const int64_t* st_q = p.qs; const int64_t* st_k = p.ks; const int64_t* st_v = p.vs; const int64_t* st_o = p.os;
   // fp32 reads element by element (fa_fma takes no vec / ovec)
   const bool vec = !std::is_same<DT, F32>::value && D % 8 == 0 && DV % 8 == 0 && vec16(st_q, p.q) &&
                    vec16(st_k, p.k) && vec16(st_v, p.v);
@@ -543,9 +558,31 @@ static int run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaS
   }
   const int64_t mtiles = (L + BM - 1) / BM;
   if (mtiles > 65535) return HTAM_ERR_SHAPE;
-  K::launch(dim3((unsigned)(B * H), (unsigned)mtiles), stream, p, D, DV, vec, ovec);
+  K::launch(dim3((unsigned)(p.B * p.H), (unsigned)mtiles), stream, p, D, DV, vec, ovec);
   HTAM_CHECK_LAUNCH();
   return HTAM_OK;
 }
+
+#ifdef HTAM_CUDNN_SDPA
+// The entry point's body on cuDNN's fused attention (the htam_cudnn_sdpa library: cudnn_sdpa.h):
+// the region bound as for the kernel above, no masks, one scale, causal or not; a kv batch of 1
+// broadcast to B as a zero stride.
+template <class Region>
+static int run_cudnn(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream,
+                     float scale, bool causal) {
+  static_assert(Region::NMASK == 0 && Region::D == Region::DV, "cuDNN's attention: no masks, E == Ev");
+  Params p;
+  const int bound = operands<Region>(in, n_in, out, n_out, &p);
+  if (bound != 0) return bound == kEmpty ? HTAM_OK : bound;
+  HtamSdpa a = {};
+  a.dtype = Region::q.dtype;
+  a.q = p.q; a.k = p.k; a.v = p.v; a.o = p.o;
+  a.b = p.B; a.h = p.H; a.h_kv = p.H / p.group; a.l = p.L; a.s = p.S; a.d = Region::D;
+  for (int d = 0; d < 4; ++d) { a.qs[d] = p.qs[d]; a.ks[d] = p.ks[d]; a.vs[d] = p.vs[d]; a.os[d] = p.os[d]; }
+  a.scale = scale;
+  a.causal = causal ? 1 : 0;
+  return htam_cudnn_sdpa(&a, stream);
+}
+#endif
 }  // namespace fa
 // ---- end flash attention ----

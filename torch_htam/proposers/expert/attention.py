@@ -161,7 +161,8 @@ def match(gm, policy) -> AttnMatch:
     low = dt != "float32"
     am.facts = TaskFacts("attention", S, 16 // DT[dt][2], has_softmax_pair=True,
                          has_transcendental=True, low_precision=low,
-                         allow_tf32=bool(policy and policy.allow_tf32), fp32=not low)
+                         allow_tf32=bool(policy and policy.allow_tf32), fp32=not low,
+                         cudnn_attention=cudnn_why_not(am) is None and _cudnn_library())
     return am
 
 
@@ -426,9 +427,67 @@ def _region(am: AttnMatch) -> str:
         "};"])
 
 
+# ---- cuDNN's fused attention: the htam_cudnn_sdpa library (csrc/cudnn_sdpa.cu) ---------------------
+CUDNN_LIBRARY = "cudnn_sdpa"
+CUDNN_MAX_HEAD_DIM = 128
+
+
+def cudnn_why_not(am: AttnMatch) -> str | None:
+    """Why cuDNN's fused attention cannot run the region (None: it can): half types, one scale on
+    the scores (no mask but causal), q/k and v of one head dim, at most CUDNN_MAX_HEAD_DIM, a
+    multiple of 8."""
+    if am.dtype not in ("bfloat16", "float16"):
+        return f"cuDNN's fused attention takes bf16 / fp16, not {am.dtype}"
+    if am.masks or any(st.op not in ("mul", "div") for st in am.steps):
+        return "cuDNN's fused attention here takes a scale and a causal mask only"
+    if am.head_dim != am.v_dim or am.head_dim > CUDNN_MAX_HEAD_DIM or am.head_dim % 8:
+        return f"head dims {am.head_dim} / {am.v_dim}: cuDNN's fused attention here needs one, <= 128, of 8s"
+    return None
+
+
+def cudnn_scale(am: AttnMatch) -> float:
+    """The scores' one scale (cudnn_why_not: only mul / div steps)."""
+    k = 1.0
+    for st in am.steps:
+        k = k * st.value if st.op == "mul" else k / st.value
+    return k
+
+
+def _cudnn_library() -> bool:
+    """Whether the library is built for this machine's arch. NOTE: on a GPU machine, asking starts
+    its build in the background (minutes: build.library): the expert proposes cuDNN's attention
+    once it is there, and the search does not wait for it."""
+    from torch_htam import build, gpu
+    info = gpu.detect()
+    if info is None:
+        return build.library_ready(CUDNN_LIBRARY, build.default_arch())
+    if not build.library_ready(CUDNN_LIBRARY, info.arch) and build.find_cudnn_frontend() is not None:
+        build.library_in_background(CUDNN_LIBRARY, info.arch)
+    return build.library_ready(CUDNN_LIBRARY, info.arch)
+
+
+def render_cudnn(am: AttnMatch) -> str:
+    """The region's source on cuDNN's fused attention: the Region tensors bound as for the flash
+    kernel (fa::operands), then one htam_cudnn_sdpa call with the scale and causal mask."""
+    why = cudnn_why_not(am)
+    if why is not None:
+        raise Unsupported(why)
+    return "\n".join([
+        f"// torch_htam expert: cuDNN fused attention {'causal ' if am.causal else ''}dtype={am.dtype} "
+        f"E={am.head_dim}",
+        "#define HTAM_CUDNN_SDPA", PRELUDE, '#include "cudnn_sdpa.h"', FLASH, _region(am), "",
+        "HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {",
+        f"  return fa::run_cudnn<Region>(in, n_in, out, n_out, stream, {c_float(cudnn_scale(am))}, "
+        f"{str(am.causal).lower()});",
+        "}", ""])
+
+
 def render(am: AttnMatch, params: dict) -> str:
     """The region's source: the score function SC and the Region tensors around attention.cuh's
-    kernels, and an htam_run that instantiates fa::run at the tile shape params choose."""
+    kernels, and an htam_run that instantiates fa::run at the tile shape params choose; with
+    backend "cudnn", cuDNN's fused attention (render_cudnn)."""
+    if params.get("backend") == "cudnn":
+        return render_cudnn(am)
     bm, bn, stages = params["bm"], params["bn"], params.get("stages", 2)
     smem = smem_bytes(am, params)
     if smem > SMEM_LIMIT:
@@ -457,7 +516,13 @@ def valid_for(am: AttnMatch, params: dict) -> bool:
 
 
 def grid(am: AttnMatch, base: dict) -> list[dict]:
-    """Block rows x key tile x pipeline depth (fp32: no pipeline)."""
+    """Block rows x key tile x pipeline depth (fp32: no pipeline); cuDNN's fused attention where
+    it can run the region and its library is built."""
+    cudnn = [canonical(am, dict(base, backend="cudnn"))] if am.facts.cudnn_attention else []
+    return cudnn + _tiles(am, base)
+
+
+def _tiles(am: AttnMatch, base: dict) -> list[dict]:
     stages = (1,) if am.dtype == "float32" else (2, 3)
     out = [dict(base, bm=bm, bn=bn, stages=s) for bm in (64, 128) for bn in (32, 64, 128)
            for s in stages]
@@ -467,7 +532,14 @@ def grid(am: AttnMatch, base: dict) -> list[dict]:
 
 
 def tags(am: AttnMatch, params: dict) -> list[str]:
+    if params.get("backend") == "cudnn":
+        return ["cudnn_fused_attention"]
     return ["single_kernel_launch", "online_softmax"] + (["bf16_tensor_cores"] if not am.facts.fp32 else [])
+
+
+def canonical(am: AttnMatch, params: dict) -> dict:
+    """cuDNN's attention reads none of the flash kernel's tile knobs: they stay at the defaults."""
+    return {**defaults(am), "backend": "cudnn"} if params.get("backend") == "cudnn" else params
 
 
 def retag(am: AttnMatch, params: dict, ids: list[str]) -> list[str]:
@@ -480,4 +552,5 @@ def _render(am: AttnMatch, params: dict) -> str:
 
 TARGET = Target(kind="attention", match=match, defaults=defaults, tags=tags, retag=retag,
                 start_order=("flash_attention_tiling", "async_copy_pipeline"), grid=grid, render=_render,
+                canonical=canonical,
                 valid=lambda params: params.get("bm", 0) in (32, 64, 128) and params.get("bn", 0) in (32, 64, 128))

@@ -32,6 +32,7 @@ class TaskFacts:
     single_pass: bool = False          # rowwise: one reduction, no full-row output (the row is read once)
     tiled_conv: bool = False           # conv: pwconv.py's tiled kernel runs it (1x1, policy allows)
     nhwc_conv: bool = False            # conv: the NHWC path can run it (conv.nhwc_reason)
+    cudnn_attention: bool = False      # attention: cuDNN's fused attention can run it, its library built
 
     @property
     def packs_half(self) -> bool:
@@ -139,6 +140,7 @@ TABLE: dict[str, StrategyMoves] = {
     # attention (attention.py): block tiles, and a third cp.async stage for K / V (half types)
     "flash_attention_tiling": StrategyMoves(ATTN, _attn_tiles),
     "async_copy_pipeline": StrategyMoves(ATTN, lambda i: [{"stages": 3}], lambda i: not i.fp32),
+    "cudnn_fused_attention": StrategyMoves(ATTN, lambda i: [{"backend": "cudnn"}], lambda i: i.cudnn_attention),
 }
 KNOWN = set(TABLE)   # ids the prior uses
 
