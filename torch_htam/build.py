@@ -13,6 +13,7 @@ parallel through a generated build.ninja, one nvcc per source with its own log.
 """
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import importlib.util
@@ -142,6 +143,7 @@ def _include_dir(header: str, env: str, modules: tuple[str, ...], parent: bool =
     return next((r / "include" for r in roots if (r / "include" / header).exists()), None)
 
 
+@functools.lru_cache(maxsize=None)
 def find_cudnn_frontend() -> list[str] | None:
     """Include flags for cuDNN's frontend (cudnn_frontend.h: pip install nvidia-cudnn-frontend, or
     $CUDNN_FRONTEND_PATH) and the NVRTC header it includes; None where either is missing."""
@@ -218,9 +220,11 @@ def _library_flags(name: str) -> list[str] | None:
     return None if fe is None or dnn is None else [*fe, *dnn.flags()]
 
 
+@functools.lru_cache(maxsize=None)
 def library_hash(name: str, arch: str) -> str:
     """Content hash of a library of ours: its sources, the ABI header, arch, nvcc and the cuDNN
-    frontend's version header. 20 hex chars."""
+    frontend's version header. 20 hex chars. NOTE: cached: the expert asks on every attention
+    match (library_ready), and the search finds its inputs the same for the process."""
     h = hashlib.sha256()
     fe = find_cudnn_frontend()
     version = Path(fe[0][2:]) / "cudnn_frontend_version.h" if fe else None
