@@ -308,11 +308,15 @@ def _cudnn_set() -> list[tuple[str, str]]:
 @pytest.mark.skipif(paths.nvcc_path() is None or build.find_cudnn_frontend() is None or build.find_cudnn() is None,
                     reason="needs nvcc, cuDNN and its frontend's headers (pip install --no-deps nvidia-cudnn-frontend)")
 def test_cudnn_attention_library_builds_once_and_its_candidates_link_it():
-    """csrc/cudnn_sdpa.cu builds for sm_90a (minutes: the frontend's headers), once; the expert's
-    cuDNN candidates compile in seconds against it and name it as a dependency."""
+    """csrc/cudnn_sdpa.cu builds for sm_90a (minutes: the frontend's headers), once, and loads with
+    every symbol resolved (cuDNN, NVRTC: no GPU needed to load); the expert's cuDNN candidates
+    compile in seconds against it, name it as a dependency and load too."""
+    import ctypes
+    import os
     import subprocess
     so, err = build.library(attention.CUDNN_LIBRARY, "sm_90a")
     assert so is not None, err
+    ctypes.CDLL(str(so), mode=os.RTLD_NOW)
     assert build.library(attention.CUDNN_LIBRARY, "sm_90a") == (so, "")       # built: found, not rebuilt
     todo = _cudnn_set()
     assert all(build.check_source(src) == [] for _, src in todo)
@@ -320,6 +324,7 @@ def test_cudnn_attention_library_builds_once_and_its_candidates_link_it():
     assert all(r.ok for r in results), [(n, r.error[:800]) for (n, _), r in zip(todo, results) if not r.ok]
     needed = subprocess.run(["readelf", "-d", results[0].so_path], capture_output=True, text=True).stdout
     assert so.name in needed
+    ctypes.CDLL(results[0].so_path, mode=os.RTLD_NOW)
 
 
 # ---- nvcc ----------------------------------------------------------------------------------------

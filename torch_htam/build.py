@@ -145,11 +145,12 @@ def _include_dir(header: str, env: str, modules: tuple[str, ...], parent: bool =
 
 @functools.lru_cache(maxsize=None)
 def find_cudnn_frontend() -> list[str] | None:
-    """Include flags for cuDNN's frontend (cudnn_frontend.h: pip install nvidia-cudnn-frontend, or
-    $CUDNN_FRONTEND_PATH) and the NVRTC header it includes; None where either is missing."""
+    """Flags for cuDNN's frontend (cudnn_frontend.h: pip install nvidia-cudnn-frontend, or
+    $CUDNN_FRONTEND_PATH) and NVRTC, which it includes and calls (a library built without
+    linking it fails to load: undefined nvrtc symbols); None where either is missing."""
     fe = _include_dir("cudnn_frontend.h", "CUDNN_FRONTEND_PATH", ("cudnn",), parent=True)
-    rtc = _include_dir("nvrtc.h", "CUDA_HOME", ("nvidia.cu13", "nvidia.cuda_nvrtc"))
-    return None if fe is None or rtc is None else [f"-I{fe}", f"-I{rtc}"]
+    rtc = _find_library("nvrtc.h", ("nvrtc",), ("nvidia.cu13", "nvidia.cuda_nvrtc"))
+    return None if fe is None or rtc is None else [f"-I{fe}", *rtc.flags()]
 
 
 def _uses(source: str, headers: str) -> bool:
