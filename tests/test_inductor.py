@@ -787,6 +787,10 @@ def test_gpu_backend_runs_a_real_kernel_in_both_modes(tmp_path, monkeypatch):
         return binding(*args)
     binding = extern_kernels.htam_launch
     monkeypatch.setattr(extern_kernels, "htam_launch", counted)
+    # the C++ wrapper takes our launches only once the background check passed on this stack
+    warm = backend.warm_cpp_wrapper()
+    assert warm is None or warm.wait(timeout=400) == 0
+    assert backend.stable_launches_checked()
     for mode, options in (("default", {}), ("reduce-overhead", {}), ("default", WRAPPER_OPTIONS)):
         torch._dynamo.reset()
         calls.clear()
