@@ -467,8 +467,12 @@ def test_the_cpp_wrapper_is_offered_where_the_floor_is_host_bound_without_cuda_g
     t.compile_s, t.host_share = 10.0, host_share
     assert t.wrapper_offered() is offered
     plain = decide.TRIAL_MARGIN * (10.0 + 6.0)
-    assert t.first_trial_s() == pytest.approx(plain + (decide.TRIAL_MARGIN * (20.0 + 2.0) if offered else 0.0))
-    assert (t.reserve_s(0) > 10.0 + 7.0) is offered
+    for warmed, compile_s in ((True, decide.WRAPPER_COMPILE * 10.0), (False, decide.WRAPPER_COMPILE_COLD * 10.0)):
+        monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: warmed)   # its header built, or not yet
+        wrapper = decide.TRIAL_MARGIN * (compile_s + 2.0) if offered else 0.0
+        assert t.wrapper_s() == pytest.approx(wrapper)
+        assert t.first_trial_s() == pytest.approx(plain + wrapper)
+        assert (t.reserve_s(0) > 10.0 + 7.0) is offered
 
 
 def test_a_host_bound_floor_is_measured_as_such():

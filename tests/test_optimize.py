@@ -553,9 +553,10 @@ def test_the_decisions_reserve_keeps_one_kernel_trial_where_the_search_still_get
     from torch_htam import pipeline
     from torch_htam.deadline import Deadline
 
-    def run(budget, first=50.0, want=200.0):
+    def run(budget, first=50.0, want=200.0, wrapper=0.0):
         r = pipeline._Run(None, (), OptimizeConfig(), Deadline(budget), None)
-        r.trials = SimpleNamespace(reserve_s=lambda n: want, first_trial_s=lambda: first)
+        r.trials = SimpleNamespace(reserve_s=lambda n: want, first_trial_s=lambda: first + wrapper,
+                                   wrapper_s=lambda: wrapper)
         return r
 
     assert run(100).reserve_s(5) == pytest.approx(50.0, abs=0.1)          # one trial over 0.4 x 100
@@ -564,3 +565,8 @@ def test_the_decisions_reserve_keeps_one_kernel_trial_where_the_search_still_get
     assert run(100, want=30.0).reserve_s(5) == 30.0                       # never more than wanted
     assert run(100).reserve_s(0) == pytest.approx(40.0, abs=0.1)          # no kernel: no trial to keep
     assert run(None).reserve_s(5) == 200.0
+    # the C++ wrapper's arm is kept whatever the search is left, the kernel trial only where it fits
+    assert run(100, wrapper=60.0).reserve_s(5) == pytest.approx(60.0, abs=0.1)    # 100 - 110 < 20
+    assert run(200, wrapper=60.0).reserve_s(5) == pytest.approx(110.0, abs=0.1)   # both, 90 searched
+    assert run(100, wrapper=60.0).reserve_s(0) == pytest.approx(60.0, abs=0.1)    # no kernel: the wrapper
+    assert run(50, wrapper=60.0, want=70.0).reserve_s(5) == 60.0                  # no search at all

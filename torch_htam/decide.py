@@ -330,19 +330,28 @@ class Trials:
         trials += 1 if self.cfg.dynamic else 0                 # channels-last convs (base())
         high_end = 2 if self.cfg.dynamic else 0                # base()'s layout arm at the high end
         wrapper = self.wrapper_offered()
-        # NOTE: the C++ wrapper's compile as with its header built: inductor.warm_cpp_wrapper builds
-        # it while the search runs (base() asks whether it was)
-        compile_s = trials * self.compile_s + (WRAPPER_COMPILE * self.compile_s if wrapper else 0.0)
+        compile_s = trials * self.compile_s + (self.wrapper_compile_s() if wrapper else 0.0)
         # against_eager's timing: the floor, the base, the choice, the original forward, the replay
         return compile_s + self.timing_s(2 + 2 * (trials - 1 + wrapper) + 5 + high_end)
+
+    def wrapper_s(self) -> float:
+        """Seconds for the C++ wrapper's arm where offered (0 where not): compiled, then timed
+        beside the floor, with TRIAL_MARGIN. The search never takes this time (pipeline.reserve_s):
+        on a host-bound model the wrapper alone was worth 1.2-1.57x (host_wrapper-20261127-124521),
+        more than the search finds on most models. NOTE: estimated cold until its header is built:
+        on a fresh H100 ViT-B's wrapper arm compiled in 62 s against the floor's 9.8 s while the
+        header was still building, and with the search given its share the decision then had no
+        time to time it (zoo-20261127-183935)."""
+        if not self.wrapper_offered():
+            return 0.0
+        return TRIAL_MARGIN * (self.wrapper_compile_s() + self.timing_s(2))
 
     def first_trial_s(self) -> float:
         """Seconds for the one trial that can keep a kernel: the floor timed (beside the C++
         wrapper's arm, compiled for it, where offered), then a kernels arm compiled like the floor
         and timed against the faster, then both timed again beside the original forward
         (against_eager's confirmation), with TRIAL_MARGIN."""
-        wrapper = TRIAL_MARGIN * (WRAPPER_COMPILE * self.compile_s + self.timing_s(2))   # see reserve_s
-        return self.kernel_trial_s(self.compile_s) + (wrapper if self.wrapper_offered() else 0.0)
+        return self.kernel_trial_s(self.compile_s) + self.wrapper_s()
 
     def wrapper_compile_s(self) -> float:
         """Seconds the C++ wrapper's arm is expected to compile in: WRAPPER_COMPILE x the floor's

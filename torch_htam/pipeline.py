@@ -394,15 +394,18 @@ class _Run:
         budget still searches (the decision skips the trials that no longer fit, and says so) --
         and at least one kernel trial (decide.Trials.first_trial_s) where that still leaves the
         search MIN_SEARCH_S. NOTE: a model whose torch.compile takes a third of the budget (a
-        Swin-T: 28-37 s of 90) otherwise finds a kernel and has no time to try it."""
+        Swin-T: 28-37 s of 90) otherwise finds a kernel and has no time to try it. The C++
+        wrapper's arm, where offered (decide.Trials.wrapper_s), is kept whatever the search is left:
+        on a host-bound model it is worth more than the search."""
         left = self.deadline.remaining()
         want = self.trials.reserve_s(n_tasks)
         if left is None:
             return want
         left = max(left, 0.0)
-        first = self.trials.first_trial_s() if n_tasks else 0.0
-        floor = first if left - first >= MIN_SEARCH_S else 0.0
-        return min(want, max(RESERVE_SHARE * left, floor))
+        wrapper = self.trials.wrapper_s()
+        first = self.trials.first_trial_s() if n_tasks else wrapper
+        floor = first if left - first >= MIN_SEARCH_S else wrapper
+        return max(wrapper, min(want, max(RESERVE_SHARE * left, floor)))
 
     def ranked(self) -> tuple[list[str], list[str]]:
         """(the kernels that beat Inductor's code for their region, every kernel), each by
