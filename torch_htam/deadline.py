@@ -24,12 +24,14 @@ class Deadline:
     """budget_s: seconds from now (None: no deadline; every query then answers 'plenty').
 
     phases: wall seconds spent per named phase, in the order run (a phase run twice adds up);
-    skipped: the optional phases left out for lack of time, with why, for the report.
+    skipped: the optional phases left out for lack of time, with why, for the report;
+overran: the steps let run past it (a few seconds of timing arms already compiled), and by how much.
     """
     budget_s: float | None = None
     start: float = field(default_factory=time.monotonic)
     phases: dict[str, float] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    overran: list[str] = field(default_factory=list)   # steps allowed past the deadline, with by how much
 
     @property
     def at(self) -> float | None:
@@ -59,6 +61,10 @@ class Deadline:
         that a call made just before the deadline still fails by timing out, not by argument."""
         r = self.remaining()
         return timeout_s if r is None else max(floor_s, min(timeout_s, r))
+
+    def overrun(self, what: str) -> None:
+        """Record a step let run past the deadline (Trials.time's timing of compiled arms)."""
+        self.overran.append(what)
 
     def skip(self, what: str) -> None:
         """Record an optional phase left out for lack of time."""

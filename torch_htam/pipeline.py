@@ -426,6 +426,7 @@ class _Run:
         model = decide.install(self.model, d, self.found, self.kernels, self.ranked()[0], self.notes)
         report = model.htam_report
         report.phases, report.skipped = dict(self.deadline.phases), list(self.deadline.skipped)
+        report.overran = list(self.deadline.overran)
         return _finish(model, self.deadline, self.results, self.searched, self.cfg)
 
 

@@ -63,6 +63,7 @@ class Report:
     decision: Any = None       # decide.Decision: every arm tried, timed, and why the chosen one
     phases: dict[str, float] = field(default_factory=dict)  # optimize's wall seconds per phase
     skipped: list[str] = field(default_factory=list)        # phases the time budget left out
+    overran: list[str] = field(default_factory=list)        # steps let run past it (deadline.Deadline.overrun)
     kernel_failures: dict[str, int] = field(default_factory=dict)  # {signature: calls its region ran}
 
     def speedups(self) -> dict[str, float]:
@@ -83,6 +84,8 @@ class Report:
             lines.append("  time: " + format_phases(self.phases))
         for s in self.skipped:
             lines.append(f"  skipped: {s}")
+        for s in self.overran:
+            lines.append(f"  over budget: {s}")
         host = self.decision.host_line() if hasattr(self.decision, "host_line") else None
         for s in [*(getattr(self.decision, "host_notes", None) or ()), *([host] if host else [])]:
             lines.append(f"  host: {s}")
