@@ -569,4 +569,5 @@ def test_the_decisions_reserve_keeps_one_kernel_trial_where_the_search_still_get
     assert run(100, wrapper=60.0).reserve_s(5) == pytest.approx(60.0, abs=0.1)    # 100 - 110 < 20
     assert run(200, wrapper=60.0).reserve_s(5) == pytest.approx(110.0, abs=0.1)   # both, 90 searched
     assert run(100, wrapper=60.0).reserve_s(0) == pytest.approx(60.0, abs=0.1)    # no kernel: the wrapper
-    assert run(50, wrapper=60.0, want=70.0).reserve_s(5) == 60.0                  # no search at all
+    assert run(65, wrapper=60.0, want=70.0).reserve_s(5) == 60.0                  # no search at all
+    assert run(50, wrapper=60.0, want=70.0).reserve_s(5) == pytest.approx(20.0, abs=0.1)   # it cannot fit: the share

@@ -395,14 +395,16 @@ class _Run:
         and at least one kernel trial (decide.Trials.first_trial_s) where that still leaves the
         search MIN_SEARCH_S. NOTE: a model whose torch.compile takes a third of the budget (a
         Swin-T: 28-37 s of 90) otherwise finds a kernel and has no time to try it. The C++
-        wrapper's arm, where offered (decide.Trials.wrapper_s), is kept whatever the search is left:
-        on a host-bound model it is worth more than the search."""
+        wrapper's arm, where offered (decide.Trials.wrapper_s) and where it fits in the time left
+        at all, is kept whatever the search is left: on a host-bound model it is worth more than
+        the search (where it cannot fit, the search keeps the time: the decision would not build it)."""
         left = self.deadline.remaining()
         want = self.trials.reserve_s(n_tasks)
         if left is None:
             return want
         left = max(left, 0.0)
         wrapper = self.trials.wrapper_s()
+        wrapper = wrapper if wrapper <= left else 0.0
         first = self.trials.first_trial_s() if n_tasks else wrapper
         floor = first if left - first >= MIN_SEARCH_S else wrapper
         return max(wrapper, min(want, max(RESERVE_SHARE * left, floor)))
