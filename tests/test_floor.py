@@ -88,7 +88,7 @@ def _times(ms: float) -> ArmTimes:
 
 def fake_timing(monkeypatch, ms_of):
     """decide's timings come from ms_of(arm) (ms, both ways)."""
-    def time(self, arms):
+    def time(self, arms, overrun=False):
         for a in arms:
             if not a.error:
                 a.times = _times(ms_of(a))
@@ -320,7 +320,7 @@ def test_the_callers_grad_mode_is_the_one_compiled_and_timed(monkeypatch, mode):
     from torch._dynamo.utils import counters
     seen = []
 
-    def time(self, arms):
+    def time(self, arms, overrun=False):
         seen.append(GradMode.current())
         for a in arms:
             a.times = _times(1.0 if a.kind is not ArmKind.ORIGINAL else 2.0)

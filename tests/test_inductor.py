@@ -467,7 +467,8 @@ def test_the_cpp_wrapper_is_offered_where_the_floor_is_host_bound_without_cuda_g
     t.compile_s, t.host_share = 10.0, host_share
     assert t.wrapper_offered() is offered
     plain = decide.TRIAL_MARGIN * (10.0 + 6.0)
-    for warmed, compile_s in ((True, decide.WRAPPER_COMPILE * 10.0), (False, decide.WRAPPER_COMPILE_COLD * 10.0)):
+    for warmed, ratio in ((True, decide.WRAPPER_COMPILE), (False, decide.WRAPPER_COMPILE_COLD)):
+        compile_s = max(ratio * 10.0, decide.WRAPPER_COMPILE_MIN_S)
         monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: warmed)   # its header built, or not yet
         wrapper = decide.TRIAL_MARGIN * (compile_s + 2.0) if offered else 0.0
         assert t.wrapper_s() == pytest.approx(wrapper)
@@ -507,8 +508,9 @@ def test_the_cpp_wrapper_arm_comes_before_a_kernel_trial(monkeypatch):
     monkeypatch.setattr(decide.Trials, "time", lambda self, arms, high=None, overrun=False: all(
         setattr(a, "times", _times(0.5 if a.kind is decide.ArmKind.WRAPPER else 1.0)) or True for a in arms))
     capture = SimpleNamespace(dynamic=None, exported=object(), graphs=[torch.fx.symbolic_trace(model)])
-    # a wrapper compile (2 x 10 s) + 2 arms timed: 22 s; a kernel trial after it would need 20 s more
-    for budget, expect in ((21.0, []), (30.0, [decide.ArmKind.WRAPPER])):
+    # a wrapper compile (WRAPPER_COMPILE_MIN_S: 55 s) + 2 arms timed: 57 s; a kernel trial after it
+    # would need 20 s more
+    for budget, expect in ((56.0, []), (60.0, [decide.ArmKind.WRAPPER])):
         built.clear()
         t = decide.Trials(model, (x,), OptimizeConfig(), GradMode.current(), Deadline(budget))
         t.found, t.compile_s = SimpleNamespace(capture=capture), 10.0
@@ -640,7 +642,7 @@ def test_the_optional_arms_leave_time_for_one_kernel_trial(monkeypatch):
     monkeypatch.setattr(decide.Trials, "ready", lambda self, arm: built.append(arm.kind) or
                         dataclasses.replace(arm, error="not built in this test"))
     monkeypatch.setattr(decide.Trials, "timing_s", lambda self, n: 1.0 * n)
-    monkeypatch.setattr(decide.Trials, "time", lambda self, arms, high=None: True)
+    monkeypatch.setattr(decide.Trials, "time", lambda self, arms, high=None, overrun=False: True)
     capture = SimpleNamespace(dynamic=None, exported=object(), graphs=[torch.fx.symbolic_trace(model)])
     for keep_s, expect in ((decide.Trials.first_trial_s, []), (lambda self: 0.0, [decide.ArmKind.REEXPORT])):
         built.clear()
@@ -984,10 +986,13 @@ def test_the_cpp_wrappers_header_is_warmed_and_our_launches_checked_once_per_ind
     assert len(started) == 2
 
 
-@pytest.mark.parametrize("warmed", [True, False])
-def test_the_cpp_wrapper_arm_expects_a_cold_compile_until_its_header_is_built(warmed, monkeypatch):
+@pytest.mark.parametrize("warmed, floor_s, budget, built_it", [(True, 30.0, 70.0, True), (False, 30.0, 70.0, False),
+                                                               (True, 5.0, 40.0, False)])
+def test_the_cpp_wrapper_arm_expects_a_cold_compile_until_its_header_is_built(warmed, floor_s, budget, built_it,
+                                                                            monkeypatch):
     """Before the background process has built the C++ wrapper's header, its arm is expected to
-    compile in WRAPPER_COMPILE_COLD x the floor's compile, and is skipped where that does not fit."""
+    compile in WRAPPER_COMPILE_COLD x the floor's compile (after it, WRAPPER_COMPILE x), and never
+    in less than WRAPPER_COMPILE_MIN_S; it is skipped where that does not fit."""
     from types import SimpleNamespace
     from torch_htam import decide
     from torch_htam.config import OptimizeConfig
@@ -996,15 +1001,15 @@ def test_the_cpp_wrapper_arm_expects_a_cold_compile_until_its_header_is_built(wa
     monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: warmed)
     monkeypatch.setattr(decide.Trials, "wrapper_offered", lambda self: True)
     monkeypatch.setattr(decide.Trials, "timing_s", lambda self, n: 1.0 * n)
-    monkeypatch.setattr(decide.Trials, "time", lambda self, arms, high=None: False)
+    monkeypatch.setattr(decide.Trials, "time", lambda self, arms, high=None, overrun=False: False)
     built = []
     monkeypatch.setattr(decide.Trials, "ready", lambda self, arm: built.append(arm.kind) or arm)
     model = MLP().eval()
-    t = decide.Trials(model, (torch.randn(4, 64),), OptimizeConfig(), GradMode.current(), Deadline(40.0))
+    t = decide.Trials(model, (torch.randn(4, 64),), OptimizeConfig(), GradMode.current(), Deadline(budget))
     t.found = SimpleNamespace(capture=SimpleNamespace(dynamic=None, exported=None, graphs=[]))
-    t.compile_s = 10.0                     # warm: 20 s + 2 arms timed fits 40 s; cold: 57 s does not
+    t.compile_s = floor_s          # warm: 60 s + 2 arms timed fits 70 s, cold 171 s does not; 55 s not 40
     t.base(decide.Arm(decide.ArmKind.COMPILE))
-    assert (decide.ArmKind.WRAPPER in built) is warmed
+    assert (decide.ArmKind.WRAPPER in built) is built_it
 
 
 @pytest.mark.parametrize("share, words", [(2.0, "2.00x its GPU time (host-bound"), (1.05, "1.05x its GPU time (not host"),
