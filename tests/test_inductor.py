@@ -962,6 +962,30 @@ def test_channels_last_conv_regions_are_swapped_in_both_modes():
         torch._dynamo.reset()
 
 
+def test_the_cpp_wrappers_compile_is_expected_to_take_what_it_took_on_this_host(tmp_path, monkeypatch):
+    """Each C++-wrapper arm compiled with its header built records its seconds in Inductor's cache
+    folder (the last WRAPPER_COMPILES_KEPT); the next estimate takes the longest of them instead of
+    WRAPPER_COMPILE_MIN_S (55-85 s on an H100 host, about 20 s on an H200's), never less than
+    WRAPPER_COMPILE x the floor's; a record that cannot be read counts as none."""
+    import torch._inductor.runtime.cache_dir_utils as cdu
+    from torch_htam import decide
+    from torch_htam.config import OptimizeConfig
+    from torch_htam.deadline import Deadline
+    from torch_htam.timing import GradMode
+    monkeypatch.setattr(cdu, "cache_dir", lambda: str(tmp_path))
+    monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: True)
+    t = decide.Trials(MLP().eval(), (torch.randn(4, 64),), OptimizeConfig(), GradMode.current(), Deadline(None))
+    t.compile_s = 5.0
+    assert backend.wrapper_compiles() == [] and t.wrapper_compile_s() == decide.WRAPPER_COMPILE_MIN_S
+    for s in (30.0, 18.0, 22.0, 21.0):
+        backend.note_wrapper_compile(s)
+    assert backend.wrapper_compiles() == [18.0, 22.0, 21.0] and t.wrapper_compile_s() == 22.0
+    t.compile_s = 20.0                              # the floor's ratio, where it says more
+    assert t.wrapper_compile_s() == decide.WRAPPER_COMPILE * 20.0
+    (tmp_path / backend.WRAPPER_COMPILES).write_text("{not json")
+    assert backend.wrapper_compiles() == [] and t.wrapper_compile_s() == max(40.0, decide.WRAPPER_COMPILE_MIN_S)
+
+
 def test_the_cpp_wrappers_header_is_warmed_and_our_launches_checked_once_per_inductor_cache(tmp_path, monkeypatch):
     """optimize starts a background process that builds the C++ wrapper's precompiled header and
     then checks our launches under that wrapper (inductor.warm_main); each step marks Inductor's

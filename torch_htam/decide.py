@@ -73,7 +73,7 @@ WRAPPER_COMPILE_COLD = 5.7
 # the floor's (GPT-2 55 s against 5.9 s, BERT 63 s against 6.9 s, ResNet-18 69 s against 13.6 s,
 # MobileNetV3 85 s against 26 s; zoo-20261127-190748, -190136), so a ratio alone sent the decision
 # 15-20% past a 120 s budget
-WRAPPER_COMPILE_MIN_S = 55.0
+WRAPPER_COMPILE_MIN_S = 55.0     # until this host has its own figures (inductor.wrapper_compiles)
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 # The floor's synced call against its GPU time from which the C++ wrapper is offered: it can save
 # at most the host time beyond the GPU's. ViT-B bf16 at 1.37x of its GPU time gained 1.20x from it
@@ -366,10 +366,11 @@ class Trials:
     def wrapper_compile_s(self) -> float:
         """Seconds the C++ wrapper's arm is expected to compile in: WRAPPER_COMPILE x the floor's
         where its precompiled header is built (inductor.warm_cpp_wrapper), else
-        WRAPPER_COMPILE_COLD x, and at least WRAPPER_COMPILE_MIN_S."""
-        from torch_htam.inductor import cpp_wrapper_warmed
+        WRAPPER_COMPILE_COLD x, and at least the longest of this host's last ones with the header
+        built (inductor.wrapper_compiles), WRAPPER_COMPILE_MIN_S before it has any."""
+        from torch_htam.inductor import cpp_wrapper_warmed, wrapper_compiles
         ratio = WRAPPER_COMPILE if cpp_wrapper_warmed() else WRAPPER_COMPILE_COLD
-        return max(ratio * self.compile_s, WRAPPER_COMPILE_MIN_S)
+        return max(ratio * self.compile_s, max(wrapper_compiles(), default=WRAPPER_COMPILE_MIN_S))
 
     def kernel_trial_s(self, compile_s: float) -> float:
         """One kernel arm compiled in compile_s, timed beside the base, then confirmed beside the
@@ -586,10 +587,11 @@ class Trials:
         torch.compile compiles); any exception becomes arm.error. A kernel that failed at run time
         in those calls (fallback.py) fails the arm too: its region ran instead, so its time is not
         the kernel's; so does an output unlike the original forward's (wrong_output)."""
-        from torch_htam import fallback
+        from torch_htam import fallback, inductor
         from torch_htam.timing import _sync_for
         self.arms.append(arm)
         sync, t0 = _sync_for(self.inputs), time.perf_counter()
+        warm_header = arm.kind is ArmKind.WRAPPER and inductor.cpp_wrapper_warmed()
         try:
             arm.call = self.build(arm)
             before = fallback.failures()
@@ -615,6 +617,8 @@ class Trials:
             log.warning("torch_htam: %s failed: %s: %s", arm.name, type(e).__name__, e, exc_info=True)
             arm.error = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         arm.setup_s = time.perf_counter() - t0
+        if warm_header and not arm.error:   # the host's own figure for the next estimate
+            inductor.note_wrapper_compile(arm.setup_s)
         return arm
 
     def wrong_output(self, out: list) -> str | None:
