@@ -7,9 +7,13 @@ bench/findings.md), that launch code is the call. Arms per row, timed interleave
 (torch_htam.timing.time_arms: synced latency, back-to-back throughput, device time):
 
   eager, compile (torch.compile default), compile_cpp (default mode, cpp_wrapper=True),
-  compile_ro (mode="reduce-overhead": CUDA graphs, the host-time floor)
+  compile_ro (mode="reduce-overhead": CUDA graphs, the host-time floor); on request (--arms), the
+  C++ wrapper's variants that may compile faster (its compile took 55-85 s on an H100 host against
+  19-26 s on an H200's): compile_cpp_o0 (the wrapper's C++ at -O0 instead of -O1) and
+  compile_cpp_sep (its entry and kernels compiled apart, cpp_wrapper_build_separate)
 
     python3 bench/host_wrapper.py convnext:bf16 vit:bf16 [--out DIR]
+    python3 bench/host_wrapper.py gpt2:bf16 --arms compile,compile_cpp,compile_cpp_o0,compile_cpp_sep
 
 Row fields: "<arm>_ms" (synced median), "<arm>_ms_b2b", "<arm>_device_ms", "<arm>_compile_s" (its
 first call), "cpp_vs_compile" (compile ms / compile_cpp ms, synced; "_b2b" back to back), "error".
@@ -31,18 +35,23 @@ import record  # noqa: E402
 import model_zoo  # noqa: E402
 
 ARMS = ("eager", "compile", "compile_cpp", "compile_ro")
+# Inductor options of the C++ wrapper's arms, by arm (compiled in the order given: the first pays
+# the wrapper's precompiled header where it is not built yet)
+CPP_ARMS = {"compile_cpp": {"cpp_wrapper": True},
+            "compile_cpp_o0": {"cpp_wrapper": True, "aot_inductor.compile_wrapper_opt_level": "O0"},
+            "compile_cpp_sep": {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}}
 
 
 def _arm(name: str, model):
     import torch
     if name == "eager":
         return model
-    if name == "compile_cpp":
-        return torch.compile(model, options={"cpp_wrapper": True})
+    if name in CPP_ARMS:
+        return torch.compile(model, options=dict(CPP_ARMS[name]))
     return torch.compile(model, mode="reduce-overhead" if name == "compile_ro" else None)
 
 
-def row(name: str, rounds: int, small: bool = False, device: str = "cuda") -> dict:
+def row(name: str, rounds: int, small: bool = False, device: str = "cuda", arms: tuple = ARMS) -> dict:
     import torch
     import torch._dynamo
     from torch_htam.policy import tf32_switches
@@ -52,7 +61,7 @@ def row(name: str, rounds: int, small: bool = False, device: str = "cuda") -> di
     model, inputs = model_zoo.make(name, small, device)
     with tf32_switches(name.endswith(":fp32")), torch.inference_mode():
         fns = {}
-        for arm in ARMS:
+        for arm in arms:
             try:
                 fn = _arm(arm, copy.deepcopy(model))
                 t0 = time.perf_counter()
@@ -84,11 +93,15 @@ def main() -> int:
     ap.add_argument("--small", action="store_true", help="the rows' small models (a CPU smoke run)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, default=None, help="results folder (default bench/results)")
+    ap.add_argument("--arms", type=lambda v: tuple(x for x in v.split(",") if x), default=ARMS,
+                    help=f"arms in compile order (default {','.join(ARMS)}; also {','.join(list(CPP_ARMS)[1:])})")
     args = ap.parse_args()
+    if unknown := set(args.arms) - set(ARMS) - set(CPP_ARMS):
+        ap.error(f"--arms takes {', '.join(dict.fromkeys(ARMS + tuple(CPP_ARMS)))}, not {', '.join(sorted(unknown))}")
     rows, path = [], None
     for name in args.rows:
         try:
-            r = row(name, args.rounds, args.small, args.device)
+            r = row(name, args.rounds, args.small, args.device, args.arms)
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             r = {"model": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
