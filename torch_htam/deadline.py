@@ -25,13 +25,13 @@ class Deadline:
 
     phases: wall seconds spent per named phase, in the order run (a phase run twice adds up);
     skipped: the optional phases left out for lack of time, with why, for the report;
-overran: the steps let run past it (a few seconds of timing arms already compiled), and by how much.
+    overran: the steps let run past it (a few seconds of timing arms already compiled), and by how much.
     """
     budget_s: float | None = None
     start: float = field(default_factory=time.monotonic)
     phases: dict[str, float] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
-    overran: list[str] = field(default_factory=list)   # steps allowed past the deadline, with by how much
+    overran: list[str] = field(default_factory=list)
 
     @property
     def at(self) -> float | None:

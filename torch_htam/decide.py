@@ -675,7 +675,7 @@ class Trials:
             past = -min(0.0, self.deadline.remaining() or 0.0) + need
             self.deadline.overrun(f"timing {', '.join(a.name for a in arms)}: about {past:.0f} s past the "
                                   "time budget, the arms being compiled already")
-        self.quiet_host(self.timing_s(len(arms)))
+        self.quiet_host(need)
         with self.deadline.phase("decide: timing"):
             times = time_arms({i: a.call for i, a in enumerate(arms)}, high or self.inputs, ITERS, ROUNDS,
                               self.grad)
