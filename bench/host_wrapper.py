@@ -35,19 +35,21 @@ import record  # noqa: E402
 import model_zoo  # noqa: E402
 
 ARMS = ("eager", "compile", "compile_cpp", "compile_ro")
-# Inductor options of the C++ wrapper's arms, by arm (compiled in the order given: the first pays
-# the wrapper's precompiled header where it is not built yet)
-CPP_ARMS = {"compile_cpp": {"cpp_wrapper": True},
-            "compile_cpp_o0": {"cpp_wrapper": True, "aot_inductor.compile_wrapper_opt_level": "O0"},
-            "compile_cpp_sep": {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}}
+# Inductor options of the C++ wrapper's arms beyond the decision's own (decide.WRAPPER_OPTIONS), by
+# arm (compiled in the order given: the first pays the wrapper's precompiled header where it is not
+# built yet)
+CPP_ARMS = {"compile_cpp": {},
+            "compile_cpp_o0": {"aot_inductor.compile_wrapper_opt_level": "O0"},
+            "compile_cpp_sep": {"cpp_wrapper_build_separate": True}}
 
 
 def _arm(name: str, model):
     import torch
     if name == "eager":
         return model
-    if name in CPP_ARMS:
-        return torch.compile(model, options=dict(CPP_ARMS[name]))
+    if name in CPP_ARMS:   # the decision's C++-wrapper arm, as optimize compiles it
+        from torch_htam.decide import WRAPPER_OPTIONS
+        return torch.compile(model, options={**WRAPPER_OPTIONS, **CPP_ARMS[name]})
     return torch.compile(model, mode="reduce-overhead" if name == "compile_ro" else None)
 
 
