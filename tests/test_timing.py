@@ -138,3 +138,29 @@ def test_time_arms_device_time_leaves_out_the_hosts_share():
     out = timing.time_arms({"host": host_bound, "gpu": lambda x: x @ x}, (x,), iters=10, rounds=5)
     assert out["host"].latency.median_ms > 3.0 and out["host"].device.median_ms < 1.0
     assert 0.5 * out["gpu"].latency.median_ms < out["gpu"].device.median_ms <= 1.05 * out["gpu"].latency.median_ms
+
+
+def test_others_cores_counts_only_this_process_cpus():
+    """A process pinned to other cores (a second benchmark beside this one) is not load here."""
+    import os
+    import subprocess
+    import sys
+    import time
+    if timing.others_cores(0.05) is None or not hasattr(os, "sched_setaffinity") or len(timing.usable_cpus()) < 2:
+        pytest.skip("needs /proc/stat, CPU affinity and two CPUs")
+    cpus = timing.usable_cpus()
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(busy.pid, {cpus[0]})
+        time.sleep(0.3)
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, set(cpus[1:]))
+        try:
+            apart = timing.others_cores(0.5)
+        finally:
+            os.sched_setaffinity(0, before)
+        beside = timing.others_cores(0.5)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert beside >= 0.6 and apart < 0.5

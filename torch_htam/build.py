@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch_htam import paths
+from torch_htam.timing import usable_cpus
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 ABI_HEADER = CSRC / "htam_abi.h"
@@ -534,7 +535,7 @@ def build_many(sources: list[str], arch: str | None = None, out_dir: str | Path 
             waiting.setdefault(h, []).append(i)
     if not todo:
         return results  # type: ignore[return-value]
-    t0, n_jobs, nice = time.monotonic(), jobs or os.cpu_count() or 1, BACKGROUND_NICE if background else 0
+    t0, n_jobs, nice = time.monotonic(), jobs or len(usable_cpus()), BACKGROUND_NICE if background else 0
     mine, theirs = _claim([out_dir / f"{h}.so" for h in todo])
     try:
         built = _compile([todo[so.stem] for so in mine], out_dir, nvcc, n_jobs, timeout_s, cancel, nice) if mine else {}

@@ -517,30 +517,46 @@ class HostLoad:
         return self.others_cores is None or self.others_cores < QUIET_CORES
 
 
-def _cpu_ticks() -> tuple[int, int, int] | None:
-    """(all CPUs' busy ticks, all CPUs' ticks, this process's ticks), or None without /proc.
-    /proc/stat's cpu line: user nice system idle iowait irq softirq steal [guest guest_nice]
-    (guest time is counted inside user); /proc/self/stat: utime and stime, fields 14 and 15."""
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity: a container's or `taskset`'s share of the
+    host), else all of them."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def _cpu_ticks(cpus: list[int]) -> tuple[int, int, int] | None:
+    """(busy ticks of `cpus`, all ticks of `cpus`, this process's ticks), or None without /proc.
+    /proc/stat's cpuN lines: user nice system idle iowait irq softirq steal [guest guest_nice]
+    (guest time is counted inside user); /proc/self/stat: utime and stime, fields 14 and 15.
+    Only this process's CPUs count: work another process runs on cores this one cannot use (a
+    second benchmark pinned beside it) takes none of its host time."""
+    want = {f"cpu{i}" for i in cpus}
+    busy = total = 0
     try:
         with open("/proc/stat") as f:
-            cpu = [int(x) for x in f.readline().split()[1:9]]
+            for line in f:
+                name, *fields = line.split()
+                if name in want:
+                    t = [int(x) for x in fields[:8]]
+                    busy, total = busy + sum(t) - t[3] - t[4], total + sum(t)
         with open("/proc/self/stat") as f:
             rest = f.read().rsplit(")", 1)[1].split()
     except (OSError, ValueError, IndexError):
         return None
-    total = sum(cpu)
-    return total - cpu[3] - cpu[4], total, int(rest[11]) + int(rest[12])
+    return (busy, total, int(rest[11]) + int(rest[12])) if total else None
 
 
 def others_cores(window_s: float = QUIET_WINDOW_S, sleep=time.sleep) -> float | None:
-    """CPU cores used by processes other than this one over the next window_s seconds."""
-    a = _cpu_ticks()
+    """CPU cores of this process's share used by other processes over the next window_s seconds."""
+    cpus = usable_cpus()
+    a = _cpu_ticks(cpus)
     sleep(window_s)
-    b = _cpu_ticks()
+    b = _cpu_ticks(cpus)
     if a is None or b is None or b[1] <= a[1]:
         return None
-    cpus = os.cpu_count() or 1
-    return max(0.0, (b[0] - a[0]) - (b[2] - a[2])) * cpus / (b[1] - a[1])
+    return max(0.0, (b[0] - a[0]) - (b[2] - a[2])) * len(cpus) / (b[1] - a[1])
 
 
 def wait_for_quiet_host(max_s: float = QUIET_MAX_S, sample=others_cores, clock=time.monotonic) -> HostLoad:
