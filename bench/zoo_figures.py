@@ -3,7 +3,7 @@ and the zoo-wide view of each model's latest row (render's zoo section). Standar
 since render.py imports it and CI runs render --check.
 
 A row is bench_zoo's (bench_zoo.empty_row has every field): "vs_compile" = torch.compile ms / ours
-ms, "vs_compile_ro" and "vs_max_autotune" likewise, each also "_b2b" (back to back) and "_low"
+ms, "vs_compile_ro", "vs_max_autotune" and "vs_max_autotune_ro" (compile_ma / ours_ro) likewise, each also "_b2b" (back to back) and "_low"
 (from each arm's 20th-percentile round); "regions" / "ours_ro_regions" per task with its kind,
 status, "vs_inductor" and "share_of_eager".
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from record import geomean   # (standard library only, as this module)
 
-HEADLINE = ("vs_compile", "vs_compile_ro", "vs_max_autotune")
+HEADLINE = ("vs_compile", "vs_compile_ro", "vs_max_autotune", "vs_max_autotune_ro")
 WAYS = {"latency": "", "throughput": "_b2b"}       # timing way -> the ratio fields' suffix
 OURS_ARMS = ("ours", "ours_ro")
 COLD_LIMIT_S = 600.0      # the issue: a cold optimize within 10 minutes

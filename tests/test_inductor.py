@@ -467,13 +467,11 @@ def test_the_cpp_wrapper_is_offered_where_the_floor_is_host_bound_without_cuda_g
     t.compile_s, t.host_share = 10.0, host_share
     assert t.wrapper_offered() is offered
     plain = decide.TRIAL_MARGIN * (10.0 + 6.0)
-    for warmed, ratio in ((True, decide.WRAPPER_COMPILE), (False, decide.WRAPPER_COMPILE_COLD)):
-        compile_s = max(ratio * 10.0, decide.WRAPPER_COMPILE_MIN_S)
-        monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: warmed)   # its header built, or not yet
-        wrapper = decide.TRIAL_MARGIN * (compile_s + 2.0) if offered else 0.0
-        assert t.wrapper_s() == pytest.approx(wrapper)
-        assert t.first_trial_s() == pytest.approx(plain + wrapper)
-        assert (t.reserve_s(0) > 10.0 + 7.0) is offered
+    monkeypatch.setattr(backend, "wrapper_extras", lambda: [])   # no figure of this host's yet
+    wrapper = decide.TRIAL_MARGIN * (10.0 + decide.WRAPPER_EXTRA_S + 2.0) if offered else 0.0
+    assert t.wrapper_s() == pytest.approx(wrapper)
+    assert t.first_trial_s() == pytest.approx(plain + wrapper)
+    assert (t.reserve_s(0) > 10.0 + 7.0) is offered
 
 
 def test_a_host_bound_floor_is_measured_as_such():
@@ -503,14 +501,14 @@ def test_the_cpp_wrapper_arm_comes_before_a_kernel_trial(monkeypatch):
         return dataclasses.replace(arm, setup_s=25.0)
     monkeypatch.setattr(decide.Trials, "ready", ready)
     monkeypatch.setattr(decide.Trials, "wrapper_offered", lambda self: True)
-    monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: True)
+    monkeypatch.setattr(backend, "wrapper_extras", lambda: [])
     monkeypatch.setattr(decide.Trials, "timing_s", lambda self, n: 1.0 * n)
     monkeypatch.setattr(decide.Trials, "time", lambda self, arms, high=None, overrun=False: all(
         setattr(a, "times", _times(0.5 if a.kind is decide.ArmKind.WRAPPER else 1.0)) or True for a in arms))
     capture = SimpleNamespace(dynamic=None, exported=object(), graphs=[torch.fx.symbolic_trace(model)])
-    # a wrapper compile (WRAPPER_COMPILE_MIN_S: 55 s) + 2 arms timed: 57 s; a kernel trial after it
-    # would need 20 s more
-    for budget, expect in ((56.0, []), (60.0, [decide.ArmKind.WRAPPER])):
+    # a wrapper compile (the floor's 10 s + WRAPPER_EXTRA_S: 55 s) + 2 arms timed: 67 s; a kernel
+    # trial after it would need 20 s more
+    for budget, expect in ((66.0, []), (70.0, [decide.ArmKind.WRAPPER])):
         built.clear()
         t = decide.Trials(model, (x,), OptimizeConfig(), GradMode.current(), Deadline(budget))
         t.found, t.compile_s = SimpleNamespace(capture=capture), 10.0
@@ -962,28 +960,48 @@ def test_channels_last_conv_regions_are_swapped_in_both_modes():
         torch._dynamo.reset()
 
 
-def test_the_cpp_wrappers_compile_is_expected_to_take_what_it_took_on_this_host(tmp_path, monkeypatch):
-    """Each C++-wrapper arm compiled with its header built records its seconds in Inductor's cache
-    folder (the last WRAPPER_COMPILES_KEPT); the next estimate takes the longest of them instead of
-    WRAPPER_COMPILE_MIN_S (55-85 s on an H100 host, about 20 s on an H200's), never less than
-    WRAPPER_COMPILE x the floor's; a record that cannot be read counts as none."""
+def test_the_cpp_wrappers_compile_is_expected_to_take_the_floors_and_what_its_cxx_took_on_this_host(
+        tmp_path, monkeypatch):
+    """The C++ wrapper's arm compiles the floor's graph and then its C++: its estimate is the
+    floor's compile plus the longest of this host's last WRAPPER_EXTRAS_KEPT C++ compiles beyond it
+    (recorded in Inductor's cache folder), WRAPPER_EXTRA_S before there is one; a record that
+    cannot be read counts as none."""
     import torch._inductor.runtime.cache_dir_utils as cdu
     from torch_htam import decide
     from torch_htam.config import OptimizeConfig
     from torch_htam.deadline import Deadline
     from torch_htam.timing import GradMode
     monkeypatch.setattr(cdu, "cache_dir", lambda: str(tmp_path))
-    monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: True)
     t = decide.Trials(MLP().eval(), (torch.randn(4, 64),), OptimizeConfig(), GradMode.current(), Deadline(None))
     t.compile_s = 5.0
-    assert backend.wrapper_compiles() == [] and t.wrapper_compile_s() == decide.WRAPPER_COMPILE_MIN_S
+    assert backend.wrapper_extras() == [] and t.wrapper_compile_s() == 5.0 + decide.WRAPPER_EXTRA_S
     for s in (30.0, 18.0, 22.0, 21.0):
-        backend.note_wrapper_compile(s)
-    assert backend.wrapper_compiles() == [18.0, 22.0, 21.0] and t.wrapper_compile_s() == 22.0
-    t.compile_s = 20.0                              # the floor's ratio, where it says more
-    assert t.wrapper_compile_s() == decide.WRAPPER_COMPILE * 20.0
-    (tmp_path / backend.WRAPPER_COMPILES).write_text("{not json")
-    assert backend.wrapper_compiles() == [] and t.wrapper_compile_s() == max(40.0, decide.WRAPPER_COMPILE_MIN_S)
+        backend.note_wrapper_extra(s)
+    assert backend.wrapper_extras() == [18.0, 22.0, 21.0] and t.wrapper_compile_s() == 27.0
+    t.compile_s = 20.0                              # a slower floor: the same C++ on top of it
+    assert t.wrapper_compile_s() == 42.0
+    (tmp_path / backend.WRAPPER_EXTRAS).write_text("{not json")
+    assert backend.wrapper_extras() == [] and t.wrapper_compile_s() == 20.0 + decide.WRAPPER_EXTRA_S
+
+
+def test_a_cpp_wrapper_arm_records_its_compile_beyond_the_floors(tmp_path, monkeypatch):
+    """ready() records a C++-wrapper arm's seconds beyond the floor's compile, where its header was
+    built (a compile that built the header too says nothing about the next one)."""
+    import torch._inductor.runtime.cache_dir_utils as cdu
+    from torch_htam import decide
+    from torch_htam.config import OptimizeConfig
+    from torch_htam.deadline import Deadline
+    from torch_htam.timing import GradMode
+    monkeypatch.setattr(cdu, "cache_dir", lambda: str(tmp_path))
+    model, x = MLP().eval(), torch.randn(4, 32)
+    monkeypatch.setattr(decide.Trials, "build", lambda self, arm: model)
+    for warmed in (False, True):
+        monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: warmed)
+        t = decide.Trials(model, (x,), OptimizeConfig(), GradMode.current(), Deadline(None))
+        t.compile_s = 100.0          # longer than the arm's own setup: recorded as 0 beyond it
+        arm = t.ready(decide.Arm(decide.ArmKind.WRAPPER, options=dict(decide.WRAPPER_OPTIONS)))
+        assert arm.error is None
+    assert backend.wrapper_extras() == [0.0]
 
 
 def test_the_cpp_wrappers_header_is_warmed_and_our_launches_checked_once_per_inductor_cache(tmp_path, monkeypatch):
@@ -1010,19 +1028,18 @@ def test_the_cpp_wrappers_header_is_warmed_and_our_launches_checked_once_per_ind
     assert len(started) == 2
 
 
-@pytest.mark.parametrize("warmed, floor_s, budget, built_it", [(True, 30.0, 70.0, True), (False, 30.0, 70.0, False),
-                                                               (True, 5.0, 40.0, False)])
-def test_the_cpp_wrapper_arm_expects_a_cold_compile_until_its_header_is_built(warmed, floor_s, budget, built_it,
-                                                                            monkeypatch):
-    """Before the background process has built the C++ wrapper's header, its arm is expected to
-    compile in WRAPPER_COMPILE_COLD x the floor's compile (after it, WRAPPER_COMPILE x), and never
-    in less than WRAPPER_COMPILE_MIN_S; it is skipped where that does not fit."""
+@pytest.mark.parametrize("floor_s, budget, built_it", [(30.0, 90.0, True), (30.0, 85.0, False),
+                                                       (5.0, 60.0, False), (5.0, 63.0, True)])
+def test_the_cpp_wrapper_arm_is_built_only_where_the_floors_compile_and_its_cxx_fit(floor_s, budget, built_it,
+                                                                                 monkeypatch):
+    """The C++ wrapper's arm is expected to compile in the floor's compile plus WRAPPER_EXTRA_S
+    (no figure of this host's yet), then two arms timed; it is skipped where that does not fit."""
     from types import SimpleNamespace
     from torch_htam import decide
     from torch_htam.config import OptimizeConfig
     from torch_htam.deadline import Deadline
     from torch_htam.timing import GradMode
-    monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: warmed)
+    monkeypatch.setattr(backend, "wrapper_extras", lambda: [])
     monkeypatch.setattr(decide.Trials, "wrapper_offered", lambda self: True)
     monkeypatch.setattr(decide.Trials, "timing_s", lambda self, n: 1.0 * n)
     monkeypatch.setattr(decide.Trials, "time", lambda self, arms, high=None, overrun=False: False)
@@ -1031,7 +1048,7 @@ def test_the_cpp_wrapper_arm_expects_a_cold_compile_until_its_header_is_built(wa
     model = MLP().eval()
     t = decide.Trials(model, (torch.randn(4, 64),), OptimizeConfig(), GradMode.current(), Deadline(budget))
     t.found = SimpleNamespace(capture=SimpleNamespace(dynamic=None, exported=None, graphs=[]))
-    t.compile_s = floor_s          # warm: 60 s + 2 arms timed fits 70 s, cold 171 s does not; 55 s not 40
+    t.compile_s = floor_s          # 30 + 55 + 2 arms timed: 87 s; 5 + 55 + 2: 62 s
     t.base(decide.Arm(decide.ArmKind.COMPILE))
     assert (decide.ArmKind.WRAPPER in built) is built_it
 

@@ -380,32 +380,33 @@ def cpp_wrapper_warmed() -> bool:
     return os.path.exists(_markers()[0])
 
 
-WRAPPER_COMPILES = "htam_cpp_wrapper_compile_s.json"   # in Inductor's cache folder, beside the marker
-WRAPPER_COMPILES_KEPT = 3
+WRAPPER_EXTRAS = "htam_cpp_wrapper_extra_s.json"   # in Inductor's cache folder, beside the marker
+WRAPPER_EXTRAS_KEPT = 3
 
 
-def wrapper_compiles() -> list[float]:
-    """The last WRAPPER_COMPILES_KEPT C++-wrapper arms' compile seconds on this host, with their
-    header built (note_wrapper_compile); [] where none was recorded or the record is unreadable."""
+def wrapper_extras() -> list[float]:
+    """The last WRAPPER_EXTRAS_KEPT C++-wrapper arms' compile seconds beyond their floor's, on this
+    host with the header built (note_wrapper_extra); [] where none was recorded or the record is
+    unreadable."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
     try:
-        with open(os.path.join(cache_dir(), WRAPPER_COMPILES)) as f:
+        with open(os.path.join(cache_dir(), WRAPPER_EXTRAS)) as f:
             seen = json.load(f)
-        return [float(x) for x in seen if isinstance(x, (int, float)) and x > 0][-WRAPPER_COMPILES_KEPT:]
+        return [float(x) for x in seen if isinstance(x, (int, float)) and x >= 0][-WRAPPER_EXTRAS_KEPT:]
     except (OSError, ValueError, TypeError):
         return []
 
 
-def note_wrapper_compile(seconds: float) -> None:
-    """Record one C++-wrapper arm's compile seconds (its header built): the host's own figure
-    replaces decide.WRAPPER_COMPILE_MIN_S for the next decisions (55-85 s on an H100 host, 19-26 s
-    on an H200's). Best effort: a record that cannot be written changes nothing."""
+def note_wrapper_extra(seconds: float) -> None:
+    """Record one C++-wrapper arm's compile seconds beyond its floor's (its header built): the
+    host's own figure replaces decide.WRAPPER_EXTRA_S for the next decisions (43-59 s on H100
+    hosts). Best effort: a record that cannot be written changes nothing."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
-    path = os.path.join(cache_dir(), WRAPPER_COMPILES)
+    path = os.path.join(cache_dir(), WRAPPER_EXTRAS)
     try:
         tmp = f"{path}.{os.getpid()}"
         with open(tmp, "w") as f:
-            json.dump([*wrapper_compiles(), round(seconds, 2)][-WRAPPER_COMPILES_KEPT:], f)
+            json.dump([*wrapper_extras(), round(max(seconds, 0.0), 2)][-WRAPPER_EXTRAS_KEPT:], f)
         os.replace(tmp, path)
     except OSError as e:
         log.info("torch_htam: the C++ wrapper's compile time not recorded (%s)", e)
