@@ -34,7 +34,9 @@ process, in this order:
      the arms timed interleaved (bench_floor.time_interleaved), --rounds rounds, each round every
      arm in a rotated order, two ways: latency (a synchronize before and after each call, median
      over all calls) and back-to-back throughput (--calls calls then one synchronize, time / calls,
-     median over rounds).
+     median over rounds). Steps 4-5 run first for every arm but max-autotune, then for it, and the
+     arms are timed again beside it: a row cut off while max-autotune compiles (400+ s on some
+     models) keeps the other arms' figures.
 --modes default runs the default mode's arms alone (ours, compile, compile_ma; "modes" in the row):
 a change to the default mode's decision is measured in half the time, and bench/render.py shows the
 model's reduce-overhead figures from its previous row, naming both runs.
@@ -237,40 +239,38 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
                 row.pop("optimizing", None)
                 del pending
                 # ours first, each report read after its first calls (Dynamo's compiles swap the
-                # kernels in) and the row passed on: a row cut off while max-autotune compiles
-                # (minutes on a model of many GEMM shapes) still says what ours kept
+                # kernels in) and the row passed on. Max-autotune compiles last (minutes on a model
+                # of many GEMM shapes: MobileNetV3 and T5 bf16 over 400 s on an H100,
+                # zoo-20261127-221751 / -221750): the other arms are checked and timed before it,
+                # so a row cut off there keeps their figures, then timed again beside it
                 calls = {arm: (lambda m=models[arm]: m(*inputs)) for arm in WARM_ORDER if arm in models}
-                for arm in list(calls):
-                    stage(f"warm {arm}")
-                    t0 = time.perf_counter()
-                    try:
-                        calls[arm]()
-                        sync()
-                        row["first_call_s"][arm] = time.perf_counter() - t0
-                        for _ in range(max(opts.warmup - 1, 0)):
+                first, warmed = [arm for arm in calls if arm != "compile_ma"], []
+                for group in (first, [arm for arm in calls if arm not in first]):
+                    if not group:
+                        continue
+                    for arm in group:
+                        stage(f"warm {arm}")
+                        t0 = time.perf_counter()
+                        try:
                             calls[arm]()
-                        sync()
-                    except Exception:  # noqa: BLE001
-                        failed(arm)
-                        del calls[arm]
-                    if arm in ours_arms:
-                        row.update(ours_fields(arm, models[arm]))
-                stage("check")
-                if "eager" in calls:
-                    ref = bf._clone(calls["eager"]())
-                    for arm in calls:
-                        c = bf.compare(bf._clone(calls[arm]()), ref, row["tf32"])
-                        row[f"{arm}_max_abs_err"], row[f"{arm}_correct"] = c["max_abs_err"], c["correct"]
-                        row["tolerance"] = c["tolerance"]
-                    del ref
-                    row.update(close_as_compile(row))
-                # bench_floor's names for ours-default
-                row["max_abs_err"], row["correct"] = row["ours_max_abs_err"], row["ours_correct"]
-                stage("time")
-                row["host_cores_before"] = bf.quiet_host()
-                row.update(ratio_fields(time_fn(calls, sync, opts.rounds, opts.calls)))
-                for arm in ours_arms:
-                    add_shares(row.get(f"{_prefix(arm)}regions"), row.get("eager_ms_latency"))
+                            sync()
+                            row["first_call_s"][arm] = time.perf_counter() - t0
+                            for _ in range(max(opts.warmup - 1, 0)):
+                                calls[arm]()
+                            sync()
+                        except Exception:  # noqa: BLE001
+                            failed(arm)
+                            del calls[arm]
+                        if arm in ours_arms:
+                            row.update(ours_fields(arm, models[arm]))
+                    warmed += [arm for arm in group if arm in calls]
+                    stage("check")
+                    check(row, calls, group)
+                    stage("time")
+                    row["host_cores_before"] = bf.quiet_host()
+                    row.update(ratio_fields(time_fn({a: calls[a] for a in warmed}, sync, opts.rounds, opts.calls)))
+                    for arm in ours_arms:
+                        add_shares(row.get(f"{_prefix(arm)}regions"), row.get("eager_ms_latency"))
                 row["stage"] = "done"
     except Exception:  # noqa: BLE001 - one row's failure is its row's, never the run's
         text = traceback.format_exc()
@@ -280,6 +280,23 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
     row["row_s"] = time.perf_counter() - start
     row.update(bf.verdicts(row))
     return row
+
+
+def check(row: dict, calls: dict, arms: list[str]) -> None:
+    """Each of `arms` still in `calls` checked against eager's output ("<arm>_max_abs_err",
+    "<arm>_correct"; bench_floor.compare), then close_as_compile and bench_floor's names for
+    ours-default."""
+    if "eager" not in calls:
+        return
+    ref = bf._clone(calls["eager"]())
+    for arm in arms:
+        if arm in calls:
+            c = bf.compare(bf._clone(calls[arm]()), ref, row["tf32"])
+            row[f"{arm}_max_abs_err"], row[f"{arm}_correct"] = c["max_abs_err"], c["correct"]
+            row["tolerance"] = c["tolerance"]
+    del ref
+    row.update(close_as_compile(row))
+    row["max_abs_err"], row["correct"] = row["ours_max_abs_err"], row["ours_correct"]
 
 
 # ---- the run: each row in a child process (bench_floor.run_child) ------------------------------

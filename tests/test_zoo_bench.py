@@ -83,18 +83,25 @@ def _stand_ins(calls, fail_mode=None):
 def test_row_fields_ratios_and_kernels_kept():
     calls, stages = [], []
     optimize, compile_fn, time_fn = _stand_ins(calls)
+    at_ma = []
     row = bz.measure(ROW, _opts("--budget", "7"), device="cpu", optimize=optimize, compile_fn=compile_fn,
-                     time_fn=time_fn, progress=lambda r: stages.append(r["stage"]))
+                     time_fn=time_fn, progress=lambda r: stages.append(r["stage"]) or (
+                         r["stage"] == "warm compile_ma" and at_ma.append(dict(r))))
     assert "error" not in row and row["stage"] == "done", row.get("error")
     assert set(FIELDS) <= set(row)
     # every copy before any optimize; ours in the default mode first, then reduce-overhead
     assert calls == [("compile", "default"), ("compile", "reduce-overhead"), ("compile", "max-autotune"),
                      ("optimize", 7.0, "default", True), ("optimize", 7.0, "reduce-overhead", True)]
+    # max-autotune's compile (minutes) comes after the others are checked and timed, so a row cut
+    # off there still has their figures; then every arm is timed again beside it
     assert stages == ["build", "optimize", "optimize", "warm ours", "warm ours_ro", "warm eager", "warm compile",
-                      "warm compile_ro", "warm compile_ma", "check", "time"]
+                      "warm compile_ro", "check", "time", "warm compile_ma", "check", "time"]
+    assert at_ma[0]["vs_compile"] == pytest.approx(2.0) and at_ma[0]["vs_max_autotune"] is None
+    assert at_ma[0]["ours_correct"] is True and at_ma[0]["compile_ma_correct"] is None
     assert row["vs_compile"] == pytest.approx(2.0)            # compile 4 ms / ours 2 ms
     assert row["vs_compile_ro"] == pytest.approx(1.5)         # compile_ro 3 / ours_ro 2
     assert row["vs_max_autotune"] == pytest.approx(1.8)       # compile_ma 3.6 / ours 2
+    assert row["vs_max_autotune_ro"] == pytest.approx(1.8)    # compile_ma 3.6 / ours_ro 2
     assert row["vs_compile_b2b"] == pytest.approx(1.5)
     assert row["vs_compile_ro_b2b"] == pytest.approx(2.0)
     assert row["vs_max_autotune_b2b"] == pytest.approx(1.35)
