@@ -55,6 +55,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 import floor_models  # noqa: E402
 import record  # noqa: E402
+from lanes import run as run_lanes  # noqa: E402
 
 SUITE = "bench_floor"
 ARMS = ("eager", "compile", "ours")
@@ -409,14 +410,17 @@ def _end_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
     proc.wait()
 
 
-def run_child(name: str, opts, timeout: float, command=child_command) -> dict:
+def run_child(name: str, opts, timeout: float, command=child_command, lane=None) -> dict:
     """Row `name` measured by a child process (command(name, opts, row_out)), cut off after
-    `timeout` seconds. A child that crashed or was cut off gives the row as far as it got, with
-    "error" saying where; cut off in optimize, the row's "optimize_s_at_least" says how long
-    optimize had run."""
+    `timeout` seconds; with a lane (bench/lanes.py) on its GPU, cores and caches. A child that
+    crashed or was cut off gives the row as far as it got, with "error" saying where; cut off in
+    optimize, the row's "optimize_s_at_least" says how long optimize had run."""
     with tempfile.TemporaryDirectory(prefix="bench_floor-") as d:
         row_out = Path(d) / "row.json"
-        proc = subprocess.Popen(command(name, opts, row_out), start_new_session=True)
+        proc = subprocess.Popen(command(name, opts, row_out), start_new_session=True,
+                                env=lane.env() if lane is not None else None)
+        if lane is not None:
+            lane.pin(proc.pid)
         why = None
         try:
             rc = proc.wait(timeout=timeout)
@@ -448,23 +452,38 @@ def failed_row(name: str, opts, exc_text: str) -> dict:
     return row
 
 
-def run_rows(names: list[str], opts, run_one, keep=lambda rows: None, failed=None, fmt=None) -> list[dict]:
+def run_rows(names: list[str], opts, run_one, keep=lambda rows: None, failed=None, fmt=None,
+             lanes: list | None = None) -> list[dict]:
     """run_one(name) -> row for each name; a row that raises is recorded with "error" and the run
     goes on. keep(rows) gets every row so far after each one (the results file is rewritten).
     failed(name, traceback text) -> row and fmt(row) -> its ROW line are the suite's (default this
-    one's: failed_row, format_row); bench_serve and bench_zoo pass theirs."""
+    one's: failed_row, format_row); bench_serve and bench_zoo pass theirs. With lanes
+    (bench/lanes.py), run_one(name, lane) runs one row per lane at once; rows keep the names'
+    order, each with its "lane"."""
     failed = failed or (lambda name, text: failed_row(name, opts, text))
     fmt = fmt or format_row
-    rows = []
-    for name in names:
+    done: dict[int, dict] = {}
+
+    def one(name: str, *lane) -> dict:
         try:
-            row = run_one(name)
+            row = run_one(name, *lane)
         except Exception:  # noqa: BLE001
             row = failed(name, traceback.format_exc())
-        rows.append(row)
-        keep(rows)
+        if lane:
+            row["lane"] = lane[0].to_json()
+        return row
+
+    def finished(i: int, row: dict) -> None:
+        done[i] = row
+        keep([done[k] for k in sorted(done)])
         print(f"ROW {fmt(row)}", flush=True)
-    return rows
+
+    if lanes:
+        run_lanes(names, lanes, one, finished)
+    else:
+        for i, name in enumerate(names):
+            finished(i, one(name))
+    return [done[k] for k in sorted(done)]
 
 
 # ---- summary and table -------------------------------------------------------------------------

@@ -4,6 +4,7 @@ realistic inference shapes.
     python3 bench/bench_zoo.py --list
     python3 bench/bench_zoo.py resnet50:bf16 convnext:fp32 --budget 120
     python3 bench/bench_zoo.py --budget 120                 # every row (many 10-minute calls)
+    python3 bench/bench_zoo.py ROWS --lanes 4              # four rows at once, one per GPU (bench/lanes.py)
 
 Rows are the models of bench/model_zoo.py ("<family>:<dtype>", dtype fp32 or bf16; fp32 rows run
 with TF32 allowed for matmuls and cuDNN, as bench_serve's fp32 rows do, "tf32": true in the row).
@@ -69,6 +70,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -80,6 +82,7 @@ import bench_floor as bf  # noqa: E402  (timing, checks, the child process, rows
 import bench_serve as bs  # noqa: E402  (report_fields, TF32 policy, Dynamo's limits)
 import record  # noqa: E402
 import model_zoo  # noqa: E402
+from lanes import split as split_lanes  # noqa: E402
 from zoo_figures import (COLD_LIMIT_S, HEADLINE, OURS_ARMS, WAYS, beat_inductor,  # noqa: E402,F401
                          summarize, prefix as _prefix)
 
@@ -309,10 +312,10 @@ def child_command(name: str, opts, row_out: Path) -> list[str]:
         *(("--skip", ",".join(opts.skip)) if opts.skip else ())])
 
 
-def run_child(name: str, opts, timeout: float, command=child_command) -> dict:
+def run_child(name: str, opts, timeout: float, command=child_command, lane=None) -> dict:
     """bench_floor.run_child with this script's child; a row the child never wrote gets this
     suite's empty fields under bench_floor's."""
-    row = bf.run_child(name, opts, timeout, command=command)
+    row = bf.run_child(name, opts, timeout, command=command, lane=lane)
     return {**empty_row(name, opts.budget, opts.grad_mode), **row}
 
 
@@ -386,6 +389,9 @@ def parse(argv=None):
     ap.add_argument("--skip", type=lambda v: tuple(x for x in v.split(",") if x), default=(),
                     help="compile arms left out (e.g. compile_ma where its autotuning would not fit the "
                          "row's limit); their ratios stay null and the row's skipped_arms names them")
+    ap.add_argument("--lanes", type=int, default=1,
+                    help="rows measured at once, one per GPU (0..N-1), each on 1/N of the cores with "
+                         "caches of its own (bench/lanes.py); default 1: one row at a time")
     ap.add_argument("--modes", type=lambda v: tuple(x for x in v.split(",") if x), default=MODES,
                     help="the modes whose ours arm runs: default,reduce-overhead (the default) or default"
                          " alone, which leaves out the reduce-overhead arms (bench/render.py then shows"
@@ -417,13 +423,17 @@ def main(argv=None) -> int:
                 "budget_s": a.budget, "budget_limit_s": bf.budget_limit(a.budget), "grad_mode": a.grad_mode,
                 "tf32": "fp32 rows: on (matmul and cuDNN); bf16 rows: torch's defaults",
                 "arms": ARMS, "rounds": a.rounds, "calls": a.calls, "warmup": a.warmup,
-                "row_timeout_s": timeout, "summary": summarize(rows), "rows": rows},
+                "row_timeout_s": timeout, "lanes": a.lanes, "summary": summarize(rows), "rows": rows},
                 results_dir=a.out, path=path)
 
     def failed(name: str, exc_text: str) -> dict:   # this suite's fields
         return dict(empty_row(name, a.budget, a.grad_mode), error=bf.last_line(exc_text))
 
-    rows = bf.run_rows(names, a, lambda name: run_child(name, a, timeout), keep, failed=failed, fmt=format_row)
+    lanes = None
+    if a.lanes > 1:   # one row per GPU at once (bench/lanes.py), caches under a folder of this run's
+        lanes = split_lanes(a.lanes, tempfile.mkdtemp(prefix="bench_zoo-lanes-"))
+    rows = bf.run_rows(names, a, lambda name, lane=None: run_child(name, a, timeout, lane=lane), keep,
+                       failed=failed, fmt=format_row, lanes=lanes)
     print("\n" + format_table(rows, summarize(rows)), flush=True)
     return 0
 

@@ -37,8 +37,9 @@ Two protocols:
 NOTE: a full-table walk is not the search (which moves from the defaults by strategy); it bounds
 what ordering the same settings can save, and the search's replay (bench/anytime.py) measures it.
 
-Writes bench/results/prior_transfer-<date>.json: rows (per protocol and rule: saving, per kind
-the mean to99 of both orders and the task count, per model its saving), the tables read, seeds.
+Writes bench/results/prior_transfer-<date>.json: rows (per protocol, prior and rule: saving, per
+kind the mean to99 of both orders and the task count, per model its saving), the tables read,
+seeds, k.
 """
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ import argparse
 import ast
 import functools
 import glob
-import math
 import json
+import math
 import random
 import statistics
 import sys
@@ -141,8 +142,14 @@ def features(table: dict) -> tuple[float, ...]:
         return tuple(table["features"])
     shapes, ops = _read_task(_task_file(table))
     op = dict(reversed(ops))                           # each op's first call
-    shape = lambda a: shapes[int(a[2:])] if isinstance(a, str) and a.startswith("in") else None  # noqa: E731
-    x, lg = shapes[0], lambda *v: tuple(math.log2(max(1, n)) for n in v)  # noqa: E731
+
+    def shape(arg):                                    # an input's shape ("in1"), else None
+        return shapes[int(arg[2:])] if isinstance(arg, str) and arg.startswith("in") else None
+
+    def lg(*sizes):
+        return tuple(math.log2(max(1, n)) for n in sizes)
+
+    x = shapes[0]
     numel = math.prod(x)
     if "linear" in op and shape(op["linear"][0]) and shape(op["linear"][1]):
         a, w = shape(op["linear"][0]), shape(op["linear"][1])
@@ -151,7 +158,8 @@ def features(table: dict) -> tuple[float, ...]:
         args = op["conv2d"] + [None] * 7
         (n, c, h, w), (o, cg, kh, kw) = shape(args[0]), shape(args[1])
         s, p, d = args[3] or [1, 1], args[4] or [0, 0], args[5] or [1, 1]
-        ho, wo = ((size + 2 * p[i] - d[i] * (k - 1) - 1) // s[i] + 1 for i, (size, k) in enumerate(((h, kh), (w, kw))))
+        ho, wo = ((size + 2 * p[i] - d[i] * (k - 1) - 1) // s[i] + 1
+                  for i, (size, k) in enumerate(((h, kh), (w, kw))))
         return lg(n * ho * wo, o, cg * kh * kw, c // cg)
     row = (math.prod(op["layer_norm"][1]) if "layer_norm" in op else
            numel // (x[0] * op["group_norm"][1]) if "group_norm" in op else
@@ -278,15 +286,18 @@ def main(argv=None) -> int:
     ap.add_argument("--manifest", type=Path, default=HERE / "heldout" / "manifest.json")
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--by", nargs="+", choices=BYS, default=list(BYS), help="the priors to measure")
-    ap.add_argument("--k", type=int, default=K, help="neighbours: keep the k nearest train tables (default all, weighted)")
+    ap.add_argument("--k", type=int, default=K,
+                    help="neighbours: keep the k nearest train tables (default all, weighted)")
     ap.add_argument("--protocol", nargs="+", choices=PROTOCOLS, default=list(PROTOCOLS),
                     help="tune on train LOMO alone, so the test tables stay held out")
     ap.add_argument("--no-record", action="store_true")
     a = ap.parse_args(argv)
     (test, test_files), (train, train_files) = load(a.test), load(a.train)
-    rows = run(test, train, model_of(json.loads(a.manifest.read_text())), a.seeds, tuple(a.by), a.k, tuple(a.protocol))
+    rows = run(test, train, model_of(json.loads(a.manifest.read_text())), a.seeds, tuple(a.by), a.k,
+               tuple(a.protocol))
     for r in rows:
-        print(f"{r['protocol']:10} {r['prior']:10} {r['rule']:6} saving {100 * r['saving']:5.1f}%  ({r['tasks']} tasks)  "
+        print(f"{r['protocol']:10} {r['prior']:10} {r['rule']:6} saving {100 * r['saving']:5.1f}%  "
+              f"({r['tasks']} tasks)  to99 prior/random: "
               + " ".join(f"{kind} {v['prior_to99']:.2f}/{v['random_to99']:.2f}" for kind, v in r["kinds"].items()))
     if not a.no_record:
         record.write("prior_transfer", {"seeds": a.seeds, "k": a.k, "test": test_files, "train": train_files,

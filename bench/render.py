@@ -149,6 +149,8 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("task", "task", None), ("kind", "kind", None), ("policy", "policy", None), ("settings", "settings", None),
         ("verified", "verified", None), ("oracle (re-timed)", "oracle", _x), ("defaults (re-timed)", "defaults", _x),
         ("seconds", "seconds", "{:.0f}")],
+    "prior_transfer": [("protocol", "protocol", None), ("prior", "prior", None), ("rule", "rule", None),
+                       ("saving", "saving", _pct), ("tasks", "tasks", None)],
     "sweep": [
         ("task", "task", None), ("kind", "kind", None), ("policy", "policy", None),
         ("verified", "verified", None), ("settings", "settings", None), ("defaults rank", "defaults_rank", None),

@@ -211,7 +211,7 @@ def test_crashed_child_row_keeps_the_zoo_schema(tmp_path):
 def test_main_writes_results_after_each_row(tmp_path, monkeypatch, capsys):
     seen = []
 
-    def fake_child(name, opts, timeout):
+    def fake_child(name, opts, timeout, lane=None):
         seen.append((name, timeout, len(list(tmp_path.glob("zoo-*.json")))))
         if name == "vit:bf16":
             raise RuntimeError("no row process")
