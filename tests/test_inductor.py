@@ -1054,17 +1054,20 @@ def test_the_cpp_wrapper_arm_is_built_only_where_the_floors_compile_and_its_cxx_
     assert (decide.ArmKind.WRAPPER in built) is built_it
 
 
-@pytest.mark.parametrize("share, words", [(2.0, "2.00x its GPU time (host-bound"), (1.05, "1.05x its GPU time (not host"),
-                                          (None, None)])
-def test_the_report_says_how_host_bound_torch_compiles_call_was(share, words):
-    """The report's host line: torch.compile's synced call against its GPU time, and whether the
-    C++ wrapper's arm was offered for it; none off a GPU."""
+@pytest.mark.parametrize("share, mode, words, hint", [
+    (2.0, "default", "2.00x its GPU time (host-bound", True), (2.0, "reduce-overhead", "2.00x its GPU", False),
+    (1.05, "default", "1.05x its GPU time (not host", False), (None, "default", None, False)])
+def test_the_report_says_how_host_bound_torch_compiles_call_was(share, mode, words, hint):
+    """The report's host line: torch.compile's call against its GPU time, and whether the C++
+    wrapper's arm was offered for it; none off a GPU. A host-bound model in a mode without CUDA
+    graphs is told what reduce-overhead mode does for it."""
     from torch_htam import decide
     d = decide.Decision(decide.Arm(decide.ArmKind.COMPILE), decide.Outcome.COMPILE, "torch.compile",
-                        host_share=share)
+                        host_share=share, mode=mode)
     text = runtime.Report(outcome=d.outcome, decision=d).format()
     host = [line for line in text.splitlines() if line.strip().startswith("host:")]
     assert (host and words in host[0]) if words else not host, text
+    assert ("mode='reduce-overhead'" in text) is hint, text
     assert d.to_json()["host_share"] == share
 
 
