@@ -55,7 +55,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 import floor_models  # noqa: E402
 import record  # noqa: E402
-from lanes import run as run_lanes  # noqa: E402
+from lanes import run as run_lanes, split as split_lanes  # noqa: E402
 
 SUITE = "bench_floor"
 ARMS = ("eager", "compile", "ours")
@@ -586,7 +586,17 @@ def add_run_flags(ap: argparse.ArgumentParser, timeout_default: str) -> None:
                     help=f"seconds per row's process (default {timeout_default})")
     ap.add_argument("--out", type=Path, default=record.RESULTS_DIR, help="results folder")
     ap.add_argument("--no-record", action="store_true", help="write no results file")
+    ap.add_argument("--lanes", type=int, default=1,
+                    help="rows measured at once, one per GPU (0..N-1), each on 1/N of the cores with "
+                         "caches of its own (bench/lanes.py); default 1: one row at a time")
     add_child_flags(ap)
+
+
+def lanes_of(opts, suite: str) -> list | None:
+    """--lanes' lanes (bench/lanes.py), their caches under a new folder of this run; None for one."""
+    if opts.lanes <= 1:
+        return None
+    return split_lanes(opts.lanes, tempfile.mkdtemp(prefix=f"{suite}-lanes-"))
 
 
 def add_child_flags(ap: argparse.ArgumentParser) -> None:
@@ -643,10 +653,11 @@ def main(argv=None) -> int:
             path = record.write(SUITE, {
                 "budget_s": a.budget, "budget_limit_s": budget_limit(a.budget), "mode": a.mode,
                 "grad_mode": a.grad_mode, "tf32": a.tf32, "floor": FLOOR, "rounds": a.rounds,
-                "calls": a.calls, "warmup": a.warmup, "row_timeout_s": timeout,
+                "calls": a.calls, "warmup": a.warmup, "row_timeout_s": timeout, "lanes": a.lanes,
                 "summary": summarize(rows), "rows": rows}, results_dir=a.out, path=path)
 
-    rows = run_rows(names, a, lambda name: run_child(name, a, timeout), keep)
+    rows = run_rows(names, a, lambda name, lane=None: run_child(name, a, timeout, lane=lane), keep,
+                    lanes=lanes_of(a, SUITE))
     print("\n" + format_table(rows, summarize(rows)), flush=True)
     return 0
 

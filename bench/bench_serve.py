@@ -935,10 +935,13 @@ def child_command(name: str, opts, row_out: Path) -> list[str]:
     return bench_floor.child_args(__file__, name, opts, row_out, own)
 
 
-def run_group(cmd: list[str], timeout: float, who: str, env: dict | None = None) -> str | None:
-    """Run cmd in a process group of its own, ended with whatever it left running after it exits
-    or after `timeout` s; None where it exited with status 0, else why not."""
-    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
+def run_group(cmd: list[str], timeout: float, who: str, env: dict | None = None, lane=None) -> str | None:
+    """Run cmd in a process group of its own (with a lane, on its GPU, cores and caches:
+    bench/lanes.py), ended with whatever it left running after it exits or after `timeout` s;
+    None where it exited with status 0, else why not."""
+    proc = subprocess.Popen(cmd, start_new_session=True, env=lane.env(env) if lane is not None else env)
+    if lane is not None:
+        lane.pin(proc.pid)
     try:
         rc = proc.wait(timeout=timeout)
         return f"{who} exited with status {rc}" if rc != 0 else None
@@ -948,13 +951,13 @@ def run_group(cmd: list[str], timeout: float, who: str, env: dict | None = None)
         bench_floor._end_group(proc)
 
 
-def run_child(name: str, opts, timeout: float, command=child_command) -> dict:
+def run_child(name: str, opts, timeout: float, command=child_command, lane=None) -> dict:
     """Row `name` measured by a child process, cut off (with whatever it left running) after
     `timeout` s. A child that crashed or was cut off gives the row as far as it got, with "error"
     saying where; cut off in optimize, "optimize_s_at_least" says how long optimize had run."""
     with tempfile.TemporaryDirectory(prefix="bench_serve-") as d:
         row_out = Path(d) / "row.json"
-        why = run_group(command(name, opts, row_out), timeout, "the row's process")
+        why = run_group(command(name, opts, row_out), timeout, "the row's process", lane=lane)
         try:
             row = json.loads(row_out.read_text())
         except (OSError, ValueError):
@@ -970,11 +973,11 @@ def run_child(name: str, opts, timeout: float, command=child_command) -> dict:
     return row
 
 
-def run_rows(names: list[str], opts, run_one, keep=lambda rows: None) -> list[dict]:
+def run_rows(names: list[str], opts, run_one, keep=lambda rows: None, lanes=None) -> list[dict]:
     """bench_floor.run_rows with this suite's failed rows and ROW lines."""
     def failed(name: str, exc_text: str) -> dict:
         return dict(empty_row(name, opts.budget, opts.requests, opts.seed), error=bench_floor.last_line(exc_text))
-    return bench_floor.run_rows(names, opts, run_one, keep, failed=failed, fmt=format_row)
+    return bench_floor.run_rows(names, opts, run_one, keep, failed=failed, fmt=format_row, lanes=lanes)
 
 
 # ---- summary and table -----------------------------------------------------------------------------
@@ -1076,11 +1079,12 @@ def main(argv=None) -> int:
                 "requests": a.requests, "seed": a.seed, "budget_s": a.budget, "budget_limit_s": budget_limit(a.budget),
                 "mix_rule": MIX_RULE, "example_share": EXAMPLE_SHARE, "arms": list(ARMS), "floor": FLOOR,
                 "recompile_limit": RECOMPILE_LIMIT, "tolerance": TOLERANCE, "row_timeout_s": timeout,
-                "cold_isolated": not a.no_cold_isolated, "cold_arm_timeout_s": COLD_ARM_TIMEOUT_S,
+                "cold_isolated": not a.no_cold_isolated, "cold_arm_timeout_s": COLD_ARM_TIMEOUT_S, "lanes": a.lanes,
                 "tf32": "fp32 rows: on (matmul and cuDNN); bf16 rows: torch's defaults",
                 "summary": summarize(rows), "rows": rows}, results_dir=a.out, path=path)
 
-    rows = run_rows(selected(a), a, lambda name: run_child(name, a, timeout), keep)
+    rows = run_rows(selected(a), a, lambda name, lane=None: run_child(name, a, timeout, lane=lane), keep,
+                    lanes=bench_floor.lanes_of(a, SUITE))
     print("\n" + format_table(rows, summarize(rows)), flush=True)
     return 0
 

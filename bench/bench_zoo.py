@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import copy
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -82,7 +81,6 @@ import bench_floor as bf  # noqa: E402  (timing, checks, the child process, rows
 import bench_serve as bs  # noqa: E402  (report_fields, TF32 policy, Dynamo's limits)
 import record  # noqa: E402
 import model_zoo  # noqa: E402
-from lanes import split as split_lanes  # noqa: E402
 from zoo_figures import (COLD_LIMIT_S, HEADLINE, OURS_ARMS, WAYS, beat_inductor,  # noqa: E402,F401
                          summarize, prefix as _prefix)
 
@@ -389,9 +387,6 @@ def parse(argv=None):
     ap.add_argument("--skip", type=lambda v: tuple(x for x in v.split(",") if x), default=(),
                     help="compile arms left out (e.g. compile_ma where its autotuning would not fit the "
                          "row's limit); their ratios stay null and the row's skipped_arms names them")
-    ap.add_argument("--lanes", type=int, default=1,
-                    help="rows measured at once, one per GPU (0..N-1), each on 1/N of the cores with "
-                         "caches of its own (bench/lanes.py); default 1: one row at a time")
     ap.add_argument("--modes", type=lambda v: tuple(x for x in v.split(",") if x), default=MODES,
                     help="the modes whose ours arm runs: default,reduce-overhead (the default) or default"
                          " alone, which leaves out the reduce-overhead arms (bench/render.py then shows"
@@ -429,11 +424,8 @@ def main(argv=None) -> int:
     def failed(name: str, exc_text: str) -> dict:   # this suite's fields
         return dict(empty_row(name, a.budget, a.grad_mode), error=bf.last_line(exc_text))
 
-    lanes = None
-    if a.lanes > 1:   # one row per GPU at once (bench/lanes.py), caches under a folder of this run's
-        lanes = split_lanes(a.lanes, tempfile.mkdtemp(prefix="bench_zoo-lanes-"))
     rows = bf.run_rows(names, a, lambda name, lane=None: run_child(name, a, timeout, lane=lane), keep,
-                       failed=failed, fmt=format_row, lanes=lanes)
+                       failed=failed, fmt=format_row, lanes=bf.lanes_of(a, SUITE))
     print("\n" + format_table(rows, summarize(rows)), flush=True)
     return 0
 

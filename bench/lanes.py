@@ -3,6 +3,7 @@ share of the host's cores with Inductor and torch_htam caches of its own, so it 
 one-GPU machine of that share (a 4-GPU H100 host of 64 cores: four 16-core "machines").
 
     python3 bench/bench_zoo.py gpt2:bf16 bert:bf16 llama:bf16 vit:bf16 --lanes 4
+    (bench_floor.py and bench_serve.py take --lanes too: bench_floor.add_run_flags)
 
 What a lane does not give: the rows still share the host's memory bandwidth, PCIe and disk, so
 absolute figures are noisier than a machine alone (ResNet-18's torch.compile read 1.269 ms in one

@@ -252,7 +252,7 @@ def test_child_rows_done_crashed_and_cut_off(tmp_path):
 def test_main_writes_results_after_each_row(tmp_path, monkeypatch, capsys):
     calls = []
 
-    def fake_child(name, opts, timeout):
+    def fake_child(name, opts, timeout, lane=None):
         calls.append((name, timeout))
         if name == "cnn_small:fp32":
             return dict(bf.empty_row(name, budget_s=opts.budget), error="RuntimeError: CUDA error")

@@ -323,7 +323,7 @@ def _measured(name: str) -> dict:
 def test_main_writes_results_after_each_row_and_render_shows_them(tmp_path, monkeypatch, capsys):
     calls = []
 
-    def fake_child(name, opts, timeout):
+    def fake_child(name, opts, timeout, lane=None):
         calls.append((name, timeout))
         assert len(list(tmp_path.glob("bench_serve-*.json"))) == (1 if calls[:-1] else 0)   # one file, rewritten
         if name == "vision:fp32":
