@@ -61,9 +61,9 @@ LAYOUT_OPTIONS = {"force_layout_optimization": True}
 # generated Python. Where a model's calls take more host time than GPU time it is most of the call:
 # on an H200, torch.compile default ran ConvNeXt-T / ViT-B / MobileNetV3 bf16 and T5 fp32 at 3.30 /
 # 2.53 / 2.66 / 4.31 ms a call with it off and 2.11 / 2.10 / 1.78 / 2.76 ms with it on, at equal
-# device time (host_wrapper-20261127-124521). Its compile took 1.3-1.9x the Python wrapper's once
-# its precompiled header was built (inductor.warm_cpp_wrapper). Offered where the mode has no CUDA
-# graphs (they take the host out of the call already) and the floor's call is host-bound.
+# device time (host_wrapper-20261127-124521). Its compile costs more (WRAPPER_EXTRA_S below).
+# Offered where the mode has no CUDA graphs (they take the host out of the call already) and the
+# floor's call is host-bound.
 WRAPPER_OPTIONS = {"cpp_wrapper": True}
 # Its compile is the Python wrapper's graph compile plus the generated C++'s (the wrapper and its
 # launchers through the host's C++ compiler): seconds BEYOND the floor's compile that barely depend
@@ -215,7 +215,7 @@ class Decision:
             bound = f"host-bound at {HOST_BOUND}x or more: the C++ wrapper's arm is offered"
         line = f"torch.compile's call took {self.host_share:.2f}x its GPU time ({bound})"
         if host_bound(self.host_share) and self.mode not in CUDAGRAPH_MODES:
-            line += (f". {CUDAGRAPHS_HINT}")
+            line += f". {CUDAGRAPHS_HINT}"
         return line
 
 
