@@ -55,7 +55,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 import floor_models  # noqa: E402
 import record  # noqa: E402
-from lanes import run as run_lanes, split as split_lanes  # noqa: E402
+from lanes import run as run_lanes, split as split_lanes, start as start_lane  # noqa: E402
 
 SUITE = "bench_floor"
 ARMS = ("eager", "compile", "ours")
@@ -417,10 +417,7 @@ def run_child(name: str, opts, timeout: float, command=child_command, lane=None)
     optimize, the row's "optimize_s_at_least" says how long optimize had run."""
     with tempfile.TemporaryDirectory(prefix="bench_floor-") as d:
         row_out = Path(d) / "row.json"
-        proc = subprocess.Popen(command(name, opts, row_out), start_new_session=True,
-                                env=lane.env() if lane is not None else None)
-        if lane is not None:
-            lane.pin(proc.pid)
+        proc = start_lane(command(name, opts, row_out), lane)
         why = None
         try:
             rc = proc.wait(timeout=timeout)

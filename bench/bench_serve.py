@@ -939,9 +939,7 @@ def run_group(cmd: list[str], timeout: float, who: str, env: dict | None = None,
     """Run cmd in a process group of its own (with a lane, on its GPU, cores and caches:
     bench/lanes.py), ended with whatever it left running after it exits or after `timeout` s;
     None where it exited with status 0, else why not."""
-    proc = subprocess.Popen(cmd, start_new_session=True, env=lane.env(env) if lane is not None else env)
-    if lane is not None:
-        lane.pin(proc.pid)
+    proc = bench_floor.start_lane(cmd, lane, env)
     try:
         rc = proc.wait(timeout=timeout)
         return f"{who} exited with status {rc}" if rc != 0 else None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import queue
+import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,15 @@ class Lane:
 
     def to_json(self) -> dict:
         return {"gpu": self.gpu, "cpus": f"{self.cpus[0]}-{self.cpus[-1]}" if self.cpus else ""}
+
+
+def start(cmd: list[str], lane: Lane | None, env: dict | None = None) -> subprocess.Popen:
+    """cmd in a process group of its own (a row's process: its group is ended with it), with a
+    lane on the lane's GPU, cores and caches."""
+    proc = subprocess.Popen(cmd, start_new_session=True, env=lane.env(env) if lane is not None else env)
+    if lane is not None:
+        lane.pin(proc.pid)
+    return proc
 
 
 def split(n: int, cache_root: str, cpus: list[int] | None = None) -> list[Lane]:

@@ -3,8 +3,8 @@ and the zoo-wide view of each model's latest row (render's zoo section). Standar
 since render.py imports it and CI runs render --check.
 
 A row is bench_zoo's (bench_zoo.empty_row has every field): "vs_compile" = torch.compile ms / ours
-ms, "vs_compile_ro", "vs_max_autotune" and "vs_max_autotune_ro" (compile_ma / ours_ro) likewise, each also "_b2b" (back to back) and "_low"
-(from each arm's 20th-percentile round); "regions" / "ours_ro_regions" per task with its kind,
+ms, "vs_compile_ro", "vs_max_autotune" and "vs_max_autotune_ro" (compile_ma / ours_ro) likewise,
+each also "_b2b" (back to back) and "_low" (from each arm's 20th-percentile round); "regions" / "ours_ro_regions" per task with its kind,
 status, "vs_inductor" and "share_of_eager".
 """
 from __future__ import annotations

@@ -366,8 +366,7 @@ class Trials:
         (zoo-20261127-221751)."""
         if not self.wrapper_offered():
             return 0.0
-        graph_s = self.compile_s + self.timing_s(2)
-        return TRIAL_MARGIN * graph_s + (self.wrapper_compile_s() - self.compile_s)
+        return TRIAL_MARGIN * (self.compile_s + self.timing_s(2)) + self.wrapper_cxx_s()
 
     def first_trial_s(self) -> float:
         """Seconds for the one trial that can keep a kernel: the floor timed (beside the C++
@@ -377,11 +376,15 @@ class Trials:
         return self.kernel_trial_s(self.compile_s) + self.wrapper_s()
 
     def wrapper_compile_s(self) -> float:
-        """Seconds the C++ wrapper's arm is expected to compile in: the floor's compile plus the
-        longest of this host's last C++ compiles beyond it (inductor.wrapper_extras), or
-        WRAPPER_EXTRA_S before it has any."""
+        """Seconds the C++ wrapper's arm is expected to compile in: the floor's compile plus its
+        C++ (wrapper_cxx_s)."""
+        return self.compile_s + self.wrapper_cxx_s()
+
+    def wrapper_cxx_s(self) -> float:
+        """The C++ wrapper's compile seconds beyond the floor's: the longest of this host's last
+        ones (inductor.wrapper_extras), or WRAPPER_EXTRA_S before it has any."""
         from torch_htam.inductor import wrapper_extras
-        return self.compile_s + max(wrapper_extras(), default=WRAPPER_EXTRA_S)
+        return max(wrapper_extras(), default=WRAPPER_EXTRA_S)
 
     def kernel_trial_s(self, compile_s: float) -> float:
         """One kernel arm compiled in compile_s, timed beside the base, then confirmed beside the
