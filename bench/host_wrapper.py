@@ -8,12 +8,12 @@ bench/findings.md), that launch code is the call. Arms per row, timed interleave
 
   eager, compile (torch.compile default), compile_cpp (default mode, cpp_wrapper=True),
   compile_ro (mode="reduce-overhead": CUDA graphs, the host-time floor); on request (--arms), the
-  C++ wrapper's variants that may compile faster (its compile took 55-85 s on an H100 host against
-  19-26 s on an H200's): compile_cpp_o0 (the wrapper's C++ at -O0 instead of -O1) and
-  compile_cpp_sep (its entry and kernels compiled apart, cpp_wrapper_build_separate)
+  C++ wrapper's variants: compile_cpp_o1 (its C++ at Inductor's default -O1, where compile_cpp has
+  the decision's -O0) and compile_cpp_sep (its entry and kernels compiled apart,
+  cpp_wrapper_build_separate)
 
     python3 bench/host_wrapper.py convnext:bf16 vit:bf16 [--out DIR]
-    python3 bench/host_wrapper.py gpt2:bf16 --arms compile,compile_cpp,compile_cpp_o0,compile_cpp_sep
+    python3 bench/host_wrapper.py gpt2:bf16 --arms compile,compile_cpp,compile_cpp_o1,compile_cpp_sep
 
 Row fields: "<arm>_ms" (synced median), "<arm>_ms_b2b", "<arm>_device_ms", "<arm>_compile_s" (its
 first call), "cpp_vs_compile" (compile ms / compile_cpp ms, synced; "_b2b" back to back), "error".
@@ -39,7 +39,7 @@ ARMS = ("eager", "compile", "compile_cpp", "compile_ro")
 # arm (compiled in the order given: the first pays the wrapper's precompiled header where it is not
 # built yet)
 CPP_ARMS = {"compile_cpp": {},
-            "compile_cpp_o0": {"aot_inductor.compile_wrapper_opt_level": "O0"},
+            "compile_cpp_o1": {"aot_inductor.compile_wrapper_opt_level": "O1"},
             "compile_cpp_sep": {"cpp_wrapper_build_separate": True}}
 
 

@@ -6,6 +6,7 @@ graph breaks, new shapes and autograd), not kernel speed; the gpu tests run real
 """
 import copy
 import dataclasses
+import threading
 
 import pytest
 import torch
@@ -468,8 +469,9 @@ def test_the_cpp_wrapper_is_offered_where_the_floor_is_host_bound_without_cuda_g
     assert t.wrapper_offered() is offered
     plain = decide.TRIAL_MARGIN * (10.0 + 6.0)
     monkeypatch.setattr(backend, "wrapper_extras", lambda: [])   # no figure of this host's yet
+    monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: False)
     # the margin on the graph's compile and timing, not on the C++'s seconds (a host's longest)
-    wrapper = decide.TRIAL_MARGIN * (10.0 + 2.0) + decide.WRAPPER_EXTRA_S if offered else 0.0
+    wrapper = decide.TRIAL_MARGIN * (10.0 + 2.0) + decide.WRAPPER_COLD_S if offered else 0.0
     assert t.wrapper_s() == pytest.approx(wrapper)
     assert t.first_trial_s() == pytest.approx(plain + wrapper)
     assert (t.reserve_s(0) > 10.0 + 7.0) is offered
@@ -488,7 +490,8 @@ def test_a_host_bound_floor_is_measured_as_such():
 def test_the_cpp_wrapper_arm_comes_before_a_kernel_trial(monkeypatch):
     """On a host-bound model the wrapper's arm is built wherever its own compile and timing fit,
     kernel trial or not (its gain, 1.2-1.57x on host-bound zoo rows, comes first); where it wins,
-    its kernel arms are expected to compile as long as it did (inductor.stable_launches)."""
+    its kernel arms are expected to compile as the floor plus a warm wrapper's C++ (the header and
+    vector ISA its arm waited for are ready by then; inductor.stable_launches)."""
     from types import SimpleNamespace
     from torch_htam import decide
     from torch_htam.config import OptimizeConfig
@@ -503,11 +506,12 @@ def test_the_cpp_wrapper_arm_comes_before_a_kernel_trial(monkeypatch):
     monkeypatch.setattr(decide.Trials, "ready", ready)
     monkeypatch.setattr(decide.Trials, "wrapper_offered", lambda self: True)
     monkeypatch.setattr(backend, "wrapper_extras", lambda: [])
+    monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: bool(built))   # warm once it is built
     monkeypatch.setattr(decide.Trials, "timing_s", lambda self, n: 1.0 * n)
     monkeypatch.setattr(decide.Trials, "time", lambda self, arms, high=None, overrun=False: all(
         setattr(a, "times", _times(0.5 if a.kind is decide.ArmKind.WRAPPER else 1.0)) or True for a in arms))
     capture = SimpleNamespace(dynamic=None, exported=object(), graphs=[torch.fx.symbolic_trace(model)])
-    # a wrapper compile (the floor's 10 s + WRAPPER_EXTRA_S: 55 s) + 2 arms timed: 67 s; a kernel
+    # a wrapper compile (the floor's 10 s + WRAPPER_COLD_S: 55 s) + 2 arms timed: 67 s; a kernel
     # trial after it would need 20 s more
     for budget, expect in ((66.0, []), (70.0, [decide.ArmKind.WRAPPER])):
         built.clear()
@@ -517,7 +521,8 @@ def test_the_cpp_wrapper_arm_comes_before_a_kernel_trial(monkeypatch):
         best = t.base(decide.Arm(decide.ArmKind.COMPILE))
         assert built == expect, (budget, built)
         if expect:
-            assert best.kind is decide.ArmKind.WRAPPER and t.trial_compile_s == 25.0
+            assert best.kind is decide.ArmKind.WRAPPER
+            assert t.trial_compile_s == 10.0 + decide.WRAPPER_WARM_EXTRA_S
 
 
 @pytest.mark.parametrize("need_s, overrun, timed", [(4.0, True, True), (4.0, False, False),
@@ -964,9 +969,10 @@ def test_channels_last_conv_regions_are_swapped_in_both_modes():
 def test_the_cpp_wrappers_compile_is_expected_to_take_the_floors_and_what_its_cxx_took_on_this_host(
         tmp_path, monkeypatch):
     """The C++ wrapper's arm compiles the floor's graph and then its C++: its estimate is the
-    floor's compile plus the longest of this host's last WRAPPER_EXTRAS_KEPT C++ compiles beyond it
-    (recorded in Inductor's cache folder), WRAPPER_EXTRA_S before there is one; a record that
-    cannot be read counts as none."""
+    floor's compile plus WRAPPER_COLD_S until the header and vector ISA are ready, then the longest
+    of this host's last WRAPPER_EXTRAS_KEPT warm C++ compiles beyond it (recorded in Inductor's
+    cache folder), WRAPPER_WARM_EXTRA_S before there is one; a record that cannot be read counts
+    as none."""
     import torch._inductor.runtime.cache_dir_utils as cdu
     from torch_htam import decide
     from torch_htam.config import OptimizeConfig
@@ -975,19 +981,27 @@ def test_the_cpp_wrappers_compile_is_expected_to_take_the_floors_and_what_its_cx
     monkeypatch.setattr(cdu, "cache_dir", lambda: str(tmp_path))
     t = decide.Trials(MLP().eval(), (torch.randn(4, 64),), OptimizeConfig(), GradMode.current(), Deadline(None))
     t.compile_s = 5.0
-    assert backend.wrapper_extras() == [] and t.wrapper_compile_s() == 5.0 + decide.WRAPPER_EXTRA_S
+    warm = False
+    monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: warm)
+    assert backend.wrapper_extras() == [] and t.wrapper_compile_s() == 5.0 + decide.WRAPPER_COLD_S
+    warm = True
+    assert t.wrapper_compile_s() == 5.0 + decide.WRAPPER_WARM_EXTRA_S
     for s in (30.0, 18.0, 22.0, 21.0):
         backend.note_wrapper_extra(s)
     assert backend.wrapper_extras() == [18.0, 22.0, 21.0] and t.wrapper_compile_s() == 27.0
     t.compile_s = 20.0                              # a slower floor: the same C++ on top of it
     assert t.wrapper_compile_s() == 42.0
     (tmp_path / backend.WRAPPER_EXTRAS).write_text("{not json")
-    assert backend.wrapper_extras() == [] and t.wrapper_compile_s() == 20.0 + decide.WRAPPER_EXTRA_S
+    assert backend.wrapper_extras() == [] and t.wrapper_compile_s() == 20.0 + decide.WRAPPER_WARM_EXTRA_S
+    warm = False                                    # records or not, a cold wrapper waits
+    backend.note_wrapper_extra(3.0)
+    assert t.wrapper_compile_s() == 20.0 + decide.WRAPPER_COLD_S
 
 
 def test_a_cpp_wrapper_arm_records_its_compile_beyond_the_floors(tmp_path, monkeypatch):
     """ready() records a C++-wrapper arm's seconds beyond the floor's compile, where its header was
-    built (a compile that built the header too says nothing about the next one)."""
+    built and its vector ISA found (a compile that waited for either says nothing about the next
+    one); it waits for the process's look for the vector ISA first."""
     import torch._inductor.runtime.cache_dir_utils as cdu
     from torch_htam import decide
     from torch_htam.config import OptimizeConfig
@@ -996,6 +1010,9 @@ def test_a_cpp_wrapper_arm_records_its_compile_beyond_the_floors(tmp_path, monke
     monkeypatch.setattr(cdu, "cache_dir", lambda: str(tmp_path))
     model, x = MLP().eval(), torch.randn(4, 32)
     monkeypatch.setattr(decide.Trials, "build", lambda self, arm: model)
+    looked = threading.Thread(target=lambda: None)
+    looked.start()
+    monkeypatch.setattr(backend, "warm_vec_isa", lambda: looked)
     for warmed in (False, True):
         monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: warmed)
         t = decide.Trials(model, (x,), OptimizeConfig(), GradMode.current(), Deadline(None))
@@ -1012,6 +1029,7 @@ def test_the_cpp_wrappers_header_is_warmed_and_our_launches_checked_once_per_ind
     there, a graph's launches are not rewritten for the C++ wrapper."""
     import torch._inductor.runtime.cache_dir_utils as cdu
     monkeypatch.setattr(cdu, "cache_dir", lambda: str(tmp_path))
+    monkeypatch.setattr(backend, "vec_isa_found", lambda: True)   # this process's part: its own test
     started = []
 
     def popen(cmd, **kw):
@@ -1029,18 +1047,40 @@ def test_the_cpp_wrappers_header_is_warmed_and_our_launches_checked_once_per_ind
     assert len(started) == 2
 
 
+def test_the_vector_isa_is_looked_for_once_per_process_in_a_thread(monkeypatch):
+    """warm_vec_isa starts one thread per process that finds Inductor's CPU vector ISA (each
+    process's first C++ compile does otherwise, a minute on a busy H100 host); the C++ wrapper
+    counts as warm only once it is done."""
+    import torch._inductor.cpu_vec_isa as isa
+    monkeypatch.setattr(backend, "_markers", lambda: (__file__, __file__))   # the header: built
+    go, calls = threading.Event(), []
+    monkeypatch.setattr(isa, "pick_vec_isa", lambda: calls.append(1) or go.wait(10))
+    backend.warm_vec_isa.cache_clear()
+    try:
+        assert not backend.vec_isa_found() and not backend.cpp_wrapper_warmed()   # not started
+        thread = backend.warm_vec_isa()
+        assert backend.warm_vec_isa() is thread and not backend.cpp_wrapper_warmed()
+        go.set()
+        thread.join(10)
+        assert backend.vec_isa_found() and backend.cpp_wrapper_warmed() and calls == [1]
+    finally:
+        go.set()
+        backend.warm_vec_isa.cache_clear()
+
+
 @pytest.mark.parametrize("floor_s, budget, built_it", [(30.0, 90.0, True), (30.0, 85.0, False),
                                                        (5.0, 60.0, False), (5.0, 63.0, True)])
 def test_the_cpp_wrapper_arm_is_built_only_where_the_floors_compile_and_its_cxx_fit(floor_s, budget, built_it,
                                                                                  monkeypatch):
-    """The C++ wrapper's arm is expected to compile in the floor's compile plus WRAPPER_EXTRA_S
-    (no figure of this host's yet), then two arms timed; it is skipped where that does not fit."""
+    """The C++ wrapper's arm is expected to compile in the floor's compile plus WRAPPER_COLD_S
+    (header or vector ISA not ready), then two arms timed; it is skipped where that does not fit."""
     from types import SimpleNamespace
     from torch_htam import decide
     from torch_htam.config import OptimizeConfig
     from torch_htam.deadline import Deadline
     from torch_htam.timing import GradMode
     monkeypatch.setattr(backend, "wrapper_extras", lambda: [])
+    monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: False)
     monkeypatch.setattr(decide.Trials, "wrapper_offered", lambda self: True)
     monkeypatch.setattr(decide.Trials, "timing_s", lambda self, n: 1.0 * n)
     monkeypatch.setattr(decide.Trials, "time", lambda self, arms, high=None, overrun=False: False)

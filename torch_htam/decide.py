@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+import torch._inductor.config  # WRAPPER_OPTIONS reads what this torch can set
 from torch import nn
 
 from torch_htam.timing import ArmTimes, GradMode, quantile
@@ -61,19 +62,25 @@ LAYOUT_OPTIONS = {"force_layout_optimization": True}
 # generated Python. Where a model's calls take more host time than GPU time it is most of the call:
 # on an H200, torch.compile default ran ConvNeXt-T / ViT-B / MobileNetV3 bf16 and T5 fp32 at 3.30 /
 # 2.53 / 2.66 / 4.31 ms a call with it off and 2.11 / 2.10 / 1.78 / 2.76 ms with it on, at equal
-# device time (host_wrapper-20261127-124521). Its compile costs more (WRAPPER_EXTRA_S below).
+# device time (host_wrapper-20261127-124521). Its compile costs more (WRAPPER_COLD_S below).
 # Offered where the mode has no CUDA graphs (they take the host out of the call already) and the
 # floor's call is host-bound.
-WRAPPER_OPTIONS = {"cpp_wrapper": True}
-# Its compile is the Python wrapper's graph compile plus the generated C++'s (the wrapper and its
-# launchers through the host's C++ compiler): seconds BEYOND the floor's compile that barely depend
-# on the model. On H100 hosts 43-59 s (GPT-2 53 s over its floor's 7.7 s, BERT 49 over 4.3,
-# MobileNetV3 43 over 19, Llama 43 over 8.0: zoo-20261127-2157*, -2158*, -2200*; ResNet-18 55 over
-# 13.6, MobileNetV3 59 over 26: zoo-20261127-190748, -190136), a fresh H200's 57 s over 13.5 s
-# (host_wrapper-20261127-124521). A ratio to the floor's (5.7x cold) overshot on slow floors: a
-# ResNet-18 whose floor took 15.6 s was expected at 89 s, more than the time left, so the search
-# kept it and the arm worth 1.58x on that row was never built.
-WRAPPER_EXTRA_S = 55.0     # until this host has its own figures (inductor.wrapper_extras)
+# At -O0: the generated C++ only makes the calls, so -O0 costs no call time (GPT-2 / ResNet-18 bf16
+# on an H100: 0.412 / 1.155 ms synced against 0.424 / 1.182 ms at -O1) and compiles faster
+# (ResNet-18: 4.95 s against 11.17 s, each after a first C++ compile in the process;
+# host_wrapper-20261128-012814). A torch without the setting compiles at its default.
+WRAPPER_OPTIONS = {"cpp_wrapper": True,
+                   **({"aot_inductor.compile_wrapper_opt_level": "O0"}
+                      if hasattr(torch._inductor.config.aot_inductor, "compile_wrapper_opt_level") else {})}
+# Its compile is the Python wrapper's graph compile plus the C++'s, seconds BEYOND the floor's that
+# barely depend on the model: the wrapper's own C++ (seconds), and what a compile waits for before
+# it, the host's precompiled header and the process's CPU vector ISA (inductor.warm_cpp_wrapper,
+# warm_vec_isa: both found while the search runs). NOTE: with either not ready it was 43-59 s on
+# H100 hosts (GPT-2 53 s over its floor's 7.7 s, BERT 49 over 4.3, MobileNetV3 43 over 19, Llama 43
+# over 8.0: zoo-20261127-2157*, -2158*, -2200*), so a kernel trial on the wrapper's base, expected
+# to compile as long again, never fitted a 120 s budget; ready, seconds.
+WRAPPER_COLD_S = 55.0        # header or vector ISA not ready yet
+WRAPPER_WARM_EXTRA_S = 10.0  # both ready, until this host has its own figures (inductor.wrapper_extras)
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 # The floor's synced call against its GPU time from which the C++ wrapper is offered: it can save
 # at most the host time beyond the GPU's. ViT-B bf16 at 1.37x of its GPU time gained 1.20x from it
@@ -381,10 +388,13 @@ class Trials:
         return self.compile_s + self.wrapper_cxx_s()
 
     def wrapper_cxx_s(self) -> float:
-        """The C++ wrapper's compile seconds beyond the floor's: the longest of this host's last
-        ones (inductor.wrapper_extras), or WRAPPER_EXTRA_S before it has any."""
-        from torch_htam.inductor import wrapper_extras
-        return max(wrapper_extras(), default=WRAPPER_EXTRA_S)
+        """The C++ wrapper's compile seconds beyond the floor's: WRAPPER_COLD_S until the header and
+        the vector ISA are ready (inductor.cpp_wrapper_warmed), then the longest of this host's last
+        ones (inductor.wrapper_extras), WRAPPER_WARM_EXTRA_S before it has any."""
+        from torch_htam import inductor
+        if not inductor.cpp_wrapper_warmed():
+            return WRAPPER_COLD_S
+        return max(inductor.wrapper_extras(), default=WRAPPER_WARM_EXTRA_S)
 
     def kernel_trial_s(self, compile_s: float) -> float:
         """One kernel arm compiled in compile_s, timed beside the base, then confirmed beside the
@@ -513,8 +523,10 @@ class Trials:
         best = max(wins, key=lambda a: ratio(floor, a)) if wins else floor
         # a kernel arm compiles like its base (a graph whose launches the C++ wrapper cannot call
         # without Python compiles like the floor: the base's time is the safe side)
-        like_base = best.kind in (ArmKind.REEXPORT, ArmKind.LAYOUT, ArmKind.WRAPPER)
-        self.trial_compile_s = best.setup_s if like_base else self.compile_s
+        like_base = best.kind in (ArmKind.REEXPORT, ArmKind.LAYOUT)
+        # the wrapper's arm waited for its header and vector ISA, which its kernel arms do not
+        self.trial_compile_s = (best.setup_s if like_base else self.wrapper_compile_s()
+                                if best.kind is ArmKind.WRAPPER else self.compile_s)
         # the figures that chose it: the kernel trials time `best` again, the floor not
         high = (f"; at the declared ranges' high end {best.ms(high=True)} against {floor.ms(high=True)}"
                 if best.high and floor.high else "")
@@ -605,7 +617,9 @@ class Trials:
         from torch_htam.timing import _sync_for
         self.arms.append(arm)
         sync, t0 = _sync_for(self.inputs), time.perf_counter()
-        warm_header = arm.kind is ArmKind.WRAPPER and inductor.cpp_wrapper_warmed()
+        if arm.kind is ArmKind.WRAPPER:   # its compile needs the vector ISA: one look, not two
+            inductor.warm_vec_isa().join()
+        warm = arm.kind is ArmKind.WRAPPER and inductor.cpp_wrapper_warmed()
         try:
             arm.call = self.build(arm)
             before = fallback.failures()
@@ -631,7 +645,7 @@ class Trials:
             log.warning("torch_htam: %s failed: %s: %s", arm.name, type(e).__name__, e, exc_info=True)
             arm.error = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         arm.setup_s = time.perf_counter() - t0
-        if warm_header and not arm.error:   # the host's own figure for the next estimate
+        if warm and not arm.error:   # the host's own figure for the next estimate
             inductor.note_wrapper_extra(arm.setup_s - self.compile_s)
         return arm
 

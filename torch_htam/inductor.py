@@ -30,6 +30,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -314,10 +315,11 @@ def python_kernel_name(op) -> str:
 # ---- Inductor's C++ wrapper: its header built ahead, our launches checked under it -------------
 
 # A C++-wrapper graph compiles against a precompiled header of torch's C++ API, which Inductor
-# builds in its cache folder the first time (precompiled_headers/). NOTE: on a fresh H100 machine a
-# ResNet-18 bf16's C++-wrapper arm took 64 s to compile against 11 s for its Python-wrapper floor,
-# and the decision then had no time left to time it (zoo-20261127-125906); a warmed header leaves
-# 1.3-1.9x the floor's compile (host_wrapper-20261127-124521).
+# builds in its cache folder the first time (precompiled_headers/): once per host, by
+# warm_cpp_wrapper's process while the search runs (73 s on 16 cores of an H100 host). NOTE: on a
+# fresh H100 machine a ResNet-18 bf16's C++-wrapper arm took 64 s to compile against 11 s for its
+# Python-wrapper floor, and the decision then had no time left to time it (zoo-20261127-125906).
+# The first C++ compile of each process costs as much again: warm_vec_isa.
 WARM_MARKER = "htam_cpp_wrapper_warm"   # in Inductor's cache folder: cleared with its headers
 CPP_WRAPPER_KEYS = ("cpp_wrapper",)      # the Inductor config that makes its wrapper C++
 CANARY_CU = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "canary.cu")
@@ -375,19 +377,46 @@ def _markers() -> tuple[str, str]:
 
 def cpp_wrapper_warmed() -> bool:
     """Whether the C++ wrapper's precompiled header is built for this Inductor cache folder (by
-    warm_cpp_wrapper's process): a C++-wrapper compile then costs 1.3-1.9x a Python-wrapper one,
-    not 5x."""
-    return os.path.exists(_markers()[0])
+    warm_cpp_wrapper's process) and this process has found its CPU vector ISA (warm_vec_isa): a
+    C++-wrapper compile then costs seconds more than a Python-wrapper one, not a minute."""
+    return os.path.exists(_markers()[0]) and vec_isa_found()
 
 
-WRAPPER_EXTRAS = "htam_cpp_wrapper_extra_s.json"   # in Inductor's cache folder, beside the marker
+@functools.cache
+def warm_vec_isa() -> threading.Thread:
+    """Inductor's CPU vector ISA for this process, found in a daemon thread started on the first
+    call (the thread is cached: one per process). Every process's first C++ compile finds it,
+    building and loading a test library per candidate ISA in Python subprocesses, and keeps it in
+    memory only, so the header's marker saves none of it. NOTE: on 16 cores of an H100 host the
+    first C++-wrapper compile of a process took 63.3 / 54.1 / 53.3 s (ResNet-18 / GPT-2 / BERT
+    bf16, header already built) against 13.6 / 4.8 / 5.2 s for their Python-wrapper floors, and
+    the next C++-wrapper compile of the same graph 4.1 / 4.6 / 6.0 s (a probe of
+    torch.compile(cpp_wrapper=True) in fresh processes on one cache folder, torch 2.11); the
+    search's minute hides it."""
+    def find() -> None:
+        try:
+            from torch._inductor import cpu_vec_isa
+            cpu_vec_isa.pick_vec_isa()
+        except Exception as e:  # noqa: BLE001 -- the compile that needs it finds it itself
+            log.info("torch_htam: no early look for the CPU vector ISA (%s: %s)", type(e).__name__, e)
+    thread = threading.Thread(target=find, name="htam-vec-isa", daemon=True)
+    thread.start()
+    return thread
+
+
+def vec_isa_found() -> bool:
+    """Whether warm_vec_isa's thread has finished in this process."""
+    return warm_vec_isa.cache_info().currsize > 0 and not warm_vec_isa().is_alive()
+
+
+WRAPPER_EXTRAS = "htam_cpp_wrapper_warm_extra_s.json"   # in Inductor's cache folder, beside the marker
 WRAPPER_EXTRAS_KEPT = 3
 
 
 def wrapper_extras() -> list[float]:
     """The last WRAPPER_EXTRAS_KEPT C++-wrapper arms' compile seconds beyond their floor's, on this
-    host with the header built (note_wrapper_extra); [] where none was recorded or the record is
-    unreadable."""
+    host with the header built and the process's vector ISA found (cpp_wrapper_warmed,
+    note_wrapper_extra); [] where none was recorded or the record is unreadable."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
     try:
         with open(os.path.join(cache_dir(), WRAPPER_EXTRAS)) as f:
@@ -398,9 +427,9 @@ def wrapper_extras() -> list[float]:
 
 
 def note_wrapper_extra(seconds: float) -> None:
-    """Record one C++-wrapper arm's compile seconds beyond its floor's (its header built): the
-    host's own figure replaces decide.WRAPPER_EXTRA_S for the next decisions (43-59 s on H100
-    hosts). Best effort: a record that cannot be written changes nothing."""
+    """Record one C++-wrapper arm's compile seconds beyond its floor's, compiled warm
+    (cpp_wrapper_warmed): the host's own figure replaces decide.WRAPPER_WARM_EXTRA_S for the next
+    decisions. Best effort: a record that cannot be written changes nothing."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
     path = os.path.join(cache_dir(), WRAPPER_EXTRAS)
     try:
@@ -458,7 +487,8 @@ def warm_main(header_marker: str, stable_marker: str) -> None:
     """warm_cpp_wrapper's process: each step that is not done yet, its marker written when done.
     A step that crashes the process (as pytorch#190551 did) writes no marker."""
     if not os.path.exists(header_marker):
-        f = torch.compile(lambda x: torch.sin(x) + 1, options={"cpp_wrapper": True})
+        from torch_htam.decide import WRAPPER_OPTIONS
+        f = torch.compile(lambda x: torch.sin(x) + 1, options=dict(WRAPPER_OPTIONS))
         f(torch.ones(8, device="cuda"))
         torch.cuda.synchronize()
         open(header_marker, "w").close()
@@ -487,7 +517,8 @@ def check_stable_launches() -> bool:
         p, q = launcher.stable_op(2)(handle, *two, a, b)
         return s * 2, p + q
     a, b = torch.arange(8.0, device="cuda"), torch.full((8,), 3.0, device="cuda")
-    s, pq = torch.compile(canary, options={"cpp_wrapper": True}, fullgraph=True)(a, b)
+    from torch_htam.decide import WRAPPER_OPTIONS
+    s, pq = torch.compile(canary, options=dict(WRAPPER_OPTIONS), fullgraph=True)(a, b)
     return bool(torch.equal(s, (a + b) * 2) and torch.equal(pq, a + b + a * b))
 
 

@@ -343,8 +343,9 @@ class _Run:
         from torch_htam.evaluation import Evaluator
         if self.gpu is None or self.found is None:
             return
-        if self.trials.wrapper_offered():   # its header, built while the search runs
+        if self.trials.wrapper_offered():   # its header and vector ISA, found while the search runs
             inductor.warm_cpp_wrapper()
+            inductor.warm_vec_isa()
         untimed = self.cfg.compile and any(_untimed(self.cache.get(t.signature)) for t in self.found.tasks)
         if (self.cfg.search and self.misses) or untimed:
             self.evaluator = stack.enter_context(Evaluator(deadline=self.deadline)).start()
