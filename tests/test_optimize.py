@@ -545,6 +545,27 @@ def test_a_host_bound_model_has_the_cpp_wrapper_arm_timed_and_stays_right():
             assert rel_err(model(y), ref(y)) < 1e-3
 
 
+def test_the_wrappers_wait_for_the_vector_isa_is_kept_from_the_search_only_where_the_search_ends_first():
+    """The process's vector-ISA look runs while the search does: the reserve keeps the C++
+    wrapper's warm seconds where the search it leaves outlasts the look's expected wait, and the
+    wait too where it does not (a small budget)."""
+    from types import SimpleNamespace
+    from torch_htam import pipeline
+    from torch_htam.deadline import Deadline
+
+    def run(budget, isa=30.0, warm=20.0):
+        r = pipeline._Run(None, (), OptimizeConfig(), Deadline(budget), None)
+        wrapper = lambda ahead_s=0.0: warm + max(0.0, isa - ahead_s)   # noqa: E731
+        r.trials = SimpleNamespace(reserve_s=lambda n, ahead_s=0.0: wrapper(ahead_s) + 20.0, isa_wait_s=lambda: isa,
+                                   first_trial_s=lambda ahead_s=0.0: wrapper(ahead_s) + 20.0, wrapper_s=wrapper)
+        return r
+
+    # the wrapper 20 s warm, 50 s with the whole wait; a kernel trial 20 s more
+    assert run(100).reserve_s(5) == pytest.approx(40.0, abs=0.1)    # 60 s searched: the look is done by then
+    assert run(70).reserve_s(5) == pytest.approx(50.0, abs=0.1)     # 30 s would not be: the wait kept, no trial
+    assert run(70, isa=0.0).reserve_s(5) == pytest.approx(40.0, abs=0.1)   # the look done already
+
+
 def test_the_decisions_reserve_keeps_one_kernel_trial_where_the_search_still_gets_time():
     """At most RESERVE_SHARE of the time left is kept from the search, but at least one kernel
     trial where that leaves the search MIN_SEARCH_S (a Swin-T's 30 s compile found its kernel and
@@ -555,8 +576,9 @@ def test_the_decisions_reserve_keeps_one_kernel_trial_where_the_search_still_get
 
     def run(budget, first=50.0, want=200.0, wrapper=0.0):
         r = pipeline._Run(None, (), OptimizeConfig(), Deadline(budget), None)
-        r.trials = SimpleNamespace(reserve_s=lambda n: want, first_trial_s=lambda: first + wrapper,
-                                   wrapper_s=lambda: wrapper)
+        r.trials = SimpleNamespace(reserve_s=lambda n, ahead_s=0.0: want, isa_wait_s=lambda: 0.0,
+                                   first_trial_s=lambda ahead_s=0.0: first + wrapper,
+                                   wrapper_s=lambda ahead_s=0.0: wrapper)
         return r
 
     assert run(100).reserve_s(5) == pytest.approx(50.0, abs=0.1)          # one trial over 0.4 x 100

@@ -73,14 +73,19 @@ WRAPPER_OPTIONS = {"cpp_wrapper": True,
                    **({"aot_inductor.compile_wrapper_opt_level": "O0"}
                       if hasattr(torch._inductor.config.aot_inductor, "compile_wrapper_opt_level") else {})}
 # Its compile is the Python wrapper's graph compile plus the C++'s, seconds BEYOND the floor's that
-# barely depend on the model: the wrapper's own C++ (seconds), and what a compile waits for before
-# it, the host's precompiled header and the process's CPU vector ISA (inductor.warm_cpp_wrapper,
-# warm_vec_isa: both found while the search runs). NOTE: with either not ready it was 43-59 s on
-# H100 hosts (GPT-2 53 s over its floor's 7.7 s, BERT 49 over 4.3, MobileNetV3 43 over 19, Llama 43
-# over 8.0: zoo-20261127-2157*, -2158*, -2200*), so a kernel trial on the wrapper's base, expected
-# to compile as long again, never fitted a 120 s budget; ready, seconds.
-WRAPPER_COLD_S = 55.0        # header or vector ISA not ready yet
-WRAPPER_WARM_EXTRA_S = 10.0  # both ready, until this host has its own figures (inductor.wrapper_extras)
+# barely depend on the model: the host's precompiled header (once per host), the process's first C++
+# compile (once per process: 48-50 s beyond the floor's on 16 cores of an H100 host, 28 s of it
+# the CPU vector-ISA look, inductor.warm_vec_isa), the wrapper's own C++ (seconds). The header and
+# the ISA look run while the search does (inductor.warm_cpp_wrapper, warm_vec_isa). NOTE: neither
+# ready, it was 43-59 s (GPT-2 53 s over its floor's 7.7 s, BERT 49 over 4.3, MobileNetV3 43 over
+# 19, Llama 43 over 8.0: zoo-20261127-2157*, -2158*, -2200*).
+WRAPPER_COLD_S = 55.0        # the header not built yet
+VEC_ISA_S = 30.0             # the ISA look, expected from its start
+ISA_LATE_S = 5.0             # ... and while it runs past VEC_ISA_S
+# Header and ISA ready: the rest of a process's first C++ compile (GPT-2 bf16's arm took 25.8 s
+# beyond its floor's after the look, zoo-20261128-015247), until this host has its own figures
+# (inductor.wrapper_extras).
+WRAPPER_WARM_EXTRA_S = 25.0
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 # The floor's synced call against its GPU time from which the C++ wrapper is offered: it can save
 # at most the host time beyond the GPU's. ViT-B bf16 at 1.37x of its GPU time gained 1.20x from it
@@ -348,22 +353,23 @@ class Trials:
             gpu = _device_ms(arm.call, self.inputs, 1.5 * wall)
         return wall / gpu if gpu > 0 else None
 
-    def reserve_s(self, n_tasks: int) -> float:
+    def reserve_s(self, n_tasks: int, ahead_s: float = 0.0) -> float:
         """Seconds to keep for finish() after the search: a compile like the floor's per trial
-        arm (wrapper_compile_s for the C++ wrapper's arm, where offered),
-        and the timing of every arm, for the trials n_tasks kernels could bring."""
+        arm (wrapper_compile_s for the C++ wrapper's arm, where offered; ahead_s: the search's
+        seconds before it), and the timing of every arm, for the trials n_tasks kernels could bring."""
         if not self.cfg.compile:
             return self.timing_s(2 * min(n_tasks, 4) + 1)
         trials = 1 + min(n_tasks, 4) + (1 if n_tasks else 0)   # re-export, kernel subsets, replay
         trials += 1 if self.cfg.dynamic else 0                 # channels-last convs (base())
         high_end = 2 if self.cfg.dynamic else 0                # base()'s layout arm at the high end
         wrapper = self.wrapper_offered()
-        compile_s = trials * self.compile_s + (self.wrapper_compile_s() if wrapper else 0.0)
+        compile_s = trials * self.compile_s + (self.wrapper_compile_s(ahead_s) if wrapper else 0.0)
         # against_eager's timing: the floor, the base, the choice, the original forward, the replay
         return compile_s + self.timing_s(2 + 2 * (trials - 1 + wrapper) + 5 + high_end)
 
-    def wrapper_s(self) -> float:
-        """Seconds for the C++ wrapper's arm where offered (0 where not): compiled, then timed
+    def wrapper_s(self, ahead_s: float = 0.0) -> float:
+        """Seconds for the C++ wrapper's arm where offered (0 where not), ahead_s seconds from now
+        (wrapper_cxx_s): compiled, then timed
         beside the floor. The search never takes this time (pipeline.reserve_s): on a host-bound
         model the wrapper alone was worth 1.2-1.73x (host_wrapper-20261127-124521, zoo rows), more
         than the search finds on most models. TRIAL_MARGIN covers its graph's compile and timing,
@@ -373,28 +379,39 @@ class Trials:
         (zoo-20261127-221751)."""
         if not self.wrapper_offered():
             return 0.0
-        return TRIAL_MARGIN * (self.compile_s + self.timing_s(2)) + self.wrapper_cxx_s()
+        return TRIAL_MARGIN * (self.compile_s + self.timing_s(2)) + self.wrapper_cxx_s(ahead_s)
 
-    def first_trial_s(self) -> float:
+    def first_trial_s(self, ahead_s: float = 0.0) -> float:
         """Seconds for the one trial that can keep a kernel: the floor timed (beside the C++
         wrapper's arm, compiled for it, where offered), then a kernels arm compiled like the floor
         and timed against the faster, then both timed again beside the original forward
-        (against_eager's confirmation), with TRIAL_MARGIN."""
-        return self.kernel_trial_s(self.compile_s) + self.wrapper_s()
+        (against_eager's confirmation), with TRIAL_MARGIN; ahead_s as wrapper_s."""
+        return self.kernel_trial_s(self.compile_s) + self.wrapper_s(ahead_s)
 
-    def wrapper_compile_s(self) -> float:
-        """Seconds the C++ wrapper's arm is expected to compile in: the floor's compile plus its
-        C++ (wrapper_cxx_s)."""
-        return self.compile_s + self.wrapper_cxx_s()
+    def wrapper_compile_s(self, ahead_s: float = 0.0) -> float:
+        """Seconds the C++ wrapper's arm is expected to compile in, ahead_s seconds from now: the
+        floor's compile plus its C++ (wrapper_cxx_s)."""
+        return self.compile_s + self.wrapper_cxx_s(ahead_s)
 
-    def wrapper_cxx_s(self) -> float:
-        """The C++ wrapper's compile seconds beyond the floor's: WRAPPER_COLD_S until the header and
-        the vector ISA are ready (inductor.cpp_wrapper_warmed), then the longest of this host's last
-        ones (inductor.wrapper_extras), WRAPPER_WARM_EXTRA_S before it has any."""
+    def wrapper_cxx_s(self, ahead_s: float = 0.0) -> float:
+        """The C++ wrapper's compile seconds beyond the floor's, for a compile ahead_s seconds from
+        now: WRAPPER_COLD_S until the header is built (inductor.header_built), then the longest of
+        this host's last warm ones (inductor.wrapper_extras; WRAPPER_WARM_EXTRA_S before it has
+        any) plus what is left then of the wait for the vector-ISA look (isa_wait_s)."""
         from torch_htam import inductor
-        if not inductor.cpp_wrapper_warmed():
+        if not inductor.header_built():
             return WRAPPER_COLD_S
-        return max(inductor.wrapper_extras(), default=WRAPPER_WARM_EXTRA_S)
+        return max(inductor.wrapper_extras(), default=WRAPPER_WARM_EXTRA_S) + max(0.0, self.isa_wait_s() - ahead_s)
+
+    def isa_wait_s(self) -> float:
+        """Seconds until this process's vector-ISA look (inductor.warm_vec_isa) is expected done: 0
+        once it is, VEC_ISA_S less the seconds it has run (ISA_LATE_S at least while it runs past
+        that), VEC_ISA_S before it starts."""
+        from torch_htam import inductor
+        if inductor.vec_isa_found():
+            return 0.0
+        ran = inductor.vec_isa_ran_s()
+        return VEC_ISA_S if ran is None else max(VEC_ISA_S - ran, ISA_LATE_S)
 
     def kernel_trial_s(self, compile_s: float) -> float:
         """One kernel arm compiled in compile_s, timed beside the base, then confirmed beside the
@@ -524,9 +541,9 @@ class Trials:
         # a kernel arm compiles like its base (a graph whose launches the C++ wrapper cannot call
         # without Python compiles like the floor: the base's time is the safe side)
         like_base = best.kind in (ArmKind.REEXPORT, ArmKind.LAYOUT)
-        # the wrapper's arm waited for its header and vector ISA, which its kernel arms do not
-        self.trial_compile_s = (best.setup_s if like_base else self.wrapper_compile_s()
-                                if best.kind is ArmKind.WRAPPER else self.compile_s)
+        # NOTE: the wrapper's arm paid the process's first C++ compile, which its kernel arms do
+        # not: GPT-2 bf16's compiled in 2.2 s against the floor's 6.7 s (zoo-20261128-015247)
+        self.trial_compile_s = best.setup_s if like_base else self.compile_s
         # the figures that chose it: the kernel trials time `best` again, the floor not
         high = (f"; at the declared ranges' high end {best.ms(high=True)} against {floor.ms(high=True)}"
                 if best.high and floor.high else "")

@@ -31,6 +31,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -375,11 +376,16 @@ def _markers() -> tuple[str, str]:
     return os.path.join(cache_dir(), WARM_MARKER), os.path.join(cache_dir(), f"htam_stable_launch_ok-{tag}")
 
 
-def cpp_wrapper_warmed() -> bool:
+def header_built() -> bool:
     """Whether the C++ wrapper's precompiled header is built for this Inductor cache folder (by
-    warm_cpp_wrapper's process) and this process has found its CPU vector ISA (warm_vec_isa): a
-    C++-wrapper compile then costs seconds more than a Python-wrapper one, not a minute."""
-    return os.path.exists(_markers()[0]) and vec_isa_found()
+    warm_cpp_wrapper's process)."""
+    return os.path.exists(_markers()[0])
+
+
+def cpp_wrapper_warmed() -> bool:
+    """Whether the header is built (header_built) and this process has found its CPU vector ISA
+    (warm_vec_isa): what a C++-wrapper compile waits for beyond its own work."""
+    return header_built() and vec_isa_found()
 
 
 @functools.cache
@@ -400,6 +406,7 @@ def warm_vec_isa() -> threading.Thread:
         except Exception as e:  # noqa: BLE001 -- the compile that needs it finds it itself
             log.info("torch_htam: no early look for the CPU vector ISA (%s: %s)", type(e).__name__, e)
     thread = threading.Thread(target=find, name="htam-vec-isa", daemon=True)
+    thread.started_at = time.monotonic()
     thread.start()
     return thread
 
@@ -407,6 +414,13 @@ def warm_vec_isa() -> threading.Thread:
 def vec_isa_found() -> bool:
     """Whether warm_vec_isa's thread has finished in this process."""
     return warm_vec_isa.cache_info().currsize > 0 and not warm_vec_isa().is_alive()
+
+
+def vec_isa_ran_s() -> float | None:
+    """Seconds since warm_vec_isa's thread started in this process (None: not started)."""
+    if not warm_vec_isa.cache_info().currsize:
+        return None
+    return time.monotonic() - warm_vec_isa().started_at
 
 
 WRAPPER_EXTRAS = "htam_cpp_wrapper_warm_extra_s.json"   # in Inductor's cache folder, beside the marker

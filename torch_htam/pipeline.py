@@ -398,15 +398,24 @@ class _Run:
         Swin-T: 28-37 s of 90) otherwise finds a kernel and has no time to try it. The C++
         wrapper's arm, where offered (decide.Trials.wrapper_s) and where it fits in the time left
         at all, is kept whatever the search is left: on a host-bound model it is worth more than
-        the search (where it cannot fit, the search keeps the time: the decision would not build it)."""
+        the search (where it cannot fit, the search keeps the time: the decision would not build it).
+        The wrapper's wait for this process's vector-ISA look is kept only where the search would
+        end before the look does (decide.Trials.isa_wait_s): the look runs while the search does."""
         left = self.deadline.remaining()
-        want = self.trials.reserve_s(n_tasks)
         if left is None:
-            return want
+            return self.trials.reserve_s(n_tasks)
         left = max(left, 0.0)
-        wrapper = self.trials.wrapper_s()
+        overlapped = self._reserve(left, n_tasks, ahead_s=left)
+        if left - overlapped >= self.trials.isa_wait_s():
+            return overlapped
+        return self._reserve(left, n_tasks, ahead_s=0.0)
+
+    def _reserve(self, left: float, n_tasks: int, ahead_s: float) -> float:
+        """reserve_s for `left` seconds, the wrapper's compile expected ahead_s seconds from now."""
+        want = self.trials.reserve_s(n_tasks, ahead_s)
+        wrapper = self.trials.wrapper_s(ahead_s)
         wrapper = wrapper if wrapper <= left else 0.0
-        first = self.trials.first_trial_s() if n_tasks else wrapper
+        first = self.trials.first_trial_s(ahead_s) if n_tasks else wrapper
         floor = first if left - first >= MIN_SEARCH_S else wrapper
         return max(wrapper, min(want, max(RESERVE_SHARE * left, floor)))
 
