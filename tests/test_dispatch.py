@@ -306,7 +306,8 @@ def test_a_failed_launch_in_the_cpp_wrapper_runs_the_region_and_is_counted(monke
     """Inductor's C++ wrapper launches static kernels itself (launch_o<N>) and calls
     fallback.after_failed_launch where one fails: the region runs on the same inputs, in out_meta's
     layout, the failure is counted; its successful launches count as kernel calls
-    (launcher.stable_calls). A ranged handle is not static: its size checks are Python's."""
+    (launcher.stable_calls). A ranged handle's buckets are set in the launcher first, which hands
+    inputs outside them to the same hook: its region runs, counted as outside, not as a failure."""
     from types import SimpleNamespace
     task = ranged_task()
     handle, meta = next(_ids), encode_out_meta(task.outputs, out_refs(task))
@@ -318,8 +319,20 @@ def test_a_failed_launch_in_the_cpp_wrapper_runs_the_region_and_is_counted(monke
     out, = fallback.after_failed_launch(handle, inputs, meta, f"htam kernel {handle} returned 1000: {ERR_SHAPE}")
     torch.testing.assert_close(out, gelu_affine(*inputs))
     assert kernel.calls == [] and fallback.counts([handle]) == fallback.Counts(kernel=5, failed=1)
-    assert fallback.static(handle) and fallback.static(next(_ids))       # unregistered: launched as it comes
-    ranged, _, _ = registered(ranged_task(), [(1, 64)])
-    assert not fallback.static(ranged)
+    set_fits = {}
+    monkeypatch.setattr(launcher, "extension", lambda: SimpleNamespace(launch=kernel, set_fits=set_fits.__setitem__))
+    assert fallback.set_in_launcher(handle) and fallback.set_in_launcher(next(_ids))   # static: as it comes
+    assert set_fits == {}
+    ranged, _, ranged_meta = registered(ranged_task(), [(1, 64)])
+    assert fallback.set_in_launcher(ranged) and set_fits[ranged] == fallback.fits_code(ranged)
+    big = gelu_inputs(100)
+    out, = fallback.after_failed_launch(ranged, big, ranged_meta, launcher.OUTSIDE_BUCKETS)
+    torch.testing.assert_close(out, gelu_affine(*big))
+    assert fallback.counts([ranged]) == fallback.Counts(outside=1)
+
+    def refuse(handle, code):
+        raise RuntimeError("htam: set_fits for handle 7, which is not loaded")
+    monkeypatch.setattr(launcher, "extension", lambda: SimpleNamespace(launch=kernel, set_fits=refuse))
+    assert not fallback.set_in_launcher(ranged)      # its launches keep Inductor's Python wrapper
     with pytest.raises(RuntimeError, match="illegal memory access"):     # a crash is raised as it is
         fallback.after_failed_launch(handle, inputs, meta, "CUDA error: an illegal memory access was encountered")

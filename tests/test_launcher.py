@@ -169,10 +169,45 @@ print(inductor.stable_launches(gm), shapes(gm) == before == shapes(make_fx(gm, t
 ops = [n.target for n in gm.graph.nodes if n.op == "call_function" and getattr(n.target, "namespace", "") == "htam"]
 print([str(op) for op in ops], all(CppWrapperCpu._compatible_with_stableivalue(op) for op in ops))
 many = make_fx(lambda *xs: launch(13, list(xs), [0, 1, 4])[0], tracing_mode="fake")(*[x[0]] * 17)
-fallback.static = lambda h: h != 14
+fallback.set_in_launcher = lambda h: h != 14
 ranged = make_fx(lambda x: launch(14, [x], [0, 1, 4])[0], tracing_mode="fake")(x[0])
 print([inductor.stable_launches(g) for g in (many, ranged)],
       [n.target for g in (many, ranged) for n in g.graph.nodes if n.target is launch] == [launch, launch])
+"""
+
+# A ranged kernel's buckets as the launcher checks them before a launch_o<N> (fits_hold on CPU
+# tensors) against fallback's own check, on sizes inside, at and outside the buckets, other
+# dtypes, ranks and static dims: the C++ decoding of fallback.fits_code and its holds() agree.
+FITS_CHECKS = """
+import random, sys
+sys.path.insert(0, "tests")
+from test_verify import GELU_SRC, spec
+from torch_htam import fallback
+from torch_htam.task import Task
+from torch_htam.verify import Bucket
+print(m.OUTSIDE_BUCKETS == launcher.OUTSIDE_BUCKETS)
+# x [8, 32] rows declared 1-64 (the leading size), y [16, 4] rows twice x's, w [32] static
+x, y = spec((8, 32)).with_ranges({0: (1, 64)}), spec((16, 4)).with_ranges({0: (2, 128)})
+task = Task("fits", "elementwise", GELU_SRC, [x, y, spec((32,))], [x], "fits", [])
+fallback.register(99, task, [Bucket(0, 0, 1, 8), Bucket(0, 0, 24, 40)])
+code, fits = fallback.fits_code(99), fallback._HANDLES[99].fits
+rng, agree, inside = random.Random(0), True, 0
+for _ in range(400):
+    n = rng.choice([1, 7, 8, 9, 23, 24, 33, 40, 41, 64])
+    xs = [torch.empty(n, 32 if rng.random() < 0.9 else 31), torch.empty(2 * n + (rng.random() < 0.1), 4),
+          torch.empty(32 if rng.random() < 0.95 else 31)]
+    if rng.random() < 0.05:
+        xs[0] = xs[0].half()
+    if rng.random() < 0.05:
+        xs[1] = xs[1][None]
+    py = fallback._fits(fits, xs)
+    agree &= m.fits_hold(code, xs) == py
+    inside += py
+print(agree, inside > 50, inside < 350)
+try:
+    m.fits_hold([code[0][:-1]], [])
+except RuntimeError as e:
+    print("code ends at position" in str(e))
 """
 
 
@@ -187,7 +222,7 @@ def test_launcher_compiles_and_checks_its_arguments_without_a_gpu(tmp_path):
     env = {**os.environ, "HTAM_CACHE_DIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
            "TORCH_CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0")}
     r = subprocess.run([sys.executable, "-c", "from torch_htam import launcher" + ARG_CHECKS + REF_CHECKS
-                        + STABLE_CHECKS],
+                        + STABLE_CHECKS + FITS_CHECKS],
                        env=env, capture_output=True, text=True,
                        timeout=600, cwd=Path(__file__).parents[1])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -201,7 +236,7 @@ def test_launcher_compiles_and_checks_its_arguments_without_a_gpu(tmp_path):
         "htam: out_meta output 0's size -66562 is 2 * inputs[1].shape[1], but that input has 1 dims",
         "htam: out_meta output 0's size -6 is 1 * inputs[5].shape[0], but the launch has 2 inputs",
         "True", "False", "True True", "['htam.launch_o1.default', 'htam.launch_o2.default'] True",
-        "[False, False] True"]
+        "[False, False] True", "True", "True True True", "True"]
     # A deployment box with no compiler imports the launcher a bundle carried (bundle.load adopts it).
     box = {**env, "HTAM_CACHE_DIR": str(tmp_path / "box"), "CXX": "no-such-compiler"}
     adopt = ("import sys; from pathlib import Path; from torch_htam import launcher\n"

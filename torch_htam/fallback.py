@@ -5,6 +5,8 @@ Every swapped region's kernel is registered here with its task when it is loaded
 and, for a task with a declared size range, the buckets of sizes it was kept for (verify.Bucket).
 Before each launch of such a kernel the inputs are checked on the host (a few integer compares): a
 size outside its buckets runs the task's reference region instead, by design, not as a failure.
+Under Inductor's C++ wrapper the launcher makes that check itself, from the buckets set in it
+(set_in_launcher, fits_code), and hands a size outside them back here (after_failed_launch).
 A launch that raises on inputs laid out otherwise than its specs is tried once more on copies laid
 out as they say. A launch that still raises (a nonzero return code: HTAM_ERR_SHAPE for inputs it
 was not verified on, a cuDNN status) runs the region on the same inputs too, counts the call
@@ -217,8 +219,7 @@ def run_or_fallback(handle: int, inputs: list[torch.Tensor], out_meta: list[int]
     ranged task), or where the launch raises."""
     h = _HANDLES.get(handle)
     if h is not None and h.fits is not None and not _fits(h.fits, inputs):
-        h.counts.outside += 1
-        return _run_region(_matching(h, inputs) or h.regions[0], inputs, out_meta)
+        return _outside(h, inputs, out_meta)
     try:
         outs = launch(handle, inputs, out_meta)
     except RuntimeError as e:
@@ -228,12 +229,23 @@ def run_or_fallback(handle: int, inputs: list[torch.Tensor], out_meta: list[int]
     return outs
 
 
+def _outside(h: _Handle, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
+    """The region for inputs outside the handle's buckets, by design (counted as `outside`)."""
+    h.counts.outside += 1
+    return _run_region(_matching(h, inputs) or h.regions[0], inputs, out_meta)
+
+
 def after_failed_launch(handle: int, inputs: list[torch.Tensor], out_meta: list[int],
                         message: str) -> list[torch.Tensor]:
     """What a launch_o<N> in Inductor's C++ wrapper calls where its launch raised `message`
-    (launcher.cpp; inductor.stable_launches installs it): as run_or_fallback after the raise."""
+    (launcher.cpp; inductor.stable_launches installs it): as run_or_fallback after the raise; or,
+    with launcher.OUTSIDE_BUCKETS, where the inputs fit none of a ranged kernel's buckets
+    (set_in_launcher): its region, as run_or_fallback runs it."""
+    h = _HANDLES.get(handle)
+    if message == launcher.OUTSIDE_BUCKETS and h is not None and h.regions:
+        return _outside(h, inputs, out_meta)
     e = RuntimeError(message)
-    return _recover(_HANDLES.get(handle), handle, inputs, out_meta, launcher.extension().launch, e)
+    return _recover(h, handle, inputs, out_meta, launcher.extension().launch, e)
 
 
 def _recover(h: _Handle | None, handle: int, inputs: list[torch.Tensor], out_meta: list[int],
@@ -256,11 +268,43 @@ def _recover(h: _Handle | None, handle: int, inputs: list[torch.Tensor], out_met
     return _run_region(region, inputs, out_meta)
 
 
-def static(handle: int) -> bool:
-    """Whether `handle` launches as it comes (no size checks before it: no ranged task's buckets),
-    so that the C++ wrapper may call it without fallback's Python (inductor.stable_launches)."""
+def set_in_launcher(handle: int) -> bool:
+    """Whether the C++ wrapper may launch `handle` without fallback's Python
+    (inductor.stable_launches): a static handle as it comes; a ranged one once its fits are set in
+    the launcher (fits_code), which then checks them before each launch_o<N> and hands inputs
+    outside them to after_failed_launch. False where the launcher refused them (logged)."""
+    code = fits_code(handle)
+    if code is None:
+        return True
+    try:
+        launcher.extension().set_fits(int(handle), code)
+    except RuntimeError as e:
+        log.info("torch_htam: kernel %s's buckets not set in the launcher (%s): its launches keep "
+                 "Inductor's Python wrapper", handle, str(e).splitlines()[0])
+        return False
+    return True
+
+
+def fits_code(handle: int) -> list[list[int]] | None:
+    """The handle's fits as the launcher's set_fits takes them (csrc/launcher.cpp, decode_fit: one
+    int list per fit), None for a static handle (launched as it comes)."""
     h = _HANDLES.get(handle)
-    return h is None or h.fits is None
+    return None if h is None or h.fits is None else [_code(f) for f in h.fits]
+
+
+def _code(f: _Fit) -> list[int]:
+    """One _Fit as ints: [n, dtype x n, n_shapes, (input, ndim, sizes...) x n_shapes, n_dyn, (input,
+    ndim, n_fixed, (dim, size) x n_fixed) x n_dyn, lead_slot, lead_dim, example, n_spans, (low, high)
+    x n_spans, n_scaled, (slot, dim, n) x n_scaled]; lead_slot -1 for a static task."""
+    out = [len(f.dtypes), *(launcher.DTYPE_CODES[str(d).removeprefix("torch.")] for d in f.dtypes), len(f.shapes)]
+    for i, shape in f.shapes:
+        out += [i, len(shape), *shape]
+    out.append(len(f.dyn))
+    for i, ndim, fixed in f.dyn:
+        out += [i, ndim, len(fixed), *(v for pair in fixed for v in pair)]
+    out += [*(f.lead or (-1, -1)), f.example, len(f.spans), *(v for span in f.spans for v in span)]
+    out += [len(f.scaled), *(v for s in f.scaled for v in s)]
+    return out
 
 
 def _relaid(h: _Handle | None, inputs: list[torch.Tensor]) -> list[torch.Tensor] | None:

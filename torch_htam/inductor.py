@@ -329,9 +329,10 @@ CANARY_CU = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "ca
 def stable_launches(gm: fx.GraphModule) -> bool:
     """Every htam::launch in gm as a launch_o<N> (launcher.stable_args), which Inductor's C++
     wrapper calls through the dispatcher without Python; False, gm untouched, where any launch
-    cannot be: more inputs, outputs or dims than the op's slots, or a ranged kernel, whose size
-    checks before each launch are fallback's Python (fallback.static). A failed launch_o<N> runs its
-    region through fallback.after_failed_launch, as the Python wrapper's checked_launch does.
+    cannot be: more inputs, outputs or dims than the op's slots, or a ranged kernel whose buckets
+    the launcher does not hold (fallback.set_in_launcher: it then checks them before each launch).
+    A failed launch_o<N>, or one outside its kernel's buckets, runs its region through
+    fallback.after_failed_launch, as the Python wrapper's checked_launch does.
     False too until warm_cpp_wrapper's process has run such launches on this torch and launcher
     (stable_launches_checked): a crash in Inductor's generated C++ is no error a try can catch.
 
@@ -343,8 +344,8 @@ def stable_launches(gm: fx.GraphModule) -> bool:
         return False
     sites = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.htam.launch.default]
     for n in sites:
-        if (not fallback.static(n.args[0]) or launcher.stable_args(*n.args) is None
-                or not all(u.target is operator.getitem for u in n.users)):
+        if (launcher.stable_args(*n.args) is None or not all(u.target is operator.getitem for u in n.users)
+                or not fallback.set_in_launcher(n.args[0])):
             return False
     _failure_hook()
     for n in sites:

@@ -377,6 +377,9 @@ def _resolve(entry: int, inputs: list[torch.Tensor] | None, output: int):
 # zero padded), the inputs in STABLE_INPUTS optional tensors (the rest None), N tensors back.
 # tests/test_launcher.py checks these against the extension's own.
 STABLE_INPUTS, STABLE_OUTPUTS, STABLE_META_SLOTS = 16, 4, 2 + 8
+# The message launch_o<N> hands the failure hook where a ranged kernel's inputs fit none of its
+# buckets (set_fits): the region runs by design, not as a failure (fallback.after_failed_launch).
+OUTSIDE_BUCKETS = "htam: the inputs lie outside the kernel's buckets"
 
 
 def stable_op(n_outputs: int):

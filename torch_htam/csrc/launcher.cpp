@@ -22,9 +22,11 @@
 // (Figures: docs/RESULTS_LOG.md.)
 #include <dlfcn.h>
 
+#include <array>
 #include <atomic>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -48,11 +50,31 @@ namespace {
 
 using HtamFn = int (*)(const HtamTensor*, int, HtamTensor*, int, cudaStream_t);
 
+// The inputs a ranged kernel was kept for (fallback._Fit, the one definition; fallback.fits_code
+// encodes it, tests check both agree): the dtypes, the static inputs' shapes, each dynamic input's
+// ndim and static dims, the leading dynamic size within one of the spans, every other dynamic size
+// scaled with it. launch_o<N> checks them before a launch, as fallback.run_or_fallback does in
+// Python: the C++ wrapper runs no Python on a launch.
+struct Fit {
+  struct Dyn {
+    int64_t input = 0, ndim = 0;
+    std::vector<std::pair<int64_t, int64_t>> fixed;   // (dim, size)
+  };
+  std::vector<int64_t> dtypes;                                      // HtamDtype codes, one per input
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> shapes;     // (input, shape) of static inputs
+  std::vector<Dyn> dyn;
+  int64_t lead_slot = -1, lead_dim = -1, example = 0;               // lead_slot -1: a static task
+  std::vector<std::pair<int64_t, int64_t>> spans;                   // (low, high) of the leading size
+  std::vector<std::array<int64_t, 3>> scaled;                       // (slot in dyn, dim, n)
+};
+
 struct Kernel {
   HtamFn fn = nullptr;
   std::string path;
   // successful launch_o<N> calls: the C++ wrapper's launches, which Python does not see
   mutable std::atomic<int64_t> stable_calls{0};
+  // a ranged kernel's fits (set_fits; null: launched as it comes), read with std::atomic_load
+  std::shared_ptr<const std::vector<Fit>> fits;
 };
 
 // Loaded kernels by handle, never unloaded: a captured CUDA graph may still point into the .so.
@@ -74,6 +96,85 @@ const Kernel& kernel_at(int64_t handle) {
   TORCH_CHECK(it != g_kernels.end(), "htam: no kernel with handle ", num(handle), " (",
               num(g_kernels.size()), " loaded); get one from htam::load(path)");
   return it->second;
+}
+
+// One fit from its code: [n, dtype x n, n_shapes, (input, ndim, sizes...) x n_shapes, n_dyn,
+// (input, ndim, n_fixed, (dim, size) x n_fixed) x n_dyn, lead_slot, lead_dim, example, n_spans,
+// (low, high) x n_spans, n_scaled, (slot, dim, n) x n_scaled] (fallback.fits_code).
+Fit decode_fit(const std::vector<int64_t>& code) {
+  size_t at = 0;
+  auto next = [&]() -> int64_t {
+    TORCH_CHECK(at < code.size(), "htam: a fit's code ends at position ", num(at), " of ", num(code.size()));
+    return code[at++];
+  };
+  Fit f;
+  for (int64_t n = next(); n > 0; --n) f.dtypes.push_back(next());
+  for (int64_t n = next(); n > 0; --n) {
+    const int64_t input = next();
+    std::vector<int64_t> shape;
+    for (int64_t d = next(); d > 0; --d) shape.push_back(next());
+    f.shapes.emplace_back(input, std::move(shape));
+  }
+  for (int64_t n = next(); n > 0; --n) {
+    Fit::Dyn d;
+    d.input = next();
+    d.ndim = next();
+    for (int64_t k = next(); k > 0; --k) {
+      const int64_t dim = next();
+      d.fixed.emplace_back(dim, next());
+    }
+    f.dyn.push_back(std::move(d));
+  }
+  f.lead_slot = next();
+  f.lead_dim = next();
+  f.example = next();
+  for (int64_t n = next(); n > 0; --n) {
+    const int64_t low = next();
+    f.spans.emplace_back(low, next());
+  }
+  for (int64_t n = next(); n > 0; --n) {
+    const int64_t slot = next(), dim = next();
+    f.scaled.push_back({slot, dim, next()});
+  }
+  TORCH_CHECK(at == code.size(), "htam: a fit's code has ", num(code.size() - at), " values past its end");
+  return f;
+}
+
+int32_t dtype_code(at::ScalarType t);
+
+// fallback._Fit.holds, line for line.
+bool holds(const Fit& f, at::TensorList inputs) {
+  if (inputs.size() != f.dtypes.size()) return false;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!inputs[i].defined() || dtype_code(inputs[i].scalar_type()) != f.dtypes[i]) return false;
+  for (const auto& [i, shape] : f.shapes)
+    if (inputs[i].sizes() != at::IntArrayRef(shape)) return false;
+  if (f.lead_slot < 0) return true;
+  for (const Fit::Dyn& d : f.dyn) {
+    if (inputs[d.input].dim() != d.ndim) return false;
+    for (const auto& [dim, size] : d.fixed)
+      if (inputs[d.input].size(dim) != size) return false;
+  }
+  const auto size = [&](int64_t slot, int64_t dim) { return inputs[f.dyn[slot].input].size(dim); };
+  const int64_t lead = size(f.lead_slot, f.lead_dim);
+  bool within = false;
+  for (const auto& [low, high] : f.spans) within = within || (low <= lead && lead <= high);
+  if (!within) return false;
+  for (const auto& [slot, dim, n] : f.scaled)
+    if (size(slot, dim) * f.example != n * lead) return false;
+  return true;
+}
+
+bool any_holds(const std::vector<Fit>& fits, at::TensorList inputs) {
+  for (const Fit& f : fits)
+    if (holds(f, inputs)) return true;
+  return false;
+}
+
+std::shared_ptr<const std::vector<Fit>> decode_fits(const std::vector<std::vector<int64_t>>& codes) {
+  auto fits = std::make_shared<std::vector<Fit>>();
+  for (const auto& code : codes) fits->push_back(decode_fit(code));
+  return fits;
 }
 
 std::string file_bytes(const std::string& path) {
@@ -238,11 +339,7 @@ std::string reason(int64_t code) {
   return "an unknown code (expected 0, HTAM_ERR_SHAPE, a cudaError_t or 3000 + a cudnnStatus_t)";
 }
 
-std::vector<at::Tensor> launch(int64_t handle, at::TensorList inputs, at::IntArrayRef out_meta) {
-  // NOTE: out_meta first: a malformed one (or a size reference to a missing input) is reported
-  // before anything touches the GPU.
-  const c10::SmallVector<OutSpec, 4> specs = out_specs(inputs, out_meta);
-  const Kernel& k = kernel_at(handle);
+std::vector<at::Tensor> launch_with(const Kernel& k, at::TensorList inputs, const c10::SmallVector<OutSpec, 4>& specs) {
   const c10::DeviceIndex device = c10::cuda::current_device();
   const at::Device where(at::kCUDA, device);
   std::vector<at::Tensor> outputs;
@@ -256,6 +353,13 @@ std::vector<at::Tensor> launch(int64_t handle, at::TensorList inputs, at::IntArr
   return outputs;
 }
 
+std::vector<at::Tensor> launch(int64_t handle, at::TensorList inputs, at::IntArrayRef out_meta) {
+  // NOTE: out_meta first: a malformed one (or a size reference to a missing input) is reported
+  // before anything touches the GPU.
+  const c10::SmallVector<OutSpec, 4> specs = out_specs(inputs, out_meta);
+  return launch_with(kernel_at(handle), inputs, specs);
+}
+
 // ---- launch_o<N>: launch for Inductor's C++ wrapper ---------------------------------------------
 // Inductor's C++ wrapper calls an op it has no C shim for through aoti_torch_call_dispatcher, with
 // no Python, only where every argument and return is an int, float, bool, Tensor or Tensor?
@@ -264,8 +368,10 @@ std::vector<at::Tensor> launch(int64_t handle, at::TensorList inputs, at::IntArr
 // launch_o<N> takes out_meta in kStableMetaSlots ints per output ([code, ndim, d0..d7], padded with
 // zeros), the inputs in kStableInputs optional tensors (a prefix; the rest None), and returns N
 // tensors. A failed launch calls Python's fallback.after_failed_launch (set_failure_hook), which
-// runs the region instead, as the Python wrapper's fallback.checked_launch does.
+// runs the region instead, as the Python wrapper's fallback.checked_launch does; so do inputs
+// outside a ranged kernel's fits (set_fits), with kOutsideBuckets for the message.
 const int kStableInputs = 16, kStableOutputs = 4, kStableMetaSlots = 2 + HTAM_MAX_DIMS;
+const char* const kOutsideBuckets = "htam: the inputs lie outside the kernel's buckets";
 
 // a strong reference, never released: compiled graphs may call it until the process ends
 std::atomic<PyObject*> g_failure_hook{nullptr};
@@ -284,16 +390,18 @@ std::vector<int64_t> meta_of_slots(c10::ArrayRef<int64_t> slots) {
   return meta;
 }
 
-std::vector<at::Tensor> after_failure(PyObject* fn, int64_t handle, at::TensorList inputs,
-                                      const std::vector<int64_t>& meta, const c10::Error& error) {
+std::vector<at::Tensor> after_failure(int64_t handle, at::TensorList inputs, const std::vector<int64_t>& meta,
+                                      const std::string& message) {
+  PyObject* fn = g_failure_hook.load();
+  TORCH_CHECK(fn != nullptr, message, " (kernel ", num(handle), "; no region to run instead: set_failure_hook)");
   pybind11::gil_scoped_acquire gil;
   try {
     pybind11::object hook = pybind11::reinterpret_borrow<pybind11::object>(fn);
-    pybind11::object outs = hook(handle, inputs.vec(), meta, std::string(error.what_without_backtrace()));
+    pybind11::object outs = hook(handle, inputs.vec(), meta, message);
     return outs.cast<std::vector<at::Tensor>>();
   } catch (pybind11::error_already_set& e) {
-    TORCH_CHECK(false, "htam: kernel ", num(handle), " failed (", error.what_without_backtrace(),
-                "), and so did running its region instead: ", e.what());
+    TORCH_CHECK(false, "htam: kernel ", num(handle), " did not run (", message,
+                "), and neither did its region: ", e.what());
   }
   return {};  // unreachable
 }
@@ -308,14 +416,19 @@ void launch_stable(const c10::OperatorHandle& /*op*/, torch::jit::Stack* stack) 
   std::vector<at::Tensor> inputs;
   for (size_t i = 1 + N * kStableMetaSlots; i < n_args && !args[i].isNone(); ++i) inputs.push_back(args[i].toTensor());
   const std::vector<int64_t> meta = meta_of_slots(slots);
+  const Kernel& k = kernel_at(handle);
+  const auto fits = std::atomic_load(&k.fits);
   std::vector<at::Tensor> outs;
-  try {
-    outs = launch(handle, inputs, meta);
-    kernel_at(handle).stable_calls.fetch_add(1, std::memory_order_relaxed);
-  } catch (const c10::Error& e) {
-    PyObject* hook = g_failure_hook.load();
-    if (hook == nullptr) throw;
-    outs = after_failure(hook, handle, inputs, meta, e);
+  if (fits && !any_holds(*fits, inputs)) {
+    outs = after_failure(handle, inputs, meta, kOutsideBuckets);
+  } else {
+    try {
+      outs = launch_with(k, inputs, out_specs(inputs, meta));
+      k.stable_calls.fetch_add(1, std::memory_order_relaxed);
+    } catch (const c10::Error& e) {
+      if (g_failure_hook.load() == nullptr) throw;
+      outs = after_failure(handle, inputs, meta, e.what_without_backtrace());
+    }
   }
   TORCH_CHECK(outs.size() == (size_t)N, "htam: launch_o", num(N), " got ", num(outs.size()), " outputs");
   torch::jit::drop(*stack, n_args);
@@ -406,6 +519,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     fn.inc_ref();   // kept for the process: compiled graphs call it after this call returns
     g_failure_hook.store(fn.ptr());
   }, "set_failure_hook(fn): fn(handle, inputs, out_meta, message) -> outputs, called where a launch_o<N> fails");
+  m.def("set_fits", [](int64_t handle, const std::vector<std::vector<int64_t>>& codes) {
+    auto fits = decode_fits(codes);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_kernels.find(handle);
+    TORCH_CHECK(it != g_kernels.end(), "htam: set_fits for handle ", num(handle), ", which is not loaded");
+    std::atomic_store(&it->second.fits, codes.empty() ? nullptr : std::shared_ptr<const std::vector<Fit>>(fits));
+  }, "set_fits(handle, codes): the sizes a ranged kernel's launch_o<N> may launch at (fallback.fits_code); [] for any");
+  m.def("fits_hold", [](const std::vector<std::vector<int64_t>>& codes, const std::vector<at::Tensor>& inputs) {
+    return any_holds(*decode_fits(codes), inputs);
+  }, "fits_hold(codes, inputs) -> bool: whether launch_o<N> would launch (for tests; CPU tensors will do)");
   m.def("stable_calls", [] {
     std::unordered_map<int64_t, int64_t> calls;
     std::lock_guard<std::mutex> lock(g_mutex);
@@ -416,6 +539,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("STABLE_INPUTS") = kStableInputs;
   m.attr("STABLE_OUTPUTS") = kStableOutputs;
   m.attr("STABLE_META_SLOTS") = kStableMetaSlots;
+  m.attr("OUTSIDE_BUCKETS") = kOutsideBuckets;
 }
 
 TORCH_LIBRARY(htam, m) {
