@@ -336,3 +336,50 @@ def test_a_failed_launch_in_the_cpp_wrapper_runs_the_region_and_is_counted(monke
     assert not fallback.set_in_launcher(ranged)      # its launches keep Inductor's Python wrapper
     with pytest.raises(RuntimeError, match="illegal memory access"):     # a crash is raised as it is
         fallback.after_failed_launch(handle, inputs, meta, "CUDA error: an illegal memory access was encountered")
+
+
+BIAS_GELU_SRC = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class Model(nn.Module):
+    def forward(self, x, b):
+        return F.gelu(x + b, approximate="tanh")
+
+def get_inputs():
+    return [torch.randn(16, 256), torch.randn(256)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.gpu
+def test_gpu_a_ranged_kernel_launched_from_cpp_runs_inside_its_buckets_and_its_region_outside(tmp_path):
+    """htam::launch_o1, as Inductor's C++ wrapper calls it (launcher.stable_args), of a real kernel
+    kept for rows 1-16 of a declared 1-64 (its buckets set in the launcher: set_in_launcher): rows
+    inside run the kernel (a stable call); rows outside are handed by the launcher to
+    fallback.after_failed_launch, which runs the region (counted as outside, not failed); the
+    outputs are right either way."""
+    from test_runtime import BIAS_GELU_CU
+    from torch_htam.build import build_many
+    res = build_many([BIAS_GELU_CU], out_dir=tmp_path)[0]
+    assert res.ok, res.error
+    kernel = launcher.Kernel(res.so_path)
+    x = spec((16, 256)).with_ranges({0: (1, 64)})
+    task = Task("bias_gelu_rows", "elementwise", BIAS_GELU_SRC, [x, spec((256,))], [x], "bias_gelu_rows",
+                ["aten.add.Tensor", "aten.gelu.default"])
+    fallback.register(kernel.handle, task, [V.Bucket(*V.leading_dim(task), 1, 16)])
+    launcher.extension().set_failure_hook(fallback.after_failed_launch)
+    assert fallback.set_in_launcher(kernel.handle)
+    meta = encode_out_meta(task.outputs, out_refs(task))
+    b = torch.randn(256, device="cuda")
+    stable = launcher.stable_calls().get(kernel.handle, 0)
+    for rows in (1, 16, 17, 64):
+        xs = [torch.randn(rows, 256, device="cuda"), b]
+        n, args = launcher.stable_args(kernel.handle, xs, meta)
+        out = launcher.stable_op(n)(*args)
+        torch.testing.assert_close(out, F.gelu(xs[0] + b, approximate="tanh"), rtol=1e-5, atol=1e-5)
+    assert launcher.stable_calls()[kernel.handle] - stable == 2
+    assert fallback.counts([kernel.handle]).outside == 2 and fallback.counts([kernel.handle]).failed == 0
