@@ -35,7 +35,7 @@ import record  # noqa: E402
 import model_zoo  # noqa: E402
 
 ARMS = ("eager", "compile", "compile_cpp", "compile_ro")
-# Inductor options of the C++ wrapper's arms beyond the decision's own (decide.WRAPPER_OPTIONS), by
+# Inductor options of the C++ wrapper's arms beyond the decision's own (inductor.WRAPPER_OPTIONS), by
 # arm (compiled in the order given: the first pays the wrapper's precompiled header where it is not
 # built yet)
 CPP_ARMS = {"compile_cpp": {},
@@ -48,7 +48,7 @@ def _arm(name: str, model):
     if name == "eager":
         return model
     if name in CPP_ARMS:   # the decision's C++-wrapper arm, as optimize compiles it
-        from torch_htam.decide import WRAPPER_OPTIONS
+        from torch_htam.inductor import WRAPPER_OPTIONS
         return torch.compile(model, options={**WRAPPER_OPTIONS, **CPP_ARMS[name]})
     return torch.compile(model, mode="reduce-overhead" if name == "compile_ro" else None)
 

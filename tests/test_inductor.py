@@ -441,10 +441,10 @@ def test_the_cpp_wrapper_arm_runs_the_model_where_it_pays_and_kernel_arms_run_wi
     assert timed[0][:2] == ["compile", "wrapper"], timed
     assert timed[1][:2] == ["wrapper", "kernels3"], timed       # the kernels against the wrapper
     with_kernels = [b for b in backends if b.kernels]          # the re-export's backend has none
-    assert with_kernels and all(b.options == decide.WRAPPER_OPTIONS for b in with_kernels)
+    assert with_kernels and all(b.options == backend.WRAPPER_OPTIONS for b in with_kernels)
     rep = model.htam_report
     assert rep.outcome is (Outcome.KERNELS if kernels_ms < 0.7 else Outcome.WRAPPER), rep.note
-    assert model._htam_backend.options == decide.WRAPPER_OPTIONS == bundle.run_of(model)["options"]
+    assert model._htam_backend.options == backend.WRAPPER_OPTIONS == bundle.run_of(model)["options"]
     with torch.inference_mode():
         torch.testing.assert_close(model(x), MLP.forward(model, x))
     torch._dynamo.reset()
@@ -555,7 +555,7 @@ def test_a_graph_with_our_kernels_is_compiled_without_the_cpp_wrapper(with_kerne
     stand-in op; htam::launch's list form crashed the process on a GPU), which only
     inductor.stable_launches can rewrite (HtamBackend._inductor_options)."""
     import torch._inductor.compile_fx as cfx
-    from torch_htam.decide import WRAPPER_OPTIONS
+    from torch_htam.inductor import WRAPPER_OPTIONS
     model, x, found, kernels = mlp
     seen, real = [], cfx.compile_fx
     monkeypatch.setattr(cfx, "compile_fx", lambda gm, inputs, config_patches=None: seen.append(config_patches)
@@ -798,7 +798,7 @@ def test_gpu_backend_runs_a_real_kernel_in_both_modes(tmp_path, monkeypatch):
     dispatcher (inductor.stable_launches). NOTE: htam::launch's list form under that wrapper crashed
     the process on an H200 (torch 2.11, pytorch#190551)."""
     from torch_htam import launcher
-    from torch_htam.decide import WRAPPER_OPTIONS
+    from torch_htam.inductor import WRAPPER_OPTIONS
     from test_runtime import BIAS_GELU_CU, BiasGelu
     from torch_htam.build import build_many
     from torch_htam.launcher import Kernel
@@ -1023,7 +1023,7 @@ def test_a_cpp_wrapper_arm_records_its_compile_beyond_the_floors(tmp_path, monke
         monkeypatch.setattr(backend, "cpp_wrapper_warmed", lambda: warmed)
         t = decide.Trials(model, (x,), OptimizeConfig(), GradMode.current(), Deadline(None))
         t.compile_s = 100.0          # longer than the arm's own setup: recorded as 0 beyond it
-        arm = t.ready(decide.Arm(decide.ArmKind.WRAPPER, options=dict(decide.WRAPPER_OPTIONS)))
+        arm = t.ready(decide.Arm(decide.ArmKind.WRAPPER, options=dict(backend.WRAPPER_OPTIONS)))
         assert arm.error is None
     assert backend.wrapper_extras() == [0.0]
 

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-import torch._inductor.config  # WRAPPER_OPTIONS reads what this torch can set
 from torch import nn
 
 from torch_htam.timing import ArmTimes, GradMode, quantile
@@ -64,14 +63,7 @@ LAYOUT_OPTIONS = {"force_layout_optimization": True}
 # 2.53 / 2.66 / 4.31 ms a call with it off and 2.11 / 2.10 / 1.78 / 2.76 ms with it on, at equal
 # device time (host_wrapper-20261127-124521). Its compile costs more (WRAPPER_COLD_S below).
 # Offered where the mode has no CUDA graphs (they take the host out of the call already) and the
-# floor's call is host-bound.
-# At -O0: the generated C++ only makes the calls, so -O0 costs no call time (GPT-2 / ResNet-18 bf16
-# on an H100: 0.412 / 1.155 ms synced against 0.424 / 1.182 ms at -O1) and compiles faster
-# (ResNet-18: 4.95 s against 11.17 s, each after a first C++ compile in the process;
-# host_wrapper-20261128-012814). A torch without the setting compiles at its default.
-WRAPPER_OPTIONS = {"cpp_wrapper": True,
-                   **({"aot_inductor.compile_wrapper_opt_level": "O0"}
-                      if hasattr(torch._inductor.config.aot_inductor, "compile_wrapper_opt_level") else {})}
+# floor's call is host-bound, with inductor.WRAPPER_OPTIONS.
 # Its compile is the Python wrapper's graph compile plus the C++'s, seconds BEYOND the floor's that
 # barely depend on the model: the host's precompiled header (once per host), the process's first C++
 # compile (once per process: 48-50 s beyond the floor's on 16 cores of an H100 host, 28 s of it
@@ -122,7 +114,7 @@ class ArmKind(enum.Enum):
     COMPILE = "torch.compile"
     REEXPORT = "Inductor on our re-exported graph"
     LAYOUT = "torch.compile with channels-last convs"   # LAYOUT_OPTIONS on a graph of symbolic convs
-    WRAPPER = "torch.compile with Inductor's C++ wrapper"  # WRAPPER_OPTIONS, modes without CUDA graphs
+    WRAPPER = "torch.compile with Inductor's C++ wrapper"  # inductor.WRAPPER_OPTIONS, modes without CUDA graphs
     KERNELS = "torch.compile with our kernels"
     REPLAY = "replay of the captured graph with our kernels"
     ORIGINAL = "the original forward"
@@ -134,7 +126,7 @@ class Outcome(enum.Enum):
     COMPILE = "torch.compile"            # the floor: no arm beat it
     REEXPORT = "reexport"                # Inductor on our re-exported graph, no kernel
     LAYOUT = "channels-last convs"       # torch.compile with LAYOUT_OPTIONS, no kernel
-    WRAPPER = "C++ wrapper"              # torch.compile with WRAPPER_OPTIONS, no kernel
+    WRAPPER = "C++ wrapper"              # torch.compile with inductor.WRAPPER_OPTIONS, no kernel
     REPLAY = "replay"                    # the captured graph with our kernels, op by op
     ORIGINAL_FASTER = "original"         # the original forward beat torch.compile
     ORIGINAL = "original forward"        # compile=False: no replay beat the original forward
@@ -509,7 +501,7 @@ class Trials:
 
     def base(self, floor: Arm) -> Arm | None:
         """The fastest of torch.compile, torch.compile with Inductor's C++ wrapper
-        (WRAPPER_OPTIONS, wrapper_offered), Inductor on our re-exported graph and, where the graphs
+        (inductor.WRAPPER_OPTIONS, wrapper_offered), Inductor on our re-exported graph and, where the graphs
         hold convs of symbolic sizes, torch.compile with channels-last convs (LAYOUT_OPTIONS),
         timed together: an arm replaces the floor where it beats it beyond noise, and the kernel
         arms are built on it (its options, its re-export) and timed against it; a graph with our
@@ -525,6 +517,7 @@ class Trials:
         # host-bound zoo rows) comes before a kernel's; where it wins, its kernel arms compile with
         # it too (trial_compile_s below) and run only where that time is left
         if self.wrapper_offered() and self.affords(2, 0.0, self.wrapper_compile_s()):
+            from torch_htam.inductor import WRAPPER_OPTIONS
             arms.append(self.ready(Arm(ArmKind.WRAPPER, options=dict(WRAPPER_OPTIONS))))
         if self.single_graph() and self.affords(len(arms) + 1, self.keep_s, self.compile_s):
             arms.append(self.ready(Arm(ArmKind.REEXPORT, keep_reexport=True)))
