@@ -487,6 +487,26 @@ def test_a_host_bound_floor_is_measured_as_such():
     assert t.measure_host_share(decide.Arm(decide.ArmKind.COMPILE, call=lambda x: x)) is None
 
 
+@pytest.mark.gpu
+def test_gpu_a_cuda_graph_floor_is_expected_to_cost_its_replay_not_its_recording():
+    """In reduce-overhead mode the floor's second call records its CUDA graph; the time the
+    decision expects a timed call to cost (call_s, which sizes the search's reserve) is the
+    replay's, within a small factor, once start() measured the floor."""
+    from torch_htam import decide
+    from torch_htam.config import OptimizeConfig
+    from torch_htam.deadline import Deadline
+    from torch_htam.timing import GradMode, _sync_for, _synced
+    torch._dynamo.reset()
+    model, x = MLP().cuda().eval(), torch.randn(4, 8, 32, device="cuda")
+    with torch.no_grad():
+        t = decide.Trials(model, (x,), OptimizeConfig(mode="reduce-overhead"), GradMode.current(), Deadline(None))
+        floor = t.start()
+        assert not floor.error, floor.error
+        replay_ms = min(_synced(floor.call, (x,), 20, _sync_for((x,))))
+    assert t.call_s * 1e3 < 5 * replay_ms + 0.5
+    torch._dynamo.reset()
+
+
 def test_the_cpp_wrapper_arm_comes_before_a_kernel_trial(monkeypatch):
     """On a host-bound model the wrapper's arm is built wherever its own compile and timing fit,
     kernel trial or not (its gain, 1.2-1.57x on host-bound zoo rows, comes first); where it wins,

@@ -336,13 +336,19 @@ class Trials:
 
     def measure_host_share(self, arm: Arm) -> float | None:
         """The arm's synced call (median of 5) over its GPU time (timing._device_ms), on a GPU:
-        above 1, the call waits on its host. None on the CPU."""
+        above 1, the call waits on its host. None on the CPU. That median also becomes call_s,
+        what timing_s expects a call to cost: ready()'s second call is no steady call in the
+        CUDA-graph modes, where it records the graph. NOTE: a ResNet-50 bf16 in reduce-overhead mode
+        (2.3 ms a call) had its search cut by the budget after 23 s, and optimize then ended at
+        50 s of its 120 (zoo-20261128-013505): the reserve had been sized for trials timed at the
+        recording call's cost."""
         from torch_htam.timing import _device_ms, _sync_for, _synced, on_cuda
         if not on_cuda(self.inputs):
             return None
         with self.grad.enter():
             wall = statistics.median(_synced(arm.call, self.inputs, 5, _sync_for(self.inputs)))
             gpu = _device_ms(arm.call, self.inputs, 1.5 * wall)
+        self.call_s = wall / 1e3
         return wall / gpu if gpu > 0 else None
 
     def reserve_s(self, n_tasks: int, ahead_s: float = 0.0) -> float:

@@ -23,6 +23,7 @@ from torch import nn
 
 from torch_htam.config import OptimizeConfig
 from torch_htam.deadline import Deadline
+from torch_htam.report import SearchPlan
 
 log = logging.getLogger("torch_htam")
 
@@ -229,6 +230,7 @@ class _Run:
     misses: list = field(default_factory=list)       # tasks the cache has no usable kernel for
     evaluator: Any = None                            # started by prepare() where GPU work is ahead
     weights: dict | None = None                      # {signature: headroom ms}, the search's order
+    plan: Any = None                                 # report.SearchPlan, where a timed search ran
 
     def go(self) -> nn.Module:
         from torch_htam import attach, decide
@@ -369,7 +371,10 @@ class _Run:
         if self.gpu is None or self.found is None:
             return
         tasks, misses = self.found.tasks, self.misses
-        budget = self.deadline.left(self.reserve_s(len(tasks)))
+        reserve = self.reserve_s(len(tasks))
+        budget = self.deadline.left(reserve)
+        if budget is not None and self.cfg.search and misses:
+            self.plan = SearchPlan(max(self.deadline.remaining(), 0.0), reserve, budget, len(misses))
         if self.cfg.search and misses:
             if budget is not None and budget <= 0:
                 self.deadline.skip(f"the search of {len(misses)} task(s): the time budget went to "
@@ -438,6 +443,7 @@ class _Run:
         model = decide.install(self.model, d, self.found, self.kernels, self.ranked()[0], self.notes)
         report = model.htam_report
         report.phases, report.skipped = dict(self.deadline.phases), list(self.deadline.skipped)
+        report.search_plan = self.plan
         report.overran = list(self.deadline.overran)
         return _finish(model, self.deadline, self.results, self.searched, self.cfg)
 

@@ -42,6 +42,20 @@ class TaskReport:
 
 
 @dataclass
+class SearchPlan:
+    """How optimize shared its time before the search (pipeline._Run.search), in seconds: what was
+    left of the budget, what it kept back for the decision's trials, and what the search got."""
+    left_s: float
+    reserve_s: float
+    given_s: float
+    misses: int          # tasks the search was to look at (the cache had no usable kernel)
+
+    def describe(self) -> str:
+        return (f"search: {self.given_s:.0f} s for {self.misses} task(s) of the {self.left_s:.0f} s left; "
+                f"{self.reserve_s:.0f} s kept for the decision's trials")
+
+
+@dataclass
 class Report:
     """What torch_htam did to a model, and how its calls have gone since.
 
@@ -65,6 +79,7 @@ class Report:
     skipped: list[str] = field(default_factory=list)        # phases the time budget left out
     overran: list[str] = field(default_factory=list)        # steps let run past it (deadline.Deadline.overrun)
     kernel_failures: dict[str, int] = field(default_factory=dict)  # {signature: calls its region ran}
+    search_plan: SearchPlan | None = None   # None: no search ran, or no time budget
 
     def speedups(self) -> dict[str, float]:
         """{task name: verified speedup} for the swapped tasks."""
@@ -82,6 +97,8 @@ class Report:
             lines.append(f"  note: {self.note}")
         if self.phases:
             lines.append("  time: " + format_phases(self.phases))
+        if self.search_plan is not None:
+            lines.append("  " + self.search_plan.describe())
         for s in self.skipped:
             lines.append(f"  skipped: {s}")
         for s in self.overran:
