@@ -99,6 +99,17 @@ def test_traced_calls_take_the_op_branch():
     assert torch.equal(ep.module()(x), x - 1)
 
 
+def test_a_lock_file_left_by_a_killed_build_does_not_hold_the_next(tmp_path):
+    """cpp_extension.load waits while its lock file exists (FileBaton on some torch versions); a
+    build killed mid-way left one. build_lock takes an flock, under which such a file is stale."""
+    from torch_htam.launcher import build_lock
+    (tmp_path / "lock").write_text("")
+    with build_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()
+    with build_lock(tmp_path):     # taken again once released
+        pass
+
+
 @pytest.mark.skipif(torch.version.cuda is not None, reason="this torch has CUDA")
 def test_cpu_torch_gets_a_clear_error():
     with pytest.raises(RuntimeError, match="needs a CUDA build of torch"):

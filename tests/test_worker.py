@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from torch_htam.worker import WorkerPool
+from concurrent.futures import Future
+
+from torch_htam.worker import PAST_DEADLINE, WorkerPool, await_result
 
 RUNNER = "test_worker:job"
 
@@ -31,6 +33,10 @@ def job(j: dict) -> dict:
         return {"reason": "crash", "detail": "illegal address", "exit": True}
     if do == "env":
         return {"reason": "ok", "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    if do == "spawn_sleeper":   # a child of the worker's own, as a build's ninja is
+        import subprocess
+        child = subprocess.Popen(["sleep", "600"])
+        return {"reason": "ok", "child": child.pid}
     raise AssertionError(f"unknown job {do}")
 
 
@@ -102,3 +108,38 @@ def test_close_kills_a_hung_job_quickly():
     assert time.perf_counter() - t0 < 10
     assert fut.result(timeout=5)["reason"] == "crash"
     assert queued.cancelled()
+
+
+def test_a_job_is_waited_for_no_later_than_its_deadline():
+    """A job that has not come back by the deadline (a worker still starting, say) is given up
+    as past the deadline, not waited on; one that came back is returned as it is."""
+    never = Future()
+    t0 = time.perf_counter()
+    assert await_result(never, time.monotonic() + 0.2, grace_s=0.1) == PAST_DEADLINE
+    assert time.perf_counter() - t0 < 2.0 and never.cancelled()
+    done = Future()
+    done.set_result({"reason": "ok"})
+    assert await_result(done, time.monotonic() - 100.0) == {"reason": "ok"}
+    assert await_result(done, None) == {"reason": "ok"}
+
+
+def test_stopping_a_worker_kills_what_it_started():
+    """A killed worker takes its children with it (a launcher build's ninja, a candidate's nvcc
+    would otherwise build on, orphaned)."""
+    p = WorkerPool(runner=RUNNER, timeout=30.0, devices=[None])
+    child = p.submit({"do": "spawn_sleeper"}).result(timeout=60)["child"]
+    assert os.path.exists(f"/proc/{child}")
+    p.close()
+    deadline = time.perf_counter() + 10
+    while time.perf_counter() < deadline and _alive(child):
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from torch_htam.worker import await_result
+
 REASONS = (
     "ok",
     "static_check",      # rejected before compiling (no stream, threads, new streams, sync, timer)
@@ -205,7 +207,7 @@ class Evaluator:
                 futures[i] = self.pool.submit(job)
         for i, fut in futures.items():
             b = builds[i]
-            out[i] = _from_result(fut.result(), b.source_hash, pol, b.seconds, b.so_path)
+            out[i] = _from_result(await_result(fut, self.deadline.at), b.source_hash, pol, b.seconds, b.so_path)
         for ev, b in zip(out, builds):
             if b.resources is not None:
                 ev.registers, ev.spill_bytes = b.resources.registers, b.resources.spill_bytes

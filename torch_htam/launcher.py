@@ -20,6 +20,8 @@ one graph serves every size without a recompile; the fake impl and the C++ launc
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
@@ -85,10 +87,11 @@ def extension():
         _fix_cuda_home(cpp_extension)
         out.mkdir(parents=True, exist_ok=True)
         try:
-            module = cpp_extension.load(name="htam_launcher", sources=[str(CSRC / "launcher.cpp")],
-                                        extra_include_paths=[str(CSRC)], extra_ldflags=["-ldl"],
-                                        build_directory=str(out), with_cuda=True, is_python_module=True,
-                                        verbose=False)
+            with build_lock(out):
+                module = cpp_extension.load(name="htam_launcher", sources=[str(CSRC / "launcher.cpp")],
+                                            extra_include_paths=[str(CSRC)], extra_ldflags=["-ldl"],
+                                            build_directory=str(out), with_cuda=True, is_python_module=True,
+                                            verbose=False)
         except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
             raise RuntimeError(f"building the htam launcher in {out} failed: {e}\nIt needs the CUDA "
                                "toolkit matching torch.version.cuda (set CUDA_HOME) and a C++17 compiler."
@@ -97,6 +100,22 @@ def extension():
     for n in range(1, STABLE_OUTPUTS + 1):
         torch.library.register_fake(f"htam::launch_o{n}")(_stable_fake(n))
     return module
+
+
+@contextlib.contextmanager
+def build_lock(out: Path):
+    """One launcher build at a time in `out`, under an flock that the kernel drops with its holder.
+    NOTE: torch's cpp_extension.load guards its build with a lock file (FileBaton on some
+    versions) whose mere existence makes every later load wait, without limit. A worker killed
+    while it built the launcher (optimize's deadline kills its workers) leaves it behind. Under
+    this flock no load of ours runs in `out`, so a lock file found here is stale: removed."""
+    with open(out / "htam-build.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            (out / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def source_hash() -> str:

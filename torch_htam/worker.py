@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import os
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ import threading
 import time
 import traceback
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing.connection import Connection, Pipe
 
 DEFAULT_RUNNER = "torch_htam.evaluation:run_job"
@@ -61,10 +63,12 @@ class _Worker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         self.log.seek(0)
         self.log.truncate()
+        # NOTE: a session of its own, so stop() kills what the child started too (a launcher
+        # build's ninja and c++, a candidate's nvcc): killed alone, it left them building on
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "torch_htam.worker", str(child.fileno()), self.runner],
             pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL, stdout=self.log,
-            stderr=subprocess.STDOUT)
+            stderr=subprocess.STDOUT, start_new_session=True)
         child.close()
         self.conn = parent
         if not self.conn.poll(START_TIMEOUT_S) or self._recv() != ("ready", None):
@@ -116,8 +120,7 @@ class _Worker:
             self.conn.close()
             self.conn = None
         if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
+            _kill_group(self.proc)
             self.proc.wait()
             self.proc = None
 
@@ -129,6 +132,34 @@ class _Worker:
         except OSError:
             pass
 
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill a worker and every process of its session (start_new_session in _Worker.start)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.poll() is None:
+        proc.kill()
+
+
+def await_result(fut: Future, deadline_at: float | None, grace_s: float = None) -> dict:
+    """A job's result, waited for no later than deadline_at (a time.monotonic(); None: no limit)
+    plus grace_s for a job cut at it; past that, PAST_DEADLINE (the job cancelled where it has not
+    begun). NOTE: a pool starts its workers eagerly and a start may take START_TIMEOUT_S; a job
+    queued behind one held a search 175 s past its 60 s budget (zoo-20261128-043036, ResNet-50)."""
+    grace_s = JOB_GRACE_S if grace_s is None else grace_s
+    timeout = None if deadline_at is None else max(deadline_at - time.monotonic(), 0.0) + grace_s
+    try:
+        return fut.result(timeout=timeout)
+    except FutureTimeout:
+        fut.cancel()
+        return dict(PAST_DEADLINE)
+
+
+# Seconds a job is waited for past its deadline: its worker cuts it at the deadline (job_timeout)
+# and is killed, which takes a moment.
+JOB_GRACE_S = 5.0
 
 # A job that reached a worker after optimize's deadline: never run.
 PAST_DEADLINE = {"reason": "deadline", "detail": "optimize's time budget ran out first"}
@@ -225,8 +256,8 @@ class WorkerPool:
             self._jobs.put(None)
         for w in self._workers:
             proc = w.proc
-            if proc is not None and proc.poll() is None:
-                proc.kill()   # its thread sees EOF, reports "crash", then takes its None and exits
+            if proc is not None:
+                _kill_group(proc)   # its thread sees EOF, reports "crash", then takes its None and exits
         for t in self._threads:
             t.join(timeout=30)
 
