@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import model_zoo  # noqa: E402
 import models  # noqa: E402
 import record  # noqa: E402
 import torch_htam  # noqa: E402
@@ -40,8 +41,20 @@ from torch_htam.timing import time_many  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
 
+def kernel_diff(base: dict, other: dict) -> list[dict]:
+    """Per kernel name, other's device ms and launches per call less base's, the largest change
+    first: what swapping kernels in added around them (copies, layout changes) and took away."""
+    a = {x["name"]: x for x in base["all"]}
+    b = {x["name"]: x for x in other["all"]}
+    out = [{"name": n, "ms_delta": b.get(n, {}).get("ms", 0.0) - a.get(n, {}).get("ms", 0.0),
+            "launches_delta": b.get(n, {}).get("launches", 0.0) - a.get(n, {}).get("launches", 0.0)}
+           for n in {*a, *b}]
+    return sorted(out, key=lambda x: -abs(x["ms_delta"]))
+
+
 def profile(fn, inputs, calls: int = 5, top: int = 8) -> dict:
-    """Device ms per call and the top kernels by device time (name, ms per call, launches per call)."""
+    """Device ms per call and the top kernels by device time (name, ms per call, launches per
+    call), and every kernel ("all") for kernel_diff."""
     from torch.profiler import ProfilerActivity, profile as prof
     with torch.inference_mode(), prof(activities=[ProfilerActivity.CUDA]) as p:
         for _ in range(calls):
@@ -50,8 +63,9 @@ def profile(fn, inputs, calls: int = 5, top: int = 8) -> dict:
     rows = [e for e in p.key_averages() if e.self_device_time_total > 0]
     rows.sort(key=lambda e: -e.self_device_time_total)
     total = sum(e.self_device_time_total for e in rows) / calls / 1e3
-    return {"device_ms": total, "top": [{"name": e.key[:90], "ms": e.self_device_time_total / calls / 1e3,
-                                         "launches": e.count / calls} for e in rows[:top]]}
+    every = [{"name": e.key[:90], "ms": e.self_device_time_total / calls / 1e3, "launches": e.count / calls}
+             for e in rows]
+    return {"device_ms": total, "top": every[:top], "all": every}
 
 
 def main() -> int:
@@ -65,19 +79,24 @@ def main() -> int:
                          "Inductor computes in channels-last, our kernels take the captured NCHW)")
     ap.add_argument("--no-each", action="store_true",
                     help="only none and all (a conv net holds dozens of kernels: one compile each)")
+    ap.add_argument("--inductor-bar", action="store_true",
+                    help="search as optimize does in --mode (compile=True) and keep only the kernels "
+                         "that beat Inductor's code for their region (default: a replay-mode search, "
+                         "every kernel that beats eager)")
     ap.add_argument("--no-record", action="store_true")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_swaps needs a CUDA GPU", file=sys.stderr)
         return 2
     name, dtype = a.model.split(":")
-    model, inputs = models.MODELS[name](dtype)
-    torch_htam.optimize(copy.deepcopy(model), inputs, OptimizeConfig(
-        steps=1, time_budget_s=a.budget, progress=False, compile=False))
+    model, inputs = (model_zoo.make(a.model) if name in model_zoo.MODELS else models.MODELS[name](dtype))
+    with torch.inference_mode():
+        torch_htam.optimize(copy.deepcopy(model), inputs, OptimizeConfig(
+            steps=1, time_budget_s=a.budget, progress=False, compile=a.inductor_bar, mode=a.mode))
     found = extract(model, inputs)
     cache = KernelCache(gpu.detect().arch)
     kernels = {t.signature: e for t in found.tasks
-               if why_not(e := cache.get(t.signature), t) is None}
+               if why_not(e := cache.get(t.signature), t, against_inductor=a.inductor_bar) is None}
     label = {t.signature: f"{t.name} x{t.count} {t.signature[:8]}" for t in found.tasks}
     fns, backends = {"none": inductor.compile_with(model, None, a.mode)}, {}
     each = [] if a.no_each else [(label[s], {s: e}) for s, e in kernels.items()]
@@ -115,9 +134,14 @@ def main() -> int:
     for k, p in prof.items():
         print(f"profile {k}: {p['device_ms']:.3f} ms of device time per call; top: "
               + "; ".join(f"{x['name'][:40]} {x['ms']:.3f} ms x{x['launches']:.0f}" for x in p["top"][:4]))
+    diff = {k: kernel_diff(prof["none"], prof[k]) for k in prof if k != "none"}
+    for k, d in diff.items():
+        print(f"device time per call, {k} against none: " + "; ".join(
+            f"{x['name'][:50]} {x['ms_delta']:+.3f} ms ({x['launches_delta']:+.0f} launches)" for x in d[:8]))
     if not a.no_record:
         record.write("bench_swaps", {"model": a.model, "mode": a.mode, "budget_s": a.budget, "iters": a.iters,
-                                     "rows": rows, "profile": prof})
+                                     "inductor_bar": a.inductor_bar, "rows": rows, "profile": prof,
+                                     "profile_diff": diff})
     return 0
 
 
