@@ -343,6 +343,11 @@ def stable_launches(gm: fx.GraphModule) -> bool:
     fallback.after_failed_launch, as the Python wrapper's checked_launch does.
     False too until warm_cpp_wrapper's process has run such launches on this torch and launcher
     (stable_launches_checked): a crash in Inductor's generated C++ is no error a try can catch.
+    NOTE: and False where a launch has symbolic sizes (a declared or Dynamo-found dynamic dim): a
+    served decoder's C++-wrapper graph with our launches killed its process in optimize (SIGSEGV
+    after Inductor's generated code reinterpreted an undefined tensor; H100, torch 2.11,
+    bench/results/bench_serve-20261128-045423), so such graphs keep the Python wrapper around our
+    launches until a gpu test covers them.
 
         >>> stable_launches(gm)    # launch(h, [x, w], [2, 2, 64, 256]) + getitem(., 0) -> launch_o1(h, 2, 2, 64, 256, 0, ..., x, w, None, ...)
         True
@@ -352,7 +357,7 @@ def stable_launches(gm: fx.GraphModule) -> bool:
         return False
     sites = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.htam.launch.default]
     for n in sites:
-        if (launcher.stable_args(*n.args) is None or not all(u.target is operator.getitem for u in n.users)
+        if (symbolic_sizes(n) or launcher.stable_args(*n.args) is None or not all(u.target is operator.getitem for u in n.users)
                 or not fallback.set_in_launcher(n.args[0])):
             return False
     _failure_hook()
@@ -368,6 +373,19 @@ def stable_launches(gm: fx.GraphModule) -> bool:
             n.meta["val"] = tuple(n.meta["val"])
     gm.recompile()
     return True
+
+
+def symbolic_sizes(n: fx.Node) -> bool:
+    """Whether a launch site's inputs, outputs or output sizes are symbolic (SymInts: a dynamic dim)."""
+    def symbolic(x) -> bool:
+        if isinstance(x, fx.Node):
+            return symbolic(x.meta.get("val"))
+        if isinstance(x, (list, tuple)):
+            return any(symbolic(y) for y in x)
+        if isinstance(x, torch.Tensor):
+            return any(isinstance(d, torch.SymInt) for d in x.shape)
+        return isinstance(x, torch.SymInt)
+    return symbolic(n.args[1:]) or symbolic(n.meta.get("val"))
 
 
 @functools.cache
