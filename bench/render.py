@@ -253,21 +253,35 @@ def _bench_models_overlay(prev: dict | None, row: dict) -> dict:
 
 # a zoo row's reduce-overhead fields: its ours_ro arm, its torch.compile arm, their ratios
 ZOO_RO_PREFIXES = ("ours_ro", "compile_ro", "vs_compile_ro")
+# its max-autotune fields: that torch.compile arm and the ratios against it (each within one run)
+ZOO_MA_PREFIXES = ("compile_ma", "vs_max_autotune")
 
 
 def _zoo_overlay(prev: dict | None, row: dict) -> dict:
     """A model's latest zoo row over its previous one: a run of the default mode alone
     (bench_zoo.py --modes default) keeps the previous row's reduce-overhead figures (every field
-    of ZOO_RO_PREFIXES), and the row names both runs ("default run+reduce-overhead run")."""
-    ro_run = row["run"]
+    of ZOO_RO_PREFIXES), and a run that left max-autotune out (--skip compile_ma) the previous
+    row's max-autotune figures (ZOO_MA_PREFIXES: ratios measured within that run); the row names
+    each run it shows ("row+reduce-overhead run", "ma <run>" for max-autotune's)."""
+    ro_run, ma_run = row["run"], row["run"]
     if prev is not None and "reduce-overhead" not in (row.get("modes") or ("reduce-overhead",)):
         ro_run = prev.get("_ro_run", prev["run"])
-        row = dict(row, **{k: v for k, v in prev.items() if k.startswith(ZOO_RO_PREFIXES)})
-        row["first_call_s"] = {**(row.get("first_call_s") or {}),
-                               **{a: t for a, t in (prev.get("first_call_s") or {}).items() if a.startswith(ZOO_RO_PREFIXES)}}
-    out = dict(row, _ro_run=ro_run)
-    out["run"] = row["run"] if ro_run == row["run"] else f"{row['run']}+{ro_run}"
+        row = _carried(prev, row, ZOO_RO_PREFIXES)
+    if prev is not None and "compile_ma" in (row.get("skipped_arms") or ()):
+        ma_run = prev.get("_ma_run", prev["run"])
+        row = _carried(prev, row, ZOO_MA_PREFIXES)
+    out = dict(row, _ro_run=ro_run, _ma_run=ma_run)
+    run = row["run"] if ro_run == row["run"] else f"{row['run']}+{ro_run}"
+    out["run"] = run if ma_run == row["run"] else f"{run}, ma {ma_run}"
     return out
+
+
+def _carried(prev: dict, row: dict, prefixes: tuple[str, ...]) -> dict:
+    """`row` with prev's fields (and first calls) whose names start with one of `prefixes`."""
+    row = dict(row, **{k: v for k, v in prev.items() if k.startswith(prefixes)})
+    row["first_call_s"] = {**(row.get("first_call_s") or {}),
+                           **{a: t for a, t in (prev.get("first_call_s") or {}).items() if a.startswith(prefixes)}}
+    return row
 
 
 # suite -> how a key's newer row goes over its older one in a MERGED table (default: replaces it)

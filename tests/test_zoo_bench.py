@@ -313,3 +313,22 @@ def test_a_default_mode_row_keeps_the_models_previous_reduce_overhead_figures(tm
     row_b = next(line for line in text.splitlines() if line.startswith("| b:bf16 |"))
     assert "| 1.500x |" in row_a and "| 1.250x |" in row_a and row_a.endswith("| 2+1 |")
     assert "| 1.000x |" in row_b and "1.500x" not in row_b and row_b.endswith("| 2 |")
+
+
+def test_a_row_without_max_autotune_keeps_the_models_previous_max_autotune_figures(tmp_path):
+    """In RESULTS.md a row run with --skip compile_ma shows the model's previous max-autotune
+    ratios (each measured within its own run) and names that run; its own figures stay its own."""
+    render = _load("bench_render", ROOT / "bench" / "render.py")
+
+    def run(stamp, rows):
+        data = {"suite": "zoo", "date": f"2026-01-0{stamp}T00:00:00", "commit": f"c{stamp}", "device": "H100",
+                "command": f"python3 bench/bench_zoo.py run{stamp}", "rows": rows}
+        (tmp_path / f"zoo-2026010{stamp}-000000.json").write_text(json.dumps(data))
+
+    run(1, [dict(bz.empty_row("a:bf16"), vs_compile=0.5, vs_max_autotune=0.75)])
+    run(2, [dict(bz.empty_row("a:bf16"), vs_compile=1.5, skipped_arms=["compile_ma"])])
+    text = render.render(tmp_path, findings=None)
+    row_a = next(line for line in text.splitlines() if line.startswith("| a:bf16 |"))
+    assert "| 1.500x |" in row_a and "| 0.750x |" in row_a and "0.500x" not in row_a
+    assert row_a.endswith("| 2, ma 1 |")
+    assert "| vs_max_autotune: geomean (min) over rows | 0.750x (0.750x) over 1 |" in text
