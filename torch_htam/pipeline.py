@@ -230,7 +230,7 @@ class _Run:
     misses: list = field(default_factory=list)       # tasks the cache has no usable kernel for
     evaluator: Any = None                            # started by prepare() where GPU work is ahead
     weights: dict | None = None                      # {signature: headroom ms}, the search's order
-    plan: Any = None                                 # report.SearchPlan, where a timed search ran
+    plan: SearchPlan | None = None                   # where a timed search ran
 
     def go(self) -> nn.Module:
         from torch_htam import attach, decide

@@ -134,32 +134,32 @@ class _Worker:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill a worker and every process of its session (start_new_session in _Worker.start)."""
+    """Kill a worker and every process of its session (start_new_session in _Worker.start), while
+    it is not yet reaped: until then its pid, the group's id, cannot name another process's group."""
+    if proc.returncode is not None:
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        pass
-    if proc.poll() is None:
         proc.kill()
 
 
-def await_result(fut: Future, deadline_at: float | None, grace_s: float = None) -> dict:
+# Seconds a job is waited for past its deadline: its worker cuts it at the deadline (job_timeout)
+# and is killed, which takes a moment.
+JOB_GRACE_S = 5.0
+
+
+def await_result(fut: Future, deadline_at: float | None, grace_s: float = JOB_GRACE_S) -> dict:
     """A job's result, waited for no later than deadline_at (a time.monotonic(); None: no limit)
     plus grace_s for a job cut at it; past that, PAST_DEADLINE (the job cancelled where it has not
     begun). NOTE: a pool starts its workers eagerly and a start may take START_TIMEOUT_S; a job
     queued behind one held a search 175 s past its 60 s budget (zoo-20261128-043036, ResNet-50)."""
-    grace_s = JOB_GRACE_S if grace_s is None else grace_s
     timeout = None if deadline_at is None else max(deadline_at - time.monotonic(), 0.0) + grace_s
     try:
         return fut.result(timeout=timeout)
     except FutureTimeout:
         fut.cancel()
         return dict(PAST_DEADLINE)
-
-
-# Seconds a job is waited for past its deadline: its worker cuts it at the deadline (job_timeout)
-# and is killed, which takes a moment.
-JOB_GRACE_S = 5.0
 
 # A job that reached a worker after optimize's deadline: never run.
 PAST_DEADLINE = {"reason": "deadline", "detail": "optimize's time budget ran out first"}
