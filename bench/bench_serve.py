@@ -393,17 +393,12 @@ def report_fields(model) -> dict:
             # the budget ran out or the end-to-end decision left them out
             "regions": [region(t) for t in tasks],
             "phases": dict(getattr(report, "phases", None) or {}),
-            "search_plan": jsonable_plan(getattr(report, "search_plan", None)),
+            "search_plan": bench_floor.jsonable(getattr(report, "search_plan", None)),
             "skipped": list(getattr(report, "skipped", None) or []),
             "decision": _decision_json(getattr(report, "decision", None)),
             "swapped": getattr(report, "swapped", None), "report_note": getattr(report, "note", None),
             "outcome": getattr(outcome, "value", outcome),
             "kernel_failures": dict(getattr(report, "kernel_failures", None) or {})}
-
-
-def jsonable_plan(plan) -> dict | None:
-    """report.SearchPlan as a dict (None where no timed search ran)."""
-    return None if plan is None else dataclasses.asdict(plan)
 
 
 def region(t) -> dict:
