@@ -502,3 +502,46 @@ def test_a_decision_timed_on_a_busy_host_says_so(monkeypatch):
     # the first timing waits its whole limit; later ones, on a host that stayed busy, do not
     assert len(waits) >= 2 and waits[0] == timing.QUIET_MAX_S and set(waits[1:]) == {0.0}
     assert d.host_notes and "3.2 CPU cores" in d.host_notes[0] and d.to_json()["host"] == d.host_notes
+
+
+# ---- declared dynamic sizes: the example's own sizes as plain torch.compile serves them -------------
+
+def test_example_split_routes_by_the_declared_inputs_shapes():
+    seen = []
+    split = decide.ExampleSplit(lambda *a, **k: seen.append("static"), lambda *a, **k: seen.append("dynamic"),
+                                ((0, torch.Size([4, 8])),))
+    split(torch.randn(4, 8), torch.randn(3))        # input 1 is not declared: its size is not asked
+    split(torch.randn(5, 8))
+    split(x=torch.randn(4, 8))                       # a keyword input is not the declared positional one
+    assert seen == ["static", "dynamic", "dynamic"]
+
+
+@pytest.mark.parametrize("static_ms", [1.0, 2.0])
+def test_declared_sizes_serve_the_example_on_torch_compiles_own_graph_for_it(monkeypatch, static_ms):
+    """With a declared dynamic batch, torch.compile(model) itself would run the example's batch on
+    a graph specialized to it (often faster: channels-last convs) and every other batch on a
+    dynamic graph. optimize keeps that graph for the example's sizes unless its choice beats it
+    there; either way no call recompiles, whichever size comes (past batch 1, which Dynamo
+    specializes in every dynamic graph: its own graph, once, as for torch.compile itself)."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    fake_timing(monkeypatch, lambda a: {ArmKind.ORIGINAL: 3.0, ArmKind.STATIC: static_ms}.get(a.kind, 1.5))
+    model, x = Block().eval(), torch.randn(4, 8, 32)
+    with torch.no_grad():
+        ref = []
+        for n in (1, 4, 7):
+            torch.manual_seed(0)
+            ref.append(model(torch.randn(n, 8, 32)))
+        torch_htam.optimize(model, (x,), _cfg(dynamic={0: {0: (1, 16)}}))
+        d = model.htam_report.decision
+        assert [a.kind for a in d.arms][:3] == [ArmKind.COMPILE, ArmKind.STATIC, ArmKind.ORIGINAL], d.arms
+        split = isinstance(model._compiled_call_impl, decide.ExampleSplit)
+        assert split == (static_ms == 1.0) and (d.at_example is not None) == split, model.htam_report.format()
+        for n, want in zip((1, 4, 7), ref):
+            torch.manual_seed(0)
+            assert torch.allclose(model(torch.randn(n, 8, 32)), want, atol=1e-5)
+        graphs = counters["stats"]["unique_graphs"]
+        for n in (4, 16, 2, 4, 9):
+            model(torch.randn(n, 8, 32))
+        assert counters["stats"]["unique_graphs"] == graphs, "a served size recompiled"
+    torch._dynamo.reset()

@@ -269,6 +269,7 @@ class _Run:
         from torch_htam import decide
         floor = self.trials.arms[0]
         if not floor.error:
+            floor.call = self.trials.floor_call()
             return self.trials.done(floor, decide.Outcome.NOT_TIMED, f"{floor.name}: the decision failed")
         return self.trials.done(self.trials.arm(decide.ArmKind.ORIGINAL), decide.Outcome.COMPILE_FAILED,
                                 f"torch.compile failed on this model ({floor.error})")
@@ -290,8 +291,10 @@ class _Run:
             self.found = None
         elif self.found.capture.dynamic:
             # every arm's first call compiles with the declared dims dynamic, as the capture did,
-            # so the compiled model serves their ranges without a recompile per size
+            # so the compiled model serves their ranges without a recompile per size; the example's
+            # own sizes get torch.compile's graph for them too (decide.ExampleSplit)
             self.trials.inputs = marked(self.inputs, self.found.capture.dynamic)
+            self.trials.plain = tuple(self.inputs)
 
     def floor(self) -> None:
         """torch.compile (or, with compile=False, the original forward), compiled and installed
@@ -300,7 +303,7 @@ class _Run:
         from torch_htam.decide import ArmKind
         floor = self.trials.start()
         if floor.kind is ArmKind.COMPILE and not floor.error:   # the original forward needs no install
-            attach.compiled(self.model, floor.call, runtime.Report(note="the floor, while optimize runs"),
+            attach.compiled(self.model, self.trials.floor_call(), runtime.Report(note="the floor, while optimize runs"),
                             floor.backend)
 
     def look(self) -> None:
