@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from torch_htam import bundle, runtime
+from torch_htam import bundle, decide, runtime
 from torch_htam.build import BuildResult
 from torch_htam.cache import KernelCache
 from torch_htam.evaluation import Evaluation
@@ -588,7 +588,7 @@ def test_gpu_compiled_bundle_serves_its_first_call_from_its_inductor_code(tmp_pa
 def test_a_bundle_for_declared_sizes_serves_them_without_a_recompile(tmp_path, monkeypatch):
     """precompile with OptimizeConfig.dynamic records the sizes in the manifest's run; its tasks are
     the ranged ones, and load() compiles the model with those dims dynamic: new batch sizes run the
-    kernels in the one graph."""
+    kernels in the one dynamic graph, and the example's own sizes torch.compile's graph for them."""
     from torch_htam import inductor
     monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path / "user_cache"))
     torch.manual_seed(0)
@@ -610,7 +610,9 @@ def test_a_bundle_for_declared_sizes_serves_them_without_a_recompile(tmp_path, m
     assert json.loads((out / "manifest.json").read_text())["run"]["dynamic"] == {"0": {"0": [1, 16]}}
     with torch.no_grad():
         fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
-        for n in (3, 11, 16):
+        # the example's own sizes on torch.compile's graph for them, as optimize serves them
+        assert isinstance(fresh._compiled_call_impl, decide.ExampleSplit)
+        for n in (3, 4, 11, 16):
             y = torch.randn(n, 8, 32)
             assert torch.allclose(fresh(y), model(y), atol=1e-6)
     assert len(fresh._htam_backend.records) == 1

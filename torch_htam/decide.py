@@ -254,6 +254,12 @@ class ExampleSplit:
         return self.at_example(*args, **kwargs)
 
 
+def split_at_example(static: Callable, elsewhere: Callable, inputs: tuple, dynamic: dict) -> ExampleSplit:
+    """ExampleSplit of `static` (compiled for the example `inputs`' sizes) and `elsewhere`, at the
+    shapes of the inputs with declared dynamic dims ({input index: {dim: (low, high)}})."""
+    return ExampleSplit(static, elsewhere, tuple((i, inputs[i].shape) for i in sorted(dynamic)))
+
+
 def better(base: ArmTimes, ours: ArmTimes, margin: float = MARGIN) -> bool:
     """ours beats base beyond noise on one timing and is no worse beyond noise on the other.
 
@@ -383,8 +389,7 @@ class Trials:
 
     def split(self, static: Arm, arm: Arm) -> ExampleSplit:
         """`arm` for every size but the example's own, which `static` serves."""
-        shapes = tuple((i, self.plain[i].shape) for i in sorted(self.cfg.dynamic or {}))
-        return ExampleSplit(static.call, arm.call, shapes)
+        return split_at_example(static.call, arm.call, self.plain, self.cfg.dynamic or {})
 
     def measure_host_share(self, arm: Arm) -> float | None:
         """The arm's synced call (median of 5) over its GPU time (timing._device_ms), on a GPU:
