@@ -545,3 +545,30 @@ def test_declared_sizes_serve_the_example_on_torch_compiles_own_graph_for_it(mon
             model(torch.randn(n, 8, 32))
         assert counters["stats"]["unique_graphs"] == graphs, "a served size recompiled"
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("twin_ms, serves", [(0.8, "twin"), (0.995, "static"), (None, "static")])
+def test_a_chosen_cxx_wrapper_offers_the_example_its_static_twin(monkeypatch, twin_ms, serves):
+    """Where the chosen arm runs Inductor's C++ wrapper, torch.compile's graph for the example's
+    sizes is offered with that wrapper too, and serves them where it beats the plain one beyond
+    noise (None: its compile failed)."""
+    from torch_htam.inductor import WRAPPER_OPTIONS
+    x = torch.randn(4, 8)
+    t = decide.Trials(Block(8).eval(), (x,), _cfg(dynamic={0: {0: (1, 16)}}), GradMode.current(), Deadline(None))
+    t.plain = (x,)
+    calls = {}
+
+    def ready(self, arm):
+        self.arms.append(arm)
+        arm.call = calls.setdefault(id(arm), lambda *a, arm=arm: arm)
+        arm.error = "compile failed" if arm.kind is ArmKind.STATIC and arm.options and twin_ms is None else None
+        return arm
+    monkeypatch.setattr(decide.Trials, "ready", ready)
+    ms = {(ArmKind.STATIC, False): 1.0, (ArmKind.STATIC, True): twin_ms, (ArmKind.WRAPPER, True): 1.1}
+    fake_timing(monkeypatch, lambda a: ms[a.kind, bool(a.options)])
+    static = t.ready(decide.Arm(ArmKind.STATIC))
+    chosen = t.ready(decide.Arm(ArmKind.WRAPPER, options=dict(WRAPPER_OPTIONS)))
+    d = t.at_example(decide.Decision(chosen, Outcome.WRAPPER, "the wrapper"))
+    assert isinstance(chosen.call, decide.ExampleSplit) and chosen.call(torch.randn(5, 8)) is chosen
+    want = static if serves == "static" else next(a for a in t.arms if a.kind is ArmKind.STATIC and a.options)
+    assert d.at_example is want and chosen.call(x) is want, d.reason
