@@ -612,10 +612,12 @@ def test_a_bundle_for_declared_sizes_serves_them_without_a_recompile(tmp_path, m
         fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
         # the example's own sizes on torch.compile's graph for them, as optimize serves them
         assert isinstance(fresh._compiled_call_impl, decide.ExampleSplit)
-        for n in (3, 4, 11, 16):
+        # the range's graph and Dynamo's own graph for batch 1, both compiled by load
+        assert [bool(r.swapped) for r in fresh._htam_backend.records] == [True, False]
+        for n in (3, 4, 11, 16, 1):
             y = torch.randn(n, 8, 32)
             assert torch.allclose(fresh(y), model(y), atol=1e-6)
-    assert len(fresh._htam_backend.records) == 1
+    assert len(fresh._htam_backend.records) == 2   # no size compiled a graph of its own
     inductor.sync_report(fresh)
     assert fresh.htam_report.swapped == len(tasks)
     assert all(k.calls >= 4 for k in stand_ins.values())   # the load's own call, then 3 sizes

@@ -521,8 +521,8 @@ def test_declared_sizes_serve_the_example_on_torch_compiles_own_graph_for_it(mon
     """With a declared dynamic batch, torch.compile(model) itself would run the example's batch on
     a graph specialized to it (often faster: channels-last convs) and every other batch on a
     dynamic graph. optimize keeps that graph for the example's sizes unless its choice beats it
-    there; either way no call recompiles, whichever size comes (past batch 1, which Dynamo
-    specializes in every dynamic graph: its own graph, once, as for torch.compile itself)."""
+    there; either way no call recompiles, whichever size comes, batch 1 included (Dynamo
+    specializes size 1 in every dynamic graph: optimize compiles that graph too)."""
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     fake_timing(monkeypatch, lambda a: {ArmKind.ORIGINAL: 3.0, ArmKind.STATIC: static_ms}.get(a.kind, 1.5))
@@ -537,11 +537,11 @@ def test_declared_sizes_serve_the_example_on_torch_compiles_own_graph_for_it(mon
         assert [a.kind for a in d.arms][:3] == [ArmKind.COMPILE, ArmKind.STATIC, ArmKind.ORIGINAL], d.arms
         split = isinstance(model._compiled_call_impl, decide.ExampleSplit)
         assert split == (static_ms == 1.0) and (d.at_example is not None) == split, model.htam_report.format()
+        graphs = counters["stats"]["unique_graphs"]
         for n, want in zip((1, 4, 7), ref):
             torch.manual_seed(0)
             assert torch.allclose(model(torch.randn(n, 8, 32)), want, atol=1e-5)
-        graphs = counters["stats"]["unique_graphs"]
-        for n in (4, 16, 2, 4, 9):
+        for n in (4, 16, 2, 4, 9, 1):
             model(torch.randn(n, 8, 32))
         assert counters["stats"]["unique_graphs"] == graphs, "a served size recompiled"
     torch._dynamo.reset()
@@ -572,3 +572,13 @@ def test_a_chosen_cxx_wrapper_offers_the_example_its_static_twin(monkeypatch, tw
     assert isinstance(chosen.call, decide.ExampleSplit) and chosen.call(torch.randn(5, 8)) is chosen
     want = static if serves == "static" else next(a for a in t.arms if a.kind is ArmKind.STATIC and a.options)
     assert d.at_example is want and chosen.call(x) is want, d.reason
+
+
+def test_size_one_inputs_take_each_range_starting_at_one_to_size_one_together():
+    ids, mask = torch.arange(12).view(3, 4), torch.ones(3, 4)
+    dyn = {0: {0: (1, 8), 1: (2, 16)}, 1: {0: (1, 8), 1: (2, 16)}}
+    (one,) = decide.size_one_inputs((ids, mask), dyn)            # the batch range only: 2-16 is no 1
+    assert [tuple(t.shape) for t in one] == [(1, 4), (1, 4)] and one[0].tolist() == [[0, 1, 2, 3]]
+    seq = decide.size_one_inputs((ids,), {0: {0: (1, 8), 1: (1, 16)}})
+    assert [tuple(a[0].shape) for a in seq] == [(1, 4), (3, 1)]
+    assert decide.size_one_inputs((ids,), None) == [] and decide.size_one_inputs((ids[:1],), {0: {0: (1, 8)}}) == []

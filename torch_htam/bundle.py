@@ -353,6 +353,9 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
             model._compiled_call_impl = split_at_example(static, model._compiled_call_impl,
                                                          tuple(example_inputs), cap.capture.dynamic)
             model(*example_inputs)   # the example's graph, compiled here rather than on a request
+        from torch_htam.decide import size_one_inputs
+        for args in size_one_inputs(tuple(example_inputs), cap.capture.dynamic):
+            model(*args)   # Dynamo's graph for size 1, here too (decide.Trials.warm_size_one)
     return model
 
 

@@ -511,7 +511,25 @@ class Trials:
                     call.at_example(*self.plain)
                     call = call.elsewhere
                 call(*self.inputs)
+        if d.chosen.kind not in (ArmKind.ORIGINAL, ArmKind.REPLAY):
+            self.warm_size_one(d)
         return d
+
+    def warm_size_one(self, d: Decision) -> None:
+        """Compile the chosen arm's size-1 graphs of the declared ranges (size_one_inputs) now,
+        where the deadline leaves a compile for each, rather than on the user's first request at
+        size 1. A call that fails is left to the user's own first call (the report says so)."""
+        for args in size_one_inputs(self.plain or self.inputs, self.cfg.dynamic):
+            if not self.deadline.allows(self.compile_s):
+                self.out_of_time("compiling the graph for size 1 (it compiles on the first call at that size)")
+                return
+            try:
+                with self.deadline.phase("decide: size-1 graphs"), d.grad.enter():
+                    d.chosen.call(*args)
+            except Exception as e:  # noqa: BLE001 -- the model's own call at size 1 raises the same, later
+                log.warning("torch_htam: the size-1 call failed: %s: %s", type(e).__name__, e)
+                self.deadline.skip(f"compiling the graph for size 1: the call failed ({type(e).__name__})")
+                return
 
     def at_example(self, d: Decision) -> Decision:
         """With declared dynamic sizes, what serves the example's own sizes: the chosen arm where
@@ -1044,6 +1062,27 @@ def high_end_inputs(inputs: tuple, dynamic: dict | None) -> tuple | None:
                 grown = True
         out[i] = x
     return tuple(out) if grown else None
+
+
+def size_one_inputs(inputs: tuple, dynamic: dict | None) -> list[tuple]:
+    """Per range that starts at 1 among the declared dynamic dims ({input index: {dim: (low,
+    high)}}), the inputs with every dim of that range at 1 (the example's first slice; dims
+    declared with one range are taken for one size, as a batch shared by ids and mask) and the
+    rest as in the example. NOTE: Dynamo specializes size 1 in every dynamic graph, so each of
+    these is a graph of its own, compiled on the first call at it: a served model's first
+    batch-1 request would otherwise wait for a whole compile."""
+    ranges = sorted({r for dims in (dynamic or {}).values() for r in dims.values() if r[0] == 1})
+    out = []
+    for r in ranges:
+        args, changed = list(inputs), False
+        for i, dims in dynamic.items():
+            for d, rd in dims.items():
+                x = args[i]
+                if rd == r and isinstance(x, torch.Tensor) and x.shape[d] != 1:
+                    args[i], changed = x.narrow(d, 0, 1).clone(), True
+        if changed:
+            out.append(tuple(args))
+    return out
 
 
 _CONV = re.compile(r"conv(olution|_?[123]d)")   # aten.convolution, F.conv2d, torch.conv1d; not convert_*
