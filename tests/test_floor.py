@@ -582,3 +582,19 @@ def test_size_one_inputs_take_each_range_starting_at_one_to_size_one_together():
     seq = decide.size_one_inputs((ids,), {0: {0: (1, 8), 1: (1, 16)}})
     assert [tuple(a[0].shape) for a in seq] == [(1, 4), (3, 1)]
     assert decide.size_one_inputs((ids,), None) == [] and decide.size_one_inputs((ids[:1],), {0: {0: (1, 8)}}) == []
+
+
+def test_the_size_one_graph_is_compiled_for_tensors_made_as_the_example_was(monkeypatch):
+    """optimize called under inference_mode with an example made outside it: the size-1 graph it
+    compiles must take a batch-1 request made the same way (Dynamo's guards tell an inference
+    tensor from another, so one made in inference mode would leave the request a recompile)."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    fake_timing(monkeypatch, lambda a: 3.0 if a.kind is ArmKind.ORIGINAL else 1.0)
+    model, x, one = Block().eval(), torch.randn(4, 8, 32), torch.randn(1, 8, 32)
+    with torch.inference_mode():
+        torch_htam.optimize(model, (x,), _cfg(dynamic={0: {0: (1, 16)}}))
+        graphs = counters["stats"]["unique_graphs"]
+        model(one)
+        assert counters["stats"]["unique_graphs"] == graphs, "the batch-1 request recompiled"
+    torch._dynamo.reset()

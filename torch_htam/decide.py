@@ -1079,7 +1079,10 @@ def size_one_inputs(inputs: tuple, dynamic: dict | None) -> list[tuple]:
             for d, rd in dims.items():
                 x = args[i]
                 if rd == r and isinstance(x, torch.Tensor) and x.shape[d] != 1:
-                    args[i], changed = x.narrow(d, 0, 1).clone(), True
+                    # made as the example was (an inference tensor or not): Dynamo's guards tell
+                    # the two apart, and the graph must match the requests, made like the example
+                    with torch.inference_mode(x.is_inference()):
+                        args[i], changed = x.narrow(d, 0, 1).clone(), True
         if changed:
             out.append(tuple(args))
     return out
