@@ -585,7 +585,8 @@ def test_gpu_compiled_bundle_serves_its_first_call_from_its_inductor_code(tmp_pa
     torch._dynamo.reset()
 
 
-def test_a_bundle_for_declared_sizes_serves_them_without_a_recompile(tmp_path, monkeypatch):
+@pytest.mark.parametrize("at_example", [{}, None])
+def test_a_bundle_for_declared_sizes_serves_them_without_a_recompile(tmp_path, monkeypatch, at_example):
     """precompile with OptimizeConfig.dynamic records the sizes in the manifest's run; its tasks are
     the ranged ones, and load() compiles the model with those dims dynamic: new batch sizes run the
     kernels in the one dynamic graph, and the example's own sizes torch.compile's graph for them."""
@@ -605,13 +606,13 @@ def test_a_bundle_for_declared_sizes_serves_them_without_a_recompile(tmp_path, m
         cache.put(t, f"// kernel for {t.name}\n", so, ev, {"proposer": "expert"})
     stand_ins = {sig: CpuKernel(t) for sig, t in tasks.items()}   # MLP's graphs take any batch
     provider = runtime.Provider(PROVIDER.op, lambda entry: stand_ins[entry.signature])
-    run = bundle.with_dynamic({"compile": True, "mode": "default"}, dynamic)
+    run = bundle.with_dynamic({"compile": True, "mode": "default"}, dynamic, at_example)
     out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache, run=run)
     assert json.loads((out / "manifest.json").read_text())["run"]["dynamic"] == {"0": {"0": [1, 16]}}
     with torch.no_grad():
         fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
-        # the example's own sizes on torch.compile's graph for them, as optimize serves them
-        assert isinstance(fresh._compiled_call_impl, decide.ExampleSplit)
+        # the example's own sizes on torch.compile's graph for them where optimize served them so
+        assert isinstance(fresh._compiled_call_impl, decide.ExampleSplit) == (at_example is not None)
         # the range's graph and Dynamo's own graph for batch 1, both compiled by load
         assert [bool(r.swapped) for r in fresh._htam_backend.records] == [True, False]
         for n in (3, 4, 11, 16, 1):

@@ -71,12 +71,12 @@ def run_of(model: torch.nn.Module) -> dict[str, Any]:
     return run | {"options": b.options} if b.options else run
 
 
-def with_dynamic(run: dict[str, Any], dynamic: dict | None, at_example: bool = True) -> dict[str, Any]:
+def with_dynamic(run: dict[str, Any], dynamic: dict | None, at_example: dict | None) -> dict[str, Any]:
     """`run` recording the declared dynamic sizes (OptimizeConfig.dynamic) the bundle serves, as
     JSON ({"0": {"0": [1, 64]}}): its tasks are the ranged ones, and load() compiles the model
-    with those dims dynamic. at_example: the example's own sizes run on torch.compile's graph for
-    them (decide.ExampleSplit), as optimize left the model (the default: torch.compile's own
-    split, where no decision timed one against the other)."""
+    with those dims dynamic. at_example: the Inductor options of torch.compile's graph for the
+    example's own sizes, which serves them (decide.ExampleSplit; {}: plain torch.compile), as
+    optimize left the model; None: the dynamic graph serves them too."""
     if not dynamic:
         return run
     return run | {"dynamic": {str(i): {str(d): list(r) for d, r in dims.items()} for i, dims in dynamic.items()},
@@ -347,9 +347,9 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
     if cap.capture.dynamic:
         from torch_htam.capture import marked
         model(*marked(tuple(example_inputs), cap.capture.dynamic))
-        if run.get("at_example"):
+        if run.get("at_example") is not None:
             from torch_htam.decide import split_at_example
-            static = inductor.compile_with(model, None, run.get("mode", "default"))
+            static = inductor.compile_with(model, None, run.get("mode", "default"), run["at_example"] or None)
             model._compiled_call_impl = split_at_example(static, model._compiled_call_impl,
                                                          tuple(example_inputs), cap.capture.dynamic)
             model(*example_inputs)   # the example's graph, compiled here rather than on a request

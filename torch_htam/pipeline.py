@@ -594,7 +594,6 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
     """
     from torch_htam import attach, inductor, runtime
     from torch_htam.bundle import _gpu_arch, bundle_arch, run_of, with_dynamic
-    from torch_htam.decide import ExampleSplit
     from torch_htam.bundle import precompile as write_bundle
     cfg = config or OptimizeConfig()
     if arch is not None or _gpu_arch() is None:
@@ -602,14 +601,16 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
         # holds for it, every usable kernel: optimize's end-to-end check (which kernels make the
         # whole model faster) needs that GPU too, and load's golden check still runs on the server.
         runtime.restore(model)
+        # the example's own sizes on plain torch.compile's graph for them, as torch.compile serves them
         return write_bundle(model, example_inputs, out_dir, arch=bundle_arch(arch),
-                            run=with_dynamic({"compile": True, "mode": cfg.mode}, cfg.dynamic))
+                            run=with_dynamic({"compile": True, "mode": cfg.mode}, cfg.dynamic, {}))
     optimize(model, example_inputs, cfg)
     # Only what the optimized model really uses: a kernel that won alone but that the end-to-end
     # guard turned down stays out, so load() never swaps in what optimize() rejected.
     used, run = _swapped(model), run_of(model)
     if run["compile"]:   # the replay serves the example's sizes only
-        run = with_dynamic(run, cfg.dynamic, isinstance(model.__dict__.get("_compiled_call_impl"), ExampleSplit))
+        static = model.htam_report.decision.at_example if model.htam_report.decision else None
+        run = with_dynamic(run, cfg.dynamic, None if static is None else dict(static.options))
     # Inductor's code for the compiled model (optimize compiled it and called it once), so that a
     # server on the same stack loads it instead of compiling on its first call.
     code = inductor.save_artifacts() if run["compile"] else None
