@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from torch_htam import bundle, decide, runtime
+from torch_htam import bundle, runtime, serving
 from torch_htam.build import BuildResult
 from torch_htam.cache import KernelCache
 from torch_htam.evaluation import Evaluation
@@ -612,7 +612,7 @@ def test_a_bundle_for_declared_sizes_serves_them_without_a_recompile(tmp_path, m
     with torch.no_grad():
         fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
         # the example's own sizes on torch.compile's graph for them where optimize served them so
-        assert isinstance(fresh._compiled_call_impl, decide.ExampleSplit) == (at_example is not None)
+        assert isinstance(fresh._compiled_call_impl, serving.ExampleSplit) == (at_example is not None)
         # the range's graph and Dynamo's own graph for batch 1, both compiled by load
         assert [bool(r.swapped) for r in fresh._htam_backend.records] == [True, False]
         for n in (3, 4, 11, 16, 1):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import torch_htam
 from torch_htam.evaluation import Evaluation
-from torch_htam import decide, fallback, inductor, runtime
+from torch_htam import decide, fallback, inductor, runtime, serving
 from torch_htam.config import OptimizeConfig
 from torch_htam.deadline import Deadline
 from torch_htam.decide import ArmKind, Outcome
@@ -508,7 +508,7 @@ def test_a_decision_timed_on_a_busy_host_says_so(monkeypatch):
 
 def test_example_split_routes_by_the_declared_inputs_shapes():
     seen = []
-    split = decide.ExampleSplit(lambda *a, **k: seen.append("static"), lambda *a, **k: seen.append("dynamic"),
+    split = serving.ExampleSplit(lambda *a, **k: seen.append("static"), lambda *a, **k: seen.append("dynamic"),
                                 ((0, torch.Size([4, 8])),))
     split(torch.randn(4, 8), torch.randn(3))        # input 1 is not declared: its size is not asked
     split(torch.randn(5, 8))
@@ -535,7 +535,7 @@ def test_declared_sizes_serve_the_example_on_torch_compiles_own_graph_for_it(mon
         torch_htam.optimize(model, (x,), _cfg(dynamic={0: {0: (1, 16)}}))
         d = model.htam_report.decision
         assert [a.kind for a in d.arms][:3] == [ArmKind.COMPILE, ArmKind.STATIC, ArmKind.ORIGINAL], d.arms
-        split = isinstance(model._compiled_call_impl, decide.ExampleSplit)
+        split = isinstance(model._compiled_call_impl, serving.ExampleSplit)
         assert split == (static_ms == 1.0) and (d.at_example is not None) == split, model.htam_report.format()
         graphs = counters["stats"]["unique_graphs"]
         for n, want in zip((1, 4, 7), ref):
@@ -569,7 +569,7 @@ def test_a_chosen_cxx_wrapper_offers_the_example_its_static_twin(monkeypatch, tw
     static = t.ready(decide.Arm(ArmKind.STATIC))
     chosen = t.ready(decide.Arm(ArmKind.WRAPPER, options=dict(WRAPPER_OPTIONS)))
     d = t.at_example(decide.Decision(chosen, Outcome.WRAPPER, "the wrapper"))
-    assert isinstance(chosen.call, decide.ExampleSplit) and chosen.call(torch.randn(5, 8)) is chosen
+    assert isinstance(chosen.call, serving.ExampleSplit) and chosen.call(torch.randn(5, 8)) is chosen
     want = static if serves == "static" else next(a for a in t.arms if a.kind is ArmKind.STATIC and a.options)
     assert d.at_example is want and chosen.call(x) is want, d.reason
 
@@ -577,11 +577,11 @@ def test_a_chosen_cxx_wrapper_offers_the_example_its_static_twin(monkeypatch, tw
 def test_size_one_inputs_take_each_range_starting_at_one_to_size_one_together():
     ids, mask = torch.arange(12).view(3, 4), torch.ones(3, 4)
     dyn = {0: {0: (1, 8), 1: (2, 16)}, 1: {0: (1, 8), 1: (2, 16)}}
-    (one,) = decide.size_one_inputs((ids, mask), dyn)            # the batch range only: 2-16 is no 1
+    (one,) = serving.size_one_inputs((ids, mask), dyn)            # the batch range only: 2-16 is no 1
     assert [tuple(t.shape) for t in one] == [(1, 4), (1, 4)] and one[0].tolist() == [[0, 1, 2, 3]]
-    seq = decide.size_one_inputs((ids,), {0: {0: (1, 8), 1: (1, 16)}})
+    seq = serving.size_one_inputs((ids,), {0: {0: (1, 8), 1: (1, 16)}})
     assert [tuple(a[0].shape) for a in seq] == [(1, 4), (3, 1)]
-    assert decide.size_one_inputs((ids,), None) == [] and decide.size_one_inputs((ids[:1],), {0: {0: (1, 8)}}) == []
+    assert serving.size_one_inputs((ids,), None) == [] and serving.size_one_inputs((ids[:1],), {0: {0: (1, 8)}}) == []
 
 
 def test_the_size_one_graph_is_compiled_for_tensors_made_as_the_example_was(monkeypatch):

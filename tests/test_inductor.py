@@ -698,7 +698,7 @@ def test_a_wait_for_a_quiet_host_leaves_the_kernel_trial_its_time(monkeypatch):
 
 
 def test_high_end_inputs_tile_the_example_along_each_declared_dim():
-    from torch_htam.decide import high_end_inputs
+    from torch_htam.serving import high_end_inputs
     ids, mask = torch.arange(6).view(2, 3), torch.ones(2, 3)
     big = high_end_inputs((ids, mask), {0: {0: (1, 5), 1: (1, 4)}, 1: {0: (1, 5), 1: (1, 4)}})
     assert big[0].tolist() == [[0, 1, 2, 0], [3, 4, 5, 3], [0, 1, 2, 0], [3, 4, 5, 3], [0, 1, 2, 0]]

@@ -75,7 +75,7 @@ def with_dynamic(run: dict[str, Any], dynamic: dict | None, at_example: dict | N
     """`run` recording the declared dynamic sizes (OptimizeConfig.dynamic) the bundle serves, as
     JSON ({"0": {"0": [1, 64]}}): its tasks are the ranged ones, and load() compiles the model
     with those dims dynamic. at_example: the Inductor options of torch.compile's graph for the
-    example's own sizes, which serves them (decide.ExampleSplit; {}: plain torch.compile), as
+    example's own sizes, which serves them (serving.ExampleSplit; {}: plain torch.compile), as
     optimize left the model; None: the dynamic graph serves them too."""
     if not dynamic:
         return run
@@ -348,12 +348,12 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
         from torch_htam.capture import marked
         model(*marked(tuple(example_inputs), cap.capture.dynamic))
         if run.get("at_example") is not None:
-            from torch_htam.decide import split_at_example
+            from torch_htam.serving import split_at_example
             static = inductor.compile_with(model, None, run.get("mode", "default"), run["at_example"] or None)
             model._compiled_call_impl = split_at_example(static, model._compiled_call_impl,
                                                          tuple(example_inputs), cap.capture.dynamic)
             model(*example_inputs)   # the example's graph, compiled here rather than on a request
-        from torch_htam.decide import size_one_inputs
+        from torch_htam.serving import size_one_inputs
         for args in size_one_inputs(tuple(example_inputs), cap.capture.dynamic):
             model(*args)   # Dynamo's graph for size 1, here too (decide.Trials.warm_size_one)
     return model

@@ -292,7 +292,7 @@ class _Run:
         elif self.found.capture.dynamic:
             # every arm's first call compiles with the declared dims dynamic, as the capture did,
             # so the compiled model serves their ranges without a recompile per size; the example's
-            # own sizes get torch.compile's graph for them too (decide.ExampleSplit)
+            # own sizes get torch.compile's graph for them too (serving.ExampleSplit)
             self.trials.inputs = marked(self.inputs, self.found.capture.dynamic)
             self.trials.plain = tuple(self.inputs)
 

@@ -1,0 +1,91 @@
+"""Serving declared dynamic sizes: what runs beside the compiled graphs, and the inputs the
+decision compiles and times them at.
+
+    ExampleSplit          the example's own sizes on torch.compile's graph for them, every other
+                          size on the chosen arm's dynamic graphs (a shape compare per call)
+    high_end_inputs       the example tiled to each declared range's high end
+    size_one_inputs       the example cut to size 1 per range starting at 1 (Dynamo's own graph)
+
+Dynamic dims are declared as OptimizeConfig.dynamic: {input index: {dim: (low, high)}}.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class ExampleSplit:
+    """A model served over declared dynamic sizes, split as plain torch.compile splits it: calls at
+    the example's own sizes run `at_example` (torch.compile's graph specialized to them), every
+    other call `elsewhere` (the chosen arm: graphs dynamic over the declared ranges). One shape
+    compare per declared input and call; neither side ever sees a size it would recompile for.
+
+    NOTE: plain torch.compile(model) specializes its first graph to the first call's sizes and
+    compiles a dynamic one at the second size. A specialized graph can be much faster: Inductor
+    lays a specialized graph's convs out channels-last and a symbolic one's not (LAYOUT_OPTIONS),
+    and served ResNet-50 bf16 with its batch declared dynamic from the first call ran 0.946x of
+    plain torch.compile's throughput where 20% of requests came at the example's size
+    (bench_serve-20261128-045423). One compiled function cannot hold both graphs in that order:
+    Dynamo tries its newest cache entry first, and a marked call after a plain one makes a
+    dynamic graph that then serves the example's sizes too. Hence two compiled functions.
+
+    shapes: (positional argument, its example shape) of each input with declared dynamic dims."""
+    at_example: Callable
+    elsewhere: Callable
+    shapes: tuple[tuple[int, torch.Size], ...]
+
+    def __call__(self, *args, **kwargs):
+        for i, shape in self.shapes:
+            if i >= len(args) or getattr(args[i], "shape", None) != shape:
+                return self.elsewhere(*args, **kwargs)
+        return self.at_example(*args, **kwargs)
+
+
+def split_at_example(static: Callable, elsewhere: Callable, inputs: tuple, dynamic: dict) -> ExampleSplit:
+    """ExampleSplit of `static` (compiled for the example `inputs`' sizes) and `elsewhere`, at the
+    shapes of the inputs with declared dynamic dims ({input index: {dim: (low, high)}})."""
+    return ExampleSplit(static, elsewhere, tuple((i, inputs[i].shape) for i in sorted(dynamic)))
+
+
+def high_end_inputs(inputs: tuple, dynamic: dict | None) -> tuple | None:
+    """The inputs with every declared dynamic dim ({input index: {dim: (low, high)}}) at its
+    range's high end, the example tiled along it (token ids and masks stay values the model was
+    given); None where nothing is declared or every declared dim is at its high end already."""
+    if not dynamic:
+        return None
+    out, grown = list(inputs), False
+    for i, dims in dynamic.items():
+        x = out[i]
+        for d, (_, hi) in dims.items():
+            if isinstance(x, torch.Tensor) and x.shape[d] != hi:
+                x = x.index_select(d, torch.arange(hi, device=x.device) % x.shape[d])
+                grown = True
+        out[i] = x
+    return tuple(out) if grown else None
+
+
+def size_one_inputs(inputs: tuple, dynamic: dict | None) -> list[tuple]:
+    """Per range that starts at 1 among the declared dynamic dims ({input index: {dim: (low,
+    high)}}), the inputs with every dim of that range at 1 (the example's first slice; dims
+    declared with one range are taken for one size, as a batch shared by ids and mask) and the
+    rest as in the example. NOTE: Dynamo specializes size 1 in every dynamic graph, so each of
+    these is a graph of its own, compiled on the first call at it: a served model's first
+    batch-1 request would otherwise wait for a whole compile."""
+    ranges = sorted({r for dims in (dynamic or {}).values() for r in dims.values() if r[0] == 1})
+    out = []
+    for r in ranges:
+        args, changed = list(inputs), False
+        for i, dims in dynamic.items():
+            for d, rd in dims.items():
+                x = args[i]
+                if rd == r and isinstance(x, torch.Tensor) and x.shape[d] != 1:
+                    # made as the example was (an inference tensor or not): Dynamo's guards tell
+                    # the two apart, and the graph must match the requests, made like the example
+                    with torch.inference_mode(x.is_inference()):
+                        args[i], changed = x.narrow(d, 0, 1).clone(), True
+        if changed:
+            out.append(tuple(args))
+    return out
