@@ -598,3 +598,30 @@ def test_the_size_one_graph_is_compiled_for_tensors_made_as_the_example_was(monk
         model(one)
         assert counters["stats"]["unique_graphs"] == graphs, "the batch-1 request recompiled"
     torch._dynamo.reset()
+
+
+def test_prime_calls_every_size_of_a_short_range_once_while_the_deadline_allows():
+    x = torch.randn(4, 3)
+    seen = []
+    call = lambda y: seen.append(y.shape[0])                     # noqa: E731
+    assert serving.prime(call, (x,), {0: {0: (1, 6)}}, lambda s: True) is None
+    assert seen == [2, 3, 5, 6]                                  # not 1 (its own graph) nor the example's 4
+    seen.clear()
+    assert serving.prime(call, (x,), {0: {0: (1, 6)}}, lambda s: len(seen) < 2) == "sizes 5-6 of the declared range 1-6"
+    seen.clear()
+    assert serving.prime(call, (x,), {0: {0: (1, 1000)}}, lambda s: True) is None and seen == []   # too long a range
+
+
+def test_a_served_convnet_is_primed_at_every_size_of_its_range(monkeypatch):
+    """optimize calls a served model with convs once at each size of a short declared range, so
+    that the per-size planning of its convs is not a request's."""
+    torch._dynamo.reset()
+    fake_timing(monkeypatch, lambda a: 3.0 if a.kind is ArmKind.ORIGINAL else 1.0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 5)).eval()
+    sizes = []
+    model.register_forward_pre_hook(lambda m, a: sizes.append(a[0].shape[0]))
+    with torch.no_grad():
+        torch_htam.optimize(model, (torch.randn(3, 3, 8, 8),), _cfg(dynamic={0: {0: (1, 5)}}))
+    assert "decide: priming sizes" in model.htam_report.phases, model.htam_report.format()
+    assert {2, 4, 5} <= set(sizes)
+    torch._dynamo.reset()

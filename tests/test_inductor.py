@@ -707,14 +707,14 @@ def test_high_end_inputs_tile_the_example_along_each_declared_dim():
 
 
 def test_a_conv_is_told_from_other_calls():
-    from torch_htam.decide import _is_conv
+    from torch_htam.serving import is_conv
     gm = torch.fx.symbolic_trace(_ConvNet())
-    assert [n.name for n in gm.graph.nodes if _is_conv(gm, n)] == ["conv"]       # the module call
+    assert [n.name for n in gm.graph.nodes if is_conv(gm, n)] == ["conv"]       # the module call
     g = torch.fx.Graph()
     x = g.placeholder("x")
     calls = [g.call_function(f, (x,)) for f in (torch.ops.aten.convolution.default, torch.conv2d,
                                                 torch.ops.prims.convert_element_type.default, torch.relu)]
-    assert [_is_conv(gm, n) for n in calls] == [True, True, False, False]
+    assert [is_conv(gm, n) for n in calls] == [True, True, False, False]
 
 
 def test_keep_reexport_hands_inductor_the_reexported_graph_with_no_kernel(mlp):

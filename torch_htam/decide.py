@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from torch_htam.serving import ExampleSplit, high_end_inputs, size_one_inputs, split_at_example
+from torch_htam.serving import ExampleSplit, has_conv, high_end_inputs, prime, size_one_inputs, split_at_example
 from torch_htam.timing import ArmTimes, GradMode, quantile
 
 log = logging.getLogger("torch_htam")
@@ -480,7 +479,20 @@ class Trials:
                 call(*self.inputs)
         if d.chosen.kind not in (ArmKind.ORIGINAL, ArmKind.REPLAY):
             self.warm_size_one(d)
+            if self.symbolic_convs():
+                self.prime_sizes(d)
         return d
+
+    def prime_sizes(self, d: Decision) -> None:
+        """One call of the chosen arm at every size of each short declared range (serving.prime),
+        within the deadline, so that a conv's per-size planning is done before the first request
+        of that size; what the deadline left out is in the report."""
+        def allows(next_s: float) -> bool:
+            return self.deadline.allows(next_s)
+        with self.deadline.phase("decide: priming sizes"), d.grad.enter():
+            left = prime(d.chosen.call, self.plain or self.inputs, self.cfg.dynamic or {}, allows)
+        if left:
+            self.out_of_time(f"calling the model once at {left} (each first call at a new size plans its convs)")
 
     def warm_size_one(self, d: Decision) -> None:
         """Compile the chosen arm's size-1 graphs of the declared ranges (size_one_inputs) now,
@@ -869,8 +881,7 @@ class Trials:
         """Whether the captured graphs are dynamic (declared dims) and hold a conv: where
         Inductor's layout optimization is off (LAYOUT_OPTIONS)."""
         cap = getattr(self.found, "capture", None)
-        return bool(cap is not None and cap.dynamic and any(_is_conv(gm, n) for gm in cap.graphs
-                                                            for n in gm.graph.nodes))
+        return bool(cap is not None and cap.dynamic and has_conv(cap.graphs))
 
     def single_graph(self) -> bool:
         cap = getattr(self.found, "capture", None)
@@ -1012,16 +1023,6 @@ def install(model: nn.Module, d: Decision, found, kernels: dict, ranked: list[st
     attach.compiled(model, arm.call, report, arm.backend)
     inductor.sync_report(model)
     return model
-
-
-_CONV = re.compile(r"conv(olution|_?[123]d)")   # aten.convolution, F.conv2d, torch.conv1d; not convert_*
-
-
-def _is_conv(gm, n) -> bool:
-    """Node n of graph gm is a convolution (a call of one, or an nn.Conv*d module's call)."""
-    if n.op == "call_module":
-        return isinstance(gm.get_submodule(n.target), nn.modules.conv._ConvNd)
-    return n.op == "call_function" and bool(_CONV.search(getattr(n.target, "__name__", str(n.target))))
 
 
 def _unused_why(outcome: Outcome, beat_inductor: bool, tried: bool = True) -> str:

@@ -5,15 +5,19 @@ decision compiles and times them at.
                           size on the chosen arm's dynamic graphs (a shape compare per call)
     high_end_inputs       the example tiled to each declared range's high end
     size_one_inputs       the example cut to size 1 per range starting at 1 (Dynamo's own graph)
+    prime                 one call at every size of a short range (cuDNN's plans per conv size)
 
 Dynamic dims are declared as OptimizeConfig.dynamic: {input index: {dim: (low, high)}}.
 """
 from __future__ import annotations
 
+import re
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from torch import nn
 
 
 @dataclass(frozen=True)
@@ -68,24 +72,69 @@ def high_end_inputs(inputs: tuple, dynamic: dict | None) -> tuple | None:
 
 
 def size_one_inputs(inputs: tuple, dynamic: dict | None) -> list[tuple]:
-    """Per range that starts at 1 among the declared dynamic dims ({input index: {dim: (low,
-    high)}}), the inputs with every dim of that range at 1 (the example's first slice; dims
-    declared with one range are taken for one size, as a batch shared by ids and mask) and the
-    rest as in the example. NOTE: Dynamo specializes size 1 in every dynamic graph, so each of
+    """Per range that starts at 1 among the declared dynamic dims, the inputs with every dim of
+    that range at 1 (at_size). NOTE: Dynamo specializes size 1 in every dynamic graph, so each of
     these is a graph of its own, compiled on the first call at it: a served model's first
     batch-1 request would otherwise wait for a whole compile."""
     ranges = sorted({r for dims in (dynamic or {}).values() for r in dims.values() if r[0] == 1})
-    out = []
+    return [args for r in ranges if (args := at_size(inputs, dynamic, r, 1)) is not None]
+
+
+def at_size(inputs: tuple, dynamic: dict, r: tuple[int, int], n: int) -> tuple | None:
+    """The inputs with every dim declared with range r at size n, the example cut or tiled along
+    it (dims declared with one range are taken for one size, as a batch shared by ids and mask),
+    the rest as in the example; None where no dim changes. Each is made as the example was (an
+    inference tensor or not): Dynamo's guards tell the two apart, and a graph compiled on one
+    kind recompiles for requests of the other."""
+    args, changed = list(inputs), False
+    for i, dims in dynamic.items():
+        for d, rd in dims.items():
+            x = args[i]
+            if rd == r and isinstance(x, torch.Tensor) and x.shape[d] != n:
+                with torch.inference_mode(x.is_inference()):
+                    args[i] = x.index_select(d, torch.arange(n, device=x.device) % x.shape[d])
+                changed = True
+    return tuple(args) if changed else None
+
+
+# A declared range of at most this many sizes is primed whole (prime), where it is primed at all.
+PRIME_MAX_SIZES = 64
+
+
+def prime(call: Callable, inputs: tuple, dynamic: dict, allows: Callable[[float], bool]) -> str | None:
+    """Call `call` once at every size of each declared range of at most PRIME_MAX_SIZES sizes
+    (other than 1 and the example's: their graphs are compiled already), while allows(seconds
+    the next call is expected to take) holds; None where every size was called, else what was
+    left. NOTE: for a graph with convs, the first call at a new size plans cuDNN's algorithms for
+    it (60-100 ms a size on ResNet-50, README), which otherwise lands on the first request of
+    that size; the call's own time is what the next is expected to take."""
+    ranges = sorted({r for dims in dynamic.values() for r in dims.values() if r[1] - r[0] < PRIME_MAX_SIZES})
+    sync = torch.cuda.synchronize if any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs) else (lambda: None)
+    last_s = 0.0
     for r in ranges:
-        args, changed = list(inputs), False
-        for i, dims in dynamic.items():
-            for d, rd in dims.items():
-                x = args[i]
-                if rd == r and isinstance(x, torch.Tensor) and x.shape[d] != 1:
-                    # made as the example was (an inference tensor or not): Dynamo's guards tell
-                    # the two apart, and the graph must match the requests, made like the example
-                    with torch.inference_mode(x.is_inference()):
-                        args[i], changed = x.narrow(d, 0, 1).clone(), True
-        if changed:
-            out.append(tuple(args))
-    return out
+        for n in range(max(r[0], 2), r[1] + 1):
+            args = at_size(inputs, dynamic, r, n)
+            if args is None:
+                continue
+            if not allows(last_s):
+                return f"sizes {n}-{r[1]} of the declared range {r[0]}-{r[1]}"
+            t0 = time.perf_counter()
+            call(*args)
+            sync()
+            last_s = time.perf_counter() - t0
+    return None
+
+
+_CONV = re.compile(r"conv(olution|_?[123]d)")   # aten.convolution, F.conv2d, torch.conv1d; not convert_*
+
+
+def has_conv(graphs) -> bool:
+    """Whether any of the fx graphs holds a convolution (is_conv)."""
+    return any(is_conv(gm, n) for gm in graphs for n in gm.graph.nodes)
+
+
+def is_conv(gm, n) -> bool:
+    """Node n of graph gm is a convolution (a call of one, or an nn.Conv*d module's call)."""
+    if n.op == "call_module":
+        return isinstance(gm.get_submodule(n.target), nn.modules.conv._ConvNd)
+    return n.op == "call_function" and bool(_CONV.search(getattr(n.target, "__name__", str(n.target))))
