@@ -83,6 +83,14 @@ def with_dynamic(run: dict[str, Any], dynamic: dict | None, at_example: dict | N
                   "at_example": at_example}
 
 
+def at_example_of(model: torch.nn.Module) -> dict | None:
+    """with_dynamic's at_example for an optimized model: the Inductor options of the graph that
+    serves its example's own sizes (its decision's at_example, serving.ExampleSplit), or None
+    where the chosen arm serves them too."""
+    static = getattr(getattr(getattr(model, "htam_report", None), "decision", None), "at_example", None)
+    return None if static is None else dict(static.options)
+
+
 def dynamic_of(run: dict[str, Any]) -> dict[int, dict[int, tuple[int, int]]] | None:
     """The declared dynamic sizes a manifest's run records (with_dynamic), or None."""
     d = run.get("dynamic")
