@@ -355,13 +355,12 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
     if cap.capture.dynamic:
         from torch_htam.capture import marked
         model(*marked(tuple(example_inputs), cap.capture.dynamic))
+        from torch_htam.serving import has_conv, prime, size_one_inputs, split_at_example
         if run.get("at_example") is not None:
-            from torch_htam.serving import split_at_example
             static = inductor.compile_with(model, None, run.get("mode", "default"), run["at_example"] or None)
             model._compiled_call_impl = split_at_example(static, model._compiled_call_impl,
                                                          tuple(example_inputs), cap.capture.dynamic)
             model(*example_inputs)   # the example's graph, compiled here rather than on a request
-        from torch_htam.serving import has_conv, prime, size_one_inputs
         for args in size_one_inputs(tuple(example_inputs), cap.capture.dynamic):
             model(*args)   # Dynamo's graph for size 1, here too (decide.Trials.warm_size_one)
         if has_conv(cap.capture.graphs):   # each conv size's planning, here too (decide.Trials.prime_sizes)

@@ -487,10 +487,8 @@ class Trials:
         """One call of the chosen arm at every size of each short declared range (serving.prime),
         within the deadline, so that a conv's per-size planning is done before the first request
         of that size; what the deadline left out is in the report."""
-        def allows(next_s: float) -> bool:
-            return self.deadline.allows(next_s)
         with self.deadline.phase("decide: priming sizes"), d.grad.enter():
-            left = prime(d.chosen.call, self.plain or self.inputs, self.cfg.dynamic or {}, allows)
+            left = prime(d.chosen.call, self.plain or self.inputs, self.cfg.dynamic or {}, self.deadline.allows)
         if left:
             self.out_of_time(f"calling the model once at {left} (each first call at a new size plans its convs)")
 
@@ -525,8 +523,7 @@ class Trials:
         if static is None or chosen.kind in (ArmKind.ORIGINAL, ArmKind.REPLAY):
             return d
         rivals = [static]
-        wrapper = {k: v for k, v in chosen.options.items() if k in CPP_WRAPPER_KEYS}
-        if wrapper and self.affords(3, 0.0, self.compile_s):   # this process's C++ compile is warm
+        if any(k in chosen.options for k in CPP_WRAPPER_KEYS) and self.affords(3, 0.0, self.compile_s):   # this process's C++ compile is warm
             # the wrapper's other options (its -O level) with it
             rival = self.ready(Arm(ArmKind.STATIC, options=dict(chosen.options)))
             rivals += [] if rival.error else [rival]

@@ -58,17 +58,10 @@ def high_end_inputs(inputs: tuple, dynamic: dict | None) -> tuple | None:
     """The inputs with every declared dynamic dim ({input index: {dim: (low, high)}}) at its
     range's high end, the example tiled along it (token ids and masks stay values the model was
     given); None where nothing is declared or every declared dim is at its high end already."""
-    if not dynamic:
-        return None
-    out, grown = list(inputs), False
-    for i, dims in dynamic.items():
-        x = out[i]
-        for d, (_, hi) in dims.items():
-            if isinstance(x, torch.Tensor) and x.shape[d] != hi:
-                x = x.index_select(d, torch.arange(hi, device=x.device) % x.shape[d])
-                grown = True
-        out[i] = x
-    return tuple(out) if grown else None
+    out = tuple(inputs)
+    for r in sorted({r for dims in (dynamic or {}).values() for r in dims.values()}):
+        out = at_size(out, dynamic, r, r[1]) or out
+    return None if all(a is b for a, b in zip(out, inputs)) else out
 
 
 def size_one_inputs(inputs: tuple, dynamic: dict | None) -> list[tuple]:
