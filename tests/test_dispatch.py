@@ -383,3 +383,45 @@ def test_gpu_a_ranged_kernel_launched_from_cpp_runs_inside_its_buckets_and_its_r
         torch.testing.assert_close(out, F.gelu(xs[0] + b, approximate="tanh"), rtol=1e-5, atol=1e-5)
     assert launcher.stable_calls()[kernel.handle] - stable == 2
     assert fallback.counts([kernel.handle]).outside == 2 and fallback.counts([kernel.handle]).failed == 0
+
+
+@pytest.mark.gpu
+def test_gpu_a_ranged_kernel_serves_every_size_in_a_cpp_wrapper_graph(tmp_path):
+    """A real kernel kept for rows 2-48 of a declared 1-64, in Inductor's C++-wrapper graph of
+    dynamic size: one graph serves every size, launch_o<N> runs the kernel inside its buckets and
+    the region outside, and the answer is right. The graph once reached that wrapper with its size
+    input lost, and the generated C++ read the size as a tensor: SIGSEGV on an H200
+    (inductor.as_dynamo_inputs)."""
+    from test_runtime import BIAS_GELU_CU, BiasGelu
+    from torch_htam import inductor
+    from torch_htam.build import build_many
+    from torch_htam.capture import marked
+    from torch_htam.evaluation import Evaluation
+    from torch_htam.extract import extract
+    warm = inductor.warm_cpp_wrapper()
+    assert warm is None or warm.wait(timeout=400) == 0
+    assert inductor.stable_launches_checked()
+    torch._dynamo.reset()
+    model = BiasGelu().cuda().eval()
+    dynamic = {0: {0: (1, 64)}}
+    with torch.inference_mode():     # made as the requests are: Dynamo guards on the inference flag
+        x = torch.randn(16, 256, device="cuda")
+    task = next(t for t in extract(model, (x,), dynamic=dynamic).tasks if "gelu" in t.name)
+    res = build_many([BIAS_GELU_CU], out_dir=tmp_path)[0]
+    assert res.ok, res.error
+    kernel = launcher.Kernel(res.so_path)
+    kernel.evaluation = Evaluation(True, "ok", buckets=[[0, 0, 2, 48]])
+    b = inductor.HtamBackend({task.signature: kernel}, options=inductor.WRAPPER_OPTIONS)
+    compiled = torch.compile(model, backend=b)
+    stable, outside = launcher.stable_calls().get(kernel.handle, 0), fallback.counts([kernel.handle]).outside
+    try:
+        with torch.inference_mode():
+            torch.testing.assert_close(compiled(*marked((x,), dynamic)), model(x), rtol=1e-4, atol=1e-4)
+            for rows in (2, 7, 33, 48, 60, 5):
+                y = torch.randn(rows, 256, device="cuda")
+                torch.testing.assert_close(compiled(y), model(y), rtol=1e-4, atol=1e-4)
+    finally:
+        torch._dynamo.reset()
+    assert len(b.records) == 1 and b.records[0].swapped == [task.signature]
+    assert launcher.stable_calls()[kernel.handle] - stable == 6          # 16, 2, 7, 33, 48 and 5
+    assert fallback.counts([kernel.handle]).outside - outside == 1        # 60

@@ -1176,21 +1176,3 @@ def test_a_graph_with_an_op_returning_one_tensor_in_a_list_gets_no_cpp_wrapper_a
         assert t.wrapper_offered() is offered
     d = t.done(decide.Arm(decide.ArmKind.COMPILE), decide.Outcome.COMPILE, "torch.compile")
     assert "htamtest.one.default" in d.host_line() and "not offered" in d.host_line()
-
-
-def test_a_launch_with_symbolic_sizes_is_left_to_the_python_wrapper():
-    """symbolic_sizes tells a launch site with a dynamic dim from a static one: stable_launches
-    leaves the former to Inductor's Python wrapper (a dynamic C++-wrapper graph with our launch
-    killed its process on a GPU)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-    mode = FakeTensorMode(shape_env=ShapeEnv())
-    dynamic = mode.from_tensor(torch.empty(4, 8), symbolic_context=StatelessSymbolicContext(
-        dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC]))
-    static = FakeTensorMode().from_tensor(torch.empty(4, 8))
-    for val, expect in ((dynamic, True), (static, False)):
-        g = torch.fx.Graph()
-        x = g.placeholder("x")
-        x.meta["val"] = val
-        n = g.call_function(torch.ops.aten.relu.default, (0, [x], [2, 4, 8]))
-        assert backend.symbolic_sizes(n) is expect

@@ -176,3 +176,25 @@ def test_an_export_that_fixes_a_declared_size_is_refused():
     from torch_htam.capture import _export_sized
     with pytest.raises(torch._dynamo.exc.UserError, match="specialized"):
         _export_sized(_Only8(), _plan(2, 128), [torch.randn(8, 4)])
+
+
+def test_the_cpp_wrapper_serves_a_swapped_graph_of_dynamic_size(block, monkeypatch):
+    """Inductor's C++ wrapper on the swapped graph of dynamic size: it takes Dynamo's inputs, the
+    size input among them, and is right at every size. A graph whose placeholders kept their
+    re-exported values lost its size input under that wrapper (compile_fx reads such a graph as an
+    exported one), so the C++ read the size as the next tensor: an error on the CPU, a SIGSEGV on a
+    GPU (inductor.as_dynamo_inputs). The stand-in op is no htam::launch, which alone the backend
+    hands that wrapper (stable_launches): here it is given it regardless."""
+    model, x, dynamic, found = block
+    kernels = {t.signature: RangedKernel(t) for t in found.tasks}
+    b = inductor.HtamBackend(kernels, provider=PROVIDER)
+    monkeypatch.setattr(b, "_inductor_options", lambda swapped=None: {"cpp_wrapper": True})
+    compiled = torch.compile(model, backend=b)
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+        torch.testing.assert_close(compiled(*marked((x,), dynamic)), model(x))
+        for n in (3, 17, 50):
+            y = torch.randn(n, 16)
+            torch.testing.assert_close(compiled(y), model(y))
+    assert len(b.records) == 1 and sorted(b.records[0].swapped) == sorted(kernels)
+    for k in kernels.values():
+        assert [s[0] for s in k.sizes[-3:]] == [3, 17, 50]

@@ -171,6 +171,7 @@ class HtamBackend:
         if sizes:
             new = symbolic.with_size_inputs(new, example_inputs)
         carry_dynamo_meta(gm, new)
+        as_dynamo_inputs(new)
         return new
 
     def _kernels_for(self, tasks: list) -> dict[str, Any]:
@@ -210,6 +211,22 @@ def flat_codegen(gm: fx.GraphModule, recompile: bool = True) -> None:
     gm.graph._codegen = fx.graph.CodeGen()
     if recompile:   # False: the caller recompiles it
         gm.recompile()
+
+
+def as_dynamo_inputs(gm: fx.GraphModule) -> None:
+    """Each placeholder's value under "example_value", where Dynamo's graphs keep it, not "val".
+
+    NOTE: Inductor takes a graph whose placeholders carry "val" for an exported one, and under its
+    C++ wrapper makes its inputs from those values with every size input None
+    (compile_fx._extract_inputs_from_exported_gm, torch 2.11-2.14). The generated C++ then takes
+    one input fewer than Dynamo passes, and read the served size (a 0-dim tensor) as the next
+    tensor: the served decoder's SIGSEGV (bench_serve-20261128-045423), reproduced on an H200 with
+    a one-kernel graph. With Dynamo's key, Inductor
+    fakes the inputs Dynamo hands it, as for any graph of Dynamo's.
+    """
+    for n in gm.graph.nodes:
+        if n.op == "placeholder" and "val" in n.meta:
+            n.meta["example_value"] = n.meta.pop("val")
 
 
 def carry_dynamo_meta(dynamo_gm: fx.GraphModule, new: fx.GraphModule) -> None:
@@ -343,11 +360,9 @@ def stable_launches(gm: fx.GraphModule) -> bool:
     fallback.after_failed_launch, as the Python wrapper's checked_launch does.
     False too until warm_cpp_wrapper's process has run such launches on this torch and launcher
     (stable_launches_checked): a crash in Inductor's generated C++ is no error a try can catch.
-    NOTE: and False where a launch has symbolic sizes (a declared or Dynamo-found dynamic dim): a
-    served decoder's C++-wrapper graph with our launches killed its process in optimize (SIGSEGV
-    after Inductor's generated code reinterpreted an undefined tensor; H100, torch 2.11,
-    bench/results/bench_serve-20261128-045423), so such graphs keep the Python wrapper around our
-    launches until a gpu test covers them.
+    Launches with symbolic sizes (a declared or Dynamo-found dynamic dim) are rewritten alike; their
+    graph reaches Inductor with Dynamo's placeholder values (as_dynamo_inputs), without which the
+    C++ wrapper misread its inputs.
 
         >>> stable_launches(gm)    # launch(h, [x, w], [2, 2, 64, 256]) + getitem(., 0) -> launch_o1(h, 2, 2, 64, 256, 0, ..., x, w, None, ...)
         True
@@ -357,7 +372,7 @@ def stable_launches(gm: fx.GraphModule) -> bool:
         return False
     sites = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.htam.launch.default]
     for n in sites:
-        if (symbolic_sizes(n) or launcher.stable_args(*n.args) is None or not all(u.target is operator.getitem for u in n.users)
+        if (launcher.stable_args(*n.args) is None or not all(u.target is operator.getitem for u in n.users)
                 or not fallback.set_in_launcher(n.args[0])):
             return False
     _failure_hook()
@@ -373,19 +388,6 @@ def stable_launches(gm: fx.GraphModule) -> bool:
             n.meta["val"] = tuple(n.meta["val"])
     gm.recompile()
     return True
-
-
-def symbolic_sizes(n: fx.Node) -> bool:
-    """Whether a launch site's inputs, outputs or output sizes are symbolic (SymInts: a dynamic dim)."""
-    def symbolic(x) -> bool:
-        if isinstance(x, fx.Node):
-            return symbolic(x.meta.get("val"))
-        if isinstance(x, (list, tuple)):
-            return any(symbolic(y) for y in x)
-        if isinstance(x, torch.Tensor):
-            return any(isinstance(d, torch.SymInt) for d in x.shape)
-        return isinstance(x, torch.SymInt)
-    return symbolic(n.args[1:]) or symbolic(n.meta.get("val"))
 
 
 @functools.cache
