@@ -218,11 +218,11 @@ def as_dynamo_inputs(gm: fx.GraphModule) -> None:
 
     NOTE: Inductor takes a graph whose placeholders carry "val" for an exported one, and under its
     C++ wrapper makes its inputs from those values with every size input None
-    (compile_fx._extract_inputs_from_exported_gm, torch 2.11-2.14). The generated C++ then takes
-    one input fewer than Dynamo passes, and read the served size (a 0-dim tensor) as the next
+    (compile_fx._extract_inputs_from_exported_gm, torch 2.11-2.14). The generated C++ then took
+    one input fewer than Dynamo passes and read the served size (a 0-dim tensor) as the next
     tensor: the served decoder's SIGSEGV (bench_serve-20261128-045423), reproduced on an H200 with
-    a one-kernel graph. With Dynamo's key, Inductor
-    fakes the inputs Dynamo hands it, as for any graph of Dynamo's.
+    a one-kernel graph. With Dynamo's key, Inductor fakes the inputs Dynamo hands it, as it does
+    for Dynamo's own graphs.
     """
     for n in gm.graph.nodes:
         if n.op == "placeholder" and "val" in n.meta:
