@@ -92,6 +92,21 @@ def test_load_round_trip(made, tmp_path):
     assert loaded.htam_report.fast_calls == 1
 
 
+def test_load_says_so_where_its_example_inputs_match_none_of_the_bundles_kernels(made, tmp_path, caplog):
+    """A task's signature holds its shapes: a bundle loaded with example inputs of other shapes
+    than its precompile's swaps nothing, and the report says how many kernels matched nothing and
+    at which shapes it was precompiled; loaded as made, it says nothing of the kind."""
+    model, x, tasks, cache, provider = made
+    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache)
+    loaded = bundle.load(_fresh_model(), out, (torch.randn(2, 8, 32),), provider=provider, arch="sm_fake")
+    assert loaded.htam_report.swapped == 0
+    note = loaded.htam_report.note
+    assert f"{len(tasks)} of the bundle's {len(tasks)} kernels match no region" in note
+    assert "[[2, 8, 32]]" in note and "[[4, 8, 32]]" in note and "match no region" in caplog.text
+    same = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
+    assert same.htam_report.swapped == len(tasks) and "match no region" not in (same.htam_report.note or "")
+
+
 def test_load_runs_the_model_the_way_the_optimized_model_ran(made, tmp_path):
     """A bundle whose model ran under torch.compile with the kernels inside loads that way (in the
     recorded mode), not as the replay; a bundle without "run" loads as the replay it was."""

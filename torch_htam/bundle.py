@@ -180,6 +180,7 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
                 "torch_htam": __version__, "torch": torch.__version__,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "capture": cap.capture.method, "run": run or dict(REPLAY),
+                "example_shapes": _shapes(example_inputs),
                 "inductor": _write_inductor(out, inductor_code) if compiled else None, "tasks": listed}
     tmp = out / ".manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1))
@@ -303,6 +304,9 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
     cap, tasks = _tasks(model, example_inputs, dynamic_of(manifest.get("run", REPLAY)))
     if not tasks:
         return runtime.leave(model, "could not capture the model: " + "; ".join(cap.problems))
+    unmatched = _unmatched(manifest, tasks, example_inputs)
+    if unmatched:
+        log.warning("torch_htam: %s", unmatched)
     bundle = KernelCache(manifest["arch"], root=bundle_dir)
     if manifest["arch"] == here and manifest["toolchain"] == paths.toolchain_key():
         if provider is None:
@@ -318,7 +322,7 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
                                   "restart the process", tasks)
         else:
             model = _install(model, cap, passed, manifest, provider, bundle_dir, example_inputs)
-            model.htam_report.note = "; ".join(x for x in (note, model.htam_report.note) if x)
+            model.htam_report.note = "; ".join(x for x in (unmatched, note, model.htam_report.note) if x)
         for t in model.htam_report.tasks:
             if t.signature in failed:
                 t.status = f"golden check failed: {failed[t.signature]}"
@@ -329,9 +333,32 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
                              f"{paths.toolchain_key()}, and there is no nvcc to rebuild it", tasks)
     kernels, note = rebuild(bundle, tasks, here)
     model = _install(model, cap, kernels, manifest, provider, bundle_dir, example_inputs)
-    model.htam_report.note = "; ".join(x for x in (f"bundle built for {built_for}: {note}",
+    model.htam_report.note = "; ".join(x for x in (unmatched, f"bundle built for {built_for}: {note}",
                                                     model.htam_report.note) if x)
     return model
+
+
+def _shapes(example_inputs) -> list:
+    """The example inputs' shapes as the manifest records them (None for what is no tensor)."""
+    return [list(x.shape) if isinstance(x, torch.Tensor) else None for x in example_inputs]
+
+
+def _unmatched(manifest: dict, tasks: list, example_inputs) -> str:
+    """Where some of the bundle's kernels match no region of the model called with these example
+    inputs, how many and what to do ("" where all match). NOTE: a task's signature holds its
+    shapes, a ranged task's too (its example's size in each declared dim), so a bundle loaded with
+    example inputs of other shapes than its precompile's swaps nothing, silently but for this."""
+    kept = [r["signature"] for r in manifest.get("tasks", []) if r.get("kernel")]
+    here = {t.signature for t in tasks}
+    missing = [sig for sig in kept if sig not in here]
+    if not missing:
+        return ""
+    line = f"{len(missing)} of the bundle's {len(kept)} kernels match no region of the model called with these inputs"
+    theirs, ours = manifest.get("example_shapes"), _shapes(example_inputs)
+    if theirs is not None and theirs != ours:
+        line += (f" (input shapes {ours}; it was precompiled at {theirs}): load it with the example inputs"
+                 " it was precompiled with")
+    return line
 
 
 def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
