@@ -34,6 +34,22 @@ def test_without_gpu_the_model_ends_on_torch_compile_or_its_original_path(monkey
     torch.testing.assert_close(model(*inputs), ref, rtol=1e-5, atol=1e-5)
 
 
+def test_an_example_made_outside_inference_mode_is_flagged_under_it():
+    """Dynamo guards on whether an input is an inference tensor: under inference_mode, an example
+    made outside it foretells a recompile at the first request made inside it, and with declared
+    sizes a graph without our kernels. Said where it applies, and only there."""
+    from torch_htam.pipeline import _inference_note
+    from torch_htam.timing import GradMode
+    plain = torch.randn(2, 3)
+    with torch.inference_mode():
+        made_inside = torch.randn(2, 3)
+    note = _inference_note((made_inside, plain), GradMode.INFERENCE, None)
+    assert note.startswith("example input 1 is no inference tensor") and "none of our kernels" not in note
+    assert "none of our kernels" in _inference_note((plain,), GradMode.INFERENCE, {0: {0: (1, 8)}})
+    assert _inference_note((made_inside,), GradMode.INFERENCE, None) is None
+    assert _inference_note((plain,), GradMode.NO_GRAD, None) is None
+
+
 def test_a_model_left_on_the_cpu_is_refused_before_any_search(monkeypatch):
     """A GPU is present (faked) but the model is on the CPU: say so at once, search nothing.
     (torch-htam bench once searched for 58 s and then failed to launch on CPU tensors.)"""

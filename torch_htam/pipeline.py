@@ -295,6 +295,9 @@ class _Run:
             # own sizes get torch.compile's graph for them too (serving.ExampleSplit)
             self.trials.inputs = marked(self.inputs, self.found.capture.dynamic)
             self.trials.plain = tuple(self.inputs)
+        if self.found is not None and (note := _inference_note(self.inputs, self.grad, self.cfg.dynamic)):
+            log.warning("torch_htam: %s", note)
+            self.notes.append(note)
 
     def floor(self) -> None:
         """torch.compile (or, with compile=False, the original forward), compiled and installed
@@ -449,6 +452,27 @@ class _Run:
         report.search_plan = self.plan
         report.overran = list(self.deadline.overran)
         return _finish(model, self.deadline, self.results, self.searched, self.cfg)
+
+
+def _inference_note(example_inputs: tuple, grad, dynamic: dict | None) -> str | None:
+    """What to do where optimize runs under inference_mode on example inputs that are not
+    inference tensors (None elsewhere). NOTE: Dynamo guards on whether an input is an inference
+    tensor: requests made inside inference_mode then compile the model again on their first call,
+    and with declared dynamic sizes that graph is dynamic without their ranges, so it gets no
+    kernel of ours (seen on an H200)."""
+    import torch
+    from torch.utils import _pytree as pytree
+    from torch_htam.timing import GradMode
+    if grad is not GradMode.INFERENCE:
+        return None
+    plain = [i for i, x in enumerate(pytree.tree_leaves(tuple(example_inputs)))
+             if isinstance(x, torch.Tensor) and not x.is_inference()]
+    if not plain:
+        return None
+    lost = ", and that graph gets none of our kernels (its sizes lose their declared ranges)" if dynamic else ""
+    return (f"example input {plain[0]} is no inference tensor (made outside torch.inference_mode()), while "
+            f"optimize runs under inference_mode: requests made inside inference_mode compile the model "
+            f"again on their first call{lost}; make the example inputs as the requests will be made")
 
 
 def _off_gpu_tensors(model: nn.Module, example_inputs: tuple) -> str | None:
