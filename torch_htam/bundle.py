@@ -347,13 +347,13 @@ def _unmatched(manifest: dict, tasks: list, example_inputs) -> str:
     """Where some of the bundle's kernels match no region of the model called with these example
     inputs, how many and what to do ("" where all match). NOTE: a task's signature holds its
     shapes, a ranged task's too (its example's size in each declared dim), so a bundle loaded with
-    example inputs of other shapes than its precompile's swaps nothing, silently but for this."""
+    example inputs of other shapes than its precompile's swaps nothing, and only this line says so."""
     kept = [r["signature"] for r in manifest.get("tasks", []) if r.get("kernel")]
     here = {t.signature for t in tasks}
-    missing = [sig for sig in kept if sig not in here]
+    missing = sum(sig not in here for sig in kept)
     if not missing:
         return ""
-    line = f"{len(missing)} of the bundle's {len(kept)} kernels match no region of the model called with these inputs"
+    line = f"{missing} of the bundle's {len(kept)} kernels match no region of the model called with these inputs"
     theirs, ours = manifest.get("example_shapes"), _shapes(example_inputs)
     if theirs is not None and theirs != ours:
         line += (f" (input shapes {ours}; it was precompiled at {theirs}): load it with the example inputs"

@@ -465,12 +465,12 @@ def _inference_note(example_inputs: tuple, grad, dynamic: dict | None) -> str | 
     from torch_htam.timing import GradMode
     if grad is not GradMode.INFERENCE:
         return None
-    plain = [i for i, x in enumerate(pytree.tree_leaves(tuple(example_inputs)))
-             if isinstance(x, torch.Tensor) and not x.is_inference()]
-    if not plain:
+    plain = next((i for i, x in enumerate(pytree.tree_leaves(tuple(example_inputs)))
+                  if isinstance(x, torch.Tensor) and not x.is_inference()), None)
+    if plain is None:
         return None
     lost = ", and that graph gets none of our kernels (its sizes lose their declared ranges)" if dynamic else ""
-    return (f"example input {plain[0]} is no inference tensor (made outside torch.inference_mode()), while "
+    return (f"example input {plain} is no inference tensor (made outside torch.inference_mode()), while "
             f"optimize runs under inference_mode: requests made inside inference_mode compile the model "
             f"again on their first call{lost}; make the example inputs as the requests will be made")
 
