@@ -589,9 +589,10 @@ def test_a_graph_with_our_kernels_is_compiled_without_the_cpp_wrapper(with_kerne
     torch._dynamo.reset()
 
 
-def _decide_dynamic_convnet(model, x):
-    """decide.Trials on `model` captured (by Dynamo) with the batch declared dynamic (1-16), no
-    kernels: the decision between torch.compile and its channels-last variant."""
+def _decide_dynamic_convnet(model, x, kernels: dict | None = None):
+    """decide.Trials on `model` captured (by Dynamo) with the batch declared dynamic (1-16): the
+    decision between torch.compile, its channels-last variant and, given `kernels` ({signature:
+    kernel}, each beating Inductor's code), arms with them."""
     from types import SimpleNamespace
     from torch_htam import decide
     from torch_htam.config import OptimizeConfig
@@ -602,7 +603,8 @@ def _decide_dynamic_convnet(model, x):
     with torch.inference_mode():
         t = decide.Trials(model, (x,), OptimizeConfig(dynamic=capture.dynamic), GradMode.current(), Deadline(None))
         t.start()
-        return t.finish(SimpleNamespace(capture=capture, tasks=[]), {}, [], [])
+        return t.finish(SimpleNamespace(capture=capture, tasks=[]), kernels or {}, list(kernels or ()),
+                        list(kernels or ()))
 
 
 @pytest.mark.parametrize("at_example", [1.0, 1.1])
@@ -623,6 +625,34 @@ def test_the_channels_last_arm_is_also_timed_at_the_ranges_high_end(at_example, 
         return
     assert d.outcome is decide.Outcome.LAYOUT and "high end" in d.reason, d.reason
     assert layout.to_json()["high_latency_ms"] == pytest.approx(1.5)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("at_example", [1.0, 1.1])
+def test_a_kernel_arm_level_at_the_example_is_kept_where_it_wins_at_the_high_end(at_example, monkeypatch):
+    """A kernel arm level with torch.compile at the example's batch (host-bound: the GPU time our
+    kernels save does not show) and faster at the declared range's high end runs the model, the
+    reason citing both timings and the JSON holding each timing; slower at the example, it does
+    not, and is not timed at the high end."""
+    from torch_htam import decide
+    torch._dynamo.reset()
+    model, x = _ConvNet().eval(), torch.randn(4, 3, 8, 8)
+    build = decide.Trials.build       # the kernel arm: torch.compile's graph, told apart by its label
+    monkeypatch.setattr(decide.Trials, "build", lambda self, arm: build(
+        self, decide.Arm(decide.ArmKind.COMPILE) if arm.kind is decide.ArmKind.KERNELS else arm))
+    timed = []
+    _fake_timing(monkeypatch, {"compile": 1.0, "kernels1": at_example, "*": 1.1}, timed,
+                 by_batch={16: {"compile": 2.0, "kernels1": 1.5, "*": 2.2}})
+    d = _decide_dynamic_convnet(model, x, {"sig": object()})
+    high = [labels for labels in timed if labels == ["compile", "kernels1"]]
+    if at_example > 1.0:
+        assert d.outcome is decide.Outcome.COMPILE and len(high) == 1, (d.reason, timed)   # the trial only
+        return
+    assert d.outcome is decide.Outcome.KERNELS and "high end 1.500 ms synced" in d.reason, d.reason
+    assert len(high) >= 2, timed           # the trial at the example, then at the high end
+    rows = d.to_json()["timings"]
+    assert [r["at"] for r in rows].count("high end") == 1 and len(rows) == len(timed)
+    assert [a["latency_ms"] for r in rows if r["at"] == "high end" for a in r["arms"]] == [2.0, 1.5]
     torch._dynamo.reset()
 
 

@@ -201,12 +201,14 @@ class Decision:
     wrapper_hazards: list[str] = field(default_factory=list)   # why the C++ wrapper was not offered
     mode: str = "default"             # the torch.compile mode optimize ran in (OptimizeConfig.mode)
     at_example: Arm | None = None     # what serves the example's own sizes where not `chosen` (ExampleSplit)
+    timings: list[dict] = field(default_factory=list)   # every timing that made it, in order (Trials.time)
 
     def to_json(self) -> dict:
         return {"outcome": self.outcome.value, "chosen": self.chosen.kind.name, "reason": self.reason,
                 "grad": self.grad.value, "arms": [a.to_json() for a in self.arms], "host": self.host_notes,
                 "host_share": self.host_share,
-                "at_example": self.at_example.kind.name if self.at_example is not None else None}
+                "at_example": self.at_example.kind.name if self.at_example is not None else None,
+                "timings": self.timings}
 
     def host_line(self) -> str | None:
         """How much of torch.compile's call was its host's, for the report; None off a GPU."""
@@ -277,6 +279,29 @@ def ratio(base: Arm, ours: Arm) -> float:
     return ((b.latency.median_ms / o.latency.median_ms) * (b.throughput.median_ms / o.throughput.median_ms)) ** 0.5
 
 
+def timing_record(arms: list[Arm], times: list[ArmTimes], high: bool) -> dict:
+    """One timing of arms, for the decision's JSON: each arm's medians (ms) and, from the second
+    on, the paired ratio of the first arm's rounds to its own (timing.paired_ratio; above 1: faster
+    than the first). A choice made on one timing and confirmed on another can be read from these.
+
+        >>> timing_record([Arm(ArmKind.COMPILE)], [_t(1.0, 1.0)], False)["arms"][0]["latency_ms"]
+        1.0
+    """
+    from torch_htam.timing import paired_ratio
+    first = times[0]
+
+    def row(a: Arm, t: ArmTimes) -> dict:
+        out = {"arm": a.name, "latency_ms": round(t.latency.median_ms, 4),
+               "throughput_ms": round(t.throughput.median_ms, 4),
+               "device_ms": round(t.device.median_ms, 4) if t.device else None}
+        if t is not first:
+            for k in ("latency", "throughput"):
+                r = paired_ratio(getattr(first, k).round_ms, getattr(t, k).round_ms)
+                out[f"{k}_vs_first"] = round(r, 4) if r is not None else None
+        return out
+    return {"at": "high end" if high else "example", "arms": [row(a, t) for a, t in zip(arms, times)]}
+
+
 # ---- the procedure -------------------------------------------------------------------------------
 
 def decide(model: nn.Module, inputs: tuple, cfg, found, kernels: dict, deadline,
@@ -325,6 +350,7 @@ class Trials:
     plain: tuple | None = None   # the example inputs without the declared dynamic dims' marks, where
                                  # `inputs` carry them (capture.marked): the STATIC arm's
     _hazards: tuple | None = None     # (found, wrapper_hazards() of its capture)
+    timings: list[dict] = field(default_factory=list)   # what each time() measured (timing_record)
 
     # -- the phases ------------------------------------------------------------------------------
 
@@ -382,7 +408,9 @@ class Trials:
             return self.timing_s(2 * min(n_tasks, 4) + 1)
         trials = 1 + min(n_tasks, 4) + (1 if n_tasks else 0)   # re-export, kernel subsets, replay
         trials += 1 if self.cfg.dynamic else 0                 # channels-last convs (base())
-        high_end = 2 if self.cfg.dynamic else 0                # base()'s layout arm at the high end
+        # base()'s layout arm at the high end, and a kernel trial's (wins_at_high_end: the floor,
+        # the base, the kernel arm)
+        high_end = 2 + (3 if n_tasks else 0) if self.cfg.dynamic else 0
         wrapper = self.wrapper_offered()
         # at_example(): the STATIC arm and the choice, and the STATIC arm with the C++ wrapper
         static_wrapper = wrapper and self.plain is not None
@@ -574,9 +602,13 @@ class Trials:
                 continue
             # the first trial's own timing (base is timed again with later arms)
             compared = compared or f"{arm.name}: {arm.ms()} against {base.ms()}"
-            if better(base.times, arm.times) and (best is base or ratio(base, arm) > ratio(base, best)):
+            wins = better(base.times, arm.times)
+            high = not wins and self.wins_at_high_end(base, arm, floor)
+            if (wins or high) and (best is base or ratio(base, arm) > ratio(base, best)):
+                at_high = (f"; at the declared ranges' high end {arm.ms(high=True)} against "
+                           f"{base.ms(high=True)}" if high else "")
                 best, why = arm, (f"{len(subset)} of {len(every)} kernels: {arm.ms()} against {base.ms()} "
-                                  f"for {base.kind.value}")
+                                  f"for {base.kind.value}{at_high}")
             if best is not base and not (set(subset) == set(every) and set(ranked) != set(every)):
                 break   # every kernel together paid, and no smaller set is left to compare: done
         return self.against_eager(best, base, floor, original, kernels, why, compared)
@@ -632,7 +664,7 @@ class Trials:
             return None
         wins = [a for a in arms[1:] if better(floor.times, a.times)]
         layout = next((a for a in arms if a.kind is ArmKind.LAYOUT and a not in wins), None)
-        if layout is not None and self.wins_at_high_end(floor, layout):
+        if layout is not None and self.wins_at_high_end(floor, layout, floor):
             wins.append(layout)
         best = max(wins, key=lambda a: ratio(floor, a)) if wins else floor
         # a kernel arm compiles like its base (a graph whose launches the C++ wrapper cannot call
@@ -647,18 +679,23 @@ class Trials:
         self.base_why = f"{best.name}: {best.ms()} against {floor.ms()} for torch.compile{high}"
         return best
 
-    def wins_at_high_end(self, floor: Arm, arm: Arm) -> bool:
-        """Whether `arm`, no slower than the floor at the example's sizes, beats it at the declared
-        ranges' high end. NOTE: a host-bound example hides what channels-last convs save: ViT-style
+    def wins_at_high_end(self, base: Arm, arm: Arm, floor: Arm) -> bool:
+        """Whether `arm`, no slower than `base` at the example's sizes, beats it at the declared
+        ranges' high end; the floor is timed there beside them (confirmed() asks it again).
+
+        NOTE: a host-bound example hides what channels-last convs or our kernels save: ViT-style
         bf16 at its example batch on an H100 took 0.59 ms of GPU time against the floor's 0.85 ms
-        in a call of 2.3 ms either way (bench_serve-20261126-233515), while the served mix's larger
-        batches are bound by the GPU."""
+        in a call of 2.3 ms either way (bench_serve-20261126-233515); ResNet-50 bf16 served at a
+        declared batch of 1-64 (example 32, H200) took 1.81-1.85 ms of GPU time with 1-3 of our
+        conv kernels against the floor's 2.56 ms, in calls of 2.9-4.3 ms either way
+        (bench_serve-20261128-205850). The served mix's larger batches are bound by the GPU."""
         high = high_end_inputs(self.inputs, self.cfg.dynamic)
-        if high is None or not no_worse(floor.times, arm.times) or not self.affords(2):
+        arms = [floor, arm] if base is floor else [floor, base, arm]
+        if high is None or not no_worse(base.times, arm.times) or not self.affords(len(arms)):
             return False
-        if not self.time([floor, arm], high):
+        if not self.time(arms, high):
             return False
-        return better(floor.high, arm.high)
+        return better(base.high, arm.high)
 
     def against_eager(self, best: Arm, base: Arm, floor: Arm, original: Arm, kernels: dict, why: str,
                       compared: str = "") -> Decision:
@@ -830,6 +867,7 @@ class Trials:
                 a.times = times[i]
             else:
                 a.high = times[i]
+        self.timings.append(timing_record(arms, [times[i] for i in range(len(arms))], high is not None))
         return True
 
     def quiet_host(self, timing_s: float) -> None:
@@ -854,7 +892,7 @@ class Trials:
     def done(self, arm: Arm, outcome: Outcome, reason: str) -> Decision:
         hazards = self.wrapper_hazards() if host_bound(self.host_share) else []
         return Decision(arm, outcome, reason, self.arms, self.grad, list(self.host_notes), self.host_share, hazards,
-                        self.cfg.mode)
+                        self.cfg.mode, timings=self.timings)
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
