@@ -639,3 +639,37 @@ def test_a_bundle_for_declared_sizes_serves_them_without_a_recompile(tmp_path, m
     assert all(k.calls >= 4 for k in stand_ins.values())   # the load's own call, then 3 sizes
     torch._dynamo.reset()
 
+
+def test_a_bundle_serves_sizes_outside_its_kernels_buckets_on_the_graph_without_them(tmp_path, monkeypatch):
+    """A bundle whose run records by_bucket (optimize split its kernels arm by their buckets,
+    serving.BucketSplit) loads that split: sizes outside every kernel's kept buckets run the
+    graph without our kernels, right, and never reach a kernel."""
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path / "user_cache"))
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model, x, dynamic = MLP().eval(), torch.randn(4, 8, 32), {0: {0: (1, 16)}}
+    tasks = {t.signature: t for t in extract_tasks(model, (x,), dynamic=dynamic)}
+    cache = KernelCache("sm_fake", root=tmp_path / "cache")
+    for t in tasks.values():
+        so = tmp_path / f"{t.signature}.so"
+        so.write_bytes(b"\x7fELF fake library for " + t.signature.encode() * 50)
+        ev = _ev()
+        ev.buckets = [[0, 0, 2, 8]]                  # kept for batch 2-8 only
+        cache.put(t, f"// kernel for {t.name}\n", so, ev, {"proposer": "expert"})
+    stand_ins = {sig: CpuKernel(t) for sig, t in tasks.items()}
+    provider = runtime.Provider(PROVIDER.op, lambda entry: stand_ins[entry.signature])
+    run = bundle.with_dynamic({"compile": True, "mode": "default"}, dynamic, None, {})
+    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache, run=run)
+    with torch.no_grad():
+        fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
+        assert isinstance(fresh._compiled_call_impl, serving.BucketSplit)
+        calls = [k.calls for k in stand_ins.values()]
+        for n in (11, 16, 1):
+            y = torch.randn(n, 8, 32)
+            assert torch.allclose(fresh(y), model(y), atol=1e-6)
+        assert [k.calls for k in stand_ins.values()] == calls        # no kernel outside 2-8
+        y = torch.randn(3, 8, 32)
+        assert torch.allclose(fresh(y), model(y), atol=1e-6)
+        assert all(k.calls > c for k, c in zip(stand_ins.values(), calls))
+    torch._dynamo.reset()
+

@@ -656,6 +656,32 @@ def test_a_kernel_arm_level_at_the_example_is_kept_where_it_wins_at_the_high_end
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("buckets, split", [([[0, 0, 2, 8], [0, 0, 9, 16]], False),
+                                           ([[0, 0, 9, 16]], True)])
+def test_a_chosen_kernels_arm_serves_only_the_sizes_its_kernels_were_kept_for(buckets, split):
+    """Sizes outside a chosen kernel's kept buckets run the arm the kernels were built on, not
+    the kernel's region op by op; where every bucket was kept, the kernels arm runs as it is."""
+    from types import SimpleNamespace
+    from torch_htam import decide, serving
+    from torch_htam.config import OptimizeConfig
+    from torch_htam.deadline import Deadline
+    from torch_htam.task import Task, TensorSpec
+    from torch_htam.timing import GradMode
+    dyn = {0: {0: (1, 16)}}
+    spec = TensorSpec((4, 16), "float32", (16, 1)).with_ranges({0: (2, 16)})   # size 1: Dynamo's own graph
+    entry = SimpleNamespace(task=Task("t", "elementwise", "", [spec], [spec], "sig", []),
+                            evaluation=SimpleNamespace(buckets=buckets))
+    t = decide.Trials(MLP().eval(), (torch.randn(4, 64),), OptimizeConfig(dynamic=dyn), GradMode.current(),
+                      Deadline(None), kernels={"sig": entry})
+    t.base_arm = decide.Arm(decide.ArmKind.WRAPPER, call=lambda x: "base")
+    d = t.by_bucket(decide.Decision(decide.Arm(decide.ArmKind.KERNELS, ("sig",), call=lambda x: "kernels"),
+                                    decide.Outcome.KERNELS, "1 of 1 kernels"))
+    assert isinstance(d.chosen.call, serving.BucketSplit) is split
+    got = [d.chosen.call(torch.empty(n, 64)) for n in (1, 4, 9, 16)]
+    assert got == (["base", "base", "kernels", "kernels"] if split else ["kernels"] * 4)
+    assert ("7 of the sizes 2-16" in d.reason and "(9-16 run the kernels)" in d.reason) is split, d.reason
+
+
 @pytest.mark.parametrize("later_ms", [0.85, 1.3])
 def test_the_layout_arms_reason_gives_the_timing_that_chose_it(monkeypatch, later_ms):
     """A host-bound model's later timings drift (a served ViT's layout arm read 2.46 ms against the

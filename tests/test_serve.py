@@ -2,6 +2,7 @@
 sizes, the backend swaps ranged kernels into it, and new sizes run without a recompile. Stand-in
 kernels (a custom op running the task's own reference, which takes its sizes from its inputs)
 check the plumbing; tests/test_dispatch.py checks the per-bucket dispatch of real launches."""
+import dataclasses
 import itertools
 
 import pytest
@@ -198,3 +199,37 @@ def test_the_cpp_wrapper_serves_a_swapped_graph_of_dynamic_size(block, monkeypat
     assert len(b.records) == 1 and sorted(b.records[0].swapped) == sorted(kernels)
     for k in kernels.values():
         assert [s[0] for s in k.sizes[-3:]] == [3, 17, 50]
+
+
+def _ranged(name: str, batch: int, low: int, high: int):
+    """A one-input task whose leading dim (batch) is declared low..high."""
+    from torch_htam.task import Task, TensorSpec
+    spec = TensorSpec((batch, 16), "float32", (16, 1)).with_ranges({0: (low, high)})
+    return Task(name, "elementwise", "", [spec], [spec], name, [])
+
+
+def test_kept_sizes_intersect_each_kernels_buckets_in_the_declared_size():
+    """Each ranged kernel's kept buckets, in its leading dim (k times the declared size), give the
+    declared sizes it runs at; an arm runs its kernels where all of them do. A static task
+    constrains nothing; two declared ranges or a dim no multiple of the range cannot be said."""
+    from torch_htam.serving import kept_sizes
+    from torch_htam.verify import Bucket
+    dyn = {0: {0: (1, 64)}}
+    batch = _ranged("batch", 32, 2, 64)                 # k = 1 (size 1 is Dynamo's own graph)
+    rows = _ranged("rows", 32 * 128, 256, 64 * 128)     # k = 128: batch * 128 rows
+    at, sizes = kept_sizes([(batch, [[0, 0, 9, 64]]),
+                            (rows, [Bucket(0, 0, 129, 2048), Bucket(0, 0, 2049, 8192)])], dyn)
+    assert at == (0, 0) and sizes == frozenset(range(9, 65))
+    static = _ranged("static", 4, 4, 4)
+    static = dataclasses.replace(static, inputs=[dataclasses.replace(static.inputs[0], dynamic=(), ranges=())])
+    assert kept_sizes([(static, [])], dyn) is None                           # nothing ranged
+    assert kept_sizes([(static, []), (batch, [[0, 0, 2, 8]])], dyn)[1] == frozenset(range(2, 9))
+    assert kept_sizes([(batch, [[0, 0, 2, 8]])], {0: {0: (1, 64)}, 1: {1: (1, 2048)}}) is None
+    odd = _ranged("odd", 33, 2, 65)                      # no multiple of 1-64
+    assert kept_sizes([(odd, [[0, 0, 2, 65]])], dyn) is None
+
+
+def test_a_bucket_split_runs_the_kernels_arm_at_its_sizes_only():
+    from torch_htam.serving import BucketSplit
+    split = BucketSplit(lambda x: "kernels", lambda x: "base", (0, 0), frozenset(range(9, 65)))
+    assert [split(torch.empty(n, 2)) for n in (1, 8, 9, 64)] == ["base", "base", "kernels", "kernels"]

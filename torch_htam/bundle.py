@@ -71,16 +71,19 @@ def run_of(model: torch.nn.Module) -> dict[str, Any]:
     return run | {"options": b.options} if b.options else run
 
 
-def with_dynamic(run: dict[str, Any], dynamic: dict | None, at_example: dict | None) -> dict[str, Any]:
+def with_dynamic(run: dict[str, Any], dynamic: dict | None, at_example: dict | None,
+                 by_bucket: dict | None = None) -> dict[str, Any]:
     """`run` recording the declared dynamic sizes (OptimizeConfig.dynamic) the bundle serves, as
     JSON ({"0": {"0": [1, 64]}}): its tasks are the ranged ones, and load() compiles the model
     with those dims dynamic. at_example: the Inductor options of torch.compile's graph for the
     example's own sizes, which serves them (serving.ExampleSplit; {}: plain torch.compile), as
-    optimize left the model; None: the dynamic graph serves them too."""
+    optimize left the model; None: the dynamic graph serves them too. by_bucket: the Inductor
+    options of the graph without our kernels that serves the sizes outside their buckets
+    (serving.BucketSplit), or None where the kernels' graph serves every size."""
     if not dynamic:
         return run
     return run | {"dynamic": {str(i): {str(d): list(r) for d, r in dims.items()} for i, dims in dynamic.items()},
-                  "at_example": at_example}
+                  "at_example": at_example, "by_bucket": by_bucket}
 
 
 def at_example_of(model: torch.nn.Module) -> dict | None:
@@ -89,6 +92,13 @@ def at_example_of(model: torch.nn.Module) -> dict | None:
     where the chosen arm serves them too."""
     static = getattr(getattr(getattr(model, "htam_report", None), "decision", None), "at_example", None)
     return None if static is None else dict(static.options)
+
+
+def by_bucket_of(model: torch.nn.Module) -> dict | None:
+    """with_dynamic's by_bucket for an optimized model: the Inductor options of the arm that serves
+    the sizes outside its kernels' buckets (its decision's by_bucket, serving.BucketSplit), or None."""
+    base = getattr(getattr(getattr(model, "htam_report", None), "decision", None), "by_bucket", None)
+    return None if base is None else dict(base.options)
 
 
 def dynamic_of(run: dict[str, Any]) -> dict[int, dict[int, tuple[int, int]]] | None:
@@ -382,7 +392,13 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
     if cap.capture.dynamic:
         from torch_htam.capture import marked
         model(*marked(tuple(example_inputs), cap.capture.dynamic))
-        from torch_htam.serving import has_conv, prime, size_one_inputs, split_at_example
+        from torch_htam.serving import BucketSplit, has_conv, kept_sizes, prime, size_one_inputs, split_at_example
+        found = (kept_sizes([(e.task, e.evaluation.buckets) for e in kernels.values()], cap.capture.dynamic)
+                 if run.get("by_bucket") is not None and kernels else None)
+        if found is not None:   # the sizes outside the kernels' buckets on the graph without them
+            base = inductor.compile_with(model, None, run.get("mode", "default"), run["by_bucket"] or None)
+            base(*marked(tuple(example_inputs), cap.capture.dynamic))
+            model._compiled_call_impl = BucketSplit(model._compiled_call_impl, base, *found)
         if run.get("at_example") is not None:
             static = inductor.compile_with(model, None, run.get("mode", "default"), run["at_example"] or None)
             model._compiled_call_impl = split_at_example(static, model._compiled_call_impl,

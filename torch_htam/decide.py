@@ -31,7 +31,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from torch_htam.serving import ExampleSplit, has_conv, high_end_inputs, prime, size_one_inputs, split_at_example
+from torch_htam.symbolic import served_range
+from torch_htam.serving import (BucketSplit, ExampleSplit, has_conv, high_end_inputs, kept_sizes, prime,
+                                size_one_inputs, split_at_example)
 from torch_htam.timing import ArmTimes, GradMode, quantile
 
 log = logging.getLogger("torch_htam")
@@ -202,6 +204,7 @@ class Decision:
     mode: str = "default"             # the torch.compile mode optimize ran in (OptimizeConfig.mode)
     at_example: Arm | None = None     # what serves the example's own sizes where not `chosen` (ExampleSplit)
     timings: list[dict] = field(default_factory=list)   # every timing that made it, in order (Trials.time)
+    by_bucket: Arm | None = None      # what serves the sizes outside the kernels' buckets (BucketSplit)
 
     def to_json(self) -> dict:
         return {"outcome": self.outcome.value, "chosen": self.chosen.kind.name, "reason": self.reason,
@@ -351,6 +354,7 @@ class Trials:
                                  # `inputs` carry them (capture.marked): the STATIC arm's
     _hazards: tuple | None = None     # (found, wrapper_hazards() of its capture)
     timings: list[dict] = field(default_factory=list)   # what each time() measured (timing_record)
+    base_arm: Arm | None = None   # the arm the kernel trials were built on (base())
 
     # -- the phases ------------------------------------------------------------------------------
 
@@ -492,7 +496,7 @@ class Trials:
         with self.deadline.phase("decide: trials"):
             if not self.cfg.compile:
                 return self.replayed(kernels, every)
-            return self.at_example(self.compiled(kernels, ranked, every))
+            return self.at_example(self.by_bucket(self.compiled(kernels, ranked, every)))
 
     def settle(self, d: Decision) -> Decision:
         """After limits(): drop the trials' entries from the user's frames and let the chosen arm
@@ -565,6 +569,30 @@ class Trials:
         best = best if best is not static and better(static.times, best.times) else static
         return self.split_off(d, best, f"{best.ms()} against {chosen.ms()}")
 
+    def by_bucket(self, d: Decision) -> Decision:
+        """A chosen kernels arm over a declared range runs only at the sizes where each of its
+        ranged kernels was kept (serving.kept_sizes); the other sizes run the arm it was built on
+        (BucketSplit), not its kernels' regions op by op."""
+        base = self.base_arm
+        if d.chosen.kind is not ArmKind.KERNELS or not self.cfg.dynamic or base is None or base.call is None:
+            return d
+        entries = [self.kernels_of(s) for s in d.chosen.kernels]
+        if not all(hasattr(e, "task") and hasattr(e, "evaluation") for e in entries):
+            return d
+        found = kept_sizes([(e.task, e.evaluation.buckets) for e in entries], self.cfg.dynamic)
+        if found is None:
+            return d
+        at, sizes = found
+        (low, high), = {r for dims in self.cfg.dynamic.values() for r in dims.values()}
+        low, high = served_range(low, high)     # size 1 has graphs of its own, of static tasks
+        left = high - low + 1 - len(sizes)
+        if left:
+            d.chosen.call = BucketSplit(d.chosen.call, base.call, at, sizes)
+            d.by_bucket = base
+            d.reason += (f"; {left} of the sizes {low}-{high} lie outside a kernel's buckets and run "
+                         f"{base.name} ({_spans(sizes)} run the kernels)")
+        return d
+
     def split_off(self, d: Decision, static: Arm, why: str) -> Decision:
         """d with the example's own sizes on `static` (ExampleSplit), saying why."""
         d.chosen.call = self.split(static, d.chosen)
@@ -584,7 +612,7 @@ class Trials:
             return (self.done(arm, Outcome.KERNELS, "end-to-end check off: every kernel that beat Inductor")
                     if arm is not None and not arm.error else self.done(floor, Outcome.COMPILE, "torch.compile"))
         self.keep_s = self.first_trial_s() if ranked else 0.0
-        base = self.base(floor)
+        base = self.base_arm = self.base(floor)
         if base is None:
             return self.done(floor, Outcome.NOT_TIMED, self.out_of_time("the decision"))
         best, why, compared = base, "", ""
@@ -967,6 +995,18 @@ class Trials:
 # is torch.compile's own answer; the original is the reference; the layout arm is Inductor with an
 # option it turns off on these graphs, so it is checked too).
 CHECKED = (ArmKind.REEXPORT, ArmKind.LAYOUT, ArmKind.WRAPPER, ArmKind.KERNELS, ArmKind.REPLAY)
+
+
+def _spans(sizes) -> str:
+    """Sizes as runs: {1, 2, 3, 9} -> '1-3, 9'."""
+    out, run = [], []
+    for n in sorted(sizes):
+        if run and n != run[-1] + 1:
+            out.append(run)
+            run = []
+        run.append(n)
+    out += [run] if run else []
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in out) or "none"
 
 
 def _float_leaves(out) -> list:

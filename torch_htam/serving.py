@@ -3,6 +3,8 @@ decision compiles and times them at.
 
     ExampleSplit          the example's own sizes on torch.compile's graph for them, every other
                           size on the chosen arm's dynamic graphs (a shape compare per call)
+    BucketSplit           the sizes where every ranged kernel of an arm was kept on that arm, the
+                          rest on the arm it was built on (kept_sizes: which sizes)
     high_end_inputs       the example tiled to each declared range's high end
     size_one_inputs       the example cut to size 1 per range starting at 1 (Dynamo's own graph)
     prime                 one call at every size of a short range (cuDNN's plans per conv size)
@@ -52,6 +54,71 @@ def split_at_example(static: Callable, elsewhere: Callable, inputs: tuple, dynam
     """ExampleSplit of `static` (compiled for the example `inputs`' sizes) and `elsewhere`, at the
     shapes of the inputs with declared dynamic dims ({input index: {dim: (low, high)}})."""
     return ExampleSplit(static, elsewhere, tuple((i, inputs[i].shape) for i in sorted(dynamic)))
+
+
+@dataclass(frozen=True)
+class BucketSplit:
+    """A kernels arm over one declared range, run only at the sizes where each of its ranged
+    kernels was kept (verify.Bucket: won its bucket, evaluation.winning_buckets); every other size
+    runs `base`, the arm the kernels were built on (the same graphs with Inductor's code for those
+    regions). One size read per call.
+
+    NOTE: inside the kernels arm's graph a size outside a kernel's buckets runs the region's
+    reference, op by op from Python (fallback.py): correct, but slower than Inductor's fused code
+    for it. Served ResNet-50 bf16 (batch 1-64, H200) kept 4 conv kernels whose buckets left out
+    sizes 2-8 for some: 32.5% of requests ran such regions, and the mix's p99 was 0.654x and its
+    throughput 0.970x of torch.compile's (bench_serve-20261128-211017).
+
+    at: (positional argument, dim) read for the size; sizes: where `kernels` runs."""
+    kernels: Callable
+    base: Callable
+    at: tuple[int, int]
+    sizes: frozenset
+
+    def __call__(self, *args, **kwargs):
+        i, d = self.at
+        if i < len(args) and getattr(args[i], "shape", None) is not None and args[i].shape[d] in self.sizes:
+            return self.kernels(*args, **kwargs)
+        return self.base(*args, **kwargs)
+
+
+def kept_sizes(kept: list[tuple], dynamic: dict) -> tuple[tuple[int, int], frozenset] | None:
+    """((input, dim), sizes) for BucketSplit: the sizes of the one declared range ({input index:
+    {dim: (low, high)}}) at which every ranged kernel is inside a bucket it was kept for. kept:
+    (task, buckets) per kernel, buckets as verify.Bucket or [input, dim, low, high] (
+    Evaluation.buckets; a static task's [] constrains nothing). A task's leading dim is k times
+    the size a dynamic graph serves (k * symbolic.served_range: size 1 has Dynamo's own graph, of
+    static tasks), so bucket [lo, hi] holds the sizes ceil(lo/k)..floor(hi/k). None where it
+    cannot be said: more than one declared range, a task range that is no multiple of the served
+    one, or no ranged kernel.
+
+        >>> kept_sizes([(task, [[0, 0, 9, 64]])], {0: {0: (1, 64)}})      # task batch 2-64
+        ((0, 0), frozenset({9, 10, ..., 64}))
+    """
+    from torch_htam.symbolic import served_range
+    from torch_htam.verify import Bucket, leading_dim
+    ranges = {r for dims in dynamic.values() for r in dims.values()}
+    if len(ranges) != 1:
+        return None
+    (low, high), = ranges
+    low, high = served_range(low, high)
+    at = min((i, d) for i, dims in dynamic.items() for d in dims)
+    sizes, ranged = set(range(low, high + 1)), False
+    for task, buckets in kept:
+        lead = leading_dim(task)
+        if lead is None:
+            continue
+        lo, hi = task.inputs[lead[0]].range_of(lead[1])
+        k = lo // low
+        if k < 1 or (k * low, k * high) != (lo, hi):
+            return None
+        held = set()
+        for b in buckets:
+            b = b if isinstance(b, Bucket) else Bucket(*b)
+            held |= set(range(-(-b.low // k), b.high // k + 1))
+        sizes &= held
+        ranged = True
+    return (at, frozenset(sizes)) if ranged else None
 
 
 def high_end_inputs(inputs: tuple, dynamic: dict | None) -> tuple | None:
