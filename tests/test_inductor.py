@@ -586,6 +586,7 @@ def test_a_graph_with_our_kernels_is_compiled_without_the_cpp_wrapper(with_kerne
         torch.testing.assert_close(torch.compile(model, backend=b)(x), model(x))
     assert bool(b.records[0].swapped) is with_kernels
     assert [("cpp_wrapper" in p) for p in seen] == [not with_kernels]
+    assert [r.cpp_wrapper for r in b.records] == [not with_kernels]     # what the decision's JSON shows
     torch._dynamo.reset()
 
 

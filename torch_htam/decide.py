@@ -187,7 +187,10 @@ class Arm:
                 "device_ms": t.device.median_ms if t and t.device else None,
                 "high_latency_ms": self.high.latency.median_ms if self.high else None,
                 "high_throughput_ms": self.high.throughput.median_ms if self.high else None,
-                "high_device_ms": self.high.device.median_ms if self.high and self.high.device else None}
+                "high_device_ms": self.high.device.median_ms if self.high and self.high.device else None,
+                # per graph it compiled: with Inductor's C++ wrapper or not (a graph with our kernels
+                # keeps it only where every launch can do without Python: inductor.stable_launches)
+                "cpp_wrapper": [r.cpp_wrapper for r in getattr(self.backend, "records", None) or []]}
 
 
 @dataclass

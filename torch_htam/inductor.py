@@ -54,6 +54,7 @@ class GraphRecord:
     sites: int = 0
     swapped: list[str] = field(default_factory=list)   # task signatures, one per swapped site
     note: str = ""
+    cpp_wrapper: bool = False   # compiled with Inductor's C++ wrapper (_inductor_options)
 
 
 class HtamBackend:
@@ -93,6 +94,7 @@ class HtamBackend:
             return graph.forward
         from torch._inductor.compile_fx import compile_fx
         options = self._inductor_options(graph if record.swapped else None)
+        record.cpp_wrapper = any(bool(options.get(k)) for k in CPP_WRAPPER_KEYS)
         return compile_fx(graph, example_inputs, config_patches=options)
 
     def _inductor_options(self, swapped: fx.GraphModule | None = None) -> dict:
