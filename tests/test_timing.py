@@ -164,3 +164,21 @@ def test_others_cores_counts_only_this_process_cpus():
         busy.kill()
         busy.wait()
     assert beside >= 0.6 and apart < 0.5
+
+
+def test_a_decisions_timing_record_pairs_each_arm_with_the_first_round_by_round():
+    """decide.timing_record: each arm's medians, and from the second arm on the median of the
+    first arm's round times over its own (above 1: faster than the first)."""
+    from torch_htam.decide import Arm, ArmKind, timing_record
+    from torch_htam.timing import ArmTime, ArmTimes
+
+    def t(rounds):
+        a = ArmTime(sorted(rounds)[len(rounds) // 2], min(rounds), max(rounds), round_ms=list(rounds))
+        return ArmTimes(a, a)
+    rec = timing_record([Arm(ArmKind.COMPILE), Arm(ArmKind.WRAPPER)],
+                        [t([2.0, 4.0, 2.0, 4.0, 2.0]), t([1.0, 2.0, 1.0, 2.0, 1.0])], high=True)
+    assert rec["at"] == "high end"
+    first, second = rec["arms"]
+    assert "latency_vs_first" not in first and second["latency_vs_first"] == 2.0
+    assert second["throughput_vs_first"] == 2.0 and second["device_ms"] is None
+    assert [a["arm"] for a in rec["arms"]] == ["torch.compile", "torch.compile with Inductor's C++ wrapper"]
