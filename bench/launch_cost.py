@@ -2,16 +2,18 @@
 Inductor's own extern calls.
 
 A served model at a small batch is bound by its host: each call's time is the launches' issue
-time, not the GPU's. Our kernels enter Inductor's graph as htam::launch_o<N> (csrc/launcher.cpp),
-called through the dispatcher from the C++ wrapper or from generated Python. This times graphs of
-1 and 21 chained calls of the canary kernel (csrc/canary.cu: a + b on 8 floats, no real GPU work)
-and of a tiny matmul (8x8: an extern cuBLAS call in both wrappers), compiled with Inductor's C++
-wrapper and with its Python wrapper, and the op called eagerly; per call = (t21 - t1) / 20, each
-t the median of 300 synced calls (us).
+time, not the GPU's. Our kernels enter Inductor's graph as htam::launch_o<N> (csrc/launcher.cpp)
+where it compiles with its C++ wrapper, called through the dispatcher from C++; with its Python
+wrapper as htam::launch, which the generated Python calls through the launcher's own binding
+(inductor.direct_call: fallback.checked_launch). This times graphs of 1 and 21 chained calls of
+the canary kernel (csrc/canary.cu: a + b on 8 floats, no real GPU work) and of a tiny matmul
+(8x8: an extern cuBLAS call in both wrappers), and the op called eagerly; per call =
+(t21 - t1) / 20, each t the median of 300 synced calls (us).
 
     python3 bench/launch_cost.py [--out DIR]
 
-Rows: "wrapper" (cpp, python, eager), "call" (ours, extern_mm), "t1_us", "t21_us",
+Rows: "wrapper" (cpp, python, eager), "call" (ours: the product's launch in that wrapper; ours_o1:
+launch_o1 from generated Python; extern_mm), "t1_us", "t21_us",
 "per_call_us", "compile_s" (the 21-call graph's first call). GPU machine.
 """
 from __future__ import annotations
@@ -35,10 +37,17 @@ def _chains(handle: int, one: list[int], b: torch.Tensor, m: torch.Tensor) -> di
     from torch_htam import launcher
     op = launcher.stable_op(1)
 
-    def ours(k):
+    def ours_o1(k):
         def f(a):
             for _ in range(k):
                 a = op(handle, *one, a, b)
+            return a
+        return f
+
+    def ours_launch(k):     # NOTE: never under the C++ wrapper (pytorch#190551: a one-tensor list)
+        def f(a):
+            for _ in range(k):
+                a = torch.ops.htam.launch.default(handle, [a, b], [0, 1, 8])[0]
             return a
         return f
 
@@ -49,7 +58,7 @@ def _chains(handle: int, one: list[int], b: torch.Tensor, m: torch.Tensor) -> di
                 s = s @ m
             return s.view(8)
         return f
-    return {"ours": ours, "extern_mm": extern_mm}
+    return {"ours_o1": ours_o1, "ours_launch": ours_launch, "extern_mm": extern_mm}
 
 
 def _median_us(fn, x) -> float:
@@ -67,6 +76,7 @@ def _median_us(fn, x) -> float:
 
 def measure() -> list[dict]:
     from torch_htam import build, inductor, launcher
+    inductor.direct_call()     # the Python wrapper's launches as the product's graphs make them
     res = build.build(open(inductor.CANARY_CU).read())
     if not res.ok:
         raise RuntimeError(f"the canary kernel did not build: {res.error}")
@@ -76,8 +86,11 @@ def measure() -> list[dict]:
     x = torch.arange(8.0, device="cuda")
     chains = _chains(handle, one, torch.full((8,), 1.0, device="cuda"), torch.eye(8, device="cuda"))
     rows = []
-    for wrapper, options in (("cpp", dict(inductor.WRAPPER_OPTIONS)), ("python", {})):
-        for call, make in chains.items():
+    arms = (("cpp", dict(inductor.WRAPPER_OPTIONS), {"ours": "ours_o1", "extern_mm": "extern_mm"}),
+            ("python", {}, {"ours": "ours_launch", "ours_o1": "ours_o1", "extern_mm": "extern_mm"}))
+    for wrapper, options, calls in arms:
+        for call, chain in calls.items():
+            make = chains[chain]
             t, compile_s = {}, None
             for k in (1, LONG):
                 torch._dynamo.reset()
@@ -89,8 +102,8 @@ def measure() -> list[dict]:
                 t[k] = _median_us(f, x)
             rows.append(_row(wrapper, call, t, compile_s))
             print(rows[-1], flush=True)
-    ours = chains["ours"]
-    rows.append(_row("eager", "ours", {k: _median_us(ours(k), x) for k in (1, LONG)}, None))
+    ours = chains["ours_o1"]
+    rows.append(_row("eager", "ours_o1", {k: _median_us(ours(k), x) for k in (1, LONG)}, None))
     return rows
 
 
