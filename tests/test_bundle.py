@@ -600,36 +600,46 @@ def test_gpu_compiled_bundle_serves_its_first_call_from_its_inductor_code(tmp_pa
     torch._dynamo.reset()
 
 
+def _ranged_bundle(tmp_path, monkeypatch, run_args: tuple, buckets: list):
+    """MLP (batch declared 1-16, example 4) bundled with a stand-in kernel per ranged task, each
+    kept for `buckets`, with run = bundle.with_dynamic(compiled run, dynamic, *run_args); loaded
+    back. Returns (model, x, tasks, stand_ins, loaded model, bundle folder)."""
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path / "user_cache"))
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model, x, dynamic = MLP().eval(), torch.randn(4, 8, 32), {0: {0: (1, 16)}}
+    tasks = {t.signature: t for t in extract_tasks(model, (x,), dynamic=dynamic)}
+    cache = KernelCache("sm_fake", root=tmp_path / "cache")
+    for t in tasks.values():
+        so = tmp_path / f"{t.signature}.so"
+        so.write_bytes(b"\x7fELF fake library for " + t.signature.encode() * 50)
+        ev = _ev()
+        ev.buckets = buckets
+        cache.put(t, f"// kernel for {t.name}\n", so, ev, {"proposer": "expert"})
+    stand_ins = {sig: CpuKernel(t) for sig, t in tasks.items()}   # MLP's graphs take any batch
+    provider = runtime.Provider(PROVIDER.op, lambda entry: stand_ins[entry.signature])
+    run = bundle.with_dynamic({"compile": True, "mode": "default"}, dynamic, *run_args)
+    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache, run=run)
+    with torch.no_grad():
+        fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
+    return model, x, tasks, stand_ins, fresh, out
+
+
 @pytest.mark.parametrize("at_example", [{}, None])
 def test_a_bundle_for_declared_sizes_serves_them_without_a_recompile(tmp_path, monkeypatch, at_example):
     """precompile with OptimizeConfig.dynamic records the sizes in the manifest's run; its tasks are
     the ranged ones, and load() compiles the model with those dims dynamic: new batch sizes run the
     kernels in the one dynamic graph, and the example's own sizes torch.compile's graph for them."""
     from torch_htam import inductor
-    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path / "user_cache"))
-    torch.manual_seed(0)
-    torch._dynamo.reset()
-    model, x, dynamic = MLP().eval(), torch.randn(4, 8, 32), {0: {0: (1, 16)}}
-    tasks = {t.signature: t for t in extract_tasks(model, (x,), dynamic=dynamic)}
+    model, x, tasks, stand_ins, fresh, out = _ranged_bundle(tmp_path, monkeypatch, (at_example,),
+                                                            [[0, 0, 2, 8], [0, 0, 9, 16]])
     assert tasks and all(t.inputs[0].ranges == ((2, 16),) for t in tasks.values())
-    cache = KernelCache("sm_fake", root=tmp_path / "cache")
-    for t in tasks.values():
-        so = tmp_path / f"{t.signature}.so"
-        so.write_bytes(b"\x7fELF fake library for " + t.signature.encode() * 50)
-        ev = _ev()
-        ev.buckets = [[0, 0, 2, 8], [0, 0, 9, 16]]
-        cache.put(t, f"// kernel for {t.name}\n", so, ev, {"proposer": "expert"})
-    stand_ins = {sig: CpuKernel(t) for sig, t in tasks.items()}   # MLP's graphs take any batch
-    provider = runtime.Provider(PROVIDER.op, lambda entry: stand_ins[entry.signature])
-    run = bundle.with_dynamic({"compile": True, "mode": "default"}, dynamic, at_example)
-    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache, run=run)
     assert json.loads((out / "manifest.json").read_text())["run"]["dynamic"] == {"0": {"0": [1, 16]}}
+    # the example's own sizes on torch.compile's graph for them where optimize served them so
+    assert isinstance(fresh._compiled_call_impl, serving.ExampleSplit) == (at_example is not None)
+    # the range's graph and Dynamo's own graph for batch 1, both compiled by load
+    assert [bool(r.swapped) for r in fresh._htam_backend.records] == [True, False]
     with torch.no_grad():
-        fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
-        # the example's own sizes on torch.compile's graph for them where optimize served them so
-        assert isinstance(fresh._compiled_call_impl, serving.ExampleSplit) == (at_example is not None)
-        # the range's graph and Dynamo's own graph for batch 1, both compiled by load
-        assert [bool(r.swapped) for r in fresh._htam_backend.records] == [True, False]
         for n in (3, 4, 11, 16, 1):
             y = torch.randn(n, 8, 32)
             assert torch.allclose(fresh(y), model(y), atol=1e-6)
@@ -640,36 +650,36 @@ def test_a_bundle_for_declared_sizes_serves_them_without_a_recompile(tmp_path, m
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("at_example_kernels", [True, False])
+def test_a_bundles_example_graph_runs_its_kernels_where_optimize_ran_them(tmp_path, monkeypatch, at_example_kernels):
+    """A bundle whose run says the example's own graph ran the kernels (their static twins,
+    decide.Trials.at_example) loads that graph with them: a call at the example's sizes runs
+    every kernel there; without it that graph is torch.compile's alone."""
+    model, x, _, stand_ins, fresh, _ = _ranged_bundle(tmp_path, monkeypatch, ({}, None, at_example_kernels),
+                                                      [[0, 0, 2, 8], [0, 0, 9, 16]])
+    assert isinstance(fresh._compiled_call_impl, serving.ExampleSplit)
+    calls = [k.calls for k in stand_ins.values()]
+    with torch.no_grad():
+        assert torch.allclose(fresh(x), model(x), atol=1e-6)
+    ran = [k.calls - c for k, c in zip(stand_ins.values(), calls)]
+    assert ran == [int(at_example_kernels)] * len(ran), ran
+    torch._dynamo.reset()
+
+
 def test_a_bundle_serves_sizes_outside_its_kernels_buckets_on_the_graph_without_them(tmp_path, monkeypatch):
     """A bundle whose run records by_bucket (optimize split its kernels arm by their buckets,
     serving.BucketSplit) loads that split: sizes outside every kernel's kept buckets run the
     graph without our kernels, right, and never reach a kernel."""
-    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path / "user_cache"))
-    torch.manual_seed(0)
-    torch._dynamo.reset()
-    model, x, dynamic = MLP().eval(), torch.randn(4, 8, 32), {0: {0: (1, 16)}}
-    tasks = {t.signature: t for t in extract_tasks(model, (x,), dynamic=dynamic)}
-    cache = KernelCache("sm_fake", root=tmp_path / "cache")
-    for t in tasks.values():
-        so = tmp_path / f"{t.signature}.so"
-        so.write_bytes(b"\x7fELF fake library for " + t.signature.encode() * 50)
-        ev = _ev()
-        ev.buckets = [[0, 0, 2, 8]]                  # kept for batch 2-8 only
-        cache.put(t, f"// kernel for {t.name}\n", so, ev, {"proposer": "expert"})
-    stand_ins = {sig: CpuKernel(t) for sig, t in tasks.items()}
-    provider = runtime.Provider(PROVIDER.op, lambda entry: stand_ins[entry.signature])
-    run = bundle.with_dynamic({"compile": True, "mode": "default"}, dynamic, None, {})
-    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache, run=run)
+    model, _, _, stand_ins, fresh, _ = _ranged_bundle(tmp_path, monkeypatch, (None, {}), [[0, 0, 2, 8]])
+    assert isinstance(fresh._compiled_call_impl, serving.BucketSplit)
+    calls = [k.calls for k in stand_ins.values()]
     with torch.no_grad():
-        fresh = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
-        assert isinstance(fresh._compiled_call_impl, serving.BucketSplit)
-        calls = [k.calls for k in stand_ins.values()]
         for n in (11, 16, 1):
             y = torch.randn(n, 8, 32)
             assert torch.allclose(fresh(y), model(y), atol=1e-6)
         assert [k.calls for k in stand_ins.values()] == calls        # no kernel outside 2-8
         y = torch.randn(3, 8, 32)
         assert torch.allclose(fresh(y), model(y), atol=1e-6)
-        assert all(k.calls > c for k, c in zip(stand_ins.values(), calls))
+    assert all(k.calls > c for k, c in zip(stand_ins.values(), calls))
     torch._dynamo.reset()
 

@@ -227,8 +227,9 @@ def _times(latency_ms, throughput_ms=None):
 
 
 def _label(arm) -> str:
-    """'compile', 'reexport', 'original', 'kernels3', 'replay1': an arm's kind and kernel count."""
-    return arm.kind.name.lower() + (str(len(arm.kernels)) if arm.kind.name in ("KERNELS", "REPLAY") else "")
+    """'compile', 'reexport', 'original', 'kernels3', 'replay1', 'static1': an arm's kind and
+    kernel count."""
+    return arm.kind.name.lower() + (str(len(arm.kernels)) if arm.kernels else "")
 
 
 def _fake_timing(monkeypatch, ms, timed: list | None = None, by_batch: dict | None = None) -> None:
@@ -681,6 +682,40 @@ def test_a_chosen_kernels_arm_serves_only_the_sizes_its_kernels_were_kept_for(bu
     got = [d.chosen.call(torch.empty(n, 64)) for n in (1, 4, 9, 16)]
     assert got == (["base", "base", "kernels", "kernels"] if split else ["kernels"] * 4)
     assert ("7 of the sizes 2-16" in d.reason and "(9-16 run the kernels)" in d.reason) is split, d.reason
+
+
+@pytest.mark.parametrize("twin_ms", [0.7, 1.2])
+def test_the_example_graph_with_the_chosen_kernels_serves_the_example_where_faster(twin_ms, monkeypatch):
+    """With a kernels arm chosen over declared sizes, torch.compile's graph for the example's
+    sizes is also built with those kernels (their static twins): it serves the example's sizes
+    where it beats the chosen arm there; where it does not, the chosen arm serves them."""
+    from types import SimpleNamespace
+    from torch_htam import decide
+    from torch_htam.config import OptimizeConfig
+    from torch_htam.deadline import Deadline
+    from torch_htam.timing import GradMode
+    torch._dynamo.reset()
+    model, x = _ConvNet().eval(), torch.randn(4, 3, 8, 8)
+    build, Kind = decide.Trials.build, decide.ArmKind
+    monkeypatch.setattr(decide.Trials, "build", lambda self, arm: build(   # stand-ins, told apart by label
+        self, decide.Arm(Kind.COMPILE) if arm.kind is Kind.KERNELS else decide.Arm(arm.kind) if arm.kernels else arm))
+    monkeypatch.setattr(decide.Trials, "twin_kernels", lambda self, sigs: {"twin": object()})
+    _fake_timing(monkeypatch, {"compile": 1.0, "kernels1": 0.9, "static": 1.0, "static1": twin_ms, "*": 1.1})
+    dynamic = {0: {0: (1, 16)}}
+    capture = SimpleNamespace(dynamic=dynamic, exported=None, graphs=[torch.fx.symbolic_trace(model)],
+                              method="dynamo")
+    with torch.inference_mode():
+        t = decide.Trials(model, (x,), OptimizeConfig(dynamic=dynamic), GradMode.current(), Deadline(None),
+                          plain=(x,))
+        t.start()
+        d = t.finish(SimpleNamespace(capture=capture, tasks=[]), {"sig": object()}, ["sig"], ["sig"])
+    assert d.outcome is decide.Outcome.KERNELS, d.reason
+    if twin_ms < 0.9:
+        assert d.at_example is not None and d.at_example.kernels == ("sig",), d.reason
+        assert "torch.compile's graph for the example's sizes with our kernels" in d.reason, d.reason
+    else:
+        assert d.at_example is None and "at the example's sizes too" in d.reason, d.reason
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("later_ms", [0.85, 1.3])

@@ -233,3 +233,33 @@ def test_a_bucket_split_runs_the_kernels_arm_at_its_sizes_only():
     from torch_htam.serving import BucketSplit
     split = BucketSplit(lambda x: "kernels", lambda x: "base", (0, 0), frozenset(range(9, 65)))
     assert [split(torch.empty(n, 2)) for n in (1, 8, 9, 64)] == ["base", "base", "kernels", "kernels"]
+
+
+def test_a_ranged_tasks_static_twin_is_the_static_task_at_its_example(block):
+    """extract.static_twin: the signature a ranged task's region has in the graph specialized to
+    the example's sizes is that graph's own task's signature; a static task has none."""
+    from torch_htam.extract import static_twin
+    model, x, dynamic, found = block
+    torch._dynamo.reset()
+    static = {t.signature for t in extract(model, (x,)).tasks}
+    assert {static_twin(t) for t in found.tasks} == static
+    assert all(static_twin(t) is None for t in extract(model, (x,)).tasks)
+
+
+def test_the_example_graph_runs_the_ranged_kernels_by_their_twins(block):
+    """HtamBackend(twins=True) swaps ranged kernels, keyed by their static twins, into the graph
+    specialized to the example's sizes: each runs there at the example's size, right."""
+    from torch_htam.extract import static_twin
+    model, x, dynamic, found = block
+    torch._dynamo.reset()
+    kernels = {static_twin(t): RangedKernel(t) for t in found.tasks}
+    b = inductor.HtamBackend(kernels, provider=PROVIDER, twins=True)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend=b)(x), model(x))
+    assert sorted(b.records[0].swapped) == sorted(kernels)
+    assert all(k.sizes and k.sizes[-1][0] == 4 for k in kernels.values())
+    untwinned = inductor.HtamBackend(kernels, provider=PROVIDER)   # ranged kernels, a static graph
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=untwinned)(x)
+    assert [r.swapped for r in untwinned.records] == [[]]

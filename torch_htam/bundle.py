@@ -72,18 +72,20 @@ def run_of(model: torch.nn.Module) -> dict[str, Any]:
 
 
 def with_dynamic(run: dict[str, Any], dynamic: dict | None, at_example: dict | None,
-                 by_bucket: dict | None = None) -> dict[str, Any]:
+                 by_bucket: dict | None = None, at_example_kernels: bool = False) -> dict[str, Any]:
     """`run` recording the declared dynamic sizes (OptimizeConfig.dynamic) the bundle serves, as
     JSON ({"0": {"0": [1, 64]}}): its tasks are the ranged ones, and load() compiles the model
     with those dims dynamic. at_example: the Inductor options of torch.compile's graph for the
     example's own sizes, which serves them (serving.ExampleSplit; {}: plain torch.compile), as
     optimize left the model; None: the dynamic graph serves them too. by_bucket: the Inductor
     options of the graph without our kernels that serves the sizes outside their buckets
-    (serving.BucketSplit), or None where the kernels' graph serves every size."""
+    (serving.BucketSplit), or None where the kernels' graph serves every size.
+    at_example_kernels: that example's graph runs the bundle's kernels too (their static twins,
+    extract.static_twin)."""
     if not dynamic:
         return run
     return run | {"dynamic": {str(i): {str(d): list(r) for d, r in dims.items()} for i, dims in dynamic.items()},
-                  "at_example": at_example, "by_bucket": by_bucket}
+                  "at_example": at_example, "by_bucket": by_bucket, "at_example_kernels": at_example_kernels}
 
 
 def at_example_of(model: torch.nn.Module) -> dict | None:
@@ -92,6 +94,13 @@ def at_example_of(model: torch.nn.Module) -> dict | None:
     where the chosen arm serves them too."""
     static = getattr(getattr(getattr(model, "htam_report", None), "decision", None), "at_example", None)
     return None if static is None else dict(static.options)
+
+
+def at_example_kernels_of(model: torch.nn.Module) -> bool:
+    """with_dynamic's at_example_kernels for an optimized model: whether the graph serving its
+    example's own sizes runs its kernels too (decide.Trials.at_example)."""
+    static = getattr(getattr(getattr(model, "htam_report", None), "decision", None), "at_example", None)
+    return bool(static is not None and static.kernels)
 
 
 def by_bucket_of(model: torch.nn.Module) -> dict | None:
@@ -400,7 +409,12 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
             base(*marked(tuple(example_inputs), cap.capture.dynamic))
             model._compiled_call_impl = BucketSplit(model._compiled_call_impl, base, *found)
         if run.get("at_example") is not None:
-            static = inductor.compile_with(model, None, run.get("mode", "default"), run["at_example"] or None)
+            from torch_htam.extract import static_twin
+            twins = {twin: kernels[t.signature] for t in cap.tasks
+                     if t.signature in kernels and (twin := static_twin(t)) is not None} if run.get("at_example_kernels") else {}
+            mode, options = run.get("mode", "default"), run["at_example"] or None
+            static = (inductor.compile_with(model, inductor.HtamBackend(twins, mode, provider, options=options, twins=True))
+                      if twins else inductor.compile_with(model, None, mode, options))
             model._compiled_call_impl = split_at_example(static, model._compiled_call_impl,
                                                          tuple(example_inputs), cap.capture.dynamic)
             model(*example_inputs)   # the example's graph, compiled here rather than on a request

@@ -159,7 +159,7 @@ class Arm:
     def name(self) -> str:
         n = len(self.kernels)
         return self.kind.value + (f" ({n} kernel{'s' * (n != 1)})" if self.kind in
-                                  (ArmKind.KERNELS, ArmKind.REPLAY) else "")
+                                  (ArmKind.KERNELS, ArmKind.REPLAY) else " with our kernels" if n else "")
 
     def handles(self) -> dict[str, int]:
         """{task signature: kernel handle} of our kernels this arm loaded (its compiled graphs'
@@ -421,8 +421,10 @@ class Trials:
         wrapper = self.wrapper_offered()
         # at_example(): the STATIC arm and the choice, and the STATIC arm with the C++ wrapper
         static_wrapper = wrapper and self.plain is not None
-        high_end += (2 if self.plain is not None else 0) + static_wrapper
-        compile_s = (trials + static_wrapper) * self.compile_s + (self.wrapper_compile_s(ahead_s) if wrapper else 0.0)
+        static_kernels = bool(n_tasks) and self.plain is not None   # ... and with the kernels chosen
+        high_end += (2 if self.plain is not None else 0) + static_wrapper + static_kernels
+        compile_s = ((trials + static_wrapper + static_kernels) * self.compile_s
+                     + (self.wrapper_compile_s(ahead_s) if wrapper else 0.0))
         # against_eager's timing: the floor, the base, the choice, the original forward, the replay
         return compile_s + self.timing_s(2 + 2 * (trials - 1 + wrapper) + 5 + high_end)
 
@@ -561,6 +563,14 @@ class Trials:
         if any(k in chosen.options for k in CPP_WRAPPER_KEYS) and self.affords(3, 0.0, self.compile_s):   # this process's C++ compile is warm
             # the wrapper's other options (its -O level) with it
             rival = self.ready(Arm(ArmKind.STATIC, options=dict(chosen.options)))
+            rivals += [] if rival.error else [rival]
+        # NOTE: with kernels chosen, the example's graph with them too: served vision bf16 (H200)
+        # ran its kernels on 71% of requests, the rest at batch 1 and at the example's batch,
+        # where the example's own graph served 0.699 against 0.984 ms synced without them
+        # (bench_serve-20261128-212414)
+        if (chosen.kind is ArmKind.KERNELS and self.twin_kernels(chosen.kernels)
+                and self.affords(len(rivals) + 2, 0.0, self.compile_s)):
+            rival = self.ready(Arm(ArmKind.STATIC, kernels=chosen.kernels, options=dict(chosen.options)))
             rivals += [] if rival.error else [rival]
         if not self.time([*rivals, chosen], overrun=True):
             return self.split_off(d, static, "untimed: the time budget ran out")
@@ -822,7 +832,7 @@ class Trials:
             if failed:
                 arm.failed_kernels = failed
                 arm.error = f"{len(failed)} kernel(s) failed at run time (their regions ran instead)"
-            elif arm.kind in CHECKED:
+            elif arm.kind in CHECKED or arm.kernels:
                 arm.error = self.wrong_output(out)
         except Exception as e:  # noqa: BLE001 -- an arm that fails is dropped, not the run
             log.warning("torch_htam: %s failed: %s: %s", arm.name, type(e).__name__, e, exc_info=True)
@@ -856,6 +866,9 @@ class Trials:
         mode = self.cfg.mode
         if arm.kind is ArmKind.ORIGINAL:
             return self.model._call_impl
+        if arm.kind is ArmKind.STATIC and arm.kernels:   # the example's own graph with the kernels' twins
+            arm.backend = inductor.HtamBackend(self.twin_kernels(arm.kernels), mode, options=arm.options, twins=True)
+            return inductor.compile_with(self.model, arm.backend)
         if arm.kind in (ArmKind.COMPILE, ArmKind.STATIC, ArmKind.LAYOUT, ArmKind.WRAPPER):
             # the backend names the mode and options for bundles; Inductor compiles without it
             arm.backend = inductor.HtamBackend({}, mode, options=arm.options)
@@ -933,6 +946,14 @@ class Trials:
 
     def kernels_of(self, sig: str):
         return self.kernels[sig]
+
+    def twin_kernels(self, sigs) -> dict[str, Any]:
+        """{static twin signature (extract.static_twin): kernel} of the ranged tasks `sigs`: what
+        the graph specialized to the example's sizes can run."""
+        from torch_htam.extract import static_twin
+        tasks = getattr(self.found, "tasks", None) or []
+        return {twin: self.kernels_of(t.signature) for t in tasks
+                if t.signature in sigs and (twin := static_twin(t)) is not None}
 
     def failed(self) -> set[str]:
         return {s for a in self.arms for s in a.failed_kernels}

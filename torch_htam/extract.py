@@ -11,6 +11,7 @@ first. The runtime swaps kernels into the `sites` found here and never partition
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -242,6 +243,21 @@ def graph_signature(graph: fx.GraphModule, inputs: list[TensorSpec]) -> str:
         norm = fx.node.map_arg((n.args, n.kwargs), lambda a: index[a])
         items.append([n.op, target_name(n.target), _normalize(norm)])
     return hashlib.sha256(json.dumps(items, default=str).encode()).hexdigest()[:16]
+
+
+def static_twin(task) -> str | None:
+    """The signature a ranged task's region has in a graph specialized to its example's sizes
+    (torch.compile's graph for them, serving.ExampleSplit): the same graph at the example's sizes
+    and the same specs, without the declared ranges (graph_signature hashes those only where
+    there are any). A kernel kept for the bucket holding the example's size is right there too.
+    None for a static task, and for one without its graph (a task read back from a cache).
+
+        >>> static_twin(ranged) == extract(model, example).tasks[0].signature
+        True
+    """
+    if task.graph is None or not any(s.ranges for s in task.inputs):
+        return None
+    return graph_signature(task.graph, [dataclasses.replace(s, dynamic=(), ranges=()) for s in task.inputs])
 
 
 def _normalize(x):

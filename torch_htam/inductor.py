@@ -71,12 +71,15 @@ class HtamBackend:
 
     def __init__(self, kernels: dict[str, Any] | None = None, mode: str = "default",
                  provider=None, min_speedup: float = 1.0, inductor: bool = True,
-                 options: dict[str, Any] | None = None, keep_reexport: bool = False):
+                 options: dict[str, Any] | None = None, keep_reexport: bool = False, twins: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}: use one of {', '.join(MODES)} (torch.compile's modes)")
         self.kernels, self.mode, self.provider = kernels, mode, provider
         self.min_speedup, self.inductor, self.options = min_speedup, inductor, dict(options or {})
         self.keep_reexport = keep_reexport
+        # kernels keyed by their ranged tasks' static twins (extract.static_twin): for the graph
+        # specialized to the example's sizes, whose tasks are static
+        self.twins = twins
         self.records: list[GraphRecord] = []
         self._alive: list = []   # the loaded kernels the compiled graphs' handles name
         self.handles: dict[str, int] = {}   # {task signature: kernel handle} of what was swapped
@@ -160,7 +163,7 @@ class HtamBackend:
         kernels come from the cache or one is not (a static task's, an object without a verdict),
         and where the re-export is kept even without a kernel."""
         from torch_htam.runtime import kept_buckets
-        return (not self.keep_reexport and bool(self.kernels)
+        return (not self.keep_reexport and not self.twins and bool(self.kernels)
                 and all(kept_buckets(k) for k in self.kernels.values()))
 
     @staticmethod

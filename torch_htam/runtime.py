@@ -181,7 +181,9 @@ def swap(gm: fx.GraphModule, sites: list, kernels: dict[str, Any],
                             sig[:16], task.name, errors[sig])
         if sig in loaded:
             handle = int(loaded[sig].handle)
-            buckets = kept_buckets(kernels[sig])
+            # a ranged kernel in a graph specialized to its example's sizes (inductor.HtamBackend's
+            # twins) runs its static task as it comes
+            buckets = kept_buckets(kernels[sig]) if any(s.ranges for s in task.inputs) else None
             fallback.register(handle, task, buckets)
             if provider.prepare is not None:
                 provider.prepare(loaded[sig], task, buckets)
