@@ -683,3 +683,20 @@ def test_a_real_cold_child_on_cpu(tmp_path):
     assert run.error is None, run
     assert run.calls.sizes == bs.request_mix(1, 8, 4, 12, seed=5).sizes and all(ms > 0 for ms in run.calls.ms)
     assert run.info["built"] == "torch.compile(dynamic=True)" and run.info["warmup_graphs"] >= 1
+
+
+@pytest.mark.parametrize("name, without", [("vision:bf16", []), ("decoder:bf16", []),
+                                           ("encoder:bf16", ["attention_scaled_dot_product_attention"])])
+def test_the_served_models_ranged_tasks_have_static_twins(name, without):
+    """Each ranged task of a served model (small config) has its static twin among the tasks of
+    the graph specialized to the example's sizes (extract.static_twin), so its kernel can serve
+    the example's sizes there too; the encoder's attention does not (its region differs there)."""
+    from torch_htam.extract import extract, static_twin
+    model, example, dynamic, _ = sm.make(name, small=True, device="cpu")
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        static = {t.signature for t in extract(model, example).tasks}
+        torch._dynamo.reset()
+        ranged = [t for t in extract(model, example, dynamic=dynamic).tasks if static_twin(t) is not None]
+    assert ranged and sorted(t.name for t in ranged if static_twin(t) not in static) == without
+    torch._dynamo.reset()
