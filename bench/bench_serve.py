@@ -90,7 +90,10 @@ Kernel share (ours): the fraction of ours' requests during which torch_htam.fall
 (calls that ran one of our kernels) grew; "outside_share" likewise for .outside (calls outside a
 kernel's verified size buckets, which ran the original region). Null where torch_htam.fallback has
 no counts(). "kernels_kept": ours' tasks whose status is "swapped" in model.htam_report (after
-inductor.sync_report, which marks the tasks Dynamo's compiles swapped in).
+inductor.sync_report, which marks the tasks Dynamo's compiles swapped in). "routes": the mix's
+requests by the graph ours' splits send them to (torch_htam.serving.route: the example's own
+graph, the kernels' graph, outside the kernels' buckets, or the chosen arm where no split
+decides), what the kernel share comes from.
 
 Figures per arm and pass ("arms"): requests/s = n / sum of latencies, items/s = sum of sizes / sum
 of latencies (items: serve_models.UNITS), p50 / p99 latency (ms, linear interpolation). The row's
@@ -353,6 +356,7 @@ def empty_row(model: str, budget_s: float = 120.0, requests: int = 200, seed: in
             "throughput_vs_compile": None, "p99_vs_compile": None, "cold_throughput_vs_compile": None,
             "cold_p99_vs_compile": None, "best_compile_throughput": None, "best_compile_p99": None,
             "kernel_share": None, "cold_kernel_share": None, "outside_share": None, "kernels_kept": None,
+            "routes": None,
             "tasks": None, "task_status": None, "regions": None, "phases": None, "decision": None,
             "swapped": None, "report_note": None, "outcome": None, "recompiles": None, "warm_recompiles": None,
             "max_err": None, "correct": None,
@@ -399,6 +403,17 @@ def report_fields(model) -> dict:
             "swapped": getattr(report, "swapped", None), "report_note": getattr(report, "note", None),
             "outcome": getattr(outcome, "value", outcome),
             "kernel_failures": dict(getattr(report, "kernel_failures", None) or {})}
+
+
+def routes(model, s: Setup) -> dict[str, int] | None:
+    """The mix's requests by where ours' splits send them (serving.route), or None where this
+    torch_htam has no route()."""
+    try:
+        from torch_htam.serving import route
+    except ImportError:
+        return None
+    call = getattr(model, "_compiled_call_impl", None)
+    return dict(Counter(route(call, s.inputs_for(size)).value for size in s.mix.sizes))
 
 
 def region(t) -> dict:
@@ -916,6 +931,7 @@ def measure(name: str, opts, device: str = "cuda", optimize=_optimize, compile_f
                 stage("check")
                 row.update(check_outputs(s.arms, check_sizes(s.mix), s.inputs_for, row["tolerance"]))
             row.update(report_fields(s.arms["ours"]))
+            row["routes"] = routes(s.arms["ours"], s)
             if isolated:
                 cold_isolated(row, passes, name, opts, saved, deadline, stage, run_cold)
             row["stage"] = "done"

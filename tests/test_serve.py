@@ -263,3 +263,14 @@ def test_the_example_graph_runs_the_ranged_kernels_by_their_twins(block):
     with torch.no_grad():
         torch.compile(model, backend=untwinned)(x)
     assert [r.swapped for r in untwinned.records] == [[]]
+
+
+def test_route_names_the_graph_each_size_runs():
+    """serving.route through ExampleSplit over BucketSplit, as optimize nests them."""
+    from torch_htam.serving import BucketSplit, ExampleSplit, Route, route
+    buckets = BucketSplit(lambda x: "kernels", lambda x: "base", (0, 0), frozenset(range(9, 65)))
+    split = ExampleSplit(lambda x: "example", buckets, ((0, torch.Size([32, 2])),))
+    for n, want, ran in ((32, Route.EXAMPLE, "example"), (16, Route.KERNELS, "kernels"), (4, Route.BASE, "base")):
+        x = torch.empty(n, 2)
+        assert route(split, (x,)) is want and split(x) == ran
+    assert route(lambda x: x, (torch.empty(4, 2),)) is Route.CHOSEN

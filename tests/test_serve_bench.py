@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -700,3 +701,16 @@ def test_the_served_models_ranged_tasks_have_static_twins(name, without):
         ranged = [t for t in extract(model, example, dynamic=dynamic).tasks if static_twin(t) is not None]
     assert ranged and sorted(t.name for t in ranged if static_twin(t) not in static) == without
     torch._dynamo.reset()
+
+
+def test_routes_count_the_mix_by_the_graph_ours_runs():
+    """bench_serve.routes: the mix's requests by the graph ours' splits send them to."""
+    from torch_htam.serving import BucketSplit, Route
+    mix = bs.request_mix(1, 16, 4, 50, seed=0)
+    s = bs.Setup({}, (torch.randn(4, 3),), {0: {0: (1, 16)}}, lambda n: (torch.randn(n, 3),), mix)
+    model = nn.Identity()
+    model._compiled_call_impl = BucketSplit(model, model, (0, 0), frozenset(range(9, 17)))
+    big = sum(n >= 9 for n in mix.sizes)
+    assert 0 < big < len(mix.sizes)
+    assert bs.routes(model, s) == {Route.KERNELS.value: big, Route.BASE.value: len(mix.sizes) - big}
+    assert bs.routes(nn.Identity(), s) == {Route.CHOSEN.value: len(mix.sizes)}

@@ -13,6 +13,7 @@ Dynamic dims are declared as OptimizeConfig.dynamic: {input index: {dim: (low, h
 """
 from __future__ import annotations
 
+import enum
 import re
 import time
 from dataclasses import dataclass
@@ -44,10 +45,11 @@ class ExampleSplit:
     shapes: tuple[tuple[int, torch.Size], ...]
 
     def __call__(self, *args, **kwargs):
-        for i, shape in self.shapes:
-            if i >= len(args) or getattr(args[i], "shape", None) != shape:
-                return self.elsewhere(*args, **kwargs)
-        return self.at_example(*args, **kwargs)
+        return (self.at_example if self.holds(args) else self.elsewhere)(*args, **kwargs)
+
+    def holds(self, args: tuple) -> bool:
+        """Whether args are at the example's own sizes."""
+        return all(i < len(args) and getattr(args[i], "shape", None) == shape for i, shape in self.shapes)
 
 
 def split_at_example(static: Callable, elsewhere: Callable, inputs: tuple, dynamic: dict) -> ExampleSplit:
@@ -76,10 +78,36 @@ class BucketSplit:
     sizes: frozenset
 
     def __call__(self, *args, **kwargs):
+        return (self.kernels if self.holds(args) else self.base)(*args, **kwargs)
+
+    def holds(self, args: tuple) -> bool:
+        """Whether args are at a size the kernels run at."""
         i, d = self.at
-        if i < len(args) and getattr(args[i], "shape", None) is not None and args[i].shape[d] in self.sizes:
-            return self.kernels(*args, **kwargs)
-        return self.base(*args, **kwargs)
+        return i < len(args) and getattr(args[i], "shape", None) is not None and args[i].shape[d] in self.sizes
+
+
+class Route(enum.Enum):
+    """Which graph a served call runs (route)."""
+    EXAMPLE = "the example's own graph"          # ExampleSplit.at_example
+    KERNELS = "the kernels' graph"               # BucketSplit.kernels
+    BASE = "outside the kernels' buckets"        # BucketSplit.base
+    CHOSEN = "the chosen arm"                    # no split decides it
+
+
+def route(call: Callable, args: tuple) -> Route:
+    """Where the splits of an optimized model's call (ExampleSplit over BucketSplit, either may be
+    missing) send `args`: what serves a request, for a benchmark to count.
+
+        >>> route(model._compiled_call_impl, (torch.randn(3, 16),))
+        <Route.KERNELS: "the kernels' graph">
+    """
+    if isinstance(call, ExampleSplit):
+        if call.holds(args):
+            return Route.EXAMPLE
+        call = call.elsewhere
+    if isinstance(call, BucketSplit):
+        return Route.KERNELS if call.holds(args) else Route.BASE
+    return Route.CHOSEN
 
 
 def kept_sizes(kept: list[tuple], dynamic: dict) -> tuple[tuple[int, int], frozenset] | None:
