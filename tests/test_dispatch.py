@@ -425,3 +425,46 @@ def test_gpu_a_ranged_kernel_serves_every_size_in_a_cpp_wrapper_graph(tmp_path):
     assert len(b.records) == 1 and b.records[0].swapped == [task.signature]
     assert launcher.stable_calls()[kernel.handle] - stable == 6          # 16, 2, 7, 33, 48 and 5
     assert fallback.counts([kernel.handle]).outside - outside == 1        # 60
+
+
+@pytest.mark.gpu
+def test_gpu_a_ranged_kernel_runs_in_the_example_graph_by_its_static_twin(tmp_path):
+    """A real kernel kept for rows 2-48 of a declared 1-64, swapped by its static twin
+    (extract.static_twin) into the graph specialized to the example's 16 rows, compiled with the
+    C++ wrapper: one launch_o<N> there, right; its handle also serves the dynamic graph's sizes
+    inside its buckets and hands the others to the region (decide.Trials.at_example's rival)."""
+    from test_runtime import BIAS_GELU_CU, BiasGelu
+    from torch_htam import inductor
+    from torch_htam.build import build_many
+    from torch_htam.capture import marked
+    from torch_htam.evaluation import Evaluation
+    from torch_htam.extract import extract, static_twin
+    warm = inductor.warm_cpp_wrapper()
+    assert warm is None or warm.wait(timeout=400) == 0
+    assert inductor.stable_launches_checked()
+    torch._dynamo.reset()
+    model = BiasGelu().cuda().eval()
+    dynamic = {0: {0: (1, 64)}}
+    with torch.inference_mode():
+        x = torch.randn(16, 256, device="cuda")
+    task = next(t for t in extract(model, (x,), dynamic=dynamic).tasks if "gelu" in t.name)
+    res = build_many([BIAS_GELU_CU], out_dir=tmp_path)[0]
+    assert res.ok, res.error
+    kernel = launcher.Kernel(res.so_path)
+    kernel.evaluation = Evaluation(True, "ok", buckets=[[0, 0, 2, 48]])
+    ranged = inductor.HtamBackend({task.signature: kernel}, options=inductor.WRAPPER_OPTIONS)
+    twin = inductor.HtamBackend({static_twin(task): kernel}, options=inductor.WRAPPER_OPTIONS, twins=True)
+    dyn, static = torch.compile(model, backend=ranged), torch.compile(model, backend=twin)
+    stable, outside = launcher.stable_calls().get(kernel.handle, 0), fallback.counts([kernel.handle]).outside
+    try:
+        with torch.inference_mode():
+            dyn(*marked((x,), dynamic))                              # the dynamic graph: a ranged region
+            torch.testing.assert_close(static(x), model(x), rtol=1e-4, atol=1e-4)
+            for rows in (7, 60):
+                y = torch.randn(rows, 256, device="cuda")
+                torch.testing.assert_close(dyn(y), model(y), rtol=1e-4, atol=1e-4)
+    finally:
+        torch._dynamo.reset()
+    assert twin.records[0].swapped == [static_twin(task)] and twin.records[0].cpp_wrapper
+    assert launcher.stable_calls()[kernel.handle] - stable == 3          # 16 (dynamic), 16 (static), 7
+    assert fallback.counts([kernel.handle]).outside - outside == 1        # 60
