@@ -227,6 +227,7 @@ def test_kept_sizes_intersect_each_kernels_buckets_in_the_declared_size():
     assert kept_sizes([(batch, [[0, 0, 2, 8]])], {0: {0: (1, 64)}, 1: {1: (1, 2048)}}) is None
     odd = _ranged("odd", 33, 2, 65)                      # no multiple of 1-64
     assert kept_sizes([(odd, [[0, 0, 2, 65]])], dyn) is None
+    assert kept_sizes([(batch, None)], dyn) is None        # a ranged kernel without its buckets
 
 
 def test_a_bucket_split_runs_the_kernels_arm_at_its_sizes_only():

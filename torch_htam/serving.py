@@ -138,7 +138,7 @@ def kept_sizes(kept: list[tuple], dynamic: dict) -> tuple[tuple[int, int], froze
             continue
         lo, hi = task.inputs[lead[0]].range_of(lead[1])
         k = lo // low
-        if k < 1 or (k * low, k * high) != (lo, hi):
+        if k < 1 or (k * low, k * high) != (lo, hi) or not buckets:   # no verdict per bucket: no split
             return None
         held = set()
         for b in buckets:
