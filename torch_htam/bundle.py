@@ -88,25 +88,30 @@ def with_dynamic(run: dict[str, Any], dynamic: dict | None, at_example: dict | N
                   "at_example": at_example, "by_bucket": by_bucket, "at_example_kernels": at_example_kernels}
 
 
+def _decided(model: torch.nn.Module, field: str):
+    """An optimized model's decision's `field` (decide.Decision), or None."""
+    return getattr(getattr(getattr(model, "htam_report", None), "decision", None), field, None)
+
+
 def at_example_of(model: torch.nn.Module) -> dict | None:
     """with_dynamic's at_example for an optimized model: the Inductor options of the graph that
     serves its example's own sizes (its decision's at_example, serving.ExampleSplit), or None
     where the chosen arm serves them too."""
-    static = getattr(getattr(getattr(model, "htam_report", None), "decision", None), "at_example", None)
+    static = _decided(model, "at_example")
     return None if static is None else dict(static.options)
 
 
 def at_example_kernels_of(model: torch.nn.Module) -> bool:
     """with_dynamic's at_example_kernels for an optimized model: whether the graph serving its
     example's own sizes runs its kernels too (decide.Trials.at_example)."""
-    static = getattr(getattr(getattr(model, "htam_report", None), "decision", None), "at_example", None)
+    static = _decided(model, "at_example")
     return bool(static is not None and static.kernels)
 
 
 def by_bucket_of(model: torch.nn.Module) -> dict | None:
     """with_dynamic's by_bucket for an optimized model: the Inductor options of the arm that serves
     the sizes outside its kernels' buckets (its decision's by_bucket, serving.BucketSplit), or None."""
-    base = getattr(getattr(getattr(model, "htam_report", None), "decision", None), "by_bucket", None)
+    base = _decided(model, "by_bucket")
     return None if base is None else dict(base.options)
 
 
