@@ -385,17 +385,13 @@ def test_gpu_a_ranged_kernel_launched_from_cpp_runs_inside_its_buckets_and_its_r
     assert fallback.counts([kernel.handle]).outside == 2 and fallback.counts([kernel.handle]).failed == 0
 
 
-@pytest.mark.gpu
-def test_gpu_a_ranged_kernel_serves_every_size_in_a_cpp_wrapper_graph(tmp_path):
-    """A real kernel kept for rows 2-48 of a declared 1-64, in Inductor's C++-wrapper graph of
-    dynamic size: one graph serves every size, launch_o<N> runs the kernel inside its buckets and
-    the region outside, and the answer is right. The graph once reached that wrapper with its size
-    input lost, and the generated C++ read the size as a tensor: SIGSEGV on an H200
-    (inductor.as_dynamo_inputs)."""
+def _bias_gelu_kept_for_2_to_48(tmp_path):
+    """BiasGelu on the GPU with its batch declared 1-64 (example 16), its bias + GELU task and a
+    real kernel for it kept for rows 2-48, once the C++ wrapper's launches are checked here:
+    (model, x, dynamic, task, kernel)."""
     from test_runtime import BIAS_GELU_CU, BiasGelu
     from torch_htam import inductor
     from torch_htam.build import build_many
-    from torch_htam.capture import marked
     from torch_htam.evaluation import Evaluation
     from torch_htam.extract import extract
     warm = inductor.warm_cpp_wrapper()
@@ -411,6 +407,19 @@ def test_gpu_a_ranged_kernel_serves_every_size_in_a_cpp_wrapper_graph(tmp_path):
     assert res.ok, res.error
     kernel = launcher.Kernel(res.so_path)
     kernel.evaluation = Evaluation(True, "ok", buckets=[[0, 0, 2, 48]])
+    return model, x, dynamic, task, kernel
+
+
+@pytest.mark.gpu
+def test_gpu_a_ranged_kernel_serves_every_size_in_a_cpp_wrapper_graph(tmp_path):
+    """A real kernel kept for rows 2-48 of a declared 1-64, in Inductor's C++-wrapper graph of
+    dynamic size: one graph serves every size, launch_o<N> runs the kernel inside its buckets and
+    the region outside, and the answer is right. The graph once reached that wrapper with its size
+    input lost, and the generated C++ read the size as a tensor: SIGSEGV on an H200
+    (inductor.as_dynamo_inputs)."""
+    from torch_htam import inductor
+    from torch_htam.capture import marked
+    model, x, dynamic, task, kernel = _bias_gelu_kept_for_2_to_48(tmp_path)
     b = inductor.HtamBackend({task.signature: kernel}, options=inductor.WRAPPER_OPTIONS)
     compiled = torch.compile(model, backend=b)
     stable, outside = launcher.stable_calls().get(kernel.handle, 0), fallback.counts([kernel.handle]).outside
@@ -433,25 +442,10 @@ def test_gpu_a_ranged_kernel_runs_in_the_example_graph_by_its_static_twin(tmp_pa
     (extract.static_twin) into the graph specialized to the example's 16 rows, compiled with the
     C++ wrapper: one launch_o<N> there, right; its handle also serves the dynamic graph's sizes
     inside its buckets and hands the others to the region (decide.Trials.at_example's rival)."""
-    from test_runtime import BIAS_GELU_CU, BiasGelu
     from torch_htam import inductor
-    from torch_htam.build import build_many
     from torch_htam.capture import marked
-    from torch_htam.evaluation import Evaluation
-    from torch_htam.extract import extract, static_twin
-    warm = inductor.warm_cpp_wrapper()
-    assert warm is None or warm.wait(timeout=400) == 0
-    assert inductor.stable_launches_checked()
-    torch._dynamo.reset()
-    model = BiasGelu().cuda().eval()
-    dynamic = {0: {0: (1, 64)}}
-    with torch.inference_mode():
-        x = torch.randn(16, 256, device="cuda")
-    task = next(t for t in extract(model, (x,), dynamic=dynamic).tasks if "gelu" in t.name)
-    res = build_many([BIAS_GELU_CU], out_dir=tmp_path)[0]
-    assert res.ok, res.error
-    kernel = launcher.Kernel(res.so_path)
-    kernel.evaluation = Evaluation(True, "ok", buckets=[[0, 0, 2, 48]])
+    from torch_htam.extract import static_twin
+    model, x, dynamic, task, kernel = _bias_gelu_kept_for_2_to_48(tmp_path)
     ranged = inductor.HtamBackend({task.signature: kernel}, options=inductor.WRAPPER_OPTIONS)
     twin = inductor.HtamBackend({static_twin(task): kernel}, options=inductor.WRAPPER_OPTIONS, twins=True)
     dyn, static = torch.compile(model, backend=ranged), torch.compile(model, backend=twin)
