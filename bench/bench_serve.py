@@ -704,8 +704,7 @@ def _write_bundle(ours, original, example: tuple, dynamic: dict, out_dir: Path) 
     used = {t.signature for t in ours.htam_report.tasks if t.status == TaskStatus.SWAPPED}
     # NOTE: the tasks of the ORIGINAL graph (a copy never optimized), as precompile lists them
     bundle.precompile(copy.deepcopy(original), example, out_dir, only=used,
-                      run=bundle.with_dynamic(run, dynamic, bundle.at_example_of(ours), bundle.by_bucket_of(ours),
-                                              bundle.at_example_kernels_of(ours)),
+                      run=bundle.with_dynamic_of(run, dynamic, ours),
                       inductor_code=inductor.save_artifacts())
 
 

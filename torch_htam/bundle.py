@@ -88,6 +88,11 @@ def with_dynamic(run: dict[str, Any], dynamic: dict | None, at_example: dict | N
                   "at_example": at_example, "by_bucket": by_bucket, "at_example_kernels": at_example_kernels}
 
 
+def with_dynamic_of(run: dict[str, Any], dynamic: dict | None, model: torch.nn.Module) -> dict[str, Any]:
+    """with_dynamic for an optimized model: the splits its decision serves the sizes with."""
+    return with_dynamic(run, dynamic, at_example_of(model), by_bucket_of(model), at_example_kernels_of(model))
+
+
 def _decided(model: torch.nn.Module, field: str):
     """An optimized model's decision's `field` (decide.Decision), or None."""
     return getattr(getattr(getattr(model, "htam_report", None), "decision", None), field, None)
@@ -406,17 +411,16 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
     if cap.capture.dynamic:
         from torch_htam.capture import marked
         model(*marked(tuple(example_inputs), cap.capture.dynamic))
-        from torch_htam.serving import BucketSplit, has_conv, kept_sizes, prime, size_one_inputs, split_at_example
-        found = (kept_sizes([(e.task, e.evaluation.buckets) for e in kernels.values()], cap.capture.dynamic)
+        from torch_htam.serving import BucketSplit, entries_kept_sizes, has_conv, prime, size_one_inputs, split_at_example
+        found = (entries_kept_sizes(list(kernels.values()), cap.capture.dynamic)
                  if run.get("by_bucket") is not None and kernels else None)
         if found is not None:   # the sizes outside the kernels' buckets on the graph without them
             base = inductor.compile_with(model, None, run.get("mode", "default"), run["by_bucket"] or None)
             base(*marked(tuple(example_inputs), cap.capture.dynamic))
             model._compiled_call_impl = BucketSplit(model._compiled_call_impl, base, *found)
         if run.get("at_example") is not None:
-            from torch_htam.extract import static_twin
-            twins = {twin: kernels[t.signature] for t in cap.tasks
-                     if t.signature in kernels and (twin := static_twin(t)) is not None} if run.get("at_example_kernels") else {}
+            from torch_htam.extract import static_twins
+            twins = static_twins(cap.tasks, kernels) if run.get("at_example_kernels") else {}
             mode, options = run.get("mode", "default"), run["at_example"] or None
             static = (inductor.compile_with(model, inductor.HtamBackend(twins, mode, provider, options=options, twins=True))
                       if twins else inductor.compile_with(model, None, mode, options))

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from torch_htam.symbolic import served_range
-from torch_htam.serving import (BucketSplit, ExampleSplit, has_conv, high_end_inputs, kept_sizes, prime,
+from torch_htam.serving import (BucketSplit, ExampleSplit, entries_kept_sizes, has_conv, high_end_inputs, prime,
                                 size_one_inputs, split_at_example)
 from torch_htam.timing import ArmTimes, GradMode, quantile
 
@@ -589,10 +589,7 @@ class Trials:
         base = self.base_arm
         if d.chosen.kind is not ArmKind.KERNELS or not self.cfg.dynamic or base is None or base.call is None:
             return d
-        entries = [self.kernels_of(s) for s in d.chosen.kernels]
-        if not all(hasattr(e, "task") and hasattr(e, "evaluation") for e in entries):
-            return d
-        found = kept_sizes([(e.task, e.evaluation.buckets) for e in entries], self.cfg.dynamic)
+        found = entries_kept_sizes([self.kernels_of(s) for s in d.chosen.kernels], self.cfg.dynamic)
         if found is None:
             return d
         at, sizes = found
@@ -950,10 +947,8 @@ class Trials:
     def twin_kernels(self, sigs) -> dict[str, Any]:
         """{static twin signature (extract.static_twin): kernel} of the ranged tasks `sigs`: what
         the graph specialized to the example's sizes can run."""
-        from torch_htam.extract import static_twin
-        tasks = getattr(self.found, "tasks", None) or []
-        return {twin: self.kernels_of(t.signature) for t in tasks
-                if t.signature in sigs and (twin := static_twin(t)) is not None}
+        from torch_htam.extract import static_twins
+        return static_twins(getattr(self.found, "tasks", None) or [], {s: self.kernels_of(s) for s in sigs})
 
     def failed(self) -> set[str]:
         return {s for a in self.arms for s in a.failed_kernels}

@@ -260,6 +260,14 @@ def static_twin(task) -> str | None:
     return graph_signature(task.graph, [dataclasses.replace(s, dynamic=(), ranges=()) for s in task.inputs])
 
 
+def static_twins(tasks: list, kernels: dict) -> dict:
+    """{static twin signature: kernel} of the ranged tasks among `tasks` that have a kernel in
+    `kernels` ({task signature: kernel}): what the graph specialized to the example's sizes can run
+    (inductor.HtamBackend(twins=True))."""
+    return {twin: kernels[t.signature] for t in tasks
+            if t.signature in kernels and (twin := static_twin(t)) is not None}
+
+
 def _normalize(x):
     """Constants in a hashable, run-independent form (devices vary, so they hash as 'device')."""
     if isinstance(x, dict):

@@ -617,8 +617,7 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
     >>> torch_htam.precompile(model, (x,), "bundle/", arch="sm_90a")   # no GPU here
     """
     from torch_htam import attach, inductor, runtime
-    from torch_htam.bundle import (_gpu_arch, at_example_kernels_of, at_example_of, bundle_arch, by_bucket_of, run_of,
-                                   with_dynamic)
+    from torch_htam.bundle import _gpu_arch, bundle_arch, run_of, with_dynamic, with_dynamic_of
     from torch_htam.bundle import precompile as write_bundle
     cfg = config or OptimizeConfig()
     if arch is not None or _gpu_arch() is None:
@@ -634,7 +633,7 @@ def precompile(model: nn.Module, example_inputs: tuple, out_dir: str | Path,
     # guard turned down stays out, so load() never swaps in what optimize() rejected.
     used, run = _swapped(model), run_of(model)
     if run["compile"]:   # the replay serves the example's sizes only
-        run = with_dynamic(run, cfg.dynamic, at_example_of(model), by_bucket_of(model), at_example_kernels_of(model))
+        run = with_dynamic_of(run, cfg.dynamic, model)
     # Inductor's code for the compiled model (optimize compiled it and called it once), so that a
     # server on the same stack loads it instead of compiling on its first call.
     code = inductor.save_artifacts() if run["compile"] else None

@@ -149,6 +149,14 @@ def kept_sizes(kept: list[tuple], dynamic: dict) -> tuple[tuple[int, int], froze
     return (at, frozenset(sizes)) if ranged else None
 
 
+def entries_kept_sizes(entries, dynamic: dict) -> tuple[tuple[int, int], frozenset] | None:
+    """kept_sizes of kernel cache entries (each its .task and .evaluation.buckets); None where one
+    has neither (a kernel object without a verdict)."""
+    if not all(hasattr(e, "task") and hasattr(e, "evaluation") for e in entries):
+        return None
+    return kept_sizes([(e.task, e.evaluation.buckets) for e in entries], dynamic)
+
+
 def high_end_inputs(inputs: tuple, dynamic: dict | None) -> tuple | None:
     """The inputs with every declared dynamic dim ({input index: {dim: (low, high)}}) at its
     range's high end, the example tiled along it (token ids and masks stay values the model was
