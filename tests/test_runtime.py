@@ -282,6 +282,21 @@ def test_unusable_cache_entry_is_not_swapped(setup):
     assert status[sig].startswith("not usable") and model.htam_report.swapped == len(tasks) - 1
 
 
+def test_task_report_says_where_a_ranged_kernel_runs():
+    """A ranged kernel's report carries the buckets it runs in and its per-bucket timings, so a
+    user can read which sizes get it; a static kernel's carries none."""
+    from types import SimpleNamespace as NS
+    ranged = NS(speedup=1.4, policy={}, compile_speedup=1.2, ref_ms=0.05, buckets=[[0, 0, 9, 64]],
+                bucket_times=[[2, 8, 4, 0.012, 0.010], [9, 64, 24, 0.020, 0.026]])
+    static = NS(speedup=1.3, policy={}, compile_speedup=1.1, ref_ms=0.04, buckets=[], bucket_times=[])
+    tasks = [NS(name="conv", signature="r", count=2, kind="conv"), NS(name="gemm", signature="s", count=1, kind="gemm")]
+    kernels = {"r": NS(evaluation=ranged), "s": NS(evaluation=static)}
+    swapped = [NS(signature="r"), NS(signature="s")]
+    by = {t.signature: t for t in runtime._task_reports(tasks, kernels, swapped, {}, {})}
+    assert by["r"].buckets == [[0, 0, 9, 64]] and by["r"].bucket_times[0] == [2, 8, 4, 0.012, 0.010]
+    assert by["s"].buckets == [] and by["s"].bucket_times == []
+
+
 # ---- GPU: a real kernel through the launcher -----------------------------------------------
 
 BIAS_GELU_CU = r"""

@@ -36,6 +36,11 @@ class TaskReport:
     detail: str = ""
     kind: str = ""                   # Task.kind: "conv", "gemm", "attention", "rowwise", ...
     ref_ms: float | None = None      # the region's eager time per call, from its verification
+    # a ranged task's kernel: the buckets [input, dim, low, high] it runs in, and per bucket away
+    # from the example size [low, high, size, kernel_ms, base_ms] (Evaluation.bucket_times: where
+    # it lost, the region runs instead)
+    buckets: list[list[int]] = field(default_factory=list)
+    bucket_times: list[list[float]] = field(default_factory=list)
 
     def describe(self) -> str:
         return f"{self.status.value}: {self.detail}" if self.detail else self.status.value

@@ -556,7 +556,8 @@ def _task_reports(tasks, kernels: dict[str, Any], swapped: list[Swapped], errors
                               speedup=(ev and ev.speedup) or getattr(k, "speedup", None),
                               policy=ev.policy.get("name", "") if ev else "", status=status,
                               vs_inductor=ev and ev.compile_speedup, detail=detail, kind=t.kind,
-                              ref_ms=ev and ev.ref_ms))
+                              ref_ms=ev and ev.ref_ms, buckets=list(getattr(ev, "buckets", None) or []),
+                              bucket_times=list(getattr(ev, "bucket_times", None) or [])))
     return out
 
 
