@@ -588,6 +588,9 @@ def test_a_graph_with_our_kernels_is_compiled_without_the_cpp_wrapper(with_kerne
     assert bool(b.records[0].swapped) is with_kernels
     assert [("cpp_wrapper" in p) for p in seen] == [not with_kernels]
     assert [r.cpp_wrapper for r in b.records] == [not with_kernels]     # what the decision's JSON shows
+    # ... with why, where a graph was kept from it
+    assert [bool(r.python_wrapper_why) for r in b.records] == [with_kernels]
+    assert not with_kernels or "no form that wrapper calls" in b.records[0].python_wrapper_why
     torch._dynamo.reset()
 
 
@@ -1158,6 +1161,7 @@ def test_the_cpp_wrappers_header_is_warmed_and_our_launches_checked_once_per_ind
     assert header.startswith(str(tmp_path)) and "warm_main" in started[0][2]
     assert not backend.cpp_wrapper_warmed() and not backend.stable_launches_checked()
     assert backend.stable_launches(torch.fx.symbolic_trace(MLP())) is False
+    assert "not yet checked" in backend.unstable_launch(torch.fx.symbolic_trace(MLP()))
     open(header, "w").close()                      # what the process does once its compile is done
     assert backend.cpp_wrapper_warmed() and backend.warm_cpp_wrapper(popen) == "process"
     open(checked, "w").close()                     # ... and once the canary ran right

@@ -189,7 +189,7 @@ def test_the_cpp_wrapper_serves_a_swapped_graph_of_dynamic_size(block, monkeypat
     model, x, dynamic, found = block
     kernels = {t.signature: RangedKernel(t) for t in found.tasks}
     b = inductor.HtamBackend(kernels, provider=PROVIDER)
-    monkeypatch.setattr(b, "_inductor_options", lambda swapped=None: {"cpp_wrapper": True})
+    monkeypatch.setattr(b, "_inductor_options", lambda swapped=None, record=None: {"cpp_wrapper": True})
     compiled = torch.compile(model, backend=b)
     with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
         torch.testing.assert_close(compiled(*marked((x,), dynamic)), model(x))

@@ -190,7 +190,10 @@ class Arm:
                 "high_device_ms": self.high.device.median_ms if self.high and self.high.device else None,
                 # per graph it compiled: with Inductor's C++ wrapper or not (a graph with our kernels
                 # keeps it only where every launch can do without Python: inductor.stable_launches)
-                "cpp_wrapper": [r.cpp_wrapper for r in getattr(self.backend, "records", None) or []]}
+                "cpp_wrapper": [r.cpp_wrapper for r in getattr(self.backend, "records", None) or []],
+                # per graph that was to take it and did not: why (inductor.unstable_launch)
+                "python_wrapper_why": [r.python_wrapper_why for r in getattr(self.backend, "records", None) or []
+                                       if r.python_wrapper_why]}
 
 
 @dataclass

@@ -55,6 +55,9 @@ class GraphRecord:
     swapped: list[str] = field(default_factory=list)   # task signatures, one per swapped site
     note: str = ""
     cpp_wrapper: bool = False   # compiled with Inductor's C++ wrapper (_inductor_options)
+    # where the mode or options asked for that wrapper and this graph's launches kept it from it
+    # (unstable_launch): why, in words; "" otherwise
+    python_wrapper_why: str = ""
 
 
 class HtamBackend:
@@ -96,14 +99,15 @@ class HtamBackend:
         if not self.inductor:
             return graph.forward
         from torch._inductor.compile_fx import compile_fx
-        options = self._inductor_options(graph if record.swapped else None)
+        options = self._inductor_options(graph if record.swapped else None, record)
         record.cpp_wrapper = any(bool(options.get(k)) for k in CPP_WRAPPER_KEYS)
         return compile_fx(graph, example_inputs, config_patches=options)
 
-    def _inductor_options(self, swapped: fx.GraphModule | None = None) -> dict:
+    def _inductor_options(self, swapped: fx.GraphModule | None = None, record: GraphRecord | None = None) -> dict:
         """The mode's Inductor config and the backend's options; on a graph with our kernels in it
         (swapped), the C++ wrapper's only where every launch in it is rewritten for that wrapper
-        (stable_launches; the graph is changed then), else those options are left out.
+        (stable_launches; the graph is changed then), else those options are left out and
+        record.python_wrapper_why says why.
 
         NOTE: on an H200 (torch 2.11) Inductor's C++ wrapper calling htam::launch
         ((int, Tensor[], int[]) -> Tensor[]) for a one-output kernel crashed the process with a
@@ -114,8 +118,12 @@ class HtamBackend:
         if swapped is None or not any(options.get(k) for k in CPP_WRAPPER_KEYS):
             return options
         schema = getattr(getattr(self.provider, "op", None), "_schema", None)   # None: the launcher's own
-        if (schema is None or schema.name == "htam::launch") and stable_launches(swapped):
+        why = (unstable_launch(swapped) if schema is None or schema.name == "htam::launch"
+               else f"the launches call {schema.name}, which has no form that wrapper calls without Python")
+        if why is None and _rewrite_launches(swapped):
             return options
+        if record is not None:
+            record.python_wrapper_why = why
         return {k: v for k, v in options.items() if k not in CPP_WRAPPER_KEYS}
 
     def _swap(self, gm: fx.GraphModule, example_inputs: list, record: GraphRecord) -> fx.GraphModule:
@@ -372,16 +380,14 @@ def stable_launches(gm: fx.GraphModule) -> bool:
         >>> stable_launches(gm)    # launch(h, [x, w], [2, 2, 64, 256]) + getitem(., 0) -> launch_o1(h, 2, 2, 64, 256, 0, ..., x, w, None, ...)
         True
     """
-    from torch_htam import fallback, launcher
-    if not stable_launches_checked():
-        return False
-    sites = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.htam.launch.default]
-    for n in sites:
-        if (launcher.stable_args(*n.args) is None or not all(u.target is operator.getitem for u in n.users)
-                or not fallback.set_in_launcher(n.args[0])):
-            return False
+    return unstable_launch(gm) is None and _rewrite_launches(gm)
+
+
+def _rewrite_launches(gm: fx.GraphModule) -> bool:
+    """stable_launches' rewrite, once unstable_launch found none in the way; True."""
+    from torch_htam import launcher
     _failure_hook()
-    for n in sites:
+    for n in _launch_sites(gm):
         outputs, args = launcher.stable_args(*n.args)   # read now: an earlier rewrite may replace an input
         n.target, n.args = launcher.stable_op(outputs), args
         if outputs == 1:     # a Tensor, not a list: its getitem(., 0) users read it directly
@@ -393,6 +399,29 @@ def stable_launches(gm: fx.GraphModule) -> bool:
             n.meta["val"] = tuple(n.meta["val"])
     gm.recompile()
     return True
+
+
+def unstable_launch(gm: fx.GraphModule) -> str | None:
+    """Why not every htam::launch in gm can become a launch_o<N> (stable_launches), in words; None
+    where each can. Sets each ranged kernel's buckets in the launcher (fallback.set_in_launcher)
+    on the way, as the rewrite needs them."""
+    from torch_htam import fallback, launcher
+    if not stable_launches_checked():
+        return ("our launches are not yet checked under it on this torch (warm_cpp_wrapper's process "
+                "had not finished when this graph compiled)")
+    for n in _launch_sites(gm):
+        if launcher.stable_args(*n.args) is None:
+            return (f"kernel {n.args[0]}'s launch has more inputs, outputs or dims than launch_o<N>'s slots "
+                    f"({launcher.STABLE_INPUTS} inputs, {launcher.STABLE_OUTPUTS} outputs, {launcher.STABLE_META_SLOTS - 2} dims)")
+        if not all(u.target is operator.getitem for u in n.users):
+            return f"kernel {n.args[0]}'s outputs are used as a list, not each by index"
+        if not fallback.set_in_launcher(n.args[0]):
+            return f"kernel {n.args[0]}'s buckets could not be set in the launcher (logged)"
+    return None
+
+
+def _launch_sites(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.htam.launch.default]
 
 
 @functools.cache
