@@ -448,7 +448,9 @@ def test_gpu_a_ranged_kernel_runs_in_the_example_graph_by_its_static_twin(tmp_pa
     model, x, dynamic, task, kernel = _bias_gelu_kept_for_2_to_48(tmp_path)
     ranged = inductor.HtamBackend({task.signature: kernel}, options=inductor.WRAPPER_OPTIONS)
     twin = inductor.HtamBackend({static_twin(task): kernel}, options=inductor.WRAPPER_OPTIONS, twins=True)
-    dyn, static = torch.compile(model, backend=ranged), torch.compile(model, backend=twin)
+    # NOTE: each through a code object of its own, as the decision's arms are compiled: on one
+    # forward, Dynamo's automatic dynamic would make the second compile dynamic (no static twin)
+    dyn, static = inductor.compile_with(model, ranged), inductor.compile_with(model, twin)
     stable, outside = launcher.stable_calls().get(kernel.handle, 0), fallback.counts([kernel.handle]).outside
     try:
         with torch.inference_mode():
@@ -459,6 +461,7 @@ def test_gpu_a_ranged_kernel_runs_in_the_example_graph_by_its_static_twin(tmp_pa
                 torch.testing.assert_close(dyn(y), model(y), rtol=1e-4, atol=1e-4)
     finally:
         torch._dynamo.reset()
-    assert twin.records[0].swapped == [static_twin(task)] and twin.records[0].cpp_wrapper
+    assert twin.records[0].swapped == [static_twin(task)], twin.records[0].note
+    assert twin.records[0].cpp_wrapper, twin.records[0].python_wrapper_why
     assert launcher.stable_calls()[kernel.handle] - stable == 3          # 16 (dynamic), 16 (static), 7
     assert fallback.counts([kernel.handle]).outside - outside == 1        # 60

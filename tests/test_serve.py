@@ -201,6 +201,27 @@ def test_the_cpp_wrapper_serves_a_swapped_graph_of_dynamic_size(block, monkeypat
         assert [s[0] for s in k.sizes[-3:]] == [3, 17, 50]
 
 
+def test_a_ranged_kernel_swaps_into_the_example_graph_by_its_static_twin(block):
+    """A ranged kernel keyed by its task's static twin (extract.static_twin) is swapped into the
+    graph specialized to the example's sizes (HtamBackend(twins=True)), compiled beside the
+    dynamic graph through a code object of its own (inductor.compile_with), as the decision's STATIC
+    arm with kernels is; the answer is right at the example's sizes."""
+    from torch_htam.extract import static_twin
+    model, x, dynamic, found = block
+    task = found.tasks[0]
+    kernel = RangedKernel(task)
+    kernel.evaluation = Evaluation(True, "ok", buckets=[[0, 0, 2, 48]])
+    ranged = inductor.HtamBackend({task.signature: kernel}, provider=PROVIDER)
+    twin = inductor.HtamBackend({static_twin(task): kernel}, provider=PROVIDER, twins=True)
+    dyn, static = inductor.compile_with(model, ranged), inductor.compile_with(model, twin)
+    with torch.inference_mode():
+        dyn(*marked((x,), dynamic))
+        torch.testing.assert_close(static(x), model(x))
+    assert [r.swapped for r in ranged.records] == [[task.signature]]
+    assert [r.swapped for r in twin.records] == [[static_twin(task)]]
+    assert kernel.sizes[-1][0] == x.shape[0]             # the twin's launch, at the example's rows
+
+
 def _ranged(name: str, batch: int, low: int, high: int):
     """A one-input task whose leading dim (batch) is declared low..high."""
     from torch_htam.task import Task, TensorSpec
