@@ -602,22 +602,24 @@ def test_gpu_compiled_bundle_serves_its_first_call_from_its_inductor_code(tmp_pa
 
 def _ranged_bundle(tmp_path, monkeypatch, run_args: tuple, buckets: list):
     """MLP (batch declared 1-16, example 4) bundled with a stand-in kernel per ranged task, each
-    kept for `buckets`, with run = bundle.with_dynamic(compiled run, dynamic, *run_args); loaded
-    back. Returns (model, x, tasks, stand_ins, loaded model, bundle folder)."""
+    kept for `buckets` (or buckets(i) for the i-th task), with run = bundle.with_dynamic(compiled
+    run, dynamic, *run_args) (or *run_args(signatures)); loaded back. Returns (model, x, tasks,
+    stand_ins, loaded model, bundle folder)."""
     monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path / "user_cache"))
     torch.manual_seed(0)
     torch._dynamo.reset()
     model, x, dynamic = MLP().eval(), torch.randn(4, 8, 32), {0: {0: (1, 16)}}
     tasks = {t.signature: t for t in extract_tasks(model, (x,), dynamic=dynamic)}
     cache = KernelCache("sm_fake", root=tmp_path / "cache")
-    for t in tasks.values():
+    for i, t in enumerate(tasks.values()):
         so = tmp_path / f"{t.signature}.so"
         so.write_bytes(b"\x7fELF fake library for " + t.signature.encode() * 50)
         ev = _ev()
-        ev.buckets = buckets
+        ev.buckets = buckets(i) if callable(buckets) else buckets
         cache.put(t, f"// kernel for {t.name}\n", so, ev, {"proposer": "expert"})
     stand_ins = {sig: CpuKernel(t) for sig, t in tasks.items()}   # MLP's graphs take any batch
     provider = runtime.Provider(PROVIDER.op, lambda entry: stand_ins[entry.signature])
+    run_args = run_args(list(tasks)) if callable(run_args) else run_args
     run = bundle.with_dynamic({"compile": True, "mode": "default"}, dynamic, *run_args)
     out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache, run=run)
     with torch.no_grad():
@@ -663,6 +665,29 @@ def test_a_bundles_example_graph_runs_its_kernels_where_optimize_ran_them(tmp_pa
         assert torch.allclose(fresh(x), model(x), atol=1e-6)
     ran = [k.calls - c for k, c in zip(stand_ins.values(), calls)]
     assert ran == [int(at_example_kernels)] * len(ran), ran
+    torch._dynamo.reset()
+
+
+def test_a_bundle_serves_sizes_where_some_kernels_were_kept_on_a_graph_of_those(tmp_path, monkeypatch):
+    """A bundle whose run records a bucket arm (decide.Trials.bucket_arm: sizes 2-8, where only the
+    first task's kernel was kept) loads it: those sizes run that kernel alone, 9-16 every kernel,
+    size 1 none, each right."""
+    model, _, _, stand_ins, fresh, out = _ranged_bundle(
+        tmp_path, monkeypatch, lambda sigs: (None, {}, False, [{"kernels": sigs[:1], "sizes": list(range(2, 9))}]),
+        lambda i: [[0, 0, 2, 8], [0, 0, 9, 16]] if i == 0 else [[0, 0, 9, 16]])
+    assert len(stand_ins) > 1
+    assert isinstance(fresh._compiled_call_impl, serving.BucketSplit) and len(fresh._compiled_call_impl.more) == 1
+    assert json.loads((out / "manifest.json").read_text())["run"]["bucket_arms"][0]["sizes"] == list(range(2, 9))
+
+    def ran(n):
+        calls = [k.calls for k in stand_ins.values()]
+        y = torch.randn(n, 8, 32)
+        with torch.no_grad():
+            assert torch.allclose(fresh(y), model(y), atol=1e-6)
+        return [k.calls > c for k, c in zip(stand_ins.values(), calls)]
+    first_only = [True] + [False] * (len(stand_ins) - 1)
+    assert ran(3) == first_only and ran(8) == first_only
+    assert ran(11) == [True] * len(stand_ins) and ran(1) == [False] * len(stand_ins)
     torch._dynamo.reset()
 
 

@@ -687,6 +687,50 @@ def test_a_chosen_kernels_arm_serves_only_the_sizes_its_kernels_were_kept_for(bu
     assert ("7 of the sizes 2-16" in d.reason and "(9-16 run the kernels)" in d.reason) is split, d.reason
 
 
+@pytest.mark.parametrize("subset_ms", [0.8, 1.0])
+def test_sizes_where_only_some_kernels_were_kept_run_an_arm_of_those_where_it_wins(subset_ms, monkeypatch):
+    """Two ranged kernels, one kept for sizes 2-16, the other for 9-16 only: 9-16 run both; 2-8
+    run an arm of the first alone where it beats the base at a size of theirs (here 4), else the
+    base; size 1 stays on Dynamo's own graph (the base)."""
+    from types import SimpleNamespace
+    from torch_htam import decide, serving
+    from torch_htam.config import OptimizeConfig
+    from torch_htam.deadline import Deadline
+    from torch_htam.task import Task, TensorSpec
+    from torch_htam.timing import ArmTime, ArmTimes, GradMode
+    spec = TensorSpec((4, 16), "float32", (16, 1)).with_ranges({0: (2, 16)})
+
+    def entry(sig, buckets):
+        return SimpleNamespace(task=Task(sig, "elementwise", "", [spec], [spec], sig, []),
+                               evaluation=SimpleNamespace(buckets=buckets))
+    kernels = {"a": entry("a", [[0, 0, 2, 8], [0, 0, 9, 16]]), "b": entry("b", [[0, 0, 9, 16]])}
+    t = decide.Trials(MLP().eval(), (torch.randn(4, 64),), OptimizeConfig(dynamic={0: {0: (1, 16)}}),
+                      GradMode.current(), Deadline(None), kernels=kernels)
+    t.base_arm = decide.Arm(decide.ArmKind.WRAPPER, call=lambda x: "base")
+    built, timed_at = [], []
+
+    def ready(arm):
+        built.append(arm.kernels)
+        arm.call = lambda x: "subset"
+        return arm
+
+    def timed(arms, inputs, at):
+        timed_at.append((at, inputs[0].shape[0]))
+        return [ArmTimes(ArmTime(ms, ms, ms), ArmTime(ms, ms, ms)) for ms in (1.0, subset_ms)]
+    monkeypatch.setattr(t, "ready", ready)
+    monkeypatch.setattr(t, "timed", timed)
+    d = t.by_bucket(decide.Decision(decide.Arm(decide.ArmKind.KERNELS, ("a", "b"), call=lambda x: "kernels"),
+                                    decide.Outcome.KERNELS, "2 of 2 kernels"))
+    assert built == [("a",)] and timed_at == [("size 4", 4)]
+    got = [d.chosen.call(torch.empty(n, 64)) for n in (1, 2, 4, 8, 9, 16)]
+    wins = subset_ms < 1.0
+    assert got == ["base"] + ["subset" if wins else "base"] * 3 + ["kernels"] * 2
+    assert [(a.kernels, sorted(n)) for a, n in d.bucket_arms] == ([(("a",), list(range(2, 9)))] if wins else [])
+    assert ("sizes 2-8 (1 of the kernels kept there, timed at 4) run those" in d.reason) is wins, d.reason
+    assert [serving.route(d.chosen.call, (torch.empty(n, 64),)) for n in (4, 12)] == \
+        [serving.Route.KERNELS if wins else serving.Route.BASE, serving.Route.KERNELS]
+
+
 @pytest.mark.parametrize("twin_ms", [0.7, 1.2])
 def test_the_example_graph_with_the_chosen_kernels_serves_the_example_where_faster(twin_ms, monkeypatch):
     """With a kernels arm chosen over declared sizes, torch.compile's graph for the example's

@@ -176,7 +176,7 @@ def test_a_decisions_timing_record_pairs_each_arm_with_the_first_round_by_round(
         a = ArmTime(sorted(rounds)[len(rounds) // 2], min(rounds), max(rounds), round_ms=list(rounds))
         return ArmTimes(a, a)
     rec = timing_record([Arm(ArmKind.COMPILE), Arm(ArmKind.WRAPPER)],
-                        [t([2.0, 4.0, 2.0, 4.0, 2.0]), t([1.0, 2.0, 1.0, 2.0, 1.0])], high=True)
+                        [t([2.0, 4.0, 2.0, 4.0, 2.0]), t([1.0, 2.0, 1.0, 2.0, 1.0])], "high end")
     assert rec["at"] == "high end"
     first, second = rec["arms"]
     assert "latency_vs_first" not in first and second["latency_vs_first"] == 2.0

@@ -72,7 +72,8 @@ def run_of(model: torch.nn.Module) -> dict[str, Any]:
 
 
 def with_dynamic(run: dict[str, Any], dynamic: dict | None, at_example: dict | None,
-                 by_bucket: dict | None = None, at_example_kernels: bool = False) -> dict[str, Any]:
+                 by_bucket: dict | None = None, at_example_kernels: bool = False,
+                 bucket_arms: list[dict] | None = None) -> dict[str, Any]:
     """`run` recording the declared dynamic sizes (OptimizeConfig.dynamic) the bundle serves, as
     JSON ({"0": {"0": [1, 64]}}): its tasks are the ranged ones, and load() compiles the model
     with those dims dynamic. at_example: the Inductor options of torch.compile's graph for the
@@ -81,16 +82,20 @@ def with_dynamic(run: dict[str, Any], dynamic: dict | None, at_example: dict | N
     options of the graph without our kernels that serves the sizes outside their buckets
     (serving.BucketSplit), or None where the kernels' graph serves every size.
     at_example_kernels: that example's graph runs the bundle's kernels too (their static twins,
-    extract.static_twin)."""
+    extract.static_twin). bucket_arms: [{"kernels": [signature, ...], "sizes": [n, ...]}], sizes
+    outside the kernels' common buckets served by a graph of just the kernels kept there
+    (BucketSplit.more, decide.Trials.bucket_arm)."""
     if not dynamic:
         return run
     return run | {"dynamic": {str(i): {str(d): list(r) for d, r in dims.items()} for i, dims in dynamic.items()},
-                  "at_example": at_example, "by_bucket": by_bucket, "at_example_kernels": at_example_kernels}
+                  "at_example": at_example, "by_bucket": by_bucket, "at_example_kernels": at_example_kernels,
+                  "bucket_arms": bucket_arms or []}
 
 
 def with_dynamic_of(run: dict[str, Any], dynamic: dict | None, model: torch.nn.Module) -> dict[str, Any]:
     """with_dynamic for an optimized model: the splits its decision serves the sizes with."""
-    return with_dynamic(run, dynamic, at_example_of(model), by_bucket_of(model), at_example_kernels_of(model))
+    return with_dynamic(run, dynamic, at_example_of(model), by_bucket_of(model), at_example_kernels_of(model),
+                        bucket_arms_of(model))
 
 
 def _decided(model: torch.nn.Module, field: str):
@@ -118,6 +123,11 @@ def by_bucket_of(model: torch.nn.Module) -> dict | None:
     the sizes outside its kernels' buckets (its decision's by_bucket, serving.BucketSplit), or None."""
     base = _decided(model, "by_bucket")
     return None if base is None else dict(base.options)
+
+
+def bucket_arms_of(model: torch.nn.Module) -> list[dict]:
+    """with_dynamic's bucket_arms for an optimized model: its decision's (decide.Decision.bucket_arms)."""
+    return [{"kernels": list(arm.kernels), "sizes": sorted(sizes)} for arm, sizes in _decided(model, "bucket_arms") or []]
 
 
 def dynamic_of(run: dict[str, Any]) -> dict[int, dict[int, tuple[int, int]]] | None:
@@ -417,7 +427,8 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
         if found is not None:   # the sizes outside the kernels' buckets on the graph without them
             base = inductor.compile_with(model, None, run.get("mode", "default"), run["by_bucket"] or None)
             base(*marked(tuple(example_inputs), cap.capture.dynamic))
-            model._compiled_call_impl = BucketSplit(model._compiled_call_impl, base, *found)
+            more = _bucket_arms(model, kernels, run, provider, marked(tuple(example_inputs), cap.capture.dynamic))
+            model._compiled_call_impl = BucketSplit(model._compiled_call_impl, base, *found, more=more)
         if run.get("at_example") is not None:
             from torch_htam.extract import static_twins
             twins = static_twins(cap.tasks, kernels) if run.get("at_example_kernels") else {}
@@ -432,6 +443,23 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
         if has_conv(cap.capture.graphs):   # each conv size's planning, here too (decide.Trials.prime_sizes)
             prime(model, tuple(example_inputs), cap.capture.dynamic, lambda next_s: True)
     return model
+
+
+def _bucket_arms(model: torch.nn.Module, kernels: dict, run: dict, provider, marked_inputs: tuple) -> tuple:
+    """BucketSplit.more from run["bucket_arms"]: each a graph of its kernels (compiled here on the
+    marked example inputs), for its sizes; one with a kernel the bundle no longer has is left out
+    (its sizes run the base)."""
+    from torch_htam import inductor
+    more = []
+    for rec in run.get("bucket_arms") or []:
+        if not all(s in kernels for s in rec["kernels"]):
+            continue
+        b = inductor.HtamBackend({s: kernels[s] for s in rec["kernels"]}, run.get("mode", "default"), provider,
+                                 keep_reexport=run.get("reexport", False), options=run.get("options"))
+        call = inductor.compile_with(model, b)
+        call(*marked_inputs)
+        more.append((frozenset(rec["sizes"]), call))
+    return tuple(more)
 
 
 def _load_inductor_code(bundle_dir: str | Path, manifest: dict) -> str:

@@ -21,8 +21,10 @@ fails does the original forward stay, and the decision says so.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import logging
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -211,12 +213,15 @@ class Decision:
     at_example: Arm | None = None     # what serves the example's own sizes where not `chosen` (ExampleSplit)
     timings: list[dict] = field(default_factory=list)   # every timing that made it, in order (Trials.time)
     by_bucket: Arm | None = None      # what serves the sizes outside the kernels' buckets (BucketSplit)
+    # arms of a subset of the chosen kernels, each with the sizes it serves (BucketSplit.more)
+    bucket_arms: list[tuple[Arm, frozenset]] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"outcome": self.outcome.value, "chosen": self.chosen.kind.name, "reason": self.reason,
                 "grad": self.grad.value, "arms": [a.to_json() for a in self.arms], "host": self.host_notes,
                 "host_share": self.host_share,
                 "at_example": self.at_example.kind.name if self.at_example is not None else None,
+                "bucket_arms": [{"kernels": list(a.kernels), "sizes": _spans(n)} for a, n in self.bucket_arms],
                 "timings": self.timings}
 
     def host_line(self) -> str | None:
@@ -288,12 +293,12 @@ def ratio(base: Arm, ours: Arm) -> float:
     return ((b.latency.median_ms / o.latency.median_ms) * (b.throughput.median_ms / o.throughput.median_ms)) ** 0.5
 
 
-def timing_record(arms: list[Arm], times: list[ArmTimes], high: bool) -> dict:
+def timing_record(arms: list[Arm], times: list[ArmTimes], at: str) -> dict:
     """One timing of arms, for the decision's JSON: each arm's medians (ms) and, from the second
     on, the paired ratio of the first arm's rounds to its own (timing.paired_ratio; above 1: faster
     than the first). A choice made on one timing and confirmed on another can be read from these.
 
-        >>> timing_record([Arm(ArmKind.COMPILE)], [_t(1.0, 1.0)], False)["arms"][0]["latency_ms"]
+        >>> timing_record([Arm(ArmKind.COMPILE)], [_t(1.0, 1.0)], "example")["arms"][0]["latency_ms"]
         1.0
     """
     from torch_htam.timing import paired_ratio
@@ -308,7 +313,7 @@ def timing_record(arms: list[Arm], times: list[ArmTimes], high: bool) -> dict:
                 r = paired_ratio(getattr(first, k).round_ms, getattr(t, k).round_ms)
                 out[f"{k}_vs_first"] = round(r, 4) if r is not None else None
         return out
-    return {"at": "high end" if high else "example", "arms": [row(a, t) for a, t in zip(arms, times)]}
+    return {"at": at, "arms": [row(a, t) for a, t in zip(arms, times)]}
 
 
 # ---- the procedure -------------------------------------------------------------------------------
@@ -418,6 +423,7 @@ class Trials:
             return self.timing_s(2 * min(n_tasks, 4) + 1)
         trials = 1 + min(n_tasks, 4) + (1 if n_tasks else 0)   # re-export, kernel subsets, replay
         trials += 1 if self.cfg.dynamic else 0                 # channels-last convs (base())
+        trials += 1 if self.cfg.dynamic and n_tasks > 1 else 0  # the kernels kept at some sizes (bucket_arm)
         # base()'s layout arm at the high end, and a kernel trial's (wins_at_high_end: the floor,
         # the base, the kernel arm)
         high_end = 2 + (3 if n_tasks else 0) if self.cfg.dynamic else 0
@@ -604,7 +610,42 @@ class Trials:
             d.by_bucket = base
             d.reason += (f"; {left} of the sizes {low}-{high} lie outside a kernel's buckets and run "
                          f"{base.name} ({_spans(sizes)} run the kernels)")
+            self.bucket_arm(d, base, (low, high))
         return d
+
+    def bucket_arm(self, d: Decision, base: Arm, served: tuple[int, int]) -> None:
+        """Of the sizes d's BucketSplit sends to `base`, the largest group at which the same
+        subset of the chosen kernels was kept (serving.subsets_by_size) runs an arm of just those
+        kernels, where it beats `base` beyond noise at a size of the group (the one nearest its
+        geometric middle); BucketSplit.more then sends the group there."""
+        from torch_htam.serving import at_size, entries_kept, held_sizes, subsets_by_size
+        split, sigs = d.chosen.call, d.chosen.kernels
+        kept = entries_kept([self.kernels_of(s) for s in sigs])
+        found = held_sizes(kept, self.cfg.dynamic) if kept is not None else None
+        if found is None:
+            return
+        low, high = served
+        groups = subsets_by_size(found[2], [n for n in range(low, high + 1) if n not in split.sizes])
+        if not groups:
+            return
+        idx, sizes = max(groups.items(), key=lambda g: (len(g[1]), len(g[0])))
+        mid = math.log(min(sizes) * max(sizes)) / 2
+        n = min(sizes, key=lambda m: (abs(math.log(m) - mid), m))
+        (r,), subset = {r for dims in self.cfg.dynamic.values() for r in dims.values()}, tuple(sigs[i] for i in sorted(idx))
+        inputs = at_size(self.inputs, self.cfg.dynamic, r, n) or self.inputs    # None: n is the example's
+        if not self.affords(2, compile_s=self.trial_compile_s or None):
+            return
+        arm = self.ready(Arm(ArmKind.KERNELS, subset, options=dict(d.chosen.options)))
+        times = None if arm.error else self.timed([base, arm], inputs, f"size {n}")
+        what = f"sizes {_spans(sizes)} ({len(subset)} of the kernels kept there, timed at {n})"
+        if times is None or not better(times[0], times[1]):
+            why = arm.error or ("untimed" if times is None else "not faster there")
+            d.reason += f"; {what} stay on {base.name}: {why}"
+            return
+        d.chosen.call = dataclasses.replace(split, more=((sizes, arm.call),))
+        d.bucket_arms = [(arm, sizes)]
+        d.reason += (f"; {what} run those: {times[1].latency.median_ms:.3f} against "
+                     f"{times[0].latency.median_ms:.3f} ms synced")
 
     def split_off(self, d: Decision, static: Arm, why: str) -> Decision:
         """d with the example's own sizes on `static` (ExampleSplit), saying why."""
@@ -889,30 +930,39 @@ class Trials:
         ranges' high end: into Arm.high); False where the deadline leaves no time. overrun: arms
         compiled for a choice are timed even past the deadline, where that takes at most
         TIMING_OVERRUN_S (and the report says by how much)."""
-        from torch_htam.timing import time_arms
         arms = [a for a in arms if not a.error]
+        # NOTE: the STATIC arm recompiles on an input marked dynamic; the other arms' graphs serve
+        # the unmarked example inputs as they are (Dynamo guards a mark only where a call has one)
+        plain = any(a.kind is ArmKind.STATIC for a in arms)
+        times = self.timed(arms, high or (self.plain if plain else self.inputs),
+                           "example" if high is None else "high end", overrun)
+        if times is None:
+            return False
+        for a, t in zip(arms, times):
+            if high is None:
+                a.times = t
+            else:
+                a.high = t
+        return True
+
+    def timed(self, arms: list[Arm], inputs: tuple, at: str, overrun: bool = False) -> list[ArmTimes] | None:
+        """The arms' times on `inputs`, interleaved, recorded in the decision's timings as taken
+        `at` (e.g. "example", "size 4"); None where the deadline leaves no time (overrun as time())."""
+        from torch_htam.timing import time_arms
         need = self.timing_s(len(arms))
         if not self.deadline.allows(need):
             if not (overrun and need <= TIMING_OVERRUN_S):
                 self.out_of_time("timing " + ", ".join(a.name for a in arms))
-                return False
+                return None
             past = -min(0.0, self.deadline.remaining() or 0.0) + need
             self.deadline.overrun(f"timing {', '.join(a.name for a in arms)}: about {past:.0f} s past the "
                                   "time budget, the arms being compiled already")
         self.quiet_host(need)
-        # NOTE: the STATIC arm recompiles on an input marked dynamic; the other arms' graphs serve
-        # the unmarked example inputs as they are (Dynamo guards a mark only where a call has one)
-        plain = any(a.kind is ArmKind.STATIC for a in arms)
         with self.deadline.phase("decide: timing"):
-            times = time_arms({i: a.call for i, a in enumerate(arms)}, high or (self.plain if plain else self.inputs),
-                              ITERS, ROUNDS, self.grad)
-        for i, a in enumerate(arms):
-            if high is None:
-                a.times = times[i]
-            else:
-                a.high = times[i]
-        self.timings.append(timing_record(arms, [times[i] for i in range(len(arms))], high is not None))
-        return True
+            times = time_arms({i: a.call for i, a in enumerate(arms)}, inputs, ITERS, ROUNDS, self.grad)
+        out = [times[i] for i in range(len(arms))]
+        self.timings.append(timing_record(arms, out, at))
+        return out
 
     def quiet_host(self, timing_s: float) -> None:
         """Wait (within the deadline, at most timing.QUIET_MAX_S) until other processes leave the

@@ -3,8 +3,9 @@ decision compiles and times them at.
 
     ExampleSplit          the example's own sizes on torch.compile's graph for them, every other
                           size on the chosen arm's dynamic graphs (a shape compare per call)
-    BucketSplit           the sizes where every ranged kernel of an arm was kept on that arm, the
-                          rest on the arm it was built on (kept_sizes: which sizes)
+    BucketSplit           the sizes where every ranged kernel of an arm was kept on that arm, a
+                          group of others on an arm of the kernels kept there (subsets_by_size),
+                          the rest on the arm it was built on (kept_sizes: which sizes)
     high_end_inputs       the example tiled to each declared range's high end
     size_one_inputs       the example cut to size 1 per range starting at 1 (Dynamo's own graph)
     prime                 one call at every size of a short range (cuDNN's plans per conv size)
@@ -71,19 +72,35 @@ class BucketSplit:
     sizes 2-8 for some: 32.5% of requests ran such regions, and the mix's p99 was 0.654x and its
     throughput 0.970x of torch.compile's (bench_serve-20261128-211017).
 
-    at: (positional argument, dim) read for the size; sizes: where `kernels` runs."""
+    at: (positional argument, dim) read for the size; sizes: where `kernels` runs; more: (sizes,
+    call) of arms with a subset of the kernels, each for sizes where just those were kept
+    (decide.Trials.bucket_arm): served vision bf16 kept 6 conv kernels of which 2 lost at batch 4,
+    where the other 4 won by 1.2-1.5x, so sizes 2-8 (40% of its requests) ran none
+    (bench_serve-20261128-234914)."""
     kernels: Callable
     base: Callable
     at: tuple[int, int]
     sizes: frozenset
+    more: tuple[tuple[frozenset, Callable], ...] = ()
 
     def __call__(self, *args, **kwargs):
-        return (self.kernels if self.holds(args) else self.base)(*args, **kwargs)
+        return self.route_of(args)(*args, **kwargs)
+
+    def route_of(self, args: tuple) -> Callable:
+        """The arm that serves args: the kernels', one of `more`, else the base."""
+        n = self.size_of(args)
+        if n in self.sizes:
+            return self.kernels
+        return next((call for sizes, call in self.more if n in sizes), self.base)
 
     def holds(self, args: tuple) -> bool:
-        """Whether args are at a size the kernels run at."""
+        """Whether args are at a size some of the kernels run at."""
+        n = self.size_of(args)
+        return n in self.sizes or any(n in sizes for sizes, _ in self.more)
+
+    def size_of(self, args: tuple) -> int | None:
         i, d = self.at
-        return i < len(args) and getattr(args[i], "shape", None) is not None and args[i].shape[d] in self.sizes
+        return args[i].shape[d] if i < len(args) and getattr(args[i], "shape", None) is not None else None
 
 
 class Route(enum.Enum):
@@ -112,17 +129,31 @@ def route(call: Callable, args: tuple) -> Route:
 
 def kept_sizes(kept: list[tuple], dynamic: dict) -> tuple[tuple[int, int], frozenset] | None:
     """((input, dim), sizes) for BucketSplit: the sizes of the one declared range ({input index:
-    {dim: (low, high)}}) at which every ranged kernel is inside a bucket it was kept for. kept:
-    (task, buckets) per kernel, buckets as verify.Bucket or [input, dim, low, high] (
-    Evaluation.buckets; a static task's [] constrains nothing). A task's leading dim is k times
-    the size a dynamic graph serves (k * symbolic.served_range: size 1 has Dynamo's own graph, of
-    static tasks), so bucket [lo, hi] holds the sizes ceil(lo/k)..floor(hi/k). None where it
-    cannot be said: more than one declared range, a task range that is no multiple of the served
-    one, or no ranged kernel.
+    {dim: (low, high)}}) at which every ranged kernel is inside a bucket it was kept for (kept and
+    None as held_sizes).
 
         >>> kept_sizes([(task, [[0, 0, 9, 64]])], {0: {0: (1, 64)}})      # task batch 2-64
         ((0, 0), frozenset({9, 10, ..., 64}))
     """
+    found = held_sizes(kept, dynamic)
+    if found is None:
+        return None
+    at, (low, high), held = found
+    sizes = set(range(low, high + 1))
+    for h in held:
+        sizes &= h if h is not None else sizes
+    return at, frozenset(sizes)
+
+
+def held_sizes(kept: list[tuple], dynamic: dict) -> tuple[tuple[int, int], tuple[int, int], list] | None:
+    """((input, dim), the served range (low, high), per kept kernel the sizes it runs at, None for
+    a static task's: any) over the one declared range ({input index: {dim: (low, high)}}). kept:
+    (task, buckets) per kernel, buckets as verify.Bucket or [input, dim, low, high] (
+    Evaluation.buckets). A task's leading dim is k times the size a dynamic graph serves (k *
+    symbolic.served_range: size 1 has Dynamo's own graph, of static tasks), so bucket [lo, hi]
+    holds the sizes ceil(lo/k)..floor(hi/k). None where it cannot be said: more than one declared
+    range, a task range that is no multiple of the served one, a ranged kernel without buckets, or
+    no ranged kernel."""
     from torch_htam.symbolic import served_range
     from torch_htam.verify import Bucket, leading_dim
     ranges = {r for dims in dynamic.values() for r in dims.values()}
@@ -131,10 +162,11 @@ def kept_sizes(kept: list[tuple], dynamic: dict) -> tuple[tuple[int, int], froze
     (low, high), = ranges
     low, high = served_range(low, high)
     at = min((i, d) for i, dims in dynamic.items() for d in dims)
-    sizes, ranged = set(range(low, high + 1)), False
+    out = []
     for task, buckets in kept:
         lead = leading_dim(task)
         if lead is None:
+            out.append(None)
             continue
         lo, hi = task.inputs[lead[0]].range_of(lead[1])
         k = lo // low
@@ -144,17 +176,38 @@ def kept_sizes(kept: list[tuple], dynamic: dict) -> tuple[tuple[int, int], froze
         for b in buckets:
             b = b if isinstance(b, Bucket) else Bucket(*b)
             held |= set(range(-(-b.low // k), b.high // k + 1))
-        sizes &= held
-        ranged = True
-    return (at, frozenset(sizes)) if ranged else None
+        out.append(frozenset(held))
+    return (at, (low, high), out) if any(h is not None for h in out) else None
+
+
+def subsets_by_size(held: list, sizes) -> dict[frozenset, frozenset]:
+    """{indices of the kernels that run at a size (held_sizes' list; None: every size): those of
+    `sizes`}, leaving out sizes where none does.
+
+        >>> subsets_by_size([frozenset({2, 3}), None, frozenset({3})], [2, 3, 4])
+        {frozenset({0, 1}): frozenset({2}), frozenset({0, 1, 2}): frozenset({3}), frozenset({1}): frozenset({4})}
+    """
+    groups: dict[frozenset, set] = {}
+    for n in sizes:
+        idx = frozenset(i for i, h in enumerate(held) if h is None or n in h)
+        if idx:
+            groups.setdefault(idx, set()).add(n)
+    return {k: frozenset(v) for k, v in groups.items()}
 
 
 def entries_kept_sizes(entries, dynamic: dict) -> tuple[tuple[int, int], frozenset] | None:
-    """kept_sizes of kernel cache entries (each its .task and .evaluation.buckets); None where one
-    has neither (a kernel object without a verdict)."""
+    """kept_sizes of kernel cache entries; None where one has no verdict (entries_kept)."""
+    kept = entries_kept(entries)
+    return None if kept is None else kept_sizes(kept, dynamic)
+
+
+def entries_kept(entries) -> list[tuple] | None:
+    """(task, buckets) of kernel cache entries (each its .task and .evaluation.buckets), as
+    kept_sizes and held_sizes take them; None where one has neither (a kernel object without a
+    verdict)."""
     if not all(hasattr(e, "task") and hasattr(e, "evaluation") for e in entries):
         return None
-    return kept_sizes([(e.task, e.evaluation.buckets) for e in entries], dynamic)
+    return [(e.task, e.evaluation.buckets) for e in entries]
 
 
 def high_end_inputs(inputs: tuple, dynamic: dict | None) -> tuple | None:
