@@ -295,6 +295,7 @@ def test_task_report_says_where_a_ranged_kernel_runs():
     by = {t.signature: t for t in runtime._task_reports(tasks, kernels, swapped, {}, {})}
     assert by["r"].buckets == [[0, 0, 9, 64]] and by["r"].bucket_times[0] == [2, 8, 4, 0.012, 0.010]
     assert by["s"].buckets == [] and by["s"].bucket_times == []
+    assert by["r"].describe().endswith("(sizes 9-64)") and "sizes" not in by["s"].describe()
 
 
 # ---- GPU: a real kernel through the launcher -----------------------------------------------

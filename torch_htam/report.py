@@ -43,7 +43,12 @@ class TaskReport:
     bucket_times: list[list[float]] = field(default_factory=list)
 
     def describe(self) -> str:
-        return f"{self.status.value}: {self.detail}" if self.detail else self.status.value
+        out = f"{self.status.value}: {self.detail}" if self.detail else self.status.value
+        return out + (f" (sizes {self.sizes()})" if self.buckets else "")
+
+    def sizes(self) -> str:
+        """The leading dim's sizes a ranged kernel runs at, as its kept buckets: "2-8, 9-64"."""
+        return ", ".join(f"{lo}-{hi}" if lo != hi else str(lo) for *_, lo, hi in self.buckets)
 
 
 @dataclass
