@@ -44,7 +44,8 @@ class TaskReport:
 
     def describe(self) -> str:
         out = f"{self.status.value}: {self.detail}" if self.detail else self.status.value
-        return out + (f" (sizes {self.sizes()})" if self.buckets else "")
+        runs = self.buckets and self.status in (TaskStatus.SWAPPED, TaskStatus.READY)
+        return out + (f" (sizes {self.sizes()})" if runs else "")
 
     def sizes(self) -> str:
         """The leading dim's sizes a ranged kernel runs at, as its kept buckets: "2-8, 9-64"."""
