@@ -33,9 +33,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from torch_htam.symbolic import served_range
-from torch_htam.serving import (BucketSplit, ExampleSplit, entries_kept_sizes, has_conv, high_end_inputs, prime,
-                                size_one_inputs, split_at_example)
+from torch_htam.serving import (BucketSplit, ExampleSplit, common_sizes, entries_kept, has_conv, held_sizes,
+                                high_end_inputs, prime, size_one_inputs, split_at_example)
 from torch_htam.timing import ArmTimes, GradMode, quantile
 
 log = logging.getLogger("torch_htam")
@@ -598,40 +597,37 @@ class Trials:
         base = self.base_arm
         if d.chosen.kind is not ArmKind.KERNELS or not self.cfg.dynamic or base is None or base.call is None:
             return d
-        found = entries_kept_sizes([self.kernels_of(s) for s in d.chosen.kernels], self.cfg.dynamic)
+        kept = entries_kept([self.kernels_of(s) for s in d.chosen.kernels])
+        found = held_sizes(kept, self.cfg.dynamic) if kept is not None else None
         if found is None:
             return d
-        at, sizes = found
-        (low, high), = {r for dims in self.cfg.dynamic.values() for r in dims.values()}
-        low, high = served_range(low, high)     # size 1 has graphs of its own, of static tasks
-        left = high - low + 1 - len(sizes)
+        at, (low, high), held = found     # low: 2 where declared 1 (size 1 has graphs of its own)
+        sizes = common_sizes((low, high), held)
+        left = [n for n in range(low, high + 1) if n not in sizes]
         if left:
             d.chosen.call = BucketSplit(d.chosen.call, base.call, at, sizes)
             d.by_bucket = base
-            d.reason += (f"; {left} of the sizes {low}-{high} lie outside a kernel's buckets and run "
+            d.reason += (f"; {len(left)} of the sizes {low}-{high} lie outside a kernel's buckets and run "
                          f"{base.name} ({_spans(sizes)} run the kernels)")
-            self.bucket_arm(d, base, (low, high))
+            self.bucket_arm(d, base, held, left)
         return d
 
-    def bucket_arm(self, d: Decision, base: Arm, served: tuple[int, int]) -> None:
-        """Of the sizes d's BucketSplit sends to `base`, the largest group at which the same
-        subset of the chosen kernels was kept (serving.subsets_by_size) runs an arm of just those
-        kernels, where it beats `base` beyond noise at a size of the group (the one nearest its
-        geometric middle); BucketSplit.more then sends the group there."""
-        from torch_htam.serving import at_size, entries_kept, held_sizes, subsets_by_size
+    def bucket_arm(self, d: Decision, base: Arm, held: list, left: list[int]) -> None:
+        """Of the sizes `left` that d's BucketSplit sends to `base`, the largest group at which the
+        same subset of the chosen kernels was kept (serving.subsets_by_size over held: per kernel,
+        serving.held_sizes) runs an arm of just those kernels, where it beats `base` beyond noise
+        at a size of the group (the one nearest its geometric middle); BucketSplit.more then sends
+        the group there."""
+        from torch_htam.serving import at_size, subsets_by_size
         split, sigs = d.chosen.call, d.chosen.kernels
-        kept = entries_kept([self.kernels_of(s) for s in sigs])
-        found = held_sizes(kept, self.cfg.dynamic) if kept is not None else None
-        if found is None:
-            return
-        low, high = served
-        groups = subsets_by_size(found[2], [n for n in range(low, high + 1) if n not in split.sizes])
+        groups = subsets_by_size(held, left)
         if not groups:
             return
         idx, sizes = max(groups.items(), key=lambda g: (len(g[1]), len(g[0])))
+        subset = tuple(sigs[i] for i in sorted(idx))
         mid = math.log(min(sizes) * max(sizes)) / 2
         n = min(sizes, key=lambda m: (abs(math.log(m) - mid), m))
-        (r,), subset = {r for dims in self.cfg.dynamic.values() for r in dims.values()}, tuple(sigs[i] for i in sorted(idx))
+        (r,) = {r for dims in self.cfg.dynamic.values() for r in dims.values()}   # held_sizes: one range
         inputs = at_size(self.inputs, self.cfg.dynamic, r, n) or self.inputs    # None: n is the example's
         if not self.affords(2, compile_s=self.trial_compile_s or None):
             return

@@ -136,13 +136,14 @@ def kept_sizes(kept: list[tuple], dynamic: dict) -> tuple[tuple[int, int], froze
         ((0, 0), frozenset({9, 10, ..., 64}))
     """
     found = held_sizes(kept, dynamic)
-    if found is None:
-        return None
-    at, (low, high), held = found
-    sizes = set(range(low, high + 1))
-    for h in held:
-        sizes &= h if h is not None else sizes
-    return at, frozenset(sizes)
+    return None if found is None else (found[0], common_sizes(found[1], found[2]))
+
+
+def common_sizes(served: tuple[int, int], held: list) -> frozenset:
+    """The sizes of the served range (low, high) that every kernel of held_sizes' list (None: any
+    size) runs at."""
+    low, high = served
+    return frozenset(n for n in range(low, high + 1) if all(h is None or n in h for h in held))
 
 
 def held_sizes(kept: list[tuple], dynamic: dict) -> tuple[tuple[int, int], tuple[int, int], list] | None:
