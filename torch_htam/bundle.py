@@ -426,8 +426,9 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
                  if run.get("by_bucket") is not None and kernels else None)
         if found is not None:   # the sizes outside the kernels' buckets on the graph without them
             base = inductor.compile_with(model, None, run.get("mode", "default"), run["by_bucket"] or None)
-            base(*marked(tuple(example_inputs), cap.capture.dynamic))
-            more = _bucket_arms(model, kernels, run, provider, marked(tuple(example_inputs), cap.capture.dynamic))
+            ranged = marked(tuple(example_inputs), cap.capture.dynamic)
+            base(*ranged)
+            more = _bucket_arms(model, kernels, run, provider, ranged)
             model._compiled_call_impl = BucketSplit(model._compiled_call_impl, base, *found, more=more)
         if run.get("at_example") is not None:
             from torch_htam.extract import static_twins
