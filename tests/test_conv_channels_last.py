@@ -324,3 +324,53 @@ def test_a_conv_region_with_an_epilogue_cudnn_cannot_fuse_keeps_nchw():
     model = nn.Sequential(nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.ReLU6()).eval()
     task = extract(model, (torch.randn(2, 8, 6, 6),)).tasks[0]
     assert task.kind == "conv" and all(s.contiguous for s in task.inputs + task.outputs)
+
+
+@pytest.mark.gpu
+def test_a_conv_kernels_launches_replay_as_a_graph_and_read_each_calls_values():
+    """A conv kernel exports htam_graph_epoch, so the launcher captures its second launch with the
+    same tensors (the fold, cuDNN's execute) and replays it after, in one cudaGraphLaunch. Each
+    call still reads that call's values: the image refilled, the weight and the batch norm's
+    statistics changed in place. Inside the caller's own CUDA-graph capture the launch stays
+    plain, and that capture replays right."""
+    from torch_htam import launcher
+    from torch_htam.launcher import Kernel
+    block, dtype = CASES["3x3_bn_relu"][0], torch.bfloat16
+    torch.manual_seed(0)
+    xs = block_inputs(block, n=4, dtype=dtype, device="cuda")
+    task, keep = _task(block, xs)
+    policy = policy_for(task)
+    res = build.build(propose(task, n=1).candidates[0].source)
+    assert res.ok, res.error
+    kernel, ins = Kernel(res.so_path), [xs[i] for i in keep]
+    meta = launcher.encode_out_meta(task.outputs)
+
+    def reference():
+        with torch.no_grad():
+            return block(*xs).float(), block(*[x.double() if x is not None else None for x in xs])
+
+    def close(out, ref, ref64):
+        return (torch.allclose(out.float(), ref, atol=policy.atol, rtol=policy.rtol)
+                or within_torch_error(out.float(), ref, ref64, policy.atol, policy.rtol)[0])
+
+    before = launcher.extension().replays().get(kernel.handle, (0, 0))
+    for step in range(5):
+        xs[0].normal_()
+        xs[1].mul_(1.1)                      # the weight, then the running mean and var, in place
+        xs[5].add_(0.05)
+        xs[6].mul_(1.2)
+        y, = kernel.launch(ins, meta)        # the step's first allocation: the same block each step
+        torch.cuda.synchronize()
+        assert close(y, *reference()), step
+        del y
+    graphs, replayed = launcher.extension().replays()[kernel.handle]
+    assert graphs > before[0] and replayed >= before[1] + 2, (before, graphs, replayed)
+
+    outer = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(outer):
+        y, = kernel.launch(ins, meta)
+    assert launcher.extension().replays()[kernel.handle][1] == replayed   # captured plain
+    xs[0].normal_()
+    outer.replay()
+    torch.cuda.synchronize()
+    assert close(y, *reference())
