@@ -24,6 +24,7 @@
 
 #include <array>
 #include <atomic>
+#include <deque>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -70,12 +71,9 @@ struct Fit {
   std::vector<std::array<int64_t, 3>> scaled;                       // (slot in dyn, dim, n)
 };
 
-// A launch's work captured once as a CUDA graph and replayed (htam_abi.h, htam_graph_epoch): by
-// the key of what the launch binds (replay_key). seen: plain calls so far; refused: its capture
-// failed, so it runs plain.
+// A launch's work captured once as a CUDA graph and replayed (htam_abi.h, htam_graph_epoch), by
+// the key of what the launch binds (replay_key); exec null: its capture failed, so it runs plain.
 struct Replay {
-  int seen = 0;
-  bool refused = false;
   cudaGraphExec_t exec = nullptr;
 };
 
@@ -86,6 +84,7 @@ struct Kernel {
   // the replays of its launches, under replay_mutex (launch_with's calls of one kernel take turns)
   mutable std::mutex replay_mutex;
   mutable std::unordered_map<std::string, Replay> replays;
+  mutable std::deque<std::string> replay_order;   // their keys, oldest first
   mutable std::atomic<int64_t> replayed_calls{0};
   // successful launch_o<N> calls: the C++ wrapper's launches, which Python does not see
   mutable std::atomic<int64_t> stable_calls{0};
@@ -344,12 +343,14 @@ int64_t call(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10
 // A served model at a small batch is bound by its host, and a cuDNN conv kernel's call is mostly host
 // work: cudnnBackendExecute and the batch-norm fold's launch. A kernel whose library exports
 // htam_graph_epoch (htam_abi.h) says its launches depend only on what they bind (the tensors'
-// pointers, sizes, strides and dtypes) while its epoch holds. So the second launch with one key is
-// captured on a private stream (nothing runs there: capture only records) and every later one is a
-// single cudaGraphLaunch on the caller's stream, in its order. A capture that fails (the kernel
-// planned, allocated or refused inside it) leaves that key to plain calls. Inside the caller's own
-// capture (CUDA-graph modes) launches stay plain: that capture records them.
-const size_t kMaxReplays = 512;   // keys kept per kernel; past it all are dropped and recaptured
+// pointers, sizes, strides and dtypes) while its epoch holds. So the first launch with a key runs
+// plain (a new shape plans there) and is then captured on a private stream (capture only records:
+// nothing runs twice), and every later launch with that key is one cudaGraphLaunch on the caller's
+// stream, in its order. The capture is paid on a key's first call, which is the slow one already
+// (a served size's first request), not on a later one. A capture that fails (the kernel planned,
+// allocated or refused inside it) leaves the key to plain calls. Inside the caller's own capture
+// (CUDA-graph modes) launches stay plain: that capture records them.
+const size_t kMaxReplays = 512;   // keys kept per kernel; past it the oldest is dropped
 
 cudaStream_t capture_stream(c10::DeviceIndex device) {
   static std::mutex m;
@@ -380,34 +381,41 @@ std::string replay_key(const Kernel& k, c10::DeviceIndex device, const c10::Smal
   return key;
 }
 
-// The kernel's work for this call as a graph (nullptr where the capture failed; *rc: the kernel's
-// return code inside the capture).
+// The kernel's launches for these tensors, recorded as a graph (nothing runs); nullptr where the
+// capture failed or the kernel refused inside it.
 cudaGraphExec_t capture(const Kernel& k, c10::SmallVector<HtamTensor, 8>& in, c10::SmallVector<HtamTensor, 8>& out,
-                        c10::DeviceIndex device, int* rc) {
+                        c10::DeviceIndex device) {
   cudaStream_t cs = capture_stream(device);
   if (cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
     cudaGetLastError();
-    *rc = -1;
     return nullptr;
   }
-  *rc = k.fn(in.data(), (int)in.size(), out.data(), (int)out.size(), cs);
+  const int rc = k.fn(in.data(), (int)in.size(), out.data(), (int)out.size(), cs);
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(cs, &graph);
   cudaGraphExec_t exec = nullptr;
-  if (*rc == 0 && ended == cudaSuccess && graph != nullptr && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
+  if (rc == 0 && ended == cudaSuccess && graph != nullptr && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
     exec = nullptr;
   if (graph != nullptr) cudaGraphDestroy(graph);
   cudaGetLastError();   // a failed capture's error is this call's, not the next launch's
   return exec;
 }
 
-void drop_replays(const Kernel& k) {
-  for (auto& [key, r] : k.replays)
-    if (r.exec) cudaGraphExecDestroy(r.exec);   // one still running is freed when it completes
-  k.replays.clear();
+// Room for one more key: the oldest dropped past kMaxReplays (an exec still running is freed by
+// CUDA when it completes).
+void make_room(const Kernel& k) {
+  while (k.replays.size() >= kMaxReplays && !k.replay_order.empty()) {
+    auto it = k.replays.find(k.replay_order.front());
+    if (it != k.replays.end()) {
+      if (it->second.exec) cudaGraphExecDestroy(it->second.exec);
+      k.replays.erase(it);
+    }
+    k.replay_order.pop_front();
+  }
 }
 
-// call(), through the kernel's replay for this key where it has one (or captures it now).
+// call(), through the kernel's replay for this key where it has one (or captures it after a plain
+// first call).
 int64_t call_replayed(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10::DeviceIndex device) {
   c10::SmallVector<HtamTensor, 8> in, out;
   for (size_t i = 0; i < inputs.size(); ++i) in.push_back(describe(inputs[i], device, "inputs", i));
@@ -420,21 +428,20 @@ int64_t call_replayed(const Kernel& k, at::TensorList inputs, at::TensorList out
     return plain();
   }
   if (outer != cudaStreamCaptureStatusNone) return plain();
-  const std::string key = replay_key(k, device, in, out);
+  std::string key = replay_key(k, device, in, out);
   std::lock_guard<std::mutex> lock(k.replay_mutex);
-  if (k.replays.size() >= kMaxReplays && !k.replays.count(key)) drop_replays(k);
-  Replay& r = k.replays[key];
-  if (r.exec == nullptr) {
-    if (r.refused || ++r.seen < 2) return plain();
-    int rc = 0;
-    r.exec = capture(k, in, out, device, &rc);
-    if (r.exec == nullptr) {
-      r.refused = true;
-      return plain();
-    }
+  auto it = k.replays.find(key);
+  if (it != k.replays.end()) {
+    if (it->second.exec == nullptr) return plain();
+    k.replayed_calls.fetch_add(1, std::memory_order_relaxed);
+    return (int64_t)cudaGraphLaunch(it->second.exec, stream);
   }
-  k.replayed_calls.fetch_add(1, std::memory_order_relaxed);
-  return (int64_t)cudaGraphLaunch(r.exec, stream);
+  const int64_t rc = plain();
+  if (rc != 0) return rc;   // nothing kept: the caller runs the region
+  make_room(k);
+  k.replays[key].exec = capture(k, in, out, device);
+  k.replay_order.push_back(std::move(key));
+  return 0;
 }
 
 int64_t run(int64_t handle, at::TensorList inputs, at::TensorList outputs) {
