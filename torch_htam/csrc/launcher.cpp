@@ -24,7 +24,6 @@
 
 #include <array>
 #include <atomic>
-#include <deque>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -37,7 +36,6 @@
 #include <ATen/core/stack.h>
 #include <ATen/cuda/EmptyTensor.h>
 #include <ATen/record_function.h>
-#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/SmallVector.h>
@@ -51,7 +49,6 @@
 namespace {
 
 using HtamFn = int (*)(const HtamTensor*, int, HtamTensor*, int, cudaStream_t);
-using EpochFn = int (*)(void);
 
 // The inputs a ranged kernel was kept for (fallback._Fit, the one definition; fallback.fits_code
 // encodes it, tests check both agree): the dtypes, the static inputs' shapes, each dynamic input's
@@ -71,21 +68,9 @@ struct Fit {
   std::vector<std::array<int64_t, 3>> scaled;                       // (slot in dyn, dim, n)
 };
 
-// A launch's work captured once as a CUDA graph and replayed (htam_abi.h, htam_graph_epoch), by
-// the key of what the launch binds (replay_key); exec null: its capture failed, so it runs plain.
-struct Replay {
-  cudaGraphExec_t exec = nullptr;
-};
-
 struct Kernel {
   HtamFn fn = nullptr;
-  EpochFn epoch = nullptr;   // the library's htam_graph_epoch, if it exports one: its launches replay
   std::string path;
-  // the replays of its launches, under replay_mutex (launch_with's calls of one kernel take turns)
-  mutable std::mutex replay_mutex;
-  mutable std::unordered_map<std::string, Replay> replays;
-  mutable std::deque<std::string> replay_order;   // their keys, oldest first
-  mutable std::atomic<int64_t> replayed_calls{0};
   // successful launch_o<N> calls: the C++ wrapper's launches, which Python does not see
   mutable std::atomic<int64_t> stable_calls{0};
   // a ranged kernel's fits (set_fits; null: launched as it comes), read with std::atomic_load
@@ -236,8 +221,6 @@ int64_t load(std::string path) {
   }
   Kernel& k = g_kernels[handle];   // in place: a Kernel holds an atomic, which cannot move
   k.fn = fn;
-  k.epoch = reinterpret_cast<EpochFn>(dlsym(lib, "htam_graph_epoch"));   // optional: null where absent
-  dlerror();
   k.path = path;
   g_by_path.emplace(path, handle);
   return handle;
@@ -339,111 +322,6 @@ int64_t call(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10
   return k.fn(in.data(), (int)in.size(), out.data(), (int)out.size(), stream);
 }
 
-// ---- replays: a launch's host work paid once --------------------------------------------------
-// A served model at a small batch is bound by its host, and a cuDNN conv kernel's call is mostly host
-// work: cudnnBackendExecute and the batch-norm fold's launch. A kernel whose library exports
-// htam_graph_epoch (htam_abi.h) says its launches depend only on what they bind (the tensors'
-// pointers, sizes, strides and dtypes) while its epoch holds. So the first launch with a key runs
-// plain (a new shape plans there) and is then captured on a private stream (capture only records:
-// nothing runs twice), and every later launch with that key is one cudaGraphLaunch on the caller's
-// stream, in its order. The capture is paid on a key's first call, which is the slow one already
-// (a served size's first request), not on a later one. A capture that fails (the kernel planned,
-// allocated or refused inside it) leaves the key to plain calls. Inside the caller's own capture
-// (CUDA-graph modes) launches stay plain: that capture records them.
-const size_t kMaxReplays = 512;   // keys kept per kernel; past it the oldest is dropped
-
-cudaStream_t capture_stream(c10::DeviceIndex device) {
-  static std::mutex m;
-  static cudaStream_t streams[64] = {};
-  std::lock_guard<std::mutex> lock(m);
-  TORCH_CHECK(device >= 0 && device < 64, "htam: device index ", num((int)device), " beyond 64");
-  if (!streams[device]) C10_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[device], cudaStreamNonBlocking));
-  return streams[device];
-}
-
-// What a launch binds, as bytes: the device, the kernel's epoch, every tensor's pointer, dtype,
-// sizes and strides.
-std::string replay_key(const Kernel& k, c10::DeviceIndex device, const c10::SmallVector<HtamTensor, 8>& in,
-                       const c10::SmallVector<HtamTensor, 8>& out) {
-  std::string key;
-  key.reserve(64 + 144 * (in.size() + out.size()));
-  const auto put = [&key](const void* p, size_t n) { key.append(static_cast<const char*>(p), n); };
-  const int head[4] = {(int)device, k.epoch(), (int)in.size(), (int)out.size()};
-  put(head, sizeof(head));
-  for (const auto* ts : {&in, &out})
-    for (const HtamTensor& t : *ts) {
-      put(&t.data, sizeof(t.data));
-      put(&t.ndim, sizeof(t.ndim));
-      put(&t.dtype, sizeof(t.dtype));
-      put(t.sizes, sizeof(int64_t) * t.ndim);
-      put(t.strides, sizeof(int64_t) * t.ndim);
-    }
-  return key;
-}
-
-// The kernel's launches for these tensors, recorded as a graph (nothing runs); nullptr where the
-// capture failed or the kernel refused inside it.
-cudaGraphExec_t capture(const Kernel& k, c10::SmallVector<HtamTensor, 8>& in, c10::SmallVector<HtamTensor, 8>& out,
-                        c10::DeviceIndex device) {
-  cudaStream_t cs = capture_stream(device);
-  if (cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-    cudaGetLastError();
-    return nullptr;
-  }
-  const int rc = k.fn(in.data(), (int)in.size(), out.data(), (int)out.size(), cs);
-  cudaGraph_t graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(cs, &graph);
-  cudaGraphExec_t exec = nullptr;
-  if (rc == 0 && ended == cudaSuccess && graph != nullptr && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
-    exec = nullptr;
-  if (graph != nullptr) cudaGraphDestroy(graph);
-  cudaGetLastError();   // a failed capture's error is this call's, not the next launch's
-  return exec;
-}
-
-// Room for one more key: the oldest dropped past kMaxReplays (an exec still running is freed by
-// CUDA when it completes).
-void make_room(const Kernel& k) {
-  while (k.replays.size() >= kMaxReplays && !k.replay_order.empty()) {
-    auto it = k.replays.find(k.replay_order.front());
-    if (it != k.replays.end()) {
-      if (it->second.exec) cudaGraphExecDestroy(it->second.exec);
-      k.replays.erase(it);
-    }
-    k.replay_order.pop_front();
-  }
-}
-
-// call(), through the kernel's replay for this key where it has one (or captures it after a plain
-// first call).
-int64_t call_replayed(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10::DeviceIndex device) {
-  c10::SmallVector<HtamTensor, 8> in, out;
-  for (size_t i = 0; i < inputs.size(); ++i) in.push_back(describe(inputs[i], device, "inputs", i));
-  for (size_t i = 0; i < outputs.size(); ++i) out.push_back(describe(outputs[i], device, "outputs", i));
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  const auto plain = [&] { return (int64_t)k.fn(in.data(), (int)in.size(), out.data(), (int)out.size(), stream); };
-  cudaStreamCaptureStatus outer = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &outer) != cudaSuccess) {
-    cudaGetLastError();
-    return plain();
-  }
-  if (outer != cudaStreamCaptureStatusNone) return plain();
-  std::string key = replay_key(k, device, in, out);
-  std::lock_guard<std::mutex> lock(k.replay_mutex);
-  auto it = k.replays.find(key);
-  if (it != k.replays.end()) {
-    if (it->second.exec == nullptr) return plain();
-    k.replayed_calls.fetch_add(1, std::memory_order_relaxed);
-    return (int64_t)cudaGraphLaunch(it->second.exec, stream);
-  }
-  const int64_t rc = plain();
-  if (rc != 0) return rc;   // nothing kept: the caller runs the region
-  make_room(k);
-  k.replays[key].exec = capture(k, in, out, device);
-  k.replay_order.push_back(std::move(key));
-  return 0;
-}
-
 int64_t run(int64_t handle, at::TensorList inputs, at::TensorList outputs) {
   return call(kernel_at(handle), inputs, outputs, c10::cuda::current_device());
 }
@@ -470,7 +348,7 @@ std::vector<at::Tensor> launch_with(const Kernel& k, at::TensorList inputs, cons
     outputs.emplace_back(at::detail::empty_cuda(
         s.sizes, s.dtype, where,
         s.channels_last ? std::optional<c10::MemoryFormat>(c10::MemoryFormat::ChannelsLast) : std::nullopt));
-  int64_t code = k.epoch ? call_replayed(k, inputs, outputs, device) : call(k, inputs, outputs, device);
+  int64_t code = call(k, inputs, outputs, device);
   TORCH_CHECK(code == 0, "htam kernel ", k.path, " returned ", num(code), ": ", reason(code));
   return outputs;
 }
@@ -658,18 +536,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       if (int64_t n = k.stable_calls.load(std::memory_order_relaxed)) calls[handle] = n;
     return calls;
   }, "stable_calls() -> {handle: successful launch_o<N> calls}");
-  m.def("replays", [] {
-    std::unordered_map<int64_t, std::pair<int64_t, int64_t>> out;
-    std::lock_guard<std::mutex> lock(g_mutex);
-    for (const auto& [handle, k] : g_kernels) {
-      if (!k.epoch) continue;
-      std::lock_guard<std::mutex> replay_lock(k.replay_mutex);
-      int64_t graphs = 0;
-      for (const auto& [key, r] : k.replays) graphs += r.exec != nullptr;
-      out[handle] = {graphs, k.replayed_calls.load(std::memory_order_relaxed)};
-    }
-    return out;
-  }, "replays() -> {handle: (graphs captured, launches replayed)} of the kernels that export htam_graph_epoch");
   m.attr("STABLE_INPUTS") = kStableInputs;
   m.attr("STABLE_OUTPUTS") = kStableOutputs;
   m.attr("STABLE_META_SLOTS") = kStableMetaSlots;
