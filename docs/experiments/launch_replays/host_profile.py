@@ -1,0 +1,62 @@
+"""Where the host time of one forward goes (a diagnostic, not a benchmark row): served vision bf16
+(bench/serve_models.py) at batch B (default 16), static shapes: torch.compile with Inductor's C++
+wrapper, torch.compile, and ours (optimize with steps=0 and check_end_to_end=False, so every kernel
+that beat Inductor's code is in; its graph took the Python wrapper). Prints the host issue time and
+the synced time per forward (median of rounds), then torch.profiler's table per arm.
+
+    cd <repo> && PYTHONPATH=.:bench python3 docs/experiments/launch_replays/host_profile.py > host.log
+
+Run at a763f29 on one H200: hostprof-a763f29.log beside this file."""
+import copy, sys, time, json, os
+import torch
+sys.path.insert(0, "bench")   # run from the repository root
+import serve_models
+import torch_htam
+from torch_htam import inductor
+from torch_htam.config import OptimizeConfig
+
+B = int(os.environ.get("B", "16"))
+model, example, dynamic, make_inputs = serve_models.make("vision:bf16")
+with torch.inference_mode():
+    x = make_inputs(B)
+base = copy.deepcopy(model)
+t0 = time.time()
+with torch.inference_mode():
+    ours = torch_htam.optimize(model, x, OptimizeConfig(steps=0, check_end_to_end=False,
+                                                        time_budget_s=float(os.environ.get("BUDGET", "150"))))
+print("optimize", round(time.time() - t0, 1), "s", ours.htam_report.outcome, flush=True)
+rep = ours.htam_report
+print(rep.format(), flush=True)
+with torch.inference_mode():
+    arms = {"compile_cpp": torch.compile(base, options=dict(inductor.WRAPPER_OPTIONS)),
+            "compile": torch.compile(copy.deepcopy(base)), "ours": ours}
+    for n, f in arms.items():
+        for _ in range(5): f(*x)
+    torch.cuda.synchronize()
+
+    def issue_us(f, n=30):
+        out = []
+        for _ in range(7):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(n): f(*x)
+            out.append((time.perf_counter() - t) / n * 1e6)
+            torch.cuda.synchronize()
+        return sorted(out)[3]
+
+    def synced_us(f, n=100):
+        out = []
+        for _ in range(n):
+            torch.cuda.synchronize(); t = time.perf_counter(); f(*x); torch.cuda.synchronize()
+            out.append((time.perf_counter() - t) * 1e6)
+        return sorted(out)[n // 2]
+    for r in range(2):
+        for n, f in arms.items():
+            print(f"round {r} {n}: issue {issue_us(f):.0f} us/forward, synced {synced_us(f):.0f} us", flush=True)
+    from torch.profiler import profile, ProfilerActivity
+    for n, f in arms.items():
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+            for _ in range(20): f(*x)
+            torch.cuda.synchronize()
+        print(f"==== {n}")
+        print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=60))
