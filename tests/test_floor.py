@@ -572,6 +572,17 @@ def test_a_chosen_cxx_wrapper_offers_the_example_its_static_twin(monkeypatch, tw
     assert isinstance(chosen.call, serving.ExampleSplit) and chosen.call(torch.randn(5, 8)) is chosen
     want = static if serves == "static" else next(a for a in t.arms if a.kind is ArmKind.STATIC and a.options)
     assert d.at_example is want and chosen.call(x) is want, d.reason
+    # the reason and the timing records tell the two graphs for the example's sizes apart
+    assert ("sizes with Inductor's C++ wrapper (" in d.reason) is (serves == "twin"), d.reason
+    static_arms = [a for a in t.arms if a.kind is ArmKind.STATIC]
+    assert len({a.name for a in static_arms}) == len(static_arms)
+
+
+def test_a_static_arm_on_channels_last_options_is_not_named_for_the_cxx_wrapper():
+    from torch_htam.inductor import WRAPPER_OPTIONS
+    layout = decide.Arm(ArmKind.STATIC, options=dict(decide.LAYOUT_OPTIONS)).name
+    assert "C++" not in layout and layout == decide.Arm(ArmKind.STATIC).name
+    assert decide.Arm(ArmKind.STATIC, options=dict(WRAPPER_OPTIONS)).name.endswith("with Inductor's C++ wrapper")
 
 
 def test_size_one_inputs_take_each_range_starting_at_one_to_size_one_together():

@@ -158,9 +158,13 @@ class Arm:
 
     @property
     def name(self) -> str:
+        from torch_htam.inductor import CPP_WRAPPER_KEYS
         n = len(self.kernels)
+        # NOTE: at_example() times the example's graph with and without the C++ wrapper side by side
+        wrapper = (" with Inductor's C++ wrapper" if self.kind is ArmKind.STATIC
+                   and any(self.options.get(k) for k in CPP_WRAPPER_KEYS) else "")
         return self.kind.value + (f" ({n} kernel{'s' * (n != 1)})" if self.kind in
-                                  (ArmKind.KERNELS, ArmKind.REPLAY) else " with our kernels" if n else "")
+                                  (ArmKind.KERNELS, ArmKind.REPLAY) else " with our kernels" if n else "") + wrapper
 
     def handles(self) -> dict[str, int]:
         """{task signature: kernel handle} of our kernels this arm loaded (its compiled graphs'
@@ -647,8 +651,7 @@ class Trials:
         """d with the example's own sizes on `static` (ExampleSplit), saying why."""
         d.chosen.call = self.split(static, d.chosen)
         d.at_example = static
-        wrapper = " with Inductor's C++ wrapper" if static.options else ""
-        d.reason += f"; at the example's sizes {static.name}{wrapper} ({why})"
+        d.reason += f"; at the example's sizes {static.name} ({why})"
         return d
 
     def compiled(self, kernels: dict, ranked: list[str], every: list[str]) -> Decision:
