@@ -96,7 +96,8 @@ graph, the kernels' graph, outside the kernels' buckets, or the chosen arm where
 decides), what the kernel share comes from.
 
 Figures per arm and pass ("arms"): requests/s = n / sum of latencies, items/s = sum of sizes / sum
-of latencies (items: serve_models.UNITS), p50 / p99 latency (ms, linear interpolation). The row's
+of latencies (items: serve_models.UNITS), p50 / p99 latency (ms, linear interpolation), and
+"slowest": the pass's SLOWEST requests as [size, ms], where its tail comes from. The row's
 verdict figures, both "higher is better for ours", 0.98 meaning as good within noise:
 throughput_vs_compile = ours' requests/s / the better compile arm's; p99_vs_compile = the lower of
 the compile arms' p99 / ours' p99 (warm pass; "cold_..." the cold pass's). The results file,
@@ -276,9 +277,13 @@ def _share(deltas: list[int] | None) -> float | None:
     return sum(d > 0 for d in deltas) / len(deltas) if deltas else None
 
 
+SLOWEST = 8   # the slowest requests a pass lists, to show which sizes its p99 comes from
+
+
 def arm_stats(calls: Calls) -> dict:
     """One arm's figures for one pass: throughput (requests/s, items/s), latency (ms: p50, p99,
-    mean, max), graphs compiled, and where our kernels were probed, their shares."""
+    mean, max), the SLOWEST requests as [size, ms] (slowest first), graphs compiled, and where
+    our kernels were probed, their shares."""
     total_s = sum(calls.ms) / 1e3
     d = calls.deltas
     return {
@@ -287,6 +292,7 @@ def arm_stats(calls: Calls) -> dict:
         "items_per_s": sum(calls.sizes) / total_s if total_s > 0 else None,
         "p50_ms": percentile(calls.ms, 0.5), "p99_ms": percentile(calls.ms, 0.99),
         "mean_ms": statistics.fmean(calls.ms) if calls.ms else None, "max_ms": max(calls.ms, default=None),
+        "slowest": sorted(([z, ms] for z, ms in zip(calls.sizes, calls.ms)), key=lambda p: -p[1])[:SLOWEST],
         "graphs": sum(d["graphs"]) if "graphs" in d else None,
         "kernel_share": _share(d.get("kernel")), "outside_share": _share(d.get("outside")),
         "kernel_failed": sum(d["failed"]) if "failed" in d else None}

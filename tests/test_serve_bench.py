@@ -147,6 +147,9 @@ def test_arm_stats_throughput_latency_and_shares():
     assert s["requests_per_s"] == pytest.approx(2 / 0.04) and s["items_per_s"] == pytest.approx(16 / 0.04)
     assert s["p50_ms"] == pytest.approx(20.0) and s["max_ms"] == 30.0 and s["graphs"] == 1
     assert s["kernel_share"] == 0.5 and s["outside_share"] == 0.5 and s["kernel_failed"] == 0
+    assert s["slowest"] == [[12, 30.0], [4, 10.0]]           # which sizes the tail comes from
+    many = bs.arm_stats(_calls([float(i) for i in range(20)], sizes=list(range(20))))
+    assert len(many["slowest"]) == bs.SLOWEST and many["slowest"][0] == [19, 19.0]
     plain = bs.arm_stats(_calls([1.0]))
     assert plain["kernel_share"] is None and plain["graphs"] is None
 
