@@ -97,7 +97,8 @@ decides), what the kernel share comes from.
 
 Figures per arm and pass ("arms"): requests/s = n / sum of latencies, items/s = sum of sizes / sum
 of latencies (items: serve_models.UNITS), p50 / p99 latency (ms, linear interpolation), and
-"slowest": the pass's SLOWEST requests as [size, ms], where its tail comes from. The row's
+"slowest": the pass's SLOWEST requests as [size, ms], where its tail comes from.
+"graph_launches": what ours' kernels' launches did over the passes (plain, as graphs, captures). The row's
 verdict figures, both "higher is better for ours", 0.98 meaning as good within noise:
 throughput_vs_compile = ours' requests/s / the better compile arm's; p99_vs_compile = the lower of
 the compile arms' p99 / ours' p99 (warm pass; "cold_..." the cold pass's). The results file,
@@ -420,6 +421,22 @@ def routes(model, s: Setup) -> dict[str, int] | None:
         return None
     call = getattr(model, "_compiled_call_impl", None)
     return dict(Counter(route(call, s.inputs_for(size)).value for size in s.mix.sizes))
+
+
+def graph_launches(since: dict | None = None) -> dict | None:
+    """The launcher's graph launches summed over our loaded kernels (csrc/launcher.cpp GraphStats:
+    counts and host ns), less `since`; None where this torch_htam's launcher keeps none."""
+    try:
+        from torch_htam.launcher import graph_launches as per_kernel
+    except ImportError:
+        return None
+    per = per_kernel()
+    total = Counter()
+    for stats in per.values():
+        total.update(stats)
+    if since:
+        total.subtract({k: v for k, v in since.items() if k not in ("graphs", "kernels")})   # gauges
+    return {"kernels": len(per), **dict(total)}
 
 
 def region(t) -> dict:
@@ -934,7 +951,9 @@ def measure(name: str, opts, device: str = "cuda", optimize=_optimize, compile_f
                     stage("bundle")     # in optimize's grad mode: its capture gives the same tasks
                     saved = save_ours(s.arms["ours"], s.arms["eager"], s, Path(tmp) / "bundle", write_bundle)
                     row.update(bundle_s=saved.seconds, cold_isolated_ours=saved.how)
+                launches = graph_launches()
                 passes = serve(row, s, sync, stage)
+                row["graph_launches"] = graph_launches(since=launches)
                 stage("check")
                 row.update(check_outputs(s.arms, check_sizes(s.mix), s.inputs_for, row["tolerance"]))
             row.update(report_fields(s.arms["ours"]))

@@ -324,3 +324,69 @@ def test_a_conv_region_with_an_epilogue_cudnn_cannot_fuse_keeps_nchw():
     model = nn.Sequential(nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.ReLU6()).eval()
     task = extract(model, (torch.randn(2, 8, 6, 6),)).tasks[0]
     assert task.kind == "conv" and all(s.contiguous for s in task.inputs + task.outputs)
+
+
+@pytest.mark.gpu
+def test_a_conv_kernels_launches_run_as_graphs_and_read_each_calls_values():
+    """A conv kernel exports htam_graph_epoch, so the launcher captures a launch whose tensors it
+    has seen before (the fold, cuDNN's execute) and runs it and later ones as one cudaGraphLaunch.
+    Each call still reads that call's values: the image refilled, the weight and the batch norm's
+    statistics changed in place. Past 8 graphs of one shape, a new key's capture updates one in
+    place. Inside the caller's own CUDA-graph capture the launch stays plain, and that capture
+    replays right."""
+    from torch_htam import launcher
+    from torch_htam.launcher import Kernel
+    block, dtype = CASES["3x3_bn_relu"][0], torch.bfloat16
+    torch.manual_seed(0)
+    xs = block_inputs(block, n=4, dtype=dtype, device="cuda")
+    task, keep = _task(block, xs)
+    assert keep[0] == 0   # the image is the launch's first input
+    policy = policy_for(task)
+    res = build.build(propose(task, n=1).candidates[0].source)
+    assert res.ok, res.error
+    kernel = Kernel(res.so_path)
+    meta = launcher.encode_out_meta(task.outputs)
+
+    def stats():
+        return launcher.extension().graph_launches().get(kernel.handle, {})
+
+    def launch_and_check(step):
+        y, = kernel.launch([xs[i] for i in keep], meta)   # the step's one allocation: the same block
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            ref, ref64 = block(*xs).float(), block(*[x.double() if x is not None else None for x in xs])
+        assert (torch.allclose(y.float(), ref, atol=policy.atol, rtol=policy.rtol)
+                or within_torch_error(y.float(), ref, ref64, policy.atol, policy.rtol)[0]), step
+        return y
+
+    before = stats()
+    for step in range(5):
+        xs[0].normal_()
+        xs[1].mul_(1.1)                      # the weight, then the running mean and var, in place
+        xs[5].add_(0.05)
+        xs[6].mul_(1.2)
+        launch_and_check(step)
+    after = stats()
+    assert after["captures"] == before.get("captures", 0) + 1, (before, after)
+    assert after["replays"] >= before.get("replays", 0) + 3, (before, after)
+
+    images = [torch.randn_like(xs[0]) for _ in range(12)]   # 12 keys of one shape, each met twice
+    for i, image in enumerate(images):
+        xs[0] = image
+        for again in range(2):
+            image.normal_()
+            launch_and_check((i, again))
+    s = stats()
+    assert s["updates"] >= 4 and s["failures"] == 0, s
+
+    outer = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(outer):
+        y, = kernel.launch([xs[i] for i in keep], meta)
+    assert stats()["replays"] == s["replays"]   # captured plain
+    xs[0].normal_()
+    outer.replay()
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        ref, ref64 = block(*xs).float(), block(*[x.double() if x is not None else None for x in xs])
+    assert (torch.allclose(y.float(), ref, atol=policy.atol, rtol=policy.rtol)
+            or within_torch_error(y.float(), ref, ref64, policy.atol, policy.rtol)[0])

@@ -717,3 +717,15 @@ def test_routes_count_the_mix_by_the_graph_ours_runs():
     assert 0 < big < len(mix.sizes)
     assert bs.routes(model, s) == {Route.KERNELS.value: big, Route.BASE.value: len(mix.sizes) - big}
     assert bs.routes(nn.Identity(), s) == {Route.CHOSEN.value: len(mix.sizes)}
+
+
+def test_graph_launches_sum_our_kernels_less_the_start(monkeypatch):
+    from torch_htam import launcher
+    per = {1: {"graphs": 2, "plain": 5, "replays": 10, "replay_ns": 900},
+           2: {"graphs": 1, "plain": 1, "replays": 4, "replay_ns": 100}}
+    monkeypatch.setattr(launcher, "graph_launches", lambda: per)
+    start = {"kernels": 2, "graphs": 1, "plain": 2, "replays": 3, "replay_ns": 500}
+    assert bs.graph_launches(since=start) == {"kernels": 2, "graphs": 3, "plain": 4, "replays": 11,
+                                              "replay_ns": 500}
+    monkeypatch.setattr(launcher, "graph_launches", lambda: {})
+    assert bs.graph_launches() == {"kernels": 0}

@@ -450,6 +450,13 @@ def stable_calls() -> dict[int, int]:
     return extension().stable_calls() if extension.cache_info().currsize else {}
 
 
+def graph_launches() -> dict[int, dict[str, int]]:
+    """{handle: GraphStats} of the loaded kernels whose launches may run as CUDA graphs (csrc/
+    launcher.cpp: graphs held; plain, replays, captures, instantiations, updates, failures, and
+    each path's host ns); {} where the launcher is not loaded."""
+    return extension().graph_launches() if extension.cache_info().currsize else {}
+
+
 def fast_launch(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
     """torch.ops.htam.launch.default(handle, inputs, out_meta), without the dispatcher's host cost
     in plain eager. Traced calls (torch.compile, torch.export, make_fx, FakeTensor, dispatch or

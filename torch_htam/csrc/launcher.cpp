@@ -22,8 +22,10 @@
 // (Figures: docs/RESULTS_LOG.md.)
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -31,11 +33,14 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/stack.h>
 #include <ATen/cuda/EmptyTensor.h>
 #include <ATen/record_function.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/SmallVector.h>
@@ -49,6 +54,7 @@
 namespace {
 
 using HtamFn = int (*)(const HtamTensor*, int, HtamTensor*, int, cudaStream_t);
+using EpochFn = int (*)(void);
 
 // The inputs a ranged kernel was kept for (fallback._Fit, the one definition; fallback.fits_code
 // encodes it, tests check both agree): the dtypes, the static inputs' shapes, each dynamic input's
@@ -68,9 +74,33 @@ struct Fit {
   std::vector<std::array<int64_t, 3>> scaled;                       // (slot in dyn, dim, n)
 };
 
+// A launch's work captured as a CUDA graph (graph launches, below); exec null: its capture failed,
+// so the key runs plain. used: the kernel's graph_tick at its last launch.
+struct GraphRecord {
+  cudaGraphExec_t exec = nullptr;
+  std::string shape;
+  uint64_t used = 0;
+};
+
+// What a kernel's graph launches did (counts, and host nanoseconds from the key to the return):
+// plain launches, graph launches (replays) of a key's graph, captures, and of those the graphs
+// instantiated, the ones updated in place, and failures.
+struct GraphStats {
+  int64_t plain = 0, replays = 0, captures = 0, instantiations = 0, updates = 0, failures = 0;
+  int64_t plain_ns = 0, replay_ns = 0, capture_ns = 0, instantiate_ns = 0, update_ns = 0;
+};
+
 struct Kernel {
   HtamFn fn = nullptr;
+  EpochFn epoch = nullptr;   // the library's htam_graph_epoch, if it exports one: its launches replay
   std::string path;
+  // its graph launches' state, under graph_mutex (launch_with's calls of one kernel take turns)
+  mutable std::mutex graph_mutex;
+  mutable std::unordered_map<std::string, GraphRecord> graphs;                 // by key
+  mutable std::unordered_map<std::string, std::vector<std::string>> by_shape;  // keys with a graph
+  mutable std::unordered_set<std::string> seen;                                // keys seen once
+  mutable uint64_t graph_tick = 0;
+  mutable GraphStats graph_stats;
   // successful launch_o<N> calls: the C++ wrapper's launches, which Python does not see
   mutable std::atomic<int64_t> stable_calls{0};
   // a ranged kernel's fits (set_fits; null: launched as it comes), read with std::atomic_load
@@ -221,6 +251,8 @@ int64_t load(std::string path) {
   }
   Kernel& k = g_kernels[handle];   // in place: a Kernel holds an atomic, which cannot move
   k.fn = fn;
+  k.epoch = reinterpret_cast<EpochFn>(dlsym(lib, "htam_graph_epoch"));   // optional: null where absent
+  dlerror();
   k.path = path;
   g_by_path.emplace(path, handle);
   return handle;
@@ -322,6 +354,196 @@ int64_t call(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10
   return k.fn(in.data(), (int)in.size(), out.data(), (int)out.size(), stream);
 }
 
+// ---- graph launches: a launch's host work paid once per key ------------------------------------
+// A served model at a small batch is bound by its host, and a cuDNN conv kernel's call is mostly host
+// work: cudnnBackendExecute and the batch-norm fold's launch. A kernel whose library exports
+// htam_graph_epoch (htam_abi.h) says its launches depend only on what they bind (the tensors'
+// pointers, sizes, strides and dtypes) while its epoch holds. So a launch with a key (graph_keys)
+// seen before runs as one cudaGraphLaunch of a graph captured from the kernel on a private stream
+// (capture only records), on the caller's stream, in its order.
+//
+// Why this policy: the served request that pays a capture is slower, and the pointers a site binds
+// change with the allocator's state, so keys keep coming. Capturing every key on its first call
+// (instantiating a graph each) held served vision bf16's throughput at 1.21x of torch.compile but
+// cut its p99 to 0.56x; on its second call, 0.79x (H200, docs/experiments/launch_replays). So:
+// - A key's first launch runs plain (a new shape plans there, outside any capture); only a key seen
+//   again is captured: one seen once costs a lookup.
+// - The graphs of one shape (the same key but for the pointers) are kept up to kGraphsPerShape;
+//   past that, a new key's capture updates the least recently used one (cudaGraphExecUpdate: the
+//   same kernels with other arguments) instead of instantiating another graph.
+// - A capture that fails (the kernel planned, allocated or refused inside it) leaves the key plain.
+// Inside the caller's own capture (CUDA-graph modes) launches stay plain: that capture records them.
+// GraphStats counts each path and its host time, for the serve bench's rows.
+const size_t kMaxGraphs = 256;      // graphs per kernel; past it the least recently used is dropped
+const size_t kGraphsPerShape = 8;   // graphs per shape; past it a capture updates one of them
+const size_t kMaxSeen = 4096;       // keys seen once per kernel; past it the set starts over
+
+cudaStream_t capture_stream(c10::DeviceIndex device) {
+  static std::mutex m;
+  static cudaStream_t streams[64] = {};
+  std::lock_guard<std::mutex> lock(m);
+  TORCH_CHECK(device >= 0 && device < 64, "htam: device index ", num((int)device), " beyond 64");
+  if (!streams[device]) C10_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[device], cudaStreamNonBlocking));
+  return streams[device];
+}
+
+// (what a launch binds, its shape) as bytes: the device, the kernel's epoch, every tensor's
+// pointer, dtype, sizes and strides; the shape is the same without the pointers.
+std::pair<std::string, std::string> graph_keys(const Kernel& k, c10::DeviceIndex device,
+                                               const c10::SmallVector<HtamTensor, 8>& in,
+                                               const c10::SmallVector<HtamTensor, 8>& out) {
+  std::string key, shape;
+  key.reserve(64 + 144 * (in.size() + out.size()));
+  shape.reserve(64 + 136 * (in.size() + out.size()));
+  const auto put = [&](const void* p, size_t n) {
+    key.append(static_cast<const char*>(p), n);
+    shape.append(static_cast<const char*>(p), n);
+  };
+  const int head[4] = {(int)device, k.epoch(), (int)in.size(), (int)out.size()};
+  put(head, sizeof(head));
+  for (const auto* ts : {&in, &out})
+    for (const HtamTensor& t : *ts) {
+      key.append(reinterpret_cast<const char*>(&t.data), sizeof(t.data));
+      put(&t.ndim, sizeof(t.ndim));
+      put(&t.dtype, sizeof(t.dtype));
+      put(t.sizes, sizeof(int64_t) * t.ndim);
+      put(t.strides, sizeof(int64_t) * t.ndim);
+    }
+  return {std::move(key), std::move(shape)};
+}
+
+int64_t ns_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The kernel's launches for these tensors, recorded as a graph (nothing runs); nullptr where the
+// capture failed or the kernel refused inside it.
+cudaGraph_t capture(const Kernel& k, c10::SmallVector<HtamTensor, 8>& in, c10::SmallVector<HtamTensor, 8>& out,
+                    c10::DeviceIndex device) {
+  cudaStream_t cs = capture_stream(device);
+  if (cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  const int rc = k.fn(in.data(), (int)in.size(), out.data(), (int)out.size(), cs);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(cs, &graph);
+  cudaGetLastError();   // a failed capture's error is this call's, not the next launch's
+  if (rc == 0 && ended == cudaSuccess) return graph;
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  return nullptr;
+}
+
+void forget_graph(const Kernel& k, const std::string& key) {
+  auto it = k.graphs.find(key);
+  if (it == k.graphs.end()) return;
+  auto& keys = k.by_shape[it->second.shape];
+  keys.erase(std::remove(keys.begin(), keys.end(), key), keys.end());
+  if (keys.empty()) k.by_shape.erase(it->second.shape);
+  if (it->second.exec) cudaGraphExecDestroy(it->second.exec);   // one in flight is freed when it ends
+  k.graphs.erase(it);
+}
+
+// The least recently used of `keys` (none empty).
+const std::string& least_used(const Kernel& k, const std::vector<std::string>& keys) {
+  return *std::min_element(keys.begin(), keys.end(), [&](const std::string& a, const std::string& b) {
+    return k.graphs.at(a).used < k.graphs.at(b).used;
+  });
+}
+
+// An executable graph of `graph` for `key`: one of its shape's graphs updated where the shape has
+// kGraphsPerShape, else a new one; nullptr where neither works.
+cudaGraphExec_t exec_for(const Kernel& k, const std::string& key, const std::string& shape, cudaGraph_t graph) {
+  GraphStats& st = k.graph_stats;
+  auto same = k.by_shape.find(shape);
+  if (same != k.by_shape.end() && same->second.size() >= kGraphsPerShape) {
+    const std::string victim = least_used(k, same->second);
+    GraphRecord rec = k.graphs.at(victim);
+    const auto t0 = std::chrono::steady_clock::now();
+    cudaGraphExecUpdateResultInfo info{};
+    const bool updated = cudaGraphExecUpdate(rec.exec, graph, &info) == cudaSuccess;
+    cudaGetLastError();
+    st.update_ns += ns_since(t0);
+    if (updated) {
+      ++st.updates;
+      k.graphs.erase(victim);
+      auto& keys = same->second;
+      std::replace(keys.begin(), keys.end(), victim, key);
+      k.graphs[key] = GraphRecord{rec.exec, shape, 0};
+      return rec.exec;
+    }
+    forget_graph(k, victim);   // other kernels than it ran: instantiate in its place
+  }
+  while (k.graphs.size() >= kMaxGraphs) {
+    auto oldest = std::min_element(k.graphs.begin(), k.graphs.end(),
+                                   [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
+    forget_graph(k, std::string(oldest->first));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  cudaGraphExec_t exec = nullptr;
+  if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  st.instantiate_ns += ns_since(t0);
+  ++st.instantiations;
+  k.graphs[key] = GraphRecord{exec, shape, 0};
+  k.by_shape[shape].push_back(key);
+  return exec;
+}
+
+// call(), as a graph launch where the key was seen before (graph launches, above).
+int64_t call_graphed(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10::DeviceIndex device) {
+  c10::SmallVector<HtamTensor, 8> in, out;
+  for (size_t i = 0; i < inputs.size(); ++i) in.push_back(describe(inputs[i], device, "inputs", i));
+  for (size_t i = 0; i < outputs.size(); ++i) out.push_back(describe(outputs[i], device, "outputs", i));
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const auto plain = [&] { return (int64_t)k.fn(in.data(), (int)in.size(), out.data(), (int)out.size(), stream); };
+  cudaStreamCaptureStatus outer = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &outer) != cudaSuccess) {
+    cudaGetLastError();
+    return plain();
+  }
+  if (outer != cudaStreamCaptureStatusNone) return plain();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto [key, shape] = graph_keys(k, device, in, out);
+  std::lock_guard<std::mutex> lock(k.graph_mutex);
+  GraphStats& st = k.graph_stats;
+  const uint64_t now = ++k.graph_tick;
+  auto it = k.graphs.find(key);
+  if (it != k.graphs.end() && it->second.exec) {
+    it->second.used = now;
+    const int64_t rc = cudaGraphLaunch(it->second.exec, stream);
+    ++st.replays;
+    st.replay_ns += ns_since(t0);
+    return rc;
+  }
+  if (it != k.graphs.end() || k.seen.count(key) == 0) {   // a failed capture's key, or a new one
+    if (it == k.graphs.end()) {
+      if (k.seen.size() >= kMaxSeen) k.seen.clear();
+      k.seen.insert(key);
+    }
+    const int64_t rc = plain();
+    ++st.plain;
+    st.plain_ns += ns_since(t0);
+    return rc;
+  }
+  k.seen.erase(key);
+  const auto c0 = std::chrono::steady_clock::now();
+  cudaGraph_t graph = capture(k, in, out, device);
+  st.capture_ns += ns_since(c0);
+  ++st.captures;
+  cudaGraphExec_t exec = graph ? exec_for(k, key, shape, graph) : nullptr;
+  if (graph) cudaGraphDestroy(graph);
+  if (exec == nullptr) {   // this key stays plain
+    ++st.failures;
+    k.graphs[key] = GraphRecord{nullptr, shape, now};
+    return plain();
+  }
+  k.graphs[key].used = now;
+  return (int64_t)cudaGraphLaunch(exec, stream);
+}
+
 int64_t run(int64_t handle, at::TensorList inputs, at::TensorList outputs) {
   return call(kernel_at(handle), inputs, outputs, c10::cuda::current_device());
 }
@@ -348,7 +570,7 @@ std::vector<at::Tensor> launch_with(const Kernel& k, at::TensorList inputs, cons
     outputs.emplace_back(at::detail::empty_cuda(
         s.sizes, s.dtype, where,
         s.channels_last ? std::optional<c10::MemoryFormat>(c10::MemoryFormat::ChannelsLast) : std::nullopt));
-  int64_t code = call(k, inputs, outputs, device);
+  int64_t code = k.epoch ? call_graphed(k, inputs, outputs, device) : call(k, inputs, outputs, device);
   TORCH_CHECK(code == 0, "htam kernel ", k.path, " returned ", num(code), ": ", reason(code));
   return outputs;
 }
@@ -536,6 +758,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       if (int64_t n = k.stable_calls.load(std::memory_order_relaxed)) calls[handle] = n;
     return calls;
   }, "stable_calls() -> {handle: successful launch_o<N> calls}");
+  m.def("graph_launches", [] {
+    std::unordered_map<int64_t, std::unordered_map<std::string, int64_t>> out;
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (const auto& [handle, k] : g_kernels) {
+      if (!k.epoch) continue;
+      std::lock_guard<std::mutex> graph_lock(k.graph_mutex);
+      const GraphStats& s = k.graph_stats;
+      int64_t graphs = 0;
+      for (const auto& [key, r] : k.graphs) graphs += r.exec != nullptr;
+      out[handle] = {{"graphs", graphs}, {"plain", s.plain}, {"replays", s.replays}, {"captures", s.captures},
+                     {"instantiations", s.instantiations}, {"updates", s.updates}, {"failures", s.failures},
+                     {"plain_ns", s.plain_ns}, {"replay_ns", s.replay_ns}, {"capture_ns", s.capture_ns},
+                     {"instantiate_ns", s.instantiate_ns}, {"update_ns", s.update_ns}};
+    }
+    return out;
+  }, "graph_launches() -> {handle: {count or host ns: value}} of the kernels that export htam_graph_epoch "
+     "(GraphStats: graphs held; plain, replays, captures, instantiations, updates, failures; *_ns)");
   m.attr("STABLE_INPUTS") = kStableInputs;
   m.attr("STABLE_OUTPUTS") = kStableOutputs;
   m.attr("STABLE_META_SLOTS") = kStableMetaSlots;

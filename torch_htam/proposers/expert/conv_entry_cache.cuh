@@ -36,6 +36,7 @@ static int conv_entry(DnnState* st, const int64_t* d, int64_t P, int64_t Q, Conv
     i = next_slot;
     next_slot = (next_slot + 1) % kMaxEntries;
     release(&cache[i]);
+    ++g_epoch;   // graphs the launcher captured may run the released plan
   }
   ConvEntry* e = &cache[i];
   const int rc = plan_entry(st, e, d, P, Q);

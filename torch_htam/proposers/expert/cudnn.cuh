@@ -9,6 +9,12 @@ struct DnnState { cudnnHandle_t handle = nullptr; void* ws = nullptr; size_t ws_
                   void* scratch = nullptr; size_t scratch_bytes = 0;
                   void* lay = nullptr; size_t lay_bytes = 0; };   // lay: NHWC copies (nhwc)
 
+// The launcher replays a call's launches as a CUDA graph while this stays the same (htam_abi.h):
+// the graphs run the kernels of this library's cuDNN plans, so releasing a plan moves it. Buffers
+// only grow (grow(): an outgrown one is never freed), so a graph's pointers into them stay valid.
+static int g_epoch = 0;
+HTAM_ENTRY htam_graph_epoch(void) { return g_epoch; }
+
 // Lazily per device: the handle (cudnnSetStream is called on every run).
 static int dnn_state(DnnState** out) {
   static DnnState states[64];

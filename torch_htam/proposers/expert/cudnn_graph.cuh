@@ -235,6 +235,7 @@ static int next_plan(DnnState* st, ConvEntry* e, int from, int skip) {
     best = p; best_ws = ws; best_i = i; ++found;
   }
   if (!best) return HTAM_ERR_SHAPE;
+  if (e->plan) ++g_epoch;   // a replaced plan: graphs the launcher captured may run it
   drop(&e->plan);
   e->plan = best; e->pick = best_i;
   return grow(&st->ws, &st->ws_bytes, std::max<size_t>((size_t)best_ws, 1));   // never a null workspace
