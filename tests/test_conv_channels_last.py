@@ -328,12 +328,12 @@ def test_a_conv_region_with_an_epilogue_cudnn_cannot_fuse_keeps_nchw():
 
 @pytest.mark.gpu
 def test_a_conv_kernels_launches_run_as_graphs_and_read_each_calls_values():
-    """A conv kernel exports htam_graph_epoch, so the launcher captures a launch whose tensors it
-    has seen before (the fold, cuDNN's execute) and runs it and later ones as one cudaGraphLaunch.
-    Each call still reads that call's values: the image refilled, the weight and the batch norm's
-    statistics changed in place. Past 8 graphs of one shape, a new key's capture updates one in
-    place. Inside the caller's own CUDA-graph capture the launch stays plain, and that capture
-    replays right."""
+    """A conv kernel exports htam_graph_epoch, so the launcher's capture thread records the launch
+    of tensors met a second time (the fold, cuDNN's execute), and later launches of them are one
+    cudaGraphLaunch. Each call still reads that call's values: the image refilled, the weight and
+    the batch norm's statistics changed in place. Past 8 graphs of one shape, a new key's capture
+    updates one in place. Inside the caller's own CUDA-graph capture the launch stays plain, and
+    that capture replays right."""
     from torch_htam import launcher
     from torch_htam.launcher import Kernel
     block, dtype = CASES["3x3_bn_relu"][0], torch.bfloat16
@@ -353,6 +353,7 @@ def test_a_conv_kernels_launches_run_as_graphs_and_read_each_calls_values():
     def launch_and_check(step):
         y, = kernel.launch([xs[i] for i in keep], meta)   # the step's one allocation: the same block
         torch.cuda.synchronize()
+        assert launcher.extension().graphs_idle(30.0)     # the capture it may have queued is done
         with torch.no_grad():
             ref, ref64 = block(*xs).float(), block(*[x.double() if x is not None else None for x in xs])
         assert (torch.allclose(y.float(), ref, atol=policy.atol, rtol=policy.rtol)
@@ -370,14 +371,14 @@ def test_a_conv_kernels_launches_run_as_graphs_and_read_each_calls_values():
     assert after["captures"] == before.get("captures", 0) + 1, (before, after)
     assert after["replays"] >= before.get("replays", 0) + 3, (before, after)
 
-    images = [torch.randn_like(xs[0]) for _ in range(12)]   # 12 keys of one shape, each met twice
+    images = [torch.randn_like(xs[0]) for _ in range(12)]   # 12 keys of one shape, each met 3 times
     for i, image in enumerate(images):
         xs[0] = image
-        for again in range(2):
+        for again in range(3):
             image.normal_()
             launch_and_check((i, again))
     s = stats()
-    assert s["updates"] >= 4 and s["failures"] == 0, s
+    assert s["updates"] >= 4 and s["failures"] == 0 and s["replays"] >= after["replays"] + 12, s
 
     outer = torch.cuda.CUDAGraph()
     with torch.cuda.graph(outer):

@@ -26,12 +26,16 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
 #include <fstream>
 #include <iterator>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -358,25 +362,29 @@ int64_t call(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10
 // A served model at a small batch is bound by its host, and a cuDNN conv kernel's call is mostly host
 // work: cudnnBackendExecute and the batch-norm fold's launch. A kernel whose library exports
 // htam_graph_epoch (htam_abi.h) says its launches depend only on what they bind (the tensors'
-// pointers, sizes, strides and dtypes) while its epoch holds. So a launch with a key (graph_keys)
-// seen before runs as one cudaGraphLaunch of a graph captured from the kernel on a private stream
-// (capture only records), on the caller's stream, in its order.
+// pointers, sizes, strides and dtypes) while its epoch holds. So a launch whose key (graph_keys)
+// has a graph runs as one cudaGraphLaunch on the caller's stream, in its order.
 //
-// Why this policy: the served request that pays a capture is slower, and the pointers a site binds
-// change with the allocator's state, so keys keep coming. Capturing every key on its first call
-// (instantiating a graph each) held served vision bf16's throughput at 1.21x of torch.compile but
-// cut its p99 to 0.56x; on its second call, 0.79x (H200, docs/experiments/launch_replays). So:
-// - A key's first launch runs plain (a new shape plans there, outside any capture); only a key seen
-//   again is captured: one seen once costs a lookup.
+// Why captures happen off the request path: the served request that pays a capture is slower, and
+// the pointers a site binds change with the allocator's state, so keys keep coming. Captured on the
+// request's own thread, on a key's second call, a capture and its instantiation cost 48 + 59 us a
+// site (host; served vision bf16 at 1d6554b, H200): its throughput rose to 1.21x of torch.compile
+// and the kernel share to 92.5%, but p99 fell to 0.85x. So:
+// - A key's first launch runs plain (a new shape plans there, outside any capture). Its second
+//   runs plain too and hands the key to the capture thread (GraphWorker), which records the
+//   kernel's launches on a private stream (nothing runs), instantiates and uploads the graph; the
+//   launches after that replay it. A request never waits for a capture.
 // - The graphs of one shape (the same key but for the pointers) are kept up to kGraphsPerShape;
 //   past that, a new key's capture updates the least recently used one (cudaGraphExecUpdate: the
 //   same kernels with other arguments) instead of instantiating another graph.
 // - A capture that fails (the kernel planned, allocated or refused inside it) leaves the key plain.
 // Inside the caller's own capture (CUDA-graph modes) launches stay plain: that capture records them.
-// GraphStats counts each path and its host time, for the serve bench's rows.
+// The kernel's graph_mutex keeps its calls and its capture apart (its cuDNN state is not shared
+// between threads). GraphStats counts each path and its host time, for the serve bench's rows.
 const size_t kMaxGraphs = 256;      // graphs per kernel; past it the least recently used is dropped
 const size_t kGraphsPerShape = 8;   // graphs per shape; past it a capture updates one of them
 const size_t kMaxSeen = 4096;       // keys seen once per kernel; past it the set starts over
+const size_t kMaxJobs = 256;        // captures waiting; past it a key is left to be seen again
 
 cudaStream_t capture_stream(c10::DeviceIndex device) {
   static std::mutex m;
@@ -389,7 +397,7 @@ cudaStream_t capture_stream(c10::DeviceIndex device) {
 
 // (what a launch binds, its shape) as bytes: the device, the kernel's epoch, every tensor's
 // pointer, dtype, sizes and strides; the shape is the same without the pointers.
-std::pair<std::string, std::string> graph_keys(const Kernel& k, c10::DeviceIndex device,
+std::pair<std::string, std::string> graph_keys(int epoch, c10::DeviceIndex device,
                                                const c10::SmallVector<HtamTensor, 8>& in,
                                                const c10::SmallVector<HtamTensor, 8>& out) {
   std::string key, shape;
@@ -399,7 +407,7 @@ std::pair<std::string, std::string> graph_keys(const Kernel& k, c10::DeviceIndex
     key.append(static_cast<const char*>(p), n);
     shape.append(static_cast<const char*>(p), n);
   };
-  const int head[4] = {(int)device, k.epoch(), (int)in.size(), (int)out.size()};
+  const int head[4] = {(int)device, epoch, (int)in.size(), (int)out.size()};
   put(head, sizeof(head));
   for (const auto* ts : {&in, &out})
     for (const HtamTensor& t : *ts) {
@@ -416,11 +424,10 @@ int64_t ns_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The kernel's launches for these tensors, recorded as a graph (nothing runs); nullptr where the
-// capture failed or the kernel refused inside it.
+// The kernel's launches for these tensors, recorded as a graph on stream cs (nothing runs);
+// nullptr where the capture failed or the kernel refused inside it.
 cudaGraph_t capture(const Kernel& k, c10::SmallVector<HtamTensor, 8>& in, c10::SmallVector<HtamTensor, 8>& out,
-                    c10::DeviceIndex device) {
-  cudaStream_t cs = capture_stream(device);
+                    cudaStream_t cs) {
   if (cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
     cudaGetLastError();
     return nullptr;
@@ -428,7 +435,7 @@ cudaGraph_t capture(const Kernel& k, c10::SmallVector<HtamTensor, 8>& in, c10::S
   const int rc = k.fn(in.data(), (int)in.size(), out.data(), (int)out.size(), cs);
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(cs, &graph);
-  cudaGetLastError();   // a failed capture's error is this call's, not the next launch's
+  cudaGetLastError();   // a failed capture's error is this capture's, not the next launch's
   if (rc == 0 && ended == cudaSuccess) return graph;
   if (graph != nullptr) cudaGraphDestroy(graph);
   return nullptr;
@@ -437,62 +444,175 @@ cudaGraph_t capture(const Kernel& k, c10::SmallVector<HtamTensor, 8>& in, c10::S
 void forget_graph(const Kernel& k, const std::string& key) {
   auto it = k.graphs.find(key);
   if (it == k.graphs.end()) return;
-  auto& keys = k.by_shape[it->second.shape];
-  keys.erase(std::remove(keys.begin(), keys.end(), key), keys.end());
-  if (keys.empty()) k.by_shape.erase(it->second.shape);
+  auto same = k.by_shape.find(it->second.shape);
+  if (same != k.by_shape.end()) {
+    auto& keys = same->second;
+    keys.erase(std::remove(keys.begin(), keys.end(), key), keys.end());
+    if (keys.empty()) k.by_shape.erase(same);
+  }
   if (it->second.exec) cudaGraphExecDestroy(it->second.exec);   // one in flight is freed when it ends
   k.graphs.erase(it);
 }
 
-// The least recently used of `keys` (none empty).
-const std::string& least_used(const Kernel& k, const std::vector<std::string>& keys) {
-  return *std::min_element(keys.begin(), keys.end(), [&](const std::string& a, const std::string& b) {
+// A graph for `key` made by updating the least recently used of its shape's graphs, where the
+// shape has kGraphsPerShape of them; false where it has fewer or the update failed (that graph is
+// dropped then: it ran other kernels). Under the kernel's graph_mutex.
+bool updated_in_place(const Kernel& k, const std::string& key, const std::string& shape, cudaGraph_t graph) {
+  auto same = k.by_shape.find(shape);
+  if (same == k.by_shape.end() || same->second.size() < kGraphsPerShape) return false;
+  auto& keys = same->second;
+  auto victim = std::min_element(keys.begin(), keys.end(), [&](const std::string& a, const std::string& b) {
     return k.graphs.at(a).used < k.graphs.at(b).used;
   });
-}
-
-// An executable graph of `graph` for `key`: one of its shape's graphs updated where the shape has
-// kGraphsPerShape, else a new one; nullptr where neither works.
-cudaGraphExec_t exec_for(const Kernel& k, const std::string& key, const std::string& shape, cudaGraph_t graph) {
-  GraphStats& st = k.graph_stats;
-  auto same = k.by_shape.find(shape);
-  if (same != k.by_shape.end() && same->second.size() >= kGraphsPerShape) {
-    const std::string victim = least_used(k, same->second);
-    GraphRecord rec = k.graphs.at(victim);
-    const auto t0 = std::chrono::steady_clock::now();
-    cudaGraphExecUpdateResultInfo info{};
-    const bool updated = cudaGraphExecUpdate(rec.exec, graph, &info) == cudaSuccess;
-    cudaGetLastError();
-    st.update_ns += ns_since(t0);
-    if (updated) {
-      ++st.updates;
-      k.graphs.erase(victim);
-      auto& keys = same->second;
-      std::replace(keys.begin(), keys.end(), victim, key);
-      k.graphs[key] = GraphRecord{rec.exec, shape, 0};
-      return rec.exec;
-    }
-    forget_graph(k, victim);   // other kernels than it ran: instantiate in its place
-  }
-  while (k.graphs.size() >= kMaxGraphs) {
-    auto oldest = std::min_element(k.graphs.begin(), k.graphs.end(),
-                                   [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
-    forget_graph(k, std::string(oldest->first));
-  }
+  const std::string old = *victim;
+  GraphRecord rec = k.graphs.at(old);
   const auto t0 = std::chrono::steady_clock::now();
-  cudaGraphExec_t exec = nullptr;
-  if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
-    cudaGetLastError();
-    return nullptr;
+  cudaGraphExecUpdateResultInfo info{};
+  const bool ok = cudaGraphExecUpdate(rec.exec, graph, &info) == cudaSuccess;
+  cudaGetLastError();
+  k.graph_stats.update_ns += ns_since(t0);
+  if (!ok) {
+    forget_graph(k, old);
+    return false;
   }
-  st.instantiate_ns += ns_since(t0);
-  ++st.instantiations;
-  k.graphs[key] = GraphRecord{exec, shape, 0};
-  k.by_shape[shape].push_back(key);
-  return exec;
+  ++k.graph_stats.updates;
+  *victim = key;
+  k.graphs.erase(old);
+  k.graphs[key] = GraphRecord{rec.exec, shape, k.graph_tick};
+  return true;
 }
 
-// call(), as a graph launch where the key was seen before (graph launches, above).
+// A key to capture: what the kernel's call bound (the pointers stay in the key; nothing is read).
+struct GraphJob {
+  const Kernel* kernel;
+  int epoch;
+  c10::DeviceIndex device;
+  std::string key, shape;
+  c10::SmallVector<HtamTensor, 8> in, out;
+};
+
+// The capture thread: captures, instantiates and uploads the graphs of the keys the request path
+// hands it (GraphJob), one at a time, in order. Started on the first job; stopped (its current job
+// finished) at process exit, before CUDA's own teardown.
+class GraphWorker {
+ public:
+  static GraphWorker& get() {
+    static GraphWorker* w = new GraphWorker();   // never destroyed: exit stops it (stop_at_exit)
+    return *w;
+  }
+
+  // false where the queue is full or the worker stopped: the key is left to be seen again
+  bool offer(GraphJob&& job) {
+    std::lock_guard<std::mutex> lock(m_);
+    if (stopped_ || jobs_.size() >= kMaxJobs) return false;
+    if (!thread_.joinable()) {
+      thread_ = std::thread([this] { loop(); });
+      std::atexit([] { GraphWorker::get().stop(); });
+    }
+    jobs_.push_back(std::move(job));
+    ready_.notify_one();
+    return true;
+  }
+
+  // Wait until no capture is queued or running (tests), at most `seconds`; whether it came to that.
+  bool idle(double seconds) {
+    std::unique_lock<std::mutex> lock(m_);
+    return done_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return jobs_.empty() && !busy_; });
+  }
+
+ private:
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stopped_ = true;
+    }
+    ready_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void loop() {
+    // Other threads' CUDA-graph captures (a model in mode='reduce-overhead') do not bar this
+    // thread's calls, nor do they see them: it only records on, and syncs, its own stream.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    for (;;) {
+      GraphJob job;
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        ready_.wait(lock, [this] { return stopped_ || !jobs_.empty(); });
+        if (stopped_) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+        busy_ = true;
+      }
+      run(job);
+      {
+        std::lock_guard<std::mutex> lock(m_);
+        busy_ = false;
+      }
+      done_.notify_all();
+    }
+  }
+
+  static void run(GraphJob& job) {
+    const Kernel& k = *job.kernel;
+    if (cudaSetDevice(job.device) != cudaSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    cudaStream_t cs = capture_stream(job.device);
+    cudaGraph_t graph = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(k.graph_mutex);
+      // a plan released since (the epoch moved): this key's calls are gone
+      if (k.graphs.count(job.key) || k.epoch() != job.epoch) return;
+      const auto t0 = std::chrono::steady_clock::now();
+      graph = capture(k, job.in, job.out, cs);
+      k.graph_stats.capture_ns += ns_since(t0);
+      ++k.graph_stats.captures;
+      if (graph == nullptr) {   // this key stays plain
+        ++k.graph_stats.failures;
+        k.graphs[job.key] = GraphRecord{nullptr, job.shape, k.graph_tick};
+        return;
+      }
+      if (updated_in_place(k, job.key, job.shape, graph)) {
+        cudaGraphDestroy(graph);
+        return;
+      }
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    cudaGraphExec_t exec = nullptr;
+    const bool made = cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess &&
+                      cudaGraphUpload(exec, cs) == cudaSuccess && cudaStreamSynchronize(cs) == cudaSuccess;
+    cudaGetLastError();
+    cudaGraphDestroy(graph);
+    const int64_t ns = ns_since(t0);
+    std::lock_guard<std::mutex> lock(k.graph_mutex);
+    k.graph_stats.instantiate_ns += ns;
+    if (!made) {
+      if (exec) cudaGraphExecDestroy(exec);
+      ++k.graph_stats.failures;
+      k.graphs[job.key] = GraphRecord{nullptr, job.shape, k.graph_tick};
+      return;
+    }
+    ++k.graph_stats.instantiations;
+    while (k.graphs.size() >= kMaxGraphs) {
+      auto oldest = std::min_element(k.graphs.begin(), k.graphs.end(),
+                                     [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
+      forget_graph(k, std::string(oldest->first));
+    }
+    k.graphs[job.key] = GraphRecord{exec, job.shape, k.graph_tick};
+    k.by_shape[job.shape].push_back(job.key);
+  }
+
+  std::mutex m_;
+  std::condition_variable ready_, done_;
+  std::deque<GraphJob> jobs_;
+  std::thread thread_;
+  bool busy_ = false, stopped_ = false;
+};
+
+// call(), as a graph launch where the key has a graph (graph launches, above).
 int64_t call_graphed(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10::DeviceIndex device) {
   c10::SmallVector<HtamTensor, 8> in, out;
   for (size_t i = 0; i < inputs.size(); ++i) in.push_back(describe(inputs[i], device, "inputs", i));
@@ -506,42 +626,30 @@ int64_t call_graphed(const Kernel& k, at::TensorList inputs, at::TensorList outp
   }
   if (outer != cudaStreamCaptureStatusNone) return plain();
   const auto t0 = std::chrono::steady_clock::now();
-  auto [key, shape] = graph_keys(k, device, in, out);
   std::lock_guard<std::mutex> lock(k.graph_mutex);
+  const int epoch = k.epoch();
+  auto [key, shape] = graph_keys(epoch, device, in, out);
   GraphStats& st = k.graph_stats;
-  const uint64_t now = ++k.graph_tick;
   auto it = k.graphs.find(key);
   if (it != k.graphs.end() && it->second.exec) {
-    it->second.used = now;
+    it->second.used = ++k.graph_tick;
     const int64_t rc = cudaGraphLaunch(it->second.exec, stream);
     ++st.replays;
     st.replay_ns += ns_since(t0);
     return rc;
   }
-  if (it != k.graphs.end() || k.seen.count(key) == 0) {   // a failed capture's key, or a new one
-    if (it == k.graphs.end()) {
-      if (k.seen.size() >= kMaxSeen) k.seen.clear();
-      k.seen.insert(key);
-    }
-    const int64_t rc = plain();
-    ++st.plain;
-    st.plain_ns += ns_since(t0);
-    return rc;
+  const int64_t rc = plain();
+  ++st.plain;
+  st.plain_ns += ns_since(t0);
+  if (rc != 0 || it != k.graphs.end()) return rc;   // a failed capture's key stays plain
+  if (k.seen.erase(key)) {   // its second call: capture it off this thread
+    GraphJob job{&k, epoch, device, std::move(key), std::move(shape), in, out};
+    if (!GraphWorker::get().offer(std::move(job))) k.seen.insert(job.key);   // refused: job is intact
+  } else {
+    if (k.seen.size() >= kMaxSeen) k.seen.clear();
+    k.seen.insert(std::move(key));
   }
-  k.seen.erase(key);
-  const auto c0 = std::chrono::steady_clock::now();
-  cudaGraph_t graph = capture(k, in, out, device);
-  st.capture_ns += ns_since(c0);
-  ++st.captures;
-  cudaGraphExec_t exec = graph ? exec_for(k, key, shape, graph) : nullptr;
-  if (graph) cudaGraphDestroy(graph);
-  if (exec == nullptr) {   // this key stays plain
-    ++st.failures;
-    k.graphs[key] = GraphRecord{nullptr, shape, now};
-    return plain();
-  }
-  k.graphs[key].used = now;
-  return (int64_t)cudaGraphLaunch(exec, stream);
+  return rc;
 }
 
 int64_t run(int64_t handle, at::TensorList inputs, at::TensorList outputs) {
@@ -775,6 +883,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   }, "graph_launches() -> {handle: {count or host ns: value}} of the kernels that export htam_graph_epoch "
      "(GraphStats: graphs held; plain, replays, captures, instantiations, updates, failures; *_ns)");
+  m.def("graphs_idle", [](double seconds) {
+    pybind11::gil_scoped_release no_gil;
+    return GraphWorker::get().idle(seconds);
+  }, "graphs_idle(seconds) -> bool: wait until the capture thread has no key queued or capturing (tests)");
   m.attr("STABLE_INPUTS") = kStableInputs;
   m.attr("STABLE_OUTPUTS") = kStableOutputs;
   m.attr("STABLE_META_SLOTS") = kStableMetaSlots;
