@@ -10,6 +10,7 @@ NCHW or channels-last, and the output channels-last.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -328,9 +329,9 @@ def test_a_conv_region_with_an_epilogue_cudnn_cannot_fuse_keeps_nchw():
 
 @pytest.mark.gpu
 def test_a_conv_kernels_launches_run_as_graphs_and_read_each_calls_values():
-    """A conv kernel exports htam_graph_epoch, so the launcher's capture thread records the launch
-    of tensors met a second time (the fold, cuDNN's execute), and later launches of them are one
-    cudaGraphLaunch. Each call still reads that call's values: the image refilled, the weight and
+    """A conv kernel exports htam_graph_epoch, so the launcher records the launch of tensors met a
+    second time (the fold, cuDNN's execute), its graph thread makes that executable, and later
+    launches of them are one cudaGraphLaunch. Each call still reads that call's values: the image refilled, the weight and
     the batch norm's statistics changed in place. Past 8 graphs of one shape, a new key's capture
     updates one in place. Inside the caller's own CUDA-graph capture the launch stays plain, and
     that capture replays right."""
@@ -351,6 +352,7 @@ def test_a_conv_kernels_launches_run_as_graphs_and_read_each_calls_values():
         return launcher.extension().graph_launches().get(kernel.handle, {})
 
     def launch_and_check(step):
+        time.sleep(0.003)                                 # past the launcher's 2 ms between captures
         y, = kernel.launch([xs[i] for i in keep], meta)   # the step's one allocation: the same block
         torch.cuda.synchronize()
         assert launcher.extension().graphs_idle(30.0)     # the capture it may have queued is done

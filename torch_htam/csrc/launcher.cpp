@@ -365,26 +365,29 @@ int64_t call(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10
 // pointers, sizes, strides and dtypes) while its epoch holds. So a launch whose key (graph_keys)
 // has a graph runs as one cudaGraphLaunch on the caller's stream, in its order.
 //
-// Why captures happen off the request path: the served request that pays a capture is slower, and
-// the pointers a site binds change with the allocator's state, so keys keep coming. Captured on the
-// request's own thread, on a key's second call, a capture and its instantiation cost 48 + 59 us a
-// site (host; served vision bf16 at 1d6554b, H200): its throughput rose to 1.21x of torch.compile
-// and the kernel share to 92.5%, but p99 fell to 0.85x. So:
-// - A key's first launch runs plain (a new shape plans there, outside any capture). Its second
-//   runs plain too and hands the key to the capture thread (GraphWorker), which records the
-//   kernel's launches on a private stream (nothing runs), instantiates and uploads the graph; the
-//   launches after that replay it. A request never waits for a capture.
+// Why this policy: the served request that pays for a graph is slower, and the pointers a site
+// binds change with the allocator's state, so keys keep coming. Captured, instantiated and first
+// launched on a key's second call, a graph cost 48 + 59 us of host time a site and more for its
+// upload (served vision bf16 at 1d6554b, H200): throughput rose to 1.21x of torch.compile and the
+// kernel share to 92.5%, but p99 fell to 0.85x. A capture cannot move to another thread: a device
+// synchronization anywhere in the process fails while a stream is capturing (9bfd97f). So:
+// - A key's first launch runs plain (a new shape plans there, outside any capture).
+// - Its second runs plain too, and where no capture ran on this device within kCaptureGapNs, is
+//   recorded as well (a private stream; nothing runs twice): a request pays at most one capture
+//   per window. The capture thread (GraphWorker) instantiates and uploads the graph off the
+//   request path; the key's launches after that replay it.
 // - The graphs of one shape (the same key but for the pointers) are kept up to kGraphsPerShape;
-//   past that, a new key's capture updates the least recently used one (cudaGraphExecUpdate: the
+//   past that, a new key's graph updates the least recently used one (cudaGraphExecUpdate: the
 //   same kernels with other arguments) instead of instantiating another graph.
 // - A capture that fails (the kernel planned, allocated or refused inside it) leaves the key plain.
 // Inside the caller's own capture (CUDA-graph modes) launches stay plain: that capture records them.
-// The kernel's graph_mutex keeps its calls and its capture apart (its cuDNN state is not shared
-// between threads). GraphStats counts each path and its host time, for the serve bench's rows.
+// The kernel's graph_mutex keeps its calls and its graphs' updates apart. GraphStats counts each
+// path and its host time, for the serve bench's rows.
 const size_t kMaxGraphs = 256;      // graphs per kernel; past it the least recently used is dropped
 const size_t kGraphsPerShape = 8;   // graphs per shape; past it a capture updates one of them
 const size_t kMaxSeen = 4096;       // keys seen once per kernel; past it the set starts over
-const size_t kMaxJobs = 256;        // captures waiting; past it a key is left to be seen again
+const size_t kMaxJobs = 256;        // graphs waiting; past it a key is left to be seen again
+const int64_t kCaptureGapNs = 2000000;   // one capture per 2 ms a device: a served forward's time
 
 cudaStream_t capture_stream(c10::DeviceIndex device) {
   static std::mutex m;
@@ -482,18 +485,17 @@ bool updated_in_place(const Kernel& k, const std::string& key, const std::string
   return true;
 }
 
-// A key to capture: what the kernel's call bound (the pointers stay in the key; nothing is read).
+// A key's captured graph, for the worker to make executable.
 struct GraphJob {
-  const Kernel* kernel;
-  int epoch;
-  c10::DeviceIndex device;
+  const Kernel* kernel = nullptr;
+  c10::DeviceIndex device = 0;
   std::string key, shape;
-  c10::SmallVector<HtamTensor, 8> in, out;
+  cudaGraph_t graph = nullptr;   // the job's to destroy
 };
 
-// The capture thread: captures, instantiates and uploads the graphs of the keys the request path
-// hands it (GraphJob), one at a time, in order. Started on the first job; stopped (its current job
-// finished) at process exit, before CUDA's own teardown.
+// The graph thread: makes the graphs the request path captured executable (an update in place or
+// an instantiation and upload, GraphJob), one at a time, in order. Started on the first job;
+// stopped (its current job finished) at process exit, before CUDA's own teardown.
 class GraphWorker {
  public:
   static GraphWorker& get() {
@@ -532,7 +534,7 @@ class GraphWorker {
 
   void loop() {
     // Other threads' CUDA-graph captures (a model in mode='reduce-overhead') do not bar this
-    // thread's calls, nor do they see them: it only records on, and syncs, its own stream.
+    // thread's calls, nor do they see them: it only uploads on, and syncs, its own stream.
     cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
     cudaThreadExchangeStreamCaptureMode(&mode);
     for (;;) {
@@ -556,36 +558,20 @@ class GraphWorker {
 
   static void run(GraphJob& job) {
     const Kernel& k = *job.kernel;
-    if (cudaSetDevice(job.device) != cudaSuccess) {
-      cudaGetLastError();
-      return;
-    }
     cudaStream_t cs = capture_stream(job.device);
-    cudaGraph_t graph = nullptr;
     {
       std::lock_guard<std::mutex> lock(k.graph_mutex);
-      // a plan released since (the epoch moved): this key's calls are gone
-      if (k.graphs.count(job.key) || k.epoch() != job.epoch) return;
-      const auto t0 = std::chrono::steady_clock::now();
-      graph = capture(k, job.in, job.out, cs);
-      k.graph_stats.capture_ns += ns_since(t0);
-      ++k.graph_stats.captures;
-      if (graph == nullptr) {   // this key stays plain
-        ++k.graph_stats.failures;
-        k.graphs[job.key] = GraphRecord{nullptr, job.shape, k.graph_tick};
-        return;
-      }
-      if (updated_in_place(k, job.key, job.shape, graph)) {
-        cudaGraphDestroy(graph);
+      if (k.graphs.count(job.key) || updated_in_place(k, job.key, job.shape, job.graph)) {
+        cudaGraphDestroy(job.graph);
         return;
       }
     }
     const auto t0 = std::chrono::steady_clock::now();
     cudaGraphExec_t exec = nullptr;
-    const bool made = cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess &&
+    const bool made = cudaSetDevice(job.device) == cudaSuccess && cudaGraphInstantiate(&exec, job.graph, 0) == cudaSuccess &&
                       cudaGraphUpload(exec, cs) == cudaSuccess && cudaStreamSynchronize(cs) == cudaSuccess;
     cudaGetLastError();
-    cudaGraphDestroy(graph);
+    cudaGraphDestroy(job.graph);
     const int64_t ns = ns_since(t0);
     std::lock_guard<std::mutex> lock(k.graph_mutex);
     k.graph_stats.instantiate_ns += ns;
@@ -642,13 +628,30 @@ int64_t call_graphed(const Kernel& k, at::TensorList inputs, at::TensorList outp
   ++st.plain;
   st.plain_ns += ns_since(t0);
   if (rc != 0 || it != k.graphs.end()) return rc;   // a failed capture's key stays plain
-  if (k.seen.erase(key)) {   // its second call: capture it off this thread
-    GraphJob job{&k, epoch, device, std::move(key), std::move(shape), in, out};
-    if (!GraphWorker::get().offer(std::move(job))) k.seen.insert(job.key);   // refused: job is intact
-  } else {
+  if (!k.seen.count(key)) {
     if (k.seen.size() >= kMaxSeen) k.seen.clear();
     k.seen.insert(std::move(key));
+    return rc;
   }
+  // its second call or later: record it, where this device's window allows a capture
+  static std::atomic<int64_t> last_capture[64] = {};
+  if (device < 0 || device >= 64) return rc;
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch()).count();
+  int64_t last = last_capture[device].load(std::memory_order_relaxed);
+  if (now - last < kCaptureGapNs || !last_capture[device].compare_exchange_strong(last, now)) return rc;
+  const auto c0 = std::chrono::steady_clock::now();
+  cudaGraph_t graph = capture(k, in, out, capture_stream(device));
+  st.capture_ns += ns_since(c0);
+  ++st.captures;
+  k.seen.erase(key);
+  if (graph == nullptr) {
+    ++st.failures;
+    k.graphs[key] = GraphRecord{nullptr, shape, k.graph_tick};
+    return rc;
+  }
+  GraphJob job{&k, device, std::move(key), std::move(shape), graph};
+  if (!GraphWorker::get().offer(std::move(job))) cudaGraphDestroy(graph);   // refused: seen again later
   return rc;
 }
 
