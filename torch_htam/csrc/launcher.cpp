@@ -21,6 +21,7 @@
 // outputs come from at::detail::empty_cuda (the CUDA allocator without a dispatcher round trip).
 // (Figures: docs/RESULTS_LOG.md.)
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -506,8 +507,9 @@ class GraphWorker {
   // false where the queue is full or the worker stopped: the key is left to be seen again
   bool offer(GraphJob&& job) {
     std::lock_guard<std::mutex> lock(m_);
-    if (stopped_ || jobs_.size() >= kMaxJobs) return false;
+    if (stopped_ || jobs_.size() >= kMaxJobs || (thread_.joinable() && getpid() != owner_)) return false;
     if (!thread_.joinable()) {
+      owner_ = getpid();
       thread_ = std::thread([this] { loop(); });
       std::atexit([] { GraphWorker::get().stop(); });
     }
@@ -529,7 +531,8 @@ class GraphWorker {
       stopped_ = true;
     }
     ready_.notify_all();
-    if (thread_.joinable()) thread_.join();
+    // a forked child inherits this handler and the handle, not the thread
+    if (thread_.joinable() && getpid() == owner_) thread_.join();
   }
 
   void loop() {
@@ -595,6 +598,7 @@ class GraphWorker {
   std::condition_variable ready_, done_;
   std::deque<GraphJob> jobs_;
   std::thread thread_;
+  pid_t owner_ = 0;   // the process whose thread it is
   bool busy_ = false, stopped_ = false;
 };
 
