@@ -602,6 +602,16 @@ class GraphWorker {
   bool busy_ = false, stopped_ = false;
 };
 
+// Whether launches may run as graphs: HTAM_GRAPH_LAUNCHES=0 in the environment turns them off
+// (every launch plain), read once per process.
+bool graph_launches_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("HTAM_GRAPH_LAUNCHES");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
+
 // call(), as a graph launch where the key has a graph (graph launches, above).
 int64_t call_graphed(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10::DeviceIndex device) {
   c10::SmallVector<HtamTensor, 8> in, out;
@@ -685,7 +695,8 @@ std::vector<at::Tensor> launch_with(const Kernel& k, at::TensorList inputs, cons
     outputs.emplace_back(at::detail::empty_cuda(
         s.sizes, s.dtype, where,
         s.channels_last ? std::optional<c10::MemoryFormat>(c10::MemoryFormat::ChannelsLast) : std::nullopt));
-  int64_t code = k.epoch ? call_graphed(k, inputs, outputs, device) : call(k, inputs, outputs, device);
+  int64_t code = k.epoch && graph_launches_on() ? call_graphed(k, inputs, outputs, device)
+                                                : call(k, inputs, outputs, device);
   TORCH_CHECK(code == 0, "htam kernel ", k.path, " returned ", num(code), ": ", reason(code));
   return outputs;
 }
