@@ -375,7 +375,7 @@ int64_t call(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10
 // - A key's first launch runs plain (a new shape plans there, outside any capture).
 // - Its second runs plain too, and where no capture ran on this device within kCaptureGapNs, is
 //   recorded as well (a private stream; nothing runs twice): a request pays at most one capture
-//   per window. The capture thread (GraphWorker) instantiates and uploads the graph off the
+//   per window. The graph thread (GraphWorker) instantiates and uploads the graph off the
 //   request path; the key's launches after that replay it.
 // - The graphs of one shape (the same key but for the pointers) are kept up to kGraphsPerShape;
 //   past that, a new key's graph updates the least recently used one (cudaGraphExecUpdate: the
@@ -904,7 +904,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("graphs_idle", [](double seconds) {
     pybind11::gil_scoped_release no_gil;
     return GraphWorker::get().idle(seconds);
-  }, "graphs_idle(seconds) -> bool: wait until the capture thread has no key queued or capturing (tests)");
+  }, "graphs_idle(seconds) -> bool: wait until the graph thread has no graph queued or in the making (tests)");
   m.attr("STABLE_INPUTS") = kStableInputs;
   m.attr("STABLE_OUTPUTS") = kStableOutputs;
   m.attr("STABLE_META_SLOTS") = kStableMetaSlots;
