@@ -96,6 +96,8 @@ COLUMNS: dict[str, list[tuple[str, str, object]]] = {
         ("cold alone: throughput vs compile", "cold_isolated_throughput_vs_compile", "{:.3f}x"),
         ("cold alone: p99 vs compile", "cold_isolated_p99_vs_compile", "{:.3f}x"),
         ("ours req/s", "arms.ours.warm.requests_per_s", "{:.1f}"), ("ours p99 ms", "arms.ours.warm.p99_ms", "{:.2f}"),
+        ("graph launches: throughput", "graph_launches_ab.throughput", "{:.3f}x"),
+        ("graph launches: p99", "graph_launches_ab.p99", "{:.3f}x"),
         ("recompiles dynamic", "recompiles.compile_dynamic", None),
         ("recompiles default", "recompiles.compile_default", None), ("recompiles ours", "recompiles.ours", None),
         ("optimize s", "optimize_s", "{:.0f}"), ("within budget", "within_budget", None),

@@ -457,6 +457,13 @@ def graph_launches() -> dict[int, dict[str, int]]:
     return extension().graph_launches() if extension.cache_info().currsize else {}
 
 
+def set_graph_launches(on: bool) -> bool | None:
+    """Whether our kernels' launches may run as CUDA graphs from now on (csrc/launcher.cpp; the
+    default: unless HTAM_GRAPH_LAUNCHES=0); the last setting, or None where the launcher is not
+    loaded (nothing to switch)."""
+    return extension().set_graph_launches(on) if extension.cache_info().currsize else None
+
+
 def fast_launch(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list[torch.Tensor]:
     """torch.ops.htam.launch.default(handle, inputs, out_meta), without the dispatcher's host cost
     in plain eager. Traced calls (torch.compile, torch.export, make_fx, FakeTensor, dispatch or

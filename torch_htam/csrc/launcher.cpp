@@ -603,14 +603,16 @@ class GraphWorker {
 };
 
 // Whether launches may run as graphs: HTAM_GRAPH_LAUNCHES=0 in the environment turns them off
-// (every launch plain), read once per process.
-bool graph_launches_on() {
-  static const bool on = [] {
+// (every launch plain); set_graph_launches switches them at run time (the serve bench's A/B).
+std::atomic<bool>& graph_launches_flag() {
+  static std::atomic<bool> on{[] {
     const char* v = std::getenv("HTAM_GRAPH_LAUNCHES");
     return v == nullptr || std::string(v) != "0";
-  }();
+  }()};
   return on;
 }
+
+bool graph_launches_on() { return graph_launches_flag().load(std::memory_order_relaxed); }
 
 // call(), as a graph launch where the key has a graph (graph launches, above).
 int64_t call_graphed(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10::DeviceIndex device) {
@@ -901,6 +903,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   }, "graph_launches() -> {handle: {count or host ns: value}} of the kernels that export htam_graph_epoch "
      "(GraphStats: graphs held; plain, replays, captures, instantiations, updates, failures; *_ns)");
+  m.def("set_graph_launches", [](bool on) { return graph_launches_flag().exchange(on); },
+        "set_graph_launches(on) -> bool: whether launches may run as graphs from now on; returns the last setting");
   m.def("graphs_idle", [](double seconds) {
     pybind11::gil_scoped_release no_gil;
     return GraphWorker::get().idle(seconds);
