@@ -508,3 +508,28 @@ def test_fast_launch_under_export_records_the_op(kernels):
     ep = torch.export.export(M(), (a, b), strict=False)
     assert torch.ops.htam.launch.default in [n.target for n in ep.graph.nodes if n.op == "call_function"]
     torch.testing.assert_close(ep.module()(a, b), a + b, rtol=0, atol=0)
+
+
+def test_settle_graphs_calls_until_a_call_launches_nothing_plain(monkeypatch):
+    """launcher.settle_graphs: calls the forward until one call adds no plain launch of a
+    graph-capable kernel (each key of it has a graph), at most max_calls times; none loaded: no call."""
+    stats = {7: {"plain": 0, "replays": 0}}
+    calls = []
+
+    def forward():                       # its first 3 calls launch 2 kernels plain each, then replays
+        calls.append(1)
+        key = "plain" if len(calls) <= 3 else "replays"
+        stats[7][key] += 2
+
+    class Ext:
+        @staticmethod
+        def graphs_idle(seconds):
+            return True
+    monkeypatch.setattr(launcher, "graph_launches", lambda: stats)
+    monkeypatch.setattr(launcher, "extension", Ext)
+    assert launcher.settle_graphs(forward) == 4 and len(calls) == 4
+    calls.clear()
+    stats[7]["plain"] = 0
+    assert launcher.settle_graphs(lambda: stats[7].update(plain=stats[7]["plain"] + 1), max_calls=5) == 5
+    monkeypatch.setattr(launcher, "graph_launches", lambda: {})
+    assert launcher.settle_graphs(forward) == 0 and calls == []

@@ -28,8 +28,9 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -455,6 +456,34 @@ def graph_launches() -> dict[int, dict[str, int]]:
     launcher.cpp: graphs held; plain, replays, captures, instantiations, updates, failures, and
     each path's host ns); {} where the launcher is not loaded."""
     return extension().graph_launches() if extension.cache_info().currsize else {}
+
+
+CAPTURE_GAP_S = 0.002   # csrc/launcher.cpp kCaptureGapNs: at most one capture per this long a device
+
+
+def plain_launches() -> int:
+    """Launches of our graph-capable kernels that ran plain so far (GraphStats.plain, summed)."""
+    return sum(stats.get("plain", 0) for stats in graph_launches().values())
+
+
+def settle_graphs(call: Callable[[], object], max_calls: int = 32) -> int:
+    """Call `call` (a forward on fixed inputs) until one call launches none of our graph-capable
+    kernels plain, at most max_calls times, each past the launcher's capture window: then every
+    launch the call makes runs as a CUDA graph, as it will in steady serving, and a timing of it
+    measures that rather than a mix of captures and plain launches. The calls made; 0 where no
+    such kernel is loaded."""
+    if not graph_launches():
+        return 0
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for n in range(1, max_calls + 1):
+        before = plain_launches()
+        time.sleep(1.25 * CAPTURE_GAP_S)
+        call()
+        sync()
+        extension().graphs_idle(5.0)   # the graph thread's instantiation of this call's capture
+        if plain_launches() == before:
+            return n
+    return max_calls
 
 
 def set_graph_launches(on: bool) -> bool | None:
