@@ -390,13 +390,19 @@ const size_t kMaxSeen = 4096;       // keys seen once per kernel; past it the se
 const size_t kMaxJobs = 256;        // graphs waiting; past it a key is left to be seen again
 const int64_t kCaptureGapNs = 2000000;   // one capture per 2 ms a device: a served forward's time
 
-cudaStream_t capture_stream(c10::DeviceIndex device) {
+// A private stream per device and use: kCapture records the request path's captures, kUpload
+// carries the graph thread's uploads. Apart, because a stream another thread is capturing on
+// cannot take (or be synchronized for) the other's work.
+enum class Side { kCapture = 0, kUpload = 1 };
+
+cudaStream_t side_stream(c10::DeviceIndex device, Side side) {
   static std::mutex m;
-  static cudaStream_t streams[64] = {};
+  static cudaStream_t streams[2][64] = {};
   std::lock_guard<std::mutex> lock(m);
   TORCH_CHECK(device >= 0 && device < 64, "htam: device index ", num((int)device), " beyond 64");
-  if (!streams[device]) C10_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[device], cudaStreamNonBlocking));
-  return streams[device];
+  cudaStream_t& s = streams[(int)side][device];
+  if (!s) C10_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
 }
 
 // (what a launch binds, its shape) as bytes: the device, the kernel's epoch, every tensor's
@@ -500,7 +506,7 @@ struct GraphJob {
 class GraphWorker {
  public:
   static GraphWorker& get() {
-    static GraphWorker* w = new GraphWorker();   // never destroyed: exit stops it (stop_at_exit)
+    static GraphWorker* w = new GraphWorker();   // never destroyed: offer() has exit stop it
     return *w;
   }
 
@@ -518,7 +524,7 @@ class GraphWorker {
     return true;
   }
 
-  // Wait until no capture is queued or running (tests), at most `seconds`; whether it came to that.
+  // Wait until no graph is queued or being made (tests), at most `seconds`; whether it came to that.
   bool idle(double seconds) {
     std::unique_lock<std::mutex> lock(m_);
     return done_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return jobs_.empty() && !busy_; });
@@ -537,7 +543,7 @@ class GraphWorker {
 
   void loop() {
     // Other threads' CUDA-graph captures (a model in mode='reduce-overhead') do not bar this
-    // thread's calls, nor do they see them: it only uploads on, and syncs, its own stream.
+    // thread's calls, nor do they see them: it only uploads on, and syncs, a stream of its own.
     cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
     cudaThreadExchangeStreamCaptureMode(&mode);
     for (;;) {
@@ -561,7 +567,12 @@ class GraphWorker {
 
   static void run(GraphJob& job) {
     const Kernel& k = *job.kernel;
-    cudaStream_t cs = capture_stream(job.device);
+    if (cudaSetDevice(job.device) != cudaSuccess) {
+      cudaGetLastError();
+      cudaGraphDestroy(job.graph);
+      return;
+    }
+    cudaStream_t us = side_stream(job.device, Side::kUpload);
     {
       std::lock_guard<std::mutex> lock(k.graph_mutex);
       if (k.graphs.count(job.key) || updated_in_place(k, job.key, job.shape, job.graph)) {
@@ -571,8 +582,8 @@ class GraphWorker {
     }
     const auto t0 = std::chrono::steady_clock::now();
     cudaGraphExec_t exec = nullptr;
-    const bool made = cudaSetDevice(job.device) == cudaSuccess && cudaGraphInstantiate(&exec, job.graph, 0) == cudaSuccess &&
-                      cudaGraphUpload(exec, cs) == cudaSuccess && cudaStreamSynchronize(cs) == cudaSuccess;
+    const bool made = cudaGraphInstantiate(&exec, job.graph, 0) == cudaSuccess &&
+                      cudaGraphUpload(exec, us) == cudaSuccess && cudaStreamSynchronize(us) == cudaSuccess;
     cudaGetLastError();
     cudaGraphDestroy(job.graph);
     const int64_t ns = ns_since(t0);
@@ -657,7 +668,7 @@ int64_t call_graphed(const Kernel& k, at::TensorList inputs, at::TensorList outp
   int64_t last = last_capture[device].load(std::memory_order_relaxed);
   if (now - last < kCaptureGapNs || !last_capture[device].compare_exchange_strong(last, now)) return rc;
   const auto c0 = std::chrono::steady_clock::now();
-  cudaGraph_t graph = capture(k, in, out, capture_stream(device));
+  cudaGraph_t graph = capture(k, in, out, side_stream(device, Side::kCapture));
   st.capture_ns += ns_since(c0);
   ++st.captures;
   k.seen.erase(key);
