@@ -393,3 +393,47 @@ def test_a_conv_kernels_launches_run_as_graphs_and_read_each_calls_values():
         ref, ref64 = block(*xs).float(), block(*[x.double() if x is not None else None for x in xs])
     assert (torch.allclose(y.float(), ref, atol=policy.atol, rtol=policy.rtol)
             or within_torch_error(y.float(), ref, ref64, policy.atol, policy.rtol)[0])
+
+
+@pytest.mark.gpu
+def test_a_conv_kernel_launched_by_two_threads_in_turn_captures_nothing():
+    """Where two threads take turns at launching our kernels, the launcher captures nothing (a
+    capture on one thread fails a device-wide synchronization on the other); each launch still
+    runs, plain, and is right."""
+    import threading
+    from torch_htam import launcher
+    from torch_htam.launcher import Kernel
+    block, dtype = CASES["3x3_bn_relu"][0], torch.bfloat16
+    torch.manual_seed(1)
+    xs = block_inputs(block, n=4, dtype=dtype, device="cuda")
+    task, keep = _task(block, xs)
+    policy = policy_for(task)
+    res = build.build(propose(task, n=1).candidates[0].source)
+    assert res.ok, res.error
+    kernel = Kernel(res.so_path)
+    meta = launcher.encode_out_meta(task.outputs)
+
+    def captures():
+        return launcher.extension().graph_launches().get(kernel.handle, {}).get("captures", 0)
+
+    def launch():
+        y, = kernel.launch([xs[i] for i in keep], meta)
+        torch.cuda.synchronize()
+        return y
+
+    before = captures()
+    for step in range(8):                 # one key, met 8 times, from either thread in turn
+        time.sleep(0.003)                 # past the launcher's 2 ms between captures
+        out = {}
+        if step % 2:
+            t = threading.Thread(target=lambda: out.update(y=launch()))
+            t.start()
+            t.join()
+        else:
+            out["y"] = launch()
+        with torch.no_grad():
+            ref, ref64 = block(*xs).float(), block(*[x.double() if x is not None else None for x in xs])
+        y = out["y"].float()
+        assert (torch.allclose(y, ref, atol=policy.atol, rtol=policy.rtol)
+                or within_torch_error(y, ref, ref64, policy.atol, policy.rtol)[0]), step
+    assert captures() == before

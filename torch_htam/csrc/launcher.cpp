@@ -625,6 +625,26 @@ std::atomic<bool>& graph_launches_flag() {
 
 bool graph_launches_on() { return graph_launches_flag().load(std::memory_order_relaxed); }
 
+// Whether the calling thread may capture now: no other thread launched our kernels within the
+// last second, nor within kSharedHoldNs of a time two threads did. A capture fails any device-wide
+// synchronization another thread makes meanwhile (torch.cuda.synchronize: "operation not permitted
+// when stream is capturing", 9bfd97f), so threads that take turns at launching (a server's thread
+// pool) capture nothing; graphs already made still replay (a replay is a plain launch). A model
+// loaded on one thread and served from another captures once the first has been quiet a second.
+const int64_t kOtherThreadNs = 1000000000, kSharedHoldNs = 10000000000;
+
+bool may_capture_alone() {
+  static std::atomic<std::thread::id> last{};
+  static std::atomic<int64_t> last_ns{0}, shared_until{0};
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch()).count();
+  const std::thread::id me = std::this_thread::get_id(), before = last.exchange(me);
+  const int64_t before_ns = last_ns.exchange(now);
+  if (before != me && before != std::thread::id() && now - before_ns < kOtherThreadNs)
+    shared_until.store(now + kSharedHoldNs, std::memory_order_relaxed);
+  return now >= shared_until.load(std::memory_order_relaxed);
+}
+
 // call(), as a graph launch where the key has a graph (graph launches, above).
 int64_t call_graphed(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10::DeviceIndex device) {
   c10::SmallVector<HtamTensor, 8> in, out;
@@ -638,6 +658,7 @@ int64_t call_graphed(const Kernel& k, at::TensorList inputs, at::TensorList outp
     return plain();
   }
   if (outer != cudaStreamCaptureStatusNone) return plain();
+  const bool alone = may_capture_alone();   // on every launch: it watches which threads launch
   const auto t0 = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(k.graph_mutex);
   const int epoch = k.epoch();
@@ -662,7 +683,7 @@ int64_t call_graphed(const Kernel& k, at::TensorList inputs, at::TensorList outp
   }
   // its second call or later: record it, where this device's window allows a capture
   static std::atomic<int64_t> last_capture[64] = {};
-  if (device < 0 || device >= 64) return rc;
+  if (device < 0 || device >= 64 || !alone) return rc;
   const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                           std::chrono::steady_clock::now().time_since_epoch()).count();
   int64_t last = last_capture[device].load(std::memory_order_relaxed);
