@@ -399,7 +399,8 @@ def test_a_conv_kernels_launches_run_as_graphs_and_read_each_calls_values():
 def test_a_conv_kernel_launched_by_two_threads_in_turn_captures_nothing():
     """Where two threads take turns at launching our kernels, the launcher captures nothing (a
     capture on one thread fails a device-wide synchronization on the other); each launch still
-    runs, plain, and is right."""
+    runs, plain, and is right. NOTE: after the graphs test above: this one holds captures off for
+    the process's next 10 s."""
     import threading
     from torch_htam import launcher
     from torch_htam.launcher import Kernel
