@@ -1,8 +1,10 @@
 """Where the host time of one forward goes (a diagnostic, not a benchmark row): served vision bf16
 (bench/serve_models.py) at batch B (default 16), static shapes: torch.compile with Inductor's C++
 wrapper, torch.compile, and ours (optimize with steps=0 and check_end_to_end=False, so every kernel
-that beat Inductor's code is in; its graph took the Python wrapper). Prints the host issue time and
-the synced time per forward (median of rounds), then torch.profiler's table per arm.
+that beat Inductor's code is in; its graph took the Python wrapper), and ours with its graph
+launches off ("ours_plain", launcher.set_graph_launches; since 2053507). Prints the host issue time
+and the synced time per forward (median of rounds), the launcher's graph-launch counts, then
+torch.profiler's table per arm.
 
     cd <repo> && PYTHONPATH=.:bench python3 docs/experiments/launch_replays/host_profile.py > host.log
 
@@ -27,12 +29,25 @@ with torch.inference_mode():
 print("optimize", round(time.time() - t0, 1), "s", ours.htam_report.outcome, flush=True)
 rep = ours.htam_report
 print(rep.format(), flush=True)
+from torch_htam import launcher
+
+
+def plain(*args):    # ours with its graph launches off (launcher.set_graph_launches)
+    before = launcher.set_graph_launches(False)
+    try:
+        return ours(*args)
+    finally:
+        if before is not None:
+            launcher.set_graph_launches(before)
+
+
 with torch.inference_mode():
     arms = {"compile_cpp": torch.compile(base, options=dict(inductor.WRAPPER_OPTIONS)),
-            "compile": torch.compile(copy.deepcopy(base)), "ours": ours}
+            "compile": torch.compile(copy.deepcopy(base)), "ours": ours, "ours_plain": plain}
     for n, f in arms.items():
         for _ in range(5): f(*x)
     torch.cuda.synchronize()
+    print("settled in", launcher.settle_graphs(lambda: ours(*x)), "calls;", flush=True)
 
     def issue_us(f, n=30):
         out = []
@@ -53,6 +68,7 @@ with torch.inference_mode():
     for r in range(2):
         for n, f in arms.items():
             print(f"round {r} {n}: issue {issue_us(f):.0f} us/forward, synced {synced_us(f):.0f} us", flush=True)
+    print("graph launches:", launcher.graph_launches(), flush=True)
     from torch.profiler import profile, ProfilerActivity
     for n, f in arms.items():
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
