@@ -327,49 +327,74 @@ def test_a_conv_region_with_an_epilogue_cudnn_cannot_fuse_keeps_nchw():
     assert task.kind == "conv" and all(s.contiguous for s in task.inputs + task.outputs)
 
 
+@dataclasses.dataclass
+class _GraphedConv:
+    """A built 3x3 conv + BN + ReLU kernel (it exports htam_graph_epoch) and its block's inputs."""
+    block: nn.Module
+    xs: list
+    keep: list
+    policy: object
+    kernel: object
+    meta: list
+
+    @classmethod
+    def build(cls, seed: int) -> "_GraphedConv":
+        from torch_htam import launcher
+        from torch_htam.launcher import Kernel
+        block = CASES["3x3_bn_relu"][0]
+        torch.manual_seed(seed)
+        xs = block_inputs(block, n=4, dtype=torch.bfloat16, device="cuda")
+        task, keep = _task(block, xs)
+        assert keep[0] == 0   # the image is the launch's first input
+        res = build.build(propose(task, n=1).candidates[0].source)
+        assert res.ok, res.error
+        return cls(block, xs, keep, policy_for(task), Kernel(res.so_path), launcher.encode_out_meta(task.outputs))
+
+    def stats(self) -> dict:
+        from torch_htam import launcher
+        return launcher.extension().graph_launches().get(self.kernel.handle, {})
+
+    def launch(self):
+        y, = self.kernel.launch([self.xs[i] for i in self.keep], self.meta)
+        return y
+
+    def check(self, y, step) -> None:
+        """y is the block's output on the inputs as they are now."""
+        with torch.no_grad():
+            xs = self.xs
+            ref, ref64 = self.block(*xs).float(), self.block(*[x.double() if x is not None else None for x in xs])
+        p = self.policy
+        assert (torch.allclose(y.float(), ref, atol=p.atol, rtol=p.rtol)
+                or within_torch_error(y.float(), ref, ref64, p.atol, p.rtol)[0]), step
+
+
 @pytest.mark.gpu
 def test_a_conv_kernels_launches_run_as_graphs_and_read_each_calls_values():
     """A conv kernel exports htam_graph_epoch, so the launcher records the launch of tensors met a
     second time (the fold, cuDNN's execute), its graph thread makes that executable, and later
-    launches of them are one cudaGraphLaunch. Each call still reads that call's values: the image refilled, the weight and
-    the batch norm's statistics changed in place. Past 8 graphs of one shape, a new key's capture
-    updates one in place. Inside the caller's own CUDA-graph capture the launch stays plain, and
-    that capture replays right."""
+    launches of them are one cudaGraphLaunch. Each call still reads that call's values: the image
+    refilled, the weight and the batch norm's statistics changed in place. Past 8 graphs of one
+    shape, a new key's capture updates one in place. Inside the caller's own CUDA-graph capture the
+    launch stays plain, and that capture replays right."""
     from torch_htam import launcher
-    from torch_htam.launcher import Kernel
-    block, dtype = CASES["3x3_bn_relu"][0], torch.bfloat16
-    torch.manual_seed(0)
-    xs = block_inputs(block, n=4, dtype=dtype, device="cuda")
-    task, keep = _task(block, xs)
-    assert keep[0] == 0   # the image is the launch's first input
-    policy = policy_for(task)
-    res = build.build(propose(task, n=1).candidates[0].source)
-    assert res.ok, res.error
-    kernel = Kernel(res.so_path)
-    meta = launcher.encode_out_meta(task.outputs)
-
-    def stats():
-        return launcher.extension().graph_launches().get(kernel.handle, {})
+    conv = _GraphedConv.build(seed=0)
+    xs = conv.xs
 
     def launch_and_check(step):
         time.sleep(0.003)                                 # past the launcher's 2 ms between captures
-        y, = kernel.launch([xs[i] for i in keep], meta)   # the step's one allocation: the same block
+        y = conv.launch()                                 # the step's one allocation: the same block
         torch.cuda.synchronize()
         assert launcher.extension().graphs_idle(30.0)     # the capture it may have queued is done
-        with torch.no_grad():
-            ref, ref64 = block(*xs).float(), block(*[x.double() if x is not None else None for x in xs])
-        assert (torch.allclose(y.float(), ref, atol=policy.atol, rtol=policy.rtol)
-                or within_torch_error(y.float(), ref, ref64, policy.atol, policy.rtol)[0]), step
-        return y
+        conv.check(y, step)
 
-    before = stats()
+    before = conv.stats()
     for step in range(5):
         xs[0].normal_()
         xs[1].mul_(1.1)                      # the weight, then the running mean and var, in place
         xs[5].add_(0.05)
         xs[6].mul_(1.2)
         launch_and_check(step)
-    after = stats()
+    after = conv.stats()
     assert after["captures"] == before.get("captures", 0) + 1, (before, after)
     assert after["replays"] >= before.get("replays", 0) + 3, (before, after)
 
@@ -379,20 +404,17 @@ def test_a_conv_kernels_launches_run_as_graphs_and_read_each_calls_values():
         for again in range(3):
             image.normal_()
             launch_and_check((i, again))
-    s = stats()
+    s = conv.stats()
     assert s["updates"] >= 4 and s["failures"] == 0 and s["replays"] >= after["replays"] + 12, s
 
     outer = torch.cuda.CUDAGraph()
     with torch.cuda.graph(outer):
-        y, = kernel.launch([xs[i] for i in keep], meta)
-    assert stats()["replays"] == s["replays"]   # captured plain
+        y = conv.launch()
+    assert conv.stats()["replays"] == s["replays"]   # captured plain
     xs[0].normal_()
     outer.replay()
     torch.cuda.synchronize()
-    with torch.no_grad():
-        ref, ref64 = block(*xs).float(), block(*[x.double() if x is not None else None for x in xs])
-    assert (torch.allclose(y.float(), ref, atol=policy.atol, rtol=policy.rtol)
-            or within_torch_error(y.float(), ref, ref64, policy.atol, policy.rtol)[0])
+    conv.check(y, "outer")
 
 
 @pytest.mark.gpu
@@ -402,27 +424,14 @@ def test_a_conv_kernel_launched_by_two_threads_in_turn_captures_nothing():
     runs, plain, and is right. NOTE: after the graphs test above: this one holds captures off for
     the process's next 10 s."""
     import threading
-    from torch_htam import launcher
-    from torch_htam.launcher import Kernel
-    block, dtype = CASES["3x3_bn_relu"][0], torch.bfloat16
-    torch.manual_seed(1)
-    xs = block_inputs(block, n=4, dtype=dtype, device="cuda")
-    task, keep = _task(block, xs)
-    policy = policy_for(task)
-    res = build.build(propose(task, n=1).candidates[0].source)
-    assert res.ok, res.error
-    kernel = Kernel(res.so_path)
-    meta = launcher.encode_out_meta(task.outputs)
-
-    def captures():
-        return launcher.extension().graph_launches().get(kernel.handle, {}).get("captures", 0)
+    conv = _GraphedConv.build(seed=1)
 
     def launch():
-        y, = kernel.launch([xs[i] for i in keep], meta)
+        y = conv.launch()
         torch.cuda.synchronize()
         return y
 
-    before = captures()
+    before = conv.stats().get("captures", 0)
     for step in range(8):                 # one key, met 8 times, from either thread in turn
         time.sleep(0.003)                 # past the launcher's 2 ms between captures
         out = {}
@@ -432,9 +441,5 @@ def test_a_conv_kernel_launched_by_two_threads_in_turn_captures_nothing():
             t.join()
         else:
             out["y"] = launch()
-        with torch.no_grad():
-            ref, ref64 = block(*xs).float(), block(*[x.double() if x is not None else None for x in xs])
-        y = out["y"].float()
-        assert (torch.allclose(y, ref, atol=policy.atol, rtol=policy.rtol)
-                or within_torch_error(y, ref, ref64, policy.atol, policy.rtol)[0]), step
-    assert captures() == before
+        conv.check(out["y"], step)
+    assert conv.stats().get("captures", 0) == before
