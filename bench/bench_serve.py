@@ -436,7 +436,7 @@ def routes(model, s: Setup) -> dict[str, int] | None:
     return dict(Counter(route(call, s.inputs_for(size)).value for size in s.mix.sizes))
 
 
-def plain_launches(ours: Callable) -> Callable:
+def without_graph_launches(ours: Callable) -> Callable:
     """ours, called with its kernels' graph launches switched off (the A/B arm "ours_plain")."""
     from torch_htam.launcher import set_graph_launches
 
@@ -979,7 +979,7 @@ def measure(name: str, opts, device: str = "cuda", optimize=_optimize, compile_f
                     saved = save_ours(s.arms["ours"], s.arms["eager"], s, Path(tmp) / "bundle", write_bundle)
                     row.update(bundle_s=saved.seconds, cold_isolated_ours=saved.how)
                 if getattr(opts, "graph_launches_ab", False):
-                    s.arms["ours_plain"] = plain_launches(s.arms["ours"])
+                    s.arms["ours_plain"] = without_graph_launches(s.arms["ours"])
                 launches = graph_launches()
                 passes = serve(row, s, sync, stage)
                 row["graph_launches"] = graph_launches(since=launches)

@@ -740,10 +740,10 @@ def test_the_graph_launch_ab_arm_switches_them_off_around_each_call_and_compares
         last, setting[0] = setting[0], on
         return last
     monkeypatch.setattr(launcher, "set_graph_launches", switch)
-    plain = bs.plain_launches(lambda x: seen.append(setting[0]) or x + 1)
+    plain = bs.without_graph_launches(lambda x: seen.append(setting[0]) or x + 1)
     assert plain(1) == 2 and seen == [False] and setting == [True]     # off during the call only
     with pytest.raises(ZeroDivisionError):
-        bs.plain_launches(lambda: 1 / 0)()
+        bs.without_graph_launches(lambda: 1 / 0)()
     assert setting == [True]                                            # back on after a failure too
 
     warm = _pass([2.0] * 100, [1.0] * 100, [1.0] * 99 + [4.0])
