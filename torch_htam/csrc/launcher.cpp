@@ -13,6 +13,9 @@
 // graph with symbolic sizes allocates outputs that follow its inputs. A kernel's handle is a hash of
 // its library's bytes, not a load counter (see load()).
 //
+// A kernel whose library exports htam_graph_epoch (htam_abi.h: the cuDNN conv kernels) has a
+// launch it has seen before run as one CUDA graph launch ("graph launches", below).
+//
 // The same library is also a Python module whose launch(handle, inputs, out_meta) calls the same
 // C++ launch() directly: the eager fast path (launcher.fast_launch). Measured on an H100, torch
 // 2.11: torch.ops.htam.launch.default costs 25 us of host time per call, 15 us more than a native
