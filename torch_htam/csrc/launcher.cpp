@@ -354,19 +354,31 @@ HtamTensor describe(const at::Tensor& t, c10::DeviceIndex device, const char* ro
   return h;
 }
 
-int64_t call(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10::DeviceIndex device) {
+// What one launch hands htam_run: its tensors described, and the current stream.
+struct Bound {
   c10::SmallVector<HtamTensor, 8> in, out;
-  for (size_t i = 0; i < inputs.size(); ++i) in.push_back(describe(inputs[i], device, "inputs", i));
-  for (size_t i = 0; i < outputs.size(); ++i) out.push_back(describe(outputs[i], device, "outputs", i));
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  return k.fn(in.data(), (int)in.size(), out.data(), (int)out.size(), stream);
+  cudaStream_t stream;
+
+  Bound(at::TensorList inputs, at::TensorList outputs, c10::DeviceIndex device)
+      : stream(c10::cuda::getCurrentCUDAStream(device).stream()) {
+    for (size_t i = 0; i < inputs.size(); ++i) in.push_back(describe(inputs[i], device, "inputs", i));
+    for (size_t i = 0; i < outputs.size(); ++i) out.push_back(describe(outputs[i], device, "outputs", i));
+  }
+
+  // the kernel on these tensors, on stream s
+  int run(const Kernel& k, cudaStream_t s) { return k.fn(in.data(), (int)in.size(), out.data(), (int)out.size(), s); }
+};
+
+int64_t call(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10::DeviceIndex device) {
+  Bound b(inputs, outputs, device);
+  return b.run(k, b.stream);
 }
 
 // ---- graph launches: a launch's host work paid once per key ------------------------------------
 // A served model at a small batch is bound by its host, and a cuDNN conv kernel's call is mostly host
 // work: cudnnBackendExecute and the batch-norm fold's launch. A kernel whose library exports
 // htam_graph_epoch (htam_abi.h) says its launches depend only on what they bind (the tensors'
-// pointers, sizes, strides and dtypes) while its epoch holds. So a launch whose key (graph_keys)
+// pointers, sizes, strides and dtypes) while its epoch holds. So a launch whose key (graph_key)
 // has a graph runs as one cudaGraphLaunch on the caller's stream, in its order.
 //
 // Why this policy: the served request that pays for a graph is slower, and the pointers a site
@@ -408,44 +420,42 @@ cudaStream_t side_stream(c10::DeviceIndex device, Side side) {
   return s;
 }
 
-// (what a launch binds, its shape) as bytes: the device, the kernel's epoch, every tensor's
-// pointer, dtype, sizes and strides; the shape is the same without the pointers.
-std::pair<std::string, std::string> graph_keys(int epoch, c10::DeviceIndex device,
-                                               const c10::SmallVector<HtamTensor, 8>& in,
-                                               const c10::SmallVector<HtamTensor, 8>& out) {
-  std::string key, shape;
-  key.reserve(64 + 144 * (in.size() + out.size()));
-  shape.reserve(64 + 136 * (in.size() + out.size()));
-  const auto put = [&](const void* p, size_t n) {
-    key.append(static_cast<const char*>(p), n);
-    shape.append(static_cast<const char*>(p), n);
-  };
-  const int head[4] = {(int)device, epoch, (int)in.size(), (int)out.size()};
+// What a launch binds, as bytes (its key): the device, the kernel's epoch, every tensor's pointer,
+// dtype, sizes and strides; without the pointers, its shape (built only where a key is captured).
+std::string graph_key(int epoch, c10::DeviceIndex device, const Bound& b, bool pointers = true) {
+  std::string key;
+  key.reserve(64 + 144 * (b.in.size() + b.out.size()));
+  const auto put = [&key](const void* p, size_t n) { key.append(static_cast<const char*>(p), n); };
+  const int head[4] = {(int)device, epoch, (int)b.in.size(), (int)b.out.size()};
   put(head, sizeof(head));
-  for (const auto* ts : {&in, &out})
+  for (const auto* ts : {&b.in, &b.out})
     for (const HtamTensor& t : *ts) {
-      key.append(reinterpret_cast<const char*>(&t.data), sizeof(t.data));
+      if (pointers) put(&t.data, sizeof(t.data));
       put(&t.ndim, sizeof(t.ndim));
       put(&t.dtype, sizeof(t.dtype));
       put(t.sizes, sizeof(int64_t) * t.ndim);
       put(t.strides, sizeof(int64_t) * t.ndim);
     }
-  return {std::move(key), std::move(shape)};
+  return key;
 }
 
 int64_t ns_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // The kernel's launches for these tensors, recorded as a graph on stream cs (nothing runs);
 // nullptr where the capture failed or the kernel refused inside it.
-cudaGraph_t capture(const Kernel& k, c10::SmallVector<HtamTensor, 8>& in, c10::SmallVector<HtamTensor, 8>& out,
-                    cudaStream_t cs) {
+cudaGraph_t capture(const Kernel& k, Bound& b, cudaStream_t cs) {
   if (cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
     cudaGetLastError();
     return nullptr;
   }
-  const int rc = k.fn(in.data(), (int)in.size(), out.data(), (int)out.size(), cs);
+  const int rc = b.run(k, cs);
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(cs, &graph);
   cudaGetLastError();   // a failed capture's error is this capture's, not the next launch's
@@ -639,8 +649,7 @@ const int64_t kOtherThreadNs = 1000000000, kSharedHoldNs = 10000000000;
 bool may_capture_alone() {
   static std::atomic<std::thread::id> last{};
   static std::atomic<int64_t> last_ns{0}, shared_until{0};
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch()).count();
+  const int64_t now = now_ns();
   const std::thread::id me = std::this_thread::get_id(), before = last.exchange(me);
   const int64_t before_ns = last_ns.exchange(now);
   if (before != me && before != std::thread::id() && now - before_ns < kOtherThreadNs)
@@ -650,11 +659,9 @@ bool may_capture_alone() {
 
 // call(), as a graph launch where the key has a graph (graph launches, above).
 int64_t call_graphed(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10::DeviceIndex device) {
-  c10::SmallVector<HtamTensor, 8> in, out;
-  for (size_t i = 0; i < inputs.size(); ++i) in.push_back(describe(inputs[i], device, "inputs", i));
-  for (size_t i = 0; i < outputs.size(); ++i) out.push_back(describe(outputs[i], device, "outputs", i));
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  const auto plain = [&] { return (int64_t)k.fn(in.data(), (int)in.size(), out.data(), (int)out.size(), stream); };
+  Bound b(inputs, outputs, device);
+  const cudaStream_t stream = b.stream;
+  const auto plain = [&] { return (int64_t)b.run(k, stream); };
   cudaStreamCaptureStatus outer = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &outer) != cudaSuccess) {
     cudaGetLastError();
@@ -665,7 +672,7 @@ int64_t call_graphed(const Kernel& k, at::TensorList inputs, at::TensorList outp
   const auto t0 = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(k.graph_mutex);
   const int epoch = k.epoch();
-  auto [key, shape] = graph_keys(epoch, device, in, out);
+  std::string key = graph_key(epoch, device, b);
   GraphStats& st = k.graph_stats;
   auto it = k.graphs.find(key);
   if (it != k.graphs.end() && it->second.exec) {
@@ -687,15 +694,15 @@ int64_t call_graphed(const Kernel& k, at::TensorList inputs, at::TensorList outp
   // its second call or later: record it, where this device's window allows a capture
   static std::atomic<int64_t> last_capture[64] = {};
   if (device < 0 || device >= 64 || !alone) return rc;
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch()).count();
+  const int64_t now = now_ns();
   int64_t last = last_capture[device].load(std::memory_order_relaxed);
   if (now - last < kCaptureGapNs || !last_capture[device].compare_exchange_strong(last, now)) return rc;
   const auto c0 = std::chrono::steady_clock::now();
-  cudaGraph_t graph = capture(k, in, out, side_stream(device, Side::kCapture));
+  cudaGraph_t graph = capture(k, b, side_stream(device, Side::kCapture));
   st.capture_ns += ns_since(c0);
   ++st.captures;
   k.seen.erase(key);
+  std::string shape = graph_key(epoch, device, b, /*pointers=*/false);
   if (graph == nullptr) {
     ++st.failures;
     k.graphs[key] = GraphRecord{nullptr, shape, k.graph_tick};
