@@ -368,8 +368,17 @@ class _GraphedConv:
                 or within_torch_error(y.float(), ref, ref64, p.atol, p.rtol)[0]), step
 
 
+@pytest.fixture
+def graph_launches_on():
+    """Graph launches switched on for the test (they are off unless HTAM_GRAPH_LAUNCHES=1)."""
+    from torch_htam import launcher
+    before = launcher.extension().set_graph_launches(True)
+    yield
+    launcher.extension().set_graph_launches(before)
+
+
 @pytest.mark.gpu
-def test_a_conv_kernels_launches_run_as_graphs_and_read_each_calls_values():
+def test_a_conv_kernels_launches_run_as_graphs_and_read_each_calls_values(graph_launches_on):
     """A conv kernel exports htam_graph_epoch, so the launcher records the launch of tensors met a
     second time (the fold, cuDNN's execute), its graph thread makes that executable, and later
     launches of them are one cudaGraphLaunch. Each call still reads that call's values: the image
@@ -418,7 +427,7 @@ def test_a_conv_kernels_launches_run_as_graphs_and_read_each_calls_values():
 
 
 @pytest.mark.gpu
-def test_a_conv_kernel_launched_by_two_threads_in_turn_captures_nothing():
+def test_a_conv_kernel_launched_by_two_threads_in_turn_captures_nothing(graph_launches_on):
     """Where two threads take turns at launching our kernels, the launcher captures nothing (a
     capture on one thread fails a device-wide synchronization on the other); each launch still
     runs, plain, and is right. NOTE: after the graphs test above: this one holds captures off for

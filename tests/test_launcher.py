@@ -222,6 +222,13 @@ except RuntimeError as e:
 """
 
 
+# Graph launches are off unless HTAM_GRAPH_LAUNCHES=1 (the environment below has none), and
+# set_graph_launches switches them, returning the last setting.
+GRAPH_CHECKS = """
+print(m.graph_launches_on(), m.set_graph_launches(True), m.graph_launches_on(), m.set_graph_launches(False))
+"""
+
+
 @pytest.mark.build
 @pytest.mark.skipif(torch.version.cuda is None or shutil.which(os.environ.get("CXX", "c++")) is None
                     or launcher._cuda_toolkit() is None, reason="needs a CUDA build of torch, c++ and CUDA headers")
@@ -230,10 +237,10 @@ def test_launcher_compiles_and_checks_its_arguments_without_a_gpu(tmp_path):
     with Python errors before touching a GPU (built in a subprocess: its ops stay out of this one)."""
     # NOTE: no CUDA_HOME: launcher._fix_cuda_home finds the toolkit where the nvcc on PATH is a
     # wrapper (this CI image). The arch list only matters to cpp_extension without a visible GPU.
-    env = {**os.environ, "HTAM_CACHE_DIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+    env = {**{k: v for k, v in os.environ.items() if k != "HTAM_GRAPH_LAUNCHES"}, "HTAM_CACHE_DIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
            "TORCH_CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0")}
     r = subprocess.run([sys.executable, "-c", "from torch_htam import launcher" + ARG_CHECKS + REF_CHECKS
-                        + STABLE_CHECKS + FITS_CHECKS],
+                        + STABLE_CHECKS + FITS_CHECKS + GRAPH_CHECKS],
                        env=env, capture_output=True, text=True,
                        timeout=600, cwd=Path(__file__).parents[1])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -247,7 +254,7 @@ def test_launcher_compiles_and_checks_its_arguments_without_a_gpu(tmp_path):
         "htam: out_meta output 0's size -66562 is 2 * inputs[1].shape[1], but that input has 1 dims",
         "htam: out_meta output 0's size -6 is 1 * inputs[5].shape[0], but the launch has 2 inputs",
         "True", "False", "True True", "['htam.launch_o1.default', 'htam.launch_o2.default'] True",
-        "[False, False] True", "True", "True True True", "True"]
+        "[False, False] True", "True", "True True True", "True", "False False True True"]
     # A deployment box with no compiler imports the launcher a bundle carried (bundle.load adopts it).
     box = {**env, "HTAM_CACHE_DIR": str(tmp_path / "box"), "CXX": "no-such-compiler"}
     adopt = ("import sys; from pathlib import Path; from torch_htam import launcher\n"
@@ -512,7 +519,8 @@ def test_fast_launch_under_export_records_the_op(kernels):
 
 def test_settle_graphs_calls_until_a_call_launches_nothing_plain(monkeypatch):
     """launcher.settle_graphs: calls the forward until one call adds no plain launch of a
-    graph-capable kernel (each key of it has a graph), at most max_calls times; none loaded: no call."""
+    graph-capable kernel (each key of it has a graph), at most max_calls times; none loaded, or
+    graph launches off: no call."""
     stats = {7: {"plain": 0, "replays": 0}}
     calls = []
 
@@ -522,14 +530,23 @@ def test_settle_graphs_calls_until_a_call_launches_nothing_plain(monkeypatch):
         stats[7][key] += 2
 
     class Ext:
+        on = True
+
         @staticmethod
         def graphs_idle(seconds):
             return True
+
+        @classmethod
+        def graph_launches_on(cls):
+            return cls.on
     monkeypatch.setattr(launcher, "graph_launches", lambda: stats)
     monkeypatch.setattr(launcher, "extension", Ext)
     assert launcher.settle_graphs(forward) == 4 and len(calls) == 4
     calls.clear()
     stats[7]["plain"] = 0
     assert launcher.settle_graphs(lambda: stats[7].update(plain=stats[7]["plain"] + 1), max_calls=5) == 5
+    Ext.on = False                       # graph launches switched off: every launch stays plain
+    assert launcher.settle_graphs(forward) == 0 and calls == []
+    Ext.on = True
     monkeypatch.setattr(launcher, "graph_launches", lambda: {})
     assert launcher.settle_graphs(forward) == 0 and calls == []

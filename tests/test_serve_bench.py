@@ -266,7 +266,7 @@ def test_measure_on_cpu_with_stand_in_arms(monkeypatch):
     assert row["kernel_share"] == 1.0 and row["cold_kernel_share"] == 1.0
     assert row["correct"] == {"compile_dynamic": True, "compile_default": True, "ours": True}
     assert row["max_err"]["ours"] == 0.0 and row["tf32"] is True and row["tolerance"] == 1e-2
-    arms = [a for a in bs.ARMS if a != "ours_plain"]   # ours_plain: with --graph-launches-ab only
+    arms = [a for a in bs.ARMS if a != "ours_graphs"]   # ours_graphs: with --graph-launches-ab only
     assert row["recompiles"] == {a: 0 for a in arms} and row["unit"] == "sequences"
     # start-up warms every arm at the example (4) and the declared range's ends (1, 8): 3 calls each,
     # so ours ran its "kernel" 3 times before the passes' requests
@@ -732,26 +732,26 @@ def test_graph_launches_sum_our_kernels_less_the_start(monkeypatch):
     assert bs.graph_launches() == {"kernels": 0}
 
 
-def test_the_graph_launch_ab_arm_switches_them_off_around_each_call_and_compares(monkeypatch):
+def test_the_graph_launch_ab_arm_switches_them_on_around_each_call_and_compares(monkeypatch):
     from torch_htam import launcher
-    setting, seen = [True], []
+    setting, seen = [False], []
 
     def switch(on):
         last, setting[0] = setting[0], on
         return last
     monkeypatch.setattr(launcher, "set_graph_launches", switch)
-    plain = bs.without_graph_launches(lambda x: seen.append(setting[0]) or x + 1)
-    assert plain(1) == 2 and seen == [False] and setting == [True]     # off during the call only
+    graphed = bs.with_graph_launches(lambda x: seen.append(setting[0]) or x + 1)
+    assert graphed(1) == 2 and seen == [True] and setting == [False]   # on during the call only
     with pytest.raises(ZeroDivisionError):
-        bs.without_graph_launches(lambda: 1 / 0)()
-    assert setting == [True]                                            # back on after a failure too
+        bs.with_graph_launches(lambda: 1 / 0)()
+    assert setting == [False]                                           # back off after a failure too
 
     warm = _pass([2.0] * 100, [1.0] * 100, [1.0] * 99 + [4.0])
-    warm["ours_plain"] = _calls([2.0] * 100)
-    warm["ours_plain"].deltas["graphs"] = [0] * 100
+    warm["ours_graphs"] = _calls([2.0] * 100)
+    warm["ours_graphs"].deltas["graphs"] = [0] * 100
     out = bs.pass_fields({"warm": warm})
-    assert out["graph_launches_ab"]["throughput"] == pytest.approx(200 / 103)
-    assert out["graph_launches_ab"]["p99"] == pytest.approx(2.0 / bs.percentile([1.0] * 99 + [4.0], 0.99))
-    assert "ours_plain" in out["arms"]
+    assert out["graph_launches_ab"]["throughput"] == pytest.approx(103 / 200)
+    assert out["graph_launches_ab"]["p99"] == pytest.approx(bs.percentile([1.0] * 99 + [4.0], 0.99) / 2.0)
+    assert "ours_graphs" in out["arms"]
     without = bs.pass_fields({"warm": _pass([2.0] * 4, [1.0] * 4, [1.0] * 4)})
-    assert "graph_launches_ab" not in without and "ours_plain" not in without["arms"]
+    assert "graph_launches_ab" not in without and "ours_graphs" not in without["arms"]

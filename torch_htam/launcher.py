@@ -471,8 +471,8 @@ def settle_graphs(call: Callable[[], object], max_calls: int = 32) -> int:
     kernels plain, at most max_calls times, each past the launcher's capture window: then every
     launch the call makes runs as a CUDA graph, as it will in steady serving, and a timing of it
     measures that rather than a mix of captures and plain launches. The calls made; 0 where no
-    such kernel is loaded."""
-    if not graph_launches():
+    such kernel is loaded or graph launches are off (set_graph_launches)."""
+    if not graph_launches() or not extension().graph_launches_on():
         return 0
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for n in range(1, max_calls + 1):
@@ -488,7 +488,7 @@ def settle_graphs(call: Callable[[], object], max_calls: int = 32) -> int:
 
 def set_graph_launches(on: bool) -> bool | None:
     """Whether our kernels' launches may run as CUDA graphs from now on (csrc/launcher.cpp; the
-    default: unless HTAM_GRAPH_LAUNCHES=0); the last setting, or None where the launcher is not
+    default: off, unless HTAM_GRAPH_LAUNCHES=1); the last setting, or None where the launcher is not
     loaded (nothing to switch)."""
     return extension().set_graph_launches(on) if extension.cache_info().currsize else None
 

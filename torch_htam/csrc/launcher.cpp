@@ -626,12 +626,15 @@ class GraphWorker {
   bool busy_ = false, stopped_ = false;
 };
 
-// Whether launches may run as graphs: HTAM_GRAPH_LAUNCHES=0 in the environment turns them off
-// (every launch plain); set_graph_launches switches them at run time (the serve bench's A/B).
+// Whether launches may run as graphs: off unless HTAM_GRAPH_LAUNCHES=1 in the environment;
+// set_graph_launches switches them at run time (the serve bench's A/B). NOTE: off by default since
+// served vision bf16 (H200), ours with and without them interleaved in one run, ran 0.964x the
+// throughput and 0.859x the p99 with them: replays cut the median, captures of new keys (served
+// sizes keep bringing new pointers) cost the tail (bench_serve-20261129-071829).
 std::atomic<bool>& graph_launches_flag() {
   static std::atomic<bool> on{[] {
     const char* v = std::getenv("HTAM_GRAPH_LAUNCHES");
-    return v == nullptr || std::string(v) != "0";
+    return v != nullptr && std::string(v) == "1";
   }()};
   return on;
 }
@@ -945,6 +948,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   }, "graph_launches() -> {handle: {count or host ns: value}} of the kernels that export htam_graph_epoch "
      "(GraphStats: graphs held; plain, replays, captures, instantiations, updates, failures; *_ns)");
+  m.def("graph_launches_on", [] { return graph_launches_on(); },
+        "graph_launches_on() -> bool: whether launches may run as graphs now");
   m.def("set_graph_launches", [](bool on) { return graph_launches_flag().exchange(on); },
         "set_graph_launches(on) -> bool: whether launches may run as graphs from now on; returns the last setting");
   m.def("graphs_idle", [](double seconds) {
