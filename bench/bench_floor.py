@@ -589,10 +589,20 @@ def add_run_flags(ap: argparse.ArgumentParser, timeout_default: str) -> None:
     add_child_flags(ap)
 
 
-def lanes_of(opts, suite: str) -> list | None:
-    """--lanes' lanes (bench/lanes.py), their caches under a new folder of this run; None for one."""
+def lanes_of(opts, suite: str, gpus: int | None = None) -> list | None:
+    """--lanes' lanes (bench/lanes.py), their caches under a new folder of this run; None for one.
+    Each lane is one GPU, so more lanes than the GPUs this process sees (`gpus`, default
+    torch.cuda.device_count()) end the run before any row: their rows would each fail minutes in,
+    at "No CUDA GPUs are available"."""
     if opts.lanes <= 1:
         return None
+    if gpus is None:
+        import torch
+        gpus = torch.cuda.device_count()
+    if opts.lanes > gpus:
+        raise SystemExit(f"--lanes {opts.lanes} needs {opts.lanes} GPUs, one a lane, and this host shows {gpus} "
+                         f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): "
+                         "run the rows one at a time (--lanes 1) or on a host with more GPUs")
     return split_lanes(opts.lanes, tempfile.mkdtemp(prefix=f"{suite}-lanes-"))
 
 

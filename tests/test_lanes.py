@@ -31,6 +31,15 @@ def test_lanes_share_the_cores_equally_each_with_its_gpu_and_caches(tmp_path):
         lanes.split(0, str(tmp_path), cpus=[0, 1])
 
 
+def test_more_lanes_than_gpus_end_the_run_before_any_row():
+    """A lane is one GPU: --lanes 2 on a one-GPU host says so at once, not as each row's
+    "No CUDA GPUs are available" minutes in."""
+    from types import SimpleNamespace
+    assert bf.lanes_of(SimpleNamespace(lanes=1), "suite", gpus=0) is None
+    with pytest.raises(SystemExit, match="--lanes 2 needs 2 GPUs, one a lane, and this host shows 1"):
+        bf.lanes_of(SimpleNamespace(lanes=2), "suite", gpus=1)
+
+
 def test_rows_run_one_per_lane_at_once_and_keep_the_names_order(tmp_path):
     two = lanes.split(2, str(tmp_path), cpus=[0, 1])
     running, most, kept = set(), [0], []
