@@ -13,9 +13,10 @@
 //   runs the original region); a cudaError_t value if a CUDA call failed.
 // - Optional: `extern "C" int htam_graph_epoch(void)` (HTAM_ENTRY) says that a launch's work depends
 //   only on what htam_run is given (each tensor's pointer, sizes, strides and dtype) while the value
-//   it returns stays the same. The launcher then runs a launch that binds the same tensors as an
-//   earlier one as a CUDA graph captured from the kernel (csrc/launcher.cpp, graph launches): one
-//   cudaGraphLaunch of host time in place of the kernel's own (cuDNN's execute, several launches).
+//   it returns stays the same. With graph launches on (HTAM_GRAPH_LAUNCHES=1), the launcher then
+//   runs a launch that binds the same tensors as an earlier one as a CUDA graph captured from the
+//   kernel (csrc/launcher.cpp, graph launches): one cudaGraphLaunch of host time in place of the
+//   kernel's own (cuDNN's execute, several launches).
 //   Change the value whenever something a past launch ran or read is freed or replaced (a plan).
 #pragma once
 #include <cuda_runtime.h>
