@@ -623,6 +623,52 @@ def test_prime_calls_every_size_of_a_short_range_once_while_the_deadline_allows(
     assert serving.prime(call, (x,), {0: {0: (1, 1000)}}, lambda s: True) is None and seen == []   # too long a range
 
 
+def test_prime_sizes_and_the_first_call_that_prices_them():
+    """serving.prime_sizes: what prime() calls (from 2, not the example's, short ranges only);
+    first_call_s times one call at the middle one of them and counts them."""
+    x = torch.randn(4, 3)
+    assert serving.prime_sizes((x,), {0: {0: (1, 6)}}) == [((1, 6), 2), ((1, 6), 3), ((1, 6), 5), ((1, 6), 6)]
+    seen = []
+    seconds, count = serving.first_call_s(lambda y: seen.append(y.shape[0]), (x,), {0: {0: (1, 6)}})
+    assert seen == [5] and count == 4 and seconds >= 0.0
+    assert serving.first_call_s(lambda y: seen.append(y), (x,), {0: {0: (1, 1000)}}) is None and seen == [5]
+
+
+def test_the_trials_keep_the_primings_time(monkeypatch):
+    """Trials.time_first_call: where the capture holds convs of symbolic sizes, prime_s is the
+    floor's first call at a new size times the sizes settle() primes, at most PRIME_KEEP_SHARE of
+    the time left; affords() and the size-1 compile leave it."""
+    from types import SimpleNamespace
+    conv = torch.fx.symbolic_trace(nn.Sequential(nn.Conv2d(3, 4, 3)))
+    found = SimpleNamespace(capture=SimpleNamespace(dynamic=True, graphs=[conv]))
+    x = torch.randn(4, 3, 8, 8)
+    monkeypatch.setattr(serving, "_timed_call", lambda call, args: 0.5)     # each first call: 0.5 s
+    monkeypatch.setattr(decide.Trials, "timing_s", lambda self, n: 1.0 * n)
+
+    def trials(budget_s):
+        t = decide.Trials(nn.Identity(), (x,), _cfg(dynamic={0: {0: (1, 6)}}), GradMode.current(), Deadline(budget_s))
+        t.arms.append(decide.Arm(ArmKind.COMPILE, call=lambda y: y))
+        t.compile_s = 10.0
+        return t
+    t = trials(None)
+    t.time_first_call(SimpleNamespace(capture=SimpleNamespace(dynamic=True, graphs=[])))   # no conv: no priming
+    assert t.prime_s == 0.0
+    t.time_first_call(found)
+    assert t.prime_s == pytest.approx(4 * 0.5) and t.deadline.phases["decide: a first call's time"] >= 0.0
+    t = trials(100.0)
+    t.time_first_call(found)
+    assert t.prime_s == pytest.approx(2.0)
+    assert t.affords(2, keep_s=85.0) and not t.affords(2, keep_s=86.5)   # 10 + 2 + 85 + 2 <= 100 < 10 + 2 + 86.5 + 2
+    t = trials(20.0)
+    t.time_first_call(found)
+    assert t.prime_s == pytest.approx(decide.PRIME_KEEP_SHARE * 20.0, abs=0.1)   # at most a share of the time left
+    t = trials(None)
+    t.arms[0].call = lambda y: 1 / 0
+    monkeypatch.setattr(serving, "_timed_call", lambda call, args: call(*args))
+    t.time_first_call(found)                       # the floor failing there: nothing kept, no error
+    assert t.prime_s == 0.0
+
+
 def test_a_served_convnet_is_primed_at_every_size_of_its_range(monkeypatch):
     """optimize calls a served model with convs once at each size of a short declared range, so
     that the per-size planning of its convs is not a request's."""
@@ -633,6 +679,7 @@ def test_a_served_convnet_is_primed_at_every_size_of_its_range(monkeypatch):
     model.register_forward_pre_hook(lambda m, a: sizes.append(a[0].shape[0]))
     with torch.no_grad():
         torch_htam.optimize(model, (torch.randn(3, 3, 8, 8),), _cfg(dynamic={0: {0: (1, 5)}}))
-    assert "decide: priming sizes" in model.htam_report.phases, model.htam_report.format()
+    phases = model.htam_report.phases
+    assert "decide: priming sizes" in phases and "decide: a first call's time" in phases, model.htam_report.format()
     assert {2, 4, 5} <= set(sizes)
     torch._dynamo.reset()

@@ -33,8 +33,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from torch_htam.serving import (BucketSplit, ExampleSplit, common_sizes, entries_kept, has_conv, held_sizes,
-                                high_end_inputs, prime, size_one_inputs, split_at_example)
+from torch_htam.serving import (BucketSplit, ExampleSplit, common_sizes, entries_kept, first_call_s, has_conv,
+                                held_sizes, high_end_inputs, prime, size_one_inputs, split_at_example)
 from torch_htam.timing import ArmTimes, GradMode, quantile
 
 log = logging.getLogger("torch_htam")
@@ -111,6 +111,9 @@ TRIAL_MARGIN = 1.25
 # H100, 5x the floor's), not the few seconds of timing what they made (two ViT-B arms: 3.9 s).
 # Without it a compiled arm that beat the floor 1.6x was dropped untimed (zoo-20261127-184411).
 TIMING_OVERRUN_S = 15.0
+# The most of the time left (when it is measured) that settle()'s priming keeps from the trials
+# (Trials.time_first_call): a model whose first calls take long primes what the rest leaves.
+PRIME_KEEP_SHARE = 0.05
 
 
 class ArmKind(enum.Enum):
@@ -354,6 +357,8 @@ class Trials:
     arms: list[Arm] = field(default_factory=list)
     compile_s: float = 0.0      # the floor's first call: what one more compile is expected to cost
     call_s: float = 0.0         # the floor's second call, synchronized: what one timed call costs
+    prime_s: float = 0.0        # what settle()'s priming is expected to take, kept from every trial
+                                # (time_first_call; 0 where it primes nothing)
     grown: list = field(default_factory=list)   # the user's frames the trials compiled (limits())
     expected: list | None = None   # the original forward's float outputs on the example inputs
     host_notes: list[str] = field(default_factory=list)   # timings that began on a busy host
@@ -386,6 +391,32 @@ class Trials:
                         self.ready(Arm(ArmKind.STATIC))
             self.ready(Arm(ArmKind.ORIGINAL))
         return self.arms[0]
+
+    def time_first_call(self, found) -> None:
+        """Where settle() will prime the chosen arm (the capture's graphs hold convs of symbolic
+        sizes: prime_sizes), the floor called once at a size of the declared ranges it has not
+        met, timed (serving.first_call_s): each of the priming's calls is such a first call.
+        prime_s is that times their number, at most PRIME_KEEP_SHARE of the time left; the
+        trials and the size-1 compile then leave it (affords, warm_size_one). NOTE: served vision
+        bf16 (H200, budget 300 s) primed its 62 sizes in 1.4 s, and when its trials had taken
+        the time, skipped 45 of them: its first pass ran 0.715x torch.compile's throughput
+        against 2.05x primed, a new size's first request taking 35-40 ms
+        (bench_serve-20261129-071829, -072823)."""
+        floor = self.arms[0] if self.arms else None
+        if (floor is None or floor.kind is not ArmKind.COMPILE or floor.error or floor.call is None
+                or not self.symbolic_convs(found)):
+            return
+        try:
+            with self.deadline.phase("decide: a first call's time"), self.grad.enter():
+                timed = first_call_s(floor.call, self.plain or self.inputs, self.cfg.dynamic or {})
+        except Exception as e:  # noqa: BLE001 -- priming calls the same and reports it; keep nothing for it
+            log.warning("torch_htam: the floor's call at a new size failed: %s: %s", type(e).__name__, e)
+            return
+        if timed is None:
+            return
+        seconds, count = timed
+        left = self.deadline.remaining()
+        self.prime_s = seconds * count if left is None else min(seconds * count, PRIME_KEEP_SHARE * max(left, 0.0))
 
     def floor_call(self) -> Callable:
         """What runs the model while optimize goes on: the floor, split at the example's sizes
@@ -437,8 +468,9 @@ class Trials:
         high_end += (2 if self.plain is not None else 0) + static_wrapper + static_kernels
         compile_s = ((trials + static_wrapper + static_kernels) * self.compile_s
                      + (self.wrapper_compile_s(ahead_s) if wrapper else 0.0))
-        # against_eager's timing: the floor, the base, the choice, the original forward, the replay
-        return compile_s + self.timing_s(2 + 2 * (trials - 1 + wrapper) + 5 + high_end)
+        # against_eager's timing: the floor, the base, the choice, the original forward, the replay;
+        # then settle()'s priming
+        return compile_s + self.timing_s(2 + 2 * (trials - 1 + wrapper) + 5 + high_end) + self.prime_s
 
     def wrapper_s(self, ahead_s: float = 0.0) -> float:
         """Seconds for the C++ wrapper's arm where offered (0 where not), ahead_s seconds from now
@@ -546,7 +578,7 @@ class Trials:
         where the deadline leaves a compile for each, rather than on the user's first request at
         size 1. A call that fails is left to the user's own first call (the report says so)."""
         for args in size_one_inputs(self.plain or self.inputs, self.cfg.dynamic):
-            if not self.deadline.allows(self.compile_s):
+            if not self.deadline.allows(self.compile_s, self.prime_s):   # the priming after it comes first
                 self.out_of_time("compiling the graph for size 1 (it compiles on the first call at that size)")
                 return
             try:
@@ -1023,10 +1055,11 @@ class Trials:
         now = fallback.failures(set(handles.values()))
         return tuple(s for s, h in handles.items() if now.get(h, 0) > before.get(h, 0))
 
-    def symbolic_convs(self) -> bool:
-        """Whether the captured graphs are dynamic (declared dims) and hold a conv: where
-        Inductor's layout optimization is off (LAYOUT_OPTIONS)."""
-        cap = getattr(self.found, "capture", None)
+    def symbolic_convs(self, found=None) -> bool:
+        """Whether the captured graphs (found's, default the decision's) are dynamic (declared
+        dims) and hold a conv: where Inductor's layout optimization is off (LAYOUT_OPTIONS), and
+        settle() primes the chosen arm's sizes."""
+        cap = getattr(found if found is not None else self.found, "capture", None)
         return bool(cap is not None and cap.dynamic and has_conv(cap.graphs))
 
     def single_graph(self) -> bool:
@@ -1047,7 +1080,7 @@ class Trials:
         """One more arm: a compile of compile_s seconds (default: a kernel arm's, trial_compile_s,
         else the floor's), then timing n_arms arms, with keep_s seconds left after them."""
         compile_s = compile_s if compile_s is not None else (self.trial_compile_s or self.compile_s)
-        need = compile_s + self.timing_s(n_arms) + keep_s
+        need = compile_s + self.timing_s(n_arms) + keep_s + self.prime_s
         if self.deadline.allows(need):
             return True
         self.out_of_time(f"further trials (each about {need:.0f} s)")

@@ -308,6 +308,8 @@ class _Run:
         if floor.kind is ArmKind.COMPILE and not floor.error:   # the original forward needs no install
             attach.compiled(self.model, self.trials.floor_call(), runtime.Report(note="the floor, while optimize runs"),
                             floor.backend)
+            if self.found is not None:
+                self.trials.time_first_call(self.found)
 
     def look(self) -> None:
         """What the search will face, known right after capture: the GPU, the cache (with the

@@ -251,28 +251,53 @@ def at_size(inputs: tuple, dynamic: dict, r: tuple[int, int], n: int) -> tuple |
 PRIME_MAX_SIZES = 64
 
 
-def prime(call: Callable, inputs: tuple, dynamic: dict, allows: Callable[[float], bool]) -> str | None:
-    """Call `call` once at every size of each declared range of at most PRIME_MAX_SIZES sizes
-    (other than 1 and the example's: their graphs are compiled already), while allows(seconds
-    the next call is expected to take) holds; None where every size was called, else what was
-    left. NOTE: for a graph with convs, the first call at a new size plans cuDNN's algorithms for
-    it (60-100 ms a size on ResNet-50, README), which otherwise lands on the first request of
-    that size; the call's own time is what the next is expected to take."""
+def prime_sizes(inputs: tuple, dynamic: dict) -> list[tuple[tuple[int, int], int]]:
+    """(range, size) for each call prime() makes: every size of each declared range of at most
+    PRIME_MAX_SIZES sizes, from 2 (size 1 has graphs of its own), but the example's own (at_size:
+    no dim changes), in order."""
     ranges = sorted({r for dims in dynamic.values() for r in dims.values() if r[1] - r[0] < PRIME_MAX_SIZES})
-    sync = torch.cuda.synchronize if any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs) else (lambda: None)
+    return [(r, n) for r in ranges for n in range(max(r[0], 2), r[1] + 1) if _changes(inputs, dynamic, r, n)]
+
+
+def _changes(inputs: tuple, dynamic: dict, r: tuple[int, int], n: int) -> bool:
+    """Whether at_size(inputs, dynamic, r, n) changes any dim (else it gives None)."""
+    return any(rd == r and isinstance(inputs[i], torch.Tensor) and inputs[i].shape[d] != n
+               for i, dims in dynamic.items() for d, rd in dims.items())
+
+
+def prime(call: Callable, inputs: tuple, dynamic: dict, allows: Callable[[float], bool]) -> str | None:
+    """Call `call` once at each of prime_sizes (the example's and size 1's graphs are compiled
+    already), while allows(seconds the next call is expected to take) holds; None where every size
+    was called, else what was left. NOTE: for a graph with convs, the first call at a new size
+    plans cuDNN's algorithms for it (60-100 ms a size on ResNet-50, README), which otherwise lands
+    on the first request of that size; the call's own time is what the next is expected to take."""
     last_s = 0.0
-    for r in ranges:
-        for n in range(max(r[0], 2), r[1] + 1):
-            args = at_size(inputs, dynamic, r, n)
-            if args is None:
-                continue
-            if not allows(last_s):
-                return f"sizes {n}-{r[1]} of the declared range {r[0]}-{r[1]}"
-            t0 = time.perf_counter()
-            call(*args)
-            sync()
-            last_s = time.perf_counter() - t0
+    for r, n in prime_sizes(inputs, dynamic):
+        if not allows(last_s):
+            return f"sizes {n}-{r[1]} of the declared range {r[0]}-{r[1]}"
+        last_s = _timed_call(call, at_size(inputs, dynamic, r, n))
     return None
+
+
+def first_call_s(call: Callable, inputs: tuple, dynamic: dict) -> tuple[float, int] | None:
+    """(seconds, count): `call` timed once at the middle one of prime_sizes, a size it has not met
+    (its first call there, as each of prime()'s will be), and how many sizes prime() calls; None
+    where it calls none."""
+    sizes = prime_sizes(inputs, dynamic)
+    if not sizes:
+        return None
+    r, n = sizes[len(sizes) // 2]
+    return _timed_call(call, at_size(inputs, dynamic, r, n)), len(sizes)
+
+
+def _timed_call(call: Callable, args: tuple) -> float:
+    """Seconds of one call of `call` on args, synchronized where they are on a GPU."""
+    cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in args)
+    t0 = time.perf_counter()
+    call(*args)
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
 
 
 _CONV = re.compile(r"conv(olution|_?[123]d)")   # aten.convolution, F.conv2d, torch.conv1d; not convert_*
