@@ -658,7 +658,7 @@ def test_the_trials_keep_the_primings_time(monkeypatch):
     t = trials(100.0)
     t.time_first_call(found)
     assert t.prime_s == pytest.approx(2.0)
-    assert t.affords(2, keep_s=85.0) and not t.affords(2, keep_s=86.5)   # 10 + 2 + 85 + 2 <= 100 < 10 + 2 + 86.5 + 2
+    assert t.affords(2, keep_s=80.0) and not t.affords(2, keep_s=87.0)   # 10 + 2 + 80 + 2 <= 100 < 10 + 2 + 87 + 2
     t = trials(20.0)
     t.time_first_call(found)
     assert t.prime_s == pytest.approx(decide.PRIME_KEEP_SHARE * 20.0, abs=0.1)   # at most a share of the time left
