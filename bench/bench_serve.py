@@ -98,7 +98,9 @@ decides), what the kernel share comes from.
 Figures per arm and pass ("arms"): requests/s = n / sum of latencies, items/s = sum of sizes / sum
 of latencies (items: serve_models.UNITS), p50 / p99 latency (ms, linear interpolation), and
 "slowest": the pass's SLOWEST requests as [size, ms], where its tail comes from.
-"graph_launches": what ours' kernels' launches did over the passes (plain, as graphs, captures).
+"graph_launches": what ours' kernels' launches did over the passes (plain, as graphs, captures);
+"kernel_host": where their host time went (launcher.host_times: launches and launch_ns in the
+launcher, runs and run_ns in the kernels' own htam_run), over the passes of every arm running them.
 With --graph-launches-ab, a fifth arm "ours_graphs" serves each request with ours' model and its
 graph launches switched on around the call (launcher.set_graph_launches: they are off by default;
 interleaved with the others like any arm), and "graph_launches_ab" gives it against ours in the
@@ -450,12 +452,13 @@ def with_graph_launches(ours: Callable) -> Callable:
     return call
 
 
-def graph_launches(since: dict | None = None) -> dict | None:
-    """The launcher's graph launches summed over our loaded kernels (csrc/launcher.cpp GraphStats:
-    counts and host ns), less `since`; None where this torch_htam's launcher keeps none."""
-    try:
-        from torch_htam.launcher import graph_launches as per_kernel
-    except ImportError:
+def launcher_counts(what: str, since: dict | None = None) -> dict | None:
+    """launcher.<what>() (csrc/launcher.cpp, per kernel: counts and host ns; "graph_launches": the
+    GraphStats of graph launches, "host_times": where each launch's host time goes) summed over
+    our loaded kernels, less `since`; None where this torch_htam's launcher keeps none."""
+    from torch_htam import launcher
+    per_kernel = getattr(launcher, what, None)
+    if per_kernel is None:
         return None
     per = per_kernel()
     total = Counter()
@@ -980,9 +983,10 @@ def measure(name: str, opts, device: str = "cuda", optimize=_optimize, compile_f
                     row.update(bundle_s=saved.seconds, cold_isolated_ours=saved.how)
                 if getattr(opts, "graph_launches_ab", False):
                     s.arms["ours_graphs"] = with_graph_launches(s.arms["ours"])
-                launches = graph_launches()
+                launches, host = launcher_counts("graph_launches"), launcher_counts("host_times")
                 passes = serve(row, s, sync, stage)
-                row["graph_launches"] = graph_launches(since=launches)
+                row["graph_launches"] = launcher_counts("graph_launches", since=launches)
+                row["kernel_host"] = launcher_counts("host_times", since=host)
                 stage("check")
                 row.update(check_outputs(s.arms, check_sizes(s.mix), s.inputs_for, row["tolerance"]))
             row.update(report_fields(s.arms["ours"]))

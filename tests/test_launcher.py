@@ -339,6 +339,20 @@ def test_kernel_runs_and_matches_torch(kernels):
 
 
 @pytest.mark.gpu
+def test_host_times_count_each_launch_and_the_kernels_own_host_work(kernels):
+    """launcher.host_times: each launch adds its host ns in the launcher, and each plain call the
+    ns in the kernel's own htam_run, which are part of those."""
+    add = kernels["add_f32"]
+    a, b = torch.randn(64, device="cuda"), torch.randn(64, device="cuda")
+    before = launcher.host_times()[add.handle]
+    for _ in range(3):
+        add.launch([a, b], [0, 1, 64])
+    after = launcher.host_times()[add.handle]
+    assert after["launches"] - before["launches"] == 3 and after["runs"] - before["runs"] == 3
+    assert 0 < after["run_ns"] - before["run_ns"] <= after["launch_ns"] - before["launch_ns"]
+
+
+@pytest.mark.gpu
 def test_launcher_fills_the_abi_structs(kernels):
     probe = kernels["abi_probe"]
     x = torch.randn(4, 6, 8, device="cuda").transpose(0, 2)            # non-contiguous strides

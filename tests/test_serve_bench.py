@@ -720,16 +720,21 @@ def test_routes_count_the_mix_by_the_graph_ours_runs():
     assert bs.routes(nn.Identity(), s) == {Route.CHOSEN.value: len(mix.sizes)}
 
 
-def test_graph_launches_sum_our_kernels_less_the_start(monkeypatch):
+def test_launcher_counts_sum_our_kernels_less_the_start(monkeypatch):
     from torch_htam import launcher
     per = {1: {"graphs": 2, "plain": 5, "replays": 10, "replay_ns": 900},
            2: {"graphs": 1, "plain": 1, "replays": 4, "replay_ns": 100}}
     monkeypatch.setattr(launcher, "graph_launches", lambda: per)
     start = {"kernels": 2, "graphs": 1, "plain": 2, "replays": 3, "replay_ns": 500}
-    assert bs.graph_launches(since=start) == {"kernels": 2, "graphs": 3, "plain": 4, "replays": 11,
-                                              "replay_ns": 500}
+    assert bs.launcher_counts("graph_launches", since=start) == {"kernels": 2, "graphs": 3, "plain": 4,
+                                                                 "replays": 11, "replay_ns": 500}
     monkeypatch.setattr(launcher, "graph_launches", lambda: {})
-    assert bs.graph_launches() == {"kernels": 0}
+    assert bs.launcher_counts("graph_launches") == {"kernels": 0}
+    monkeypatch.setattr(launcher, "host_times", lambda: {1: {"launches": 9, "launch_ns": 900, "runs": 9, "run_ns": 600}})
+    assert bs.launcher_counts("host_times", since={"launches": 4, "launch_ns": 400, "runs": 4, "run_ns": 250}) == {
+        "kernels": 1, "launches": 5, "launch_ns": 500, "runs": 5, "run_ns": 350}
+    monkeypatch.delattr(launcher, "host_times")
+    assert bs.launcher_counts("host_times") is None          # a torch_htam whose launcher keeps none
 
 
 def test_the_graph_launch_ab_arm_switches_them_on_around_each_call_and_compares(monkeypatch):

@@ -458,6 +458,14 @@ def graph_launches() -> dict[int, dict[str, int]]:
     return extension().graph_launches() if extension.cache_info().currsize else {}
 
 
+def host_times() -> dict[int, dict[str, int]]:
+    """{handle: {launches, launch_ns, runs, run_ns}} of the loaded kernels (csrc/launcher.cpp): the
+    host ns of their successful launches in the launcher (outputs allocated, tensors described,
+    the kernel's host work or its graph launch) and, of the plain calls, in the kernel's own
+    htam_run (a conv's fold launch and cuDNN's execute); {} where the launcher is not loaded."""
+    return extension().host_times() if extension.cache_info().currsize else {}
+
+
 CAPTURE_GAP_S = 0.002   # csrc/launcher.cpp kCaptureGapNs: at most one capture per this long a device
 
 

@@ -111,6 +111,10 @@ struct Kernel {
   mutable GraphStats graph_stats;
   // successful launch_o<N> calls: the C++ wrapper's launches, which Python does not see
   mutable std::atomic<int64_t> stable_calls{0};
+  // where a launch's host time goes (host_times): launch_with's whole (outputs allocated, tensors
+  // described, the kernel's host work or its graph launch) and, of plain calls (call), the
+  // kernel's own htam_run (a conv's fold launch and cuDNN's execute)
+  mutable std::atomic<int64_t> launches{0}, launch_ns{0}, runs{0}, run_ns{0};
   // a ranged kernel's fits (set_fits; null: launched as it comes), read with std::atomic_load
   std::shared_ptr<const std::vector<Fit>> fits;
 };
@@ -369,9 +373,17 @@ struct Bound {
   int run(const Kernel& k, cudaStream_t s) { return k.fn(in.data(), (int)in.size(), out.data(), (int)out.size(), s); }
 };
 
+int64_t ns_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
 int64_t call(const Kernel& k, at::TensorList inputs, at::TensorList outputs, c10::DeviceIndex device) {
   Bound b(inputs, outputs, device);
-  return b.run(k, b.stream);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t rc = b.run(k, b.stream);
+  k.run_ns.fetch_add(ns_since(t0), std::memory_order_relaxed);
+  k.runs.fetch_add(1, std::memory_order_relaxed);
+  return rc;
 }
 
 // ---- graph launches: a launch's host work paid once per key ------------------------------------
@@ -437,10 +449,6 @@ std::string graph_key(int epoch, c10::DeviceIndex device, const Bound& b, bool p
       put(t.strides, sizeof(int64_t) * t.ndim);
     }
   return key;
-}
-
-int64_t ns_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
 
 int64_t now_ns() {
@@ -734,6 +742,7 @@ std::string reason(int64_t code) {
 }
 
 std::vector<at::Tensor> launch_with(const Kernel& k, at::TensorList inputs, const c10::SmallVector<OutSpec, 4>& specs) {
+  const auto t0 = std::chrono::steady_clock::now();
   const c10::DeviceIndex device = c10::cuda::current_device();
   const at::Device where(at::kCUDA, device);
   std::vector<at::Tensor> outputs;
@@ -745,6 +754,8 @@ std::vector<at::Tensor> launch_with(const Kernel& k, at::TensorList inputs, cons
   int64_t code = k.epoch && graph_launches_on() ? call_graphed(k, inputs, outputs, device)
                                                 : call(k, inputs, outputs, device);
   TORCH_CHECK(code == 0, "htam kernel ", k.path, " returned ", num(code), ": ", reason(code));
+  k.launch_ns.fetch_add(ns_since(t0), std::memory_order_relaxed);
+  k.launches.fetch_add(1, std::memory_order_relaxed);
   return outputs;
 }
 
@@ -948,6 +959,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   }, "graph_launches() -> {handle: {count or host ns: value}} of the kernels that export htam_graph_epoch "
      "(GraphStats: graphs held; plain, replays, captures, instantiations, updates, failures; *_ns)");
+  m.def("host_times", [] {
+    std::unordered_map<int64_t, std::unordered_map<std::string, int64_t>> out;
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (const auto& [handle, k] : g_kernels)
+      out[handle] = {{"launches", k.launches.load()}, {"launch_ns", k.launch_ns.load()},
+                     {"runs", k.runs.load()}, {"run_ns", k.run_ns.load()}};
+    return out;
+  }, "host_times() -> {handle: {launches, launch_ns, runs, run_ns}}: host ns of each kernel's successful "
+     "launches (outputs, tensors described, its host work or graph launch) and, of its plain calls, "
+     "in its own htam_run");
   m.def("graph_launches_on", [] { return graph_launches_on(); },
         "graph_launches_on() -> bool: whether launches may run as graphs now");
   m.def("set_graph_launches", [](bool on) { return graph_launches_flag().exchange(on); },
