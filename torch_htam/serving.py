@@ -292,11 +292,11 @@ def first_call_s(call: Callable, inputs: tuple, dynamic: dict) -> tuple[float, i
 
 def _timed_call(call: Callable, args: tuple) -> float:
     """Seconds of one call of `call` on args, synchronized where they are on a GPU."""
-    cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in args)
+    from torch_htam.timing import _sync_for
+    sync = _sync_for(args)
     t0 = time.perf_counter()
     call(*args)
-    if cuda:
-        torch.cuda.synchronize()
+    sync()
     return time.perf_counter() - t0
 
 
