@@ -11,17 +11,13 @@ torch.profiler's table per arm.
 Run at a763f29 on one H200: hostprof-a763f29.log beside this file."""
 import copy, sys, time, json, os
 import torch
-sys.path.insert(0, "bench")   # run from the repository root
-import serve_models
+sys.path[:0] = ["bench", "docs/experiments"]   # run from the repository root
+from host_diag import issue_us, served_vision, synced_us
 import torch_htam
 from torch_htam import inductor
 from torch_htam.config import OptimizeConfig
 
-B = int(os.environ.get("B", "16"))
-model, example, dynamic, make_inputs = serve_models.make("vision:bf16")
-with torch.inference_mode():
-    x = make_inputs(B)
-base = copy.deepcopy(model)
+model, base, x = served_vision()
 t0 = time.time()
 with torch.inference_mode():
     ours = torch_htam.optimize(model, x, OptimizeConfig(steps=0, check_end_to_end=False,
@@ -51,25 +47,9 @@ with torch.inference_mode():
     print("settled in", launcher.settle_graphs(lambda: ours(*x)), "calls;", flush=True)
     launcher.set_graph_launches(False)
 
-    def issue_us(f, n=30):
-        out = []
-        for _ in range(7):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(n): f(*x)
-            out.append((time.perf_counter() - t) / n * 1e6)
-            torch.cuda.synchronize()
-        return sorted(out)[3]
-
-    def synced_us(f, n=100):
-        out = []
-        for _ in range(n):
-            torch.cuda.synchronize(); t = time.perf_counter(); f(*x); torch.cuda.synchronize()
-            out.append((time.perf_counter() - t) * 1e6)
-        return sorted(out)[n // 2]
     for r in range(2):
         for n, f in arms.items():
-            print(f"round {r} {n}: issue {issue_us(f):.0f} us/forward, synced {synced_us(f):.0f} us", flush=True)
+            print(f"round {r} {n}: issue {issue_us(f, x):.0f} us/forward, synced {synced_us(f, x, 100):.0f} us", flush=True)
     print("graph launches:", launcher.graph_launches(), flush=True)
     from torch.profiler import profile, ProfilerActivity
     for n, f in arms.items():

@@ -11,17 +11,13 @@ own htam_run), and torch.profiler's table.
 """
 import copy, os, sys, time
 import torch
-sys.path.insert(0, "bench")   # run from the repository root
-import serve_models
+sys.path[:0] = ["bench", "docs/experiments"]   # run from the repository root
+from host_diag import issue_us, served_vision, synced_us
 import torch_htam
 from torch_htam import inductor, launcher
 from torch_htam.config import OptimizeConfig
 
-B = int(os.environ.get("B", "16"))
-model, example, dynamic, make_inputs = serve_models.make("vision:bf16")
-with torch.inference_mode():
-    x = make_inputs(B)
-base = copy.deepcopy(model)
+model, base, x = served_vision()
 t0 = time.time()
 with torch.inference_mode():
     ours = torch_htam.optimize(copy.deepcopy(model), x, OptimizeConfig(
@@ -47,26 +43,9 @@ with torch.inference_mode():
         print(n, "first calls", round(time.time() - t, 1), "s", flush=True)
     print("records:", [(r.sites, len(r.swapped), r.cpp_wrapper, r.python_wrapper_why, r.note) for r in b.records])
 
-    def issue_us(f, n=30):
-        out = []
-        for _ in range(7):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(n): f(*x)
-            out.append((time.perf_counter() - t) / n * 1e6)
-            torch.cuda.synchronize()
-        return sorted(out)[3]
-
-    def synced_us(f, n=200):
-        out = []
-        for _ in range(n):
-            torch.cuda.synchronize(); t = time.perf_counter(); f(*x); torch.cuda.synchronize()
-            out.append((time.perf_counter() - t) * 1e6)
-        return sorted(out)[n // 2]
-
     for r in range(3):
         for n, f in arms.items():
-            print(f"round {r} {n}: issue {issue_us(f):.0f} us/forward, synced {synced_us(f):.0f} us", flush=True)
+            print(f"round {r} {n}: issue {issue_us(f, x):.0f} us/forward, synced {synced_us(f, x, 200):.0f} us", flush=True)
     before = launcher.host_times()
     N = 200
     for _ in range(N): arms["ours_cpp"](*x)
