@@ -10,10 +10,18 @@ the canary kernel (csrc/canary.cu: a + b on 8 floats, no real GPU work) and of a
 (8x8: an extern cuBLAS call in both wrappers), and the op called eagerly; per call =
 (t21 - t1) / 20, each t the median of 300 synced calls (us).
 
+Conv sites (C++ wrapper only, as the served rows run): a chain of conv 3x3 + batch norm + ReLU
+(bf16, channels-last, [1, 64, 8, 8]: aten's cuDNN conv and one Triton kernel a site, "aten_site")
+against our launch of a site's inputs (x, w and the four batch-norm vectors, an output like x)
+running one or two kernels (bench/kernels/site_canary.cu: "ours_site1", "ours_site2"). Their
+difference bounds what host time a conv kernel of ours can save or lose at a host-bound site:
+our cuDNN conv kernels launch two (the batch-norm fold, then cudnnBackendExecute, whose own host
+time comes on top), a conv of our own with the fold in its epilogue would launch one.
+
     python3 bench/launch_cost.py [--out DIR]
 
 Rows: "wrapper" (cpp, python, eager), "call" (ours: the product's launch in that wrapper; ours_o1:
-launch_o1 from generated Python; extern_mm), "t1_us", "t21_us",
+launch_o1 from generated Python; extern_mm; aten_site, ours_site1, ours_site2), "t1_us", "t21_us",
 "per_call_us", "compile_s" (the 21-call graph's first call). GPU machine.
 """
 from __future__ import annotations
@@ -30,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record  # noqa: E402
 
 ITERS, LONG = 300, 21
+SITE_CU = Path(__file__).resolve().parent / "kernels" / "site_canary.cu"
+SITE_SHAPE = (1, 64, 8, 8)   # [N, C, H, W]: a conv site with next to no GPU work
 
 
 def _chains(handle: int, one: list[int], b: torch.Tensor, m: torch.Tensor) -> dict:
@@ -61,6 +71,73 @@ def _chains(handle: int, one: list[int], b: torch.Tensor, m: torch.Tensor) -> di
     return {"ours_o1": ours_o1, "ours_launch": ours_launch, "extern_mm": extern_mm}
 
 
+def _site_chains(handles: dict[int, int]) -> tuple[dict, torch.Tensor]:
+    """({call: make(k) -> a function of x making k chained conv sites}, x): aten_site, and
+    ours_site<L> for each {launches: kernel handle} (site_canary.cu built with SITE_LAUNCHES=L)."""
+    import torch.nn.functional as F
+    from torch_htam import launcher
+    c = SITE_SHAPE[1]
+    g = torch.Generator().manual_seed(0)
+    cl = dict(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(SITE_SHAPE, generator=g).to(**cl).contiguous(memory_format=torch.channels_last)
+    w = (0.05 * torch.randn(c, c, 3, 3, generator=g)).to(**cl).contiguous(memory_format=torch.channels_last)
+    gamma, beta = torch.ones(c, **cl), torch.zeros(c, **cl)
+    mean, var = torch.zeros(c, **cl), torch.ones(c, **cl)
+    meta = [launcher.DTYPE_CODES["bfloat16"] + launcher.CHANNELS_LAST, 4, *SITE_SHAPE]   # y like x
+
+    def aten_site(k):
+        def f(a):
+            for _ in range(k):
+                a = torch.relu(F.batch_norm(F.conv2d(a, w, padding=1), mean, var, gamma, beta, False, 0.0, 1e-5))
+            return a
+        return f
+
+    def ours_site(handle):
+        outputs, args = launcher.stable_args(handle, [], meta)
+        op, slots = launcher.stable_op(outputs), list(args[1:1 + outputs * launcher.STABLE_META_SLOTS])
+
+        def make(k):
+            def f(a):
+                for _ in range(k):
+                    a = op(handle, *slots, a, w, gamma, beta, mean, var)
+                return a
+            return f
+        return make
+    return {"aten_site": aten_site, **{f"ours_site{n}": ours_site(handle) for n, handle in handles.items()}}, x
+
+
+def _site_rows(options: dict) -> list[dict]:
+    """The conv-site rows under Inductor's C++ wrapper (`options`)."""
+    from torch_htam import build, launcher
+    handles = {}
+    for launches in (1, 2):
+        res = build.build(f"#define SITE_LAUNCHES {launches}\n" + SITE_CU.read_text())
+        if not res.ok:
+            raise RuntimeError(f"site_canary.cu (SITE_LAUNCHES={launches}) did not build: {res.error}")
+        handles[launches] = launcher.Kernel(res.so_path).handle
+    chains, x = _site_chains(handles)
+    return [_chain_row("cpp", call, make, x, options, tol=5e-2) for call, make in chains.items()]
+
+
+def _chain_row(wrapper: str, call: str, make, x, options: dict, tol: float = 0.0) -> dict:
+    """The row of the chains make(1) and make(LONG) compiled with `options`, each output checked
+    against the chain run eagerly (within tol, relative and absolute; 0: allclose's defaults)."""
+    t, compile_s = {}, None
+    for k in (1, LONG):
+        torch._dynamo.reset()
+        t0 = time.perf_counter()
+        f = torch.compile(make(k), options=options, fullgraph=True)
+        got, want = f(x), make(k)(x)
+        ok = torch.allclose(got.float(), want.float(), rtol=tol, atol=tol) if tol else torch.allclose(got, want)
+        if not ok:
+            raise RuntimeError(f"{wrapper} {call} x{k}: wrong output")
+        compile_s = time.perf_counter() - t0
+        t[k] = _median_us(f, x)
+    row = _row(wrapper, call, t, compile_s)
+    print(row, flush=True)
+    return row
+
+
 def _median_us(fn, x) -> float:
     for _ in range(20):
         fn(x)
@@ -89,22 +166,10 @@ def measure() -> list[dict]:
     arms = (("cpp", dict(inductor.WRAPPER_OPTIONS), {"ours": "ours_o1", "extern_mm": "extern_mm"}),
             ("python", {}, {"ours": "ours_launch", "ours_o1": "ours_o1", "extern_mm": "extern_mm"}))
     for wrapper, options, calls in arms:
-        for call, chain in calls.items():
-            make = chains[chain]
-            t, compile_s = {}, None
-            for k in (1, LONG):
-                torch._dynamo.reset()
-                t0 = time.perf_counter()
-                f = torch.compile(make(k), options=options, fullgraph=True)
-                if not torch.allclose(f(x), make(k)(x)):
-                    raise RuntimeError(f"{wrapper} {call} x{k}: wrong output")
-                compile_s = time.perf_counter() - t0
-                t[k] = _median_us(f, x)
-            rows.append(_row(wrapper, call, t, compile_s))
-            print(rows[-1], flush=True)
+        rows += [_chain_row(wrapper, call, chains[chain], x, options) for call, chain in calls.items()]
     ours = chains["ours_o1"]
     rows.append(_row("eager", "ours_o1", {k: _median_us(ours(k), x) for k in (1, LONG)}, None))
-    return rows
+    return rows + _site_rows(dict(inductor.WRAPPER_OPTIONS))
 
 
 def _row(wrapper: str, call: str, t: dict, compile_s: float | None) -> dict:
