@@ -236,15 +236,19 @@ def at_size(inputs: tuple, dynamic: dict, r: tuple[int, int], n: int) -> tuple |
     the rest as in the example; None where no dim changes. Each is made as the example was (an
     inference tensor or not): Dynamo's guards tell the two apart, and a graph compiled on one
     kind recompiles for requests of the other."""
-    args, changed = list(inputs), False
-    for i, dims in dynamic.items():
-        for d, rd in dims.items():
-            x = args[i]
-            if rd == r and isinstance(x, torch.Tensor) and x.shape[d] != n:
-                with torch.inference_mode(x.is_inference()):
-                    args[i] = x.index_select(d, torch.arange(n, device=x.device) % x.shape[d])
-                changed = True
+    args, changed = list(inputs), _changed_dims(inputs, dynamic, r, n)
+    for i, d in changed:   # NOTE: a cut or tiled dim leaves the input's other dims as they were
+        x = args[i]
+        with torch.inference_mode(x.is_inference()):
+            args[i] = x.index_select(d, torch.arange(n, device=x.device) % x.shape[d])
     return tuple(args) if changed else None
+
+
+def _changed_dims(inputs: tuple, dynamic: dict, r: tuple[int, int], n: int) -> list[tuple[int, int]]:
+    """(input, dim) of each tensor dim declared with range r whose size is not n: what at_size
+    changes."""
+    return [(i, d) for i, dims in dynamic.items() for d, rd in dims.items()
+            if rd == r and isinstance(inputs[i], torch.Tensor) and inputs[i].shape[d] != n]
 
 
 # A declared range of at most this many sizes is primed whole (prime), where it is primed at all.
@@ -256,13 +260,7 @@ def prime_sizes(inputs: tuple, dynamic: dict) -> list[tuple[tuple[int, int], int
     PRIME_MAX_SIZES sizes, from 2 (size 1 has graphs of its own), but the example's own (at_size:
     no dim changes), in order."""
     ranges = sorted({r for dims in dynamic.values() for r in dims.values() if r[1] - r[0] < PRIME_MAX_SIZES})
-    return [(r, n) for r in ranges for n in range(max(r[0], 2), r[1] + 1) if _changes(inputs, dynamic, r, n)]
-
-
-def _changes(inputs: tuple, dynamic: dict, r: tuple[int, int], n: int) -> bool:
-    """Whether at_size(inputs, dynamic, r, n) changes any dim (else it gives None)."""
-    return any(rd == r and isinstance(inputs[i], torch.Tensor) and inputs[i].shape[d] != n
-               for i, dims in dynamic.items() for d, rd in dims.items())
+    return [(r, n) for r in ranges for n in range(max(r[0], 2), r[1] + 1) if _changed_dims(inputs, dynamic, r, n)]
 
 
 def prime(call: Callable, inputs: tuple, dynamic: dict, allows: Callable[[float], bool]) -> str | None:
