@@ -20,8 +20,10 @@ time comes on top), a conv of our own with the fold in its epilogue would launch
 
     python3 bench/launch_cost.py [--out DIR]
 
-Rows: "wrapper" (cpp, python, eager), "call" (ours: the product's launch in that wrapper; ours_o1:
-launch_o1 from generated Python; extern_mm; aten_site, ours_site1, ours_site2), "t1_us", "t21_us",
+Rows: "wrapper" (cpp, python, eager), "call" (ours: the product's launch in that wrapper, in the
+C++ wrapper a direct call of launch_o1's C shim (launcher.export_shims); ours_dispatcher: the C++
+wrapper calling launch_o1 through the dispatcher instead; ours_o1: launch_o1 from generated Python;
+extern_mm; aten_site, ours_site1, ours_site2, ours_site1_dispatcher), "t1_us", "t21_us",
 "per_call_us", "compile_s" (the 21-call graph's first call). GPU machine.
 """
 from __future__ import annotations
@@ -40,6 +42,8 @@ import record  # noqa: E402
 ITERS, LONG = 300, 21
 SITE_CU = Path(__file__).resolve().parent / "kernels" / "site_canary.cu"
 SITE_SHAPE = (1, 64, 8, 8)   # [N, C, H, W]: a conv site with next to no GPU work
+# The C++ wrapper calling launch_o<N> through the dispatcher, as before launcher.export_shims
+NO_SHIMS = {"aot_inductor.custom_ops_to_c_shims": {}}
 
 
 def _chains(handle: int, one: list[int], b: torch.Tensor, m: torch.Tensor) -> dict:
@@ -116,7 +120,9 @@ def _site_rows(options: dict) -> list[dict]:
             raise RuntimeError(f"site_canary.cu (SITE_LAUNCHES={launches}) did not build: {res.error}")
         handles[launches] = launcher.Kernel(res.so_path).handle
     chains, x = _site_chains(handles)
-    return [_chain_row("cpp", call, make, x, options, tol=5e-2) for call, make in chains.items()]
+    rows = [_chain_row("cpp", call, make, x, options, tol=5e-2) for call, make in chains.items()]
+    return rows + [_chain_row("cpp", "ours_site1_dispatcher", chains["ours_site1"], x, {**options, **NO_SHIMS},
+                              tol=5e-2)]
 
 
 def _chain_row(wrapper: str, call: str, make, x, options: dict, tol: float = 0.0) -> dict:
@@ -163,13 +169,16 @@ def measure() -> list[dict]:
     x = torch.arange(8.0, device="cuda")
     chains = _chains(handle, one, torch.full((8,), 1.0, device="cuda"), torch.eye(8, device="cuda"))
     rows = []
-    arms = (("cpp", dict(inductor.WRAPPER_OPTIONS), {"ours": "ours_o1", "extern_mm": "extern_mm"}),
-            ("python", {}, {"ours": "ours_launch", "ours_o1": "ours_o1", "extern_mm": "extern_mm"}))
-    for wrapper, options, calls in arms:
-        rows += [_chain_row(wrapper, call, chains[chain], x, options) for call, chain in calls.items()]
+    cpp, python = dict(inductor.WRAPPER_OPTIONS), {}
+    arms = (("cpp", {"ours": ("ours_o1", cpp), "ours_dispatcher": ("ours_o1", {**cpp, **NO_SHIMS}),
+                     "extern_mm": ("extern_mm", cpp)}),
+            ("python", {"ours": ("ours_launch", python), "ours_o1": ("ours_o1", python),
+                        "extern_mm": ("extern_mm", python)}))
+    for wrapper, calls in arms:
+        rows += [_chain_row(wrapper, call, chains[chain], x, options) for call, (chain, options) in calls.items()]
     ours = chains["ours_o1"]
     rows.append(_row("eager", "ours_o1", {k: _median_us(ours(k), x) for k in (1, LONG)}, None))
-    return rows + _site_rows(dict(inductor.WRAPPER_OPTIONS))
+    return rows + _site_rows(cpp)
 
 
 def _row(wrapper: str, call: str, t: dict, compile_s: float | None) -> dict:

@@ -184,6 +184,19 @@ fallback.set_in_launcher = lambda h: h != 14
 ranged = make_fx(lambda x: launch(14, [x], [0, 1, 4])[0], tracing_mode="fake")(x[0])
 print([inductor.stable_launches(g) for g in (many, ranged)],
       [n.target for g in (many, ranged) for n in g.graph.nodes if n.target is launch] == [launch, launch])
+# the C shims: each launch_o<N> declared to Inductor (a key equal to the op, pickled by name, as
+# Inductor pickles its config into cache keys), one C parameter per schema argument and return,
+# and the symbols global, where the C++ wrapper's library finds them
+import ctypes, pickle
+import torch._inductor.config as inductor_config
+shims = inductor_config.aot_inductor.custom_ops_to_c_shims
+outs = range(1, launcher.STABLE_OUTPUTS + 1)
+stable = [launcher.stable_op(n) for n in outs]
+print(all(op in shims for op in stable), launch not in shims,
+      [pickle.loads(pickle.dumps(k)) == k.op for k in shims] == [True] * len(stable),
+      [len(d.split(",")) for (d,) in shims.values()] == [len(op._schema.arguments) + len(op._schema.returns) for op in stable],
+      all(hasattr(ctypes.CDLL(None), f"aoti_torch_cuda_launch_o{n}") for n in outs),
+      len(pickle.dumps(inductor_config.save_config_portable())) > 0)
 """
 
 # A ranged kernel's buckets as the launcher checks them before a launch_o<N> (fits_hold on CPU
@@ -254,7 +267,8 @@ def test_launcher_compiles_and_checks_its_arguments_without_a_gpu(tmp_path):
         "htam: out_meta output 0's size -66562 is 2 * inputs[1].shape[1], but that input has 1 dims",
         "htam: out_meta output 0's size -6 is 1 * inputs[5].shape[0], but the launch has 2 inputs",
         "True", "False", "True True", "['htam.launch_o1.default', 'htam.launch_o2.default'] True",
-        "[False, False] True", "True", "True True True", "True", "False False True True"]
+        "[False, False] True", "True True True True True True", "True", "True True True", "True",
+        "False False True True"]
     # A deployment box with no compiler imports the launcher a bundle carried (bundle.load adopts it).
     box = {**env, "HTAM_CACHE_DIR": str(tmp_path / "box"), "CXX": "no-such-compiler"}
     adopt = ("import sys; from pathlib import Path; from torch_htam import launcher\n"

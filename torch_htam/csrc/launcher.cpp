@@ -54,6 +54,7 @@
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
@@ -812,15 +813,10 @@ std::vector<at::Tensor> after_failure(int64_t handle, at::TensorList inputs, con
   return {};  // unreachable
 }
 
+// launch_o<N>'s work, whichever way it is called (the dispatcher's launch_stable, the C shim's
+// shim_launch): slots holds N * kStableMetaSlots ints, inputs the defined prefix of the in slots.
 template <int N>
-void launch_stable(const c10::OperatorHandle& /*op*/, torch::jit::Stack* stack) {
-  const size_t n_args = 1 + N * kStableMetaSlots + kStableInputs;
-  auto args = torch::jit::last(*stack, n_args);
-  const int64_t handle = args[0].toInt();
-  c10::SmallVector<int64_t, N * kStableMetaSlots> slots;
-  for (size_t i = 1; i <= (size_t)N * kStableMetaSlots; ++i) slots.push_back(args[i].toInt());
-  std::vector<at::Tensor> inputs;
-  for (size_t i = 1 + N * kStableMetaSlots; i < n_args && !args[i].isNone(); ++i) inputs.push_back(args[i].toTensor());
+std::vector<at::Tensor> launch_slots(int64_t handle, c10::ArrayRef<int64_t> slots, at::TensorList inputs) {
   const std::vector<int64_t> meta = meta_of_slots(slots);
   const Kernel& k = kernel_at(handle);
   const auto fits = std::atomic_load(&k.fits);
@@ -837,8 +833,60 @@ void launch_stable(const c10::OperatorHandle& /*op*/, torch::jit::Stack* stack) 
     }
   }
   TORCH_CHECK(outs.size() == (size_t)N, "htam: launch_o", num(N), " got ", num(outs.size()), " outputs");
+  return outs;
+}
+
+template <int N>
+void launch_stable(const c10::OperatorHandle& /*op*/, torch::jit::Stack* stack) {
+  const size_t n_args = 1 + N * kStableMetaSlots + kStableInputs;
+  auto args = torch::jit::last(*stack, n_args);
+  const int64_t handle = args[0].toInt();
+  c10::SmallVector<int64_t, N * kStableMetaSlots> slots;
+  for (size_t i = 1; i <= (size_t)N * kStableMetaSlots; ++i) slots.push_back(args[i].toInt());
+  std::vector<at::Tensor> inputs;
+  for (size_t i = 1 + N * kStableMetaSlots; i < n_args && !args[i].isNone(); ++i) inputs.push_back(args[i].toTensor());
+  std::vector<at::Tensor> outs = launch_slots<N>(handle, slots, inputs);
   torch::jit::drop(*stack, n_args);
   for (at::Tensor& t : outs) stack->emplace_back(std::move(t));
+}
+
+// ---- launch_o<N> as C functions: Inductor's C++ wrapper calls them as it calls aten's C shims ---
+// Through the dispatcher (aoti_torch_call_dispatcher) a launch_o<N> call costs the op's lookup by
+// name, a conversion of each of its 1 + 10N + 16 arguments to and from StableIValues (a heap
+// handle per tensor) and the boxed dispatch with its autograd fallback. Inductor calls a custom op
+// directly where config.aot_inductor.custom_ops_to_c_shims declares a C function for it, named
+// aoti_torch_cuda_<op>, with aten's C shim conventions (launcher.export_shims registers them):
+//   aoti_torch_cuda_launch_o<N>(int64_t handle, int64_t m0..m(10N-1),
+//                               AtenTensorHandle* in0..in15 (nullptr: None), AtenTensorHandle* ret0..)
+// An AtenTensorHandle is an at::Tensor*; each returned one is a new tensor the wrapper owns. A
+// failure returns AOTI_TORCH_FAILURE (the wrapper raises) after logging why.
+template <int N>
+AOTITorchError shim_launch(int64_t handle, const int64_t* slots, AtenTensorHandle* const* ins,
+                           AtenTensorHandle* const* rets) {
+  try {
+    RECORD_FUNCTION(N == 1 ? "htam::launch_o1" : N == 2 ? "htam::launch_o2" : N == 3 ? "htam::launch_o3"
+                                                                                     : "htam::launch_o4",
+                    std::vector<c10::IValue>());
+    c10::SmallVector<at::Tensor, kStableInputs> inputs;
+    for (int i = 0; i < kStableInputs && ins[i] != nullptr; ++i) inputs.push_back(*reinterpret_cast<at::Tensor*>(*ins[i]));
+    std::vector<at::Tensor> outs = launch_slots<N>(handle, c10::ArrayRef<int64_t>(slots, N * kStableMetaSlots), inputs);
+    for (int o = 0; o < N; ++o) *rets[o] = reinterpret_cast<AtenTensorHandle>(new at::Tensor(std::move(outs[o])));
+    return AOTI_TORCH_SUCCESS;
+  } catch (const c10::Error& e) {
+    LOG(ERROR) << "htam::launch_o" << N << ": " << e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    LOG(ERROR) << "htam::launch_o" << N << ": " << e.what();
+  }
+  return AOTI_TORCH_FAILURE;
+}
+
+// The C declaration of aoti_torch_cuda_launch_o<n>, as the wrapper's prefix declares it.
+std::string shim_declaration(int n) {
+  std::string s = "AOTITorchError aoti_torch_cuda_launch_o" + num(n) + "(int64_t handle";
+  for (int i = 0; i < n * kStableMetaSlots; ++i) s += ", int64_t m" + num(i);
+  for (int i = 0; i < kStableInputs; ++i) s += ", AtenTensorHandle* in" + num(i);
+  for (int i = 0; i < n; ++i) s += ", AtenTensorHandle* ret" + num(i);
+  return s + ")";
 }
 
 std::string stable_schema(int n) {
@@ -904,6 +952,57 @@ PyMethodDef g_methods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
+
+// The C shims (above: shim_launch), their parameter lists spelled out by these macros.
+#define HTAM_M10(p) int64_t p##0, int64_t p##1, int64_t p##2, int64_t p##3, int64_t p##4, int64_t p##5, \
+                    int64_t p##6, int64_t p##7, int64_t p##8, int64_t p##9
+#define HTAM_V10(p) p##0, p##1, p##2, p##3, p##4, p##5, p##6, p##7, p##8, p##9
+#define HTAM_IN16                                                                                     \
+  AtenTensorHandle *in0, AtenTensorHandle *in1, AtenTensorHandle *in2, AtenTensorHandle *in3,         \
+      AtenTensorHandle *in4, AtenTensorHandle *in5, AtenTensorHandle *in6, AtenTensorHandle *in7,     \
+      AtenTensorHandle *in8, AtenTensorHandle *in9, AtenTensorHandle *in10, AtenTensorHandle *in11,   \
+      AtenTensorHandle *in12, AtenTensorHandle *in13, AtenTensorHandle *in14, AtenTensorHandle *in15
+#define HTAM_INS {in0, in1, in2, in3, in4, in5, in6, in7, in8, in9, in10, in11, in12, in13, in14, in15}
+static_assert(kStableMetaSlots == 10 && kStableInputs == 16 && kStableOutputs == 4,
+              "the shims' parameter lists spell out 10 slots per output, 16 inputs and 4 outputs");
+
+extern "C" {
+__attribute__((visibility("default"))) AOTITorchError aoti_torch_cuda_launch_o1(int64_t handle, HTAM_M10(a),
+                                                                                HTAM_IN16, AtenTensorHandle* ret0) {
+  const int64_t slots[] = {HTAM_V10(a)};
+  AtenTensorHandle* const ins[] = HTAM_INS;
+  AtenTensorHandle* const rets[] = {ret0};
+  return shim_launch<1>(handle, slots, ins, rets);
+}
+
+__attribute__((visibility("default"))) AOTITorchError aoti_torch_cuda_launch_o2(int64_t handle, HTAM_M10(a),
+                                                                                HTAM_M10(b), HTAM_IN16,
+                                                                                AtenTensorHandle* ret0,
+                                                                                AtenTensorHandle* ret1) {
+  const int64_t slots[] = {HTAM_V10(a), HTAM_V10(b)};
+  AtenTensorHandle* const ins[] = HTAM_INS;
+  AtenTensorHandle* const rets[] = {ret0, ret1};
+  return shim_launch<2>(handle, slots, ins, rets);
+}
+
+__attribute__((visibility("default"))) AOTITorchError aoti_torch_cuda_launch_o3(
+    int64_t handle, HTAM_M10(a), HTAM_M10(b), HTAM_M10(c), HTAM_IN16, AtenTensorHandle* ret0,
+    AtenTensorHandle* ret1, AtenTensorHandle* ret2) {
+  const int64_t slots[] = {HTAM_V10(a), HTAM_V10(b), HTAM_V10(c)};
+  AtenTensorHandle* const ins[] = HTAM_INS;
+  AtenTensorHandle* const rets[] = {ret0, ret1, ret2};
+  return shim_launch<3>(handle, slots, ins, rets);
+}
+
+__attribute__((visibility("default"))) AOTITorchError aoti_torch_cuda_launch_o4(
+    int64_t handle, HTAM_M10(a), HTAM_M10(b), HTAM_M10(c), HTAM_M10(d), HTAM_IN16, AtenTensorHandle* ret0,
+    AtenTensorHandle* ret1, AtenTensorHandle* ret2, AtenTensorHandle* ret3) {
+  const int64_t slots[] = {HTAM_V10(a), HTAM_V10(b), HTAM_V10(c), HTAM_V10(d)};
+  AtenTensorHandle* const ins[] = HTAM_INS;
+  AtenTensorHandle* const rets[] = {ret0, ret1, ret2, ret3};
+  return shim_launch<4>(handle, slots, ins, rets);
+}
+}  // extern "C"
 
 // NOTE: TORCH_EXTENSION_NAME is set by cpp_extension (htam_launcher, or htam_launcher_v<N> after a
 // source change), and the module init function must carry that exact name.
@@ -977,6 +1076,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     pybind11::gil_scoped_release no_gil;
     return GraphWorker::get().idle(seconds);
   }, "graphs_idle(seconds) -> bool: wait until the graph thread has no graph queued or in the making (tests)");
+  m.def("shim_declarations", [] {
+    std::vector<std::string> out;
+    for (int n = 1; n <= kStableOutputs; ++n) out.push_back(shim_declaration(n));
+    return out;
+  }, "shim_declarations() -> [C declaration of aoti_torch_cuda_launch_o<n>, n = 1..4]");
   m.attr("STABLE_INPUTS") = kStableInputs;
   m.attr("STABLE_OUTPUTS") = kStableOutputs;
   m.attr("STABLE_META_SLOTS") = kStableMetaSlots;
