@@ -1,0 +1,242 @@
+// ---- torch_htam expert: an implicit-GEMM conv over channels-last tensors, its epilogue fused (after pwconv.cuh) ----
+// One kernel launch per conv site: no batch-norm fold kernel, no cudnnBackendExecute on the host
+// path. A conv site of ours on cuDNN costs the host a fold launch plus cuDNN's execute, and at a
+// served batch that the host decides (vision bf16, batch 16, H200) that made each site 16-27 us
+// slower than aten's conv plus one Triton kernel (bench/findings.md, #36).
+//
+//   Y[n, p, q, k] = Epi(sum over r, s, c of X[n, h, w, c] * W[k, r, s, c]),
+//   h = p * sh - ph + r * dh,  w = q * sw - pw + s * dw   (X zero outside [0, H) x [0, W))
+//
+// as one GEMM: rows m = (n, p, q), the output pixels in NHWC order (a row of Y is its K channels,
+// contiguous), columns k, the output channels, and the reduction over (r, s, c) in steps of BK = 32
+// channels of one tap (the host checks C % 32 == 0). X is [N, H, W, C] and W [K, R, S, C] in memory:
+// torch's channels-last [N, C, H, W] input and [K, C, R, S] weight.
+//
+// A block of 128 threads (2 x 2 warps) computes a BM x BN tile with mma.sync m16n8k16 (bf16 /
+// fp16 in, fp32 accumulators) through a STAGES-deep cp.async pipeline. The A tile gathers, per
+// output pixel, the 32 channels of the current tap (16-byte copies, zero-filled in the padding);
+// the B tile is 32 channels of BN filters. Shared rows are LDS = 40 elements (80 bytes): the eight
+// rows one ldmatrix reads fall in eight distinct 16-byte slots of the 128-byte bank window.
+//
+// The epilogue runs on the accumulators in registers. Epi (a template parameter) turns the conv
+// values of channels k and k + 1 at row m into the outputs (BnEpi: the conv rounded to T as torch
+// stores it, its bias, batch norm from the raw statistics, a residual, ReLU). Each thread stores
+// pairs of channels.
+namespace ig {
+constexpr int THREADS = 128, BK = 32, LDS = BK + 8;
+
+// The conv's sizes (all in elements). M = N * P * Q rows; the host checks that it and every
+// tensor's element count fit in int32 / int64 as used below.
+struct Geom {
+  int N, H, W, C, K, R, S, P, Q, sh, sw, ph, pw, dh, dw, M;
+};
+
+// The bytes of one pipeline stage's tiles, and of the whole pipeline (dynamic shared memory).
+template <int BM, int BN> constexpr int stage_elems() { return (BM + BN) * LDS; }
+template <class T, int BM, int BN, int STAGES> constexpr int smem_bytes() {
+  return STAGES * stage_elems<BM, BN>() * (int)sizeof(typename T::raw);
+}
+
+// A row of the A tile this thread copies: its output pixel's image and top-left input position.
+struct Row {
+  int n, h0, w0;
+  bool ok;   // m < M
+};
+
+template <int BM>
+__device__ __forceinline__ void rows_of(const Geom& g, int m0, Row (&rows)[BM / 32]) {
+#pragma unroll
+  for (int i = 0; i < BM / 32; ++i) {
+    const int m = m0 + (int)threadIdx.x / 4 + i * 32;
+    Row r{0, 0, 0, m < g.M};
+    if (r.ok) {
+      const int pq = g.P * g.Q, n = m / pq, rem = m - n * pq, p = rem / g.Q, q = rem - p * g.Q;
+      r.n = n;
+      r.h0 = p * g.sh - g.ph;
+      r.w0 = q * g.sw - g.pw;
+    }
+    rows[i] = r;
+  }
+}
+
+// Stage kb of the reduction (tap kb * BK / C, channels from c0) into sA [BM][LDS] and sB [BN][LDS]:
+// each thread copies 16-byte chunk (threadIdx % 4) of rows threadIdx / 4 + 32 i.
+template <class T, int BM, int BN>
+__device__ __forceinline__ void load_stage(typename T::raw* sA, typename T::raw* sB,
+                                           const typename T::raw* __restrict__ X,
+                                           const typename T::raw* __restrict__ Wt, const Geom& g,
+                                           const Row (&rows)[BM / 32], int n0, int kb) {
+  const int chunk = threadIdx.x % 4, row = threadIdx.x / 4;
+  const int tap = kb * BK / g.C, c0 = kb * BK - tap * g.C, r = tap / g.S, s = tap - r * g.S;
+#pragma unroll
+  for (int i = 0; i < BM / 32; ++i) {
+    const Row& a = rows[i];
+    const int h = a.h0 + r * g.dh, w = a.w0 + s * g.dw;
+    const bool ok = a.ok && h >= 0 && h < g.H && w >= 0 && w < g.W;
+    const typename T::raw* src = ok ? X + (((int64_t)a.n * g.H + h) * g.W + w) * g.C + c0 + chunk * 8 : X;
+    pw::cp16(sA + (row + i * 32) * LDS + chunk * 8, src, ok);
+  }
+#pragma unroll
+  for (int i = 0; i < BN / 32; ++i) {
+    const int k = n0 + row + i * 32;
+    const bool ok = k < g.K;
+    const typename T::raw* src = ok ? Wt + ((int64_t)k * g.R * g.S + tap) * g.C + c0 + chunk * 8 : Wt;
+    pw::cp16(sB + (row + i * 32) * LDS + chunk * 8, src, ok);
+  }
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(pw::smem_addr(p)));
+}
+
+// acc += this stage's A tile x B tile for the warp's (BM / 2) x (BN / 2) part: MT = BM / 32 row
+// tiles of 16, NT = BN / 16 column tiles of 8, two k16 steps. Fragments as mma.m16n8k16's .row /
+// .col operands want them: A by ldmatrix.x4 at rows lane % 16, columns (lane / 16) * 8; B (stored
+// [n][k]) two column tiles per ldmatrix.x4, rows (lane & 7) + (lane / 16) * 8, columns bit 3 of lane.
+template <class T, int BM, int BN>
+__device__ __forceinline__ void mma_stage(const typename T::raw* sA, const typename T::raw* sB,
+                                          float (&acc)[BM / 32][BN / 16][4]) {
+  constexpr int MT = BM / 32, NT = BN / 16;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
+#pragma unroll
+  for (int kk = 0; kk < BK; kk += 16) {
+    unsigned a[MT][4], b[NT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      ldmatrix_x4(a[mt], sA + (wm * (BM / 2) + mt * 16 + lane % 16) * LDS + kk + (lane / 16) * 8);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt += 2) {
+      unsigned r[4];
+      ldmatrix_x4(r, sB + (wn * (BN / 2) + nt * 8 + (lane & 7) + (lane >> 4) * 8) * LDS + kk + ((lane >> 3) & 1) * 8);
+      b[nt][0] = r[0];
+      b[nt][1] = r[1];
+      b[nt + 1][0] = r[2];
+      b[nt + 1][1] = r[3];
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) pw::Mma<T>::run(acc[mt][nt], a[mt], b[nt]);
+  }
+}
+
+// One tile: rows m0 .. m0 + BM, channels n0 .. n0 + BN.
+template <class T, int BM, int BN, int STAGES, class Epi>
+__global__ void __launch_bounds__(THREADS)
+conv_kernel(const typename T::raw* __restrict__ X, const typename T::raw* __restrict__ Wt,
+            typename T::raw* __restrict__ Y, const Geom g, const Epi epi) {
+  static_assert(BM % 32 == 0 && BN % 32 == 0 && BM <= 128 && BN <= 128, "tiles of 32-128 rows / columns");
+  extern __shared__ __align__(128) unsigned char smem[];
+  typedef typename T::raw raw;
+  raw* s = reinterpret_cast<raw*>(smem);
+  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN, kbs = g.R * g.S * (g.C / BK);
+  Row rows[BM / 32];
+  rows_of<BM>(g, m0, rows);
+  float acc[BM / 32][BN / 16][4] = {};
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (st < kbs) load_stage<T, BM, BN>(s + st * stage_elems<BM, BN>(), s + st * stage_elems<BM, BN>() + BM * LDS, X,
+                                        Wt, g, rows, n0, st);
+    pw::cp_commit();   // one group per stage, empty ones included: the wait below counts groups
+  }
+  for (int kb = 0; kb < kbs; ++kb) {
+    pw::cp_wait<STAGES - 2>();
+    __syncthreads();   // stage kb landed for every thread; stage kb - 1 is free for the next load
+    const int next = kb + STAGES - 1;
+    if (next < kbs) {
+      raw* t = s + (next % STAGES) * stage_elems<BM, BN>();
+      load_stage<T, BM, BN>(t, t + BM * LDS, X, Wt, g, rows, n0, next);
+    }
+    pw::cp_commit();
+    const raw* t = s + (kb % STAGES) * stage_elems<BM, BN>();
+    mma_stage<T, BM, BN>(t, t + BM * LDS, acc);
+  }
+  pw::cp_wait<0>();
+  // Epilogue: acc[mt][nt] holds rows (lane / 4, + 8) and channels (lane % 4) * 2, + 1 of its 16 x 8 tile.
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
+#pragma unroll
+  for (int nt = 0; nt < BN / 16; ++nt) {
+    const int k = n0 + wn * (BN / 2) + nt * 8 + (lane % 4) * 2;
+    if (k >= g.K) continue;
+    const bool pair = k + 1 < g.K;
+    typename Epi::Channels ch = epi.channels(k, pair);
+#pragma unroll
+    for (int mt = 0; mt < BM / 32; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int m = m0 + wm * (BM / 2) + mt * 16 + lane / 4 + half * 8;
+        if (m >= g.M) continue;
+        float v[2] = {acc[mt][nt][half * 2], acc[mt][nt][half * 2 + 1]};
+        const int64_t at = (int64_t)m * g.K + k;
+        epi.apply(ch, v, at, pair);
+        if (pair && (g.K % 2 == 0)) {
+          *reinterpret_cast<unsigned*>(Y + at) = T::to_word(v);
+        } else {
+          Y[at] = T::from_f(v[0]);
+          if (pair) Y[at + 1] = T::from_f(v[1]);
+        }
+      }
+  }
+}
+
+// The epilogue of a conv2d -> [conv bias] -> [batch norm (inference)] -> [+ residual] -> [ReLU]
+// site: V is the per-channel vectors' type, a null vector is absent (gamma 1, beta 0, mean 0,
+// var 1 - eps, bias 0). Batch norm as (y - mean) * (gamma * rsqrt(var + eps)) + beta, from the raw
+// statistics in every call (no fold kernel, no cached fold: a parameter written through p.data is
+// read as it is now). The residual is like Y (channels-last [N, P, Q, K] in memory).
+template <class T, class V, bool RELU>
+struct BnEpi {
+  const typename V::raw *gamma, *beta, *mean, *var, *bias;
+  const typename T::raw* res;
+  float eps;
+
+  struct Channels {   // per channel j of the pair: y = (round(acc) + bias - mean) * scale + beta
+    float center[2], scale[2], beta[2];
+  };
+
+  __device__ __forceinline__ float at(const typename V::raw* v, int k, float absent) const {
+    return v != nullptr ? V::to_f(v[k]) : absent;
+  }
+
+  __device__ __forceinline__ Channels channels(int k, bool pair) const {
+    Channels c;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int kj = j == 0 || pair ? k + j : k;
+      const bool bn = var != nullptr;
+      c.center[j] = at(mean, kj, 0.f) - at(bias, kj, 0.f);
+      c.scale[j] = bn ? at(gamma, kj, 1.f) * rsqrtf(V::to_f(var[kj]) + eps) : 1.f;
+      c.beta[j] = at(beta, kj, 0.f);
+    }
+    return c;
+  }
+
+  __device__ __forceinline__ void apply(const Channels& c, float (&v)[2], int64_t at_, bool pair) const {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (j == 1 && !pair) break;
+      float y = (T::round(v[j]) - c.center[j]) * c.scale[j] + c.beta[j];
+      if (res != nullptr) y += T::to_f(res[at_ + j]);
+      v[j] = RELU ? fmaxf(y, 0.f) : y;
+    }
+  }
+};
+
+// The launch, after the checks a caller cannot skip: HTAM_ERR_SHAPE where the kernel does not
+// apply (C not a multiple of 32, a pointer not 16-byte aligned, sizes beyond int32 rows).
+template <class T, int BM, int BN, int STAGES, class Epi>
+int launch(const typename T::raw* X, const typename T::raw* Wt, typename T::raw* Y, const Geom& g, const Epi& epi,
+           cudaStream_t stream) {
+  constexpr int smem = smem_bytes<T, BM, BN, STAGES>();
+  static_assert(smem <= 48 * 1024, "a pipeline beyond 48 KB needs cudaFuncSetAttribute");
+  if (g.C % BK != 0 || ((uintptr_t)X | (uintptr_t)Wt) % 16 != 0) return HTAM_ERR_SHAPE;
+  if ((int64_t)g.N * g.P * g.Q != (int64_t)g.M || (int64_t)g.M + BM > INT32_MAX) return HTAM_ERR_SHAPE;
+  if (g.M == 0 || g.K == 0) return HTAM_OK;
+  const dim3 grid((unsigned)((g.M + BM - 1) / BM), (unsigned)((g.K + BN - 1) / BN));
+  if (grid.y > 65535) return HTAM_ERR_SHAPE;
+  conv_kernel<T, BM, BN, STAGES, Epi><<<grid, THREADS, smem, stream>>>(X, Wt, Y, g, epi);
+  return (int)cudaGetLastError();
+}
+}  // namespace ig
