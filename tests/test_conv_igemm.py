@@ -1,7 +1,7 @@
 """The implicit-GEMM conv (proposers/expert/conv_igemm.cuh): one launch of conv2d + batch norm from
 its raw statistics + residual + ReLU over channels-last bf16 / fp16, against torch.
 
-A small htam_run (HARNESS) binds a conv site's tensors to ig::launch: x [N, C, H, W] and w [K, C, R,
+A small htam_run (HARNESS) binds a conv site's tensors to ig::run_site: x [N, C, H, W] and w [K, C, R,
 S] channels-last, gamma, beta, mean, var [K], an optional residual like y; stride, padding,
 dilation, the tile and ReLU as IG_ defines. Built for sm_90a on any machine (`build`); run on a GPU
 against torch's conv, batch norm, add and ReLU on the same inputs (`gpu`)."""
@@ -17,33 +17,20 @@ HARNESS = r"""
 // (IG_VT), [residual like y]; out: y [N, K, P, Q] channels-last
 HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {
   if (n_in != 6 + IG_HAS_RES || n_out != 1) return HTAM_ERR_SHAPE;
-  const HtamTensor &x = in[0], &w = in[1], &y = out[0];
-  ig::Geom g;
-  g.N = (int)x.sizes[0]; g.C = (int)x.sizes[1]; g.H = (int)x.sizes[2]; g.W = (int)x.sizes[3];
-  g.K = (int)w.sizes[0]; g.R = (int)w.sizes[2]; g.S = (int)w.sizes[3];
-  g.P = (int)y.sizes[2]; g.Q = (int)y.sizes[3];
-  g.sh = IG_SH; g.sw = IG_SW; g.ph = IG_PH; g.pw = IG_PW; g.dh = IG_DH; g.dw = IG_DW;
-  g.M = g.N * g.P * g.Q;
-  // channels-last: the channel stride 1, then W, H, N
-  const HtamTensor* cl[] = {&x, &w, &y, IG_HAS_RES ? &in[6] : &y};
-  for (const HtamTensor* t : cl)
-    if (t->strides[1] != 1 || t->strides[3] != t->sizes[1] || t->strides[2] != t->sizes[1] * t->sizes[3])
-      return HTAM_ERR_SHAPE;
-  typedef typename IG_DTYPE::raw raw;
-  typedef typename IG_VT::raw vraw;
-  ig::BnEpi<IG_DTYPE, IG_VT, IG_RELU> epi{(const vraw*)in[2].data, (const vraw*)in[3].data, (const vraw*)in[4].data,
-                                 (const vraw*)in[5].data, nullptr,
-                                 IG_HAS_RES ? (const raw*)in[6].data : nullptr, IG_EPS};
-  return ig::launch<IG_DTYPE, IG_BM, IG_BN, IG_STAGES>((const raw*)x.data, (const raw*)w.data, (raw*)y.data, g, epi, stream);
+  const HtamTensor* const vecs[5] = {&in[2], &in[3], &in[4], &in[5], nullptr};
+  return ig::run_site<IG_DTYPE, IG_VT, IG_BM, IG_BN, IG_STAGES, IG_RELU>(
+      in[0], in[1], out[0], vecs, IG_HAS_RES ? &in[6] : nullptr, IG_DTC, IG_VTC,
+      ig::Site{IG_SH, IG_SW, IG_PH, IG_PW, IG_DH, IG_DW, IG_EPS}, stream);
 }
 """
 
 TRAIT = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+CODE = {torch.bfloat16: "HTAM_BFLOAT16", torch.float16: "HTAM_FLOAT16", torch.float32: "HTAM_FLOAT32"}
 
 
 def source(dtype, vdtype, stride, pad, dil, relu, res, tile=(128, 64, 3), eps=1e-5) -> str:
     bm, bn, stages = tile
-    defines = dict(DTYPE=TRAIT[dtype], VT=TRAIT[vdtype], SH=stride, SW=stride, PH=pad, PW=pad, DH=dil, DW=dil,
+    defines = dict(DTYPE=TRAIT[dtype], VT=TRAIT[vdtype], DTC=CODE[dtype], VTC=CODE[vdtype], SH=stride, SW=stride, PH=pad, PW=pad, DH=dil, DW=dil,
                    RELU="true" if relu else "false", HAS_RES=int(res), BM=bm, BN=bn, STAGES=stages, EPS=f"{eps}f")
     head = "".join(f"#define IG_{k} {v}\n" for k, v in defines.items())
     return head + PRELUDE + cuh("pwconv.cuh") + cuh("conv_igemm.cuh") + HARNESS
@@ -125,3 +112,115 @@ def test_the_conv_declines_channels_not_a_multiple_of_32(tmp_path):
     y = torch.full((2, 64, 8, 8), 7.0, **cl).contiguous(memory_format=torch.channels_last)
     assert Kernel(res_.so_path)([x, w, *stats], [y]) == 1000
     assert bool((y == 7.0).all())
+
+
+# ---- the kernel as the expert proposes it for a channels-last conv region (conv_igemm.py) --------
+
+def _region(dtype=torch.bfloat16, c=32, k=64, r=3, res=False, bias=False, w_cl=True, stride=1, act="relu",
+            device="cpu", n=2):
+    """(block, inputs, task, kept input indices, match) of a conv2d [+ BN] [+ residual] [ReLU] region
+    laid out as a channels-last model holds it (tests/test_conv_channels_last.py's helpers)."""
+    from test_conv_channels_last import _task, block_inputs
+    from test_conv_kinds import KindBlock
+    from torch_htam.policy import policy_for
+    from torch_htam.proposers.expert import conv
+    block = KindBlock(bn=True, act=act, stride=stride, padding=r // 2)
+    inputs = block_inputs(block, n=n, c=c, k=k, size=9, r=r, bias=bias, res=res, w_cl=w_cl, dtype=dtype,
+                          device=device)
+    task, keep = _task(block, inputs)
+    return block, inputs, task, keep, conv.match(task.graph, policy_for(task))
+
+
+def test_the_implicit_gemm_conv_is_offered_last_where_it_applies():
+    """A bf16 channels-last conv with 32 input channels and a KRSC (or 1x1) weight: igemm settings
+    close its grid, one per tile, canonical (cuDNN's knobs at their defaults), tagged with the
+    strategies they embody; the defaults and the cuDNN settings are as before."""
+    from torch_htam.proposers.expert import conv, conv_igemm
+    *_, cp = _region()
+    assert cp.channels_last and cp.w_krsc and conv_igemm.reason(cp) is None
+    base = conv.defaults(cp)
+    assert "igemm" not in base
+    grid = conv.grid(cp, base)
+    own = [p for p in grid if p.get("igemm")]
+    assert grid[-len(own):] == own
+    assert [(p["ig_bm"], p["ig_bn"], p["ig_stages"]) for p in own] == list(conv_igemm.IG_TILES)
+    moved = conv.canonical(cp, dict(own[0], algo=3, fused=not base["fused"], vec32=False))
+    assert moved == conv.canonical(cp, own[0]) and moved["algo"] == base["algo"]
+    assert {"smem_tiling", "bf16_tensor_cores", "fold_batchnorm"} <= set(conv.tags(cp, own[0]))
+    sources = {conv.render(cp, p) for p in own}
+    assert len(sources) == len(own) and all("implicit-GEMM" in s.splitlines()[0] for s in sources)
+    # without igemm, a setting's tile knobs are dropped: the cuDNN setting it is
+    assert conv.canonical(cp, dict(base, ig_bm=64)) == conv.canonical(cp, base)
+
+
+@pytest.mark.parametrize("kw, why", [
+    (dict(dtype=torch.float32), "bf16 / fp16"),
+    (dict(c=16), "multiple of 32"),
+    (dict(w_cl=False), "channels-last (or 1x1)"),
+])
+def test_the_implicit_gemm_conv_says_why_it_does_not_apply(kw, why):
+    from torch_htam.proposers.expert import conv, conv_igemm
+    *_, cp = _region(**kw)
+    assert why in conv_igemm.reason(cp)
+    assert not any(p.get("igemm") for p in conv.grid(cp, conv.defaults(cp)))
+    # asked for anyway, the region renders on cuDNN's path
+    assert "implicit-GEMM" not in conv.render(cp, dict(conv.defaults(cp), igemm=True)).splitlines()[0]
+
+
+def test_a_1x1_weight_reads_as_krsc_in_either_layout():
+    from torch_htam.proposers.expert import conv_igemm
+    *_, cp = _region(r=1, w_cl=False, res=True)
+    assert cp.w_krsc and conv_igemm.reason(cp) is None
+
+
+IG_REGIONS = {   # name: _region's arguments
+    "3x3_bn_relu": dict(),
+    "3x3_s2_bn_bias": dict(stride=2, bias=True, act=None, k=40),
+    "1x1_bn_add_relu": dict(r=1, w_cl=False, res=True, c=64, k=96),
+}
+
+
+@pytest.mark.build
+@pytest.mark.skipif(paths.nvcc_path() is None, reason="nvcc not installed")
+def test_the_proposed_sources_build():
+    from compile_check import assert_compiles
+    from torch_htam.proposers.expert import conv, conv_igemm
+    todo = []
+    for name, kw in IG_REGIONS.items():
+        for dt in (torch.bfloat16, torch.float16):
+            *_, cp = _region(dtype=dt, **kw)
+            bm, bn, st = conv_igemm.IG_TILES[len(todo) % len(conv_igemm.IG_TILES)]
+            todo.append((f"{name}/{dt}", conv.render(cp, dict(conv.defaults(cp), igemm=True, ig_bm=bm, ig_bn=bn,
+                                                                 ig_stages=st))))
+    assert_compiles(todo)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", IG_REGIONS)
+def test_the_proposed_kernel_matches_torch_at_other_batches(name, dtype):
+    """Each tile's kernel against eager torch at the captured batch and two others (no plan per
+    size: the geometry comes from the tensors), judged as verification judges."""
+    from torch_htam.launcher import Kernel
+    from torch_htam.policy import policy_for
+    from torch_htam.proposers.expert import conv, conv_igemm
+    from torch_htam.verify import within_torch_error
+    block, _, task, keep, cp = _region(dtype=dtype, device="cuda", **IG_REGIONS[name])
+    policy = policy_for(task)
+    params = [dict(conv.defaults(cp), igemm=True, ig_bm=bm, ig_bn=bn, ig_stages=st)
+              for bm, bn, st in conv_igemm.IG_TILES]
+    results = build.build_many([conv.render(cp, p) for p in params])
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    for n in (2, 1, 7):
+        torch.manual_seed(n)
+        _, xs, *_ = _region(dtype=dtype, device="cuda", n=n, **IG_REGIONS[name])
+        with torch.no_grad():
+            ref = block(*xs)
+            ref64 = block(*[x.double() if x is not None else None for x in xs])
+        for p, res_ in zip(params, results):
+            out = torch.full_like(ref, float("nan")).to(memory_format=torch.channels_last)
+            assert Kernel(res_.so_path)([xs[i] for i in keep], [out]) == 0, (p, n)
+            torch.cuda.synchronize()
+            assert torch.isfinite(out).all(), (p, n)
+            assert (torch.allclose(out.float(), ref.float(), atol=policy.atol, rtol=policy.rtol)
+                    or within_torch_error(out.float(), ref.float(), ref64, policy.atol, policy.rtol)[0]), (p, n)

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_htam.proposers.expert import conv_geom, elementwise, host, pwconv
+from torch_htam.proposers.expert import conv_geom, conv_igemm, elementwise, host, pwconv
 from torch_htam.proposers.expert.conv_match import BatchNorm, ConvMatch, Fold, g_only
 from torch_htam.proposers.expert.cudnn_conv import CUDNN_TYPES, graph_entry, legacy_entry, legacy_run
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float, cuh
@@ -88,6 +88,7 @@ RELUS = (aten.relu.default, aten.relu_.default)
 # the tiled pointwise kernel's own params (pwconv.py), and those only cuDNN's paths read
 TILE_KEYS = {"bm", "bn", "stages", "ju", "split", "minb", "pre", "persist"}
 CUDNN_KEYS = {"fused", "graph", "algo", "tf32", "nhwc"}
+IGEMM_KEYS = {"igemm", "ig_bm", "ig_bn", "ig_stages"}     # conv_igemm.py's (channels-last conv2d)
 # strategy ids whose presence tags() decides from the params
 TAG_IDS = ("fold_batchnorm", "fuse_elementwise_chain", "gemm_plus_epilogue_kernel", "tf32_tensor_cores",
            "bf16_tensor_cores", "smem_tiling", "coalesced_layout_access")
@@ -216,7 +217,8 @@ def match(gm, policy) -> ConvMatch:
     fits = fits and legacy_reason(kind) is None      # cuDNN's fused call is on the legacy API
     cp = ConvMatch(ph.index(x), ph.index(w), ph.index(b) if b is not None else None, stride, padding,
                   dilation, groups, dt, bn, prog, g, residual, relu, fits, bool(policy and policy.allow_tf32),
-                  kind=kind, channels_last=cl, in_channels=shape_of(x)[1])
+                  kind=kind, channels_last=cl, in_channels=shape_of(x)[1],
+                  w_krsc=kind.plain2d and (channels_last(w) or tuple(shape_of(w)[2:]) == (1, 1)))
     cp.facts = TaskFacts("conv", yshape[1], 16 // DT[dt][2], has_transcendental=prog.has_transcendental,
                        low_precision=dt != "float32", allow_tf32=cp.allow_tf32, fp32=dt == "float32",
                        has_batchnorm=bn is not None, epilogue_fits_cudnn=fits and not cl,
@@ -614,7 +616,10 @@ def render_cl(cp: ConvMatch, params: dict) -> str:
     params: algo (the algo-th usable engine of the heuristic's ranking), tf32 (fp32, where the
     policy allows TF32), vec32 (the vectors in fp32, else in the data type), fused (False: a
     conv-only graph, then epi_cl_kernel in place, as Inductor splits it: cuDNN's precompiled conv
-    engines, where its runtime-fusion ones are slow, e.g. a stem's 3 channels)."""
+    engines, where its runtime-fusion ones are slow, e.g. a stem's 3 channels); igemm (with
+    ig_bm, ig_bn, ig_stages): no cuDNN, our implicit-GEMM kernel in one launch (conv_igemm.py)."""
+    if igemm(cp, params):
+        return conv_igemm.render(cp, params)
     _, strict = _math(cp, params)
     dt, dtc, esz = DT[cp.dtype]
     vec32 = bool(params.get("vec32", True)) or cp.dtype == "float32"
@@ -692,10 +697,19 @@ def canonical(cp: ConvMatch, params: dict) -> dict:
     keys = CUDNN_KEYS if tiled(cp, params) else TILE_KEYS
     if cp.channels_last:    # render_cl reads algo, tf32, vec32 and fused (where there is an epilogue) alone
         keys = (CUDNN_KEYS | TILE_KEYS | {"tiled"}) - {"algo", "tf32"} - ({"fused"} if _cl_ops(cp) else set())
+        if igemm(cp, params):   # conv_igemm.py reads its tile alone
+            keys = CUDNN_KEYS | TILE_KEYS | {"tiled", "vec32"}
+        elif any(k in params for k in IGEMM_KEYS):   # cuDNN's path, whatever the tile says
+            params = {k: v for k, v in params.items() if k not in IGEMM_KEYS}
     out = dict(params, **{k: d[k] for k in keys if k in params})
     if not cp.channels_last and out.get("fused") and not cp.fusable:   # _path runs it unfused: the same kernel
         out["fused"] = False
     return out
+
+def igemm(cp: ConvMatch, params: dict) -> bool:
+    """Whether params select the implicit-GEMM kernel and this conv allows it (conv_igemm.reason)."""
+    return bool(params.get("igemm")) and conv_igemm.reason(cp) is None
+
 
 def tiled(cp: ConvMatch, params: dict) -> bool:
     """Whether params select the tiled pointwise kernel and this conv and policy allow it."""
@@ -703,6 +717,9 @@ def tiled(cp: ConvMatch, params: dict) -> bool:
 
 def tags(cp: ConvMatch, params: dict) -> list[str]:
     """Strategy ids the setting embodies (they follow the path actually taken)."""
+    if cp.channels_last and igemm(cp, params):
+        return ["fold_batchnorm"] * (cp.bn is not None) + ["fuse_elementwise_chain", "coalesced_layout_access",
+                                                            "smem_tiling", "bf16_tensor_cores"]
     if cp.channels_last:
         tags = ["fold_batchnorm"] * (cp.bn is not None) + ["fuse_elementwise_chain", "coalesced_layout_access"]
         if _math(cp, params)[0] == "CUDNN_DEFAULT_MATH":
@@ -752,7 +769,10 @@ def grid(cp: ConvMatch, base: dict) -> list[dict]:
             fused = [dict(base, fused=True, tf32=t, algo=a) for t in tf32 for a in range(6)]
         else:
             fused = [dict(base, fused=True, vec32=v, algo=a) for v in (True, False) for a in range(5)]
-        return fused + split if base["fused"] or not split else split + fused
+        # our implicit-GEMM kernel, one launch a call (conv_igemm.py), last: not yet measured on a GPU
+        own = [dict(base, igemm=True, ig_bm=bm, ig_bn=bn, ig_stages=st) for bm, bn, st in conv_igemm.IG_TILES
+               if conv_igemm.reason(cp) is None]
+        return (fused + split if base["fused"] or not split else split + fused) + own
     out = [dict(lib, fused=v, algo=algo) for v in (base["fused"], not base["fused"]) for algo in range(8)]
     # the unfused path through cuDNN's graph API, then the legacy one
     out += [dict(lib, fused=False, graph=graph, algo=algo) for graph in (True, False) for algo in range(6)]

@@ -239,4 +239,49 @@ int launch(const typename T::raw* X, const typename T::raw* Wt, typename T::raw*
   conv_kernel<T, BM, BN, STAGES, Epi><<<grid, THREADS, smem, stream>>>(X, Wt, Y, g, epi);
   return (int)cudaGetLastError();
 }
+// A conv site's call from htam_run's tensors: x (X), w (Wt), y (Y) and the epilogue's [K] vectors
+// (vecs: gamma, beta, mean, var, bias; null where the region has none) and residual (res: like y, or
+// null), checked as the kernel reads them, else HTAM_ERR_SHAPE: x, y and the residual channels-last,
+// w K, R, S, C (channels-last, or 1x1 either way), in dtype code dt; the vectors contiguous, in vt.
+struct Site {
+  int sh, sw, ph, pw, dh, dw;   // stride, padding, dilation (H, W)
+  float eps;                    // batch norm's
+};
+
+inline bool vector_ok(const HtamTensor* v, int64_t K, int vt) {
+  return v == nullptr || (v->ndim == 1 && v->sizes[0] == K && v->strides[0] == 1 && v->dtype == vt && v->data != nullptr);
+}
+
+template <class T, class V, int BM, int BN, int STAGES, bool RELU>
+int run_site(const HtamTensor& X, const HtamTensor& Wt, const HtamTensor& Y, const HtamTensor* const (&vecs)[5],
+             const HtamTensor* res, int dt, int vt, const Site& site, cudaStream_t stream) {
+  if (X.dtype != dt || Wt.dtype != dt || Y.dtype != dt) return HTAM_ERR_SHAPE;
+  if (!htam_channels_last(X) || !htam_channels_last(Wt) || !htam_channels_last(Y)) return HTAM_ERR_SHAPE;
+  if (X.sizes[1] != Wt.sizes[1] || Y.sizes[0] != X.sizes[0] || Y.sizes[1] != Wt.sizes[0]) return HTAM_ERR_SHAPE;
+  const HtamTensor* const ts[] = {&X, &Wt, &Y};
+  for (const HtamTensor* t : ts)
+    for (int i = 0; i < 4; ++i)
+      if (t->sizes[i] > INT32_MAX / 4) return HTAM_ERR_SHAPE;
+  Geom g;
+  g.N = (int)X.sizes[0]; g.C = (int)X.sizes[1]; g.H = (int)X.sizes[2]; g.W = (int)X.sizes[3];
+  g.K = (int)Wt.sizes[0]; g.R = (int)Wt.sizes[2]; g.S = (int)Wt.sizes[3];
+  g.sh = site.sh; g.sw = site.sw; g.ph = site.ph; g.pw = site.pw; g.dh = site.dh; g.dw = site.dw;
+  g.P = (g.H + 2 * g.ph - g.dh * (g.R - 1) - 1) / g.sh + 1;
+  g.Q = (g.W + 2 * g.pw - g.dw * (g.S - 1) - 1) / g.sw + 1;
+  if (Y.sizes[2] != g.P || Y.sizes[3] != g.Q || (int64_t)g.N * g.P * g.Q > INT32_MAX / 2) return HTAM_ERR_SHAPE;
+  g.M = g.N * g.P * g.Q;
+  for (const HtamTensor* v : vecs)
+    if (!vector_ok(v, g.K, vt)) return HTAM_ERR_SHAPE;
+  if (res != nullptr) {
+    if (res->dtype != dt || !htam_channels_last(*res) || res->data == nullptr) return HTAM_ERR_SHAPE;
+    for (int i = 0; i < 4; ++i)
+      if (res->sizes[i] != Y.sizes[i]) return HTAM_ERR_SHAPE;
+  }
+  typedef typename V::raw vraw;
+  typedef typename T::raw raw;
+  const auto ptr = [](const HtamTensor* v) { return v != nullptr ? (const vraw*)v->data : nullptr; };
+  const BnEpi<T, V, RELU> epi{ptr(vecs[0]), ptr(vecs[1]), ptr(vecs[2]), ptr(vecs[3]), ptr(vecs[4]),
+                              res != nullptr ? (const raw*)res->data : nullptr, site.eps};
+  return launch<T, BM, BN, STAGES>((const raw*)X.data, (const raw*)Wt.data, (raw*)Y.data, g, epi, stream);
+}
 }  // namespace ig
