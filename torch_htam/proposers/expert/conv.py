@@ -217,8 +217,7 @@ def match(gm, policy) -> ConvMatch:
     fits = fits and legacy_reason(kind) is None      # cuDNN's fused call is on the legacy API
     cp = ConvMatch(ph.index(x), ph.index(w), ph.index(b) if b is not None else None, stride, padding,
                   dilation, groups, dt, bn, prog, g, residual, relu, fits, bool(policy and policy.allow_tf32),
-                  kind=kind, channels_last=cl, in_channels=shape_of(x)[1],
-                  w_krsc=kind.plain2d and (channels_last(w) or tuple(shape_of(w)[2:]) == (1, 1)))
+                  kind=kind, channels_last=cl, in_channels=shape_of(x)[1])
     cp.facts = TaskFacts("conv", yshape[1], 16 // DT[dt][2], has_transcendental=prog.has_transcendental,
                        low_precision=dt != "float32", allow_tf32=cp.allow_tf32, fp32=dt == "float32",
                        has_batchnorm=bn is not None, epilogue_fits_cudnn=fits and not cl,

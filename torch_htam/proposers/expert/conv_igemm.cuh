@@ -9,8 +9,9 @@
 //
 // as one GEMM: rows m = (n, p, q), the output pixels in NHWC order (a row of Y is its K channels,
 // contiguous), columns k, the output channels, and the reduction over (r, s, c) in steps of BK = 32
-// channels of one tap (the host checks C % 32 == 0). X is [N, H, W, C] and W [K, R, S, C] in memory:
-// torch's channels-last [N, C, H, W] input and [K, C, R, S] weight.
+// channels of one tap (the host checks C % 32 == 0). X is [N, H, W, C] in memory (torch's
+// channels-last [N, C, H, W]); W is [K, R, S, C] (channels-last) or [K, C, R, S] (as a model
+// holds it unless converted), load_stage reads either.
 //
 // A block of 128 threads (2 x 2 warps) computes a BM x BN tile with mma.sync m16n8k16 (bf16 /
 // fp16 in, fp32 accumulators) through a STAGES-deep cp.async pipeline. The A tile gathers, per
@@ -60,8 +61,12 @@ __device__ __forceinline__ void rows_of(const Geom& g, int m0, Row (&rows)[BM / 
 }
 
 // Stage kb of the reduction (tap kb * BK / C, channels from c0) into sA [BM][LDS] and sB [BN][LDS]:
-// each thread copies 16-byte chunk (threadIdx % 4) of rows threadIdx / 4 + 32 i.
-template <class T, int BM, int BN>
+// each thread copies 16-byte chunk (threadIdx % 4) of rows threadIdx / 4 + 32 i. KRSC: w stored
+// K, R, S, C (channels-last, or 1x1), so a filter's 32 channels at a tap are 64 contiguous bytes;
+// otherwise w is K, C, R, S as a model holds it, those channels lie R * S elements apart, and
+// the tile is gathered element by element (loads from L2: every block reads the same filters),
+// so no second kernel (nor a cached copy, stale once a weight is written in place) makes a KRSC one.
+template <class T, int BM, int BN, bool KRSC>
 __device__ __forceinline__ void load_stage(typename T::raw* sA, typename T::raw* sB,
                                            const typename T::raw* __restrict__ X,
                                            const typename T::raw* __restrict__ Wt, const Geom& g,
@@ -76,12 +81,30 @@ __device__ __forceinline__ void load_stage(typename T::raw* sA, typename T::raw*
     const typename T::raw* src = ok ? X + (((int64_t)a.n * g.H + h) * g.W + w) * g.C + c0 + chunk * 8 : X;
     pw::cp16(sA + (row + i * 32) * LDS + chunk * 8, src, ok);
   }
+  if (KRSC) {
 #pragma unroll
-  for (int i = 0; i < BN / 32; ++i) {
-    const int k = n0 + row + i * 32;
-    const bool ok = k < g.K;
-    const typename T::raw* src = ok ? Wt + ((int64_t)k * g.R * g.S + tap) * g.C + c0 + chunk * 8 : Wt;
-    pw::cp16(sB + (row + i * 32) * LDS + chunk * 8, src, ok);
+    for (int i = 0; i < BN / 32; ++i) {
+      const int k = n0 + row + i * 32;
+      const bool ok = k < g.K;
+      const typename T::raw* src = ok ? Wt + ((int64_t)k * g.R * g.S + tap) * g.C + c0 + chunk * 8 : Wt;
+      pw::cp16(sB + (row + i * 32) * LDS + chunk * 8, src, ok);
+    }
+  } else {
+    // element e of this thread: filter (threadIdx + e * THREADS) / BK, channel lane (consecutive
+    // lanes, consecutive channels); all loads issued before the first store
+    constexpr int PER = BN * BK / THREADS;
+    typename T::raw v[PER];
+    const int64_t rs = (int64_t)g.R * g.S;
+#pragma unroll
+    for (int e = 0; e < PER; ++e) {
+      const int idx = threadIdx.x + e * THREADS, k = n0 + idx / BK;
+      v[e] = k < g.K ? __ldg(Wt + ((int64_t)k * g.C + c0 + idx % BK) * rs + tap) : (typename T::raw)0;
+    }
+#pragma unroll
+    for (int e = 0; e < PER; ++e) {
+      const int idx = threadIdx.x + e * THREADS;
+      sB[(idx / BK) * LDS + idx % BK] = v[e];
+    }
   }
 }
 
@@ -123,7 +146,7 @@ __device__ __forceinline__ void mma_stage(const typename T::raw* sA, const typen
 }
 
 // One tile: rows m0 .. m0 + BM, channels n0 .. n0 + BN.
-template <class T, int BM, int BN, int STAGES, class Epi>
+template <class T, int BM, int BN, int STAGES, bool KRSC, class Epi>
 __global__ void __launch_bounds__(THREADS)
 conv_kernel(const typename T::raw* __restrict__ X, const typename T::raw* __restrict__ Wt,
             typename T::raw* __restrict__ Y, const Geom g, const Epi epi) {
@@ -137,7 +160,7 @@ conv_kernel(const typename T::raw* __restrict__ X, const typename T::raw* __rest
   float acc[BM / 32][BN / 16][4] = {};
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
-    if (st < kbs) load_stage<T, BM, BN>(s + st * stage_elems<BM, BN>(), s + st * stage_elems<BM, BN>() + BM * LDS, X,
+    if (st < kbs) load_stage<T, BM, BN, KRSC>(s + st * stage_elems<BM, BN>(), s + st * stage_elems<BM, BN>() + BM * LDS, X,
                                         Wt, g, rows, n0, st);
     pw::cp_commit();   // one group per stage, empty ones included: the wait below counts groups
   }
@@ -147,7 +170,7 @@ conv_kernel(const typename T::raw* __restrict__ X, const typename T::raw* __rest
     const int next = kb + STAGES - 1;
     if (next < kbs) {
       raw* t = s + (next % STAGES) * stage_elems<BM, BN>();
-      load_stage<T, BM, BN>(t, t + BM * LDS, X, Wt, g, rows, n0, next);
+      load_stage<T, BM, BN, KRSC>(t, t + BM * LDS, X, Wt, g, rows, n0, next);
     }
     pw::cp_commit();
     const raw* t = s + (kb % STAGES) * stage_elems<BM, BN>();
@@ -225,8 +248,9 @@ struct BnEpi {
 };
 
 // The launch, after the checks a caller cannot skip: HTAM_ERR_SHAPE where the kernel does not
-// apply (C not a multiple of 32, a pointer not 16-byte aligned, sizes beyond int32 rows).
-template <class T, int BM, int BN, int STAGES, class Epi>
+// apply (C not a multiple of 32, a pointer not 16-byte aligned, sizes beyond int32 rows). KRSC: w's
+// layout (load_stage).
+template <class T, int BM, int BN, int STAGES, bool KRSC, class Epi>
 int launch(const typename T::raw* X, const typename T::raw* Wt, typename T::raw* Y, const Geom& g, const Epi& epi,
            cudaStream_t stream) {
   constexpr int smem = smem_bytes<T, BM, BN, STAGES>();
@@ -236,13 +260,14 @@ int launch(const typename T::raw* X, const typename T::raw* Wt, typename T::raw*
   if (g.M == 0 || g.K == 0) return HTAM_OK;
   const dim3 grid((unsigned)((g.M + BM - 1) / BM), (unsigned)((g.K + BN - 1) / BN));
   if (grid.y > 65535) return HTAM_ERR_SHAPE;
-  conv_kernel<T, BM, BN, STAGES, Epi><<<grid, THREADS, smem, stream>>>(X, Wt, Y, g, epi);
+  conv_kernel<T, BM, BN, STAGES, KRSC, Epi><<<grid, THREADS, smem, stream>>>(X, Wt, Y, g, epi);
   return (int)cudaGetLastError();
 }
 // A conv site's call from htam_run's tensors: x (X), w (Wt), y (Y) and the epilogue's [K] vectors
 // (vecs: gamma, beta, mean, var, bias; null where the region has none) and residual (res: like y, or
 // null), checked as the kernel reads them, else HTAM_ERR_SHAPE: x, y and the residual channels-last,
-// w K, R, S, C (channels-last, or 1x1 either way), in dtype code dt; the vectors contiguous, in vt.
+// w channels-last or contiguous (load_stage reads either), in dtype code dt; the vectors
+// contiguous, in vt.
 struct Site {
   int sh, sw, ph, pw, dh, dw;   // stride, padding, dilation (H, W)
   float eps;                    // batch norm's
@@ -256,7 +281,8 @@ template <class T, class V, int BM, int BN, int STAGES, bool RELU>
 int run_site(const HtamTensor& X, const HtamTensor& Wt, const HtamTensor& Y, const HtamTensor* const (&vecs)[5],
              const HtamTensor* res, int dt, int vt, const Site& site, cudaStream_t stream) {
   if (X.dtype != dt || Wt.dtype != dt || Y.dtype != dt) return HTAM_ERR_SHAPE;
-  if (!htam_channels_last(X) || !htam_channels_last(Wt) || !htam_channels_last(Y)) return HTAM_ERR_SHAPE;
+  const bool krsc = htam_channels_last(Wt);
+  if (!htam_channels_last(X) || !htam_channels_last(Y) || !(krsc || htam_contiguous(Wt))) return HTAM_ERR_SHAPE;
   if (X.sizes[1] != Wt.sizes[1] || Y.sizes[0] != X.sizes[0] || Y.sizes[1] != Wt.sizes[0]) return HTAM_ERR_SHAPE;
   const HtamTensor* const ts[] = {&X, &Wt, &Y};
   for (const HtamTensor* t : ts)
@@ -282,6 +308,7 @@ int run_site(const HtamTensor& X, const HtamTensor& Wt, const HtamTensor& Y, con
   const auto ptr = [](const HtamTensor* v) { return v != nullptr ? (const vraw*)v->data : nullptr; };
   const BnEpi<T, V, RELU> epi{ptr(vecs[0]), ptr(vecs[1]), ptr(vecs[2]), ptr(vecs[3]), ptr(vecs[4]),
                               res != nullptr ? (const raw*)res->data : nullptr, site.eps};
-  return launch<T, BM, BN, STAGES>((const raw*)X.data, (const raw*)Wt.data, (raw*)Y.data, g, epi, stream);
+  return krsc ? launch<T, BM, BN, STAGES, true>((const raw*)X.data, (const raw*)Wt.data, (raw*)Y.data, g, epi, stream)
+              : launch<T, BM, BN, STAGES, false>((const raw*)X.data, (const raw*)Wt.data, (raw*)Y.data, g, epi, stream);
 }
 }  // namespace ig

@@ -36,8 +36,6 @@ def reason(cp: ConvMatch) -> str | None:
         return f"implicit-GEMM conv: bf16 / fp16 tensor cores only, not {cp.dtype}"
     if cp.in_channels % 32:
         return f"implicit-GEMM conv: input channels a multiple of 32 (a reduction step), not {cp.in_channels}"
-    if not cp.w_krsc:
-        return "implicit-GEMM conv: the weight must be channels-last (or 1x1): it reads K, R, S, C"
     if len({cp.epilogue.inputs[i][1] for i in Fold(cp).present.values()}) > 1:
         return "implicit-GEMM conv: batch norm's vectors and the bias in more than one dtype"
     return None

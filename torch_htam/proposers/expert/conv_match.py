@@ -48,7 +48,6 @@ class ConvMatch:
     channels_last: bool = False      # x, the residual and y channels-last (conv.render_cl; extract.py says when)
     in_channels: int = 0             # x's C at capture
     batch_ranged: bool = False       # x's batch is the task's served range (render_cl slices it; match_task says)
-    w_krsc: bool = False             # w stored K, R, S, C: channels-last, or 1x1 (conv_igemm.py reads it so)
 
     @property
     def n_inputs(self) -> int:
