@@ -1,9 +1,9 @@
 """The implicit-GEMM conv (proposers/expert/conv_igemm.cuh): one launch of conv2d + batch norm from
 its raw statistics + residual + ReLU over channels-last bf16 / fp16, against torch.
 
-A small htam_run (HARNESS) binds a conv site's tensors to ig::run_site: x [N, C, H, W] channels-last,
-w [K, C, R, S] channels-last or contiguous (odd batches), gamma, beta, mean, var [K], an optional residual like y; stride, padding,
-dilation, the tile and ReLU as IG_ defines. Built for sm_90a on any machine (`build`); run on a GPU
+A small htam_run (HARNESS) binds a conv site's tensors to ig::run_site: x [N, C, H, W]
+channels-last, w [K, C, R, S] channels-last or contiguous (odd batches), gamma, beta, mean, var
+[K], an optional residual like y; stride, padding, dilation, the tile and ReLU as IG_ defines. Built for sm_90a on any machine (`build`); run on a GPU
 against torch's conv, batch norm, add and ReLU on the same inputs (`gpu`)."""
 import pytest
 import torch
