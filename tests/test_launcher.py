@@ -282,6 +282,22 @@ def test_launcher_compiles_and_checks_its_arguments_without_a_gpu(tmp_path):
                        text=True, timeout=300, cwd=Path(__file__).parents[1])
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.splitlines()[:2] == ["False", "True"] and r.stdout.splitlines()[-1].startswith("RuntimeError")
+    # A launcher whose symbols cannot be made global declares no C shim: the C++ wrapper calls
+    # launch_o<N> through the dispatcher, as it would find no shim to call at load time.
+    noshim = ("import ctypes, os\n"
+              "import torch._inductor.config as c\n"
+              "load = ctypes.CDLL\n"
+              "def refuse(name, mode=0, *args, **kwargs):\n"
+              "    if mode & os.RTLD_NOLOAD: raise OSError('refused')\n"
+              "    return load(name, mode, *args, **kwargs)\n"
+              "ctypes.CDLL = refuse\n"
+              "from torch_htam import launcher\n"
+              "launcher.extension()\n"
+              "print(len(c.aot_inductor.custom_ops_to_c_shims), launcher.stable_op(1) is not None)")
+    r = subprocess.run([sys.executable, "-c", noshim], env=env, capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).parents[1])
+    assert r.stdout.split() == ["0", "True"], r.stderr[-3000:]
+    assert "go through the dispatcher (refused)" in r.stderr
 
 
 HANDLES = """
