@@ -23,7 +23,8 @@ runs one of three ways (params["fused"], params["graph"]):
 A region whose task is channels-last (a plain conv2d with [BN] [+ residual] [ReLU], as
 extract.channels_last_boundary lays out a model's conv regions for Inductor) takes none of these:
 render_cl runs it as one cuDNN graph with the epilogue fused into the conv, or (fused=False) as
-cuDNN's conv alone and one in-place epilogue kernel, Inductor's split.
+cuDNN's conv alone and one in-place epilogue kernel, Inductor's split; or (params["igemm"], bf16 /
+fp16, input channels a multiple of 32) as our implicit-GEMM kernel in one launch, conv_igemm.py.
 
 Conv kinds (conv_geom.py): conv1d runs as a 2-D conv of height 1 on every cuDNN path; conv3d and
 conv_transpose1d/2d/3d (cuDNN's backward data) on the backend API, unfused; grouped and depthwise
