@@ -9,7 +9,7 @@
 The site is conv 3x3 (padding 1, C -> C channels) + batch norm + ReLU, bf16, x channels-last and
 the weight [K, C, R, S] contiguous as a model holds it, at ResNet-18's widths and sizes (C 64 at
 56 x 56 ... C 512 at 7 x 7) and served batches. Each arm compiles graphs of 1 and of 21 chained
-sites with the C++ wrapper; per site = (t21 - t1) / 20 of medians of 200 calls: synced (the GPU's
+sites with the C++ wrapper; per site = (t21 - t1) / 20 of medians of 300 calls: synced (the GPU's
 time where the GPU is the bound) and issue time (the host's). Each graph's output is checked
 against the same chain run eagerly.
 
@@ -21,7 +21,6 @@ GPU machine.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,9 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import launch_cost  # noqa: E402
 import record  # noqa: E402
 
-LONG, ITERS = 21, 200
+LONG = launch_cost.LONG    # sites in the long chain; timed over launch_cost.ITERS calls each
 # (width C, size H = W, batches): ResNet-18's stages at 224 x 224 input
 SITES = ((64, 56, (1, 16)), (128, 28, (16,)), (256, 14, (16,)), (512, 7, (1, 16, 64)))
 QUICK = ((64, 56, (16,)), (512, 7, (16,)))
@@ -85,35 +85,8 @@ def _chains(c: int, size: int, n: int, handles: dict[str, int]) -> tuple[dict, t
             return a
         return f
 
-    def ours(handle):
-        meta = [launcher.DTYPE_CODES["bfloat16"] + launcher.CHANNELS_LAST, 4, *x.shape]   # y like x
-        outputs, args = launcher.stable_args(handle, [], meta)
-        op, slots = launcher.stable_op(outputs), list(args[1:1 + outputs * launcher.STABLE_META_SLOTS])
-
-        def make(k):
-            def f(a):
-                for _ in range(k):
-                    a = op(handle, *slots, a, *params)
-                return a
-            return f
-        return make
-    return {"aten": aten, **{arm: ours(h) for arm, h in handles.items()}}, x
-
-
-def _median_us(fn, x, synced: bool) -> float:
-    for _ in range(10):
-        fn(x)
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(ITERS):
-        t0 = time.perf_counter()
-        fn(x)
-        if synced:
-            torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
-        if not synced:
-            torch.cuda.synchronize()
-    return 1e6 * statistics.median(out)
+    meta = [launcher.DTYPE_CODES["bfloat16"] + launcher.CHANNELS_LAST, 4, *x.shape]   # y like x
+    return {"aten": aten, **{arm: launch_cost.launch_chain(h, meta, params) for arm, h in handles.items()}}, x
 
 
 def _row(c: int, size: int, n: int, arm: str, make, x) -> dict:
@@ -127,7 +100,7 @@ def _row(c: int, size: int, n: int, arm: str, make, x) -> dict:
         compile_s = time.perf_counter() - t0
         if not torch.allclose(got, want, rtol=5e-2, atol=5e-2 * (1 + want.abs().max().item())):
             raise RuntimeError(f"{arm} C{c} {size}x{size} batch {n} x{k}: wrong output")
-        t[k] = (_median_us(f, x, True), _median_us(f, x, False))
+        t[k] = (launch_cost.median_us(f, x), launch_cost.median_us(f, x, synced=False))
     per = [(t[LONG][i] - t[1][i]) / (LONG - 1) for i in (0, 1)]
     row = {"width": c, "size": size, "batch": n, "arm": arm, "synced_us": round(per[0], 2),
            "issue_us": round(per[1], 2), "t1_us": round(t[1][0], 2), "t21_us": round(t[LONG][0], 2),

@@ -96,18 +96,24 @@ def _site_chains(handles: dict[int, int]) -> tuple[dict, torch.Tensor]:
             return a
         return f
 
-    def ours_site(handle):
-        outputs, args = launcher.stable_args(handle, [], meta)
-        op, slots = launcher.stable_op(outputs), list(args[1:1 + outputs * launcher.STABLE_META_SLOTS])
+    ours = {f"ours_site{n}": launch_chain(handle, meta, (w, gamma, beta, mean, var)) for n, handle in handles.items()}
+    return {"aten_site": aten_site, **ours}, x
 
-        def make(k):
-            def f(a):
-                for _ in range(k):
-                    a = op(handle, *slots, a, w, gamma, beta, mean, var)
-                return a
-            return f
-        return make
-    return {"aten_site": aten_site, **{f"ours_site{n}": ours_site(handle) for n, handle in handles.items()}}, x
+
+def launch_chain(handle: int, meta: list[int], params: tuple):
+    """make(k) -> a function of x making k chained launch_o<N> calls of kernel `handle` on
+    (x, *params), each output (out_meta `meta`, one output like x) the next call's x."""
+    from torch_htam import launcher
+    outputs, args = launcher.stable_args(handle, [], meta)
+    op, slots = launcher.stable_op(outputs), list(args[1:1 + outputs * launcher.STABLE_META_SLOTS])
+
+    def make(k):
+        def f(a):
+            for _ in range(k):
+                a = op(handle, *slots, a, *params)
+            return a
+        return f
+    return make
 
 
 def _site_rows(options: dict) -> list[dict]:
@@ -138,13 +144,15 @@ def _chain_row(wrapper: str, call: str, make, x, options: dict, tol: float = 0.0
         if not ok:
             raise RuntimeError(f"{wrapper} {call} x{k}: wrong output")
         compile_s = time.perf_counter() - t0
-        t[k] = _median_us(f, x)
+        t[k] = median_us(f, x)
     row = _row(wrapper, call, t, compile_s)
     print(row, flush=True)
     return row
 
 
-def _median_us(fn, x) -> float:
+def median_us(fn, x, synced: bool = True) -> float:
+    """The median us of ITERS calls of fn(x) after 20 warm ones: to the GPU's idle (synced), else
+    to fn's return (the host's issue time; the GPU drained after each call, untimed)."""
     for _ in range(20):
         fn(x)
     torch.cuda.synchronize()
@@ -152,8 +160,10 @@ def _median_us(fn, x) -> float:
     for _ in range(ITERS):
         t0 = time.perf_counter()
         fn(x)
-        torch.cuda.synchronize()
+        if synced:
+            torch.cuda.synchronize()
         out.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
     return 1e6 * statistics.median(out)
 
 
@@ -177,7 +187,7 @@ def measure() -> list[dict]:
     for wrapper, calls in arms:
         rows += [_chain_row(wrapper, call, chains[chain], x, options) for call, (chain, options) in calls.items()]
     ours = chains["ours_o1"]
-    rows.append(_row("eager", "ours_o1", {k: _median_us(ours(k), x) for k in (1, LONG)}, None))
+    rows.append(_row("eager", "ours_o1", {k: median_us(ours(k), x) for k in (1, LONG)}, None))
     return rows + _site_rows(cpp)
 
 
