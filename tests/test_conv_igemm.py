@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_htam import build, paths
-from torch_htam.proposers.expert.cuda import PRELUDE, cuh
+from torch_htam.proposers.expert.cuda import DT, PRELUDE, cuh
 
 HARNESS = r"""
 // in: x [N, C, H, W] (channels-last), w [K, C, R, S] (channels-last or contiguous), gamma, beta, mean, var [K]
@@ -24,14 +24,15 @@ HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, 
 }
 """
 
-TRAIT = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
-CODE = {torch.bfloat16: "HTAM_BFLOAT16", torch.float16: "HTAM_FLOAT16", torch.float32: "HTAM_FLOAT32"}
+def _dt(dtype: torch.dtype) -> tuple[str, str, int]:
+    """cuda.DT's (trait, HtamDtype code, bytes) of a torch dtype."""
+    return DT[str(dtype).removeprefix("torch.")]
 
 
 def source(dtype, vdtype, stride, pad, dil, relu, res, tile=(128, 64, 3), eps=1e-5) -> str:
     """The harness's source: the kernel for these settings (w's layout is read at run time)."""
     bm, bn, stages = tile
-    defines = dict(DTYPE=TRAIT[dtype], VT=TRAIT[vdtype], DTC=CODE[dtype], VTC=CODE[vdtype], SH=stride, SW=stride, PH=pad, PW=pad, DH=dil, DW=dil,
+    defines = dict(DTYPE=_dt(dtype)[0], VT=_dt(vdtype)[0], DTC=_dt(dtype)[1], VTC=_dt(vdtype)[1], SH=stride, SW=stride, PH=pad, PW=pad, DH=dil, DW=dil,
                    RELU="true" if relu else "false", HAS_RES=int(res), BM=bm, BN=bn, STAGES=stages, EPS=f"{eps}f")
     head = "".join(f"#define IG_{k} {v}\n" for k, v in defines.items())
     return head + PRELUDE + cuh("pwconv.cuh") + cuh("conv_igemm.cuh") + HARNESS

@@ -41,10 +41,10 @@ def reason(cp: ConvMatch) -> str | None:
     return None
 
 
-def _vector_type(cp: ConvMatch) -> str:
-    """The per-channel vectors' trait (all one dtype, reason() checks; the data's where none)."""
+def _vector_dtype(cp: ConvMatch) -> str:
+    """The per-channel vectors' dtype name (all one, reason() checks; the data's where none)."""
     present = Fold(cp).present.values()
-    return DT[cp.epilogue.inputs[next(iter(present))][1] if present else cp.dtype][0]
+    return cp.epilogue.inputs[next(iter(present))][1] if present else cp.dtype
 
 
 def render(cp: ConvMatch, params: dict) -> str:
@@ -52,14 +52,13 @@ def render(cp: ConvMatch, params: dict) -> str:
     ig::run_site (which checks every tensor: HTAM_ERR_SHAPE where one is not as the kernel reads
     it) and launches the kernel once."""
     dt, dtc, _ = DT[cp.dtype]
-    vt = _vector_type(cp)
+    vt, vcode, _ = DT[_vector_dtype(cp)]
     tile = tuple(int(params.get(k, d)) for k, d in zip(("ig_bm", "ig_bn", "ig_stages"), DEFAULT_TILE))
     if tile not in IG_TILES:
         raise ValueError(f"implicit-GEMM conv: no instantiation for tile {tile}; one of {IG_TILES}")
     present = Fold(cp).present
     vecs = ", ".join(f"&in[{present[n]}]" if n in present else "nullptr" for n in ("gamma", "beta", "mean", "var", "bias"))
     res = f"&in[{cp.residual}]" if cp.residual is not None else "nullptr"
-    vcode = dict(F32="HTAM_FLOAT32", BF16="HTAM_BFLOAT16", F16="HTAM_FLOAT16")[vt]
     site = ", ".join(map(str, (*cp.stride, *cp.padding, *cp.dilation))) + f", {c_float(cp.bn.eps if cp.bn else 0.0)}"
     call = (f"ig::run_site<{dt}, {vt}, {tile[0]}, {tile[1]}, {tile[2]}, {'true' if cp.relu else 'false'}>("
             f"in[{cp.x}], in[{cp.w}], out[0], vecs, {res}, {dtc}, {vcode}, ig::Site{{{site}}}, stream)")
