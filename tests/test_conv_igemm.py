@@ -39,7 +39,10 @@ def source(dtype, vdtype, stride, pad, dil, relu, res, tile=(128, 64, 3), eps=1e
 
 
 # (N, C, H, W, K, R, S, stride, pad, dil, relu, residual, dtype, tile): odd sizes, strides, a 7x7,
-# K not a multiple of the tile (40, 96) or of 2 (33: scalar stores), one row tile past M's end
+# K not a multiple of the tile (40, 96) or of 2 (33: scalar stores), one row tile past M's end.
+# Few tiles and many k-blocks split the reduction across a cluster (split_for, on 132 SMs): the
+# first case 2 ways, the 7x7 4 ways (49 k-blocks: uneven shares), the last three 8 ways, the
+# last two with a KCRS weight (odd batch).
 CASES = [
     (2, 64, 8, 8, 64, 3, 3, 1, 1, 1, True, True, torch.bfloat16, (128, 64, 3)),
     (3, 32, 7, 9, 96, 3, 3, 2, 1, 1, True, False, torch.bfloat16, (64, 64, 4)),
@@ -48,6 +51,8 @@ CASES = [
     (2, 32, 11, 13, 64, 7, 7, 1, 3, 1, True, False, torch.bfloat16, (64, 128, 3)),
     (16, 256, 4, 4, 128, 3, 3, 1, 1, 1, True, True, torch.bfloat16, (128, 64, 3)),
     (1, 32, 9, 9, 33, 3, 3, 1, 2, 2, False, False, torch.float16, (64, 64, 4)),
+    (1, 512, 7, 7, 512, 3, 3, 1, 1, 1, True, True, torch.bfloat16, (128, 64, 3)),
+    (3, 256, 7, 7, 256, 3, 3, 1, 1, 1, True, False, torch.float16, (64, 128, 3)),
 ]
 
 

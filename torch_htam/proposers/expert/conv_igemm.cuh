@@ -11,7 +11,7 @@
 // contiguous), columns k, the output channels, and the reduction over (r, s, c) in steps of BK = 32
 // channels of one tap (the host checks C % 32 == 0). X is [N, H, W, C] in memory (torch's
 // channels-last [N, C, H, W]); W is [K, R, S, C] (channels-last) or [K, C, R, S] (as a model
-// holds it unless converted), load_stage reads either.
+// holds it unless converted), either is read (load_b_krsc, Gather).
 //
 // A block of 128 threads (2 x 2 warps) computes a BM x BN tile with mma.sync m16n8k16 (bf16 /
 // fp16 in, fp32 accumulators) through a STAGES-deep cp.async pipeline. The A tile gathers, per
@@ -23,6 +23,11 @@
 // values of channels k and k + 1 at row m into the outputs (BnEpi: the conv rounded to T as torch
 // stores it, its bias, batch norm from the raw statistics, a residual, ReLU). Each thread stores
 // pairs of channels.
+//
+// Deep, narrow layers (C 512 at 7 x 7: 49 rows an image, 144 k-blocks) give too few tiles to fill
+// the GPU; there the launch splits each tile's reduction across a cluster of 2-8 blocks (split_for)
+// that sum their partial tiles over distributed shared memory before the epilogue (sm_90).
+#include <cooperative_groups.h>
 namespace ig {
 constexpr int THREADS = 128, BK = 32, LDS = BK + 8;
 
@@ -60,17 +65,12 @@ __device__ __forceinline__ void rows_of(const Geom& g, int m0, Row (&rows)[BM / 
   }
 }
 
-// Stage kb of the reduction (tap kb * BK / C, channels from c0) into sA [BM][LDS] and sB [BN][LDS]:
-// each thread copies 16-byte chunk (threadIdx % 4) of rows threadIdx / 4 + 32 i. KRSC: w stored
-// K, R, S, C (channels-last, or 1x1), so a filter's 32 channels at a tap are 64 contiguous bytes;
-// otherwise w is K, C, R, S as a model holds it, those channels lie R * S elements apart, and
-// the tile is gathered element by element (loads from L2: every block reads the same filters),
-// so no second kernel (nor a cached copy, stale once a weight is written in place) makes a KRSC one.
-template <class T, int BM, int BN, bool KRSC>
-__device__ __forceinline__ void load_stage(typename T::raw* sA, typename T::raw* sB,
-                                           const typename T::raw* __restrict__ X,
-                                           const typename T::raw* __restrict__ Wt, const Geom& g,
-                                           const Row (&rows)[BM / 32], int n0, int kb) {
+// Stage kb of the reduction is tap kb * BK / C, channels c0 .. c0 + 32. Each thread copies 16-byte
+// chunk (threadIdx % 4) of tile rows threadIdx / 4 + 32 i.
+// The A tile into sA [BM][LDS]: per output pixel the 32 channels at its tap, zero in the padding.
+template <class T, int BM>
+__device__ __forceinline__ void load_a(typename T::raw* sA, const typename T::raw* __restrict__ X, const Geom& g,
+                                       const Row (&rows)[BM / 32], int kb) {
   const int chunk = threadIdx.x % 4, row = threadIdx.x / 4;
   const int tap = kb * BK / g.C, c0 = kb * BK - tap * g.C, r = tap / g.S, s = tap - r * g.S;
 #pragma unroll
@@ -81,32 +81,52 @@ __device__ __forceinline__ void load_stage(typename T::raw* sA, typename T::raw*
     const typename T::raw* src = ok ? X + (((int64_t)a.n * g.H + h) * g.W + w) * g.C + c0 + chunk * 8 : X;
     pw::cp16(sA + (row + i * 32) * LDS + chunk * 8, src, ok);
   }
-  if (KRSC) {
+}
+
+// The B tile into sB [BN][LDS], 32 channels of BN filters at the tap. KRSC (w stored K, R, S, C:
+// channels-last, or 1x1): a filter's 32 channels are 64 contiguous bytes, copied like A.
+template <class T, int BN>
+__device__ __forceinline__ void load_b_krsc(typename T::raw* sB, const typename T::raw* __restrict__ Wt, const Geom& g,
+                                            int n0, int kb) {
+  const int chunk = threadIdx.x % 4, row = threadIdx.x / 4;
+  const int tap = kb * BK / g.C, c0 = kb * BK - tap * g.C;
 #pragma unroll
-    for (int i = 0; i < BN / 32; ++i) {
-      const int k = n0 + row + i * 32;
-      const bool ok = k < g.K;
-      const typename T::raw* src = ok ? Wt + ((int64_t)k * g.R * g.S + tap) * g.C + c0 + chunk * 8 : Wt;
-      pw::cp16(sB + (row + i * 32) * LDS + chunk * 8, src, ok);
-    }
-  } else {
-    // element e of this thread: filter (threadIdx + e * THREADS) / BK, channel lane (consecutive
-    // lanes, consecutive channels); all loads issued before the first store
-    constexpr int PER = BN * BK / THREADS;
-    typename T::raw v[PER];
+  for (int i = 0; i < BN / 32; ++i) {
+    const int k = n0 + row + i * 32;
+    const bool ok = k < g.K;
+    const typename T::raw* src = ok ? Wt + ((int64_t)k * g.R * g.S + tap) * g.C + c0 + chunk * 8 : Wt;
+    pw::cp16(sB + (row + i * 32) * LDS + chunk * 8, src, ok);
+  }
+}
+
+// KCRS (w as a model holds it): a filter's channels at one tap lie R * S elements apart, so the B
+// tile is gathered element by element (from L2: every block reads the same filters) into
+// registers, and stored to shared memory one stage later (store_b), after the current stage's
+// MMAs: the loads' latency hides behind them. So no second kernel (nor a cached copy, stale once a
+// weight is written in place) makes a KRSC weight. Element e of this thread: filter
+// (threadIdx + e * THREADS) / BK, channel lane idx % BK (consecutive lanes, consecutive channels).
+template <class T, int BN>
+struct Gather {
+  static constexpr int PER = BN * BK / THREADS;
+  typename T::raw v[PER];
+
+  __device__ __forceinline__ void fetch(const typename T::raw* __restrict__ Wt, const Geom& g, int n0, int kb) {
+    const int tap = kb * BK / g.C, c0 = kb * BK - tap * g.C;
     const int64_t rs = (int64_t)g.R * g.S;
 #pragma unroll
     for (int e = 0; e < PER; ++e) {
       const int idx = threadIdx.x + e * THREADS, k = n0 + idx / BK;
       v[e] = k < g.K ? __ldg(Wt + ((int64_t)k * g.C + c0 + idx % BK) * rs + tap) : (typename T::raw)0;
     }
+  }
+  __device__ __forceinline__ void store(typename T::raw* sB) const {
 #pragma unroll
     for (int e = 0; e < PER; ++e) {
       const int idx = threadIdx.x + e * THREADS;
       sB[(idx / BK) * LDS + idx % BK] = v[e];
     }
   }
-}
+};
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -145,62 +165,151 @@ __device__ __forceinline__ void mma_stage(const typename T::raw* sA, const typen
   }
 }
 
-// One tile: rows m0 .. m0 + BM, channels n0 .. n0 + BN.
-template <class T, int BM, int BN, int STAGES, bool KRSC, class Epi>
-__global__ void __launch_bounds__(THREADS)
-conv_kernel(const typename T::raw* __restrict__ X, const typename T::raw* __restrict__ Wt,
-            typename T::raw* __restrict__ Y, const Geom g, const Epi epi) {
-  static_assert(BM % 32 == 0 && BN % 32 == 0 && BM <= 128 && BN <= 128, "tiles of 32-128 rows / columns");
-  extern __shared__ __align__(128) unsigned char smem[];
-  typedef typename T::raw raw;
-  raw* s = reinterpret_cast<raw*>(smem);
-  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN, kbs = g.R * g.S * (g.C / BK);
-  Row rows[BM / 32];
-  rows_of<BM>(g, m0, rows);
-  float acc[BM / 32][BN / 16][4] = {};
-#pragma unroll
-  for (int st = 0; st < STAGES - 1; ++st) {
-    if (st < kbs) load_stage<T, BM, BN, KRSC>(s + st * stage_elems<BM, BN>(), s + st * stage_elems<BM, BN>() + BM * LDS, X,
-                                        Wt, g, rows, n0, st);
-    pw::cp_commit();   // one group per stage, empty ones included: the wait below counts groups
+// The accumulators' place in the tile: acc[mt][nt][half * 2 + j] is row
+// wm * (BM / 2) + mt * 16 + lane / 4 + half * 8, channel wn * (BN / 2) + nt * 8 + (lane % 4) * 2 + j.
+template <class T, int BM, int BN>
+struct Frag {
+  int lane, wm, wn;
+  __device__ __forceinline__ Frag() : lane(threadIdx.x % 32), wm(threadIdx.x / 64), wn((threadIdx.x / 32) % 2) {}
+  __device__ __forceinline__ int row(int mt, int half) const { return wm * (BM / 2) + mt * 16 + lane / 4 + half * 8; }
+  __device__ __forceinline__ int col(int nt) const { return wn * (BN / 2) + nt * 8 + (lane % 4) * 2; }
+};
+
+// Y's channels k, k + 1 (pair: k + 1 < K) at row m from their conv values v, through the epilogue.
+template <class T, class Epi>
+__device__ __forceinline__ void put(typename T::raw* __restrict__ Y, const Geom& g, const Epi& epi,
+                                    const typename Epi::Channels& ch, int m, int k, bool pair, float (&v)[2]) {
+  const int64_t at = (int64_t)m * g.K + k;
+  epi.apply(ch, v, at, pair);
+  if (pair && (g.K % 2 == 0)) {
+    *reinterpret_cast<unsigned*>(Y + at) = T::to_word(v);
+  } else {
+    Y[at] = T::from_f(v[0]);
+    if (pair) Y[at + 1] = T::from_f(v[1]);
   }
-  for (int kb = 0; kb < kbs; ++kb) {
-    pw::cp_wait<STAGES - 2>();
-    __syncthreads();   // stage kb landed for every thread; stage kb - 1 is free for the next load
-    const int next = kb + STAGES - 1;
-    if (next < kbs) {
-      raw* t = s + (next % STAGES) * stage_elems<BM, BN>();
-      load_stage<T, BM, BN, KRSC>(t, t + BM * LDS, X, Wt, g, rows, n0, next);
-    }
-    pw::cp_commit();
-    const raw* t = s + (kb % STAGES) * stage_elems<BM, BN>();
-    mma_stage<T, BM, BN>(t, t + BM * LDS, acc);
-  }
-  pw::cp_wait<0>();
-  // Epilogue: acc[mt][nt] holds rows (lane / 4, + 8) and channels (lane % 4) * 2, + 1 of its 16 x 8 tile.
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
+}
+
+// SPLIT == 1: the epilogue on the accumulators in registers, each thread storing its pairs.
+template <class T, int BM, int BN, class Epi>
+__device__ __forceinline__ void epilogue_regs(typename T::raw* __restrict__ Y, const Geom& g, const Epi& epi,
+                                              const float (&acc)[BM / 32][BN / 16][4], int m0, int n0) {
+  const Frag<T, BM, BN> f;
 #pragma unroll
   for (int nt = 0; nt < BN / 16; ++nt) {
-    const int k = n0 + wn * (BN / 2) + nt * 8 + (lane % 4) * 2;
+    const int k = n0 + f.col(nt);
     if (k >= g.K) continue;
     const bool pair = k + 1 < g.K;
-    typename Epi::Channels ch = epi.channels(k, pair);
+    const typename Epi::Channels ch = epi.channels(k, pair);
 #pragma unroll
     for (int mt = 0; mt < BM / 32; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int m = m0 + wm * (BM / 2) + mt * 16 + lane / 4 + half * 8;
+        const int m = m0 + f.row(mt, half);
         if (m >= g.M) continue;
         float v[2] = {acc[mt][nt][half * 2], acc[mt][nt][half * 2 + 1]};
-        const int64_t at = (int64_t)m * g.K + k;
-        epi.apply(ch, v, at, pair);
-        if (pair && (g.K % 2 == 0)) {
-          *reinterpret_cast<unsigned*>(Y + at) = T::to_word(v);
-        } else {
-          Y[at] = T::from_f(v[0]);
-          if (pair) Y[at + 1] = T::from_f(v[1]);
-        }
+        put<T>(Y, g, epi, ch, m, k, pair, v);
       }
+  }
+}
+
+// Split-K across a cluster of SPLIT blocks (sm_90): each block of the cluster reduced its share of
+// the taps for the same output tile. Each writes its partial tile to its own shared memory (fp32
+// [BM][BN + 8]: row r starts 32 bytes past row r - 1 in the bank window, so a warp's float2
+// stores of eight rows fill 128 distinct bytes per phase), then block q of the cluster sums rows
+// q * BM / SPLIT .. of every block's tile over distributed shared memory and runs the epilogue on
+// them. No workspace in global memory and no second launch: the partials never leave the chip.
+template <int BN> constexpr int acc_ld() { return BN + 8; }
+
+template <class T, int BM, int BN, int SPLIT, class Epi>
+__device__ __forceinline__ void epilogue_cluster(float* tile, typename T::raw* __restrict__ Y, const Geom& g,
+                                                 const Epi& epi, const float (&acc)[BM / 32][BN / 16][4], int m0,
+                                                 int n0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int LD = acc_ld<BN>(), ROWS = BM / SPLIT;
+  const Frag<T, BM, BN> f;
+#pragma unroll
+  for (int mt = 0; mt < BM / 32; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < BN / 16; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<float2*>(tile + f.row(mt, half) * LD + f.col(nt)) =
+            make_float2(acc[mt][nt][half * 2], acc[mt][nt][half * 2 + 1]);
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  cluster.sync();   // every block's partial tile written
+  const int q0 = (int)cluster.block_rank() * ROWS;
+  for (int i = threadIdx.x; i < ROWS * (BN / 2); i += THREADS) {
+    const int r = q0 + i / (BN / 2), c = (i % (BN / 2)) * 2, m = m0 + r, k = n0 + c;
+    float v[2] = {0.f, 0.f};
+#pragma unroll
+    for (int q = 0; q < SPLIT; ++q) {
+      const float2 part = *reinterpret_cast<const float2*>(cluster.map_shared_rank(tile, q) + r * LD + c);
+      v[0] += part.x;
+      v[1] += part.y;
+    }
+    if (m < g.M && k < g.K) put<T>(Y, g, epi, epi.channels(k, k + 1 < g.K), m, k, k + 1 < g.K, v);
+  }
+  cluster.sync();   // no block leaves while another still reads its tile
+#else
+  __trap();   // split_for splits only where clusters launch: compiled here for an older arch
+#endif
+}
+
+// One output tile, rows m0 .. m0 + BM, channels n0 .. n0 + BN; with SPLIT > 1, block z of the
+// cluster (blockIdx.z) reduces k-blocks [kbs * z / SPLIT, kbs * (z + 1) / SPLIT).
+template <class T, int BM, int BN, int STAGES, int SPLIT, bool KRSC, class Epi>
+__global__ void __launch_bounds__(THREADS)
+conv_kernel(const typename T::raw* __restrict__ X, const typename T::raw* __restrict__ Wt,
+            typename T::raw* __restrict__ Y, const Geom g, const Epi epi) {
+  static_assert(BM % 32 == 0 && BN % 32 == 0 && BM <= 128 && BN <= 128, "tiles of 32-128 rows / columns");
+  static_assert(BM % SPLIT == 0, "a cluster splits the tile's rows for its epilogue");
+  extern __shared__ __align__(128) unsigned char smem[];
+  typedef typename T::raw raw;
+  raw* s = reinterpret_cast<raw*>(smem);
+  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN, kbs = g.R * g.S * (g.C / BK);
+  const int kb0 = (int)((int64_t)kbs * blockIdx.z / SPLIT), kb1 = (int)((int64_t)kbs * (blockIdx.z + 1) / SPLIT);
+  Row rows[BM / 32];
+  rows_of<BM>(g, m0, rows);
+  float acc[BM / 32][BN / 16][4] = {};
+  Gather<T, BN> wv;   // KCRS: stage next's weights, in flight during stage kb's MMAs
+  const auto stage = [&](int kb) { return s + ((kb - kb0) % STAGES) * stage_elems<BM, BN>(); };
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (kb0 + st < kb1) {
+      raw* t = stage(kb0 + st);
+      load_a<T, BM>(t, X, g, rows, kb0 + st);
+      if (KRSC) {
+        load_b_krsc<T, BN>(t + BM * LDS, Wt, g, n0, kb0 + st);
+      } else {
+        wv.fetch(Wt, g, n0, kb0 + st);
+        wv.store(t + BM * LDS);
+      }
+    }
+    pw::cp_commit();   // one group per stage, empty ones included: the wait below counts groups
+  }
+  for (int kb = kb0; kb < kb1; ++kb) {
+    pw::cp_wait<STAGES - 2>();
+    __syncthreads();   // stage kb landed for every thread; stage kb - 1 is free for the next load
+    const int next = kb + STAGES - 1;
+    if (next < kb1) {
+      raw* t = stage(next);
+      load_a<T, BM>(t, X, g, rows, next);
+      if (KRSC) load_b_krsc<T, BN>(t + BM * LDS, Wt, g, n0, next);
+      else wv.fetch(Wt, g, n0, next);
+    }
+    pw::cp_commit();
+    const raw* t = stage(kb);
+    mma_stage<T, BM, BN>(t, t + BM * LDS, acc);
+    // the slot of stage next was read at kb - 1, before this iteration's barrier; its readers
+    // wait at iteration next's barrier
+    if (!KRSC && next < kb1) wv.store(stage(next) + BM * LDS);
+  }
+  pw::cp_wait<0>();
+  if constexpr (SPLIT == 1) {
+    epilogue_regs<T, BM, BN>(Y, g, epi, acc, m0, n0);
+  } else {
+    __syncthreads();   // every warp's last MMAs done: the pipeline's memory holds the partial tile
+    epilogue_cluster<T, BM, BN, SPLIT>(reinterpret_cast<float*>(smem), Y, g, epi, acc, m0, n0);
   }
 }
 
@@ -247,26 +356,80 @@ struct BnEpi {
   }
 };
 
+// Whether this device launches clusters (sm_90 on): split-K needs them (epilogue_cluster).
+inline bool clusters_ok() {
+  static int cached[64] = {0};   // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  if (!cached[dev]) {
+    int v = 0;
+    cached[dev] = cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, dev) == cudaSuccess && v ? 2 : 1;
+  }
+  return cached[dev] == 2;
+}
+
+// How many blocks share a tile's reduction: where the tiles alone give fewer than two blocks an SM
+// (deep, narrow layers: C 512 at 7 x 7 and batch 16 is 56 tiles of 128 x 64 and 144 k-blocks on
+// 132 SMs), double the split while each block keeps at least 8 k-blocks; at most 8, the portable
+// cluster size.
+inline int split_for(int64_t tiles, int kbs) {
+  if (!clusters_ok()) return 1;
+  const int64_t target = 2 * (int64_t)htam_sm_count();
+  int split = 1;
+  while (split < 8 && tiles * split < target && kbs / (2 * split) >= 8) split *= 2;
+  return split;
+}
+
+template <class T, int BM, int BN, int STAGES, int SPLIT, bool KRSC, class Epi>
+int launch_split(dim3 grid, const typename T::raw* X, const typename T::raw* Wt, typename T::raw* Y, const Geom& g,
+                 const Epi& epi, cudaStream_t stream) {
+  constexpr int smem = smem_bytes<T, BM, BN, STAGES>();
+  static_assert(smem <= 48 * 1024, "a pipeline beyond 48 KB needs cudaFuncSetAttribute");
+  static_assert(SPLIT == 1 || BM * acc_ld<BN>() * 4 <= smem, "the partial tile reuses the pipeline's memory");
+  grid.z = SPLIT;
+  if constexpr (SPLIT == 1) {
+    conv_kernel<T, BM, BN, STAGES, 1, KRSC, Epi><<<grid, THREADS, smem, stream>>>(X, Wt, Y, g, epi);
+    return (int)cudaGetLastError();
+  } else {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = SPLIT;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return (int)cudaLaunchKernelEx(&cfg, conv_kernel<T, BM, BN, STAGES, SPLIT, KRSC, Epi>, X, Wt, Y, g, epi);
+  }
+}
+
 // The launch, after the checks a caller cannot skip: HTAM_ERR_SHAPE where the kernel does not
 // apply (C not a multiple of 32, a pointer not 16-byte aligned, sizes beyond int32 rows). KRSC: w's
-// layout (load_stage).
+// layout (load_b_krsc or Gather).
 template <class T, int BM, int BN, int STAGES, bool KRSC, class Epi>
 int launch(const typename T::raw* X, const typename T::raw* Wt, typename T::raw* Y, const Geom& g, const Epi& epi,
            cudaStream_t stream) {
-  constexpr int smem = smem_bytes<T, BM, BN, STAGES>();
-  static_assert(smem <= 48 * 1024, "a pipeline beyond 48 KB needs cudaFuncSetAttribute");
   if (g.C % BK != 0 || ((uintptr_t)X | (uintptr_t)Wt) % 16 != 0) return HTAM_ERR_SHAPE;
   if ((int64_t)g.N * g.P * g.Q != (int64_t)g.M || (int64_t)g.M + BM > INT32_MAX) return HTAM_ERR_SHAPE;
   if (g.M == 0 || g.K == 0) return HTAM_OK;
   const dim3 grid((unsigned)((g.M + BM - 1) / BM), (unsigned)((g.K + BN - 1) / BN));
   if (grid.y > 65535) return HTAM_ERR_SHAPE;
-  conv_kernel<T, BM, BN, STAGES, KRSC, Epi><<<grid, THREADS, smem, stream>>>(X, Wt, Y, g, epi);
-  return (int)cudaGetLastError();
+  switch (split_for((int64_t)grid.x * grid.y, g.R * g.S * (g.C / BK))) {
+    case 8: return launch_split<T, BM, BN, STAGES, 8, KRSC>(grid, X, Wt, Y, g, epi, stream);
+    case 4: return launch_split<T, BM, BN, STAGES, 4, KRSC>(grid, X, Wt, Y, g, epi, stream);
+    case 2: return launch_split<T, BM, BN, STAGES, 2, KRSC>(grid, X, Wt, Y, g, epi, stream);
+    default: return launch_split<T, BM, BN, STAGES, 1, KRSC>(grid, X, Wt, Y, g, epi, stream);
+  }
 }
+
 // A conv site's call from htam_run's tensors: x (X), w (Wt), y (Y) and the epilogue's [K] vectors
 // (vecs: gamma, beta, mean, var, bias; null where the region has none) and residual (res: like y, or
 // null), checked as the kernel reads them, else HTAM_ERR_SHAPE: x, y and the residual channels-last,
-// w channels-last or contiguous (load_stage reads either), in dtype code dt; the vectors
+// w channels-last or contiguous (either is read), in dtype code dt; the vectors
 // contiguous, in vt.
 struct Site {
   int sh, sw, ph, pw, dh, dw;   // stride, padding, dilation (H, W)
