@@ -8,8 +8,8 @@
 //   h = p * sh - ph + r * dh,  w = q * sw - pw + s * dw   (X zero outside [0, H) x [0, W))
 //
 // as one GEMM: rows m = (n, p, q), the output pixels in NHWC order (a row of Y is its K channels,
-// contiguous), columns k, the output channels, and the reduction over (r, s, c) in steps of BK = 32
-// channels of one tap (the host checks C % 32 == 0). X is [N, H, W, C] in memory (torch's
+// contiguous), columns k, the output channels, and the reduction over (c, r, s) in steps of BK = 32
+// channels of one tap (the host checks C % 32 == 0; step_of gives the order). X is [N, H, W, C] in memory (torch's
 // channels-last [N, C, H, W]); W is [K, R, S, C] (channels-last) or [K, C, R, S] (as a model
 // holds it unless converted), either is read (load_b_krsc, Gather).
 //
@@ -65,21 +65,39 @@ __device__ __forceinline__ void rows_of(const Geom& g, int m0, Row (&rows)[BM / 
   }
 }
 
-// Stage kb of the reduction is tap kb * BK / C, channels c0 .. c0 + 32. Each thread copies 16-byte
-// chunk (threadIdx % 4) of tile rows threadIdx / 4 + 32 i.
+// Stage kb of the reduction: channels c0 .. c0 + 32 at tap (r, s), the channel block outer and
+// the tap inner, so R * S stages in a row read the same 32 channels: of a KCRS weight those are
+// 32 * R * S contiguous elements a filter, fetched into L1 once and read by all R * S stages, and
+// of X windows that overlap from one tap to the next (load_a caches them in L1 too). Each thread
+// copies 16-byte chunk (threadIdx % 4) of tile rows threadIdx / 4 + 32 i.
+struct Step {
+  int tap, r, s, c0;
+};
+__device__ __forceinline__ Step step_of(const Geom& g, int kb) {
+  const int rs = g.R * g.S, cb = kb / rs, tap = kb - cb * rs, r = tap / g.S;
+  return Step{tap, r, tap - r * g.S, cb * BK};
+}
+
+// 16 bytes global -> shared through L1 (cp.async.ca; pw::cp16 is .cg, L2 only), zero-filled and
+// src unread when !full.
+__device__ __forceinline__ void cp16_ca(void* dst, const void* src, bool full) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(pw::smem_addr(dst)), "l"(src),
+               "r"(full ? 16 : 0));
+}
+
 // The A tile into sA [BM][LDS]: per output pixel the 32 channels at its tap, zero in the padding.
 template <class T, int BM>
 __device__ __forceinline__ void load_a(typename T::raw* sA, const typename T::raw* __restrict__ X, const Geom& g,
                                        const Row (&rows)[BM / 32], int kb) {
   const int chunk = threadIdx.x % 4, row = threadIdx.x / 4;
-  const int tap = kb * BK / g.C, c0 = kb * BK - tap * g.C, r = tap / g.S, s = tap - r * g.S;
+  const Step t = step_of(g, kb);
 #pragma unroll
   for (int i = 0; i < BM / 32; ++i) {
     const Row& a = rows[i];
-    const int h = a.h0 + r * g.dh, w = a.w0 + s * g.dw;
+    const int h = a.h0 + t.r * g.dh, w = a.w0 + t.s * g.dw;
     const bool ok = a.ok && h >= 0 && h < g.H && w >= 0 && w < g.W;
-    const typename T::raw* src = ok ? X + (((int64_t)a.n * g.H + h) * g.W + w) * g.C + c0 + chunk * 8 : X;
-    pw::cp16(sA + (row + i * 32) * LDS + chunk * 8, src, ok);
+    const typename T::raw* src = ok ? X + (((int64_t)a.n * g.H + h) * g.W + w) * g.C + t.c0 + chunk * 8 : X;
+    cp16_ca(sA + (row + i * 32) * LDS + chunk * 8, src, ok);
   }
 }
 
@@ -89,18 +107,19 @@ template <class T, int BN>
 __device__ __forceinline__ void load_b_krsc(typename T::raw* sB, const typename T::raw* __restrict__ Wt, const Geom& g,
                                             int n0, int kb) {
   const int chunk = threadIdx.x % 4, row = threadIdx.x / 4;
-  const int tap = kb * BK / g.C, c0 = kb * BK - tap * g.C;
+  const Step t = step_of(g, kb);
 #pragma unroll
   for (int i = 0; i < BN / 32; ++i) {
     const int k = n0 + row + i * 32;
     const bool ok = k < g.K;
-    const typename T::raw* src = ok ? Wt + ((int64_t)k * g.R * g.S + tap) * g.C + c0 + chunk * 8 : Wt;
+    const typename T::raw* src = ok ? Wt + ((int64_t)k * g.R * g.S + t.tap) * g.C + t.c0 + chunk * 8 : Wt;
     pw::cp16(sB + (row + i * 32) * LDS + chunk * 8, src, ok);
   }
 }
 
 // KCRS (w as a model holds it): a filter's channels at one tap lie R * S elements apart, so the B
-// tile is gathered element by element (from L2: every block reads the same filters) into
+// tile is gathered element by element (from L1, step_of's order: a warp's load spans 32 * R * S
+// elements of one filter, read again by the next R * S - 1 stages) into
 // registers, and stored to shared memory one stage later (store_b), after the current stage's
 // MMAs: the loads' latency hides behind them. So no second kernel (nor a cached copy, stale once a
 // weight is written in place) makes a KRSC weight. Element e of this thread: filter
@@ -111,12 +130,12 @@ struct Gather {
   typename T::raw v[PER];
 
   __device__ __forceinline__ void fetch(const typename T::raw* __restrict__ Wt, const Geom& g, int n0, int kb) {
-    const int tap = kb * BK / g.C, c0 = kb * BK - tap * g.C;
+    const Step t = step_of(g, kb);
     const int64_t rs = (int64_t)g.R * g.S;
 #pragma unroll
     for (int e = 0; e < PER; ++e) {
       const int idx = threadIdx.x + e * THREADS, k = n0 + idx / BK;
-      v[e] = k < g.K ? __ldg(Wt + ((int64_t)k * g.C + c0 + idx % BK) * rs + tap) : (typename T::raw)0;
+      v[e] = k < g.K ? __ldg(Wt + ((int64_t)k * g.C + t.c0 + idx % BK) * rs + t.tap) : (typename T::raw)0;
     }
   }
   __device__ __forceinline__ void store(typename T::raw* sB) const {
