@@ -223,7 +223,8 @@ def match(gm, policy) -> ConvMatch:
                        low_precision=dt != "float32", allow_tf32=cp.allow_tf32, fp32=dt == "float32",
                        has_batchnorm=bn is not None, epilogue_fits_cudnn=fits and not cl,
                        tiled_conv=not cl and pwconv.reason(cp) is None,
-                       nhwc_conv=not cl and nhwc_reason(cp, {"graph": True}) is None)
+                       nhwc_conv=not cl and nhwc_reason(cp, {"graph": True}) is None,
+                       igemm_conv=cl and conv_igemm.reason(cp) is None)
     return cp
 
 
@@ -752,9 +753,13 @@ def retag(cp: ConvMatch, params: dict, tags_: list[str]) -> list[str]:
 
 
 def refit(cp: ConvMatch, p: dict, moved: dict) -> dict:
-    """A move of cuDNN's knobs (fused, graph, algo, tf32) leaves the tiled kernel for cuDNN's path."""
-    if "tiled" not in moved and CUDNN_KEYS & set(moved):
-        return dict(p, tiled=False)
+    """A move of cuDNN's knobs (fused, graph, algo, tf32) leaves our own kernels (tiled, implicit
+    GEMM) for cuDNN's path."""
+    if CUDNN_KEYS & set(moved):
+        if "tiled" not in moved:
+            p = dict(p, tiled=False)
+        if "igemm" not in moved and p.get("igemm"):
+            p = dict(p, igemm=False)
     return p
 
 
@@ -769,7 +774,8 @@ def grid(cp: ConvMatch, base: dict) -> list[dict]:
             fused = [dict(base, fused=True, tf32=t, algo=a) for t in tf32 for a in range(6)]
         else:
             fused = [dict(base, fused=True, vec32=v, algo=a) for v in (True, False) for a in range(5)]
-        # our implicit-GEMM kernel, one launch a call (conv_igemm.py), last: not yet measured on a GPU
+        # our implicit-GEMM kernel, one launch a call (conv_igemm.py), last: at batch 16 cuDNN's conv is
+        # 2-3x faster on the GPU (docs/experiments/igemm_tiles), at batch 1 level or slower
         own = [dict(base, igemm=True, ig_bm=bm, ig_bn=bn, ig_stages=st) for bm, bn, st in conv_igemm.IG_TILES
                if conv_igemm.reason(cp) is None]
         return (fused + split if base["fused"] or not split else split + fused) + own

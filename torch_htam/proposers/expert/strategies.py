@@ -32,6 +32,7 @@ class TaskFacts:
     single_pass: bool = False          # rowwise: one reduction, no full-row output (the row is read once)
     tiled_conv: bool = False           # conv: pwconv.py's tiled kernel runs it (1x1, policy allows)
     nhwc_conv: bool = False            # conv: the NHWC path can run it (conv.nhwc_reason)
+    igemm_conv: bool = False           # conv: conv_igemm.py's one-launch kernel runs it (channels-last)
     cudnn_attention: bool = False      # attention: cuDNN's fused attention can run it, its library built
 
     @property
@@ -69,6 +70,19 @@ def _row_in_regs(i: TaskFacts) -> list[dict]:
         if nv * i.vec16 <= i.row_cap:
             out.append({"tpr": tpr, "nv": nv, "vec": i.vec16})
     return out
+
+
+def _pw_tiles() -> list[dict]:
+    return [{"tiled": True}, {"tiled": True, "bn": 256, "pre": False, "persist": False},
+            {"tiled": True, "bn": 128, "persist": True}, {"tiled": True, "stages": 3}]
+
+
+def _igemm_tiles() -> list[dict]:
+    """The implicit-GEMM conv's tiles, the fastest first on a model's KCRS weights at batch 16 (128 x
+    64, then 64 x 64, 128 x 32; 64 x 128 gathers twice the weights a thread, the slowest there and
+    among the fastest on KRSC weights: docs/experiments/igemm_tiles, H200)."""
+    return [{"igemm": True, "ig_bm": bm, "ig_bn": bn, "ig_stages": st}
+            for bm, bn, st in ((128, 64, 3), (64, 64, 4), (128, 32, 3), (64, 128, 3))]
 
 
 EW, ROW, GEMM = frozenset({"elementwise"}), frozenset({"rowwise"}), frozenset({"gemm"})
@@ -126,11 +140,11 @@ TABLE: dict[str, StrategyMoves] = {
     "fold_batchnorm": StrategyMoves(CONV, lambda i: [{"fused": True}] * i.epilogue_fits_cudnn + [{"fused": False}],
                                lambda i: i.has_batchnorm),
     # conv: a 1x1 conv as our own tiled tensor-core GEMM with the epilogue applied before the one
-    # store (pwconv.py), where cuDNN writes the conv and an epilogue kernel reads it back
-    "smem_tiling": StrategyMoves(CONV, lambda i: [{"tiled": True}, {"tiled": True, "bn": 256, "pre": False,
-                                                                "persist": False},
-                                             {"tiled": True, "bn": 128, "persist": True}, {"tiled": True, "stages": 3}],
-                            lambda i: i.tiled_conv),
+    # store (pwconv.py), where cuDNN writes the conv and an epilogue kernel reads it back; a
+    # channels-last conv as our implicit-GEMM kernel (conv_igemm.py), one launch with batch norm
+    # from the raw statistics, where cuDNN's path launches the fold and then cuDNN
+    "smem_tiling": StrategyMoves(CONV, lambda i: _igemm_tiles() if i.igemm_conv else _pw_tiles(),
+                                 lambda i: i.tiled_conv or i.igemm_conv),
     # conv: cuDNN's conv on NHWC copies of x and w (the layout its tensor-core engines run natively;
     # on NCHW it transposes in and out itself), the tiled kernel's epilogue transposing back through
     # shared memory (conv.py, pwconv.nhwc_epilogue). Not where our tiled 1x1 kernel runs (faster).
