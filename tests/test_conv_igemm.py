@@ -69,6 +69,15 @@ def test_the_conv_builds_for_each_tile_dtype_and_epilogue(tmp_path):
     assert [(r.ok, r.error) for r in results] == [(True, "")] * len(srcs)
 
 
+@pytest.mark.build
+@pytest.mark.skipif(paths.nvcc_path() is None, reason="nvcc not installed")
+def test_the_conv_builds_for_an_arch_without_clusters(tmp_path):
+    """sm_80 (A100) compiles the split-K epilogue out (clusters are sm_90's); split_for never
+    splits on a device that cannot launch clusters."""
+    res = build.build(source(torch.bfloat16, torch.bfloat16, 1, 1, 1, True, True), arch="sm_80", out_dir=tmp_path)
+    assert res.ok, res.error
+
+
 def _reference(x, w, stats, res, stride, pad, dil, relu, eps):
     """torch's site on the same (rounded) inputs, in fp32: conv rounded to the dtype as torch
     stores it, then batch norm, the residual and ReLU."""
