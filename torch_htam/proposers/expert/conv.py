@@ -775,7 +775,7 @@ def grid(cp: ConvMatch, base: dict) -> list[dict]:
         else:
             fused = [dict(base, fused=True, vec32=v, algo=a) for v in (True, False) for a in range(5)]
         # our implicit-GEMM kernel, one launch a call (conv_igemm.py), last: at batch 16 cuDNN's conv is
-        # 2-3x faster on the GPU (docs/experiments/igemm_tiles), at batch 1 level or slower
+        # 2-5x faster on the GPU (docs/experiments/igemm_tiles), at batch 1 level or faster
         own = [dict(base, igemm=True, ig_bm=bm, ig_bn=bn, ig_stages=st) for bm, bn, st in conv_igemm.IG_TILES
                if conv_igemm.reason(cp) is None]
         return (fused + split if base["fused"] or not split else split + fused) + own

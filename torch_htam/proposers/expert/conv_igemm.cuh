@@ -9,9 +9,9 @@
 //
 // as one GEMM: rows m = (n, p, q), the output pixels in NHWC order (a row of Y is its K channels,
 // contiguous), columns k, the output channels, and the reduction over (c, r, s) in steps of BK = 32
-// channels of one tap (the host checks C % 32 == 0; step_of gives the order). X is [N, H, W, C] in memory (torch's
-// channels-last [N, C, H, W]); W is [K, R, S, C] (channels-last) or [K, C, R, S] (as a model
-// holds it unless converted), either is read (load_b_krsc, Gather).
+// channels of one tap (the host checks C % 32 == 0; step_of gives the order). X is [N, H, W, C] in
+// memory (torch's channels-last [N, C, H, W]); W is [K, R, S, C] (channels-last) or [K, C, R, S]
+// (as a model holds it unless converted), either is read (load_b_krsc, Gather).
 //
 // A block of 128 threads (2 x 2 warps) computes a BM x BN tile with mma.sync m16n8k16 (bf16 /
 // fp16 in, fp32 accumulators) through a STAGES-deep cp.async pipeline. The A tile gathers, per
@@ -68,8 +68,10 @@ __device__ __forceinline__ void rows_of(const Geom& g, int m0, Row (&rows)[BM / 
 // Stage kb of the reduction: channels c0 .. c0 + 32 at tap (r, s), the channel block outer and
 // the tap inner, so R * S stages in a row read the same 32 channels: of a KCRS weight those are
 // 32 * R * S contiguous elements a filter, fetched into L1 once and read by all R * S stages, and
-// of X windows that overlap from one tap to the next (load_a caches them in L1 too). Each thread
-// copies 16-byte chunk (threadIdx % 4) of tile rows threadIdx / 4 + 32 i.
+// of X windows that overlap from one tap to the next (load_a caches them in L1 too). On the H200
+// this order measured level with the tap-outer one (bench/findings.md): the loop is bound by
+// issuing instructions, not by memory. Each thread copies 16-byte chunk (threadIdx % 4) of tile
+// rows threadIdx / 4 + 32 i.
 struct Step {
   int tap, r, s, c0;
 };
@@ -119,9 +121,9 @@ __device__ __forceinline__ void load_b_krsc(typename T::raw* sB, const typename 
 
 // KCRS (w as a model holds it): a filter's channels at one tap lie R * S elements apart, so the B
 // tile is gathered element by element (from L1, step_of's order: a warp's load spans 32 * R * S
-// elements of one filter, read again by the next R * S - 1 stages) into
-// registers, and stored to shared memory one stage later (store_b), after the current stage's
-// MMAs: the loads' latency hides behind them. So no second kernel (nor a cached copy, stale once a
+// elements of one filter, read again by the next R * S - 1 stages) into registers, and stored to
+// shared memory one stage later (store), after the current stage's MMAs: the loads' latency hides
+// behind them. So no second kernel (nor a cached copy, stale once a
 // weight is written in place) makes a KRSC weight. Element e of this thread: filter
 // (threadIdx + e * THREADS) / BK, channel lane idx % BK (consecutive lanes, consecutive channels).
 template <class T, int BN>
@@ -186,7 +188,7 @@ __device__ __forceinline__ void mma_stage(const typename T::raw* sA, const typen
 
 // The accumulators' place in the tile: acc[mt][nt][half * 2 + j] is row
 // wm * (BM / 2) + mt * 16 + lane / 4 + half * 8, channel wn * (BN / 2) + nt * 8 + (lane % 4) * 2 + j.
-template <class T, int BM, int BN>
+template <int BM, int BN>
 struct Frag {
   int lane, wm, wn;
   __device__ __forceinline__ Frag() : lane(threadIdx.x % 32), wm(threadIdx.x / 64), wn((threadIdx.x / 32) % 2) {}
@@ -212,7 +214,7 @@ __device__ __forceinline__ void put(typename T::raw* __restrict__ Y, const Geom&
 template <class T, int BM, int BN, class Epi>
 __device__ __forceinline__ void epilogue_regs(typename T::raw* __restrict__ Y, const Geom& g, const Epi& epi,
                                               const float (&acc)[BM / 32][BN / 16][4], int m0, int n0) {
-  const Frag<T, BM, BN> f;
+  const Frag<BM, BN> f;
 #pragma unroll
   for (int nt = 0; nt < BN / 16; ++nt) {
     const int k = n0 + f.col(nt);
@@ -245,7 +247,7 @@ __device__ __forceinline__ void epilogue_cluster(float* tile, typename T::raw* _
                                                  int n0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int LD = acc_ld<BN>(), ROWS = BM / SPLIT;
-  const Frag<T, BM, BN> f;
+  const Frag<BM, BN> f;
 #pragma unroll
   for (int mt = 0; mt < BM / 32; ++mt)
 #pragma unroll

@@ -23,8 +23,11 @@ from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float, cuh
 
 KERNEL = cuh("conv_igemm.cuh")
 MAIN_LOOP = cuh("pwconv.cuh")     # its cp.async and mma helpers (namespace pw)
-# (BM, BN, STAGES) instantiations, each within 48 KB of shared memory (conv_igemm.cuh's launch)
-IG_TILES = ((128, 64, 3), (64, 64, 4), (64, 128, 3), (128, 32, 3))
+# (BM, BN, STAGES) instantiations, each within 48 KB of shared memory (conv_igemm.cuh's launch), in
+# their order on a model's KCRS weights at batch 16, ResNet-18's 3x3 layers (128 x 64 and 128 x 32
+# level, then 64 x 64; 64 x 128 gathers twice the weights a thread, the slowest there and among the
+# fastest on KRSC weights: docs/experiments/igemm_tiles, H200)
+IG_TILES = ((128, 64, 3), (128, 32, 3), (64, 64, 4), (64, 128, 3))
 DEFAULT_TILE = IG_TILES[0]
 
 

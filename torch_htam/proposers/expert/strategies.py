@@ -78,12 +78,9 @@ def _pw_tiles() -> list[dict]:
 
 
 def _igemm_tiles() -> list[dict]:
-    """The implicit-GEMM conv's tiles in their order on a model's KCRS weights at batch 16, ResNet-18's
-    3x3 layers (128 x 64 and 128 x 32 level, then 64 x 64; 64 x 128 gathers twice the weights a
-    thread, the slowest there and among the fastest on KRSC weights: docs/experiments/igemm_tiles,
-    H200)."""
-    return [{"igemm": True, "ig_bm": bm, "ig_bn": bn, "ig_stages": st}
-            for bm, bn, st in ((128, 64, 3), (128, 32, 3), (64, 64, 4), (64, 128, 3))]
+    """The implicit-GEMM conv's tiles, in conv_igemm.IG_TILES's order."""
+    from torch_htam.proposers.expert.conv_igemm import IG_TILES   # conv_igemm -> conv_match -> here
+    return [{"igemm": True, "ig_bm": bm, "ig_bn": bn, "ig_stages": st} for bm, bn, st in IG_TILES]
 
 
 EW, ROW, GEMM = frozenset({"elementwise"}), frozenset({"rowwise"}), frozenset({"gemm"})
