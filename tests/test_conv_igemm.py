@@ -175,7 +175,7 @@ def test_smem_tiling_moves_an_eligible_channels_last_conv_to_the_implicit_gemm_k
     (where a 1x1 NCHW conv's are pwconv's); a later move of cuDNN's knobs returns to cuDNN's path."""
     from torch_htam.proposers.expert import conv, conv_igemm, strategies
     *_, cp = _region()
-    assert cp.facts.igemm_conv and not cp.facts.tiled_conv
+    assert cp.facts.igemm_tiles == conv_igemm.IG_TILES and not cp.facts.tiled_conv
     moves = strategies.moves_for("smem_tiling", cp.facts)
     assert moves and all(m["igemm"] for m in moves)
     assert {(m["ig_bm"], m["ig_bn"], m["ig_stages"]) for m in moves} == set(conv_igemm.IG_TILES)
@@ -185,7 +185,7 @@ def test_smem_tiling_moves_an_eligible_channels_last_conv_to_the_implicit_gemm_k
     assert not conv.igemm(cp, back) and "implicit-GEMM" not in conv.render(cp, back).splitlines()[0]
     assert conv.igemm(cp, conv.refit(cp, dict(own, ig_bm=64), {"ig_bm": 64}))
     *_, fp32 = _region(dtype=torch.float32)
-    assert not fp32.facts.igemm_conv and strategies.moves_for("smem_tiling", fp32.facts) == []
+    assert not fp32.facts.igemm_tiles and strategies.moves_for("smem_tiling", fp32.facts) == []
 
 
 @pytest.mark.parametrize("kw, why", [

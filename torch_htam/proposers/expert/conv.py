@@ -224,7 +224,7 @@ def match(gm, policy) -> ConvMatch:
                        has_batchnorm=bn is not None, epilogue_fits_cudnn=fits and not cl,
                        tiled_conv=not cl and pwconv.reason(cp) is None,
                        nhwc_conv=not cl and nhwc_reason(cp, {"graph": True}) is None,
-                       igemm_conv=cl and conv_igemm.reason(cp) is None)
+                       igemm_tiles=conv_igemm.IG_TILES if cl and conv_igemm.reason(cp) is None else ())
     return cp
 
 

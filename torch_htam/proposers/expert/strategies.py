@@ -32,7 +32,7 @@ class TaskFacts:
     single_pass: bool = False          # rowwise: one reduction, no full-row output (the row is read once)
     tiled_conv: bool = False           # conv: pwconv.py's tiled kernel runs it (1x1, policy allows)
     nhwc_conv: bool = False            # conv: the NHWC path can run it (conv.nhwc_reason)
-    igemm_conv: bool = False           # conv: conv_igemm.py's one-launch kernel runs it (channels-last)
+    igemm_tiles: tuple = ()            # conv: conv_igemm.IG_TILES where its one-launch kernel runs it
     cudnn_attention: bool = False      # attention: cuDNN's fused attention can run it, its library built
 
     @property
@@ -77,10 +77,9 @@ def _pw_tiles() -> list[dict]:
             {"tiled": True, "bn": 128, "persist": True}, {"tiled": True, "stages": 3}]
 
 
-def _igemm_tiles() -> list[dict]:
-    """The implicit-GEMM conv's tiles, in conv_igemm.IG_TILES's order."""
-    from torch_htam.proposers.expert.conv_igemm import IG_TILES   # conv_igemm -> conv_match -> here
-    return [{"igemm": True, "ig_bm": bm, "ig_bn": bn, "ig_stages": st} for bm, bn, st in IG_TILES]
+def _igemm_tiles(i: TaskFacts) -> list[dict]:
+    """The implicit-GEMM conv's tiles (conv.match gives them: conv_igemm imports this module)."""
+    return [{"igemm": True, "ig_bm": bm, "ig_bn": bn, "ig_stages": st} for bm, bn, st in i.igemm_tiles]
 
 
 EW, ROW, GEMM = frozenset({"elementwise"}), frozenset({"rowwise"}), frozenset({"gemm"})
@@ -141,8 +140,8 @@ TABLE: dict[str, StrategyMoves] = {
     # store (pwconv.py), where cuDNN writes the conv and an epilogue kernel reads it back; a
     # channels-last conv as our implicit-GEMM kernel (conv_igemm.py), one launch with batch norm
     # from the raw statistics, where cuDNN's path launches the fold and then cuDNN
-    "smem_tiling": StrategyMoves(CONV, lambda i: _igemm_tiles() if i.igemm_conv else _pw_tiles(),
-                                 lambda i: i.tiled_conv or i.igemm_conv),
+    "smem_tiling": StrategyMoves(CONV, lambda i: _igemm_tiles(i) if i.igemm_tiles else _pw_tiles(),
+                                 lambda i: i.tiled_conv or bool(i.igemm_tiles)),
     # conv: cuDNN's conv on NHWC copies of x and w (the layout its tensor-core engines run natively;
     # on NCHW it transposes in and out itself), the tiled kernel's epilogue transposing back through
     # shared memory (conv.py, pwconv.nhwc_epilogue). Not where our tiled 1x1 kernel runs (faster).
