@@ -404,3 +404,24 @@ def test_an_evaluation_carries_the_registers_and_spills_of_its_build():
         (res,) = ev.evaluate_many(make_task(), [sample("add_f32.cu") + SPILLS])
     assert res.reason == "no_gpu" and res.registers is not None and res.registers <= 32 and res.spill_bytes > 0
     assert "bytes spilled" in res.ptxas()
+
+
+def test_a_build_the_deadline_stopped_is_no_compile_error():
+    """A build stopped at its timeout when optimize's deadline capped it says "deadline" (the search
+    learns nothing from it); the same stop before the deadline stays a compile_error."""
+    import time
+    from test_search import make_task
+    from torch_htam.deadline import Deadline
+    from torch_htam.evaluation import Evaluator
+
+    class Builds:   # a pool that builds (as ray_pool.RayPool does): every build stopped at its timeout
+        def build_many(self, sources, arch=None, timeout_s=300.0):
+            return [build.BuildResult(False, None, f"h{i}", f"build timed out after {timeout_s:g} s", timed_out=True)
+                    for i, _ in enumerate(sources)]
+
+    spent = Deadline(0.01)
+    time.sleep(0.05)
+    (cut,) = Evaluator(arch="sm_90a", pool=Builds(), deadline=spent).evaluate_many(make_task(), ["// a"])
+    (slow,) = Evaluator(arch="sm_90a", pool=Builds(), deadline=Deadline(600.0)).evaluate_many(make_task(), ["// a"])
+    assert (cut.reason, slow.reason) == ("deadline", "compile_error")
+    assert "timed out" in cut.detail

@@ -139,7 +139,7 @@ def test_deadline_field(pool):
     assert gone["reason"] == "deadline"
     t0 = time.monotonic()
     cut = pool.submit({"do": "sleep", "seconds": 30, "timeout": 20, "deadline": time.monotonic() + 1.0}).result()
-    assert cut["reason"] == "timeout" and time.monotonic() - t0 < 6
+    assert cut["reason"] == "deadline" and time.monotonic() - t0 < 6   # the budget's cut, not a hang
     # the deadline is this host's clock: enforced here, never sent to a worker
     ok = pool.submit({"do": "read_so", "so_path": __file__, "deadline": time.monotonic() + 60}).result()
     assert ok["reason"] == "ok" and not ok["has_deadline"]

@@ -514,3 +514,27 @@ def test_a_background_builder_that_fails_to_start_costs_the_search_nothing():
     results = search_many(tasks, Speculative, Broken(default=1.1), HTG.from_prior(), SearchConfig(steps=1),
                           progress=False, time_budget_s=1e6)
     assert all(r.best is not None for r in results.values())
+
+
+def test_candidates_the_deadline_cut_teach_the_memory_nothing():
+    """A step whose candidates optimize's deadline cut (Evaluation reason "deadline") judged none
+    of its strategies: it records no transition or strategy experience, where a failed step would."""
+    class Cut(FakeEvaluator):
+        def evaluate_many(self, task, sources):
+            out = super().evaluate_many(task, sources)
+            return out if self.calls <= 2 else [Evaluation(False, "deadline", "cut") for _ in sources]
+
+    plain = search(make_task(), FakeProposer(), FakeEvaluator(default=1.1), HTG.from_prior(),
+                   SearchConfig(steps=1, stagnation=0))
+    htg = HTG.from_prior()
+    search(make_task(), FakeProposer(), FakeEvaluator(default=1.1), htg, SearchConfig(steps=1, stagnation=0))
+    cut_htg = HTG.from_prior()
+    res = search(make_task(), FakeProposer(), Cut(default=1.1), cut_htg, SearchConfig(steps=2, stagnation=0))
+    assert res.directions[:2] == plain.directions[:2]
+
+    def experience(h):
+        edges = [(a, b, k, s.attempts) for a, b, d in h.graph.edges(data=True) if d["kind"] == "transition"
+                 for k, s in d["exp"].items()]
+        nodes = [(n, k, s.attempts) for n, d in h.graph.nodes(data=True) for k, s in (d.get("exp") or {}).items()]
+        return sorted(edges), sorted(nodes)
+    assert experience(cut_htg) == experience(htg)   # step 2's cut candidates added nothing

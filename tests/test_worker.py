@@ -143,3 +143,14 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_job_cut_at_optimize_s_deadline_says_deadline_not_timeout(pool):
+    """The worker waits min(the job's timeout, the time left to optimize's deadline): a job stopped
+    at the deadline is the budget's cut (reason "deadline", which the search learns nothing
+    from); one stopped by its own timeout before the deadline is a timeout (a hang)."""
+    pool.submit({"do": "echo"}).result()     # worker start-up first
+    cut = pool.submit({"do": "sleep", "seconds": 30, "timeout": 20.0, "deadline": time.monotonic() + 0.5}).result()
+    assert cut["reason"] == "deadline" and "no result after" in cut["detail"]
+    hung = pool.submit({"do": "sleep", "seconds": 30, "timeout": 0.5, "deadline": time.monotonic() + 60}).result()
+    assert hung["reason"] == "timeout"

@@ -308,7 +308,8 @@ def default_arch() -> str:
 class BuildResult:
     """ok: the .so exists at so_path. error: short feedback for the proposer ("" when ok);
     log: the full compiler output; seconds: this source's compile time (0 when cached);
-    resources: ptxas's account of the kernels (None where the log has none)."""
+    resources: ptxas's account of the kernels (None where the log has none); timed_out: the build
+    was stopped at its timeout, the compiler having reported no error by then."""
     ok: bool
     so_path: str | None
     source_hash: str
@@ -317,6 +318,7 @@ class BuildResult:
     seconds: float = 0.0
     cached: bool = False
     resources: "Resources | None" = None
+    timed_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -612,7 +614,7 @@ def _collect(job: _Job, tmp: Path, out_dir: Path, finished: dict[str, float], wa
     if timed_out and not _LOCATED.search(log):
         err = f"build timed out after {timeout_s:g} s"
         (out_dir / f"{job.hash}.log").write_text(log + "\n" + ninja_out)
-        return BuildResult(False, None, job.hash, err, log + ninja_out, wall)
+        return BuildResult(False, None, job.hash, err, log + ninja_out, wall, timed_out=True)
     log = log or ninja_out
     (out_dir / f"{job.hash}.log").write_text(log)
     return BuildResult(False, None, job.hash, compile_feedback(log, job.source), log, wall)

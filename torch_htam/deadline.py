@@ -19,6 +19,11 @@ import time
 from dataclasses import dataclass, field
 
 
+# Seconds before the deadline within which a stop counts as the deadline's: a build's or a worker
+# job's timeout capped at the time left fires at the deadline or just after it.
+SLACK_S = 0.05
+
+
 @dataclass
 class Deadline:
     """budget_s: seconds from now (None: no deadline; every query then answers 'plenty').
@@ -50,6 +55,11 @@ class Deadline:
         (never negative; None without a deadline)."""
         r = self.remaining()
         return None if r is None else max(0.0, r - reserve)
+
+    def expired(self) -> bool:
+        """Whether the deadline has passed (within SLACK_S)."""
+        r = self.remaining()
+        return r is not None and r <= SLACK_S
 
     def allows(self, seconds: float, reserve: float = 0.0) -> bool:
         """True when a step expected to take `seconds` fits before the deadline less `reserve`."""

@@ -34,9 +34,11 @@ REASONS = (
     "nondeterministic",  # two runs on the same inputs differ
     "above_roofline",    # faster than the hardware allows: the timer was fooled
     "no_gpu",
-    "deadline",          # optimize's time budget ran out before the job could run
+    "deadline",          # optimize's time budget ran out before or while the job ran: no verdict
     "unverified",        # a cache record that carries no verdict (written by hand, or torn)
 )
+# Reasons that judge nothing about the candidate's source: its strategies learn nothing from them.
+UNJUDGED = frozenset({"deadline"})
 
 
 # Wall seconds a worker job may add to compile the reference with Inductor (one region: seconds).
@@ -189,7 +191,11 @@ class Evaluator:
         out: list[Evaluation | None] = [None] * len(sources)
         futures = {}
         for i, b in enumerate(builds):
-            if not b.ok:
+            if not b.ok and b.timed_out and self.deadline.expired():
+                # the budget's cut, not the source's failure (worker.cut_at_deadline)
+                out[i] = Evaluation(False, "deadline", f"cut at optimize's deadline ({b.error})", b.source_hash, pol,
+                                    build_s=b.seconds)
+            elif not b.ok:
                 static = b.error.startswith("static check:")
                 detail = b.error.removeprefix("static check:").strip() if static else b.error
                 out[i] = Evaluation(False, "static_check" if static else "compile_error", detail,

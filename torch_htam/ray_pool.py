@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_htam.worker import (DEFAULT_RUNNER, PAST_DEADLINE, START_TIMEOUT_S, _resolve, cancel_queued,
-                               job_timeout)
+                               cut_at_deadline, job_timeout)
 
 INSTALL_HINT = "pip install torch_htam[ray]  (or: pip install ray)"
 
@@ -366,6 +366,7 @@ class RayPool:
                 res = slot.run(self._outgoing(job), timeout, None if deadline is None else float(deadline))
             except Exception as e:   # noqa: BLE001 -- the actor could not start: report, keep serving
                 res = {"reason": "crash", "detail": f"{type(e).__name__}: {e}"}
+            res = cut_at_deadline(res, job)
             res.setdefault("worker_s", time.perf_counter() - t0)
             fut.set_result(res)
         slot.stop()

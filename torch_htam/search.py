@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from torch_htam.evaluation import UNJUDGED
 from torch_htam.htg import HTG, MODES, Trail, outcome_of
 from torch_htam.proposers.base import Attempt, Parent, ProposalRequest, source_key
 from torch_htam.state import ridge_point, state_of
@@ -304,9 +305,11 @@ class _Loop:
             start = res.best is None and not cand.tags   # step 0's starting point: not a move
             improved |= self.absorb(step, state, previous, direction, cand, ev, parent_speedup,
                                     learn=not start)
-        reasons = [ev.reason for ev in evals]
-        # NOTE: a step with no correct candidate says why in the next state (boundary handling etc.)
-        self.last_failure = None if "ok" in reasons else _most_common(reasons)
+        reasons = [ev.reason for ev in evals if ev.reason not in UNJUDGED]
+        # NOTE: a step with no correct candidate says why in the next state (boundary handling etc.);
+        # one whose candidates the deadline cut says nothing new
+        if reasons:
+            self.last_failure = None if "ok" in reasons else _most_common(reasons)
         # NOTE: an unrealized step (no candidate) is pushed as not improved so the trail's tabu
         # steers the next step elsewhere; memory records nothing for it (module docstring).
         self.trail.push(direction, improved)
@@ -326,9 +329,10 @@ class _Loop:
         """Record one evaluated candidate everywhere (memory only when `learn`); True if it became
         a best with a real gain over parent_speedup."""
         outcome = outcome_of(ev, parent_speedup, self.cfg.min_gain)
-        if learn:
-            self.memory.record(state, previous, direction, cand.tags, outcome, self.cfg.memory)
-        self.trail.note_strategies(cand.tags, outcome)
+        if ev.reason not in UNJUDGED:   # a candidate the budget cut is no failure of its strategies
+            if learn:
+                self.memory.record(state, previous, direction, cand.tags, outcome, self.cfg.memory)
+            self.trail.note_strategies(cand.tags, outcome)
         self.feedback.append(_attempt(cand, ev))
         self.tried.add(source_key(cand.source))
         self.res.candidates += 1

@@ -32,6 +32,8 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing.connection import Connection, Pipe
 
+from torch_htam.deadline import SLACK_S
+
 DEFAULT_RUNNER = "torch_htam.evaluation:run_job"
 START_TIMEOUT_S = 180.0    # importing torch + CUDA init on a cold machine
 
@@ -165,6 +167,18 @@ def await_result(fut: Future, deadline_at: float | None, grace_s: float = JOB_GR
 PAST_DEADLINE = {"reason": "deadline", "detail": "optimize's time budget ran out first"}
 
 
+def cut_at_deadline(res: dict, job: dict) -> dict:
+    """res as the search must read it: a "timeout" that came back once optimize's deadline
+    (job["deadline"], a time.monotonic()) had passed is the budget's cut, reason "deadline", not the
+    kernel's hang. Why: a timeout is a crash-class failure (state.FAILURE_CLASS) that the HTG
+    learns against the candidate's strategies; a cut says nothing about them. A cold vision search
+    at a 150 s budget (H200) had its first candidate cut at 24 s, recorded as a timeout."""
+    at = job.get("deadline")
+    if res.get("reason") != "timeout" or at is None or time.monotonic() < float(at) - SLACK_S:
+        return res
+    return {**res, "reason": "deadline", "detail": f"cut at optimize's deadline ({res.get('detail', '')})"}
+
+
 def job_timeout(job: dict, default: float) -> float | None:
     """The seconds a job may run: its "timeout" (else `default`), cut at its "deadline" (a
     time.monotonic() of this host, optimize's); None where the deadline has passed."""
@@ -235,6 +249,7 @@ class WorkerPool:
                 res = w.run(job, timeout)
             except Exception as e:   # the worker could not even start: report, keep serving
                 res = {"reason": "crash", "detail": f"{type(e).__name__}: {e}"}
+            res = cut_at_deadline(res, job)
             res.setdefault("worker_s", time.perf_counter() - t0)
             fut.set_result(res)
         w.close()
