@@ -425,3 +425,44 @@ def test_a_build_the_deadline_stopped_is_no_compile_error():
     (slow,) = Evaluator(arch="sm_90a", pool=Builds(), deadline=Deadline(600.0)).evaluate_many(make_task(), ["// a"])
     assert (cut.reason, slow.reason) == ("deadline", "compile_error")
     assert "timed out" in cut.detail
+
+
+def test_a_ranged_batch_is_verified_over_its_range_for_its_fastest_only():
+    """A ranged task's candidates are verified and timed at the example's sizes, then the fastest
+    over the whole range, and the next while that fails: every candidate faster than the one kept
+    was checked over the range; the rest say range_checked False. A static task: one full round."""
+    from concurrent.futures import Future
+    from test_search import make_task
+    from torch_htam.evaluation import Evaluator
+    from torch_htam.task import Task, TensorSpec
+
+    ms = {"a": 3.0, "b": 1.0, "c": 2.0}            # each candidate's time at the example's sizes
+    wrong_over_range = {"b"}                        # right at the example, wrong at size 1
+
+    class Pool:
+        remote_gpus = True
+
+        def __init__(self):
+            self.jobs = []
+
+        def build_many(self, sources, arch=None, timeout_s=300.0):
+            return [build.BuildResult(True, s, s) for s in sources]
+
+        def submit(self, job):
+            self.jobs.append((job["so_path"], job["range"]))
+            bad = job["range"] and job["so_path"] in wrong_over_range
+            fut = Future()
+            fut.set_result({"reason": "mismatch", "detail": "size 1"} if bad else
+                           {"reason": "ok", "kernel_ms": ms[job["so_path"]], "ref_ms": 4.0,
+                            "speedup": 4.0 / ms[job["so_path"]], "range_checked": job["range"]})
+            return fut
+
+    x = TensorSpec((64, 32), "float32", (32, 1), dynamic=(0,), ranges=((1, 64),))
+    ranged = Task("r", "rowwise", "class Model: ...", [x], [x], "sig-r", ["aten.relu.default"])
+    pool = Pool()
+    out = Evaluator(arch="sm_90a", pool=pool).evaluate_many(ranged, ["a", "b", "c"])
+    assert pool.jobs == [("a", False), ("b", False), ("c", False), ("b", True), ("c", True)]
+    assert [(e.reason, e.range_checked) for e in out] == [("ok", False), ("mismatch", True), ("ok", True)]
+    pool.jobs.clear()
+    Evaluator(arch="sm_90a", pool=pool).evaluate_many(make_task(), ["a", "b"])   # no declared range
+    assert pool.jobs == [("a", True), ("b", True)]

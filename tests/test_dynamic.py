@@ -130,6 +130,17 @@ def test_a_kernel_wrong_at_size_one_is_kept_for_the_other_buckets():
     assert V.verify(task, wrong_at_one, load_reference(task), make("fp32"), device="cpu")[:2] == (False, "mismatch")
 
 
+def test_the_example_s_trials_alone_judge_the_example_and_keep_no_bucket():
+    """other_sizes=False (a search's first look at a ranged candidate, evaluation.py): the example's
+    trials run, nothing else; a kernel wrong at size 1 passes them, and is kept in no bucket until
+    verified over the range."""
+    task = ranged_task()
+    v = V.verify_range(task, wrong_at_one, load_reference(task), make("fp32"), device="cpu", other_sizes=False)
+    assert (v.ok, v.kept) == (True, []) and {s[0][0] for s in v.errs["shapes"]} == {64}
+    bad = V.verify_range(task, wrong_at_example, load_reference(task), make("fp32"), device="cpu", other_sizes=False)
+    assert (bad.ok, bad.reason) == (False, "mismatch")
+
+
 def test_a_kernel_wrong_at_odd_sizes_is_kept_only_where_every_size_is_even():
     v = run(pairs_of_rows, ranged_task(high=2048))
     assert [(b.low, b.high) for b in v.kept] == [(129, 2048)]

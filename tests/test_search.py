@@ -538,3 +538,17 @@ def test_candidates_the_deadline_cut_teach_the_memory_nothing():
         nodes = [(n, k, s.attempts) for n, d in h.graph.nodes(data=True) for k, s in (d.get("exp") or {}).items()]
         return sorted(edges), sorted(nodes)
     assert experience(cut_htg) == experience(htg)   # step 2's cut candidates added nothing
+
+
+def test_a_candidate_verified_at_the_example_only_is_never_the_best():
+    """Evaluator.evaluate_many verifies a ranged batch over the range for its fastest only; a
+    candidate left at the example's sizes (range_checked False) may not become what the task keeps,
+    even where a second timing put it ahead of the one that was checked over the range."""
+    class Unchecked(FakeEvaluator):
+        def evaluate_many(self, task, sources):
+            out = super().evaluate_many(task, sources)
+            out[0].range_checked, out[0].speedup = False, 99.0    # fastest, but not checked
+            return out
+
+    res = search(make_task(), FakeProposer(), Unchecked(default=1.1), HTG.from_prior(), SearchConfig(steps=1))
+    assert res.best is not None and res.best.speedup < 99.0 and res.best.evaluation.range_checked

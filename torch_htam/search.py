@@ -425,11 +425,15 @@ def _budget_stop(cfg: SearchConfig, t0: float, usage: dict[str, float]) -> str |
 
 
 def _offer(res: SearchResult, cand: Best) -> bool:
-    """Add a correct candidate to the population; True if it is the new best (strictly faster)."""
+    """Add a correct candidate to the population; True if it is the new best (strictly faster).
+    One verified at the example's sizes only (range_checked False) may parent later steps but is
+    never the best: the best is what the task keeps, so it was verified over the whole range."""
     ev = cand.evaluation
     if not ev.correct or not ev.speedup:
         return False
     res.population = sorted(res.population + [cand], key=lambda b: -b.speedup)[:POPULATION]
+    if not getattr(ev, "range_checked", True):
+        return False
     if res.best is None or cand.speedup > res.best.speedup:
         res.best = cand
         return True

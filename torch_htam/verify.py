@@ -756,7 +756,8 @@ class RangeVerdict:
         return [v for v in self.buckets if not v.ok]
 
 
-def verify_range(task: Task, kernel, reference, policy, device="cuda", seeds=(0, 1, 2)) -> RangeVerdict:
+def verify_range(task: Task, kernel, reference, policy, device="cuda", seeds=(0, 1, 2),
+                 other_sizes: bool = True) -> RangeVerdict:
     """The protocol over a task's declared range, judged per bucket (buckets_for).
 
     First every seed at the example shape (and the model's own inputs): a kernel wrong there is
@@ -770,6 +771,9 @@ def verify_range(task: Task, kernel, reference, policy, device="cuda", seeds=(0,
         >>> v = verify_range(task, kernel, reference, make("fp32"), device="cpu")
         >>> v.ok, [str(b) for b in v.kept], [(w.sizes, w.reason) for w in v.wrong]
         (True, ['in0 dim 0 in [2, 8]', 'in0 dim 0 in [9, 64]'], [([1], 'mismatch')])
+
+    other_sizes=False stops after the example's trials: the verdict there, no bucket kept (what a
+    search times candidates on before it verifies the fastest over the range, evaluation.py).
     """
     if leading_dim(task) is None:
         ok, reason, detail, errs = verify(task, kernel, reference, policy, device, seeds)
@@ -789,6 +793,8 @@ def verify_range(task: Task, kernel, reference, policy, device="cuda", seeds=(0,
         why = f"wrong at the example size {rs.sizes[0]}: {failed.detail}"
         return RangeVerdict(False, failed.reason, why,
                             [BucketVerdict(b, [], False, failed.reason, why) for b in buckets], rs.skipped, errs)
+    if not other_sizes:
+        return RangeVerdict(True, "ok", "", [], rs.skipped, errs)
     results: dict[int, Failure | None] = {rs.sizes[0]: None}
     for j, (size, shapes) in enumerate(zip(rs.sizes[1:], rs.sets[1:])):
         dist = DISTRIBUTIONS[(j + 2) % len(DISTRIBUTIONS)]
