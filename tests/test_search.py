@@ -214,8 +214,8 @@ def test_a_time_budget_covers_every_task_before_deepening(clock):
     tasks = [make_task("small", nbytes=1e5), make_task("big", nbytes=1e9), make_task("mid", nbytes=1e7)]
     ev, seen = Clocked(clock, default=1.1), []
     results = search_many(tasks, FakeProposer, ev, HTG.from_prior(),
-                          SearchConfig(steps=2, stagnation=0, roofline_stop=None), progress=False,
-                          time_budget_s=1e6, on_result=lambda t, r: seen.append((t.name, r.partial)))
+                          SearchConfig(steps=2, stagnation=0, roofline_stop=None, cover_candidates=4),
+                          progress=False, time_budget_s=1e6, on_result=lambda t, r: seen.append((t.name, r.partial)))
     assert ev.served[:3] == ["big", "mid", "small"]          # every task's step 0 first
     assert ev.served[3:] == ["big"] * 2 + ["mid"] * 2 + ["small"] * 2
     assert seen == [("big", True), ("mid", True), ("small", True),
@@ -227,14 +227,46 @@ def test_a_budget_spent_while_deepening_keeps_every_task_s_first_kernel(clock):
     tasks = [make_task(f"t{i}", nbytes=10 ** (9 - i)) for i in range(3)]
     ev, seen = Clocked(clock, default=1.1), []
     results = search_many(tasks, FakeProposer, ev, HTG.from_prior(),
-                          SearchConfig(steps=3, stagnation=0, roofline_stop=None), progress=False,
-                          time_budget_s=35.0, on_result=lambda t, r: seen.append((t.name, r.partial)))
+                          SearchConfig(steps=3, stagnation=0, roofline_stop=None, cover_candidates=4),
+                          progress=False, time_budget_s=35.0, on_result=lambda t, r: seen.append((t.name, r.partial)))
     # cover pass: 30 s for three step-0s; t0 then gets one step before its share runs out
     assert ev.served == ["t0", "t1", "t2", "t0"]
     assert all(r.best is not None and not r.partial for r in results.values())
     assert results["sig-t0"].stop == "wall" and results["sig-t0"].steps == 1
     assert {results[f"sig-t{i}"].stop for i in (1, 2)} == {"time_budget"}
     assert seen == [("t0", True), ("t1", True), ("t2", True), ("t0", False)]
+
+
+class DefaultsFirst(FakeProposer):
+    """As the expert: with no parent, candidate 0 is the defaults (no strategy, never broken)."""
+
+    def __init__(self):
+        super().__init__(fail_last=False)
+
+    def propose(self, req):
+        out = super().propose(req)
+        if req.parent is None and out.candidates:
+            c = out.candidates[0]
+            out.candidates[0] = Candidate(c.source.replace('"i": 0', '"i": 0, "defaults": 1'), [], c.params, c.origin)
+        return out
+
+
+def test_the_cover_pass_asks_each_task_for_its_defaults_and_deepening_for_more(clock):
+    """With a time budget, step 0 of the cover pass asks for cover_candidates (1: the defaults),
+    so the budget reaches every task first; a step of the defaults alone tries no direction (the
+    trail stays empty, so step 1 may take the direction step 0 chose); deepening asks for
+    candidates_per_step."""
+    tasks = [make_task("a", nbytes=1e9), make_task("b", nbytes=1e5)]
+    proposers = []
+
+    def factory():
+        proposers.append(DefaultsFirst())
+        return proposers[-1]
+    results = search_many(tasks, factory, Clocked(clock, default=1.1), HTG.from_prior(),
+                          SearchConfig(steps=1, stagnation=0, roofline_stop=None), progress=False, time_budget_s=1e6)
+    assert [[r.n for r in p.requests] for p in proposers] == [[1, 4], [1, 4]]
+    assert all(r.best is not None and r.steps == 1 for r in results.values())
+    assert [p.requests[1].transition[0] for p in proposers] == [START, START]   # no move before step 1
 
 
 def test_without_a_time_budget_each_task_is_searched_in_one_go(clock):

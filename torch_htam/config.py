@@ -83,7 +83,8 @@ class OptimizeConfig:
     """What optimize may spend and use.
 
     steps / candidates_per_step: HTAM evolution budget per task: step 0 plus `steps` steps of up to
-    `candidates_per_step` kernels. The default, 16 candidates, is where the HTG's anytime curve
+    `candidates_per_step` kernels (under time_budget_s, step 0 is the proposer's defaults alone:
+    search.SearchConfig.cover_candidates). The default, 16 candidates, is where the HTG's anytime curve
     reached the oracle of the expert's search space on bench/tasks (bench/anytime.py, H100: geomean
     100% of the oracle with warm memory, 99.7% cold; bench/results/anytime-20261123-202559.json).
     min_speedup: a verified kernel is swapped in only if it beats the original region by this

@@ -68,7 +68,9 @@ class SearchConfig:
     fraction of the roofline (None = never). max_tokens / max_cost_usd: LLM budget, read from
     Proposal.usage (prompt + completion tokens, cost_usd). memory: "htg" | "flat" | "none".
     prebuild: search_many's cover pass builds the coming tasks' step-0 candidates ahead, in the
-    background (prebuild.py).
+    background (prebuild.py). cover_candidates: how many candidates step 0 asks for in that cover
+    pass (the proposer's defaults first), so a budget reaches every task before it explores; the
+    deepening pass explores from step 1 with candidates_per_step.
     """
     steps: int = 6
     candidates_per_step: int = 4
@@ -83,12 +85,17 @@ class SearchConfig:
     seed: int = 0
     feedback: int = 6
     prebuild: bool = True    # search_many's cover pass builds coming tasks' step 0 ahead (prebuild.py)
+    cover_candidates: int = 1
 
     def __post_init__(self):
         if self.memory not in MODES:
             raise ValueError(f"SearchConfig.memory={self.memory!r}: expected one of {MODES}")
-        if self.steps < 0 or self.candidates_per_step < 1:
-            raise ValueError("SearchConfig needs steps >= 0 and candidates_per_step >= 1")
+        if self.steps < 0 or self.candidates_per_step < 1 or self.cover_candidates < 1:
+            raise ValueError("SearchConfig needs steps >= 0, candidates_per_step >= 1 and cover_candidates >= 1")
+
+    def covering(self) -> "SearchConfig":
+        """This config for search_many's cover pass: step 0 asks for cover_candidates."""
+        return SearchConfig(**{**self.to_json(), "candidates_per_step": self.cover_candidates})
 
     def to_json(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -300,6 +307,7 @@ class _Loop:
         self.bar_ms = next((ev.compile_ms for ev in evals if getattr(ev, "compile_ms", None)), self.bar_ms)
         # what every candidate is rewarded against (module docstring)
         parent_speedup = res.best.speedup if res.best else starting_point(cands, evals)
+        moved = res.best is not None or any(cand.tags for cand in cands)   # else the defaults alone
         improved = False
         for cand, ev in zip(cands, evals):
             start = res.best is None and not cand.tags   # step 0's starting point: not a move
@@ -312,7 +320,8 @@ class _Loop:
             self.last_failure = None if "ok" in reasons else _most_common(reasons)
         # NOTE: an unrealized step (no candidate) is pushed as not improved so the trail's tabu
         # steers the next step elsewhere; memory records nothing for it (module docstring).
-        self.trail.push(direction, improved)
+        if moved or not cands:   # NOTE: the defaults alone (a cover pass's step 0) try no direction
+            self.trail.push(direction, improved)
         res.directions.append(direction)
         if step > 0:   # step 0 starts the search: stagnation counts the steps after it
             self.stale = 0 if improved else self.stale + 1
@@ -575,9 +584,11 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
     left)), capped by config.max_wall_s, so a dominant GEMM gets most of the time and a tiny
     elementwise task still gets a fair slice.
 
-    With a time budget the search runs in two passes: a cover pass runs every task's step 0 (the
-    proposer's defaults), then a deepening pass resumes each task's search for its remaining steps
-    in the same order with what is left of the budget. NOTE: one pass, task after task, spent a
+    With a time budget the search runs in two passes: a cover pass runs every task's step 0 with
+    cfg.cover_candidates candidates (1: the proposer's defaults), then a deepening pass resumes each
+    task's search for its remaining steps in the same order with what is left of the budget. NOTE:
+    with four candidates at step 0, served vision bf16 searched 9 of its 18 tasks in a 300 s budget
+    (H200, docs/experiments/search_time), each task's step 0 taking 6-28 s. NOTE: one pass, task after task, spent a
     ResNet-50's 330 s on its 20 costliest of 27 tasks and left 7 with no kernel at all (H100,
     bench/results/bench_models-20261124-140953.json), while the expert's step-0 defaults held 95%
     of the oracle on 20 of 22 tasks (bench/results/anytime-20261123-202559.json).
@@ -603,7 +614,8 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
     passes = _Passes(cfg, evaluator, weight, show, on_result, time_budget_s,
                      {t.signature: i for i, t in enumerate(order)})
     cover = time_budget_s is not None and cfg.steps > 0
-    prebuild = _prebuild(order, proposer_factory, evaluator, memory, cfg, gpu) if cover and cfg.prebuild else None
+    prebuild = (_prebuild(order, proposer_factory, evaluator, memory, cfg.covering(), gpu)
+                if cover and cfg.prebuild else None)
     results = {}
     try:
         for i, task in enumerate(order):
@@ -623,7 +635,7 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
             results[task.signature] = loop.res
             if prebuild is not None:
                 prebuild.reached(i - 1)          # its tasks are order[1:]
-            passes.run(task, loop, proposer, 0 if cover else cfg.steps, order[i:])
+            passes.run(task, loop, proposer, 0 if cover else cfg.steps, order[i:], cover)
     finally:
         if prebuild is not None:   # NOTE: its nvcc must not run on into the decision's timing
             prebuild.stop()
@@ -659,12 +671,14 @@ class _Passes:
         left = self.remaining()
         return left is not None and left <= 0
 
-    def run(self, task, loop, proposer, last: int, left: list) -> None:
-        """One pass of one task: advance its loop to step `last`, hand the result on."""
+    def run(self, task, loop, proposer, last: int, left: list, cover: bool = False) -> None:
+        """One pass of one task: advance its loop to step `last`, hand the result on (cover: the
+        cover pass, SearchConfig.covering)."""
         if self.show is not None:
             self.show.task_started(self.index[task.signature])
         try:
-            loop.cfg = _task_config(self.cfg, self.remaining(), self.weight, left, task)
+            loop.cfg = _task_config(self.cfg.covering() if cover else self.cfg, self.remaining(), self.weight,
+                                    left, task)
             loop.advance(proposer, self.evaluator, last, self.show)
         except Exception as e:   # NOTE: one bad task must not end a model-wide search
             log.exception("search of task %s failed", task.name)
