@@ -452,9 +452,10 @@ def test_a_ranged_batch_is_verified_over_its_range_for_its_fastest_only():
             self.jobs.append((job["so_path"], job["range"]))
             bad = job["range"] and job["so_path"] in wrong_over_range
             fut = Future()
-            fut.set_result({"reason": "mismatch", "detail": "size 1"} if bad else
+            fut.set_result({"reason": "mismatch", "detail": "size 1", "job_s": {"verify": 5.0}} if bad else
                            {"reason": "ok", "kernel_ms": ms[job["so_path"]], "ref_ms": 4.0,
-                            "speedup": 4.0 / ms[job["so_path"]], "range_checked": job["range"]})
+                            "speedup": 4.0 / ms[job["so_path"]], "range_checked": job["range"],
+                            "job_s": {"verify": 5.0 if job["range"] else 1.0, "time": 0.5}})
             return fut
 
     x = TensorSpec((64, 32), "float32", (32, 1), dynamic=(0,), ranges=((1, 64),))
@@ -463,6 +464,8 @@ def test_a_ranged_batch_is_verified_over_its_range_for_its_fastest_only():
     out = Evaluator(arch="sm_90a", pool=pool).evaluate_many(ranged, ["a", "b", "c"])
     assert pool.jobs == [("a", False), ("b", False), ("c", False), ("b", True), ("c", True)]
     assert [(e.reason, e.range_checked) for e in out] == [("ok", False), ("mismatch", True), ("ok", True)]
+    assert [e.job_s for e in out] == [{"verify": 1.0, "time": 0.5}, {"verify": 6.0, "time": 0.5},
+                                      {"verify": 6.0, "time": 1.0}]   # a rechecked one: both jobs' seconds
     pool.jobs.clear()
     Evaluator(arch="sm_90a", pool=pool).evaluate_many(make_task(), ["a", "b"])   # no declared range
     assert pool.jobs == [("a", True), ("b", True)]
