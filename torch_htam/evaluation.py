@@ -195,9 +195,9 @@ class Evaluator:
         out: list[Evaluation | None] = [None] * len(sources)
         futures = {}
         # NOTE: a ranged task's candidates are verified and timed at the example's sizes first, and
-        # only the fastest over the whole range (range_fastest): a conv candidate on cuDNN plans
-        # each size it meets, and verifying four over the range took 25 s of a 30 s task search
-        # (served vision bf16, budget 300 s, H200), so 7 of its 18 tasks were searched at all
+        # only the fastest over the whole range (_range_fastest): a conv candidate on cuDNN plans
+        # each size it meets, and verifying four over the range took up to 25 s of a 30 s task
+        # search (served vision bf16, budget 300 s, H200), so only 7 of its 18 tasks were searched
         by_range = not inductor and self.time and len(sources) > 1 and leading_dim(task) is not None
         for i, b in enumerate(builds):
             if not b.ok and b.timed_out and self.deadline.expired():
