@@ -584,3 +584,14 @@ def test_a_candidate_verified_at_the_example_only_is_never_the_best():
 
     res = search(make_task(), FakeProposer(), Unchecked(default=1.1), HTG.from_prior(), SearchConfig(steps=1))
     assert res.best is not None and res.best.speedup < 99.0 and res.best.evaluation.range_checked
+
+
+def test_inductor_s_time_from_a_confirmation_is_the_bar_of_the_task_s_later_steps(clock):
+    """on_result (optimize's _Keeper) confirms the cover pass's winner with Inductor's time for the
+    region and returns it; the deepening pass's requests carry it as the parent's bar."""
+    prop = DefaultsFirst()
+    search_many([make_task("a")], lambda: prop, Clocked(clock, default=1.1), HTG.from_prior(),
+                SearchConfig(steps=1, stagnation=0, roofline_stop=None), progress=False, time_budget_s=1e6,
+                on_result=lambda t, r: 0.25 if r.partial else None)
+    assert [r.parent.compile_ms if r.parent else None for r in prop.requests] == [None, 0.25]
+    assert prop.requests[1].parent.compile_speedup == pytest.approx(0.25 / prop.requests[1].parent.kernel_ms)

@@ -599,7 +599,8 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
 
     on_result(task, result) runs after each task's pass (save memory and cache there, so an
     interruption loses at most one task); result.partial is True after the cover pass when the
-    deepening pass may still improve it. A task whose proposer or evaluator raises is logged and
+    deepening pass may still improve it. It may return Inductor's time for the region (ms, from
+    confirming the winner): the task's later steps show it to the proposer as the bar. A task whose proposer or evaluator raises is logged and
     gets stop "error: ...", and the rest go on. GPU parallelism lives in the evaluator (one
     worker process per GPU).
 
@@ -688,8 +689,8 @@ class _Passes:
         else:
             loop.res.partial = True
             self.open.append((task, loop, proposer))
-        if self.on_result is not None:
-            self.on_result(task, loop.res)
+        if self.on_result is not None and (bar := self.on_result(task, loop.res)):
+            loop.bar_ms = bar   # Inductor's time for the region, from the winner's confirmation
 
 
 def _task_config(cfg: SearchConfig, remaining: float | None, weight: dict[str, float], left, task):
