@@ -469,3 +469,50 @@ def test_a_ranged_batch_is_verified_over_its_range_for_its_fastest_only():
     pool.jobs.clear()
     Evaluator(arch="sm_90a", pool=pool).evaluate_many(make_task(), ["a", "b"])   # no declared range
     assert pool.jobs == [("a", True), ("b", True)]
+
+
+INDUCTOR_GPU_MODULE = """
+triton_poi_fused_add_relu_0 = async_compile.triton('triton_poi_fused_add_relu_0', '''
+import triton
+import triton.language as tl
+
+@triton.jit
+def triton_poi_fused_add_relu_0(in_ptr0, out_ptr0, xnumel, XBLOCK : tl.constexpr):
+    tmp0 = tl.load(in_ptr0 + tl.program_id(0) * XBLOCK)
+    tl.store(out_ptr0 + tl.program_id(0) * XBLOCK, tmp0)
+''', device_str='cuda')
+
+
+class Runner:
+    def call(self, args):
+        arg0_1, arg1_1 = args
+        buf0 = extern_kernels.mm(arg0_1, arg1_1)
+        triton_poi_fused_add_relu_0.run(buf0, buf0, 1024, grid=grid(1024))
+        return (buf0, )
+
+runner = Runner()
+"""
+
+
+def test_inductor_s_module_gives_a_proposer_its_kernels_and_call():
+    from torch_htam.evaluation import inductor_kernels
+    got = inductor_kernels(INDUCTOR_GPU_MODULE)
+    assert got.startswith("def triton_poi_fused_add_relu_0(") and "tl.store(" in got
+    assert "def call(self, args):\n    arg0_1, arg1_1 = args" in got and "extern_kernels.mm" in got
+    assert "runner = Runner()" not in got and "import triton" not in got
+    assert inductor_kernels("x = 1") == "" and inductor_kernels(INDUCTOR_GPU_MODULE, limit=40).endswith("# ... cut")
+
+
+@pytest.mark.build
+def test_the_code_inductor_writes_at_a_first_call_is_captured(tmp_path, monkeypatch):
+    """evaluation._first_call_code: the module Inductor writes at a compiled function's first call
+    (here on the CPU, with its own cache folder so the graph is compiled, not loaded), cut to its
+    call; and the hook it borrows is put back."""
+    import torch
+    from torch._inductor.graph import GraphLowering
+    from torch_htam.evaluation import _first_call_code
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    before = GraphLowering.save_output_code
+    code = _first_call_code(torch.compile(lambda x, y: torch.relu(x @ y + 1)), (torch.randn(8, 8), torch.randn(8, 8)))
+    assert "def call(" in code and "extern_kernels.mm" in code
+    assert GraphLowering.save_output_code is before

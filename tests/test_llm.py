@@ -508,6 +508,18 @@ def test_inductor_s_time_is_the_bar_in_the_prompt_when_known():
     assert "Inductor" not in plain                  # not measured: no bar made up
 
 
+def test_inductor_s_code_for_the_region_reaches_the_prompt_with_its_time():
+    from torch_htam.proposers.prompts import render_step
+    from torch_htam.search import MeasuredParent
+    code = "def call(args):\n    buf0 = extern_kernels.mm(arg0_1, arg1_1)\n    return (buf0, )"
+    timed = MeasuredParent(KERNEL, ["vec_loads"], 1.42, 0.0213, 0.71, compile_ms=0.0187,
+                           compile_speedup=0.0187 / 0.0213, inductor_code=code)
+    text = render_step(request(parent=timed))
+    assert code in text and "0.0187 ms" in text
+    untimed = MeasuredParent(KERNEL, ["vec_loads"], 1.42, 0.0213, 0.71, compile_ms=0.0187)
+    assert "extern_kernels" not in render_step(request(parent=untimed))   # no code: none shown
+
+
 def test_the_prior_s_strategy_fields_reach_the_prompt():
     from torch_htam.htg import HTG
     from torch_htam.proposers.prompts import render_step

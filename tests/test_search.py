@@ -586,12 +586,16 @@ def test_a_candidate_verified_at_the_example_only_is_never_the_best():
     assert res.best is not None and res.best.speedup < 99.0 and res.best.evaluation.range_checked
 
 
-def test_inductor_s_time_from_a_confirmation_is_the_bar_of_the_task_s_later_steps(clock):
-    """on_result (optimize's _Keeper) confirms the cover pass's winner with Inductor's time for the
-    region and returns it; the deepening pass's requests carry it as the parent's bar."""
+def test_inductor_s_time_and_code_from_a_confirmation_are_the_bar_of_the_task_s_later_steps(clock):
+    """on_result (optimize's _Keeper) confirms the cover pass's winner, timing Inductor's code for
+    the region, and returns that Evaluation; the deepening pass's requests carry its time and
+    code as the parent's bar."""
     prop = DefaultsFirst()
+    confirmed = Evaluation(True, "ok", compile_ms=0.25, inductor_code="def call(args): ...")
     search_many([make_task("a")], lambda: prop, Clocked(clock, default=1.1), HTG.from_prior(),
                 SearchConfig(steps=1, stagnation=0, roofline_stop=None), progress=False, time_budget_s=1e6,
-                on_result=lambda t, r: 0.25 if r.partial else None)
+                on_result=lambda t, r: confirmed if r.partial else None)
     assert [r.parent.compile_ms if r.parent else None for r in prop.requests] == [None, 0.25]
-    assert prop.requests[1].parent.compile_speedup == pytest.approx(0.25 / prop.requests[1].parent.kernel_ms)
+    parent = prop.requests[1].parent
+    assert parent.compile_speedup == pytest.approx(0.25 / parent.kernel_ms)
+    assert parent.inductor_code == "def call(args): ..."

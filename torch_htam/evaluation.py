@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import functools
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -63,6 +64,9 @@ class Evaluation:
     speedup: float | None = None     # ref_ms / kernel_ms
     compile_ms: float | None = None  # the reference under torch.compile (Inductor), when timed
     compile_speedup: float | None = None   # compile_ms / kernel_ms
+    # Inductor's code for the region where it was compiled here (inductor_kernels: its Triton
+    # kernels and its call), for a proposer to see what it must beat; "" where not captured
+    inductor_code: str = ""
     # a second, independent timing of the candidate (Evaluator(retime=True)): the figure to report
     # for a best chosen by kernel_ms, free of the winner's curse (bench/anytime.py)
     retime_ms: float | None = None
@@ -365,6 +369,57 @@ def _compiled_reference(source: str, name: str):
     return torch.compile(_reference_model(source, name))
 
 
+# Characters of Inductor's code for a region a proposer is shown (inductor_kernels)
+INDUCTOR_CODE_CHARS = 6000
+_TRITON_KERNEL = re.compile(r"@triton\.jit\n(def .*?)'{3}", re.S)
+# (reference source, name) -> Inductor's code for it (inductor_kernels), captured where this worker
+# compiled it (_compiled_reference compiles once)
+_INDUCTOR_CODE: dict[tuple[str, str], str] = {}
+
+
+def inductor_kernels(code: str, limit: int = INDUCTOR_CODE_CHARS) -> str:
+    """What a proposer needs of the module Inductor wrote for a region: each Triton kernel's
+    definition, and the call() that runs them and its extern kernels (cuBLAS, cuDNN), at most
+    `limit` characters; "" where the code has neither."""
+    parts = [m.group(1).strip() for m in _TRITON_KERNEL.finditer(code)] + _calls(code)
+    text = "\n\n".join(parts)
+    return text if len(text) <= limit else text[:limit] + "\n# ... cut"
+
+
+def _calls(code: str) -> list[str]:
+    """Each `def call(...)` of the module with its body (a function, or a method of its Runner),
+    dedented."""
+    import textwrap
+    lines, out = code.splitlines(), []
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("def call("):
+            indent = len(line) - len(line.lstrip())
+            end = next((j for j in range(i + 1, len(lines))
+                        if lines[j].strip() and len(lines[j]) - len(lines[j].lstrip()) <= indent), len(lines))
+            out.append(textwrap.dedent("\n".join(lines[i:end])).rstrip())
+    return out
+
+
+def _first_call_code(compiled, args) -> str:
+    """Call `compiled` (torch.compile'd, not run yet) once and return the code Inductor wrote for
+    it (inductor_kernels), through the hook torch's own run_and_get_code uses
+    (GraphLowering.save_output_code), without that function's reset of Dynamo; "" where nothing
+    was written (a graph from Inductor's cache may come back without its code)."""
+    try:
+        from torch._inductor.graph import GraphLowering
+    except ImportError:
+        compiled(*args)
+        return ""
+    codes: list[str] = []
+    was = getattr(GraphLowering, "save_output_code", None)
+    GraphLowering.save_output_code = codes.append
+    try:
+        compiled(*args)
+    finally:
+        GraphLowering.save_output_code = was
+    return inductor_kernels("\n".join(codes))
+
+
 @dataclass
 class BucketTime:
     """A kept bucket's kernel and baseline medians (ms) at one size verified in it."""
@@ -444,6 +499,7 @@ class _Times:
     ref: Any
     compiled: Any = None
     retime: Any = None
+    code: str = ""     # with inductor: Inductor's code for the region (inductor_kernels)
 
 
 def _time_at(task, kernel, ref, policy, shapes, inductor: bool = False, retime: bool = False,
@@ -475,7 +531,10 @@ def _time_at(task, kernel, ref, policy, shapes, inductor: bool = False, retime: 
         if inductor:
             t1 = time.perf_counter()
             compiled = _compiled_reference(task.source, task.name)
-            compiled(*make_set()[0])   # compiles here, once per worker and task
+            key = (task.source, task.name)
+            if key not in _INDUCTOR_CODE:   # compiles here, once per worker and task
+                _INDUCTOR_CODE[key] = _first_call_code(compiled, make_set()[0])
+            compiled(*make_set()[0])
             t2 = time.perf_counter()
             c = timing.time_fn(lambda s: compiled(*s[0]), make_set)
             compile_s, compiled_s = t2 - t1, time.perf_counter() - t2
@@ -483,7 +542,7 @@ def _time_at(task, kernel, ref, policy, shapes, inductor: bool = False, retime: 
             _add(job_s, "inductor_time", compiled_s)
     k2 = timing.time_fn(lambda s: kernel(s[0], s[1]), make_set) if retime else None
     _add(job_s, "time", time.perf_counter() - t0 - compile_s - compiled_s)
-    return _Times(k, r, c, k2)
+    return _Times(k, r, c, k2, _INDUCTOR_CODE.get((task.source, task.name), "") if inductor else "")
 
 
 def _add(d: dict, key: str, seconds: float) -> None:
@@ -509,7 +568,7 @@ def _time(task, kernel, ref, policy, inductor: bool = False, retime: bool = Fals
     if k2 is not None:
         res["retime_ms"] = k2.median_ms
     if c is not None:
-        res.update(compile_ms=c.median_ms,
+        res.update(compile_ms=c.median_ms, inductor_code=t.code,
                    compile_speedup=c.median_ms / k.median_ms if k.median_ms > 0 else None)
     if timing.above_roofline(k.median_ms, roof):
         res.update(correct=False, reason="above_roofline",

@@ -119,9 +119,9 @@ class _Keeper:
     confirmed: dict = field(default_factory=dict)           # {signature: best confirmed Evaluation}
     cached: set = field(default_factory=set)                # signatures cached by this run
 
-    def __call__(self, task, result) -> float | None:
-        """Confirm and cache as above; Inductor's time for the region (ms) where a confirmation
-        measured it, for the task's later steps (search_many's on_result)."""
+    def __call__(self, task, result):
+        """Confirm and cache as above; the task's confirmed Evaluation (None: none), whose Inductor
+        time and code for the region are the bar of its later steps (search_many's on_result)."""
         from torch_htam.policy import policy_for
         sig, best = task.signature, result.best
         if (best is not None and best.speedup >= self.cfg.min_speedup
@@ -145,7 +145,7 @@ class _Keeper:
             self.searched.add(sig, self.cfg, result.stop, self.speedup(sig, result), policy_for(task).name,
                               ev.compile_speedup if ev is not None else None)
         self.save_memory()   # experience persists task by task
-        return getattr(self.confirmed.get(sig), "compile_ms", None)
+        return self.confirmed.get(sig)
 
     def speedup(self, sig: str, result) -> float | None:
         """The task's figure: its winner's confirmed speedup, else (a winner under min_speedup is

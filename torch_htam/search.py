@@ -121,23 +121,26 @@ class Best:
     def speedup(self) -> float:
         return self.evaluation.speedup or 0.0
 
-    def parent(self, bar_ms: float | None = None) -> Parent:
-        """The kernel the next step starts from; bar_ms: Inductor's time for the region when some
-        evaluation of the task measured it (the parent's own measurement first)."""
+    def parent(self, bar_ms: float | None = None, bar_code: str = "") -> Parent:
+        """The kernel the next step starts from; bar_ms / bar_code: Inductor's time and code for
+        the region where some evaluation of the task measured them (the parent's own first)."""
         ev = self.evaluation
         bar = getattr(ev, "compile_ms", None) or bar_ms
         return MeasuredParent(self.source, list(self.tags), ev.speedup, ev.kernel_ms,
                               ev.roofline_fraction, dict(self.params), ev.ptxas(), compile_ms=bar,
-                              compile_speedup=bar / ev.kernel_ms if bar and ev.kernel_ms else None)
+                              compile_speedup=bar / ev.kernel_ms if bar and ev.kernel_ms else None,
+                              inductor_code=getattr(ev, "inductor_code", "") or bar_code)
 
 
 @dataclass
 class MeasuredParent(Parent):
     """A Parent with Inductor's time for the region, the bar a kernel must beat to be used inside a
     compiled model (policy.why_not): the prompt shows it when known. compile_speedup: compile_ms /
-    the parent's kernel_ms."""
+    the parent's kernel_ms. inductor_code: Inductor's kernels and call for the region
+    (evaluation.inductor_kernels), "" where not captured."""
     compile_ms: float | None = None
     compile_speedup: float | None = None
+    inductor_code: str = ""
 
 
 @dataclass
@@ -242,6 +245,7 @@ class _Loop:
     feedback: list[Attempt] = field(default_factory=list)
     tried: set[str] = field(default_factory=set)   # source_key of every evaluated candidate
     bar_ms: float | None = None   # Inductor's time for the region, once an evaluation measured it
+    bar_code: str = ""            # and its code (Evaluation.inductor_code), where captured
     last_failure: str | None = None
     stale: int = 0     # steps since the best last improved by more than min_gain
     empty: int = 0     # consecutive steps with an empty proposal
@@ -296,7 +300,7 @@ class _Loop:
                                self.supported)
         direction, previous, strategies, scores = c.direction, c.previous, c.strategies, c.scores
         request = _request(self.task, c, cfg, self.gpu, self.policy,
-                           parent=res.best.parent(self.bar_ms) if res.best else None,
+                           parent=res.best.parent(self.bar_ms, self.bar_code) if res.best else None,
                            feedback=self.feedback[-cfg.feedback:], tried=self.tried)
         proposal = proposer.propose(request)
         add_usage(res.usage, proposal.usage)
@@ -304,7 +308,7 @@ class _Loop:
         evals = evaluator.evaluate_many(self.task, [c.source for c in cands]) if cands else []
         if len(evals) != len(cands):
             raise RuntimeError(f"evaluator returned {len(evals)} evaluations for {len(cands)} sources")
-        self.bar_ms = next((ev.compile_ms for ev in evals if getattr(ev, "compile_ms", None)), self.bar_ms)
+        self.learn_bar(evals)
         # what every candidate is rewarded against (module docstring)
         parent_speedup = res.best.speedup if res.best else starting_point(cands, evals)
         moved = res.best is not None or any(cand.tags for cand in cands)   # else the defaults alone
@@ -333,6 +337,11 @@ class _Loop:
                         rewarded_against=_r(parent_speedup),
                         unrealized=not cands, improved=improved, best_speedup=_r(res.speedup),
                         note=proposal.note[:DETAIL_CHARS], scores={d: round(v, 4) for d, v in top})
+
+    def learn_bar(self, evals) -> None:
+        """Inductor's time and code for the region, from the evaluations that measured them."""
+        self.bar_ms = next((ev.compile_ms for ev in evals if getattr(ev, "compile_ms", None)), self.bar_ms)
+        self.bar_code = next((ev.inductor_code for ev in evals if getattr(ev, "inductor_code", "")), self.bar_code)
 
     def absorb(self, step, state, previous, direction, cand, ev, parent_speedup, learn=True) -> bool:
         """Record one evaluated candidate everywhere (memory only when `learn`); True if it became
@@ -599,8 +608,8 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
 
     on_result(task, result) runs after each task's pass (save memory and cache there, so an
     interruption loses at most one task); result.partial is True after the cover pass when the
-    deepening pass may still improve it. It may return Inductor's time for the region (ms, from
-    confirming the winner): the task's later steps show it to the proposer as the bar. A task whose proposer or evaluator raises is logged and
+    deepening pass may still improve it. It may return the winner's confirmation (an Evaluation):
+    its Inductor time and code for the region are the bar the task's later steps show the proposer. A task whose proposer or evaluator raises is logged and
     gets stop "error: ...", and the rest go on. GPU parallelism lives in the evaluator (one
     worker process per GPU).
 
@@ -689,8 +698,8 @@ class _Passes:
         else:
             loop.res.partial = True
             self.open.append((task, loop, proposer))
-        if self.on_result is not None and (bar := self.on_result(task, loop.res)):
-            loop.bar_ms = bar   # Inductor's time for the region, from the winner's confirmation
+        if self.on_result is not None and (confirmed := self.on_result(task, loop.res)) is not None:
+            loop.learn_bar([confirmed])   # the winner's confirmation timed Inductor's code for the region
 
 
 def _task_config(cfg: SearchConfig, remaining: float | None, weight: dict[str, float], left, task):

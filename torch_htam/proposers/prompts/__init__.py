@@ -215,8 +215,10 @@ def _bar(parent) -> str:
     if not bar:
         return ""
     ratio = getattr(parent, "compile_speedup", None)
+    code = getattr(parent, "inductor_code", "")
     return "\n" + template("bar.md").format(compile_ms=f"{bar:.4f} ms",
-                                            compile_speedup=_measured(ratio, "{:.2f}x"))
+                                            compile_speedup=_measured(ratio, "{:.2f}x")) + (
+        "\n" + template("inductor_code.md").format(code=code.strip("\n")) if code else "")
 
 
 def _feedback(attempts) -> str:
