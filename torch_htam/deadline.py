@@ -24,6 +24,11 @@ from dataclasses import dataclass, field
 SLACK_S = 0.05
 
 
+def passed(at: float | None) -> bool:
+    """Whether a deadline at time.monotonic() value `at` (None: none) has passed, within SLACK_S."""
+    return at is not None and time.monotonic() >= at - SLACK_S
+
+
 @dataclass
 class Deadline:
     """budget_s: seconds from now (None: no deadline; every query then answers 'plenty').
@@ -58,8 +63,7 @@ class Deadline:
 
     def expired(self) -> bool:
         """Whether the deadline has passed (within SLACK_S)."""
-        r = self.remaining()
-        return r is not None and r <= SLACK_S
+        return passed(self.at)
 
     def allows(self, seconds: float, reserve: float = 0.0) -> bool:
         """True when a step expected to take `seconds` fits before the deadline less `reserve`."""

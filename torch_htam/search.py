@@ -595,12 +595,12 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
 
     With a time budget the search runs in two passes: a cover pass runs every task's step 0 with
     cfg.cover_candidates candidates (1: the proposer's defaults), then a deepening pass resumes each
-    task's search for its remaining steps in the same order with what is left of the budget. NOTE:
-    with four candidates at step 0, served vision bf16 searched 9 of its 18 tasks in a 300 s budget
-    (H200, docs/experiments/search_time), each task's step 0 taking 6-28 s. NOTE: one pass, task after task, spent a
-    ResNet-50's 330 s on its 20 costliest of 27 tasks and left 7 with no kernel at all (H100,
-    bench/results/bench_models-20261124-140953.json), while the expert's step-0 defaults held 95%
-    of the oracle on 20 of 22 tasks (bench/results/anytime-20261123-202559.json).
+    task's search for its remaining steps in the same order with what is left of the budget.
+    NOTE: one pass, task after task, spent a ResNet-50's 330 s on its 20 costliest of 27 tasks and
+    left 7 with no kernel at all (H100, bench/results/bench_models-20261124-140953.json), while the
+    expert's step-0 defaults held 95% of the oracle on 20 of 22 tasks
+    (bench/results/anytime-20261123-202559.json). With four candidates a step 0, served vision
+    reached 9 of its 18 tasks in 300 s (H200, docs/experiments/search_time).
 
     The cover pass's coming step-0 candidates are built ahead, niced, on a thread of their own
     (prebuild.py), where the proposer is speculative and the evaluator builds here
@@ -609,8 +609,9 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
     on_result(task, result) runs after each task's pass (save memory and cache there, so an
     interruption loses at most one task); result.partial is True after the cover pass when the
     deepening pass may still improve it. It may return the winner's confirmation (an Evaluation):
-    its Inductor time and code for the region are the bar the task's later steps show the proposer. A task whose proposer or evaluator raises is logged and
-    gets stop "error: ...", and the rest go on. GPU parallelism lives in the evaluator (one
+    its Inductor time and code for the region are the bar the task's later steps show the proposer.
+    A task whose proposer or evaluator raises is logged and gets stop "error: ...", and the rest go
+    on. GPU parallelism lives in the evaluator (one
     worker process per GPU).
 
     >>> results = search_many(tasks, ExpertProposer, evaluator, htg, SearchConfig(), time_budget_s=600)

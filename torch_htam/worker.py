@@ -32,7 +32,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing.connection import Connection, Pipe
 
-from torch_htam.deadline import SLACK_S
+from torch_htam.deadline import passed
 
 DEFAULT_RUNNER = "torch_htam.evaluation:run_job"
 START_TIMEOUT_S = 180.0    # importing torch + CUDA init on a cold machine
@@ -174,7 +174,7 @@ def cut_at_deadline(res: dict, job: dict) -> dict:
     learns against the candidate's strategies; a cut says nothing about them. A cold vision search
     at a 150 s budget (H200) had its first candidate cut at 24 s, recorded as a timeout."""
     at = job.get("deadline")
-    if res.get("reason") != "timeout" or at is None or time.monotonic() < float(at) - SLACK_S:
+    if res.get("reason") != "timeout" or not passed(None if at is None else float(at)):
         return res
     return {**res, "reason": "deadline", "detail": f"cut at optimize's deadline ({res.get('detail', '')})"}
 
