@@ -708,3 +708,21 @@ def test_a_bundle_serves_sizes_outside_its_kernels_buckets_on_the_graph_without_
     assert all(k.calls > c for k, c in zip(stand_ins.values(), calls))
     torch._dynamo.reset()
 
+
+def test_a_bundle_serves_no_size_above_its_kernels_cut(tmp_path, monkeypatch):
+    """A bundle whose run records upto (optimize's kernels arm lost to the graph without it above
+    that size, decide.Trials.range_cut) runs its kernels up to that size only, though they were
+    kept in every bucket; the sizes above run the graph without them, right."""
+    model, _, _, stand_ins, fresh, out = _ranged_bundle(tmp_path, monkeypatch, (None, {}, False, [], 9),
+                                                        [[0, 0, 2, 8], [0, 0, 9, 16]])
+    assert json.loads((out / "manifest.json").read_text())["run"]["upto"] == 9
+    assert isinstance(fresh._compiled_call_impl, serving.BucketSplit)
+
+    def ran(n):
+        calls = [k.calls for k in stand_ins.values()]
+        y = torch.randn(n, 8, 32)
+        with torch.no_grad():
+            assert torch.allclose(fresh(y), model(y), atol=1e-6)
+        return all(k.calls > c for k, c in zip(stand_ins.values(), calls))
+    assert [ran(n) for n in (3, 9, 10, 16)] == [True, True, False, False]
+    torch._dynamo.reset()

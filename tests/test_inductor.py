@@ -661,6 +661,60 @@ def test_a_kernel_arm_level_at_the_example_is_kept_where_it_wins_at_the_high_end
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("high_ms, upto", [(2.0, None), (2.4, 9)])
+def test_a_kernel_arm_faster_at_the_example_serves_no_size_where_it_loses(high_ms, upto, monkeypatch):
+    """A kernel arm faster than torch.compile at the example's batch (4 of 1-16) is timed at the
+    range's high end too: no slower there, it serves every size; slower there (device-bound
+    batches), a bisection finds the largest batch it is no slower at (here 9: level at 8 and 9,
+    slower at 11), and the batches above run torch.compile."""
+    from torch_htam import decide, serving
+    torch._dynamo.reset()
+    model, x = _ConvNet().eval(), torch.randn(4, 3, 8, 8)
+    build = decide.Trials.build
+    monkeypatch.setattr(decide.Trials, "build", lambda self, arm: build(
+        self, decide.Arm(decide.ArmKind.COMPILE) if arm.kind is decide.ArmKind.KERNELS else arm))
+    timed = []
+    level, slower = {"compile": 1.5, "kernels1": 1.5, "*": 2.2}, {"compile": 1.5, "kernels1": 1.8, "*": 2.2}
+    _fake_timing(monkeypatch, {"compile": 1.0, "kernels1": 0.8, "*": 1.1}, timed,
+                 by_batch={16: {"compile": 2.0, "kernels1": high_ms, "*": 2.2}, 8: level, 9: level, 11: slower})
+    d = _decide_dynamic_convnet(model, x, {"sig": object()})
+    assert d.outcome is decide.Outcome.KERNELS and d.chosen.upto == upto, d.reason
+    assert d.to_json()["upto"] == upto
+    assert [r["at"] for r in d.to_json()["timings"]].count("high end") == 1
+    split = d.chosen.call.elsewhere if isinstance(d.chosen.call, serving.ExampleSplit) else d.chosen.call
+    assert isinstance(split, serving.BucketSplit) is (upto is not None)
+    if upto is not None:
+        assert [r["at"] for r in d.to_json()["timings"] if r["at"].startswith("size")] == ["size 8", "size 11",
+                                                                                          "size 9"]
+        assert split.sizes == frozenset(range(2, 10)) and "up to size 9" in d.reason, d.reason
+        assert "7 of the sizes 2-16 lie outside a kernel's buckets or above the cut" in d.reason, d.reason
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dynamic, affords, expect", [
+    ({0: {0: (1, 16), 1: (1, 128)}}, True, (False, None)),   # two ranges: one size cannot split them
+    ({0: {0: (1, 16)}}, False, (True, 4)),                   # untimed: up to the example's size
+    ({0: {0: (1, 16), 1: (1, 128)}}, False, (False, None))])
+def test_a_kernel_arm_slower_at_the_high_end_is_cut_or_dropped(dynamic, affords, expect, monkeypatch):
+    """range_cut where no bisection can run: with several declared ranges a kernel arm slower at
+    their high end is not taken; with no time to time the high end, one range keeps the sizes
+    up to the example's (those above were never timed), several keep none."""
+    from torch_htam import decide, timing
+    from torch_htam.config import OptimizeConfig
+    from torch_htam.deadline import Deadline
+    from torch_htam.timing import GradMode
+    monkeypatch.setattr(decide.Trials, "affords", lambda self, n, *a, **k: affords)
+    monkeypatch.setattr(decide.Trials, "quiet_host", lambda self, s: None)
+    monkeypatch.setattr(decide.Trials, "settle_graphs", lambda self, arms, inputs: None)
+    monkeypatch.setattr(timing, "time_arms", lambda fns, inputs, *a: {0: _times(1.0), 1: _times(1.3)})
+    t = decide.Trials(MLP().eval(), (torch.randn(4, 64),), OptimizeConfig(dynamic=dynamic), GradMode.current(),
+                      Deadline(None))
+    base = decide.Arm(decide.ArmKind.COMPILE, call=lambda x: x)
+    arm = decide.Arm(decide.ArmKind.KERNELS, ("sig",), call=lambda x: x)
+    assert t.range_cut(base, arm) == expect
+    assert (arm.high is not None) is affords
+
+
 @pytest.mark.parametrize("buckets, split", [([[0, 0, 2, 8], [0, 0, 9, 16]], False),
                                            ([[0, 0, 9, 16]], True)])
 def test_a_chosen_kernels_arm_serves_only_the_sizes_its_kernels_were_kept_for(buckets, split):

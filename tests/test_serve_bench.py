@@ -663,7 +663,7 @@ def test_the_bundle_of_ours_loads_back_what_optimize_kept(tmp_path, monkeypatch)
     man = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert man["run"] == {"compile": True, "mode": "default", "reexport": False, "dynamic": {"0": {"0": [1, 16]}},
                           "at_example": None, "by_bucket": None,   # ours (no decision here) serves every size itself
-                          "at_example_kernels": False, "bucket_arms": []}
+                          "at_example_kernels": False, "bucket_arms": [], "upto": None}
     assert {t["signature"] for t in man["tasks"] if t["kernel"]} == {kept} and len(man["tasks"]) == len(found.tasks)
     assert "forward" not in original.__dict__ and "_htam_backend" not in original.__dict__   # left as it was
     torch._dynamo.reset()

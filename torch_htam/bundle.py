@@ -73,7 +73,7 @@ def run_of(model: torch.nn.Module) -> dict[str, Any]:
 
 def with_dynamic(run: dict[str, Any], dynamic: dict | None, at_example: dict | None,
                  by_bucket: dict | None = None, at_example_kernels: bool = False,
-                 bucket_arms: list[dict] | None = None) -> dict[str, Any]:
+                 bucket_arms: list[dict] | None = None, upto: int | None = None) -> dict[str, Any]:
     """`run` recording the declared dynamic sizes (OptimizeConfig.dynamic) the bundle serves, as
     JSON ({"0": {"0": [1, 64]}}): its tasks are the ranged ones, and load() compiles the model
     with those dims dynamic. at_example: the Inductor options of torch.compile's graph for the
@@ -84,18 +84,19 @@ def with_dynamic(run: dict[str, Any], dynamic: dict | None, at_example: dict | N
     at_example_kernels: that example's graph runs the bundle's kernels too (their static twins,
     extract.static_twin). bucket_arms: [{"kernels": [signature, ...], "sizes": [n, ...]}], sizes
     outside the kernels' common buckets served by a graph of just the kernels kept there
-    (BucketSplit.more, decide.Trials.bucket_arm)."""
+    (BucketSplit.more, decide.Trials.bucket_arm). upto: the largest size the kernels serve (above
+    it they lost to the graph without them, decide.Trials.range_cut), None: every size."""
     if not dynamic:
         return run
     return run | {"dynamic": {str(i): {str(d): list(r) for d, r in dims.items()} for i, dims in dynamic.items()},
                   "at_example": at_example, "by_bucket": by_bucket, "at_example_kernels": at_example_kernels,
-                  "bucket_arms": bucket_arms or []}
+                  "bucket_arms": bucket_arms or [], "upto": upto}
 
 
 def with_dynamic_of(run: dict[str, Any], dynamic: dict | None, model: torch.nn.Module) -> dict[str, Any]:
     """with_dynamic for an optimized model: the splits its decision serves the sizes with."""
     return with_dynamic(run, dynamic, at_example_of(model), by_bucket_of(model), at_example_kernels_of(model),
-                        bucket_arms_of(model))
+                        bucket_arms_of(model), getattr(_decided(model, "chosen"), "upto", None))
 
 
 def _decided(model: torch.nn.Module, field: str):
@@ -421,9 +422,10 @@ def _install(model: torch.nn.Module, cap, kernels: dict, manifest: dict,
     if cap.capture.dynamic:
         from torch_htam.capture import marked
         model(*marked(tuple(example_inputs), cap.capture.dynamic))
-        from torch_htam.serving import BucketSplit, entries_kept_sizes, has_conv, prime, size_one_inputs, split_at_example
-        found = (entries_kept_sizes(list(kernels.values()), cap.capture.dynamic)
-                 if run.get("by_bucket") is not None and kernels else None)
+        from torch_htam.serving import (BucketSplit, entries_kept_sizes, has_conv, prime, served_sizes, size_one_inputs,
+                                        split_at_example)
+        found = (served_sizes(entries_kept_sizes(list(kernels.values()), cap.capture.dynamic), cap.capture.dynamic,
+                              run.get("upto")) if run.get("by_bucket") is not None and kernels else None)
         if found is not None:   # the sizes outside the kernels' buckets on the graph without them
             base = inductor.compile_with(model, None, run.get("mode", "default"), run["by_bucket"] or None)
             ranged = marked(tuple(example_inputs), cap.capture.dynamic)

@@ -33,8 +33,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from torch_htam.serving import (BucketSplit, ExampleSplit, common_sizes, entries_kept, first_call_s, has_conv,
-                                held_sizes, high_end_inputs, prime, size_one_inputs, split_at_example)
+from torch_htam.serving import (BucketSplit, ExampleSplit, at_size, common_sizes, entries_kept, first_call_s,
+                                has_conv, held_sizes, high_end_inputs, one_range, prime, size_one_inputs,
+                                split_at_example)
 from torch_htam.timing import ArmTimes, GradMode, quantile
 
 log = logging.getLogger("torch_htam")
@@ -47,6 +48,10 @@ ITERS, ROUNDS = 45, 15
 # 1-2 ms between runs): a guard that took any lower median kept 24 swaps that the same run's
 # interleaved benchmark then measured at 0.92x of torch.compile (bench_models-20261123-230318.json).
 MARGIN = 0.02
+# Timings of the bisection for the largest size a kernels arm that lost at the declared range's
+# high end may serve (Trials.range_cut): each halves the gap, in log scale, between the sizes it
+# was no slower and slower at; three leave a gap of about 1.2x on a range 4x the example (16-64).
+CUT_STEPS = 3
 # Dynamo's recompile limits while the trials compile: each trial is another backend on the same
 # frames (a graph break's resume frames are the user's code objects), which Dynamo counts as
 # recompiles; the trials' entries are dropped from those frames after the decision.
@@ -155,6 +160,8 @@ class Arm:
     replay_report: Any = field(default=None, repr=False)
     times: ArmTimes | None = None
     high: ArmTimes | None = None   # timed at the declared ranges' high end too (base())
+    upto: int | None = None   # a kernels arm's largest size of the one declared range it serves
+                              # (above it, it lost to its base: Trials.range_cut); None: all of it
     error: str | None = None
     setup_s: float = 0.0      # building it and its first call (where torch.compile compiles)
     failed_kernels: tuple[str, ...] = ()
@@ -228,6 +235,7 @@ class Decision:
                 "host_share": self.host_share,
                 "at_example": self.at_example.kind.name if self.at_example is not None else None,
                 "bucket_arms": [{"kernels": list(a.kernels), "sizes": _spans(n)} for a, n in self.bucket_arms],
+                "upto": self.chosen.upto,
                 "timings": self.timings}
 
     def host_line(self) -> str | None:
@@ -291,6 +299,12 @@ def _round_ratios(b, o) -> list[float] | None:
     if len(b.round_ms) != len(o.round_ms) or len(b.round_ms) < MIN_ROUNDS:
         return None
     return [x / y for x, y in zip(b.round_ms, o.round_ms) if y > 0] or None
+
+
+def _reach(base: Arm, arm: Arm) -> tuple[float, float]:
+    """How a kernels trial ranks: by the sizes of the declared range it serves first (all of them
+    before a cut at some size, Arm.upto), then by how much faster than base it is at the example's."""
+    return (math.inf if arm.upto is None else arm.upto), ratio(base, arm)
 
 
 def ratio(base: Arm, ours: Arm) -> float:
@@ -459,8 +473,8 @@ class Trials:
         trials += 1 if self.cfg.dynamic else 0                 # channels-last convs (base())
         trials += 1 if self.cfg.dynamic and n_tasks > 1 else 0  # the kernels kept at some sizes (bucket_arm)
         # base()'s layout arm at the high end, and a kernel trial's (wins_at_high_end: the floor,
-        # the base, the kernel arm)
-        high_end = 2 + (3 if n_tasks else 0) if self.cfg.dynamic else 0
+        # the base, the kernel arm; range_cut's bisection: the base and the kernel arm a step)
+        high_end = 2 + (3 + 2 * CUT_STEPS if n_tasks else 0) if self.cfg.dynamic else 0
         wrapper = self.wrapper_offered()
         # at_example(): the STATIC arm and the choice, and the STATIC arm with the C++ wrapper
         static_wrapper = wrapper and self.plain is not None
@@ -628,24 +642,28 @@ class Trials:
 
     def by_bucket(self, d: Decision) -> Decision:
         """A chosen kernels arm over a declared range runs only at the sizes where each of its
-        ranged kernels was kept (serving.kept_sizes); the other sizes run the arm it was built on
-        (BucketSplit), not its kernels' regions op by op."""
-        base = self.base_arm
+        ranged kernels was kept (serving.kept_sizes), and none above its cut (Arm.upto,
+        range_cut); the other sizes run the arm it was built on (BucketSplit), not its kernels'
+        regions op by op."""
+        base, upto = self.base_arm, d.chosen.upto
         if d.chosen.kind is not ArmKind.KERNELS or not self.cfg.dynamic or base is None or base.call is None:
             return d
         kept = entries_kept([self.kernels_of(s) for s in d.chosen.kernels])
         found = held_sizes(kept, self.cfg.dynamic) if kept is not None else None
+        if found is None and upto is not None:   # kernels without buckets: every size up to the cut
+            found = (*one_range(self.cfg.dynamic), [])
         if found is None:
             return d
         at, (low, high), held = found     # low: 2 where declared 1 (size 1 has graphs of its own)
-        sizes = common_sizes((low, high), held)
+        sizes = frozenset(n for n in common_sizes((low, high), held) if upto is None or n <= upto)
         left = [n for n in range(low, high + 1) if n not in sizes]
         if left:
             d.chosen.call = BucketSplit(d.chosen.call, base.call, at, sizes)
             d.by_bucket = base
-            d.reason += (f"; {len(left)} of the sizes {low}-{high} lie outside a kernel's buckets and run "
-                         f"{base.name} ({_spans(sizes)} run the kernels)")
-            self.bucket_arm(d, base, held, left)
+            d.reason += (f"; {len(left)} of the sizes {low}-{high} lie outside a kernel's buckets"
+                         f"{' or above the cut' if upto is not None else ''} and run {base.name} "
+                         f"({_spans(sizes)} run the kernels)")
+            self.bucket_arm(d, base, held, [n for n in left if upto is None or n <= upto])
         return d
 
     def bucket_arm(self, d: Decision, base: Arm, held: list, left: list[int]) -> None:
@@ -654,7 +672,7 @@ class Trials:
         serving.held_sizes) runs an arm of just those kernels, where it beats `base` beyond noise
         at a size of the group (the one nearest its geometric middle); BucketSplit.more then sends
         the group there."""
-        from torch_htam.serving import at_size, subsets_by_size
+        from torch_htam.serving import subsets_by_size
         split, sigs = d.chosen.call, d.chosen.kernels
         groups = subsets_by_size(held, left)
         if not groups:
@@ -716,12 +734,16 @@ class Trials:
             # the first trial's own timing (base is timed again with later arms)
             compared = compared or f"{arm.name}: {arm.ms()} against {base.ms()}"
             wins = better(base.times, arm.times)
-            high = not wins and self.wins_at_high_end(base, arm, floor)
-            if (wins or high) and (best is base or ratio(base, arm) > ratio(base, best)):
+            if wins:
+                wins, arm.upto = self.range_cut(base, arm)
+            high = not wins and arm.high is None and self.wins_at_high_end(base, arm, floor)
+            if (wins or high) and (best is base or _reach(base, arm) > _reach(base, best)):
                 at_high = (f"; at the declared ranges' high end {arm.ms(high=True)} against "
                            f"{base.ms(high=True)}" if high else "")
+                cut = (f"; up to size {arm.upto}: above it they lost to {base.kind.value} (at the high end "
+                       f"{arm.ms(high=True)} against {base.ms(high=True)})" if arm.upto is not None else "")
                 best, why = arm, (f"{len(subset)} of {len(every)} kernels: {arm.ms()} against {base.ms()} "
-                                  f"for {base.kind.value}{at_high}")
+                                  f"for {base.kind.value}{at_high}{cut}")
             if best is not base and not (set(subset) == set(every) and set(ranked) != set(every)):
                 break   # every kernel together paid, and no smaller set is left to compare: done
         return self.against_eager(best, base, floor, original, kernels, why, compared)
@@ -791,6 +813,43 @@ class Trials:
                 if best.high and floor.high else "")
         self.base_why = f"{best.name}: {best.ms()} against {floor.ms()} for torch.compile{high}"
         return best
+
+    def range_cut(self, base: Arm, arm: Arm) -> tuple[bool, int | None]:
+        """For a kernels arm that beat `base` at the example's sizes: whether it may run the model,
+        and the largest size of the declared range it may serve there (None: all of it).
+
+        Timed beside base at the declared ranges' high end: no slower there beyond noise, all of
+        it. Slower there, with one range declared, the largest size between the example's and
+        the high end at which it was no slower (a bisection of CUT_STEPS timings; by_bucket sends
+        the sizes above to base); with several ranges, it is not taken. Where the deadline leaves
+        no time for the high end, the example's size with one range (the sizes above were never
+        timed), else not taken.
+
+        NOTE: served vision bf16 (batch 1-64, example 16, H200) kept 14 conv kernels that together
+        beat torch.compile with the C++ wrapper at the example's batch, 0.890 against 1.024 ms
+        synced, and ran the mix's large batches slower than torch.compile: its p99 (batches 42-63)
+        was 0.943x the better torch.compile arm's (bench_serve-20261129-201958)."""
+        high = high_end_inputs(self.inputs, self.cfg.dynamic)
+        if high is None:
+            return True, None
+        one = one_range(self.cfg.dynamic)
+        example = None if one is None else self.inputs[one[0][0]].shape[one[0][1]]
+        if not self.affords(2) or not self.time([base, arm], high):
+            return (one is not None), example
+        if no_worse(base.high, arm.high):
+            return True, None
+        if one is None:
+            return False, None
+        (r,) = {r for dims in self.cfg.dynamic.values() for r in dims.values()}
+        lo, hi = example, one[1][1]        # no slower at lo, slower at hi
+        for _ in range(CUT_STEPS):
+            m = round(math.sqrt(lo * hi))
+            inputs = at_size(self.inputs, self.cfg.dynamic, r, m) if lo < m < hi and self.affords(2) else None
+            times = None if inputs is None else self.timed([base, arm], inputs, f"size {m}")
+            if times is None:
+                break
+            lo, hi = (m, hi) if no_worse(*times) else (lo, m)
+        return True, lo
 
     def wins_at_high_end(self, base: Arm, arm: Arm, floor: Arm) -> bool:
         """Whether `arm`, no slower than `base` at the example's sizes, beats it at the declared

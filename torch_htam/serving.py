@@ -155,14 +155,11 @@ def held_sizes(kept: list[tuple], dynamic: dict) -> tuple[tuple[int, int], tuple
     holds the sizes ceil(lo/k)..floor(hi/k). None where it cannot be said: more than one declared
     range, a task range that is no multiple of the served one, a ranged kernel without buckets, or
     no ranged kernel."""
-    from torch_htam.symbolic import served_range
     from torch_htam.verify import Bucket, leading_dim
-    ranges = {r for dims in dynamic.values() for r in dims.values()}
-    if len(ranges) != 1:
+    one = one_range(dynamic)
+    if one is None:
         return None
-    (low, high), = ranges
-    low, high = served_range(low, high)
-    at = min((i, d) for i, dims in dynamic.items() for d in dims)
+    at, (low, high) = one
     out = []
     for task, buckets in kept:
         lead = leading_dim(task)
@@ -179,6 +176,38 @@ def held_sizes(kept: list[tuple], dynamic: dict) -> tuple[tuple[int, int], tuple
             held |= set(range(-(-b.low // k), b.high // k + 1))
         out.append(frozenset(held))
     return (at, (low, high), out) if any(h is not None for h in out) else None
+
+
+def one_range(dynamic: dict | None) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """((input, dim) read for the size, the served part of the range (low, high)) where the declared
+    dynamic dims ({input index: {dim: (low, high)}}) hold one range; None where they hold none or
+    several (a size split by one number cannot be said there).
+
+        >>> one_range({0: {0: (1, 64)}, 1: {0: (1, 64)}})
+        ((0, 0), (2, 64))
+    """
+    from torch_htam.symbolic import served_range
+    ranges = {r for dims in (dynamic or {}).values() for r in dims.values()}
+    if len(ranges) != 1:
+        return None
+    (low, high), = ranges
+    return min((i, d) for i, dims in dynamic.items() for d in dims), served_range(low, high)
+
+
+def served_sizes(found: tuple[tuple[int, int], frozenset] | None, dynamic: dict,
+                 upto: int | None) -> tuple[tuple[int, int], frozenset] | None:
+    """kept_sizes' ((input, dim), sizes) without the sizes above `upto` (a kernels arm's cut,
+    decide.Trials.range_cut; None: no cut); with no sizes found, every served size of the one
+    declared range up to it."""
+    if upto is None:
+        return found
+    if found is None:
+        one = one_range(dynamic)
+        if one is None:
+            return None
+        at, (low, high) = one
+        found = at, frozenset(range(low, high + 1))
+    return found[0], frozenset(n for n in found[1] if n <= upto)
 
 
 def subsets_by_size(held: list, sizes) -> dict[frozenset, frozenset]:
