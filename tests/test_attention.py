@@ -95,15 +95,17 @@ def _bound(t: torch.Tensor, b: attention.Bind) -> torch.Tensor:
         st = [0] * (4 - t.dim()) + list(t.stride())
         st = [0 if n == 1 else s for n, s in zip(sz, st)]
         return t.as_strided(sz, st, t.storage_offset())
-    assert tuple(t.shape) == b.src
+    grown = {i for i in b.grow if i >= 0} if b.mode == 1 else set()
+    assert all(n == m or i in grown for i, (n, m) in enumerate(zip(t.shape, b.src))) and t.dim() == len(b.src)
+    size = [t.shape[i] if i >= 0 else n for n, i in zip(b.size, b.grow)] if b.mode == 1 else list(b.size)
     if b.mode == 1:
         st = [sum(c * s for c, s in zip(row, t.stride())) for row in b.coef]
         off = sum(c * s for c, s in zip(b.base, t.stride()))
     else:
         assert t.is_contiguous()
         st, off = list(b.fst), b.foff
-    st = [0 if n == 1 else s for n, s in zip(b.size, st)]
-    return t.as_strided(b.size, st, t.storage_offset() + off)
+    st = [0 if n == 1 else s for n, s in zip(size, st)]
+    return t.as_strided(size, st, t.storage_offset() + off)
 
 
 def emulate(am: attention.AttnMatch, inputs: list[torch.Tensor], out: torch.Tensor) -> None:
@@ -152,8 +154,10 @@ def _inputs(task, seed: int = 0) -> list[torch.Tensor]:
     return out
 
 
-def check_emulation(task, seed: int = 0, atol: float = 1e-5):
-    am = attention.match(task.graph, policy_for(task))
+def check_emulation(task, seed: int = 0, atol: float = 1e-5, am=None):
+    """The kernel's contract (emulate) against the task's graph on the task's inputs; am: the match
+    to emulate (default the task's own: another size's match must read these tensors too)."""
+    am = am or attention.match(task.graph, policy_for(task))
     ins = _inputs(task, seed)
     with torch.no_grad():
         ref = task.graph(*ins)[0]
@@ -196,6 +200,32 @@ def test_views_around_sdpa_are_read_in_place():
     task = _one_task(HeadsSdpa(4), torch.randn(2, 10, 64), torch.randn(2, 4, 10, 16), torch.randn(2, 4, 10, 16))
     am = check_emulation(task)
     assert am.q.mode == 1 and am.o.mode != 0     # q and the output through their views
+
+
+class QkvHeads(nn.Module):
+    """An encoder's attention: q, k, v split from one (B, L, 3C) projection, viewed to heads, the
+    result back to (B, L, C): each operand a strided view of a tensor with rows 3C apart."""
+
+    def forward(self, qkv):
+        B, L, C3 = qkv.shape
+        q, k, v = (t.view(B, L, 4, C3 // 12).transpose(1, 2) for t in qkv.split(C3 // 3, dim=2))
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, L, C3 // 3)
+
+
+@pytest.mark.parametrize("model, at, other, grown", [
+    (QkvHeads(), lambda n: (torch.randn(n, 10, 192),), 7, 0),        # batch: a served encoder's
+    (QkvHeads(), lambda n: (torch.randn(2, n, 192),), 13, 1),        # sequence
+    (HeadsSdpa(4), lambda n: (torch.randn(2, n, 64), torch.randn(2, 4, n, 16), torch.randn(2, 4, n, 16)), 13, 1),
+], ids=["qkv_batch", "qkv_rows", "gpt_rows"])
+def test_views_matched_at_one_size_read_another(model, at, other, grown):
+    """A ranged task's views are traced at its example size; the binding reads the batch or
+    sequence it passes through at any other size (Bind.grow), as the task's own graph computes
+    there, so one kernel serves the range (the served encoder's 12 attention kernels were refused
+    at every batch but the example's: HTAM_ERR_SHAPE)."""
+    am = attention.match(_one_task(model, *at(4)).graph, policy_for(_one_task(model, *at(4))))
+    assert any(b.mode == 1 for b in (am.q, am.k, am.v, am.o))
+    assert all(grown in b.grow or all(i < 0 for i in b.grow) for b in (am.q, am.o) if b.mode == 1)
+    check_emulation(_one_task(model, *at(other)), am=am)
 
 
 @pytest.mark.parametrize("div", [False, True], ids=["mul", "div"])
@@ -509,3 +539,22 @@ def test_cudnn_attention_matches_torch(case):
     assert Kernel(res.so_path)(ins, [out]) == 0
     torch.cuda.synchronize()
     torch.testing.assert_close(out, ref, atol=policy.atol, rtol=policy.rtol)
+
+
+def test_a_ranged_task_is_refused_only_where_its_views_fix_a_ranged_dim():
+    """A ranged encoder attention (batch 2-16) keeps its candidates: its views pass the batch
+    through (Bind.grow). With its output declared ranged on the dim the result's heads and columns
+    merge into, the kernel would refuse every size but the example's: the expert proposes nothing,
+    and says why."""
+    import dataclasses
+    from torch_htam.extract import extract_tasks
+    from torch_htam.proposers.base import ProposalRequest
+    from torch_htam.proposers.expert import ExpertProposer
+    (task,) = [t for t in extract_tasks(QkvHeads().eval(), (torch.randn(4, 10, 192),), dynamic={0: {0: (1, 16)}})
+               if t.kind == "attention"]
+    assert task.inputs[0].ranges
+    propose = lambda t: ExpertProposer().propose(ProposalRequest(t, "", [], n=2, policy=policy_for(t)))  # noqa: E731
+    assert len(propose(task).candidates) == 2
+    merged = dataclasses.replace(task, outputs=[task.outputs[0].with_ranges({0: (2, 16), 2: (64, 128)})])
+    refused = propose(merged)
+    assert not refused.candidates and "the output through views that fix its dim 2" in refused.note, refused.note

@@ -276,3 +276,17 @@ def test_scale_of_the_bare_product_is_cublaslt_alpha():
     task = _task(model, args)
     first = ExpertProposer().propose(ProposalRequest(task, "seed", [], n=1, policy=policy_for(task))).candidates[0]
     assert "epilogue_run(" in first.source
+
+
+def test_a_layout_gemm_with_a_declared_range_is_not_proposed():
+    """A linear viewed to heads has its sizes fixed at the example's (the layout path): over a
+    declared batch range it would refuse every other size, so the expert proposes no candidate
+    for it and says why; the same region without a range keeps its candidates."""
+    from torch_htam.extract import extract_tasks
+    x, w, b = torch.randn(2, 8, 64), torch.randn(64, 64), torch.randn(64)
+    def gemm_task(dynamic):
+        return next(t for t in extract_tasks(Heads().eval(), (x, w, b), dynamic=dynamic) if t.kind == "gemm")
+    propose = lambda t: ExpertProposer().propose(ProposalRequest(t, "", [], n=2, policy=policy_for(t)))  # noqa: E731
+    assert propose(gemm_task(None)).candidates
+    ranged = propose(gemm_task({0: {0: (1, 16)}}))
+    assert not ranged.candidates and "declared 2-16" in ranged.note, ranged.note

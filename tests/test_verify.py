@@ -602,3 +602,22 @@ def test_the_models_own_inputs_are_one_more_trial(tmp_path):
     assert len(run(honest, task)[3]["shapes"]) == 6                # 5 random trials + the model's own
     task.example = str(tmp_path / "gone.safetensors")            # a file that no longer exists: skipped
     assert run(honest, task)[:2] == (True, "ok")
+
+
+@pytest.mark.parametrize("example, stride, shape, want", [
+    # q of a fused (B, L, 2304) projection viewed to heads: rows stay 2304 apart at any B or L
+    ((8, 128, 12, 64), (294912, 2304, 64, 1), (2, 128, 12, 64), (294912, 2304, 64, 1)),
+    ((8, 128, 12, 64), (294912, 2304, 64, 1), (8, 64, 12, 64), (147456, 2304, 64, 1)),
+    ((8, 128, 768), (98304, 768, 1), (3, 128, 768), (98304, 768, 1)),      # dense stays dense
+    ((4, 64, 32), (2048, 1, 64), (7, 64, 32), (2048, 1, 64)),              # a transposed layout
+    ((4, 64, 32), (0, 32, 1), (7, 64, 32), V.strides_like(TensorSpec((4, 64, 32), "float32", (0, 32, 1)),
+                                                          (7, 64, 32))),   # a broadcast: dense
+])
+def test_inputs_at_other_sizes_keep_the_examples_layout(example, stride, shape, want):
+    """Verification at another size lays an input out as the model does there (strides_at): a
+    fused projection's slices keep their row gap, where dense strides would hand the kernel a
+    layout no request brings; broadcasts are made dense as before."""
+    spec = TensorSpec(example, "float32", stride)
+    assert V.strides_at(spec, shape) == want
+    x = V.make_input(spec, shape, "normal", torch.Generator().manual_seed(0), "cpu")
+    assert x.stride() == want and tuple(x.shape) == shape

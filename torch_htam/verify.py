@@ -109,7 +109,7 @@ def make_input(spec: TensorSpec, shape: tuple[int, ...], dist: str, gen: torch.G
     else:
         raise ValueError(f"unknown distribution {dist!r}; use one of {DISTRIBUTIONS}")
     x = x.to(dt)
-    out = torch.empty_strided(shape, strides_like(spec, shape), dtype=dt, device=device)
+    out = torch.empty_strided(shape, strides_at(spec, shape), dtype=dt, device=device)
     return out.copy_(x.to(device))
 
 
@@ -141,6 +141,28 @@ def strides_like(spec: TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
         strides[d] = acc
         acc *= max(shape[d], 1)
     return tuple(strides)
+
+
+def strides_at(spec: TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """An input's strides at `shape`, laid out as the model lays it out there: each dim keeps the
+    example's stride, scaled by how much the dims inside it (smaller strides) grew. E.g. q of a
+    fused projection, qkv[..., :768].view(B, L, 12, 64) of (B, L, 2304): (L * 2304, 2304, 64, 1)
+    at every B and L, rows 2304 apart as served, where strides_like would make them dense (768).
+    strides_like's where the example broadcasts (a stride 0), a scaled stride is not whole, or the
+    dims would overlap."""
+    if not spec.stride or len(spec.stride) != len(shape) or 0 in spec.stride:
+        return strides_like(spec, shape)
+    order = sorted(range(len(shape)), key=lambda d: (spec.stride[d], -d))
+    out, old_in, new_in = [0] * len(shape), 1, 1
+    for d in order:   # innermost first
+        if spec.stride[d] * new_in % old_in:
+            return strides_like(spec, shape)
+        out[d] = spec.stride[d] * new_in // old_in
+        old_in, new_in = old_in * max(spec.shape[d], 1), new_in * max(shape[d], 1)
+    dims = [d for d in order if shape[d] > 1]
+    if any(out[b] < out[a] * shape[a] for a, b in zip(dims, dims[1:])):
+        return strides_like(spec, shape)
+    return tuple(out)
 
 
 def shape_sets(task: Task) -> list[tuple[list[tuple[int, ...]], list[tuple[int, ...]]]]:

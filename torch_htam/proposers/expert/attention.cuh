@@ -50,6 +50,8 @@ struct Bind {
   int64_t fst[4];        // mode 2 (t contiguous): strides
   int64_t foff;          // mode 2: offset
   int64_t size[4];       // modes 1, 2: sizes of the 4 dims
+  int grow[4];           // mode 1: dim j's size is t.sizes[grow[j]] (-1: size[j]); that t dim may
+                         // differ from src (a ranged batch or sequence the views pass through)
 };
 
 // The operand's strides, sizes and element offset; false when t does not fit the binding.
@@ -65,11 +67,14 @@ static inline bool bind(const HtamTensor& t, const Bind& b, int64_t* st, int64_t
     return true;
   }
   if (t.ndim != b.nsrc) return false;
-  for (int i = 0; i < b.nsrc; ++i)
-    if (t.sizes[i] != b.src[i]) return false;
+  for (int i = 0; i < b.nsrc; ++i) {
+    bool grows = false;
+    for (int j = 0; j < 4; ++j) grows = grows || (b.mode == 1 && b.grow[j] == i);
+    if (t.sizes[i] != b.src[i] && !(grows && t.sizes[i] >= 1)) return false;
+  }
   if (b.mode == 2 && !htam_contiguous(t)) return false;
   for (int j = 0; j < 4; ++j) {
-    sz[j] = b.size[j];
+    sz[j] = b.mode == 1 && b.grow[j] >= 0 ? t.sizes[b.grow[j]] : b.size[j];
     st[j] = 0;
     if (b.mode == 1)
       for (int i = 0; i < b.nsrc; ++i) st[j] += b.coef[j][i] * t.strides[i];

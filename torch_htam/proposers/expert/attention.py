@@ -50,7 +50,10 @@ MASK_DTYPES = {torch.bool: ("bool", "HTAM_BOOL"), torch.float32: ("float32", "HT
 class Bind:
     """How a kernel operand's 4 dims (batch, head, row, col) read task tensor `index` (an input,
     or output 0 when out): attention.cuh's fa::Bind. mode 0: the tensor itself; 1: strided view
-    (stride j = sum_i coef[j][i] * strides[i]); 2: a view of the contiguous tensor (strides fst)."""
+    (stride j = sum_i coef[j][i] * strides[i]); 2: a view of the contiguous tensor (strides fst).
+    grow (mode 1): per dim j, the tensor dim i whose size it takes at run time (-1: size[j] as
+    traced), where the views pass dim i through whole and alone (_grows): a ranged task's batch or
+    sequence then serves every size of its range, not only the example's."""
     index: int
     mode: int = 0
     src: tuple[int, ...] = ()
@@ -59,12 +62,13 @@ class Bind:
     fst: tuple[int, ...] = (0, 0, 0, 0)
     foff: int = 0
     size: tuple[int, ...] = (1, 1, 1, 1)
+    grow: tuple[int, ...] = (-1, -1, -1, -1)
 
     def cxx(self) -> str:
         pad = lambda xs, n=8: "{" + ", ".join(str(int(x)) for x in (list(xs) + [0] * n)[:n]) + "}"  # noqa: E731
         coef = "{" + ", ".join(pad(c) for c in (list(self.coef) + [()] * 4)[:4]) + "}"
         return (f"{{{self.mode}, {len(self.src)}, {pad(self.src)}, {coef}, {pad(self.base)}, "
-                f"{pad(self.fst, 4)}, {self.foff}, {pad(self.size, 4)}}}")
+                f"{pad(self.fst, 4)}, {self.foff}, {pad(self.size, 4)}, {{{', '.join(map(str, self.grow))}}}}}")
 
 
 @dataclass
@@ -284,13 +288,28 @@ def _traced_input(key: tuple, src: tuple, shape: tuple, dims: tuple, index: int,
     if got is not None:
         base, deltas = got
         coef = tuple(tuple([0] * len(src)) if d is None else tuple(int(c) for c in deltas[d]) for d in dims)
-        return Bind(index, 1, src, coef, tuple(int(b) for b in base), size=size)
+        base = tuple(int(b) for b in base)
+        return Bind(index, 1, src, coef, base, size=size, grow=_grows(src, coef, base, size))
     got = _affine(flat.reshape(1, *shape), shape)
     if got is None:
         raise Unsupported(f"attention {what}: its views are not a strided view of a region input")
     base, deltas = got
     fst = tuple(0 if d is None else int(deltas[d][0]) for d in dims)
     return Bind(index, 2, src, fst=fst, foff=int(base[0]), size=size)
+
+
+def _grows(src: tuple, coef: tuple, base: tuple, size: tuple) -> tuple[int, ...]:
+    """Bind.grow of a strided view: dim j takes tensor dim i's run-time size where the views pass
+    i through whole and alone (one step along j is one step along i, no other dim moves along i,
+    j starts at 0 and spans all of it). E.g. q = qkv[..., :768].view(B, L, 12, 64).transpose(1, 2)
+    over a (B, L, 2304) tensor: dims 0 and 1 of the tensor grow dims 0 (batch) and 2 (rows); its
+    dim 2, split into heads and columns, grows none."""
+    out = [-1] * 4
+    for i, n in enumerate(src):
+        along = [j for j in range(4) if coef[j][i] != 0]
+        if len(along) == 1 and coef[along[0]][i] == 1 and base[i] == 0 and size[along[0]] == n and n > 1:
+            out[along[0]] = i
+    return tuple(out)
 
 
 def _output(gm, result: fx.Node, used: set) -> Bind:
@@ -331,7 +350,8 @@ def _traced_output(key: tuple, rshape: tuple, oshape: tuple, dims: tuple) -> Bin
     if got is not None:
         base, deltas = got
         coef = tuple(tuple([0] * len(oshape)) if d is None else tuple(int(c) for c in deltas[d]) for d in dims)
-        return Bind(0, 1, oshape, coef, tuple(int(b) for b in base), size=size)
+        base = tuple(int(b) for b in base)
+        return Bind(0, 1, oshape, coef, base, size=size, grow=_grows(oshape, coef, base, size))
     got = _affine(pos.view(1, *rshape), rshape)
     if got is None:
         raise Unsupported("the views after attention are not strided")

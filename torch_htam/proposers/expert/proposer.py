@@ -71,8 +71,36 @@ def match_task(task, policy, targets: tuple[Target, ...] = TARGETS) -> TaskMatch
         if isinstance(region, ConvMatch) and leading_dim(task) == (region.x, 0):
             # the graph is the example's; its batch's range is the task's (batch_slice.cuh)
             region = replace(region, batch_ranged=True)
+        refused = range_refusal(task, region)
+        if refused:
+            why.setdefault(refused, []).append(t.kind)
+            continue
         return TaskMatch(t, region, t.defaults(region))
     raise Unsupported("; ".join(f"{'/'.join(kinds)}: {msg}" for msg, kinds in why.items()))
+
+
+def range_refusal(task, region) -> str | None:
+    """Why `region`'s kernels would refuse every size of the task's declared ranges but the
+    example's, or None. Such a kernel bakes the example's sizes in at match time and returns
+    HTAM_ERR_SHAPE elsewhere, so each candidate cost a build and the example's trials, then failed
+    range verification in every bucket: the served decoder's q/k/v projections to heads (layout
+    GEMMs) searched to "none verified" (bench_serve-20261129-203958)."""
+    ranged = [(i, d, lo, hi) for i, s in enumerate(task.inputs) for d, (lo, hi) in zip(s.dynamic, s.ranges)]
+    if not ranged:
+        return None
+    i, d, lo, hi = ranged[0]
+    if isinstance(region, gemm.GemmMatch) and region.lay is not None:
+        return (f"a GEMM whose operands or outputs are views (heads, a split) has its sizes fixed at the "
+                f"example's, and in{i} dim {d} is declared {lo}-{hi}")
+    if isinstance(region, attention.AttnMatch):
+        reads = [(task.inputs[b.index], b, f"in{b.index}")
+                 for b in (region.q, region.k, region.v, *(m.bind for m in region.masks))]
+        for spec, b, name in reads + [(task.outputs[0], region.o, "the output")]:
+            fixed = [dd for dd in spec.dynamic if b.mode != 0 and dd not in b.grow] if spec.ranges else []
+            if fixed:
+                return (f"attention binds {name} through views that fix its dim {fixed[0]}, which the task "
+                        f"declares ranged")
+    return None
 
 
 class ExpertProposer:
