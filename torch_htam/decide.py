@@ -162,6 +162,7 @@ class Arm:
     high: ArmTimes | None = None   # timed at the declared ranges' high end too (base())
     upto: int | None = None   # a kernels arm's largest size of the one declared range it serves
                               # (above it, it lost to its base: Trials.range_cut); None: all of it
+    gain: float | None = None   # a kernels arm's ratio() over its base in its own trial's timing
     error: str | None = None
     setup_s: float = 0.0      # building it and its first call (where torch.compile compiles)
     failed_kernels: tuple[str, ...] = ()
@@ -301,10 +302,13 @@ def _round_ratios(b, o) -> list[float] | None:
     return [x / y for x, y in zip(b.round_ms, o.round_ms) if y > 0] or None
 
 
-def _reach(base: Arm, arm: Arm) -> tuple[float, float]:
+def _reach(arm: Arm) -> tuple[float, float]:
     """How a kernels trial ranks: by the sizes of the declared range it serves first (all of them
-    before a cut at some size, Arm.upto), then by how much faster than base it is at the example's."""
-    return (math.inf if arm.upto is None else arm.upto), ratio(base, arm)
+    before a cut at some size, Arm.upto), then by how much faster than its base it was at the
+    example's sizes in its own trial (Arm.gain: the base is timed again in every trial, and the
+    host drifts between them; served vision bf16 timed its base at 1.489 ms synced in one trial
+    and 1.023 in the next, H200, bench_serve-20261129-203558)."""
+    return (math.inf if arm.upto is None else arm.upto), arm.gain or 0.0
 
 
 def ratio(base: Arm, ours: Arm) -> float:
@@ -731,13 +735,14 @@ class Trials:
                                  options=dict(base.options)))
             if arm.error or not self.time([base, arm]):
                 continue
+            arm.gain = ratio(base, arm)
             # the first trial's own timing (base is timed again with later arms)
             compared = compared or f"{arm.name}: {arm.ms()} against {base.ms()}"
             wins = better(base.times, arm.times)
             if wins:
                 wins, arm.upto = self.range_cut(base, arm)
             high = not wins and arm.high is None and self.wins_at_high_end(base, arm, floor)
-            if (wins or high) and (best is base or _reach(base, arm) > _reach(base, best)):
+            if (wins or high) and (best is base or _reach(arm) > _reach(best)):
                 at_high = (f"; at the declared ranges' high end {arm.ms(high=True)} against "
                            f"{base.ms(high=True)}" if high else "")
                 cut = (f"; up to size {arm.upto}: above it they lost to {base.kind.value} (at the high end "
