@@ -558,3 +558,35 @@ def test_a_ranged_task_is_refused_only_where_its_views_fix_a_ranged_dim():
     merged = dataclasses.replace(task, outputs=[task.outputs[0].with_ranges({0: (2, 16), 2: (64, 128)})])
     refused = propose(merged)
     assert not refused.candidates and "the output through views that fix its dim 2" in refused.note, refused.note
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_a_ranged_attention_kernel_runs_right_at_other_sizes(dtype):
+    """The served encoder's shape of it (q, k, v views of one fused projection, the result back to
+    (B, L, C)), extracted with the batch declared 1-16 at batch 4: the one kernel built for it runs
+    right at batches 2, 7 and 16, and verification keeps it in every bucket (its bindings grow
+    along the batch: Bind.grow; before, HTAM_ERR_SHAPE at every batch but the example's)."""
+    from torch_htam.evaluation import run_job
+    from torch_htam.extract import extract_tasks
+    from torch_htam.launcher import Kernel
+    torch.manual_seed(0)
+    model = QkvHeads().eval()
+    (task,) = [t for t in extract_tasks(model, (torch.randn(4, 10, 192, dtype=dtype),), dynamic={0: {0: (1, 16)}})
+               if t.kind == "attention"]
+    tm = match_task(task, policy_for(task))
+    res = build.build(tm.render(tm.defaults))
+    assert res.ok, res.error
+    kernel = Kernel(res.so_path)
+    for n in (2, 7, 16):
+        qkv = torch.randn(n, 10, 192, dtype=dtype, device="cuda")
+        q, k, v = (t.view(n, 10, 4, 16) for t in qkv.split(64, dim=2))
+        with torch.no_grad():
+            ref = model(qkv)
+        out = torch.full_like(ref, float("nan"))
+        assert kernel([q, k, v], [out]) == 0, n
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, ref, atol=policy_for(task).atol, rtol=policy_for(task).rtol)
+    got = run_job({"kind": "evaluate", "task": task.to_json(), "so_path": res.so_path,
+                   "policy": policy_for(task).to_json(), "time": False})
+    assert got["correct"] and got["buckets"] == [[0, 0, 2, 8], [0, 0, 9, 16]], got
