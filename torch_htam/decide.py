@@ -34,8 +34,8 @@ import torch
 from torch import nn
 
 from torch_htam.serving import (BucketSplit, ExampleSplit, at_size, common_sizes, entries_kept, first_call_s,
-                                has_conv, held_sizes, high_end_inputs, one_range, prime, size_one_inputs,
-                                split_at_example)
+                                has_conv, held_sizes, high_end_inputs, one_range, prime, served_sizes,
+                                size_one_inputs, split_at_example)
 from torch_htam.timing import ArmTimes, GradMode, quantile
 
 log = logging.getLogger("torch_htam")
@@ -654,12 +654,12 @@ class Trials:
             return d
         kept = entries_kept([self.kernels_of(s) for s in d.chosen.kernels])
         found = held_sizes(kept, self.cfg.dynamic) if kept is not None else None
-        if found is None and upto is not None:   # kernels without buckets: every size up to the cut
-            found = (*one_range(self.cfg.dynamic), [])
-        if found is None:
+        if found is None and upto is None:
             return d
-        at, (low, high), held = found     # low: 2 where declared 1 (size 1 has graphs of its own)
-        sizes = frozenset(n for n in common_sizes((low, high), held) if upto is None or n <= upto)
+        # low: 2 where declared 1 (size 1 has graphs of its own); kernels without buckets with a cut:
+        # every size up to it
+        at, (low, high), held = found or (*one_range(self.cfg.dynamic), [])
+        at, sizes = served_sizes((at, common_sizes((low, high), held)), self.cfg.dynamic, upto)
         left = [n for n in range(low, high + 1) if n not in sizes]
         if left:
             d.chosen.call = BucketSplit(d.chosen.call, base.call, at, sizes)

@@ -531,10 +531,11 @@ def _time_at(task, kernel, ref, policy, shapes, inductor: bool = False, retime: 
         if inductor:
             t1 = time.perf_counter()
             compiled = _compiled_reference(task.source, task.name)
-            key = (task.source, task.name)
+            key, args = (task.source, task.name), make_set()[0]
             if key not in _INDUCTOR_CODE:   # compiles here, once per worker and task
-                _INDUCTOR_CODE[key] = _first_call_code(compiled, make_set()[0])
-            compiled(*make_set()[0])
+                _INDUCTOR_CODE[key] = _first_call_code(compiled, args)
+            else:
+                compiled(*args)
             t2 = time.perf_counter()
             c = timing.time_fn(lambda s: compiled(*s[0]), make_set)
             compile_s, compiled_s = t2 - t1, time.perf_counter() - t2
