@@ -13,7 +13,8 @@ Dynamo/Inductor state and GPU memory do not leak between rows, under a time limi
 default 2 x (1.1 x budget + 30 s) + 600 s: two optimizes, three compiles, timing). In that
 process, in this order:
 
-  1. build the model and inputs (model_zoo.make: seeded, eval mode, on cuda);
+  1. build the model and inputs (model_zoo.make: seeded, eval mode, on cuda), the inputs copied
+     under --grad-mode as a user's requests are made (inference tensors under inference_mode);
   2. five copy.deepcopy()s of it, all made BEFORE any optimize: "eager", "compile"
      (torch.compile(copy)), "compile_ro" (mode="reduce-overhead"), "compile_ma"
      (mode="max-autotune"), and the copy that "ours_ro" optimizes;
@@ -193,6 +194,7 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
     each stage ("stage"). A failing optimize or arm records "<arm>_error" and the row's "error";
     the other arms are still measured. A failure outside an arm ends the row with "error"."""
     import torch
+    from torch.utils import _pytree as pytree
     if sync is None:
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     row = empty_row(name, opts.budget, opts.grad_mode)
@@ -215,6 +217,8 @@ def measure(name: str, opts, device: str = "cuda", optimize=bf._optimize, compil
         with bs._precision(row["dtype"]), bs._dynamo_limits():
             stage("build")
             model, inputs = model_zoo.make(name, small=opts.small, device=device)
+            with bf._grad_mode(opts.grad_mode):    # made as requests are: inference tensors
+                inputs = pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, inputs)
             models = {"eager": copy.deepcopy(model)}          # every copy BEFORE any optimize
             ours_arms, skip = arms_for(opts)
             row["skipped_arms"], row["modes"] = list(skip), list(opts.modes)
