@@ -41,7 +41,9 @@ Held-out figures (the question: does memory save candidates over a fair no-memor
   once, just not the one measured); with --train, only the train tables' tasks (the issue's
   held-out protocol: memory trained on the regions of one set of models, measured on the regions
   of models it never saw; a train task also in the test set is refused). "train" in the results
-  lists the train tasks (empty: leave one out).
+  lists the train tasks (empty: leave one out). Every search, train or test, runs on the GPU its
+  table was measured on (the table's "gpu"): train tables from an H100 and test tables from an
+  H200 measure memory carried to a sibling device; "devices" names both sets' GPUs.
   rows[i]["to99"][arm]  per seed, the candidates until the arm's curve reaches 99% of "best", the
                         best point any arm and seed reached on the task (budget + 1: never)
   savings[arm]          1 - sum(arm's to99) / sum(none's to99) over every task and seed: the
@@ -52,7 +54,7 @@ Held-out figures (the question: does memory save candidates over a fair no-memor
 space (space_facts: the defaults' share of each table's best, ties within 1%, timing noise):
   what an order has to find, the same for every arm.
 Writes bench/results/anytime-<date>.json (bench/record.py): suite "anytime", limit, budget, seeds,
-arms, rows, savings, saving_vs_none, ci_low, ci_high, space, train, train_measured, tables.
+arms, rows, savings, saving_vs_none, ci_low, ci_high, space, train, train_measured, devices, tables.
 """
 from __future__ import annotations
 
@@ -229,13 +231,27 @@ def replay(tables: list[dict], budget: int, seeds: int = 1, gpu=None, arms=ARMS,
     summary = {a: dict(summarize({t: median_curve(cs) for t, cs in runs[a].items()}, oracle, budget),
                        runs=runs[a]) for a in arms}
     rows = held_out_rows(runs, budget)
-    out = {"arms": summary, "oracle": oracle, "seeds": seeds, "rows": rows, "train": [t["task"] for t in train]}
+    out = {"arms": summary, "oracle": oracle, "seeds": seeds, "rows": rows, "train": [t["task"] for t in train],
+           "devices": {"test": devices(tables, gpu), "train": devices(train, gpu)}}
     if "none" in arms:
         out["savings"] = {a: saving(rows, a, "none") for a in arms if a != "none"}
         if "htg_warm" in arms:
             warm = out["savings"]["htg_warm"]
             out.update(saving_vs_none=warm["saving"], ci_low=warm["ci_low"], ci_high=warm["ci_high"])
     return out
+
+
+def table_gpu(table: dict, default=None):
+    """The GPU a table was measured on (its "gpu" record), else `default`: a search replayed on a
+    table sees that GPU's roofline, so memory learned from H100 tables and searched on H200 tables
+    is the issue's sibling-device transfer."""
+    from torch_htam.gpu import GpuInfo
+    return GpuInfo(**table["gpu"]) if table.get("gpu") else default
+
+
+def devices(tables: list[dict], default=None) -> list[str]:
+    """The names of the GPUs `tables` were measured on, sorted ([] where none is known)."""
+    return sorted({g.name for g in (table_gpu(t, default) for t in tables) if g is not None})
 
 
 def held_out(test: list[str], train: list[dict]) -> None:
@@ -273,7 +289,8 @@ def _prepare(tables: list[dict], budget: int, gpu, arms, train: list[dict] = ())
     tables only where htg_warm, their one reader, runs."""
     train = list(train) if "htg_warm" in arms else []
     tasks, train_tasks = [_task(t) for t in tables], [_task(t) for t in train]
-    _REPLAY.update(tasks=tasks, train=train_tasks, budget=budget, gpu=gpu, arms=arms,
+    _REPLAY.update(tasks=tasks, train=train_tasks, budget=budget, arms=arms,
+                   gpus={t["task"]: table_gpu(t, gpu) for t in tables + train},
                    limit={t["task"]: t["limit"] for t in tables + train},
                    keys={task.name: table_keys(task, table)
                          for task, table in zip(tasks + train_tasks, tables + train)},
@@ -295,7 +312,7 @@ def _one_run(work: tuple[int, int]) -> dict[str, list]:
     r = _REPLAY
     task = r["tasks"][i]
     memory = _trained(seed) if r["train"] else None
-    return {arm: curve(arm_log(arm, task, r["tasks"], r["keys"], r["limit"], r["budget"], r["gpu"], seed,
+    return {arm: curve(arm_log(arm, task, r["tasks"], r["keys"], r["limit"], r["budget"], r["gpus"], seed,
                                trained=memory),
                        r["budget"]) for arm in r["arms"]}
 
@@ -307,7 +324,7 @@ def _trained(seed: int):
     if seed not in r["trained"]:
         from torch_htam.htg import HTG
         memory = HTG.from_prior()
-        learn(memory, r["train"], r["keys"], r["limit"], r["budget"], r["gpu"], seed)
+        learn(memory, r["train"], r["keys"], r["limit"], r["budget"], r["gpus"], seed)
         r["trained"][seed] = memory
     return r["trained"][seed]
 
@@ -330,26 +347,27 @@ def _map_runs(work: list, inputs: tuple, jobs: int):
     return results()
 
 
-def learn(memory, tasks: list, keys: dict, limit: dict, budget: int, gpu, seed: int) -> None:
-    """Experience into `memory`: every one of `tasks` searched once, in an order seeded by `seed`."""
+def learn(memory, tasks: list, keys: dict, limit: dict, budget: int, gpus: dict, seed: int) -> None:
+    """Experience into `memory`: every one of `tasks` searched once, in an order seeded by `seed`,
+    each on the GPU its table was measured on (gpus: task name -> GpuInfo or None)."""
     order = list(tasks)
     random.Random(seed).shuffle(order)
     for o in order:
-        search_log(o, keys[o.name], memory, "htg", budget, limit[o.name], gpu, seed)
+        search_log(o, keys[o.name], memory, "htg", budget, limit[o.name], gpus[o.name], seed)
 
 
-def arm_log(arm: str, task, tasks: list, keys: dict, limit: dict, budget: int, gpu, seed: int,
+def arm_log(arm: str, task, tasks: list, keys: dict, limit: dict, budget: int, gpus: dict, seed: int,
             trained=None) -> list[dict]:
-    """The rows one arm's search of `task` evaluated, in order. trained: htg_warm's memory after
-    the train tasks (searched on a copy, so one test task's search never teaches another's);
-    None: htg_warm learns leave one out, from every other task of `tasks`."""
+    """The rows one arm's search of `task` evaluated, in order, on its table's GPU (gpus). trained:
+    htg_warm's memory after the train tasks (searched on a copy, so one test task's search never
+    teaches another's); None: htg_warm learns leave one out, from every other task of `tasks`."""
     from torch_htam.htg import HTG
     memory = HTG.from_prior()
     if arm == "htg_warm" and trained is not None:
         memory = copy.deepcopy(trained)
     elif arm == "htg_warm":
-        learn(memory, [o for o in tasks if o is not task], keys, limit, budget, gpu, seed)
-    return search_log(task, keys[task.name], memory, MODE[arm], budget, limit[task.name], gpu, seed)
+        learn(memory, [o for o in tasks if o is not task], keys, limit, budget, gpus, seed)
+    return search_log(task, keys[task.name], memory, MODE[arm], budget, limit[task.name], gpus[task.name], seed)
 
 
 def median_curve(curves: list[list[float | None]]) -> list[float | None]:
@@ -492,6 +510,9 @@ def held_out_lines(res: dict) -> list[str]:
         ci = (f"{s['saving']:+.1%} [{s['ci_low']:+.1%}, {s['ci_high']:+.1%}]"
               if s and s["saving"] is not None else "-")
         lines.append(f"| {arm} | {statistics.mean(ks):.2f} | {ci} |" if ks else f"| {arm} | - | {ci} |")
+    dev = res.get("devices", {})
+    if dev.get("train"):
+        lines.append(f"memory learned on {', '.join(dev['train'])}; tested on {', '.join(dev['test']) or '?'}")
     return lines
 
 
@@ -525,13 +546,12 @@ def main(argv=None) -> int:
                     help="tables (as --replay reads) htg_warm learns from; the others are the test set")
     ap.add_argument("--no-record", action="store_true", help="do not write a file to bench/results/")
     args = ap.parse_args(argv)
-    from torch_htam.gpu import GpuInfo
     train, train_sources = load_tables(args.train or [])
     if args.train and not train:    # an empty train set would fall back to leave one out unnoticed
         ap.error("--train: no tables in " + " ".join(args.train))
     if args.replay:
         tables, sources = load_tables(args.replay)
-        gpu = GpuInfo(**tables[0]["gpu"]) if tables and tables[0].get("gpu") else None
+        gpu = None     # each table's own (table_gpu)
     else:
         import torch
         from torch_htam.evaluation import Evaluator

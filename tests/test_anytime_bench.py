@@ -270,3 +270,23 @@ def test_space_facts_count_the_defaults_ties_and_timing_noise():
     assert f["median_share_within_1pct"] == pytest.approx((2 / 3 + 1 / 2) / 2)
     assert f["retime_noise_median"] == 0.0 and f["retime_noise_p90"] == pytest.approx(abs(0.5 / 0.51 - 1))
     assert "1 / 1 of 2 tasks" in anytime.space_lines(f)[0]
+
+
+def test_each_search_runs_on_the_gpu_its_table_was_measured_on(monkeypatch):
+    """Memory learned from one device's tables and searched on another's (H100 -> H200): the train
+    searches see the train tables' GPU, the test searches the test tables'."""
+    from torch_htam.gpu import GpuInfo
+    h100 = GpuInfo("H100", "sm_90a", 132, 50 << 20, 227 << 10, 3.35e12, 67e12, 989e12)
+    h200 = GpuInfo("H200", "sm_90a", 132, 50 << 20, 227 << 10, 4.8e12, 67e12, 989e12)
+    train = [dict(_table("ew_bias_gelu_bf16", 6), gpu=h100.to_json())]
+    test = [dict(_table("rw_softmax_fp32", 6), gpu=h200.to_json())]
+    seen, real = [], anytime.search_log
+
+    def spy(task, by_key, memory, mode, budget, limit, gpu, seed=0):
+        seen.append((task.name, gpu.name))
+        return real(task, by_key, memory, mode, budget, limit, gpu, seed)
+    monkeypatch.setattr(anytime, "search_log", spy)
+    res = anytime.replay(test, budget=6, seeds=1, arms=("htg_warm", "none"), train=train)
+    assert set(seen) == {("ew_bias_gelu_bf16", "H100"), ("rw_softmax_fp32", "H200")}
+    assert res["devices"] == {"test": ["H200"], "train": ["H100"]}
+    assert "memory learned on H100; tested on H200" in anytime.held_out_lines(res)
