@@ -1,0 +1,209 @@
+// A conv site in ONE launch: y = relu((conv(x, w) - mean) * gamma * rsqrt(var + eps) + beta [+ res])
+//
+// Why: a served ResNet's conv site of ours is two launches on the host path (the batch-norm fold,
+// then cuDNN's execute), and at batch 1-16 the host decides the call (bench/findings.md, #36).
+// Here the fold is computed per element in the epilogue from the raw statistics (four per-channel
+// row broadcasts), so nothing is cached across calls and a parameter written in place is always
+// seen. CUTLASS 3's Hopper implicit-GEMM conv (TMA im2col loads, wgmma, warp-specialized) does the
+// GEMM: M = N*P*Q output pixels, N = K output channels, K = R*S*C.
+//
+// Layouts: x [N, H, W, C] (channels-last bf16), w [K, R, S, C] (a KCRS weight in channels_last
+// memory format), res / y [N, P, Q, K]; mean, gamma, var, beta [K] bf16. C and K multiples of 8
+// (16-byte TMA rows). fp32 accumulation and epilogue math.
+//
+// Host cost: initialize() encodes the TMA descriptors (im2col for x, tiled for w, y and res); a
+// call whose pointers and shape were met before reuses them from a small cache, so its host work
+// is one cudaLaunchKernelEx. Built once for every shape (sizes are run-time arguments).
+#include <cstdint>
+#include <cstring>
+#include <chrono>
+#include <memory>
+#include <unordered_map>
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/kernel_hardware_info.hpp>
+#include <cutlass/conv/collective/collective_builder.hpp>
+#include <cutlass/conv/convnd_problem_shape.hpp>
+#include <cutlass/conv/convolution.h>
+#include <cutlass/conv/device/conv_universal_adapter.hpp>
+#include <cutlass/conv/dispatch_policy.hpp>
+#include <cutlass/conv/kernel/conv_universal.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_visitor_compute_tma_warpspecialized.hpp>
+#include <cutlass/epilogue/fusion/sm90_visitor_load_tma_warpspecialized.hpp>
+
+using namespace cute;
+namespace fusion = cutlass::epilogue::fusion;
+
+// ---- the epilogue: batch norm from raw statistics, optional residual, ReLU ----------------------
+struct BnArgs { float eps = 1e-5f; int relu = 1; };
+
+template <class T>      // T: Array<float, N>, one fragment of the tile
+struct BnAct {
+  using Arguments = BnArgs;
+  CUTLASS_HOST_DEVICE T operator()(T const& acc, T const& mean, T const& gamma, T const& var, T const& beta,
+                                   Arguments const& a) const {
+    T out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < T::kElements; ++i) {
+      const float v = (acc[i] - mean[i]) * gamma[i] * rsqrtf(var[i] + a.eps) + beta[i];
+      out[i] = a.relu ? fmaxf(v, 0.f) : v;
+    }
+    return out;
+  }
+};
+
+template <class T>
+struct BnAddAct {       // relu(bn(acc) + res): a ResNet block's last conv
+  using Arguments = BnArgs;
+  CUTLASS_HOST_DEVICE T operator()(T const& acc, T const& mean, T const& gamma, T const& var, T const& beta,
+                                   T const& res, Arguments const& a) const {
+    T out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < T::kElements; ++i) {
+      const float v = (acc[i] - mean[i]) * gamma[i] * rsqrtf(var[i] + a.eps) + beta[i] + res[i];
+      out[i] = a.relu ? fmaxf(v, 0.f) : v;
+    }
+    return out;
+  }
+};
+
+// ---- the kernel, per tile shape and whether a residual is read -----------------------------------
+using Elt = cutlass::bfloat16_t;
+constexpr int kAlign = 128 / cutlass::sizeof_bits<Elt>::value;    // 8 values: one 16-byte TMA row
+constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+
+template <class TileShape, bool Residual>
+struct ConvBn {
+  using Cluster = Shape<_1, _1, _1>;
+  using Row = fusion::Sm90RowBroadcast<0, TileShape, Elt, float, Stride<_0, _1, _0>, kAlign>;
+  using Acc = fusion::Sm90AccFetch;
+  using EVT = std::conditional_t<Residual,
+      fusion::Sm90EVT<fusion::Sm90Compute<BnAddAct, Elt, float, kRound>, Acc, Row, Row, Row, Row,
+                      fusion::Sm90SrcFetch<Elt>>,
+      fusion::Sm90EVT<fusion::Sm90Compute<BnAct, Elt, float, kRound>, Acc, Row, Row, Row, Row>>;
+  using ElementC = std::conditional_t<Residual, Elt, void>;
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      ElementC, cutlass::layout::TensorNHWC, kAlign,
+      Elt, cutlass::layout::TensorNHWC, kAlign,
+      cutlass::epilogue::TmaWarpSpecialized, EVT>::CollectiveOp;
+
+  using Mainloop = typename cutlass::conv::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kFprop,
+      Elt, cutlass::layout::TensorNHWC, kAlign,
+      Elt, cutlass::layout::TensorNHWC, kAlign,
+      float, TileShape, Cluster,
+      cutlass::conv::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
+
+  using Problem = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kFprop,
+                                                  Mainloop::DispatchPolicy::NumSpatialDimensions>;
+  using Kernel = cutlass::conv::kernel::ConvUniversal<Problem, Mainloop, Epilogue>;
+  using Conv = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
+};
+
+// ---- one call's description, and the cache of initialized kernels keyed by it -------------------
+struct Call {
+  const void *x, *w, *mean, *gamma, *var, *beta, *res;
+  void* y;
+  int n, h, wd, c, k, r, s, pad_h, pad_w, stride_h, stride_w, dil_h, dil_w, relu, tile;
+  float eps;
+};
+
+struct CallHash {
+  size_t operator()(const Call& k) const {
+    const unsigned char* p = reinterpret_cast<const unsigned char*>(&k);
+    size_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof(Call); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+  }
+};
+struct CallEq {
+  bool operator()(const Call& a, const Call& b) const { return std::memcmp(&a, &b, sizeof(Call)) == 0; }
+};
+
+template <class TileShape, bool Residual>
+static int run_tile(const Call& a, cudaStream_t stream, bool cached) {
+  using K = ConvBn<TileShape, Residual>;
+  using Conv = typename K::Conv;
+  static std::unordered_map<Call, std::unique_ptr<Conv>, CallHash, CallEq> made;
+  if (cached) {
+    auto it = made.find(a);
+    if (it != made.end()) return it->second->run(stream) == cutlass::Status::kSuccess ? 0 : 3;
+  }
+  typename K::Problem problem(cutlass::conv::Mode::kCrossCorrelation,
+                              {a.n, a.h, a.wd, a.c}, {a.k, a.r, a.s, a.c},
+                              {a.pad_h, a.pad_w}, {a.pad_h, a.pad_w}, {a.stride_h, a.stride_w},
+                              {a.dil_h, a.dil_w}, 1);
+  using StrideC = typename Conv::ConvKernel::StrideC;
+  using StrideD = typename Conv::ConvKernel::StrideD;
+  StrideC dC;
+  StrideD dD;
+  cute::for_each(cute::make_seq<cute::rank<0>(StrideC{})>{}, [&](auto i) {
+    cute::get<0, i>(dC) = problem.stride_C[K::Problem::RankT - 2 - i];
+  });
+  cute::for_each(cute::make_seq<cute::rank<0>(StrideD{})>{}, [&](auto i) {
+    cute::get<0, i>(dD) = problem.stride_C[K::Problem::RankT - 2 - i];
+  });
+  using ElementC = typename K::ElementC;
+  typename Conv::Arguments args{
+      problem,
+      {static_cast<const Elt*>(a.x), static_cast<const Elt*>(a.w)},
+      {{}, static_cast<const ElementC*>(Residual ? a.res : nullptr), dC, static_cast<Elt*>(a.y), dD}};
+  using RowArgs = typename K::Row::Arguments;
+  auto row = [](const void* p) { return RowArgs{static_cast<const Elt*>(p)}; };
+  if constexpr (Residual)
+    args.epilogue.thread = {{}, row(a.mean), row(a.gamma), row(a.var), row(a.beta), {}, BnArgs{a.eps, a.relu}};
+  else
+    args.epilogue.thread = {{}, row(a.mean), row(a.gamma), row(a.var), row(a.beta), BnArgs{a.eps, a.relu}};
+  auto conv = std::make_unique<Conv>();
+  if (Conv::get_workspace_size(args) != 0) return 4;      // (none for this schedule)
+  if (conv->can_implement(args) != cutlass::Status::kSuccess) return 1;
+  if (conv->initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return 2;
+  if (conv->run(stream) != cutlass::Status::kSuccess) return 3;
+  if (cached && made.size() < 256) made.emplace(a, std::move(conv));
+  return 0;
+}
+
+template <bool Residual>
+static int run_any(const Call& a, cudaStream_t stream, bool cached) {
+  switch (a.tile) {
+    case 0: return run_tile<Shape<_128, _64, Shape<_64>>, Residual>(a, stream, cached);
+    case 1: return run_tile<Shape<_128, _128, Shape<_64>>, Residual>(a, stream, cached);
+    case 2: return run_tile<Shape<_64, _64, Shape<_64>>, Residual>(a, stream, cached);
+    default: return 5;
+  }
+}
+
+static int dispatch(const Call& a, cudaStream_t stream, bool cached) {
+  if (a.c % kAlign || a.k % kAlign) return 6;
+  return a.res ? run_any<true>(a, stream, cached) : run_any<false>(a, stream, cached);
+}
+
+// ---- C entry points (ctypes) --------------------------------------------------------------------
+// 0 ok; 1 cannot implement; 2 initialize failed; 3 launch failed; 4 needs a workspace; 5 no such
+// tile; 6 C or K not a multiple of 8.
+extern "C" int htam_conv_bn(const void* x, const void* w, const void* mean, const void* gamma, const void* var,
+                            const void* beta, const void* res, void* y, const int* dims, float eps, int cached,
+                            void* stream) {
+  // dims: n h w c k r s pad_h pad_w stride_h stride_w dil_h dil_w relu tile
+  Call a{x, w, mean, gamma, var, beta, res, y, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6],
+         dims[7], dims[8], dims[9], dims[10], dims[11], dims[12], dims[13], dims[14], eps};
+  return dispatch(a, static_cast<cudaStream_t>(stream), cached != 0);
+}
+
+// Host ns a call takes, over `calls` calls of the same arguments (the issue time, no sync).
+extern "C" double htam_conv_bn_host_ns(const void* x, const void* w, const void* mean, const void* gamma,
+                                       const void* var, const void* beta, const void* res, void* y,
+                                       const int* dims, float eps, int cached, void* stream, int calls) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i)
+    if (htam_conv_bn(x, w, mean, gamma, var, beta, res, y, dims, eps, cached, stream) != 0) return -1.0;
+  const auto dt = std::chrono::steady_clock::now() - t0;
+  return std::chrono::duration<double, std::nano>(dt).count() / calls;
+}
