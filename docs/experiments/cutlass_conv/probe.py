@@ -166,6 +166,7 @@ def main() -> int:
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
     lib = load(Path(args.so) if args.so else build(args.cutlass))
+    torch.backends.cudnn.allow_tf32 = False      # the fp32 reference's convs in fp32, not TF32
 
     def fn(x, w, mean, var, gamma, beta, res, stride, pad):
         return site({"x": x, "w": w, "mean": mean, "var": var, "gamma": gamma, "beta": beta, "res": res},
