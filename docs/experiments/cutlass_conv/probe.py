@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[2] / "bench"))
+from attention_backends import events_ms, graphed  # noqa: E402
 TILES = {0: "128x64", 1: "128x128", 2: "64x64"}
 # name, C, K, R(=S), stride, pad, H (input), residual
 SITES = [("l1.conv2", 64, 64, 3, 1, 1, 56, False), ("l1.conv3", 64, 256, 1, 1, 0, 56, True),
@@ -106,25 +108,15 @@ def ours_call(lib, t, dims, cached, host_calls=0):
 
 
 def graph_us(fn, calls=20, reps=5) -> float:
-    """Device us a call: `calls` calls captured in one CUDA graph, replayed; the median of reps."""
+    """Device us a call: `calls` calls captured in one CUDA graph (bench/attention_backends.py's
+    helpers), replayed; the median of reps."""
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         for _ in range(3):
             fn()
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / calls)
-    return statistics.median(times)
+    g = graphed(fn, calls)
+    return statistics.median(events_ms(g, calls) * 1000 for _ in range(reps))
 
 
 def probe_one(lib, name, c, k, r, stride, pad, h, residual, n, compiled) -> dict:
