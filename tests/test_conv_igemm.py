@@ -170,10 +170,12 @@ def test_the_implicit_gemm_conv_is_offered_last_where_it_applies():
     assert conv.canonical(cp, dict(base, ig_bm=64)) == conv.canonical(cp, base)
 
 
-def test_smem_tiling_moves_an_eligible_channels_last_conv_to_the_implicit_gemm_kernel():
+def test_smem_tiling_moves_an_eligible_channels_last_conv_to_the_implicit_gemm_kernel(monkeypatch):
     """The search reaches the kernel: smem_tiling's moves on a channels-last bf16 conv are its tiles
-    (where a 1x1 NCHW conv's are pwconv's); a later move of cuDNN's knobs returns to cuDNN's path."""
-    from torch_htam.proposers.expert import conv, conv_igemm, strategies
+    (where a 1x1 NCHW conv's are pwconv's) where CUTLASS's library is not built (tests/
+    test_conv_cutlass.py: its tiles come first); a later move of cuDNN's knobs returns to cuDNN's path."""
+    from torch_htam.proposers.expert import conv, conv_cutlass, conv_igemm, strategies
+    monkeypatch.setattr(conv_cutlass, "library_ready", lambda: False)
     *_, cp = _region()
     assert cp.facts.igemm_tiles == conv_igemm.IG_TILES and not cp.facts.tiled_conv
     moves = strategies.moves_for("smem_tiling", cp.facts)
@@ -225,7 +227,7 @@ def test_the_proposed_sources_build():
         for dt in (torch.bfloat16, torch.float16):
             *_, cp = _region(dtype=dt, **kw)
             bm, bn, st = conv_igemm.IG_TILES[len(todo) % len(conv_igemm.IG_TILES)]
-            todo.append((f"{name}/{dt}", conv.render(cp, dict(conv.defaults(cp), igemm=True, ig_bm=bm, ig_bn=bn,
+            todo.append((f"{name}/{dt}", conv.render(cp, dict(conv.defaults(cp), cutlass=False, igemm=True, ig_bm=bm, ig_bn=bn,
                                                                  ig_stages=st))))
     assert_compiles(todo)
 
@@ -242,7 +244,7 @@ def test_the_proposed_kernel_matches_torch_at_other_batches(name, dtype):
     from torch_htam.verify import within_torch_error
     block, _, task, keep, cp = _region(dtype=dtype, device="cuda", **IG_REGIONS[name])
     policy = policy_for(task)
-    params = [dict(conv.defaults(cp), igemm=True, ig_bm=bm, ig_bn=bn, ig_stages=st)
+    params = [dict(conv.defaults(cp), cutlass=False, igemm=True, ig_bm=bm, ig_bn=bn, ig_stages=st)
               for bm, bn, st in conv_igemm.IG_TILES]
     results = build.build_many([conv.render(cp, p) for p in params])
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]

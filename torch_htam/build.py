@@ -27,6 +27,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from torch_htam import paths
 from torch_htam.timing import usable_cpus
@@ -216,21 +217,70 @@ def _our_libraries(source: str) -> list[str]:
     return [name for name in LIBRARIES if _uses(source, re.escape(name))]
 
 
-def _library_flags(name: str) -> list[str] | None:
-    """What the library's own build needs beyond a candidate's flags; None where it is missing."""
+def find_cutlass() -> Path | None:
+    """CUTLASS's source tree (include/ and tools/util/include/ under it): $CUTLASS_PATH, else the
+    nvidia-cutlass wheel's cutlass_library/source (pip install --no-deps nvidia-cutlass: headers
+    only; found without importing it, whose Python deps are not needed), else None."""
+    roots = [Path(os.environ["CUTLASS_PATH"])] if os.environ.get("CUTLASS_PATH") else []
+    try:
+        spec = importlib.util.find_spec("cutlass_library")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin:
+        roots.append(Path(spec.origin).parent / "source")
+    return next((r for r in roots if (r / "include" / "cutlass" / "cutlass.h").exists()), None)
+
+
+@dataclass(frozen=True)
+class OurLibrary:
+    """What one csrc library's own build needs: flags() -> its include/link flags, or None where a
+    dependency is missing (`missing` says what to install); version() -> a file whose bytes name
+    the dependency's version (hashed with the library), or None; archs: the archs it builds for
+    (empty: any)."""
+    flags: Callable[[], list[str] | None]
+    version: Callable[[], Path | None]
+    missing: str
+    archs: tuple[str, ...] = ()
+
+
+def _cudnn_sdpa_flags() -> list[str] | None:
     fe, dnn = find_cudnn_frontend(), find_cudnn()
     return None if fe is None or dnn is None else [*fe, *dnn.flags()]
 
 
+def _cutlass_flags() -> list[str] | None:
+    root = find_cutlass()
+    return None if root is None else [f"-I{root / 'include'}", f"-I{root / 'tools' / 'util' / 'include'}"]
+
+
+def _cudnn_frontend_version() -> Path | None:
+    fe = find_cudnn_frontend()
+    return Path(fe[0][2:]) / "cudnn_frontend_version.h" if fe else None
+
+
+def _cutlass_version() -> Path | None:
+    root = find_cutlass()
+    return root / "include" / "cutlass" / "version.h" if root else None
+
+
+OUR_LIBRARIES = {
+    "cudnn_sdpa": OurLibrary(_cudnn_sdpa_flags, _cudnn_frontend_version,
+                             "cuDNN and its frontend's headers: pip install nvidia-cudnn-frontend "
+                             "(or set CUDNN_FRONTEND_PATH)"),
+    # CUTLASS 3's sm90 collectives (wgmma, TMA): Hopper only
+    "cutlass_conv": OurLibrary(_cutlass_flags, _cutlass_version,
+                               "CUTLASS's headers: pip install --no-deps nvidia-cutlass (or set CUTLASS_PATH)",
+                               archs=("sm_90a",)),
+}
+
+
 @functools.lru_cache(maxsize=None)
 def library_hash(name: str, arch: str) -> str:
-    """Content hash of a library of ours: its sources, the ABI header, arch, nvcc and the cuDNN
-    frontend's version header. 20 hex chars. NOTE: cached: the expert asks on every attention
-    match (library_ready), and the search finds its inputs the same for the process."""
+    """Content hash of a library of ours: its sources, the ABI header, arch, nvcc and its
+    dependency's version header. 20 hex chars. NOTE: cached: the expert asks on every match
+    (library_ready), and the search finds its inputs the same for the process."""
     h = hashlib.sha256()
-    fe = find_cudnn_frontend()
-    version = Path(fe[0][2:]) / "cudnn_frontend_version.h" if fe else None
-    for part in (CSRC / f"{name}.cu", CSRC / f"{name}.h", ABI_HEADER, version):
+    for part in (CSRC / f"{name}.cu", CSRC / f"{name}.h", ABI_HEADER, OUR_LIBRARIES[name].version()):
         h.update(part.read_bytes() if part is not None and part.exists() else b"-")
     h.update(f"{arch}\0{paths.nvcc_version()}".encode())
     return h.hexdigest()[:20]
@@ -247,13 +297,14 @@ def library_ready(name: str, arch: str) -> bool:
 
 def library(name: str, arch: str, timeout_s: float = LIBRARY_TIMEOUT_S, nice: int = 0) -> tuple[Path | None, str]:
     """(the library's .so, "") built once per arch (minutes the first time), or (None, why)."""
-    so = library_path(name, arch)
+    so, lib = library_path(name, arch), OUR_LIBRARIES[name]
     if so.exists():
         return so, ""
-    extra, nvcc = _library_flags(name), paths.nvcc_path()
+    if lib.archs and arch not in lib.archs:
+        return None, f"the {name} library builds for {', '.join(lib.archs)} only, not {arch}"
+    extra, nvcc = lib.flags(), paths.nvcc_path()
     if extra is None:
-        return None, (f"the {name} library needs cuDNN and its frontend's headers: pip install "
-                      "nvidia-cudnn-frontend (or set CUDNN_FRONTEND_PATH)")
+        return None, f"the {name} library needs {lib.missing}"
     if nvcc is None:
         return None, "nvcc not found: install the CUDA toolkit or set CUDA_HOME"
     with _LIBRARY_LOCK:

@@ -1,24 +1,23 @@
-"""Probe (GPU): conv_bn.cu, a ResNet conv site (conv + batch norm from raw statistics [+ residual]
-+ ReLU) in one CUTLASS launch, against aten's site (cuDNN's conv, then batch norm, add, ReLU) and
-torch.compile's, at ResNet-50's conv shapes, bf16, channels-last, batches 1, 16 and 64.
+"""Probe (GPU): the cutlass_conv library (torch_htam/csrc/cutlass_conv.cu), a ResNet conv site
+(conv + batch norm from raw statistics [+ residual] + ReLU) in one CUTLASS launch, against aten's
+site (cuDNN's conv, then batch norm, add, ReLU) and torch.compile's, at ResNet-50's conv shapes, bf16,
+channels-last, batches 1, 16 and 64.
 
-    python3 docs/experiments/cutlass_conv/probe.py [--so conv_bn.so] [--out DIR]
+    python3 docs/experiments/cutlass_conv/probe.py [--so LIB.so] [--out DIR]
 
-Builds conv_bn.cu with nvcc for this GPU's arch where --so is not given (the CUTLASS headers of the
-nvidia-cutlass wheel, or --cutlass SOURCE_DIR). Per shape and batch: the largest error of ours and
-of aten's bf16 site against an fp32 reference of the same bf16 inputs; device us a call (each arm's
-20 calls captured in one CUDA graph, replayed, median of 5); ours' host ns a call (the C entry point
-called 200 times, the kernel's cached parameters, no sync) and uncached (TMA descriptors encoded
-every call). Writes conv_bn_probe.json under --out and prints a table.
+Builds the library with build.library (CUTLASS's headers: pip install --no-deps nvidia-cutlass)
+where --so is not given. Per shape and batch: the largest error of ours and of aten's bf16 site
+against an fp32 reference of the same bf16 inputs; device us a call (each arm's 20 calls captured in
+one CUDA graph, replayed, median of 5); ours' host ns a call (htam_cutlass_conv_bn called 200 times,
+the kernel's cached parameters, no sync) and uncached (TMA descriptors encoded every call). Writes
+conv_bn_probe.json under --out and prints a table.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,32 +38,32 @@ BATCHES = (1, 16, 64)
 EPS = 1e-5
 
 
-def build(cutlass: str | None) -> Path:
-    """nvcc on conv_bn.cu; cutlass: the CUTLASS source tree (include/ and tools/util/include/ under
-    it; default: the nvidia-cutlass wheel's cutlass_library/source)."""
-    if cutlass is None:
-        import cutlass_library
-        cutlass = str(Path(cutlass_library.__file__).parent / "source")
+def build_library() -> Path:
+    from torch_htam import build
     major, minor = torch.cuda.get_device_capability()
-    arch = f"sm_{major}{minor}{'a' if (major, minor) == (9, 0) else ''}"
-    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"conv_bn_{arch}.so"
     t0 = time.time()
-    # NOTE: without -DNDEBUG the device asserts are calls, and ptxas serializes wgmma across them
-    # (C7510 in all six kernels, nvcc 13.0)
-    subprocess.run(["nvcc", "-std=c++17", "-O3", "-DNDEBUG", f"-arch={arch}", "--expt-relaxed-constexpr", f"-I{cutlass}/include",
-                    f"-I{cutlass}/tools/util/include",
-                    "-shared", "-Xcompiler", "-fPIC", "-o", str(out), str(HERE / "conv_bn.cu")], check=True)
-    print(f"built {out.name} in {time.time() - t0:.0f} s", flush=True)
-    return out
+    so, err = build.library("cutlass_conv", f"sm_{major}{minor}{'a' if (major, minor) == (9, 0) else ''}")
+    if so is None:
+        raise SystemExit(err)
+    print(f"library {so} in {time.time() - t0:.0f} s", flush=True)
+    return so
+
+
+class ConvBn(ctypes.Structure):
+    """cutlass_conv.h's HtamConvBn."""
+    _fields_ = ([(k, ctypes.c_void_p) for k in ("x", "w", "mean", "gamma", "var", "beta", "res", "y")]
+                + [(k, ctypes.c_int32) for k in ("n", "h", "wd", "c", "k", "r", "s", "pad_h", "pad_w", "stride_h",
+                                                 "stride_w", "dil_h", "dil_w", "relu", "tile")]
+                + [("eps", ctypes.c_float)])
 
 
 def load(so: Path):
     lib = ctypes.CDLL(str(so))
     p = ctypes.c_void_p
-    lib.htam_conv_bn.argtypes = [p] * 8 + [ctypes.POINTER(ctypes.c_int), ctypes.c_float, ctypes.c_int, p]
-    lib.htam_conv_bn.restype = ctypes.c_int
-    lib.htam_conv_bn_host_ns.argtypes = lib.htam_conv_bn.argtypes + [ctypes.c_int]
-    lib.htam_conv_bn_host_ns.restype = ctypes.c_double
+    lib.htam_cutlass_conv_bn.argtypes = [ctypes.POINTER(ConvBn), p]
+    lib.htam_cutlass_conv_bn.restype = ctypes.c_int
+    lib.htam_cutlass_conv_bn_host_ns.argtypes = [ctypes.POINTER(ConvBn), p, ctypes.c_int, ctypes.c_int]
+    lib.htam_cutlass_conv_bn_host_ns.restype = ctypes.c_double
     return lib
 
 
@@ -98,13 +97,13 @@ def reference(t, stride, pad):
 
 
 def ours_call(lib, t, dims, cached, host_calls=0):
-    ptr = lambda v: ctypes.c_void_p(v.data_ptr() if v is not None else 0)   # noqa: E731
-    args = [ptr(t[k]) for k in ("x", "w", "mean", "gamma", "var", "beta", "res", "y")]
-    d = (ctypes.c_int * len(dims))(*dims)
+    """dims: n h w c k r s pad_h pad_w stride_h stride_w dil_h dil_w relu tile."""
+    ptr = lambda v: v.data_ptr() if v is not None else None   # noqa: E731
+    call = ConvBn(*[ptr(t[k]) for k in ("x", "w", "mean", "gamma", "var", "beta", "res", "y")], *dims, EPS)
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     if host_calls:
-        return lib.htam_conv_bn_host_ns(*args, d, EPS, cached, stream, host_calls)
-    return lib.htam_conv_bn(*args, d, EPS, cached, stream)
+        return lib.htam_cutlass_conv_bn_host_ns(ctypes.byref(call), stream, host_calls, cached)
+    return lib.htam_cutlass_conv_bn(ctypes.byref(call), stream)
 
 
 def graph_us(fn, calls=20, reps=5) -> float:
@@ -153,11 +152,10 @@ def probe_one(lib, name, c, k, r, stride, pad, h, residual, n, compiled) -> dict
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--so", help="a built conv_bn .so (default: build it here)")
-    ap.add_argument("--cutlass", help="CUTLASS source tree (default: the nvidia-cutlass wheel's)")
+    ap.add_argument("--so", help="a built cutlass_conv library (default: build.library builds it)")
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
-    lib = load(Path(args.so) if args.so else build(args.cutlass))
+    lib = load(Path(args.so) if args.so else build_library())
     torch.backends.cudnn.allow_tf32 = False      # the fp32 reference's convs in fp32, not TF32
 
     def fn(x, w, mean, var, gamma, beta, res, stride, pad):

@@ -70,7 +70,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_htam.proposers.expert import conv_geom, conv_igemm, elementwise, host, pwconv
+from torch_htam.proposers.expert import conv_cutlass, conv_geom, conv_igemm, elementwise, host, pwconv
 from torch_htam.proposers.expert.conv_match import BatchNorm, ConvMatch, Fold, g_only
 from torch_htam.proposers.expert.cudnn_conv import CUDNN_TYPES, graph_entry, legacy_entry, legacy_run
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, c_float, cuh
@@ -219,12 +219,15 @@ def match(gm, policy) -> ConvMatch:
     cp = ConvMatch(ph.index(x), ph.index(w), ph.index(b) if b is not None else None, stride, padding,
                   dilation, groups, dt, bn, prog, g, residual, relu, fits, bool(policy and policy.allow_tf32),
                   kind=kind, channels_last=cl, in_channels=shape_of(x)[1])
+    lib_tiles = (tuple(range(len(conv_cutlass.TILES)))
+                 if cl and conv_cutlass.reason(cp) is None and conv_cutlass.library_ready() else ())
     cp.facts = TaskFacts("conv", yshape[1], 16 // DT[dt][2], has_transcendental=prog.has_transcendental,
                        low_precision=dt != "float32", allow_tf32=cp.allow_tf32, fp32=dt == "float32",
                        has_batchnorm=bn is not None, epilogue_fits_cudnn=fits and not cl,
                        tiled_conv=not cl and pwconv.reason(cp) is None,
                        nhwc_conv=not cl and nhwc_reason(cp, {"graph": True}) is None,
-                       igemm_tiles=conv_igemm.IG_TILES if cl and conv_igemm.reason(cp) is None else ())
+                       igemm_tiles=conv_igemm.IG_TILES if cl and conv_igemm.reason(cp) is None else (),
+                       cutlass_tiles=lib_tiles)
     return cp
 
 
@@ -619,6 +622,8 @@ def render_cl(cp: ConvMatch, params: dict) -> str:
     conv-only graph, then epi_cl_kernel in place, as Inductor splits it: cuDNN's precompiled conv
     engines, where its runtime-fusion ones are slow, e.g. a stem's 3 channels); igemm (with
     ig_bm, ig_bn, ig_stages): no cuDNN, our implicit-GEMM kernel in one launch (conv_igemm.py)."""
+    if cutlass(cp, params):
+        return conv_cutlass.render(cp, params)
     if igemm(cp, params):
         return conv_igemm.render(cp, params)
     _, strict = _math(cp, params)
@@ -673,7 +678,11 @@ def defaults(cp: ConvMatch) -> dict:
         # slow and its conv alone is not: ResNet-50's stem, batch 32, H100 (bench/sweep.py on
         # bench/tasks/conv_stem_cl_*.py): bf16 0.271 ms split against 0.405-0.423 fused, fp32
         # (TF32) 0.288 against 0.586-0.836
-        return dict(p, vec32=True, fused=cp.in_channels * DT[cp.dtype][2] >= 16)
+        p = dict(p, vec32=True, fused=cp.in_channels * DT[cp.dtype][2] >= 16)
+        if cp.facts is not None and cp.facts.cutlass_tiles:    # one launch, the fastest on the GPU: conv_cutlass.py
+            n, k, ph, pw = cp.epilogue.inputs[cp.g][0]
+            p.update(cutlass=True, ct_tile=conv_cutlass.default_tile(n * ph * pw, k))
+        return p
     if pwconv.reason(cp) is None:
         tile = dict(bn=256, ju=8, pre=False, persist=False) if cp.dtype == "float32" else dict(stages=3)
         # the grid still offers the tiled kernel where its tiles would leave most SMs idle
@@ -698,14 +707,19 @@ def canonical(cp: ConvMatch, params: dict) -> dict:
     keys = CUDNN_KEYS if tiled(cp, params) else TILE_KEYS
     if cp.channels_last:    # render_cl reads algo, tf32, vec32 and fused (where there is an epilogue) alone
         keys = (CUDNN_KEYS | TILE_KEYS | {"tiled"}) - {"algo", "tf32"} - ({"fused"} if _cl_ops(cp) else set())
-        if igemm(cp, params):   # conv_igemm.py reads its tile alone
+        if cutlass(cp, params) or igemm(cp, params):   # conv_cutlass.py / conv_igemm.py read their tile alone
             keys = CUDNN_KEYS | TILE_KEYS | {"tiled", "vec32"}
-        elif any(k in params for k in IGEMM_KEYS):   # cuDNN's path, whatever the tile says
-            params = {k: v for k, v in params.items() if k not in IGEMM_KEYS}
+        drop = IGEMM_KEYS if cutlass(cp, params) else conv_cutlass.KEYS if igemm(cp, params) else IGEMM_KEYS | conv_cutlass.KEYS
+        params = {k: v for k, v in params.items() if k not in drop}    # a path's knobs not taken
     out = dict(params, **{k: d[k] for k in keys if k in params})
     if not cp.channels_last and out.get("fused") and not cp.fusable:   # _path runs it unfused: the same kernel
         out["fused"] = False
     return out
+
+def cutlass(cp: ConvMatch, params: dict) -> bool:
+    """Whether params select the CUTLASS library's kernel and this conv allows it (conv_cutlass.reason)."""
+    return bool(params.get("cutlass")) and conv_cutlass.reason(cp) is None
+
 
 def igemm(cp: ConvMatch, params: dict) -> bool:
     """Whether params select the implicit-GEMM kernel and this conv allows it (conv_igemm.reason)."""
@@ -718,7 +732,7 @@ def tiled(cp: ConvMatch, params: dict) -> bool:
 
 def tags(cp: ConvMatch, params: dict) -> list[str]:
     """Strategy ids the setting embodies (they follow the path actually taken)."""
-    if cp.channels_last and igemm(cp, params):
+    if cp.channels_last and (cutlass(cp, params) or igemm(cp, params)):
         return ["fold_batchnorm"] * (cp.bn is not None) + ["fuse_elementwise_chain", "coalesced_layout_access",
                                                             "smem_tiling", "bf16_tensor_cores"]
     if cp.channels_last:
@@ -754,12 +768,14 @@ def retag(cp: ConvMatch, params: dict, tags_: list[str]) -> list[str]:
 
 def refit(cp: ConvMatch, p: dict, moved: dict) -> dict:
     """A move of cuDNN's knobs (fused, graph, algo, tf32) leaves our own kernels (tiled, implicit
-    GEMM) for cuDNN's path."""
+    GEMM, CUTLASS's) for cuDNN's path; a move to the implicit-GEMM kernel leaves CUTLASS's."""
     if CUDNN_KEYS & set(moved):
         if "tiled" not in moved:
             p = dict(p, tiled=False)
         if "igemm" not in moved and p.get("igemm"):
             p = dict(p, igemm=False)
+    if (CUDNN_KEYS | IGEMM_KEYS) & set(moved) and "cutlass" not in moved and p.get("cutlass"):
+        p = dict(p, cutlass=False)
     return p
 
 
@@ -776,9 +792,12 @@ def grid(cp: ConvMatch, base: dict) -> list[dict]:
             fused = [dict(base, fused=True, vec32=v, algo=a) for v in (True, False) for a in range(5)]
         # our implicit-GEMM kernel, one launch a call (conv_igemm.py), last: at batch 16 cuDNN's conv is
         # 2-5x faster on the GPU (docs/experiments/igemm_tiles), at batch 1 level or faster
-        own = [dict(base, igemm=True, ig_bm=bm, ig_bn=bn, ig_stages=st) for bm, bn, st in conv_igemm.IG_TILES
-               if conv_igemm.reason(cp) is None]
-        return (fused + split if base["fused"] or not split else split + fused) + own
+        own = [dict(base, cutlass=False, igemm=True, ig_bm=bm, ig_bn=bn, ig_stages=st)
+               for bm, bn, st in conv_igemm.IG_TILES if conv_igemm.reason(cp) is None]
+        # CUTLASS's one launch (conv_cutlass.py), first: the fastest on the GPU at most shapes
+        lib = [dict(base, cutlass=True, ct_tile=t) for t in facts.cutlass_tiles]
+        cudnn = [dict(q, cutlass=False) for q in (fused + split if base["fused"] or not split else split + fused)]
+        return lib + cudnn + own
     out = [dict(lib, fused=v, algo=algo) for v in (base["fused"], not base["fused"]) for algo in range(8)]
     # the unfused path through cuDNN's graph API, then the legacy one
     out += [dict(lib, fused=False, graph=graph, algo=algo) for graph in (True, False) for algo in range(6)]

@@ -33,6 +33,7 @@ class TaskFacts:
     tiled_conv: bool = False           # conv: pwconv.py's tiled kernel runs it (1x1, policy allows)
     nhwc_conv: bool = False            # conv: the NHWC path can run it (conv.nhwc_reason)
     igemm_tiles: tuple = ()            # conv: conv_igemm.IG_TILES where its one-launch kernel runs it
+    cutlass_tiles: tuple = ()          # conv: conv_cutlass.TILES' indices where its library runs it, built
     cudnn_attention: bool = False      # attention: cuDNN's fused attention can run it, its library built
 
     @property
@@ -78,8 +79,10 @@ def _pw_tiles() -> list[dict]:
 
 
 def _igemm_tiles(i: TaskFacts) -> list[dict]:
-    """The implicit-GEMM conv's tiles (conv.match gives them: conv_igemm imports this module)."""
-    return [{"igemm": True, "ig_bm": bm, "ig_bn": bn, "ig_stages": st} for bm, bn, st in i.igemm_tiles]
+    """The CUTLASS conv's tiles, then the implicit-GEMM conv's (conv.match gives them: conv_igemm and
+    conv_cutlass import this module)."""
+    return ([{"cutlass": True, "ct_tile": t} for t in i.cutlass_tiles]
+            + [{"cutlass": False, "igemm": True, "ig_bm": bm, "ig_bn": bn, "ig_stages": st} for bm, bn, st in i.igemm_tiles])
 
 
 EW, ROW, GEMM = frozenset({"elementwise"}), frozenset({"rowwise"}), frozenset({"gemm"})
@@ -140,8 +143,8 @@ TABLE: dict[str, StrategyMoves] = {
     # store (pwconv.py), where cuDNN writes the conv and an epilogue kernel reads it back; a
     # channels-last conv as our implicit-GEMM kernel (conv_igemm.py), one launch with batch norm
     # from the raw statistics, where cuDNN's path launches the fold and then cuDNN
-    "smem_tiling": StrategyMoves(CONV, lambda i: _igemm_tiles(i) if i.igemm_tiles else _pw_tiles(),
-                                 lambda i: i.tiled_conv or bool(i.igemm_tiles)),
+    "smem_tiling": StrategyMoves(CONV, lambda i: _igemm_tiles(i) if i.igemm_tiles or i.cutlass_tiles else _pw_tiles(),
+                                 lambda i: i.tiled_conv or bool(i.igemm_tiles) or bool(i.cutlass_tiles)),
     # conv: cuDNN's conv on NHWC copies of x and w (the layout its tensor-core engines run natively;
     # on NCHW it transposes in and out itself), the tiled kernel's epilogue transposing back through
     # shared memory (conv.py, pwconv.nhwc_epilogue). Not where our tiled 1x1 kernel runs (faster).

@@ -1,23 +1,26 @@
-// A conv site in ONE launch: y = relu((conv(x, w) - mean) * gamma * rsqrt(var + eps) + beta [+ res])
+// htam_cutlass_conv (cutlass_conv.h): a conv site in ONE launch,
+//   y = [relu]((conv(x, w) - mean) * gamma * rsqrt(var + eps) + beta [+ res])
 //
-// Why: a served ResNet's conv site of ours is two launches on the host path (the batch-norm fold,
+// Why: a served ResNet's conv site on cuDNN is two launches on the host path (the batch-norm fold,
 // then cuDNN's execute), and at batch 1-16 the host decides the call (bench/findings.md, #36).
-// Here the fold is computed per element in the epilogue from the raw statistics (four per-channel
-// row broadcasts), so nothing is cached across calls and a parameter written in place is always
-// seen. CUTLASS 3's Hopper implicit-GEMM conv (TMA im2col loads, wgmma, warp-specialized) does the
-// GEMM: M = N*P*Q output pixels, N = K output channels, K = R*S*C.
-//
-// Layouts: x [N, H, W, C] (channels-last bf16), w [K, R, S, C] (a KCRS weight in channels_last
-// memory format), res / y [N, P, Q, K]; mean, gamma, var, beta [K] bf16. C and K multiples of 8
-// (16-byte TMA rows). fp32 accumulation and epilogue math.
+// Here batch norm is computed per element in the epilogue from the raw statistics (four
+// per-channel row broadcasts), so nothing is folded or cached across calls and a parameter written
+// in place is always seen. CUTLASS 3's Hopper implicit-GEMM conv (TMA im2col loads, wgmma,
+// warp-specialized) does the GEMM: M = N*P*Q output pixels, N = K output channels, K = R*S*C.
 //
 // Host cost: initialize() encodes the TMA descriptors (im2col for x, tiled for w, y and res); a
-// call whose pointers and shape were met before reuses them from a small cache, so its host work
-// is one cudaLaunchKernelEx. Built once for every shape (sizes are run-time arguments).
+// call whose pointers and sizes were met before reuses them from a cache, so its host work is one
+// launch (6-8 us against 10-13 us uncached, H200: docs/experiments/cutlass_conv).
+// NOTE: NDEBUG before CUTLASS's headers: with device asserts, ptxas serializes wgmma across their
+// calls (C7510 in every kernel, nvcc 13.0).
+#ifndef NDEBUG
+#define NDEBUG
+#endif
 #include <cstdint>
 #include <cstring>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <unordered_map>
 
 #include <cute/tensor.hpp>
@@ -33,6 +36,9 @@
 #include <cutlass/epilogue/collective/collective_builder.hpp>
 #include <cutlass/epilogue/fusion/sm90_visitor_compute_tma_warpspecialized.hpp>
 #include <cutlass/epilogue/fusion/sm90_visitor_load_tma_warpspecialized.hpp>
+
+#include "cutlass_conv.h"
+#include "htam_abi.h"
 
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
@@ -107,34 +113,34 @@ struct ConvBn {
   using Conv = cutlass::conv::device::ConvUniversalAdapter<Kernel>;
 };
 
-// ---- one call's description, and the cache of initialized kernels keyed by it -------------------
-struct Call {
-  const void *x, *w, *mean, *gamma, *var, *beta, *res;
-  void* y;
-  int n, h, wd, c, k, r, s, pad_h, pad_w, stride_h, stride_w, dil_h, dil_w, relu, tile;
-  float eps;
-};
+// ---- the cache of initialized kernels, keyed by a call's bytes (cutlass_conv.h: no padding) ----
+static_assert(sizeof(HtamConvBn) == 8 * sizeof(void*) + 16 * 4, "HtamConvBn must have no padding");
 
 struct CallHash {
-  size_t operator()(const Call& k) const {
+  size_t operator()(const HtamConvBn& k) const {
     const unsigned char* p = reinterpret_cast<const unsigned char*>(&k);
     size_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof(Call); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    for (size_t i = 0; i < sizeof(HtamConvBn); ++i) h = (h ^ p[i]) * 1099511628211ull;
     return h;
   }
 };
 struct CallEq {
-  bool operator()(const Call& a, const Call& b) const { return std::memcmp(&a, &b, sizeof(Call)) == 0; }
+  bool operator()(const HtamConvBn& a, const HtamConvBn& b) const { return std::memcmp(&a, &b, sizeof(a)) == 0; }
 };
+// A served model meets a set of pointers per site and batch size; past this many a call is
+// initialized anew each time (correct, ~5 us more host time)
+constexpr size_t kMaxCached = 4096;
+static std::mutex g_mutex;      // the caches: verification and a model may call from two threads
 
 template <class TileShape, bool Residual>
-static int run_tile(const Call& a, cudaStream_t stream, bool cached) {
+static int run_tile(const HtamConvBn& a, cudaStream_t stream, bool cached) {
   using K = ConvBn<TileShape, Residual>;
   using Conv = typename K::Conv;
-  static std::unordered_map<Call, std::unique_ptr<Conv>, CallHash, CallEq> made;
+  static std::unordered_map<HtamConvBn, std::unique_ptr<Conv>, CallHash, CallEq> made;
+  std::lock_guard<std::mutex> lock(g_mutex);
   if (cached) {
     auto it = made.find(a);
-    if (it != made.end()) return it->second->run(stream) == cutlass::Status::kSuccess ? 0 : 3;
+    if (it != made.end()) return it->second->run(stream) == cutlass::Status::kSuccess ? 0 : (int)cudaGetLastError();
   }
   typename K::Problem problem(cutlass::conv::Mode::kCrossCorrelation,
                               {a.n, a.h, a.wd, a.c}, {a.k, a.r, a.s, a.c},
@@ -162,48 +168,47 @@ static int run_tile(const Call& a, cudaStream_t stream, bool cached) {
   else
     args.epilogue.thread = {{}, row(a.mean), row(a.gamma), row(a.var), row(a.beta), BnArgs{a.eps, a.relu}};
   auto conv = std::make_unique<Conv>();
-  if (Conv::get_workspace_size(args) != 0) return 4;      // (none for this schedule)
-  if (conv->can_implement(args) != cutlass::Status::kSuccess) return 1;
-  if (conv->initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return 2;
-  if (conv->run(stream) != cutlass::Status::kSuccess) return 3;
-  if (cached && made.size() < 256) made.emplace(a, std::move(conv));
+  // (this schedule needs no workspace; one that did would need a buffer kept for graphs' replays)
+  if (Conv::get_workspace_size(args) != 0 || conv->can_implement(args) != cutlass::Status::kSuccess)
+    return HTAM_ERR_SHAPE;
+  cutlass::Status st = conv->initialize(args, nullptr, stream);
+  if (st != cutlass::Status::kSuccess) return 4000 + (int)st;
+  if (conv->run(stream) != cutlass::Status::kSuccess) return (int)cudaGetLastError();
+  if (cached && made.size() < kMaxCached) made.emplace(a, std::move(conv));
   return 0;
 }
 
 template <bool Residual>
-static int run_any(const Call& a, cudaStream_t stream, bool cached) {
+static int run_any(const HtamConvBn& a, cudaStream_t stream, bool cached) {
   switch (a.tile) {
     case 0: return run_tile<Shape<_128, _64, Shape<_64>>, Residual>(a, stream, cached);
     case 1: return run_tile<Shape<_128, _128, Shape<_64>>, Residual>(a, stream, cached);
     case 2: return run_tile<Shape<_64, _64, Shape<_64>>, Residual>(a, stream, cached);
-    default: return 5;
+    default: return HTAM_ERR_SHAPE;
   }
 }
 
-static int dispatch(const Call& a, cudaStream_t stream, bool cached) {
-  if (a.c % kAlign || a.k % kAlign) return 6;
+static bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+static int dispatch(const HtamConvBn& a, cudaStream_t stream, bool cached) {
+  if (a.c % kAlign || a.k % kAlign) return HTAM_ERR_SHAPE;
+  const void* const ptrs[] = {a.x, a.w, a.mean, a.gamma, a.var, a.beta, a.y};
+  for (const void* p : ptrs)
+    if (p == nullptr || !aligned(p)) return HTAM_ERR_SHAPE;
+  if (a.res != nullptr && !aligned(a.res)) return HTAM_ERR_SHAPE;
   return a.res ? run_any<true>(a, stream, cached) : run_any<false>(a, stream, cached);
 }
 
-// ---- C entry points (ctypes) --------------------------------------------------------------------
-// 0 ok; 1 cannot implement; 2 initialize failed; 3 launch failed; 4 needs a workspace; 5 no such
-// tile; 6 C or K not a multiple of 8.
-extern "C" int htam_conv_bn(const void* x, const void* w, const void* mean, const void* gamma, const void* var,
-                            const void* beta, const void* res, void* y, const int* dims, float eps, int cached,
-                            void* stream) {
-  // dims: n h w c k r s pad_h pad_w stride_h stride_w dil_h dil_w relu tile
-  Call a{x, w, mean, gamma, var, beta, res, y, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6],
-         dims[7], dims[8], dims[9], dims[10], dims[11], dims[12], dims[13], dims[14], eps};
-  return dispatch(a, static_cast<cudaStream_t>(stream), cached != 0);
+// ---- C entry points ------------------------------------------------------------------------------
+extern "C" __attribute__((visibility("default"))) int htam_cutlass_conv_bn(const HtamConvBn* p, cudaStream_t stream) {
+  return dispatch(*p, stream, true);
 }
 
-// Host ns a call takes, over `calls` calls of the same arguments (the issue time, no sync).
-extern "C" double htam_conv_bn_host_ns(const void* x, const void* w, const void* mean, const void* gamma,
-                                       const void* var, const void* beta, const void* res, void* y,
-                                       const int* dims, float eps, int cached, void* stream, int calls) {
+extern "C" __attribute__((visibility("default"))) double htam_cutlass_conv_bn_host_ns(
+    const HtamConvBn* p, cudaStream_t stream, int calls, int cached) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < calls; ++i)
-    if (htam_conv_bn(x, w, mean, gamma, var, beta, res, y, dims, eps, cached, stream) != 0) return -1.0;
+    if (dispatch(*p, stream, cached != 0) != 0) return -1.0;
   const auto dt = std::chrono::steady_clock::now() - t0;
   return std::chrono::duration<double, std::nano>(dt).count() / calls;
 }

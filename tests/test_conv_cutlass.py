@@ -1,0 +1,184 @@
+"""CUTLASS's Hopper conv with batch norm in its epilogue (csrc/cutlass_conv.cu, the cutlass_conv
+library) and the candidates that link it (proposers/expert/conv_cutlass.py): one launch of a
+channels-last bf16 conv2d + batch norm [+ residual] [+ ReLU].
+
+CPU: where the expert offers it (only where the library is built), why it does not apply, the tile
+the defaults pick against the probe's measured fastest. Build (`build`): the library for sm_90a and
+candidates linking it. GPU (`gpu`): every tile against eager torch at three batches, a weight KCRS
+or channels-last, a weight written in place between calls, a misaligned tensor refused."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_conv_igemm import _region
+from torch_htam import build, paths
+from torch_htam.proposers.expert import conv, conv_cutlass, strategies
+
+PROBE = Path(__file__).resolve().parents[1] / "docs" / "experiments" / "cutlass_conv" / "conv_bn_probe.json"
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """The library counts as built (the expert asks conv_cutlass.library_ready)."""
+    monkeypatch.setattr(conv_cutlass, "library_ready", lambda: True)
+
+
+@pytest.fixture
+def not_built(monkeypatch):
+    monkeypatch.setattr(conv_cutlass, "library_ready", lambda: False)
+
+
+def test_the_cutlass_conv_is_the_default_and_leads_the_grid_once_built(built):
+    *_, cp = _region()
+    assert conv_cutlass.reason(cp) is None and cp.facts.cutlass_tiles == (0, 1, 2)
+    base = conv.defaults(cp)
+    assert base["cutlass"] and conv.cutlass(cp, base)
+    assert "CUTLASS" in conv.render(cp, base).splitlines()[0]
+    grid = conv.grid(cp, base)
+    lib = [p for p in grid if p.get("cutlass")]
+    assert grid[:3] == lib and sorted(p["ct_tile"] for p in lib) == [0, 1, 2]
+    assert len({conv.render(cp, p) for p in lib}) == 3
+    assert not any(conv.cutlass(cp, p) for p in grid[3:])      # cuDNN's and the implicit GEMM's
+    # cuDNN's knobs mean nothing on this path; the tile does
+    assert conv.canonical(cp, dict(base, algo=3, vec32=False)) == conv.canonical(cp, base)
+    assert {"smem_tiling", "bf16_tensor_cores", "fold_batchnorm"} <= set(conv.tags(cp, base))
+
+
+def test_moves_reach_it_and_leave_it(built):
+    """smem_tiling's moves start with its tiles, then the implicit GEMM's (which leave it); a move
+    of cuDNN's knobs returns to cuDNN's path."""
+    *_, cp = _region()
+    moves = strategies.moves_for("smem_tiling", cp.facts)
+    assert [m.get("ct_tile") for m in moves[:3]] == [0, 1, 2] and all(m["cutlass"] for m in moves[:3])
+    base = conv.defaults(cp)
+    ig = conv.canonical(cp, conv.refit(cp, dict(base, **moves[3]), moves[3]))
+    assert conv.igemm(cp, ig) and not conv.cutlass(cp, ig)
+    back = conv.refit(cp, dict(base, algo=2), {"algo": 2})
+    assert not conv.cutlass(cp, back) and "CUTLASS" not in conv.render(cp, back).splitlines()[0]
+
+
+def test_without_the_library_nothing_changes(not_built):
+    *_, cp = _region()
+    assert cp.facts.cutlass_tiles == ()
+    base = conv.defaults(cp)
+    assert "cutlass" not in base and not any(p.get("cutlass") for p in conv.grid(cp, base))
+    # asked for anyway by a setting from memory, it renders only where the region allows it
+    *_, fp16 = _region(dtype=torch.float16)
+    assert "CUTLASS" not in conv.render(fp16, dict(conv.defaults(fp16), cutlass=True)).splitlines()[0]
+
+
+@pytest.mark.parametrize("kw, why", [
+    (dict(dtype=torch.float16), "bf16 only"),
+    (dict(c=12), "multiples of 8"),
+    (dict(k=20), "multiples of 8"),
+    (dict(bias=True), "no conv bias"),
+])
+def test_it_says_why_it_does_not_apply(built, kw, why):
+    *_, cp = _region(**kw)
+    assert why in conv_cutlass.reason(cp)
+    assert cp.facts.cutlass_tiles == () and not any(p.get("cutlass") for p in conv.grid(cp, conv.defaults(cp)))
+
+
+def test_the_default_tile_is_the_fastest_the_probe_measured():
+    """default_tile against docs/experiments/cutlass_conv's H200 probe: per ResNet-50 conv shape and
+    batch, the fastest of the three tiles."""
+    probe = json.loads(PROBE.read_text())
+    names = {f"{m}x{n}": i for i, (m, n) in enumerate(conv_cutlass.TILES)}
+    rows = [r for r in probe["rows"] if "best_tile" in r]
+    assert len(rows) == 21
+    for r in rows:
+        p = (r["H"] + 2 * (r["R"] // 2) - r["R"]) // r["stride"] + 1
+        assert conv_cutlass.default_tile(r["batch"] * p * p, r["K"]) == names[r["best_tile"]], r
+
+
+# ---- builds (nvcc, CUTLASS's headers) ------------------------------------------------------------
+
+CT_REGIONS = {   # name: _region's arguments
+    "3x3_bn_relu_kcrs": dict(w_cl=False),
+    "3x3_bn_add_relu_krsc": dict(res=True, c=64),
+    "1x1_s2_bn": dict(r=1, stride=2, act=None, w_cl=False, k=96),
+    "1x1_bn_add_relu": dict(r=1, w_cl=False, res=True, c=64, k=96),
+}
+needs_cutlass = pytest.mark.skipif(paths.nvcc_path() is None or build.find_cutlass() is None,
+                                   reason="needs nvcc and CUTLASS's headers (pip install --no-deps nvidia-cutlass)")
+
+
+@pytest.mark.build
+@needs_cutlass
+def test_the_library_builds_once_and_candidates_link_it(built, tmp_path, monkeypatch):
+    """csrc/cutlass_conv.cu builds for sm_90a (a minute and more), once; not for an arch without
+    wgmma; the proposed sources of each region, every tile, build against it. In a cache of its own:
+    the session's other tests see no library built."""
+    from compile_check import assert_compiles
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path))
+    so, err = build.library(conv_cutlass.LIBRARY, "sm_90a")
+    assert so is not None and so.exists(), err
+    assert build.library(conv_cutlass.LIBRARY, "sm_90a") == (so, "")
+    none, why = build.library(conv_cutlass.LIBRARY, "sm_80")
+    assert none is None and "sm_90a" in why
+    todo = []
+    for name, kw in CT_REGIONS.items():
+        *_, cp = _region(**kw)
+        todo += [(f"{name}/{t}", conv.render(cp, dict(conv.defaults(cp), ct_tile=t))) for t in cp.facts.cutlass_tiles]
+    assert_compiles(todo)
+
+
+# ---- on the GPU --------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", CT_REGIONS)
+def test_each_tile_matches_torch_at_other_batches(built, name):
+    """Every tile against eager torch at the captured batch, 1 and 7, judged as verification judges;
+    then the weight and a batch-norm vector written in place are seen by the next call."""
+    from torch_htam.launcher import Kernel
+    from torch_htam.policy import policy_for
+    from torch_htam.verify import within_torch_error
+    block, _, task, keep, cp = _region(device="cuda", **CT_REGIONS[name])
+    policy = policy_for(task)
+    params = [dict(conv.defaults(cp), cutlass=True, ct_tile=t) for t in range(len(conv_cutlass.TILES))]
+    results = build.build_many([conv.render(cp, p) for p in params])
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+
+    def check(kernel, xs, what):
+        with torch.no_grad():
+            ref = block(*xs)
+            ref64 = block(*[x.double() if x is not None else None for x in xs])
+        out = torch.full_like(ref, float("nan")).to(memory_format=torch.channels_last)
+        assert kernel([xs[i] for i in keep], [out]) == 0, what
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all(), what
+        assert (torch.allclose(out.float(), ref.float(), atol=policy.atol, rtol=policy.rtol)
+                or within_torch_error(out.float(), ref.float(), ref64, policy.atol, policy.rtol)[0]), what
+
+    for n in (2, 1, 7):
+        torch.manual_seed(n)
+        _, xs, *_ = _region(device="cuda", n=n, **CT_REGIONS[name])
+        for p, res in zip(params, results):
+            kernel = Kernel(res.so_path)
+            check(kernel, xs, (p["ct_tile"], n))
+            xs[1].mul_(-0.5)          # the weight, in place: same pointer, new values
+            xs[3].add_(1.0)           # a batch-norm vector likewise
+            check(kernel, xs, (p["ct_tile"], n, "written in place"))
+
+
+@pytest.mark.gpu
+def test_a_misaligned_tensor_is_refused_not_misread(built):
+    """An input whose data starts 2 bytes past a 16-byte boundary: HTAM_ERR_SHAPE (the runtime runs
+    the original region), not a wrong answer."""
+    from torch_htam.launcher import Kernel
+    _, xs, task, keep, cp = _region(device="cuda", **CT_REGIONS["3x3_bn_relu_kcrs"])
+    res = build.build_many([conv.render(cp, conv.defaults(cp))])[0]
+    assert res.ok, res.error
+    x = xs[0]
+    flat = torch.empty(x.numel() + 1, dtype=x.dtype, device="cuda")
+    shifted = flat[1:].view(x.shape[0], x.shape[2], x.shape[3], x.shape[1]).permute(0, 3, 1, 2)
+    shifted.copy_(x)
+    assert shifted.is_contiguous(memory_format=torch.channels_last)
+    ins = [shifted if i == 0 else xs[i] for i in keep]
+    y = torch.empty(x.shape[0], xs[1].shape[0], x.shape[2], x.shape[3], dtype=x.dtype,
+                    device="cuda").to(memory_format=torch.channels_last)
+    assert Kernel(res.so_path)(ins, [y]) == 1000
