@@ -10,7 +10,7 @@
 //
 // Host cost: initialize() encodes the TMA descriptors (im2col for x, tiled for w, y and res); a
 // call whose pointers and sizes were met before reuses them from a cache, so its host work is one
-// launch (6-8 us against 10-13 us uncached, H200: docs/experiments/cutlass_conv).
+// launch (6.1-10.7 us against 9.8-13.4 us uncached, H200: docs/experiments/cutlass_conv).
 // NOTE: NDEBUG before CUTLASS's headers: with device asserts, ptxas serializes wgmma across their
 // calls (C7510 in every kernel, nvcc 13.0).
 #ifndef NDEBUG

@@ -6,9 +6,9 @@ candidates link.
 
 Why: render_cl's cuDNN path launches the batch-norm fold and then cudnnBackendExecute, and at a
 served model's small batches the host decides the call (bench/findings.md, #36). This one is one
-launch of host time 6-8 us (cached TMA descriptors), and on the GPU 1.3-2.6x faster than aten's site
-(cuDNN's conv, then batch norm, add, ReLU) at ResNet-50's conv shapes, batches 1, 16 and 64 (H200,
-docs/experiments/cutlass_conv). A model's KCRS 3x3 weight is copied to KRSC first (one more small
+launch of 6-11 us of host time (cached TMA descriptors), and on the GPU 1.27-2.85x faster than aten's
+site (cuDNN's conv, then batch norm, add, ReLU) at ResNet-50's conv shapes, batches 1, 16 and 64;
+0.78-1.54x of torch.compile's (H200, docs/experiments/cutlass_conv). A model's KCRS 3x3 weight is copied to KRSC first (one more small
 launch); a 1x1 or channels-last one is read as it is.
 
 Runs: bf16, plain conv2d (groups 1), batch norm with gamma and beta, no conv bias, C and K multiples
