@@ -726,3 +726,37 @@ def test_a_bundle_serves_no_size_above_its_kernels_cut(tmp_path, monkeypatch):
         return all(k.calls > c for k, c in zip(stand_ins.values(), calls))
     assert [ran(n) for n in (3, 9, 10, 16)] == [True, True, False, False]
     torch._dynamo.reset()
+
+
+def test_a_bundle_carries_the_libraries_its_kernels_link_and_loads_them_first(made, tmp_path, monkeypatch):
+    """A kernel that links a library of ours (its source includes cutlass_conv.h) takes the
+    library into the bundle (lib/<name>/), and load() loads that copy before any kernel; one that
+    does not load is said in the report, and a bundle without such kernels carries none."""
+    from torch_htam import build
+    model, x, tasks, cache, provider = made
+    plain = bundle.precompile(model, (x,), tmp_path / "plain", cache=cache)
+    assert json.loads((plain / "manifest.json").read_text())["libraries"] == {}
+    sig = next(iter(tasks))
+    so = tmp_path / "linked.so"
+    so.write_bytes(b"\x7fELF a kernel linking cutlass_conv " + sig.encode() * 50)
+    cache.put(tasks[sig], '#include "cutlass_conv.h"\n// kernel\n', so, _ev(), {"proposer": "expert"})
+    lib = build.library_path("cutlass_conv", "sm_fake")
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    lib.write_bytes(b"\x7fELF the cutlass_conv library")
+    out = bundle.precompile(model, (x,), tmp_path / "b", cache=cache)
+    libs = json.loads((out / "manifest.json").read_text())["libraries"]
+    assert libs == {"cutlass_conv": f"lib/cutlass_conv/{lib.name}"}
+    assert (out / libs["cutlass_conv"]).read_bytes() == lib.read_bytes()
+
+    opened = []
+    monkeypatch.setattr(bundle, "_PRELOADED", {})
+    monkeypatch.setattr(bundle.ctypes, "CDLL", lambda path, mode=0: opened.append(path) or object())
+    loaded = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
+    assert opened == [str((out / libs["cutlass_conv"]).resolve())] and loaded.htam_report.swapped == len(tasks)
+
+    def broken(path, mode=0):
+        raise OSError("invalid ELF header")
+    monkeypatch.setattr(bundle, "_PRELOADED", {})
+    monkeypatch.setattr(bundle.ctypes, "CDLL", broken)
+    loaded = bundle.load(_fresh_model(), out, (x,), provider=provider, arch="sm_fake")
+    assert "the cutlass_conv library did not load (invalid ELF header)" in loaded.htam_report.note

@@ -8,7 +8,10 @@ candidates linking it. GPU (`gpu`): every tile against eager torch at three batc
 or channels-last, a weight written in place between calls, a misaligned tensor refused."""
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -111,8 +114,9 @@ needs_cutlass = pytest.mark.skipif(paths.nvcc_path() is None or build.find_cutla
 @needs_cutlass
 def test_the_library_builds_once_and_candidates_link_it(built, tmp_path, monkeypatch):
     """csrc/cutlass_conv.cu builds for sm_90a (a minute and more), once; not for an arch without
-    wgmma; the proposed sources of each region, every tile, build against it. In a cache of its own:
-    the session's other tests see no library built."""
+    wgmma; the proposed sources of each region, every tile, build against it, and load beside a
+    copy of the library elsewhere. In a cache of its own: the session's other tests see no library
+    built."""
     from compile_check import assert_compiles
     monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path))
     so, err = build.library(conv_cutlass.LIBRARY, "sm_90a")
@@ -125,6 +129,20 @@ def test_the_library_builds_once_and_candidates_link_it(built, tmp_path, monkeyp
         *_, cp = _region(**kw)
         todo += [(f"{name}/{t}", conv.render(cp, dict(conv.defaults(cp), ct_tile=t))) for t in cp.facts.cutlass_tiles]
     assert_compiles(todo)
+    # a server's copy: a kernel's link names the library's soname, so a copy loaded first from
+    # anywhere (a bundle's: bundle.preload_libraries) serves it where the build's cache is not
+    kernel = build.build_many([todo[0][1]], arch="sm_90a")[0]
+    server = tmp_path / "server"
+    server.mkdir()
+    k2, l2 = shutil.copy(kernel.so_path, server / "kernel.so"), shutil.copy(so, server / so.name)
+    away = so.rename(so.with_suffix(".away"))
+    try:
+        with pytest.raises(OSError):
+            ctypes.CDLL(str(k2))
+        ctypes.CDLL(str(l2), mode=os.RTLD_GLOBAL)
+        assert ctypes.CDLL(str(k2)).htam_run
+    finally:
+        away.rename(so)
 
 
 # ---- on the GPU --------------------------------------------------------------------------------------

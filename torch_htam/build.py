@@ -180,7 +180,7 @@ def _flags(source: str, arch: str) -> list[str]:
     of ours the source links (LIBRARIES) is named with its hash: a new build of it is a new binary."""
     # NOTE: no bare -lcublas/-lcudnn here: pip wheels ship only versioned files (libcudnn.so.9),
     # so Library.link names the right file at build time; the source (hashed) says which is used.
-    ours = [f"-DHTAM_LIB_{name.upper()}={library_hash(name, arch)}" for name in _our_libraries(source)]
+    ours = [f"-DHTAM_LIB_{name.upper()}={library_hash(name, arch)}" for name in libraries_used(source)]
     return [*BASE_FLAGS, *arch_flags(arch), *ours]
 
 
@@ -188,7 +188,7 @@ def _search_flags(source: str, arch: str) -> tuple[list[str], str]:
     """Include/link flags of the libraries a source uses, or an error if one is missing (a library
     of ours is built here the first time: minutes)."""
     flags = [f"-I{CSRC}"]
-    for name in _our_libraries(source):
+    for name in libraries_used(source):
         so, err = library(name, arch)
         if so is None:
             return flags, err
@@ -213,7 +213,8 @@ _LIBRARY_LOCK = threading.Lock()                         # one build of a librar
 _BACKGROUND: dict[tuple[str, str], threading.Thread] = {}
 
 
-def _our_libraries(source: str) -> list[str]:
+def libraries_used(source: str) -> list[str]:
+    """The libraries of ours (LIBRARIES) a candidate source links: those whose header it includes."""
     return [name for name in LIBRARIES if _uses(source, re.escape(name))]
 
 
@@ -282,8 +283,15 @@ def library_hash(name: str, arch: str) -> str:
     h = hashlib.sha256()
     for part in (CSRC / f"{name}.cu", CSRC / f"{name}.h", ABI_HEADER, OUR_LIBRARIES[name].version()):
         h.update(part.read_bytes() if part is not None and part.exists() else b"-")
-    h.update(f"{arch}\0{paths.nvcc_version()}".encode())
+    h.update(f"{arch}\0{paths.nvcc_version()}\0{' '.join(_soname('<hash>.so'))}".encode())
     return h.hexdigest()[:20]
+
+
+def _soname(file: str) -> list[str]:
+    """A library's soname is its file name: a kernel that links it records that name (DT_NEEDED),
+    so a copy loaded first from anywhere (a bundle's, bundle.preload_libraries) satisfies it, where
+    the kernel's rpath (the build machine's cache) does not exist."""
+    return ["-Xlinker", f"-soname={file}"]
 
 
 def library_path(name: str, arch: str) -> Path:
@@ -310,7 +318,7 @@ def library(name: str, arch: str, timeout_s: float = LIBRARY_TIMEOUT_S, nice: in
     with _LIBRARY_LOCK:
         if not so.exists():
             src = (CSRC / f"{name}.cu").read_text()
-            job = _Job(0, src, so.stem, [*_flags(src, arch), f"-I{CSRC}", *extra])
+            job = _Job(0, src, so.stem, [*_flags(src, arch), f"-I{CSRC}", *extra, *_soname(so.name)])
             res = _compile([job], so.parent, nvcc, 1, timeout_s, nice=nice)[so.stem]
             if not res.ok:
                 return None, f"building the {name} library failed: {res.error}"

@@ -14,6 +14,8 @@
                                      artifacts), when the model runs under torch.compile; the
                                      manifest's "inductor" names the stack it is valid for
       launcher/<torch+cuda tag>/     the built C++ launcher, so a box without a compiler can run it
+      lib/<name>/<hash>.so           the libraries of ours the kernels link (csrc: cuDNN's attention,
+                                     CUTLASS's conv), loaded before the kernels (preload_libraries)
 
 `load` runs the model the way the optimized model ran (the manifest's "run"; under torch.compile,
 with the bundle's Inductor code loaded when this machine has the same torch, Triton, CUDA and GPU,
@@ -34,6 +36,7 @@ at least one kernel, or Inductor's code for a model that runs torch.compile alon
 """
 from __future__ import annotations
 
+import ctypes
 import datetime
 import functools
 import json
@@ -57,6 +60,9 @@ BUNDLE_FORMAT = 2   # 2: a golden record per kernel (golden.py)
 # How a bundle's model runs when the manifest does not say (bundles written before "run" existed).
 REPLAY = {"compile": False}
 INDUCTOR_FILE = "inductor/artifacts.bin"
+# our libraries (build.OUR_LIBRARIES) loaded into this process from bundles, by file name (a cache:
+# a library is loaded once per process, and its kernels find it by that name, its soname)
+_PRELOADED: dict[str, ctypes.CDLL] = {}
 
 
 def run_of(model: torch.nn.Module) -> dict[str, Any]:
@@ -213,6 +219,7 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
                                + "; ".join(failed.values()) + ")")
     listed = [_task_row(t, entries.get(t.signature), goldens, failed) for t in tasks]
     _copy_memory(cache, out)
+    libraries = _copy_libraries(out, [entries[t.signature] for t in chosen if t.signature in goldens], cache.arch)
     from torch_htam import launcher
     launcher.ship(out / "launcher")
     from torch_htam.version import __version__
@@ -221,7 +228,8 @@ def precompile(model: torch.nn.Module, example_inputs: tuple, out_dir: str | Pat
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "capture": cap.capture.method, "run": run or dict(REPLAY),
                 "example_shapes": _shapes(example_inputs),
-                "inductor": _write_inductor(out, inductor_code) if compiled else None, "tasks": listed}
+                "inductor": _write_inductor(out, inductor_code) if compiled else None,
+                "libraries": libraries, "tasks": listed}
     tmp = out / ".manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1))
     os.replace(tmp, out / "manifest.json")   # last: its presence means the bundle is whole
@@ -267,6 +275,37 @@ def _copy_memory(cache: KernelCache, out: Path) -> None:
                 if p.is_file()), None)
     if htg is not None:
         shutil.copyfile(htg, out / "htg.json")
+
+
+def _copy_libraries(out: Path, entries: list[Entry], arch: str) -> dict[str, str]:
+    """The libraries of ours the bundled kernels link (cuDNN's attention, CUTLASS's conv), copied
+    to out/lib/<name>/: {name: path in the bundle}. A server loads them before the kernels
+    (preload_libraries); without them a kernel's link to the build machine's cache fails there."""
+    from torch_htam import build
+    libs: dict[str, str] = {}
+    for name in sorted({n for e in entries for n in build.libraries_used(e.source)}):
+        so = build.library_path(name, arch)
+        if so.is_file():
+            rel = f"lib/{name}/{so.name}"
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(so, out / rel)
+            libs[name] = rel
+    return libs
+
+
+def preload_libraries(bundle_dir: str | Path, manifest: dict) -> str:
+    """Load the bundle's libraries (manifest "libraries") into this process, so the kernels that
+    link them find them by their soname wherever the bundle sits; '' or what failed to load."""
+    failed = []
+    for name, rel in (manifest.get("libraries") or {}).items():
+        path = Path(bundle_dir) / rel
+        if path.name in _PRELOADED:
+            continue
+        try:
+            _PRELOADED[path.name] = ctypes.CDLL(str(path.resolve()), mode=os.RTLD_GLOBAL)
+        except OSError as e:
+            failed.append(f"the {name} library did not load ({e}): kernels that link it are left out")
+    return "; ".join(failed)
 
 
 def _write_inductor(out: Path, inductor_code: bytes) -> dict:
@@ -354,6 +393,8 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
             launcher.adopt(Path(bundle_dir) / "launcher")
         from torch_htam.policy import admitted
         kernels = {t.signature: e for t in tasks if (e := admitted(bundle.get(t.signature), t)) is not None}
+        unloaded = preload_libraries(bundle_dir, manifest)
+        unmatched = "; ".join(x for x in (unmatched, unloaded) if x)
         passed, failed, note, dead = golden_check(bundle_dir, manifest, kernels,
                                                   provider or runtime.launcher_provider(),
                                                   _device(model, example_inputs))
