@@ -707,10 +707,11 @@ def canonical(cp: ConvMatch, params: dict) -> dict:
     keys = CUDNN_KEYS if tiled(cp, params) else TILE_KEYS
     if cp.channels_last:    # render_cl reads algo, tf32, vec32 and fused (where there is an epilogue) alone
         keys = (CUDNN_KEYS | TILE_KEYS | {"tiled"}) - {"algo", "tf32"} - ({"fused"} if _cl_ops(cp) else set())
-        if cutlass(cp, params) or igemm(cp, params):   # conv_cutlass.py / conv_igemm.py read their tile alone
+        # the path render_cl takes (CUTLASS's before the implicit GEMM's, else cuDNN's) and its own knobs
+        own = conv_cutlass.KEYS if cutlass(cp, params) else IGEMM_KEYS if igemm(cp, params) else set()
+        if own:   # conv_cutlass.py / conv_igemm.py read their tile alone
             keys = CUDNN_KEYS | TILE_KEYS | {"tiled", "vec32"}
-        drop = IGEMM_KEYS if cutlass(cp, params) else conv_cutlass.KEYS if igemm(cp, params) else IGEMM_KEYS | conv_cutlass.KEYS
-        params = {k: v for k, v in params.items() if k not in drop}    # a path's knobs not taken
+        params = {k: v for k, v in params.items() if k not in (IGEMM_KEYS | conv_cutlass.KEYS) - own}
     out = dict(params, **{k: d[k] for k in keys if k in params})
     if not cp.channels_last and out.get("fused") and not cp.fusable:   # _path runs it unfused: the same kernel
         out["fused"] = False
@@ -792,11 +793,12 @@ def grid(cp: ConvMatch, base: dict) -> list[dict]:
             fused = [dict(base, fused=True, vec32=v, algo=a) for v in (True, False) for a in range(5)]
         # our implicit-GEMM kernel, one launch a call (conv_igemm.py), last: at batch 16 cuDNN's conv is
         # 2-5x faster on the GPU (docs/experiments/igemm_tiles), at batch 1 level or faster
-        own = [dict(base, cutlass=False, igemm=True, ig_bm=bm, ig_bn=bn, ig_stages=st)
+        off = {"cutlass": False} if base.get("cutlass") else {}    # the others leave CUTLASS's default
+        own = [dict(base, igemm=True, ig_bm=bm, ig_bn=bn, ig_stages=st, **off)
                for bm, bn, st in conv_igemm.IG_TILES if conv_igemm.reason(cp) is None]
         # CUTLASS's one launch (conv_cutlass.py), first: the fastest on the GPU at most shapes
         lib = [dict(base, cutlass=True, ct_tile=t) for t in facts.cutlass_tiles]
-        cudnn = [dict(q, cutlass=False) for q in (fused + split if base["fused"] or not split else split + fused)]
+        cudnn = [dict(q, **off) for q in (fused + split if base["fused"] or not split else split + fused)]
         return lib + cudnn + own
     out = [dict(lib, fused=v, algo=algo) for v in (base["fused"], not base["fused"]) for algo in range(8)]
     # the unfused path through cuDNN's graph API, then the legacy one
