@@ -41,7 +41,9 @@ process, in this order:
      models) keeps the other arms' figures.
 --modes default runs the default mode's arms alone (ours, compile, compile_ma; "modes" in the row):
 a change to the default mode's decision is measured in half the time, and bench/render.py shows the
-model's reduce-overhead figures from its previous row, naming both runs.
+model's reduce-overhead figures from its previous row, naming both runs. --modes reduce-overhead
+runs that mode's arms alone (ours_ro, compile_ro, compile_ma) and render.py shows the default mode's
+figures from the previous row: on a two-GPU host a row's two modes run in two lanes at once.
 Steps 3-5 run under torch.inference_mode() (--grad-mode), with Dynamo's recompile limit raised
 (bench_serve._dynamo_limits: every arm's graphs sit on the model class's one forward).
 
@@ -392,16 +394,16 @@ def parse(argv=None):
                     help="compile arms left out (e.g. compile_ma where its autotuning would not fit the "
                          "row's limit); their ratios stay null and the row's skipped_arms names them")
     ap.add_argument("--modes", type=lambda v: tuple(x for x in v.split(",") if x), default=MODES,
-                    help="the modes whose ours arm runs: default,reduce-overhead (the default) or default"
-                         " alone, which leaves out the reduce-overhead arms (bench/render.py then shows"
+                    help="the modes whose ours arm runs: default,reduce-overhead (the default), or one"
+                         " alone, which leaves out the other mode's arms (bench/render.py then shows"
                          " their figures from the model's previous row, naming both runs)")
     bf.add_timing_flags(ap, rounds=30)   # 30 x 20 calls a way: host-bound rows swing 2x between rounds
     bf.add_run_flags(ap, "2 x (1.1 x budget + 30) + 600")
     a = ap.parse_args(argv)
     a.mode, a.tf32 = "default", False          # bench_floor.run_child's empty row and failed rows read them
     bf.check_rows(ap, a, model_zoo.ROWS)
-    if "default" not in a.modes or set(a.modes) - set(MODES):   # render keeps only reduce-overhead figures
-        ap.error(f"--modes takes default or default,reduce-overhead, not {','.join(a.modes)}")
+    if not a.modes or set(a.modes) - set(MODES):
+        ap.error(f"--modes takes default, reduce-overhead or both, not {','.join(a.modes)}")
     if unknown := set(a.skip) - set(COMPILE_ARMS):
         ap.error(f"--skip takes compile arms ({', '.join(COMPILE_ARMS)}), not {', '.join(sorted(unknown))}")
     return a

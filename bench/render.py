@@ -260,21 +260,26 @@ ZOO_MA_PREFIXES = ("compile_ma", "vs_max_autotune")
 
 
 def _zoo_overlay(prev: dict | None, row: dict) -> dict:
-    """A model's latest zoo row over its previous one: a run of the default mode alone
-    (bench_zoo.py --modes default) keeps the previous row's reduce-overhead figures (every field
-    of ZOO_RO_PREFIXES), and a run that left max-autotune out (--skip compile_ma) the previous
-    row's max-autotune figures (ZOO_MA_PREFIXES: ratios measured within that run); the row names
-    each run it shows ("row+reduce-overhead run", "ma <run>" for max-autotune's)."""
-    ro_run, ma_run = row["run"], row["run"]
-    if prev is not None and "reduce-overhead" not in (row.get("modes") or ("reduce-overhead",)):
+    """A model's latest zoo row over its previous one: a run of one mode alone (bench_zoo.py
+    --modes default, or --modes reduce-overhead) keeps the previous row's figures of the other mode
+    (the reduce-overhead ones: every field of ZOO_RO_PREFIXES), and a run that left max-autotune out
+    (--skip compile_ma) the previous row's max-autotune figures (ZOO_MA_PREFIXES: ratios measured
+    within that run); the row names each run it shows ("default run+reduce-overhead run", "ma
+    <run>" for max-autotune's)."""
+    modes = row.get("modes") or ("default", "reduce-overhead")
+    def_run, ro_run, ma_run = row["run"], row["run"], row["run"]
+    if prev is not None and "reduce-overhead" not in modes:
         ro_run = prev.get("_ro_run", prev["run"])
         row = _carried(prev, row, ZOO_RO_PREFIXES)
+    elif prev is not None and "default" not in modes:
+        def_run, ma_run = prev.get("_def_run", prev["run"]), prev.get("_ma_run", prev["run"])
+        row = dict(_carried(row, prev, ZOO_RO_PREFIXES), run=row["run"])
     if prev is not None and "compile_ma" in (row.get("skipped_arms") or ()):
         ma_run = prev.get("_ma_run", prev["run"])
         row = _carried(prev, row, ZOO_MA_PREFIXES)
-    out = dict(row, _ro_run=ro_run, _ma_run=ma_run)
-    run = row["run"] if ro_run == row["run"] else f"{row['run']}+{ro_run}"
-    out["run"] = run if ma_run == row["run"] else f"{run}, ma {ma_run}"
+    out = dict(row, _def_run=def_run, _ro_run=ro_run, _ma_run=ma_run)
+    run = def_run if ro_run == def_run else f"{def_run}+{ro_run}"
+    out["run"] = run if ma_run == def_run else f"{run}, ma {ma_run}"
     return out
 
 

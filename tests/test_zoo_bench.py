@@ -156,7 +156,7 @@ def test_a_default_mode_run_leaves_the_reduce_overhead_arms_out():
     assert row["modes"] == ["default"] and "compile_ro" in row["skipped_arms"]
     assert row["vs_compile"] == pytest.approx(2.0) and row["vs_compile_ro"] is None
     assert row["ours_ro_optimize_s"] is None and "ours_ro" not in row["first_call_s"]
-    for bad in ("", "eager", "default,max-autotune", "reduce-overhead"):
+    for bad in ("", "eager", "default,max-autotune"):
         with pytest.raises(SystemExit):
             bz.parse(["--modes", bad])
 
@@ -315,6 +315,40 @@ def test_a_default_mode_row_keeps_the_models_previous_reduce_overhead_figures(tm
     row_b = next(line for line in text.splitlines() if line.startswith("| b:bf16 |"))
     assert "| 1.500x |" in row_a and "| 1.250x |" in row_a and row_a.endswith("| 2+1 |")
     assert "| 1.000x |" in row_b and "1.500x" not in row_b and row_b.endswith("| 2 |")
+
+
+def test_a_reduce_overhead_mode_run_times_that_modes_arms_alone():
+    """--modes reduce-overhead: one optimize (reduce-overhead), no default-mode arm of ours or of
+    torch.compile; eager and max-autotune still run."""
+    calls = []
+    optimize, compile_fn, time_fn = _stand_ins(calls)
+    row = bz.measure(ROW, _opts("--budget", "7", "--modes", "reduce-overhead"), device="cpu",
+                     optimize=optimize, compile_fn=compile_fn, time_fn=time_fn)
+    assert "error" not in row, row.get("error")
+    assert [c for c in calls if c[0] == "optimize"] == [("optimize", 7.0, "reduce-overhead", True)]
+    assert ("compile", "default") not in calls and ("compile", "reduce-overhead") in calls
+    assert row["modes"] == ["reduce-overhead"] and "compile" in row["skipped_arms"]
+    assert row["vs_compile"] is None and row["vs_compile_ro"] is not None
+    assert row["optimize_s"] is None and row["ours_ro_optimize_s"] is not None
+
+
+def test_a_reduce_overhead_mode_row_keeps_the_models_previous_default_figures(tmp_path):
+    """In RESULTS.md a --modes reduce-overhead row shows the model's previous default-mode
+    figures beside its own reduce-overhead ones, naming both runs, default's first."""
+    render = _load("bench_render", ROOT / "bench" / "render.py")
+
+    def run(stamp, rows):
+        data = {"suite": "zoo", "date": f"2026-01-0{stamp}T00:00:00", "commit": f"c{stamp}", "device": "H100",
+                "command": f"python3 bench/bench_zoo.py run{stamp}", "rows": rows}
+        (tmp_path / f"zoo-2026010{stamp}-000000.json").write_text(json.dumps(data))
+
+    run(1, [dict(bz.empty_row("a:bf16"), vs_compile=1.5, kernels_kept=2, vs_compile_ro=0.75, modes=["default"])])
+    run(2, [dict(bz.empty_row("a:bf16"), vs_compile_ro=1.25, ours_ro_kernels_kept=3, modes=["reduce-overhead"])])
+    text = render.render(tmp_path, findings=None)
+    row_a = next(line for line in text.splitlines() if line.startswith("| a:bf16 |"))
+    assert "| 1.500x |" in row_a and "| 1.250x |" in row_a and "0.750x" not in row_a
+    assert row_a.endswith("| 1+2 |")
+    assert "| vs_compile_ro: geomean (min) over rows | 1.250x (1.250x) over 1 |" in text
 
 
 def test_a_row_without_max_autotune_keeps_the_models_previous_max_autotune_figures(tmp_path):
