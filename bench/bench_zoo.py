@@ -43,7 +43,8 @@ process, in this order:
 a change to the default mode's decision is measured in half the time, and bench/render.py shows the
 model's reduce-overhead figures from its previous row, naming both runs. --modes reduce-overhead
 runs that mode's arms alone (ours_ro, compile_ro, compile_ma) and render.py shows the default mode's
-figures from the previous row: on a two-GPU host a row's two modes run in two lanes at once.
+figures from the previous row. --split-modes runs each row's modes as rows of their own, so with
+--lanes 2 a row's two modes run at once on a two-GPU host.
 Steps 3-5 run under torch.inference_mode() (--grad-mode), with Dynamo's recompile limit raised
 (bench_serve._dynamo_limits: every arm's graphs sit on the model class's one forward).
 
@@ -71,6 +72,7 @@ ran and beat Inductor's code for their region, with their share of the model's e
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import sys
 import time
@@ -303,7 +305,8 @@ def check(row: dict, calls: dict, arms: list[str]) -> None:
             row["tolerance"] = c["tolerance"]
     del ref
     row.update(close_as_compile(row))
-    row["max_abs_err"], row["correct"] = row["ours_max_abs_err"], row["ours_correct"]
+    ours = "ours" if "default" in (row.get("modes") or MODES) else "ours_ro"   # the run's first ours arm
+    row["max_abs_err"], row["correct"] = row[f"{ours}_max_abs_err"], row[f"{ours}_correct"]
 
 
 # ---- the run: each row in a child process (bench_floor.run_child) ------------------------------
@@ -397,6 +400,9 @@ def parse(argv=None):
                     help="the modes whose ours arm runs: default,reduce-overhead (the default), or one"
                          " alone, which leaves out the other mode's arms (bench/render.py then shows"
                          " their figures from the model's previous row, naming both runs)")
+    ap.add_argument("--split-modes", action="store_true",
+                    help="each row's modes as rows of their own (--modes one at a time): with --lanes 2"
+                         " a row's two modes run at once, one a GPU")
     bf.add_timing_flags(ap, rounds=30)   # 30 x 20 calls a way: host-bound rows swing 2x between rounds
     bf.add_run_flags(ap, "2 x (1.1 x budget + 30) + 600")
     a = ap.parse_args(argv)
@@ -407,6 +413,13 @@ def parse(argv=None):
     if unknown := set(a.skip) - set(COMPILE_ARMS):
         ap.error(f"--skip takes compile arms ({', '.join(COMPILE_ARMS)}), not {', '.join(sorted(unknown))}")
     return a
+
+
+def _job(job: str, opts) -> tuple:
+    """(row name, options) of a job: "NAME" runs opts.modes; "NAME MODE" (--split-modes) that mode
+    alone."""
+    name, *mode = job.split()
+    return name, (argparse.Namespace(**{**vars(opts), "modes": tuple(mode)}) if mode else opts)
 
 
 def main(argv=None) -> int:
@@ -430,8 +443,10 @@ def main(argv=None) -> int:
     def failed(name: str, exc_text: str) -> dict:   # this suite's fields
         return dict(empty_row(name, a.budget, a.grad_mode), error=bf.last_line(exc_text))
 
-    rows = bf.run_rows(names, a, lambda name, lane=None: run_child(name, a, timeout, lane=lane), keep,
-                       failed=failed, fmt=format_row, lanes=bf.lanes_of(a, SUITE))
+    jobs = [f"{n} {m}" for n in names for m in a.modes] if a.split_modes else names
+    rows = bf.run_rows(jobs, a, lambda job, lane=None: run_child(*_job(job, a), timeout, lane=lane), keep,
+                       failed=lambda job, text: failed(job.split()[0], text), fmt=format_row,
+                       lanes=bf.lanes_of(a, SUITE))
     print("\n" + format_table(rows, summarize(rows)), flush=True)
     return 0
 

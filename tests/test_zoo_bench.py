@@ -233,6 +233,26 @@ def test_main_writes_results_after_each_row(tmp_path, monkeypatch, capsys):
     assert "kernels kept in: gpt2:fp32" in capsys.readouterr().out
 
 
+def test_split_modes_runs_each_rows_modes_as_rows_of_their_own(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_child(name, opts, timeout, lane=None):
+        seen.append((name, opts.modes))
+        if opts.modes == ("reduce-overhead",) and name == "vit:bf16":
+            raise RuntimeError("no row process")
+        return dict(bz.empty_row(name, opts.budget), modes=list(opts.modes), stage="done")
+
+    monkeypatch.setattr(bz, "run_child", fake_child)
+    assert bz.main([ROW, "vit:bf16", "--split-modes", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    assert seen == [(ROW, ("default",)), (ROW, ("reduce-overhead",)),
+                    ("vit:bf16", ("default",)), ("vit:bf16", ("reduce-overhead",))]
+    (path,) = tmp_path.glob("zoo-*.json")
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["model"] for r in rows] == [ROW, ROW, "vit:bf16", "vit:bf16"]
+    assert [r.get("modes") for r in rows[:3]] == [["default"], ["reduce-overhead"], ["default"]]
+    assert rows[3]["error"] == "RuntimeError: no row process"
+
+
 def test_list_and_unknown_rows(capsys):
     assert bz.main(["--list"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()]
@@ -330,6 +350,7 @@ def test_a_reduce_overhead_mode_run_times_that_modes_arms_alone():
     assert row["modes"] == ["reduce-overhead"] and "compile" in row["skipped_arms"]
     assert row["vs_compile"] is None and row["vs_compile_ro"] is not None
     assert row["optimize_s"] is None and row["ours_ro_optimize_s"] is not None
+    assert row["correct"] is row["ours_ro_correct"] is True
 
 
 def test_a_reduce_overhead_mode_row_keeps_the_models_previous_default_figures(tmp_path):
