@@ -473,11 +473,13 @@ def region(t) -> dict:
     """One task of a report (report.TaskReport) as a row's record: what it is, what became of it
     and why, its kernel's speedup over the region in eager and under Inductor, and the region's
     eager ms per call (count: how many times the model runs it) and, for a ranged kernel, the
-    buckets it runs in and its per-bucket timings (report.TaskReport.bucket_times)."""
+    buckets it runs in and its per-bucket timings (report.TaskReport.bucket_times), and the
+    kernel's settings (which path and tile: "params")."""
     return {"task": t.name, "signature": t.signature[:12], "kind": t.kind, "count": t.count,
             "status": str(t.status), "detail": t.detail, "speedup": t.speedup,
             "vs_inductor": t.vs_inductor, "ref_ms": t.ref_ms,
-            "buckets": getattr(t, "buckets", None), "bucket_times": getattr(t, "bucket_times", None)}
+            "buckets": getattr(t, "buckets", None), "bucket_times": getattr(t, "bucket_times", None),
+            "params": getattr(t, "params", None)}
 
 
 def _decision_json(decision) -> dict | None:

@@ -74,6 +74,33 @@ def test_without_the_library_nothing_changes(not_built):
     assert "CUTLASS" not in conv.render(fp16, dict(conv.defaults(fp16), cutlass=True)).splitlines()[0]
 
 
+def test_the_expert_asks_for_the_library_before_the_search_reaches_a_conv(monkeypatch):
+    """ExpertProposer.prepare matches every task once (the pipeline calls it after capture), so a
+    conv that would link the library asks for it, and on a GPU machine its build starts then."""
+    from torch_htam.policy import policy_for
+    from torch_htam.proposers.expert import ExpertProposer
+    asked = []
+    monkeypatch.setattr(conv_cutlass, "library_ready", lambda: asked.append(1) or False)
+    _, _, task, _, _ = _region()
+    asked.clear()
+    ExpertProposer().prepare([task, object()], policy_for)      # a task no target takes is skipped
+    assert asked == [1]
+
+
+def test_the_search_waits_for_a_library_building_in_the_background(monkeypatch):
+    import threading
+    import time
+    done = threading.Event()
+    t = threading.Thread(target=done.wait, daemon=True)
+    t.start()
+    monkeypatch.setattr(build, "_BACKGROUND", {("cutlass_conv", "sm_90a"): t})
+    assert build.libraries_building() == ["cutlass_conv"]
+    t0 = time.monotonic()
+    assert build.wait_for_libraries(0.05) == ["cutlass_conv"] and time.monotonic() - t0 < 5
+    threading.Timer(0.05, done.set).start()
+    assert build.wait_for_libraries(30.0) == [] and build.libraries_building() == []
+
+
 @pytest.mark.parametrize("kw, why", [
     (dict(dtype=torch.float16), "bf16 only"),
     (dict(c=12), "multiples of 8"),

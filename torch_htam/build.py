@@ -336,6 +336,19 @@ def library_in_background(name: str, arch: str) -> None:
     t.start()
 
 
+def libraries_building() -> list[str]:
+    """The names of our libraries whose background build (library_in_background) still runs."""
+    return sorted({name for (name, _), t in _BACKGROUND.items() if t.is_alive()})
+
+
+def wait_for_libraries(max_s: float, clock=time.monotonic) -> list[str]:
+    """Wait up to max_s seconds for the background builds in flight; the names still building."""
+    end = clock() + max(max_s, 0.0)
+    for t in [t for t in _BACKGROUND.values() if t.is_alive()]:
+        t.join(max(end - clock(), 0.0))
+    return libraries_building()
+
+
 def source_hash(source: str, arch: str) -> str:
     """Content hash of everything that determines the binary: source, arch, nvcc version, flags and
     the ABI header. 20 hex chars.

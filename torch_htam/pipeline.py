@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -183,6 +184,14 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog, evalu
                        progress=cfg.progress, time_budget_s=budget_s, on_result=keep, weights=weights)
 
 
+def _start_libraries(tasks) -> None:
+    """The builds of our libraries that these tasks' expert candidates link, started in the
+    background now (ExpertProposer.prepare), not when the search first proposes for one of them."""
+    from torch_htam.policy import policy_for
+    from torch_htam.proposers.expert import ExpertProposer
+    ExpertProposer().prepare(tasks, policy_for)
+
+
 def optimize(model: nn.Module, example_inputs: tuple, config: OptimizeConfig | None = None) -> nn.Module:
     """Swap verified, faster CUDA kernels into `model` and return it (the same object).
 
@@ -212,6 +221,14 @@ MIN_SEARCH_S = 20.0
 # at most WEIGHING_MAX_S seconds (a few ms a task: tens of tasks in a second or two).
 WEIGHING_SHARE = 0.05
 WEIGHING_MAX_S = 10.0
+# Waiting for a library of ours still building in the background when the search starts (its build
+# begins after capture, beside torch.compile of the floor): at most this share of the search's time
+# and LIBRARY_WAIT_MAX_S. NOTE: CUTLASS's conv library builds in 60-84 s (H200 host, the 2-core
+# CI machine); a ResNet's tasks are nearly all its convs, and searched without it (budget 150 s)
+# ResNet-18 bf16 kept cuDNN's fused graphs plus a batch-norm fold launch a site (arm_profile-
+# 20261130-053237): the one-launch kernels it was built for never ran.
+LIBRARY_WAIT_SHARE = 0.3
+LIBRARY_WAIT_MAX_S = 90.0
 
 
 @dataclass
@@ -343,6 +360,8 @@ class _Run:
                        and not self.searched.covers(t.signature, self.cfg, policy_for(t).name)]
         if self.cfg.max_tasks is not None:
             self.misses = self.misses[: self.cfg.max_tasks]
+        if self.cfg.search and self.misses:
+            _start_libraries(self.misses)
 
     def prepare(self, stack: contextlib.ExitStack) -> None:
         """After the floor: where there is GPU work ahead (a miss to search, a cached kernel not yet
@@ -382,6 +401,8 @@ class _Run:
         if self.gpu is None or self.found is None:
             return
         tasks, misses = self.found.tasks, self.misses
+        if self.cfg.search and misses:
+            self.wait_for_libraries(self.deadline.left(self.reserve_s(len(tasks))))
         reserve = self.reserve_s(len(tasks))
         budget = self.deadline.left(reserve)
         if budget is not None and self.cfg.search and misses:
@@ -404,6 +425,24 @@ class _Run:
             with self.deadline.phase("inductor times"):
                 self.kernels = _with_inductor_times(tasks, self.kernels, self.cache, self.evaluator,
                                                     self.deadline, self.reserve_s(len(self.kernels)))
+
+    def wait_for_libraries(self, search_s: float | None) -> None:
+        """Let the libraries of ours still building (_start_libraries) finish before the search,
+        for at most LIBRARY_WAIT_SHARE of its time and LIBRARY_WAIT_MAX_S: a task searched before
+        its library is there gets the expert's other defaults, and keeps them once cached."""
+        from torch_htam import build
+        building = build.libraries_building()
+        if not building:
+            return
+        max_s = LIBRARY_WAIT_MAX_S if search_s is None else min(LIBRARY_WAIT_MAX_S, LIBRARY_WAIT_SHARE * search_s)
+        if self.cfg.progress:
+            print(f"[htam] waiting up to {max_s:.0f} s for the {', '.join(building)} library's build",
+                  file=sys.stderr, flush=True)
+        with self.deadline.phase("libraries"):
+            left = build.wait_for_libraries(max_s)
+        if left:
+            self.notes.append(f"the search began before the {', '.join(left)} library was built: the tasks "
+                              "searched first have none of its kernels")
 
     def reserve_s(self, n_tasks: int) -> float:
         """Seconds kept from the search for the decision: what its trials are expected to take

@@ -41,6 +41,8 @@ class TaskReport:
     # it lost, the region runs instead)
     buckets: list[list[int]] = field(default_factory=list)
     bucket_times: list[list[float]] = field(default_factory=list)
+    # the kernel's settings as its proposer made it (the expert's knobs: which path, which tile)
+    params: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
         out = f"{self.status.value}: {self.detail}" if self.detail else self.status.value

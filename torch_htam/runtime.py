@@ -557,7 +557,8 @@ def _task_reports(tasks, kernels: dict[str, Any], swapped: list[Swapped], errors
                               policy=ev.policy.get("name", "") if ev else "", status=status,
                               vs_inductor=ev and ev.compile_speedup, detail=detail, kind=t.kind,
                               ref_ms=ev and ev.ref_ms, buckets=list(getattr(ev, "buckets", None) or []),
-                              bucket_times=list(getattr(ev, "bucket_times", None) or [])))
+                              bucket_times=list(getattr(ev, "bucket_times", None) or []),
+                              params=dict((getattr(k, "record", None) or {}).get("params") or {})))
     return out
 
 

@@ -18,6 +18,8 @@ setting of the space applies to the defaults.
 """
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -113,6 +115,15 @@ class ExpertProposer:
     def __init__(self, targets: tuple[Target, ...] = TARGETS, space_limit: int | None = None,
                  within: set[tuple] | None = None):
         self.targets, self.space_limit, self.within = targets, space_limit, within
+
+    def prepare(self, tasks, policy_of) -> None:
+        """Match each task once before the search: a target whose candidates link a library of
+        ours that is not built yet starts its build in the background on a GPU machine
+        (conv_cutlass.library_ready), so it runs beside torch.compile of the floor. A task no
+        target takes is the search's to report."""
+        for task in tasks:
+            with contextlib.suppress(Exception):
+                match_task(task, policy_of(task), self.targets)
 
     def supports(self, task, policy=None) -> set[str]:
         """Strategy ids this proposer can apply to `task` (empty when no target matches it): those
