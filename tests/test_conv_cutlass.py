@@ -74,6 +74,26 @@ def test_without_the_library_nothing_changes(not_built):
     assert "CUTLASS" not in conv.render(fp16, dict(conv.defaults(fp16), cutlass=True)).splitlines()[0]
 
 
+@pytest.mark.parametrize("ready", [True, False])
+def test_a_first_step_proposes_cudnns_default_beside_cutlass(monkeypatch, ready):
+    """Neither path wins at every conv site on the GPU: a task's first step times both defaults
+    (beyond the request's n), and only where CUTLASS's is the default."""
+    from torch_htam.policy import policy_for
+    from torch_htam.proposers.base import ProposalRequest
+    from torch_htam.proposers.expert import ExpertProposer
+    monkeypatch.setattr(conv_cutlass, "library_ready", lambda: ready)
+    _, _, task, _, _ = _region()
+    cands = ExpertProposer().propose(ProposalRequest(task, "seed", [], n=1, policy=policy_for(task))).candidates
+    heads = [c.source.splitlines()[0] for c in cands]
+    if ready:
+        assert len(cands) == 2 and "CUTLASS" in heads[0] and "cuDNN" in heads[1]
+        assert not cands[1].params.get("cutlass") and "ct_tile" not in cands[1].params
+    else:
+        assert len(cands) == 1 and "cuDNN" in heads[0]
+    more = ExpertProposer().propose(ProposalRequest(task, "seed", [], n=3, policy=policy_for(task))).candidates
+    assert len(more) == 3 + ready and len({c.source for c in more}) == len(more)
+
+
 def test_the_expert_asks_for_the_library_before_the_search_reaches_a_conv(monkeypatch):
     """ExpertProposer.prepare matches every task once (the pipeline calls it after capture), so a
     conv that would link the library asks for it, and on a GPU machine its build starts then."""

@@ -818,8 +818,17 @@ def grid(cp: ConvMatch, base: dict) -> list[dict]:
     return out
 
 
+def alternates(cp: ConvMatch, base: dict) -> list[dict]:
+    """cuDNN's default beside CUTLASS's. NOTE: CUTLASS's one launch is the default for the host it
+    saves (served batches 1-16, #36), but on the GPU alone neither wins everywhere: ResNet-50 bf16 at
+    batch 32 under CUDA graphs, CUTLASS's default ran 0.70-1.14x of Inductor's code at its conv sites
+    and the cuDNN graph 1.08-1.58x where searched (zoo-20261130-053957, -051953)."""
+    return [canonical(cp, dict(base, cutlass=False))] if base.get("cutlass") else []
+
+
 TARGET = Target(
     kind="conv", match=match, defaults=defaults, tags=tags, retag=retag,
     start_order=("smem_tiling", "coalesced_layout_access", "fold_batchnorm", "fuse_elementwise_chain",
                  "tf32_tensor_cores", "bf16_tensor_cores"),
-    grid=grid, render=lambda cp, params: render(cp, params), refit=refit, canonical=canonical)
+    grid=grid, render=lambda cp, params: render(cp, params), refit=refit, canonical=canonical,
+    alternates=alternates)

@@ -163,7 +163,14 @@ class ExpertProposer:
         if parent is None and not sids:
             sids = list(t.start_order)
         out, skipped, repeats = [], [], 0
-        for params, tags in _ordered(tm, start, sids, parent is None, self.space_limit, self.within):
+        ordered = _ordered(tm, start, sids, parent is None, self.space_limit, self.within)
+        # a first step: the other paths' defaults right after the defaults, beyond request.n
+        alts = [a for a in (t.alternates(region, start) if parent is None else []) if setting_key(a) != setting_key(start)]
+        n = request.n + len(alts)
+        if alts:
+            rest = [(p, g) for p, g in ordered[1:] if setting_key(p) not in {setting_key(a) for a in alts}]
+            ordered = ordered[:1] + [(a, tags_of(tm, a, start, list(TABLE))) for a in alts] + rest
+        for params, tags in ordered:
             try:
                 src = t.render(region, params)
             except Unsupported as e:
@@ -173,7 +180,7 @@ class ExpertProposer:
                 repeats += 1
                 continue
             out.append(Candidate(src, tags, dict(params), "expert"))
-            if len(out) >= request.n:
+            if len(out) >= n:
                 break
         unknown = [s for s in sids if not moves_for(s, tm.facts)]
         note = f"expert: {t.kind} kernel, {len(out)} setting(s)"

@@ -54,6 +54,10 @@ class Target:
     # graph -> whether the region is this target's own (pool: it holds a pooling op): coverage then
     # gives this target's reason alone, not that of the kind's generic target (None: no such test)
     claims: Callable[[Any], bool] | None = None
+    # (m, defaults) -> the defaults of the kind's other paths, proposed beside the defaults in a
+    # task's first step: where no path wins everywhere, timing picks at every region (conv: cuDNN's
+    # default beside CUTLASS's)
+    alternates: Callable[[Any, dict], list[dict]] = lambda m, base: []
 
     def takes(self, task_kind: str) -> bool:
         """Whether regions of this partition kind are this target's (coverage's reason comes from it)."""
