@@ -94,7 +94,7 @@ def test_one_evaluator_from_the_floor_to_the_search_and_gone_before_the_decision
         def __exit__(self, *exc):
             events.append("workers stop")
 
-    def search(tasks, cfg, gpu_, cache, searched, evaluator, budget_s, weights, phase):
+    def search(tasks, cfg, gpu_, cache, searched, evaluator, budget_s, weights, phase, incumbents=None):
         events.append(("search", isinstance(evaluator, FakeEvaluator), set(weights) == {t.signature for t in tasks}))
         return {}
 
@@ -162,6 +162,8 @@ def test_the_keeper_confirms_each_winner_once_and_never_caches_a_slower_one(tmp_
                                so_path=f"/x/{s}.so") for s in sources]
 
     class Cache:
+        arch = "sm_90a"
+
         def __init__(self):
             self.put_sources = []
 
@@ -191,6 +193,58 @@ def test_the_keeper_confirms_each_winner_once_and_never_caches_a_slower_one(tmp_
     assert "1.01x of eager" in searched.why_not("sig-c", 1.03)
     assert "1.02x of eager" in searched.why_not("sig-d", 1.03)
     assert len(saved) == 7
+
+
+def test_a_task_is_searched_again_once_a_library_its_kernels_link_is_built(tmp_path, monkeypatch):
+    """_Run.grown: a cached kernel (or a search without one) recorded without a library of ours
+    that the task's candidates link and that is built now; not where the task links none, the
+    library was there already, or nothing was recorded. A kernel found then replaces the cached
+    one only where it is faster (the incumbent is the Keeper's bar)."""
+    from types import SimpleNamespace
+    from torch_htam import pipeline
+    from torch_htam.deadline import Deadline
+    from torch_htam.evaluation import Evaluation
+    from torch_htam.proposers.expert import ExpertProposer
+    from torch_htam.search import Best, SearchResult
+    from test_search import make_task
+
+    links = {"conv": ("cutlass_conv",), "rows": ()}
+    monkeypatch.setattr(ExpertProposer, "libraries_for", lambda self, task, policy: links[task.name])
+    r = pipeline._Run(None, (), OptimizeConfig(), Deadline(None), None)
+    r.searched = pipeline.SearchedLog(tmp_path / "searched.json")
+    conv, rows = make_task("conv"), make_task("rows")
+
+    def entry(libs):
+        return SimpleNamespace(record={"provenance": {} if libs is None else {"libraries": libs}})
+
+    ready = {"cudnn_sdpa", "cutlass_conv"}
+    assert r.grown(conv, entry([]), ready) and r.grown(conv, entry(["cudnn_sdpa"]), ready)
+    assert not r.grown(conv, entry(["cutlass_conv"]), ready)       # built when it was searched
+    assert not r.grown(conv, entry(None), ready)                   # not recorded: left alone
+    assert not r.grown(rows, entry([]), ready)                     # links none of ours
+    assert not r.grown(conv, entry([]), {"cudnn_sdpa"})            # not built yet
+    r.searched.add(conv.signature, OptimizeConfig(), "steps", None, "bf16", libraries=[])
+    assert r.grown(conv, None, ready)                              # searched without a kernel then
+    r.searched.add(conv.signature, OptimizeConfig(), "steps", 1.2, "bf16", libraries=sorted(ready))
+    assert not r.grown(conv, entry([]), ready)                     # searched again since
+
+    class Cache:
+        arch = "sm_90a"
+        put = lambda self, *a: self.puts.append(a[3].speedup)      # noqa: E731
+        puts: list = []
+
+    class Confirm:
+        def evaluate_many(self, task, sources, inductor=False):
+            return [Evaluation(True, "ok", speedup=1.5, so_path="/x.so") for _ in sources]
+
+    cache = Cache()
+    keep = pipeline._Keeper(Confirm(), cache, r.searched, OptimizeConfig(), "H100", lambda: None,
+                            confirmed={conv.signature: Evaluation(True, "ok", speedup=2.0)})
+    keep(conv, SearchResult(conv.name, conv.signature, best=Best("k", [], {}, Evaluation(True, "ok", speedup=1.9)),
+                            stop="steps", partial=False))
+    assert cache.puts == []                                        # 1.5x does not replace 2.0x
+    from torch_htam import build
+    assert r.searched.libraries(conv.signature) == build.libraries_ready("sm_90a")
 
 
 def test_the_report_says_when_the_time_budget_left_a_task_without_a_kernel(tmp_path):

@@ -336,6 +336,11 @@ def library_in_background(name: str, arch: str) -> None:
     t.start()
 
 
+def libraries_ready(arch: str) -> list[str]:
+    """The names of our libraries built for arch."""
+    return sorted(name for name in OUR_LIBRARIES if library_ready(name, arch))
+
+
 def libraries_building() -> list[str]:
     """The names of our libraries whose background build (library_in_background) still runs."""
     return sorted({name for (name, _), t in _BACKGROUND.items() if t.is_alive()})

@@ -51,16 +51,21 @@ class SearchedLog:
                 and rec.get("policy") == policy)   # another precision policy is another search
 
     def add(self, signature: str, cfg: OptimizeConfig, stop: str, best: float | None, policy: str,
-            vs_inductor: float | None = None) -> None:
+            vs_inductor: float | None = None, libraries: list[str] | None = None) -> None:
         """best / vs_inductor: the confirmed winner's speedup over eager / over Inductor's code
-        for the region (None: no verified kernel, or not timed against Inductor)."""
+        for the region (None: no verified kernel, or not timed against Inductor); libraries: ours
+        built when it was searched (_Run.grown)."""
         self.data[signature] = {"steps": cfg.steps, "candidates": cfg.candidates_per_step, "policy": policy,
-                                "stop": stop, "best": best, "vs_inductor": vs_inductor,
+                                "stop": stop, "best": best, "vs_inductor": vs_inductor, "libraries": libraries,
                                 "date": time.strftime("%Y-%m-%d")}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(self.data, indent=1))
         os.replace(tmp, self.path)
+
+    def libraries(self, signature: str) -> list[str] | None:
+        """Our libraries built when the task was last searched (None: not searched, or not recorded)."""
+        return (self.data.get(signature) or {}).get("libraries")
 
     def why_not(self, signature: str, min_speedup: float) -> str | None:
         """Why a searched task has no kernel, in one line (None if it was not searched)."""
@@ -123,8 +128,10 @@ class _Keeper:
     def __call__(self, task, result):
         """Confirm and cache as above; the task's confirmed Evaluation (None: none), whose Inductor
         time and code for the region are the bar of its later steps (search_many's on_result)."""
+        from torch_htam import build
         from torch_htam.policy import policy_for
         sig, best = task.signature, result.best
+        libraries = build.libraries_ready(self.cache.arch)
         if (best is not None and best.speedup >= self.cfg.min_speedup
                 and best.source not in self.checked.setdefault(sig, set())):
             self.checked[sig].add(best.source)
@@ -137,14 +144,14 @@ class _Keeper:
                     self.cache.put(task, best.source, ev.so_path or best.so_path, ev,
                                    {"proposer": best.origin, "tags": best.tags, "params": best.params,
                                     "steps": result.steps, "gpu": self.gpu_name,
-                                    "search_speedup": best.speedup})
+                                    "search_speedup": best.speedup, "libraries": libraries})
                     self.cached.add(sig)
         # NOTE: a search the time budget cut is not a search done: the next run searches it again
         if (sig not in self.cached and not result.partial and not result.stop.startswith("error")
                 and result.stop != "time_budget"):
             ev = self.confirmed.get(sig)
             self.searched.add(sig, self.cfg, result.stop, self.speedup(sig, result), policy_for(task).name,
-                              ev.compile_speedup if ev is not None else None)
+                              ev.compile_speedup if ev is not None else None, libraries)
         self.save_memory()   # experience persists task by task
         return self.confirmed.get(sig)
 
@@ -158,10 +165,12 @@ class _Keeper:
 
 def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog, evaluator,
             budget_s: float | None, weights: dict[str, float] | None = None,
-            phase=contextlib.nullcontext) -> dict:
+            phase=contextlib.nullcontext, incumbents: dict | None = None) -> dict:
     """Search kernels for the cache misses within budget_s; returns {signature: SearchResult}.
     Found kernels that verify and win are written to the cache as each task finishes (nothing
-    lost on interruption); builds and worker jobs in flight end at the evaluator's deadline."""
+    lost on interruption); builds and worker jobs in flight end at the evaluator's deadline.
+    incumbents: {signature: Evaluation} of kernels already cached for tasks searched again
+    (_Run.grown): a new one replaces such a kernel only where it is faster."""
     from torch_htam import paths
     from torch_htam.htg import HTG
     from torch_htam.proposers.expert import ExpertProposer
@@ -179,9 +188,15 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog, evalu
                         memory=cfg.memory, max_wall_s=cfg.task_time_s, prebuild=cfg.prebuild)
     traj = Path(cfg.trajectory_dir) if cfg.trajectory_dir else paths.arch_dir(gpu.arch) / "trajectories"
 
-    keep = _Keeper(evaluator, cache, searched, cfg, gpu.name, lambda: memory.save(memory_path), phase)
+    keep = _Keeper(evaluator, cache, searched, cfg, gpu.name, lambda: memory.save(memory_path), phase,
+                   confirmed=dict(incumbents or {}))
     return search_many(tasks, lambda: proposer, evaluator, memory, scfg, trajectory_dir=traj,
                        progress=cfg.progress, time_budget_s=budget_s, on_result=keep, weights=weights)
+
+
+def _provenance(entry) -> dict:
+    """A cache entry's provenance ({} for none)."""
+    return (entry.record.get("provenance") or {}) if entry is not None else {}
 
 
 def _start_libraries(tasks) -> None:
@@ -247,7 +262,8 @@ class _Run:
     trials: Any = None
     gpu: Any = None                                  # GpuInfo, None: no search
     cache: Any = None                                # KernelCache of the GPU's arch
-    misses: list = field(default_factory=list)       # tasks the cache has no usable kernel for
+    misses: list = field(default_factory=list)       # tasks to search: no usable kernel, or grown
+    incumbents: dict = field(default_factory=dict)   # {signature: Evaluation} of misses' cached kernels
     evaluator: Any = None                            # started by prepare() where GPU work is ahead
     weights: dict | None = None                      # {signature: headroom ms}, the search's order
     plan: SearchPlan | None = None                   # where a timed search ran
@@ -356,8 +372,17 @@ class _Run:
         with self.deadline.phase("shipped kernels"):
             install_shipped(self.cache, self.gpu.arch, only={t.signature for t in tasks})
         self.searched = SearchedLog(paths.arch_dir(self.gpu.arch) / "searched.json")
-        self.misses = [t for t in tasks if admitted(self.cache.get(t.signature), t) is None
-                       and not self.searched.covers(t.signature, self.cfg, policy_for(t).name)]
+        from torch_htam import build
+        ready = set(build.libraries_ready(self.gpu.arch))
+        self.misses, self.incumbents = [], {}
+        for t in tasks:
+            entry = admitted(self.cache.get(t.signature), t)
+            done = entry is not None or self.searched.covers(t.signature, self.cfg, policy_for(t).name)
+            if done and not self.grown(t, entry, ready):
+                continue
+            self.misses.append(t)
+            if entry is not None:
+                self.incumbents[t.signature] = entry.evaluation
         if self.cfg.max_tasks is not None:
             self.misses = self.misses[: self.cfg.max_tasks]
         if self.cfg.search and self.misses:
@@ -418,13 +443,29 @@ class _Run:
                 until = Deadline(budget) if budget is not None else self.deadline
                 with self.deadline.phase("search"), _examples(self.found, misses), self.evaluator.until(until):
                     self.results = _search(misses, self.cfg, self.gpu, self.cache, self.searched,
-                                           self.evaluator, budget, self.weights, self.deadline.phase)
+                                           self.evaluator, budget, self.weights, self.deadline.phase,
+                                           self.incumbents)
         self.kernels = {t.signature: e for t in tasks
                         if why_not(e := self.cache.get(t.signature), t, self.cfg.min_speedup) is None}
         if self.cfg.compile and self.kernels:
             with self.deadline.phase("inductor times"):
                 self.kernels = _with_inductor_times(tasks, self.kernels, self.cache, self.evaluator,
                                                     self.deadline, self.reserve_s(len(self.kernels)))
+
+    def grown(self, task, entry, ready: set[str]) -> bool:
+        """Whether a library of ours that the task's expert candidates link is built now and was
+        not when the task was last searched (its cached kernel's record and the searched log say
+        which were; neither saying: not grown). NOTE: a task searched while CUTLASS's conv library
+        was still building keeps the cuDNN kernel it found, and a cached kernel is otherwise never
+        searched again: a first optimize at a small budget would fix a model's convs without it."""
+        recorded = [set(libs) for libs in (_provenance(entry).get("libraries"), self.searched.libraries(task.signature))
+                    if libs is not None]
+        new = ready - set().union(*recorded) if recorded else set()
+        if not new:
+            return False
+        from torch_htam.policy import policy_for
+        from torch_htam.proposers.expert import ExpertProposer
+        return bool(new & set(ExpertProposer().libraries_for(task, policy_for(task))))
 
     def wait_for_libraries(self, search_s: float | None) -> None:
         """Let the libraries of ours still building (_start_libraries) finish before the search,

@@ -831,4 +831,5 @@ TARGET = Target(
     start_order=("smem_tiling", "coalesced_layout_access", "fold_batchnorm", "fuse_elementwise_chain",
                  "tf32_tensor_cores", "bf16_tensor_cores"),
     grid=grid, render=lambda cp, params: render(cp, params), refit=refit, canonical=canonical,
-    alternates=alternates)
+    alternates=alternates,
+    libraries=lambda cp: (conv_cutlass.LIBRARY,) if cp.channels_last and conv_cutlass.reason(cp) is None else ())

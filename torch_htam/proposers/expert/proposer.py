@@ -125,6 +125,15 @@ class ExpertProposer:
             with contextlib.suppress(Exception):
                 match_task(task, policy_of(task), self.targets)
 
+    def libraries_for(self, task, policy) -> tuple[str, ...]:
+        """Our libraries this task's candidates may link once they are built (() where no target
+        takes the task)."""
+        try:
+            tm = match_task(task, policy, self.targets)
+        except Exception:  # noqa: BLE001 - a task no target takes links nothing
+            return ()
+        return tuple(tm.target.libraries(tm.region))
+
     def supports(self, task, policy=None) -> set[str]:
         """Strategy ids this proposer can apply to `task` (empty when no target matches it): those
         that some setting of the search space applies to the defaults. A move with no override

@@ -58,6 +58,8 @@ class Target:
     # task's first step: where no path wins everywhere, timing picks at every region (conv: cuDNN's
     # default beside CUTLASS's)
     alternates: Callable[[Any, dict], list[dict]] = lambda m, base: []
+    # m -> the names of our libraries (build.OUR_LIBRARIES) its candidates may link once built
+    libraries: Callable[[Any], tuple[str, ...]] = lambda m: ()
 
     def takes(self, task_kind: str) -> bool:
         """Whether regions of this partition kind are this target's (coverage's reason comes from it)."""
