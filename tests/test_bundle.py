@@ -15,6 +15,7 @@ from torch_htam.cache import KernelCache
 from torch_htam.evaluation import Evaluation
 from torch_htam.extract import extract_tasks
 from torch_htam.policy import kept_precision
+from torch_htam.report import TaskStatus
 
 from test_runtime import MLP, CpuKernel, PROVIDER
 
@@ -350,10 +351,11 @@ def test_load_swaps_only_kernels_that_pass_their_golden_check(made, tmp_path):
     fresh = bundle.load(_fresh_model(), out, (x,), arch="sm_fake",
                         provider=runtime.Provider(provider.op, lambda e: stand_ins[e.signature]))
     rep = fresh.htam_report
-    status = {t.signature: t.status for t in rep.tasks}
-    assert status[wrong].startswith("golden check failed: mismatch") and "atol=0.0001" in status[wrong]
-    assert status[nan].startswith("golden check failed: nan")
-    assert status[err].startswith("golden check failed: launch_error") and "cudaErrorInvalidValue" in status[err]
+    assert {t.status for t in rep.tasks} == {TaskStatus.GOLDEN_FAILED}
+    status = {t.signature: t.detail for t in rep.tasks}
+    assert status[wrong].startswith("mismatch") and "atol=0.0001" in status[wrong]
+    assert status[nan].startswith("nan")
+    assert status[err].startswith("launch_error") and "cudaErrorInvalidValue" in status[err]
     assert rep.swapped == 0 and "golden check: 0 of 3 kernels passed in" in rep.note
     assert "forward" not in fresh.__dict__   # nothing passed: the original path
 
@@ -517,9 +519,10 @@ def test_gpu_golden_check_through_the_launcher(tmp_path):
         assert [t["golden"]["device"] for t in man["tasks"] if t["kernel"]] == [device]
         loaded = bundle.load(fresh(), out, (x,))
         rep = loaded.htam_report
-        status = {t.signature: t.status for t in rep.tasks}
+        status = {t.signature: (t.status, t.detail) for t in rep.tasks}
         if name == "wrong":
-            assert rep.swapped == 0 and status[target.signature].startswith("golden check failed: mismatch")
+            assert rep.swapped == 0 and status[target.signature][0] is TaskStatus.GOLDEN_FAILED
+            assert status[target.signature][1].startswith("mismatch")
             assert "golden check: 0 of 1 kernels passed in" in rep.note
         else:
             assert rep.swapped == 1 and status[target.signature] == "swapped", rep.format()

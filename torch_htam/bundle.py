@@ -52,6 +52,7 @@ import torch
 from torch_htam import paths, runtime
 from torch_htam.cache import Entry, KernelCache, sha256_file
 from torch_htam.policy import why_not
+from torch_htam.report import TaskStatus
 
 log = logging.getLogger("torch_htam")
 
@@ -383,9 +384,9 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
     cap, tasks = _tasks(model, example_inputs, dynamic_of(manifest.get("run", REPLAY)))
     if not tasks:
         return runtime.leave(model, "could not capture the model: " + "; ".join(cap.problems))
-    unmatched = _unmatched(manifest, tasks, example_inputs)
-    if unmatched:
-        log.warning("torch_htam: %s", unmatched)
+    problems = _unmatched(manifest, tasks, example_inputs)   # what the bundle and this model disagree on
+    if problems:
+        log.warning("torch_htam: %s", problems)
     bundle = KernelCache(manifest["arch"], root=bundle_dir)
     if manifest["arch"] == here and manifest["toolchain"] == paths.toolchain_key():
         if provider is None:
@@ -393,8 +394,7 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
             launcher.adopt(Path(bundle_dir) / "launcher")
         from torch_htam.policy import admitted
         kernels = {t.signature: e for t in tasks if (e := admitted(bundle.get(t.signature), t)) is not None}
-        unloaded = preload_libraries(bundle_dir, manifest)
-        unmatched = "; ".join(x for x in (unmatched, unloaded) if x)
+        problems = "; ".join(x for x in (problems, preload_libraries(bundle_dir, manifest)) if x)
         passed, failed, note, dead = golden_check(bundle_dir, manifest, kernels,
                                                   provider or runtime.launcher_provider(),
                                                   _device(model, example_inputs))
@@ -403,10 +403,10 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
                                   "restart the process", tasks)
         else:
             model = _install(model, cap, passed, manifest, provider, bundle_dir, example_inputs)
-            model.htam_report.note = "; ".join(x for x in (unmatched, note, model.htam_report.note) if x)
+            model.htam_report.note = "; ".join(x for x in (problems, note, model.htam_report.note) if x)
         for t in model.htam_report.tasks:
             if t.signature in failed:
-                t.status = f"golden check failed: {failed[t.signature]}"
+                t.status, t.detail = TaskStatus.GOLDEN_FAILED, failed[t.signature]
         return model
     built_for = f"{manifest['arch']} / {manifest['toolchain']}"
     if paths.nvcc_path() is None:
@@ -414,7 +414,7 @@ def load(model: torch.nn.Module, bundle_dir: str | Path, example_inputs: tuple,
                              f"{paths.toolchain_key()}, and there is no nvcc to rebuild it", tasks)
     kernels, note = rebuild(bundle, tasks, here)
     model = _install(model, cap, kernels, manifest, provider, bundle_dir, example_inputs)
-    model.htam_report.note = "; ".join(x for x in (unmatched, f"bundle built for {built_for}: {note}",
+    model.htam_report.note = "; ".join(x for x in (problems, f"bundle built for {built_for}: {note}",
                                                     model.htam_report.note) if x)
     return model
 

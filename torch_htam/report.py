@@ -17,6 +17,7 @@ class TaskStatus(str, enum.Enum):
     NOT_LOADED = "not loaded"
     NOT_FOUND = "region not found"
     FAILED_AT_RUN_TIME = "failed at run time"   # its region ran instead (fallback.py), then dropped
+    GOLDEN_FAILED = "golden check failed"       # a bundle's kernel that missed its recorded output here
 
     def __str__(self) -> str:
         return self.value
