@@ -53,6 +53,7 @@ CASES = {   # ResNet's conv regions, and the forms beside them
     "3x3_k12_bn_add_relu": (KindBlock(bn=True, padding=1), {"k": 12, "res": True}),
     "3x3_bias_relu": (KindBlock(padding=1), {"bias": True}),
     "3x3_plain": (KindBlock(act=None, padding=1), {}),
+    "1x1_bn_hardswish": (KindBlock(bn=True, act="hardswish"), {"r": 1}),   # MobileNetV3's expansion
 }
 
 
@@ -91,6 +92,22 @@ def test_each_case_matches_channels_last(name):
     assert len({conv.render(cp, p) for p in conv.grid(cp, conv.defaults(cp))}) == len(conv.grid(cp, conv.defaults(cp)))
 
 
+def test_hardswish_runs_after_cudnns_conv_never_in_its_graph():
+    """cuDNN's pointwise ops have no hardswish: a conv + batch norm + hardswish region takes the
+    conv-only graph and then our epilogue kernel, on every setting; the implicit GEMM refuses it."""
+    from torch_htam.proposers.expert import conv_igemm
+    block, inputs = _case("1x1_bn_hardswish", torch.bfloat16)
+    task, _ = _task(block, inputs)
+    cp = conv.match(task.graph, policy_for(task))
+    assert cp.channels_last and cp.hardswish and not cp.relu and not cp.fusable
+    base = conv.defaults(cp)
+    assert base["fused"] is False and "hardswish" in conv.render(cp, base).splitlines()[0]
+    grid = conv.grid(cp, base)
+    assert grid and not any(p.get("fused") for p in grid)
+    assert conv.canonical(cp, dict(base, fused=True)) == conv.canonical(cp, base)
+    assert "hardswish" in conv_igemm.reason(cp)
+
+
 def test_an_epilogue_cudnn_cannot_fuse_is_refused_with_the_reason():
     block = KindBlock(bn=True, act="gelu", padding=1)
     inputs = block_inputs(block)
@@ -111,7 +128,8 @@ def test_nchw_input_keeps_the_nchw_paths():
 def test_channels_last_sources_compile_for_sm90a():
     todo = []
     for name, dtype in (("1x1_bn_add_relu", torch.bfloat16), ("3x3_bias_relu", torch.float32),
-                        ("1x1_s2_bn", torch.float16), ("3x3_plain", torch.float32)):
+                        ("1x1_s2_bn", torch.float16), ("3x3_plain", torch.float32),
+                        ("1x1_bn_hardswish", torch.bfloat16)):
         task, _ = _task(*_case(name, dtype))
         todo.append((f"{name}/{dtype}", propose(task, n=1).candidates[0].source))
     assert_compiles(todo)

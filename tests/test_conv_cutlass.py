@@ -121,6 +121,18 @@ def test_the_search_waits_for_a_library_building_in_the_background(monkeypatch):
     assert build.wait_for_libraries(30.0) == [] and build.libraries_building() == []
 
 
+def test_hardswish_is_in_its_epilogue(built):
+    """conv + batch norm + hardswish (MobileNetV3's) takes CUTLASS's kernel with the activation in
+    its epilogue, by default."""
+    *_, cp = _region(act="hardswish")
+    assert cp.hardswish and conv_cutlass.reason(cp) is None and cp.facts.cutlass_tiles
+    base = conv.defaults(cp)
+    src = conv.render(cp, base)
+    assert base["cutlass"] and "hardswish" in src.splitlines()[0] and "HTAM_CONV_ACT_HARDSWISH" in src
+    *_, plain = _region(act=None, res=True, c=64)
+    assert "HTAM_CONV_ACT_NONE" in conv.render(plain, conv.defaults(plain))
+
+
 @pytest.mark.parametrize("kw, why", [
     (dict(dtype=torch.float16), "bf16 only"),
     (dict(c=12), "multiples of 8"),
@@ -152,6 +164,8 @@ CT_REGIONS = {   # name: _region's arguments
     "3x3_bn_add_relu_krsc": dict(res=True, c=64),
     "1x1_s2_bn": dict(r=1, stride=2, act=None, w_cl=False, k=96),
     "1x1_bn_add_relu": dict(r=1, w_cl=False, res=True, c=64, k=96),
+    "1x1_bn_hardswish": dict(r=1, w_cl=False, act="hardswish", k=96),     # MobileNetV3's expansion
+    "3x3_bn_add_krsc": dict(res=True, c=64, act=None),                   # a residual, no activation
 }
 needs_cutlass = pytest.mark.skipif(paths.nvcc_path() is None or build.find_cutlass() is None,
                                    reason="needs nvcc and CUTLASS's headers (pip install --no-deps nvidia-cutlass)")

@@ -37,7 +37,8 @@ class KindBlock(nn.Module):
             y = F.batch_norm(y, mean, var, gamma, beta, False, 0.1, 1e-5)
         if res is not None:
             y = y + res
-        return {"relu": F.relu, "gelu": F.gelu, "relu6": F.relu6, None: lambda t: t}[self.act](y)
+        return {"relu": F.relu, "gelu": F.gelu, "relu6": F.relu6, "hardswish": F.hardswish,
+                None: lambda t: t}[self.act](y)
 
 
 def kind_inputs(block: KindBlock, n=2, c=8, k=16, size=9, r=3, bias=True, res=False, dtype=torch.float32,

@@ -1,5 +1,5 @@
 // htam_cutlass_conv (cutlass_conv.h): a conv site in ONE launch,
-//   y = [relu]((conv(x, w) - mean) * gamma * rsqrt(var + eps) + beta [+ res])
+//   y = act((conv(x, w) - mean) * gamma * rsqrt(var + eps) + beta [+ res]), act none, ReLU or hardswish
 //
 // Why: a served ResNet's conv site on cuDNN is two launches on the host path (the batch-norm fold,
 // then cuDNN's execute), and at batch 1-16 the host decides the call (bench/findings.md, #36).
@@ -43,8 +43,15 @@
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
 
-// ---- the epilogue: batch norm from raw statistics, optional residual, ReLU ----------------------
-struct BnArgs { float eps = 1e-5f; int relu = 1; };
+// ---- the epilogue: batch norm from raw statistics, optional residual, an activation --------------
+struct BnArgs { float eps = 1e-5f; int act = HTAM_CONV_ACT_RELU; };
+
+// act (HTAM_CONV_ACT_*) on v, in fp32. hardswish as torch writes it: x * min(max(x + 3, 0), 6) / 6
+CUTLASS_HOST_DEVICE float activate(float v, int act) {
+  if (act == HTAM_CONV_ACT_RELU) return fmaxf(v, 0.f);
+  if (act == HTAM_CONV_ACT_HARDSWISH) return v * fminf(fmaxf(v + 3.f, 0.f), 6.f) * (1.f / 6.f);
+  return v;
+}
 
 template <class T>      // T: Array<float, N>, one fragment of the tile
 struct BnAct {
@@ -55,14 +62,14 @@ struct BnAct {
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < T::kElements; ++i) {
       const float v = (acc[i] - mean[i]) * gamma[i] * rsqrtf(var[i] + a.eps) + beta[i];
-      out[i] = a.relu ? fmaxf(v, 0.f) : v;
+      out[i] = activate(v, a.act);
     }
     return out;
   }
 };
 
 template <class T>
-struct BnAddAct {       // relu(bn(acc) + res): a ResNet block's last conv
+struct BnAddAct {       // act(bn(acc) + res): a ResNet block's last conv
   using Arguments = BnArgs;
   CUTLASS_HOST_DEVICE T operator()(T const& acc, T const& mean, T const& gamma, T const& var, T const& beta,
                                    T const& res, Arguments const& a) const {
@@ -70,7 +77,7 @@ struct BnAddAct {       // relu(bn(acc) + res): a ResNet block's last conv
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < T::kElements; ++i) {
       const float v = (acc[i] - mean[i]) * gamma[i] * rsqrtf(var[i] + a.eps) + beta[i] + res[i];
-      out[i] = a.relu ? fmaxf(v, 0.f) : v;
+      out[i] = activate(v, a.act);
     }
     return out;
   }
@@ -164,9 +171,9 @@ static int run_tile(const HtamConvBn& a, cudaStream_t stream, bool cached) {
   using RowArgs = typename K::Row::Arguments;
   auto row = [](const void* p) { return RowArgs{static_cast<const Elt*>(p)}; };
   if constexpr (Residual)
-    args.epilogue.thread = {{}, row(a.mean), row(a.gamma), row(a.var), row(a.beta), {}, BnArgs{a.eps, a.relu}};
+    args.epilogue.thread = {{}, row(a.mean), row(a.gamma), row(a.var), row(a.beta), {}, BnArgs{a.eps, a.act}};
   else
-    args.epilogue.thread = {{}, row(a.mean), row(a.gamma), row(a.var), row(a.beta), BnArgs{a.eps, a.relu}};
+    args.epilogue.thread = {{}, row(a.mean), row(a.gamma), row(a.var), row(a.beta), BnArgs{a.eps, a.act}};
   auto conv = std::make_unique<Conv>();
   // (this schedule needs no workspace; one that did would need a buffer kept for graphs' replays)
   if (Conv::get_workspace_size(args) != 0 || conv->can_implement(args) != cutlass::Status::kSuccess)
@@ -192,6 +199,7 @@ static bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 
 
 static int dispatch(const HtamConvBn& a, cudaStream_t stream, bool cached) {
   if (a.c % kAlign || a.k % kAlign) return HTAM_ERR_SHAPE;
+  if (a.act < HTAM_CONV_ACT_NONE || a.act > HTAM_CONV_ACT_HARDSWISH) return HTAM_ERR_SHAPE;
   const void* const ptrs[] = {a.x, a.w, a.mean, a.gamma, a.var, a.beta, a.y};
   for (const void* p : ptrs)
     if (p == nullptr || !aligned(p)) return HTAM_ERR_SHAPE;

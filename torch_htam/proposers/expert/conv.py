@@ -86,6 +86,7 @@ CUDNN_STATE = cuh("cudnn.cuh")
 ENTRY_CACHE = cuh("conv_entry_cache.cuh")     # after the API path's ConvEntry and plan_entry
 BATCH_SLICE = cuh("batch_slice.cuh")          # a ranged batch's slices (render_cl)
 RELUS = (aten.relu.default, aten.relu_.default)
+HARDSWISHES = (aten.hardswish.default, aten.hardswish_.default)
 # the tiled pointwise kernel's own params (pwconv.py), and those only cuDNN's paths read
 TILE_KEYS = {"bm", "bn", "stages", "ju", "split", "minb", "pre", "persist"}
 CUDNN_KEYS = {"fused", "graph", "algo", "tf32", "nhwc"}
@@ -132,9 +133,10 @@ def _batch_norm(conv, ph) -> tuple[object, BatchNorm | None]:
     return bn, BatchNorm(idx[0], idx[1], idx[2], idx[3], float(_arg(bn, 7, "eps", 1e-5)))
 
 
-def _fused_tail(gm, anchor, ph, shape, dt) -> tuple[bool, int | None, bool]:
-    """(fits, residual input, relu): whether the epilogue is exactly [+ residual] [ReLU] over the anchor."""
-    node, residual, relu = anchor, None, False
+def _fused_tail(gm, anchor, ph, shape, dt) -> tuple[bool, int | None, bool, bool]:
+    """(fits, residual input, relu, hardswish): whether the epilogue is exactly [+ residual] [ReLU]
+    over the anchor (the chain cuDNN fuses), and whether it is [+ residual] hardswish instead."""
+    node, residual, relu, hardswish = anchor, None, False, False
     users = list(node.users)
     if len(users) == 1 and users[0].target is aten.add.Tensor and _arg(users[0], 2, "alpha", 1) == 1:
         add = users[0]
@@ -144,9 +146,12 @@ def _fused_tail(gm, anchor, ph, shape, dt) -> tuple[bool, int | None, bool]:
             users = list(node.users)
     if len(users) == 1 and users[0].target in RELUS:
         relu, node = True, users[0]
+    elif len(users) == 1 and users[0].target in HARDSWISHES:
+        hardswish, node = True, users[0]
     out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    return (len(outs) == 1 and outs[0] is node), residual, relu
+    ends = len(outs) == 1 and outs[0] is node
+    return ends and not hardswish, residual, relu, ends and hardswish
 
 
 def match(gm, policy) -> ConvMatch:
@@ -208,17 +213,17 @@ def match(gm, policy) -> ConvMatch:
     ident = tuple(range(prog.ndim))
     if any(a.input == g and a.dims != ident for a in prog.accesses):
         raise Unsupported("conv result read broadcast/reshaped in the epilogue")
-    fits, residual, relu = _fused_tail(gm, anchor, ph, yshape, dt)
-    if cl and not fits:
-        raise Unsupported("channels-last conv: the epilogue must be [batch norm] [+ residual] [ReLU], "
-                          "the chain cuDNN fuses into the conv")
+    fits, residual, relu, hardswish = _fused_tail(gm, anchor, ph, yshape, dt)
+    if cl and not (fits or hardswish):
+        raise Unsupported("channels-last conv: the epilogue must be [batch norm] [+ residual] [ReLU or "
+                          "hardswish]")
     if cl and residual is not None and not channels_last(ph[residual]):
         raise Unsupported("channels-last conv: the residual is not channels-last")
     fits = fits and (bn is not None or b is not None or residual is not None or relu)
     fits = fits and legacy_reason(kind) is None      # cuDNN's fused call is on the legacy API
     cp = ConvMatch(ph.index(x), ph.index(w), ph.index(b) if b is not None else None, stride, padding,
                   dilation, groups, dt, bn, prog, g, residual, relu, fits, bool(policy and policy.allow_tf32),
-                  kind=kind, channels_last=cl, in_channels=shape_of(x)[1])
+                  kind=kind, channels_last=cl, in_channels=shape_of(x)[1], hardswish=cl and hardswish)
     lib_tiles = (tuple(range(len(conv_cutlass.TILES)))
                  if cl and conv_cutlass.reason(cp) is None and conv_cutlass.library_ready() else ())
     cp.facts = TaskFacts("conv", yshape[1], 16 // DT[dt][2], has_transcendental=prog.has_transcendental,
@@ -476,7 +481,7 @@ def _cl_ops(cp: ConvMatch) -> list[tuple[str, str]]:
         ops += [("sub", "c"), ("mul", "s")] + [("add", "b")] * (cp.bn.beta is not None)
     elif cp.bias is not None:
         ops.append(("add", "b"))
-    return ops + [("add", "z")] * (cp.residual is not None) + [("relu", "")] * cp.relu
+    return ops + [("add", "z")] * (cp.residual is not None) + [("relu", "")] * cp.relu + [("hardswish", "")] * cp.hardswish
 
 
 def _cl_words(ops: list[tuple[str, str]]) -> str:
@@ -488,7 +493,8 @@ def _epi_cl(ops: list[tuple[str, str]], dt: str, vt: str) -> str:
     """conv_epi_cl.cuh after its Epi: the channels-last ops on one element v of channel k (z: the
     residual's element; cen, scl, bet: the [K] vectors in vt)."""
     step = {"sub": "v -= {vt}::to_f({a}[k]);", "mul": "v *= {vt}::to_f({a}[k]);", "add": "v += {vt}::to_f({a}[k]);",
-            "relu": "v = v < 0.f ? 0.f : v;"}
+            "relu": "v = v < 0.f ? 0.f : v;",
+            "hardswish": "v = v * fminf(fmaxf(v + 3.f, 0.f), 6.f) * (1.f / 6.f);"}
     name = {"c": "cen", "s": "scl", "b": "bet"}
     body = "\n".join("    " + (f"v += {dt}::to_f(z);" if a == "z" else step[m].format(vt=vt, a=name.get(a)))
                      for m, a in ops)
@@ -631,7 +637,7 @@ def render_cl(cp: ConvMatch, params: dict) -> str:
     vec32 = bool(params.get("vec32", True)) or cp.dtype == "float32"
     vt, vsz = ("F32", 4) if vec32 else (dt, esz)
     f, ops = Fold(cp), _cl_ops(cp)
-    fused = bool(params.get("fused", True)) or not ops
+    fused = (bool(params.get("fused", True)) and not cp.hardswish) or not ops
     used = {a for _, a in ops}
     # the KRSC copy of w starts 256-aligned in the scratch
     align = ("(uintptr_t)X.data | (uintptr_t)(w_krsc ? Wt.data : nullptr) | (uintptr_t)Y.data | 256"
@@ -678,7 +684,8 @@ def defaults(cp: ConvMatch) -> dict:
         # slow and its conv alone is not: ResNet-50's stem, batch 32, H100 (bench/sweep.py on
         # bench/tasks/conv_stem_cl_*.py): bf16 0.271 ms split against 0.405-0.423 fused, fp32
         # (TF32) 0.288 against 0.586-0.836
-        p = dict(p, vec32=True, fused=cp.in_channels * DT[cp.dtype][2] >= 16)
+        # NOTE: cuDNN's pointwise ops have no hardswish: that epilogue runs after its conv, always
+        p = dict(p, vec32=True, fused=cp.in_channels * DT[cp.dtype][2] >= 16 and not cp.hardswish)
         if cp.facts is not None and cp.facts.cutlass_tiles:    # one launch, the fastest on the GPU: conv_cutlass.py
             n, k, ph, pw = cp.epilogue.inputs[cp.g][0]
             p.update(cutlass=True, ct_tile=conv_cutlass.default_tile(n * ph * pw, k))
@@ -713,7 +720,7 @@ def canonical(cp: ConvMatch, params: dict) -> dict:
             keys = CUDNN_KEYS | TILE_KEYS | {"tiled", "vec32"}
         params = {k: v for k, v in params.items() if k not in (IGEMM_KEYS | conv_cutlass.KEYS) - own}
     out = dict(params, **{k: d[k] for k in keys if k in params})
-    if not cp.channels_last and out.get("fused") and not cp.fusable:   # _path runs it unfused: the same kernel
+    if out.get("fused") and (cp.hardswish or (not cp.channels_last and not cp.fusable)):   # runs unfused: the same kernel
         out["fused"] = False
     return out
 
@@ -786,7 +793,9 @@ def grid(cp: ConvMatch, base: dict) -> list[dict]:
     facts, lib = cp.facts, dict(base, tiled=False)
     if cp.channels_last:   # vec32 matters in half types only (render_cl); the defaults' form first
         split = [dict(base, fused=False, algo=a) for a in range(4)] if _cl_ops(cp) else []
-        if facts.fp32:
+        if cp.hardswish:    # render_cl runs it unfused only
+            fused = []
+        elif facts.fp32:
             tf32 = (True, False) if facts.allow_tf32 else (base["tf32"],)
             fused = [dict(base, fused=True, tf32=t, algo=a) for t in tf32 for a in range(6)]
         else:

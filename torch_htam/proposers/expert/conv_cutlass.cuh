@@ -4,7 +4,7 @@
 // weight KRSC, and makes the one library call.
 namespace ct {
 
-struct Site { int sh, sw, ph, pw, dh, dw; float eps; int relu, tile; };
+struct Site { int sh, sw, ph, pw, dh, dw; float eps; int act, tile; };   // act: HTAM_CONV_ACT_*
 
 // w [K, C, R, S] (KCRS, as a model holds it) copied to w2 [K, R, S, C], the layout CUTLASS's TMA
 // loads read: one thread an element of w2, so the writes are coalesced (the reads stride by R*S).
@@ -79,7 +79,7 @@ inline int run_site(const HtamTensor& X, const HtamTensor& Wt, const HtamTensor&
   HtamConvBn p{X.data, w, vecs[0]->data, vecs[1]->data, vecs[2]->data, vecs[3]->data,
                res != nullptr ? res->data : nullptr, Y.data,
                (int)X.sizes[0], (int)X.sizes[2], (int)X.sizes[3], (int)C, (int)K, (int)Wt.sizes[2], (int)Wt.sizes[3],
-               site.ph, site.pw, site.sh, site.sw, site.dh, site.dw, site.relu, site.tile, site.eps};
+               site.ph, site.pw, site.sh, site.sw, site.dh, site.dw, site.act, site.tile, site.eps};
   return htam_cutlass_conv_bn(&p, stream);
 }
 

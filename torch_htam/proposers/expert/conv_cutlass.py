@@ -2,7 +2,9 @@
 epilogue: the cutlass_conv library (csrc/cutlass_conv.cu, built once per arch), which this module's
 candidates link.
 
-    y = [relu]((conv(x, w) - mean[k]) * gamma[k] * rsqrt(var[k] + eps) + beta[k] [+ residual])
+    y = act((conv(x, w) - mean[k]) * gamma[k] * rsqrt(var[k] + eps) + beta[k] [+ residual])
+
+act: none, ReLU or hardswish (MobileNetV3's, which cuDNN's graph cannot fuse).
 
 Why: render_cl's cuDNN path launches the batch-norm fold and then cudnnBackendExecute, and at a
 served model's small batches the host decides the call (bench/findings.md, #36). This one is one
@@ -72,12 +74,13 @@ def render(cp: ConvMatch, params: dict) -> str:
     vecs = ", ".join(f"&in[{i}]" for i in (bn.mean, bn.gamma, bn.var, bn.beta))
     res = f"&in[{cp.residual}]" if cp.residual is not None else "nullptr"
     site = ", ".join(map(str, (*cp.stride, *cp.padding, *cp.dilation)))
-    site += f", {c_float(bn.eps)}, {int(cp.relu)}, {tile}"
+    act = "HTAM_CONV_ACT_HARDSWISH" if cp.hardswish else "HTAM_CONV_ACT_RELU" if cp.relu else "HTAM_CONV_ACT_NONE"
+    site += f", {c_float(bn.eps)}, {act}, {tile}"
     bm, bn_ = TILES[tile]
+    words = "+ hardswish " if cp.hardswish else "+ ReLU " if cp.relu else ""
     return "\n".join((
         f"// torch_htam expert: CUTLASS sm90 implicit-GEMM conv2d, channels-last, batch norm "
-        f"{'+ residual ' if cp.residual is not None else ''}{'+ ReLU ' if cp.relu else ''}in its epilogue, "
-        f"tile {bm}x{bn_}",
+        f"{'+ residual ' if cp.residual is not None else ''}{words}in its epilogue, tile {bm}x{bn_}",
         PRELUDE, "#include <algorithm>", '#include "cutlass_conv.h"', SITE,
         f"""HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
   if (n_in != {cp.n_inputs} || n_out != 1) return HTAM_ERR_SHAPE;

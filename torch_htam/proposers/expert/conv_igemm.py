@@ -37,6 +37,8 @@ def reason(cp: ConvMatch) -> str | None:
         return "implicit-GEMM conv: channels-last conv2d without groups only"
     if cp.dtype not in ("bfloat16", "float16"):
         return f"implicit-GEMM conv: bf16 / fp16 tensor cores only, not {cp.dtype}"
+    if cp.hardswish:
+        return "implicit-GEMM conv: ReLU or no activation after the conv, not hardswish"
     if cp.in_channels % 32:
         return f"implicit-GEMM conv: input channels a multiple of 32 (a reduction step), not {cp.in_channels}"
     if len({cp.epilogue.inputs[i][1] for i in Fold(cp).present.values()}) > 1:

@@ -48,6 +48,7 @@ class ConvMatch:
     channels_last: bool = False      # x, the residual and y channels-last (conv.render_cl; extract.py says when)
     in_channels: int = 0             # x's C at capture
     batch_ranged: bool = False       # x's batch is the task's served range (render_cl slices it; match_task says)
+    hardswish: bool = False          # channels-last: [batch norm] [+ residual] hardswish (not cuDNN-fusable)
 
     @property
     def n_inputs(self) -> int:
