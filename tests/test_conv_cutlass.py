@@ -92,6 +92,11 @@ def test_a_first_step_proposes_cudnns_default_beside_cutlass(monkeypatch, ready)
         assert len(cands) == 1 and "cuDNN" in heads[0]
     more = ExpertProposer().propose(ProposalRequest(task, "seed", [], n=3, policy=policy_for(task))).candidates
     assert len(more) == 3 + ready and len({c.source for c in more}) == len(more)
+    # a replay proposes only settings its table measured: the alternate where it is among them
+    from torch_htam.proposers.expert.proposer import setting_key
+    first = setting_key(cands[0].params)
+    alone = ExpertProposer(within={first}).propose(ProposalRequest(task, "seed", [], n=1, policy=policy_for(task)))
+    assert [c.params for c in alone.candidates] == [cands[0].params]
 
 
 def test_the_expert_asks_for_the_library_before_the_search_reaches_a_conv(monkeypatch):

@@ -173,12 +173,10 @@ class ExpertProposer:
             sids = list(t.start_order)
         out, skipped, repeats = [], [], 0
         ordered = _ordered(tm, start, sids, parent is None, self.space_limit, self.within)
-        # a first step: the other paths' defaults right after the defaults, beyond request.n
-        alts = [a for a in (t.alternates(region, start) if parent is None else []) if setting_key(a) != setting_key(start)]
-        n = request.n + len(alts)
-        if alts:
-            rest = [(p, g) for p, g in ordered[1:] if setting_key(p) not in {setting_key(a) for a in alts}]
-            ordered = ordered[:1] + [(a, tags_of(tm, a, start, list(TABLE))) for a in alts] + rest
+        extra = 0
+        if parent is None:     # a first step: the other paths' defaults too, beyond request.n
+            ordered, extra = _alternates_first(tm, start, ordered, self.within)
+        n = request.n + extra
         for params, tags in ordered:
             try:
                 src = t.render(region, params)
@@ -200,6 +198,21 @@ class ExpertProposer:
         if skipped:
             note += f"; skipped: {'; '.join(skipped[:2])}"
         return Proposal(out, note)
+
+
+def _alternates_first(tm: TaskMatch, start: dict, ordered: list, within: set[tuple] | None) -> tuple[list, int]:
+    """A first step's (params, tags) with the kind's other paths' defaults (Target.alternates) right
+    after the defaults, and how many they are: the step proposes them beyond its n. Only those
+    `within` the measured settings where a replay gives them."""
+    keys = {setting_key(start)}
+    alts = []
+    for a in tm.target.alternates(tm.region, start):
+        k = setting_key(a)
+        if k not in keys and (within is None or k in within):
+            keys.add(k)
+            alts.append((a, tags_of(tm, a, start, list(TABLE))))
+    rest = [(p, g) for p, g in ordered[1:] if setting_key(p) not in keys]
+    return ordered[:1] + alts + rest, len(alts)
 
 
 def setting_key(params: dict) -> tuple:
