@@ -122,8 +122,8 @@ class ExpertProposer:
         (conv_cutlass.library_ready), so it runs beside torch.compile of the floor. A task no
         target takes is the search's to report."""
         for task in tasks:
-            with contextlib.suppress(Exception):
-                match_task(task, policy_of(task), self.targets)
+            with contextlib.suppress(Exception):     # policy_of of a task no target takes
+                self.libraries_for(task, policy_of(task))
 
     def libraries_for(self, task, policy) -> tuple[str, ...]:
         """Our libraries this task's candidates may link once they are built (() where no target
