@@ -272,6 +272,9 @@ OUR_LIBRARIES = {
     "cutlass_conv": OurLibrary(_cutlass_flags, _cutlass_version,
                                "CUTLASS's headers: pip install --no-deps nvidia-cutlass (or set CUTLASS_PATH)",
                                archs=("sm_90a",)),
+    "cutlass_gemm": OurLibrary(_cutlass_flags, _cutlass_version,
+                               "CUTLASS's headers: pip install --no-deps nvidia-cutlass (or set CUTLASS_PATH)",
+                               archs=("sm_90a",)),
 }
 
 
@@ -334,6 +337,21 @@ def library_in_background(name: str, arch: str) -> None:
                          name=f"htam-library-{name}", daemon=True)
     _BACKGROUND[key] = t
     t.start()
+
+
+def library_here(name: str) -> bool:
+    """Whether our library `name` is built for this machine's GPU (without a GPU: for
+    default_arch()). NOTE: on a GPU machine whose arch it builds for, asking starts its build in
+    the background (minutes) where it is not built: the expert proposes its candidates once it is."""
+    from torch_htam import gpu
+    info, lib = gpu.detect(), OUR_LIBRARIES[name]
+    if info is None:
+        return library_ready(name, default_arch())
+    if lib.archs and info.arch not in lib.archs:
+        return False
+    if not library_ready(name, info.arch) and lib.flags() is not None:
+        library_in_background(name, info.arch)
+    return library_ready(name, info.arch)
 
 
 def libraries_ready(arch: str) -> list[str]:

@@ -29,7 +29,7 @@ class Rule:
 
 # csrc libraries a candidate may link by including their header (build.library builds each once;
 # the candidate's hash covers the library's: build._flags)
-LIBRARIES = ("cudnn_sdpa", "cutlass_conv")
+LIBRARIES = ("cudnn_sdpa", "cutlass_conv", "cutlass_gemm")
 
 RULES: tuple[Rule, ...] = (
     Rule("torch_headers", r"^[ \t]*#[ \t]*include[ \t]*[<\"][^>\"\n]*\b(?:torch|ATen|c10|pybind11|caffe2)/",

@@ -91,15 +91,8 @@ def render(cp: ConvMatch, params: dict) -> str:
 
 
 def library_ready() -> bool:
-    """Whether the library is built for this machine's GPU. NOTE: on a GPU machine, asking starts
-    its build in the background (a minute and a half): the expert proposes it once it is there,
-    and the search does not wait for it."""
-    from torch_htam import build, gpu
-    info, lib = gpu.detect(), build.OUR_LIBRARIES[LIBRARY]
-    if info is None:
-        return build.library_ready(LIBRARY, build.default_arch())
-    if info.arch not in lib.archs:
-        return False
-    if not build.library_ready(LIBRARY, info.arch) and lib.flags() is not None:
-        build.library_in_background(LIBRARY, info.arch)
-    return build.library_ready(LIBRARY, info.arch)
+    """Whether the library is built for this machine's GPU (build.library_here: asking on a GPU
+    machine starts its build in the background, a minute and a half; the search waits for it a
+    while, pipeline.wait_for_libraries)."""
+    from torch_htam import build
+    return build.library_here(LIBRARY)

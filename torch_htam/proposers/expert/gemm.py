@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from torch_htam.proposers.expert import elementwise, host
+from torch_htam.proposers.expert import elementwise, gemm_cutlass, host
 from torch_htam.proposers.expert import gemm_layout as gl
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter, c_float, cuh
 from torch_htam.proposers.expert.ir import (
@@ -260,9 +260,10 @@ def _match_plain(gm, node, policy, operands_checked: bool = False) -> GemmMatch:
     G = _g_expr(prog, g_index)
     fits = (lt_split(gp)[0] is not None or prog.outputs[0].expr == G
             or alpha_split(gp, None, prog.outputs[0].expr)[1] == G)
+    lib = cutlass_reason(gp) is None and gemm_cutlass.library_ready()
     gp.facts = TaskFacts("gemm", gshape[-1], 16 // DT[dt][2], has_transcendental=prog.has_transcendental,
                        low_precision=dt != "float32", allow_tf32=gp.allow_tf32, fp32=dt == "float32",
-                       epilogue_fits_lt=fits)
+                       epilogue_fits_lt=fits, cutlass_tiles=tuple(range(len(gemm_cutlass.TILES))) if lib else ())
     return gp
 
 
@@ -280,24 +281,55 @@ def _strip(e: tuple) -> tuple:
     return e
 
 
+def _bias_of(gp: GemmMatch, e: tuple) -> int | None:
+    """The input index of b where e is G + b with b a vector [N] of the GEMM's dtype (a per-column
+    bias), else None."""
+    prog, G = gp.epilogue, _g_expr(gp.epilogue, gp.g)
+    e = _strip(e)
+    if e[0] != "add":
+        return None
+    x, y = _strip(e[1]), _strip(e[2])
+    for u, v in ((x, y), (y, x)):
+        if u == G and v[0] == "in":
+            acc = prog.accesses[v[1]]
+            shape, dt = prog.inputs[acc.input]
+            if acc.mode == "dims" and acc.dims == (prog.ndim - 1,) and len(shape) == 1 and dt == gp.dtype:
+                return acc.input
+    return None
+
+
+def act_of(gp: GemmMatch) -> tuple[str | None, int | None] | None:
+    """(activation, bias input index or None) where the whole epilogue is act(G [+ bias]) with act
+    one of gemm_cutlass.ACTS or none; None for any other epilogue."""
+    G = _g_expr(gp.epilogue, gp.g)
+    e, act = _strip(gp.epilogue.outputs[0].expr), None
+    if e[0] in gemm_cutlass.ACTS:
+        act, e = e[0], _strip(e[1])
+    if e == G:
+        return act, None
+    b = _bias_of(gp, e)
+    return (act, b) if b is not None else None
+
+
+def cutlass_reason(gp: GemmMatch) -> str | None:
+    """Why the cutlass_gemm library cannot run this region (None: it can, once built)."""
+    act = act_of(gp)
+    n, k = gp.epilogue.inputs[gp.g][0][-1], gp.epilogue.inputs[gp.b][0][-1] if gp.b >= 0 else 0
+    return gemm_cutlass.reason(gp.op, gp.dtype, n, k, act[0] if act else None, gp.lay is not None)
+
+
+def cutlass(gp: GemmMatch, params: dict) -> bool:
+    """Whether params select the CUTLASS library's kernel and this region allows it."""
+    return bool(params.get("cutlass")) and cutlass_reason(gp) is None
+
+
 def lt_split(gp: GemmMatch):
     """(lt epilogue kind, bias input index, remaining expression with the fused part replaced by G).
     Picks the largest sub-expression of the form act(G + bias) that cuBLASLt can fuse."""
     prog, G = gp.epilogue, _g_expr(gp.epilogue, gp.g)
-    D = prog.ndim
 
     def bias_of(e):
-        e = _strip(e)
-        if e[0] != "add":
-            return None
-        x, y = _strip(e[1]), _strip(e[2])
-        for u, v in ((x, y), (y, x)):
-            if u == G and v[0] == "in":
-                acc = prog.accesses[v[1]]
-                shape, dt = prog.inputs[acc.input]
-                if acc.mode == "dims" and acc.dims == (D - 1,) and len(shape) == 1 and dt == gp.dtype:
-                    return acc.input
-        return None
+        return _bias_of(gp, e)
 
     def classify(e):
         s = _strip(e)
@@ -402,6 +434,9 @@ def render(gp: GemmMatch, params: dict) -> str:
     """CUDA source of a GEMM region: gemm_plain (gemm_plain.cuh, sizes read at run time) writes Y,
     then the epilogue kernel runs in place on it where cuBLASLt's epilogue leaves some; the layout
     path (render_layout) where gp.lay is set."""
+    if cutlass(gp, params):
+        act, bias = act_of(gp)
+        return gemm_cutlass.render(gp.a, gp.b, bias, len(gp.epilogue.inputs) - 1, act, int(params.get("cg_tile", 0)))
     if gp.lay is not None:
         return render_layout(gp, params)
     prog = gp.epilogue
@@ -568,16 +603,23 @@ def render_layout(gp: GemmMatch, params: dict) -> str:
 
 # strategy ids whose presence _gemm_tags decides from the params
 TAG_IDS = ("cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores", "bf16_tensor_cores",
-           "vectorized_16b_access")
+           "vectorized_16b_access", "smem_tiling")
+# cuBLASLt's knobs: a move of one leaves CUTLASS's path (refit)
+LT_KEYS = {"lt_epilogue", "algo", "tf32"}
 
 
 def defaults(gp: GemmMatch) -> dict:
     p = elementwise.epilogue_params(16 // DT[gp.dtype][2])
     p.update(lt_epilogue=gp.facts.epilogue_fits_lt, tf32=gp.allow_tf32 and gp.dtype == "float32", algo=0)
+    if gp.facts.cutlass_tiles:     # the activation in the GEMM's epilogue: one launch, y stored once
+        shape = gp.epilogue.inputs[gp.g][0]
+        p.update(cutlass=True, cg_tile=gemm_cutlass.default_tile(math.prod(shape[:-1]), shape[-1]))
     return p
 
 
 def _gemm_tags(params: dict, facts: TaskFacts) -> list[str]:
+    if params.get("cutlass") and facts.cutlass_tiles:
+        return ["smem_tiling", "bf16_tensor_cores"]
     tags = ["cublaslt_epilogue" if params["lt_epilogue"] else "gemm_plus_epilogue_kernel"]
     if params.get("tf32") and facts.allow_tf32 and facts.fp32:
         tags.append("tf32_tensor_cores")
@@ -596,12 +638,37 @@ def retag(gp: GemmMatch, params: dict, tags: list[str]) -> list[str]:
 
 
 def grid(gp: GemmMatch, base: dict) -> list[dict]:
-    """The library's ranked algorithms, with and without cuBLASLt's fused epilogue."""
-    return [dict(base, lt_epilogue=v, algo=algo) for v in (base["lt_epilogue"], not base["lt_epilogue"])
-            for algo in range(8)]
+    """CUTLASS's tiles first where its library runs the region, then cuBLASLt's ranked algorithms,
+    with and without its fused epilogue."""
+    lib = [dict(base, cutlass=True, cg_tile=t) for t in gp.facts.cutlass_tiles]
+    off = {"cutlass": False} if base.get("cutlass") else {}
+    return lib + [dict(base, lt_epilogue=v, algo=algo, **off) for v in (base["lt_epilogue"], not base["lt_epilogue"])
+                  for algo in range(8)]
+
+
+def canonical(gp: GemmMatch, params: dict) -> dict:
+    """CUTLASS's kernel reads its tile only: cuBLASLt's and the epilogue kernel's knobs at their
+    defaults; cuBLASLt's path reads no tile."""
+    if cutlass(gp, params):
+        return dict(defaults(gp), cutlass=True, cg_tile=params.get("cg_tile", 0))
+    return {k: v for k, v in params.items() if k != "cg_tile"}
+
+
+def refit(gp: GemmMatch, p: dict, moved: dict) -> dict:
+    """A move of cuBLASLt's knobs leaves CUTLASS's kernel for cuBLASLt's path."""
+    if LT_KEYS & set(moved) and "cutlass" not in moved and p.get("cutlass"):
+        return dict(p, cutlass=False)
+    return p
+
+
+def alternates(gp: GemmMatch, base: dict) -> list[dict]:
+    """cuBLASLt's default beside CUTLASS's in a task's first step: timing picks per region."""
+    return [canonical(gp, dict(base, cutlass=False))] if base.get("cutlass") else []
 
 
 TARGET = Target(
     kind="gemm", match=match, defaults=defaults, tags=tags, retag=retag,
     start_order=("cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores"),
-    grid=grid, render=lambda gp, params: render(gp, params))
+    grid=grid, render=lambda gp, params: render(gp, params), refit=refit, canonical=canonical,
+    alternates=alternates,
+    libraries=lambda gp: (gemm_cutlass.LIBRARY,) if cutlass_reason(gp) is None else ())

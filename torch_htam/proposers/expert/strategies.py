@@ -33,7 +33,8 @@ class TaskFacts:
     tiled_conv: bool = False           # conv: pwconv.py's tiled kernel runs it (1x1, policy allows)
     nhwc_conv: bool = False            # conv: the NHWC path can run it (conv.nhwc_reason)
     igemm_tiles: tuple = ()            # conv: conv_igemm.IG_TILES where its one-launch kernel runs it
-    cutlass_tiles: tuple = ()          # conv: conv_cutlass.TILES' indices where its library runs it, built
+    cutlass_tiles: tuple = ()          # conv / gemm: conv_cutlass.TILES' / gemm_cutlass.TILES' indices
+                                       # where that library runs the region, built
     cudnn_attention: bool = False      # attention: cuDNN's fused attention can run it, its library built
 
     @property
@@ -83,6 +84,14 @@ def _igemm_tiles(i: TaskFacts) -> list[dict]:
     conv_cutlass import this module)."""
     return ([{"cutlass": True, "ct_tile": t} for t in i.cutlass_tiles]
             + [{"cutlass": False, "igemm": True, "ig_bm": bm, "ig_bn": bn, "ig_stages": st} for bm, bn, st in i.igemm_tiles])
+
+
+def _smem_tiles(i: TaskFacts) -> list[dict]:
+    """smem_tiling's moves: a GEMM's CUTLASS tiles; a conv's library and implicit-GEMM tiles, else
+    the tiled 1x1 kernel's."""
+    if i.kind == "gemm":
+        return [{"cutlass": True, "cg_tile": t} for t in i.cutlass_tiles]
+    return _igemm_tiles(i) if i.igemm_tiles or i.cutlass_tiles else _pw_tiles()
 
 
 EW, ROW, GEMM = frozenset({"elementwise"}), frozenset({"rowwise"}), frozenset({"gemm"})
@@ -143,7 +152,8 @@ TABLE: dict[str, StrategyMoves] = {
     # store (pwconv.py), where cuDNN writes the conv and an epilogue kernel reads it back; a
     # channels-last conv as our implicit-GEMM kernel (conv_igemm.py), one launch with batch norm
     # from the raw statistics, where cuDNN's path launches the fold and then cuDNN
-    "smem_tiling": StrategyMoves(CONV, lambda i: _igemm_tiles(i) if i.igemm_tiles or i.cutlass_tiles else _pw_tiles(),
+    # GEMM: CUTLASS's Hopper GEMM with the activation in its epilogue (gemm_cutlass.py), its tiles
+    "smem_tiling": StrategyMoves(CONV | GEMM, _smem_tiles,
                                  lambda i: i.tiled_conv or bool(i.igemm_tiles) or bool(i.cutlass_tiles)),
     # conv: cuDNN's conv on NHWC copies of x and w (the layout its tensor-core engines run natively;
     # on NCHW it transposes in and out itself), the tiled kernel's epilogue transposing back through

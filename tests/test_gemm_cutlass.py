@@ -1,0 +1,203 @@
+"""CUTLASS's Hopper GEMM with the activation in its epilogue (csrc/cutlass_gemm.cu, the cutlass_gemm
+library) and the candidates that link it (proposers/expert/gemm_cutlass.py): one launch of a bf16
+act(x @ w^T + bias), act ReLU, GELU (erf or tanh) or SiLU.
+
+CPU: where the expert offers it (only where the library is built), why it does not apply, the
+moves that reach and leave it. Build (`build`): the library for sm_90a and candidates linking it.
+GPU (`gpu`): every tile and activation against eager torch, at the captured and other row counts,
+with and without a bias, a weight written in place between calls, a misaligned tensor refused."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from torch_htam import build, paths
+from torch_htam.policy import policy_for
+from torch_htam.proposers.expert import gemm, gemm_cutlass, strategies
+from torch_htam.proposers.expert.proposer import match_task
+from torch_htam.task import Task, TensorSpec
+
+ACTS = {"gelu": nn.GELU(), "gelu_tanh": nn.GELU(approximate="tanh"), "relu": nn.ReLU(), "silu": nn.SiLU(),
+        "none": nn.Identity()}
+
+
+class LinearAct(nn.Module):
+    def __init__(self, k: int, n: int, act: str = "gelu", bias: bool = True):
+        super().__init__()
+        self.fc, self.act = nn.Linear(k, n, bias=bias), ACTS[act]
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+def _region(act="gelu", bias=True, k=64, n=96, rows=(2, 40), dtype=torch.bfloat16, device="cpu"):
+    """(module, its inputs, task, match) of a linear [+ bias] + act region: x [*rows, k]."""
+    torch.manual_seed(0)
+    block = LinearAct(k, n, act, bias).to(device=device, dtype=dtype).eval()
+    x = torch.randn(*rows, k, device=device, dtype=dtype)
+    params = [block.fc.weight] + ([block.fc.bias] if bias else [])
+
+    class Fn(nn.Module):      # the region as the partition cuts it: weight and bias are inputs
+        def forward(self, x, w, b=None):
+            return ACTS[act](F.linear(x, w, b))
+    args = [x, *[p.detach() for p in params]]
+    gm = torch.export.export(Fn(), tuple(args), strict=False).graph_module
+    out = block(x)
+    task = Task("linear_act", "gemm", "", [TensorSpec.of(a) for a in args], [TensorSpec.of(out)], "sig", [],
+                graph=gm)
+    return block, args, task, match_task(task, policy_for(task)).region
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """The library counts as built (the expert asks gemm_cutlass.library_ready)."""
+    monkeypatch.setattr(gemm_cutlass, "library_ready", lambda: True)
+
+
+@pytest.fixture
+def not_built(monkeypatch):
+    monkeypatch.setattr(gemm_cutlass, "library_ready", lambda: False)
+
+
+@pytest.mark.parametrize("act, bias, want", [("gelu", True, "gelu_erf"), ("gelu_tanh", True, "gelu_tanh"),
+                                              ("relu", False, "relu"), ("silu", True, "silu")])
+def test_the_epilogue_is_read_as_an_activation_of_the_biased_product(built, act, bias, want):
+    *_, gp = _region(act, bias)
+    a, b = gemm.act_of(gp)
+    assert a == want and (b is not None) == bias
+    assert gemm.cutlass_reason(gp) is None and gp.facts.cutlass_tiles == (0, 1, 2)
+
+
+def test_it_is_the_default_and_leads_the_grid_once_built(built):
+    *_, gp = _region()
+    base = gemm.defaults(gp)
+    assert base["cutlass"] and gemm.cutlass(gp, base)
+    assert "CUTLASS" in gemm.render(gp, base).splitlines()[0]
+    grid = gemm.grid(gp, base)
+    lib = [p for p in grid if p.get("cutlass")]
+    assert grid[:3] == lib and sorted(p["cg_tile"] for p in lib) == [0, 1, 2]
+    assert len({gemm.render(gp, p) for p in lib}) == 3
+    assert not any(gemm.cutlass(gp, p) for p in grid[3:])              # cuBLASLt's
+    assert all("cuBLASLt" in gemm.render(gp, p).splitlines()[0] for p in grid[3:5])
+    # cuBLASLt's knobs mean nothing on this path; the tile does
+    assert gemm.canonical(gp, dict(base, algo=3, lt_epilogue=False)) == gemm.canonical(gp, base)
+    assert base["cg_tile"] == 2 and gemm.canonical(gp, dict(base, cg_tile=0)) != gemm.canonical(gp, base)
+    assert {"smem_tiling", "bf16_tensor_cores", "fuse_elementwise_chain"} <= set(gemm.tags(gp, base))
+    # a first step times cuBLASLt's default beside it
+    alt, = gemm.alternates(gp, base)
+    assert not gemm.cutlass(gp, alt) and "cuBLASLt" in gemm.render(gp, alt).splitlines()[0]
+
+
+def test_moves_reach_it_and_leave_it(built):
+    *_, gp = _region()
+    moves = strategies.moves_for("smem_tiling", gp.facts)
+    assert moves == [{"cutlass": True, "cg_tile": t} for t in (0, 1, 2)]
+    base = dict(gemm.defaults(gp), cutlass=False)
+    there = gemm.refit(gp, dict(base, **moves[1]), moves[1])
+    assert gemm.cutlass(gp, there) and there["cg_tile"] == 1
+    back = gemm.refit(gp, dict(there, algo=2), {"algo": 2})
+    assert not gemm.cutlass(gp, back)
+
+
+def test_without_the_library_nothing_changes(not_built):
+    *_, gp = _region()
+    assert gp.facts.cutlass_tiles == ()
+    base = gemm.defaults(gp)
+    assert "cutlass" not in base and not any(p.get("cutlass") for p in gemm.grid(gp, base))
+    assert strategies.moves_for("smem_tiling", gp.facts) == []
+    assert gemm.TARGET.libraries(gp) == (gemm_cutlass.LIBRARY,)    # what a build would bring
+
+
+@pytest.mark.parametrize("kw, why", [
+    (dict(act="none"), "activation"),                   # a bias alone: cuBLASLt's epilogue writes it once
+    (dict(dtype=torch.float16), "bf16 only"),
+    (dict(k=60), "multiples of 8"),
+    (dict(n=100), "multiples of 8"),
+])
+def test_it_says_why_it_does_not_apply(built, kw, why):
+    *_, gp = _region(**kw)
+    assert why in gemm.cutlass_reason(gp) and gp.facts.cutlass_tiles == ()
+    assert gemm.TARGET.libraries(gp) == ()
+
+
+def test_the_default_tile_fills_the_sms():
+    assert gemm_cutlass.default_tile(6304, 3072) == 1        # ViT-B's MLP: 50 x 12 tiles of 128x256
+    assert gemm_cutlass.default_tile(4096, 1024) == 0        # 32 x 4 of 128x256 is under a wave
+    assert gemm_cutlass.default_tile(256, 512) == 2
+
+
+# ---- build and GPU ----------------------------------------------------------------------------------
+
+CASES = {"gelu_bias": dict(act="gelu"), "gelu_tanh_bias": dict(act="gelu_tanh"), "relu": dict(act="relu", bias=False),
+         "silu_bias": dict(act="silu"), "gelu_k40": dict(act="gelu", k=40, n=72)}
+needs_cutlass = pytest.mark.skipif(paths.nvcc_path() is None or build.find_cutlass() is None,
+                                   reason="needs nvcc and CUTLASS's headers (pip install --no-deps nvidia-cutlass)")
+
+
+@pytest.mark.build
+@needs_cutlass
+def test_the_library_builds_once_and_candidates_link_it(built, tmp_path, monkeypatch):
+    """csrc/cutlass_gemm.cu builds for sm_90a (minutes), once; not for an arch without wgmma; the
+    proposed sources of each region, every tile, build against it. In a cache of its own."""
+    from compile_check import assert_compiles
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path))
+    so, err = build.library(gemm_cutlass.LIBRARY, "sm_90a")
+    assert so is not None and so.exists(), err
+    assert build.library(gemm_cutlass.LIBRARY, "sm_90a") == (so, "")
+    none, why = build.library(gemm_cutlass.LIBRARY, "sm_80")
+    assert none is None and "sm_90a" in why
+    todo = []
+    for name, kw in CASES.items():
+        *_, gp = _region(**kw)
+        todo += [(f"{name}/{t}", gemm.render(gp, dict(gemm.defaults(gp), cg_tile=t))) for t in gp.facts.cutlass_tiles]
+    assert_compiles(todo)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", CASES)
+def test_each_tile_matches_torch_at_other_row_counts(built, name):
+    """Every tile against eager torch at the captured rows, 1 and 300, judged as verification
+    judges; then the weight written in place is seen by the next call."""
+    from torch_htam.launcher import Kernel
+    from torch_htam.verify import within_torch_error
+    block, _, task, gp = _region(device="cuda", **CASES[name])
+    policy = policy_for(task)
+    params = [dict(gemm.defaults(gp), cg_tile=t) for t in range(len(gemm_cutlass.TILES))]
+    results = build.build_many([gemm.render(gp, p) for p in params])
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+
+    def check(kernel, xs, what):
+        ref = ACTS[CASES[name].get("act", "gelu")](F.linear(*xs))
+        ref64 = ACTS[CASES[name].get("act", "gelu")](F.linear(*[x.double() for x in xs]))
+        out = torch.full_like(ref, float("nan"))
+        assert kernel(xs, [out]) == 0, what
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all(), what
+        assert (torch.allclose(out.float(), ref.float(), atol=policy.atol, rtol=policy.rtol)
+                or within_torch_error(out.float(), ref.float(), ref64, policy.atol, policy.rtol)[0]), what
+
+    for rows in ((2, 40), (1,), (3, 100)):
+        _, xs, *_ = _region(device="cuda", rows=rows, **CASES[name])
+        for p, res in zip(params, results):
+            kernel = Kernel(res.so_path)
+            check(kernel, xs, (p["cg_tile"], rows))
+            xs[1].mul_(-0.5)          # the weight, in place: same pointer, new values
+            check(kernel, xs, (p["cg_tile"], rows, "written in place"))
+
+
+@pytest.mark.gpu
+def test_a_misaligned_tensor_is_refused_not_misread(built):
+    """An input whose data starts 2 bytes past a 16-byte boundary: HTAM_ERR_SHAPE (the runtime runs
+    the original region), not a wrong answer."""
+    from torch_htam.launcher import Kernel
+    _, xs, task, gp = _region(device="cuda")
+    res = build.build_many([gemm.render(gp, gemm.defaults(gp))])[0]
+    assert res.ok, res.error
+    x = xs[0]
+    flat = torch.empty(x.numel() + 1, dtype=x.dtype, device="cuda")
+    shifted = flat[1:].view(x.shape)
+    shifted.copy_(x)
+    y = torch.empty(*x.shape[:-1], xs[1].shape[0], dtype=x.dtype, device="cuda")
+    assert Kernel(res.so_path)([shifted, *xs[1:]], [y]) == 1000

@@ -1,0 +1,43 @@
+// htam_cutlass_gemm: a linear layer and its activation in ONE launch, on CUTLASS 3's Hopper GEMM
+// (cutlass_gemm.cu). A library built once per arch (build.library; sm_90a only), which GEMM
+// candidates link (gemm_cutlass.py): CUTLASS's templates take minutes to compile, the candidate
+// that calls them a second.
+//
+//   y[m, n] = act(sum_k x[m, k] * w[n, k] + bias[n])        (torch: act(F.linear(x, w, bias)))
+//   act: none, ReLU, GELU (erf, torch's default), GELU (tanh), SiLU: HTAM_GEMM_ACT_*
+//
+// x [M, K], w [N, K] and y [M, N] row-major (contiguous), bias [N] or none; all bf16, every pointer
+// 16-byte aligned, K and N multiples of 8; fp32 accumulation and epilogue math. Sizes are run-time
+// arguments: one build serves every shape.
+#pragma once
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// the activation after the bias (HtamGemmAct.act)
+enum { HTAM_GEMM_ACT_NONE = 0, HTAM_GEMM_ACT_RELU = 1, HTAM_GEMM_ACT_GELU = 2, HTAM_GEMM_ACT_GELU_TANH = 3,
+       HTAM_GEMM_ACT_SILU = 4 };
+
+// One call. NOTE: 4 pointers, then 32-bit fields only: no padding, so a call hashes and compares as
+// its bytes (the library's cache of initialized kernels is keyed by them).
+typedef struct {
+  const void *x, *w, *bias;     // bias: nullptr without one
+  void* y;
+  int32_t m, n, k;
+  int32_t act;                  // HTAM_GEMM_ACT_*
+  int32_t tile;                 // HTAM_GEMM_TILES' index: 0 128x128, 1 128x256, 2 64x128 (M x N)
+  int32_t reserved;             // 0
+} HtamGemmAct;
+
+// 0; HTAM_ERR_SHAPE (htam_abi.h) where the kernel cannot run the call (alignment, K or N not a
+// multiple of 8, no such tile or activation, CUTLASS's can_implement); a cudaError_t where the launch
+// failed; 4000 + a cutlass::Status where initializing failed. The first call of a set of pointers
+// and sizes encodes its TMA descriptors (a few us of host time); later ones reuse them: one launch.
+int htam_cutlass_gemm(const HtamGemmAct* p, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
