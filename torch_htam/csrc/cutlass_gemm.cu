@@ -5,6 +5,7 @@
 // result once more. At a ViT-B MLP's first GEMM (M 6304, K 768, N 3072, bf16) under CUDA graphs that
 // is 106 against 69 us for the GEMM alone (H200, docs/experiments/cutlass_gemm/headroom-h200.txt).
 // Here the activation is computed on the accumulators in the epilogue: the result is stored once.
+// GELU with erf (torch's default) or tanh (GELU_taylor: CUTLASS's fast tanh, within bf16's rounding).
 // CUTLASS 3's Hopper GEMM (TMA loads, wgmma, warp-specialized, persistent) does the GEMM as
 // D[M, N] = A[M, K] (row-major) * B[K, N] (column-major: w [N, K] as the model holds it).
 //
@@ -30,8 +31,8 @@
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/epilogue/fusion/sm90_visitor_compute_tma_warpspecialized.hpp>
-#include <cutlass/epilogue/fusion/sm90_visitor_load_tma_warpspecialized.hpp>
+#include <cutlass/epilogue/fusion/operations.hpp>
+#include <cutlass/epilogue/thread/activation.h>
 #include <cutlass/util/packed_stride.hpp>
 
 #include "cutlass_gemm.h"
@@ -40,54 +41,30 @@
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
 
-// ---- the epilogue: act(acc + bias[n]), in fp32 ---------------------------------------------------
-struct ActArgs { int act = HTAM_GEMM_ACT_NONE; };
-
-// act (HTAM_GEMM_ACT_*) on v, as torch computes it in fp32
-CUTLASS_HOST_DEVICE float activate(float v, int act) {
-  switch (act) {
-    case HTAM_GEMM_ACT_RELU: return fmaxf(v, 0.f);
-    case HTAM_GEMM_ACT_GELU: return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
-    case HTAM_GEMM_ACT_GELU_TANH:
-      return 0.5f * v * (1.f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
-    case HTAM_GEMM_ACT_SILU: return v / (1.f + expf(-v));
-    default: return v;
-  }
-}
-
-template <class T>      // T: Array<float, N>, one fragment of the tile
-struct BiasAct {
-  using Arguments = ActArgs;
-  CUTLASS_HOST_DEVICE T operator()(T const& acc, T const& bias, Arguments const& a) const {
-    T out;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < T::kElements; ++i) out[i] = activate(acc[i] + bias[i], a.act);
-    return out;
-  }
-};
-
-// ---- the kernel, per tile shape, cluster and schedule ----------------------------------------------
+// ---- the kernel, per activation, tile shape, cluster and schedule ----------------------------------
 using Elt = cutlass::bfloat16_t;
 constexpr int kAlign = 128 / cutlass::sizeof_bits<Elt>::value;    // 8 values: one 16-byte TMA row
-constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 
-// Cooperative: two consumer warp groups share one tile (M >= 128); pingpong: each its own tile.
-template <class TileShape, class Cluster, bool Cooperative>
+// The epilogue is CUTLASS's own D = act(acc + bias[n]) (bias: a row vector broadcast over M; a null
+// pointer reads as zeros), fp32 math. NOTE: not a visitor tree of ours: one with the same math
+// (Sm90EVT of Sm90Compute over the accumulator and an Sm90RowBroadcast) ran 1.7-2.5x slower at the
+// same tile (H200, docs/experiments/cutlass_gemm/variants-h200.txt).
+// Cooperative: two consumer warp groups share one tile (M >= 128); pingpong: each its own tile, one
+// group's epilogue under the other's main loop.
+template <template <class> class Act, class TileShape, class Cluster, bool Cooperative>
 struct GemmAct {
   using KernelSchedule = std::conditional_t<Cooperative, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                                             cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
   using EpiSchedule = std::conditional_t<Cooperative, cutlass::epilogue::TmaWarpSpecializedCooperative,
                                          cutlass::epilogue::TmaWarpSpecialized>;
-  // the bias: a row vector [N] broadcast over M (a null pointer reads as zeros)
-  using Row = fusion::Sm90RowBroadcast<0, TileShape, Elt, float, Stride<_0, _1, _0>, kAlign>;
-  using EVT = fusion::Sm90EVT<fusion::Sm90Compute<BiasAct, Elt, float, kRound>, fusion::Sm90AccFetch, Row>;
+  using Fusion = fusion::LinCombPerColBiasEltAct<Act, Elt, float, Elt, Elt, float>;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
       void, cutlass::layout::RowMajor, kAlign,
       Elt, cutlass::layout::RowMajor, kAlign,
-      EpiSchedule, EVT>::CollectiveOp;
+      EpiSchedule, Fusion>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -129,9 +106,9 @@ static int sm_count() {
   return counts[dev];
 }
 
-template <class TileShape, class Cluster, bool Cooperative>
+template <template <class> class Act, class TileShape, class Cluster, bool Cooperative>
 static int run_tile(const HtamGemmAct& a, cudaStream_t stream) {
-  using G = typename GemmAct<TileShape, Cluster, Cooperative>::Gemm;
+  using G = typename GemmAct<Act, TileShape, Cluster, Cooperative>::Gemm;
   using K = typename G::GemmKernel;
   static std::unordered_map<HtamGemmAct, std::unique_ptr<G>, CallHash, CallEq> made;
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -147,8 +124,9 @@ static int run_tile(const HtamGemmAct& a, cudaStream_t stream) {
       cutlass::gemm::GemmUniversalMode::kGemm, {a.m, a.n, a.k, 1},
       {static_cast<const Elt*>(a.x), sA, static_cast<const Elt*>(a.w), sB},
       {{}, nullptr, sD, static_cast<Elt*>(a.y), sD}, hw};
-  using RowArgs = typename GemmAct<TileShape, Cluster, Cooperative>::Row::Arguments;
-  args.epilogue.thread = {{}, RowArgs{static_cast<const Elt*>(a.bias)}, ActArgs{a.act}};
+  args.epilogue.thread.alpha = 1.f;
+  args.epilogue.thread.beta = 0.f;
+  args.epilogue.thread.bias_ptr = static_cast<const Elt*>(a.bias);
   auto gemm = std::make_unique<G>();
   // (these schedules need no workspace; one that did would need a buffer kept for graphs' replays)
   if (G::get_workspace_size(args) != 0 || gemm->can_implement(args) != cutlass::Status::kSuccess)
@@ -160,19 +138,28 @@ static int run_tile(const HtamGemmAct& a, cudaStream_t stream) {
   return 0;
 }
 
+// The library's tiles (cutlass_gemm.h), per activation
+template <template <class> class Act>
+static int run_act(const HtamGemmAct& a, cudaStream_t stream) {
+  switch (a.tile) {
+    case 0: return run_tile<Act, Shape<_128, _128, _64>, Shape<_1, _1, _1>, true>(a, stream);
+    case 1: return run_tile<Act, Shape<_128, _256, _64>, Shape<_2, _1, _1>, true>(a, stream);
+    case 2: return run_tile<Act, Shape<_128, _128, _64>, Shape<_1, _1, _1>, false>(a, stream);
+    default: return HTAM_ERR_SHAPE;
+  }
+}
+
 static bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 static int dispatch(const HtamGemmAct& a, cudaStream_t stream) {
   if (a.m <= 0 || a.n <= 0 || a.k <= 0 || a.k % kAlign || a.n % kAlign || a.reserved != 0) return HTAM_ERR_SHAPE;
-  if (a.act < HTAM_GEMM_ACT_NONE || a.act > HTAM_GEMM_ACT_SILU) return HTAM_ERR_SHAPE;
   const void* const ptrs[] = {a.x, a.w, a.y};
   for (const void* p : ptrs)
     if (p == nullptr || !aligned(p)) return HTAM_ERR_SHAPE;
   if (a.bias != nullptr && !aligned(a.bias)) return HTAM_ERR_SHAPE;
-  switch (a.tile) {
-    case 0: return run_tile<Shape<_128, _128, _64>, Shape<_1, _1, _1>, true>(a, stream);
-    case 1: return run_tile<Shape<_128, _256, _64>, Shape<_1, _1, _1>, true>(a, stream);
-    case 2: return run_tile<Shape<_64, _128, _64>, Shape<_1, _1, _1>, false>(a, stream);
+  switch (a.act) {
+    case HTAM_GEMM_ACT_GELU: return run_act<cutlass::epilogue::thread::GELU>(a, stream);
+    case HTAM_GEMM_ACT_GELU_TANH: return run_act<cutlass::epilogue::thread::GELU_taylor>(a, stream);
     default: return HTAM_ERR_SHAPE;
   }
 }

@@ -4,7 +4,8 @@
 // that calls them a second.
 //
 //   y[m, n] = act(sum_k x[m, k] * w[n, k] + bias[n])        (torch: act(F.linear(x, w, bias)))
-//   act: none, ReLU, GELU (erf, torch's default), GELU (tanh), SiLU: HTAM_GEMM_ACT_*
+//   act: GELU with erf (torch's default) or with tanh: HTAM_GEMM_ACT_*. (cuBLASLt's own epilogues
+//   fuse ReLU and tanh GELU too, but not erf GELU: the one Inductor leaves to a kernel of its own.)
 //
 // x [M, K], w [N, K] and y [M, N] row-major (contiguous), bias [N] or none; all bf16, every pointer
 // 16-byte aligned, K and N multiples of 8; fp32 accumulation and epilogue math. Sizes are run-time
@@ -18,8 +19,7 @@ extern "C" {
 #endif
 
 // the activation after the bias (HtamGemmAct.act)
-enum { HTAM_GEMM_ACT_NONE = 0, HTAM_GEMM_ACT_RELU = 1, HTAM_GEMM_ACT_GELU = 2, HTAM_GEMM_ACT_GELU_TANH = 3,
-       HTAM_GEMM_ACT_SILU = 4 };
+enum { HTAM_GEMM_ACT_GELU = 0, HTAM_GEMM_ACT_GELU_TANH = 1 };
 
 // One call. NOTE: 4 pointers, then 32-bit fields only: no padding, so a call hashes and compares as
 // its bytes (the library's cache of initialized kernels is keyed by them).
@@ -28,7 +28,8 @@ typedef struct {
   void* y;
   int32_t m, n, k;
   int32_t act;                  // HTAM_GEMM_ACT_*
-  int32_t tile;                 // HTAM_GEMM_TILES' index: 0 128x128, 1 128x256, 2 64x128 (M x N)
+  int32_t tile;                 // 0: 128x128 cooperative, 1: 128x256 cooperative on 2x1 clusters,
+                                // 2: 128x128 pingpong (M x N of y per tile)
   int32_t reserved;             // 0
 } HtamGemmAct;
 

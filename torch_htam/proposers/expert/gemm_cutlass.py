@@ -2,7 +2,7 @@
 epilogue: the cutlass_gemm library (csrc/cutlass_gemm.cu, built once per arch), which this module's
 candidates link.
 
-    y = act(x @ w^T + bias)        act: ReLU, GELU (erf or tanh) or SiLU
+    y = act(x @ w^T + bias)        act: GELU, with erf (torch's default) or tanh
 
 Why: Inductor (default and reduce-overhead modes) runs cuBLAS's GEMM with the bias, then a Triton
 kernel for the activation, which reads and writes the [M, N] result again; cuBLASLt's own epilogues
@@ -22,11 +22,10 @@ from torch_htam.proposers.expert.cuda import PRELUDE, cuh
 
 LIBRARY = "cutlass_gemm"
 SITE = cuh("gemm_cutlass.cuh")
-# the library's tiles (M rows x N columns of y), by their cg_tile index (cutlass_gemm.h)
-TILES = ((128, 128), (128, 256), (64, 128))
+# the library's tiles (M rows x N columns of y, the schedule), by their cg_tile index (cutlass_gemm.h)
+TILES = ((128, 128, "cooperative"), (128, 256, "cooperative, 2x1 clusters"), (128, 128, "pingpong"))
 # the IR's activations the epilogue computes, and the library's names for them
-ACTS = {"relu": "HTAM_GEMM_ACT_RELU", "gelu_erf": "HTAM_GEMM_ACT_GELU", "gelu_tanh": "HTAM_GEMM_ACT_GELU_TANH",
-        "silu": "HTAM_GEMM_ACT_SILU"}
+ACTS = {"gelu_erf": "HTAM_GEMM_ACT_GELU", "gelu_tanh": "HTAM_GEMM_ACT_GELU_TANH"}
 KEYS = {"cutlass", "cg_tile"}
 # an H100's / H200's SMs: a tile shape whose tiles fill them at least once is worth its size
 SMS = 132
@@ -41,20 +40,19 @@ def reason(op: str, dtype: str, n: int, k: int, act: str | None, laid_out: bool)
     if dtype != "bfloat16":
         return f"CUTLASS GEMM: bf16 only, not {dtype}"
     if act not in ACTS:
-        return "CUTLASS GEMM: the epilogue must be an activation (ReLU, GELU, SiLU) of x @ w^T [+ bias]"
+        return "CUTLASS GEMM: the epilogue must be a GELU (erf or tanh) of x @ w^T [+ bias]"
     if n % 8 or k % 8:
         return "CUTLASS GEMM: K and N multiples of 8 (16-byte TMA rows)"
     return None
 
 
 def default_tile(m: int, n: int) -> int:
-    """The cg_tile for y [m, n]: the largest tile (128x256, then 128x128) whose tiles fill the SMs
-    once, else 64x128 (more, smaller tiles for a small GEMM)."""
-    for t in (1, 0):
-        bm, bn = TILES[t]
-        if bn <= n and -(-m // bm) * -(-n // bn) >= SMS:
-            return t
-    return 2
+    """The cg_tile for y [m, n]: 128x256 where its tiles divide N and fill the SMs once, else
+    128x128 (cooperative). On the H200 (docs/experiments/cutlass_gemm/variants-h200.txt) 128x256 on
+    2x1 clusters was the fastest at [6304, 768 -> 3072], level with 128x128 pingpong at
+    [4096, 1024 -> 4096], and 128x128 cooperative at [100352, 96 -> 384] (N not a multiple of 256)."""
+    bm, bn, _ = TILES[1]
+    return 1 if n % bn == 0 and -(-m // bm) * (n // bn) >= SMS else 0
 
 
 def render(x: int, w: int, bias: int | None, n_in: int, act: str, tile: int) -> str:
@@ -62,11 +60,11 @@ def render(x: int, w: int, bias: int | None, n_in: int, act: str, tile: int) -> 
     input indices; n_in: the region's inputs), one library call."""
     if not 0 <= tile < len(TILES):
         raise ValueError(f"CUTLASS GEMM: no tile {tile}; one of 0-{len(TILES) - 1} ({TILES})")
-    bm, bn = TILES[tile]
+    bm, bn, how = TILES[tile]
     b = f"&in[{bias}]" if bias is not None else "nullptr"
     return "\n".join((
         f"// torch_htam expert: CUTLASS sm90 GEMM, linear {'+ bias ' if bias is not None else ''}+ {act} "
-        f"in its epilogue, tile {bm}x{bn}",
+        f"in its epilogue, tile {bm}x{bn} {how}",
         PRELUDE, '#include "cutlass_gemm.h"', SITE,
         f"""HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
   if (n_in != {n_in} || n_out != 1) return HTAM_ERR_SHAPE;
