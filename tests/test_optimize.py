@@ -217,6 +217,12 @@ def test_a_task_is_searched_again_once_a_library_its_kernels_link_is_built(tmp_p
     def entry(libs):
         return SimpleNamespace(record={"provenance": {} if libs is None else {"libraries": libs}})
 
+    # a task whose library still builds is searched after the others (search_many's later)
+    from torch_htam import build
+    monkeypatch.setattr(build, "libraries_building", lambda: ["cutlass_conv"])
+    assert pipeline._awaits_library(conv) and not pipeline._awaits_library(rows)
+    monkeypatch.setattr(build, "libraries_building", lambda: [])
+    assert not pipeline._awaits_library(conv)
     ready = {"cudnn_sdpa", "cutlass_conv"}
     assert r.grown(conv, entry([]), ready) and r.grown(conv, entry(["cudnn_sdpa"]), ready)
     assert not r.grown(conv, entry(["cutlass_conv"]), ready)       # built when it was searched

@@ -179,6 +179,17 @@ def test_search_many_orders_by_weight_reports_progress_and_survives_errors():
     assert any(line.startswith("[htam 3/3] small") for line in out)
 
 
+def test_tasks_awaiting_a_library_come_after_the_others():
+    """later(task): a task whose library still builds is searched after every other task, the
+    heaviest first within each group."""
+    tasks = [make_task("small", nbytes=1e5), make_task("big", nbytes=1e9), make_task("mid", nbytes=1e7),
+             make_task("waits", nbytes=1e10)]
+    seen = []
+    search_many(tasks, FakeProposer, FakeEvaluator(default=1.1), HTG.from_prior(), SearchConfig(steps=1),
+                progress=False, on_result=lambda t, r: seen.append(t.name), later=lambda t: t.name == "waits")
+    assert seen == ["big", "mid", "small", "waits"]
+
+
 def test_search_many_shares_the_time_budget():
     tasks = [make_task(f"t{i}") for i in range(3)]
     results = search_many(tasks, FakeProposer, FakeEvaluator(default=1.1), HTG.from_prior(),

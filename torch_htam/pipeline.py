@@ -191,7 +191,20 @@ def _search(tasks, cfg: OptimizeConfig, gpu, cache, searched: SearchedLog, evalu
     keep = _Keeper(evaluator, cache, searched, cfg, gpu.name, lambda: memory.save(memory_path), phase,
                    confirmed=dict(incumbents or {}))
     return search_many(tasks, lambda: proposer, evaluator, memory, scfg, trajectory_dir=traj,
-                       progress=cfg.progress, time_budget_s=budget_s, on_result=keep, weights=weights)
+                       progress=cfg.progress, time_budget_s=budget_s, on_result=keep, weights=weights,
+                       later=_awaits_library)
+
+
+def _awaits_library(task) -> bool:
+    """Whether a library of ours that the task's expert candidates link is still building (the
+    search then reaches the task after the others)."""
+    from torch_htam import build
+    building = set(build.libraries_building())
+    if not building:
+        return False
+    from torch_htam.policy import policy_for
+    from torch_htam.proposers.expert import ExpertProposer
+    return bool(building & set(ExpertProposer().libraries_for(task, policy_for(task))))
 
 
 def _provenance(entry) -> dict:

@@ -584,8 +584,12 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
                 config: SearchConfig | None = None, progress: bool | Progress = True,
                 trajectory_dir: str | Path | None = None, time_budget_s: float | None = None,
                 on_result: Callable | None = None, weights: dict[str, float] | None = None,
-                gpu=None) -> dict[str, SearchResult]:
+                gpu=None, later: Callable[[Any], bool] | None = None) -> dict[str, SearchResult]:
     """Search every task, the heaviest weight first; {signature: SearchResult}.
+
+    later(task): True puts the task after all others (each group the heaviest first): optimize
+    passes "a library its candidates link is still building", so the cover pass reaches it once
+    the library is there (a task searched before gets none of its kernels).
 
     weights: {signature: relative weight}: what a kernel could save on the task (optimize passes
     headroom_weights), by default its roofline estimate (eager_weight). time_budget_s is shared out
@@ -619,7 +623,7 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
     cfg = config or SearchConfig()
     gpu = gpu or _gpu_of(evaluator)
     weight = {t.signature: (weights or {}).get(t.signature, eager_weight(t, gpu)) for t in tasks}
-    order = sorted(tasks, key=lambda t: -weight[t.signature])
+    order = sorted(tasks, key=lambda t: (bool(later and later(t)), -weight[t.signature]))
     show = progress if isinstance(progress, Progress) else (
         Progress(len(order), cfg.steps, time_budget_s) if progress else None)
     passes = _Passes(cfg, evaluator, weight, show, on_result, time_budget_s,
