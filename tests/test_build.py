@@ -339,6 +339,40 @@ def test_a_library_another_call_finished_after_this_one_looked_is_not_built_agai
     assert build._BUILDING == {}
 
 
+PARTS_SRC = """#include <cuda_runtime.h>
+#include "htam_library.h"
+static __device__ float half_of(float x) { return 0.5f * x; }    // in every part: internal linkage
+#if HTAM_MINE(0)
+__global__ void halve(float* x) { x[threadIdx.x] = half_of(x[threadIdx.x]); }
+extern "C" int first() { return 10; }
+#endif
+#if HTAM_MINE(1)
+extern "C" int second() { BROKEN }
+#endif
+#if HTAM_ENTRY_PART
+extern "C" int entry() { return 1; }
+#endif
+"""
+
+
+@pytest.mark.build
+@needs_nvcc
+def test_a_library_in_parts_links_every_part_and_a_failing_part_says_why(tmp_path):
+    """A library source compiled in parts (OurLibrary.parts, htam_library.h): each part defines its
+    share, the .so has them all; where a part fails, the error is that part's nvcc message and no
+    .so is left."""
+    flags = [*build.BASE_FLAGS, *build.arch_flags("sm_90a"), f"-I{build.CSRC}"]
+    nvcc = str(paths.nvcc_path())
+    so = tmp_path / "parts.so"
+    assert build._compile_parts(PARTS_SRC.replace("BROKEN", "return 20;"), so, flags, 2, nvcc, 300.0, 0) == ""
+    lib = ctypes.CDLL(str(so))
+    assert (lib.first(), lib.second(), lib.entry()) == (10, 20, 1)
+    bad = tmp_path / "bad.so"
+    err = build._compile_parts(PARTS_SRC, bad, flags, 2, nvcc, 300.0, 0)
+    assert err.startswith("nvcc failed") and "BROKEN" in err and not bad.exists()
+    assert list(tmp_path.glob(".parts-*")) == []
+
+
 # nvcc 13's ptxas -v report for two kernels (build.REPORT_FLAGS), as a build log keeps it
 PTXAS_LOG = """ptxas info    : 0 bytes gmem
 ptxas info    : Compiling entry function '_Z3bigILi300EEvPf' for 'sm_90a'

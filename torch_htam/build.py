@@ -242,6 +242,9 @@ class OurLibrary:
     version: Callable[[], Path | None]
     missing: str
     archs: tuple[str, ...] = ()
+    # translation units: the source compiled once per part (-DHTAM_PART=p -DHTAM_PARTS=n), on as
+    # many cores, each part defining its share of the kernels (the source says which), then linked
+    parts: int = 1
 
 
 def _cudnn_sdpa_flags() -> list[str] | None:
@@ -271,10 +274,12 @@ OUR_LIBRARIES = {
     # CUTLASS 3's sm90 collectives (wgmma, TMA): Hopper only
     "cutlass_conv": OurLibrary(_cutlass_flags, _cutlass_version,
                                "CUTLASS's headers: pip install --no-deps nvidia-cutlass (or set CUTLASS_PATH)",
-                               archs=("sm_90a",)),
+                               archs=("sm_90a",), parts=3),
+    # NOTE: in parts: one translation unit took 70-85 s on the 2-core CPU machine and was not built
+    # yet after a minute of the search on an H200 host beside torch.compile (zoo-20261130-090205)
     "cutlass_gemm": OurLibrary(_cutlass_flags, _cutlass_version,
                                "CUTLASS's headers: pip install --no-deps nvidia-cutlass (or set CUTLASS_PATH)",
-                               archs=("sm_90a",)),
+                               archs=("sm_90a",), parts=3),
 }
 
 
@@ -284,7 +289,8 @@ def library_hash(name: str, arch: str) -> str:
     dependency's version header. 20 hex chars. NOTE: cached: the expert asks on every match
     (library_ready), and the search finds its inputs the same for the process."""
     h = hashlib.sha256()
-    for part in (CSRC / f"{name}.cu", CSRC / f"{name}.h", ABI_HEADER, OUR_LIBRARIES[name].version()):
+    for part in (CSRC / f"{name}.cu", CSRC / f"{name}.h", CSRC / "htam_library.h", ABI_HEADER,
+                 OUR_LIBRARIES[name].version()):
         h.update(part.read_bytes() if part is not None and part.exists() else b"-")
     h.update(f"{arch}\0{paths.nvcc_version()}\0{' '.join(_soname('<hash>.so'))}".encode())
     return h.hexdigest()[:20]
@@ -321,11 +327,54 @@ def library(name: str, arch: str, timeout_s: float = LIBRARY_TIMEOUT_S, nice: in
     with _LIBRARY_LOCK:
         if not so.exists():
             src = (CSRC / f"{name}.cu").read_text()
-            job = _Job(0, src, so.stem, [*_flags(src, arch), f"-I{CSRC}", *extra, *_soname(so.name)])
-            res = _compile([job], so.parent, nvcc, 1, timeout_s, nice=nice)[so.stem]
-            if not res.ok:
-                return None, f"building the {name} library failed: {res.error}"
+            flags = [*_flags(src, arch), f"-I{CSRC}", *extra]
+            if lib.parts > 1:
+                err = _compile_parts(src, so, flags, lib.parts, nvcc, timeout_s, nice)
+            else:
+                res = _compile([_Job(0, src, so.stem, [*flags, *_soname(so.name)])], so.parent, nvcc, 1,
+                               timeout_s, nice=nice)[so.stem]
+                err = res.error if not res.ok else ""
+            if err:
+                return None, f"building the {name} library failed: {err}"
     return so, ""
+
+
+def _compile_parts(src: str, so: Path, flags: list[str], parts: int, nvcc: str, timeout_s: float,
+                   nice: int) -> str:
+    """so built from src in `parts` objects compiled at once (-DHTAM_PART=p -DHTAM_PARTS=parts),
+    then linked; "" or why not (the failing part's log)."""
+    ninja = _ninja()
+    if ninja is None:
+        return "ninja not found: pip install ninja"
+    tmp = so.parent / f".parts-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        (tmp / "lib.cu").write_text(src)
+        (tmp / "build.ninja").write_text(_parts_ninja(nvcc, flags, parts, so.name))
+        stopped, out = _run_ninja(ninja, tmp / "build.ninja", min(parts, os.cpu_count() or 1), timeout_s, nice=nice)
+        if (tmp / so.name).exists() and not stopped:
+            os.replace(tmp / so.name, so)
+            return ""
+        logs = [f for f in sorted(tmp.glob("*.log")) if f.stat().st_size]
+        detail = "\n".join(f.read_text(errors="replace")[-4000:] for f in logs) or out[-4000:]
+        return (f"timed out after {timeout_s:g} s" if stopped else "nvcc failed") + f": {detail}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _parts_ninja(nvcc: str, flags: list[str], parts: int, so_name: str) -> str:
+    """One compile edge a part (-c, its own log), one link edge: the library's build.ninja."""
+    q = lambda fs: _ninja_value(" ".join(_shell_quote(f) for f in fs))     # noqa: E731
+    compile_flags = [f for f in flags if f != "-shared"]
+    lines = ["ninja_required_version = 1.3", f"nvcc = {_ninja_value(_shell_quote(nvcc))}", "",
+             "rule obj", "  command = $nvcc $flags -c $in -o $out > $log 2>&1", "",
+             "rule link", "  command = $nvcc $flags $in -o $out > $log 2>&1", ""]
+    for p in range(parts):
+        lines += [f"build part{p}.o: obj lib.cu", f"  flags = {q([*compile_flags, f'-DHTAM_PART={p}', f'-DHTAM_PARTS={parts}'])}",
+                  f"  log = part{p}.log"]
+    objs = " ".join(f"part{p}.o" for p in range(parts))
+    lines += [f"build {so_name}: link {objs}", f"  flags = {q([*flags, *_soname(so_name)])}", "  log = link.log"]
+    return "\n".join(lines) + "\n"
 
 
 def library_in_background(name: str, arch: str) -> None:

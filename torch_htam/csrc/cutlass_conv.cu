@@ -38,6 +38,7 @@
 #include <cutlass/epilogue/fusion/sm90_visitor_load_tma_warpspecialized.hpp>
 
 #include "cutlass_conv.h"
+#include "htam_library.h"
 #include "htam_abi.h"
 
 using namespace cute;
@@ -47,7 +48,7 @@ namespace fusion = cutlass::epilogue::fusion;
 struct BnArgs { float eps = 1e-5f; int act = HTAM_CONV_ACT_RELU; };
 
 // act (HTAM_CONV_ACT_*) on v, in fp32. hardswish as torch writes it: x * min(max(x + 3, 0), 6) / 6
-CUTLASS_HOST_DEVICE float activate(float v, int act) {
+CUTLASS_HOST_DEVICE static float activate(float v, int act) {
   if (act == HTAM_CONV_ACT_RELU) return fmaxf(v, 0.f);
   if (act == HTAM_CONV_ACT_HARDSWISH) return v * fminf(fmaxf(v + 3.f, 0.f), 6.f) * (1.f / 6.f);
   return v;
@@ -123,17 +124,6 @@ struct ConvBn {
 // ---- the cache of initialized kernels, keyed by a call's bytes (cutlass_conv.h: no padding) ----
 static_assert(sizeof(HtamConvBn) == 8 * sizeof(void*) + 16 * 4, "HtamConvBn must have no padding");
 
-struct CallHash {
-  size_t operator()(const HtamConvBn& k) const {
-    const unsigned char* p = reinterpret_cast<const unsigned char*>(&k);
-    size_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof(HtamConvBn); ++i) h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-  }
-};
-struct CallEq {
-  bool operator()(const HtamConvBn& a, const HtamConvBn& b) const { return std::memcmp(&a, &b, sizeof(a)) == 0; }
-};
 // A served model meets a set of pointers per site and batch size; past this many a call is
 // initialized anew each time (correct, ~5 us more host time)
 constexpr size_t kMaxCached = 4096;
@@ -143,7 +133,7 @@ template <class TileShape, bool Residual>
 static int run_tile(const HtamConvBn& a, cudaStream_t stream, bool cached) {
   using K = ConvBn<TileShape, Residual>;
   using Conv = typename K::Conv;
-  static std::unordered_map<HtamConvBn, std::unique_ptr<Conv>, CallHash, CallEq> made;
+  static std::unordered_map<HtamConvBn, std::unique_ptr<Conv>, BytesHash<HtamConvBn>, BytesEq<HtamConvBn>> made;
   std::lock_guard<std::mutex> lock(g_mutex);
   if (cached) {
     auto it = made.find(a);
@@ -185,26 +175,52 @@ static int run_tile(const HtamConvBn& a, cudaStream_t stream, bool cached) {
   return 0;
 }
 
-template <bool Residual>
-static int run_any(const HtamConvBn& a, cudaStream_t stream, bool cached) {
-  switch (a.tile) {
-    case 0: return run_tile<Shape<_128, _64, Shape<_64>>, Residual>(a, stream, cached);
-    case 1: return run_tile<Shape<_128, _128, Shape<_64>>, Residual>(a, stream, cached);
-    case 2: return run_tile<Shape<_64, _64, Shape<_64>>, Residual>(a, stream, cached);
-    default: return HTAM_ERR_SHAPE;
-  }
-}
+// ---- the kernels, one function each (htam_library.h: a part of the build defines its share) ---
+
+using Tile128x64 = Shape<_128, _64, Shape<_64>>;
+using Tile128x128 = Shape<_128, _128, Shape<_64>>;
+using Tile64x64 = Shape<_64, _64, Shape<_64>>;
+using KernelFn = int (*)(const HtamConvBn&, cudaStream_t, bool);
+
+// kernel i: [residual][tile] (cutlass_conv.h's tile field; res != nullptr)
+HTAM_HIDDEN int conv_k0(const HtamConvBn& a, cudaStream_t s, bool cached);
+HTAM_HIDDEN int conv_k1(const HtamConvBn& a, cudaStream_t s, bool cached);
+HTAM_HIDDEN int conv_k2(const HtamConvBn& a, cudaStream_t s, bool cached);
+HTAM_HIDDEN int conv_k3(const HtamConvBn& a, cudaStream_t s, bool cached);
+HTAM_HIDDEN int conv_k4(const HtamConvBn& a, cudaStream_t s, bool cached);
+HTAM_HIDDEN int conv_k5(const HtamConvBn& a, cudaStream_t s, bool cached);
+#if HTAM_MINE(0)
+int conv_k0(const HtamConvBn& a, cudaStream_t s, bool c) { return run_tile<Tile128x64, false>(a, s, c); }
+#endif
+#if HTAM_MINE(1)
+int conv_k1(const HtamConvBn& a, cudaStream_t s, bool c) { return run_tile<Tile128x128, false>(a, s, c); }
+#endif
+#if HTAM_MINE(2)
+int conv_k2(const HtamConvBn& a, cudaStream_t s, bool c) { return run_tile<Tile64x64, false>(a, s, c); }
+#endif
+#if HTAM_MINE(3)
+int conv_k3(const HtamConvBn& a, cudaStream_t s, bool c) { return run_tile<Tile128x64, true>(a, s, c); }
+#endif
+#if HTAM_MINE(4)
+int conv_k4(const HtamConvBn& a, cudaStream_t s, bool c) { return run_tile<Tile128x128, true>(a, s, c); }
+#endif
+#if HTAM_MINE(5)
+int conv_k5(const HtamConvBn& a, cudaStream_t s, bool c) { return run_tile<Tile64x64, true>(a, s, c); }
+#endif
+
+#if HTAM_ENTRY_PART
+static const KernelFn kKernels[2][3] = {{conv_k0, conv_k1, conv_k2}, {conv_k3, conv_k4, conv_k5}};
 
 static bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 static int dispatch(const HtamConvBn& a, cudaStream_t stream, bool cached) {
   if (a.c % kAlign || a.k % kAlign) return HTAM_ERR_SHAPE;
-  if (a.act < HTAM_CONV_ACT_NONE || a.act > HTAM_CONV_ACT_HARDSWISH) return HTAM_ERR_SHAPE;
+  if (a.act < HTAM_CONV_ACT_NONE || a.act > HTAM_CONV_ACT_HARDSWISH || a.tile < 0 || a.tile > 2) return HTAM_ERR_SHAPE;
   const void* const ptrs[] = {a.x, a.w, a.mean, a.gamma, a.var, a.beta, a.y};
   for (const void* p : ptrs)
     if (p == nullptr || !aligned(p)) return HTAM_ERR_SHAPE;
   if (a.res != nullptr && !aligned(a.res)) return HTAM_ERR_SHAPE;
-  return a.res ? run_any<true>(a, stream, cached) : run_any<false>(a, stream, cached);
+  return kKernels[a.res != nullptr][a.tile](a, stream, cached);
 }
 
 // ---- C entry points ------------------------------------------------------------------------------
@@ -220,3 +236,4 @@ extern "C" __attribute__((visibility("default"))) double htam_cutlass_conv_bn_ho
   const auto dt = std::chrono::steady_clock::now() - t0;
   return std::chrono::duration<double, std::nano>(dt).count() / calls;
 }
+#endif

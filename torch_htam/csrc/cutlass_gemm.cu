@@ -36,6 +36,7 @@
 #include <cutlass/util/packed_stride.hpp>
 
 #include "cutlass_gemm.h"
+#include "htam_library.h"
 #include "htam_abi.h"
 
 using namespace cute;
@@ -81,17 +82,6 @@ struct GemmAct {
 // ---- the cache of initialized kernels, keyed by a call's bytes (cutlass_gemm.h: no padding) ----
 static_assert(sizeof(HtamGemmAct) == 4 * sizeof(void*) + 6 * 4, "HtamGemmAct must have no padding");
 
-struct CallHash {
-  size_t operator()(const HtamGemmAct& k) const {
-    const unsigned char* p = reinterpret_cast<const unsigned char*>(&k);
-    size_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof(HtamGemmAct); ++i) h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-  }
-};
-struct CallEq {
-  bool operator()(const HtamGemmAct& a, const HtamGemmAct& b) const { return std::memcmp(&a, &b, sizeof(a)) == 0; }
-};
 // A served model meets a set of pointers per site and batch size; past this many a call is
 // initialized anew each time (correct, a few us more host time)
 constexpr size_t kMaxCached = 4096;
@@ -110,7 +100,7 @@ template <template <class> class Act, class TileShape, class Cluster, bool Coope
 static int run_tile(const HtamGemmAct& a, cudaStream_t stream) {
   using G = typename GemmAct<Act, TileShape, Cluster, Cooperative>::Gemm;
   using K = typename G::GemmKernel;
-  static std::unordered_map<HtamGemmAct, std::unique_ptr<G>, CallHash, CallEq> made;
+  static std::unordered_map<HtamGemmAct, std::unique_ptr<G>, BytesHash<HtamGemmAct>, BytesEq<HtamGemmAct>> made;
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = made.find(a);
   if (it != made.end()) return it->second->run(stream) == cutlass::Status::kSuccess ? 0 : (int)cudaGetLastError();
@@ -138,33 +128,58 @@ static int run_tile(const HtamGemmAct& a, cudaStream_t stream) {
   return 0;
 }
 
-// The library's tiles (cutlass_gemm.h), per activation
-template <template <class> class Act>
-static int run_act(const HtamGemmAct& a, cudaStream_t stream) {
-  switch (a.tile) {
-    case 0: return run_tile<Act, Shape<_128, _128, _64>, Shape<_1, _1, _1>, true>(a, stream);
-    case 1: return run_tile<Act, Shape<_128, _256, _64>, Shape<_2, _1, _1>, true>(a, stream);
-    case 2: return run_tile<Act, Shape<_128, _128, _64>, Shape<_1, _1, _1>, false>(a, stream);
-    default: return HTAM_ERR_SHAPE;
-  }
-}
+// ---- the kernels, one function each (htam_library.h: a part of the build defines its share) ---
+
+using Tile128 = Shape<_128, _128, _64>;
+using Tile256 = Shape<_128, _256, _64>;
+using One = Shape<_1, _1, _1>;
+using Two = Shape<_2, _1, _1>;
+namespace act = cutlass::epilogue::thread;
+using KernelFn = int (*)(const HtamGemmAct&, cudaStream_t);
+
+// kernel i: [activation][tile] (cutlass_gemm.h's act and tile fields)
+HTAM_HIDDEN int gemm_k0(const HtamGemmAct& a, cudaStream_t s);
+HTAM_HIDDEN int gemm_k1(const HtamGemmAct& a, cudaStream_t s);
+HTAM_HIDDEN int gemm_k2(const HtamGemmAct& a, cudaStream_t s);
+HTAM_HIDDEN int gemm_k3(const HtamGemmAct& a, cudaStream_t s);
+HTAM_HIDDEN int gemm_k4(const HtamGemmAct& a, cudaStream_t s);
+HTAM_HIDDEN int gemm_k5(const HtamGemmAct& a, cudaStream_t s);
+#if HTAM_MINE(0)
+int gemm_k0(const HtamGemmAct& a, cudaStream_t s) { return run_tile<act::GELU, Tile128, One, true>(a, s); }
+#endif
+#if HTAM_MINE(1)
+int gemm_k1(const HtamGemmAct& a, cudaStream_t s) { return run_tile<act::GELU, Tile256, Two, true>(a, s); }
+#endif
+#if HTAM_MINE(2)
+int gemm_k2(const HtamGemmAct& a, cudaStream_t s) { return run_tile<act::GELU, Tile128, One, false>(a, s); }
+#endif
+#if HTAM_MINE(3)
+int gemm_k3(const HtamGemmAct& a, cudaStream_t s) { return run_tile<act::GELU_taylor, Tile128, One, true>(a, s); }
+#endif
+#if HTAM_MINE(4)
+int gemm_k4(const HtamGemmAct& a, cudaStream_t s) { return run_tile<act::GELU_taylor, Tile256, Two, true>(a, s); }
+#endif
+#if HTAM_MINE(5)
+int gemm_k5(const HtamGemmAct& a, cudaStream_t s) { return run_tile<act::GELU_taylor, Tile128, One, false>(a, s); }
+#endif
+
+#if HTAM_ENTRY_PART
+static const KernelFn kKernels[2][3] = {{gemm_k0, gemm_k1, gemm_k2}, {gemm_k3, gemm_k4, gemm_k5}};
 
 static bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 static int dispatch(const HtamGemmAct& a, cudaStream_t stream) {
   if (a.m <= 0 || a.n <= 0 || a.k <= 0 || a.k % kAlign || a.n % kAlign || a.reserved != 0) return HTAM_ERR_SHAPE;
+  if (a.act < HTAM_GEMM_ACT_GELU || a.act > HTAM_GEMM_ACT_GELU_TANH || a.tile < 0 || a.tile > 2) return HTAM_ERR_SHAPE;
   const void* const ptrs[] = {a.x, a.w, a.y};
   for (const void* p : ptrs)
     if (p == nullptr || !aligned(p)) return HTAM_ERR_SHAPE;
   if (a.bias != nullptr && !aligned(a.bias)) return HTAM_ERR_SHAPE;
-  switch (a.act) {
-    case HTAM_GEMM_ACT_GELU: return run_act<cutlass::epilogue::thread::GELU>(a, stream);
-    case HTAM_GEMM_ACT_GELU_TANH: return run_act<cutlass::epilogue::thread::GELU_taylor>(a, stream);
-    default: return HTAM_ERR_SHAPE;
-  }
+  return kKernels[a.act][a.tile](a, stream);
 }
 
 // ---- C entry point -------------------------------------------------------------------------------
 extern "C" __attribute__((visibility("default"))) int htam_cutlass_gemm(const HtamGemmAct* p, cudaStream_t stream) {
   return dispatch(*p, stream);
 }
+#endif

@@ -29,7 +29,7 @@ template <class B, bool HasBias>
 static int run_builtin(const HtamGemmAct& a, cudaStream_t stream) {
   using G = typename B::Gemm;
   using K = typename G::GemmKernel;
-  static std::unordered_map<HtamGemmAct, std::unique_ptr<G>, CallHash, CallEq> made;
+  static std::unordered_map<HtamGemmAct, std::unique_ptr<G>, BytesHash<HtamGemmAct>, BytesEq<HtamGemmAct>> made;
   auto it = made.find(a);
   if (it != made.end()) return it->second->run(stream) == cutlass::Status::kSuccess ? 0 : (int)cudaGetLastError();
   const auto sA = cutlass::make_cute_packed_stride(typename K::StrideA{}, make_shape(a.m, a.k, 1));
