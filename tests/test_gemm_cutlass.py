@@ -203,3 +203,27 @@ def test_a_misaligned_tensor_is_refused_not_misread(built):
     shifted.copy_(x)
     y = torch.empty(*x.shape[:-1], xs[1].shape[0], dtype=x.dtype, device="cuda")
     assert Kernel(res.so_path)([shifted, *xs[1:]], [y]) == 1000
+
+
+def test_a_library_built_after_the_first_step_is_proposed_at_the_next(monkeypatch):
+    """The first step ran before the library was built (cuBLASLt's path only); once it is, the next
+    step proposes the new defaults (CUTLASS's) first, beyond its n, and only until they were tried."""
+    from torch_htam.proposers.base import Parent, ProposalRequest, source_key
+    from torch_htam.proposers.expert import ExpertProposer
+    monkeypatch.setattr(gemm_cutlass, "library_ready", lambda: False)
+    *_, task, gp = _region()
+    policy = policy_for(task)
+    first = ExpertProposer().propose(ProposalRequest(task, "fusion", [], n=1, policy=policy))
+    assert first.candidates and not any(c.params.get("cutlass") for c in first.candidates)
+    won = first.candidates[0]
+    parent = Parent(won.source, won.tags, 1.0, 0.1, None, won.params)
+    tried = {source_key(c.source) for c in first.candidates}
+
+    def step(tried):
+        return ExpertProposer().propose(ProposalRequest(task, "compute_precision", ["bf16_tensor_cores"], n=1,
+                                                        parent=parent, policy=policy, tried=tried)).candidates
+    monkeypatch.setattr(gemm_cutlass, "library_ready", lambda: True)
+    nxt = step(tried)
+    assert gemm.cutlass(gp, nxt[0].params) and len(nxt) == 2
+    tried |= {source_key(c.source) for c in nxt}
+    assert not any(c.params.get("cutlass") for c in step(tried))

@@ -176,6 +176,8 @@ class ExpertProposer:
         extra = 0
         if parent is None:     # a first step: the other paths' defaults too, beyond request.n
             ordered, extra = _alternates_first(tm, start, ordered, self.within)
+        else:                  # a library built since the first step: its defaults, once
+            ordered, extra = _library_defaults_first(tm, start, ordered, request.tried, self.within)
         n = request.n + extra
         for params, tags in ordered:
             try:
@@ -213,6 +215,24 @@ def _alternates_first(tm: TaskMatch, start: dict, ordered: list, within: set[tup
             alts.append((a, tags_of(tm, a, start, list(TABLE))))
     rest = [(p, g) for p, g in ordered[1:] if setting_key(p) not in keys]
     return ordered[:1] + alts + rest, len(alts)
+
+
+def _library_defaults_first(tm: TaskMatch, start: dict, ordered: list, tried: set[str],
+                            within: set[tuple] | None) -> tuple[list, int]:
+    """A later step's (params, tags) with the task's defaults first where they link a library of
+    ours and were never tried, and how many they are (0 or 1, beyond the step's n). NOTE: a library
+    built while the search ran (build.library_here) changes the defaults; the task's first step,
+    proposed before, had none of its kernels, and its later steps move from that step's winner."""
+    from torch_htam import build
+    d = tm.target.canonical(tm.region, dict(tm.defaults))
+    try:
+        src = tm.target.render(tm.region, d)
+    except Unsupported:
+        return ordered, 0
+    if not build.libraries_used(src) or source_key(src) in tried or (within is not None and setting_key(d) not in within):
+        return ordered, 0
+    rest = [(p, g) for p, g in ordered if setting_key(p) != setting_key(d)]
+    return [(d, tags_of(tm, d, start, list(TABLE)))] + rest, 1
 
 
 def setting_key(params: dict) -> tuple:
