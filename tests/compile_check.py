@@ -1,6 +1,6 @@
-"""Shared by the nvcc compile tests: the expert's first candidates of named tasks, and a build of
+"""Shared by the nvcc compile tests: the expert's first candidates of named tasks, a build of
 named CUDA sources for sm_90a in one batch that fails with every failing source's name and
-compiler output."""
+compiler output, and a library of ours built once for sm_90a only."""
 from torch_htam import build
 
 
@@ -21,3 +21,15 @@ def assert_compiles(named: list[tuple[str, str]], **build_kw) -> None:
     results = build.build_many([s for _, s in named], arch="sm_90a", **build_kw)
     bad = [(n, r.error[:800]) for (n, _), r in zip(named, results) if not r.ok]
     assert not bad, bad
+
+
+def assert_library_builds_once(name: str):
+    """The library of ours (build.OUR_LIBRARIES) built for sm_90a, once (a second call finds it),
+    and refused for an arch without wgmma; its .so path. Set HTAM_CACHE_DIR to a folder of the
+    test's own first: the session's other tests see no library built."""
+    so, err = build.library(name, "sm_90a")
+    assert so is not None and so.exists(), err
+    assert build.library(name, "sm_90a") == (so, "")
+    none, why = build.library(name, "sm_80")
+    assert none is None and "sm_90a" in why
+    return so

@@ -183,13 +183,9 @@ def test_the_library_builds_once_and_candidates_link_it(built, tmp_path, monkeyp
     wgmma; the proposed sources of each region, every tile, build against it, and load beside a
     copy of the library elsewhere. In a cache of its own: the session's other tests see no library
     built."""
-    from compile_check import assert_compiles
+    from compile_check import assert_compiles, assert_library_builds_once
     monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path))
-    so, err = build.library(conv_cutlass.LIBRARY, "sm_90a")
-    assert so is not None and so.exists(), err
-    assert build.library(conv_cutlass.LIBRARY, "sm_90a") == (so, "")
-    none, why = build.library(conv_cutlass.LIBRARY, "sm_80")
-    assert none is None and "sm_90a" in why
+    so = assert_library_builds_once(conv_cutlass.LIBRARY)
     todo = []
     for name, kw in CT_REGIONS.items():
         *_, cp = _region(**kw)
