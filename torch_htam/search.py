@@ -585,11 +585,8 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
                 trajectory_dir: str | Path | None = None, time_budget_s: float | None = None,
                 on_result: Callable | None = None, weights: dict[str, float] | None = None,
                 gpu=None, later: Callable[[Any], bool] | None = None) -> dict[str, SearchResult]:
-    """Search every task, the heaviest weight first; {signature: SearchResult}.
-
-    later(task): True puts the task after all others (each group the heaviest first): optimize
-    passes "a library its candidates link is still building", so the cover pass reaches it once
-    the library is there (a task searched before gets none of its kernels).
+    """Search every task, the heaviest weight first, those later(task) says after all others
+    (optimize: a library their candidates link is still building); {signature: SearchResult}.
 
     weights: {signature: relative weight}: what a kernel could save on the task (optimize passes
     headroom_weights), by default its roofline estimate (eager_weight). time_budget_s is shared out
@@ -615,8 +612,7 @@ def search_many(tasks, proposer_factory: Callable[[], Any], evaluator, memory: H
     deepening pass may still improve it. It may return the winner's confirmation (an Evaluation):
     its Inductor time and code for the region are the bar the task's later steps show the proposer.
     A task whose proposer or evaluator raises is logged and gets stop "error: ...", and the rest go
-    on. GPU parallelism lives in the evaluator (one
-    worker process per GPU).
+    on. GPU parallelism lives in the evaluator (one worker process per GPU).
 
     >>> results = search_many(tasks, ExpertProposer, evaluator, htg, SearchConfig(), time_budget_s=600)
     """
