@@ -1,6 +1,6 @@
 """Shared by the nvcc compile tests: the expert's first candidates of named tasks, a build of
 named CUDA sources for sm_90a in one batch that fails with every failing source's name and
-compiler output, and a library of ours built once for sm_90a only."""
+compiler output, a library of ours built once for sm_90a only, and its path leading a target."""
 from torch_htam import build
 
 
@@ -33,3 +33,16 @@ def assert_library_builds_once(name: str):
     none, why = build.library(name, "sm_80")
     assert none is None and "sm_90a" in why
     return so
+
+
+def assert_library_leads(target, m, key: str, tiles: int) -> dict:
+    """A CUTLASS library's path is the target's default for region m and leads its grid, one
+    distinct setting a tile (params[key]), the rest of the grid off it; returns the defaults."""
+    base = target.defaults(m)
+    assert base["cutlass"] and "CUTLASS" in target.render(m, base).splitlines()[0]
+    grid = target.grid(m, base)
+    lib = [p for p in grid if p.get("cutlass")]
+    assert grid[:tiles] == lib and sorted(p[key] for p in lib) == list(range(tiles))
+    assert len({target.render(m, p) for p in lib}) == tiles
+    assert not any("CUTLASS" in target.render(m, p).splitlines()[0] for p in grid[tiles:])
+    return base

@@ -23,12 +23,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _cutlass_library_unbuilt(monkeypatch):
-    """CUTLASS's conv library counts as not built unless a test says otherwise (test_conv_cutlass.py's
-    `built`): on a GPU machine the first bf16 channels-last conv match starts its build in the
-    background, and the expert's conv defaults would change part way through a session."""
-    from torch_htam.proposers.expert import conv_cutlass
-    monkeypatch.setattr(conv_cutlass, "library_ready", lambda: False)
+def _cutlass_libraries_unbuilt(monkeypatch):
+    """CUTLASS's conv and GEMM libraries count as not built unless a test says otherwise
+    (test_conv_cutlass.py's and test_gemm_cutlass.py's `built`): on a GPU machine the first match
+    of a region they run starts their build in the background, and the expert's defaults would
+    change part way through a session."""
+    from torch_htam.proposers.expert import conv_cutlass, gemm_cutlass
+    for lib in (conv_cutlass, gemm_cutlass):
+        monkeypatch.setattr(lib, "library_ready", lambda: False)
 
 
 _deselected_builds: list = []

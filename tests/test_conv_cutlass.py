@@ -30,22 +30,11 @@ def built(monkeypatch):
     monkeypatch.setattr(conv_cutlass, "library_ready", lambda: True)
 
 
-@pytest.fixture
-def not_built(monkeypatch):
-    monkeypatch.setattr(conv_cutlass, "library_ready", lambda: False)
-
-
 def test_the_cutlass_conv_is_the_default_and_leads_the_grid_once_built(built):
+    from compile_check import assert_library_leads
     *_, cp = _region()
     assert conv_cutlass.reason(cp) is None and cp.facts.cutlass_tiles == (0, 1, 2)
-    base = conv.defaults(cp)
-    assert base["cutlass"] and conv.cutlass(cp, base)
-    assert "CUTLASS" in conv.render(cp, base).splitlines()[0]
-    grid = conv.grid(cp, base)
-    lib = [p for p in grid if p.get("cutlass")]
-    assert grid[:3] == lib and sorted(p["ct_tile"] for p in lib) == [0, 1, 2]
-    assert len({conv.render(cp, p) for p in lib}) == 3
-    assert not any(conv.cutlass(cp, p) for p in grid[3:])      # cuDNN's and the implicit GEMM's
+    base = assert_library_leads(conv.TARGET, cp, "ct_tile", 3)     # then cuDNN's and the implicit GEMM's
     # cuDNN's knobs mean nothing on this path; the tile does
     assert conv.canonical(cp, dict(base, algo=3, vec32=False)) == conv.canonical(cp, base)
     assert {"smem_tiling", "bf16_tensor_cores", "fold_batchnorm"} <= set(conv.tags(cp, base))
@@ -64,7 +53,7 @@ def test_moves_reach_it_and_leave_it(built):
     assert not conv.cutlass(cp, back) and "CUTLASS" not in conv.render(cp, back).splitlines()[0]
 
 
-def test_without_the_library_nothing_changes(not_built):
+def test_without_the_library_nothing_changes():
     *_, cp = _region()
     assert cp.facts.cutlass_tiles == ()
     base = conv.defaults(cp)

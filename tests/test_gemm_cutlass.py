@@ -56,11 +56,6 @@ def built(monkeypatch):
     monkeypatch.setattr(gemm_cutlass, "library_ready", lambda: True)
 
 
-@pytest.fixture
-def not_built(monkeypatch):
-    monkeypatch.setattr(gemm_cutlass, "library_ready", lambda: False)
-
-
 @pytest.mark.parametrize("act, bias, want", [("gelu", True, "gelu_erf"), ("gelu_tanh", True, "gelu_tanh"),
                                               ("gelu", False, "gelu_erf")])
 def test_the_epilogue_is_read_as_an_activation_of_the_biased_product(built, act, bias, want):
@@ -71,16 +66,10 @@ def test_the_epilogue_is_read_as_an_activation_of_the_biased_product(built, act,
 
 
 def test_it_is_the_default_and_leads_the_grid_once_built(built):
+    from compile_check import assert_library_leads
     *_, gp = _region()
-    base = gemm.defaults(gp)
-    assert base["cutlass"] and gemm.cutlass(gp, base)
-    assert "CUTLASS" in gemm.render(gp, base).splitlines()[0]
-    grid = gemm.grid(gp, base)
-    lib = [p for p in grid if p.get("cutlass")]
-    assert grid[:3] == lib and sorted(p["cg_tile"] for p in lib) == [0, 1, 2]
-    assert len({gemm.render(gp, p) for p in lib}) == 3
-    assert not any(gemm.cutlass(gp, p) for p in grid[3:])              # cuBLASLt's
-    assert all("cuBLASLt" in gemm.render(gp, p).splitlines()[0] for p in grid[3:5])
+    base = assert_library_leads(gemm.TARGET, gp, "cg_tile", 3)
+    assert all("cuBLASLt" in gemm.render(gp, p).splitlines()[0] for p in gemm.grid(gp, base)[3:5])
     # cuBLASLt's knobs mean nothing on this path; the tile does
     assert gemm.canonical(gp, dict(base, algo=3, lt_epilogue=False)) == gemm.canonical(gp, base)
     assert base["cg_tile"] == 0 and gemm.canonical(gp, dict(base, cg_tile=2)) != gemm.canonical(gp, base)
@@ -101,7 +90,7 @@ def test_moves_reach_it_and_leave_it(built):
     assert not gemm.cutlass(gp, back)
 
 
-def test_without_the_library_nothing_changes(not_built):
+def test_without_the_library_nothing_changes():
     *_, gp = _region()
     assert gp.facts.cutlass_tiles == ()
     base = gemm.defaults(gp)
