@@ -137,6 +137,10 @@ def test_searched_log_says_why_a_task_has_no_kernel(tmp_path):
     assert "none verified (stagnation)" in log.why_not("none", 1.03)
     assert "lost to Inductor's code for the region (0.84x)" in log.why_not("inductor", 1.03)
     assert "0.97x of eager" in log.why_not("eager", 1.03)
+    # the candidates that did not verify, by reason, most first
+    log.add("failed", cfg, "steps", 1.0, "bf16", failures={"build": 1, "mismatch": 3})
+    assert log.why_not("failed", 1.03).endswith("1.00x of eager; 4 candidates failed (mismatch 3, build 1)")
+    assert "failed" not in log.why_not("eager", 1.03)
 
 
 def test_the_keeper_confirms_each_winner_once_and_never_caches_a_slower_one(tmp_path):

@@ -72,6 +72,9 @@ def test_search_improves_and_only_correct_faster_kernels_become_best():
     res = search(make_task(), FakeProposer(), ev, HTG.from_prior(), SearchConfig(steps=3))
     assert res.best is not None and res.best.evaluation.correct
     assert res.best.speedup == pytest.approx(1.2 ** 4)   # step 0 + 3 steps, each x1.2 over the parent
+    # the candidates that did not verify, by reason (the report says them where no kernel is kept)
+    assert sum(res.failures.values()) == res.candidates - res.correct > 0
+    assert set(res.failures) <= {"compile_error", "mismatch"}
     assert res.steps == 3 and res.stop == "steps" and res.candidates == 16 and res.correct == 8
     assert [b.speedup for b in res.population] == sorted((b.speedup for b in res.population),
                                                          reverse=True)

@@ -370,8 +370,8 @@ def _parts_ninja(nvcc: str, flags: list[str], parts: int, so_name: str) -> str:
              "rule obj", "  command = $nvcc $flags -c $in -o $out > $log 2>&1", "",
              "rule link", "  command = $nvcc $flags $in -o $out > $log 2>&1", ""]
     for p in range(parts):
-        lines += [f"build part{p}.o: obj lib.cu", f"  flags = {q([*compile_flags, f'-DHTAM_PART={p}', f'-DHTAM_PARTS={parts}'])}",
-                  f"  log = part{p}.log"]
+        part = [*compile_flags, f"-DHTAM_PART={p}", f"-DHTAM_PARTS={parts}"]
+        lines += [f"build part{p}.o: obj lib.cu", f"  flags = {q(part)}", f"  log = part{p}.log"]
     objs = " ".join(f"part{p}.o" for p in range(parts))
     lines += [f"build {so_name}: link {objs}", f"  flags = {q([*flags, *_soname(so_name)])}", "  log = link.log"]
     return "\n".join(lines) + "\n"

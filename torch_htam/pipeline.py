@@ -51,13 +51,15 @@ class SearchedLog:
                 and rec.get("policy") == policy)   # another precision policy is another search
 
     def add(self, signature: str, cfg: OptimizeConfig, stop: str, best: float | None, policy: str,
-            vs_inductor: float | None = None, libraries: list[str] | None = None) -> None:
+            vs_inductor: float | None = None, libraries: list[str] | None = None,
+            failures: dict[str, int] | None = None) -> None:
         """best / vs_inductor: the confirmed winner's speedup over eager / over Inductor's code
         for the region (None: no verified kernel, or not timed against Inductor); libraries: ours
-        built when it was searched (_Run.grown)."""
+        built when it was searched (_Run.grown); failures: its candidates that did not verify, by
+        reason (SearchResult.failures)."""
         self.data[signature] = {"steps": cfg.steps, "candidates": cfg.candidates_per_step, "policy": policy,
                                 "stop": stop, "best": best, "vs_inductor": vs_inductor, "libraries": libraries,
-                                "date": time.strftime("%Y-%m-%d")}
+                                "failures": dict(failures or {}), "date": time.strftime("%Y-%m-%d")}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(self.data, indent=1))
@@ -73,11 +75,21 @@ class SearchedLog:
         if not rec:
             return None
         best, ind = rec.get("best"), rec.get("vs_inductor")
+        failed = failures_words(rec.get("failures"))
         if best is None:
-            return f"no kernel: searched, none verified ({rec.get('stop')})"
+            return f"no kernel: searched, none verified ({rec.get('stop')}){failed}"
         if ind is not None and ind < min_speedup <= best:
-            return f"no kernel: the best verified one lost to Inductor's code for the region ({ind:.2f}x)"
-        return f"no kernel: the best verified one was {best:.2f}x of eager"
+            return f"no kernel: the best verified one lost to Inductor's code for the region ({ind:.2f}x){failed}"
+        return f"no kernel: the best verified one was {best:.2f}x of eager{failed}"
+
+
+def failures_words(failures: dict[str, int] | None) -> str:
+    """"; 3 candidates failed (mismatch 2, build 1)" for a search's failed candidates, "" for none."""
+    if not failures:
+        return ""
+    n = sum(failures.values())
+    kinds = ", ".join(f"{r} {c}" for r, c in sorted(failures.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"; {n} candidate{'s' * (n != 1)} failed ({kinds})"
 
 
 # The report's phase for confirming the search's winners (inside "search"'s time, not beside it).
@@ -151,7 +163,7 @@ class _Keeper:
                 and result.stop != "time_budget"):
             ev = self.confirmed.get(sig)
             self.searched.add(sig, self.cfg, result.stop, self.speedup(sig, result), policy_for(task).name,
-                              ev.compile_speedup if ev is not None else None, libraries)
+                              ev.compile_speedup if ev is not None else None, libraries, result.failures)
         self.save_memory()   # experience persists task by task
         return self.confirmed.get(sig)
 
@@ -607,11 +619,12 @@ def _finish(model: nn.Module, deadline: Deadline, results: dict, searched: Searc
             more = "a larger OptimizeConfig.time_budget_s (--time-budget) searches it further"
             if res.best is None:
                 t.detail = (f"the time budget ({cfg.time_budget_s:g} s) ran out before its search found one; "
-                            f"{more}")
+                            f"{more}{failures_words(res.failures)}")
             else:    # its first steps found only kernels below min_speedup
                 t.speedup = res.best.speedup
                 t.detail = (f"the best verified one was {res.best.speedup:.2f}x of eager when the time "
-                            f"budget ({cfg.time_budget_s:g} s) stopped its search; {more}")
+                            f"budget ({cfg.time_budget_s:g} s) stopped its search; {more}"
+                            + failures_words(res.failures))
     return model
 
 

@@ -169,6 +169,8 @@ class SearchResult:
     directions: list[str] = field(default_factory=list)
     population: list[Best] = field(default_factory=list)
     partial: bool = False    # search_many's cover pass: only step 0 so far, more steps may follow
+    # candidates that did not verify, by Evaluation.reason ("mismatch", "build", "shape", ...)
+    failures: dict[str, int] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float | None:
@@ -355,6 +357,8 @@ class _Loop:
         self.tried.add(source_key(cand.source))
         self.res.candidates += 1
         self.res.correct += int(ev.correct)
+        if not ev.correct and ev.reason not in UNJUDGED:
+            self.res.failures[ev.reason] = self.res.failures.get(ev.reason, 0) + 1
         became = _offer(self.res, Best(cand.source, list(cand.tags), dict(cand.params), ev,
                                        cand.origin, step, direction))
         self.traj.write("candidate", step=step, direction=direction, strategies=list(cand.tags),
