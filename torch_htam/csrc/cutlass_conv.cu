@@ -211,15 +211,13 @@ int conv_k5(const HtamConvBn& a, cudaStream_t s, bool c) { return run_tile<Tile6
 #if HTAM_ENTRY_PART
 static const KernelFn kKernels[2][3] = {{conv_k0, conv_k1, conv_k2}, {conv_k3, conv_k4, conv_k5}};
 
-static bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 static int dispatch(const HtamConvBn& a, cudaStream_t stream, bool cached) {
   if (a.c % kAlign || a.k % kAlign) return HTAM_ERR_SHAPE;
   if (a.act < HTAM_CONV_ACT_NONE || a.act > HTAM_CONV_ACT_HARDSWISH || a.tile < 0 || a.tile > 2) return HTAM_ERR_SHAPE;
   const void* const ptrs[] = {a.x, a.w, a.mean, a.gamma, a.var, a.beta, a.y};
   for (const void* p : ptrs)
-    if (p == nullptr || !aligned(p)) return HTAM_ERR_SHAPE;
-  if (a.res != nullptr && !aligned(a.res)) return HTAM_ERR_SHAPE;
+    if (p == nullptr || !htam_aligned16(p)) return HTAM_ERR_SHAPE;
+  if (a.res != nullptr && !htam_aligned16(a.res)) return HTAM_ERR_SHAPE;
   return kKernels[a.res != nullptr][a.tile](a, stream, cached);
 }
 

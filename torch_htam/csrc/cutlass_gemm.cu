@@ -166,15 +166,13 @@ int gemm_k5(const HtamGemmAct& a, cudaStream_t s) { return run_tile<act::GELU_ta
 #if HTAM_ENTRY_PART
 static const KernelFn kKernels[2][3] = {{gemm_k0, gemm_k1, gemm_k2}, {gemm_k3, gemm_k4, gemm_k5}};
 
-static bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 static int dispatch(const HtamGemmAct& a, cudaStream_t stream) {
   if (a.m <= 0 || a.n <= 0 || a.k <= 0 || a.k % kAlign || a.n % kAlign || a.reserved != 0) return HTAM_ERR_SHAPE;
   if (a.act < HTAM_GEMM_ACT_GELU || a.act > HTAM_GEMM_ACT_GELU_TANH || a.tile < 0 || a.tile > 2) return HTAM_ERR_SHAPE;
   const void* const ptrs[] = {a.x, a.w, a.y};
   for (const void* p : ptrs)
-    if (p == nullptr || !aligned(p)) return HTAM_ERR_SHAPE;
-  if (a.bias != nullptr && !aligned(a.bias)) return HTAM_ERR_SHAPE;
+    if (p == nullptr || !htam_aligned16(p)) return HTAM_ERR_SHAPE;
+  if (a.bias != nullptr && !htam_aligned16(a.bias)) return HTAM_ERR_SHAPE;
   return kKernels[a.act][a.tile](a, stream);
 }
 

@@ -2,6 +2,7 @@
 // the parts a build compiles them in, and a call's bytes as the key of their caches.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 
 // A library build compiles its source once per part on as many cores, with HTAM_PART = 0 ..
@@ -33,3 +34,6 @@ template <class Call>
 struct BytesEq {
   bool operator()(const Call& a, const Call& b) const { return std::memcmp(&a, &b, sizeof(Call)) == 0; }
 };
+
+// Whether p starts a 16-byte TMA row: every tensor the CUTLASS kernels load or store must.
+static inline bool htam_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

@@ -328,9 +328,6 @@ def lt_split(gp: GemmMatch):
     Picks the largest sub-expression of the form act(G + bias) that cuBLASLt can fuse."""
     prog, G = gp.epilogue, _g_expr(gp.epilogue, gp.g)
 
-    def bias_of(e):
-        return _bias_of(gp, e)
-
     def classify(e):
         s = _strip(e)
         if s[0] in ("relu", "gelu_tanh"):
@@ -338,10 +335,10 @@ def lt_split(gp: GemmMatch):
             act = "relu" if s[0] == "relu" else "gelu"
             if inner == G:
                 return act, None
-            b = bias_of(inner)
+            b = _bias_of(gp, inner)
             if b is not None:
                 return f"{act}_bias", b
-        b = bias_of(s)
+        b = _bias_of(gp, s)
         if b is not None:
             return "bias", b
         return None
