@@ -8,6 +8,9 @@ GPU (`gpu`): every tile and GELU against eager torch, at the captured and other 
 with and without a bias, a weight written in place between calls, a misaligned tensor refused."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
@@ -19,6 +22,7 @@ from torch_htam.proposers.expert import gemm, gemm_cutlass, strategies
 from torch_htam.proposers.expert.proposer import match_task
 from torch_htam.task import Task, TensorSpec
 
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "docs" / "experiments" / "cutlass_gemm"
 ACTS = {"gelu": nn.GELU(), "gelu_tanh": nn.GELU(approximate="tanh"), "relu": nn.ReLU(), "silu": nn.SiLU(),
         "none": nn.Identity()}
 
@@ -113,11 +117,24 @@ def test_it_says_why_it_does_not_apply(built, kw, why):
     assert gemm.TARGET.libraries(gp) == ()
 
 
-def test_the_default_tile_fills_the_sms():
-    assert gemm_cutlass.default_tile(6304, 3072) == 1        # ViT-B's MLP: 50 x 12 tiles of 128x256
-    assert gemm_cutlass.default_tile(6272, 2048) == 0        # MLP-Mixer's: 128x128 measured faster
-    assert gemm_cutlass.default_tile(1024, 3072) == 0        # 8 x 12 of 128x256 is under a wave
-    assert gemm_cutlass.default_tile(100352, 384) == 0       # N not a multiple of 256
+def _measured_tiles() -> list[tuple[int, int, float, float]]:
+    """(M, N, 128x128 us, 128x256 us) under CUDA graphs on an H200: the zoo's GELU MLP shapes at
+    batch 32 (probe.py) and as the zoo runs them (zoo_shapes.py); each file's JSON is its last line."""
+    out = []
+    for name, t0, t1 in (("probe-h200-afbc268.txt", "tile0_ms", "tile1_ms"),
+                         ("zoo_shapes-h200-ba596fa.txt", "t0_graphed_ms", "t1_graphed_ms")):
+        rows = json.loads((EXPERIMENTS / name).read_text().strip().splitlines()[-1])["rows"]
+        out += [(r["m"], r["n"], r[t0] * 1e3, r[t1] * 1e3) for r in rows]
+    return out
+
+
+def test_the_default_tile_is_the_faster_one_measured():
+    """default_tile picks the faster of 128x128 and 128x256 at every measured shape."""
+    measured = _measured_tiles()
+    assert len(measured) == 14
+    for m, n, us0, us1 in measured:
+        assert gemm_cutlass.default_tile(m, n) == (1 if us1 < us0 else 0), (m, n, us0, us1)
+    assert gemm_cutlass.default_tile(100352, 512 + 128) == 0     # N not a multiple of 256
 
 
 # ---- build and GPU ----------------------------------------------------------------------------------

@@ -47,14 +47,25 @@ def reason(op: str, dtype: str, n: int, k: int, act: str | None, laid_out: bool)
 
 
 def default_tile(m: int, n: int) -> int:
-    """The cg_tile for y [m, n]: 128x256 (2x1 clusters) where N is a multiple of 256, at least 3072,
-    and its tiles fill the SMs once, else 128x128 (cooperative). On an H200 under CUDA graphs
-    (docs/experiments/cutlass_gemm/probe-h200-afbc268.txt, the zoo's MLP shapes at batch 32, so
-    fitted on them) 128x256 was the fastest at N 3072 (ViT-B, BERT-sized: 72.0 and 85.1 against
-    76.6 and 92.1 us) and within 0.5% of the fastest at [4096, 4096]; 128x128 at N 2048 and below
-    (MLP-Mixer 42.6 against 48.5 us, ConvNeXt 81.7 against 97.9 and 30.8 against 33.2)."""
-    bm, bn, _ = TILES[1]
-    return 1 if n % bn == 0 and n >= 3072 and -(-m // bm) * (n // bn) >= SMS else 0
+    """The cg_tile for y [m, n]: 128x256 (2x1 clusters) where N is a multiple of 256, its tiles fill
+    their last wave on the SMs as well as 128x128's do (within 2%), and N is at least 3072 or
+    128x256's tiles are one wave or less; else 128x128 (cooperative). The wave decides first: at
+    ViT-B's batch 16 (M 3152, N 3072) 128x128's 600 tiles fill 91% of 5 waves, 128x256's 300 fill
+    76% of 3, and 128x128 was faster (40.2 against 43.8 us). Where both fill alike, the larger tile
+    was faster at N 3072 and above (BERT's M 1024: 16.6 against 17.7 us; ViT-B at batch 32: 72.0
+    against 76.6) and in a single wave (Whisper's [1500, 512 -> 2048]: 14.3 against 15.5), not over
+    several waves at N 2048 (MLP-Mixer's [6272, 512 -> 2048]: 48.5 against 42.6). H200, CUDA graphs
+    (docs/experiments/cutlass_gemm/zoo_shapes-h200-ba596fa.txt, probe-h200-afbc268.txt): the
+    fastest of the two at all 14 shapes measured, which are the zoo's MLP shapes, so fitted on them."""
+    def tiles(tm: int, tn: int) -> int:
+        return -(-m // tm) * -(-n // tn)
+
+    def filled(t: int) -> float:
+        return t / (SMS * -(-t // SMS))
+    (bm0, bn0, _), (bm1, bn1, _) = TILES[0], TILES[1]
+    t0, t1 = tiles(bm0, bn0), tiles(bm1, bn1)
+    wide = n >= 3072 or t1 <= SMS
+    return 1 if n % bn1 == 0 and wide and filled(t1) >= filled(t0) - 0.02 else 0
 
 
 def render(x: int, w: int, bias: int | None, n_in: int, act: str, tile: int) -> str:

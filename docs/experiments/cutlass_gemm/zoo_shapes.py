@@ -1,0 +1,71 @@
+"""The cutlass_gemm library's kernel (every tile) against eager and Inductor's code for linear + bias
++ GELU (erf), bf16, at the shapes the zoo's models really run (bench/model_zoo.py, batch as there),
+timed two ways: as the search times a candidate (timing.time_fn: L2 flushed, inputs rotated) and
+replayed from CUDA graphs back to back (as in a reduce-overhead model). Checks each output first.
+
+    python3 docs/experiments/cutlass_gemm/zoo_shapes.py     # a row a shape, JSON last
+"""
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from torch_htam import build, timing
+from torch_htam.launcher import Kernel
+from torch_htam.proposers.expert import gemm_cutlass
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from probe import graphed_ms  # noqa: E402
+
+# (name, M rows, K, N): fc1 of each GELU MLP in bench/model_zoo.py at the zoo's batch
+SHAPES = [("vit b16", 16 * 197, 768, 3072), ("bert b8x128", 8 * 128, 768, 3072),
+          ("whisper 1x1500", 1500, 512, 2048), ("convnext/swin s0 b16", 16 * 56 * 56, 96, 384),
+          ("convnext/swin s1 b16", 16 * 28 * 28, 192, 768), ("convnext/swin s2 b16", 16 * 14 * 14, 384, 1536),
+          ("convnext/swin s3 b16", 16 * 7 * 7, 768, 3072)]
+
+
+def region(x, w, b):
+    return F.gelu(F.linear(x, w, b))
+
+
+def main():
+    so, err = build.library(gemm_cutlass.LIBRARY, build.default_arch())
+    assert so is not None, err
+    srcs = [gemm_cutlass.render(0, 1, 2, 3, "gelu_erf", t) for t in range(len(gemm_cutlass.TILES))]
+    kernels = [Kernel(r.so_path) for r in build.build_many(srcs)]
+    ind = torch.compile(region)
+    rows = []
+    for name, m, k, n in SHAPES:
+        torch.manual_seed(0)
+
+        def make():
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+            b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+            return x, w, b, torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        x, w, b, y = make()
+        ref = region(x, w, b)
+        fns = {"eager": lambda x, w, b, y: region(x, w, b), "inductor": lambda x, w, b, y: ind(x, w, b)}
+        for t, kern in enumerate(kernels):
+            fns[f"t{t}"] = lambda x, w, b, y, kern=kern: kern([x, w, b], [y])
+        row = dict(shape=name, m=m, k=k, n=n, default_tile=gemm_cutlass.default_tile(m, n))
+        for key, fn in fns.items():
+            y.fill_(float("nan"))
+            out = fn(x, w, b, y)
+            out = y if key.startswith("t") else out
+            torch.cuda.synchronize()
+            row[f"{key}_err"] = (out.float() - ref.float()).abs().max().item()
+            row[f"{key}_searched_ms"] = timing.time_fn(lambda s, fn=fn: fn(*s), make).median_ms
+            row[f"{key}_graphed_ms"] = graphed_ms(lambda fn=fn: fn(x, w, b, y))
+        rows.append(row)
+        cols = " ".join(f"{key} {row[f'{key}_searched_ms'] * 1e3:6.1f}/{row[f'{key}_graphed_ms'] * 1e3:6.1f}"
+                        for key in fns)
+        print(f"{name:22s} M={m:6d} K={k:4d} N={n:5d} us searched/graphed: {cols}  default t{row['default_tile']} "
+              f"err {max(row[f'{key}_err'] for key in fns):.3g}", flush=True)
+    json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()
