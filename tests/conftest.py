@@ -45,7 +45,7 @@ def pytest_terminal_summary(terminalreporter, config):
     if _deselected_builds and config.option.markexpr == "not build":
         terminalreporter.write_line(
             f"{len(_deselected_builds)} build tests deselected (nvcc builds, Inductor in subprocesses: about "
-            f"11 min on 2 CPU cores); CI runs them: python3 -m pytest -q -m build")
+            f"25 min on 2 CPU cores); CI runs them: python3 -m pytest -q -m build")
 
 
 def pytest_unconfigure(config):

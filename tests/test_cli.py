@@ -478,3 +478,66 @@ def test_precompile_of_several_models_runs_the_fleet(monkeypatch, capsys):
     monkeypatch.setattr("torch_htam.ray_pool.import_ray", lambda: None)
     assert main(["precompile", "a.py", "--out", "b", "--arch", "sm_90a", "--ray", "auto"]) == 1
     assert seen["address"] == "auto" and seen["pool"] is None     # the fleet makes the Ray pool
+
+
+# ---- torch-htam libraries ------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_builds(monkeypatch, tmp_path):
+    """Every library counts as buildable here; build.library records the names it was asked to
+    build and writes a file where the library goes (fail: names whose build fails)."""
+    from torch_htam import build
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build.paths, "nvcc_path", lambda: "/usr/bin/nvcc")
+    for name, lib in build.OUR_LIBRARIES.items():
+        monkeypatch.setitem(build.OUR_LIBRARIES, name, type(lib)(lambda: [], lib.version, lib.missing, lib.archs))
+    asked, fail = [], set()
+
+    def library(name, arch):
+        asked.append(name)
+        if name in fail:
+            return None, f"building the {name} library failed: nvcc failed"
+        so = build.library_path(name, arch)
+        so.parent.mkdir(parents=True, exist_ok=True)
+        so.write_bytes(b"")
+        return so, ""
+    monkeypatch.setattr(build, "library", library)
+    return asked, fail
+
+
+def test_libraries_build_builds_what_the_arch_can_have_once(fake_builds, capsys):
+    asked, _ = fake_builds
+    assert main(["libraries", "ls", "--arch", "sm_90a"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("not built") == 3 and "torch-htam libraries build cutlass_gemm --arch sm_90a" in out
+    assert main(["libraries", "build", "--arch", "sm_90a"]) == 0
+    assert sorted(asked) == ["cudnn_sdpa", "cutlass_conv", "cutlass_gemm"]
+    assert main(["libraries", "build", "--arch", "sm_90a"]) == 0 and len(asked) == 3   # built: not again
+    assert main(["libraries", "ls", "--arch", "sm_90a"]) == 0
+    assert capsys.readouterr().out.count(" built ") == 3
+
+
+def test_libraries_build_skips_another_archs_unless_named(fake_builds, capsys):
+    asked, _ = fake_builds
+    assert main(["libraries", "build", "--arch", "sm_80"]) == 0 and asked == ["cudnn_sdpa"]
+    assert "cutlass_gemm: not for this arch: the cutlass_gemm library builds for sm_90a only" in capsys.readouterr().err
+    assert main(["libraries", "build", "cutlass_gemm", "--arch", "sm_80"]) == 1
+
+
+def test_libraries_build_failures_and_unknown_names_exit_1(fake_builds, capsys):
+    asked, fail = fake_builds
+    fail.add("cutlass_conv")
+    assert main(["libraries", "build", "cutlass_conv", "cutlass_gemm", "--arch", "sm_90a"]) == 1
+    err = capsys.readouterr().err
+    assert "cutlass_conv library failed: nvcc failed" in err and "cutlass_gemm: built in" in err
+    assert main(["libraries", "build", "cutlas_gemm", "--arch", "sm_90a"]) == 1
+    assert "no library named cutlas_gemm" in capsys.readouterr().err
+
+
+def test_libraries_without_gpu_or_arch_asks_for_arch(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path))
+    _no_gpu(monkeypatch)
+    assert main(["libraries", "ls"]) == 1
+    assert "--arch" in capsys.readouterr().err
+    assert main(["libraries", "ls", "--arch", "sm90"]) == 1
+    assert "not a GPU arch" in capsys.readouterr().err

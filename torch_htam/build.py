@@ -13,6 +13,7 @@ parallel through a generated build.ninja, one nvcc per source with its own log.
 """
 from __future__ import annotations
 
+import enum
 import functools
 import glob
 import hashlib
@@ -312,18 +313,38 @@ def library_ready(name: str, arch: str) -> bool:
     return library_path(name, arch).exists()
 
 
+class LibraryState(enum.Enum):
+    """Where one library of ours stands for one arch (library_state)."""
+    BUILT = "built"
+    NOT_BUILT = "not built"                # buildable here: library() builds it
+    OTHER_ARCH = "not for this arch"
+    MISSING = "missing a dependency"
+    NO_NVCC = "no nvcc"
+
+
+def library_state(name: str, arch: str) -> tuple[LibraryState, str]:
+    """(where library `name` stands for arch, what stops its build: "" where nothing does)."""
+    lib = OUR_LIBRARIES[name]
+    if library_path(name, arch).exists():
+        return LibraryState.BUILT, ""
+    if lib.archs and arch not in lib.archs:
+        return LibraryState.OTHER_ARCH, f"the {name} library builds for {', '.join(lib.archs)} only, not {arch}"
+    if lib.flags() is None:
+        return LibraryState.MISSING, f"the {name} library needs {lib.missing}"
+    if paths.nvcc_path() is None:
+        return LibraryState.NO_NVCC, "nvcc not found: install the CUDA toolkit or set CUDA_HOME"
+    return LibraryState.NOT_BUILT, ""
+
+
 def library(name: str, arch: str, timeout_s: float = LIBRARY_TIMEOUT_S, nice: int = 0) -> tuple[Path | None, str]:
     """(the library's .so, "") built once per arch (minutes the first time), or (None, why)."""
     so, lib = library_path(name, arch), OUR_LIBRARIES[name]
-    if so.exists():
+    state, why = library_state(name, arch)
+    if state is LibraryState.BUILT:
         return so, ""
-    if lib.archs and arch not in lib.archs:
-        return None, f"the {name} library builds for {', '.join(lib.archs)} only, not {arch}"
+    if state is not LibraryState.NOT_BUILT:
+        return None, why
     extra, nvcc = lib.flags(), paths.nvcc_path()
-    if extra is None:
-        return None, f"the {name} library needs {lib.missing}"
-    if nvcc is None:
-        return None, "nvcc not found: install the CUDA toolkit or set CUDA_HOME"
     with _LIBRARY_LOCK:
         if not so.exists():
             src = (CSRC / f"{name}.cu").read_text()
@@ -393,12 +414,10 @@ def library_here(name: str) -> bool:
     default_arch()). NOTE: on a GPU machine whose arch it builds for, asking starts its build in
     the background (minutes) where it is not built: the expert proposes its candidates once it is."""
     from torch_htam import gpu
-    info, lib = gpu.detect(), OUR_LIBRARIES[name]
+    info = gpu.detect()
     if info is None:
         return library_ready(name, default_arch())
-    if lib.archs and info.arch not in lib.archs:
-        return False
-    if not library_ready(name, info.arch) and lib.flags() is not None:
+    if library_state(name, info.arch)[0] is LibraryState.NOT_BUILT:
         library_in_background(name, info.arch)
     return library_ready(name, info.arch)
 

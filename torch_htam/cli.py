@@ -6,6 +6,7 @@
     torch-htam precompile A.py B.py --out DIR --ray auto      one bundle per model, searched on Ray
     torch-htam bench examples/gpt_block.py                    eager vs torch.compile vs torch_htam
     torch-htam cache ls|show SIG|rm SIG|clear|verify          the per-arch kernel cache
+    torch-htam libraries ls|build [NAME ...]                  our CUDA libraries: built? build now
 
 MODEL_SPEC is a Python file or `module:function` returning (model, example_inputs).
 Imports are lazy so `--help` is instant and the CLI works without a GPU.
@@ -194,6 +195,52 @@ def _cmd_cache(args) -> int:
     return run_cli(args)
 
 
+def _cmd_libraries(args) -> int:
+    """`libraries ls`: each library of ours, its state for the arch and what stops its build.
+    `libraries build [NAME ...]`: build them now (default: every one buildable for the arch), so
+    that optimize neither waits for them nor searches without them."""
+    import time
+    from torch_htam import build
+    arch = _library_arch(args.arch)
+    unknown = sorted(set(args.names or ()) - set(build.OUR_LIBRARIES))
+    if unknown:
+        raise CliError(f"no library named {', '.join(unknown)}; ours: {', '.join(build.OUR_LIBRARIES)}")
+    if args.lib_cmd == "ls":
+        for name in build.OUR_LIBRARIES:
+            state, why = build.library_state(name, arch)
+            where = (build.library_path(name, arch) if state is build.LibraryState.BUILT else
+                     why or f"torch-htam libraries build {name} --arch {arch}")
+            print(f"{name:14s} {arch:8s} {state.value:22s} {where}")
+        return OK
+    failed = 0
+    for name in args.names or build.OUR_LIBRARIES:
+        state, why = build.library_state(name, arch)
+        if state is not build.LibraryState.NOT_BUILT:
+            failed += bool(args.names) and state is not build.LibraryState.BUILT
+            print(f"{name}: {state.value}{': ' + why if why else ''}", file=sys.stderr)
+            continue
+        print(f"{name}: building for {arch} (a minute or more) ...", file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        so, err = build.library(name, arch)
+        failed += so is None
+        print(f"{name}: {'built in %.0f s: %s' % (time.monotonic() - t0, so) if so else err}", file=sys.stderr)
+    return ERROR if failed else OK
+
+
+def _library_arch(arch: str | None) -> str:
+    """--arch, else this GPU's arch, else $HTAM_ARCH (checked); else a CliError naming --arch."""
+    import os
+    from torch_htam import gpu, paths
+    info = gpu.detect()
+    chosen = arch or (info.arch if info else None) or os.environ.get("HTAM_ARCH")
+    if chosen is None:
+        raise CliError("no CUDA GPU detected and $HTAM_ARCH is not set: pass --arch (e.g. --arch sm_90a)")
+    try:
+        return paths.check_arch(chosen, "--arch" if arch else "GPU arch" if info else "$HTAM_ARCH")
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
 def _user_error(e: Exception) -> str | None:
     """The one-line message of an error the user must fix, else None (a bug: let it raise)."""
     # NOTE: looked up in sys.modules, not imported: an exception of a class is raised only after
@@ -252,7 +299,26 @@ def _parser() -> argparse.ArgumentParser:
     _add_search_args(p)
     p.set_defaults(fn=_cmd_bench)
     _add_cache_parser(sub)
+    _add_libraries_parser(sub)
     return ap
+
+
+def _add_libraries_parser(sub) -> None:
+    p = sub.add_parser("libraries", help="our CUDA libraries (CUTLASS GEMM and conv, cuDNN attention): "
+                                         "ls, build",
+                       description="Libraries of ours that kernels link (CUTLASS's Hopper GEMM and conv "
+                                   "epilogues, cuDNN's fused attention), built once per GPU arch and "
+                                   "toolchain, in a minute or more each. optimize starts their build "
+                                   "itself and waits part of its budget; build them here once per "
+                                   "machine (or cache folder) and it does not wait.")
+    p.set_defaults(fn=_cmd_libraries)
+    lsub = p.add_subparsers(dest="lib_cmd", required=True, metavar="{ls,build}")
+    for cmd, help_ in (("ls", "each library: built, buildable, or what it needs"),
+                       ("build", "build the named libraries, or every one buildable for the arch")):
+        c = lsub.add_parser(cmd, help=help_)
+        c.add_argument("names", nargs="*", metavar="NAME", help="cudnn_sdpa, cutlass_conv, cutlass_gemm")
+        c.add_argument("--arch", default=None, metavar="ARCH",
+                       help="GPU arch, e.g. sm_90a (default: this GPU's, else $HTAM_ARCH)")
 
 
 def _add_cache_parser(sub) -> None:

@@ -508,7 +508,8 @@ class _Run:
             left = build.wait_for_libraries(max_s)
         if left:
             self.notes.append(f"the search began before the {', '.join(left)} library was built: the tasks "
-                              "searched first have none of its kernels")
+                              "searched first have none of its kernels (`torch-htam libraries build` builds "
+                              "it once for this machine)")
 
     def reserve_s(self, n_tasks: int) -> float:
         """Seconds kept from the search for the decision: what its trials are expected to take
