@@ -502,8 +502,8 @@ class _Run:
             return
         max_s = LIBRARY_WAIT_MAX_S if search_s is None else min(LIBRARY_WAIT_MAX_S, LIBRARY_WAIT_SHARE * search_s)
         if self.cfg.progress:
-            print(f"[htam] waiting up to {max_s:.0f} s for the {', '.join(building)} library's build",
-                  file=sys.stderr, flush=True)
+            print(f"[htam] waiting up to {max_s:.0f} s for the {', '.join(building)} library's build (once per "
+                  "machine; `torch-htam libraries build` does it ahead)", file=sys.stderr, flush=True)
         with self.deadline.phase("libraries"):
             left = build.wait_for_libraries(max_s)
         if left:
