@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_htam.worker import (DEFAULT_RUNNER, PAST_DEADLINE, START_TIMEOUT_S, _resolve, cancel_queued,
-                               cut_at_deadline, job_timeout)
+                               serve_jobs)
 
 INSTALL_HINT = "pip install torch_htam[ray]  (or: pip install ray)"
 
@@ -344,31 +344,17 @@ class RayPool:
     # ---- jobs --------------------------------------------------------------------------------
 
     def _serve(self, slot: _Slot) -> None:
-        """One slot's thread: the same job loop as WorkerPool._serve, deadline included."""
+        """One slot's thread: WorkerPool's job loop (worker.serve_jobs); optimize's deadline, a
+        time.monotonic() of this host, is enforced here (Slot.run), not shipped."""
         try:
             slot.start()   # eagerly: actors warm (CUDA up) when the first jobs arrive
         except Exception:   # noqa: BLE001 -- retried by the first job, which reports it
             pass
-        while True:
-            item = self._jobs.get()
-            if item is None:
-                break
-            job, fut = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            t0 = time.perf_counter()
-            timeout = job_timeout(job, self.timeout)
-            deadline = job.get("deadline")   # time.monotonic() of optimize's deadline, here
-            if timeout is None:
-                fut.set_result(dict(PAST_DEADLINE))
-                continue
-            try:
-                res = slot.run(self._outgoing(job), timeout, None if deadline is None else float(deadline))
-            except Exception as e:   # noqa: BLE001 -- the actor could not start: report, keep serving
-                res = {"reason": "crash", "detail": f"{type(e).__name__}: {e}"}
-            res = cut_at_deadline(res, job)
-            res.setdefault("worker_s", time.perf_counter() - t0)
-            fut.set_result(res)
+
+        def run(job: dict, timeout: float) -> dict:
+            deadline = job.get("deadline")
+            return slot.run(self._outgoing(job), timeout, None if deadline is None else float(deadline))
+        serve_jobs(self._jobs, run, self.timeout)
         slot.stop()
 
     def _outgoing(self, job: dict) -> dict:

@@ -189,6 +189,32 @@ def job_timeout(job: dict, default: float) -> float | None:
     return None if left <= 0 else min(timeout, left)
 
 
+def serve_jobs(jobs: queue.Queue, run, default_timeout: float) -> None:
+    """One worker's job loop (WorkerPool's and RayPool's), until a None: each (job, Future) runs as
+    run(job, seconds) for its job_timeout, or reports PAST_DEADLINE unrun once optimize's deadline
+    has passed; a run that raises (the worker could not even start) reports "crash" and the loop
+    goes on; results are cut at the deadline (cut_at_deadline) and carry "worker_s"."""
+    while True:
+        item = jobs.get()
+        if item is None:
+            return
+        job, fut = item
+        if not fut.set_running_or_notify_cancel():
+            continue
+        t0 = time.perf_counter()
+        timeout = job_timeout(job, default_timeout)
+        if timeout is None:
+            fut.set_result(dict(PAST_DEADLINE))
+            continue
+        try:
+            res = run(job, timeout)
+        except Exception as e:   # noqa: BLE001 -- report, keep serving
+            res = {"reason": "crash", "detail": f"{type(e).__name__}: {e}"}
+        res = cut_at_deadline(res, job)
+        res.setdefault("worker_s", time.perf_counter() - t0)
+        fut.set_result(res)
+
+
 def cancel_queued(jobs: queue.Queue) -> None:
     """Cancel every (job, Future) still waiting in a pool's queue (the stop markers, None, stay
     out of it: they are put after this)."""
@@ -233,25 +259,7 @@ class WorkerPool:
             w.start()   # eagerly, so workers are warm when the first jobs arrive
         except RuntimeError:
             pass        # retried by the first job, which then reports the failure
-        while True:
-            item = self._jobs.get()
-            if item is None:
-                break
-            job, fut = item
-            if not fut.set_running_or_notify_cancel():
-                continue
-            t0 = time.perf_counter()
-            timeout = job_timeout(job, self.timeout)
-            if timeout is None:
-                fut.set_result(dict(PAST_DEADLINE))
-                continue
-            try:
-                res = w.run(job, timeout)
-            except Exception as e:   # the worker could not even start: report, keep serving
-                res = {"reason": "crash", "detail": f"{type(e).__name__}: {e}"}
-            res = cut_at_deadline(res, job)
-            res.setdefault("worker_s", time.perf_counter() - t0)
-            fut.set_result(res)
+        serve_jobs(self._jobs, w.run, self.timeout)
         w.close()
 
     def submit(self, job: dict) -> Future:
