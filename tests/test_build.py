@@ -373,6 +373,76 @@ def test_a_library_in_parts_links_every_part_and_a_failing_part_says_why(tmp_pat
     assert list(tmp_path.glob(".parts-*")) == []
 
 
+@pytest.fixture
+def fake_library_builds(monkeypatch, tmp_path):
+    """build.library with a stand-in compile that takes 0.2 s, writes the .so and records how many
+    ran at once and in how many parts; cores(n) sets the process's usable CPUs."""
+    import threading
+    import time
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build.paths, "nvcc_path", lambda: "/usr/bin/nvcc")
+    monkeypatch.setattr(build.paths, "nvcc_version", lambda: "13.0")
+    build.library_hash.cache_clear()
+    for name in ("cutlass_conv", "cutlass_gemm"):
+        lib = build.OUR_LIBRARIES[name]
+        monkeypatch.setitem(build.OUR_LIBRARIES, name, type(lib)(lambda: [], lib.version, lib.missing, lib.archs, 3))
+    seen = {"now": 0, "most": 0, "parts": [], "lock": threading.Lock()}
+
+    def compile_(so, parts):
+        with seen["lock"]:
+            seen["now"] += 1
+            seen["most"] = max(seen["most"], seen["now"])
+            seen["parts"].append(parts)
+        time.sleep(0.2)
+        so.parent.mkdir(parents=True, exist_ok=True)
+        so.write_bytes(b"")
+        with seen["lock"]:
+            seen["now"] -= 1
+        return ""
+    monkeypatch.setattr(build, "_compile_parts", lambda src, so, flags, parts, *a: compile_(so, parts))
+    monkeypatch.setattr(build, "_compile", lambda jobs, out_dir, *a, **k: {
+        jobs[0].hash: type("R", (), {"ok": compile_(out_dir / f"{jobs[0].hash}.so", 1) == "", "error": ""})()})
+
+    def cores(n: int):
+        monkeypatch.setattr(build, "usable_cpus", lambda: list(range(n)))
+        build._library_slots.cache_clear()
+    yield seen, cores
+    build._library_slots.cache_clear()
+    build.library_hash.cache_clear()
+
+
+def _build_at_once(names):
+    import threading
+    out = {}
+    threads = [threading.Thread(target=lambda i=i, n=n: out.__setitem__(i, build.library(n, "sm_90a")))
+               for i, n in enumerate(names)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [out[i] for i in range(len(names))]
+
+
+def test_libraries_build_at_once_where_cores_allow_and_each_once(fake_library_builds):
+    seen, cores = fake_library_builds
+    cores(8)                          # two shares of CORES_PER_LIBRARY: both libraries at once
+    results = _build_at_once(["cutlass_conv", "cutlass_gemm", "cutlass_gemm"])
+    assert all(so is not None for so, _ in results) and results[1][0] == results[2][0]
+    assert seen["most"] == 2 and seen["parts"] == [3, 3]     # cutlass_gemm built once
+
+
+def test_a_small_machine_builds_one_library_at_a_time_in_no_more_parts_than_cores(fake_library_builds):
+    seen, cores = fake_library_builds
+    cores(2)
+    _build_at_once(["cutlass_conv", "cutlass_gemm"])
+    assert seen["most"] == 1 and seen["parts"] == [2, 2]
+    for name in ("cutlass_conv", "cutlass_gemm"):
+        build.library_path(name, "sm_90a").unlink()
+    cores(1)                          # one core: one object, no parts
+    _build_at_once(["cutlass_gemm"])
+    assert seen["parts"][-1] == 1
+
+
 # nvcc 13's ptxas -v report for two kernels (build.REPORT_FLAGS), as a build log keeps it
 PTXAS_LOG = """ptxas info    : 0 bytes gmem
 ptxas info    : Compiling entry function '_Z3bigILi300EEvPf' for 'sm_90a'

@@ -529,7 +529,7 @@ def test_libraries_build_failures_and_unknown_names_exit_1(fake_builds, capsys):
     fail.add("cutlass_conv")
     assert main(["libraries", "build", "cutlass_conv", "cutlass_gemm", "--arch", "sm_90a"]) == 1
     err = capsys.readouterr().err
-    assert "cutlass_conv library failed: nvcc failed" in err and "cutlass_gemm: built in" in err
+    assert "cutlass_conv library failed: nvcc failed" in err and "cutlass_gemm: built at" in err
     assert main(["libraries", "build", "cutlas_gemm", "--arch", "sm_90a"]) == 1
     assert "no library named cutlas_gemm" in capsys.readouterr().err
 

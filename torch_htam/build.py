@@ -210,8 +210,25 @@ def _search_flags(source: str, arch: str) -> tuple[list[str], str]:
 # NOTE: cuDNN's frontend headers take minutes to compile (cudnn_sdpa.cu: 232 s on the 2-core CPU
 # machine, beside a CI run); a candidate that calls them compiles in seconds.
 LIBRARY_TIMEOUT_S = 900.0
-_LIBRARY_LOCK = threading.Lock()                         # one build of a library per process
+# Cores a library build is given: each runs up to OurLibrary.parts nvcc processes, of about 2-3 GB
+# each for CUTLASS's templates, so as many libraries build at once as there are such shares.
+CORES_PER_LIBRARY = 4
+_LIBRARY_LOCKS: dict[tuple[str, str], threading.Lock] = {}   # one build of a library per process
+_LOCKS_LOCK = threading.Lock()
 _BACKGROUND: dict[tuple[str, str], threading.Thread] = {}
+
+
+def _library_lock(name: str, arch: str) -> threading.Lock:
+    with _LOCKS_LOCK:
+        return _LIBRARY_LOCKS.setdefault((name, arch), threading.Lock())
+
+
+@functools.lru_cache(maxsize=None)
+def _library_slots() -> threading.BoundedSemaphore:
+    """How many of our libraries build at once in this process: one per CORES_PER_LIBRARY cores
+    (at least one). NOTE: one lock for every library made a model with attention and GELU MLPs
+    wait for cuDNN's attention library (minutes) before CUTLASS's GEMM library began."""
+    return threading.BoundedSemaphore(max(1, len(usable_cpus()) // CORES_PER_LIBRARY))
 
 
 def libraries_used(source: str) -> list[str]:
@@ -345,7 +362,7 @@ def library(name: str, arch: str, timeout_s: float = LIBRARY_TIMEOUT_S, nice: in
     if state is not LibraryState.NOT_BUILT:
         return None, why
     extra, nvcc = lib.flags(), paths.nvcc_path()
-    with _LIBRARY_LOCK:
+    with _library_lock(name, arch), _library_slots():
         if not so.exists():
             src = (CSRC / f"{name}.cu").read_text()
             flags = [*_flags(src, arch), f"-I{CSRC}", *extra]

@@ -200,6 +200,7 @@ def _cmd_libraries(args) -> int:
     `libraries build [NAME ...]`: build them now (default: every one buildable for the arch), so
     that optimize neither waits for them nor searches without them."""
     import time
+    from concurrent.futures import ThreadPoolExecutor, as_completed
     from torch_htam import build
     arch = _library_arch(args.arch)
     unknown = sorted(set(args.names or ()) - set(build.OUR_LIBRARIES))
@@ -212,18 +213,25 @@ def _cmd_libraries(args) -> int:
                      why or f"torch-htam libraries build {name} --arch {arch}")
             print(f"{name:14s} {arch:8s} {state.value:22s} {where}")
         return OK
-    failed = 0
+    failed, todo = 0, []
     for name in args.names or build.OUR_LIBRARIES:
         state, why = build.library_state(name, arch)
-        if state is not build.LibraryState.NOT_BUILT:
-            failed += bool(args.names) and state is not build.LibraryState.BUILT
-            print(f"{name}: {state.value}{': ' + why if why else ''}", file=sys.stderr)
+        if state is build.LibraryState.NOT_BUILT:
+            todo.append(name)
             continue
-        print(f"{name}: building for {arch} (a minute or more) ...", file=sys.stderr, flush=True)
-        t0 = time.monotonic()
-        so, err = build.library(name, arch)
-        failed += so is None
-        print(f"{name}: {'built in %.0f s: %s' % (time.monotonic() - t0, so) if so else err}", file=sys.stderr)
+        failed += bool(args.names) and state is not build.LibraryState.BUILT
+        print(f"{name}: {state.value}{': ' + why if why else ''}", file=sys.stderr)
+    if todo:
+        print(f"building {', '.join(todo)} for {arch} (a minute or more each; as many at once as the "
+              "cores allow) ...", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(len(todo), 1)) as pool:
+        futures = {pool.submit(build.library, name, arch): name for name in todo}
+        for fut in as_completed(futures):
+            so, err = fut.result()
+            failed += so is None
+            print(f"{futures[fut]}: {'built at %.0f s: %s' % (time.monotonic() - t0, so) if so else err}",
+                  file=sys.stderr, flush=True)
     return ERROR if failed else OK
 
 
