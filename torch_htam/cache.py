@@ -111,13 +111,26 @@ class Entry:
 
 def default_arch() -> str:
     """The nvcc target of this machine's GPU, or $HTAM_ARCH; a clear error when there is neither."""
+    return _arch_and_source()[0]
+
+
+def _arch_and_source() -> tuple[str, str]:
+    """(this machine's GPU arch, else $HTAM_ARCH; where it came from, as an error names it)."""
     from torch_htam import gpu
     info = gpu.detect()
-    arch = info.arch if info else os.environ.get("HTAM_ARCH")
-    if not arch:
-        raise RuntimeError("no CUDA GPU found and HTAM_ARCH is not set: pass arch= (e.g. 'sm_90a') "
-                           "to say which architecture's kernel cache to use")
-    return arch
+    if info:
+        return info.arch, "GPU arch"
+    if os.environ.get("HTAM_ARCH"):
+        return os.environ["HTAM_ARCH"], "$HTAM_ARCH"
+    raise RuntimeError("no CUDA GPU found and HTAM_ARCH is not set: pass arch= (e.g. 'sm_90a') "
+                       "to say which architecture's kernel cache to use")
+
+
+def command_arch(arch: str | None) -> str:
+    """The arch a command's --arch means: it, else default_arch(); checked as an nvcc target
+    (ValueError naming where it came from: --arch, $HTAM_ARCH or the GPU); RuntimeError where
+    there is none. Shared by `torch-htam cache` and `torch-htam libraries`."""
+    return paths.check_arch(*((arch, "--arch") if arch else _arch_and_source()))
 
 
 class KernelCache:
@@ -347,8 +360,7 @@ def _cli_cache(arch: str | None) -> KernelCache:
     """The cache for --arch, else this GPU's arch, else $HTAM_ARCH; else an error naming --arch.
     An arch that is not an nvcc target (a typo) is an error, not a new empty cache."""
     try:
-        source = "--arch" if arch else "$HTAM_ARCH" if os.environ.get("HTAM_ARCH") else "GPU arch"
-        return KernelCache(paths.check_arch(arch or default_arch(), source))
+        return KernelCache(command_arch(arch))
     except ValueError as e:
         raise CacheCliError(str(e)) from None
     except RuntimeError:

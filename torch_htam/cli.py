@@ -236,17 +236,14 @@ def _cmd_libraries(args) -> int:
 
 
 def _library_arch(arch: str | None) -> str:
-    """--arch, else this GPU's arch, else $HTAM_ARCH (checked); else a CliError naming --arch."""
-    import os
-    from torch_htam import gpu, paths
-    info = gpu.detect()
-    chosen = arch or (info.arch if info else None) or os.environ.get("HTAM_ARCH")
-    if chosen is None:
-        raise CliError("no CUDA GPU detected and $HTAM_ARCH is not set: pass --arch (e.g. --arch sm_90a)")
+    """--arch, else this GPU's arch, else $HTAM_ARCH (cache.command_arch); else a CliError naming --arch."""
+    from torch_htam.cache import command_arch
     try:
-        return paths.check_arch(chosen, "--arch" if arch else "GPU arch" if info else "$HTAM_ARCH")
+        return command_arch(arch)
     except ValueError as e:
         raise CliError(str(e)) from None
+    except RuntimeError:
+        raise CliError("no CUDA GPU detected and $HTAM_ARCH is not set: pass --arch (e.g. --arch sm_90a)") from None
 
 
 def _user_error(e: Exception) -> str | None:
