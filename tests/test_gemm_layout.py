@@ -91,6 +91,18 @@ class ScaledLinearToNCHW(nn.Module):
         return (g * F.linear(x, w, b)).permute(0, 3, 1, 2)
 
 
+class LinearGelu(nn.Module):
+    """MLP-Mixer's token MLP: gelu(linear(x)) with x a transposed view ([B, C, T] of [B, T, C])."""
+    def forward(self, x, w, b):
+        return F.gelu(F.linear(x, w, b))
+
+
+class ResidualAdd(nn.Module):
+    """MLP-Mixer's channel MLP end: res + linear(x), res transposed in memory (the output too)."""
+    def forward(self, x, w, b, res):
+        return res + F.linear(x, w, b)
+
+
 def _cases(dtype=torch.float32, device="cpu") -> dict:
     def r(*s, scale=1.0):
         return torch.randn(*s, dtype=dtype, device=device) * scale
@@ -106,6 +118,10 @@ def _cases(dtype=torch.float32, device="cpu") -> dict:
         "scaled_bmm_t": (ScaledBmmT(), [r(6, 24, 16), r(6, 24, 16)]),
         "repeat_kv": (RepeatKV(), [r(2, 24, 64), r(32, 64, scale=0.1)]),
         "scaled_linear_to_nchw": (ScaledLinearToNCHW(), [r(2, 7, 9, 48), r(24, 48, scale=0.1), r(24), r(24)]),
+        # inputs at their captured strides: X read transposed, a residual (and so the output) stored so
+        "transposed_x": (LinearGelu(), [r(2, 64, 24).transpose(1, 2), r(32, 64, scale=0.1), r(32)]),
+        "transposed_residual": (ResidualAdd(), [r(2, 24, 96), r(64, 96, scale=0.1), r(64),
+                                                r(2, 64, 24).transpose(1, 2)]),
     }
 
 
@@ -145,11 +161,12 @@ def test_layout_maps_reproduce_torch(name):
         assert copies * box.numel() == idx.numel() and (copies > 1) == o.box.repeats
         assert torch.equal(idx.sort().values, box.repeat_interleave(copies).sort().values)
     # the operands' strided views of the inputs give torch's product
-    a_in, b_in = args[L.A.input].contiguous().flatten(), args[L.B.input].contiguous().flatten()
-    def operand(x, op, rows, cols):      # [outer, inner, rows, cols] as the kernel steps it
+    a_in, b_in = args[L.A.input], args[L.B.input]
+    def operand(x, op, rows, cols):      # [outer, inner, rows, cols] as the kernel steps x's memory
         inner = L.batch // L.outer
         return torch.as_strided(x, (L.outer, inner, rows, cols), (op.s_outer, op.s_batch if op.batch > 1 else 0,
-                                                                 op.s_row, op.s_col)).reshape(L.batch, rows, cols)
+                                                                 op.s_row, op.s_col), x.storage_offset()
+                                ).reshape(L.batch, rows, cols)
     A, B = operand(a_in, L.A, L.M, L.K), operand(b_in, L.B, L.K, L.N)
     node = gemm._gemm_node(task.graph)
     interp = {}

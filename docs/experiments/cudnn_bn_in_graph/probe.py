@@ -48,7 +48,7 @@ def build(x, w, pad, stride, in_graph: bool):
     names = ("mean", "var", "gamma", "beta") if in_graph else ("scale", "shift")
     t = {n: vec(g, v, n) for n in names}
     if in_graph:
-        eps = g.tensor_scalar(EPS, FP32, name="eps")
+        eps = t["eps"] = g.tensor(name="eps", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=FP32)  # on the device
         inv = g.rsqrt(input=g.add(a=t["var"], b=eps, compute_data_type=FP32), compute_data_type=FP32)
         y = g.sub(a=y, b=t["mean"], compute_data_type=FP32)
         y = g.mul(a=y, b=g.mul(a=inv, b=t["gamma"], compute_data_type=FP32), compute_data_type=FP32)
@@ -111,7 +111,7 @@ def row(name, n, c, h, k, r, stride):
             continue
         y = torch.empty_like(ref)
         scale = (bf["gamma"].float() * torch.rsqrt(bf["var"].float() + EPS))
-        data = {"scale": scale.to(torch.bfloat16), "shift": (bf["beta"].float() - bf["mean"].float() * scale).to(torch.bfloat16),
+        data = {"eps": torch.full((1, 1, 1, 1), EPS, device="cuda"), "scale": scale.to(torch.bfloat16), "shift": (bf["beta"].float() - bf["mean"].float() * scale).to(torch.bfloat16),
                 **bf}
         pack = {t["x"]: x, t["w"]: w, t["y"]: y, **{t[n_]: data[n_] for n_ in t if n_ in data}}
         ws = torch.empty(g.get_workspace_size(), device="cuda", dtype=torch.uint8)

@@ -78,6 +78,7 @@ class LayoutGemm:
     outs: tuple[gl.OutLayout, ...]
     in_shapes: tuple[tuple[int, ...], ...]     # every region input's captured shape (checked)
     outer: int = 1      # batch = outer x cuBLASLt's batch: the kernel loops over the outer part
+    in_strides: tuple[tuple[int, ...], ...] = ()   # every region input's captured strides (checked)
 
 
 def _gemm_node(gm):
@@ -97,7 +98,9 @@ def match(gm, policy) -> GemmMatch:
     operands = _bmm_operands(gm, node)
     if operands is None:      # the plain path first: it reads sizes at run time
         try:
-            return _match_plain(gm, node, policy)
+            gp = _match_plain(gm, node, policy)
+            if _dense(gm, gp):
+                return gp
         except Unsupported as e:
             if outs == [src]:
                 if any(gl.is_layout(n) and any(u is not node and u.op != "output" and not gl.is_layout(u)
@@ -111,7 +114,8 @@ def match(gm, policy) -> GemmMatch:
     epi_gm = _with_output(gm, src) if outs != [src] else gm
     gp = _match_plain(epi_gm, _gemm_node(epi_gm), policy, operands_checked=operands is not None)
     lay = _layout_gemm(gm, node, src, operands, gp)
-    if operands is None and len(lay.outs) == 1 and lay.outs[0].identity(lay.batch * lay.M * lay.N):
+    if (operands is None and len(lay.outs) == 1 and lay.outs[0].identity(lay.batch * lay.M * lay.N)
+            and _dense(gm, gp)):
         return gp      # a pure reshape of Y: the plain path writes it (sizes read at run time)
     gp.lay = lay
     return gp
@@ -164,24 +168,56 @@ def _layout_gemm(gm, node, src, operands, gp: GemmMatch) -> LayoutGemm:
         K = shape_of(node.args[0])[-1]
         batch = math.prod(gshape[:-2])
     else:
-        xs, ws = shape_of(ph[gp.a]), shape_of(ph[gp.b])
-        K, batch = xs[-1], 1
-        M = math.prod(xs) // K
-        if gp.op == "linear":        # X [M, K] rows, W [N, K]: B = W^T, a K x N view with row step 1
-            N = ws[0]
-            A, B = gl.Operand(gp.a, 1, 0, K, 1), gl.Operand(gp.b, 1, 0, 1, K)
-        elif gp.op == "bmm":
-            batch, M, N = xs[0], xs[1], ws[2]
-            A, B = gl.Operand(gp.a, batch, M * K, K, 1), gl.Operand(gp.b, batch, K * N, N, 1)
-        else:
-            N = ws[1]
-            A, B = gl.Operand(gp.a, 1, 0, K, 1), gl.Operand(gp.b, 1, 0, N, 1)
+        batch, M, N, K, A, B = _plain_operands(gp, ph)
     outs = tuple(gl.output_layouts(gm, src, batch, M, N))
     A, B = _loop_for_outputs(A, B, outs, batch)
     outer = max(A.outer, B.outer)
     if outer > 1 and any(o.box.extent[0] != batch for o in outs):
         raise Unsupported("an output over part of the batch of a looped batched matmul")
-    return LayoutGemm(batch, M, N, K, A, B, outs, tuple(shape_of(p) for p in ph), outer)
+    return LayoutGemm(batch, M, N, K, A, B, outs, tuple(shape_of(p) for p in ph), outer,
+                      tuple(gl.memory_strides(p) for p in ph))
+
+
+def _dense(gm, gp: GemmMatch) -> bool:
+    """Whether the plain path's contract holds at the captured strides: X, W and the output
+    contiguous. MLP-Mixer's token MLP reads X transposed ([B, C, T] of a [B, T, C] tensor) and its
+    channel MLP's residual add stores its output transposed: the plain path's kernels refused both
+    at their own shape, every candidate a launch error (zoo-20261130-143804)."""
+    ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return gl.is_dense(ph[gp.a]) and gl.is_dense(ph[gp.b]) and all(gl.is_dense(o) for o in _graph_outputs(gm))
+
+
+def _rows_of(sizes, strides) -> list[tuple[int, int]]:
+    """(size, stride) of the dims of size > 1, neighbours that step as one dim merged."""
+    dims: list[list[int]] = []
+    for n, st in zip(sizes, strides):
+        if n == 1:
+            continue
+        if dims and dims[-1][1] == st * n:
+            dims[-1] = [dims[-1][0] * n, st]
+        else:
+            dims.append([n, st])
+    return [tuple(d) for d in dims]
+
+
+def _plain_operands(gp: GemmMatch, ph) -> tuple:
+    """(batch, M, N, K, A, B) of a linear / mm / bmm of region inputs, at their captured strides:
+    X's leading dims as cuBLASLt's batch and M where they step as at most two strides (X [B, C, T]
+    read transposed: batch B, M C with row step 1), W broadcast over the batch (linear, mm)."""
+    xs, ws = shape_of(ph[gp.a]), shape_of(ph[gp.b])
+    xst, wst = gl.memory_strides(ph[gp.a]), gl.memory_strides(ph[gp.b])
+    K = xs[-1]
+    if gp.op == "bmm":            # X [batch, M, K], W [batch, K, N]
+        return (xs[0], xs[1], ws[2], K, gl.Operand(gp.a, xs[0], xst[0], xst[1], xst[2]),
+                gl.Operand(gp.b, ws[0], wst[0], wst[1], wst[2]))
+    lead = _rows_of(xs[:-1], xst[:-1]) or [(1, K)]
+    if len(lead) > 2:
+        raise Unsupported("a GEMM input X whose leading dims step as more than two strides")
+    (batch, s_batch), (M, s_row) = lead if len(lead) == 2 else [(1, 0), lead[0]]
+    A = gl.Operand(gp.a, batch, s_batch, s_row, xst[-1])
+    if gp.op == "linear":         # W [N, K]: B = W^T, K x N
+        return batch, M, ws[0], K, A, gl.Operand(gp.b, 1, 0, wst[1], wst[0])
+    return batch, M, ws[1], K, A, gl.Operand(gp.b, 1, 0, wst[0], wst[1])   # W [K, N]
 
 
 def _loop_for_outputs(A: gl.Operand, B: gl.Operand, outs, batch: int):
@@ -500,13 +536,20 @@ def _sizes_check(t: str, shape, *extra: str) -> str:
     return f"  if ({' || '.join(conds)}) return HTAM_ERR_SHAPE;"
 
 
+def _strides_differ(i: int, L: LayoutGemm) -> str:
+    """C++ conditions (each led by ' || ') true where in[i]'s strides are not the captured ones
+    its operand was read at (size-1 dims step nowhere: any stride)."""
+    return "".join(f" || in[{i}].strides[{d}] != {st}" for d, (n, st) in enumerate(zip(L.in_shapes[i], L.in_strides[i]))
+                   if n != 1)
+
+
 def _layout_checks(gp: GemmMatch, bias) -> list[str]:
     """C++ refusing (HTAM_ERR_SHAPE) inputs and outputs other than the captured ones: layouts bake
     the captured sizes. bias: the input cuBLASLt's BIAS epilogue reads, or None."""
     L, code = gp.lay, DT[gp.dtype][1]
     lines = [f"  if (n_in != {len(L.in_shapes)} || n_out != {len(L.outs)}) return HTAM_ERR_SHAPE;"]
     lines += [_sizes_check(f"in[{i}]", shape) for i, shape in enumerate(L.in_shapes)]
-    lines += [f"  if (in[{i}].dtype != {code} || !htam_contiguous(in[{i}])) return HTAM_ERR_SHAPE;"
+    lines += [f"  if (in[{i}].dtype != {code}{_strides_differ(i, L)}) return HTAM_ERR_SHAPE;"
               for i in sorted({L.A.input, L.B.input})]
     lines += [_sizes_check(f"out[{k}]", o.shape, f"out[{k}].dtype != {code}") for k, o in enumerate(L.outs)]
     if bias is not None:

@@ -282,7 +282,10 @@ def operand_of(node, placeholders: list, lead_shape: tuple[int, ...]) -> Operand
     src = chain_source(node)
     if src not in placeholders:
         raise Unsupported("GEMM operands must be region inputs or views of them")
-    v = strided_of(node, src) if src is not node else _contiguous(shape_of(node))
+    if src is not node and not is_dense(src):
+        raise Unsupported("a matmul operand that is a view of a non-contiguous input")
+    v = strided_of(node, src) if src is not node else Strided(shape_of(node), memory_strides(node), 0,
+                                                              (1,) * len(shape_of(node)))
     if len(v.sizes) < 2 or any(g != 1 for g in v.groups):
         raise Unsupported("a matmul operand of rank < 2 or not a strided view of its input")
     if v.base != 0:
@@ -312,6 +315,18 @@ def _one_stride(dims: list[tuple[int, int]]) -> int | None:
         if st_out != st_in * s_in:
             return None
     return dims[-1][1] if dims else 0
+
+
+def memory_strides(n) -> tuple[int, ...]:
+    """A node's captured strides (its meta value's; row-major where it has none)."""
+    v = n.meta.get("val")
+    return tuple(v.stride()) if isinstance(v, torch.Tensor) else _contiguous(shape_of(n)).strides
+
+
+def is_dense(n) -> bool:
+    """Whether a node's captured value is contiguous (assumed where it has none)."""
+    v = n.meta.get("val")
+    return not isinstance(v, torch.Tensor) or v.is_contiguous()
 
 
 def _contiguous(shape) -> Strided:
