@@ -160,7 +160,7 @@ def test_a_kernel_declining_small_sizes_keeps_the_rest():
     """HTAM_ERR_SHAPE is how a kernel says a size is not its: those buckets fall back."""
     v = run(lambda i, o: V.HTAM_ERR_SHAPE if i[0].shape[0] < 8 else honest(i, o))
     assert [(b.low, b.high) for b in v.kept] == [(9, 64)]
-    assert {w.reason for w in v.wrong} == {"launch_error"} and "HTAM_ERR_SHAPE" in v.wrong[0].detail
+    assert {w.reason for w in v.wrong} == {"refused"} and "HTAM_ERR_SHAPE" in v.wrong[0].detail
 
 
 def test_a_kernel_right_only_at_the_example_is_kept_nowhere():

@@ -141,6 +141,8 @@ def test_searched_log_says_why_a_task_has_no_kernel(tmp_path):
     log.add("failed", cfg, "steps", 1.0, "bf16", failures={"build": 1, "mismatch": 3})
     assert log.why_not("failed", 1.03).endswith("1.00x of eager; 4 candidates failed (mismatch 3, build 1)")
     assert "failed" not in log.why_not("eager", 1.03)
+    log.add("refused", cfg, "refused", None, "bf16", failures={"refused": 8})
+    assert "refused the region's own inputs" in log.why_not("refused", 1.03)
 
 
 def test_the_keeper_confirms_each_winner_once_and_never_caches_a_slower_one(tmp_path):

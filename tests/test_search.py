@@ -11,7 +11,7 @@ import pytest
 from torch_htam.evaluation import Evaluation
 from torch_htam.htg import HTG, START
 from torch_htam.proposers.base import Candidate, Proposal
-from torch_htam.search import Progress, SearchConfig, search, search_many
+from torch_htam.search import REFUSED_STEPS, Progress, SearchConfig, search, search_many
 from torch_htam.task import Task, TensorSpec
 
 
@@ -290,6 +290,25 @@ def test_without_a_time_budget_each_task_is_searched_in_one_go(clock):
                 SearchConfig(steps=2, stagnation=0, roofline_stop=None), progress=False,
                 on_result=lambda t, r: seen.append((t.name, r.partial)))
     assert ev.served == ["a"] * 3 + ["b"] * 3 and seen == [("a", False), ("b", False)]
+
+
+def test_stops_when_every_candidate_refuses_the_task_s_inputs():
+    """HTAM_ERR_SHAPE on the task's own inputs ("refused"): the proposer's path does not fit the
+    task, so after REFUSED_STEPS such steps the search stops and the report says so; a step with
+    one refusal among other failures does not count."""
+    class Refusing(FakeEvaluator):
+        def evaluate_many(self, task, sources):
+            self.calls += 1
+            return [Evaluation(False, "refused", "htam_run returned HTAM_ERR_SHAPE") for _ in sources]
+    res = search(make_task(), FakeProposer(), Refusing(), HTG.from_prior(), SearchConfig(steps=6, stagnation=0))
+    assert res.stop == "refused" and res.steps == REFUSED_STEPS - 1 and res.best is None
+
+    class Mixed(FakeEvaluator):
+        def evaluate_many(self, task, sources):
+            self.calls += 1
+            return [Evaluation(False, "refused" if i == 0 else "mismatch", "") for i, _ in enumerate(sources)]
+    res = search(make_task(), FakeProposer(), Mixed(), HTG.from_prior(), SearchConfig(steps=3, stagnation=0))
+    assert res.stop != "refused"
 
 
 def test_stops_when_the_proposer_has_nothing():

@@ -24,7 +24,9 @@ REASONS = (
     "static_check",      # rejected before compiling (no stream, threads, new streams, sync, timer)
     "compile_error",
     "load_error",        # .so would not load / no htam_run symbol
-    "launch_error",      # htam_run returned a CUDA error or HTAM_ERR_SHAPE on the task's own shape
+    "launch_error",      # htam_run returned a CUDA error (or raised) on the task's own inputs
+    "refused",           # htam_run returned HTAM_ERR_SHAPE on inputs the task declares (its example's,
+                         # or a size of its ranges): it does not take their sizes, strides or dtypes
     "crash",             # worker process died (illegal address, abort)
     "timeout",           # hang or far too slow
     "shape_mismatch", "dtype_mismatch",

@@ -76,6 +76,9 @@ class SearchedLog:
             return None
         best, ind = rec.get("best"), rec.get("vs_inductor")
         failed = failures_words(rec.get("failures"))
+        if best is None and rec.get("stop") == "refused":
+            return (f"no kernel: the candidates refused the region's own inputs (HTAM_ERR_SHAPE: their "
+                    f"sizes, strides or dtypes), so the search stopped{failed}")
         if best is None:
             return f"no kernel: searched, none verified ({rec.get('stop')}){failed}"
         if ind is not None and ind < min_speedup <= best:

@@ -29,7 +29,9 @@ this task's trail damps the direction so the next step goes elsewhere. A candida
 only if it is correct and strictly faster. The loop stops at the step budget, after `stagnation`
 steps after step 0 without a gain over min_gain, when the best reaches `roofline_stop` of the
 roofline, when the proposer has nothing to offer EMPTY_STEPS steps in a row or supports no strategy
-eligible for the task ("no_candidates"), or when wall time, tokens or cost run out.
+eligible for the task ("no_candidates"), when every candidate of REFUSED_STEPS steps in a row
+refused the task's own inputs ("refused": the proposer's path does not fit them, and its next
+settings share that path), or when wall time, tokens or cost run out.
 
 Every candidate, step and run summary is one JSON line in the trajectory file (for people: grep it,
 or `jq -c 'select(.event=="step")'`).
@@ -55,6 +57,9 @@ from torch_htam.state import ridge_point, state_of
 log = logging.getLogger("torch_htam")
 
 EMPTY_STEPS = 3         # consecutive steps whose proposal was empty before giving up on the task
+# consecutive steps whose every candidate refused the task's own inputs (HTAM_ERR_SHAPE) before
+# giving up: MLP-Mixer's strided GEMMs spent 13 and 17 candidates so (zoo-20261130-143804)
+REFUSED_STEPS = 2
 DETAIL_CHARS = 400      # evaluation detail kept per trajectory line (compiler output is long)
 DEFAULT_RIDGE = 20.0    # FLOP/B; H100 fp32 CUDA cores: 67 TFLOP/s / 3.35 TB/s, when no GPU is known
 
@@ -154,7 +159,7 @@ class SearchAttempt(Attempt):
 @dataclass
 class SearchResult:
     """Outcome of one task's search. stop: "steps" | "stagnation" | "roofline" | "wall" |
-    "tokens" | "cost" | "no_candidates" | "time_budget" | "error: ...". population: correct
+    "tokens" | "cost" | "no_candidates" | "refused" | "time_budget" | "error: ...". population: correct
     kernels, fastest first (at most POPULATION); directions: the direction of each step, step 0
     first."""
     task: str
@@ -251,6 +256,7 @@ class _Loop:
     last_failure: str | None = None
     stale: int = 0     # steps since the best last improved by more than min_gain
     empty: int = 0     # consecutive steps with an empty proposal
+    refused: int = 0   # consecutive steps whose every candidate refused the task's inputs
     next_step: int = 0
     stopped: bool = False   # a stop reason fired or every step ran
 
@@ -324,6 +330,7 @@ class _Loop:
         # one whose candidates the deadline cut says nothing new
         if reasons:
             self.last_failure = None if "ok" in reasons else _most_common(reasons)
+            self.refused = self.refused + 1 if set(reasons) == {"refused"} else 0
         # NOTE: an unrealized step (no candidate) is pushed as not improved so the trail's tabu
         # steers the next step elsewhere; memory records nothing for it (module docstring).
         if moved or not cands:   # NOTE: the defaults alone (a cover pass's step 0) try no direction
@@ -379,6 +386,8 @@ class _Loop:
             return "stagnation"
         if self.empty >= EMPTY_STEPS:   # NOTE: e.g. the expert cannot express this graph at all
             return "no_candidates"
+        if self.refused >= REFUSED_STEPS:
+            return "refused"
         return None
 
 

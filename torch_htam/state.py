@@ -18,6 +18,8 @@ from torch_htam import ops
 # reason, because "mismatch" and "partial_write" call for the same next move (boundary handling).
 FAILURE_CLASS = {
     "static_check": "build", "compile_error": "build", "load_error": "build",
+    # a refusal, like a build failure, ran nothing: the source does not fit the task
+    "refused": "build",
     "launch_error": "crash", "crash": "crash", "timeout": "crash",
     "shape_mismatch": "wrong", "dtype_mismatch": "wrong", "partial_write": "wrong", "nan": "wrong",
     "mismatch": "wrong", "input_mutated": "wrong", "nondeterministic": "wrong",

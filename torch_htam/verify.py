@@ -566,7 +566,8 @@ def _sync(device) -> None:
 
 
 def _call(kernel, inputs, outputs, device, where: str) -> None:
-    """One candidate call + device sync; raises Failure with launch_error / crash."""
+    """One candidate call + device sync; raises Failure with refused (HTAM_ERR_SHAPE: the kernel
+    does not take these inputs) / launch_error / crash."""
     try:
         code = kernel(inputs, outputs)
         _sync(device)
@@ -574,7 +575,8 @@ def _call(kernel, inputs, outputs, device, where: str) -> None:
         msg = f"{where}: {type(e).__name__}: {str(e).strip()[:300]}"
         raise Failure("crash" if is_crash_message(str(e)) else "launch_error", msg) from None
     if code:
-        reason = "crash" if code in STICKY_CUDA_ERRORS else "launch_error"
+        reason = ("refused" if code == HTAM_ERR_SHAPE else "crash" if code in STICKY_CUDA_ERRORS
+                  else "launch_error")
         raise Failure(reason, f"{where}: htam_run returned {cuda_error_name(int(code))}")
 
 
