@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+import torch.nn as nn
 
 import torch_htam
 from torch_htam.policy import TOLERANCES, conv_tf32
@@ -110,6 +111,55 @@ def test_one_evaluator_from_the_floor_to_the_search_and_gone_before_the_decision
     torch_htam.optimize(model, inputs, OptimizeConfig(time_budget_s=600))
     assert events[:5] == ["floor", "workers start", "search deadline", ("search", True, True), "workers stop"], events
     assert events[5] == "decision"
+
+
+class LinearThenTranspose(nn.Module):
+    """MLP-Mixer's token MLP end: linear, then the result transposed back (a strided output)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.fc2 = nn.Linear(8, 8), nn.Linear(16, 16)
+
+    def forward(self, x):                        # x [2, 16, 8]
+        return self.fc2(torch.relu(self.fc(x).transpose(1, 2) + 1.0))
+
+
+def test_a_task_whose_output_cannot_be_swapped_in_is_not_searched(monkeypatch):
+    """The launcher allocates contiguous or channels-last outputs, so a region whose output is a
+    transpose's strided view could never run our kernel: the search is not given it, and the
+    report says why. GPU faked, the search stood in."""
+    from torch_htam import evaluation, gpu, pipeline
+    given = []
+
+    def search(tasks, cfg, gpu_, cache, searched, evaluator, budget_s, weights, phase, incumbents=None):
+        given.extend(tasks)
+        return {}
+
+    class NoWorkers:
+        def __init__(self, deadline=None, **kw):
+            pass
+
+        def start(self):
+            return self
+
+        def until(self, deadline):
+            return pipeline.contextlib.nullcontext(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+    fake = gpu.GpuInfo("fake GPU", "sm_90a", 132, 50 << 20, 227 << 10, 3.35e12, 67e12, 989e12)
+    monkeypatch.setattr(gpu, "detect", lambda device=0: fake)
+    monkeypatch.setattr(pipeline, "_off_gpu_tensors", lambda model, inputs: None)
+    monkeypatch.setattr(evaluation, "Evaluator", NoWorkers)
+    monkeypatch.setattr(pipeline, "_search", search)
+    model, x = LinearThenTranspose().eval(), torch.randn(2, 16, 8)
+    torch_htam.optimize(model, (x,), OptimizeConfig(time_budget_s=600))
+    strided = [t for t in model.htam_report.tasks if t.detail.startswith("not searched: htam::launch allocates")]
+    assert len(strided) == 1, model.htam_report.format()
+    assert given and strided[0].signature not in {t.signature for t in given}
 
 
 def test_searched_log_skips_a_task_until_the_budget_grows(tmp_path):

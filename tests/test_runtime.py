@@ -457,6 +457,45 @@ def test_conv_regions_take_and_give_channels_last():
     assert all(k.seen[0] == cl for k in kernels.values())
 
 
+class TransposedStream(nn.Module):
+    """Whisper's encoder in small: a conv front end transposed to [B, T, C], so eager stores every
+    residual add's result (and a layer norm's input) transposed; then LN -> linear + residual."""
+
+    def __init__(self, c=16):
+        super().__init__()
+        self.conv, self.ln, self.fc = nn.Conv1d(c, c, 3, padding=1), nn.LayerNorm(c), nn.Linear(c, c)
+
+    def forward(self, x, pos):
+        h = self.conv(x).permute(0, 2, 1) + pos     # [B, T, C] stored [B, C, T]
+        return h + self.fc(self.ln(h))
+
+
+def test_regions_take_and_give_row_major_what_eager_laid_out_transposed():
+    """A boundary an elementwise or row-wise op made, stored permuted by eager's TensorIterator,
+    is row-major in its task (Inductor lays it out as the runtime asks); the swapped graph forces
+    it so at the inputs, allocates the outputs so and computes what the model does."""
+    torch.manual_seed(0)
+    model, x, pos = TransposedStream().eval(), torch.randn(2, 16, 12), torch.randn(12, 16)
+    h = model.conv(x).permute(0, 2, 1) + pos
+    assert not h.is_contiguous()          # eager's layout: the add follows the permute
+    cap = extract(model, (x, pos))
+    by_kind = {t.kind: t for t in cap.tasks}
+    norm, gemm = by_kind["rowwise"], by_kind["gemm"]
+    assert norm.inputs[0].contiguous and norm.outputs[0].contiguous
+    assert all(s.contiguous for s in gemm.inputs + gemm.outputs)          # X, W, bias, residual, out
+    kernels = {t.signature: StridesSeen(t) for t in cap.tasks}
+    new, swapped = runtime.swap(cap.capture.graphs[0], cap.sites_of(0), kernels, PROVIDER)
+    assert {s.name for s in swapped} >= {norm.name, gemm.name}
+    fresh, fresh_pos = torch.randn(2, 16, 12), torch.randn(12, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(new(fresh, fresh_pos)[0], model(fresh, fresh_pos))
+    for t in (norm, gemm):
+        k = kernels[t.signature]
+        assert all(st == sp.stride for st, sp in zip(k.seen, t.inputs)), (t.name, k.seen)
+    launches = [n for n in new.graph.nodes if n.target is PROVIDER.op]
+    assert all(v.is_contiguous() for n in launches for v in n.meta["val"])
+
+
 # ---- pre-planning: the batch slices of a ranged conv ------------------------------------------------
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")

@@ -103,8 +103,9 @@ def from_capture(cap: Capture) -> Extraction:
             try:
                 if why:
                     raise ValueError(why)
-                task = region_to_task(gm, region, values, channels_last=channels_last_boundary(region),
-                                      dynamic=dims, sizes=sizes)
+                cl = channels_last_boundary(region)
+                task = region_to_task(gm, region, values, channels_last=cl, dynamic=dims, sizes=sizes,
+                                      row_major=row_major_boundary(region, cl, values))
             except ValueError as e:
                 found.problems.append(f"{where} skipped: {e}")
                 continue
@@ -178,9 +179,11 @@ def estimated_seconds(task: Task, gpu=None) -> float:
 # ---- region -> task ------------------------------------------------------------------------
 
 def region_graph(gm: fx.GraphModule, region: Region, channels_last: set[fx.Node] = frozenset(),
-                 sizes: dict | None = None, values: dict | None = None) -> fx.GraphModule:
+                 sizes: dict | None = None, values: dict | None = None,
+                 row_major: set[fx.Node] = frozenset()) -> fx.GraphModule:
     """The region as its own GraphModule: placeholders in region.inputs order, one output tuple.
-    The inputs in `channels_last` get channels-last meta values (what proposers read layouts from).
+    The inputs in `channels_last` get channels-last meta values (what proposers read layouts from),
+    those in `row_major` row-major ones (row_major_boundary).
 
     sizes: a symbolic region's size inputs as sizes of its tensor inputs (symbolic.region_sizes):
     with `values` (the example call's, capture.record_values), each is the example's int and
@@ -192,32 +195,41 @@ def region_graph(gm: fx.GraphModule, region: Region, channels_last: set[fx.Node]
     """
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    for i, a in enumerate(region.inputs):
+    formats = [_format(a, channels_last, row_major) for a in region.inputs]
+    for i, (a, fmt) in enumerate(zip(region.inputs, formats)):
         p = g.placeholder(f"in{i}")
         val = a.meta.get("val")
-        if a in channels_last and isinstance(val, torch.Tensor):
-            val = val.contiguous(memory_format=torch.channels_last)
-        p.meta["val"] = val
+        p.meta["val"] = val.contiguous(memory_format=fmt) if fmt is not None and isinstance(val, torch.Tensor) else val
         env[a] = p
     for s, (j, d, k) in (sizes or {}).items():
         env[s] = values[s] if values is not None else symbolic.size_node(g, env[region.inputs[j]], d, k)
     for n in region.nodes:
         env[n] = g.node_copy(n, lambda a: env[a])
+    for o in region.outputs:   # what the task gives (its specs), as the proposers read it
+        val = env[o].meta.get("val")
+        if o in row_major and isinstance(val, torch.Tensor):
+            env[o].meta["val"] = val.contiguous()
     g.output(tuple(env[o] for o in region.outputs))
     g.lint()
     out = fx.GraphModule(torch.nn.Module(), g)
     if sizes is not None and values is not None:
-        _at_example(out, [values[a] for a in region.inputs], [a in channels_last for a in region.inputs])
+        _at_example(out, [values[a] for a in region.inputs], formats)
     return out
 
 
-def _at_example(g: fx.GraphModule, inputs: list, channels_last: list[bool]) -> None:
-    """Every node's meta value recomputed from the example's input values (static sizes)."""
+def _format(n: fx.Node, channels_last: set[fx.Node], row_major: set[fx.Node]) -> torch.memory_format | None:
+    """The memory format a task lays boundary node n out in (None: as captured)."""
+    return torch.channels_last if n in channels_last else torch.contiguous_format if n in row_major else None
+
+
+def _at_example(g: fx.GraphModule, inputs: list, formats: list) -> None:
+    """Every node's meta value recomputed from the example's input values (static sizes), each
+    input in its memory format (None: as it is)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = [mode.from_tensor(x.contiguous(memory_format=torch.channels_last) if cl else x)
-             if isinstance(x, torch.Tensor) else x for x, cl in zip(inputs, channels_last)]
+    fakes = [mode.from_tensor(x.contiguous(memory_format=fmt) if fmt is not None else x)
+             if isinstance(x, torch.Tensor) else x for x, fmt in zip(inputs, formats)]
     FakeTensorProp(g, mode).propagate(*fakes)
 
 
@@ -286,13 +298,14 @@ def _normalize(x):
 def region_to_task(gm: fx.GraphModule, region: Region, values: dict | None = None,
                    name: str | None = None, channels_last: set[fx.Node] = frozenset(),
                    dynamic: dict[fx.Node, dict[int, tuple[int, int]]] | None = None,
-                   sizes: dict | None = None) -> Task:
+                   sizes: dict | None = None, row_major: set[fx.Node] = frozenset()) -> Task:
     """Build the Task of one region of a captured graph.
 
     values: real node values (capture.record_values) give integer inputs their true range
     [low, high); without them integer inputs get [0, 2). channels_last: boundary nodes the task
     takes or gives channels-last (a captured model's conv regions: channels_last_boundary);
-    the others keep the graph's layouts. dynamic: {boundary node: {dim: (low, high)}}, the
+    row_major: those it takes or gives row-major (row_major_boundary); the others keep the graph's
+    layouts. dynamic: {boundary node: {dim: (low, high)}}, the
     declared size ranges its specs carry (symbolic.region_dims); part of the signature. sizes:
     a symbolic region's size inputs (symbolic.region_sizes): its specs and graph are at the
     example's sizes (from `values`), its source takes the sizes from its inputs.
@@ -303,10 +316,12 @@ def region_to_task(gm: fx.GraphModule, region: Region, values: dict | None = Non
     cl = channels_last
     dyn = dynamic or {}
     at = values if dyn or sizes else None   # a symbolic region: specs from the example's values
-    graph = region_graph(gm, region, cl, sizes or {}, values) if at else region_graph(gm, region, cl)
+    rm = row_major
+    graph = (region_graph(gm, region, cl, sizes or {}, values, rm) if at else
+             region_graph(gm, region, cl, row_major=rm))
     positive = _positive_inputs(region)
-    inputs = [_ranged(_spec(a, values, a in positive, a in cl, at), dyn.get(a)) for a in region.inputs]
-    outputs = [_ranged(_spec(o, None, channels_last=o in cl, at=at), dyn.get(o)) for o in region.outputs]
+    inputs = [_ranged(_spec(a, values, a in positive, _format(a, cl, rm), at), dyn.get(a)) for a in region.inputs]
+    outputs = [_ranged(_spec(o, None, fmt=_format(o, cl, rm), at=at), dyn.get(o)) for o in region.outputs]
     op_names = [str(n.target) for n in region.nodes if n.op == "call_function"
                 and n.target is not operator.getitem]
     sig = graph_signature(graph, inputs)
@@ -315,7 +330,7 @@ def region_to_task(gm: fx.GraphModule, region: Region, values: dict | None = Non
     task.flops = float(sum(node_flops(n) for n in graph.graph.nodes if n.op == "call_function"))
     task.bytes = float(sum(_distinct_bytes(s) for s in inputs + outputs))
     task.graph = graph
-    source_graph = region_graph(gm, region, cl, sizes) if sizes else graph
+    source_graph = region_graph(gm, region, cl, sizes, row_major=rm) if sizes else graph
     task.source = kernelbench_source(source_graph, inputs, title=f"{task.name}: {' -> '.join(op_names)}")
     return task
 
@@ -372,17 +387,60 @@ def channels_last_boundary(region: Region) -> set[fx.Node]:
             | {o for o in region.outputs if activation(o)})
 
 
-def _spec(n: fx.Node, values: dict | None, positive: bool = False, channels_last: bool = False,
+def row_major_boundary(region: Region, channels_last: set[fx.Node] = frozenset(),
+                       values: dict | None = None) -> set[fx.Node]:
+    """The boundary tensors a region's task takes and gives row-major though the capture holds them
+    permuted: the dense results of elementwise and row-wise ops (not channels-last 4-D ones: a
+    conv's neighbours, channels_last_boundary).
+
+    Why: eager lays an elementwise result out like its inputs, so Whisper's residual stream follows
+    its conv front end's transpose ([1, 1500, 512] stored [1, 512, 1500]) through every block.
+    Inductor lays such a buffer out as it likes, and the runtime asks it for the task's layout
+    (runtime._force_strides: free where the producer's layout is open). At the captured layout a
+    task was timed where both sides read transposed rows: Whisper's layer norms beat Inductor's
+    code for the region by 1.12x and in the model took 9.2 us a call against Inductor's 2.4-3.4 us
+    add + norm (arm_profile-20261130-151735). And a strided output cannot be swapped in at all
+    (the launcher allocates contiguous or channels-last outputs). A view's result (a transpose:
+    attention heads, MLP-Mixer's token MLP input) keeps its layout, as Inductor keeps it. values:
+    the example call's (capture.record_values), which a graph of symbolic sizes is judged by, so a
+    ranged task and its static twin (static_twin) agree."""
+    def free(n: fx.Node) -> bool:
+        v = values.get(n) if values else None
+        v = v if isinstance(v, torch.Tensor) else n.meta.get("val")
+        if n in channels_last or n.op != "call_function" or category(n) not in (ELEMENTWISE, ROWWISE):
+            return False
+        if not isinstance(v, torch.Tensor) or not all(isinstance(d, int) for d in v.shape) or v.is_contiguous():
+            return False
+        if v.dim() == 4 and v.is_contiguous(memory_format=torch.channels_last):
+            return False
+        return _dense(v.shape, v.stride())
+    return {n for n in (*region.inputs, *region.outputs) if free(n)}
+
+
+def _dense(shape, stride) -> bool:
+    """Whether a tensor covers its memory exactly once (a permutation of a contiguous one)."""
+    acc = 1
+    for n, st in sorted(((n, st) for n, st in zip(shape, stride) if n != 1), key=lambda d: d[1]):
+        if st != acc:
+            return False
+        acc *= n
+    return True
+
+
+def _spec(n: fx.Node, values: dict | None, positive: bool = False, fmt: torch.memory_format | None = None,
           at: dict | None = None) -> TensorSpec:
-    """n's spec from its meta value, or from its value in `at` (a symbolic region: the example's)."""
+    """n's spec from its meta value, or from its value in `at` (a symbolic region: the example's),
+    in memory format fmt (None: as the value is)."""
     val = at[n] if at is not None else n.meta.get("val")
     if not isinstance(val, torch.Tensor):
         raise ValueError(f"region boundary {n.name} is not a tensor ({type(val).__name__})")
     if val.dtype not in DTYPE_NAMES:
         raise ValueError(f"{n.name} has dtype {val.dtype}, which tasks do not support")
     spec = TensorSpec.of(val)
-    if channels_last:
+    if fmt is torch.channels_last:
         spec = spec.as_channels_last()
+    elif fmt is torch.contiguous_format:
+        spec = spec.as_row_major()
     if val.dtype.is_floating_point:
         return TensorSpec(spec.shape, spec.dtype, spec.stride, positive=True) if positive else spec
     low, high = 0, 2

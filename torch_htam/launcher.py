@@ -345,15 +345,25 @@ def encode_out_meta(specs: list[TensorSpec], refs: list[dict[int, tuple[int, int
     """
     if refs is not None and len(refs) != len(specs):
         raise ValueError(f"encode_out_meta: {len(refs)} refs for {len(specs)} outputs (one per output)")
+    why = unallocatable(specs)
+    if why:
+        raise ValueError(f"{why}: preallocate it and call Kernel(...)(inputs, outputs)")
     meta = []
     for j, s in enumerate(specs):
         flag = CHANNELS_LAST if s.channels_last else 0
-        if not flag and not _dense_but_broadcast(s):
-            raise ValueError(f"htam::launch allocates contiguous or channels-last outputs, but this spec has "
-                             f"strides {s.stride} for shape {s.shape}: preallocate it and call "
-                             "Kernel(...)(inputs, outputs)")
         meta += [DTYPE_CODES[s.dtype] + flag, len(s.shape), *_sizes(s, refs[j] if refs else None)]
     return meta
+
+
+def unallocatable(specs: list[TensorSpec]) -> str | None:
+    """Why htam::launch cannot allocate these outputs (None: it can): it allocates contiguous or
+    channels-last ones (an expanded output's tensor before its expand included), so a region whose
+    output is a strided view (a transpose's result) cannot be swapped in."""
+    for s in specs:
+        if not s.channels_last and not _dense_but_broadcast(s):
+            return (f"htam::launch allocates contiguous or channels-last outputs, but an output has strides "
+                    f"{s.stride} for shape {s.shape}")
+    return None
 
 
 def _sizes(spec: TensorSpec, refs: dict[int, tuple[int, int, int]] | None) -> list[int]:

@@ -291,6 +291,7 @@ class _Run:
     gpu: Any = None                                  # GpuInfo, None: no search
     cache: Any = None                                # KernelCache of the GPU's arch
     misses: list = field(default_factory=list)       # tasks to search: no usable kernel, or grown
+    unswappable: dict = field(default_factory=dict)  # {signature: why no kernel could be swapped in}
     incumbents: dict = field(default_factory=dict)   # {signature: Evaluation} of misses' cached kernels
     evaluator: Any = None                            # started by prepare() where GPU work is ahead
     weights: dict | None = None                      # {signature: headroom ms}, the search's order
@@ -402,8 +403,13 @@ class _Run:
         self.searched = SearchedLog(paths.arch_dir(self.gpu.arch) / "searched.json")
         from torch_htam import build
         ready = set(build.libraries_ready(self.gpu.arch))
+        from torch_htam.launcher import unallocatable
         self.misses, self.incumbents = [], {}
         for t in tasks:
+            why = unallocatable(t.outputs)
+            if why:   # NOTE: a search there only spends the budget (MLP-Mixer's linear + transpose)
+                self.unswappable[t.signature] = why
+                continue
             entry = admitted(self.cache.get(t.signature), t)
             done = entry is not None or self.searched.covers(t.signature, self.cfg, policy_for(t).name)
             if done and not self.grown(t, entry, ready):
@@ -565,7 +571,7 @@ class _Run:
         report.phases, report.skipped = dict(self.deadline.phases), list(self.deadline.skipped)
         report.search_plan = self.plan
         report.overran = list(self.deadline.overran)
-        return _finish(model, self.deadline, self.results, self.searched, self.cfg)
+        return _finish(model, self.deadline, self.results, self.searched, self.cfg, self.unswappable)
 
 
 def _inference_note(example_inputs: tuple, grad, dynamic: dict | None) -> str | None:
@@ -603,10 +609,10 @@ def _off_gpu_tensors(model: nn.Module, example_inputs: tuple) -> str | None:
 
 
 def _finish(model: nn.Module, deadline: Deadline, results: dict, searched: SearchedLog | None,
-            cfg: OptimizeConfig) -> nn.Module:
+            cfg: OptimizeConfig, unswappable: dict | None = None) -> nn.Module:
     """The report's totals, and for each task without a kernel why, from its search (e.g. the
     best verified kernel lost to Inductor's code for the region, and by how much, or the time
-    budget ran out first)."""
+    budget ran out first), or why it was not searched (unswappable: {signature: why})."""
     from torch_htam.runtime import TaskStatus
     report = model.htam_report
     report.optimize_s = deadline.elapsed()
@@ -616,7 +622,9 @@ def _finish(model: nn.Module, deadline: Deadline, results: dict, searched: Searc
         res = results.get(t.signature)
         if t.status is not TaskStatus.NO_KERNEL:
             continue
-        if rec:
+        if t.signature in (unswappable or {}):
+            t.detail = f"not searched: {unswappable[t.signature]}"
+        elif rec:
             t.detail = searched.why_not(t.signature, cfg.min_speedup)
             t.speedup, t.vs_inductor = rec.get("best"), rec.get("vs_inductor")
         elif res is not None and res.stop == "time_budget":

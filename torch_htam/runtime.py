@@ -265,8 +265,13 @@ def _replace_region(graph: fx.Graph, region, replaced: dict, op, handle: int, ou
             item = graph.call_function(operator.getitem, (call, i))
         item.meta = dict(o.meta)
         spec = task.outputs[i] if task is not None else None
-        if spec is not None and spec.channels_last and isinstance(o.meta.get("val"), torch.Tensor):
-            item.meta["val"] = call.meta["val"][i] = o.meta["val"].contiguous(memory_format=torch.channels_last)
+        val = o.meta.get("val")
+        # the launcher allocates the spec's layout, which a channels-last or row-major task output
+        # (extract.channels_last_boundary, row_major_boundary) may not share with the graph's
+        if spec is not None and (spec.channels_last or spec.contiguous) and isinstance(val, torch.Tensor):
+            laid = val.contiguous(memory_format=torch.channels_last if spec.channels_last else torch.contiguous_format)
+            if laid is not val:
+                item.meta["val"] = call.meta["val"][i] = laid
         bdims = spec.broadcast_dims if spec is not None else ()
         if bdims:
             item.meta["val"] = _narrowed(o.meta.get("val"), bdims)

@@ -134,6 +134,14 @@ class TensorSpec:
         """This 4-D spec with channels-last strides (a conv region's activations, extract.py)."""
         return dataclasses.replace(self, stride=channels_last_strides(self.shape))
 
+    def as_row_major(self) -> "TensorSpec":
+        """This spec with row-major (contiguous) strides (extract.row_major_boundary)."""
+        stride, acc = [], 1
+        for s in reversed(self.shape):
+            stride.append(acc)
+            acc *= max(s, 1)
+        return dataclasses.replace(self, stride=tuple(reversed(stride)))
+
     @staticmethod
     def of(t: torch.Tensor, dynamic: tuple[int, ...] = ()) -> "TensorSpec":
         return TensorSpec(tuple(t.shape), DTYPE_NAMES[t.dtype], tuple(t.stride()), dynamic)

@@ -92,8 +92,8 @@ def range_refusal(task, region) -> str | None:
         return None
     i, d, lo, hi = ranged[0]
     if isinstance(region, gemm.GemmMatch) and region.lay is not None:
-        return (f"a GEMM whose operands or outputs are views (heads, a split) has its sizes fixed at the "
-                f"example's, and in{i} dim {d} is declared {lo}-{hi}")
+        return (f"a GEMM whose operands or outputs are views or strided (heads, a split, a transpose) has "
+                f"its sizes fixed at the example's, and in{i} dim {d} is declared {lo}-{hi}")
     if isinstance(region, attention.AttnMatch):
         reads = [(task.inputs[b.index], b, f"in{b.index}")
                  for b in (region.q, region.k, region.v, *(m.bind for m in region.masks))]
