@@ -99,7 +99,7 @@ def match(gm, policy) -> GemmMatch:
     if operands is None:      # the plain path first: it reads sizes at run time
         try:
             gp = _match_plain(gm, node, policy)
-            if _dense(gm, gp):
+            if _plain_fits(gm, gp):
                 return gp
         except Unsupported as e:
             if outs == [src]:
@@ -115,7 +115,7 @@ def match(gm, policy) -> GemmMatch:
     gp = _match_plain(epi_gm, _gemm_node(epi_gm), policy, operands_checked=operands is not None)
     lay = _layout_gemm(gm, node, src, operands, gp)
     if (operands is None and len(lay.outs) == 1 and lay.outs[0].identity(lay.batch * lay.M * lay.N)
-            and _dense(gm, gp)):
+            and _plain_fits(gm, gp)):
         return gp      # a pure reshape of Y: the plain path writes it (sizes read at run time)
     gp.lay = lay
     return gp
@@ -178,13 +178,14 @@ def _layout_gemm(gm, node, src, operands, gp: GemmMatch) -> LayoutGemm:
                       tuple(gl.memory_strides(p) for p in ph))
 
 
-def _dense(gm, gp: GemmMatch) -> bool:
+def _plain_fits(gm, gp: GemmMatch) -> bool:
     """Whether the plain path's contract holds at the captured strides: X, W and the output
-    contiguous. MLP-Mixer's token MLP reads X transposed ([B, C, T] of a [B, T, C] tensor) and its
-    channel MLP's residual add stores its output transposed: the plain path's kernels refused both
-    at their own shape, every candidate a launch error (zoo-20261130-143804)."""
+    contiguous. MLP-Mixer's token MLP reads X transposed ([B, C, T] of a [B, T, C] tensor), and as
+    captured its channel MLP's residual add stored its output transposed (extract.row_major_boundary
+    now lays that one out row-major): the plain path's kernels refused both at their own shape,
+    every candidate a launch error (zoo-20261130-143804)."""
     ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    return gl.is_dense(ph[gp.a]) and gl.is_dense(ph[gp.b]) and all(gl.is_dense(o) for o in _graph_outputs(gm))
+    return all(gl.is_row_major(n) for n in (ph[gp.a], ph[gp.b], *_graph_outputs(gm)))
 
 
 def _rows_of(sizes, strides) -> list[tuple[int, int]]:

@@ -282,7 +282,7 @@ def operand_of(node, placeholders: list, lead_shape: tuple[int, ...]) -> Operand
     src = chain_source(node)
     if src not in placeholders:
         raise Unsupported("GEMM operands must be region inputs or views of them")
-    if src is not node and not is_dense(src):
+    if src is not node and not is_row_major(src):
         raise Unsupported("a matmul operand that is a view of a non-contiguous input")
     v = strided_of(node, src) if src is not node else Strided(shape_of(node), memory_strides(node), 0,
                                                               (1,) * len(shape_of(node)))
@@ -323,7 +323,7 @@ def memory_strides(n) -> tuple[int, ...]:
     return tuple(v.stride()) if isinstance(v, torch.Tensor) else _contiguous(shape_of(n)).strides
 
 
-def is_dense(n) -> bool:
+def is_row_major(n) -> bool:
     """Whether a node's captured value is contiguous (assumed where it has none)."""
     v = n.meta.get("val")
     return not isinstance(v, torch.Tensor) or v.is_contiguous()
