@@ -117,11 +117,7 @@ class TensorSpec:
 
     @property
     def contiguous(self) -> bool:
-        expect, acc = [], 1
-        for s in reversed(self.shape):
-            expect.append(acc)
-            acc *= max(s, 1)
-        return tuple(reversed(expect)) == tuple(self.stride) or self.numel <= 1
+        return row_major_strides(self.shape) == tuple(self.stride) or self.numel <= 1
 
     @property
     def channels_last(self) -> bool:
@@ -136,11 +132,7 @@ class TensorSpec:
 
     def as_row_major(self) -> "TensorSpec":
         """This spec with row-major (contiguous) strides (extract.row_major_boundary)."""
-        stride, acc = [], 1
-        for s in reversed(self.shape):
-            stride.append(acc)
-            acc *= max(s, 1)
-        return dataclasses.replace(self, stride=tuple(reversed(stride)))
+        return dataclasses.replace(self, stride=row_major_strides(self.shape))
 
     @staticmethod
     def of(t: torch.Tensor, dynamic: tuple[int, ...] = ()) -> "TensorSpec":
@@ -159,6 +151,19 @@ class TensorSpec:
                           tuple(d.get("dynamic", ())), d.get("low"), d.get("high"),
                           bool(d.get("positive", False)),
                           tuple((int(lo), int(hi)) for lo, hi in d.get("ranges", ())))
+
+
+def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides in elements of a contiguous tensor of `shape` (a size-0 dim steps as size 1).
+
+        >>> row_major_strides((2, 3, 4))
+        (12, 4, 1)
+    """
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(out))
 
 
 def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
