@@ -197,28 +197,6 @@ def test_the_gpt_example_has_a_path_for_every_task():
     assert any(r["kind"] == "attention" for r in doc["tasks"])
 
 
-def test_a_task_whose_output_stays_strided_has_no_path():
-    """A layer norm's result transposed out of its region (MLP-Mixer's token mixing) is a strided
-    output the launcher cannot allocate: no path, and the reason says so; the same norm without
-    the transpose has one."""
-    from torch_htam.coverage import path_of
-    from torch_htam.extract import extract_tasks
-
-    class NormThenTranspose(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln = torch.nn.LayerNorm(16)
-
-        def forward(self, x, transpose: bool = True):
-            y = self.ln(x)
-            return y.transpose(1, 2) if transpose else y
-    x = torch.randn(2, 8, 16)
-    strided = [t for t in extract_tasks(NormThenTranspose().eval(), (x,)) if t.kind == "rowwise"]
-    assert strided and "launch allocates contiguous or channels-last outputs" in path_of(strided[0])
-    plain = [t for t in extract_tasks(NormThenTranspose().eval(), (x, False)) if t.kind == "rowwise"]
-    assert plain and path_of(plain[0]) is None
-
-
 def test_bad_specs_are_clear(tmp_path):
     with pytest.raises(ModelSpecError, match="does not exist"):
         plan(str(tmp_path / "missing.py"))

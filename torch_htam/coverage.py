@@ -24,12 +24,8 @@ def path_of(task, policy=None) -> str | None:
     """None when the expert has a path for the task; else why not, in one line."""
     from torch_htam.proposers.expert.ir import Unsupported
     from torch_htam.proposers.expert.proposer import TARGETS, match_task
-    from torch_htam.launcher import unallocatable
     if task.graph is None:
         return "task has no graph (rebuild it from its source first)"
-    strided = unallocatable(task.outputs)
-    if strided:   # optimize does not search it (pipeline: a kernel there could never be swapped in)
-        return _short(f"not searched: {strided}")
     policy = policy if policy is not None else policy_for(task)
     try:
         match_task(task, policy)
