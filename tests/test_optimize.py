@@ -51,33 +51,18 @@ def test_an_example_made_outside_inference_mode_is_flagged_under_it():
     assert _inference_note((plain,), GradMode.NO_GRAD, None) is None
 
 
-def test_a_model_left_on_the_cpu_is_refused_before_any_search(monkeypatch):
-    """A GPU is present (faked) but the model is on the CPU: say so at once, search nothing.
-    (torch-htam bench once searched for 58 s and then failed to launch on CPU tensors.)"""
-    from torch_htam import gpu, pipeline
-    from torch_htam.decide import Outcome
+def _fake_gpu(monkeypatch):
+    """A faked H100-class GPU for optimize's look at the machine (no CUDA needed)."""
+    from torch_htam import gpu
     fake = gpu.GpuInfo("fake GPU", "sm_90a", 132, 50 << 20, 227 << 10, 3.35e12, 67e12, 989e12)
     monkeypatch.setattr(gpu, "detect", lambda device=0: fake)
-    monkeypatch.setattr(pipeline, "_search", lambda *a, **k: pytest.fail("searched a model on the CPU"))
-    model, inputs = gpt_block.get_model()
-    ref = model(*inputs)
-    assert torch_htam.optimize(model, inputs) is model
-    rep = model.htam_report
-    assert "example input 0 is on the CPU" in rep.note and "model.cuda()" in rep.note, rep.note
-    assert rep.outcome in (Outcome.COMPILE, Outcome.ORIGINAL_FASTER, Outcome.REEXPORT), rep.format()
-    torch.testing.assert_close(model(*inputs), ref, rtol=1e-5, atol=1e-5)
-    assert pipeline._off_gpu_tensors(model, ()).startswith("parameter ")
 
 
-def test_one_evaluator_from_the_floor_to_the_search_and_gone_before_the_decision(monkeypatch):
-    """The evaluator's workers start after the floor's torch.compile (their start-up builds the
-    launcher on a new machine, which slowed that compile by a quarter beside it), the misses are weighed
-    while they start, the search runs on that one evaluator under its own deadline, and the
-    workers are gone before the decision times anything. GPU faked; the search stood in."""
-    from torch_htam import decide, evaluation, gpu, pipeline
-    events = []
+def stand_in_evaluator(events: list):
+    """An Evaluator class with no workers, recording its start, search deadline and stop in events."""
+    from torch_htam import pipeline
 
-    class FakeEvaluator:
+    class StandIn:
         def __init__(self, deadline=None, **kw):
             self.deadline = deadline
 
@@ -94,6 +79,34 @@ def test_one_evaluator_from_the_floor_to_the_search_and_gone_before_the_decision
 
         def __exit__(self, *exc):
             events.append("workers stop")
+    return StandIn
+
+
+def test_a_model_left_on_the_cpu_is_refused_before_any_search(monkeypatch):
+    """A GPU is present (faked) but the model is on the CPU: say so at once, search nothing.
+    (torch-htam bench once searched for 58 s and then failed to launch on CPU tensors.)"""
+    from torch_htam import pipeline
+    from torch_htam.decide import Outcome
+    _fake_gpu(monkeypatch)
+    monkeypatch.setattr(pipeline, "_search", lambda *a, **k: pytest.fail("searched a model on the CPU"))
+    model, inputs = gpt_block.get_model()
+    ref = model(*inputs)
+    assert torch_htam.optimize(model, inputs) is model
+    rep = model.htam_report
+    assert "example input 0 is on the CPU" in rep.note and "model.cuda()" in rep.note, rep.note
+    assert rep.outcome in (Outcome.COMPILE, Outcome.ORIGINAL_FASTER, Outcome.REEXPORT), rep.format()
+    torch.testing.assert_close(model(*inputs), ref, rtol=1e-5, atol=1e-5)
+    assert pipeline._off_gpu_tensors(model, ()).startswith("parameter ")
+
+
+def test_one_evaluator_from_the_floor_to_the_search_and_gone_before_the_decision(monkeypatch):
+    """The evaluator's workers start after the floor's torch.compile (their start-up builds the
+    launcher on a new machine, which slowed that compile by a quarter beside it), the misses are weighed
+    while they start, the search runs on that one evaluator under its own deadline, and the
+    workers are gone before the decision times anything. GPU faked; the search stood in."""
+    from torch_htam import decide, evaluation, pipeline
+    events = []
+    FakeEvaluator = stand_in_evaluator(events)
 
     def search(tasks, cfg, gpu_, cache, searched, evaluator, budget_s, weights, phase, incumbents=None):
         events.append(("search", isinstance(evaluator, FakeEvaluator), set(weights) == {t.signature for t in tasks}))
@@ -102,8 +115,7 @@ def test_one_evaluator_from_the_floor_to_the_search_and_gone_before_the_decision
     start, finish = decide.Trials.start, decide.Trials.finish
     monkeypatch.setattr(decide.Trials, "start", lambda self: events.append("floor") or start(self))
     monkeypatch.setattr(decide.Trials, "finish", lambda self, *a: events.append("decision") or finish(self, *a))
-    fake = gpu.GpuInfo("fake GPU", "sm_90a", 132, 50 << 20, 227 << 10, 3.35e12, 67e12, 989e12)
-    monkeypatch.setattr(gpu, "detect", lambda device=0: fake)
+    _fake_gpu(monkeypatch)
     monkeypatch.setattr(pipeline, "_off_gpu_tensors", lambda model, inputs: None)
     monkeypatch.setattr(evaluation, "Evaluator", FakeEvaluator)
     monkeypatch.setattr(pipeline, "_search", search)
@@ -128,32 +140,16 @@ def test_a_task_whose_output_cannot_be_swapped_in_is_not_searched(monkeypatch):
     """The launcher allocates contiguous or channels-last outputs, so a region whose output is a
     transpose's strided view could never run our kernel: the search is not given it, and the
     report says why. GPU faked, the search stood in."""
-    from torch_htam import evaluation, gpu, pipeline
+    from torch_htam import evaluation, pipeline
     given = []
 
     def search(tasks, cfg, gpu_, cache, searched, evaluator, budget_s, weights, phase, incumbents=None):
         given.extend(tasks)
         return {}
 
-    class NoWorkers:
-        def __init__(self, deadline=None, **kw):
-            pass
-
-        def start(self):
-            return self
-
-        def until(self, deadline):
-            return pipeline.contextlib.nullcontext(self)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-    fake = gpu.GpuInfo("fake GPU", "sm_90a", 132, 50 << 20, 227 << 10, 3.35e12, 67e12, 989e12)
-    monkeypatch.setattr(gpu, "detect", lambda device=0: fake)
+    _fake_gpu(monkeypatch)
     monkeypatch.setattr(pipeline, "_off_gpu_tensors", lambda model, inputs: None)
-    monkeypatch.setattr(evaluation, "Evaluator", NoWorkers)
+    monkeypatch.setattr(evaluation, "Evaluator", stand_in_evaluator([]))
     monkeypatch.setattr(pipeline, "_search", search)
     model, x = LinearThenTranspose().eval(), torch.randn(2, 16, 8)
     torch_htam.optimize(model, (x,), OptimizeConfig(time_budget_s=600))
