@@ -85,7 +85,7 @@ def _chains(c: int, size: int, n: int, handles: dict[str, int]) -> tuple[dict, t
             return a
         return f
 
-    meta = [launcher.DTYPE_CODES["bfloat16"] + launcher.CHANNELS_LAST, 4, *x.shape]   # y like x
+    meta = launcher.encode_out_meta([TensorSpec.of(x)])   # y like x: channels-last
     return {"aten": aten, **{arm: launch_cost.launch_chain(h, meta, params) for arm, h in handles.items()}}, x
 
 

@@ -80,6 +80,7 @@ def _site_chains(handles: dict[int, int]) -> tuple[dict, torch.Tensor]:
     ours_site<L> for each {launches: kernel handle} (site_canary.cu built with SITE_LAUNCHES=L)."""
     import torch.nn.functional as F
     from torch_htam import launcher
+    from torch_htam.task import TensorSpec
     c = SITE_SHAPE[1]
     g = torch.Generator().manual_seed(0)
     cl = dict(device="cuda", dtype=torch.bfloat16)
@@ -87,7 +88,7 @@ def _site_chains(handles: dict[int, int]) -> tuple[dict, torch.Tensor]:
     w = (0.05 * torch.randn(c, c, 3, 3, generator=g)).to(**cl).contiguous(memory_format=torch.channels_last)
     gamma, beta = torch.ones(c, **cl), torch.zeros(c, **cl)
     mean, var = torch.zeros(c, **cl), torch.ones(c, **cl)
-    meta = [launcher.DTYPE_CODES["bfloat16"] + launcher.CHANNELS_LAST, 4, *SITE_SHAPE]   # y like x
+    meta = launcher.encode_out_meta([TensorSpec.of(x)])   # y like x: channels-last
 
     def aten_site(k):
         def f(a):

@@ -41,7 +41,7 @@ def _launch(handle, inputs, out_meta):
         raise RuntimeError(f"htam kernel {handle} returned 1000: HTAM_ERR_SHAPE (the kernel does not "
                            "support these shapes/dtypes; run the original region)")
     outs = list(k.task.graph(*inputs))
-    return [o.contiguous(memory_format=fmt) for o, (_, _, fmt) in zip(outs, decode_out_meta(out_meta))]
+    return [m.empty(o.device).copy_(o) for o, m in zip(outs, decode_out_meta(out_meta))]
 
 
 @torch.library.custom_op("htam_floor::launch", mutates_args=())
@@ -51,8 +51,7 @@ def launch_op(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> l
 
 @launch_op.register_fake
 def _(handle, inputs, out_meta):
-    return [torch.empty(shape, dtype=dt, device=inputs[0].device, memory_format=fmt)
-            for dt, shape, fmt in decode_out_meta(out_meta)]
+    return [m.empty(inputs[0].device) for m in decode_out_meta(out_meta)]
 
 
 class StandIn:

@@ -31,26 +31,40 @@ def test_out_meta_round_trip():
     specs = [TensorSpec((4, 8), "float32", (8, 1)), TensorSpec((), "int64", ()), TensorSpec((2, 0, 3), "bfloat16", (0, 3, 1))]
     meta = launcher.encode_out_meta(specs)
     assert meta == [0, 2, 4, 8, 4, 0, 2, 3, 2, 0, 3]
-    cf = torch.contiguous_format
-    assert launcher.decode_out_meta(meta) == [(torch.float32, (4, 8), cf), (torch.int64, (), cf),
-                                              (torch.bfloat16, (2, 0, 3), cf)]
+    assert launcher.decode_out_meta(meta) == [(torch.float32, (4, 8), (0, 1)), (torch.int64, (), ()),
+                                              (torch.bfloat16, (2, 0, 3), (0, 1, 2))]
 
 
-def test_channels_last_output_round_trip():
-    # a conv region's output: [N, C, H, W] stored N, H, W, C; the fake impl allocates it so
-    x = torch.empty(2, 3, 4, 5, device="meta").to(memory_format=torch.channels_last)
-    meta = launcher.encode_out_meta([TensorSpec.of(x)])
-    assert meta == [launcher.CHANNELS_LAST + 0, 4, 2, 3, 4, 5]
-    assert launcher.decode_out_meta(meta) == [(torch.float32, (2, 3, 4, 5), torch.channels_last)]
-    out, = launcher._launch_fake(0, [x], meta)
-    assert out.stride() == x.stride() and out.shape == x.shape
+@pytest.mark.parametrize("shape, stride, order", [
+    ((2, 3, 4, 5), (60, 1, 15, 3), (0, 2, 3, 1)),              # a conv region's output: channels-last
+    ((1, 8, 1500, 64), (768000, 64, 512, 1), (0, 2, 1, 3)),    # q of [1, 1500, 512] read as 8 heads
+    ((32, 64, 256), (16384, 1, 64), (0, 2, 1)),                # a linear's output, transposed
+    ((3, 1, 5), (5, 99, 1), (0, 1, 2)),                        # contiguous: a size-1 dim's stride is moot
+])
+def test_a_dense_output_in_any_dim_order_round_trips(shape, stride, order):
+    spec = TensorSpec(shape, "float32", stride)
+    assert spec.dim_order == order and launcher.unallocatable([spec]) is None
+    meta = launcher.encode_out_meta([spec])
+    assert launcher.decode_out_meta(meta) == [(torch.float32, shape, order)]
+    out, = launcher._launch_fake(0, [torch.empty(1, device="meta")], meta)     # what Inductor plans with
+    assert out.shape == shape and all(n == 1 or a == b for n, a, b in zip(shape, out.stride(), stride))
 
 
-def test_non_contiguous_output_spec_is_refused():
-    with pytest.raises(ValueError, match="contiguous"):
-        launcher.encode_out_meta([TensorSpec((4, 8), "float32", (1, 4))])
-    with pytest.raises(ValueError, match="channels-last"):     # a 4-D layout that is neither
-        launcher.encode_out_meta([TensorSpec((2, 3, 4, 5), "float32", (60, 20, 1, 4))])
+def test_an_output_that_is_not_dense_is_refused():
+    for spec in [TensorSpec((4, 8), "float32", (16, 1)),         # every other row: a slice's result
+                 TensorSpec((4, 8), "float32", (8, 2))]:         # every other column
+        assert spec.dim_order is None
+        with pytest.raises(ValueError, match="allocates dense outputs, but an output has strides"):
+            launcher.encode_out_meta([spec])
+
+
+def test_a_layout_code_that_is_no_order_is_an_error():
+    assert launcher.order_of_code(launcher.order_code((2, 0, 1)), 3) == (2, 0, 1)
+    with pytest.raises(ValueError, match="not a permutation"):
+        launcher.order_code((0, 0, 1))
+    for code in [1, launcher.order_code((2, 0, 1)) | 1 << 9]:   # (1, 0, 0); an order with a 4th dim
+        with pytest.raises(ValueError, match="is no order of 3 dims"):
+            launcher.order_of_code(code, 3)
 
 
 def test_fake_impl_allocates_from_out_meta():
@@ -131,17 +145,21 @@ for args in [(0, [1], [0, 1, 4]), (0, [], "x"), (0,), (0, [], [0, 1, 4])]:
 REF_CHECKS = """
 import random
 import torch
-from torch_htam.launcher import decode_out_meta, size_ref
+from torch_htam.launcher import DIM_ORDER, decode_out_meta, order_code, size_ref
 xs = [torch.empty(3, 5), torch.empty(7)]
 rng = random.Random(0)
-metas = [[0, 2, size_ref(0, 0, 4), 5, 256, 4, 1, size_ref(1, 0), 2, size_ref(0, 1, 3)], [4, 0]]
+cl, heads = DIM_ORDER * order_code((0, 2, 3, 1)), DIM_ORDER * order_code((0, 2, 1, 3))
+metas = [[0, 2, size_ref(0, 0, 4), 5, cl, 4, 1, size_ref(1, 0), 2, size_ref(0, 1, 3)], [4, 0],
+         [heads + 2, 4, 1, 8, size_ref(0, 0, 500), 64], [DIM_ORDER * order_code((1, 0)), 2, 0, 3]]
 for _ in range(50):
     i = rng.randrange(2)
     metas.append([2, 2, size_ref(i, rng.randrange(xs[i].dim()), rng.randrange(1, 1 << 20)), rng.randrange(9)])
-print(all(m.out_shapes(xs, meta) == [list(s) for _, s, _ in decode_out_meta(meta, xs)] for meta in metas))
-for args in [(xs, [0, 1, size_ref(2, 0)]), (xs, [0, 1, size_ref(1, 1, 2)])]:
+def python_side(meta):
+    return [(list(o.shape), list(o.empty("meta").stride())) for o in decode_out_meta(meta, xs)]
+print(all(m.out_layouts(xs, meta) == python_side(meta) for meta in metas))
+for args in [(xs, [0, 1, size_ref(2, 0)]), (xs, [0, 1, size_ref(1, 1, 2)]), (xs, [DIM_ORDER, 3, 1, 2, 3])]:
     try:
-        m.out_shapes(*args)
+        m.out_layouts(*args)
     except RuntimeError as e:
         print(str(e).splitlines()[0])
 try:
@@ -165,7 +183,7 @@ launch = torch.ops.htam.launch.default
 
 def f(x, w):
     a, = launch(11, [x, w], [0, 2, 4, 8])
-    b, c = launch(12, [a], [2, 2, size_ref(0, 0), 8, 256, 4, 1, 2, 3, 4])
+    b, c = launch(12, [a], [2, 2, size_ref(0, 0), 8, launcher.DIM_ORDER * 720, 4, 1, 2, 3, 4])   # c channels-last
     return a + 1, b * 2, c
 
 def shapes(gm, *args):
@@ -265,6 +283,7 @@ def test_launcher_compiles_and_checks_its_arguments_without_a_gpu(tmp_path):
         "True",
         "htam: out_meta output 0's size -3 is 1 * inputs[2].shape[0], but the launch has 2 inputs",
         "htam: out_meta output 0's size -66562 is 2 * inputs[1].shape[1], but that input has 1 dims",
+        "htam: out_meta layout code 1 is no order of 3 dims",
         "htam: out_meta output 0's size -6 is 1 * inputs[5].shape[0], but the launch has 2 inputs",
         "True", "False", "True True", "['htam.launch_o1.default', 'htam.launch_o2.default'] True",
         "[False, False] True", "True True True True True True", "True", "True True True", "True",
@@ -484,6 +503,18 @@ def test_fast_launch_matches_the_op(kernels):
     # A Parameter first (a region that starts with a weight) also takes the binding.
     w = torch.nn.Parameter(a.clone(), requires_grad=False)
     torch.testing.assert_close(launcher.extension().launch(add.handle, [w, b], meta)[0], a + b, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_launch_allocates_an_output_in_its_dim_order(kernels):
+    """A transposed output ([8, 5] stored [5, 8]) is allocated dense in that order on both paths;
+    the probe writes what it was given about x into the output's memory, in memory order."""
+    probe, x = kernels["abi_probe"], torch.randn(4, 6, device="cuda")
+    meta = launcher.encode_out_meta([TensorSpec((8, 5), "int64", (1, 8))])
+    for call in (launcher.fast_launch, torch.ops.htam.launch.default):
+        y, = call(probe.handle, [x], meta)
+        assert y.shape == (8, 5) and y.stride() == (1, 8)
+        assert y.t().reshape(-1)[:4].tolist() == [2, 0, 4, 6]     # ndim, dtype code, sizes
 
 
 @pytest.mark.gpu

@@ -125,21 +125,21 @@ def test_one_evaluator_from_the_floor_to_the_search_and_gone_before_the_decision
     assert events[5] == "decision"
 
 
-class LinearThenTranspose(nn.Module):
-    """MLP-Mixer's token MLP end: linear, then the result transposed back (a strided output)."""
+class NormThenFirstToken(nn.Module):
+    """ViT's head: the last norm's output read at the class token (a slice: not dense)."""
 
     def __init__(self):
         super().__init__()
-        self.fc, self.fc2 = nn.Linear(8, 8), nn.Linear(16, 16)
+        self.norm, self.fc = nn.LayerNorm(8), nn.Linear(8, 8)
 
     def forward(self, x):                        # x [2, 16, 8]
-        return self.fc2(torch.relu(self.fc(x).transpose(1, 2) + 1.0))
+        return self.fc(self.norm(x)[:, 0])
 
 
 def test_a_task_whose_output_cannot_be_swapped_in_is_not_searched(monkeypatch):
-    """The launcher allocates contiguous or channels-last outputs, so a region whose output is a
-    transpose's strided view could never run our kernel: the search is not given it, and the
-    report says why. GPU faked, the search stood in."""
+    """The launcher allocates dense outputs (in any dim order), so a region whose output is a
+    slice of its result could never run our kernel: the search is not given it, and the report
+    says why. GPU faked, the search stood in."""
     from torch_htam import evaluation, pipeline
     given = []
 
@@ -151,7 +151,7 @@ def test_a_task_whose_output_cannot_be_swapped_in_is_not_searched(monkeypatch):
     monkeypatch.setattr(pipeline, "_off_gpu_tensors", lambda model, inputs: None)
     monkeypatch.setattr(evaluation, "Evaluator", stand_in_evaluator([]))
     monkeypatch.setattr(pipeline, "_search", search)
-    model, x = LinearThenTranspose().eval(), torch.randn(2, 16, 8)
+    model, x = NormThenFirstToken().eval(), torch.randn(2, 16, 8)
     torch_htam.optimize(model, (x,), OptimizeConfig(time_budget_s=600))
     strided = [t for t in model.htam_report.tasks if t.detail.startswith("not searched: htam::launch allocates")]
     assert len(strided) == 1, model.htam_report.format()

@@ -32,14 +32,12 @@ def run_op(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list
     outs = _KERNELS[handle](inputs)
     metas = decode_out_meta(out_meta, inputs)
     assert [(o.dtype, tuple(o.shape)) for o in outs] == [m[:2] for m in metas]
-    return [o.clone(memory_format=fmt) for o, (_, _, fmt) in zip(outs, metas)]
+    return [m.empty(o.device).copy_(o) for o, m in zip(outs, metas)]
 
 
 @run_op.register_fake
 def _(handle, inputs, out_meta):
-    dev = inputs[0].device
-    return [torch.empty(shape, dtype=dt, device=dev, memory_format=fmt)
-            for dt, shape, fmt in decode_out_meta(out_meta, inputs)]
+    return [m.empty(inputs[0].device) for m in decode_out_meta(out_meta, inputs)]
 
 
 class CpuKernel:
@@ -108,6 +106,36 @@ def test_swap_replaces_regions(setup):
     with torch.no_grad():
         assert torch.equal(new(fresh)[0], model(fresh))
     assert all(k.calls == 1 for k in kernels.values())
+
+
+class LinearThenTranspose(nn.Module):
+    """MLP-Mixer's token MLP end: a linear whose result is read transposed ([B, C, T] stored as
+    [B, T, C]): the region's output is dense in dim order (0, 2, 1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.fc2 = nn.Linear(8, 8), nn.Linear(16, 16)
+
+    def forward(self, x):                        # x [2, 16, 8]
+        return self.fc2(torch.relu(self.fc(x).transpose(1, 2) + 1.0))
+
+
+def test_a_transposed_output_is_swapped_in_at_its_layout():
+    torch.manual_seed(0)
+    model, x = LinearThenTranspose().eval(), torch.randn(2, 16, 8)
+    cap = extract(model, (x,))
+    kernels = {t.signature: CpuKernel(t) for t in cap.tasks}
+    laid = [o for t in cap.tasks for o in t.outputs if o.dim_order not in (None, tuple(range(len(o.shape))))]
+    assert laid, [o for t in cap.tasks for o in t.outputs]
+    new, swapped = runtime.swap(cap.capture.graphs[0], cap.sites_of(0), kernels, PROVIDER)
+    assert len(swapped) == len(kernels)
+    # the graph's meta (what Inductor plans buffers with) has the layout the launcher allocates
+    metas = {tuple(n.meta["val"].stride()) for n in new.graph.nodes
+             if n.target is operator.getitem and isinstance(n.meta.get("val"), torch.Tensor)}
+    assert {o.stride for o in laid} <= metas
+    fresh = torch.randn(2, 16, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(new(fresh)[0], model(fresh))
 
 
 def test_swap_only_some_regions(setup):

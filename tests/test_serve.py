@@ -30,8 +30,7 @@ def run_op(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -> list
 
 @run_op.register_fake
 def _(handle, inputs, out_meta):
-    return [torch.empty(shape, dtype=dt, device=inputs[0].device, memory_format=fmt)
-            for dt, shape, fmt in decode_out_meta(out_meta, inputs)]
+    return [m.empty(inputs[0].device) for m in decode_out_meta(out_meta, inputs)]
 
 
 PROVIDER = runtime.Provider(torch.ops.htam_serve_test.run.default, lambda k: k)

@@ -399,8 +399,7 @@ def row_major_boundary(region: Region, channels_last: set[fx.Node] = frozenset()
     (runtime._force_strides: free where the producer's layout is open). At the captured layout a
     task was timed where both sides read transposed rows: Whisper's layer norms beat Inductor's
     code for the region by 1.12x and in the model took 9.2 us a call against Inductor's 2.4-3.4 us
-    add + norm (arm_profile-20261130-151735). And a strided output cannot be swapped in at all
-    (the launcher allocates contiguous or channels-last outputs). A view's result (a transpose:
+    add + norm (arm_profile-20261130-151735). A view's result (a transpose:
     attention heads, MLP-Mixer's token MLP input) keeps its layout, as Inductor keeps it. values:
     the example call's (capture.record_values), which a graph of symbolic sizes is judged by, so a
     ranged task and its static twin (static_twin) agree."""

@@ -395,13 +395,13 @@ def _as_launched(outs: list[torch.Tensor], out_meta: list[int],
                  inputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Reference outputs as the launch returns them: fresh tensors of out_meta's dtype, shape (an
     expanded output narrowed to the kernel's shape; size references resolved against `inputs`)
-    and memory format."""
+    and dim order."""
     metas = launcher.decode_out_meta(out_meta, inputs)
     if len(outs) != len(metas):
         raise RuntimeError(f"torch_htam fallback: the region gave {len(outs)} outputs, the launch "
                            f"expects {len(metas)}")
     res = []
-    for o, (dtype, shape, fmt) in zip(outs, metas):
-        o = o[tuple(slice(0, n) for n in shape)] if o.dim() == len(shape) else o.reshape(shape)
-        res.append(torch.empty(shape, dtype=dtype, device=o.device, memory_format=fmt).copy_(o))
+    for o, m in zip(outs, metas):
+        o = o[tuple(slice(0, n) for n in m.shape)] if o.dim() == len(m.shape) else o.reshape(m.shape)
+        res.append(m.empty(o.device).copy_(o))
     return res

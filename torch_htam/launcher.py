@@ -288,8 +288,48 @@ def _put_ninja_on_path() -> None:
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
-# out_meta's flag on a dtype code: allocate that (4-D) output channels-last (csrc/launcher.cpp)
-CHANNELS_LAST = 256
+# out_meta's dtype code carries the output's layout: dtype code + DIM_ORDER * order_code(order),
+# order the dims outermost to innermost in memory (TensorSpec.dim_order), so the launcher can
+# allocate a transposed output as dense as a contiguous one (csrc/launcher.cpp decodes the same).
+DIM_ORDER = 256
+ORDER_BITS = 3   # per dim: dims 0..7 (HTAM_MAX_DIMS 8)
+
+
+def order_code(order: tuple[int, ...]) -> int:
+    """order (a permutation, outermost dim first) as out_meta's layout code: 0 for row-major,
+    else dim order[i] in bits [3i, 3i + 3). Only row-major codes to 0, as a permutation of two or
+    more dims has a nonzero digit.
+
+        >>> launcher.order_code((0, 1, 2, 3)), launcher.order_code((0, 2, 3, 1))
+        (0, 720)
+    """
+    if tuple(order) == tuple(range(len(order))):
+        return 0
+    if sorted(order) != list(range(len(order))) or len(order) > 1 << ORDER_BITS:
+        raise ValueError(f"order_code: {order} is not a permutation of at most {1 << ORDER_BITS} dims")
+    return sum(d << (ORDER_BITS * i) for i, d in enumerate(order))
+
+
+def order_of_code(code: int, ndim: int) -> tuple[int, ...]:
+    """Inverse of order_code for an ndim-dim output."""
+    if code == 0:
+        return tuple(range(ndim))
+    order = tuple((code >> (ORDER_BITS * i)) & ((1 << ORDER_BITS) - 1) for i in range(ndim))
+    if sorted(order) != list(range(ndim)) or code >> (ORDER_BITS * ndim):
+        raise ValueError(f"out_meta: layout code {code} is no order of {ndim} dims")
+    return order
+
+
+class OutMeta(NamedTuple):
+    """One output as out_meta describes it: dtype, shape (size references resolved) and the dims'
+    order in memory, outermost first."""
+    dtype: torch.dtype
+    shape: tuple
+    order: tuple[int, ...]
+
+    def empty(self, device) -> torch.Tensor:
+        """A fresh tensor laid out as the launcher allocates this output (symbolic sizes too)."""
+        return torch.empty_permuted(self.shape, self.order, dtype=self.dtype, device=device)
 
 
 # ---- out_meta size references ------------------------------------------------------------------
@@ -333,8 +373,9 @@ def encode_out_meta(specs: list[TensorSpec], refs: list[dict[int, tuple[int, int
                     ) -> list[int]:
     """Output specs -> htam::launch's out_meta: [dtype_code, ndim, d0, ..., dn-1] per output, the
     shape the kernel writes (TensorSpec.kernel_shape: an expanded output without its expand, which
-    task_outputs puts back). A channels-last 4-D spec (a conv region's output) adds CHANNELS_LAST
-    to its dtype code: the launcher allocates it in that memory format. refs: per output, None or
+    task_outputs puts back). A dense output in another dim order (channels-last, a transpose's
+    result: TensorSpec.dim_order) adds DIM_ORDER * order_code to its dtype code: the launcher
+    allocates it in that order. refs: per output, None or
     {dim: (input index, input dim, k)}; those dims are written as size_ref (k * that input's size),
     for a graph whose sizes vary (out_refs(task) derives them from a ranged task).
 
@@ -350,19 +391,20 @@ def encode_out_meta(specs: list[TensorSpec], refs: list[dict[int, tuple[int, int
         raise ValueError(f"{why}: preallocate it and call Kernel(...)(inputs, outputs)")
     meta = []
     for j, s in enumerate(specs):
-        flag = CHANNELS_LAST if s.channels_last else 0
-        meta += [DTYPE_CODES[s.dtype] + flag, len(s.shape), *_sizes(s, refs[j] if refs else None)]
+        order = tuple(range(len(s.shape))) if s.broadcast_dims else s.dim_order
+        meta += [DTYPE_CODES[s.dtype] + DIM_ORDER * order_code(order), len(s.shape),
+                 *_sizes(s, refs[j] if refs else None)]
     return meta
 
 
 def unallocatable(specs: list[TensorSpec]) -> str | None:
-    """Why htam::launch cannot allocate these outputs (None: it can): it allocates contiguous or
-    channels-last ones (an expanded output's tensor before its expand included), so a region whose
-    output is a strided view (a transpose's result) cannot be swapped in."""
+    """Why htam::launch cannot allocate these outputs (None: it can): it allocates dense ones in any
+    dim order (TensorSpec.dim_order) and an expanded output's contiguous tensor before its expand,
+    so a region whose output is a view into more memory (a slice) cannot be swapped in."""
     for s in specs:
-        if not s.channels_last and not _dense_but_broadcast(s):
-            return (f"htam::launch allocates contiguous or channels-last outputs, but an output has strides "
-                    f"{s.stride} for shape {s.shape}")
+        if (s.broadcast_dims and not _dense_but_broadcast(s)) or (not s.broadcast_dims and s.dim_order is None):
+            return (f"htam::launch allocates dense outputs, but an output has strides {s.stride} for shape "
+                    f"{s.shape}")
     return None
 
 
@@ -424,20 +466,18 @@ def task_outputs(outs: list[torch.Tensor], specs: list[TensorSpec],
     return [o.expand(sh) if s.broadcast_dims else o for o, s, sh in zip(outs, specs, shapes)]
 
 
-def decode_out_meta(meta: list[int], inputs: list[torch.Tensor] | None = None
-                    ) -> list[tuple[torch.dtype, tuple[int, ...], torch.memory_format]]:
-    """Inverse of encode_out_meta: [(dtype, shape, memory_format), ...], each size reference
-    resolved against `inputs`' sizes (ints, or SymInts under FakeTensor: they just multiply).
+def decode_out_meta(meta: list[int], inputs: list[torch.Tensor] | None = None) -> list[OutMeta]:
+    """Inverse of encode_out_meta: one OutMeta per output, each size reference resolved against
+    `inputs`' sizes (ints, or SymInts under FakeTensor: they just multiply).
 
         >>> launcher.decode_out_meta([0, 2, launcher.size_ref(0, 0, 2), 8], [torch.empty(3, 8)])
-        [(torch.float32, (6, 8), torch.contiguous_format)]
+        [OutMeta(dtype=torch.float32, shape=(6, 8), order=(0, 1))]
     """
     out, i = [], 0
     while i < len(meta):
         ndim, code = meta[i + 1], meta[i]
-        fmt = torch.channels_last if code >= CHANNELS_LAST else torch.contiguous_format
         shape = tuple(_resolve(n, inputs, len(out)) for n in meta[i + 2:i + 2 + ndim])
-        out.append((CODE_DTYPES[code % CHANNELS_LAST], shape, fmt))
+        out.append(OutMeta(CODE_DTYPES[code % DIM_ORDER], shape, order_of_code(code // DIM_ORDER, ndim)))
         i += 2 + ndim
     return out
 
@@ -600,8 +640,7 @@ def _launch_fake(handle: int, inputs: list[torch.Tensor], out_meta: list[int]) -
     # Shapes come from out_meta, its size references from the inputs' (symbolic) sizes; the device
     # from the inputs (all on one device).
     device = inputs[0].device if inputs else torch.device("cuda", torch.cuda.current_device())
-    return [torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
-            for dtype, shape, fmt in decode_out_meta(out_meta, inputs)]
+    return [m.empty(device) for m in decode_out_meta(out_meta, inputs)]
 
 
 class Kernel:

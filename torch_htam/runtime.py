@@ -266,13 +266,11 @@ def _replace_region(graph: fx.Graph, region, replaced: dict, op, handle: int, ou
         item.meta = dict(o.meta)
         spec = task.outputs[i] if task is not None else None
         val = o.meta.get("val")
-        # the launcher allocates the spec's layout, which a channels-last or row-major task output
-        # (extract.channels_last_boundary, row_major_boundary) may not share with the graph's
-        if spec is not None and (spec.channels_last or spec.contiguous) and isinstance(val, torch.Tensor):
-            laid = val.contiguous(memory_format=torch.channels_last if spec.channels_last else torch.contiguous_format)
-            if laid is not val:
-                item.meta["val"] = call.meta["val"][i] = laid
         bdims = spec.broadcast_dims if spec is not None else ()
+        # the launcher allocates the spec's dim order, which a channels-last or row-major task output
+        # (extract.channels_last_boundary, row_major_boundary) may not share with the graph's
+        if spec is not None and not bdims and spec.dim_order is not None and isinstance(val, torch.Tensor):
+            item.meta["val"] = call.meta["val"][i] = _laid_out(val, spec.dim_order)
         if bdims:
             item.meta["val"] = _narrowed(o.meta.get("val"), bdims)
             call.meta["val"][i] = item.meta["val"]
@@ -312,6 +310,13 @@ def _force_strides(graph: fx.Graph, x: fx.Node, spec) -> fx.Node:
         node.meta["val"] = val.contiguous(memory_format=torch.channels_last if spec.channels_last
                                           else torch.contiguous_format)
     return node
+
+
+def _laid_out(val: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    """A meta value of val's shape and dtype, dense with its dims in memory in `order` (outermost
+    first), as the launcher allocates it (sizes may be symbolic)."""
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return val.new_empty_strided(val.shape, val.permute(order).contiguous().permute(inverse).stride())
 
 
 def _narrowed(val, dims: tuple[int, ...]):

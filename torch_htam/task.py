@@ -126,6 +126,25 @@ class TensorSpec:
             return False
         return self.stride == channels_last_strides(self.shape)
 
+    @property
+    def dim_order(self) -> tuple[int, ...] | None:
+        """The dims, outermost to innermost in memory, where the tensor covers its memory once in
+        some order: (0, 1, 2, 3) contiguous, (0, 2, 3, 1) channels-last, (0, 2, 1, 3) a [B, T, H, d]
+        projection read as heads [B, H, T, d]. None where it does not (a slice, an expand), so no
+        dense allocation has its strides. Size-1 dims may sit anywhere: their stride addresses nothing.
+
+            >>> TensorSpec((1, 8, 1500, 64), "bfloat16", (768000, 64, 512, 1)).dim_order
+            (0, 2, 1, 3)
+        """
+        n = len(self.shape)
+        if self.numel <= 1 or not self.stride:
+            return tuple(range(n))
+        for order in (tuple(range(n)), *([(0, 2, 3, 1)] if n == 4 else []), stride_order(self.stride)):
+            dense = order_strides(self.shape, order)
+            if all(size == 1 or a == b for size, a, b in zip(self.shape, self.stride, dense)):
+                return order
+        return None
+
     def as_channels_last(self) -> "TensorSpec":
         """This 4-D spec with channels-last strides (a conv region's activations, extract.py)."""
         return dataclasses.replace(self, stride=channels_last_strides(self.shape))
@@ -159,11 +178,7 @@ def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         >>> row_major_strides((2, 3, 4))
         (12, 4, 1)
     """
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(out))
+    return order_strides(shape, tuple(range(len(shape))))
 
 
 def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -172,8 +187,31 @@ def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         >>> channels_last_strides((2, 3, 4, 5))
         (60, 1, 15, 3)
     """
-    _, c, h, w = shape
-    return (h * w * c, 1, w * c, c)
+    return order_strides(shape, (0, 2, 3, 1))
+
+
+def order_strides(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides in elements of a dense tensor of `shape` whose dims lie in memory in `order`,
+    outermost first (a size-0 dim steps as size 1).
+
+        >>> order_strides((2, 3, 4), (0, 2, 1))
+        (12, 1, 3)
+    """
+    strides, acc = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = acc
+        acc *= max(shape[d], 1)
+    return tuple(strides)
+
+
+def stride_order(stride: tuple[int, ...]) -> tuple[int, ...]:
+    """The dims outermost to innermost by stride; of equal strides the lower dim is outer, as in a
+    row-major tensor's size-1 dims.
+
+        >>> stride_order((16384, 1, 64))
+        (0, 2, 1)
+    """
+    return tuple(sorted(range(len(stride)), key=lambda d: (-stride[d], d)))
 
 
 @dataclass

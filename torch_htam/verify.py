@@ -42,7 +42,7 @@ import torch
 from torch_htam.errors import is_crash_message  # noqa: F401 -- verify's callers read it here too
 from torch_htam.launcher import task_outputs
 from torch_htam.policy import tf32_switches
-from torch_htam.task import Task, TensorSpec
+from torch_htam.task import Task, TensorSpec, order_strides, stride_order
 
 HTAM_ERR_SHAPE = 1000   # csrc/htam_abi.h
 
@@ -135,12 +135,9 @@ def example_inputs(task: Task, device) -> list[torch.Tensor] | None:
 
 def strides_like(spec: TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
     """Dense strides for `shape` in the spec's dim order (contiguous, or e.g. a transposed layout)."""
-    order = sorted(range(len(shape)), key=lambda d: (spec.stride[d], -d)) if spec.stride else []
-    strides, acc = [0] * len(shape), 1
-    for d in order:   # innermost (smallest stride) first
-        strides[d] = acc
-        acc *= max(shape[d], 1)
-    return tuple(strides)
+    if not spec.stride:
+        return (0,) * len(shape)
+    return order_strides(shape, stride_order(spec.stride))
 
 
 def strides_at(spec: TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -8,7 +8,8 @@
 //   htam::launch_o<N>(int handle, int m0, ..., Tensor? in0, ...) -> N Tensors   launch for
 //     Inductor's C++ wrapper: out_meta in fixed int slots, the inputs in optional tensor slots
 // out_meta encodes each output as [dtype_code, ndim, d0, ..., d(ndim-1)], concatenated; a dtype
-// code plus kChannelsLast (256) asks for a 4-D output in channels-last memory format. A size below 0
+// code plus kDimOrder (256) * an order code asks for a dense output whose dims lie in memory in that
+// order (channels-last, a transpose's result; order_strides below). A size below 0
 // is a reference to an input's size, k * inputs[i].size(d) (resolve_size; launcher.size_ref), so a
 // graph with symbolic sizes allocates outputs that follow its inputs. A kernel's handle is a hash of
 // its library's bytes, not a load counter (see load()).
@@ -52,6 +53,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/SmallVector.h>
+#include <c10/util/strides.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
@@ -288,7 +290,10 @@ int32_t dtype_code(at::ScalarType t) {
   return -1;  // unreachable
 }
 
-const int64_t kChannelsLast = 256;   // out_meta flag on the dtype code (launcher.CHANNELS_LAST)
+// out_meta's dtype code carries the output's layout (launcher.DIM_ORDER, order_code):
+//   code = dtype code + kDimOrder * order code; order code 0 is row-major, else dim order[i]
+//   (outermost first) in bits [3i, 3i + 3).
+const int64_t kDimOrder = 256, kOrderBits = 3;
 
 at::ScalarType scalar_type(int64_t code) {
   static const at::ScalarType types[] = {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble,
@@ -318,12 +323,35 @@ int64_t resolve_size(int64_t entry, at::TensorList inputs, size_t output) {
   return -1;  // unreachable
 }
 
-// One output as out_meta describes it, its size references resolved.
+// One output as out_meta describes it, its size references resolved. strides: empty for a
+// row-major output, else dense strides in the order its layout code gives.
 struct OutSpec {
   c10::SmallVector<int64_t, HTAM_MAX_DIMS> sizes;
   at::ScalarType dtype;
-  bool channels_last;
+  c10::SmallVector<int64_t, HTAM_MAX_DIMS> strides;
 };
+
+// Dense strides of `sizes` with dims lying in memory as order code `code` says (launcher.order_code).
+c10::SmallVector<int64_t, HTAM_MAX_DIMS> order_strides(int64_t code, at::IntArrayRef sizes) {
+  const int64_t ndim = (int64_t)sizes.size();
+  c10::SmallVector<int64_t, HTAM_MAX_DIMS> order, strides(ndim, 0);
+  uint32_t seen = 0;
+  for (int64_t i = 0; i < ndim; ++i) {
+    const int64_t d = (code >> (kOrderBits * i)) & ((1 << kOrderBits) - 1);
+    TORCH_CHECK(d < ndim && !(seen >> d & 1), "htam: out_meta layout code ", num(code), " is no order of ",
+                num(ndim), " dims");
+    seen |= 1u << d;
+    order.push_back(d);
+  }
+  TORCH_CHECK((code >> (kOrderBits * ndim)) == 0, "htam: out_meta layout code ", num(code), " is no order of ",
+              num(ndim), " dims");
+  int64_t acc = 1;
+  for (int64_t i = ndim - 1; i >= 0; --i) {
+    strides[order[i]] = acc;
+    acc *= std::max<int64_t>(sizes[order[i]], 1);
+  }
+  return strides;
+}
 
 c10::SmallVector<OutSpec, 4> out_specs(at::TensorList inputs, at::IntArrayRef out_meta) {
   c10::SmallVector<OutSpec, 4> specs;
@@ -331,11 +359,11 @@ c10::SmallVector<OutSpec, 4> out_specs(at::TensorList inputs, at::IntArrayRef ou
     TORCH_CHECK(i + 1 < out_meta.size() && out_meta[i + 1] >= 0 && i + 2 + out_meta[i + 1] <= out_meta.size(),
                 "htam: out_meta is truncated at position ", num(i), "; expected [dtype, ndim, sizes...] per output");
     const int64_t ndim = out_meta[i + 1], code = out_meta[i];
-    const bool channels_last = code >= kChannelsLast;
-    TORCH_CHECK(!channels_last || ndim == 4, "htam: out_meta asks for a channels-last output of ", num(ndim),
-                " dims; channels-last needs 4");
-    OutSpec spec{{}, scalar_type(channels_last ? code - kChannelsLast : code), channels_last};
+    TORCH_CHECK(code >= 0 && ndim <= HTAM_MAX_DIMS, "htam: out_meta has dtype code ", num(code), " for a ",
+                num(ndim), "-dim output");
+    OutSpec spec{{}, scalar_type(code % kDimOrder), {}};
     for (int64_t j = 0; j < ndim; ++j) spec.sizes.push_back(resolve_size(out_meta[i + 2 + j], inputs, specs.size()));
+    if (code / kDimOrder) spec.strides = order_strides(code / kDimOrder, spec.sizes);
     specs.push_back(std::move(spec));
     i += 2 + ndim;
   }
@@ -749,9 +777,8 @@ std::vector<at::Tensor> launch_with(const Kernel& k, at::TensorList inputs, cons
   std::vector<at::Tensor> outputs;
   outputs.reserve(specs.size());
   for (const OutSpec& s : specs)
-    outputs.emplace_back(at::detail::empty_cuda(
-        s.sizes, s.dtype, where,
-        s.channels_last ? std::optional<c10::MemoryFormat>(c10::MemoryFormat::ChannelsLast) : std::nullopt));
+    outputs.emplace_back(s.strides.empty() ? at::detail::empty_cuda(s.sizes, s.dtype, where, std::nullopt)
+                                           : at::detail::empty_strided_cuda(s.sizes, s.strides, s.dtype, where));
   int64_t code = k.epoch && graph_launches_on() ? call_graphed(k, inputs, outputs, device)
                                                 : call(k, inputs, outputs, device);
   TORCH_CHECK(code == 0, "htam kernel ", k.path, " returned ", num(code), ": ", reason(code));
@@ -1011,13 +1038,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // NOTE: the GIL stays held: the call enqueues a kernel and never waits on the GPU, and a
   // release + reacquire would be paid on every call.
   if (PyModule_AddFunctions(m.ptr(), g_methods) != 0) throw pybind11::error_already_set();
-  // For tests (CPU tensors will do): the sizes launch would allocate, so the C++ decoding of out_meta
-  // is checked against launcher.decode_out_meta without a GPU.
-  m.def("out_shapes", [](const std::vector<at::Tensor>& inputs, const std::vector<int64_t>& out_meta) {
-    std::vector<std::vector<int64_t>> shapes;
-    for (const OutSpec& s : out_specs(inputs, out_meta)) shapes.emplace_back(s.sizes.begin(), s.sizes.end());
-    return shapes;
-  }, "out_shapes(inputs, out_meta) -> list[list[int]]: the output sizes launch allocates");
+  // For tests (CPU tensors will do): the sizes and strides launch would allocate, so the C++ decoding
+  // of out_meta is checked against launcher.decode_out_meta without a GPU.
+  m.def("out_layouts", [](const std::vector<at::Tensor>& inputs, const std::vector<int64_t>& out_meta) {
+    std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> layouts;
+    for (const OutSpec& s : out_specs(inputs, out_meta)) {
+      const c10::DimVector strides = s.strides.empty() ? c10::contiguous_strides(s.sizes) : c10::DimVector(s.strides);
+      layouts.emplace_back(std::vector<int64_t>(s.sizes.begin(), s.sizes.end()),
+                           std::vector<int64_t>(strides.begin(), strides.end()));
+    }
+    return layouts;
+  }, "out_layouts(inputs, out_meta) -> [(sizes, strides)]: the outputs launch allocates");
   m.def("meta_of_slots", [](const std::vector<int64_t>& slots) { return meta_of_slots(slots); },
         "meta_of_slots(slots) -> out_meta: what launch_o<N> reads out of its int slots (for tests)");
   m.def("set_failure_hook", [](pybind11::object fn) {
