@@ -43,6 +43,21 @@ class RotaryRepeat(nn.Module):
         return k[:, :, None].expand(B, KV, 2, T, d).reshape(B, KV * 2, T, d)
 
 
+class RotaryChunk(nn.Module):
+    """The zoo's Llama: rotate_half by chunk, its halves read as slices of q."""
+    def forward(self, q, cos, sin):
+        a, b = q.chunk(2, dim=-1)
+        return q * cos + torch.cat((-b, a), dim=-1) * sin
+
+
+class RotarySplit(nn.Module):
+    """rotate_half by split (sizes given): the same slices."""
+    def forward(self, q, cos, sin):
+        h = q.shape[-1] // 2
+        a, b = q.split([h, h], dim=-1)
+        return q * cos + torch.cat((-b, a), dim=-1) * sin
+
+
 class PatchTokens(nn.Module):
     """ViT's patch embedding after the conv: [B, C, h, w] -> [B, h * w, C], the class token
     before it, the position embedding added."""
@@ -131,6 +146,8 @@ def _cases(dtype=torch.float32, device="cpu") -> dict:
     return {
         "rotary": (Rotary(), [r(2, 4, 24, 16), r(2, 1, 24, 16), r(2, 1, 24, 16)]),
         "rotary_repeat": (RotaryRepeat(), [r(2, 2, 24, 16), r(2, 1, 24, 16), r(2, 1, 24, 16)]),
+        "rotary_chunk": (RotaryChunk(), [r(2, 4, 24, 16), r(2, 1, 24, 16), r(2, 1, 24, 16)]),
+        "rotary_split": (RotarySplit(), [r(2, 4, 24, 16), r(2, 1, 24, 16), r(2, 1, 24, 16)]),
         "patch_tokens": (PatchTokens(), [r(2, 32, 3, 5), r(1, 1, 32), r(1, 16, 32)]),
         # sizes off the tile edges (32, 64): partial tiles on both dims
         "permute_add": (PermuteAdd(), [r(2, 70, 100), r(100, 70)]),
@@ -214,8 +231,9 @@ def test_lowering_reads_match_torch(name):
     torch.testing.assert_close(got.reshape(ref.shape), ref.double(), atol=1e-6, rtol=1e-6)
 
 
-def test_cat_reads_each_operand_inside_its_window_only():
-    model, args = _cases()["rotary"]
+@pytest.mark.parametrize("name", ["rotary", "rotary_chunk", "rotary_split"])
+def test_cat_reads_each_operand_inside_its_window_only(name):
+    model, args = _cases()[name]
     prog = lower(_task(model, args).graph, strided=True)
     windows = sorted(a.window for a in prog.accesses if a.window)
     assert windows == [(3, 0, 8, 16), (3, 8, 16, 16)]

@@ -205,6 +205,9 @@ ROW_REDUCE = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.defa
               aten.linalg_vector_norm.default: "norm"}
 # (values, indices) pairs read through getitem
 ROW_PAIRS = {aten.max.dim: "argmax", aten.min.dim: "argmin"}
+# ops whose results are read through getitem as pieces along one dim: each piece is a slice
+# (rotate_half's x.chunk(2, -1), a fused projection's split)
+SPLITS = {aten.chunk.default, aten.split.Tensor, aten.split_with_sizes.default}
 NORMS = {aten.layer_norm.default, aten.rms_norm.default, aten.instance_norm.default,
          aten.group_norm.default}
 SOFTMAXES = {aten.softmax.int, aten._softmax.default, aten.log_softmax.int, aten._log_softmax.default}
@@ -511,6 +514,8 @@ class Lowerer:
             pair = getattr(node.args[0], "target", None)
             if pair in ROW_PAIRS:
                 return self.row_pair(node, amap)
+            if pair in SPLITS:
+                return self.typed(t, self.slice(node, amap, VT[value_dtype_of(node)]), value_dtype_of(node))
             if pair is aten.broadcast_tensors.default:
                 # broadcast_tensors(a, b)[i]: operand i expanded to the common shape (a loss's inputs)
                 src = node.args[0].args[0][node.args[1]]
@@ -727,15 +732,11 @@ class Lowerer:
             raise Unsupported("slice read through a reshape")
         nd = len(shape_of(node))
         starts, steps, src = [0] * nd, [1] * nd, node
-        while hasattr(src, "op") and src.op == "call_function" and src.target is aten.slice.Tensor:
-            dim = (src.args[1] if len(src.args) > 1 else 0) % nd
-            start = src.args[2] if len(src.args) > 2 else 0
-            step = src.args[4] if len(src.args) > 4 else 1
-            start = 0 if start is None else start
+        while (cut := _slice_step(src, nd)) is not None:
+            src, dim, start, step = cut
             if not isinstance(start, int) or start < 0 or not isinstance(step, int) or step < 1:
                 raise Unsupported(f"slice start {start} step {step} (constant, non-negative)")
             starts[dim], steps[dim] = starts[dim] + start * steps[dim], steps[dim] * step
-            src = src.args[0]
         if not (hasattr(src, "op") and src.op == "placeholder"):
             raise Unsupported("slice of a computed value (only task inputs are read sliced)")
         dims = tuple(-1 if (shape_of(node)[k] == 1 and amap[1][k] == -1) else amap[1][k] for k in range(nd))
@@ -1426,3 +1427,26 @@ def column_dependent(e: tuple, prog: ExprProgram) -> bool:
     return any(x[0] == "in" and prog.accesses[x[1]].column_varying(prog.ndim, prog.nred)
                for x in walk(e, into_gather=False))
 
+
+def _slice_step(node, nd: int) -> tuple | None:
+    """node as one slice of another value: (source, dim, start, step) for aten.slice and for a
+    piece of chunk / split (getitem i: a step-1 slice starting after the pieces before it), None
+    for anything else. nd: node's rank (a slice or a piece has its source's)."""
+    if not (hasattr(node, "op") and node.op == "call_function"):
+        return None
+    if node.target is aten.slice.Tensor:
+        start = node.args[2] if len(node.args) > 2 else 0
+        return (node.args[0], (node.args[1] if len(node.args) > 1 else 0) % nd, 0 if start is None else start,
+                node.args[4] if len(node.args) > 4 else 1)
+    split = node.args[0] if node.target is operator.getitem else None
+    if getattr(split, "target", None) not in SPLITS:
+        return None
+    src, i = split.args[0], node.args[1]
+    dim = (split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)) % nd
+    arg = split.args[1]
+    if split.target is aten.chunk.default:        # pieces of ceil(n / chunks), the last one short
+        n = shape_of(src)[dim]
+        return src, dim, i * -(-n // arg), 1
+    if split.target is aten.split.Tensor:         # pieces of split_size
+        return src, dim, i * arg, 1
+    return src, dim, sum(arg[:i]), 1               # split_with_sizes
