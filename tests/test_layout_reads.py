@@ -58,6 +58,12 @@ class RotarySplit(nn.Module):
         return q * cos + torch.cat((-b, a), dim=-1) * sin
 
 
+class SliceOfSlice(nn.Module):
+    """Two stepped slices of one dim, read as one: x[:, ::2][:, 1::2] is x[:, 2::4]."""
+    def forward(self, x, y):
+        return x[:, ::2][:, 1::2] * 2 + y
+
+
 class PatchTokens(nn.Module):
     """ViT's patch embedding after the conv: [B, C, h, w] -> [B, h * w, C], the class token
     before it, the position embedding added."""
@@ -149,6 +155,7 @@ def _cases(dtype=torch.float32, device="cpu") -> dict:
         "rotary_chunk": (RotaryChunk(), [r(2, 4, 24, 16), r(2, 1, 24, 16), r(2, 1, 24, 16)]),
         "rotary_split": (RotarySplit(), [r(2, 4, 24, 16), r(2, 1, 24, 16), r(2, 1, 24, 16)]),
         "patch_tokens": (PatchTokens(), [r(2, 32, 3, 5), r(1, 1, 32), r(1, 16, 32)]),
+        "slice_of_slice": (SliceOfSlice(), [r(4, 32), r(4, 8)]),
         # sizes off the tile edges (32, 64): partial tiles on both dims
         "permute_add": (PermuteAdd(), [r(2, 70, 100), r(100, 70)]),
         "permute_add_row_major": (PermuteAddRowMajor(), [r(2, 70, 100), r(100, 70)]),

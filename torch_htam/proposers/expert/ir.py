@@ -732,11 +732,14 @@ class Lowerer:
             raise Unsupported("slice read through a reshape")
         nd = len(shape_of(node))
         starts, steps, src = [0] * nd, [1] * nd, node
+        # walking from node in to the input: element j of what is read so far is element
+        # starts + steps * j of src, and src, a slice (start, step) of the next, is element
+        # start + step * i of it
         while (cut := _slice_step(src, nd)) is not None:
             src, dim, start, step = cut
             if not isinstance(start, int) or start < 0 or not isinstance(step, int) or step < 1:
                 raise Unsupported(f"slice start {start} step {step} (constant, non-negative)")
-            starts[dim], steps[dim] = starts[dim] + start * steps[dim], steps[dim] * step
+            starts[dim], steps[dim] = start + step * starts[dim], step * steps[dim]
         if not (hasattr(src, "op") and src.op == "placeholder"):
             raise Unsupported("slice of a computed value (only task inputs are read sliced)")
         dims = tuple(-1 if (shape_of(node)[k] == 1 and amap[1][k] == -1) else amap[1][k] for k in range(nd))
