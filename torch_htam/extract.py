@@ -25,7 +25,8 @@ from torch_htam import attn_pattern, ops, symbolic
 from torch_htam.capture import Capture, capture, record_values
 from torch_htam.ops import ANCHOR, COMPUTE, ELEMENTWISE, ROWWISE
 from torch_htam.partition import Region, category, op_name, partition
-from torch_htam.task import DTYPE_NAMES, Task, TensorSpec, exec_source, kernelbench_source, target_name
+from torch_htam.task import (DTYPE_NAMES, Task, TensorSpec, dense_order, exec_source, kernelbench_source,
+                             target_name)
 
 
 @dataclass
@@ -412,18 +413,8 @@ def row_major_boundary(region: Region, channels_last: set[fx.Node] = frozenset()
             return False
         if v.dim() == 4 and v.is_contiguous(memory_format=torch.channels_last):
             return False
-        return _dense(v.shape, v.stride())
+        return dense_order(tuple(v.shape), tuple(v.stride())) is not None
     return {n for n in (*region.inputs, *region.outputs) if free(n)}
-
-
-def _dense(shape, stride) -> bool:
-    """Whether a tensor covers its memory exactly once (a permutation of a contiguous one)."""
-    acc = 1
-    for n, st in sorted(((n, st) for n, st in zip(shape, stride) if n != 1), key=lambda d: d[1]):
-        if st != acc:
-            return False
-        acc *= n
-    return True
 
 
 def _spec(n: fx.Node, values: dict | None, positive: bool = False, fmt: torch.memory_format | None = None,

@@ -136,14 +136,7 @@ class TensorSpec:
             >>> TensorSpec((1, 8, 1500, 64), "bfloat16", (768000, 64, 512, 1)).dim_order
             (0, 2, 1, 3)
         """
-        n = len(self.shape)
-        if self.numel <= 1 or not self.stride:
-            return tuple(range(n))
-        for order in (tuple(range(n)), *([(0, 2, 3, 1)] if n == 4 else []), stride_order(self.stride)):
-            dense = order_strides(self.shape, order)
-            if all(size == 1 or a == b for size, a, b in zip(self.shape, self.stride, dense)):
-                return order
-        return None
+        return dense_order(self.shape, self.stride)
 
     def as_channels_last(self) -> "TensorSpec":
         """This 4-D spec with channels-last strides (a conv region's activations, extract.py)."""
@@ -202,6 +195,24 @@ def order_strides(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, 
         strides[d] = acc
         acc *= max(shape[d], 1)
     return tuple(strides)
+
+
+def dense_order(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...] | None:
+    """TensorSpec.dim_order of a tensor of `shape` and `stride`: the dims outermost first where it
+    covers its memory once (row-major and channels-last preferred where size-1 dims leave a
+    choice), else None.
+
+        >>> dense_order((32, 64, 256), (16384, 1, 64)), dense_order((4, 8), (16, 1))
+        ((0, 2, 1), None)
+    """
+    n = len(shape)
+    if math.prod(shape) <= 1 or not stride:
+        return tuple(range(n))
+    for order in (tuple(range(n)), *([(0, 2, 3, 1)] if n == 4 else []), stride_order(stride)):
+        dense = order_strides(shape, order)
+        if all(size == 1 or a == b for size, a, b in zip(shape, stride, dense)):
+            return order
+    return None
 
 
 def stride_order(stride: tuple[int, ...]) -> tuple[int, ...]:

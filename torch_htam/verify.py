@@ -149,7 +149,7 @@ def strides_at(spec: TensorSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
     dims would overlap."""
     if not spec.stride or len(spec.stride) != len(shape) or 0 in spec.stride:
         return strides_like(spec, shape)
-    order = sorted(range(len(shape)), key=lambda d: (spec.stride[d], -d))
+    order = stride_order(spec.stride)[::-1]
     out, old_in, new_in = [0] * len(shape), 1, 1
     for d in order:   # innermost first
         if spec.stride[d] * new_in % old_in:
