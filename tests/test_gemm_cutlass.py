@@ -9,6 +9,8 @@ with and without a bias, a weight written in place between calls, a misaligned t
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -135,6 +137,29 @@ def test_the_default_tile_is_the_faster_one_measured():
     for m, n, us0, us1 in measured:
         assert gemm_cutlass.default_tile(m, n) == (1 if us1 < us0 else 0), (m, n, us0, us1)
     assert gemm_cutlass.default_tile(100352, 512 + 128) == 0     # N not a multiple of 256
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a host C++ compiler")
+def test_the_epilogue_gelu_is_torchs_erf_gelu_to_4e6(tmp_path):
+    """csrc/gelu_erf.h (the epilogue's GELU), compiled for the host, against torch's exact GELU in
+    fp64 from -20 to 20 and at the edges: within 4.0e-6 (its fit's bound), NaN kept, +inf kept,
+    and exact enough near 0 that gelu(x) / x stays 0.5 + x / sqrt(2 pi) to 1e-6."""
+    xs = torch.cat([torch.linspace(-20, 20, 400_001), torch.tensor([0.0, -0.0, 1e-30, -1e-30, 6.0, -6.0])])
+    prog = tmp_path / "gelu.cpp"
+    prog.write_text('#include <cstdio>\n#include "gelu_erf.h"\nint main() { float x; '
+                    'while (std::fread(&x, 4, 1, stdin) == 1) { float y = htam_gelu_erf(x); std::fwrite(&y, 4, 1, stdout); } }\n')
+    exe = tmp_path / "gelu"
+    subprocess.run(["c++", "-O2", "-std=c++17", f"-I{build.CSRC}", str(prog), "-o", str(exe)], check=True)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        out = subprocess.run([str(exe)], input=x.float().numpy().tobytes(), capture_output=True, check=True).stdout
+        return torch.frombuffer(bytearray(out), dtype=torch.float32).double()
+    ours, exact = run(xs), F.gelu(xs.float().double())
+    assert (ours - exact).abs().max() < 4.0e-6
+    small = torch.tensor([1e-3, -1e-3, 1e-6])
+    assert torch.allclose(run(small) / small.double(), 0.5 + small.double() / (2 * torch.pi) ** 0.5, atol=1e-6)
+    edge = run(torch.tensor([float("nan"), float("inf")]))
+    assert edge[0].isnan() and edge[1] == float("inf")
 
 
 # ---- build and GPU ----------------------------------------------------------------------------------

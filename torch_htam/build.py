@@ -302,13 +302,19 @@ OUR_LIBRARIES = {
 
 
 @functools.lru_cache(maxsize=None)
+def _csrc_headers(name: str) -> list[Path]:
+    """The headers of csrc/ that the library's source includes by quotes (its own, htam_library.h,
+    gelu_erf.h, ...): a change to any of them is a change to the library."""
+    src = (CSRC / f"{name}.cu").read_text()
+    return [CSRC / h for h in re.findall(r'^#include "([^"]+)"', src, re.M) if (CSRC / h).exists()]
+
+
 def library_hash(name: str, arch: str) -> str:
     """Content hash of a library of ours: its sources, the ABI header, arch, nvcc and its
     dependency's version header. 20 hex chars. NOTE: cached: the expert asks on every match
     (library_ready), and the search finds its inputs the same for the process."""
     h = hashlib.sha256()
-    for part in (CSRC / f"{name}.cu", CSRC / f"{name}.h", CSRC / "htam_library.h", ABI_HEADER,
-                 OUR_LIBRARIES[name].version()):
+    for part in (CSRC / f"{name}.cu", *_csrc_headers(name), ABI_HEADER, OUR_LIBRARIES[name].version()):
         h.update(part.read_bytes() if part is not None and part.exists() else b"-")
     h.update(f"{arch}\0{paths.nvcc_version()}\0{' '.join(_soname('<hash>.so'))}".encode())
     return h.hexdigest()[:20]
