@@ -123,8 +123,8 @@ def _measured_tiles() -> list[tuple[int, int, float, float]]:
     """(M, N, 128x128 us, 128x256 us) under CUDA graphs on an H200: the zoo's GELU MLP shapes at
     batch 32 (probe.py) and as the zoo runs them (zoo_shapes.py); each file's JSON is its last line."""
     out = []
-    for name, t0, t1 in (("probe-h200-afbc268.txt", "tile0_ms", "tile1_ms"),
-                         ("zoo_shapes-h200-ba596fa.txt", "t0_graphed_ms", "t1_graphed_ms")):
+    for name, t0, t1 in (("probe-h200-e680268.txt", "tile0_ms", "tile1_ms"),
+                         ("zoo_shapes-h200-e680268.txt", "t0_graphed_ms", "t1_graphed_ms")):
         rows = json.loads((EXPERIMENTS / name).read_text().strip().splitlines()[-1])["rows"]
         out += [(r["m"], r["n"], r[t0] * 1e3, r[t1] * 1e3) for r in rows]
     return out

@@ -51,12 +51,13 @@ def default_tile(m: int, n: int) -> int:
     their last wave on the SMs as well as 128x128's do (within 2%), and N is at least 3072 or
     128x256's tiles are one wave or less; else 128x128 (cooperative). The wave decides first: at
     ViT-B's batch 16 (M 3152, N 3072) 128x128's 600 tiles fill 91% of 5 waves, 128x256's 300 fill
-    76% of 3, and 128x128 was faster (40.2 against 43.8 us). Where both fill alike, the larger tile
-    was faster at N 3072 and above (BERT's M 1024: 16.6 against 17.7 us; ViT-B at batch 32: 72.0
-    against 76.6) and in a single wave (Whisper's [1500, 512 -> 2048]: 14.3 against 15.5), not over
-    several waves at N 2048 (MLP-Mixer's [6272, 512 -> 2048]: 48.5 against 42.6). H200, CUDA graphs
-    (docs/experiments/cutlass_gemm/zoo_shapes-h200-ba596fa.txt, probe-h200-afbc268.txt): the
-    fastest of the two at all 14 shapes measured, which are the zoo's MLP shapes, so fitted on them."""
+    76% of 3, and 128x128 was faster (37.5 against 40.9 us). Where both fill alike, the larger tile
+    was faster at N 3072 and above (BERT's M 1024: 15.5 against 16.7 us; ViT-B at batch 32: 65.8
+    against 70.1) and in a single wave (Whisper's [1500, 512 -> 2048]: 13.1 against 14.5), not over
+    several waves at N 2048 (MLP-Mixer's [6272, 512 -> 2048]: 45.7 against 39.5). H200, CUDA graphs
+    (docs/experiments/cutlass_gemm/zoo_shapes-h200-e680268.txt, probe-h200-e680268.txt): the
+    fastest of the two at all 14 shapes measured, which are the zoo's MLP shapes, so fitted on them.
+    Pingpong (tile 2) was faster still at 5 of them; the search's moves reach it."""
     def tiles(tm: int, tn: int) -> int:
         return -(-m // tm) * -(-n // tn)
 
