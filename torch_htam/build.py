@@ -301,7 +301,6 @@ OUR_LIBRARIES = {
 }
 
 
-@functools.lru_cache(maxsize=None)
 def _csrc_headers(name: str) -> list[Path]:
     """The headers of csrc/ that the library's source includes by quotes (its own, htam_library.h,
     gelu_erf.h, ...): a change to any of them is a change to the library."""
@@ -309,6 +308,7 @@ def _csrc_headers(name: str) -> list[Path]:
     return [CSRC / h for h in re.findall(r'^#include "([^"]+)"', src, re.M) if (CSRC / h).exists()]
 
 
+@functools.lru_cache(maxsize=None)
 def library_hash(name: str, arch: str) -> str:
     """Content hash of a library of ours: its sources, the ABI header, arch, nvcc and its
     dependency's version header. 20 hex chars. NOTE: cached: the expert asks on every match
