@@ -373,6 +373,28 @@ def test_a_library_in_parts_links_every_part_and_a_failing_part_says_why(tmp_pat
     assert list(tmp_path.glob(".parts-*")) == []
 
 
+def test_a_library_is_rebuilt_when_a_header_its_source_includes_changes(monkeypatch, tmp_path):
+    """library_hash covers the csrc headers the source includes by quotes (gelu_erf.h in
+    cutlass_gemm.cu), not only the library's own: an edit to one names a new .so."""
+    import shutil
+    csrc = tmp_path / "csrc"
+    shutil.copytree(build.CSRC, csrc)
+    monkeypatch.setattr(build, "CSRC", csrc)
+    monkeypatch.setattr(build, "ABI_HEADER", csrc / "htam_abi.h")
+    monkeypatch.setattr(build.paths, "nvcc_version", lambda: "13.0")
+
+    def fresh(name):
+        build.library_hash.cache_clear()
+        return build.library_hash(name, "sm_90a")
+    before = {n: fresh(n) for n in ("cutlass_gemm", "cutlass_conv")}
+    assert '#include "gelu_erf.h"' in (csrc / "cutlass_gemm.cu").read_text()
+    (csrc / "gelu_erf.h").write_text((csrc / "gelu_erf.h").read_text() + "\n// edited\n")
+    after = {n: fresh(n) for n in before}
+    build.library_hash.cache_clear()
+    assert after["cutlass_gemm"] != before["cutlass_gemm"]
+    assert after["cutlass_conv"] == before["cutlass_conv"]       # it does not include gelu_erf.h
+
+
 @pytest.fixture
 def fake_library_builds(monkeypatch, tmp_path):
     """build.library with a stand-in compile that takes 0.2 s, writes the .so and records how many

@@ -4,8 +4,9 @@
 // that calls them a second.
 //
 //   y[m, n] = act(sum_k x[m, k] * w[n, k] + bias[n])        (torch: act(F.linear(x, w, bias)))
-//   act: GELU with erf (torch's default; gelu_erf.h, within 4e-6 of it) or with tanh: HTAM_GEMM_ACT_*. (cuBLASLt's own epilogues
-//   fuse ReLU and tanh GELU too, but not erf GELU: the one Inductor leaves to a kernel of its own.)
+//   act: GELU with erf (torch's default; gelu_erf.h, within 4e-6 of it) or with tanh:
+//   HTAM_GEMM_ACT_*. (cuBLASLt's own epilogues fuse ReLU and tanh GELU too, but not erf GELU: the
+//   one Inductor leaves to a kernel of its own.)
 //
 // x [M, K], w [N, K] and y [M, N] row-major (contiguous), bias [N] or none; all bf16, every pointer
 // 16-byte aligned, K and N multiples of 8; fp32 accumulation and epilogue math. Sizes are run-time

@@ -2,7 +2,8 @@
 // cost of two MUFU ops, for epilogues that compute it on a GEMM's accumulators (cutlass_gemm.cu).
 //
 // Written x / (1 + 2^(x * q(x^2))): a logistic in an odd polynomial, q of degree 4 in x^2 fitted
-// (minimax) to the exact GELU with x clamped to [-6, 6], where Phi is within 1e-9 of 0 or 1.
+// (minimax) to the exact GELU with x clamped to [-6, 6], where Phi is within 1e-9 of 0 or 1
+// (docs/experiments/cutlass_gemm/gelu_fit.py prints these coefficients).
 // Max |error| 4.0e-6 over [-20, 20] (fp32 math; tests/test_gemm_cutlass.py checks it on the host):
 // under half of bf16's ulp of the output wherever |gelu(x)| is above 2e-3.
 // Why not erff: about 30 instructions with a branch, computed by the warps that issue the main
@@ -22,9 +23,9 @@
 HTAM_GELU_HD float htam_gelu_erf(float x) {
   const float xc = fminf(fmaxf(x, -6.f), 6.f);
   const float z = xc * xc;
-  float q = -2.959855692e-06f;
-  q = fmaf(q, z, 8.342268848e-05f);
-  q = fmaf(q, z, 3.865726467e-04f);
+  float q = -2.959838639e-06f;
+  q = fmaf(q, z, 8.342233195e-05f);
+  q = fmaf(q, z, 3.865749168e-04f);
   q = fmaf(q, z, -1.052759439e-01f);
   q = fmaf(q, z, -2.302021027e+00f);      // q(z) = -log2(e) * (1.5957 + 0.0730 z + ...)
 #if defined(__CUDA_ARCH__)
