@@ -68,14 +68,15 @@ def test_the_epilogue_is_read_as_an_activation_of_the_biased_product(built, act,
     *_, gp = _region(act, bias)
     a, b = gemm.act_of(gp)
     assert a == want and (b is not None) == bias
-    assert gemm.cutlass_reason(gp) is None and gp.facts.cutlass_tiles == (0, 1, 2)
+    assert gemm.cutlass_reason(gp) is None and gp.facts.cutlass_tiles == tuple(range(len(gemm_cutlass.TILES)))
 
 
 def test_it_is_the_default_and_leads_the_grid_once_built(built):
     from compile_check import assert_library_leads
     *_, gp = _region()
-    base = assert_library_leads(gemm.TARGET, gp, "cg_tile", 3)
-    assert all("cuBLASLt" in gemm.render(gp, p).splitlines()[0] for p in gemm.grid(gp, base)[3:5])
+    tiles = len(gemm_cutlass.TILES)
+    base = assert_library_leads(gemm.TARGET, gp, "cg_tile", tiles)
+    assert all("cuBLASLt" in gemm.render(gp, p).splitlines()[0] for p in gemm.grid(gp, base)[tiles:tiles + 2])
     # cuBLASLt's knobs mean nothing on this path; the tile does
     assert gemm.canonical(gp, dict(base, algo=3, lt_epilogue=False)) == gemm.canonical(gp, base)
     assert base["cg_tile"] == 0 and gemm.canonical(gp, dict(base, cg_tile=2)) != gemm.canonical(gp, base)
@@ -88,7 +89,7 @@ def test_it_is_the_default_and_leads_the_grid_once_built(built):
 def test_moves_reach_it_and_leave_it(built):
     *_, gp = _region()
     moves = strategies.moves_for("smem_tiling", gp.facts)
-    assert moves == [{"cutlass": True, "cg_tile": t} for t in (0, 1, 2)]
+    assert moves == [{"cutlass": True, "cg_tile": t} for t in range(len(gemm_cutlass.TILES))]
     base = dict(gemm.defaults(gp), cutlass=False)
     there = gemm.refit(gp, dict(base, **moves[1]), moves[1])
     assert gemm.cutlass(gp, there) and there["cg_tile"] == 1
@@ -119,24 +120,25 @@ def test_it_says_why_it_does_not_apply(built, kw, why):
     assert gemm.TARGET.libraries(gp) == ()
 
 
-def _measured_tiles() -> list[tuple[int, int, float, float]]:
-    """(M, N, 128x128 us, 128x256 us) under CUDA graphs on an H200: the zoo's GELU MLP shapes at
-    batch 32 (probe.py) and as the zoo runs them (zoo_shapes.py); each file's JSON is its last line."""
+def _measured_tiles() -> list[tuple[int, int, list[float]]]:
+    """(M, N, us per tile) under CUDA graphs on an H200: the zoo's GELU MLP shapes as the zoo runs
+    them (zoo_shapes.py) and at batch 32 (probe.py); each file's JSON is its last line."""
     out = []
-    for name, t0, t1 in (("probe-h200-e680268.txt", "tile0_ms", "tile1_ms"),
-                         ("zoo_shapes-h200-e680268.txt", "t0_graphed_ms", "t1_graphed_ms")):
+    for name, key in (("zoo_shapes-h200-TILES6.txt", "t{}_graphed_ms"), ("probe-h200-TILES6.txt", "tile{}_ms")):
         rows = json.loads((EXPERIMENTS / name).read_text().strip().splitlines()[-1])["rows"]
-        out += [(r["m"], r["n"], r[t0] * 1e3, r[t1] * 1e3) for r in rows]
+        out += [(r["m"], r["n"], [r[key.format(t)] * 1e3 for t in range(len(gemm_cutlass.TILES))]) for r in rows]
     return out
 
 
-def test_the_default_tile_is_the_faster_one_measured():
-    """default_tile picks the faster of 128x128 and 128x256 at every measured shape."""
+def test_the_default_tile_is_the_fastest_of_its_choices_measured():
+    """default_tile picks the fastest of DEFAULT_CHOICES at every measured shape; where the wave
+    decides, it decides as measured (BERT's [1024 -> 3072]: 128x192, 128 tiles in one wave)."""
     measured = _measured_tiles()
     assert len(measured) == 14
-    for m, n, us0, us1 in measured:
-        assert gemm_cutlass.default_tile(m, n) == (1 if us1 < us0 else 0), (m, n, us0, us1)
-    assert gemm_cutlass.default_tile(100352, 512 + 128) == 0     # N not a multiple of 256
+    for m, n, us in measured:
+        assert gemm_cutlass.default_tile(m, n) == min(gemm_cutlass.DEFAULT_CHOICES, key=lambda t: us[t]), (m, n, us)
+    assert gemm_cutlass.default_tile(1024, 3072) == 3 and gemm_cutlass.TILES[3][:2] == (128, 192)
+    assert gemm_cutlass.fill(132 * 128, 128, 0) == 1.0 and gemm_cutlass.fill(128, 64, 0) < 0.01
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="needs a host C++ compiler")

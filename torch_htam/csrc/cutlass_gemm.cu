@@ -151,44 +151,77 @@ static int run_tile(const HtamGemmAct& a, cudaStream_t stream) {
 // ---- the kernels, one function each (htam_library.h: a part of the build defines its share) ---
 
 using Tile128 = Shape<_128, _128, _64>;
+using Tile192 = Shape<_128, _192, _64>;
 using Tile256 = Shape<_128, _256, _64>;
+using Tile64 = Shape<_64, _128, _64>;
 using One = Shape<_1, _1, _1>;
 using Two = Shape<_2, _1, _1>;
 namespace act = cutlass::epilogue::thread;
 using KernelFn = int (*)(const HtamGemmAct&, cudaStream_t);
 
-// kernel i: [activation][tile] (cutlass_gemm.h's act and tile fields)
+// The tiles: gemm_cutlass.TILES says why these six.
+// kernel i = act * kTiles + tile (cutlass_gemm.h's act and tile fields), defined by the part that owns
+// it (htam_library.h); run_tile<activation, tile shape, cluster, cooperative>
+constexpr int kTiles = 6;
+#define HTAM_GEMM_KERNEL(i, ACT, TILE, CLUSTER, COOP) \
+  int gemm_k##i(const HtamGemmAct& a, cudaStream_t s) { return run_tile<ACT, TILE, CLUSTER, COOP>(a, s); }
 HTAM_HIDDEN int gemm_k0(const HtamGemmAct& a, cudaStream_t s);
 HTAM_HIDDEN int gemm_k1(const HtamGemmAct& a, cudaStream_t s);
 HTAM_HIDDEN int gemm_k2(const HtamGemmAct& a, cudaStream_t s);
 HTAM_HIDDEN int gemm_k3(const HtamGemmAct& a, cudaStream_t s);
 HTAM_HIDDEN int gemm_k4(const HtamGemmAct& a, cudaStream_t s);
 HTAM_HIDDEN int gemm_k5(const HtamGemmAct& a, cudaStream_t s);
+HTAM_HIDDEN int gemm_k6(const HtamGemmAct& a, cudaStream_t s);
+HTAM_HIDDEN int gemm_k7(const HtamGemmAct& a, cudaStream_t s);
+HTAM_HIDDEN int gemm_k8(const HtamGemmAct& a, cudaStream_t s);
+HTAM_HIDDEN int gemm_k9(const HtamGemmAct& a, cudaStream_t s);
+HTAM_HIDDEN int gemm_k10(const HtamGemmAct& a, cudaStream_t s);
+HTAM_HIDDEN int gemm_k11(const HtamGemmAct& a, cudaStream_t s);
 #if HTAM_MINE(0)
-int gemm_k0(const HtamGemmAct& a, cudaStream_t s) { return run_tile<GeluErf, Tile128, One, true>(a, s); }
+HTAM_GEMM_KERNEL(0, GeluErf, Tile128, One, true)
 #endif
 #if HTAM_MINE(1)
-int gemm_k1(const HtamGemmAct& a, cudaStream_t s) { return run_tile<GeluErf, Tile256, Two, true>(a, s); }
+HTAM_GEMM_KERNEL(1, GeluErf, Tile256, Two, true)
 #endif
 #if HTAM_MINE(2)
-int gemm_k2(const HtamGemmAct& a, cudaStream_t s) { return run_tile<GeluErf, Tile128, One, false>(a, s); }
+HTAM_GEMM_KERNEL(2, GeluErf, Tile128, One, false)
 #endif
 #if HTAM_MINE(3)
-int gemm_k3(const HtamGemmAct& a, cudaStream_t s) { return run_tile<act::GELU_taylor, Tile128, One, true>(a, s); }
+HTAM_GEMM_KERNEL(3, GeluErf, Tile192, One, true)
 #endif
 #if HTAM_MINE(4)
-int gemm_k4(const HtamGemmAct& a, cudaStream_t s) { return run_tile<act::GELU_taylor, Tile256, Two, true>(a, s); }
+HTAM_GEMM_KERNEL(4, GeluErf, Tile64, One, false)
 #endif
 #if HTAM_MINE(5)
-int gemm_k5(const HtamGemmAct& a, cudaStream_t s) { return run_tile<act::GELU_taylor, Tile128, One, false>(a, s); }
+HTAM_GEMM_KERNEL(5, GeluErf, Tile256, One, true)
+#endif
+#if HTAM_MINE(6)
+HTAM_GEMM_KERNEL(6, act::GELU_taylor, Tile128, One, true)
+#endif
+#if HTAM_MINE(7)
+HTAM_GEMM_KERNEL(7, act::GELU_taylor, Tile256, Two, true)
+#endif
+#if HTAM_MINE(8)
+HTAM_GEMM_KERNEL(8, act::GELU_taylor, Tile128, One, false)
+#endif
+#if HTAM_MINE(9)
+HTAM_GEMM_KERNEL(9, act::GELU_taylor, Tile192, One, true)
+#endif
+#if HTAM_MINE(10)
+HTAM_GEMM_KERNEL(10, act::GELU_taylor, Tile64, One, false)
+#endif
+#if HTAM_MINE(11)
+HTAM_GEMM_KERNEL(11, act::GELU_taylor, Tile256, One, true)
 #endif
 
 #if HTAM_ENTRY_PART
-static const KernelFn kKernels[2][3] = {{gemm_k0, gemm_k1, gemm_k2}, {gemm_k3, gemm_k4, gemm_k5}};
+static const KernelFn kKernels[2][kTiles] = {{gemm_k0, gemm_k1, gemm_k2, gemm_k3, gemm_k4, gemm_k5},
+                                             {gemm_k6, gemm_k7, gemm_k8, gemm_k9, gemm_k10, gemm_k11}};
 
 static int dispatch(const HtamGemmAct& a, cudaStream_t stream) {
   if (a.m <= 0 || a.n <= 0 || a.k <= 0 || a.k % kAlign || a.n % kAlign || a.reserved != 0) return HTAM_ERR_SHAPE;
-  if (a.act < HTAM_GEMM_ACT_GELU || a.act > HTAM_GEMM_ACT_GELU_TANH || a.tile < 0 || a.tile > 2) return HTAM_ERR_SHAPE;
+  if (a.act < HTAM_GEMM_ACT_GELU || a.act > HTAM_GEMM_ACT_GELU_TANH || a.tile < 0 || a.tile >= kTiles)
+    return HTAM_ERR_SHAPE;
   const void* const ptrs[] = {a.x, a.w, a.y};
   for (const void* p : ptrs)
     if (p == nullptr || !htam_aligned16(p)) return HTAM_ERR_SHAPE;

@@ -29,8 +29,10 @@ typedef struct {
   void* y;
   int32_t m, n, k;
   int32_t act;                  // HTAM_GEMM_ACT_*
-  int32_t tile;                 // 0: 128x128 cooperative, 1: 128x256 cooperative on 2x1 clusters,
-                                // 2: 128x128 pingpong (M x N of y per tile)
+  int32_t tile;                 // M x N of y per tile, the schedule, the cluster (1x1 unless said):
+                                // 0: 128x128 cooperative, 1: 128x256 cooperative on 2x1 clusters,
+                                // 2: 128x128 pingpong, 3: 128x192 cooperative, 4: 64x128 pingpong,
+                                // 5: 128x256 cooperative
   int32_t reserved;             // 0
 } HtamGemmAct;
 

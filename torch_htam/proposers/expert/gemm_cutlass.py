@@ -22,8 +22,15 @@ from torch_htam.proposers.expert.cuda import PRELUDE, cuh
 
 LIBRARY = "cutlass_gemm"
 SITE = cuh("gemm_cutlass.cuh")
-# the library's tiles (M rows x N columns of y, the schedule), by their cg_tile index (cutlass_gemm.h)
-TILES = ((128, 128, "cooperative"), (128, 256, "cooperative, 2x1 clusters"), (128, 128, "pingpong"))
+# the library's tiles (M rows x N columns of y, the schedule), by their cg_tile index (cutlass_gemm.h).
+# Chosen from 16 configurations timed at the zoo's MLP shapes (docs/experiments/cutlass_gemm/configs.py,
+# configs-h200-*.txt): 128x192 fills one wave at BERT's [1024 -> 3072] (128 tiles) and Whisper's
+# [1500 -> 2048] (132) and was the fastest there (12.5 / 11.1 us against 15.3 / 13.1 for the best of
+# the first three; cuBLAS's own kernels there are 192x128 and 128x192); 64x128 pingpong and 128x256
+# on one SM (no cluster: it beat the 2x1 cluster at all 10 shapes) were the fastest at others.
+# Stream-K, 256x128, 128x128x128 and a 128x64 epilogue subtile were nowhere the fastest.
+TILES = ((128, 128, "cooperative"), (128, 256, "cooperative, 2x1 clusters"), (128, 128, "pingpong"),
+         (128, 192, "cooperative"), (64, 128, "pingpong"), (128, 256, "cooperative"))
 # the IR's activations the epilogue computes, and the library's names for them
 ACTS = {"gelu_erf": "HTAM_GEMM_ACT_GELU", "gelu_tanh": "HTAM_GEMM_ACT_GELU_TANH"}
 KEYS = {"cutlass", "cg_tile"}
@@ -46,27 +53,36 @@ def reason(op: str, dtype: str, n: int, k: int, act: str | None, laid_out: bool)
     return None
 
 
-def default_tile(m: int, n: int) -> int:
-    """The cg_tile for y [m, n]: 128x256 (2x1 clusters) where N is a multiple of 256, its tiles fill
-    their last wave on the SMs as well as 128x128's do (within 2%), and N is at least 3072 or
-    128x256's tiles are one wave or less; else 128x128 (cooperative). The wave decides first: at
-    ViT-B's batch 16 (M 3152, N 3072) 128x128's 600 tiles fill 91% of 5 waves, 128x256's 300 fill
-    76% of 3, and 128x128 was faster (37.5 against 40.9 us). Where both fill alike, the larger tile
-    was faster at N 3072 and above (BERT's M 1024: 15.5 against 16.7 us; ViT-B at batch 32: 65.8
-    against 70.1) and in a single wave (Whisper's [1500, 512 -> 2048]: 13.1 against 14.5), not over
-    several waves at N 2048 (MLP-Mixer's [6272, 512 -> 2048]: 45.7 against 39.5). H200, CUDA graphs
-    (docs/experiments/cutlass_gemm/zoo_shapes-h200-e680268.txt, probe-h200-e680268.txt): the
-    fastest of the two at all 14 shapes measured, which are the zoo's MLP shapes, so fitted on them.
-    Pingpong (tile 2) was faster still at 5 of them; the search's moves reach it."""
-    def tiles(tm: int, tn: int) -> int:
-        return -(-m // tm) * -(-n // tn)
+# The tiles default_tile chooses among: the cooperative ones on 1x1 clusters, 128x128 / 128x192 /
+# 128x256 (the pingpong tiles and the 2x1 cluster are left to the search's moves).
+DEFAULT_CHOICES = (0, 3, 5)
 
-    def filled(t: int) -> float:
-        return t / (SMS * -(-t // SMS))
-    (bm0, bn0, _), (bm1, bn1, _) = TILES[0], TILES[1]
-    t0, t1 = tiles(bm0, bn0), tiles(bm1, bn1)
-    wide = n >= 3072 or t1 <= SMS
-    return 1 if n % bn1 == 0 and wide and filled(t1) >= filled(t0) - 0.02 else 0
+
+def fill(m: int, n: int, tile: int) -> float:
+    """The share of the SMs' tile slots that do useful work for y [m, n] at this tile: its tiles fill
+    their last wave (ceil(tiles / SMS) waves of SMS slots), and a tile past y's edge does rows or
+    columns of nothing.
+
+        >>> round(fill(1024, 3072, 3), 3), round(fill(1024, 3072, 0), 3)     # 128 tiles; 192 of 264 slots
+        (0.97, 0.727)
+    """
+    bm, bn, _ = TILES[tile]
+    rows, cols = -(-m // bm), -(-n // bn)
+    tiles = rows * cols
+    return tiles / (SMS * -(-tiles // SMS)) * (m / (rows * bm)) * (n / (cols * bn))
+
+
+def default_tile(m: int, n: int) -> int:
+    """The cg_tile for y [m, n]: of DEFAULT_CHOICES, the one whose tiles fill the SMs best (fill),
+    the larger tile where two fill within 2% of each other (relative) (more of the main loop a tile, fewer
+    epilogues). NOTE: a rule of wave quantization, not a fit to timings: at the 14 GELU MLP shapes
+    measured (the zoo's, at its batch and at 32; H200, CUDA graphs; docs/experiments/cutlass_gemm/
+    zoo_shapes-h200-*.txt, probe-h200-*.txt) it picked the fastest of its three at all 14
+    (test_the_default_tile_is_the_fastest_of_its_choices_measured). Pingpong tiles were faster still
+    at 5 of them (by 1-8%), which the search's moves reach."""
+    best = max(fill(m, n, t) for t in DEFAULT_CHOICES)
+    near = [t for t in DEFAULT_CHOICES if fill(m, n, t) >= best * 0.98]
+    return max(near, key=lambda t: TILES[t][0] * TILES[t][1])
 
 
 def render(x: int, w: int, bias: int | None, n_in: int, act: str, tile: int) -> str:
