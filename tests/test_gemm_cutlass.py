@@ -124,7 +124,7 @@ def _measured_tiles() -> list[tuple[int, int, list[float]]]:
     """(M, N, us per tile) under CUDA graphs on an H200: the zoo's GELU MLP shapes as the zoo runs
     them (zoo_shapes.py) and at batch 32 (probe.py); each file's JSON is its last line."""
     out = []
-    for name, key in (("zoo_shapes-h200-TILES6.txt", "t{}_graphed_ms"), ("probe-h200-TILES6.txt", "tile{}_ms")):
+    for name, key in (("zoo_shapes-h200-ab507f2.txt", "t{}_graphed_ms"), ("probe-h200-ab507f2.txt", "tile{}_ms")):
         rows = json.loads((EXPERIMENTS / name).read_text().strip().splitlines()[-1])["rows"]
         out += [(r["m"], r["n"], [r[key.format(t)] * 1e3 for t in range(len(gemm_cutlass.TILES))]) for r in rows]
     return out

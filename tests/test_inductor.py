@@ -266,6 +266,29 @@ def _optimize_with(monkeypatch, model, x, kernels, cfg=None):
         return torch_htam.optimize(model, (x,), cfg or pipeline.OptimizeConfig())
 
 
+def test_compiled_guard_tries_the_set_its_trials_imply(mlp, monkeypatch):
+    """Every kernel together barely ahead (0.4%, under the margin), the top one alone 3% behind:
+    the other two, never a subset _trials offers, are estimated 3.4% ahead and tried next, and
+    kept where their own timing wins; estimated short of the margin, they are not tried."""
+    from torch_htam import decide
+    from torch_htam.decide import Outcome
+    model, x, found, kernels = mlp
+    entries = {s: _Entry(k, speedup) for (s, k), speedup in zip(kernels.items(), (3.0, 2.0, 1.5))}
+    _stand_in_kernels(monkeypatch)
+    timed = []
+    _fake_timing(monkeypatch, {"compile": 1.0, "reexport": 1.0, "kernels3": 0.996, "kernels1": 1.03,
+                               "kernels2": 0.96, "*": 1.2}, timed)
+    model = _optimize_with(monkeypatch, model, x, entries)
+    assert [t[1] for t in timed[1:4]] == ["kernels3", "kernels1", "kernels2"]
+    rep = model.htam_report
+    assert rep.outcome is Outcome.KERNELS and rep.note.startswith("2 of 3 kernels"), rep.note
+    top = max(entries, key=lambda s: entries[s].speedup)
+    assert top not in model._htam_backend.kernels and len(model._htam_backend.kernels) == 2
+    # the trials' estimate for the same two short of the margin: not timed
+    assert decide._implied([(frozenset("abc"), 1.004), (frozenset("a"), 0.99)], list("abc")) == []
+    assert decide._implied([(frozenset("abc"), 1.004), (frozenset("a"), 0.971)], list("cba")) == [("c", "b")]
+
+
 def test_compiled_guard_keeps_what_beats_torch_compile(mlp, monkeypatch):
     """All kernels together lose to torch.compile, the better half wins: that half is installed."""
     from torch_htam.decide import Outcome

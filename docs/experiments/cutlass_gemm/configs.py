@@ -89,6 +89,7 @@ def main():
         y = torch.empty_like(ref)
         for c, lib in libs.items():
             best = None
+            want = F.linear(x, w, b) if b"bias only" in lib.cfg_name() else ref   # the GEMM + bias row
             for raster in RASTERS:
                 for sw in SWIZZLES:
                     call = Call(x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr(), m, n, k, 0, 0, 0)
@@ -100,9 +101,9 @@ def main():
                     torch.cuda.synchronize()
                     if rc != 0:
                         continue
-                    err = (y.float() - ref.float()).abs().max().item()
+                    err = (y.float() - want.float()).abs().max().item()
                     us = graphed_ms(run) * 1e3
-                    err2 = (y.float() - ref.float()).abs().max().item()
+                    err2 = (y.float() - want.float()).abs().max().item()
                     v = dict(raster=RASTERS[raster], swizzle=sw, us=us, err=max(err, err2))
                     if err == err and err2 == err2 and max(err, err2) < 0.25 and (best is None or us < best["us"]):
                         best = v
