@@ -532,6 +532,17 @@ def test_end_to_end_guard_keeps_the_subset_that_pays(made, monkeypatch):
     torch.testing.assert_close(model(x), model.forward.htam.original(x))
 
 
+def test_end_to_end_guard_tries_the_set_its_trials_imply(made, monkeypatch):
+    """Every kernel barely ahead of the original forward, the top one alone behind: the other two,
+    which _trials never offers, are timed next and stay swapped (decide._implied)."""
+    from torch_htam.decide import Outcome
+    model, x, kernels, timed, run = _guard_setup(made, monkeypatch, {3: 0.996, 1: 1.03, 2: 0.96})
+    model = run()
+    rep = model.htam_report
+    assert timed == [["original", "replay3"], ["original", "replay1"], ["original", "replay2"]]
+    assert rep.outcome is Outcome.REPLAY and rep.swapped == 2 and rep.note.startswith("2 of 3 kernels")
+
+
 def test_config_mistakes_raise_at_once():
     with pytest.raises(ValueError, match="memory"):
         OptimizeConfig(memory="graph")

@@ -723,9 +723,9 @@ class Trials:
         if base is None:
             return self.done(floor, Outcome.NOT_TIMED, self.out_of_time("the decision"))
         best, why, compared = base, "", ""
-        queue, timed, implied = list(_trials(ranked, every)), [], False
-        while queue:
-            subset = tuple(s for s in queue.pop(0) if s not in self.failed())
+        timed: list[tuple[frozenset, float]] = []
+        for subset in _sets(ranked, every, timed, lambda: best is not base):
+            subset = tuple(s for s in subset if s not in self.failed())
             if not subset:
                 break
             if not self.affords(2):
@@ -753,8 +753,6 @@ class Trials:
                                   f"for {base.kind.value}{at_high}{cut}")
             if best is not base and not (set(subset) == set(every) and set(ranked) != set(every)):
                 break   # every kernel together paid, and no smaller set is left to compare: done
-            if not queue and best is base and not implied:
-                queue, implied = _implied(timed, every), True
         return self.against_eager(best, base, floor, original, kernels, why, compared)
 
     def replayed(self, kernels: dict, every: list[str]) -> Decision:
@@ -763,13 +761,15 @@ class Trials:
             arm = self.ready(Arm(ArmKind.REPLAY, tuple(every)))
             if not arm.error:
                 return self.done(arm, Outcome.REPLAY, "end-to-end check off: every kernel, replayed")
-        for subset in _trials(every, every):
+        timed: list[tuple[frozenset, float]] = []
+        for subset in _sets(every, every, timed, lambda: False):
             subset = tuple(s for s in subset if s not in self.failed())
             if not subset or not self.affords(1):
                 break
             arm = self.ready(Arm(ArmKind.REPLAY, subset))
             if arm.error or not self.time([original, arm]):
                 continue
+            timed.append((frozenset(subset), ratio(original, arm)))
             if better(original.times, arm.times):
                 return self.done(arm, Outcome.REPLAY, f"{len(subset)} of {len(every)} kernels: {arm.ms()} "
                                  f"against {original.ms()} for the original forward")
@@ -1214,6 +1214,15 @@ def _trials(ranked: list[str], every: list[str]):
             seen.add(key)
             out.append(tuple(subset))
     return out
+
+
+def _sets(ranked: list[str], every: list[str], timed: list[tuple[frozenset, float]], paid: Callable[[], bool]):
+    """The kernel sets a decision times, in order: _trials', then, where none of them paid (paid()),
+    those the timings of them imply (_implied over `timed`, which the caller appends each timed
+    set and its gain to)."""
+    yield from _trials(ranked, every)
+    if not paid():
+        yield from _implied(timed, every)
 
 
 def _implied(timed: list[tuple[frozenset, float]], every: list[str]) -> list[tuple[str, ...]]:
