@@ -28,6 +28,7 @@
 
 #include "cutlass_gemm.h"
 #include "gelu_erf.h"
+#include "htam_library.h"
 
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
@@ -136,26 +137,18 @@ struct Made {
   void* workspace = nullptr;
 };
 
-// keyed by the call's bytes plus the scheduler's two run-time settings
+// keyed by the call's bytes plus the scheduler's two run-time settings (no padding: 40 + 8 bytes)
 struct Key {
   HtamGemmAct a;
   int raster, swizzle;
-  bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
 };
-struct KeyHash {
-  size_t operator()(const Key& k) const {
-    const unsigned char* p = reinterpret_cast<const unsigned char*>(&k);
-    size_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof(Key); ++i) h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-  }
-};
+static_assert(sizeof(Key) == sizeof(HtamGemmAct) + 2 * sizeof(int), "Key must have no padding");
 
 extern "C" const char* cfg_name() { return NAME; }
 
 // 0, 1: can_implement refused; 2: initialize failed; 3: run failed
 extern "C" int cfg_run(const HtamGemmAct* p, cudaStream_t stream, int raster, int swizzle) {
-  static std::unordered_map<Key, Made, KeyHash> made;
+  static std::unordered_map<Key, Made, BytesHash<Key>, BytesEq<Key>> made;
   Key key{*p, raster, swizzle};
   auto it = made.find(key);
   if (it != made.end()) return it->second.gemm->run(stream) == cutlass::Status::kSuccess ? 0 : 3;
