@@ -374,8 +374,9 @@ def test_a_library_in_parts_links_every_part_and_a_failing_part_says_why(tmp_pat
 
 
 def test_a_library_is_rebuilt_when_a_header_its_source_includes_changes(monkeypatch, tmp_path):
-    """library_hash covers the csrc headers the source includes by quotes (gelu_erf.h in
-    cutlass_gemm.cu), not only the library's own: an edit to one names a new .so."""
+    """library_hash covers the csrc headers the source includes by quotes, and those they include
+    (gelu_erf.h, through gelu_erf_cutlass.h in cutlass_gemm.cu), not only the library's own: an
+    edit to one names a new .so."""
     import shutil
     csrc = tmp_path / "csrc"
     shutil.copytree(build.CSRC, csrc)
@@ -387,7 +388,8 @@ def test_a_library_is_rebuilt_when_a_header_its_source_includes_changes(monkeypa
         build.library_hash.cache_clear()
         return build.library_hash(name, "sm_90a")
     before = {n: fresh(n) for n in ("cutlass_gemm", "cutlass_conv")}
-    assert '#include "gelu_erf.h"' in (csrc / "cutlass_gemm.cu").read_text()
+    src = (csrc / "cutlass_gemm.cu").read_text()
+    assert '#include "gelu_erf.h"' not in src and '#include "gelu_erf_cutlass.h"' in src   # one header down
     (csrc / "gelu_erf.h").write_text((csrc / "gelu_erf.h").read_text() + "\n// edited\n")
     after = {n: fresh(n) for n in before}
     build.library_hash.cache_clear()

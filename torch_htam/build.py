@@ -302,10 +302,16 @@ OUR_LIBRARIES = {
 
 
 def _csrc_headers(name: str) -> list[Path]:
-    """The headers of csrc/ that the library's source includes by quotes (its own, htam_library.h,
-    gelu_erf.h, ...): a change to any of them is a change to the library."""
-    src = (CSRC / f"{name}.cu").read_text()
-    return [CSRC / h for h in re.findall(r'^#include "([^"]+)"', src, re.M) if (CSRC / h).exists()]
+    """The headers of csrc/ that the library's source includes by quotes, and those they include
+    (its own, htam_library.h, gelu_erf_cutlass.h and its gelu_erf.h, ...): a change to any of them
+    is a change to the library."""
+    found, todo = [], [CSRC / f"{name}.cu"]
+    while todo:
+        for h in re.findall(r'^#include "([^"]+)"', todo.pop().read_text(), re.M):
+            if (CSRC / h).exists() and CSRC / h not in found:
+                found.append(CSRC / h)
+                todo.append(CSRC / h)
+    return found
 
 
 @functools.lru_cache(maxsize=None)

@@ -37,30 +37,12 @@
 #include <cutlass/util/packed_stride.hpp>
 
 #include "cutlass_gemm.h"
-#include "gelu_erf.h"
+#include "gelu_erf_cutlass.h"
 #include "htam_library.h"
 #include "htam_abi.h"
 
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
-
-// ---- GELU with erf (gelu_erf.h): the activation, on a fragment of accumulators ----------------------
-template <class T>
-struct GeluErf {
-  static const bool kIsHeavy = true;
-  CUTLASS_HOST_DEVICE float operator()(float x) const { return htam_gelu_erf(x); }
-};
-
-template <int N>
-struct GeluErf<cutlass::Array<float, N>> {
-  static const bool kIsHeavy = true;
-  CUTLASS_HOST_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& v) const {
-    cutlass::Array<float, N> y;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) y[i] = htam_gelu_erf(v[i]);
-    return y;
-  }
-};
 
 // ---- the kernel, per activation, tile shape, cluster and schedule ----------------------------------
 using Elt = cutlass::bfloat16_t;

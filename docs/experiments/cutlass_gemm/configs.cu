@@ -27,25 +27,11 @@
 #include <cutlass/util/packed_stride.hpp>
 
 #include "cutlass_gemm.h"
-#include "gelu_erf.h"
+#include "gelu_erf_cutlass.h"
 #include "htam_library.h"
 
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
-
-template <class T>
-struct GeluErf {
-  CUTLASS_HOST_DEVICE float operator()(float x) const { return htam_gelu_erf(x); }
-};
-template <int N>
-struct GeluErf<cutlass::Array<float, N>> {
-  CUTLASS_HOST_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& v) const {
-    cutlass::Array<float, N> y;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) y[i] = htam_gelu_erf(v[i]);
-    return y;
-  }
-};
 
 using Elt = cutlass::bfloat16_t;
 constexpr int kAlign = 8;
