@@ -27,7 +27,7 @@ SITE = cuh("gemm_cutlass.cuh")
 # configs-h200-*.txt): 128x192 fills one wave at BERT's [1024 -> 3072] (128 tiles) and Whisper's
 # [1500 -> 2048] (132) and was the fastest there (12.5 / 11.1 us against 15.3 / 13.1 for the best of
 # the first three; cuBLAS's own kernels there are 192x128 and 128x192); 64x128 pingpong and 128x256
-# on one SM (no cluster: it beat the 2x1 cluster at all 10 shapes) were the fastest at others.
+# on one SM (no cluster: it beat the 2x1 cluster at all 9 shapes) were the fastest at others.
 # Stream-K, 256x128, 128x128x128 and a 128x64 epilogue subtile were nowhere the fastest.
 TILES = ((128, 128, "cooperative"), (128, 256, "cooperative, 2x1 clusters"), (128, 128, "pingpong"),
          (128, 192, "cooperative"), (64, 128, "pingpong"), (128, 256, "cooperative"))
@@ -74,8 +74,8 @@ def fill(m: int, n: int, tile: int) -> float:
 
 def default_tile(m: int, n: int) -> int:
     """The cg_tile for y [m, n]: of DEFAULT_CHOICES, the one whose tiles fill the SMs best (fill),
-    the larger tile where two fill within 2% of each other (relative) (more of the main loop a tile, fewer
-    epilogues). NOTE: a rule of wave quantization, not a fit to timings: at the 14 GELU MLP shapes
+    the larger tile where two fill within 2% (relative) of each other: more of the main loop a tile,
+    fewer epilogues. NOTE: a rule of wave quantization, not a fit to timings: at the 14 GELU MLP shapes
     measured (the zoo's, at its batch and at 32; H200, CUDA graphs; docs/experiments/cutlass_gemm/
     zoo_shapes-h200-*.txt, probe-h200-*.txt) it picked the fastest of its three at all 14
     (test_the_default_tile_is_the_fastest_of_its_choices_measured). Pingpong tiles were faster still
