@@ -308,9 +308,10 @@ def _csrc_headers(name: str) -> list[Path]:
     found, todo = [], [CSRC / f"{name}.cu"]
     while todo:
         for h in re.findall(r'^#include "([^"]+)"', todo.pop().read_text(), re.M):
-            if (CSRC / h).exists() and CSRC / h not in found:
-                found.append(CSRC / h)
-                todo.append(CSRC / h)
+            header = CSRC / h
+            if header.exists() and header not in found:
+                found.append(header)
+                todo.append(header)
     return found
 
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch_htam import build, paths
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from probe import graphed_ms  # noqa: E402
+from probe import graphed_ms, operands  # noqa: E402
 from zoo_shapes import SHAPES  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -77,9 +77,7 @@ def main():
     rows = []
     for name, m, k, n in SHAPES:
         torch.manual_seed(0)
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
-        b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        x, w, b = operands(m, k, n)
         ref = F.gelu(F.linear(x, w, b))
         ind = torch.compile(lambda: F.gelu(F.linear(x, w, b)))
         row = dict(shape=name, m=m, k=k, n=n, cublas_kernel=cublas_kernel(x, w, b),

@@ -21,6 +21,14 @@ SHAPES = [("vit-b b32 fc1", 32 * 197, 768, 3072), ("bert-ish fc1", 8192, 768, 30
 REPS = 20
 
 
+def operands(m: int, k: int, n: int, device: str = "cuda"):
+    """x [m, k], w [n, k] (scaled by k^-0.5: activations of order 1) and bias [n], bf16, from torch's
+    current random state."""
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * k ** -0.5
+    return x, w, torch.randn(n, device=device, dtype=torch.bfloat16)
+
+
 def graphed_ms(fn, n=5):
     """fn captured REPS times into one CUDA graph; the best of n replays, per call."""
     for _ in range(3):
@@ -50,9 +58,7 @@ def main():
     rows = []
     for name, m, k, n in SHAPES:
         torch.manual_seed(0)
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
-        b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        x, w, b = operands(m, k, n)
         ref = F.gelu(F.linear(x, w, b))
         ind = torch.compile(lambda: F.gelu(F.linear(x, w, b)))
         gemm_only = torch.compile(lambda: F.linear(x, w, b))

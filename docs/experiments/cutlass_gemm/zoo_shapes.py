@@ -16,7 +16,7 @@ from torch_htam.launcher import Kernel
 from torch_htam.proposers.expert import gemm_cutlass
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from probe import graphed_ms  # noqa: E402
+from probe import graphed_ms, operands  # noqa: E402
 
 # (name, M rows, K, N): fc1 of each GELU MLP in bench/model_zoo.py at the zoo's batch
 SHAPES = [("vit b16", 16 * 197, 768, 3072), ("bert b8x128", 8 * 128, 768, 3072),
@@ -40,9 +40,7 @@ def main():
         torch.manual_seed(0)
 
         def make():
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
-            b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+            x, w, b = operands(m, k, n)
             return x, w, b, torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         x, w, b, y = make()
         ref = region(x, w, b)
