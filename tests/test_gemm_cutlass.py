@@ -1,6 +1,6 @@
 """CUTLASS's Hopper GEMM with the activation in its epilogue (csrc/cutlass_gemm.cu, the cutlass_gemm
 library) and the candidates that link it (proposers/expert/gemm_cutlass.py): one launch of a bf16
-gelu(x @ w^T + bias), GELU with erf (torch's default) or tanh.
+gelu(x @ w^T + bias), GELU with erf (torch's default) or tanh, or of silu(x @ w^T) * up (SwiGLU).
 
 CPU: where the expert offers it (only where the library is built), why it does not apply, the
 moves that reach and leave it. Build (`build`): the library for sm_90a and candidates linking it.
@@ -29,31 +29,29 @@ ACTS = {"gelu": nn.GELU(), "gelu_tanh": nn.GELU(approximate="tanh"), "relu": nn.
         "none": nn.Identity()}
 
 
-class LinearAct(nn.Module):
-    def __init__(self, k: int, n: int, act: str = "gelu", bias: bool = True):
-        super().__init__()
-        self.fc, self.act = nn.Linear(k, n, bias=bias), ACTS[act]
-
-    def forward(self, x):
-        return self.act(self.fc(x))
+def _apply(act: str, bias: bool, mul: bool, args):
+    """The region: act(F.linear(x, w[, b])) [* u] on args (x, w[, b][, u])."""
+    x, w, *rest = args
+    y = ACTS[act](F.linear(x, w, rest.pop(0) if bias else None))
+    return y * rest[0] if mul else y
 
 
-def _region(act="gelu", bias=True, k=64, n=96, rows=(2, 40), dtype=torch.bfloat16, device="cpu"):
-    """(module, its inputs, task, match) of a linear [+ bias] + act region: x [*rows, k]."""
+def _region(act="gelu", bias=True, k=64, n=96, rows=(2, 40), dtype=torch.bfloat16, device="cpu", mul=False):
+    """(its inputs, task, match) of a linear [+ bias] + act region, x [*rows, k]; with mul, the
+    activation times u [*rows, n] (a SwiGLU MLP's gate times its up projection)."""
     torch.manual_seed(0)
-    block = LinearAct(k, n, act, bias).to(device=device, dtype=dtype).eval()
+    fc = nn.Linear(k, n, bias=bias).to(device=device, dtype=dtype)
     x = torch.randn(*rows, k, device=device, dtype=dtype)
-    params = [block.fc.weight] + ([block.fc.bias] if bias else [])
+    args = [x, *[p.detach() for p in fc.parameters()]] + ([torch.randn(*rows, n, device=device, dtype=dtype)] if mul else [])
 
     class Fn(nn.Module):      # the region as the partition cuts it: weight and bias are inputs
-        def forward(self, x, w, b=None):
-            return ACTS[act](F.linear(x, w, b))
-    args = [x, *[p.detach() for p in params]]
+        def forward(self, *xs):
+            return _apply(act, bias, mul, xs)
     gm = torch.export.export(Fn(), tuple(args), strict=False).graph_module
-    out = block(x)
+    out = _apply(act, bias, mul, args)
     task = Task("linear_act", "gemm", "", [TensorSpec.of(a) for a in args], [TensorSpec.of(out)], "sig", [],
                 graph=gm)
-    return block, args, task, match_task(task, policy_for(task)).region
+    return args, task, match_task(task, policy_for(task)).region
 
 
 @pytest.fixture
@@ -62,12 +60,13 @@ def built(monkeypatch):
     monkeypatch.setattr(gemm_cutlass, "library_ready", lambda: True)
 
 
-@pytest.mark.parametrize("act, bias, want", [("gelu", True, "gelu_erf"), ("gelu_tanh", True, "gelu_tanh"),
-                                              ("gelu", False, "gelu_erf")])
-def test_the_epilogue_is_read_as_an_activation_of_the_biased_product(built, act, bias, want):
-    *_, gp = _region(act, bias)
-    a, b = gemm.act_of(gp)
-    assert a == want and (b is not None) == bias
+@pytest.mark.parametrize("act, bias, mul, want", [("gelu", True, False, "gelu_erf"), ("gelu_tanh", True, False, "gelu_tanh"),
+                                                   ("gelu", False, False, "gelu_erf"), ("silu", False, True, "silu_mul")])
+def test_the_epilogue_is_read_as_an_activation_of_the_biased_product(built, act, bias, mul, want):
+    *_, gp = _region(act, bias, mul=mul)
+    epi = gemm.act_of(gp)
+    assert epi.act == want and (epi.bias is not None) == bias
+    assert epi.mul == (2 if mul else None)           # SwiGLU's up projection: the region's input 2
     assert gemm.cutlass_reason(gp) is None and gp.facts.cutlass_tiles == tuple(range(len(gemm_cutlass.TILES)))
 
 
@@ -110,6 +109,8 @@ def test_without_the_library_nothing_changes():
     (dict(act="none"), "GELU"),                         # a bias alone: cuBLASLt's epilogue writes it once
     (dict(act="relu"), "GELU"),                         # cuBLASLt's epilogue fuses it
     (dict(act="silu"), "GELU"),
+    (dict(act="silu", bias=True, mul=True), "GELU"),    # the library's silu * up takes no bias
+    (dict(act="gelu", bias=False, mul=True), "GELU"),
     (dict(dtype=torch.float16), "bf16 only"),
     (dict(k=60), "multiples of 8"),
     (dict(n=100), "multiples of 8"),
@@ -167,7 +168,8 @@ def test_the_epilogue_gelu_is_torchs_erf_gelu_to_4e6(tmp_path):
 # ---- build and GPU ----------------------------------------------------------------------------------
 
 CASES = {"gelu_bias": dict(act="gelu"), "gelu_tanh_bias": dict(act="gelu_tanh"), "gelu": dict(act="gelu", bias=False),
-         "gelu_k40": dict(act="gelu", k=40, n=72)}
+         "gelu_k40": dict(act="gelu", k=40, n=72), "silu_mul": dict(act="silu", bias=False, mul=True),
+         "silu_mul_k40": dict(act="silu", bias=False, mul=True, k=40, n=72)}
 needs_cutlass = pytest.mark.skipif(paths.nvcc_path() is None or build.find_cutlass() is None,
                                    reason="needs nvcc and CUTLASS's headers (pip install --no-deps nvidia-cutlass)")
 
@@ -194,15 +196,18 @@ def test_each_tile_matches_torch_at_other_row_counts(built, name):
     judges; then the weight written in place is seen by the next call."""
     from torch_htam.launcher import Kernel
     from torch_htam.verify import within_torch_error
-    block, _, task, gp = _region(device="cuda", **CASES[name])
+    _, task, gp = _region(device="cuda", **CASES[name])
     policy = policy_for(task)
     params = [dict(gemm.defaults(gp), cg_tile=t) for t in range(len(gemm_cutlass.TILES))]
     results = build.build_many([gemm.render(gp, p) for p in params])
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
 
+    case = dict(dict(act="gelu", bias=True, mul=False), **CASES[name])
+    act, bias, mul = case["act"], case["bias"], case["mul"]
+
     def check(kernel, xs, what):
-        ref = ACTS[CASES[name].get("act", "gelu")](F.linear(*xs))
-        ref64 = ACTS[CASES[name].get("act", "gelu")](F.linear(*[x.double() for x in xs]))
+        ref = _apply(act, bias, mul, xs)
+        ref64 = _apply(act, bias, mul, [x.double() for x in xs])
         out = torch.full_like(ref, float("nan"))
         assert kernel(xs, [out]) == 0, what
         torch.cuda.synchronize()
@@ -211,7 +216,7 @@ def test_each_tile_matches_torch_at_other_row_counts(built, name):
                 or within_torch_error(out.float(), ref.float(), ref64, policy.atol, policy.rtol)[0]), what
 
     for rows in ((2, 40), (1,), (3, 100)):
-        _, xs, *_ = _region(device="cuda", rows=rows, **CASES[name])
+        xs, *_ = _region(device="cuda", rows=rows, **CASES[name])
         for p, res in zip(params, results):
             kernel = Kernel(res.so_path)
             check(kernel, xs, (p["cg_tile"], rows))
@@ -224,7 +229,7 @@ def test_a_misaligned_tensor_is_refused_not_misread(built):
     """An input whose data starts 2 bytes past a 16-byte boundary: HTAM_ERR_SHAPE (the runtime runs
     the original region), not a wrong answer."""
     from torch_htam.launcher import Kernel
-    _, xs, task, gp = _region(device="cuda")
+    xs, task, gp = _region(device="cuda")
     res = build.build_many([gemm.render(gp, gemm.defaults(gp))])[0]
     assert res.ok, res.error
     x = xs[0]

@@ -44,30 +44,59 @@
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
 
-// ---- the kernel, per activation, tile shape, cluster and schedule ----------------------------------
+// ---- the kernel, per epilogue, tile shape, cluster and schedule -----------------------------------
 using Elt = cutlass::bfloat16_t;
 constexpr int kAlign = 128 / cutlass::sizeof_bits<Elt>::value;    // 8 values: one 16-byte TMA row
+constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+namespace act = cutlass::epilogue::thread;
 
-// The epilogue is CUTLASS's own D = act(acc + bias[n]) (bias: a row vector broadcast over M; a null
-// pointer reads as zeros), fp32 math. NOTE: not a visitor tree of ours: one with the same math
-// (Sm90EVT of Sm90Compute over the accumulator and an Sm90RowBroadcast) ran 1.7-2.5x slower at the
-// same tile (H200, docs/experiments/cutlass_gemm/variants-h200.txt).
+// The epilogues (cutlass_gemm.h's act field), each with the C operand it reads (void: none) and how a
+// call fills its arguments.
+// BiasAct: CUTLASS's own D = act(acc + bias[n]) (bias: a row vector broadcast over M; a null pointer
+// reads as zeros), fp32 math. NOTE: not a visitor tree of ours: one with the same math (Sm90EVT of
+// Sm90Compute over the accumulator and an Sm90RowBroadcast, the activation chosen at run time) ran
+// 1.7-2.5x slower at the same tile (H200, docs/experiments/cutlass_gemm/variants-h200.txt).
+template <template <class> class Act>
+struct BiasAct {
+  using ElementC = void;
+  using Fusion = fusion::LinCombPerColBiasEltAct<Act, Elt, float, Elt, Elt, float>;
+  template <class Thread>
+  static void set(Thread& t, const HtamGemmAct& a) {
+    t.alpha = 1.f;
+    t.beta = 0.f;
+    t.bias_ptr = static_cast<const Elt*>(a.bias);
+  }
+};
+
+// SiluMul: D = silu(acc) * C, C = mul [M, N] (a SwiGLU MLP's up projection), loaded by the
+// epilogue's producer warp through TMA as CUTLASS loads any source C (Sm90SrcFetch); fp32 math, one
+// rounding to bf16 at the end. Compile-time nodes only (the tree above that chose at run time was
+// the slow one).
+struct SiluMul {
+  using ElementC = Elt;
+  using Fusion = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::multiplies, Elt, float, kRound>,
+                                 fusion::Sm90EVT<fusion::Sm90Compute<act::SiLu, float, float, kRound>,
+                                                 fusion::Sm90AccFetch>,
+                                 fusion::Sm90SrcFetch<Elt>>;
+  template <class Thread>
+  static void set(Thread&, const HtamGemmAct&) {}     // its nodes take no arguments
+};
+
 // Cooperative: two consumer warp groups share one tile (M >= 128); pingpong: each its own tile, one
 // group's epilogue under the other's main loop.
-template <template <class> class Act, class TileShape, class Cluster, bool Cooperative>
-struct GemmAct {
+template <class Epi, class TileShape, class Cluster, bool Cooperative>
+struct GemmEpi {
   using KernelSchedule = std::conditional_t<Cooperative, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                                             cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
   using EpiSchedule = std::conditional_t<Cooperative, cutlass::epilogue::TmaWarpSpecializedCooperative,
                                          cutlass::epilogue::TmaWarpSpecialized>;
-  using Fusion = fusion::LinCombPerColBiasEltAct<Act, Elt, float, Elt, Elt, float>;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-      void, cutlass::layout::RowMajor, kAlign,
+      typename Epi::ElementC, cutlass::layout::RowMajor, kAlign,
       Elt, cutlass::layout::RowMajor, kAlign,
-      EpiSchedule, Fusion>::CollectiveOp;
+      EpiSchedule, typename Epi::Fusion>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -82,7 +111,7 @@ struct GemmAct {
 };
 
 // ---- the cache of initialized kernels, keyed by a call's bytes (cutlass_gemm.h: no padding) ----
-static_assert(sizeof(HtamGemmAct) == 4 * sizeof(void*) + 6 * 4, "HtamGemmAct must have no padding");
+static_assert(sizeof(HtamGemmAct) == 5 * sizeof(void*) + 6 * 4, "HtamGemmAct must have no padding");
 
 // A served model meets a set of pointers per site and batch size; past this many a call is
 // initialized anew each time (correct, a few us more host time)
@@ -98,9 +127,9 @@ static int sm_count() {
   return counts[dev];
 }
 
-template <template <class> class Act, class TileShape, class Cluster, bool Cooperative>
+template <class Epi, class Tile>
 static int run_tile(const HtamGemmAct& a, cudaStream_t stream) {
-  using G = typename GemmAct<Act, TileShape, Cluster, Cooperative>::Gemm;
+  using G = typename GemmEpi<Epi, typename Tile::Shape, typename Tile::Cluster, Tile::kCooperative>::Gemm;
   using K = typename G::GemmKernel;
   static std::unordered_map<HtamGemmAct, std::unique_ptr<G>, BytesHash<HtamGemmAct>, BytesEq<HtamGemmAct>> made;
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -108,6 +137,7 @@ static int run_tile(const HtamGemmAct& a, cudaStream_t stream) {
   if (it != made.end()) return it->second->run(stream) == cutlass::Status::kSuccess ? 0 : (int)cudaGetLastError();
   const auto sA = cutlass::make_cute_packed_stride(typename K::StrideA{}, make_shape(a.m, a.k, 1));
   const auto sB = cutlass::make_cute_packed_stride(typename K::StrideB{}, make_shape(a.n, a.k, 1));
+  const auto sC = cutlass::make_cute_packed_stride(typename K::StrideC{}, make_shape(a.m, a.n, 1));
   const auto sD = cutlass::make_cute_packed_stride(typename K::StrideD{}, make_shape(a.m, a.n, 1));
   cutlass::KernelHardwareInfo hw;
   cudaGetDevice(&hw.device_id);
@@ -115,10 +145,9 @@ static int run_tile(const HtamGemmAct& a, cudaStream_t stream) {
   typename G::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm, {a.m, a.n, a.k, 1},
       {static_cast<const Elt*>(a.x), sA, static_cast<const Elt*>(a.w), sB},
-      {{}, nullptr, sD, static_cast<Elt*>(a.y), sD}, hw};
-  args.epilogue.thread.alpha = 1.f;
-  args.epilogue.thread.beta = 0.f;
-  args.epilogue.thread.bias_ptr = static_cast<const Elt*>(a.bias);
+      {{}, nullptr, sC, static_cast<Elt*>(a.y), sD}, hw};
+  if constexpr (!std::is_void_v<typename Epi::ElementC>) args.epilogue.ptr_C = static_cast<const Elt*>(a.mul);
+  Epi::set(args.epilogue.thread, a);
   auto gemm = std::make_unique<G>();
   // (these schedules need no workspace; one that did would need a buffer kept for graphs' replays)
   if (G::get_workspace_size(args) != 0 || gemm->can_implement(args) != cutlass::Status::kSuccess)
@@ -132,82 +161,105 @@ static int run_tile(const HtamGemmAct& a, cudaStream_t stream) {
 
 // ---- the kernels, one function each (htam_library.h: a part of the build defines its share) ---
 
-using Tile128 = Shape<_128, _128, _64>;
-using Tile192 = Shape<_128, _192, _64>;
-using Tile256 = Shape<_128, _256, _64>;
-using Tile64 = Shape<_64, _128, _64>;
+// The tiles (cutlass_gemm.h's tile field; gemm_cutlass.TILES says why these six): M x N of y per
+// tile and K step, the cluster, cooperative or pingpong.
+template <class S, class C, bool Coop>
+struct TileCfg {
+  using Shape = S;
+  using Cluster = C;
+  static constexpr bool kCooperative = Coop;
+};
 using One = Shape<_1, _1, _1>;
-using Two = Shape<_2, _1, _1>;
-namespace act = cutlass::epilogue::thread;
+using Tiles = cute::tuple<TileCfg<Shape<_128, _128, _64>, One, true>, TileCfg<Shape<_128, _256, _64>, Shape<_2, _1, _1>, true>,
+                          TileCfg<Shape<_128, _128, _64>, One, false>, TileCfg<Shape<_128, _192, _64>, One, true>,
+                          TileCfg<Shape<_64, _128, _64>, One, false>, TileCfg<Shape<_128, _256, _64>, One, true>>;
+// The epilogues, by cutlass_gemm.h's act field
+using Epis = cute::tuple<BiasAct<GeluErf>, BiasAct<act::GELU_taylor>, SiluMul>;
+constexpr int kTiles = cute::tuple_size<Tiles>::value, kEpis = cute::tuple_size<Epis>::value;
+static_assert(kEpis == HTAM_GEMM_ACT_SILU_MUL + 1, "one epilogue per cutlass_gemm.h act");
 using KernelFn = int (*)(const HtamGemmAct&, cudaStream_t);
 
-// The tiles: gemm_cutlass.TILES says why these six.
-// kernel i = act * kTiles + tile (cutlass_gemm.h's act and tile fields), defined by the part that owns
-// it (htam_library.h); run_tile<activation, tile shape, cluster, cooperative>
-constexpr int kTiles = 6;
-#define HTAM_GEMM_KERNEL(i, ACT, TILE, CLUSTER, COOP) \
-  int gemm_k##i(const HtamGemmAct& a, cudaStream_t s) { return run_tile<ACT, TILE, CLUSTER, COOP>(a, s); }
-HTAM_HIDDEN int gemm_k0(const HtamGemmAct& a, cudaStream_t s);
-HTAM_HIDDEN int gemm_k1(const HtamGemmAct& a, cudaStream_t s);
-HTAM_HIDDEN int gemm_k2(const HtamGemmAct& a, cudaStream_t s);
-HTAM_HIDDEN int gemm_k3(const HtamGemmAct& a, cudaStream_t s);
-HTAM_HIDDEN int gemm_k4(const HtamGemmAct& a, cudaStream_t s);
-HTAM_HIDDEN int gemm_k5(const HtamGemmAct& a, cudaStream_t s);
-HTAM_HIDDEN int gemm_k6(const HtamGemmAct& a, cudaStream_t s);
-HTAM_HIDDEN int gemm_k7(const HtamGemmAct& a, cudaStream_t s);
-HTAM_HIDDEN int gemm_k8(const HtamGemmAct& a, cudaStream_t s);
-HTAM_HIDDEN int gemm_k9(const HtamGemmAct& a, cudaStream_t s);
-HTAM_HIDDEN int gemm_k10(const HtamGemmAct& a, cudaStream_t s);
-HTAM_HIDDEN int gemm_k11(const HtamGemmAct& a, cudaStream_t s);
+// kernel i = act * kTiles + tile, defined by the part that owns it (htam_library.h)
+#define HTAM_GEMM_KERNEL(i)                                                                         \
+  int gemm_k##i(const HtamGemmAct& a, cudaStream_t s) {                                             \
+    return run_tile<cute::tuple_element_t<(i) / kTiles, Epis>, cute::tuple_element_t<(i) % kTiles, Tiles>>(a, s); \
+  }
+#define HTAM_GEMM_DECLARE(i) HTAM_HIDDEN int gemm_k##i(const HtamGemmAct& a, cudaStream_t s);
+HTAM_GEMM_DECLARE(0) HTAM_GEMM_DECLARE(1) HTAM_GEMM_DECLARE(2) HTAM_GEMM_DECLARE(3) HTAM_GEMM_DECLARE(4)
+HTAM_GEMM_DECLARE(5) HTAM_GEMM_DECLARE(6) HTAM_GEMM_DECLARE(7) HTAM_GEMM_DECLARE(8) HTAM_GEMM_DECLARE(9)
+HTAM_GEMM_DECLARE(10) HTAM_GEMM_DECLARE(11) HTAM_GEMM_DECLARE(12) HTAM_GEMM_DECLARE(13)
+HTAM_GEMM_DECLARE(14) HTAM_GEMM_DECLARE(15) HTAM_GEMM_DECLARE(16) HTAM_GEMM_DECLARE(17)
 #if HTAM_MINE(0)
-HTAM_GEMM_KERNEL(0, GeluErf, Tile128, One, true)
+HTAM_GEMM_KERNEL(0)
 #endif
 #if HTAM_MINE(1)
-HTAM_GEMM_KERNEL(1, GeluErf, Tile256, Two, true)
+HTAM_GEMM_KERNEL(1)
 #endif
 #if HTAM_MINE(2)
-HTAM_GEMM_KERNEL(2, GeluErf, Tile128, One, false)
+HTAM_GEMM_KERNEL(2)
 #endif
 #if HTAM_MINE(3)
-HTAM_GEMM_KERNEL(3, GeluErf, Tile192, One, true)
+HTAM_GEMM_KERNEL(3)
 #endif
 #if HTAM_MINE(4)
-HTAM_GEMM_KERNEL(4, GeluErf, Tile64, One, false)
+HTAM_GEMM_KERNEL(4)
 #endif
 #if HTAM_MINE(5)
-HTAM_GEMM_KERNEL(5, GeluErf, Tile256, One, true)
+HTAM_GEMM_KERNEL(5)
 #endif
 #if HTAM_MINE(6)
-HTAM_GEMM_KERNEL(6, act::GELU_taylor, Tile128, One, true)
+HTAM_GEMM_KERNEL(6)
 #endif
 #if HTAM_MINE(7)
-HTAM_GEMM_KERNEL(7, act::GELU_taylor, Tile256, Two, true)
+HTAM_GEMM_KERNEL(7)
 #endif
 #if HTAM_MINE(8)
-HTAM_GEMM_KERNEL(8, act::GELU_taylor, Tile128, One, false)
+HTAM_GEMM_KERNEL(8)
 #endif
 #if HTAM_MINE(9)
-HTAM_GEMM_KERNEL(9, act::GELU_taylor, Tile192, One, true)
+HTAM_GEMM_KERNEL(9)
 #endif
 #if HTAM_MINE(10)
-HTAM_GEMM_KERNEL(10, act::GELU_taylor, Tile64, One, false)
+HTAM_GEMM_KERNEL(10)
 #endif
 #if HTAM_MINE(11)
-HTAM_GEMM_KERNEL(11, act::GELU_taylor, Tile256, One, true)
+HTAM_GEMM_KERNEL(11)
+#endif
+#if HTAM_MINE(12)
+HTAM_GEMM_KERNEL(12)
+#endif
+#if HTAM_MINE(13)
+HTAM_GEMM_KERNEL(13)
+#endif
+#if HTAM_MINE(14)
+HTAM_GEMM_KERNEL(14)
+#endif
+#if HTAM_MINE(15)
+HTAM_GEMM_KERNEL(15)
+#endif
+#if HTAM_MINE(16)
+HTAM_GEMM_KERNEL(16)
+#endif
+#if HTAM_MINE(17)
+HTAM_GEMM_KERNEL(17)
 #endif
 
 #if HTAM_ENTRY_PART
-static const KernelFn kKernels[2][kTiles] = {{gemm_k0, gemm_k1, gemm_k2, gemm_k3, gemm_k4, gemm_k5},
-                                             {gemm_k6, gemm_k7, gemm_k8, gemm_k9, gemm_k10, gemm_k11}};
+static const KernelFn kKernels[kEpis][kTiles] = {{gemm_k0, gemm_k1, gemm_k2, gemm_k3, gemm_k4, gemm_k5},
+                                                 {gemm_k6, gemm_k7, gemm_k8, gemm_k9, gemm_k10, gemm_k11},
+                                                 {gemm_k12, gemm_k13, gemm_k14, gemm_k15, gemm_k16, gemm_k17}};
 
 static int dispatch(const HtamGemmAct& a, cudaStream_t stream) {
   if (a.m <= 0 || a.n <= 0 || a.k <= 0 || a.k % kAlign || a.n % kAlign || a.reserved != 0) return HTAM_ERR_SHAPE;
-  if (a.act < HTAM_GEMM_ACT_GELU || a.act > HTAM_GEMM_ACT_GELU_TANH || a.tile < 0 || a.tile >= kTiles)
+  if (a.act < 0 || a.act >= kEpis || a.tile < 0 || a.tile >= kTiles) return HTAM_ERR_SHAPE;
+  // SiluMul reads mul and takes no bias; the GELUs read no mul
+  if ((a.act == HTAM_GEMM_ACT_SILU_MUL) != (a.mul != nullptr) || (a.act == HTAM_GEMM_ACT_SILU_MUL && a.bias))
     return HTAM_ERR_SHAPE;
   const void* const ptrs[] = {a.x, a.w, a.y};
   for (const void* p : ptrs)
     if (p == nullptr || !htam_aligned16(p)) return HTAM_ERR_SHAPE;
-  if (a.bias != nullptr && !htam_aligned16(a.bias)) return HTAM_ERR_SHAPE;
+  for (const void* p : {a.bias, a.mul})
+    if (p != nullptr && !htam_aligned16(p)) return HTAM_ERR_SHAPE;
   return kKernels[a.act][a.tile](a, stream);
 }
 

@@ -7,8 +7,11 @@
 //   act: GELU with erf (torch's default; gelu_erf.h, within 4e-6 of it) or with tanh:
 //   HTAM_GEMM_ACT_*. (cuBLASLt's own epilogues fuse ReLU and tanh GELU too, but not erf GELU: the
 //   one Inductor leaves to a kernel of its own.)
+//   or, a SwiGLU MLP's gate (HTAM_GEMM_ACT_SILU_MUL, no bias):
+//   y[m, n] = silu(sum_k x[m, k] * w[n, k]) * mul[m, n]     (torch: F.silu(F.linear(x, w)) * up)
+//   (Inductor runs the gate's GEMM, then a kernel for silu * mul that reads and writes [M, N] again.)
 //
-// x [M, K], w [N, K] and y [M, N] row-major (contiguous), bias [N] or none; all bf16, every pointer
+// x [M, K], w [N, K], y and mul [M, N] row-major (contiguous), bias [N] or none; all bf16, every pointer
 // 16-byte aligned, K and N multiples of 8; fp32 accumulation and epilogue math. Sizes are run-time
 // arguments: one build serves every shape.
 #pragma once
@@ -20,12 +23,13 @@ extern "C" {
 #endif
 
 // the activation after the bias (HtamGemmAct.act)
-enum { HTAM_GEMM_ACT_GELU = 0, HTAM_GEMM_ACT_GELU_TANH = 1 };
+enum { HTAM_GEMM_ACT_GELU = 0, HTAM_GEMM_ACT_GELU_TANH = 1, HTAM_GEMM_ACT_SILU_MUL = 2 };
 
-// One call. NOTE: 4 pointers, then 32-bit fields only: no padding, so a call hashes and compares as
+// One call. NOTE: 5 pointers, then 32-bit fields only: no padding, so a call hashes and compares as
 // its bytes (the library's cache of initialized kernels is keyed by them).
 typedef struct {
   const void *x, *w, *bias;     // bias: nullptr without one
+  const void* mul;              // HTAM_GEMM_ACT_SILU_MUL's [M, N] factor; nullptr for the others
   void* y;
   int32_t m, n, k;
   int32_t act;                  // HTAM_GEMM_ACT_*

@@ -32,7 +32,7 @@ def region(x, w, b):
 def main():
     so, err = build.library(gemm_cutlass.LIBRARY, build.default_arch())
     assert so is not None, err
-    srcs = [gemm_cutlass.render(0, 1, 2, 3, "gelu_erf", t) for t in range(len(gemm_cutlass.TILES))]
+    srcs = [gemm_cutlass.render(0, 1, gemm_cutlass.Epilogue("gelu_erf", bias=2), 3, t) for t in range(len(gemm_cutlass.TILES))]
     kernels = [Kernel(r.so_path) for r in build.build_many(srcs)]
     ind = torch.compile(region)
     rows = []

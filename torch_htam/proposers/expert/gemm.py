@@ -335,24 +335,45 @@ def _bias_of(gp: GemmMatch, e: tuple) -> int | None:
     return None
 
 
-def act_of(gp: GemmMatch) -> tuple[str | None, int | None] | None:
-    """(activation, bias input index or None) where the whole epilogue is act(G [+ bias]) with act
-    one of gemm_cutlass.ACTS or none; None for any other epilogue."""
+def _factor_of(gp: GemmMatch, e: tuple) -> tuple[tuple, int] | None:
+    """(f, U's input index) where e is f * U with U [..., N] an input shaped as the GEMM's output,
+    read in its own layout, of its dtype (SwiGLU's up projection); else None."""
+    prog, G = gp.epilogue, _g_expr(gp.epilogue, gp.g)
+    e = _strip(e)
+    if e[0] != "mul":
+        return None
+    ident = tuple(range(prog.ndim))
+    for f, u in ((e[1], e[2]), (e[2], e[1])):
+        u = _strip(u)
+        if u[0] == "in" and u != G:
+            acc = prog.accesses[u[1]]
+            shape, dt = prog.inputs[acc.input]
+            if acc.mode == "dims" and acc.dims == ident and shape == prog.inputs[gp.g][0] and dt == gp.dtype:
+                return _strip(f), acc.input
+    return None
+
+
+def act_of(gp: GemmMatch) -> gemm_cutlass.Epilogue | None:
+    """The library's epilogue where the whole epilogue is act(G [+ bias]) with act one of
+    gemm_cutlass.ACTS' activations or none, or silu(G) * U (silu_mul, _factor_of); None for any other."""
     G = _g_expr(gp.epilogue, gp.g)
     e, act = _strip(gp.epilogue.outputs[0].expr), None
+    swiglu = _factor_of(gp, e)
+    if swiglu is not None and swiglu[0][0] == "silu" and _strip(swiglu[0][1]) == G:
+        return gemm_cutlass.Epilogue("silu_mul", mul=swiglu[1])
     if e[0] in gemm_cutlass.ACTS:
         act, e = e[0], _strip(e[1])
     if e == G:
-        return act, None
+        return gemm_cutlass.Epilogue(act)
     b = _bias_of(gp, e)
-    return (act, b) if b is not None else None
+    return gemm_cutlass.Epilogue(act, bias=b) if b is not None else None
 
 
 def cutlass_reason(gp: GemmMatch) -> str | None:
     """Why the cutlass_gemm library cannot run this region (None: it can, once built)."""
     act = act_of(gp)
     n, k = gp.epilogue.inputs[gp.g][0][-1], gp.epilogue.inputs[gp.b][0][-1] if gp.b >= 0 else 0
-    return gemm_cutlass.reason(gp.op, gp.dtype, n, k, act[0] if act else None, gp.lay is not None)
+    return gemm_cutlass.reason(gp.op, gp.dtype, n, k, act.act if act else None, gp.lay is not None)
 
 
 def cutlass(gp: GemmMatch, params: dict) -> bool:
@@ -469,8 +490,7 @@ def render(gp: GemmMatch, params: dict) -> str:
     then the epilogue kernel runs in place on it where cuBLASLt's epilogue leaves some; the layout
     path (render_layout) where gp.lay is set."""
     if cutlass(gp, params):
-        act, bias = act_of(gp)
-        return gemm_cutlass.render(gp.a, gp.b, bias, len(gp.epilogue.inputs) - 1, act, int(params.get("cg_tile", 0)))
+        return gemm_cutlass.render(gp.a, gp.b, act_of(gp), len(gp.epilogue.inputs) - 1, int(params.get("cg_tile", 0)))
     if gp.lay is not None:
         return render_layout(gp, params)
     prog = gp.epilogue

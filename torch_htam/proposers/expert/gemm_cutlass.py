@@ -3,6 +3,7 @@ epilogue: the cutlass_gemm library (csrc/cutlass_gemm.cu, built once per arch), 
 candidates link.
 
     y = act(x @ w^T + bias)        act: GELU, with erf (torch's default) or tanh
+    y = silu(x @ w^T) * up         a SwiGLU MLP's gate, up [..., N] (another GEMM's output)
 
 Why: Inductor (default and reduce-overhead modes) runs cuBLAS's GEMM with the bias, then a Triton
 kernel for the activation, which reads and writes the [M, N] result again; cuBLASLt's own epilogues
@@ -10,13 +11,17 @@ have no erf GELU (torch's default) and no SiLU. At a ViT-B MLP's first GEMM (M 6
 bf16, CUDA graphs, H200) Inductor's region took 106 us and its GEMM alone 69 us
 (docs/experiments/cutlass_gemm/headroom-h200.txt): the activation's pass is a third of the region.
 
+Inductor leaves SwiGLU's silu * up to a kernel of its own too, after the gate's GEMM.
+
 Runs: bf16 linear (x [..., K], w [N, K], bias [N] or none, y [..., N], all contiguous), K and N
 multiples of 8 (16-byte TMA rows), an activation to fuse, on sm_90a where the library is built (on a
 GPU machine, asking starts its build in the background). params: cutlass (this path), cg_tile (TILES).
 
-    >>> src = render(gp, dict(gemm.defaults(gp), cutlass=True, cg_tile=1))
+    >>> src = gemm.render(gp, dict(gemm.defaults(gp), cutlass=True, cg_tile=1))
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from torch_htam.proposers.expert.cuda import PRELUDE, cuh
 
@@ -31,11 +36,20 @@ SITE = cuh("gemm_cutlass.cuh")
 # Stream-K, 256x128, 128x128x128 and a 128x64 epilogue subtile were nowhere the fastest.
 TILES = ((128, 128, "cooperative"), (128, 256, "cooperative, 2x1 clusters"), (128, 128, "pingpong"),
          (128, 192, "cooperative"), (64, 128, "pingpong"), (128, 256, "cooperative"))
-# the IR's activations the epilogue computes, and the library's names for them
-ACTS = {"gelu_erf": "HTAM_GEMM_ACT_GELU", "gelu_tanh": "HTAM_GEMM_ACT_GELU_TANH"}
+# the epilogues the library computes (the IR's activation; silu_mul: silu(G) * up), and its names for them
+ACTS = {"gelu_erf": "HTAM_GEMM_ACT_GELU", "gelu_tanh": "HTAM_GEMM_ACT_GELU_TANH", "silu_mul": "HTAM_GEMM_ACT_SILU_MUL"}
 KEYS = {"cutlass", "cg_tile"}
 # an H100's / H200's SMs: a tile shape whose tiles fill them at least once is worth its size
 SMS = 132
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """The library's epilogue on a region's inputs: act (ACTS, or None: the product as it is), the
+    input index of a bias [N] (None: no bias) and of silu_mul's factor [..., N] (None for the GELUs)."""
+    act: str | None
+    bias: int | None = None
+    mul: int | None = None
 
 
 def reason(op: str, dtype: str, n: int, k: int, act: str | None, laid_out: bool) -> str | None:
@@ -47,7 +61,7 @@ def reason(op: str, dtype: str, n: int, k: int, act: str | None, laid_out: bool)
     if dtype != "bfloat16":
         return f"CUTLASS GEMM: bf16 only, not {dtype}"
     if act not in ACTS:
-        return "CUTLASS GEMM: the epilogue must be a GELU (erf or tanh) of x @ w^T [+ bias]"
+        return "CUTLASS GEMM: the epilogue must be a GELU (erf or tanh) of x @ w^T [+ bias], or silu(x @ w^T) * up"
     if n % 8 or k % 8:
         return "CUTLASS GEMM: K and N multiples of 8 (16-byte TMA rows)"
     return None
@@ -85,20 +99,22 @@ def default_tile(m: int, n: int) -> int:
     return max(near, key=lambda t: TILES[t][0] * TILES[t][1])
 
 
-def render(x: int, w: int, bias: int | None, n_in: int, act: str, tile: int) -> str:
-    """The region's source: gemm_cutlass.cuh's run_linear on the region's tensors (x, w, bias:
+def render(x: int, w: int, epi: Epilogue, n_in: int, tile: int) -> str:
+    """The region's source: gemm_cutlass.cuh's run_linear on the region's tensors (x, w and epi's:
     input indices; n_in: the region's inputs), one library call."""
     if not 0 <= tile < len(TILES):
         raise ValueError(f"CUTLASS GEMM: no tile {tile}; one of 0-{len(TILES) - 1} ({TILES})")
+    if epi.act not in ACTS or (epi.act == "silu_mul") != (epi.mul is not None):
+        raise ValueError(f"CUTLASS GEMM: no epilogue {epi}")
     bm, bn, how = TILES[tile]
-    b = f"&in[{bias}]" if bias is not None else "nullptr"
+    b, m = (f"&in[{i}]" if i is not None else "nullptr" for i in (epi.bias, epi.mul))
     return "\n".join((
-        f"// torch_htam expert: CUTLASS sm90 GEMM, linear {'+ bias ' if bias is not None else ''}+ {act} "
+        f"// torch_htam expert: CUTLASS sm90 GEMM, linear {'+ bias ' if epi.bias is not None else ''}+ {epi.act} "
         f"in its epilogue, tile {bm}x{bn} {how}",
         PRELUDE, '#include "cutlass_gemm.h"', SITE,
         f"""HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{
   if (n_in != {n_in} || n_out != 1) return HTAM_ERR_SHAPE;
-  return cg::run_linear(in[{x}], in[{w}], {b}, out[0], {ACTS[act]}, {tile}, stream);
+  return cg::run_linear(in[{x}], in[{w}], {b}, {m}, out[0], {ACTS[epi.act]}, {tile}, stream);
 }}
 """))
 
