@@ -137,7 +137,7 @@ static int run_tile(const HtamConvBn& a, cudaStream_t stream, bool cached) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (cached) {
     auto it = made.find(a);
-    if (it != made.end()) return it->second->run(stream) == cutlass::Status::kSuccess ? 0 : (int)cudaGetLastError();
+    if (it != made.end()) return htam_cutlass_rc(it->second->run(stream));
   }
   typename K::Problem problem(cutlass::conv::Mode::kCrossCorrelation,
                               {a.n, a.h, a.wd, a.c}, {a.k, a.r, a.s, a.c},
@@ -170,7 +170,7 @@ static int run_tile(const HtamConvBn& a, cudaStream_t stream, bool cached) {
     return HTAM_ERR_SHAPE;
   cutlass::Status st = conv->initialize(args, nullptr, stream);
   if (st != cutlass::Status::kSuccess) return 4000 + (int)st;
-  if (conv->run(stream) != cutlass::Status::kSuccess) return (int)cudaGetLastError();
+  if (const int rc = htam_cutlass_rc(conv->run(stream))) return rc;
   if (cached && made.size() < kMaxCached) made.emplace(a, std::move(conv));
   return 0;
 }

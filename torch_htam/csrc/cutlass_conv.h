@@ -33,8 +33,8 @@ typedef struct {
 } HtamConvBn;
 
 // 0; HTAM_ERR_SHAPE (htam_abi.h) where the kernel cannot run the call (alignment, C or K not a
-// multiple of 8, no such tile or activation, CUTLASS's can_implement); a cudaError_t where the launch failed;
-// 4000 + a cutlass::Status where initializing failed. The first call of a set of pointers and
+// multiple of 8, no such tile or activation, CUTLASS's can_implement); 4000 + a cutlass::Status where
+// initializing or the launch failed (htam_library.h: htam_cutlass_rc). The first call of a set of pointers and
 // sizes encodes its TMA descriptors (~5 us of host time); later ones reuse them: one launch.
 int htam_cutlass_conv_bn(const HtamConvBn* p, cudaStream_t stream);
 

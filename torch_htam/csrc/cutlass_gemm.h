@@ -33,16 +33,15 @@ typedef struct {
   void* y;
   int32_t m, n, k;
   int32_t act;                  // HTAM_GEMM_ACT_*
-  int32_t tile;                 // M x N of y per tile, the schedule, the cluster (1x1 unless said):
-                                // 0: 128x128 cooperative, 1: 128x256 cooperative on 2x1 clusters,
-                                // 2: 128x128 pingpong, 3: 128x192 cooperative, 4: 64x128 pingpong,
-                                // 5: 128x256 cooperative
+  int32_t tile;                 // M x N of y per tile and the schedule (1x1 clusters):
+                                // 0: 128x128 cooperative, 1: 128x128 pingpong, 2: 128x192 cooperative,
+                                // 3: 64x128 pingpong, 4: 128x256 cooperative
   int32_t reserved;             // 0
 } HtamGemmAct;
 
 // 0; HTAM_ERR_SHAPE (htam_abi.h) where the kernel cannot run the call (alignment, K or N not a
-// multiple of 8, no such tile or activation, CUTLASS's can_implement); a cudaError_t where the launch
-// failed; 4000 + a cutlass::Status where initializing failed. The first call of a set of pointers
+// multiple of 8, no such tile or activation, CUTLASS's can_implement); 4000 + a cutlass::Status where
+// initializing or the launch failed (htam_library.h: htam_cutlass_rc). The first call of a set of pointers
 // and sizes encodes its TMA descriptors (a few us of host time); later ones reuse them: one launch.
 int htam_cutlass_gemm(const HtamGemmAct* p, cudaStream_t stream);
 

@@ -37,3 +37,8 @@ struct BytesEq {
 
 // Whether p starts a 16-byte TMA row: every tensor the CUTLASS kernels load or store must.
 static inline bool htam_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// A CUTLASS run's status as a call's return (htam_abi.h): 0, or 4000 + the cutlass::Status. NOTE: not
+// cudaGetLastError() after a failed run: CUTLASS's run() has read, and so cleared, it already.
+template <class Status>
+static inline int htam_cutlass_rc(Status st) { return st == Status::kSuccess ? 0 : 4000 + static_cast<int>(st); }

@@ -57,6 +57,9 @@ def main():
         for key, fn in fns.items():
             y.fill_(float("nan"))
             out = fn(x, w, u, y)
+            if key.startswith("t") and out != 0:      # the library refused or failed: its rc, no time
+                row[f"{key}_rc"] = out
+                continue
             out = y if key.startswith("t") else out
             torch.cuda.synchronize()
             if key != "cublas_gemm":
@@ -65,7 +68,7 @@ def main():
             row[f"{key}_graphed_ms"] = graphed_ms(lambda fn=fn: fn(x, w, u, y))
         rows.append(row)
         cols = " ".join(f"{key} {row[f'{key}_searched_ms'] * 1e3:6.1f}/{row[f'{key}_graphed_ms'] * 1e3:6.1f}"
-                        for key in fns)
+                        if f"{key}_rc" not in row else f"{key} rc {row[f'{key}_rc']}" for key in fns)
         errs = max(v for key, v in row.items() if key.endswith("_err"))
         print(f"{name:20s} M={m:5d} K={k:4d} N={n:5d} us searched/graphed: {cols}  default t{row['default_tile']} "
               f"err {errs:.3g}", flush=True)
