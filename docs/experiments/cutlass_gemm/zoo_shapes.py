@@ -29,38 +29,54 @@ def region(x, w, b):
     return F.gelu(F.linear(x, w, b))
 
 
-def main():
-    so, err = build.library(gemm_cutlass.LIBRARY, build.default_arch())
-    assert so is not None, err
-    srcs = [gemm_cutlass.render(0, 1, gemm_cutlass.Epilogue("gelu_erf", bias=2), 3, t) for t in range(len(gemm_cutlass.TILES))]
+def measure(shapes, region, epi: gemm_cutlass.Epilogue, third=lambda m, n, b: b, arms=None) -> list[dict]:
+    """A row per shape (name, M, K, N): the library at every tile with epilogue epi (its inputs x, w and
+    third(m, n, bias): the bias, or another [M, N] operand) against eager's and Inductor's code for
+    region(x, w, third) and the extra arms (name -> fn(x, w, third)), each output checked against
+    eager's, each timed as the search times a candidate and replayed from CUDA graphs. A tile the
+    library refuses or fails records its rc ("t<i>_rc") and no time."""
+    srcs = [gemm_cutlass.render(0, 1, epi, 3, t) for t in range(len(gemm_cutlass.TILES))]
     kernels = [Kernel(r.so_path) for r in build.build_many(srcs)]
     ind = torch.compile(region)
     rows = []
-    for name, m, k, n in SHAPES:
+    for name, m, k, n in shapes:
         torch.manual_seed(0)
 
         def make():
             x, w, b = operands(m, k, n)
-            return x, w, b, torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        x, w, b, y = make()
-        ref = region(x, w, b)
-        fns = {"eager": lambda x, w, b, y: region(x, w, b), "inductor": lambda x, w, b, y: ind(x, w, b)}
+            return x, w, third(m, n, b), torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        x, w, c, y = make()
+        ref = region(x, w, c)
+        fns = {"eager": lambda x, w, c, y: region(x, w, c), "inductor": lambda x, w, c, y: ind(x, w, c),
+               **{key: lambda x, w, c, y, f=f: f(x, w, c) for key, f in (arms or {}).items()}}
         for t, kern in enumerate(kernels):
-            fns[f"t{t}"] = lambda x, w, b, y, kern=kern: kern([x, w, b], [y])
+            fns[f"t{t}"] = lambda x, w, c, y, kern=kern: kern([x, w, c], [y])
         row = dict(shape=name, m=m, k=k, n=n, default_tile=gemm_cutlass.default_tile(m, n))
         for key, fn in fns.items():
             y.fill_(float("nan"))
-            out = fn(x, w, b, y)
+            out = fn(x, w, c, y)
+            if key.startswith("t") and out != 0:
+                row[f"{key}_rc"] = out
+                continue
             out = y if key.startswith("t") else out
             torch.cuda.synchronize()
-            row[f"{key}_err"] = (out.float() - ref.float()).abs().max().item()
+            if key not in (arms or {}):
+                row[f"{key}_err"] = (out.float() - ref.float()).abs().max().item()
             row[f"{key}_searched_ms"] = timing.time_fn(lambda s, fn=fn: fn(*s), make).median_ms
-            row[f"{key}_graphed_ms"] = graphed_ms(lambda fn=fn: fn(x, w, b, y))
+            row[f"{key}_graphed_ms"] = graphed_ms(lambda fn=fn: fn(x, w, c, y))
         rows.append(row)
         cols = " ".join(f"{key} {row[f'{key}_searched_ms'] * 1e3:6.1f}/{row[f'{key}_graphed_ms'] * 1e3:6.1f}"
-                        for key in fns)
+                        if f"{key}_rc" not in row else f"{key} rc {row[f'{key}_rc']}" for key in fns)
+        err = max(v for key, v in row.items() if key.endswith("_err"))
         print(f"{name:22s} M={m:6d} K={k:4d} N={n:5d} us searched/graphed: {cols}  default t{row['default_tile']} "
-              f"err {max(row[f'{key}_err'] for key in fns):.3g}", flush=True)
+              f"err {err:.3g}", flush=True)
+    return rows
+
+
+def main():
+    so, err = build.library(gemm_cutlass.LIBRARY, build.default_arch())
+    assert so is not None, err
+    rows = measure(SHAPES, region, gemm_cutlass.Epilogue("gelu_erf", bias=2))
     json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), sys.stdout)
     print()
 
