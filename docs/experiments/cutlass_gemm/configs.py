@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch_htam import build, paths
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from probe import graphed_ms, operands  # noqa: E402
+from probe import gelu_region, graphed_ms  # noqa: E402
 from zoo_shapes import SHAPES  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -76,10 +76,7 @@ def main():
         lib.cfg_name.restype = ctypes.c_char_p
     rows = []
     for name, m, k, n in SHAPES:
-        torch.manual_seed(0)
-        x, w, b = operands(m, k, n)
-        ref = F.gelu(F.linear(x, w, b))
-        ind = torch.compile(lambda: F.gelu(F.linear(x, w, b)))
+        x, w, b, ref, ind = gelu_region(m, k, n)
         row = dict(shape=name, m=m, k=k, n=n, cublas_kernel=cublas_kernel(x, w, b),
                    eager_us=graphed_ms(lambda: F.gelu(F.linear(x, w, b))) * 1e3,
                    inductor_us=graphed_ms(ind) * 1e3, cublas_linear_us=graphed_ms(lambda: F.linear(x, w, b)) * 1e3,

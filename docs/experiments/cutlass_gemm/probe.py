@@ -29,6 +29,14 @@ def operands(m: int, k: int, n: int, device: str = "cuda"):
     return x, w, torch.randn(n, device=device, dtype=torch.bfloat16)
 
 
+def gelu_region(m: int, k: int, n: int):
+    """(x, w, b, eager's gelu(linear), Inductor's code for it as a no-argument function) at seed 0:
+    a probe's shape, as each probe sets it up."""
+    torch.manual_seed(0)
+    x, w, b = operands(m, k, n)
+    return x, w, b, F.gelu(F.linear(x, w, b)), torch.compile(lambda: F.gelu(F.linear(x, w, b)))
+
+
 def graphed_ms(fn, n=5):
     """fn captured REPS times into one CUDA graph; the best of n replays, per call."""
     for _ in range(3):
@@ -57,10 +65,7 @@ def main():
     kernels = [Kernel(r.so_path) for r in build.build_many(srcs)]
     rows = []
     for name, m, k, n in SHAPES:
-        torch.manual_seed(0)
-        x, w, b = operands(m, k, n)
-        ref = F.gelu(F.linear(x, w, b))
-        ind = torch.compile(lambda: F.gelu(F.linear(x, w, b)))
+        x, w, b, ref, ind = gelu_region(m, k, n)
         gemm_only = torch.compile(lambda: F.linear(x, w, b))
         row = dict(shape=name, m=m, k=k, n=n, inductor_ms=graphed_ms(ind), gemm_only_ms=graphed_ms(gemm_only),
                    default_tile=gemm_cutlass.default_tile(m, n))
