@@ -64,7 +64,7 @@ def built(monkeypatch):
                                                    ("gelu", False, False, "gelu_erf"), ("silu", False, True, "silu_mul")])
 def test_the_epilogue_is_read_as_an_activation_of_the_biased_product(built, act, bias, mul, want):
     *_, gp = _region(act, bias, mul=mul)
-    epi = gemm.act_of(gp)
+    epi = gemm.cutlass_epilogue(gp)
     assert epi.act == want and (epi.bias is not None) == bias
     assert epi.mul == (2 if mul else None)           # SwiGLU's up projection: the region's input 2
     assert gemm.cutlass_reason(gp) is None and gp.facts.cutlass_tiles == tuple(range(len(gemm_cutlass.TILES)))
@@ -119,6 +119,21 @@ def test_it_says_why_it_does_not_apply(built, kw, why):
     *_, gp = _region(**kw)
     assert why in gemm.cutlass_reason(gp) and gp.facts.cutlass_tiles == ()
     assert gemm.TARGET.libraries(gp) == ()
+
+
+def test_silu_times_a_broadcast_vector_is_not_read_as_swiglu(built):
+    """silu(x @ w^T) * v with v [N] (a per-column scale, not another GEMM's [..., N] output): the
+    library's silu * up reads a whole [M, N] operand, so it is not offered."""
+    class Fn(nn.Module):
+        def forward(self, x, w, v):
+            return F.silu(F.linear(x, w)) * v
+    args = [torch.randn(2, 40, 64, dtype=torch.bfloat16), torch.randn(96, 64, dtype=torch.bfloat16),
+            torch.randn(96, dtype=torch.bfloat16)]
+    gm = torch.export.export(Fn(), tuple(args), strict=False).graph_module
+    task = Task("linear_silu_scale", "gemm", "", [TensorSpec.of(a) for a in args], [TensorSpec.of(Fn()(*args))],
+                "sig", [], graph=gm)
+    gp = match_task(task, policy_for(task)).region
+    assert gemm.cutlass_epilogue(gp) is None and "GELU" in gemm.cutlass_reason(gp)
 
 
 # each of TILES' number in the measured files (ab507f2's library also had 128x256 on 2x1 clusters, as 1)

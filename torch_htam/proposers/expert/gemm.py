@@ -353,7 +353,7 @@ def _factor_of(gp: GemmMatch, e: tuple) -> tuple[tuple, int] | None:
     return None
 
 
-def act_of(gp: GemmMatch) -> gemm_cutlass.Epilogue | None:
+def cutlass_epilogue(gp: GemmMatch) -> gemm_cutlass.Epilogue | None:
     """The library's epilogue where the whole epilogue is act(G [+ bias]) with act one of
     gemm_cutlass.ACTS' activations or none, or silu(G) * U (silu_mul, _factor_of); None for any other."""
     G = _g_expr(gp.epilogue, gp.g)
@@ -371,9 +371,9 @@ def act_of(gp: GemmMatch) -> gemm_cutlass.Epilogue | None:
 
 def cutlass_reason(gp: GemmMatch) -> str | None:
     """Why the cutlass_gemm library cannot run this region (None: it can, once built)."""
-    act = act_of(gp)
+    epi = cutlass_epilogue(gp)
     n, k = gp.epilogue.inputs[gp.g][0][-1], gp.epilogue.inputs[gp.b][0][-1] if gp.b >= 0 else 0
-    return gemm_cutlass.reason(gp.op, gp.dtype, n, k, act.act if act else None, gp.lay is not None)
+    return gemm_cutlass.reason(gp.op, gp.dtype, n, k, epi.act if epi else None, gp.lay is not None)
 
 
 def cutlass(gp: GemmMatch, params: dict) -> bool:
@@ -490,7 +490,7 @@ def render(gp: GemmMatch, params: dict) -> str:
     then the epilogue kernel runs in place on it where cuBLASLt's epilogue leaves some; the layout
     path (render_layout) where gp.lay is set."""
     if cutlass(gp, params):
-        return gemm_cutlass.render(gp.a, gp.b, act_of(gp), len(gp.epilogue.inputs) - 1, int(params.get("cg_tile", 0)))
+        return gemm_cutlass.render(gp.a, gp.b, cutlass_epilogue(gp), len(gp.epilogue.inputs) - 1, int(params.get("cg_tile", 0)))
     if gp.lay is not None:
         return render_layout(gp, params)
     prog = gp.epilogue
