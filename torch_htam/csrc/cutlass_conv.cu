@@ -168,8 +168,7 @@ static int run_tile(const HtamConvBn& a, cudaStream_t stream, bool cached) {
   // (this schedule needs no workspace; one that did would need a buffer kept for graphs' replays)
   if (Conv::get_workspace_size(args) != 0 || conv->can_implement(args) != cutlass::Status::kSuccess)
     return HTAM_ERR_SHAPE;
-  cutlass::Status st = conv->initialize(args, nullptr, stream);
-  if (st != cutlass::Status::kSuccess) return 4000 + (int)st;
+  if (const int rc = htam_cutlass_rc(conv->initialize(args, nullptr, stream))) return rc;
   if (const int rc = htam_cutlass_rc(conv->run(stream))) return rc;
   if (cached && made.size() < kMaxCached) made.emplace(a, std::move(conv));
   return 0;

@@ -152,8 +152,7 @@ static int run_tile(const HtamGemmAct& a, cudaStream_t stream) {
   // (these schedules need no workspace; one that did would need a buffer kept for graphs' replays)
   if (G::get_workspace_size(args) != 0 || gemm->can_implement(args) != cutlass::Status::kSuccess)
     return HTAM_ERR_SHAPE;
-  cutlass::Status st = gemm->initialize(args, nullptr, stream);
-  if (st != cutlass::Status::kSuccess) return 4000 + (int)st;
+  if (const int rc = htam_cutlass_rc(gemm->initialize(args, nullptr, stream))) return rc;
   if (const int rc = htam_cutlass_rc(gemm->run(stream))) return rc;
   if (made.size() < kMaxCached) made.emplace(a, std::move(gemm));
   return 0;
