@@ -281,6 +281,23 @@ def test_grid_is_valid_and_distinct():
     assert all(attention.smem_bytes(tm.region, p) <= attention.SMEM_LIMIT for p in grid)
 
 
+def test_fp32_runs_on_tf32_tensor_cores_only_where_the_policy_allows_tf32():
+    """An fp32 region searches the TF32 kernel's tiles (first: its default) under a TF32 policy, and
+    under strict fp32 never: a params dict asking for TF32 there still renders the FMA kernel."""
+    task = _one_task(Sdpa(scale=1.0), *QKV, torch.randn(1, 3, 10, 12))
+    tf32, strict = policy_for(task, matmul=True), policy_for(task, matmul=False)
+    assert (tf32.name, strict.name) == ("tf32", "fp32")
+    loose, exact = match_task(task, tf32), match_task(task, strict)
+    assert loose.defaults.get("tf32") is True and not exact.defaults.get("tf32")
+    grid = tuning_grid(task, tf32)
+    assert any(p.get("tf32") for p in grid) and any(p.get("tf32") is False for p in grid)
+    assert not any(p.get("tf32") for p in tuning_grid(task, strict))
+    assert all(attention.smem_bytes(loose.region, p) <= attention.SMEM_LIMIT for p in grid)
+    assert attention._tf32(loose.region, loose.defaults)
+    assert not attention._tf32(exact.region, dict(exact.defaults, tf32=True, stages=2))
+    assert "tf32_tensor_cores" in attention.tags(loose.region, loose.defaults)
+
+
 # ---- cuDNN's fused attention (csrc/cudnn_sdpa.cu) -------------------------------------------------
 
 def test_cudnn_attention_takes_plain_scaled_attention_in_half_types_only():
@@ -377,6 +394,10 @@ def _compile_set() -> list[tuple[str, str]]:
     task = _one_task(Sdpa(is_causal=True), q, q, v)
     tm = match_task(task, policy_for(task))
     out.append(("d12", tm.render(tm.defaults)))
+    for i, (model, ins, mask) in enumerate(cases):      # fp32 on TF32 tensor cores
+        task = _one_task(model, *ins, *(() if mask is None else (mask,)))
+        tm = match_task(task, policy_for(task, matmul=True))
+        out += [(f"tf32/{i}/{p}", tm.render(p)) for p in tuning_grid(task, policy_for(task, matmul=True))[:2]]
     return out
 
 
@@ -430,6 +451,38 @@ def test_kernel_matches_torch(case):
         assert Kernel(res.so_path)(ins, [out]) == 0, p
         torch.cuda.synchronize()
         torch.testing.assert_close(out, ref, atol=policy.atol, rtol=policy.rtol, msg=lambda s: f"{p}: {s}")
+
+
+TF32_CASES = [
+    # (B, H, Hk, L, S, D, causal, mask): T5's encoder (unscaled, a bias), tails, GQA, an odd head dim
+    (4, 8, 8, 512, 512, 64, False, "float"),
+    (2, 3, 3, 130, 257, 64, True, None),
+    (1, 4, 2, 100, 300, 128, False, "bool"),
+    (1, 3, 3, 50, 70, 18, True, None),                      # head dim off the 16-byte grid: element loads
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", TF32_CASES, ids=lambda c: "_".join(map(str, c)))
+def test_tf32_kernel_passes_verification(case):
+    """fa_tf32 under the TF32 policy, through the product's own protocol (verify: seeds, input
+    distributions, a float64 judgement), at each of its first tiles."""
+    from torch_htam.launcher import Kernel
+    from torch_htam.verify import load_reference, verify
+    B, H, Hk, L, S, D, causal, mask = case
+    q, k, v = (torch.randn(B, h, n, D) for h, n in ((H, L), (Hk, S), (Hk, S)))
+    m = None if mask is None else (torch.rand(L, S) > 0.3 if mask == "bool" else torch.randn(1, H, L, S))
+    model = Sdpa(is_causal=causal, enable_gqa=Hk != H, **({"scale": 1.0} if mask == "float" else {}))
+    task = _one_task(model, q, k, v, *([m] if m is not None else []))
+    policy = policy_for(task, matmul=True)
+    tm = match_task(task, policy)
+    params = [p for p in [tm.defaults] + tuning_grid(task, policy) if p.get("tf32")][:3]
+    results = build.build_many([tm.render(p) for p in params])
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    ref = load_reference(task).cuda()
+    for p, res in zip(params, results):
+        ok, reason, detail, errs = verify(task, Kernel(res.so_path), ref, policy)
+        assert ok, (p, reason, detail, errs)
 
 
 @pytest.mark.gpu

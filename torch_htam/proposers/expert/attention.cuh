@@ -18,6 +18,8 @@
 //   multiplies P (the accumulator fragments re-packed to bf16/fp16: the C layout of two n8 tiles
 //   is the A layout of one k16 step) by V (ldmatrix.trans: V stored [key][dv]).
 //   Shared rows are padded by 16 bytes: 8 ldmatrix rows then fall in distinct bank quads.
+// fa_tf32 (fp32, where the policy allows TF32 matmuls): fa_mma's schedule on mma.sync m16n8k8 TF32,
+//   fp32 in shared memory, each operand rounded to TF32 as it is read (the comment above it).
 // fa_fma (fp32): the same online softmax with plain FMAs (fp32-exact order of magnitude: no TF32).
 //   256 threads as 16 x 16; thread (ty, tx) owns score rows ty + 16 r and key columns tx + 16 c of
 //   each BM x BN tile, and O columns tx + 16 c; P goes through shared memory between the two
@@ -127,17 +129,19 @@ template <> struct Mma<F16> {
 
 // Rows [r0, r0 + R) x cols [0, CP) of a (row stride rs, col stride cs) operand into a [R][LD]
 // shared tile; rows >= nrows and cols >= ncols are zero. vec: 16-byte cp.async chunks (the host
-// checked cs == 1, 16-byte aligned rows and head dims % 8 == 0: a chunk is all in or all out);
+// checked cs == 1, 16-byte aligned rows and head dims a multiple of a chunk: all in or all out);
 // otherwise element loads (still asynchronous to nothing: plain stores, visible after the
 // block's next __syncthreads).
 template <class DT, int R, int CP, int LD, int NT>
 __device__ __forceinline__ void load_tile(typename DT::raw* s, const typename DT::raw* g, int64_t rs,
                                           int64_t cs, int64_t r0, int64_t nrows, int ncols, bool vec) {
   typedef typename DT::raw raw;
-  constexpr int CH = CP / 8;                      // 16-byte chunks per row (8 two-byte elements)
+  constexpr int E = 16 / sizeof(raw);             // elements per 16-byte chunk: 8 two-byte, 4 fp32
+  constexpr int CH = CP / E;                      // chunks per row
+  static_assert(CP % E == 0, "rows of whole chunks");
 #pragma unroll 2
   for (int c = threadIdx.x; c < R * CH; c += NT) {
-    const int r = c / CH, cc = (c % CH) * 8;
+    const int r = c / CH, cc = (c % CH) * E;
     const bool row_ok = r0 + r < nrows;
     const raw* src = g + (r0 + r) * rs + cc * cs;
     if (vec) {
@@ -145,7 +149,7 @@ __device__ __forceinline__ void load_tile(typename DT::raw* s, const typename DT
       cp16(s + r * LD + cc, ok ? src : g, ok);
     } else {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
+      for (int e = 0; e < E; ++e) {
         const bool ok = row_ok && cc + e < ncols;
         s[r * LD + cc + e] = ok ? src[e * cs] : raw(0);
       }
@@ -320,6 +324,176 @@ __global__ void __launch_bounds__(BM * 2) fa_mma(const Params p, int D, int DV, 
   }
 }
 
+// ---- fa_tf32: fp32 operands on TF32 tensor cores (mma.sync m16n8k8), where the policy allows
+// TF32 matmuls (as torch's own fp32 attention then runs its two bmm's). fa_mma's schedule and
+// online softmax; shared tiles hold fp32 and each operand is rounded to TF32 (cvt.rna) as it is
+// read into a fragment.
+//   m16n8k8 fragments (g = lane / 4, t = lane % 4): A a0 (g, t), a1 (g + 8, t), a2 (g, t + 4),
+//   a3 (g + 8, t + 4); B b0 (k t, n g), b1 (k t + 4, n g); C as m16n8k16's: c0, c1 (g, 2t, 2t + 1),
+//   c2, c3 (g + 8, 2t, 2t + 1). The scores' C fragment is not P's A fragment (columns 2t, 2t + 1
+//   against t, t + 4), so P V sums its 8 keys in a permuted order: A's k index t is key 2t and
+//   t + 4 is key 2t + 1, and V's rows are read in that same order (b0 = V[2t][g], b1 = V[2t + 1][g]).
+//   Rows padded by 4 floats (LD % 32 == 4 or 20, LD % 16 == 4): A / B reads (8 rows g x 4 columns t)
+//   and V's (rows 2t x columns g) each hit 32 distinct banks.
+struct Tf32 : F32 {};   // the dtype tag of fp32 tasks run on fa_tf32
+
+__device__ __forceinline__ unsigned tf32(float x) {
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ void mma_tf32(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int BM, int BN, int DP, int DVP, int STAGES>
+constexpr size_t tf32_smem() {   // bytes: Q [BM][DP + 4], then STAGES x (K [BN][DP + 4], V [BN][DVP + 4])
+  return (size_t)4 * (BM * (DP + 4) + STAGES * BN * (DP + 4 + DVP + 4));
+}
+
+// grid and block as fa_mma (BM / 16 warps of 16 query rows each); vec: 16-byte loads (4 floats);
+// ovec: o's column pairs are contiguous and 8-byte aligned.
+template <class SC, int BM, int BN, int DP, int DVP, int STAGES>
+__global__ void __launch_bounds__(BM * 2) fa_tf32(const Params p, int D, int DV, bool vec, bool ovec) {
+  constexpr int NT = BM * 2, LDQ = DP + 4, LDK = DP + 4, LDV = DVP + 4;
+  constexpr int NB = BN / 8, ND = DVP / 8;        // n8 tiles of the scores and of O per warp
+  static_assert(BM % 16 == 0 && BN % 8 == 0 && DP % 8 == 0 && DVP % 8 == 0, "mma tile shapes");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  float* sQ = reinterpret_cast<float*>(smem_raw);
+  float* sKV = sQ + BM * LDQ;                     // stage s: K at sKV + s * (BN * (LDK + LDV)), V after it
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+  const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, hk = h / p.group;
+  const int mt = SC::CAUSAL ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+  const int64_t m0 = (int64_t)mt * BM;
+  const float* Q = static_cast<const float*>(p.q) + b * p.qs[0] + h * p.qs[1];
+  const float* K = static_cast<const float*>(p.k) + b * p.ks[0] + hk * p.ks[1];
+  const float* V = static_cast<const float*>(p.v) + b * p.vs[0] + hk * p.vs[1];
+  const int64_t kend = SC::CAUSAL ? (m0 + BM < p.S ? m0 + BM : p.S) : p.S;
+  const int ntiles = (int)((kend + BN - 1) / BN);
+
+  auto issue = [&](int t) {
+    float* sK = sKV + (t % STAGES) * (BN * (LDK + LDV));
+    load_tile<F32, BN, DP, LDK, NT>(sK, K, p.ks[2], p.ks[3], (int64_t)t * BN, p.S, D, vec);
+    load_tile<F32, BN, DVP, LDV, NT>(sK + BN * LDK, V, p.vs[2], p.vs[3], (int64_t)t * BN, p.S, DV, vec);
+  };
+  load_tile<F32, BM, DP, LDQ, NT>(sQ, Q + m0 * p.qs[2], p.qs[2], p.qs[3], 0, p.L - m0, D, vec);
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {          // Q rides in the first group
+    if (s < ntiles) issue(s);
+    cp_commit();
+  }
+
+  float o[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};   // rows gid and gid + 8
+  const int64_t i0 = m0 + warp * 16 + gid;
+  const float* qa = sQ + (warp * 16 + gid) * LDQ + tig;   // this thread's A elements: + 8 LDQ, + 4
+
+  for (int t = 0; t < ntiles; ++t) {
+    if (t + STAGES - 1 < ntiles) issue(t + STAGES - 1);
+    cp_commit();
+    cp_wait<STAGES - 1>();
+    __syncthreads();
+    const float* sK = sKV + (t % STAGES) * (BN * (LDK + LDV));
+    const float* sV = sK + BN * LDK;
+    const int64_t n0 = (int64_t)t * BN;
+
+    // S = Q K^T for this warp's 16 rows: NB n8 tiles, DP / 8 k-steps
+    float s[NB][4];
+#pragma unroll
+    for (int n = 0; n < NB; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < DP / 8; ++kk) {
+      const unsigned a[4] = {tf32(qa[kk * 8]), tf32(qa[8 * LDQ + kk * 8]), tf32(qa[kk * 8 + 4]),
+                             tf32(qa[8 * LDQ + kk * 8 + 4])};
+#pragma unroll
+      for (int n = 0; n < NB; ++n) {
+        const float* kb = sK + (n * 8 + gid) * LDK + kk * 8 + tig;
+        mma_tf32(s[n], a, tf32(kb[0]), tf32(kb[4]));
+      }
+    }
+
+    // scores -> softmax units, as fa_mma
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t i = i0 + 8 * (e >> 1), j = n0 + n * 8 + 2 * tig + (e & 1);
+        const bool in = i < p.L && j < p.S && (!SC::CAUSAL || j <= i);
+        const float x = in ? SC::at(p, s[n][e], b, h, i, j) : -INFINITY;
+        s[n][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    }
+    float alpha[2], mu[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float mn = fmaxf(mrow[r], mx[r]);
+      mu[r] = mn == -INFINITY ? 0.f : mn;
+      alpha[r] = SC::ex(mrow[r] - mu[r]);
+      mrow[r] = mn;
+      lrow[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = SC::ex(s[n][e] - mu[e >> 1]);
+        lrow[e >> 1] += s[n][e];
+      }
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
+    }
+
+    // O += P V: one k8 step per score tile, its keys in the permuted order above
+#pragma unroll
+    for (int kk = 0; kk < NB; ++kk) {
+      const unsigned a[4] = {tf32(s[kk][0]), tf32(s[kk][2]), tf32(s[kk][1]), tf32(s[kk][3])};
+      const float* vb = sV + (kk * 8 + 2 * tig) * LDV + gid;
+#pragma unroll
+      for (int n = 0; n < ND; ++n) mma_tf32(o[n], a, tf32(vb[n * 8]), tf32(vb[LDV + n * 8]));
+    }
+    __syncthreads();
+  }
+  cp_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+  }
+  float* O = static_cast<float*>(p.o) + b * p.os[0] + h * p.os[1];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = i0 + 8 * r;
+    if (i >= p.L) continue;
+    const float inv = SC::inv(lrow[r]);
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      const int c = n * 8 + 2 * tig;
+      if (c >= DV) continue;
+      float* dst = O + i * p.os[2] + (int64_t)c * p.os[3];
+      const float v0 = o[n][2 * r] * inv, v1 = o[n][2 * r + 1] * inv;
+      if (ovec && c + 1 < DV) {
+        *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+      } else {
+        dst[0] = v0;
+        if (c + 1 < DV) dst[p.os[3]] = v1;
+      }
+    }
+  }
+}
+
 template <int BM, int BN, int DP, int DVP>
 constexpr size_t fma_smem() {   // bytes: Q [BM][DP + 1], K [BN][DP + 1], V [BN][DVP], P [BM][BN]
   return (size_t)4 * (BM * (DP + 1) + BN * (DP + 1) + BN * DVP + BM * BN);
@@ -454,13 +628,14 @@ struct Operand {
 };
 
 // 16-byte cp.async chunks of a (batch, head, row, col) operand at base are whole: unit column
-// stride, the other strides multiples of 8 two-byte elements, base 16-byte aligned.
-static inline bool vec16(const int64_t* st, const void* base) {
-  return st[3] == 1 && st[0] % 8 == 0 && st[1] % 8 == 0 && st[2] % 8 == 0 && htam_aligned(base, 16);
+// stride, the other strides multiples of a chunk's E elements, base 16-byte aligned.
+static inline bool vec16(const int64_t* st, const void* base, int E) {
+  return st[3] == 1 && st[0] % E == 0 && st[1] % E == 0 && st[2] % E == 0 && htam_aligned(base, 16);
 }
 
-// The kernel of a dtype and its launch: fa_mma (bf16 / fp16: BM / 16 warps, BM * 2 threads) or,
-// specialized below, fa_fma (fp32: 256 threads). SMEM: its dynamic shared memory in bytes.
+// The kernel of a dtype tag and its launch: fa_mma (bf16 / fp16: BM / 16 warps, BM * 2 threads) or,
+// specialized below, fa_tf32 (Tf32: as fa_mma) and fa_fma (F32: 256 threads). SMEM: its dynamic
+// shared memory in bytes.
 template <class DT, class SC, int BM, int BN, int DP, int DVP, int STAGES>
 struct Kernel {
   static constexpr size_t SMEM = mma_smem<BM, BN, DP, DVP, STAGES>();
@@ -470,6 +645,17 @@ struct Kernel {
   }
   static void launch(dim3 grid, cudaStream_t stream, const Params& p, int D, int DV, bool vec, bool ovec) {
     fa_mma<DT, SC, BM, BN, DP, DVP, STAGES><<<grid, BM * 2, SMEM, stream>>>(p, D, DV, vec, ovec);
+  }
+};
+template <class SC, int BM, int BN, int DP, int DVP, int STAGES>
+struct Kernel<Tf32, SC, BM, BN, DP, DVP, STAGES> {
+  static constexpr size_t SMEM = tf32_smem<BM, BN, DP, DVP, STAGES>();
+  static cudaError_t allow_smem() {
+    return cudaFuncSetAttribute(fa_tf32<SC, BM, BN, DP, DVP, STAGES>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM);
+  }
+  static void launch(dim3 grid, cudaStream_t stream, const Params& p, int D, int DV, bool vec, bool ovec) {
+    fa_tf32<SC, BM, BN, DP, DVP, STAGES><<<grid, BM * 2, SMEM, stream>>>(p, D, DV, vec, ovec);
   }
 };
 template <class SC, int BM, int BN, int DP, int DVP, int STAGES>
@@ -546,11 +732,12 @@ static int run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaS
   const int D = Region::D, DV = Region::DV;
   const int64_t L = p.L;
   const int64_t* st_q = p.qs; const int64_t* st_k = p.ks; const int64_t* st_v = p.vs; const int64_t* st_o = p.os;
-  // fp32 reads element by element (fa_fma takes no vec / ovec)
-  const bool vec = !std::is_same<DT, F32>::value && D % 8 == 0 && DV % 8 == 0 && vec16(st_q, p.q) &&
-                   vec16(st_k, p.k) && vec16(st_v, p.v);
+  // fa_fma (F32) reads and writes element by element: it takes no vec / ovec
+  constexpr int esz = sizeof(typename DT::raw), E = 16 / esz;
+  const bool vec = !std::is_same<DT, F32>::value && D % E == 0 && DV % E == 0 && vec16(st_q, p.q, E) &&
+                   vec16(st_k, p.k, E) && vec16(st_v, p.v, E);
   const bool ovec = st_o[3] == 1 && st_o[0] % 2 == 0 && st_o[1] % 2 == 0 && st_o[2] % 2 == 0 &&
-                    htam_aligned(p.o, 4);
+                    htam_aligned(p.o, 2 * esz);
   static bool ready[64] = {};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);

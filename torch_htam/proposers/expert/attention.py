@@ -12,8 +12,9 @@ out (transpose + reshape to [B, L, H * D]) are traced at match time with index t
 each operand becomes 4 strided dims (batch, head, row, col) of a task tensor, so the kernel reads
 and writes in place, without copies. Anything else in the region is Unsupported.
 
-Kernel: bf16 / fp16 on mma.sync tensor cores, fp32 accumulation; fp32 inputs with plain FMAs (no
-TF32, so it holds fp32's 1e-4 under any policy). Head dims (q/k's E and v's Ev) up to 256 (padded
+Kernel: bf16 / fp16 on mma.sync tensor cores, fp32 accumulation; fp32 inputs on TF32 tensor cores
+where the policy allows TF32 matmuls (params "tf32"), else with plain FMAs (fp32's 1e-4 under any
+policy). Head dims (q/k's E and v's Ev) up to 256 (padded
 to 16 on chip; 16-byte loads where they are multiples of 8 and rows aligned); any L and S, batch,
 heads.
 
@@ -366,8 +367,15 @@ def _pad16(d: int) -> int:
     return -(-d // 16) * 16
 
 
+def _tf32(am: AttnMatch, params: dict) -> bool:
+    """fp32 on TF32 tensor cores (fa_tf32): asked for, and allowed by the policy."""
+    return am.dtype == "float32" and bool(params.get("tf32")) and am.facts.allow_tf32
+
+
 def smem_bytes(am: AttnMatch, params: dict) -> int:
     bm, bn, dp, dvp = params["bm"], params["bn"], _pad16(am.head_dim), _pad16(am.v_dim)
+    if _tf32(am, params):
+        return 4 * (bm * (dp + 4) + params.get("stages", 2) * bn * (dp + 4 + dvp + 4))
     if am.dtype == "float32":
         return 4 * (bm * (dp + 1) + bn * (dp + 1) + bn * dvp + bm * bn)
     return 2 * (bm * (dp + 8) + params["stages"] * bn * (dp + 8 + dvp + 8))
@@ -512,7 +520,8 @@ def render(am: AttnMatch, params: dict) -> str:
     smem = smem_bytes(am, params)
     if smem > SMEM_LIMIT:
         raise Unsupported(f"attention tiles {bm}x{bn} need {smem} bytes of shared memory")
-    run = f"fa::run<{DT[am.dtype][0]}, SC, Region, {bm}, {bn}, {_pad16(am.head_dim)}, {_pad16(am.v_dim)}, {stages}>"
+    tag = "fa::Tf32" if _tf32(am, params) else DT[am.dtype][0]
+    run = f"fa::run<{tag}, SC, Region, {bm}, {bn}, {_pad16(am.head_dim)}, {_pad16(am.v_dim)}, {stages}>"
     return "\n".join([
         f"// torch_htam expert: flash attention {'causal ' if am.causal else ''}dtype={am.dtype} "
         f"E={am.head_dim} Ev={am.v_dim} params={sorted(params.items())}",
@@ -526,6 +535,8 @@ def render(am: AttnMatch, params: dict) -> str:
 
 def defaults(am: AttnMatch) -> dict:
     big = max(am.head_dim, am.v_dim) > 128
+    if am.dtype == "float32" and am.facts.allow_tf32:
+        return {"bm": 64, "bn": 32 if big else 64, "stages": 2, "tf32": True}
     if am.dtype == "float32":
         return {"bm": 32 if big else 64, "bn": 32 if big else 64, "stages": 1}
     return {"bm": 64 if big else 128, "bn": 32 if big else 64, "stages": 2}
@@ -536,25 +547,29 @@ def valid_for(am: AttnMatch, params: dict) -> bool:
 
 
 def grid(am: AttnMatch, base: dict) -> list[dict]:
-    """Block rows x key tile x pipeline depth (fp32: no pipeline); cuDNN's fused attention where
-    it can run the region and its library is built."""
+    """Block rows x key tile x pipeline depth (_tiles); cuDNN's fused attention where it can run
+    the region and its library is built."""
     cudnn = [canonical(am, dict(base, backend="cudnn"))] if am.facts.cudnn_attention else []
     return cudnn + _tiles(am, base)
 
 
 def _tiles(am: AttnMatch, base: dict) -> list[dict]:
-    stages = (1,) if am.dtype == "float32" else (2, 3)
-    out = [dict(base, bm=bm, bn=bn, stages=s) for bm in (64, 128) for bn in (32, 64, 128)
-           for s in stages]
-    if am.dtype == "float32":
-        out = [dict(base, bm=bm, bn=bn, stages=1) for bm in (32, 64, 128) for bn in (32, 64)]
+    """bf16 / fp16: block rows x key tile x stages; fp32: the TF32 kernel's tiles (where allowed),
+    then the FMA kernel's (no pipeline)."""
+    half = [dict(base, bm=bm, bn=bn, stages=s) for bm in (64, 128) for bn in (32, 64, 128) for s in (2, 3)]
+    off = {"tf32": False} if am.facts.allow_tf32 else {}
+    fma = [dict(base, bm=bm, bn=bn, stages=1, **off) for bm in (32, 64, 128) for bn in (32, 64)]
+    tf32 = [{**base, "bm": bm, "bn": bn, "stages": s, "tf32": True} for bm in (64, 128) for bn in (32, 64)
+            for s in (2, 3)] if am.facts.allow_tf32 else []
+    out = half if am.dtype != "float32" else tf32 + fma
     return [p for p in out if p != base and valid_for(am, p)]
 
 
 def tags(am: AttnMatch, params: dict) -> list[str]:
     if params.get("backend") == "cudnn":
         return ["cudnn_fused_attention"]
-    return ["single_kernel_launch", "online_softmax"] + (["bf16_tensor_cores"] if not am.facts.fp32 else [])
+    cores = ["bf16_tensor_cores"] if not am.facts.fp32 else ["tf32_tensor_cores"] if _tf32(am, params) else []
+    return ["single_kernel_launch", "online_softmax"] + cores
 
 
 def canonical(am: AttnMatch, params: dict) -> dict:

@@ -140,8 +140,9 @@ TABLE: dict[str, StrategyMoves] = {
     "gemm_plus_epilogue_kernel": StrategyMoves(GEMM | CONV, lambda i: [{"fused": False} if i.kind == "conv"
                                                                   else {"lt_epilogue": False}]),
     # conv: TF32 on cuDNN's next tensor-core engines too (its top-ranked fp32 engines under TF32
-    # are not always the fastest that verify: conv.py's NOTE on cuDNN's ranking), as bf16_tensor_cores does
-    "tf32_tensor_cores": StrategyMoves(GEMM | CONV, lambda i: [{"tf32": True}] + [{"tf32": True, "algo": a} for a in
+    # are not always the fastest that verify: conv.py's NOTE on cuDNN's ranking), as bf16_tensor_cores
+    # does; attention: the flash kernel on TF32 tensor cores (attention.py, fa_tf32)
+    "tf32_tensor_cores": StrategyMoves(GEMM | CONV | ATTN, lambda i: [{"tf32": True}] + [{"tf32": True, "algo": a} for a in
                                                                                (1, 2, 3)] * (i.kind == "conv"),
                                        lambda i: i.fp32 and i.allow_tf32),
     "bf16_tensor_cores": StrategyMoves(GEMM | CONV, lambda i: [{"algo": 1}, {"algo": 2}], lambda i: not i.fp32),
