@@ -335,13 +335,19 @@ __global__ void __launch_bounds__(BM * 2) fa_mma(const Params p, int D, int DV, 
 //   t + 4 is key 2t + 1, and V's rows are read in that same order (b0 = V[2t][g], b1 = V[2t + 1][g]).
 //   Rows padded by 4 floats (LD % 32 == 4 or 20, LD % 16 == 4): A / B reads (8 rows g x 4 columns t)
 //   and V's (rows 2t x columns g) each hit 32 distinct banks.
-struct Tf32 : F32 {};   // the dtype tag of fp32 tasks run on fa_tf32
+//   SPLIT (3xTF32 on the scores): x = big + small, both TF32, and q.k = qs.kb + qb.ks + qb.kb, about
+//   fp32's accuracy for three MMAs. Why: a score's TF32 error is ~2^-11 of sum |q_d k_d|, and an
+//   unscaled attention's scores (T5's, ~10-100 at verification's inputs) move their probabilities
+//   by several percent, past the TF32 policy's 5e-3 (eager's fp32 SDPA does not run TF32). P V
+//   stays one MMA: P is in [0, 1] and its error is relative.
+template <bool SPLIT> struct Tf32 : F32 {};   // the dtype tag of fp32 tasks run on fa_tf32
 
 __device__ __forceinline__ unsigned tf32(float x) {
   unsigned r;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
   return r;
 }
+__device__ __forceinline__ unsigned tf32_rest(float x, unsigned big) { return tf32(x - __uint_as_float(big)); }
 __device__ __forceinline__ void mma_tf32(float* d, const unsigned* a, unsigned b0, unsigned b1) {
   asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%0,%1,%2,%3};\n" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -355,7 +361,7 @@ constexpr size_t tf32_smem() {   // bytes: Q [BM][DP + 4], then STAGES x (K [BN]
 
 // grid and block as fa_mma (BM / 16 warps of 16 query rows each); vec: 16-byte loads (4 floats);
 // ovec: o's column pairs are contiguous and 8-byte aligned.
-template <class SC, int BM, int BN, int DP, int DVP, int STAGES>
+template <class SC, bool SPLIT, int BM, int BN, int DP, int DVP, int STAGES>
 __global__ void __launch_bounds__(BM * 2) fa_tf32(const Params p, int D, int DV, bool vec, bool ovec) {
   constexpr int NT = BM * 2, LDQ = DP + 4, LDK = DP + 4, LDV = DVP + 4;
   constexpr int NB = BN / 8, ND = DVP / 8;        // n8 tiles of the scores and of O per warp
@@ -407,12 +413,22 @@ __global__ void __launch_bounds__(BM * 2) fa_tf32(const Params p, int D, int DV,
     for (int n = 0; n < NB; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < DP / 8; ++kk) {
-      const unsigned a[4] = {tf32(qa[kk * 8]), tf32(qa[8 * LDQ + kk * 8]), tf32(qa[kk * 8 + 4]),
-                             tf32(qa[8 * LDQ + kk * 8 + 4])};
+      const float qf[4] = {qa[kk * 8], qa[8 * LDQ + kk * 8], qa[kk * 8 + 4], qa[8 * LDQ + kk * 8 + 4]};
+      unsigned a[4], as[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        a[e] = tf32(qf[e]);
+        if (SPLIT) as[e] = tf32_rest(qf[e], a[e]);
+      }
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
         const float* kb = sK + (n * 8 + gid) * LDK + kk * 8 + tig;
-        mma_tf32(s[n], a, tf32(kb[0]), tf32(kb[4]));
+        const unsigned b0 = tf32(kb[0]), b1 = tf32(kb[4]);
+        if (SPLIT) {                              // the small products first
+          mma_tf32(s[n], as, b0, b1);
+          mma_tf32(s[n], a, tf32_rest(kb[0], b0), tf32_rest(kb[4], b1));
+        }
+        mma_tf32(s[n], a, b0, b1);
       }
     }
 
@@ -647,15 +663,15 @@ struct Kernel {
     fa_mma<DT, SC, BM, BN, DP, DVP, STAGES><<<grid, BM * 2, SMEM, stream>>>(p, D, DV, vec, ovec);
   }
 };
-template <class SC, int BM, int BN, int DP, int DVP, int STAGES>
-struct Kernel<Tf32, SC, BM, BN, DP, DVP, STAGES> {
+template <class SC, bool SPLIT, int BM, int BN, int DP, int DVP, int STAGES>
+struct Kernel<Tf32<SPLIT>, SC, BM, BN, DP, DVP, STAGES> {
   static constexpr size_t SMEM = tf32_smem<BM, BN, DP, DVP, STAGES>();
   static cudaError_t allow_smem() {
-    return cudaFuncSetAttribute(fa_tf32<SC, BM, BN, DP, DVP, STAGES>,
+    return cudaFuncSetAttribute(fa_tf32<SC, SPLIT, BM, BN, DP, DVP, STAGES>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM);
   }
   static void launch(dim3 grid, cudaStream_t stream, const Params& p, int D, int DV, bool vec, bool ovec) {
-    fa_tf32<SC, BM, BN, DP, DVP, STAGES><<<grid, BM * 2, SMEM, stream>>>(p, D, DV, vec, ovec);
+    fa_tf32<SC, SPLIT, BM, BN, DP, DVP, STAGES><<<grid, BM * 2, SMEM, stream>>>(p, D, DV, vec, ovec);
   }
 };
 template <class SC, int BM, int BN, int DP, int DVP, int STAGES>

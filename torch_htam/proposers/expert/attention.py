@@ -520,7 +520,7 @@ def render(am: AttnMatch, params: dict) -> str:
     smem = smem_bytes(am, params)
     if smem > SMEM_LIMIT:
         raise Unsupported(f"attention tiles {bm}x{bn} need {smem} bytes of shared memory")
-    tag = "fa::Tf32" if _tf32(am, params) else DT[am.dtype][0]
+    tag = f"fa::Tf32<{str(bool(params.get('split'))).lower()}>" if _tf32(am, params) else DT[am.dtype][0]
     run = f"fa::run<{tag}, SC, Region, {bm}, {bn}, {_pad16(am.head_dim)}, {_pad16(am.v_dim)}, {stages}>"
     return "\n".join([
         f"// torch_htam expert: flash attention {'causal ' if am.causal else ''}dtype={am.dtype} "
@@ -536,7 +536,7 @@ def render(am: AttnMatch, params: dict) -> str:
 def defaults(am: AttnMatch) -> dict:
     big = max(am.head_dim, am.v_dim) > 128
     if am.dtype == "float32" and am.facts.allow_tf32:
-        return {"bm": 64, "bn": 32 if big else 64, "stages": 2, "tf32": True}
+        return {"bm": 64, "bn": 32 if big else 64, "stages": 2, "tf32": True, "split": True}
     if am.dtype == "float32":
         return {"bm": 32 if big else 64, "bn": 32 if big else 64, "stages": 1}
     return {"bm": 64 if big else 128, "bn": 32 if big else 64, "stages": 2}
@@ -554,13 +554,13 @@ def grid(am: AttnMatch, base: dict) -> list[dict]:
 
 
 def _tiles(am: AttnMatch, base: dict) -> list[dict]:
-    """bf16 / fp16: block rows x key tile x stages; fp32: the TF32 kernel's tiles (where allowed),
-    then the FMA kernel's (no pipeline)."""
+    """bf16 / fp16: block rows x key tile x stages; fp32: the TF32 kernel's tiles (where allowed:
+    3xTF32 scores first, fa_tf32's SPLIT), then the FMA kernel's (no pipeline)."""
     half = [dict(base, bm=bm, bn=bn, stages=s) for bm in (64, 128) for bn in (32, 64, 128) for s in (2, 3)]
-    off = {"tf32": False} if am.facts.allow_tf32 else {}
+    off = {"tf32": False, "split": False} if am.facts.allow_tf32 else {}
     fma = [dict(base, bm=bm, bn=bn, stages=1, **off) for bm in (32, 64, 128) for bn in (32, 64)]
-    tf32 = [{**base, "bm": bm, "bn": bn, "stages": s, "tf32": True} for bm in (64, 128) for bn in (32, 64)
-            for s in (2, 3)] if am.facts.allow_tf32 else []
+    tf32 = [{**base, "bm": bm, "bn": bn, "stages": s, "tf32": True, "split": split} for split in (True, False)
+            for bm in (64, 128) for bn in (32, 64) for s in (2, 3)] if am.facts.allow_tf32 else []
     out = half if am.dtype != "float32" else tf32 + fma
     return [p for p in out if p != base and valid_for(am, p)]
 
