@@ -166,6 +166,96 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi, F16) {
   return F16::to_word(v);
 }
 
+// One key tile's online-softmax step for a warp's rows (this thread's i0 and i0 + 8) over scores s
+// in the m16n8 C layout (key n0 + 8n + 2 tig + (e & 1) at s[n][e]): the scores taken to SC's units
+// (masked, causal and out-of-range positions -> -inf), the running row max mrow and sum lrow
+// updated, O's accumulators rescaled, and s left holding the tile's unnormalized probabilities.
+template <class SC, int NB, int ND>
+__device__ __forceinline__ void online_softmax(const Params& p, float (&s)[NB][4], float (&o)[ND][4],
+                                               float (&mrow)[2], float (&lrow)[2], int b, int h,
+                                               int64_t i0, int64_t n0, int tig) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < NB; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t i = i0 + 8 * (e >> 1), j = n0 + n * 8 + 2 * tig + (e & 1);
+      const bool in = i < p.L && j < p.S && (!SC::CAUSAL || j <= i);
+      const float x = in ? SC::at(p, s[n][e], b, h, i, j) : -INFINITY;
+      s[n][e] = x;
+      mx[e >> 1] = fmaxf(mx[e >> 1], x);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {                   // a row lives in the 4 threads of a quad
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+  }
+  float alpha[2], mu[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float mn = fmaxf(mrow[r], mx[r]);
+    mu[r] = mn == -INFINITY ? 0.f : mn;           // a row masked so far: exp(-inf - 0) = 0, not NaN
+    alpha[r] = SC::ex(mrow[r] - mu[r]);
+    mrow[r] = mn;
+    lrow[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int n = 0; n < NB; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[n][e] = SC::ex(s[n][e] - mu[e >> 1]);
+      lrow[e >> 1] += s[n][e];
+    }
+#pragma unroll
+  for (int n = 0; n < ND; ++n) {
+    o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
+    o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
+  }
+}
+
+// Two adjacent output elements in one store (the host checked the pair is aligned: ovec).
+template <class DT>
+__device__ __forceinline__ void store_pair(typename DT::raw* dst, float v0, float v1) {
+  float v[2] = {v0, v1};
+  if constexpr (DT::PER_WORD == 2)
+    *reinterpret_cast<unsigned*>(dst) = DT::to_word(v);
+  else
+    *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+}
+
+// O's rows i0 and i0 + 8 (the C layout's accumulators o) divided by their softmax sums (lrow, this
+// thread's part: summed over the quad here) and stored, in column pairs where ovec.
+template <class DT, class SC, int ND>
+__device__ __forceinline__ void store_o(const Params& p, float (&o)[ND][4], float (&lrow)[2], int b, int h,
+                                        int64_t i0, int tig, int DV, bool ovec) {
+  typedef typename DT::raw raw;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+  }
+  raw* O = static_cast<raw*>(p.o) + b * p.os[0] + h * p.os[1];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = i0 + 8 * r;
+    if (i >= p.L) continue;
+    const float inv = SC::inv(lrow[r]);
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      const int c = n * 8 + 2 * tig;               // this thread's columns c, c + 1
+      if (c >= DV) continue;
+      raw* dst = O + i * p.os[2] + (int64_t)c * p.os[3];
+      const float v0 = o[n][2 * r] * inv, v1 = o[n][2 * r + 1] * inv;
+      if (ovec && c + 1 < DV) {
+        store_pair<DT>(dst, v0, v1);
+      } else {
+        dst[0] = DT::from_f(v0);
+        if (c + 1 < DV) dst[p.os[3]] = DT::from_f(v1);
+      }
+    }
+  }
+}
+
 template <int BM, int BN, int DP, int DVP, int STAGES>
 constexpr size_t mma_smem() {   // bytes: Q [BM][DP + 8], then STAGES x (K [BN][DP + 8], V [BN][DVP + 8])
   return (size_t)2 * (BM * (DP + 8) + STAGES * BN * (DP + 8 + DVP + 8));
@@ -237,44 +327,7 @@ __global__ void __launch_bounds__(BM * 2) fa_mma(const Params p, int D, int DV, 
       }
     }
 
-    // scores -> softmax units; masked, causal and out-of-range positions -> -inf
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < NB; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t i = i0 + 8 * (e >> 1), j = n0 + n * 8 + 2 * tig + (e & 1);
-        const bool in = i < p.L && j < p.S && (!SC::CAUSAL || j <= i);
-        const float x = in ? SC::at(p, s[n][e], b, h, i, j) : -INFINITY;
-        s[n][e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {                 // a row lives in the 4 threads of a quad
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    }
-    float alpha[2], mu[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float mn = fmaxf(mrow[r], mx[r]);
-      mu[r] = mn == -INFINITY ? 0.f : mn;         // a row masked so far: exp(-inf - 0) = 0, not NaN
-      alpha[r] = SC::ex(mrow[r] - mu[r]);
-      mrow[r] = mn;
-      lrow[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int n = 0; n < NB; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = SC::ex(s[n][e] - mu[e >> 1]);
-        lrow[e >> 1] += s[n][e];
-      }
-#pragma unroll
-    for (int n = 0; n < ND; ++n) {
-      o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
-    }
+    online_softmax<SC>(p, s, o, mrow, lrow, b, h, i0, n0, tig);
 
     // O += P V: BN / 16 k-steps; P's A fragment is two n8 score tiles re-packed
 #pragma unroll
@@ -295,33 +348,7 @@ __global__ void __launch_bounds__(BM * 2) fa_mma(const Params p, int D, int DV, 
     __syncthreads();                              // stage t % STAGES is refilled next iteration
   }
   cp_wait<0>();
-
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
-    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
-  }
-  raw* O = static_cast<raw*>(p.o) + b * p.os[0] + h * p.os[1];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t i = i0 + 8 * r;
-    if (i >= p.L) continue;
-    const float inv = SC::inv(lrow[r]);
-#pragma unroll
-    for (int n = 0; n < ND; ++n) {
-      const int c = n * 8 + 2 * tig;             // this thread's columns c, c + 1
-      if (c >= DV) continue;
-      raw* dst = O + i * p.os[2] + (int64_t)c * p.os[3];
-      const float v0 = o[n][2 * r] * inv, v1 = o[n][2 * r + 1] * inv;
-      if (ovec && c + 1 < DV) {
-        float v[2] = {v0, v1};
-        *reinterpret_cast<unsigned*>(dst) = DT::to_word(v);
-      } else {
-        dst[0] = DT::from_f(v0);
-        if (c + 1 < DV) dst[p.os[3]] = DT::from_f(v1);
-      }
-    }
-  }
+  store_o<DT, SC>(p, o, lrow, b, h, i0, tig, DV, ovec);
 }
 
 // ---- fa_tf32: fp32 operands on TF32 tensor cores (mma.sync m16n8k8), where the policy allows
@@ -432,44 +459,7 @@ __global__ void __launch_bounds__(BM * 2) fa_tf32(const Params p, int D, int DV,
       }
     }
 
-    // scores -> softmax units, as fa_mma
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < NB; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t i = i0 + 8 * (e >> 1), j = n0 + n * 8 + 2 * tig + (e & 1);
-        const bool in = i < p.L && j < p.S && (!SC::CAUSAL || j <= i);
-        const float x = in ? SC::at(p, s[n][e], b, h, i, j) : -INFINITY;
-        s[n][e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    }
-    float alpha[2], mu[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float mn = fmaxf(mrow[r], mx[r]);
-      mu[r] = mn == -INFINITY ? 0.f : mn;
-      alpha[r] = SC::ex(mrow[r] - mu[r]);
-      mrow[r] = mn;
-      lrow[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int n = 0; n < NB; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = SC::ex(s[n][e] - mu[e >> 1]);
-        lrow[e >> 1] += s[n][e];
-      }
-#pragma unroll
-    for (int n = 0; n < ND; ++n) {
-      o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
-    }
+    online_softmax<SC>(p, s, o, mrow, lrow, b, h, i0, n0, tig);
 
     // O += P V: one k8 step per score tile, its keys in the permuted order above
 #pragma unroll
@@ -482,32 +472,7 @@ __global__ void __launch_bounds__(BM * 2) fa_tf32(const Params p, int D, int DV,
     __syncthreads();
   }
   cp_wait<0>();
-
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
-    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
-  }
-  float* O = static_cast<float*>(p.o) + b * p.os[0] + h * p.os[1];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t i = i0 + 8 * r;
-    if (i >= p.L) continue;
-    const float inv = SC::inv(lrow[r]);
-#pragma unroll
-    for (int n = 0; n < ND; ++n) {
-      const int c = n * 8 + 2 * tig;
-      if (c >= DV) continue;
-      float* dst = O + i * p.os[2] + (int64_t)c * p.os[3];
-      const float v0 = o[n][2 * r] * inv, v1 = o[n][2 * r + 1] * inv;
-      if (ovec && c + 1 < DV) {
-        *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
-      } else {
-        dst[0] = v0;
-        if (c + 1 < DV) dst[p.os[3]] = v1;
-      }
-    }
-  }
+  store_o<F32, SC>(p, o, lrow, b, h, i0, tig, DV, ovec);
 }
 
 template <int BM, int BN, int DP, int DVP>
