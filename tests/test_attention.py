@@ -465,8 +465,8 @@ TF32_CASES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", TF32_CASES, ids=lambda c: "_".join(map(str, c)))
 def test_tf32_kernel_passes_verification(case):
-    """fa_tf32 under the TF32 policy, through the product's own protocol (verify: seeds, input
-    distributions, a float64 judgement), at each of its first tiles."""
+    """fa_mma on TF32 (the Tf32 tag) under the TF32 policy, through the product's own protocol
+    (verify: seeds, input distributions, a float64 judgement), at each of its first tiles."""
     from torch_htam.launcher import Kernel
     from torch_htam.task import load_reference
     from torch_htam.verify import verify
@@ -479,7 +479,7 @@ def test_tf32_kernel_passes_verification(case):
     tm = match_task(task, policy)
     tf32 = [p for p in [tm.defaults] + tuning_grid(task, policy) if p.get("tf32")]
     params = [p for p in tf32 if p["split"]][:2] + [p for p in tf32 if not p["split"]][:1]
-    if mask == "float":                # unscaled scores: only 3xTF32 holds the policy (fa_tf32's SPLIT)
+    if mask == "float":                # unscaled scores: only 3xTF32 holds the policy (Tf32<SPLIT>)
         params = params[:2]
     results = build.build_many([tm.render(p) for p in params])
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]

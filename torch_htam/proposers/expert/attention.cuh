@@ -10,16 +10,18 @@
 // with one head). Rows past L and keys past S are zero-filled in shared memory and masked out of
 // the softmax; head-dim columns past D are zero (they add nothing to q . k) and never stored.
 //
-// fa_mma (bf16 / fp16): FlashAttention-2's schedule on mma.sync m16n8k16, fp32 accumulators.
-//   A block of BM / 16 warps owns BM query rows (each warp 16), loops over BN-key tiles of K and V
-//   that a STAGES-deep cp.async pipeline brings into shared memory. Per tile a warp computes its
-//   16 x BN scores S = Q K^T (A = Q by ldmatrix, B = K rows by ldmatrix: K stored [key][d] is the
-//   "col" operand), updates the running row max m and sum l, rescales its O accumulators, and
-//   multiplies P (the accumulator fragments re-packed to bf16/fp16: the C layout of two n8 tiles
-//   is the A layout of one k16 step) by V (ldmatrix.trans: V stored [key][dv]).
+// fa_mma (bf16 / fp16, and fp32 on TF32 where the policy allows it: the Tf32 tag): FlashAttention-2's
+//   schedule on mma.sync, fp32 accumulators. A block of BM / 16 warps owns BM query rows (each
+//   warp 16), loops over BN-key tiles of K and V that a STAGES-deep cp.async pipeline brings into
+//   shared memory. Per tile a warp computes its 16 x BN scores S = Q K^T, updates the running row
+//   max m and sum l, rescales its O accumulators, and adds P V (online_softmax between the two).
+//   The products are the dtype's (Products<DT>):
+//   - bf16 / fp16: m16n8k16. A = Q by ldmatrix, B = K rows by ldmatrix (K stored [key][d] is the
+//     "col" operand); P is the accumulator fragments re-packed to bf16/fp16 (the C layout of two
+//     n8 tiles is the A layout of one k16 step) times V (ldmatrix.trans: V stored [key][dv]).
+//   - Tf32: m16n8k8 on fp32 tiles, each operand rounded to TF32 as it is read (the comment above
+//     Tf32: a permuted key order for P V, 3xTF32 scores).
 //   Shared rows are padded by 16 bytes: 8 ldmatrix rows then fall in distinct bank quads.
-// fa_tf32 (fp32, where the policy allows TF32 matmuls): fa_mma's schedule on mma.sync m16n8k8 TF32,
-//   fp32 in shared memory, each operand rounded to TF32 as it is read (the comment above it).
 // fa_fma (fp32): the same online softmax with plain FMAs (fp32-exact order of magnitude: no TF32).
 //   256 threads as 16 x 16; thread (ty, tx) owns score rows ty + 16 r and key columns tx + 16 c of
 //   each BM x BN tile, and O columns tx + 16 c; P goes through shared memory between the two
@@ -166,6 +168,116 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi, F16) {
   return F16::to_word(v);
 }
 
+// Tf32: fp32 operands on TF32 tensor cores (mma.sync m16n8k8), where the policy allows TF32 matmuls
+// (as torch's own fp32 attention then runs its two bmm's). Shared tiles hold fp32 and each operand
+// is rounded to TF32 (cvt.rna) as it is read into a fragment.
+//   m16n8k8 fragments (g = lane / 4, t = lane % 4): A a0 (g, t), a1 (g + 8, t), a2 (g, t + 4),
+//   a3 (g + 8, t + 4); B b0 (k t, n g), b1 (k t + 4, n g); C as m16n8k16's: c0, c1 (g, 2t, 2t + 1),
+//   c2, c3 (g + 8, 2t, 2t + 1). The scores' C fragment is not P's A fragment (columns 2t, 2t + 1
+//   against t, t + 4), so P V sums its 8 keys in a permuted order: A's k index t is key 2t and
+//   t + 4 is key 2t + 1, and V's rows are read in that same order (b0 = V[2t][g], b1 = V[2t + 1][g]).
+//   Rows padded by 16 bytes, 4 floats (LD % 32 == 4 or 20, LD % 16 == 4): A / B reads (8 rows g x 4
+//   columns t) and V's (rows 2t x columns g) each hit 32 distinct banks.
+//   SPLIT (3xTF32 on the scores): x = big + small, both TF32, and q.k = qs.kb + qb.ks + qb.kb, about
+//   fp32's accuracy for three MMAs. Why: a score's TF32 error is ~2^-11 of sum |q_d k_d|, and an
+//   unscaled attention's scores (T5's, ~10-100 at verification's inputs) move their probabilities
+//   by several percent, past the TF32 policy's 5e-3 (eager's fp32 SDPA does not run TF32). P V
+//   stays one MMA: P is in [0, 1] and its error is relative.
+template <bool SPLIT> struct Tf32 : F32 {};   // the dtype tag of fp32 tasks run on TF32 tensor cores
+
+__device__ __forceinline__ unsigned tf32(float x) {
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ unsigned tf32_rest(float x, unsigned big) { return tf32(x - __uint_as_float(big)); }
+__device__ __forceinline__ void mma_tf32(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A warp's two products over its 16 query rows, per dtype tag: scores S = Q K^T (NB n8 tiles over
+// the tile's keys; sQ and sK: shared rows of stride LDQ / LDK) and O += P V (P: the scores' tiles as
+// online_softmax leaves them; sV rows of stride LDV).
+template <class DT> struct Products {   // bf16 / fp16: m16n8k16, operands by ldmatrix
+  typedef typename DT::raw raw;
+  template <int NB, int DP, int LDQ, int LDK>
+  static __device__ __forceinline__ void scores(float (&s)[NB][4], const raw* sQ, const raw* sK, int warp, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; ++kk) {
+      unsigned a[4];
+      ldsm_x4(a, sQ + (warp * 16 + (lane & 15)) * LDQ + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int n2 = 0; n2 < NB / 2; ++n2) {        // keys n2*16 .. +15: two n8 tiles per ldmatrix.x4
+        unsigned kb[4];
+        ldsm_x4(kb, sK + (n2 * 16 + (lane & 7) + 8 * (lane >> 4)) * LDK + kk * 16 + 8 * ((lane >> 3) & 1));
+        Mma<DT>::run(s[2 * n2], a, kb[0], kb[1]);
+        Mma<DT>::run(s[2 * n2 + 1], a, kb[2], kb[3]);
+      }
+    }
+  }
+  // BN / 16 k-steps; P's A fragment is two n8 score tiles re-packed (the C layout of two n8 tiles
+  // is the A layout of one k16 step)
+  template <int NB, int ND, int LDV>
+  static __device__ __forceinline__ void pv(float (&o)[ND][4], const float (&s)[NB][4], const raw* sV, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < NB / 2; ++kk) {
+      unsigned a[4];
+      a[0] = pack2(s[2 * kk][0], s[2 * kk][1], DT());
+      a[1] = pack2(s[2 * kk][2], s[2 * kk][3], DT());
+      a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1], DT());
+      a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3], DT());
+#pragma unroll
+      for (int n2 = 0; n2 < ND / 2; ++n2) {        // dv n2*16 .. +15: two n8 tiles per ldmatrix.x4.trans
+        unsigned vb[4];
+        ldsm_x4_t(vb, sV + (kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LDV + n2 * 16 + 8 * (lane >> 4));
+        Mma<DT>::run(o[2 * n2], a, vb[0], vb[1]);
+        Mma<DT>::run(o[2 * n2 + 1], a, vb[2], vb[3]);
+      }
+    }
+  }
+};
+template <bool SPLIT> struct Products<Tf32<SPLIT>> {   // fp32: m16n8k8 TF32, operands by plain loads
+  template <int NB, int DP, int LDQ, int LDK>
+  static __device__ __forceinline__ void scores(float (&s)[NB][4], const float* sQ, const float* sK, int warp, int lane) {
+    const int gid = lane >> 2, tig = lane & 3;
+    const float* qa = sQ + (warp * 16 + gid) * LDQ + tig;   // this thread's A elements: + 8 LDQ, + 4
+#pragma unroll
+    for (int kk = 0; kk < DP / 8; ++kk) {
+      const float qf[4] = {qa[kk * 8], qa[8 * LDQ + kk * 8], qa[kk * 8 + 4], qa[8 * LDQ + kk * 8 + 4]};
+      unsigned a[4], as[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        a[e] = tf32(qf[e]);
+        if (SPLIT) as[e] = tf32_rest(qf[e], a[e]);
+      }
+#pragma unroll
+      for (int n = 0; n < NB; ++n) {
+        const float* kb = sK + (n * 8 + gid) * LDK + kk * 8 + tig;
+        const unsigned b0 = tf32(kb[0]), b1 = tf32(kb[4]);
+        if (SPLIT) {                              // the small products first
+          mma_tf32(s[n], as, b0, b1);
+          mma_tf32(s[n], a, tf32_rest(kb[0], b0), tf32_rest(kb[4], b1));
+        }
+        mma_tf32(s[n], a, b0, b1);
+      }
+    }
+  }
+  // one k8 step per score tile, its keys in the permuted order above
+  template <int NB, int ND, int LDV>
+  static __device__ __forceinline__ void pv(float (&o)[ND][4], const float (&s)[NB][4], const float* sV, int lane) {
+    const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int kk = 0; kk < NB; ++kk) {
+      const unsigned a[4] = {tf32(s[kk][0]), tf32(s[kk][2]), tf32(s[kk][1]), tf32(s[kk][3])};
+      const float* vb = sV + (kk * 8 + 2 * tig) * LDV + gid;
+#pragma unroll
+      for (int n = 0; n < ND; ++n) mma_tf32(o[n], a, tf32(vb[n * 8]), tf32(vb[LDV + n * 8]));
+    }
+  }
+};
+
 // One key tile's online-softmax step for a warp's rows (this thread's i0 and i0 + 8) over scores s
 // in the m16n8 C layout (key n0 + 8n + 2 tig + (e & 1) at s[n][e]): the scores taken to SC's units
 // (masked, causal and out-of-range positions -> -inf), the running row max mrow and sum lrow
@@ -256,17 +368,21 @@ __device__ __forceinline__ void store_o(const Params& p, float (&o)[ND][4], floa
   }
 }
 
-template <int BM, int BN, int DP, int DVP, int STAGES>
-constexpr size_t mma_smem() {   // bytes: Q [BM][DP + 8], then STAGES x (K [BN][DP + 8], V [BN][DVP + 8])
-  return (size_t)2 * (BM * (DP + 8) + STAGES * BN * (DP + 8 + DVP + 8));
+// Shared rows are padded by 16 bytes (PAD elements): 8 ldmatrix rows of two-byte elements fall in
+// distinct bank quads, and TF32's fragment reads in distinct banks.
+template <class DT> constexpr int pad() { return 16 / (int)sizeof(typename DT::raw); }
+template <class DT, int BM, int BN, int DP, int DVP, int STAGES>
+constexpr size_t mma_smem() {   // bytes: Q [BM][DP + PAD], then STAGES x (K [BN][DP + PAD], V [BN][DVP + PAD])
+  constexpr int P = pad<DT>();
+  return sizeof(typename DT::raw) * (BM * (DP + P) + STAGES * BN * (DP + P + DVP + P));
 }
 
 // grid: x = batch * heads, y = query tiles (reversed when causal: the longest rows start first).
-// vec: 16-byte loads of q, k, v (host-checked); ovec: o's columns are contiguous, pairs 4-byte aligned.
+// vec: 16-byte loads of q, k, v (host-checked); ovec: o's columns are contiguous, pairs aligned.
 template <class DT, class SC, int BM, int BN, int DP, int DVP, int STAGES>
 __global__ void __launch_bounds__(BM * 2) fa_mma(const Params p, int D, int DV, bool vec, bool ovec) {
   typedef typename DT::raw raw;
-  constexpr int NT = BM * 2, LDQ = DP + 8, LDK = DP + 8, LDV = DVP + 8;
+  constexpr int NT = BM * 2, LDQ = DP + pad<DT>(), LDK = LDQ, LDV = DVP + pad<DT>();
   constexpr int NB = BN / 8, ND = DVP / 8;        // n8 tiles of the scores and of O per warp
   static_assert(BM % 16 == 0 && BN % 16 == 0 && DP % 16 == 0 && DVP % 16 == 0, "mma tile shapes");
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -310,169 +426,17 @@ __global__ void __launch_bounds__(BM * 2) fa_mma(const Params p, int D, int DV, 
     const raw* sV = sK + BN * LDK;
     const int64_t n0 = (int64_t)t * BN;
 
-    // S = Q K^T for this warp's 16 rows: NB n8 tiles, DP / 16 k-steps
     float s[NB][4];
 #pragma unroll
     for (int n = 0; n < NB; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < DP / 16; ++kk) {
-      unsigned a[4];
-      ldsm_x4(a, sQ + (warp * 16 + (lane & 15)) * LDQ + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-      for (int n2 = 0; n2 < NB / 2; ++n2) {        // keys n2*16 .. +15: two n8 tiles per ldmatrix.x4
-        unsigned kb[4];
-        ldsm_x4(kb, sK + (n2 * 16 + (lane & 7) + 8 * (lane >> 4)) * LDK + kk * 16 + 8 * ((lane >> 3) & 1));
-        Mma<DT>::run(s[2 * n2], a, kb[0], kb[1]);
-        Mma<DT>::run(s[2 * n2 + 1], a, kb[2], kb[3]);
-      }
-    }
-
+    Products<DT>::template scores<NB, DP, LDQ, LDK>(s, sQ, sK, warp, lane);
     online_softmax<SC>(p, s, o, mrow, lrow, b, h, i0, n0, tig);
 
-    // O += P V: BN / 16 k-steps; P's A fragment is two n8 score tiles re-packed
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      unsigned a[4];
-      a[0] = pack2(s[2 * kk][0], s[2 * kk][1], DT());
-      a[1] = pack2(s[2 * kk][2], s[2 * kk][3], DT());
-      a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1], DT());
-      a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3], DT());
-#pragma unroll
-      for (int n2 = 0; n2 < ND / 2; ++n2) {        // dv n2*16 .. +15: two n8 tiles per ldmatrix.x4.trans
-        unsigned vb[4];
-        ldsm_x4_t(vb, sV + (kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LDV + n2 * 16 + 8 * (lane >> 4));
-        Mma<DT>::run(o[2 * n2], a, vb[0], vb[1]);
-        Mma<DT>::run(o[2 * n2 + 1], a, vb[2], vb[3]);
-      }
-    }
+    Products<DT>::template pv<NB, ND, LDV>(o, s, sV, lane);
     __syncthreads();                              // stage t % STAGES is refilled next iteration
   }
   cp_wait<0>();
   store_o<DT, SC>(p, o, lrow, b, h, i0, tig, DV, ovec);
-}
-
-// ---- fa_tf32: fp32 operands on TF32 tensor cores (mma.sync m16n8k8), where the policy allows
-// TF32 matmuls (as torch's own fp32 attention then runs its two bmm's). fa_mma's schedule and
-// online softmax; shared tiles hold fp32 and each operand is rounded to TF32 (cvt.rna) as it is
-// read into a fragment.
-//   m16n8k8 fragments (g = lane / 4, t = lane % 4): A a0 (g, t), a1 (g + 8, t), a2 (g, t + 4),
-//   a3 (g + 8, t + 4); B b0 (k t, n g), b1 (k t + 4, n g); C as m16n8k16's: c0, c1 (g, 2t, 2t + 1),
-//   c2, c3 (g + 8, 2t, 2t + 1). The scores' C fragment is not P's A fragment (columns 2t, 2t + 1
-//   against t, t + 4), so P V sums its 8 keys in a permuted order: A's k index t is key 2t and
-//   t + 4 is key 2t + 1, and V's rows are read in that same order (b0 = V[2t][g], b1 = V[2t + 1][g]).
-//   Rows padded by 4 floats (LD % 32 == 4 or 20, LD % 16 == 4): A / B reads (8 rows g x 4 columns t)
-//   and V's (rows 2t x columns g) each hit 32 distinct banks.
-//   SPLIT (3xTF32 on the scores): x = big + small, both TF32, and q.k = qs.kb + qb.ks + qb.kb, about
-//   fp32's accuracy for three MMAs. Why: a score's TF32 error is ~2^-11 of sum |q_d k_d|, and an
-//   unscaled attention's scores (T5's, ~10-100 at verification's inputs) move their probabilities
-//   by several percent, past the TF32 policy's 5e-3 (eager's fp32 SDPA does not run TF32). P V
-//   stays one MMA: P is in [0, 1] and its error is relative.
-template <bool SPLIT> struct Tf32 : F32 {};   // the dtype tag of fp32 tasks run on fa_tf32
-
-__device__ __forceinline__ unsigned tf32(float x) {
-  unsigned r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ unsigned tf32_rest(float x, unsigned big) { return tf32(x - __uint_as_float(big)); }
-__device__ __forceinline__ void mma_tf32(float* d, const unsigned* a, unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <int BM, int BN, int DP, int DVP, int STAGES>
-constexpr size_t tf32_smem() {   // bytes: Q [BM][DP + 4], then STAGES x (K [BN][DP + 4], V [BN][DVP + 4])
-  return (size_t)4 * (BM * (DP + 4) + STAGES * BN * (DP + 4 + DVP + 4));
-}
-
-// grid and block as fa_mma (BM / 16 warps of 16 query rows each); vec: 16-byte loads (4 floats);
-// ovec: o's column pairs are contiguous and 8-byte aligned.
-template <class SC, bool SPLIT, int BM, int BN, int DP, int DVP, int STAGES>
-__global__ void __launch_bounds__(BM * 2) fa_tf32(const Params p, int D, int DV, bool vec, bool ovec) {
-  constexpr int NT = BM * 2, LDQ = DP + 4, LDK = DP + 4, LDV = DVP + 4;
-  constexpr int NB = BN / 8, ND = DVP / 8;        // n8 tiles of the scores and of O per warp
-  static_assert(BM % 16 == 0 && BN % 8 == 0 && DP % 8 == 0 && DVP % 8 == 0, "mma tile shapes");
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  float* sQ = reinterpret_cast<float*>(smem_raw);
-  float* sKV = sQ + BM * LDQ;                     // stage s: K at sKV + s * (BN * (LDK + LDV)), V after it
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
-  const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, hk = h / p.group;
-  const int mt = SC::CAUSAL ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
-  const int64_t m0 = (int64_t)mt * BM;
-  const float* Q = static_cast<const float*>(p.q) + b * p.qs[0] + h * p.qs[1];
-  const float* K = static_cast<const float*>(p.k) + b * p.ks[0] + hk * p.ks[1];
-  const float* V = static_cast<const float*>(p.v) + b * p.vs[0] + hk * p.vs[1];
-  const int64_t kend = SC::CAUSAL ? (m0 + BM < p.S ? m0 + BM : p.S) : p.S;
-  const int ntiles = (int)((kend + BN - 1) / BN);
-
-  auto issue = [&](int t) {
-    float* sK = sKV + (t % STAGES) * (BN * (LDK + LDV));
-    load_tile<F32, BN, DP, LDK, NT>(sK, K, p.ks[2], p.ks[3], (int64_t)t * BN, p.S, D, vec);
-    load_tile<F32, BN, DVP, LDV, NT>(sK + BN * LDK, V, p.vs[2], p.vs[3], (int64_t)t * BN, p.S, DV, vec);
-  };
-  load_tile<F32, BM, DP, LDQ, NT>(sQ, Q + m0 * p.qs[2], p.qs[2], p.qs[3], 0, p.L - m0, D, vec);
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {          // Q rides in the first group
-    if (s < ntiles) issue(s);
-    cp_commit();
-  }
-
-  float o[ND][4];
-#pragma unroll
-  for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};   // rows gid and gid + 8
-  const int64_t i0 = m0 + warp * 16 + gid;
-  const float* qa = sQ + (warp * 16 + gid) * LDQ + tig;   // this thread's A elements: + 8 LDQ, + 4
-
-  for (int t = 0; t < ntiles; ++t) {
-    if (t + STAGES - 1 < ntiles) issue(t + STAGES - 1);
-    cp_commit();
-    cp_wait<STAGES - 1>();
-    __syncthreads();
-    const float* sK = sKV + (t % STAGES) * (BN * (LDK + LDV));
-    const float* sV = sK + BN * LDK;
-    const int64_t n0 = (int64_t)t * BN;
-
-    // S = Q K^T for this warp's 16 rows: NB n8 tiles, DP / 8 k-steps
-    float s[NB][4];
-#pragma unroll
-    for (int n = 0; n < NB; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < DP / 8; ++kk) {
-      const float qf[4] = {qa[kk * 8], qa[8 * LDQ + kk * 8], qa[kk * 8 + 4], qa[8 * LDQ + kk * 8 + 4]};
-      unsigned a[4], as[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        a[e] = tf32(qf[e]);
-        if (SPLIT) as[e] = tf32_rest(qf[e], a[e]);
-      }
-#pragma unroll
-      for (int n = 0; n < NB; ++n) {
-        const float* kb = sK + (n * 8 + gid) * LDK + kk * 8 + tig;
-        const unsigned b0 = tf32(kb[0]), b1 = tf32(kb[4]);
-        if (SPLIT) {                              // the small products first
-          mma_tf32(s[n], as, b0, b1);
-          mma_tf32(s[n], a, tf32_rest(kb[0], b0), tf32_rest(kb[4], b1));
-        }
-        mma_tf32(s[n], a, b0, b1);
-      }
-    }
-
-    online_softmax<SC>(p, s, o, mrow, lrow, b, h, i0, n0, tig);
-
-    // O += P V: one k8 step per score tile, its keys in the permuted order above
-#pragma unroll
-    for (int kk = 0; kk < NB; ++kk) {
-      const unsigned a[4] = {tf32(s[kk][0]), tf32(s[kk][2]), tf32(s[kk][1]), tf32(s[kk][3])};
-      const float* vb = sV + (kk * 8 + 2 * tig) * LDV + gid;
-#pragma unroll
-      for (int n = 0; n < ND; ++n) mma_tf32(o[n], a, tf32(vb[n * 8]), tf32(vb[LDV + n * 8]));
-    }
-    __syncthreads();
-  }
-  cp_wait<0>();
-  store_o<F32, SC>(p, o, lrow, b, h, i0, tig, DV, ovec);
 }
 
 template <int BM, int BN, int DP, int DVP>
@@ -614,29 +578,18 @@ static inline bool vec16(const int64_t* st, const void* base, int E) {
   return st[3] == 1 && st[0] % E == 0 && st[1] % E == 0 && st[2] % E == 0 && htam_aligned(base, 16);
 }
 
-// The kernel of a dtype tag and its launch: fa_mma (bf16 / fp16: BM / 16 warps, BM * 2 threads) or,
-// specialized below, fa_tf32 (Tf32: as fa_mma) and fa_fma (F32: 256 threads). SMEM: its dynamic
-// shared memory in bytes.
+// The kernel of a dtype tag and its launch: fa_mma (bf16 / fp16 / Tf32: BM / 16 warps, BM * 2
+// threads) or, specialized below, fa_fma (F32: 256 threads). SMEM: its dynamic shared memory in
+// bytes.
 template <class DT, class SC, int BM, int BN, int DP, int DVP, int STAGES>
 struct Kernel {
-  static constexpr size_t SMEM = mma_smem<BM, BN, DP, DVP, STAGES>();
+  static constexpr size_t SMEM = mma_smem<DT, BM, BN, DP, DVP, STAGES>();
   static cudaError_t allow_smem() {
     return cudaFuncSetAttribute(fa_mma<DT, SC, BM, BN, DP, DVP, STAGES>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM);
   }
   static void launch(dim3 grid, cudaStream_t stream, const Params& p, int D, int DV, bool vec, bool ovec) {
     fa_mma<DT, SC, BM, BN, DP, DVP, STAGES><<<grid, BM * 2, SMEM, stream>>>(p, D, DV, vec, ovec);
-  }
-};
-template <class SC, bool SPLIT, int BM, int BN, int DP, int DVP, int STAGES>
-struct Kernel<Tf32<SPLIT>, SC, BM, BN, DP, DVP, STAGES> {
-  static constexpr size_t SMEM = tf32_smem<BM, BN, DP, DVP, STAGES>();
-  static cudaError_t allow_smem() {
-    return cudaFuncSetAttribute(fa_tf32<SC, SPLIT, BM, BN, DP, DVP, STAGES>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM);
-  }
-  static void launch(dim3 grid, cudaStream_t stream, const Params& p, int D, int DV, bool vec, bool ovec) {
-    fa_tf32<SC, SPLIT, BM, BN, DP, DVP, STAGES><<<grid, BM * 2, SMEM, stream>>>(p, D, DV, vec, ovec);
   }
 };
 template <class SC, int BM, int BN, int DP, int DVP, int STAGES>

@@ -368,14 +368,14 @@ def _pad16(d: int) -> int:
 
 
 def _tf32(am: AttnMatch, params: dict) -> bool:
-    """fp32 on TF32 tensor cores (fa_tf32): asked for, and allowed by the policy."""
+    """fp32 on TF32 tensor cores (fa_mma's Tf32 tag): asked for, and allowed by the policy."""
     return am.dtype == "float32" and bool(params.get("tf32")) and am.facts.allow_tf32
 
 
 def smem_bytes(am: AttnMatch, params: dict) -> int:
     bm, bn, dp, dvp = params["bm"], params["bn"], _pad16(am.head_dim), _pad16(am.v_dim)
     if _tf32(am, params):
-        return 4 * (bm * (dp + 4) + params.get("stages", 2) * bn * (dp + 4 + dvp + 4))
+        return 4 * (bm * (dp + 4) + params.get("stages", 2) * bn * (dp + 4 + dvp + 4))   # mma_smem
     if am.dtype == "float32":
         return 4 * (bm * (dp + 1) + bn * (dp + 1) + bn * dvp + bm * bn)
     return 2 * (bm * (dp + 8) + params["stages"] * bn * (dp + 8 + dvp + 8))
@@ -555,7 +555,7 @@ def grid(am: AttnMatch, base: dict) -> list[dict]:
 
 def _tiles(am: AttnMatch, base: dict) -> list[dict]:
     """bf16 / fp16: block rows x key tile x stages; fp32: the TF32 kernel's tiles (where allowed:
-    3xTF32 scores first, fa_tf32's SPLIT), then the FMA kernel's (no pipeline)."""
+    3xTF32 scores first: Tf32's SPLIT), then the FMA kernel's (no pipeline)."""
     half = [dict(base, bm=bm, bn=bn, stages=s) for bm in (64, 128) for bn in (32, 64, 128) for s in (2, 3)]
     off = {"tf32": False, "split": False} if am.facts.allow_tf32 else {}
     fma = [dict(base, bm=bm, bn=bn, stages=1, **off) for bm in (32, 64, 128) for bn in (32, 64)]

@@ -141,7 +141,7 @@ TABLE: dict[str, StrategyMoves] = {
                                                                   else {"lt_epilogue": False}]),
     # conv: TF32 on cuDNN's next tensor-core engines too (its top-ranked fp32 engines under TF32
     # are not always the fastest that verify: conv.py's NOTE on cuDNN's ranking), as bf16_tensor_cores
-    # does; attention: the flash kernel on TF32 tensor cores (attention.py, fa_tf32)
+    # does; attention: the flash kernel on TF32 tensor cores (attention.py, the Tf32 tag of fa_mma)
     "tf32_tensor_cores": StrategyMoves(GEMM | CONV | ATTN, lambda i: [{"tf32": True}] + [{"tf32": True, "algo": a} for a in
                                                                                (1, 2, 3)] * (i.kind == "conv"),
                                        lambda i: i.fp32 and i.allow_tf32),
