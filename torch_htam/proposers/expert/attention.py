@@ -373,12 +373,14 @@ def _tf32(am: AttnMatch, params: dict) -> bool:
 
 
 def smem_bytes(am: AttnMatch, params: dict) -> int:
+    """Dynamic shared memory of the kernel params choose: fa_fma's fma_smem (fp32 off TF32), else
+    fa_mma's mma_smem (rows padded by 16 bytes)."""
     bm, bn, dp, dvp = params["bm"], params["bn"], _pad16(am.head_dim), _pad16(am.v_dim)
-    if _tf32(am, params):
-        return 4 * (bm * (dp + 4) + params.get("stages", 2) * bn * (dp + 4 + dvp + 4))   # mma_smem
-    if am.dtype == "float32":
+    if am.dtype == "float32" and not _tf32(am, params):
         return 4 * (bm * (dp + 1) + bn * (dp + 1) + bn * dvp + bm * bn)
-    return 2 * (bm * (dp + 8) + params["stages"] * bn * (dp + 8 + dvp + 8))
+    esz = DT[am.dtype][2]
+    pad = 16 // esz
+    return esz * (bm * (dp + pad) + params["stages"] * bn * (dp + pad + dvp + pad))
 
 
 def _score_fn(am: AttnMatch) -> str:
