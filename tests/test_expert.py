@@ -937,7 +937,8 @@ def test_every_target_implements_the_interface():
     from torch_htam.proposers.expert.proposer import TARGETS
     from torch_htam.proposers.expert.strategies import TABLE
     from torch_htam.proposers.expert.target import Target
-    assert sorted(t.kind for t in TARGETS) == ["attention", "conv", "elementwise", "gemm", "pool", "rowwise"]
+    # two rowwise targets: gn_cl (channels-last group norms) ahead of rowwise (every other row op)
+    assert sorted(t.kind for t in TARGETS) == ["attention", "conv", "elementwise", "gemm", "pool", "rowwise", "rowwise"]
     for t in TARGETS:
         assert isinstance(t, Target)
         for f in dc.fields(Target):

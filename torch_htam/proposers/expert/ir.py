@@ -1099,6 +1099,8 @@ def _iteration_space(gm, strided: bool = False) -> Space:
     rows = [n for n in gm.graph.nodes if is_row_op(n)]
     if rows and rows[0].target is aten.group_norm.default:
         xs, g = shape_of(rows[0].args[0]), int(rows[0].args[1])
+        if not meta_of(rows[0].args[0]).is_contiguous():     # its rows are read flat
+            raise Unsupported("group_norm of a channels-last or strided input (gn_cl.py takes channels-last)")
         if len(xs) < 2 or xs[1] % g:
             raise Unsupported(f"group_norm of {xs} in {g} groups")
         shape = (xs[0], g, xs[1] // g, math.prod(xs[2:]))

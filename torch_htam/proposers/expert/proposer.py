@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from torch_htam.proposers.base import Candidate, Proposal, ProposalRequest, source_key
-from torch_htam.proposers.expert import attention, conv, elementwise, gemm, pool, rowwise
+from torch_htam.proposers.expert import attention, conv, elementwise, gemm, gn_cl, pool, rowwise
 from torch_htam.proposers.expert.conv_match import ConvMatch
 from torch_htam.proposers.expert.ir import Unsupported
 from torch_htam.proposers.expert.strategies import TABLE, TaskFacts, moves_for, strategy_id
@@ -32,7 +32,7 @@ from torch_htam.proposers.expert.target import Target
 from torch_htam.verify import leading_dim
 
 # tried in this order; the first whose match succeeds takes the task
-TARGETS: tuple[Target, ...] = (elementwise.TARGET, rowwise.TARGET, pool.TARGET, conv.TARGET, gemm.TARGET,
+TARGETS: tuple[Target, ...] = (elementwise.TARGET, gn_cl.TARGET, rowwise.TARGET, pool.TARGET, conv.TARGET, gemm.TARGET,
                                attention.TARGET)
 
 

@@ -1,0 +1,229 @@
+// ---- group norm over channels-last activations (gn_cl.py) ----
+// x, y: [N, P, C] in memory: an [N, C, H, W] tensor stored N, H, W, C (P = H * W pixels), or the
+// [N, H * W, C] tokens a UNet's attention reads from it. G groups of CG = C / G adjacent channels;
+// weight, bias: [C] or absent. y = EPI(round((x - mean_g) * rstd_g * weight + bias)), the statistics
+// in fp32 over each (image, group) as torch's group_norm takes them (biased variance).
+//
+// Why not the row kernel: a group's elements are CG channels out of every pixel's C, so a block
+// per group reads runs of CG elements (8 bytes for CG = 4 in bf16) C apart. Here a block reads
+// whole pixels (C contiguous channels, 16-byte vectors) and keeps every group's statistics.
+//
+// Two launches, deterministic (fixed merge order, no atomics):
+//  gn_cl_stats  block (s, n): pixels [s * pp, (s + 1) * pp) of image n, every channel. Threads are
+//               LANES channel vectors (C / VEC) x ROWS pixel rows; each keeps a Welford state per
+//               channel of its vector, the block merges them per group into one (count, mean, M2)
+//               for (n, s, g) in the workspace.
+//  gn_cl_apply  block (s, n): loads image n's S x G partials into shared memory (all threads, one
+//               L2 round trip), merges each group's in chunk order (a warp per group: mean, rstd),
+//               folds weight and bias into a scale and shift per channel, then writes its pixels.
+// Every apply block merges the same partials again: that costs each block one round trip, where
+// a merge by the stats pass's last block (atomics) ran serially after all of them (13-25 us a
+// launch on the H200, whatever the tensor's size). The pixels' second read (apply) is mostly an
+// L2 hit: the stats pass read them just before.
+
+struct GnShape {
+  int64_t P;        // pixels per image
+  int C, G;         // channels, groups
+  int S;            // pixel chunks per image (stats blocks per image)
+  int64_t pp;       // pixels per chunk
+  int rows;         // pixel rows per block (threads: C / VEC lanes x rows, rounded up to warps)
+  float eps;
+};
+
+// Chan's merge of (n, mean, m2) states in fp32; a state of count 0 is empty
+__device__ __forceinline__ void gn_merge(float& n, float& mean, float& m2, float nb, float mb, float m2b) {
+  if (nb == 0.f) return;
+  const float t = n + nb, d = mb - mean, f = nb / t;
+  mean += d * f;
+  m2 += m2b + d * d * n * f;
+  n = t;
+}
+__device__ __forceinline__ void gn_warp_merge(float& n, float& mean, float& m2) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float nb = shfl_x(n, o), mb = shfl_x(mean, o), m2b = shfl_x(m2, o);
+    gn_merge(n, mean, m2, nb, mb, m2b);
+  }
+}
+
+// blockDim.x = round_up(lanes * rows, 32); dynamic shared memory: gn_stats_smem(C, rows), and
+// gn_apply_smem(S, G) for the apply pass. The workspace holds the partials [N][S][G] x (count,
+// mean, M2).
+static inline size_t gn_stats_smem(int C, int rows) { return (size_t)rows * C * 2 * sizeof(float); }
+static inline size_t gn_apply_smem(int S, int G) { return ((size_t)S * G * 3 + (size_t)G * 2) * sizeof(float); }
+static const size_t kGnApplySmem = 40u << 10;
+
+// U: pixels a thread loads before it uses them (loads in flight per thread)
+template <class DT, int VEC, int U, bool NC>
+__global__ void gn_cl_stats(const typename DT::raw* __restrict__ x, GnShape s, float* __restrict__ part) {
+  extern __shared__ float gn_sm[];      // [rows][C] means, then [rows][C] M2s
+  const int lanes = s.C / VEC, rows = s.rows;
+  const int lane = threadIdx.x % lanes, row = threadIdx.x / lanes;
+  const int n = blockIdx.y, chunk = blockIdx.x;
+  const int64_t p0 = chunk * s.pp, p1 = min(s.P, p0 + s.pp);
+  if (row < rows) {
+    float mean[VEC], m2[VEC], cnt = 0.f;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) mean[j] = m2[j] = 0.f;
+    const typename DT::raw* base = x + ((int64_t)n * s.P) * s.C + lane * VEC;
+    for (int64_t p = p0 + row; p < p1; p += (int64_t)rows * U) {
+      float v[U][VEC];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (p + u * rows < p1) ldv<DT, VEC, NC>(base + (p + u * rows) * s.C, v[u]);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (p + u * rows >= p1) break;
+        cnt += 1.f;
+        const float inv = 1.f / cnt;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float d = v[u][j] - mean[j];
+          mean[j] += d * inv;
+          m2[j] += d * (v[u][j] - mean[j]);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      gn_sm[row * s.C + lane * VEC + j] = mean[j];
+      gn_sm[(rows + row) * s.C + lane * VEC + j] = m2[j];
+    }
+  }
+  __syncthreads();
+  // a warp per group merges its (row, channel) states: row r holds pixels p0 + r, p0 + r + rows, ...
+  const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const int cg = s.C / s.G;
+  const int64_t len = p1 - p0;
+  for (int g = warp; g < s.G; g += warps) {
+    float gn = 0.f, gm = 0.f, gm2 = 0.f;
+    for (int i = wl; i < rows * cg; i += 32) {
+      const int r = i / cg, c = g * cg + i % cg;
+      const float nr = (float)(len > r ? (len - r + rows - 1) / rows : 0);
+      gn_merge(gn, gm, gm2, nr, gn_sm[r * s.C + c], gn_sm[(rows + r) * s.C + c]);
+    }
+    gn_warp_merge(gn, gm, gm2);
+    if (wl == 0) {
+      float* w = part + (((int64_t)n * s.S + chunk) * s.G + g) * 3;
+      w[0] = gn; w[1] = gm; w[2] = gm2;
+    }
+  }
+}
+
+// EPI: the value after the norm's rounding to DT (torch's group_norm output) -> the stored value
+struct GnIdentity { static __device__ __forceinline__ float apply(float v) { return v; } };
+struct GnSilu { static __device__ __forceinline__ float apply(float v) { return v / (1.f + expf(-v)); } };
+// SFU exp and division: ~2 ulp of fp32, below a 2-byte output's rounding (gn_cl.py: half types only)
+struct GnSiluFast { static __device__ __forceinline__ float apply(float v) { return __fdividef(v, 1.f + __expf(-v)); } };
+
+// WT: the weight's and bias's dtype tag (each may be absent: nullptr)
+template <class DT, class WT, class EPI, int VEC, int U, bool NC>
+__global__ void gn_cl_apply(const typename DT::raw* __restrict__ x, const typename WT::raw* __restrict__ weight,
+                            const typename WT::raw* __restrict__ bias, GnShape s, const float* __restrict__ part,
+                            typename DT::raw* __restrict__ y) {
+  extern __shared__ float gn_sm[];      // image n's partials [S][G][3], then [G] x (mean, rstd)
+  const int n = blockIdx.y, chunk = blockIdx.x, cg = s.C / s.G;
+  const int total = s.S * s.G * 3;
+  const float* src = part + (int64_t)n * total;
+  for (int i = threadIdx.x; i < total; i += blockDim.x) gn_sm[i] = __ldcg(src + i);
+  __syncthreads();
+  float* stat = gn_sm + total;
+  const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int g = warp; g < s.G; g += warps) {
+    float gn = 0.f, gm = 0.f, gm2 = 0.f;
+    for (int k = wl; k < s.S; k += 32) {
+      const float* w = gn_sm + (k * s.G + g) * 3;
+      gn_merge(gn, gm, gm2, w[0], w[1], w[2]);
+    }
+    gn_warp_merge(gn, gm, gm2);
+    if (wl == 0) {
+      stat[g * 2] = gm;
+      stat[g * 2 + 1] = rsqrtf(fmaxf(gm2 / gn, 0.f) + s.eps);
+    }
+  }
+  __syncthreads();
+  const int lanes = s.C / VEC, rows = s.rows;
+  const int lane = threadIdx.x % lanes, row = threadIdx.x / lanes;
+  if (row >= rows) return;
+  float scale[VEC], shift[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const int c = lane * VEC + j, g = c / cg;
+    const float a = stat[g * 2 + 1] * (weight ? WT::to_f(weight[c]) : 1.f);
+    scale[j] = a;
+    shift[j] = (bias ? WT::to_f(bias[c]) : 0.f) - stat[g * 2] * a;
+  }
+  const int64_t p0 = chunk * s.pp, p1 = min(s.P, p0 + s.pp);
+  const int64_t off = ((int64_t)n * s.P) * s.C + lane * VEC;
+  for (int64_t p = p0 + row; p < p1; p += (int64_t)rows * U) {
+    float v[U][VEC];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (p + u * rows < p1) ldv<DT, VEC, NC>(x + off + (p + u * rows) * s.C, v[u]);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (p + u * rows >= p1) break;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[u][j] = EPI::apply(DT::round(fmaf(v[u][j], scale[j], shift[j])));
+      stv<DT, VEC>(y + off + (p + u * rows) * s.C, v[u]);
+    }
+  }
+}
+
+// ---- host ----
+// The workspaces: one per (device, stream), so that two streams never share one. A device's
+// kGnSlots slices of kGnWs bytes are allocated together by its first call (keep that call outside
+// CUDA graph capture); a stream seen later, as a graph's capture stream, takes a free slice with
+// no allocation.
+static const size_t kGnWs = 2u << 20;
+static const int kGnSlots = 8;
+static float* htam_gn_ws(cudaStream_t stream) {
+  struct Device { char* base; cudaStream_t streams[kGnSlots]; int used; };
+  static Device devices[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return nullptr;
+  Device& d = devices[dev];
+  if (d.base == nullptr) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, kGnWs * kGnSlots) != cudaSuccess) { cudaGetLastError(); return nullptr; }
+    d.base = (char*)p;
+  }
+  for (int i = 0; i < d.used; ++i)
+    if (d.streams[i] == stream) return (float*)(d.base + i * kGnWs);
+  if (d.used == kGnSlots) return nullptr;
+  d.streams[d.used] = stream;
+  return (float*)(d.base + d.used++ * kGnWs);
+}
+
+// Chunks per image: about `waves` blocks per SM over all images, each chunk at least `rows`
+// pixels, an image's partials within the apply pass's shared memory and all of them within the
+// workspace. 0: none fits.
+static inline int gn_chunks(int64_t N, int64_t P, int G, int rows, int waves) {
+  int64_t s = std::max<int64_t>(1, (int64_t)htam_sm_count() * waves / std::max<int64_t>(N, 1));
+  s = std::min<int64_t>(s, std::max<int64_t>(1, P / rows));
+  s = std::min<int64_t>(s, 65535);
+  while (s > 0 && (gn_apply_smem((int)s, G) > kGnApplySmem || N * s * G * 3 * 4 > (int64_t)kGnWs)) s /= 2;
+  return (int)s;
+}
+// The launches for an [N, P, C] x and y the entry has checked (dtype, layout, C): chunking, the
+// stream's workspace, both kernels. rows: pixel rows per block; threads: gn_cl.py's block size.
+template <class DT, class WT, class EPI, int VEC, int U, bool NC>
+static int gn_cl_run(const typename DT::raw* x, const typename WT::raw* weight, const typename WT::raw* bias,
+                     typename DT::raw* y, int64_t N, GnShape s, int threads, int waves, cudaStream_t stream) {
+  if (N == 0 || s.P == 0) return HTAM_OK;
+  if (!htam_aligned(x, VEC * sizeof(typename DT::raw)) || !htam_aligned(y, VEC * sizeof(typename DT::raw)))
+    return HTAM_ERR_SHAPE;
+  s.S = gn_chunks(N, s.P, s.G, s.rows, waves);
+  if (s.S == 0 || N > 65535) return HTAM_ERR_SHAPE;     // (an image's partials fit only in the workspace)
+  s.pp = (s.P + s.S - 1) / s.S;
+  s.S = (int)((s.P + s.pp - 1) / s.pp);     // no empty chunk
+  float* ws = htam_gn_ws(stream);
+  if (ws == nullptr) return HTAM_ERR_SHAPE;
+  const dim3 grid((unsigned)s.S, (unsigned)N);
+  gn_cl_stats<DT, VEC, U, NC><<<grid, threads, gn_stats_smem(s.C, s.rows), stream>>>(x, s, ws);
+  HTAM_CHECK_LAUNCH();
+  gn_cl_apply<DT, WT, EPI, VEC, U, NC><<<grid, threads, gn_apply_smem(s.S, s.G), stream>>>(x, weight, bias, s, ws, y);
+  HTAM_CHECK_LAUNCH();
+  return HTAM_OK;
+}
+// ---- end group norm channels-last ----

@@ -1,0 +1,194 @@
+"""Group norm regions posed channels-last (extract.group_norm_boundary): a diffusion UNet's
+GroupNorm + SiLU, and its attention blocks' GroupNorm -> [N, H * W, C] tokens.
+
+The region is  x [N, C, H, W] stored N, H, W, C -> group_norm(G, weight, bias, eps) -> epilogue
+(extract.GN_EPILOGUES: none, SiLU, or the tokens view), its output in x's memory order. The
+kernels are gn_cl.cuh's two launches, gn_cl_stats (Welford partials per (image, pixel chunk,
+group) and gn_cl_apply (which merges them, then normalizes); this module picks their template
+arguments (dtype, epilogue, vector width, pixels in flight, read-only loads, SFU math) and launch
+shape (threads per block, blocks per SM) and writes the host entry. C and G are baked in; N, H and W are read at run time.
+
+    >>> gm = gn_cl.match(task.graph, policy); src = gn_cl.render(gm, gn_cl.defaults(gm))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_htam.extract import group_norm_chain
+from torch_htam.proposers.expert.cuda import DT, PRELUDE, cuh
+from torch_htam.proposers.expert.ir import Unsupported, dtype_of, shape_of
+from torch_htam.proposers.expert.strategies import TaskFacts
+from torch_htam.proposers.expert.target import Target
+from torch_htam.task import TensorSpec
+
+GN_CL_CUH = cuh("gn_cl.cuh")
+EPI = {"none": "GnIdentity", "silu": "GnSilu", "tokens": "GnIdentity"}
+MAX_THREADS = 1024
+SMEM_LIMIT = 48 << 10         # gn_cl_stats' dynamic shared memory: rows * C * 8 bytes
+
+
+@dataclass
+class GnMatch:
+    dtype: str                 # x's and y's
+    wdtype: str                # weight's and bias's (x's where both are absent)
+    channels: int
+    groups: int
+    eps: float
+    epilogue: str              # extract.GN_EPILOGUES
+    x: int                     # placeholder index of x
+    weight: int | None         # placeholder index, or None (no affine weight)
+    bias: int | None
+    n_inputs: int
+    facts: TaskFacts | None = None
+
+
+def _placeholder(node, ph: list) -> int | None:
+    if node is None:
+        return None
+    if node not in ph:
+        raise Unsupported("group_norm's weight or bias is not a region input")
+    return ph.index(node)
+
+
+def match(gm, policy) -> GnMatch:
+    """A region of extract.group_norm_chain whose input is channels-last."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    chain = group_norm_chain(calls)
+    if chain is None:
+        raise Unsupported("not a group norm with no epilogue, a SiLU or a tokens view")
+    gn, epilogue = chain
+    ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    x = gn.args[0]
+    if x not in ph or not TensorSpec.of(x.meta["val"]).channels_last:
+        raise Unsupported("group_norm's input is not a channels-last region input")
+    args = list(gn.args) + [None] * (6 - len(gn.args))
+    groups, weight, bias = int(args[1] if args[1] is not None else 1), args[2], args[3]
+    eps = float(args[4] if args[4] is not None else 1e-5)
+    shape, dt = shape_of(x), dtype_of(x)
+    if dt not in ("float32", "bfloat16", "float16"):
+        raise Unsupported(f"group_norm of {dt}")
+    c = shape[1]
+    if c % groups:
+        raise Unsupported(f"{c} channels in {groups} groups")
+    affine = [dtype_of(a) for a in (weight, bias) if a is not None]
+    if len(set(affine)) > 1 or (affine and affine[0] not in ("float32", dt)):
+        raise Unsupported(f"group_norm weight / bias of {affine} with {dt} input")
+    gm_ = GnMatch(dt, affine[0] if affine else dt, c, groups, eps, epilogue, ph.index(x),
+                  _placeholder(weight, ph), _placeholder(bias, ph), len(ph))
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    if dtype_of(out) != dt:
+        raise Unsupported("the region's output dtype differs from the norm's input")
+    low = dt != "float32"
+    gm_.facts = TaskFacts("rowwise", shape[2] * shape[3] * (c // groups), 16 // DT[dt][2],
+                          has_transcendental=epilogue == "silu", low_precision=low, fp32=not low,
+                          single_pass=False)
+    return gm_
+
+
+def _block(m: GnMatch, p: dict) -> tuple[int, int]:
+    """(pixel rows, threads) of a block: C / vec lanes x rows pixels, rounded up to whole warps."""
+    lanes = m.channels // p["vec"]
+    rows = max(1, min(p["tpr"] // lanes, MAX_THREADS // lanes, SMEM_LIMIT // (8 * m.channels)))
+    return rows, -(-lanes * rows // 32) * 32
+
+
+def _run(m: GnMatch, p: dict) -> str:
+    """gn_cl.cuh's gn_cl_run<DT, WT, EPI, VEC, U, NC> for these parameters."""
+    t, w, nc = DT[m.dtype][0], DT[m.wdtype][0], str(p["nc"]).lower()
+    epi = "GnSiluFast" if m.epilogue == "silu" and p["fast"] else EPI[m.epilogue]
+    return f"gn_cl_run<{t}, {w}, {epi}, {p['vec']}, {p['unroll']}, {nc}>"
+
+
+def _host(m: GnMatch, p: dict) -> str:
+    """The entry: checks of the call against the match (C, dtypes, layouts), then gn_cl_run."""
+    rows, threads = _block(m, p)
+    t, w = DT[m.dtype], DT[m.wdtype]
+    checks = [f"n_in != {m.n_inputs} || n_out != 1",
+              f"x.dtype != {t[1]} || y.dtype != {t[1]} || x.ndim != 4 || x.sizes[1] != C || !htam_channels_last(x)",
+              "y.sizes[0] != x.sizes[0]"]
+    if m.epilogue == "tokens":     # y: [N, H * W, C] row-major
+        checks.append("y.ndim != 3 || y.sizes[1] != x.sizes[2] * x.sizes[3] || y.sizes[2] != C || !htam_contiguous(y)")
+    else:                          # y: x's shape and memory order
+        checks.append("y.ndim != 4 || y.sizes[1] != C || y.sizes[2] != x.sizes[2] || y.sizes[3] != x.sizes[3] "
+                      "|| !htam_channels_last(y)")
+    checks += [f"in[{i}].dtype != {w[1]} || !htam_contiguous(in[{i}]) || htam_numel(&in[{i}]) != C"
+               for i in (m.weight, m.bias) if i is not None]
+    wp, bp = (f"(const {w[0]}::raw*)in[{i}].data" if i is not None else "nullptr" for i in (m.weight, m.bias))
+    shape = f"GnShape s{{x.sizes[2] * x.sizes[3], C, {m.groups}, 0, 0, {rows}, {m.eps!r}f}};"
+    guard = "".join(f"\n  if ({c}) return HTAM_ERR_SHAPE;" for c in checks[1:])
+    return (f"HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{\n"
+            f"  if ({checks[0]}) return HTAM_ERR_SHAPE;\n"
+            f"  const HtamTensor& x = in[{m.x}];\n  HtamTensor& y = out[0];\n  const int C = {m.channels};{guard}\n"
+            f"  {shape}\n"
+            f"  return {_run(m, p)}((const {t[0]}::raw*)x.data, {wp}, {bp}, ({t[0]}::raw*)y.data, x.sizes[0], s,\n"
+            f"      {threads}, {p['waves']}, stream);\n}}\n")
+
+
+def render(m: GnMatch, p: dict) -> str:
+    if not valid(p) or m.channels % p["vec"]:
+        raise Unsupported(f"group norm params {p} for {m.channels} channels (vec must divide C)")
+    if m.channels // p["vec"] > MAX_THREADS or 8 * m.channels > SMEM_LIMIT:
+        raise Unsupported(f"{m.channels} channels: a pixel's lanes or statistics exceed a block")
+    return "\n".join([f"// torch_htam expert: channels-last group norm ({m.epilogue}) params={sorted(p.items())}",
+                      PRELUDE, "#include <algorithm>", GN_CL_CUH, _host(m, p)])
+
+
+# ---- the target (target.Target) ------------------------------------------------------------------
+
+def defaults(m: GnMatch) -> dict:
+    # 16-byte vectors where C allows; about 256 threads a block; 2 blocks per SM for the pixels:
+    # on the diffusion UNet's bf16 shapes (H200) 2 beat 4 on the largest and 1 and 2 tied on the
+    # small ones, where each block's share of the partials' merge weighs more
+    vec = m.facts.vec16
+    while m.channels % vec:
+        vec //= 2
+    return {"vec": vec, "tpr": 256, "waves": 2, "unroll": 4, "nc": False, "fast": m.facts.sfu_math}
+
+
+def canonical(m: GnMatch, p: dict) -> dict:
+    """The knobs this kernel reads (a row-kernel move's others dropped), tpr in [32, 1024]."""
+    out = {**defaults(m), **{k: p[k] for k in ("vec", "tpr", "waves", "unroll", "nc", "fast") if k in p}}
+    return dict(out, fast=bool(out["fast"] and m.facts.sfu_math))      # SFU math for half types' SiLU only
+
+
+def valid(p: dict) -> bool:
+    v, t, w, u = p.get("vec", 1), p.get("tpr", 256), p.get("waves", 4), p.get("unroll", 1)
+    return v > 0 and not v & (v - 1) and 32 <= t <= MAX_THREADS and w > 0 and u in (1, 2, 4, 8)
+
+
+def tags(m: GnMatch, p: dict) -> list[str]:
+    out = ["fuse_row_prologue_epilogue"] * (m.epilogue == "silu") + ["block_per_row", "grid_stride_loop"]
+    if p.get("vec", 1) > 1:
+        out.append("vectorized_16b_access")
+    if p.get("nc"):
+        out.append("read_only_cache_loads")
+    if p.get("unroll", 1) > 1:
+        out.append("ilp_unroll")
+    if p.get("fast"):
+        out.append("fast_math_intrinsics")
+    return out
+
+
+def grid(m: GnMatch, base: dict) -> list[dict]:
+    out = [dict(base, unroll=u) for u in (1, 2, 8)]
+    out += [dict(base, tpr=t) for t in (128, 512, 1024)]
+    out += [dict(base, waves=w) for w in (1, 4, 8)]
+    return out + [dict(base, nc=True), dict(base, tpr=512, waves=8), dict(base, tpr=128, waves=8),
+                  dict(base, tpr=512, waves=2), dict(base, waves=1, unroll=8)]
+
+
+def claims(gm) -> bool:
+    """The region is a group norm chain on a channels-last input (this target's alone)."""
+    try:
+        match(gm, None)
+    except (Unsupported, KeyError):
+        return False
+    return True
+
+
+TARGET = Target(
+    kind="rowwise", match=match, defaults=defaults, tags=tags,
+    retag=lambda m, params, tags_: [t for t in tags_ if t in tags(m, params)],
+    start_order=("block_per_row", "grid_stride_loop", "read_only_cache_loads"),
+    grid=grid, render=render, valid=valid, canonical=canonical, claims=claims)
