@@ -168,6 +168,29 @@ def test_gn_cl_kernel_passes_verification(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("corner", [0.0, 8.0])
+def test_gn_cl_statistics_hold_far_from_zero(corner):
+    """fp32 activations of mean 1000 and std 1 (the sums' shift, pixel 0's value, typical or 8
+    stds out) normalize as float64 does: sums of x and x^2 would lose (1000 / 1)^2 ulps."""
+    from torch_htam.golden import make_inputs
+    from torch_htam.launcher import Kernel
+    torch.manual_seed(0)
+    task = _norm_task(ConvNormSilu(64, 8), torch.randn(2, 64, 32, 32))
+    tm = match_task(task, policy_for(task))
+    (res,) = build.build_many([tm.render(tm.defaults)])
+    assert res.ok, res.error
+    ins, m = make_inputs(task, "cuda"), tm.region
+    x, w, b = ins[m.x], ins[m.weight], ins[m.bias]
+    x.normal_().add_(1000.0)
+    x[:, :, 0, 0] += corner
+    o = task.outputs[0]
+    y = torch.empty_strided(o.shape, o.stride, dtype=o.torch_dtype, device="cuda")
+    assert Kernel(res.so_path)(ins, [y]) == 0
+    want = F.silu(F.group_norm(x.double(), 8, w.double(), b.double(), eps=tm.region.eps))
+    assert (y.double() - want).abs().max().item() < 2e-4
+
+
+@pytest.mark.gpu
 def test_gn_cl_kernel_replays_in_a_cuda_graph_captured_on_another_stream():
     """Warmed on one stream, captured on another (as reduce-overhead's graphs are): the capture
     stream takes a workspace without allocating, and each replay gives the eager launch's output."""

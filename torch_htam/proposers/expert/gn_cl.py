@@ -3,10 +3,11 @@ GroupNorm + SiLU, and its attention blocks' GroupNorm -> [N, H * W, C] tokens.
 
 The region is  x [N, C, H, W] stored N, H, W, C -> group_norm(G, weight, bias, eps) -> epilogue
 (extract.GN_EPILOGUES: none, SiLU, or the tokens view), its output in x's memory order. The
-kernels are gn_cl.cuh's two launches, gn_cl_stats (Welford partials per (image, pixel chunk,
-group) and gn_cl_apply (which merges them, then normalizes); this module picks their template
-arguments (dtype, epilogue, vector width, pixels in flight, read-only loads, SFU math) and launch
-shape (threads per block, blocks per SM) and writes the host entry. C and G are baked in; N, H and W are read at run time.
+kernels are gn_cl.cuh's two launches, gn_cl_stats (shifted sums per (image, pixel chunk, group))
+and gn_cl_apply (which adds them up, then normalizes); this module picks their template arguments
+(dtype, epilogue, vector width, pixels in flight, read-only loads, SFU math) and launch shape
+(threads per block, blocks per SM) and writes the host entry. C and G are baked in; N, H and W
+are read at run time.
 
     >>> gm = gn_cl.match(task.graph, policy); src = gn_cl.render(gm, gn_cl.defaults(gm))
 """
