@@ -109,6 +109,27 @@ def test_params_are_canonical_and_invalid_vectors_are_refused():
         gn_cl.render(m, dict(d, vec=16))
 
 
+def test_one_launch_where_the_slab_fits_a_cluster_and_two_where_it_does_not():
+    """gn_cl_onepass holds an image's slab across a cluster's registers: the defaults take it for
+    the UNet's sizes, not for a 512 x 512 image (a thread would hold 512 pixels); its slab is whole
+    groups and whole vectors."""
+    def region(c, g, shape):
+        task = _norm_task(ConvNormSilu(c, g).to(torch.bfloat16), torch.randn(shape, dtype=torch.bfloat16))
+        return match_task(task, policy_for(task))
+    tm = region(384, 32, (8, 384, 64, 64))
+    m, d = tm.region, tm.defaults
+    assert d["onepass"] and "single_kernel_launch" in gn_cl.tags(m, d)
+    sc, rows, threads, px = gn_cl._onepass(m, d)
+    assert sc % 12 == 0 and sc % d["vec"] == 0 and 384 % sc == 0 and threads <= gn_cl.ONEPASS_THREADS
+    assert rows * px * gn_cl.CLUSTER >= 64 * 64 and px <= gn_cl.MAX_PX
+    assert gn_cl._slab(region(24, 8, (2, 24, 4, 4)).region, 8) == 24      # lcm(3, 8): every channel
+    big = region(64, 32, (1, 64, 512, 512))
+    assert not big.defaults["onepass"]
+    assert not gn_cl.canonical(big.region, dict(big.defaults, onepass=True))["onepass"]
+    # with one launch, the two launches' own knobs are the defaults' (one kernel, not three)
+    assert gn_cl.canonical(m, dict(d, waves=8, unroll=1)) == d
+
+
 def _compile_set() -> list[tuple[str, str]]:
     out = []
     for dt in (torch.float32, torch.bfloat16, torch.float16):
@@ -188,6 +209,26 @@ def test_gn_cl_statistics_hold_far_from_zero(corner):
     assert Kernel(res.so_path)(ins, [y]) == 0
     want = F.silu(F.group_norm(x.double(), 8, w.double(), b.double(), eps=tm.region.eps))
     assert (y.double() - want).abs().max().item() < 2e-4
+
+
+@pytest.mark.gpu
+def test_gn_cl_one_launch_kernel_falls_back_to_two_for_a_larger_image():
+    """Built for 8 x 8 pixels (one pixel a thread), called with 40 x 40: the two launches run."""
+    from torch_htam.golden import make_inputs
+    from torch_htam.launcher import Kernel
+    torch.manual_seed(0)
+    task = _norm_task(ConvNormSilu(64, 16).to(torch.bfloat16), torch.randn(2, 64, 8, 8, dtype=torch.bfloat16))
+    tm = match_task(task, policy_for(task))
+    assert tm.defaults["onepass"]
+    (res,) = build.build_many([tm.render(tm.defaults)])
+    assert res.ok, res.error
+    ins, m = make_inputs(task, "cuda"), tm.region
+    for hw in (8, 40):
+        ins[m.x] = torch.randn(2, 64, hw, hw, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+        y = torch.empty_like(ins[m.x])
+        assert Kernel(res.so_path)(ins, [y]) == 0
+        want = F.silu(F.group_norm(ins[m.x].float(), 16, ins[m.weight].float(), ins[m.bias].float(), eps=m.eps))
+        assert (y.float() - want).abs().max().item() < 3e-2, hw
 
 
 @pytest.mark.gpu

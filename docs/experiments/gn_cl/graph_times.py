@@ -43,7 +43,7 @@ def kernel_split(fn):
 
 SHAPES = [("silu", 128, (8, 128, 64, 64)), ("silu", 384, (8, 384, 64, 64)), ("silu", 512, (8, 512, 16, 16)),
           ("tokens", 256, (8, 256, 32, 32)), ("silu", 1024, (8, 1024, 16, 16))]
-VARIANTS = [{}, {"waves": 1}, {"waves": 4}, {"unroll": 8}]
+VARIANTS = [{}, {"onepass": False}, {"onepass": False, "waves": 1}, {"tpr": 512}]
 for kind, c, shape in SHAPES:
     model = (ConvNormSilu(c, 32) if kind == "silu" else ConvNormTokens(c, 32)).to(torch.bfloat16)
     task = _norm_task(model, torch.randn(shape, dtype=torch.bfloat16))

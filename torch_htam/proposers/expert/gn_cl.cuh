@@ -186,6 +186,132 @@ __global__ void gn_cl_apply(const typename DT::raw* __restrict__ x, const typena
   }
 }
 
+// ---- one launch: a cluster per (image, channel slab), sm_90 ----
+// Where an image's slab of SC channels fits in a cluster's registers (every size of the diffusion
+// UNet's norms at 8 images): block r of the cluster (blockIdx.x, CL blocks) holds pixels
+// [r * ppb, (r + 1) * ppb) of channels [c0, c0 + SC) of image n (blockIdx.z) in registers, PX
+// pixels a thread; sums them per group as gn_cl_stats does; the cluster's blocks read each
+// other's sums over distributed shared memory, in rank order (each computes the same statistics,
+// deterministically); then each normalizes what it holds. x is read once and y written once: no
+// workspace, no second launch, no second pass over the pixels. SC: whole groups and whole
+// vectors (gn_cl.py's slab); threads: SC / VEC lanes x rows, rounded up to warps.
+struct GnSlab {
+  int sc;           // channels per slab
+  int rows;         // pixel rows per block
+  int threads;
+  int64_t ppb;      // pixels per block
+};
+
+static inline size_t gn_onepass_smem(const GnSlab& b, int cg) {
+  return ((size_t)b.rows * b.sc * 2 + (size_t)(b.sc / cg) * 4) * sizeof(float);
+}
+
+template <class DT, class WT, class EPI, int VEC, int PX, int CL>
+__global__ void __launch_bounds__(512) __cluster_dims__(CL, 1, 1)
+gn_cl_onepass(const typename DT::raw* __restrict__ x, const typename WT::raw* __restrict__ weight,
+              const typename WT::raw* __restrict__ bias, GnShape s, GnSlab b, typename DT::raw* __restrict__ y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int BYTES = (int)sizeof(typename DT::raw) * VEC, W = BYTES < 4 ? 1 : BYTES / 4;
+  extern __shared__ float gn_sm[];      // [rows][sc] S1s, [rows][sc] S2s, [groups] sums, [groups] stats
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const int lanes = b.sc / VEC, rows = b.rows, cg = s.C / s.G, ng = b.sc / cg;
+  const int lane = threadIdx.x % lanes, row = threadIdx.x / lanes;
+  const int n = blockIdx.z, c0 = blockIdx.y * b.sc, cl = c0 + lane * VEC;
+  const int64_t p0 = (int64_t)blockIdx.x * b.ppb, p1 = min(s.P, p0 + b.ppb);
+  const int64_t img = (int64_t)n * s.P * s.C;
+  unsigned w[PX][W];
+  if (row < rows) {
+    float k[VEC], s1[VEC], s2[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      k[j] = gn_shift<DT>(x, s, n, cl + j);
+      s1[j] = s2[j] = 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < PX; ++u) {
+      const int64_t p = p0 + row + (int64_t)u * rows;
+      if (p < p1) ldw<DT, VEC, false>(x + img + p * s.C + cl, w[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < PX; ++u) {
+      if (p0 + row + (int64_t)u * rows >= p1) break;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float d = DT::from_word(w[u][j / DT::PER_WORD], j % DT::PER_WORD) - k[j];
+        s1[j] += d;
+        s2[j] = fmaf(d, d, s2[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      gn_sm[row * b.sc + lane * VEC + j] = s1[j];
+      gn_sm[(rows + row) * b.sc + lane * VEC + j] = s2[j];
+    }
+  }
+  __syncthreads();
+  float* sums = gn_sm + 2 * rows * b.sc;     // [ng] x (S1, S2): this block's
+  float* stat = sums + 2 * ng;               // [ng] x (mean, rstd)
+  const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int g = warp; g < ng; g += warps) {
+    float a = 0.f, c = 0.f;
+    for (int i = wl; i < rows * cg; i += 32) {
+      const int at = (i / cg) * b.sc + g * cg + i % cg;
+      a += gn_sm[at];
+      c += gn_sm[rows * b.sc + at];
+    }
+    a = gn_warp_sum(a);
+    c = gn_warp_sum(c);
+    if (wl == 0) { sums[g * 2] = a; sums[g * 2 + 1] = c; }
+  }
+  cluster.sync();                            // every block's sums written
+  const float count = (float)s.P * (float)cg;
+  for (int g = warp; g < ng; g += warps) {
+    float a = 0.f, c = 0.f;
+    if (wl < CL) {
+      const float* peer = cluster.map_shared_rank(sums, wl);
+      a = peer[g * 2];
+      c = peer[g * 2 + 1];
+    }
+    a = gn_warp_sum(a) / count;
+    c = gn_warp_sum(c) / count;
+    if (wl == 0) {
+      stat[g * 2] = gn_shift<DT>(x, s, n, c0 + g * cg) + a;
+      stat[g * 2 + 1] = rsqrtf(fmaxf(c - a * a, 0.f) + s.eps);
+    }
+  }
+  cluster.sync();                            // no block leaves while another reads its sums; stat written
+  if (row >= rows) return;
+  float scale[VEC], shift[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const int g = (lane * VEC + j) / cg;
+    const float a = stat[g * 2 + 1] * (weight ? WT::to_f(weight[cl + j]) : 1.f);
+    scale[j] = a;
+    shift[j] = (bias ? WT::to_f(bias[cl + j]) : 0.f) - stat[g * 2] * a;
+  }
+#pragma unroll
+  for (int u = 0; u < PX; ++u) {
+    const int64_t p = p0 + row + (int64_t)u * rows;
+    if (p >= p1) break;
+    float v[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      v[j] = EPI::apply(DT::round(fmaf(DT::from_word(w[u][j / DT::PER_WORD], j % DT::PER_WORD), scale[j], shift[j])));
+    stv<DT, VEC>(y + img + p * s.C + cl, v);
+  }
+#else
+  __trap();   // gn_cl_run launches it on sm_90 and later only
+#endif
+}
+
+static inline bool htam_has_clusters() {
+  static int major[64] = {0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  if (!major[dev]) cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev);
+  return major[dev] >= 9;
+}
+
 // ---- host ----
 // The workspaces: one per (device, stream), so that two streams never share one. A device's
 // kGnSlots slices of kGnWs bytes are allocated together by its first call (keep that call outside
@@ -223,12 +349,24 @@ static inline int gn_chunks(int64_t N, int64_t P, int G, int rows, int waves) {
 }
 // The launches for an [N, P, C] x and y the entry has checked (dtype, layout, C): chunking, the
 // stream's workspace, both kernels. rows: pixel rows per block; threads: gn_cl.py's block size.
-template <class DT, class WT, class EPI, int VEC, int U, bool NC>
+// PX > 0: the one-launch kernel (PX pixels a thread, slab b) where this call's sizes fit it on
+// an sm_90 device, else the two launches.
+template <class DT, class WT, class EPI, int VEC, int U, bool NC, int PX = 0, int CL = 8>
 static int gn_cl_run(const typename DT::raw* x, const typename WT::raw* weight, const typename WT::raw* bias,
-                     typename DT::raw* y, int64_t N, GnShape s, int threads, int waves, cudaStream_t stream) {
+                     typename DT::raw* y, int64_t N, GnShape s, int threads, int waves, GnSlab b, cudaStream_t stream) {
   if (N == 0 || s.P == 0) return HTAM_OK;
   if (!htam_aligned(x, VEC * sizeof(typename DT::raw)) || !htam_aligned(y, VEC * sizeof(typename DT::raw)))
     return HTAM_ERR_SHAPE;
+  if constexpr (PX > 0) {
+    b.ppb = (s.P + CL - 1) / CL;
+    if (b.ppb <= (int64_t)b.rows * PX && N <= 65535 && htam_has_clusters()) {
+      const dim3 grid(CL, s.C / b.sc, (unsigned)N);
+      gn_cl_onepass<DT, WT, EPI, VEC, PX, CL><<<grid, b.threads, gn_onepass_smem(b, s.C / s.G), stream>>>(
+          x, weight, bias, s, b, y);
+      HTAM_CHECK_LAUNCH();
+      return HTAM_OK;
+    }
+  }
   s.S = gn_chunks(N, s.P, s.G, s.rows, waves);
   if (s.S == 0 || N > 65535) return HTAM_ERR_SHAPE;     // (an image's partials fit only in the workspace)
   s.pp = (s.P + s.S - 1) / s.S;

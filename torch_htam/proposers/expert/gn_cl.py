@@ -13,6 +13,7 @@ are read at run time.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from torch_htam.extract import group_norm_chain
@@ -26,6 +27,9 @@ GN_CL_CUH = cuh("gn_cl.cuh")
 EPI = {"none": "GnIdentity", "silu": "GnSilu", "tokens": "GnIdentity"}
 MAX_THREADS = 1024
 SMEM_LIMIT = 48 << 10         # gn_cl_stats' dynamic shared memory: rows * C * 8 bytes
+CLUSTER = 8                   # gn_cl_onepass's blocks per (image, slab): the portable cluster size
+ONEPASS_THREADS = 512         # its most threads a block: 128 registers a thread at most
+MAX_PX = 16                   # its pixels a thread holds (16-byte vectors: 64 registers)
 
 
 @dataclass
@@ -40,6 +44,7 @@ class GnMatch:
     weight: int | None         # placeholder index, or None (no affine weight)
     bias: int | None
     n_inputs: int
+    pixels: int = 0            # the example's H * W
     facts: TaskFacts | None = None
 
 
@@ -75,7 +80,7 @@ def match(gm, policy) -> GnMatch:
     if len(set(affine)) > 1 or (affine and affine[0] not in ("float32", dt)):
         raise Unsupported(f"group_norm weight / bias of {affine} with {dt} input")
     gm_ = GnMatch(dt, affine[0] if affine else dt, c, groups, eps, epilogue, ph.index(x),
-                  _placeholder(weight, ph), _placeholder(bias, ph), len(ph))
+                  _placeholder(weight, ph), _placeholder(bias, ph), len(ph), shape[2] * shape[3])
     out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     out = out[0] if isinstance(out, (tuple, list)) else out
     if dtype_of(out) != dt:
@@ -94,11 +99,37 @@ def _block(m: GnMatch, p: dict) -> tuple[int, int]:
     return rows, -(-lanes * rows // 32) * 32
 
 
+def _slab(m: GnMatch, vec: int) -> int:
+    """gn_cl_onepass's channels per slab: whole groups and whole vectors, the fewest of at least 64
+    (a pixel's slab then spans whole 128-byte lines in bf16) that divide C; C where none does."""
+    cg = m.channels // m.groups
+    unit = cg * vec // math.gcd(cg, vec)
+    return next((sc for sc in range(unit, m.channels + 1, unit)
+                 if m.channels % sc == 0 and sc >= min(64, m.channels)), m.channels)
+
+
+def _onepass(m: GnMatch, p: dict) -> tuple[int, int, int, int] | None:
+    """(slab channels, pixel rows, threads, PX) of gn_cl_onepass for the example's H * W: rows from
+    tpr, doubled while a thread would hold more than MAX_PX pixels; None where no block fits."""
+    sc = _slab(m, p["vec"])
+    lanes = sc // p["vec"]
+    most = min(ONEPASS_THREADS // lanes, SMEM_LIMIT // (8 * sc))
+    if most < 1:
+        return None
+    ppb = -(-m.pixels // CLUSTER)
+    rows = max(1, min(p["tpr"] // lanes, most))
+    while -(-ppb // rows) > MAX_PX and rows * 2 <= most:
+        rows *= 2
+    px = 1 << max(0, math.ceil(math.log2(-(-ppb // rows))))
+    return (sc, rows, -(-lanes * rows // 32) * 32, px) if px <= MAX_PX else None
+
+
 def _run(m: GnMatch, p: dict) -> str:
-    """gn_cl.cuh's gn_cl_run<DT, WT, EPI, VEC, U, NC> for these parameters."""
+    """gn_cl.cuh's gn_cl_run<DT, WT, EPI, VEC, U, NC, PX> for these parameters."""
     t, w, nc = DT[m.dtype][0], DT[m.wdtype][0], str(p["nc"]).lower()
     epi = "GnSiluFast" if m.epilogue == "silu" and p["fast"] else EPI[m.epilogue]
-    return f"gn_cl_run<{t}, {w}, {epi}, {p['vec']}, {p['unroll']}, {nc}>"
+    one = _onepass(m, p) if p.get("onepass") else None
+    return f"gn_cl_run<{t}, {w}, {epi}, {p['vec']}, {p['unroll']}, {nc}, {one[3] if one else 0}, {CLUSTER}>"
 
 
 def _host(m: GnMatch, p: dict) -> str:
@@ -116,14 +147,16 @@ def _host(m: GnMatch, p: dict) -> str:
     checks += [f"in[{i}].dtype != {w[1]} || !htam_contiguous(in[{i}]) || htam_numel(&in[{i}]) != C"
                for i in (m.weight, m.bias) if i is not None]
     wp, bp = (f"(const {w[0]}::raw*)in[{i}].data" if i is not None else "nullptr" for i in (m.weight, m.bias))
-    shape = f"GnShape s{{x.sizes[2] * x.sizes[3], C, {m.groups}, 0, 0, {rows}, {m.eps!r}f}};"
+    one = (_onepass(m, p) if p.get("onepass") else None) or (m.channels, 1, 32, 0)
+    shape = (f"GnShape s{{x.sizes[2] * x.sizes[3], C, {m.groups}, 0, 0, {rows}, {m.eps!r}f}};\n"
+             f"  const GnSlab b{{{one[0]}, {one[1]}, {one[2]}, 0}};")
     guard = "".join(f"\n  if ({c}) return HTAM_ERR_SHAPE;" for c in checks[1:])
     return (f"HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {{\n"
             f"  if ({checks[0]}) return HTAM_ERR_SHAPE;\n"
             f"  const HtamTensor& x = in[{m.x}];\n  HtamTensor& y = out[0];\n  const int C = {m.channels};{guard}\n"
             f"  {shape}\n"
             f"  return {_run(m, p)}((const {t[0]}::raw*)x.data, {wp}, {bp}, ({t[0]}::raw*)y.data, x.sizes[0], s,\n"
-            f"      {threads}, {p['waves']}, stream);\n}}\n")
+            f"      {threads}, {p['waves']}, b, stream);\n}}\n")
 
 
 def render(m: GnMatch, p: dict) -> str:
@@ -132,25 +165,37 @@ def render(m: GnMatch, p: dict) -> str:
     if m.channels // p["vec"] > MAX_THREADS or 8 * m.channels > SMEM_LIMIT:
         raise Unsupported(f"{m.channels} channels: a pixel's lanes or statistics exceed a block")
     return "\n".join([f"// torch_htam expert: channels-last group norm ({m.epilogue}) params={sorted(p.items())}",
-                      PRELUDE, "#include <algorithm>", GN_CL_CUH, _host(m, p)])
+                      PRELUDE, "#include <algorithm>", "#include <cooperative_groups.h>", GN_CL_CUH, _host(m, p)])
 
 
 # ---- the target (target.Target) ------------------------------------------------------------------
 
 def defaults(m: GnMatch) -> dict:
-    # 16-byte vectors where C allows; about 256 threads a block; 2 blocks per SM for the pixels:
-    # on the diffusion UNet's bf16 shapes (H200) 2 beat 4 on the largest and 1 and 2 tied on the
-    # small ones, where each block's share of the partials' merge weighs more
+    # 16-byte vectors where C allows; about 256 threads a block. One launch where the example's
+    # slab fits a cluster's registers (on the H200 it beat the two launches at every UNet size,
+    # docs/experiments/gn_cl); else 2 blocks per SM for the pixels: on the diffusion UNet's bf16
+    # shapes (H200) 2 beat 4 on the largest and 1 and 2 tied on the small ones.
     vec = m.facts.vec16
     while m.channels % vec:
         vec //= 2
-    return {"vec": vec, "tpr": 256, "waves": 2, "unroll": 4, "nc": False, "fast": m.facts.sfu_math}
+    out = {"vec": vec, "tpr": 256, "waves": 2, "unroll": 4, "nc": False, "fast": m.facts.sfu_math}
+    return dict(out, onepass=_onepass(m, dict(out)) is not None)
+
+
+KNOBS = ("vec", "tpr", "waves", "unroll", "nc", "fast", "onepass")
+TWO_PASS = ("waves", "unroll", "nc")          # the knobs only the two launches read
 
 
 def canonical(m: GnMatch, p: dict) -> dict:
-    """The knobs this kernel reads (a row-kernel move's others dropped), tpr in [32, 1024]."""
-    out = {**defaults(m), **{k: p[k] for k in ("vec", "tpr", "waves", "unroll", "nc", "fast") if k in p}}
-    return dict(out, fast=bool(out["fast"] and m.facts.sfu_math))      # SFU math for half types' SiLU only
+    """The knobs this kernel reads (a row-kernel move's others dropped), tpr in [32, 1024]: SFU
+    math for half types' SiLU only; one launch only where it fits, and then the two launches'
+    own knobs at the defaults (they run only for sizes the one launch does not fit)."""
+    d = defaults(m)
+    out = {**d, **{k: p[k] for k in KNOBS if k in p}}
+    out = dict(out, fast=bool(out["fast"] and m.facts.sfu_math))
+    if not out["onepass"] or m.channels % out["vec"] or _onepass(m, out) is None:
+        return dict(out, onepass=False)
+    return dict(out, **{k: d[k] for k in TWO_PASS})
 
 
 def valid(p: dict) -> bool:
@@ -159,7 +204,8 @@ def valid(p: dict) -> bool:
 
 
 def tags(m: GnMatch, p: dict) -> list[str]:
-    out = ["fuse_row_prologue_epilogue"] * (m.epilogue == "silu") + ["block_per_row", "grid_stride_loop"]
+    out = ["fuse_row_prologue_epilogue"] * (m.epilogue == "silu")
+    out += ["single_kernel_launch", "row_in_registers"] if p.get("onepass") else ["block_per_row", "grid_stride_loop"]
     if p.get("vec", 1) > 1:
         out.append("vectorized_16b_access")
     if p.get("nc"):
@@ -172,11 +218,13 @@ def tags(m: GnMatch, p: dict) -> list[str]:
 
 
 def grid(m: GnMatch, base: dict) -> list[dict]:
-    out = [dict(base, unroll=u) for u in (1, 2, 8)]
-    out += [dict(base, tpr=t) for t in (128, 512, 1024)]
-    out += [dict(base, waves=w) for w in (1, 4, 8)]
-    return out + [dict(base, nc=True), dict(base, tpr=512, waves=8), dict(base, tpr=128, waves=8),
-                  dict(base, tpr=512, waves=2), dict(base, waves=1, unroll=8)]
+    two = dict(base, onepass=False)
+    out = [dict(two, unroll=u) for u in (1, 2, 8)]
+    out += [dict(two, tpr=t) for t in (128, 512, 1024)]
+    out += [dict(two, waves=w) for w in (1, 2, 4, 8)]
+    out += [dict(two, nc=True), dict(two, tpr=512, waves=8), dict(two, tpr=128, waves=8),
+            dict(two, tpr=512, waves=2), dict(two, waves=1, unroll=8)]
+    return out + [dict(base, onepass=True, tpr=t) for t in (128, 512)]
 
 
 def claims(gm) -> bool:
