@@ -116,9 +116,13 @@ def test_one_launch_where_the_slab_fits_a_cluster_and_two_where_it_does_not():
     def region(c, g, shape):
         task = _norm_task(ConvNormSilu(c, g).to(torch.bfloat16), torch.randn(shape, dtype=torch.bfloat16))
         return match_task(task, policy_for(task))
+    tm = region(128, 32, (8, 128, 64, 64))
+    assert tm.defaults["onepass"] and "single_kernel_launch" in gn_cl.tags(tm.region, tm.defaults)
+    # 1 pixel a thread (8 x 16 x 16 over 8 blocks), or 512-thread blocks: the two launches first
+    assert not region(1024, 32, (8, 1024, 16, 16)).defaults["onepass"]
     tm = region(384, 32, (8, 384, 64, 64))
-    m, d = tm.region, tm.defaults
-    assert d["onepass"] and "single_kernel_launch" in gn_cl.tags(m, d)
+    m, d = tm.region, dict(tm.defaults, onepass=True)
+    assert not tm.defaults["onepass"] and gn_cl.canonical(m, d)["onepass"]
     sc, rows, threads, px = gn_cl._onepass(m, d)
     assert sc % 12 == 0 and sc % d["vec"] == 0 and 384 % sc == 0 and threads <= gn_cl.ONEPASS_THREADS
     assert rows * px * gn_cl.CLUSTER >= 64 * 64 and px <= gn_cl.MAX_PX
@@ -127,7 +131,7 @@ def test_one_launch_where_the_slab_fits_a_cluster_and_two_where_it_does_not():
     assert not big.defaults["onepass"]
     assert not gn_cl.canonical(big.region, dict(big.defaults, onepass=True))["onepass"]
     # with one launch, the two launches' own knobs are the defaults' (one kernel, not three)
-    assert gn_cl.canonical(m, dict(d, waves=8, unroll=1)) == d
+    assert gn_cl.canonical(m, dict(d, waves=8, unroll=1)) == gn_cl.canonical(m, d)
 
 
 def _compile_set() -> list[tuple[str, str]]:
@@ -138,8 +142,9 @@ def _compile_set() -> list[tuple[str, str]]:
                          (ConvNormTokens(32, 8), torch.randn(2, 32, 4, 4))):
             task = _norm_task(model.to(dt), x.to(dt))
             tm = match_task(task, policy_for(task))
+            one = dict(tm.defaults, onepass=True)     # the one launch, whatever the defaults
             out += [(f"{dt}/{type(model).__name__}/{p}", tm.render(p))
-                    for p in [tm.defaults] + tuning_grid(task, policy_for(task))[:2]]
+                    for p in [tm.defaults, one] + tuning_grid(task, policy_for(task))[:2]]
     return out
 
 
@@ -179,7 +184,9 @@ def test_gn_cl_kernel_passes_verification(case):
     policy = policy_for(task)
     tm = match_task(task, policy)
     assert tm.target is gn_cl.TARGET
-    params = [tm.defaults] + tuning_grid(task, policy)[:3]
+    one = dict(tm.defaults, onepass=True)          # the one launch wherever it fits, beside the defaults
+    params = [tm.defaults] + [one] * (gn_cl._onepass(tm.region, one) is not None and one != tm.defaults)
+    params += tuning_grid(task, policy)[:3]
     results = build.build_many([tm.render(p) for p in params])
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     ref = load_reference(task).cuda()
@@ -219,16 +226,16 @@ def test_gn_cl_one_launch_kernel_falls_back_to_two_for_a_larger_image():
     torch.manual_seed(0)
     task = _norm_task(ConvNormSilu(64, 16).to(torch.bfloat16), torch.randn(2, 64, 8, 8, dtype=torch.bfloat16))
     tm = match_task(task, policy_for(task))
-    assert tm.defaults["onepass"]
-    (res,) = build.build_many([tm.render(tm.defaults)])
+    (res,) = build.build_many([tm.render(dict(tm.defaults, onepass=True))])
     assert res.ok, res.error
     ins, m = make_inputs(task, "cuda"), tm.region
     for hw in (8, 40):
         ins[m.x] = torch.randn(2, 64, hw, hw, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
         y = torch.empty_like(ins[m.x])
         assert Kernel(res.so_path)(ins, [y]) == 0
-        want = F.silu(F.group_norm(ins[m.x].float(), 16, ins[m.weight].float(), ins[m.bias].float(), eps=m.eps))
-        assert (y.float() - want).abs().max().item() < 3e-2, hw
+        # eager bf16 rounds the norm's output before SiLU as the kernel does: within an ulp or so
+        want = F.silu(F.group_norm(ins[m.x], 16, ins[m.weight], ins[m.bias], eps=m.eps)).float()
+        assert ((y.float() - want).abs() <= 1e-2 + 1e-2 * want.abs()).all(), hw
 
 
 @pytest.mark.gpu

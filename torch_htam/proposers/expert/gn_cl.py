@@ -171,15 +171,20 @@ def render(m: GnMatch, p: dict) -> str:
 # ---- the target (target.Target) ------------------------------------------------------------------
 
 def defaults(m: GnMatch) -> dict:
-    # 16-byte vectors where C allows; about 256 threads a block. One launch where the example's
-    # slab fits a cluster's registers (on the H200 it beat the two launches at every UNet size,
-    # docs/experiments/gn_cl); else 2 blocks per SM for the pixels: on the diffusion UNet's bf16
-    # shapes (H200) 2 beat 4 on the largest and 1 and 2 tied on the small ones.
+    # 16-byte vectors where C allows; about 256 threads a block; 2 blocks per SM for the two
+    # launches' pixels (on the UNet's bf16 shapes, H200, 2 beat 4 on the largest and 1 and 2 tied
+    # on the small ones). One launch where the example's slab fits a cluster of 256-thread blocks
+    # at 2 or more pixels a thread: CUDA graph replay, H200 (docs/experiments/gn_cl), it beat the
+    # two launches at 8 x 128 x 64 x 64 (16.3 against 18.8 us) and the tokens norm at 8 x 256 x
+    # 32 x 32 (9.9 against 14.8), tied at 8 x 512 x 16 x 16 (1 pixel a thread: 12.8 against
+    # 13.3), and lost at 8 x 1024 x 16 x 16 (1 pixel a thread, 1024 blocks: 20.0 against 14.7)
+    # and 8 x 384 x 64 x 64 (512 threads: 42.7 against 40.1). Set on those five UNet shapes.
     vec = m.facts.vec16
     while m.channels % vec:
         vec //= 2
     out = {"vec": vec, "tpr": 256, "waves": 2, "unroll": 4, "nc": False, "fast": m.facts.sfu_math}
-    return dict(out, onepass=_onepass(m, dict(out)) is not None)
+    one = _onepass(m, out)
+    return dict(out, onepass=one is not None and one[3] >= 2 and one[2] <= 256)
 
 
 KNOBS = ("vec", "tpr", "waves", "unroll", "nc", "fast", "onepass")
