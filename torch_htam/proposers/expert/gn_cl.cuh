@@ -8,7 +8,8 @@
 // per group reads runs of CG elements (8 bytes for CG = 4 in bf16) C apart. Here a block reads
 // whole pixels (C contiguous channels, 16-byte vectors) and keeps every group's statistics.
 //
-// Two launches, deterministic (fixed summation order, no atomics):
+// Two launches, deterministic (fixed summation order, no atomics), or one (gn_cl_onepass, below)
+// where an image's channel slab fits a cluster's registers:
 //  gn_cl_stats  block (s, n): pixels [s * pp, (s + 1) * pp) of image n, every channel. Threads are
 //               LANES channel vectors (C / VEC) x ROWS pixel rows; each sums y = x - K_g and y^2
 //               per channel of its vector, the block sums them per group into one (S1, S2) for

@@ -4,10 +4,11 @@ GroupNorm + SiLU, and its attention blocks' GroupNorm -> [N, H * W, C] tokens.
 The region is  x [N, C, H, W] stored N, H, W, C -> group_norm(G, weight, bias, eps) -> epilogue
 (extract.GN_EPILOGUES: none, SiLU, or the tokens view), its output in x's memory order. The
 kernels are gn_cl.cuh's two launches, gn_cl_stats (shifted sums per (image, pixel chunk, group))
-and gn_cl_apply (which adds them up, then normalizes); this module picks their template arguments
-(dtype, epilogue, vector width, pixels in flight, read-only loads, SFU math) and launch shape
-(threads per block, blocks per SM) and writes the host entry. C and G are baked in; N, H and W
-are read at run time.
+and gn_cl_apply (which adds them up, then normalizes), or its one launch, gn_cl_onepass (a cluster
+per (image, channel slab) holding the pixels in registers; sm_90, where the call's sizes fit the
+slab and pixels a thread baked in, else the two launches run); this module picks their template
+arguments (dtype, epilogue, vector width, pixels in flight or held, read-only loads, SFU math) and
+launch shapes and writes the host entry. C and G are baked in; N, H and W are read at run time.
 
     >>> gm = gn_cl.match(task.graph, policy); src = gn_cl.render(gm, gn_cl.defaults(gm))
 """
