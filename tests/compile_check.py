@@ -23,6 +23,13 @@ def assert_compiles(named: list[tuple[str, str]], **build_kw) -> None:
     assert not bad, bad
 
 
+def assert_checked_and_compiles(named: list[tuple[str, str]]) -> None:
+    """Each source passes build.check_source's static rules, then all compile (assert_compiles)."""
+    for name, src in named:
+        assert build.check_source(src) == [], name
+    assert_compiles(named)
+
+
 def assert_library_builds_once(name: str):
     """The library of ours (build.OUR_LIBRARIES) built for sm_90a, once (a second call finds it),
     and refused for an arch without wgmma; its .so path. Set HTAM_CACHE_DIR to a folder of the

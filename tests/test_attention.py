@@ -22,7 +22,7 @@ from torch_htam.extract import extract
 from torch_htam.policy import policy_for
 from torch_htam.proposers.expert import attention
 from torch_htam.proposers.expert.proposer import match_task, tuning_grid
-from compile_check import assert_compiles
+from compile_check import assert_checked_and_compiles
 
 
 class Sdpa(nn.Module):
@@ -404,10 +404,7 @@ def _compile_set() -> list[tuple[str, str]]:
 @pytest.mark.build
 @pytest.mark.skipif(paths.nvcc_path() is None, reason="needs nvcc")
 def test_attention_sources_compile_for_sm90a():
-    todo = _compile_set()
-    for name, src in todo:
-        assert build.check_source(src) == [], name
-    assert_compiles(todo)
+    assert_checked_and_compiles(_compile_set())
 
 
 # ---- GPU: the kernel against torch -----------------------------------------------------------------

@@ -44,6 +44,25 @@ __device__ __forceinline__ float gn_warp_sum(float v) {
   return v;
 }
 
+// A warp per group sums the (row, channel) sums a block left in shared memory ([rows][ld] S1s,
+// then [rows][ld] S2s; group g's channels are g * cg .. g * cg + cg - 1 of a row) for groups
+// 0 .. ng - 1, in a fixed order; lane 0 of the group's warp gets done(g, S1, S2).
+template <class Done>
+__device__ __forceinline__ void gn_group_sums(const float* sm, int rows, int ld, int cg, int ng, Done done) {
+  const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int g = warp; g < ng; g += warps) {
+    float a = 0.f, b = 0.f;
+    for (int i = wl; i < rows * cg; i += 32) {
+      const int at = (i / cg) * ld + g * cg + i % cg;
+      a += sm[at];
+      b += sm[rows * ld + at];
+    }
+    a = gn_warp_sum(a);
+    b = gn_warp_sum(b);
+    if (wl == 0) done(g, a, b);
+  }
+}
+
 // K_g of image n, channel c's group (gn_cl_stats and gn_cl_apply read the same element)
 template <class DT>
 __device__ __forceinline__ float gn_shift(const typename DT::raw* x, const GnShape& s, int n, int c) {
@@ -96,23 +115,10 @@ __global__ void gn_cl_stats(const typename DT::raw* __restrict__ x, GnShape s, f
     }
   }
   __syncthreads();
-  // a warp per group sums its rows x CG (row, channel) sums
-  const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31, warps = blockDim.x >> 5;
-  const int cg = s.C / s.G, items = rows * cg;
-  for (int g = warp; g < s.G; g += warps) {
-    float a = 0.f, b = 0.f;
-    for (int i = wl; i < items; i += 32) {
-      const int at = (i / cg) * s.C + g * cg + i % cg;
-      a += gn_sm[at];
-      b += gn_sm[rows * s.C + at];
-    }
-    a = gn_warp_sum(a);
-    b = gn_warp_sum(b);
-    if (wl == 0) {
-      float* w = part + (((int64_t)n * s.S + chunk) * s.G + g) * 2;
-      w[0] = a; w[1] = b;
-    }
-  }
+  gn_group_sums(gn_sm, rows, s.C, s.C / s.G, s.G, [&](int g, float a, float b) {
+    float* w = part + (((int64_t)n * s.S + chunk) * s.G + g) * 2;
+    w[0] = a; w[1] = b;
+  });
 }
 
 // EPI: the value after the norm's rounding to DT (torch's group_norm output) -> the stored value
@@ -252,19 +258,9 @@ gn_cl_onepass(const typename DT::raw* __restrict__ x, const typename WT::raw* __
   __syncthreads();
   float* sums = gn_sm + 2 * rows * b.sc;     // [ng] x (S1, S2): this block's
   float* stat = sums + 2 * ng;               // [ng] x (mean, rstd)
-  const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31, warps = blockDim.x >> 5;
-  for (int g = warp; g < ng; g += warps) {
-    float a = 0.f, c = 0.f;
-    for (int i = wl; i < rows * cg; i += 32) {
-      const int at = (i / cg) * b.sc + g * cg + i % cg;
-      a += gn_sm[at];
-      c += gn_sm[rows * b.sc + at];
-    }
-    a = gn_warp_sum(a);
-    c = gn_warp_sum(c);
-    if (wl == 0) { sums[g * 2] = a; sums[g * 2 + 1] = c; }
-  }
+  gn_group_sums(gn_sm, rows, b.sc, cg, ng, [&](int g, float a, float c) { sums[g * 2] = a; sums[g * 2 + 1] = c; });
   cluster.sync();                            // every block's sums written
+  const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31, warps = blockDim.x >> 5;
   const float count = (float)s.P * (float)cg;
   for (int g = warp; g < ng; g += warps) {
     float a = 0.f, c = 0.f;
