@@ -230,9 +230,9 @@ def test_gn_cl_one_launch_kernel_falls_back_to_two_for_a_larger_image():
         ins[m.x] = torch.randn(2, 64, hw, hw, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
         y = torch.empty_like(ins[m.x])
         assert Kernel(res.so_path)(ins, [y]) == 0
-        # eager bf16 rounds the norm's output before SiLU as the kernel does: within an ulp or so
+        # eager bf16 rounds the norm's output before SiLU as the kernel does: within 2 ulps
         want = F.silu(F.group_norm(ins[m.x], 16, ins[m.weight], ins[m.bias], eps=m.eps)).float()
-        assert ((y.float() - want).abs() <= 1e-2 + 1e-2 * want.abs()).all(), hw
+        assert ((y.float() - want).abs() <= 2e-2 + 1e-2 * want.abs()).all(), hw
 
 
 @pytest.mark.gpu
