@@ -23,7 +23,7 @@
 // std of 1 normalizes within 2e-4 of float64: gpu test), 2^-13 of the variance for a K_g 30 stds
 // out. (Sums of x and x^2 without a shift, as fast NHWC group norms often take them, lose
 // (mean / std)^2.) Every merge is then an addition. Welford's merges (a division and a dependent
-// chain of shuffles per level) made both launches latency-bound: 10-15 us each on an H200 for
+// chain of shuffles per level) made both launches latency-bound: 9-12 us each on an H200 for
 // 4-8 MB tensors (ncu: 3% of DRAM bandwidth, 8 cycles between a warp's instructions).
 // Every apply block sums the same partials again: one L2 round trip per block, where a merge by
 // the stats pass's last block (atomics) ran serially after all of them. The pixels' second read
