@@ -110,9 +110,9 @@ def test_params_are_canonical_and_invalid_vectors_are_refused():
 
 
 def test_one_launch_where_the_slab_fits_a_cluster_and_two_where_it_does_not():
-    """gn_cl_onepass holds an image's slab across a cluster's registers: the defaults take it for
-    the UNet's sizes, not for a 512 x 512 image (a thread would hold 512 pixels); its slab is whole
-    groups and whole vectors."""
+    """gn_cl_onepass holds an image's slab across a cluster's registers: the defaults take it where
+    a 256-thread block's threads hold 2 or more pixels, never for a 512 x 512 image (a thread would
+    hold 512 pixels); its slab is whole groups and whole vectors."""
     def region(c, g, shape):
         task = _norm_task(ConvNormSilu(c, g).to(torch.bfloat16), torch.randn(shape, dtype=torch.bfloat16))
         return match_task(task, policy_for(task))
