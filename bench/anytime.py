@@ -5,6 +5,7 @@
     python3 bench/anytime.py --replay t1.json t2.json         # CPU: the arms from measured tables
     python3 bench/anytime.py --replay t.json --seeds 5 --jobs 8   # 5 runs per arm and task, 8 processes
     python3 bench/anytime.py --replay test.json --train train.json  # htg_warm learns from train only
+    python3 bench/anytime.py --train train.json --save-memory warm.json   # that memory, as a file
 
 Measure (GPU): every setting of each task's search space (the expert's tuning_grid: the defaults,
 every strategy move from them, the kind's knob grid; the first --limit settings) is built, verified
@@ -356,6 +357,17 @@ def learn(memory, tasks: list, keys: dict, limit: dict, budget: int, gpus: dict,
         search_log(o, keys[o.name], memory, "htg", budget, limit[o.name], gpus[o.name], seed)
 
 
+def trained_memory(train: list[dict], budget: int, seed: int = 0):
+    """htg_warm's memory as optimize would load it: the shipped prior plus the search of every
+    train table (in seed's order), each on the GPU its table was measured on."""
+    from torch_htam.htg import HTG
+    tasks = [_task(t) for t in train]
+    memory = HTG.from_prior()
+    learn(memory, tasks, {task.name: table_keys(task, t) for task, t in zip(tasks, train)},
+          {t["task"]: t["limit"] for t in train}, budget, {t["task"]: table_gpu(t) for t in train}, seed)
+    return memory
+
+
 def arm_log(arm: str, task, tasks: list, keys: dict, limit: dict, budget: int, gpus: dict, seed: int,
             trained=None) -> list[dict]:
     """The rows one arm's search of `task` evaluated, in order, on its table's GPU (gpus). trained:
@@ -544,11 +556,19 @@ def main(argv=None) -> int:
     ap.add_argument("--replay", nargs="*", help="tables written by --out or a results file: no GPU")
     ap.add_argument("--train", nargs="+", metavar="TABLES",
                     help="tables (as --replay reads) htg_warm learns from; the others are the test set")
+    ap.add_argument("--save-memory", metavar="FILE",
+                    help="with --train only: write htg_warm's memory (seed 0) as an HTG memory file, "
+                         "for bench/optimize_time.py --memory FILE; no replay")
     ap.add_argument("--no-record", action="store_true", help="do not write a file to bench/results/")
     args = ap.parse_args(argv)
     train, train_sources = load_tables(args.train or [])
     if args.train and not train:    # an empty train set would fall back to leave one out unnoticed
         ap.error("--train: no tables in " + " ".join(args.train))
+    if args.save_memory:
+        if not train:
+            ap.error("--save-memory learns from --train TABLES")
+        print(f"wrote {trained_memory(train, args.budget).save(args.save_memory)}")
+        return 0
     if args.replay:
         tables, sources = load_tables(args.replay)
         gpu = None     # each table's own (table_gpu)

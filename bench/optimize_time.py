@@ -5,13 +5,17 @@ default budget (OptimizeConfig(): 16 candidates per task), and what it keeps.
     python3 bench/optimize_time.py swin:bf16 --budget 90     # a zoo row (bench/model_zoo.py), a budget
 
     python3 bench/optimize_time.py unet:bf16 --budget 90 --prebuild both   # cold with and without prebuild.py
+    python3 bench/optimize_time.py gpt2:bf16 --memory none warm.json     # no memory, then a memory file
 
 Rows: bench/models.py's, else bench/model_zoo.py's. Per task search (searches()): when it started
 and ended, in seconds from the first search's start, and its candidates' build seconds, so a
 budget that reached few tasks shows where its time went; "searched": how many tasks it reached.
 
 Each model gets a fresh kernel cache and HTG memory (HTAM_CACHE_DIR: a new temp dir per model),
-then one optimize(model, inputs) call, timed by wall clock: capture, the search of every task,
+then one optimize(model, inputs) call per --memory (in order, each in its own fresh cache): "htg"
+(the default: the HTG with no experience yet), "none" (OptimizeConfig(memory="none"): the defaults,
+then strategies in a seeded random order), or an HTG memory file (bench/anytime.py --save-memory),
+copied in as the GPU arch's memory before the call: a cold kernel cache with warm memory. The call is timed by wall clock: capture, the search of every task,
 timing each kernel against Inductor's code for its region, the end-to-end guard and the compile.
 The row holds the seconds, the searches' candidates (from their trajectory files), the report's
 tasks (speedup over eager and over Inductor, status), its end-to-end figures and note, and the
@@ -67,17 +71,24 @@ def searches(cache_root: Path) -> list[dict]:
     return sorted(rows, key=lambda r: (r["started"] is None, r["started"]))
 
 
-def one(spec: str, budget_s: float | None = None, prebuild: bool = True) -> dict:
+def one(spec: str, budget_s: float | None = None, prebuild: bool = True, memory: str = "htg") -> dict:
+    import shutil
     import torch_htam
+    from torch_htam import gpu, paths
     from torch_htam.pipeline import OptimizeConfig
     from torch_htam.benchmark import rel_err
     name, dtype = spec.split(":")
-    cfg = OptimizeConfig(prebuild=prebuild, **({} if budget_s is None else {"time_budget_s": budget_s}))
+    cfg = OptimizeConfig(prebuild=prebuild, memory="none" if memory == "none" else "htg",
+                         **({} if budget_s is None else {"time_budget_s": budget_s}))
     # bench/models.py's rows, else the zoo's (bench/model_zoo.py)
     model, inputs = models.MODELS[name](dtype) if name in models.MODELS else model_zoo.make(spec)
     fresh = tuple(torch.randn_like(x) if x.is_floating_point() else x.clone() for x in inputs)
     with tempfile.TemporaryDirectory(prefix="htam-cold-") as d:
         os.environ["HTAM_CACHE_DIR"] = d
+        if memory not in MEMORY_MODES:     # a memory file: this arch's memory before the call
+            target = paths.memory_path(gpu.detect().arch, "expert")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(memory, target)
         with torch.inference_mode():
             want = model(*fresh)
         t0 = time.perf_counter()
@@ -86,7 +97,7 @@ def one(spec: str, budget_s: float | None = None, prebuild: bool = True) -> dict
         with torch.inference_mode():
             got = model(*fresh)
         report = model.htam_report
-        row = {"model": spec, "prebuild": prebuild, "optimize_s": optimize_s, "config": asdict(cfg),
+        row = {"model": spec, "prebuild": prebuild, "memory": memory, "optimize_s": optimize_s, "config": asdict(cfg),
                "tasks": len(report.tasks), "swapped": report.swapped, "method": report.method,
                "note": report.note, "e2e_ms": dict(report.e2e), "phases": dict(report.phases),
                "rel_err": rel_err(got, want),
@@ -101,6 +112,7 @@ def one(spec: str, budget_s: float | None = None, prebuild: bool = True) -> dict
 
 # --prebuild -> the OptimizeConfig.prebuild values each model runs with, in order
 PREBUILD = {"on": (True,), "off": (False,), "both": (False, True)}
+MEMORY_MODES = ("htg", "none")    # --memory values that are not a memory file
 
 
 def main() -> int:
@@ -110,16 +122,22 @@ def main() -> int:
                     help="OptimizeConfig.time_budget_s (s); default: OptimizeConfig's own")
     ap.add_argument("--prebuild", choices=PREBUILD, default="on",
                     help="OptimizeConfig.prebuild: on, off, or both (each model cold twice, off first)")
+    ap.add_argument("--memory", nargs="+", default=["htg"],
+                    help="per model, one cold optimize per value: htg (no experience yet), none, or an "
+                         "HTG memory file (bench/anytime.py --save-memory)")
     ap.add_argument("--no-record", action="store_true", help="do not write a file to bench/results/")
     a = ap.parse_args()
+    for m in a.memory:
+        if m not in MEMORY_MODES and not Path(m).is_file():
+            ap.error(f"--memory {m}: neither {' nor '.join(MEMORY_MODES)} nor a file")
     if not torch.cuda.is_available():
         print("optimize_time needs a CUDA GPU", file=sys.stderr)
         return 2
     rows, path = [], None
-    for spec, prebuild in [(s, p) for s in a.models for p in PREBUILD[a.prebuild]]:
-        rows.append(one(spec, a.budget, prebuild))
+    for spec, prebuild, memory in [(s, p, m) for s in a.models for p in PREBUILD[a.prebuild] for m in a.memory]:
+        rows.append(one(spec, a.budget, prebuild, memory))
         r = rows[-1]
-        print(f"ROW {spec} prebuild={prebuild} optimize_s={r['optimize_s']:.1f} tasks={r['tasks']} searched={r['searched']} "
+        print(f"ROW {spec} prebuild={prebuild} memory={memory} optimize_s={r['optimize_s']:.1f} tasks={r['tasks']} searched={r['searched']} "
               f"candidates={r['candidates']} swapped={r['swapped']} rel_err={r['rel_err']:.2e}",
               flush=True)
         for s in r["searches"]:

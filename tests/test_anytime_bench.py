@@ -252,6 +252,27 @@ def test_cli_train_loads_table_files_and_records_the_train_tasks(tmp_path, monke
                                           "file": str(train)}]
 
 
+def test_save_memory_writes_the_memory_htg_warm_starts_from(tmp_path):
+    """--save-memory: the file HTG.load reads back is the experience the replay's htg_warm (seed 0)
+    searches its test tasks from, and no replay runs."""
+    from torch_htam.htg import HTG
+    train = tmp_path / "train.json"
+    tables = [_table("ew_bias_gelu_bf16", 6), _table("rw_rmsnorm_bf16", 6)]
+    train.write_text(json.dumps(tables))
+    out = tmp_path / "warm.json"
+    assert anytime.main(["--train", str(train), "--budget", "6", "--save-memory", str(out), "--no-record"]) == 0
+    loaded = HTG.load(out).experience_json()
+    assert loaded["strategies"] and loaded["edges"]
+    anytime._prepare([_table("rw_softmax_fp32", 6)], 6, None, ("htg_warm",), tables)
+    want = anytime._trained(0).experience_json()
+    assert {k: loaded[k] for k in ("edges", "strategies")} == {k: want[k] for k in ("edges", "strategies")}
+
+
+def test_save_memory_needs_train_tables(tmp_path):
+    with pytest.raises(SystemExit):
+        anytime.main(["--save-memory", str(tmp_path / "warm.json"), "--no-record"])
+
+
 def test_a_table_measured_in_another_checkout_finds_its_task_file_here():
     here = anytime.HERE / "heldout" / "test"
     name = sorted(here.glob("*.py"))[0]

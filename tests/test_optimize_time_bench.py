@@ -35,7 +35,7 @@ def test_searches_in_start_order_with_their_build_seconds(tmp_path):
 def test_prebuild_both_runs_each_model_cold_without_then_with(monkeypatch, tmp_path):
     seen = []
 
-    def one(spec, budget_s=None, prebuild=True):
+    def one(spec, budget_s=None, prebuild=True, memory="htg"):
         seen.append((spec, budget_s, prebuild))
         return {"model": spec, "prebuild": prebuild, "optimize_s": 1.0, "tasks": 2, "searched": 1,
                 "candidates": 4, "swapped": 0, "rel_err": 0.0, "searches": []}
@@ -47,3 +47,40 @@ def test_prebuild_both_runs_each_model_cold_without_then_with(monkeypatch, tmp_p
                                      "--no-record"])
     assert ot.main() == 0
     assert seen == [("a:bf16", 9.0, False), ("a:bf16", 9.0, True), ("b:bf16", 9.0, False), ("b:bf16", 9.0, True)]
+
+
+def test_memory_runs_each_model_cold_once_per_value_and_a_file_becomes_the_arch_memory(monkeypatch, tmp_path):
+    """--memory none FILE: two cold optimizes per model; the file is copied in as the GPU arch's
+    HTG memory inside the fresh cache, which "none" runs without."""
+    import torch_htam
+    from torch_htam import gpu, paths
+    warm = tmp_path / "warm.json"
+    warm.write_text('{"format": "htg-memory"}')
+    seen = []
+
+    class _Gpu:
+        arch = "sm_90a"
+
+    def optimize(model, inputs, cfg):
+        path = paths.memory_path("sm_90a", "expert")
+        seen.append((cfg.memory, path.read_text() if path.exists() else None))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(gpu, "detect", lambda: _Gpu())
+    monkeypatch.setattr(torch_htam, "optimize", optimize)
+    monkeypatch.setattr(ot.model_zoo, "make", lambda spec: (ot.torch.nn.Identity(), (ot.torch.ones(2),)))
+    monkeypatch.setenv("HTAM_CACHE_DIR", str(tmp_path / "unused"))
+    for memory in ("none", str(warm)):
+        try:
+            ot.one("tiny:bf16", 5.0, True, memory)
+        except RuntimeError:
+            pass
+    assert seen == [("none", None), ("htg", '{"format": "htg-memory"}')]
+
+
+def test_memory_refuses_a_value_that_is_no_mode_and_no_file(monkeypatch):
+    import pytest
+    monkeypatch.setattr(ot.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr("sys.argv", ["optimize_time.py", "a:bf16", "--memory", "warm_missing.json", "--no-record"])
+    with pytest.raises(SystemExit):
+        ot.main()
