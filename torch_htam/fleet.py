@@ -262,8 +262,8 @@ def merge_experience(path: str | Path, before: dict[str, Any], after: dict[str, 
         if current is None or any(current.get(k) != after.get(k) for k in HEADER):
             # NOTE: none yet, or written by another HTG version or reward basis: this search read it
             # through HTG.load (which migrates), so its snapshot minus the delta is the base
-            current = {k: v for k, v in after.items() if k not in ("edges", "strategies")}
-            current.update(edges={}, strategies={})
+            current = {k: v for k, v in after.items() if k not in ("edges", "strategies", "recall")}
+            current.update(edges={}, strategies={}, recall={})
             current = _added(current, before)   # the base it started from
         current = _added(current, after, minus=before)
         current["saved"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -271,7 +271,15 @@ def merge_experience(path: str | Path, before: dict[str, Any], after: dict[str, 
 
 
 def _added(current: dict, new: dict, minus: dict | None = None) -> dict:
-    """current + (new - minus), stats by stats, for the experience parts."""
+    """current + (new - minus), stats by stats, for the experience parts; recall's task records
+    (recall.py: one per task signature) that new holds and minus does not, as new has them, in
+    place of current's record of the same task."""
+    for kind, records in new.get("recall", {}).items():
+        old = {json.dumps(r, sort_keys=True) for r in (minus or {}).get("recall", {}).get(kind, [])}
+        for r in records:
+            if json.dumps(r, sort_keys=True) not in old:
+                rows = current.setdefault("recall", {}).setdefault(kind, [])
+                rows[:] = [x for x in rows if x.get("signature") != r["signature"]] + [r]
     for part in ("edges", "strategies"):
         for name, per_key in new.get(part, {}).items():
             for key, stats in per_key.items():

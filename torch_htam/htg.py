@@ -9,7 +9,8 @@ Directions (memory_access, fusion, ...) and strategies (vectorized_16b_access, o
 come from the shipped prior (prior/*.json: text, preconditions, KernelSkill-style intent/example/
 expected/forbidden fields). Experience is written at run time onto transition edges and strategy
 nodes as Stats per coarse state key (state.KernelState.key()) plus an all-states aggregate "*". It
-is saved apart from the prior text, so a prior upgrade keeps every recorded attempt.
+is saved apart from the prior text, so a prior upgrade keeps every recorded attempt. Beside the
+graph, `recall` (recall.py) keeps which settings won on each searched task, by the task's sizes.
 
     >>> htg = HTG.load(paths.memory_path("sm_90a", "expert"))   # prior + recorded experience
     >>> trail = Trail("gelu_bias")
@@ -94,6 +95,7 @@ from typing import Any, Iterable
 
 import networkx as nx
 
+from torch_htam.recall import Recall
 from torch_htam.state import KernelState
 
 log = logging.getLogger("torch_htam")
@@ -314,6 +316,7 @@ class HTG:
             g.add_edge(e["from"], e["to"], kind="transition", prior=float(e["value"]),
                        why=e.get("why", ""), risk=e.get("risk", ""), exp={})
         self.graph = g
+        self.recall = Recall()   # which settings won on tasks of similar size (recall.py)
 
     # --- construction and persistence ---
 
@@ -399,7 +402,7 @@ class HTG:
         return {"format": MEMORY_FORMAT, "version": MEMORY_VERSION, "reward": REWARD_BASIS,
                 "prior": self.prior_hash,
                 "saved": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "edges": edges, "strategies": strategies}
+                "edges": edges, "strategies": strategies, "recall": self.recall.to_json()}
 
     def _load_experience(self, data: dict[str, Any]) -> None:
         if data.get("format") != MEMORY_FORMAT:
@@ -424,6 +427,7 @@ class HTG:
                 self.graph.nodes[sid]["exp"] = exp
             else:
                 self._orphans["strategies"][sid] = per_key
+        self.recall = Recall.from_json(data.get("recall", {}))   # files written before it have none
         if dropped:
             log.info("HTG memory: %d start edge(s) recorded against eager (before %s) dropped",
                      dropped, REWARD_BASIS)

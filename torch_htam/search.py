@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from torch_htam import recall
 from torch_htam.evaluation import UNJUDGED
 from torch_htam.htg import HTG, MODES, Trail, outcome_of
 from torch_htam.proposers.base import Attempt, Parent, ProposalRequest, source_key
@@ -75,7 +76,10 @@ class SearchConfig:
     prebuild: search_many's cover pass builds the coming tasks' step-0 candidates ahead, in the
     background (prebuild.py). cover_candidates: how many candidates step 0 asks for in that cover
     pass (the proposer's defaults first), so a budget reaches every task before it explores; the
-    deepening pass explores from step 1 with candidates_per_step.
+    deepening pass explores from step 1 with candidates_per_step. recall: how many of the settings
+    memory recalls from tasks of similar size (recall.py) the search tries first, after the
+    defaults (memory "htg" only; 0: none); a search records its own verified settings there, as
+    changes to its defaults (step 0's starting point).
     """
     steps: int = 6
     candidates_per_step: int = 4
@@ -91,12 +95,14 @@ class SearchConfig:
     feedback: int = 6
     prebuild: bool = True    # search_many's cover pass builds coming tasks' step 0 ahead (prebuild.py)
     cover_candidates: int = 1
+    recall: int = 8
 
     def __post_init__(self):
         if self.memory not in MODES:
             raise ValueError(f"SearchConfig.memory={self.memory!r}: expected one of {MODES}")
-        if self.steps < 0 or self.candidates_per_step < 1 or self.cover_candidates < 1:
-            raise ValueError("SearchConfig needs steps >= 0, candidates_per_step >= 1 and cover_candidates >= 1")
+        if self.steps < 0 or self.candidates_per_step < 1 or self.cover_candidates < 1 or self.recall < 0:
+            raise ValueError("SearchConfig needs steps >= 0, candidates_per_step >= 1, cover_candidates >= 1 "
+                             "and recall >= 0")
 
     def covering(self) -> "SearchConfig":
         """This config for search_many's cover pass: step 0 asks for cover_candidates."""
@@ -259,10 +265,14 @@ class _Loop:
     refused: int = 0   # consecutive steps whose every candidate refused the task's inputs
     next_step: int = 0
     stopped: bool = False   # a stop reason fired or every step ran
+    recalled: list[dict] = field(default_factory=list)   # memory's changes for this task, best first
+    defaults: dict | None = None     # the params of step 0's starting point (the proposer's defaults)
+    speeds: dict[str, float] = field(default_factory=dict)   # change_id -> speedup, verified ones
 
     def __post_init__(self):
         self.res = SearchResult(self.task.name, self.task.signature)
         self.trail = Trail(self.task.name, self.cfg.seed)
+        self.recalled = _recalled(self.task, self.memory, self.cfg)
 
     def advance(self, proposer, evaluator, last: int, progress: Callable | None = None) -> None:
         """Run steps next_step..last (at most cfg.steps) unless a stop reason fires first; the wall
@@ -288,9 +298,12 @@ class _Loop:
         self.res.stop, self.stopped = stop, True
 
     def close(self) -> SearchResult:
-        """End the search: the trajectory's summary line; returns the result."""
+        """End the search: its verified settings into memory's recall (memory "htg"), the
+        trajectory's summary line; returns the result."""
         res = self.res
         res.partial = False
+        if self.cfg.memory == "htg" and self.speeds:
+            self.memory.recall.record(self.task.kind, self.task.signature, recall.features(self.task), self.speeds)
         self.traj.write("summary", stop=res.stop, steps=res.steps, candidates=res.candidates,
                         correct=res.correct, best_speedup=_r(res.speedup),
                         best_tags=res.best.tags if res.best else None,
@@ -309,7 +322,8 @@ class _Loop:
         direction, previous, strategies, scores = c.direction, c.previous, c.strategies, c.scores
         request = _request(self.task, c, cfg, self.gpu, self.policy,
                            parent=res.best.parent(self.bar_ms, self.bar_code) if res.best else None,
-                           feedback=self.feedback[-cfg.feedback:], tried=self.tried)
+                           feedback=self.feedback[-cfg.feedback:], tried=self.tried,
+                           recalled=self.recalled)
         proposal = proposer.propose(request)
         add_usage(res.usage, proposal.usage)
         cands = proposal.candidates
@@ -364,6 +378,12 @@ class _Loop:
         self.tried.add(source_key(cand.source))
         self.res.candidates += 1
         self.res.correct += int(ev.correct)
+        if self.res.best is None and not cand.tags and cand.params and self.defaults is None:
+            self.defaults = dict(cand.params)    # step 0's starting point: the proposer's defaults
+        if ev.correct and ev.speedup and cand.params and self.defaults is not None:
+            cid = recall.change_id(recall.change(cand.params, self.defaults))
+            if cid is not None:
+                self.speeds[cid] = max(self.speeds.get(cid, 0.0), ev.speedup)
         if not ev.correct and ev.reason not in UNJUDGED:
             self.res.failures[ev.reason] = self.res.failures.get(ev.reason, 0) + 1
         became = _offer(self.res, Best(cand.source, list(cand.tags), dict(cand.params), ev,
@@ -391,12 +411,22 @@ class _Loop:
         return None
 
 
-def _request(task, choice, cfg: SearchConfig, gpu, policy, parent=None, feedback=(), tried=()) -> ProposalRequest:
+def _request(task, choice, cfg: SearchConfig, gpu, policy, parent=None, feedback=(), tried=(),
+             recalled=()) -> ProposalRequest:
     """What a step asks the proposer for: cfg.candidates_per_step kernels of the HTG's choice."""
     return ProposalRequest(task=task, direction=choice.direction, strategies=choice.strategies,
                            n=cfg.candidates_per_step, parent=parent, feedback=list(feedback),
                            transition=(choice.previous, choice.direction), gpu=gpu, policy=policy,
-                           tried=set(tried))
+                           tried=set(tried), recall=[dict(p) for p in recalled])
+
+
+def _recalled(task, memory: HTG, cfg: SearchConfig) -> list[dict]:
+    """The changes to the defaults memory recalls for `task` (cfg.recall of them, best first;
+    memory "htg" only)."""
+    if cfg.memory != "htg" or not cfg.recall:
+        return []
+    ranked = memory.recall.ranked(task.kind, recall.features(task))
+    return [json.loads(k) for k, _ in ranked[:cfg.recall]]
 
 
 def _step0_request(task, proposer, memory: HTG, cfg: SearchConfig, gpu) -> ProposalRequest | None:
@@ -409,7 +439,7 @@ def _step0_request(task, proposer, memory: HTG, cfg: SearchConfig, gpu) -> Propo
     if not memory.eligible(state, supported):
         return None
     choice = memory.select(state, Trail(task.name, cfg.seed), cfg.memory, 0, cfg.strategies_per_step, supported)
-    return _request(task, choice, cfg, gpu, policy_for(task))
+    return _request(task, choice, cfg, gpu, policy_for(task), recalled=_recalled(task, memory, cfg))
 
 
 def _prebuild(tasks, proposer_factory, evaluator, memory: HTG, cfg: SearchConfig, gpu):

@@ -70,6 +70,10 @@ class ProposalRequest:
     # source_key of every candidate this search evaluated (the parent included): a proposer that
     # walks a finite space skips them rather than spend the step's budget on a repeat
     tried: set[str] = field(default_factory=set)
+    # settings that won on tasks of similar size (recall.py), best first, as changes to the
+    # defaults (knob: value, None: the knob dropped): a proposer that walks a finite space applies
+    # them to its defaults and tries them before its own order
+    recall: list[dict] = field(default_factory=list)
 
 
 def source_key(source: str) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from torch_htam.proposers.base import Candidate, Proposal, ProposalRequest, source_key
+from torch_htam.recall import applied as applied_change
 from torch_htam.proposers.expert import attention, conv, elementwise, gemm, gn_cl, pool, rowwise
 from torch_htam.proposers.expert.conv_match import ConvMatch
 from torch_htam.proposers.expert.ir import Unsupported
@@ -172,7 +173,7 @@ class ExpertProposer:
         if parent is None and not sids:
             sids = list(t.start_order)
         out, skipped, repeats = [], [], 0
-        ordered = _ordered(tm, start, sids, parent is None, self.space_limit, self.within)
+        ordered = _ordered(tm, start, sids, parent is None, self.space_limit, self.within, request.recall)
         extra = 0
         if parent is None:     # a first step: the other paths' defaults too, beyond request.n
             ordered, extra = _alternates_first(tm, start, ordered, self.within)
@@ -295,12 +296,14 @@ def tags_of(tm: TaskMatch, params: dict, start: dict, sids: list[str]) -> list[s
 
 
 def _ordered(tm: TaskMatch, start: dict, sids: list[str], first: bool, limit: int | None = None,
-             within: set[tuple] | None = None) -> list[tuple[dict, list[str]]]:
+             within: set[tuple] | None = None, recall: list[dict] = ()) -> list[tuple[dict, list[str]]]:
     """(params, tags) in the order a step proposes them: the start itself when it is the first
-    step (the defaults, the baseline, untagged), then round-robin over the requested strategies,
-    each one's settings nearest the start first (fewest params changed); tags are every strategy
-    the setting applies to the start. Settings that apply none of the requested strategies are
-    not proposed: the step is the HTG's choice, not a sweep."""
+    step (the defaults, the baseline, untagged), then the settings memory recalls (`recall`: the
+    changes to the defaults that won on tasks of similar size, best first) where this task's space
+    has them, then round-robin
+    over the requested strategies, each one's settings nearest the start first (fewest params
+    changed); tags are every strategy the setting applies to the start. Other settings are not
+    proposed: the step is the HTG's choice, not a sweep."""
     space = [p for p in search_space(tm, limit, within) if setting_key(p) != setting_key(start)]
     everything = list(TABLE)
     exact = [applied(tm, p, start, everything) for p in space]
@@ -311,6 +314,10 @@ def _ordered(tm: TaskMatch, start: dict, sids: list[str], first: bool, limit: in
               for s in sids]
     out: list[tuple[dict, list[str]]] = [(dict(start), [])] if first else []
     taken: set[int] = set()
+    for i in _recalled(tm, space, recall):
+        if i not in taken:
+            taken.add(i)
+            out.append((space[i], tags[i]))
     while any(queues):
         for q in queues:
             while q and q[0] in taken:
@@ -319,6 +326,22 @@ def _ordered(tm: TaskMatch, start: dict, sids: list[str], first: bool, limit: in
                 i = q.pop(0)
                 taken.add(i)
                 out.append((space[i], tags[i]))
+    return out
+
+
+def _recalled(tm: TaskMatch, space: list[dict], recall: list[dict]) -> list[int]:
+    """Indices into `space` of the recalled changes (recall.py) applied to the task's defaults, in
+    the recall's order; a change this task's space does not hold is passed over."""
+    index = {setting_key(p): i for i, p in enumerate(space)}
+    defaults = tm.target.canonical(tm.region, dict(tm.defaults))
+    out = []
+    for delta in recall:
+        try:
+            key = setting_key(tm.target.canonical(tm.region, applied_change(delta, defaults)))
+        except (Unsupported, KeyError, TypeError, ValueError):   # knobs another target reads
+            continue
+        if key in index:
+            out.append(index[key])
     return out
 
 
