@@ -95,7 +95,7 @@ class SearchConfig:
     feedback: int = 6
     prebuild: bool = True    # search_many's cover pass builds coming tasks' step 0 ahead (prebuild.py)
     cover_candidates: int = 1
-    recall: int = 8
+    recall: int = 16
 
     def __post_init__(self):
         if self.memory not in MODES:
