@@ -63,6 +63,29 @@ __device__ __forceinline__ void gn_group_sums(const float* sm, int rows, int ld,
   }
 }
 
+// A thread's shifted sums over VEC channels: d = v - k, s1 += d, s2 += d * d
+template <int VEC>
+__device__ __forceinline__ void gn_add_shifted(const float (&v)[VEC], const float (&k)[VEC], float (&s1)[VEC],
+                                               float (&s2)[VEC]) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    const float d = v[j] - k[j];
+    s1[j] += d;
+    s2[j] = fmaf(d, d, s2[j]);
+  }
+}
+
+// A thread's sums into the block's table for gn_group_sums: [rows][ld] S1s, then [rows][ld] S2s
+template <int VEC>
+__device__ __forceinline__ void gn_store_sums(float* sm, int rows, int row, int ld, int col, const float (&s1)[VEC],
+                                              const float (&s2)[VEC]) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    sm[row * ld + col + j] = s1[j];
+    sm[(rows + row) * ld + col + j] = s2[j];
+  }
+}
+
 // K_g of image n, channel c's group (gn_cl_stats and gn_cl_apply read the same element)
 template <class DT>
 __device__ __forceinline__ float gn_shift(const typename DT::raw* x, const GnShape& s, int n, int c) {
@@ -100,19 +123,10 @@ __global__ void gn_cl_stats(const typename DT::raw* __restrict__ x, GnShape s, f
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (p + u * rows >= p1) break;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float d = v[u][j] - k[j];
-          s1[j] += d;
-          s2[j] = fmaf(d, d, s2[j]);
-        }
+        gn_add_shifted(v[u], k, s1, s2);
       }
     }
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      gn_sm[row * s.C + lane * VEC + j] = s1[j];
-      gn_sm[(rows + row) * s.C + lane * VEC + j] = s2[j];
-    }
+    gn_store_sums(gn_sm, rows, row, s.C, lane * VEC, s1, s2);
   }
   __syncthreads();
   gn_group_sums(gn_sm, rows, s.C, s.C / s.G, s.G, [&](int g, float a, float b) {
@@ -242,18 +256,12 @@ gn_cl_onepass(const typename DT::raw* __restrict__ x, const typename WT::raw* __
 #pragma unroll
     for (int u = 0; u < PX; ++u) {
       if (p0 + row + (int64_t)u * rows >= p1) break;
+      float v[VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float d = DT::from_word(w[u][j / DT::PER_WORD], j % DT::PER_WORD) - k[j];
-        s1[j] += d;
-        s2[j] = fmaf(d, d, s2[j]);
-      }
+      for (int j = 0; j < VEC; ++j) v[j] = DT::from_word(w[u][j / DT::PER_WORD], j % DT::PER_WORD);
+      gn_add_shifted(v, k, s1, s2);
     }
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      gn_sm[row * b.sc + lane * VEC + j] = s1[j];
-      gn_sm[(rows + row) * b.sc + lane * VEC + j] = s2[j];
-    }
+    gn_store_sums(gn_sm, rows, row, b.sc, lane * VEC, s1, s2);
   }
   __syncthreads();
   float* sums = gn_sm + 2 * rows * b.sc;     // [ng] x (S1, S2): this block's
