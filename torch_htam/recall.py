@@ -104,13 +104,13 @@ class Recall:
         rows.append(TaskRecord(signature, tuple(feats), {k: v / best for k, v in speeds.items()}))
         self.kinds[kind] = rows[-MAX_RECORDS:]
 
-    def ranked(self, kind: str, feats: tuple[float, ...], exclude: str | None = None) -> list[tuple[str, float]]:
+    def ranked(self, kind: str, feats: tuple[float, ...]) -> list[tuple[str, float]]:
         """Every remembered change of the kind with its score for a task of these features, best
-        first (ties: the change seen first). exclude: a signature whose record is left out."""
+        first (ties: the change seen first)."""
         num: dict[str, float] = {}
         den: dict[str, float] = {}
         for r in self.kinds.get(kind, []):
-            if r.signature == exclude or len(r.features) != len(feats):
+            if len(r.features) != len(feats):   # a record of another features() rule
                 continue
             w = 2.0 ** -math.dist(feats, r.features)
             for k, share in r.shares.items():

@@ -24,12 +24,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from torch_htam.proposers.base import Candidate, Proposal, ProposalRequest, source_key
-from torch_htam.recall import applied as applied_change
 from torch_htam.proposers.expert import attention, conv, elementwise, gemm, gn_cl, pool, rowwise
 from torch_htam.proposers.expert.conv_match import ConvMatch
 from torch_htam.proposers.expert.ir import Unsupported
 from torch_htam.proposers.expert.strategies import TABLE, TaskFacts, moves_for, strategy_id
 from torch_htam.proposers.expert.target import Target
+from torch_htam.recall import applied as applied_change
 from torch_htam.verify import leading_dim
 
 # tried in this order; the first whose match succeeds takes the task
@@ -300,10 +300,9 @@ def _ordered(tm: TaskMatch, start: dict, sids: list[str], first: bool, limit: in
     """(params, tags) in the order a step proposes them: the start itself when it is the first
     step (the defaults, the baseline, untagged), then the settings memory recalls (`recall`: the
     changes to the defaults that won on tasks of similar size, best first) where this task's space
-    has them, then round-robin
-    over the requested strategies, each one's settings nearest the start first (fewest params
-    changed); tags are every strategy the setting applies to the start. Other settings are not
-    proposed: the step is the HTG's choice, not a sweep."""
+    has them, then round-robin over the requested strategies, each one's settings nearest the
+    start first (fewest params changed); tags are every strategy the setting applies to the start.
+    Other settings are not proposed: the step is the HTG's choice, not a sweep."""
     space = [p for p in search_space(tm, limit, within) if setting_key(p) != setting_key(start)]
     everything = list(TABLE)
     exact = [applied(tm, p, start, everything) for p in space]
