@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 import random
@@ -114,6 +115,7 @@ def measure(path: Path, evaluator, limit: int) -> dict:
     evals = evaluator.evaluate_many(task, sources, pol)
     rows = [{"params": p, "correct": e.correct, "reason": e.reason, "speedup": e.speedup,
              "kernel_ms": e.kernel_ms, "retime_ms": e.retime_ms, "ref_ms": e.ref_ms,
+             "kernel_event_ms": e.kernel_event_ms, "kernel_drain_ms": e.kernel_drain_ms,
              "roofline_fraction": e.roofline_fraction} for p, e in zip(settings, evals)]
     return {"task": path.stem, "path": str(path), "kind": tm.kind, "policy": pol.name, "limit": limit,
             "seconds": round(time.time() - t0, 1), "rows": rows}
@@ -198,14 +200,17 @@ def to_oracle(c: list[float | None], oracle: float | None, share: float = TO_ORA
     return next((k + 1 for k, v in enumerate(c) if v is not None and v >= share * oracle), None)
 
 
-def search_log(task, by_key: dict, memory, mode: str, budget: int, limit: int, gpu, seed: int = 0) -> list[dict]:
+def search_log(task, by_key: dict, memory, mode: str, budget: int, limit: int, gpu, seed: int = 0,
+               recall: int | None = None) -> list[dict]:
     """The rows one search of `task` evaluated, in order (real loop, table verdicts; by_key:
-    table_keys of its table)."""
+    table_keys of its table). recall: SearchConfig.recall where not None (its default otherwise)."""
     from torch_htam.proposers.expert import ExpertProposer
     from torch_htam.search import SearchConfig, search
     ev = TableEvaluator(by_key, gpu)
     cfg = SearchConfig(steps=budget, candidates_per_step=4, stagnation=0, roofline_stop=None,
                        memory=mode, seed=seed)
+    if recall is not None:
+        cfg = dataclasses.replace(cfg, recall=recall)
     within = {r["setting"] for r in by_key.values()}
     search(task, ExpertProposer(space_limit=limit, within=within), ev, memory, cfg, gpu=gpu)
     return ev.log[:budget]
@@ -477,15 +482,20 @@ def table_lines(res: dict) -> list[str]:
     return lines
 
 
+DRAIN_OVER = 1.05   # a drain this far past the events decided a timing (timing.Timing)
+
+
 def space_facts(tables: list[dict]) -> dict:
     """What the tables say of their spaces, whatever order walks them (speedups by second timing;
     a task with no verified setting is left out): on how many tasks the defaults (each table's
     first row) reach 95% and 99% of the table's best; the median share of a task's verified
     settings within 1% of its best (many such: 99% is reached by luck); the median and 90th
-    percentile of |second timing / first - 1| over every verified setting (the timing's noise)."""
+    percentile of |second timing / first - 1| over every verified setting (the timing's noise); the
+    share of those whose first timing the host's drain decided over the events by more than 5%
+    (host noise or work off the stream; None where the rows predate the two series)."""
     def second(r):
         return r["ref_ms"] / r["retime_ms"] if r["correct"] and r["retime_ms"] else None
-    near, noise, defaults = [], [], []
+    near, noise, defaults, drained = [], [], [], []
     for t in tables:
         sp = [x for x in map(second, t["rows"]) if x]
         if not sp:
@@ -494,19 +504,24 @@ def space_facts(tables: list[dict]) -> dict:
         near.append(sum(x >= NEAR_ORACLE * best for x in sp) / len(sp))
         defaults.append((second(t["rows"][0]) or 0.0) / best)
         noise += [abs(r["kernel_ms"] / r["retime_ms"] - 1) for r in t["rows"] if second(r) and r["kernel_ms"]]
+        drained += [r["kernel_drain_ms"] > DRAIN_OVER * r["kernel_event_ms"] for r in t["rows"]
+                    if second(r) and r.get("kernel_event_ms")]
     noise.sort()
     return {"tasks": len(defaults), "defaults_95": sum(d >= TO_ORACLE for d in defaults),
             "defaults_99": sum(d >= NEAR_ORACLE for d in defaults),
             "median_share_within_1pct": statistics.median(near) if near else None,
             "retime_noise_median": statistics.median(noise) if noise else None,
-            "retime_noise_p90": noise[int(0.9 * (len(noise) - 1))] if noise else None}
+            "retime_noise_p90": noise[int(0.9 * (len(noise) - 1))] if noise else None,
+            "drain_decided": sum(drained) / len(drained) if drained else None}
 
 
 def space_lines(f: dict) -> list[str]:
     return [f"defaults at 95% / 99% of the table's best: {f['defaults_95']} / {f['defaults_99']} of {f['tasks']} "
             f"tasks; median share of settings within 1% of the best: {_pct(f['median_share_within_1pct'])}; "
             f"second timing vs first: median {_pct(f['retime_noise_median'], 2)}, "
-            f"90th percentile {_pct(f['retime_noise_p90'], 2)}"]
+            f"90th percentile {_pct(f['retime_noise_p90'], 2)}"
+            + (f"; first timing decided by the host's drain (over 5% past the events): "
+               f"{_pct(f['drain_decided'])} of settings" if f.get("drain_decided") is not None else "")]
 
 
 def _pct(x: float | None, digits: int = 1) -> str:

@@ -291,6 +291,17 @@ def test_space_facts_count_the_defaults_ties_and_timing_noise():
     assert f["median_share_within_1pct"] == pytest.approx((2 / 3 + 1 / 2) / 2)
     assert f["retime_noise_median"] == 0.0 and f["retime_noise_p90"] == pytest.approx(abs(0.5 / 0.51 - 1))
     assert "1 / 1 of 2 tasks" in anytime.space_lines(f)[0]
+    assert f["drain_decided"] is None and "drain" not in anytime.space_lines(f)[0]   # rows without the series
+
+
+def test_space_facts_count_timings_the_drain_decided():
+    rows = [dict(_row(0.5), kernel_event_ms=0.5, kernel_drain_ms=0.1),     # the events decided
+            dict(_row(0.6), kernel_event_ms=0.4, kernel_drain_ms=0.6),     # the drain, 50% past them
+            dict(_row(0.5), kernel_event_ms=0.49, kernel_drain_ms=0.5),    # within 5%: a tie
+            dict(_row(None), kernel_event_ms=None, kernel_drain_ms=None)]  # not verified: left out
+    f = anytime.space_facts([{"rows": rows}])
+    assert f["drain_decided"] == pytest.approx(1 / 3)
+    assert "33.3% of settings" in anytime.space_lines(f)[0]
 
 
 def test_each_search_runs_on_the_gpu_its_table_was_measured_on(monkeypatch):

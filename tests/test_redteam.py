@@ -75,6 +75,7 @@ def test_every_cheat_rejected_for_its_reason_and_honest_kernels_accepted():
     for n in ("gelu_honest.cu", "softmax_honest.cu"):
         e = got[n]
         assert e.kernel_ms > 0 and e.ref_ms > 0 and e.speedup == pytest.approx(e.ref_ms / e.kernel_ms)
+        assert e.kernel_ms == max(e.kernel_event_ms, e.kernel_drain_ms)   # the series that decided it
         # NOTE: accuracy is already judged by `correct` under the fp32 policy (|err| <= 1e-4 +
         # 1e-4 |ref|); max_rel_err alone is no bound (it is relative wherever |ref| > atol, so it
         # reached 1e-3 on an H100 near small references while the kernel was within policy).

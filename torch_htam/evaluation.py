@@ -72,6 +72,12 @@ class Evaluation:
     # a second, independent timing of the candidate (Evaluator(retime=True)): the figure to report
     # for a best chosen by kernel_ms, free of the winner's curse (bench/anytime.py)
     retime_ms: float | None = None
+    # kernel_ms's two series (timing.Timing): CUDA events on the stream, and the host's drain to an
+    # idle device; kernel_ms is the larger. A kernel_ms over its event_ms is work off the stream or
+    # the host's noise: on an H200 host the events of 34 small references varied by at most 3.3%
+    # over 12 timings, the reported times by up to 1.41x (docs/experiments/timing_noise/)
+    kernel_event_ms: float | None = None
+    kernel_drain_ms: float | None = None
     roofline_fraction: float | None = None   # roofline time / kernel time (1.0 = at the roof)
     build_s: float | None = None
     max_abs_err: float | None = None
@@ -566,6 +572,7 @@ def _time(task, kernel, ref, policy, inductor: bool = False, retime: bool = Fals
     k, r, c, k2 = t.kernel, t.ref, t.compiled, t.retime
     roof = timing.roofline_ms(task, timing.measure_ceilings(), policy.name)
     res = {"ref_ms": r.median_ms, "kernel_ms": k.median_ms, "spread": k.spread,
+           "kernel_event_ms": k.event_ms, "kernel_drain_ms": k.drain_ms,
            "speedup": r.median_ms / k.median_ms if k.median_ms > 0 else None,
            "roofline_fraction": roof / k.median_ms if k.median_ms > 0 else None}
     if k2 is not None:

@@ -5,6 +5,7 @@ best against none's, summed over the folds, per recall value. The test tables st
 
     python3 docs/experiments/htg_prior/recall_lomo.py 0 4 8 16 24    # ~4 min per value on 2 cores
 """
+import functools
 import glob
 import json
 import sys
@@ -15,8 +16,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 import anytime  # noqa: E402
 
-from torch_htam.proposers.expert import ExpertProposer  # noqa: E402
-from torch_htam.search import SearchConfig, search  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 TRAIN = [str(RESULTS / "anytime_table-20261126-232056.json")] + sorted(
@@ -34,16 +33,12 @@ def by_model() -> dict[str, list[dict]]:
     return out
 
 
+SEARCH_LOG = anytime.search_log
+
+
 def with_recall(recall: int):
-    """anytime.search_log with SearchConfig.recall set."""
-    def search_log(task, by_key, memory, mode, budget, limit, gpu, seed=0):
-        ev = anytime.TableEvaluator(by_key, gpu)
-        cfg = SearchConfig(steps=budget, candidates_per_step=4, stagnation=0, roofline_stop=None,
-                           memory=mode, seed=seed, recall=recall)
-        within = {r["setting"] for r in by_key.values()}
-        search(task, ExpertProposer(space_limit=limit, within=within), ev, memory, cfg, gpu=gpu)
-        return ev.log[:budget]
-    return search_log
+    """anytime.search_log with SearchConfig.recall set (the replay's workers, forked, call it)."""
+    return functools.partial(SEARCH_LOG, recall=recall)
 
 
 def lomo(recall: int, models: dict[str, list[dict]]) -> tuple[int, int]:
