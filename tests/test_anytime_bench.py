@@ -322,3 +322,28 @@ def test_each_search_runs_on_the_gpu_its_table_was_measured_on(monkeypatch):
     assert set(seen) == {("ew_bias_gelu_bf16", "H100"), ("rw_softmax_fp32", "H200")}
     assert res["devices"] == {"test": ["H200"], "train": ["H100"]}
     assert "memory learned on H100; tested on H200" in anytime.held_out_lines(res)
+
+
+def test_a_table_keeps_the_last_of_its_passes():
+    """measure() evaluates the whole space `passes` times and keeps the last pass's verdicts and
+    timings (the first pass builds; its timings were the noisier ones on an H200 host)."""
+    from torch_htam.evaluation import Evaluation
+
+    class Passes:
+        def __init__(self):
+            self.calls = 0
+
+        def evaluate_many(self, task, sources, policy=None):
+            self.calls += 1
+            ms = 0.1 * self.calls
+            return [Evaluation(True, "ok", kernel_ms=ms, retime_ms=ms, ref_ms=0.1, speedup=0.1 / ms,
+                               kernel_event_ms=ms, kernel_drain_ms=0.0) for _ in sources]
+
+    ev = Passes()
+    t = anytime.measure(anytime.HERE / "tasks" / "rw_softmax_fp32.py", ev, limit=4, passes=2)
+    assert ev.calls == 2 and t["passes"] == 2 and len(t["rows"]) == 4
+    assert [r["kernel_ms"] for r in t["rows"]] == pytest.approx([0.2] * 4)
+    assert [r["kernel_event_ms"] for r in t["rows"]] == pytest.approx([0.2] * 4)
+    one = Passes()
+    assert anytime.measure(anytime.HERE / "tasks" / "rw_softmax_fp32.py", one, limit=4, passes=1)["passes"] == 1
+    assert one.calls == 1
