@@ -75,7 +75,8 @@ class Evaluation:
     # kernel_ms's two series (timing.Timing): CUDA events on the stream, and the host's drain to an
     # idle device; kernel_ms is the larger. A kernel_ms over its event_ms is work off the stream or
     # the host's noise: on an H200 host the events of 34 small references varied by at most 3.3%
-    # over 12 timings, the reported times by up to 1.41x (docs/experiments/timing_noise/)
+    # over 12 timings, while one reference's reported time varied 1.38x over 10 back-to-back
+    # timings, its events 1.01x (docs/experiments/timing_noise/)
     kernel_event_ms: float | None = None
     kernel_drain_ms: float | None = None
     roofline_fraction: float | None = None   # roofline time / kernel time (1.0 = at the roof)
