@@ -182,3 +182,17 @@ def test_a_decisions_timing_record_pairs_each_arm_with_the_first_round_by_round(
     assert "latency_vs_first" not in first and second["latency_vs_first"] == 2.0
     assert second["throughput_vs_first"] == 2.0 and second["device_ms"] is None
     assert [a["arm"] for a in rec["arms"]] == ["torch.compile", "torch.compile with Inductor's C++ wrapper"]
+
+
+def test_a_few_late_host_wakeups_do_not_decide_the_timing():
+    """Host noise only lengthens some reps' drains (here most of them, as under parallel builds);
+    the events' median stands."""
+    t = timing.reported([0.010] * 30, [0.004] * 12 + [0.030] * 18)
+    assert t.median_ms == pytest.approx(0.010) and t.event_ms == pytest.approx(0.010)
+
+
+def test_work_hidden_off_the_stream_decides_the_timing():
+    """A side stream's work lengthens every rep's drain: the drain decides, and the spread is its own."""
+    t = timing.reported([0.010] * 30, [0.100 + 0.001 * i for i in range(30)])
+    assert t.median_ms == pytest.approx(t.drain_ms) and t.median_ms > 0.1
+    assert t.p20_ms >= 0.1 and t.n == 30

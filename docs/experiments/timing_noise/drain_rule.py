@@ -1,0 +1,123 @@
+"""Which drain statistic keeps time_fn's side-stream guard without the host's noise.
+
+For each task named, its reference (eager PyTorch) is timed 12 times by timing.time_fn, first on an
+idle host, then with every core kept busy by spinning processes (as while a search's candidates
+build with nvcc beside the timing). From the same repetitions, two rules:
+
+- median: the reported time is max(events' median, drain's median) (time_fn before this probe);
+- p20: max(events' median, drain's 20th percentile) (time_fn's DRAIN_Q).
+
+Per task and load it prints the spread (max/min over the 12 timings) under each rule and how many
+of the 12 the drain decided by over 5%. Last, the side-stream cheat of tests/test_redteam.py (four
+4096^2 matmuls on another stream) against the same work on the current stream, under each rule and
+load: a rule that keeps the guard reports the hidden work at about the honest time.
+
+    python3 docs/experiments/timing_noise/drain_rule.py bench/heldout/test/gemm_linear_48d646a876a8655f.py ...
+
+Run from the repository root on a GPU machine.
+"""
+import contextlib
+import multiprocessing as mp
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.getcwd())
+from torch_htam import timing  # noqa: E402
+
+OVER = 1.05   # the drain "decided" when it is over 5% past the events' median
+
+
+def load(path: str):
+    ns: dict = {}
+    exec(compile(open(path).read(), path, "exec"), ns)
+    args = ns["get_init_inputs"]() if "get_init_inputs" in ns else []
+    model = ns["Model"](*args).cuda().eval()
+    return model, [x.cuda() if isinstance(x, torch.Tensor) else x for x in ns["get_inputs"]()]
+
+
+def series(fn, make, n: int = 12) -> list[tuple[float, float, float]]:
+    """n timings of fn, each as (events' median, drain median, drain p20) in ms, from the same reps."""
+    got, original = [], timing.reported
+
+    def keep(events, drains):
+        got.append((statistics.median(events), statistics.median(drains), timing.quantile(drains, 0.2)))
+        return original(events, drains)
+    timing.reported = keep
+    try:
+        for _ in range(n):
+            timing.time_fn(fn, make)
+    finally:
+        timing.reported = original
+    return got
+
+
+def rules(got):
+    """{rule: (reported ms per timing, timings the drain decided)}"""
+    out = {}
+    for name, i in (("median", 1), ("p20", 2)):
+        out[name] = ([max(g[0], g[i]) for g in got], sum(g[i] > OVER * g[0] for g in got))
+    return out
+
+
+def _spin(stop):
+    while not stop.is_set():
+        pass
+
+
+@contextlib.contextmanager
+def busy_host(on: bool):
+    if not on:
+        yield
+        return
+    stop = mp.Event()
+    procs = [mp.Process(target=_spin, args=(stop,), daemon=True) for _ in range(os.cpu_count() or 1)]
+    for p in procs:
+        p.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for p in procs:
+            p.join()
+
+
+def main(paths: list[str]) -> None:
+    print("cpus", os.cpu_count(), torch.cuda.get_device_name(), "torch", torch.__version__)
+    print("| task | host | events us | median: max/min | median: drain decided | p20: max/min | p20: drain decided |")
+    print("|---|---|---|---|---|---|---|")
+    for path in paths:
+        model, x = load(path)
+        for busy in (False, True):
+            with torch.inference_mode(), busy_host(busy):
+                got = series(lambda s: model(*s), lambda: x)
+            r = rules(got)
+            print(f"| {os.path.basename(path)[:40]} | {'busy' if busy else 'idle'} | "
+                  f"{statistics.median(g[0] for g in got) * 1e3:.1f} | "
+                  + " | ".join(f"{max(v) / min(v):.3f} | {d}/12" for v, d in r.values()) + " |", flush=True)
+    a = torch.randn(4096, 4096, device="cuda")
+    side = torch.cuda.Stream()
+
+    def on_side(s):
+        with torch.cuda.stream(side):
+            for _ in range(4):
+                s[0] @ s[0]
+
+    def on_main(s):
+        for _ in range(4):
+            s[0] @ s[0]
+    print("\n| side-stream cheat | host | events ms | median rule: hidden / honest | p20 rule: hidden / honest |")
+    print("|---|---|---|---|---|")
+    for busy in (False, True):
+        with busy_host(busy):
+            hidden = series(on_side, lambda: (torch.randn_like(a),), n=3)
+            honest = series(on_main, lambda: (torch.randn_like(a),), n=3)
+        h, o = rules(hidden), rules(honest)
+        print(f"| four 4096^2 matmuls | {'busy' if busy else 'idle'} | {statistics.median(g[0] for g in hidden):.3f} | "
+              + " | ".join(f"{min(h[k][0]) / max(o[k][0]):.3f}" for k in ("median", "p20")) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
