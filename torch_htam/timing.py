@@ -8,9 +8,10 @@ writing a buffer twice its size, and times fn two ways.
   it. Without the sleep a 10 us kernel reads as 30-50 us on an H100 host (Python + launch), and a
   one-kernel candidate and a three-kernel eager reference compare their host paths, not their GPU
   work. The host path is judged where it matters, end to end (pipeline's guard), not per kernel.
-- drain: the host clock from fn's return to a device-wide synchronize, sync latency removed. It
-  sees work on every stream, so a kernel hiding work on a side stream is caught: the current
-  stream's events stay short while the drain does not.
+- drain: the host clock from fn's return to a device-wide synchronize, less the same clock for
+  an empty kernel (its launch reaching the GPU, and the synchronize's wake-up). It sees work on
+  every stream, so a kernel hiding work on a side stream is caught: the current stream's events
+  stay short while the drain does not.
 
 The result is the larger of the events' median and the drain's DRAIN_Q quantile. The drain's low
 quantile, not its median: host noise (a busy CPU waking the synchronizing thread late) only adds to
@@ -81,13 +82,13 @@ def time_fn(fn: Callable[[Any], Any], make_inputs: Callable[[], Any], warmup: in
         fn(sets[i % len(sets)])
         hosts.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
-    latency = _sync_latency_ms()
+    floor = _drain_floor_ms()
     # The sleep must outlast fn's issue on the host, or host gaps leak into the events.
     sleep = _sleep_cycles(3 * 1e3 * statistics.median(hosts) + 0.05)
     reps = _reps_for(fn, sets[0], reps)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with gc_paused():
-        events, drains = _time_reps(fn, sets, flush, sleep, latency, reps, start, end)
+        events, drains = _time_reps(fn, sets, flush, sleep, floor, reps, start, end)
     return reported(events, drains)
 
 
@@ -106,7 +107,7 @@ def reported(events: list[float], drains: list[float]) -> Timing:
     return Timing(max(ev, drain), quantile(series, 0.2), quantile(series, 0.8), len(events), ev, drain)
 
 
-def _time_reps(fn, sets, flush, sleep: int, latency: float, reps: int, start, end):
+def _time_reps(fn, sets, flush, sleep: int, floor: float, reps: int, start, end):
     """time_fn's timed loop: (event ms, drain ms) per rep."""
     import torch
     events, drains = [], []
@@ -127,7 +128,7 @@ def _time_reps(fn, sets, flush, sleep: int, latency: float, reps: int, start, en
         fn(s)
         t1 = time.perf_counter()
         torch.cuda.synchronize()   # device-wide: waits for every stream, not only the current one
-        drains.append(max(0.0, (time.perf_counter() - t1) * 1e3 - latency))
+        drains.append(max(0.0, (time.perf_counter() - t1) * 1e3 - floor))
     return events, drains
 
 
@@ -171,12 +172,18 @@ def _flush_buffer():
     return torch.empty(2 * l2 // 4, dtype=torch.float32, device="cuda")
 
 
-def _sync_latency_ms(n: int = 20) -> float:
-    """Median host time of a device-wide synchronize() with the GPU idle: the drain's floor."""
+def _drain_floor_ms(n: int = 20) -> float:
+    """Median host time from an empty kernel's launch returning to a device-wide synchronize()
+    returning: the drain's floor, what any launch costs it beyond the kernel's own work.
+
+    NOTE: measured from an idle synchronize instead, the floor left out the launch's trip to the
+    GPU, and a 6 us cuBLASLt GEMM's drain exceeded its events on 8 of 16 settings on an H200
+    (docs/experiments/timing_noise/), with the reference's time varying 2.7x within one table."""
     import torch
     ts = []
     for _ in range(n):
         torch.cuda.synchronize()
+        torch.cuda._sleep(1)
         t0 = time.perf_counter()
         torch.cuda.synchronize()
         ts.append((time.perf_counter() - t0) * 1e3)
