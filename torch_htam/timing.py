@@ -176,9 +176,10 @@ def _drain_floor_ms(n: int = 20) -> float:
     """Median host time from an empty kernel's launch returning to a device-wide synchronize()
     returning: the drain's floor, what any launch costs it beyond the kernel's own work.
 
-    NOTE: measured from an idle synchronize instead, the floor left out the launch's trip to the
-    GPU, and a 6 us cuBLASLt GEMM's drain exceeded its events on 8 of 16 settings on an H200
-    (docs/experiments/timing_noise/), with the reference's time varying 2.7x within one table."""
+    NOTE: an idle synchronize as the floor leaves the launch's trip to the GPU in every drain. On an
+    H200, 12 timings of one 6-10 us reference then varied by up to 1.51x with the drain's 20th
+    percentile (1.71x with its median); with this floor and the 20th percentile, by at most 1.024x
+    (docs/experiments/timing_noise/drain_rule-h200.txt)."""
     import torch
     ts = []
     for _ in range(n):
