@@ -2,6 +2,7 @@
 
     python3 bench/anytime.py                                  # GPU: measure the tables, then the arms
     python3 bench/anytime.py bench/tasks/rw_*.py --limit 24 --budget 24 --table-only --out t.json
+    python3 bench/anytime.py bench/tasks/rw_*.py --table-only --out t.json --resume   # the tasks t.json lacks
     python3 bench/anytime.py --replay t1.json t2.json         # CPU: the arms from measured tables
     python3 bench/anytime.py --replay t.json --seeds 5 --jobs 8   # 5 runs per arm and task, 8 processes
     python3 bench/anytime.py --replay test.json --train train.json  # htg_warm learns from train only
@@ -566,6 +567,13 @@ def load_tables(files: list[str]) -> tuple[list[dict], list[dict]]:
     return tables, sources
 
 
+def resumed(out: str | None) -> list[dict]:
+    """The tables an earlier run wrote to --out (none where it wrote nothing yet)."""
+    if not out:
+        raise SystemExit("bench/anytime.py: --resume continues the tables in --out FILE; give --out")
+    return load_tables([out])[0] if Path(out).exists() else []
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("paths", nargs="*", default=[str(HERE / "tasks")])
@@ -577,6 +585,9 @@ def main(argv=None) -> int:
                     help="times each table's space is evaluated, the last kept (the first builds it)")
     ap.add_argument("--table-only", action="store_true", help="measure and write the tables only")
     ap.add_argument("--out", help="also write the tables (JSON list) here, after every task")
+    ap.add_argument("--resume", action="store_true",
+                    help="with --out: keep the tables already in it and measure only the other tasks "
+                         "(a run cut by a time limit goes on where it stopped)")
     ap.add_argument("--replay", nargs="*", help="tables written by --out or a results file: no GPU")
     ap.add_argument("--train", nargs="+", metavar="TABLES",
                     help="tables (as --replay reads) htg_warm learns from; the others are the test set")
@@ -603,10 +614,13 @@ def main(argv=None) -> int:
             print("bench/anytime.py measures on a CUDA GPU; --replay TABLES runs the arms without one",
                   file=sys.stderr)
             return 2
-        tables, sources, written = [], [], None
+        tables, sources, written = resumed(args.out) if args.resume else [], [], None
+        done = {t["task"] for t in tables}
         with Evaluator(retime=True) as ev:
             gpu = ev.gpu
             for path in task_files(args.paths):
+                if path.stem in done:
+                    continue
                 t = measure(path, ev, args.limit, args.passes)
                 t["gpu"] = gpu.to_json() if gpu else None
                 tables.append(t)

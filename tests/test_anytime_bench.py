@@ -347,3 +347,43 @@ def test_a_table_keeps_the_last_of_its_passes():
     one = Passes()
     assert anytime.measure(anytime.HERE / "tasks" / "rw_softmax_fp32.py", one, limit=4, passes=1)["passes"] == 1
     assert one.calls == 1
+
+
+def test_resume_measures_only_the_tasks_not_yet_in_out(tmp_path, monkeypatch):
+    """--resume with --out: a run cut by its time limit goes on where it stopped, keeping what it
+    measured; without --out it says what it needs."""
+    import torch
+
+    import torch_htam.evaluation as evaluation
+    from torch_htam.evaluation import Evaluation
+    seen = []
+
+    class Fake:
+        gpu = None
+
+        def __init__(self, **kw):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def evaluate_many(self, task, sources, policy=None):
+            seen.append(task.name)
+            return [Evaluation(True, "ok", kernel_ms=0.1, retime_ms=0.1, ref_ms=0.1, speedup=1.0,
+                               kernel_event_ms=0.1, kernel_drain_ms=0.0) for _ in sources]
+    monkeypatch.setattr(evaluation, "Evaluator", Fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    a, b = (str(anytime.HERE / "tasks" / f"{n}.py") for n in ("rw_softmax_fp32", "ew_bias_gelu_bf16"))
+    out = tmp_path / "t.json"
+    kept = {"task": "rw_softmax_fp32", "rows": [], "marker": 1}
+    out.write_text(json.dumps([kept]))
+    argv = [a, b, "--table-only", "--limit", "2", "--passes", "1", "--no-record", "--out", str(out)]
+    assert anytime.main(argv + ["--resume"]) == 0
+    assert seen == ["ew_bias_gelu_bf16"]
+    tables = json.loads(out.read_text())
+    assert [t["task"] for t in tables] == ["rw_softmax_fp32", "ew_bias_gelu_bf16"] and tables[0] == kept
+    with pytest.raises(SystemExit, match="--out"):
+        anytime.main([a, "--table-only", "--no-record", "--resume"])

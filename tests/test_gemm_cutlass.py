@@ -88,7 +88,12 @@ def test_it_is_the_default_and_leads_the_grid_once_built(built):
 def test_moves_reach_it_and_leave_it(built):
     *_, gp = _region()
     moves = strategies.moves_for("smem_tiling", gp.facts)
-    assert moves == [{"cutlass": True, "cg_tile": t} for t in range(len(gemm_cutlass.TILES))]
+    tiles = len(gemm_cutlass.TILES)    # then the tiles forced on cuBLASLt (test_expert's lt_tile test)
+    assert moves[:tiles] == [{"cutlass": True, "cg_tile": t} for t in range(tiles)]
+    assert all("lt_tile" in m for m in moves[tiles:])
+    on = dict(gemm.defaults(gp), cutlass=True)
+    off = gemm.refit(gp, dict(on, **moves[tiles]), moves[tiles])
+    assert not gemm.cutlass(gp, off) and off["lt_tile"] == moves[tiles]["lt_tile"]   # a cuBLASLt tile leaves CUTLASS
     base = dict(gemm.defaults(gp), cutlass=False)
     there = gemm.refit(gp, dict(base, **moves[1]), moves[1])
     assert gemm.cutlass(gp, there) and there["cg_tile"] == 1
@@ -101,7 +106,7 @@ def test_without_the_library_nothing_changes():
     assert gp.facts.cutlass_tiles == ()
     base = gemm.defaults(gp)
     assert "cutlass" not in base and not any(p.get("cutlass") for p in gemm.grid(gp, base))
-    assert strategies.moves_for("smem_tiling", gp.facts) == []
+    assert all("cutlass" not in m for m in strategies.moves_for("smem_tiling", gp.facts))
     assert gemm.TARGET.libraries(gp) == (gemm_cutlass.LIBRARY,)    # what a build would bring
 
 

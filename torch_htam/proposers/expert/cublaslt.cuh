@@ -35,9 +35,10 @@ template <> struct LtType<BF16> { static constexpr cudaDataType_t kType = CUDA_R
 template <> struct LtType<F16> { static constexpr cudaDataType_t kType = CUDA_R_16F; static constexpr int kCode = HTAM_FLOAT16; };
 
 // A kernel's GEMM as compile-time knobs: the A/B/D dtype trait, the compute type (fp32, or tf32
-// tensor cores where the policy allows), cuBLASLt's fused epilogue, and which of the heuristic's
-// ranked algorithms runs.
-template <class T, cublasComputeType_t kCompute_, cublasLtEpilogue_t kEpi_, int kAlgo_>
+// tensor cores where the policy allows), cuBLASLt's fused epilogue, which of the heuristic's
+// ranked algorithms runs, and the tile that algorithm is made to use (a cublasLtMatmulTile_t; 0:
+// the heuristic's own).
+template <class T, cublasComputeType_t kCompute_, cublasLtEpilogue_t kEpi_, int kAlgo_, int kTile_ = 0>
 struct LtGemm {
   typedef T Type;
   typedef typename T::raw raw;
@@ -46,4 +47,5 @@ struct LtGemm {
   static constexpr cublasComputeType_t kCompute = kCompute_;
   static constexpr cublasLtEpilogue_t kEpi = kEpi_;
   static constexpr int kAlgo = kAlgo_;
+  static constexpr int kTile = kTile_;
 };

@@ -21,8 +21,10 @@ NOTE: the cuBLASLt handle and a 32 MiB workspace are created lazily on the first
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.fx as fx
@@ -43,6 +45,11 @@ LT_CALL = cuh("lt_call.cuh")          # lt_call: a matmul described by value, it
 GEMM_PLAIN = cuh("gemm_plain.cuh")    # gemm_plain: the plain path (sizes read at run time)
 GEMM_LAYOUT = cuh("gemm_layout.cuh")  # the layout path: direct calls, scratch, layout_store, epi_store
 GEMM_OPS = {"linear": "kGemmLinear", "mm": "kGemmMm", "bmm": "kGemmBmm"}
+# cuBLASLt tiles the lt_tile knob forces, per arch (docs/experiments/lt_space/tiles.py: near-best
+# on the probe's train shapes). NOTE: the heuristic's first tile is within 1.036x of the best the
+# probe found (geomean of 63 shapes, up to 1.20x), and which tile wins follows the shape: a space
+# a memory of near-in-size tasks steers (bench/findings.md, #35's cuBLASLt entry)
+LT_TILES = json.loads((Path(__file__).with_name("lt_tiles.json")).read_text())
 ENTRY = "HTAM_ENTRY htam_run(const HtamTensor* in, int n_in, HtamTensor* out, int n_out, cudaStream_t stream) {"
 LT_EPI = {None: "CUBLASLT_EPILOGUE_DEFAULT", "bias": "CUBLASLT_EPILOGUE_BIAS",
           "relu": "CUBLASLT_EPILOGUE_RELU", "relu_bias": "CUBLASLT_EPILOGUE_RELU_BIAS",
@@ -291,6 +298,7 @@ def _match_plain(gm, node, policy, operands_checked: bool = False) -> GemmMatch:
     if any(x[0] == "in" and prog.accesses[x[1]].input == g_index and prog.accesses[x[1]].dims !=
            tuple(range(prog.ndim)) for x in walk(prog.outputs[0].expr)):
         raise Unsupported("GEMM result read broadcast/reshaped in the epilogue")
+    from torch_htam.build import default_arch
     ia = ph.index(a) if a in ph else -1
     ib = ph.index(b) if b in ph else -1
     gp = GemmMatch(op, ia, ib, dt, prog, g_index, bool(policy and policy.allow_tf32))
@@ -300,7 +308,8 @@ def _match_plain(gm, node, policy, operands_checked: bool = False) -> GemmMatch:
     lib = cutlass_reason(gp) is None and gemm_cutlass.library_ready()
     gp.facts = TaskFacts("gemm", gshape[-1], 16 // DT[dt][2], has_transcendental=prog.has_transcendental,
                        low_precision=dt != "float32", allow_tf32=gp.allow_tf32, fp32=dt == "float32",
-                       epilogue_fits_lt=fits, cutlass_tiles=tuple(range(len(gemm_cutlass.TILES))) if lib else ())
+                       epilogue_fits_lt=fits, cutlass_tiles=tuple(range(len(gemm_cutlass.TILES))) if lib else (),
+                       lt_tiles=tuple(LT_TILES.get(default_arch(), ())))
     return gp
 
 
@@ -473,10 +482,11 @@ def _split_epilogue(gp: GemmMatch, params: dict) -> tuple:
 
 def _lt_gemm(gp: GemmMatch, params: dict, kind) -> str:
     """C++ typedef Gemm: the GEMM's knobs as cublaslt.cuh's LtGemm<dtype, compute type, Lt epilogue,
-    algorithm>."""
+    algorithm[, forced tile]>."""
     tf32 = bool(params.get("tf32")) and gp.allow_tf32 and gp.dtype == "float32"
     compute = "CUBLAS_COMPUTE_32F_FAST_TF32" if tf32 else "CUBLAS_COMPUTE_32F"
-    return f"typedef LtGemm<{DT[gp.dtype][0]}, {compute}, {LT_EPI[kind]}, {int(params.get('algo', 0))}> Gemm;"
+    tile = f", {int(params['lt_tile'])}" if params.get("lt_tile") else ""
+    return f"typedef LtGemm<{DT[gp.dtype][0]}, {compute}, {LT_EPI[kind]}, {int(params.get('algo', 0))}{tile}> Gemm;"
 
 
 def _head(gp: GemmMatch, what: str, kind, params: dict) -> list[str]:
@@ -666,7 +676,7 @@ def render_layout(gp: GemmMatch, params: dict) -> str:
 TAG_IDS = ("cublaslt_epilogue", "gemm_plus_epilogue_kernel", "tf32_tensor_cores", "bf16_tensor_cores",
            "vectorized_16b_access", "smem_tiling")
 # cuBLASLt's knobs: a move of one leaves CUTLASS's path (refit)
-LT_KEYS = {"lt_epilogue", "algo", "tf32"}
+LT_KEYS = {"lt_epilogue", "algo", "tf32", "lt_tile"}
 
 
 def defaults(gp: GemmMatch) -> dict:
@@ -682,6 +692,8 @@ def _gemm_tags(params: dict, facts: TaskFacts) -> list[str]:
     if params.get("cutlass") and facts.cutlass_tiles:
         return ["smem_tiling", "bf16_tensor_cores"]
     tags = ["cublaslt_epilogue" if params["lt_epilogue"] else "gemm_plus_epilogue_kernel"]
+    if params.get("lt_tile"):
+        tags.append("smem_tiling")
     if params.get("tf32") and facts.allow_tf32 and facts.fp32:
         tags.append("tf32_tensor_cores")
     if not facts.fp32:
@@ -700,11 +712,12 @@ def retag(gp: GemmMatch, params: dict, tags: list[str]) -> list[str]:
 
 def grid(gp: GemmMatch, base: dict) -> list[dict]:
     """CUTLASS's tiles first where its library runs the region, then cuBLASLt's ranked algorithms,
-    with and without its fused epilogue."""
+    with and without its fused epilogue, then its first algorithm on each tile of LT_TILES."""
     lib = [dict(base, cutlass=True, cg_tile=t) for t in gp.facts.cutlass_tiles]
     off = {"cutlass": False} if base.get("cutlass") else {}
-    return lib + [dict(base, lt_epilogue=v, algo=algo, **off) for v in (base["lt_epilogue"], not base["lt_epilogue"])
-                  for algo in range(8)]
+    return (lib + [dict(base, lt_epilogue=v, algo=algo, **off) for v in (base["lt_epilogue"], not base["lt_epilogue"])
+                   for algo in range(8)]
+            + [dict(base, algo=0, lt_tile=t, **off) for t in gp.facts.lt_tiles])
 
 
 def canonical(gp: GemmMatch, params: dict) -> dict:
@@ -712,7 +725,7 @@ def canonical(gp: GemmMatch, params: dict) -> dict:
     defaults; cuBLASLt's path reads no tile."""
     if cutlass(gp, params):
         return dict(defaults(gp), cutlass=True, cg_tile=params.get("cg_tile", 0))
-    return {k: v for k, v in params.items() if k != "cg_tile"}
+    return {k: v for k, v in params.items() if k != "cg_tile" and not (k == "lt_tile" and not v)}
 
 
 def refit(gp: GemmMatch, p: dict, moved: dict) -> dict:

@@ -42,7 +42,7 @@ static int lay_call(const LayGemm& g, const LtOperands& x, const int64_t* lo, co
   const char* B = x.B + (lo[0] * g.sb + lo[1] * g.b_row) * es;
   const char* bias = x.bias ? x.bias + lo[2] * es : nullptr;
   for (int64_t zo = 0; zo < g.outer; ++zo) {
-    const int rc = lt_call<8, 8>(c, G::kCompute, G::kType, G::kAlgo, x.alpha, A + zo * g.a_outer * es,
+    const int rc = lt_call<8, 8>(c, G::kCompute, G::kType, G::kAlgo, G::kTile, x.alpha, A + zo * g.a_outer * es,
                                  B + zo * g.b_outer * es, (char*)D + zo * d_outer * es, bias, stream);
     if (rc) return rc;
   }

@@ -44,5 +44,5 @@ static int gemm_plain(const HtamTensor* in, int a, int b, int bias, HtamTensor& 
   c.batch = batch; c.sa = kOp == kGemmBmm ? K * N : 0; c.sb = kOp == kGemmBmm ? M * K : 0; c.sd = M * N;
   c.ta = kOp == kGemmLinear; c.tb = 0; c.epi = G::kEpi;
   // NOTE: 4 ranked algorithms asked for (algo 3..7 all run the 4th), 4 problems cached
-  return lt_call<4, 4>(c, G::kCompute, G::kType, G::kAlgo, alpha, W.data, X.data, y.data, bias_ptr, stream);
+  return lt_call<4, 4>(c, G::kCompute, G::kType, G::kAlgo, G::kTile, alpha, W.data, X.data, y.data, bias_ptr, stream);
 }

@@ -32,12 +32,28 @@ static int lt_layout(cublasLtMatrixLayout_t* l, cudaDataType_t type, int64_t row
   return 0;
 }
 
+// The entry's algorithm made to use `tile` (a cublasLtMatmulTile_t), split-K off, its other
+// settings the heuristic's. HTAM_ERR_SHAPE where cuBLASLt rejects that for this problem or it needs
+// more than the workspace: the original region runs.
+static int lt_force_tile(LtState* st, LtCallEntry* e, int tile) {
+  const uint32_t t = (uint32_t)tile, none = 0;
+  const int32_t one = 1;
+  CK(cublasLtMatmulAlgoConfigSetAttribute(&e->algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &t, sizeof(t)));
+  CK(cublasLtMatmulAlgoConfigSetAttribute(&e->algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)));
+  CK(cublasLtMatmulAlgoConfigSetAttribute(&e->algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof(none)));
+  cublasLtMatmulHeuristicResult_t chk;
+  if (cublasLtMatmulAlgoCheck(st->handle, e->op, e->A, e->B, e->D, e->D, &e->algo, &chk) != CUBLAS_STATUS_SUCCESS
+      || chk.workspaceSize > kWorkspace)
+    return HTAM_ERR_SHAPE;
+  return 0;
+}
+
 // c: the problem (al[] is filled here from the pointers); rank: which of the heuristic's ranked
-// algorithms (of the kRanks it is asked for; past the last found, the last); alpha: the product's
-// scale; bias: the BIAS epilogues' vector (length m) or nullptr. The last kSlots problems keep their
-// descriptors and algorithm.
+// algorithms (of the kRanks it is asked for; past the last found, the last); tile: the tile it is
+// made to use (lt_force_tile; 0: its own); alpha: the product's scale; bias: the BIAS epilogues'
+// vector (length m) or nullptr. The last kSlots problems keep their descriptors and algorithm.
 template <int kRanks, int kSlots>
-static int lt_call(LtCall c, cublasComputeType_t compute, cudaDataType_t type, int rank, float alpha,
+static int lt_call(LtCall c, cublasComputeType_t compute, cudaDataType_t type, int rank, int tile, float alpha,
                    const void* A, const void* B, void* D, const void* bias, cudaStream_t stream) {
   LtState* st = nullptr;
   int rc = lt_state(&st);
@@ -79,6 +95,10 @@ static int lt_call(LtCall c, cublasComputeType_t compute, cudaDataType_t type, i
       return HTAM_ERR_SHAPE;   // no algorithm for this problem: the original region runs
     }
     e->algo = res[rank < found ? rank : found - 1].algo;
+    if (tile > 0 && (rc = lt_force_tile(st, e, tile))) {
+      lt_call_release(*e);
+      return rc;
+    }
     e->key = c; e->dev = dev; e->used = true;
   }
   if (bias) CK(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));

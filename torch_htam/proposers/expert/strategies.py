@@ -35,6 +35,7 @@ class TaskFacts:
     igemm_tiles: tuple = ()            # conv: conv_igemm.IG_TILES where its one-launch kernel runs it
     cutlass_tiles: tuple = ()          # conv / gemm: conv_cutlass.TILES' / gemm_cutlass.TILES' indices
                                        # where that library runs the region, built
+    lt_tiles: tuple = ()               # gemm: cuBLASLt tiles worth forcing on this arch (gemm.LT_TILES)
     cudnn_attention: bool = False      # attention: cuDNN's fused attention can run it, its library built
 
     @property
@@ -87,10 +88,11 @@ def _igemm_tiles(i: TaskFacts) -> list[dict]:
 
 
 def _smem_tiles(i: TaskFacts) -> list[dict]:
-    """smem_tiling's moves: a GEMM's CUTLASS tiles; a conv's library and implicit-GEMM tiles, else
-    the tiled 1x1 kernel's."""
+    """smem_tiling's moves: a GEMM's CUTLASS tiles, then the tiles forced on cuBLASLt's first
+    algorithm; a conv's library and implicit-GEMM tiles, else the tiled 1x1 kernel's."""
     if i.kind == "gemm":
-        return [{"cutlass": True, "cg_tile": t} for t in i.cutlass_tiles]
+        return ([{"cutlass": True, "cg_tile": t} for t in i.cutlass_tiles]
+                + [{"algo": 0, "lt_tile": t} for t in i.lt_tiles])
     return _igemm_tiles(i) if i.igemm_tiles or i.cutlass_tiles else _pw_tiles()
 
 
@@ -153,9 +155,10 @@ TABLE: dict[str, StrategyMoves] = {
     # store (pwconv.py), where cuDNN writes the conv and an epilogue kernel reads it back; a
     # channels-last conv as our implicit-GEMM kernel (conv_igemm.py), one launch with batch norm
     # from the raw statistics, where cuDNN's path launches the fold and then cuDNN
-    # GEMM: CUTLASS's Hopper GEMM with the activation in its epilogue (gemm_cutlass.py), its tiles
+    # GEMM: CUTLASS's Hopper GEMM with the activation in its epilogue (gemm_cutlass.py), its tiles;
+    # cuBLASLt's first algorithm made to use another tile (gemm.LT_TILES)
     "smem_tiling": StrategyMoves(CONV | GEMM, _smem_tiles,
-                                 lambda i: i.tiled_conv or bool(i.igemm_tiles) or bool(i.cutlass_tiles)),
+                                 lambda i: i.tiled_conv or bool(i.igemm_tiles or i.cutlass_tiles or i.lt_tiles)),
     # conv: cuDNN's conv on NHWC copies of x and w (the layout its tensor-core engines run natively;
     # on NCHW it transposes in and out itself), the tiled kernel's epilogue transposing back through
     # shared memory (conv.py, pwconv.nhwc_epilogue). Not where our tiled 1x1 kernel runs (faster).
