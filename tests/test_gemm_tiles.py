@@ -61,6 +61,17 @@ def test_the_arch_s_tiles_join_the_space_each_its_own_source(monkeypatch):
     assert [m["lt_tile"] for m in moves if "lt_tile" in m] == listed
 
 
+def test_a_setting_of_another_rank_is_not_credited_to_the_tiles(monkeypatch):
+    """Only lt_tile marks a tile setting: an `algo` rank alone is not smem_tiling's (the HTG would
+    learn tiling from settings that tile nothing, and replays of tables without tiles would move)."""
+    from torch_htam.proposers.expert.proposer import tags_of
+    _, _, tm = _region("sm_90a", monkeypatch)
+    start = gemm.canonical(tm.region, dict(tm.defaults))
+    ranked = dict(start, algo=3)
+    assert "smem_tiling" not in tags_of(tm, ranked, start, list(strategies.TABLE))
+    assert "smem_tiling" in tags_of(tm, _tile_settings(tm)[0], start, list(strategies.TABLE))
+
+
 def test_an_arch_without_a_list_keeps_the_heuristic_s_tiles(monkeypatch):
     _, _, tm = _region("sm_80", monkeypatch)
     assert "sm_80" not in gemm.LT_TILES

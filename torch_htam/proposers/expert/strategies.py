@@ -88,11 +88,13 @@ def _igemm_tiles(i: TaskFacts) -> list[dict]:
 
 
 def _smem_tiles(i: TaskFacts) -> list[dict]:
-    """smem_tiling's moves: a GEMM's CUTLASS tiles, then the tiles forced on cuBLASLt's first
-    algorithm; a conv's library and implicit-GEMM tiles, else the tiled 1x1 kernel's."""
+    """smem_tiling's moves: a GEMM's CUTLASS tiles, then the tiles forced on cuBLASLt's ranked
+    algorithm (the lt_tile knob alone: a move that also set `algo` would be credited with every
+    setting of another rank, tags_of's touched); a conv's library and implicit-GEMM tiles, else
+    the tiled 1x1 kernel's."""
     if i.kind == "gemm":
         return ([{"cutlass": True, "cg_tile": t} for t in i.cutlass_tiles]
-                + [{"algo": 0, "lt_tile": t} for t in i.lt_tiles])
+                + [{"lt_tile": t} for t in i.lt_tiles])
     return _igemm_tiles(i) if i.igemm_tiles or i.cutlass_tiles else _pw_tiles()
 
 
@@ -156,7 +158,7 @@ TABLE: dict[str, StrategyMoves] = {
     # channels-last conv as our implicit-GEMM kernel (conv_igemm.py), one launch with batch norm
     # from the raw statistics, where cuDNN's path launches the fold and then cuDNN
     # GEMM: CUTLASS's Hopper GEMM with the activation in its epilogue (gemm_cutlass.py), its tiles;
-    # cuBLASLt's first algorithm made to use another tile (gemm.LT_TILES)
+    # cuBLASLt's ranked algorithm made to use another tile (gemm.LT_TILES)
     "smem_tiling": StrategyMoves(CONV | GEMM, _smem_tiles,
                                  lambda i: i.tiled_conv or bool(i.igemm_tiles or i.cutlass_tiles or i.lt_tiles)),
     # conv: cuDNN's conv on NHWC copies of x and w (the layout its tensor-core engines run natively;
