@@ -15,8 +15,10 @@ writing a buffer twice its size, and times fn two ways.
 
 The result is the larger of the events' median and the drain's DRAIN_Q quantile. The drain's low
 quantile, not its median: host noise (a busy CPU waking the synchronizing thread late) only adds to
-a drain, while work hidden on a side stream is there in every repetition. `roofline_ms` is the least time the task's bytes and
-flops allow on the measured ceilings; a kernel timed well under it fooled the timer.
+a drain, while work hidden on a side stream is there in every repetition.
+
+`roofline_ms` is the least time the task's bytes and flops allow on the measured ceilings; a
+kernel timed well under it fooled the timer.
 
     >>> t = time_fn(lambda s: kernel(*s), lambda: (inputs(), outputs()))
     >>> t.median_ms, t.spread
@@ -48,7 +50,7 @@ class Timing:
     p80_ms: float
     n: int              # timed repetitions
     event_ms: float = 0.0   # median by CUDA events on the current stream, host issue hidden
-    drain_ms: float = 0.0   # DRAIN_Q quantile of host time from fn's return to device idle, latency removed
+    drain_ms: float = 0.0   # DRAIN_Q quantile of host time from fn's return to device idle, less its floor
 
     @property
     def spread(self) -> float:

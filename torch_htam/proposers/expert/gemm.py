@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.fx as fx
 
+from torch_htam.build import default_arch
 from torch_htam.proposers.expert import elementwise, gemm_cutlass, host
 from torch_htam.proposers.expert import gemm_layout as gl
 from torch_htam.proposers.expert.cuda import DT, PRELUDE, Emitter, c_float, cuh
@@ -298,7 +299,6 @@ def _match_plain(gm, node, policy, operands_checked: bool = False) -> GemmMatch:
     if any(x[0] == "in" and prog.accesses[x[1]].input == g_index and prog.accesses[x[1]].dims !=
            tuple(range(prog.ndim)) for x in walk(prog.outputs[0].expr)):
         raise Unsupported("GEMM result read broadcast/reshaped in the epilogue")
-    from torch_htam.build import default_arch
     ia = ph.index(a) if a in ph else -1
     ib = ph.index(b) if b in ph else -1
     gp = GemmMatch(op, ia, ib, dt, prog, g_index, bool(policy and policy.allow_tf32))
