@@ -3,6 +3,7 @@
     python3 bench/anytime.py                                  # GPU: measure the tables, then the arms
     python3 bench/anytime.py bench/tasks/rw_*.py --limit 24 --budget 24 --table-only --out t.json
     python3 bench/anytime.py bench/tasks/rw_*.py --table-only --out t.json --resume   # the tasks t.json lacks
+    python3 bench/anytime.py bench/heldout/test --table-only --limit-kind gemm=48    # GEMMs' ranks and tiles
     python3 bench/anytime.py --replay t1.json t2.json         # CPU: the arms from measured tables
     python3 bench/anytime.py --replay t.json --seeds 5 --jobs 8   # 5 runs per arm and task, 8 processes
     python3 bench/anytime.py --replay test.json --train train.json  # htg_warm learns from train only
@@ -94,8 +95,10 @@ def task_files(paths: list[str]) -> list[Path]:
     return out
 
 
-def measure(path: Path, evaluator, limit: int, passes: int = 2) -> dict:
+def measure(path: Path, evaluator, limit: int, passes: int = 2, kind_limits: dict | None = None) -> dict:
     """One task's table: every setting of its (limited) search space, verified and timed twice.
+    kind_limits: a limit per task kind in place of `limit` ({"gemm": 48}: cuBLASLt's ranks and
+    tiles, past the 24 settings of the other kinds).
 
     passes: the whole space evaluated this many times, the last pass kept. NOTE: on an H200 host
     the first pass (each setting built, then timed) gave 4 of 64 settings two timings over 5% apart,
@@ -111,6 +114,7 @@ def measure(path: Path, evaluator, limit: int, passes: int = 2) -> dict:
         from torch_htam import build
         build.library("cudnn_sdpa", build.default_arch())
     tm = match_task(task, pol)
+    limit = (kind_limits or {}).get(tm.kind, limit)
     t0 = time.time()
     settings, sources = [], []
     for p in tuning_grid(task, pol, limit):
@@ -578,6 +582,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("paths", nargs="*", default=[str(HERE / "tasks")])
     ap.add_argument("--limit", type=int, default=24, help="settings of each task's search space")
+    ap.add_argument("--limit-kind", action="append", default=[], metavar="KIND=N",
+                    help="the limit for one task kind (repeatable), e.g. gemm=48")
     ap.add_argument("--budget", type=int, default=24, help="candidates per search")
     ap.add_argument("--seeds", type=int, default=5, help="runs per arm and task (seeds 0..N-1)")
     ap.add_argument("--jobs", type=int, default=1, help="processes for the replay")
@@ -596,6 +602,10 @@ def main(argv=None) -> int:
                          "for bench/optimize_time.py --memory FILE; no replay")
     ap.add_argument("--no-record", action="store_true", help="do not write a file to bench/results/")
     args = ap.parse_args(argv)
+    try:
+        kind_limits = {k: int(n) for k, n in (x.split("=") for x in args.limit_kind)}
+    except ValueError:
+        ap.error(f"--limit-kind takes KIND=N (e.g. gemm=48), not {args.limit_kind}")
     train, train_sources = load_tables(args.train or [])
     if args.train and not train:    # an empty train set would fall back to leave one out unnoticed
         ap.error("--train: no tables in " + " ".join(args.train))
@@ -621,7 +631,7 @@ def main(argv=None) -> int:
             for path in task_files(args.paths):
                 if path.stem in done:
                     continue
-                t = measure(path, ev, args.limit, args.passes)
+                t = measure(path, ev, args.limit, args.passes, kind_limits)
                 t["gpu"] = gpu.to_json() if gpu else None
                 tables.append(t)
                 ok = sum(r["correct"] for r in t["rows"])

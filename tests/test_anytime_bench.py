@@ -351,7 +351,7 @@ def test_a_table_keeps_the_last_of_its_passes():
 
 def test_resume_measures_only_the_tasks_not_yet_in_out(tmp_path, monkeypatch):
     """--resume with --out: a run cut by its time limit goes on where it stopped, keeping what it
-    measured; without --out it says what it needs."""
+    measured; without --out it says what it needs. --limit-kind sets one kind's limit."""
     import torch
 
     import torch_htam.evaluation as evaluation
@@ -381,9 +381,10 @@ def test_resume_measures_only_the_tasks_not_yet_in_out(tmp_path, monkeypatch):
     kept = {"task": "rw_softmax_fp32", "rows": [], "marker": 1}
     out.write_text(json.dumps([kept]))
     argv = [a, b, "--table-only", "--limit", "2", "--passes", "1", "--no-record", "--out", str(out)]
-    assert anytime.main(argv + ["--resume"]) == 0
+    assert anytime.main(argv + ["--resume", "--limit-kind", "elementwise=3"]) == 0
     assert seen == ["ew_bias_gelu_bf16"]
     tables = json.loads(out.read_text())
     assert [t["task"] for t in tables] == ["rw_softmax_fp32", "ew_bias_gelu_bf16"] and tables[0] == kept
+    assert tables[1]["limit"] == 3 and len(tables[1]["rows"]) == 3     # the kind's own limit
     with pytest.raises(SystemExit, match="--out"):
         anytime.main([a, "--table-only", "--no-record", "--resume"])
