@@ -29,17 +29,11 @@ import time
 import torch
 
 sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from noise_probe import load  # noqa: E402
 from torch_htam import timing  # noqa: E402
 
 OVER = 1.05   # the drain "decided" when it is over 5% past the events' median
-
-
-def load(path: str):
-    ns: dict = {}
-    exec(compile(open(path).read(), path, "exec"), ns)
-    args = ns["get_init_inputs"]() if "get_init_inputs" in ns else []
-    model = ns["Model"](*args).cuda().eval()
-    return model, [x.cuda() if isinstance(x, torch.Tensor) else x for x in ns["get_inputs"]()]
 
 
 def series(fn, make, n: int = 12) -> list[tuple[float, float, float]]:

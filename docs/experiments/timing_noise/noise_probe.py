@@ -30,11 +30,12 @@ def tiny_tasks(files: list[str], under_ms: float = 0.03) -> list[str]:
 
 
 def load(path: str):
+    """A KernelBench task file's model (eval, on the GPU) and its inputs (tensors moved there)."""
     ns: dict = {}
     exec(compile(open(path).read(), path, "exec"), ns)
-    model = ns["Model"](*ns["get_init_inputs"]()).cuda().eval() if "get_init_inputs" in ns \
-        else ns["Model"]().cuda().eval()
-    return model, [x.cuda() for x in ns["get_inputs"]()]
+    args = ns["get_init_inputs"]() if "get_init_inputs" in ns else []
+    model = ns["Model"](*args).cuda().eval()
+    return model, [x.cuda() if isinstance(x, torch.Tensor) else x for x in ns["get_inputs"]()]
 
 
 def main(files: list[str]) -> None:
