@@ -639,7 +639,9 @@ def main(argv=None) -> int:
                       f"{kept(t['rows']) or 0:.2f}x, {t['seconds']} s", flush=True)
                 # after every task: a run cut by a time limit keeps what it measured
                 if args.out:
-                    Path(args.out).write_text(json.dumps(tables))
+                    tmp = Path(args.out + ".tmp")   # replaced whole: a run killed mid-write keeps the last
+                    tmp.write_text(json.dumps(tables))
+                    tmp.replace(args.out)
                 if args.table_only and not args.no_record:
                     written = record.write("anytime_table", {"limit": args.limit, "tables": tables},
                                            path=written)
