@@ -561,14 +561,17 @@ def _n(v) -> str:
 
 def load_tables(files: list[str]) -> tuple[list[dict], list[dict]]:
     """The tables in `files` (a JSON list of tables, or a results file with "tables"), and where the
-    results files' tables were measured."""
-    tables, sources = [], []
+    results files' tables were measured. A task's table in a later file replaces its table in an
+    earlier one, in the earlier one's place: a space re-measured (a new knob's settings) is named
+    after the tables it updates, and the replay sees each task once."""
+    by_task, sources = {}, []
     for f in files:
         d = json.loads(Path(f).read_text())
-        tables += d["tables"] if isinstance(d, dict) else d
+        for t in d["tables"] if isinstance(d, dict) else d:
+            by_task[t["task"]] = t
         if isinstance(d, dict):
             sources.append({k: d.get(k) for k in ("date", "commit", "device", "command")} | {"file": f})
-    return tables, sources
+    return list(by_task.values()), sources
 
 
 def resumed(out: str | None) -> list[dict]:

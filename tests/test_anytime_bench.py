@@ -252,6 +252,20 @@ def test_cli_train_loads_table_files_and_records_the_train_tasks(tmp_path, monke
                                           "file": str(train)}]
 
 
+def test_a_task_measured_again_in_a_later_file_replaces_its_earlier_table(tmp_path):
+    """Re-measured GEMM tables (a new knob) named after the tables they update: the replay sees
+    each task once, the later table in the earlier one's place."""
+    old = [_table("rw_softmax_fp32", 4), _table("ew_bias_gelu_bf16", 4)]
+    new = _table("rw_softmax_fp32", 6)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"date": "1", "tables": old}))
+    b.write_text(json.dumps([new]))
+    tables, sources = anytime.load_tables([str(a), str(b)])
+    assert [t["task"] for t in tables] == ["rw_softmax_fp32", "ew_bias_gelu_bf16"]
+    assert len(tables[0]["rows"]) == 6
+    assert [s["file"] for s in sources] == [str(a)]
+
+
 def test_save_memory_writes_the_memory_htg_warm_starts_from(tmp_path):
     """--save-memory: the file HTG.load reads back is the experience the replay's htg_warm (seed 0)
     searches its test tasks from, and no replay runs."""
