@@ -12,7 +12,8 @@ and ended, in seconds from the first search's start, and its candidates' build s
 budget that reached few tasks shows where its time went; "searched": how many tasks it reached.
 
 Each model gets a fresh kernel cache and HTG memory (HTAM_CACHE_DIR: a new temp dir per model),
-then one optimize(model, inputs) call per --memory (in order, each in its own fresh cache): "htg"
+then one optimize(model, inputs) call per --memory (in order, each in its own fresh cache and its own
+process, with new Inductor and Triton caches: isolated()): "htg"
 (the default: the HTG with no experience yet), "none" (OptimizeConfig(memory="none"): the defaults,
 then strategies in a seeded random order), or an HTG memory file (bench/anytime.py --save-memory),
 copied in as the GPU arch's memory before the call: a cold kernel cache with warm memory. The call is timed by wall clock: capture, the search of every task,
@@ -28,6 +29,7 @@ import argparse
 import datetime
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -110,6 +112,22 @@ def one(spec: str, budget_s: float | None = None, prebuild: bool = True, memory:
     return row
 
 
+def isolated(spec: str, budget_s: float | None = None, prebuild: bool = True, memory: str = "htg") -> dict:
+    """one() in a fresh Python process whose Inductor and Triton caches are new temp dirs: each run
+    is as cold as a new user's first call, whatever ran before it. NOTE: run in one process, the
+    second of two arms found the first's compiled graph (gpt2:bf16 on an H100, optimize_time-
+    20261202-185729: the final compile took 20.7 s in the first arm and 9.4 s in the second); the
+    deadline reserves time for that compile, so the second arm's searches ran 51 s longer."""
+    with tempfile.TemporaryDirectory(prefix="htam-arm-") as d:
+        out = Path(d) / "row.json"
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(Path(d) / "inductor"),
+                   TRITON_CACHE_DIR=str(Path(d) / "triton"))
+        arm = json.dumps([spec, budget_s, prebuild, memory])
+        subprocess.run([sys.executable, str(Path(__file__).resolve()), "--arm", arm, "--arm-out", str(out)],
+                       env=env, check=True)
+        return json.loads(out.read_text())
+
+
 # --prebuild -> the OptimizeConfig.prebuild values each model runs with, in order
 PREBUILD = {"on": (True,), "off": (False,), "both": (False, True)}
 MEMORY_MODES = ("htg", "none")    # --memory values that are not a memory file
@@ -126,7 +144,12 @@ def main() -> int:
                     help="per model, one cold optimize per value: htg (no experience yet), none, or an "
                          "HTG memory file (bench/anytime.py --save-memory)")
     ap.add_argument("--no-record", action="store_true", help="do not write a file to bench/results/")
+    ap.add_argument("--arm", help=argparse.SUPPRESS)       # isolated()'s child: one run, JSON [spec, budget, prebuild, memory]
+    ap.add_argument("--arm-out", help=argparse.SUPPRESS)   # where the child writes its row
     a = ap.parse_args()
+    if a.arm:
+        Path(a.arm_out).write_text(json.dumps(one(*json.loads(a.arm)), default=str))
+        return 0
     for m in a.memory:
         if m not in MEMORY_MODES and not Path(m).is_file():
             ap.error(f"--memory {m}: neither {' nor '.join(MEMORY_MODES)} nor a file")
@@ -135,7 +158,7 @@ def main() -> int:
         return 2
     rows, path = [], None
     for spec, prebuild, memory in [(s, p, m) for s in a.models for p in PREBUILD[a.prebuild] for m in a.memory]:
-        rows.append(one(spec, a.budget, prebuild, memory))
+        rows.append(isolated(spec, a.budget, prebuild, memory))
         r = rows[-1]
         print(f"ROW {spec} prebuild={prebuild} memory={memory} optimize_s={r['optimize_s']:.1f} tasks={r['tasks']} searched={r['searched']} "
               f"candidates={r['candidates']} swapped={r['swapped']} rel_err={r['rel_err']:.2e}",

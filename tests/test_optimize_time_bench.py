@@ -35,12 +35,12 @@ def test_searches_in_start_order_with_their_build_seconds(tmp_path):
 def test_prebuild_both_runs_each_model_cold_without_then_with(monkeypatch, tmp_path):
     seen = []
 
-    def one(spec, budget_s=None, prebuild=True, memory="htg"):
+    def isolated(spec, budget_s=None, prebuild=True, memory="htg"):
         seen.append((spec, budget_s, prebuild))
         return {"model": spec, "prebuild": prebuild, "optimize_s": 1.0, "tasks": 2, "searched": 1,
                 "candidates": 4, "swapped": 0, "rel_err": 0.0, "searches": []}
 
-    monkeypatch.setattr(ot, "one", one)
+    monkeypatch.setattr(ot, "isolated", isolated)
     monkeypatch.setattr(ot.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(ot.torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr("sys.argv", ["optimize_time.py", "a:bf16", "b:bf16", "--budget", "9", "--prebuild", "both",
@@ -78,9 +78,36 @@ def test_memory_runs_each_model_cold_once_per_value_and_a_file_becomes_the_arch_
     assert seen == [("none", None), ("htg", '{"format": "htg-memory"}')]
 
 
+def test_each_run_is_its_own_process_with_new_inductor_and_triton_caches(monkeypatch):
+    """A second arm run in the first's process would find its compiled graph (a shorter compile,
+    so a smaller reserve and a longer search): each run gets a child process and fresh caches."""
+    calls = []
+
+    def run(cmd, env, check):
+        calls.append((cmd, env["TORCHINDUCTOR_CACHE_DIR"], env["TRITON_CACHE_DIR"]))
+        arm = json.loads(cmd[cmd.index("--arm") + 1])
+        Path(cmd[cmd.index("--arm-out") + 1]).write_text(json.dumps({"model": arm[0], "memory": arm[3]}))
+
+    monkeypatch.setattr(ot.subprocess, "run", run)
+    rows = [ot.isolated("gpt2:bf16", 9.0, True, m) for m in ("none", "warm.json")]
+    assert rows == [{"model": "gpt2:bf16", "memory": "none"}, {"model": "gpt2:bf16", "memory": "warm.json"}]
+    (_, ind1, tri1), (_, ind2, tri2) = calls
+    assert len({ind1, ind2, tri1, tri2}) == 4 and not Path(ind1).parent.exists()
+
+
 def test_memory_refuses_a_value_that_is_no_mode_and_no_file(monkeypatch):
     import pytest
     monkeypatch.setattr(ot.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr("sys.argv", ["optimize_time.py", "a:bf16", "--memory", "warm_missing.json", "--no-record"])
     with pytest.raises(SystemExit):
         ot.main()
+
+
+def test_the_child_runs_one_arm_and_writes_its_row(monkeypatch, tmp_path):
+    out = tmp_path / "row.json"
+    monkeypatch.setattr(ot, "one", lambda spec, budget_s, prebuild, memory: {"model": spec, "budget": budget_s,
+                                                                            "prebuild": prebuild, "memory": memory})
+    monkeypatch.setattr("sys.argv", ["optimize_time.py", "--arm", json.dumps(["gpt2:bf16", 9.0, True, "none"]),
+                                     "--arm-out", str(out)])
+    assert ot.main() == 0
+    assert json.loads(out.read_text()) == {"model": "gpt2:bf16", "budget": 9.0, "prebuild": True, "memory": "none"}
