@@ -242,8 +242,8 @@ def test_cublas_source_builds_when_cublas_is_installed(tmp_path):
     assert res.ok, res.log
 
 
-def _running(marker: str) -> list[str]:
-    """Command lines of live processes that contain marker."""
+def _running(marker: str, pids: bool = False) -> list:
+    """Command lines (pids: process ids) of live processes that contain marker."""
     out = []
     for d in Path("/proc").iterdir():
         try:
@@ -252,7 +252,7 @@ def _running(marker: str) -> list[str]:
         except (OSError, IndexError):
             continue
         if marker in cmd and state != "Z":
-            out.append(cmd)
+            out.append(int(d.name) if pids else cmd)
     return out
 
 
@@ -283,6 +283,66 @@ def test_a_cancelled_background_build_stops_at_once_and_runs_niced(tmp_path):
     assert _running(marker) == []
     base = os.nice(0)
     assert int((tmp_path / "a.nice").read_text()) == min(base + build.BACKGROUND_NICE, 19)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(build._ninja() is None or not Path("/proc").is_dir(), reason="needs ninja and /proc")
+def test_background_builds_stop_while_paused_and_go_on_after(tmp_path):
+    """The decision times a model with our background builds stopped: ninja and the commands it
+    runs (each in a process group of its own) are all stopped inside background_paused() and run
+    again after it; a foreground build is left alone."""
+    import threading
+    import time
+    marker = f"{os.getpid()}.p{tmp_path.name[-6:].replace('-', '')}"
+    (tmp_path / "bg").mkdir()
+    (tmp_path / "fg").mkdir()
+    for d in ("bg", "fg"):
+        # a compound command: the shell (its command line holds the marker) stays, sleep its child
+        (tmp_path / d / "build.ninja").write_text(f"rule s\n  command = sleep 30; true # {marker}.{d}\nbuild a: s\n")
+    cancel = threading.Event()
+    runs = [threading.Thread(target=build._run_ninja, args=(build._ninja(), tmp_path / d / "build.ninja", 1, 60.0,
+                                                            cancel), kwargs={"nice": n})
+            for d, n in (("bg", build.BACKGROUND_NICE), ("fg", 0))]
+    for t in runs:
+        t.start()
+    try:
+        t0 = time.monotonic()
+        while not (_running(f"{marker}.bg") and _running(f"{marker}.fg")) and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+        (bg,), (fg,) = _running(f"{marker}.bg", pids=True), _running(f"{marker}.fg", pids=True)
+        with build.background_paused() as n:
+            assert n == 1
+            assert _state(bg) == "T" and _state(fg) != "T"
+        assert _state(bg) != "T"
+    finally:
+        cancel.set()
+        for t in runs:
+            t.join(15)
+    assert _running(marker) == []
+
+
+@pytest.mark.skipif(build._ninja() is None or not Path("/proc").is_dir(), reason="needs ninja and /proc")
+def test_a_background_build_cancelled_while_paused_stops_and_leaves_nothing(tmp_path):
+    import threading
+    import time
+    marker = f"{os.getpid()}.q{tmp_path.name[-6:].replace('-', '')}"
+    (tmp_path / "build.ninja").write_text(f"rule s\n  command = sleep 30; true # {marker}\nbuild a: s\n")
+    cancel, out = threading.Event(), []
+    t = threading.Thread(target=lambda: out.append(build._run_ninja(build._ninja(), tmp_path / "build.ninja", 1, 60.0,
+                                                                     cancel, nice=build.BACKGROUND_NICE)))
+    t.start()
+    t0 = time.monotonic()
+    while not _running(marker) and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    with build.background_paused():
+        cancel.set()
+        t.join(15)
+        assert not t.is_alive() and out[0][0]      # stopped, inside the pause
+    assert _running(marker) == []
 
 
 def test_a_source_another_call_is_building_is_waited_for_not_built_twice(tmp_path, monkeypatch):

@@ -33,6 +33,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from torch_htam import build
 from torch_htam.serving import (BucketSplit, ExampleSplit, at_size, common_sizes, entries_kept, first_call_s,
                                 has_conv, held_sizes, high_end_inputs, one_range, prime, served_sizes,
                                 size_one_inputs, split_at_example)
@@ -1056,10 +1057,12 @@ class Trials:
             past = -min(0.0, self.deadline.remaining() or 0.0) + need
             self.deadline.overrun(f"timing {', '.join(a.name for a in arms)}: about {past:.0f} s past the "
                                   "time budget, the arms being compiled already")
-        self.quiet_host(need)
         self.settle_graphs(arms, inputs)
-        with self.deadline.phase("decide: timing"):
-            times = time_arms({i: a.call for i, a in enumerate(arms)}, inputs, ITERS, ROUNDS, self.grad)
+        # our own background builds (a library's, a prebuild's) stop while the host must be quiet
+        with build.background_paused():
+            self.quiet_host(need)
+            with self.deadline.phase("decide: timing"):
+                times = time_arms({i: a.call for i, a in enumerate(arms)}, inputs, ITERS, ROUNDS, self.grad)
         out = [times[i] for i in range(len(arms))]
         self.timings.append(timing_record(arms, out, at))
         return out
